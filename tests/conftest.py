@@ -1,0 +1,86 @@
+"""Fixtures shared by the suite.
+
+Every test is checked for leftovers: a new entry in /dev/shm or a child
+process still running after the test fails it.  Names are unique per test so
+that tests (and parallel runs) never see each other's dicts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import uuid
+from typing import Iterator, Set
+
+import pytest
+
+SHM = "/dev/shm"
+
+
+def _shm_entries() -> Set[str]:
+    if not os.path.isdir(SHM):
+        return set()
+    return {e for e in os.listdir(SHM) if not e.startswith("sem.")}
+
+
+def _service_pids() -> Set[int]:
+    """multiprocessing's own long-lived helpers (resource tracker, forkserver): not strays."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {
+        getattr(resource_tracker._resource_tracker, "_pid", None),
+        getattr(forkserver._forkserver, "_forkserver_pid", None),
+    }
+    return {p for p in pids if p}
+
+
+def _children() -> Set[int]:
+    """Pids of this process's live children (zombies are reaped first)."""
+    multiprocessing.active_children()  # joins finished multiprocessing children
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            pids = {int(p) for p in f.read().split()}
+    except OSError:
+        return set()
+    live = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.add(pid)
+    return live - _service_pids()
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    """Fail the test if it leaves shared-memory segments or child processes behind."""
+    before = _shm_entries()
+    children_before = _children()
+    yield
+    import gc
+
+    gc.collect()  # finalizers of dropped handles (auto_unlink) run now
+    leaked = sorted(_shm_entries() - before)
+    stray = sorted(_children() - children_before)
+    for pid in stray:  # end only the processes this test started
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    for entry in leaked:
+        try:
+            os.unlink(os.path.join(SHM, entry))
+        except FileNotFoundError:
+            pass
+    assert not leaked, f"test left shared-memory segments behind: {leaked}"
+    assert not stray, f"test left child processes running: {stray}"
+
+
+@pytest.fixture
+def name() -> str:
+    """A dict name unique to this test."""
+    return "t" + uuid.uuid4().hex[:14]

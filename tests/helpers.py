@@ -1,0 +1,80 @@
+"""Worker functions for multi-process tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from ultradict_ng import SharedDict
+
+
+def increment(name: str, key: str, times: int) -> None:
+    """``with d.lock: d[key] += 1`` ``times`` times."""
+    d = SharedDict(name=name, create=False)
+    for _ in range(times):
+        with d.lock:
+            d[key] += 1
+    d.close()
+
+
+def increment_nested(d: Any, key: str, times: int) -> None:
+    """Increment ``d["counters"][key]`` under the lock; ``d`` arrives pickled (spawn)."""
+    for _ in range(times):
+        with d.lock:
+            d["counters"][key] += 1
+
+
+def hold_lock_forever(name: str, ready: Any) -> None:
+    """Take the lock, say so, then wait to be killed."""
+    d = SharedDict(name=name, create=False)
+    d.lock.acquire()
+    ready.set()
+    while True:
+        time.sleep(1)
+
+
+def hold_lock_then_exit(name: str, seconds: float) -> None:
+    d = SharedDict(name=name, create=False)
+    with d.lock:
+        d["holder"] = os.getpid()
+        time.sleep(seconds)
+    d.close()
+
+
+def create_or_attach(name: str, results: Any) -> None:
+    """One racer of the create race: report whether it saw initial data."""
+    d = SharedDict({"init": os.getpid()}, name=name, auto_unlink=False)
+    with d.lock:
+        d["count"] = d.get("count", 0) + 1
+    results.put((os.getpid(), d["init"]))
+    d.close()
+
+
+def writer_then_kill_self(name: str, n: int) -> None:
+    """Write n keys, then die without closing anything."""
+    d = SharedDict(name=name, create=False)
+    for i in range(n):
+        d[f"{os.getpid()}-{i}"] = i
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":  # used by subprocess tests: python -m tests.helpers CMD NAME ...
+    cmd, dict_name = sys.argv[1], sys.argv[2]
+    if cmd == "set":
+        d = SharedDict(name=dict_name, create=False)
+        d[sys.argv[3]] = sys.argv[4]
+        d.close()
+    elif cmd == "get":
+        d = SharedDict(name=dict_name, create=False)
+        print(repr(d.get(sys.argv[3])))
+        d.close()
+    elif cmd == "create":
+        d = SharedDict({"from": "subprocess"}, name=dict_name, create=True, auto_unlink=False)
+        d.close()
+    elif cmd == "incr":
+        increment(dict_name, sys.argv[3], int(sys.argv[4]))
+    else:
+        raise SystemExit(f"unknown command {cmd}")

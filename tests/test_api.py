@@ -1,0 +1,374 @@
+"""The dict interface of SharedDict, one process, two handles where it matters."""
+
+from __future__ import annotations
+
+import collections.abc
+import datetime
+import pickle
+from decimal import Decimal
+
+import pytest
+
+from ultradict_ng import (
+    AlreadyExists,
+    Closed,
+    InvalidName,
+    NotFound,
+    ParameterMismatch,
+    PathGone,
+    SharedDict,
+    SharedDictError,
+    Unlinked,
+    UnsupportedType,
+    unlink_by_name,
+)
+
+
+@pytest.fixture
+def pair(name):
+    a = SharedDict(name=name, create=True)
+    b = SharedDict(name=name, create=False)
+    yield a, b
+    b.close()
+    a.close()
+
+
+def test_basic_roundtrip_between_handles(pair):
+    a, b = pair
+    a["x"] = 1
+    assert b["x"] == 1
+    b["y"] = [1, 2]
+    assert a["y"] == [1, 2]
+    del a["x"]
+    assert "x" not in b
+    assert len(b) == 1
+    assert isinstance(a, collections.abc.MutableMapping)
+
+
+def test_full_dict_interface_matches_dict(pair):
+    a, b = pair
+    model = {}
+    for d in (a, model):
+        d["k1"] = 1
+        d.update({"k2": 2}, k3=3)
+        d.update([("k4", 4)])
+        assert d.setdefault("k5", 5) == 5
+        assert d.setdefault("k1", 99) == 1
+        assert d.pop("k2") == 2
+        assert d.pop("nope", "dflt") == "dflt"
+        d |= {"k6": 6}
+    assert b == model
+    assert b.copy() == model and type(b.copy()) is dict
+    assert list(b) == list(model)
+    assert list(b.keys()) == list(model.keys())
+    assert list(b.values()) == list(model.values())
+    assert list(b.items()) == list(model.items())
+    assert list(reversed(b)) == list(reversed(model))
+    assert (b | {"z": 0}) == (model | {"z": 0})
+    assert ({"z": 0} | b) == ({"z": 0} | model)
+    assert b.get("k1") == 1 and b.get("missing") is None and b.get("missing", 7) == 7
+    assert "k1" in b.keys() and ("k1", 1) in b.items() and 1 in b.values()
+    assert b.keys() & {"k1", "zz"} == {"k1"}
+    assert a.popitem() == model.popitem()
+    assert b == model
+    a.clear()
+    assert len(b) == 0 and b == {}
+    with pytest.raises(KeyError):
+        a.popitem()
+    with pytest.raises(KeyError):
+        a.pop("missing")
+    with pytest.raises(KeyError):
+        del a["missing"]
+    with pytest.raises(KeyError):
+        a["missing"]
+    assert a != {"x": 1}
+    assert a == SharedDict(name=a.name)  # same dict, another handle
+    with pytest.raises(TypeError):
+        hash(a)
+
+
+def test_initial_data_and_positional_forms(name):
+    d = SharedDict({"a": 1, "b": [2]}, name=name)
+    try:
+        assert d == {"a": 1, "b": [2]}
+        # An attacher's initial data does not overwrite: data is applied by the creator only.
+        e = SharedDict({"a": 100}, name=name)
+        assert e["a"] == 1
+        e.close()
+        f = SharedDict(name)  # name positionally
+        assert f["a"] == 1
+        f.close()
+    finally:
+        d.close()
+    g = SharedDict([("k", "v")], name, True)
+    assert g == {"k": "v"}
+    g.close()
+    h = SharedDict.fromkeys(["p", "q"], 0, name=name)
+    assert h == {"p": 0, "q": 0}
+    h.close()
+
+
+def test_generated_name_and_repr():
+    d = SharedDict({"a": 1})
+    try:
+        assert d.name.startswith("udng_")
+        assert repr(d) == f"SharedDict({{'a': 1}}, name={d.name!r})"
+    finally:
+        d.close()
+    assert "closed" in repr(d)
+
+
+def test_returned_values_are_copies(pair):
+    a, b = pair
+    a["l"] = [1, [2]]
+    got = b["l"]
+    got.append(3)
+    got[1].append(4)
+    assert b["l"] == [1, [2]]
+    a["s"] = {1, 2}
+    s = b["s"]
+    s.add(3)
+    assert b["s"] == {1, 2}
+    a["ba"] = bytearray(b"xy")
+    ba = b["ba"]
+    ba[0] = 0
+    assert b["ba"] == bytearray(b"xy")
+    # The caller's object is not aliased by the cache either.
+    mine = [1]
+    a["m"] = mine
+    mine.append(2)
+    assert a["m"] == [1]
+
+
+def test_types_roundtrip_exactly(pair):
+    a, b = pair
+    values = {
+        "none": None, "t": True, "big": 2**100, "neg": -(2**70), "f": 1.5, "s": "ü",
+        "b": b"\x00", "ba": bytearray(b"x"), "tup": (1, (2, 3)), "l": [1, "a"],
+        "set": {1, 2}, "fs": frozenset({3}), "c": 1 + 2j, "dec": Decimal("1.10"),
+        "dt": datetime.datetime(2020, 1, 2, 3, 4, 5, 6),
+        "dtz": datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
+        "date": datetime.date(2021, 5, 6), "time": datetime.time(1, 2, 3),
+        "td": datetime.timedelta(days=-1, seconds=5), "tz": datetime.timezone.utc,
+    }
+    a.update(values)
+    for k, v in values.items():
+        assert b[k] == v and type(b[k]) is type(v), k
+    a[(1, "x")] = "tuple key"
+    a[frozenset({1})] = "fs key"
+    a[None] = "none key"
+    a[2**80] = "big int key"
+    assert b[(1, "x")] == "tuple key"
+    assert type(next(k for k in b if isinstance(k, tuple))) is tuple
+    assert b[frozenset({1})] == "fs key" and b[None] == "none key" and b[2**80] == "big int key"
+
+
+def test_unsupported_types_change_nothing(pair):
+    a, b = pair
+    a["keep"] = 1
+    before = b.copy()
+
+    class Custom:
+        pass
+
+    with pytest.raises(UnsupportedType) as info:
+        a["x"] = Custom()
+    assert isinstance(info.value, TypeError) and "pickle" in str(info.value)
+    with pytest.raises(TypeError):
+        a.update({"ok": 1, "bad": [object()]})
+    with pytest.raises(TypeError):
+        a[["unhashable"]] = 1
+    with pytest.raises(TypeError):
+        a[Custom()] = 1
+    assert a.copy() == before and b.copy() == before
+
+
+def test_pickle_serializer_opt_in(name):
+    d = SharedDict(name=name, serializer="pickle")
+    try:
+        d["x"] = collections.OrderedDict(a=1)
+        e = SharedDict(name=name)
+        assert e.serializer == "pickle"
+        assert type(e["x"]) is collections.OrderedDict
+        e.close()
+    finally:
+        d.close()
+
+
+def test_create_flags(name):
+    with pytest.raises(NotFound) as info:
+        SharedDict(name=name, create=False)
+    assert isinstance(info.value, FileNotFoundError)
+    d = SharedDict(name=name, create=True)
+    try:
+        with pytest.raises(AlreadyExists) as info2:
+            SharedDict(name=name, create=True)
+        assert isinstance(info2.value, FileExistsError)
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "x" * 300, "sp ace", "at@sign", 5, b"bytes"])
+def test_invalid_names(bad):
+    with pytest.raises((InvalidName, TypeError)) as info:
+        SharedDict(name=bad) if not isinstance(bad, (int, bytes)) else SharedDict(name=bad)  # type: ignore[arg-type]
+    assert isinstance(info.value, (ValueError, TypeError))
+    assert str(info.value)
+
+
+def test_parameter_mismatch(name):
+    d = SharedDict(name=name, recurse=True, buffer_size=8192)
+    try:
+        for kwargs in ({"recurse": False}, {"buffer_size": 4096}, {"serializer": "pickle"}):
+            with pytest.raises(ParameterMismatch) as info:
+                SharedDict(name=name, **kwargs)
+            assert isinstance(info.value, ValueError)
+        e = SharedDict(name=name, recurse=True, buffer_size=8192, serializer="msgpack")
+        assert e.recurse and e.buffer_size == 8192
+        e.close()
+        f = SharedDict(name=name)
+        assert f.recurse
+        f.close()
+    finally:
+        d.close()
+
+
+def test_closed_handle_raises(name):
+    d = SharedDict(name=name)
+    d["a"] = 1
+    d.close()
+    d.close()  # idempotent
+    for op in (lambda: d["a"], lambda: d.__setitem__("a", 2), lambda: len(d), lambda: list(d),
+               lambda: d.lock, lambda: d.update(a=1), lambda: d.unlink()):
+        with pytest.raises(Closed):
+            op()
+    assert d.closed
+
+
+def test_auto_unlink_rules(name):
+    d = SharedDict(name=name)  # creator: auto_unlink defaults to True
+    e = SharedDict(name=name)  # attacher: False
+    e["a"] = 1
+    e.close()
+    assert SharedDict(name=name, create=False)["a"] == 1
+    d.close()
+    with pytest.raises(NotFound):
+        SharedDict(name=name, create=False)
+    keep = SharedDict(name=name, auto_unlink=False)
+    keep["a"] = 2
+    keep.close()
+    again = SharedDict(name=name, create=False)
+    assert again["a"] == 2
+    again.close()
+    assert unlink_by_name(name) == 2
+    assert unlink_by_name(name) == 0
+
+
+def test_garbage_collected_creator_unlinks(name):
+    import gc
+
+    SharedDict({"a": 1}, name=name)
+    gc.collect()
+    with pytest.raises(NotFound):
+        SharedDict(name=name, create=False)
+
+
+def test_unlink_then_writes_raise_reads_keep_last_state(name):
+    d = SharedDict(name=name)
+    e = SharedDict(name=name)
+    d["a"] = 1
+    assert e["a"] == 1
+    assert d.unlink() == 2
+    assert e["a"] == 1
+    with pytest.raises(Unlinked):
+        e["b"] = 2
+    with pytest.raises(Unlinked):
+        d["b"] = 2
+    e.close()
+    d.close()
+
+
+def test_unlink_counts_every_segment(name):
+    d = SharedDict(name=name, buffer_size=64)
+    d["big"] = "x" * 1000  # larger than the stream: goes through a dump
+    assert d["big"] == "x" * 1000
+    assert SharedDict.unlink_by_name(name) == 3  # control, stream, dump
+    d.close()
+
+
+def test_large_values_bigger_than_stream(pair):
+    a, b = pair
+    blob = b"\x01" * (3 << 20)  # 3 MiB through a 1 MiB stream
+    a["blob"] = blob
+    assert b["blob"] == blob
+    a["small"] = 1
+    assert b["small"] == 1 and b["blob"] == blob
+
+
+def test_nested_views(name):
+    d = SharedDict(name=name, recurse=True)
+    e = SharedDict(name=name)
+    try:
+        d["a"] = {"b": {"c": 1}}
+        inner = e["a"]["b"]
+        assert isinstance(inner, SharedDict) and inner.path == ("a", "b")
+        inner["c"] += 1
+        d["a"]["b"]["d"] = [1]
+        assert d == {"a": {"b": {"c": 2, "d": [1]}}}
+        assert e.copy() == {"a": {"b": {"c": 2, "d": [1]}}}
+        with d.lock:
+            d["a"]["n"] = d["a"].get("n", 0) + 1
+        assert e["a"]["n"] == 1
+        view = e["a"]
+        del d["a"]
+        with pytest.raises(PathGone) as info:
+            view["b"]
+        assert isinstance(info.value, KeyError) and isinstance(info.value, SharedDictError)
+        with pytest.raises(PathGone):
+            view["x"] = 1
+        d["a"] = {"fresh": True}
+        assert view == {"fresh": True}  # a view follows its path
+        p = pickle.loads(pickle.dumps(e["a"]))
+        assert p.path == ("a",) and p["fresh"] is True
+        p.close()
+    finally:
+        e.close()
+        d.close()
+
+
+def test_without_recurse_nested_dicts_are_copies(pair):
+    a, b = pair
+    a["n"] = {"x": 1}
+    got = b["n"]
+    assert type(got) is dict
+    got["x"] = 2
+    assert a["n"] == {"x": 1}
+
+
+def test_iteration_while_writing_same_process(pair):
+    a, b = pair
+    a.update({i: i for i in range(100)})
+    seen = []
+    for k in b:
+        a[1000 + k] = k  # writes during iteration: the snapshot is unaffected
+        del a[k]
+        seen.append(k)
+        b.get(0)  # forces syncs inside the loop
+    assert seen == list(range(100))
+    for k, v in b.items():
+        a.clear()
+    assert len(b) == 0
+
+
+def test_many_dumps_keep_data(name):
+    d = SharedDict(name=name, buffer_size=256)
+    e = SharedDict(name=name)
+    try:
+        for i in range(500):
+            d[i % 37] = i
+            if i % 50 == 0:
+                assert e.copy() == d.copy()
+        assert e.copy() == {k: max(i for i in range(500) if i % 37 == k) for k in range(37)}
+    finally:
+        e.close()
+        d.close()

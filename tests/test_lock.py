@@ -1,0 +1,184 @@
+"""The cross-process lock: reentrancy, threads, timeouts, dead owners, fork."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests import helpers
+from ultradict_ng import LockTimeout, SharedDict
+
+spawn = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def d(name):
+    d = SharedDict({"n": 0}, name=name)
+    yield d
+    d.close()
+
+
+def test_reentrant_and_shared_by_handles_of_one_process(d):
+    other = SharedDict(name=d.name)
+    with d.lock:
+        with d.lock:
+            with other.lock:  # a second handle of the same dict in the same thread
+                other["n"] += 1
+                assert d.lock.held() and other.lock.held()
+            assert d.lock.held()
+        assert d.lock.held()
+    assert not d.lock.held()
+    assert d.lock.owner_pid is None
+    with d:  # `with d:` takes the same lock
+        assert d.lock.owner_pid == os.getpid()
+    other.close()
+    assert d["n"] == 1
+
+
+def test_release_without_holding_raises(d):
+    with pytest.raises(RuntimeError):
+        d.lock.release()
+
+
+def test_threads_exclude_each_other(d):
+    def work():
+        for _ in range(300):
+            with d.lock:
+                d["n"] += 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert d["n"] == 1200
+
+
+def test_nonblocking_and_timeout_name_the_holder(d):
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=helpers.hold_lock_forever, args=(d.name, ready))
+    p.start()
+    try:
+        assert ready.wait(10)
+        assert d.lock.acquire(blocking=False) is False
+        t0 = time.monotonic()
+        with pytest.raises(LockTimeout) as info:
+            d.lock.acquire(timeout=0.3)
+        assert 0.25 <= time.monotonic() - t0 < 3
+        assert isinstance(info.value, TimeoutError)
+        assert info.value.pid == p.pid and str(p.pid) in str(info.value)
+        with pytest.raises(LockTimeout):
+            with d.lock(timeout=0.1):
+                pass
+    finally:
+        p.kill()
+        p.join()
+
+
+def test_timeout_from_another_thread_of_this_process(d):
+    taken, done = threading.Event(), threading.Event()
+
+    def holder():
+        with d.lock:
+            taken.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    taken.wait(10)
+    try:
+        assert d.lock.acquire(blocking=False) is False
+        with pytest.raises(LockTimeout) as info:
+            d.lock.acquire(timeout=0.1)
+        assert info.value.pid == os.getpid()
+    finally:
+        done.set()
+        t.join()
+
+
+def test_dead_holder_is_recovered_within_a_second(d, caplog):
+    ready = spawn.Event()
+    p = spawn.Process(target=helpers.hold_lock_forever, args=(d.name, ready))
+    p.start()
+    assert ready.wait(30)
+    os.kill(p.pid, signal.SIGKILL)
+    time.sleep(0.05)  # the child is now a zombie until joined: that must count as dead
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="ultradict_ng"):
+        with d.lock(timeout=5):
+            waited = time.monotonic() - t0
+            d["n"] += 1
+    p.join()
+    assert waited < 1.0, waited
+    warnings = [r for r in caplog.records if "recovered" in r.getMessage()]
+    assert len(warnings) == 1 and str(p.pid) in warnings[0].getMessage()
+    assert d["n"] == 1
+
+
+def test_nonblocking_acquire_recovers_dead_holder(d):
+    ready = spawn.Event()
+    p = spawn.Process(target=helpers.hold_lock_forever, args=(d.name, ready))
+    p.start()
+    assert ready.wait(30)
+    p.kill()
+    p.join()
+    assert d.lock.acquire(blocking=False) is True
+    d.lock.release()
+
+
+def test_pid_reuse_is_detected(d):
+    """A lock word naming a live pid with another start time belongs to a dead process."""
+    from ultradict_ng import layout as L
+    from ultradict_ng.lock import owner_alive, owner_word
+
+    mine = owner_word()
+    assert owner_alive(mine)
+    fake = (os.getpid() & L.PID_MASK) | (((mine >> L.PID_BITS) + 12345) << L.PID_BITS)
+    assert not owner_alive(fake)
+    d._store._map.atomic.store(L.W_LOCK, fake)  # as if a previous owner with our pid died
+    with d.lock(timeout=2):
+        d["n"] += 1
+    assert d["n"] == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_child_does_not_inherit_holding(d):
+    ctx = multiprocessing.get_context("fork")
+    with d.lock:
+        p = ctx.Process(target=helpers.increment, args=(d.name, "n", 5))
+        p.start()  # forked while the parent holds the lock
+        time.sleep(0.3)
+        assert d["n"] == 0  # the child is waiting for us, not holding a copy of our lock
+    p.join(30)
+    assert p.exitcode == 0
+    assert d["n"] == 5
+
+
+def test_fork_child_handle_works(d):
+    ctx = multiprocessing.get_context("fork")
+    d["n"] = 10
+    def child():
+        with d.lock:
+            d["n"] += 1
+    p = ctx.Process(target=child)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    assert d["n"] == 11
+
+
+def test_contention_between_spawned_processes_is_exact(d):
+    procs = [spawn.Process(target=helpers.increment, args=(d.name, "n", 200)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert d["n"] == 800

@@ -1,0 +1,154 @@
+"""Stateful property test: two handles of one dict against a plain dict model.
+
+Random sequences of every mutating method (at the root and in nested dicts),
+alternating between two handles, with a stream so small that dumps happen
+constantly.  After every step both handles must equal the model.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Dict, List, Tuple
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ultradict_ng import SharedDict
+
+keys = st.one_of(st.integers(-3, 8), st.sampled_from(["a", "b", "c", ""]), st.tuples(st.integers(0, 2)))
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.binary(max_size=8),
+    st.floats(allow_nan=False),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner)),
+    max_leaves=6,
+)
+big_values = st.binary(min_size=300, max_size=3000)
+
+
+class TwoHandles(RuleBasedStateMachine):
+    """Handles ``a``/``b`` on one dict with recurse=True; ``model`` is a plain nested dict."""
+
+    @initialize(buffer_size=st.sampled_from([64, 512, 4096]))
+    def open(self, buffer_size: int) -> None:
+        self.name = "sm" + uuid.uuid4().hex[:12]
+        self.a = SharedDict(name=self.name, create=True, recurse=True, buffer_size=buffer_size)
+        self.b = SharedDict(name=self.name, create=False)
+        self.model: Dict[Any, Any] = {}
+
+    def handle(self, which: bool) -> SharedDict:
+        return self.a if which else self.b
+
+    def nested_paths(self) -> List[Tuple[Any, ...]]:
+        out: List[Tuple[Any, ...]] = [()]
+
+        def walk(node: Dict[Any, Any], path: Tuple[Any, ...]) -> None:
+            for k, v in node.items():
+                if type(v) is dict:
+                    out.append(path + (k,))
+                    walk(v, path + (k,))
+
+        walk(self.model, ())
+        return out
+
+    def target(self, which: bool, data: st.DataObject) -> Tuple[Any, Dict[Any, Any]]:
+        path = data.draw(st.sampled_from(self.nested_paths()))
+        shared: Any = self.handle(which)
+        node = self.model
+        for k in path:
+            shared = shared[k]
+            node = node[k]
+        return shared, node
+
+    @rule(which=st.booleans(), data=st.data(), key=keys, value=values)
+    def set_item(self, which: bool, data: st.DataObject, key: Any, value: Any) -> None:
+        shared, node = self.target(which, data)
+        shared[key] = value
+        node[key] = value
+
+    @rule(which=st.booleans(), data=st.data(), key=keys, value=big_values)
+    def set_big(self, which: bool, data: st.DataObject, key: Any, value: bytes) -> None:
+        shared, node = self.target(which, data)
+        shared[key] = value
+        node[key] = value
+
+    @rule(which=st.booleans(), data=st.data(), key=keys, inner=st.dictionaries(keys, values, max_size=3))
+    def set_nested(self, which: bool, data: st.DataObject, key: Any, inner: Dict[Any, Any]) -> None:
+        shared, node = self.target(which, data)
+        shared[key] = inner
+        node[key] = dict(inner)
+
+    @rule(which=st.booleans(), data=st.data(), key=keys)
+    def delete(self, which: bool, data: st.DataObject, key: Any) -> None:
+        shared, node = self.target(which, data)
+        if key in node:
+            del shared[key]
+            del node[key]
+        else:
+            try:
+                del shared[key]
+            except KeyError:
+                pass
+            else:
+                raise AssertionError("deleting a missing key did not raise")
+
+    @rule(which=st.booleans(), data=st.data(), key=keys, default=values)
+    def pop(self, which: bool, data: st.DataObject, key: Any, default: Any) -> None:
+        shared, node = self.target(which, data)
+        got = shared.pop(key, default)
+        want = node.pop(key, default)
+        assert got == want
+
+    @rule(which=st.booleans(), data=st.data())
+    def popitem(self, which: bool, data: st.DataObject) -> None:
+        shared, node = self.target(which, data)
+        if node:
+            assert shared.popitem() == node.popitem()
+
+    @rule(which=st.booleans(), data=st.data(), key=keys, default=values)
+    def setdefault(self, which: bool, data: st.DataObject, key: Any, default: Any) -> None:
+        shared, node = self.target(which, data)
+        got = shared.setdefault(key, default)
+        want = node.setdefault(key, default)
+        assert got == want
+
+    @rule(which=st.booleans(), data=st.data(), items=st.dictionaries(keys, values, max_size=4))
+    def update(self, which: bool, data: st.DataObject, items: Dict[Any, Any]) -> None:
+        shared, node = self.target(which, data)
+        shared.update(items)
+        node.update(items)
+
+    @rule(which=st.booleans(), data=st.data())
+    def clear(self, which: bool, data: st.DataObject) -> None:
+        shared, node = self.target(which, data)
+        if data.draw(st.integers(0, 4)) == 0:  # clearing is rare, or the dict stays tiny
+            shared.clear()
+            node.clear()
+
+    @rule(which=st.booleans(), data=st.data(), key=keys)
+    def locked_increment(self, which: bool, data: st.DataObject, key: Any) -> None:
+        shared, node = self.target(which, data)
+        with self.handle(which).lock:
+            current = shared.get(key)
+            new = current + 1 if type(current) is int else 0
+            shared[key] = new
+        node[key] = new
+
+    @precondition(lambda self: hasattr(self, "a"))
+    @invariant()
+    def both_equal_model(self) -> None:
+        assert self.a.copy() == self.model
+        assert self.b.copy() == self.model
+        assert list(self.b.keys()) == list(self.model.keys())
+
+    def teardown(self) -> None:
+        if hasattr(self, "a"):
+            self.b.close()
+            self.a.close()
+
+
+TwoHandles.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_two_handles = TwoHandles.TestCase

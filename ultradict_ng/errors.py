@@ -1,0 +1,101 @@
+"""Every exception ultradict_ng raises.
+
+Each one subclasses :class:`SharedDictError` *and* the builtin a caller would
+naturally catch (``FileExistsError``, ``TimeoutError``, ``TypeError`` ...), so
+code written against plain dicts and files keeps working, and code that wants
+to handle only our failures can catch :class:`SharedDictError`.
+
+Messages name the shared-memory segment involved: with many dicts on one
+machine, "segment corrupt" alone is useless.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Optional
+
+__all__ = [
+    "SharedDictError",
+    "AlreadyExists",
+    "NotFound",
+    "Unlinked",
+    "InvalidName",
+    "ParameterMismatch",
+    "CorruptSegment",
+    "IncompatibleLayout",
+    "LockTimeout",
+    "Closed",
+    "UnsupportedType",
+    "OutOfSpace",
+    "PathGone",
+]
+
+
+class SharedDictError(Exception):
+    """Base class of every error raised by ultradict_ng."""
+
+
+class AlreadyExists(SharedDictError, FileExistsError):
+    """``create=True`` was passed but a dict of that name already exists."""
+
+
+class NotFound(SharedDictError, FileNotFoundError):
+    """``create=False`` was passed (or a handle was unpickled) but no dict of that name exists."""
+
+
+class Unlinked(NotFound):
+    """The dict was unlinked by some process; this handle can no longer write to it."""
+
+
+class InvalidName(SharedDictError, ValueError):
+    """A dict name that cannot be used as a segment name on this platform."""
+
+
+class ParameterMismatch(SharedDictError, ValueError):
+    """An attacher passed a configuration value that differs from the stored one."""
+
+
+class CorruptSegment(SharedDictError, ValueError):
+    """A segment does not hold what the protocol says it must (foreign, damaged, half-made)."""
+
+
+class IncompatibleLayout(CorruptSegment):
+    """The segment is ours but was written by an incompatible layout version."""
+
+
+class LockTimeout(SharedDictError, TimeoutError):
+    """The dict's lock could not be taken within the timeout.
+
+    ``pid`` is the process that held the lock when we gave up (``None`` if the
+    lock was free at that instant, e.g. taken and released by other threads).
+    """
+
+    def __init__(self, message: str, *, name: str = "", pid: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.pid = pid
+
+
+class Closed(SharedDictError, ValueError):
+    """An operation on a handle after :meth:`SharedDict.close`."""
+
+
+class UnsupportedType(SharedDictError, TypeError):
+    """A key or value the configured serializer cannot round-trip exactly."""
+
+
+class OutOfSpace(SharedDictError, OSError):
+    """Shared memory is full (``/dev/shm`` or the platform's equivalent)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class PathGone(SharedDictError, KeyError):
+    """A nested view's dict was deleted or replaced by a non-dict value."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,237 @@
+"""The shared-memory protocol of ultradict_ng: segment layouts, offsets and rules.
+
+This docstring is the specification; the constants below are the only place the
+numbers live, and ``store.py`` / ``lock.py`` follow the rules written here.
+
+Segments
+========
+A dict named ``N`` owns these POSIX shared-memory segments (all mode 0600)::
+
+    N             control segment   header, counters, lock word, cleanup register
+    N@s           update stream     append-only records of mutations, fixed size
+    N@d<gen>      full dump         the whole dict at generation <gen> (base 36)
+
+User names may only contain ``[A-Za-z0-9_.-]``, so no user name can collide
+with a derived name (they contain ``@``).  Nested dicts own no segments: they
+are paths inside the root's tree, carried in the root's records and dumps, so
+one lock covers the tree and the segments above are *all* the segments.
+
+Control segment (``CONTROL_SIZE`` bytes, native-endian u64 words)
+-----------------------------------------------------------------
+===== ======= ==================================================================
+word  offset  field
+===== ======= ==================================================================
+0     0       MAGIC: ``CONTROL_MAGIC``; stored *last* at creation (atomic store)
+1     8       layout version (low u32), control size in bytes (high u32)
+2     16      flags (low u32, bit 0 = recurse), serializer id (high u32)
+3     24      stream size in bytes
+4     32      creation token (random u64: tells a re-created dict of the same
+              name from the old one; keys the per-process lock state)
+5     40      creator pid
+8     64      STATE: ``generation << 32 | stream end``  (the counter readers poll)
+16    128     LOCK: 0 when free, else the owner word (see "Lock" below)
+24    192     REG_LOW: oldest dump generation that may still exist
+25    200     REG_HIGH: newest dump generation that may exist (written *before*
+              the dump segment is created)
+26    208     STATUS: bit 0 = unlinked (set before any segment is unlinked)
+===== ======= ==================================================================
+
+STATE, LOCK and the register sit on separate 64-byte lines so that spinning on
+the lock does not slow readers polling STATE.
+
+Stream record (in ``N@s``, at offsets ``0 .. end`` of the current generation)
+-----------------------------------------------------------------------------
+``u32 length | u32 generation (low 32 bits) | u32 crc32 | u32 0 | payload``;
+the crc covers the first 8 header bytes and the payload.  The payload is the
+serializer's encoding of ``[op, path, *args]`` (see ``OP_*``).
+
+Dump (``N@d<gen>``)
+-------------------
+``8 bytes DUMP_MAGIC | u64 generation | u64 length | u32 crc32(payload) | u32 0 |
+payload``; payload = the serializer's encoding of the whole tree (nested dicts
+as plain dicts).  A dump is written completely before it is published and never
+changes afterwards.  Generation 0 is the empty dict and has no segment.
+
+Writer (holds the lock for the whole mutation)
+==============================================
+1. Bring the local cache up to date (the reader algorithm, under the lock).
+2. Check the mutation against the cache (missing key, missing nested path,
+   STATUS.unlinked) and encode the record: errors are raised here, before any
+   shared byte changes.
+3. If ``end + record`` fits in the stream: copy the record to ``stream[end:]``,
+   then publish with one atomic (sequentially consistent) store
+   ``STATE = gen << 32 | end + len(record)``.  The payload is written before
+   the store that makes it reachable.
+4. Otherwise (stream full, or a value larger than the stream) write a dump:
+   a. ``REG_HIGH = gen + 1`` (so crash cleanup can find what step b creates);
+   b. create ``N@d<gen+1>``; if it exists it is the unpublished leftover of a
+      writer that died between b and c (we hold the lock, so nobody else can be
+      making it): unlink it and create it again;
+   c. write payload, then header; publish ``STATE = (gen + 1) << 32 | 0``.  This
+      one store both publishes the dump and restarts the stream;
+   d. unlink dumps ``REG_LOW .. gen`` and set ``REG_LOW = gen + 1``.
+5. Apply the decoded record to the local cache (the same code path readers use,
+   so every process holds identical data).
+
+A writer that dies at any instruction leaves STATE pointing at a complete
+generation: records past ``end`` and an unpublished dump are invisible, and a
+leftover segment is within ``REG_LOW .. REG_HIGH``.  If a dump cannot be made
+(shared memory full) nothing was published and the error reaches the caller;
+the local cache is reloaded from the shared state on the next access.
+
+Reader (no lock, no atomics call on the hit path)
+=================================================
+Hit path: ``words[STATE] == seen`` (one plain 8-byte load) -> answer from cache.
+Otherwise, with the process-local cache mutex held:
+
+1. ``st = words[STATE]``; split into (gen, end).
+2. If gen differs from the cached generation: open ``N@d<gen>``.  If it is gone,
+   a newer dump replaced it between our load of STATE and the open: go to 1
+   (never fails the caller: the race UltraDict reported as
+   CannotAttachSharedMemory).  Validate magic, generation, length (against the
+   segment size) and crc, decode, replace the cache, ``pos = 0``.
+3. Copy ``stream[pos:end]``, then load STATE again: if its generation moved, the
+   stream may have been restarted while we copied, so the bytes may be torn:
+   discard them and go to 1.  (Seqlock rule: the writer stores STATE before it
+   overwrites the stream, so an unchanged generation proves the copy is intact
+   on x86-TSO; the per-record generation tag and crc also catch it where loads
+   can be reordered.)
+4. Parse every record (length within the copied bytes, generation tag == gen,
+   crc), decode them all, and only then apply them all; ``seen = st``.
+5. After ``READER_RETRIES`` failed rounds (a writer dumping faster than we can
+   read) take the lock and do 1-4 once more: nothing can change under the lock,
+   so a failure then is real corruption -> ``CorruptSegment``.
+
+Creation and attach
+===================
+The creator makes ``N`` with O_CREAT|O_EXCL (exactly one process wins a
+create race), creates the stream, writes the header and any initial data, and
+stores MAGIC last.  Attachers that find MAGIC == 0 wait (up to
+``INIT_TIMEOUT``) for it; a MAGIC that is neither 0 nor ours is a foreign
+segment (``CorruptSegment``); another layout version is ``IncompatibleLayout``.
+A control segment whose MAGIC stays 0 and whose creator is dead was abandoned
+mid-creation; ``unlink_by_name`` removes it.
+
+Lock
+====
+The LOCK word is ``pid | (start_time & START_MASK) << PID_BITS``: the owner's
+pid and its start time (clock ticks since boot, from /proc; 0 where there is no
+/proc).  Acquire = CAS 0 -> own word; release = CAS own word -> 0.
+While waiting, a process checks every ``LOCK_CHECK_INTERVAL`` whether the owner
+is alive: dead if the pid does not exist, is a zombie, or now belongs to a
+process with another start time (pid reuse).  A dead owner's word is replaced
+by a CAS from exactly the observed word, so of several waiters only one takes
+it over.  Threads of one process first serialise on a process-local mutex
+shared by every handle of the same dict (keyed by name and creation token),
+which also makes the lock reentrant across handles.  After fork the child
+resets that local state: it never inherits "holding" the lock.
+Limit: all users must share a pid namespace (one container), or liveness checks
+cannot see each other's processes.
+
+Unlink and cleanup register
+===========================
+``unlink``/``unlink_by_name`` take the lock (recovering a dead owner; after
+``UNLINK_LOCK_TIMEOUT`` they go on without it), set STATUS.unlinked, then
+unlink ``N@d<g>`` for g in ``REG_LOW .. REG_HIGH`` and for the published gen,
+then ``N@s``, then ``N``.  Writers check STATUS under the lock and raise
+``Unlinked``; a writer that published a dump just as the flag appeared unlinks
+its own dump.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+# -- names -------------------------------------------------------------------
+
+#: Characters a user name may contain; '@' is reserved for derived names.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]+")
+#: macOS limits shm names to 31 bytes with the leading '/'; the longest suffix
+#: we add is '@d' plus 8 base-36 digits.
+MAX_SUFFIX = 10
+MAX_NAME_LENGTH = (30 - MAX_SUFFIX) if sys.platform == "darwin" else 200
+GENERATED_PREFIX = "udng_"
+
+STREAM_SUFFIX = "@s"
+DUMP_SUFFIX = "@d"
+
+
+def stream_name(name: str) -> str:
+    return name + STREAM_SUFFIX
+
+
+def dump_name(name: str, generation: int) -> str:
+    return name + DUMP_SUFFIX + _base36(generation)
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if not n:
+            return out
+
+
+# -- control segment -----------------------------------------------------------
+
+CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
+LAYOUT_VERSION = 1
+CONTROL_SIZE = 256
+
+W_MAGIC = 0
+W_LAYOUT = 1
+W_CONFIG = 2
+W_STREAM_SIZE = 3
+W_TOKEN = 4
+W_CREATOR = 5
+W_STATE = 8
+W_LOCK = 16
+W_REG_LOW = 24
+W_REG_HIGH = 25
+W_STATUS = 26
+
+FLAG_RECURSE = 1
+STATUS_UNLINKED = 1
+
+GEN_SHIFT = 32
+END_MASK = (1 << 32) - 1
+GEN_MASK = (1 << 32) - 1
+
+# -- stream ------------------------------------------------------------------
+
+RECORD_HEADER = 16  # struct "<IIII": length, generation, crc, 0
+RECORD_FORMAT = "<IIII"
+MIN_STREAM_SIZE = 64  # tiny streams are legal: every write then dumps (useful in tests)
+MAX_STREAM_SIZE = END_MASK  # end must fit in the low half of STATE
+DEFAULT_STREAM_SIZE = 1 << 20
+
+OP_SET = 1  # [OP_SET, path, key, value]
+OP_DEL = 2  # [OP_DEL, path, key]
+OP_CLEAR = 3  # [OP_CLEAR, path]
+OP_UPDATE = 4  # [OP_UPDATE, path, [[key, value], ...]]
+
+# -- dump --------------------------------------------------------------------
+
+DUMP_MAGIC = b"UDNGdmp\x01"
+DUMP_HEADER = 32  # struct "<8sQQII"
+DUMP_FORMAT = "<8sQQII"
+#: How many stale generations one reclaim pass unlinks at most; a larger
+#: REG_LOW..REG_HIGH gap can only come from a corrupted register.
+MAX_RECLAIM = 64
+
+# -- lock --------------------------------------------------------------------
+
+PID_BITS = 24
+PID_MASK = (1 << PID_BITS) - 1
+START_MASK = (1 << 40) - 1
+
+# -- timing ------------------------------------------------------------------
+
+INIT_TIMEOUT = 5.0  # attachers wait this long for a creator to finish
+READER_RETRIES = 200  # lock-free sync rounds before taking the lock
+LOCK_CHECK_INTERVAL = 0.2  # seconds between owner-liveness checks while waiting
+LOCK_FIRST_CHECK = 0.05  # first liveness check after this much waiting
+UNLINK_LOCK_TIMEOUT = 2.0

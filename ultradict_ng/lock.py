@@ -1,0 +1,332 @@
+"""The dict's cross-process lock: one 64-bit word in the control segment.
+
+One class owns every policy: waiting and back-off, timeouts, reentrancy,
+threads, fork, and recovery from a dead owner.  The atomic primitive under it
+(:mod:`ultradict_ng.atomicwords`) only loads, stores and compares-and-swaps.
+The word's format and the recovery rule are specified in
+:mod:`ultradict_ng.layout` ("Lock").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from types import TracebackType
+from typing import Optional, Tuple, Type
+
+from . import layout as L
+from .atomicwords import AtomicWords
+from .errors import LockTimeout
+
+__all__ = ["SharedLock", "owner_word", "pid_of", "owner_alive"]
+
+log = logging.getLogger("ultradict_ng")
+
+# -- process identity ----------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> Optional[Tuple[str, int]]:
+    """(state letter, start time in clock ticks) from /proc, or None if unavailable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return ("X", 0)  # no such process (any more)
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return rest[0].decode(), int(rest[19])  # fields 3 and 22 of proc(5)
+    except (IndexError, ValueError):
+        return None
+
+
+_HAS_PROC = os.path.exists(f"/proc/{os.getpid()}/stat")
+_identity: Tuple[int, int] = (0, 0)  # (pid, owner word) of this process, recomputed after fork
+
+
+def owner_word(pid: Optional[int] = None) -> int:
+    """The LOCK word value meaning "held by process ``pid``" (default: this process)."""
+    global _identity
+    if pid is None:
+        me = os.getpid()
+        if _identity[0] == me:
+            return _identity[1]
+        pid = me
+    start = 0
+    if _HAS_PROC:
+        fields = _stat_fields(pid)
+        start = fields[1] if fields else 0
+    word = (pid & L.PID_MASK) | ((start & L.START_MASK) << L.PID_BITS)
+    if pid == os.getpid():
+        _identity = (pid, word)
+    return word
+
+
+def pid_of(word: int) -> int:
+    return word & L.PID_MASK
+
+
+def owner_alive(word: int) -> bool:
+    """False only when we are sure the process that stored ``word`` is gone.
+
+    Dead means: no such pid; a zombie (killed but not yet reaped by its
+    parent, which would otherwise keep the lock until the parent calls
+    wait()); or the pid now belongs to a process with a different start time
+    (pid reuse).
+    """
+    pid = pid_of(word)
+    if pid == 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by another user
+    except OSError:
+        return True
+    if _HAS_PROC:
+        fields = _stat_fields(pid)
+        if fields is not None:
+            state, start = fields
+            if state in ("Z", "X"):
+                return False
+            if (start & L.START_MASK) != (word >> L.PID_BITS):
+                return False
+    return True
+
+
+# -- per-process lock state ----------------------------------------------------
+
+
+class _ProcessState:
+    """What every handle of one dict in this process shares: which thread holds
+    the lock and how often (reentrancy), and the mutex that lets only one of our
+    threads compete for the shared word at a time."""
+
+    __slots__ = ("mutex", "owner", "count", "__weakref__")
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.owner: Optional[int] = None
+        self.count = 0
+
+
+_states: "weakref.WeakValueDictionary[Tuple[str, int], _ProcessState]" = weakref.WeakValueDictionary()
+_states_guard = threading.Lock()
+
+
+def _state_for(key: Tuple[str, int]) -> _ProcessState:
+    with _states_guard:
+        state = _states.get(key)
+        if state is None:
+            state = _ProcessState()
+            _states[key] = state
+        return state
+
+
+def _after_fork_in_child() -> None:
+    # The child has one thread; whatever the parent's threads held is not the
+    # child's.  The shared word still names the parent, so the child waits for
+    # the parent's release like any other process.
+    global _states_guard
+    _states_guard = threading.Lock()
+    for state in list(_states.values()):
+        state.mutex = threading.Lock()
+        state.owner = None
+        state.count = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- the lock ------------------------------------------------------------------
+
+
+class SharedLock:
+    """Cross-process, reentrant, thread-safe lock of one shared dict tree.
+
+    ``with d.lock:`` (or ``with d:``) holds it; ``with d.lock(timeout=2):``
+    gives up after 2 s with :class:`~ultradict_ng.errors.LockTimeout`, whose
+    ``pid`` is the holder.  A holder that died (SIGKILL, crash) is detected
+    while waiting and its lock taken over within about
+    ``LOCK_FIRST_CHECK + LOCK_CHECK_INTERVAL`` seconds, with a warning logged.
+    """
+
+    __slots__ = ("_words", "_name", "_state")
+
+    def __init__(self, words: AtomicWords, name: str, token: int) -> None:
+        self._words = words
+        self._name = name
+        self._state = _state_for((name, token))
+
+    # -- public API ------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take the lock.
+
+        Returns True when taken.  ``blocking=False`` returns False at once if
+        another process or thread holds it.  With a ``timeout`` (seconds),
+        raises :class:`LockTimeout` naming the holder's pid when it runs out.
+        """
+        me = threading.get_ident()
+        state = self._state
+        if state.owner == me:
+            state.count += 1
+            return True
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be >= 0 or None")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not blocking:
+            if not state.mutex.acquire(False):
+                return False
+        elif not state.mutex.acquire(True, -1 if timeout is None else timeout):
+            raise self._timeout_error(timeout)
+        try:
+            if self._take_word(blocking, deadline, timeout):
+                state.owner = me
+                state.count = 1
+                return True
+        except BaseException:
+            state.mutex.release()
+            raise
+        state.mutex.release()
+        return False
+
+    def release(self) -> None:
+        """Release one level of ownership; the last release frees the shared word."""
+        state = self._state
+        if state.owner != threading.get_ident():
+            raise RuntimeError(f"release of the lock of {self._name!r}, which this thread does not hold")
+        state.count -= 1
+        if state.count:
+            return
+        state.owner = None
+        mine = owner_word()
+        ok, seen = self._words.cas(L.W_LOCK, mine, 0)
+        state.mutex.release()
+        if not ok:
+            log.warning(
+                "lock of shared dict %r was taken over by pid %d while pid %d held it",
+                self._name, pid_of(seen), os.getpid(),
+            )
+
+    def held(self) -> bool:
+        """True if the calling thread holds the lock."""
+        return self._state.owner == threading.get_ident()
+
+    @property
+    def owner_pid(self) -> Optional[int]:
+        """Pid of the process holding the lock now, or None (a snapshot: it may change)."""
+        word = self._words.load(L.W_LOCK)
+        return pid_of(word) if word else None
+
+    def __call__(self, timeout: Optional[float] = None) -> "_TimedHold":
+        """``with d.lock(timeout=...):`` — the same lock with a timeout."""
+        return _TimedHold(self, timeout)
+
+    def __enter__(self) -> "SharedLock":
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        pid = self.owner_pid
+        return f"<SharedLock of {self._name!r} {'held by pid %d' % pid if pid else 'free'}>"
+
+    # -- internals ---------------------------------------------------------------
+
+    def _take_word(self, blocking: bool, deadline: Optional[float], timeout: Optional[float]) -> bool:
+        """CAS the shared word from 0 to ours; wait, back off and recover dead owners."""
+        words = self._words
+        mine = owner_word()
+        ok, seen = words.cas(L.W_LOCK, 0, mine)
+        if ok:
+            return True
+        if not blocking:
+            return self._recover_if_dead(seen, mine)
+        start = time.monotonic()
+        next_check = start + L.LOCK_FIRST_CHECK
+        spins = 0
+        while True:
+            if seen == 0:
+                ok, seen = words.cas(L.W_LOCK, 0, mine)
+                if ok:
+                    return True
+            now = time.monotonic()
+            if now >= next_check:
+                if self._recover_if_dead(seen, mine):
+                    return True
+                next_check = now + L.LOCK_CHECK_INTERVAL
+            if deadline is not None and now >= deadline:
+                raise self._timeout_error(timeout, seen)
+            # Back off: yield first (the holder is usually mid-write on the
+            # other core), then sleep up to 1 ms so waiters do not burn CPU.
+            spins += 1
+            time.sleep(0 if spins < 20 else min(0.001, 0.00002 * (spins - 19)))
+            seen = words.load(L.W_LOCK)
+
+    def _recover_if_dead(self, seen: int, mine: int) -> bool:
+        """Take the lock over from ``seen`` if that owner is dead; True if we now hold it."""
+        if seen == 0:
+            ok, _ = self._words.cas(L.W_LOCK, 0, mine)
+            return ok
+        if seen == mine:
+            # Our own word, yet no thread of ours holds it: a handle that held
+            # the lock was closed or collected without releasing it.
+            alive = False
+        else:
+            alive = owner_alive(seen)
+        if alive:
+            return False
+        ok, _ = self._words.cas(L.W_LOCK, seen, mine)
+        if ok:
+            log.warning(
+                "lock of shared dict %r recovered from dead process %d",
+                self._name, pid_of(seen),
+            )
+        return ok
+
+    def _timeout_error(self, timeout: Optional[float], seen: Optional[int] = None) -> LockTimeout:
+        if seen is None:
+            seen = self._words.load(L.W_LOCK)
+        pid = pid_of(seen) if seen else None
+        holder = f"held by pid {pid}" if pid else "held by another thread of this process"
+        return LockTimeout(
+            f"could not acquire the lock of shared dict {self._name!r} within {timeout}s ({holder})",
+            name=self._name,
+            pid=pid if pid else os.getpid(),
+        )
+
+
+class _TimedHold:
+    __slots__ = ("_lock", "_timeout")
+
+    def __init__(self, lock: SharedLock, timeout: Optional[float]) -> None:
+        self._lock = lock
+        self._timeout = timeout
+
+    def __enter__(self) -> SharedLock:
+        self._lock.acquire(timeout=self._timeout)
+        return self._lock
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self._lock.release()

@@ -1,0 +1,485 @@
+"""``SharedDict``: the user-facing dict, a thin layer over :class:`~ultradict_ng.store.Store`.
+
+A ``SharedDict`` is a (store, path) pair: the root has path ``()``; with
+``recurse=True`` a dict stored under a key comes back as a ``SharedDict`` whose
+path is the keys leading to it, sharing the root's store, lock and segments.
+Every method syncs the local cache first (a single counter comparison when
+nothing changed) and every mutation is one record published under the lock,
+so each method is atomic across processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import ItemsView, KeysView, Mapping, MutableMapping, ValuesView
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
+
+from . import layout as L
+from .codec import copy_value
+from .errors import Closed
+from .lock import SharedLock
+from .store import Store, unlink_by_name as _unlink_by_name
+
+__all__ = ["SharedDict"]
+
+_W_STATE = L.W_STATE
+#: Values the cache can hand out as they are: immutable all the way down.
+_IMMUTABLE = frozenset({
+    type(None), bool, int, float, complex, str, bytes, frozenset, decimal.Decimal,
+    datetime.datetime, datetime.date, datetime.time, datetime.timedelta, datetime.timezone,
+})
+_MISSING: Any = object()
+
+T = TypeVar("T")
+SD = TypeVar("SD", bound="SharedDict")
+
+
+class SharedDict(MutableMapping[Any, Any]):
+    """A dict shared by every process on the machine that opens it by name.
+
+    ``SharedDict(name=None, create=None, *, recurse=None, buffer_size=None,
+    serializer=None, auto_unlink=None)``; initial data may come first, as for
+    ``dict``: ``SharedDict({"a": 1}, name="stats")`` (applied only by the
+    process that creates the dict).
+
+    * ``name``: ``None`` makes a unique name (``d.name``).  Letters, digits,
+      ``_ . -`` only.
+    * ``create``: ``None`` attaches if the dict exists, else creates it (exactly
+      one of several racing processes creates; the others attach to the fully
+      made dict); ``True`` raises :class:`AlreadyExists` if it exists; ``False``
+      raises :class:`NotFound` if it does not.
+    * ``recurse``: dicts stored as values come back as live nested
+      ``SharedDict`` views (``d["a"]["b"] = 1`` is seen everywhere).
+    * ``buffer_size``: bytes of the update stream (default 1 MiB).  A mutation
+      that does not fit triggers a full dump; no value size limit follows.
+    * ``serializer``: ``"msgpack"`` (default, never executes code) or
+      ``"pickle"`` (any picklable value, but every process that can write the
+      segments can then run code in every reader: only for mutually trusted
+      processes).
+    * The configuration is stored with the dict: attachers pass only ``name``;
+      a conflicting explicit value raises :class:`ParameterMismatch`.
+
+    Lifetime rules (like ``multiprocessing.shared_memory``, plus auto-unlink):
+
+    * :meth:`close` detaches this handle in this process only.
+    * :meth:`unlink` (or :func:`unlink_by_name`) removes the dict's segments for
+      everybody.  Handles that are still open keep reading the last state;
+      their writes raise :class:`Unlinked`.
+    * ``auto_unlink`` (default: True for the handle that created the dict,
+      False for attachers): unlink when this handle is closed, garbage-collected,
+      or its process exits normally.  Only in the creating process -- never in
+      a forked child.  Pass ``auto_unlink=False`` to let the dict outlive its
+      creator, and remove it later with :func:`unlink_by_name`.
+
+    Values read back are copies (mutating a returned list does not change the
+    dict); with ``recurse`` nested dicts are live views instead.  Iteration
+    and ``keys()/values()/items()`` walk a snapshot taken when they start, so
+    they never raise because another process wrote meanwhile.
+    """
+
+    __slots__ = ("_store", "_path")
+
+    _store: Store
+    _path: Tuple[Any, ...]
+
+    @overload
+    def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
+                 recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
+                 serializer: Any = None, auto_unlink: Optional[bool] = None) -> None: ...
+
+    @overload
+    def __init__(self, data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]], /,
+                 name: Optional[str] = None, create: Optional[bool] = None, *,
+                 recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
+                 serializer: Any = None, auto_unlink: Optional[bool] = None) -> None: ...
+
+    def __init__(self, *args: Any, name: Optional[str] = None, create: Optional[bool] = None,
+                 recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
+                 serializer: Any = None, auto_unlink: Optional[bool] = None) -> None:
+        data: Any = None
+        positional = list(args)
+        if positional and not isinstance(positional[0], (str, type(None))):
+            data = positional.pop(0)
+        if len(positional) > 2:
+            raise TypeError("SharedDict() takes at most: data, name, create as positional arguments")
+        if positional:
+            if name is not None:
+                raise TypeError("SharedDict() got the name both positionally and by keyword")
+            name = positional.pop(0)
+        if positional:
+            if create is not None:
+                raise TypeError("SharedDict() got create both positionally and by keyword")
+            create = positional.pop(0)
+        initial = _pairs(data) if data is not None else None
+        self._store = Store.open(name, create, recurse=recurse, buffer_size=buffer_size,
+                                 serializer=serializer, auto_unlink=auto_unlink, initial=initial)
+        self._path = ()
+
+    @classmethod
+    def fromkeys(cls: type, iterable: Iterable[Any], value: Any = None, **options: Any) -> Any:  # type: ignore[override]
+        """``SharedDict.fromkeys(keys, value, name=...)``: a new shared dict, like ``dict.fromkeys``."""
+        return cls(dict.fromkeys(iterable, value), **options)
+
+    # -- identity ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The dict's name (the root's, for a nested view)."""
+        return self._store.name
+
+    @property
+    def path(self) -> Tuple[Any, ...]:
+        """Keys from the root to this nested dict; ``()`` for the root."""
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        return self._store.closed
+
+    @property
+    def recurse(self) -> bool:
+        return self._store.recurse
+
+    @property
+    def serializer(self) -> str:
+        return self._store.codec.name
+
+    @property
+    def buffer_size(self) -> int:
+        return self._store.stream_size
+
+    @property
+    def lock(self) -> SharedLock:
+        """The lock of the whole tree: ``with d.lock:``, ``with d.lock(timeout=2):``."""
+        self._store.words[_W_STATE]  # Closed on a closed handle
+        return self._store.lock
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _node(self) -> Dict[Any, Any]:
+        s = self._store
+        if s.words[_W_STATE] != s.seen:
+            s.sync()
+        return s.node(self._path) if self._path else s.data
+
+    def _export(self, key: Any, value: Any) -> Any:
+        """What a reader gets for a cached value: a nested view, or a private copy."""
+        if type(value) is dict and self._store.recurse:
+            view = object.__new__(type(self))
+            view._store = self._store
+            view._path = self._path + (key,)
+            return view
+        return copy_value(value)
+
+    def __getitem__(self, key: Any) -> Any:
+        s = self._store
+        if s.words[_W_STATE] != s.seen:
+            s.sync()
+        value = (s.node(self._path) if self._path else s.data)[key]
+        if type(value) in _IMMUTABLE:
+            return value
+        return self._export(key, value)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = self._node().get(key, _MISSING)
+        if value is _MISSING:
+            return default
+        if type(value) in _IMMUTABLE:
+            return value
+        return self._export(key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._node()
+
+    def __len__(self) -> int:
+        return len(self._node())
+
+    def _snapshot_keys(self) -> List[Any]:
+        node = self._node()
+        with self._store.mutex:
+            return list(node)
+
+    def _snapshot_items(self) -> List[Tuple[Any, Any]]:
+        node = self._node()
+        with self._store.mutex:
+            items = list(node.items())
+        return [(k, v if type(v) in _IMMUTABLE else self._export(k, v)) for k, v in items]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._snapshot_keys())
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed(self._snapshot_keys())
+
+    def keys(self) -> "SharedKeysView":
+        return SharedKeysView(self)
+
+    def values(self) -> "SharedValuesView":
+        return SharedValuesView(self)
+
+    def items(self) -> "SharedItemsView":
+        return SharedItemsView(self)
+
+    def copy(self) -> Dict[Any, Any]:
+        """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
+        node = self._node()
+        with self._store.mutex:
+            out: Dict[Any, Any] = copy_value(node)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SharedDict):
+            return self.copy() == other.copy()
+        if isinstance(other, Mapping):
+            return self.copy() == (other if type(other) is dict else dict(other.items()))
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<{type(self).__name__} name={self.name!r} (closed)>"
+        path = f", path={list(self._path)!r}" if self._path else ""
+        return f"{type(self).__name__}({self.copy()!r}, name={self.name!r}{path})"
+
+    def __or__(self, other: Any) -> Dict[Any, Any]:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        out = self.copy()
+        out.update(other.copy() if isinstance(other, SharedDict) else other)
+        return out
+
+    def __ror__(self, other: Any) -> Dict[Any, Any]:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        out = dict(other)
+        out.update(self.copy())
+        return out
+
+    def __ior__(self: SD, other: Any) -> SD:
+        self.update(other)
+        return self
+
+    # -- writing -----------------------------------------------------------------------
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        hash(key)  # unhashable keys fail here, like dict, before anything is locked
+        if isinstance(value, SharedDict):
+            value = value.copy()
+        s = self._store
+        s.begin_write()
+        try:
+            if self._path:
+                s.node(self._path)
+            s.commit([L.OP_SET, list(self._path), key, value])
+        finally:
+            s.end_write()
+
+    def __delitem__(self, key: Any) -> None:
+        s = self._store
+        s.begin_write()
+        try:
+            if key not in (s.node(self._path) if self._path else s.data):
+                raise KeyError(key)
+            s.commit([L.OP_DEL, list(self._path), key])
+        finally:
+            s.end_write()
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        s = self._store
+        s.begin_write()
+        try:
+            node = s.node(self._path) if self._path else s.data
+            if key not in node:
+                if default is _MISSING:
+                    raise KeyError(key)
+                return default
+            value = node[key]  # leaves the cache with the record: no copy needed
+            s.commit([L.OP_DEL, list(self._path), key])
+            return value
+        finally:
+            s.end_write()
+
+    def popitem(self) -> Tuple[Any, Any]:
+        """Remove and return the most recently inserted item (LIFO, like dict)."""
+        s = self._store
+        s.begin_write()
+        try:
+            node = s.node(self._path) if self._path else s.data
+            if not node:
+                raise KeyError("popitem(): shared dict is empty")
+            key = next(reversed(node))
+            value = node[key]
+            s.commit([L.OP_DEL, list(self._path), key])
+            return key, value
+        finally:
+            s.end_write()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        hash(key)
+        if isinstance(default, SharedDict):
+            default = default.copy()
+        s = self._store
+        s.begin_write()
+        try:
+            node = s.node(self._path) if self._path else s.data
+            if key not in node:
+                s.commit([L.OP_SET, list(self._path), key, default])
+            return self._export(key, node[key])
+        finally:
+            s.end_write()
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+        """Like ``dict.update``, as one atomic record: all items are stored or none."""
+        pairs = _pairs(other) + _pairs(kwargs)
+        if not pairs:
+            self._node()  # still: Closed / PathGone like any other call
+            return
+        s = self._store
+        s.begin_write()
+        try:
+            if self._path:
+                s.node(self._path)
+            s.commit([L.OP_UPDATE, list(self._path), pairs])
+        finally:
+            s.end_write()
+
+    def clear(self) -> None:
+        s = self._store
+        s.begin_write()
+        try:
+            if self._path:
+                s.node(self._path)
+            s.commit([L.OP_CLEAR, list(self._path)])
+        finally:
+            s.end_write()
+
+    # -- lock, lifetime, pickling ------------------------------------------------------------
+
+    def __enter__(self: SD) -> SD:
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._store.lock.release()
+
+    def close(self) -> None:
+        """Detach this process's handle (the root's, for a nested view).
+
+        Other processes are unaffected.  If this handle created the dict with
+        ``auto_unlink`` (the default for creators), the dict is unlinked too.
+        Further use of this handle raises :class:`Closed`.
+        """
+        self._store.close()
+
+    def unlink(self) -> int:
+        """Remove every segment of the dict tree, for every process; returns how many.
+
+        Open handles elsewhere keep reading the last state; writes raise :class:`Unlinked`.
+        """
+        return self._store.unlink()
+
+    @staticmethod
+    def unlink_by_name(name: str) -> int:
+        """Remove every segment of the dict ``name`` (even if all its users were killed).
+
+        Returns the number of segments removed, 0 if there was none.
+        """
+        return _unlink_by_name(name)
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # A handle travels by name: the receiving process attaches on its own.
+        return (_reattach, (type(self), self.name, self._path))
+
+
+def _reattach(cls: type, name: str, path: Tuple[Any, ...]) -> SharedDict:
+    root: SharedDict = cls(name=name, create=False)
+    if not path:
+        return root
+    view = object.__new__(cls)
+    view._store = root._store
+    view._path = path
+    return view
+
+
+def _pairs(data: Any) -> List[List[Any]]:
+    """``dict(data)``'s items as [key, value] lists, keys checked for hashability."""
+    if isinstance(data, SharedDict):
+        data = data.copy()
+    if isinstance(data, Mapping) or hasattr(data, "keys"):
+        items = [[k, data[k]] for k in data.keys()]
+    else:
+        items = []
+        for i, item in enumerate(data):
+            try:
+                k, v = item
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"update sequence element #{i} is not a (key, value) pair"
+                ) from None
+            items.append([k, v])
+    for item in items:
+        hash(item[0])
+        if isinstance(item[1], SharedDict):
+            item[1] = item[1].copy()
+    return items
+
+
+class SharedKeysView(KeysView):  # type: ignore[type-arg]
+    """``d.keys()``: iterates a snapshot; membership and len are live."""
+
+    _mapping: SharedDict
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._mapping._snapshot_keys())
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed(self._mapping._snapshot_keys())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._mapping._snapshot_keys()!r})"
+
+
+class SharedValuesView(ValuesView):  # type: ignore[type-arg]
+    """``d.values()``: iterates a snapshot of the values."""
+
+    _mapping: SharedDict
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([v for _, v in self._mapping._snapshot_items()])
+
+    def __contains__(self, value: object) -> bool:
+        return any(v is value or v == value for v in self)
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed([v for _, v in self._mapping._snapshot_items()])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class SharedItemsView(ItemsView):  # type: ignore[type-arg]
+    """``d.items()``: iterates a snapshot of (key, value) pairs."""
+
+    _mapping: SharedDict
+
+    def __iter__(self) -> Iterator[Tuple[Any, Any]]:
+        return iter(self._mapping._snapshot_items())
+
+    def __contains__(self, item: object) -> bool:
+        if not isinstance(item, tuple) or len(item) != 2:
+            return False
+        key, value = item
+        got = self._mapping.get(key, _MISSING)
+        return got is not _MISSING and (got is value or got == value)
+
+    def __reversed__(self) -> Iterator[Tuple[Any, Any]]:
+        return reversed(self._mapping._snapshot_items())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
