@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import uuid
 from typing import Iterator, Set
 
 import pytest
 
 SHM = "/dev/shm"
+#: Names this suite and its examples create (the ``name`` fixture, the state
+#: machine, generated names, example scripts), with the derived '@' suffixes.
+#: Only these are checked and removed: other programs' segments -- including a
+#: second test session running at the same time -- are none of our business.
+OURS = re.compile(r"(t[0-9a-f]{14}|sm[0-9a-f]{12}|udng_[0-9a-f]{12}|example-[\w.-]*|repl-demo-[\w.-]*)(@\w+)?")
 
 
 def _shm_entries() -> Set[str]:
     if not os.path.isdir(SHM):
         return set()
-    return {e for e in os.listdir(SHM) if not e.startswith("sem.")}
+    return {e for e in os.listdir(SHM) if OURS.fullmatch(e)}
 
 
 def _service_pids() -> Set[int]:

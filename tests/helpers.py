@@ -61,6 +61,24 @@ def writer_then_kill_self(name: str, n: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def sequence_writer(name: str, wid: int, n: int) -> None:
+    """Write increasing sequence numbers under key ``w<wid>``, with churn that forces dumps:
+    short-lived keys, pops, and now and then a value larger than the stream."""
+    d = SharedDict(name=name, create=False)
+    for i in range(n):
+        d[f"w{wid}"] = i
+        if i % 7 == 0:
+            d[f"tmp{wid}"] = [i, str(i)]
+        if i % 11 == 0:
+            d.pop(f"tmp{wid}", None)
+        if i % 97 == 0:
+            d[f"big{wid}"] = bytes([i % 256]) * 5000
+        if i % 5 == 0:
+            with d.lock:
+                d["total"] = d.get("total", 0) + 1
+    d.close()
+
+
 if __name__ == "__main__":  # used by subprocess tests: python -m tests.helpers CMD NAME ...
     cmd, dict_name = sys.argv[1], sys.argv[2]
     if cmd == "set":

@@ -38,8 +38,9 @@ frozenset inside a dict key works); "raw" payloads are plain bytes.
 code  Python type                 payload
 ====  ==========================  =============================================
 1     ``tuple``                   msgpack array of the items
-2     ``set``                     msgpack array of the members
-3     ``frozenset``               msgpack array of the members
+2     ``set``                     msgpack array of the members, sorted by
+                                  their encoded bytes
+3     ``frozenset``               same as ``set``
 4     ``int`` outside             raw: two's-complement big-endian bytes, the
       ``[-2**63, 2**64)``         fewest that hold the sign bit
 5     ``bytearray``               raw: the bytes
@@ -71,6 +72,13 @@ from plain data.
 Decoding rejects every other ext code, including msgpack's own Timestamp
 (-1), which this module never writes.
 
+Encoding is deterministic: the same value gives the same bytes in every
+process (set members are sorted by their encodings, so the per-process str
+hash seed does not matter).  Values that are equal but not identical encode
+differently: ``1``, ``1.0`` and ``True``; ``0.0`` and ``-0.0``;
+``Decimal("1.0")`` and ``Decimal("1.00")``; the same instant in two time
+zones; dicts with the same items in another order.
+
 Limits: containers may nest at most :data:`MAX_NESTING` levels deep, and
 tuple/set/frozenset (ext containers, each decoded by a nested msgpack call
 that uses about 40 KiB of C stack) at most :data:`MAX_EXT_NESTING` levels.
@@ -88,7 +96,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Union
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack  # type: ignore[import-untyped,unused-ignore]
 
 from .errors import CorruptSegment, UnsupportedType
 
@@ -107,7 +115,7 @@ __all__ = [
 
 #: Deepest nesting of containers (list, dict, tuple, set, frozenset) that
 #: ``MsgpackCodec.dumps`` accepts; the top-level container is level 1.
-MAX_NESTING = 512
+MAX_NESTING = 500
 #: Deepest nesting of tuple/set/frozenset (ext containers) alone.
 MAX_EXT_NESTING = 32
 
@@ -137,6 +145,22 @@ _unpackb: Callable[..., Any] = msgpack.unpackb
 _new_ext: Callable[..., Any] = tuple.__new__
 
 _DOUBLES = struct.Struct(">dd")
+
+# Options of every Packer we create.  buf_size (msgpack >= 1.1) keeps the
+# per-thread packers small; older versions start with 1 MiB buffers.
+_PACKER_OPTIONS: Dict[str, Any] = {
+    "use_bin_type": True,
+    "datetime": False,
+    "autoreset": True,
+    "buf_size": 4096,
+}
+try:
+    _Packer(**_PACKER_OPTIONS)
+except TypeError:  # pragma: no cover - msgpack < 1.1
+    del _PACKER_OPTIONS["buf_size"]
+# Packer.pack_ext_type returns the bytes (autoreset) only in recent msgpack;
+# older versions leave them in the buffer, to be prepended to the next pack.
+_PACK_EXT_TYPE_RETURNS = _Packer(**_PACKER_OPTIONS).pack_ext_type(1, b"x") == b"\xd4\x01x"
 _NoneType = type(None)
 
 # Types the msgpack packer handles natively and exactly (ints out of range
@@ -207,7 +231,7 @@ def _unsupported(obj: Any) -> UnsupportedType:
     tp = type(obj)
     hint = ""
     for base in _SUPPORTED_TYPES:
-        if base is not tp and isinstance(obj, base):
+        if base is not tp and isinstance(obj, base) and not tp.__module__.startswith("msgpack"):
             hint = f" (a subclass of {base.__qualname__}: convert it to a plain {base.__qualname__} first)"
             break
     return UnsupportedType(
@@ -300,13 +324,16 @@ def _tz_fields(tz: timezone) -> List[Any]:
     return [micros] if len(args) == 1 else [micros, args[1]]
 
 
-_Chain = List[Any]  # one msgpack.Packer per ext nesting level
+class _Chain(List[Any]):
+    """One msgpack Packer per ext nesting level (``chain[n]`` packs the
+    payloads of ext objects nested in ``n`` others), plus ``fast``: a
+    non-strict twin of level 1 that packs an all-scalar tuple directly."""
+
+    __slots__ = ("fast",)
+    fast: Any
 
 
-def _add_level(chain: _Chain) -> Any:
-    level = len(chain)
-    if level > MAX_EXT_NESTING + 1:  # _prepare guarantees this never happens
-        raise _too_deep()
+def _make_default(chain: _Chain, level: int) -> Callable[[Any], Any]:
     nxt = level + 1
 
     def default(obj: Any) -> Any:
@@ -325,12 +352,20 @@ def _add_level(chain: _Chain) -> Any:
                 if type(tz) is not timezone:
                     raise _unsupported_tz(obj, tz)
                 payload += _tz_fields(tz)
-        elif tp is set:
-            code = _SET
-            payload = list(obj)
-        elif tp is frozenset:
-            code = _FROZENSET
-            payload = list(obj)
+        elif tp is frozenset or tp is set:
+            # Members in the order of their encodings, not in iteration order
+            # (which depends on insertion history and, for str/bytes, on the
+            # per-process hash seed): equal sets encode to equal bytes in
+            # every process, so encoded keys can be compared and hashed.
+            try:
+                packer = chain[nxt]
+            except IndexError:
+                packer = _add_level(chain)
+            members = sorted(map(packer.pack, obj))
+            return _new_ext(
+                _ExtType,
+                (_FROZENSET if tp is frozenset else _SET, packer.pack_array_header(len(members)) + b"".join(members)),
+            )
         elif tp is Decimal:
             return _new_ext(_ExtType, (_DECIMAL, str(obj).encode("ascii")))
         elif tp is complex:
@@ -362,21 +397,26 @@ def _add_level(chain: _Chain) -> Any:
             packer = _add_level(chain)
         return _new_ext(_ExtType, (code, packer.pack(payload)))
 
-    packer = _Packer(
-        default=default,
-        strict_types=True,
-        use_bin_type=True,
-        datetime=False,
-        autoreset=True,
-        buf_size=4096,
-    )
+    return default
+
+
+def _add_level(chain: _Chain) -> Any:
+    level = len(chain)
+    if level > MAX_EXT_NESTING + 1:  # _prepare guarantees this never happens
+        raise _too_deep()
+    packer = _Packer(default=_make_default(chain, level), strict_types=True, **_PACKER_OPTIONS)
     chain.append(packer)
     return packer
 
 
 def _new_chain() -> _Chain:
-    chain: _Chain = []
+    chain = _Chain()
     _add_level(chain)
+    _add_level(chain)
+    # Used only on values whose items were all checked to be exact scalar
+    # types, for which non-strict packing is exact too; it packs the tuple
+    # itself as an array, saving a list() copy.
+    chain.fast = _Packer(default=_make_default(chain, 1), strict_types=False, **_PACKER_OPTIONS)
     return chain
 
 
@@ -501,7 +541,8 @@ def _contains_timestamp(obj: Any) -> bool:
 
 
 def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    detail = str(exc)
+    text = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -546,15 +587,30 @@ class MsgpackCodec(Codec):
         return (codec_for, (self.name,))
 
     def dumps(self, obj: Any) -> bytes:
+        tp = type(obj)
+        leaf = _LEAF_TYPES
         try:
-            if type(obj) not in _LEAF_TYPES:
-                obj = _prepare(obj, 0, 0)
             try:
                 pool: List[_Chain] = _tls.pool
             except AttributeError:
                 pool = _tls.pool = []
             chain = pool.pop() if pool else _new_chain()
-            out: bytes = chain[0].pack(obj)
+            if tp in leaf:
+                out: bytes = chain[0].pack(obj)
+            elif tp is tuple:
+                # Fast path for the typical composite key: a tuple of scalars
+                # needs neither the walk nor a default() callback for itself.
+                for item in obj:
+                    if type(item) not in leaf:
+                        out = chain[0].pack(_prepare(obj, 0, 0))
+                        break
+                else:
+                    if _PACK_EXT_TYPE_RETURNS:
+                        out = chain[0].pack_ext_type(_TUPLE, chain.fast.pack(obj))
+                    else:  # pragma: no cover - old msgpack
+                        out = chain[0].pack(_new_ext(_ExtType, (_TUPLE, chain.fast.pack(obj))))
+            else:
+                out = chain[0].pack(_prepare(obj, 0, 0))
         except UnsupportedType:
             raise
         except RecursionError as exc:
@@ -574,7 +630,8 @@ class MsgpackCodec(Codec):
         try:
             if type(data) is not bytes:
                 # One copy: also gives a stable snapshot of a shared buffer.
-                data = bytes(data)
+                # (memoryview() first: bytes(12) would make 12 zero bytes.)
+                data = bytes(memoryview(data))
             obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
             if b"\xff" in data and _TIMESTAMP_RE.search(data) is not None and _contains_timestamp(obj):
                 raise CorruptSegment("msgpack Timestamp ext found; this serializer never writes one")

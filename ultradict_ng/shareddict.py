@@ -117,7 +117,7 @@ class SharedDict(MutableMapping[Any, Any]):
         self._path = ()
 
     @classmethod
-    def fromkeys(cls: type, iterable: Iterable[Any], value: Any = None, **options: Any) -> Any:  # type: ignore[override]
+    def fromkeys(cls: type, iterable: Iterable[Any], value: Any = None, **options: Any) -> Any:
         """``SharedDict.fromkeys(keys, value, name=...)``: a new shared dict, like ``dict.fromkeys``."""
         return cls(dict.fromkeys(iterable, value), **options)
 
@@ -210,7 +210,7 @@ class SharedDict(MutableMapping[Any, Any]):
         return iter(self._snapshot_keys())
 
     def __reversed__(self) -> Iterator[Any]:
-        return reversed(self._snapshot_keys())
+        return iter(self._snapshot_keys()[::-1])
 
     def keys(self) -> "SharedKeysView":
         return SharedKeysView(self)
@@ -334,7 +334,7 @@ class SharedDict(MutableMapping[Any, Any]):
         finally:
             s.end_write()
 
-    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """Like ``dict.update``, as one atomic record: all items are stored or none."""
         pairs = _pairs(other) + _pairs(kwargs)
         if not pairs:
@@ -401,7 +401,7 @@ def _reattach(cls: type, name: str, path: Tuple[Any, ...]) -> SharedDict:
     root: SharedDict = cls(name=name, create=False)
     if not path:
         return root
-    view = object.__new__(cls)
+    view: SharedDict = object.__new__(cls)
     view._store = root._store
     view._path = path
     return view
@@ -436,10 +436,12 @@ class SharedKeysView(KeysView):  # type: ignore[type-arg]
     _mapping: SharedDict
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._mapping._snapshot_keys())
+        keys: List[Any] = self._mapping._snapshot_keys()
+        return iter(keys)
 
     def __reversed__(self) -> Iterator[Any]:
-        return reversed(self._mapping._snapshot_keys())
+        keys: List[Any] = self._mapping._snapshot_keys()
+        return iter(keys[::-1])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._mapping._snapshot_keys()!r})"
@@ -451,13 +453,14 @@ class SharedValuesView(ValuesView):  # type: ignore[type-arg]
     _mapping: SharedDict
 
     def __iter__(self) -> Iterator[Any]:
-        return iter([v for _, v in self._mapping._snapshot_items()])
+        values: List[Any] = [v for _, v in self._mapping._snapshot_items()]
+        return iter(values)
 
     def __contains__(self, value: object) -> bool:
         return any(v is value or v == value for v in self)
 
     def __reversed__(self) -> Iterator[Any]:
-        return reversed([v for _, v in self._mapping._snapshot_items()])
+        return iter([v for _, v in self._mapping._snapshot_items()][::-1])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self)!r})"
@@ -469,7 +472,8 @@ class SharedItemsView(ItemsView):  # type: ignore[type-arg]
     _mapping: SharedDict
 
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
-        return iter(self._mapping._snapshot_items())
+        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
+        return iter(items)
 
     def __contains__(self, item: object) -> bool:
         if not isinstance(item, tuple) or len(item) != 2:
@@ -479,7 +483,8 @@ class SharedItemsView(ItemsView):  # type: ignore[type-arg]
         return got is not _MISSING and (got is value or got == value)
 
     def __reversed__(self) -> Iterator[Tuple[Any, Any]]:
-        return reversed(self._mapping._snapshot_items())
+        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
+        return iter(items[::-1])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({list(self)!r})"

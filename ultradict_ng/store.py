@@ -167,7 +167,7 @@ class Store:
         self.gen = _INVALID
         self.pos = 0
         self.seen = _INVALID
-        self._finalizer: Optional[weakref.finalize] = None
+        self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
         _live_stores.add(self)
 
     # -- opening -----------------------------------------------------------------
@@ -175,7 +175,7 @@ class Store:
     @classmethod
     def open(cls, name: Optional[str], create: Optional[bool], *, recurse: Optional[bool],
              buffer_size: Optional[int], serializer: Any, auto_unlink: Optional[bool],
-             initial: Optional[Sequence[Tuple[Any, Any]]]) -> "Store":
+             initial: Optional[Sequence[Sequence[Any]]]) -> "Store":
         if create not in (None, True, False):
             raise TypeError("create must be None, True or False")
         if name is None:
@@ -216,7 +216,7 @@ class Store:
 
     @classmethod
     def _create(cls, name: str, codec: Optional[Codec], recurse: bool, stream_size: int,
-                initial: Optional[Sequence[Tuple[Any, Any]]]) -> "Store":
+                initial: Optional[Sequence[Sequence[Any]]]) -> "Store":
         codec = codec or codec_for(None)
         ctrl = Segment.create(name, L.CONTROL_SIZE)  # FileExistsError: someone else won
         stream: Optional[Segment] = None

@@ -1,0 +1,286 @@
+"""The shared-memory protocol under adversity: races, corruption, foreign segments, full memory."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import helpers
+from ultradict_ng import (
+    CorruptSegment,
+    IncompatibleLayout,
+    OutOfSpace,
+    SharedDict,
+    SharedDictError,
+    layout as L,
+    segment,
+    unlink_by_name,
+)
+from ultradict_ng.segment import Segment
+
+spawn = multiprocessing.get_context("spawn")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ours(name):
+    return sorted(e for e in os.listdir("/dev/shm") if e == name or e.startswith(name + "@"))
+
+
+def test_readers_never_fail_while_writers_dump_constantly(name):
+    """Spawned writers on a 256-byte stream (a dump every few writes, dump segments
+    unlinked under the reader); this process reads and iterates throughout: no
+    exception, no key going back in time, the final state exact."""
+    d = SharedDict(name=name, buffer_size=256)
+    writers = [spawn.Process(target=helpers.sequence_writer, args=(name, w, 600)) for w in range(3)]
+    for p in writers:
+        p.start()
+    last = {}
+    passes = 0
+    gens = set()
+    while any(p.is_alive() for p in writers) or passes == 0:
+        for key, value in d.items():
+            if key.startswith("w"):
+                assert type(value) is int and value >= last.get(key, -1), (key, value, last)
+                last[key] = value
+            elif key.startswith("big"):
+                assert type(value) is bytes and len(value) == 5000 and len(set(value)) == 1
+            elif key.startswith("tmp"):
+                assert type(value) is list and value[1] == str(value[0])
+        gens.add(d._store.gen)
+        passes += 1
+    for p in writers:
+        p.join(60)
+        assert p.exitcode == 0
+    assert {k: d[k] for k in d if k.startswith("w")} == {f"w{w}": 599 for w in range(3)}
+    assert d["total"] == 3 * 120
+    assert len(gens) > 10, f"too few dumps observed ({len(gens)}): the test did not exercise them"
+    d.close()
+    assert ours(name) == []
+
+
+def test_dump_unlinked_between_state_load_and_open_is_retried(name, monkeypatch):
+    """The CannotAttachSharedMemory race, forced: the first open of each dump fails
+    as if a newer dump had replaced it; the reader retries and succeeds."""
+    writer = SharedDict(name=name, buffer_size=64)
+    reader = SharedDict(name=name)
+    real_attach = Segment.attach.__func__
+    failed = set()
+
+    def flaky_attach(cls, seg_name):
+        if "@d" in seg_name and seg_name not in failed:
+            failed.add(seg_name)
+            raise FileNotFoundError(seg_name)
+        return real_attach(cls, seg_name)
+
+    monkeypatch.setattr(Segment, "attach", classmethod(flaky_attach))
+    for i in range(20):
+        writer[i] = "x" * 100  # every write dumps
+        assert reader[i] == "x" * 100
+    assert len(failed) == 20
+    reader.close()
+    writer.close()
+
+
+def test_foreign_segment_under_our_name(name):
+    seg = Segment.create(name, 4096)
+    seg.buf[:16] = b"NOT OURS AT ALL!"
+    seg.close()
+    try:
+        with pytest.raises(CorruptSegment) as info:
+            SharedDict(name=name)
+        assert name in str(info.value) and isinstance(info.value, ValueError)
+        with pytest.raises(CorruptSegment):
+            unlink_by_name(name)
+        assert segment.exists(name)  # a foreign segment is never removed
+    finally:
+        segment.unlink(name)
+
+
+def test_small_foreign_segment(name):
+    seg = Segment.create(name, 16)
+    seg.close()
+    try:
+        with pytest.raises(CorruptSegment):
+            SharedDict(name=name)
+    finally:
+        segment.unlink(name)
+
+
+def test_other_layout_version(name):
+    d = SharedDict(name=name)
+    d._store._map.words[L.W_LAYOUT] = 99 | (L.CONTROL_SIZE << 32)
+    with pytest.raises(IncompatibleLayout) as info:
+        SharedDict(name=name)
+    assert "99" in str(info.value)
+    with pytest.raises(IncompatibleLayout):
+        unlink_by_name(name)
+    d._store._map.words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)
+    d.close()
+
+
+def test_half_made_dict_of_a_dead_creator(name, monkeypatch):
+    """A creator killed before publishing MAGIC: attachers get a clear error, not a
+    hang; unlink_by_name removes what it left."""
+    monkeypatch.setattr(L, "INIT_TIMEOUT", 0.3)
+    ctrl = Segment.create(name, L.CONTROL_SIZE)
+    words = memoryview(ctrl.buf).cast("Q")
+    words[L.W_CREATOR] = 0x7FFFFF  # a pid that does not exist
+    words.release()
+    ctrl.close()
+    Segment.create(L.stream_name(name), 4096).close()
+    t0 = time.monotonic()
+    with pytest.raises(CorruptSegment) as info:
+        SharedDict(name=name)
+    assert time.monotonic() - t0 < 3
+    assert "never initialised" in str(info.value)
+    assert unlink_by_name(name) == 2
+    assert ours(name) == []
+
+
+def test_empty_segment_left_before_ftruncate(name, monkeypatch):
+    monkeypatch.setattr(L, "INIT_TIMEOUT", 0.2)
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    with pytest.raises(CorruptSegment):
+        SharedDict(name=name, create=False)
+    assert unlink_by_name(name) == 1
+
+
+def test_corrupted_record_is_detected_never_applied(name):
+    writer = SharedDict(name=name)
+    reader = SharedDict(name=name)
+    writer["a"] = "payload"
+    mv = writer._store._map.stream_mv
+    mv[L.RECORD_HEADER + 2] ^= 0xFF  # flip a payload byte of the published record
+    with pytest.raises(CorruptSegment) as info:
+        reader["a"]
+    assert "checksum" in str(info.value)
+    assert reader._store.data == {}  # nothing was applied
+    mv[L.RECORD_HEADER + 2] ^= 0xFF
+    assert reader["a"] == "payload"  # and it recovers once the bytes are right
+    reader.close()
+    writer.close()
+
+
+def test_stale_generation_records_are_rejected(name):
+    """STATE pointing into records of the previous generation (a torn restart) must
+    not be applied: the generation tag gives them away."""
+    d = SharedDict(name=name, buffer_size=4096)
+    for i in range(5):
+        d[i] = i
+    old_end = d._store.pos
+    d["big"] = b"x" * 5000  # dump: generation 1, stream restarts at 0
+    gen = d._store.gen
+    d._store._map.atomic.store(L.W_STATE, (gen << L.GEN_SHIFT) | old_end)
+    with pytest.raises(CorruptSegment) as info:
+        SharedDict(name=name)
+    assert "another generation" in str(info.value)
+    d._store._map.atomic.store(L.W_STATE, gen << L.GEN_SHIFT)
+    d.close()
+
+
+@pytest.mark.parametrize("field", ["length", "crc", "magic"])
+def test_corrupted_dump_header(name, field):
+    d = SharedDict(name=name, buffer_size=64)
+    d["k"] = "v" * 100
+    dname = L.dump_name(name, d._store.gen)
+    seg = Segment.attach(dname)
+    if field == "length":
+        seg.buf[16:24] = (2**60).to_bytes(8, "little")  # must not allocate 2**60 bytes
+    elif field == "crc":
+        seg.buf[24] ^= 0xFF
+    else:
+        seg.buf[0] ^= 0xFF
+    seg.close()
+    with pytest.raises(CorruptSegment) as info:
+        SharedDict(name=name)
+    assert dname in str(info.value)
+    d.close()
+    assert ours(name) == []
+
+
+def test_state_end_beyond_stream(name):
+    d = SharedDict(name=name, buffer_size=4096)
+    d._store._map.atomic.store(L.W_STATE, 10**6)
+    with pytest.raises(CorruptSegment) as info:
+        SharedDict(name=name)
+    assert "outside" in str(info.value)
+    d._store._map.atomic.store(L.W_STATE, 0)
+    d.close()
+
+
+def test_full_shared_memory_during_dump_changes_nothing(name, monkeypatch):
+    d = SharedDict(name=name, buffer_size=64)
+    other = SharedDict(name=name)
+    d["keep"] = 1
+    before = ours(name)
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(OutOfSpace) as info:
+        d["big"] = "x" * 1000
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+    assert name in str(info.value)
+    assert d.copy() == {"keep": 1} and other.copy() == {"keep": 1}
+    assert ours(name) == before  # no partial segment left
+    monkeypatch.undo()
+    d["big"] = "x" * 1000  # still usable
+    assert other["big"] == "x" * 1000
+    other.close()
+    d.close()
+
+
+def test_full_shared_memory_at_creation(name, monkeypatch):
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(OutOfSpace):
+        SharedDict(name=name)
+    assert ours(name) == []
+
+
+def test_unsupported_initial_data_leaves_nothing(name):
+    with pytest.raises(TypeError):
+        SharedDict({"x": object()}, name=name)
+    assert ours(name) == []
+
+
+def test_segments_are_private_to_the_user(name):
+    d = SharedDict(name=name, buffer_size=64)
+    d["x"] = "y" * 100
+    for entry in ours(name):
+        assert stat.S_IMODE(os.stat(f"/dev/shm/{entry}").st_mode) == 0o600, entry
+    d.close()
+
+
+def test_attaching_process_exit_neither_unlinks_nor_warns(name):
+    """Python < 3.13's resource tracker would unlink (and warn about) segments a
+    process attached; ours are not registered with it."""
+    d = SharedDict({"a": 1}, name=name)
+    code = (
+        "from ultradict_ng import SharedDict\n"
+        f"d = SharedDict(name={name!r}, create=False)\n"
+        "d['b'] = 2\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "leaked" not in out.stderr and "resource_tracker" not in out.stderr
+    assert d["b"] == 2 and len(ours(name)) == 2
+    d.close()
+
+
+def test_every_error_is_a_shared_dict_error():
+    import ultradict_ng.errors as E
+
+    for n in E.__all__:
+        assert issubclass(getattr(E, n), SharedDictError)
