@@ -138,10 +138,34 @@ def test_half_made_dict_of_a_dead_creator(name, monkeypatch):
     t0 = time.monotonic()
     with pytest.raises(CorruptSegment) as info:
         SharedDict(name=name)
-    assert time.monotonic() - t0 < 3
-    assert "never initialised" in str(info.value)
+    assert time.monotonic() - t0 < 0.2  # a dead creator is not waited for
+    assert "never initialised" in str(info.value) and "died" in str(info.value)
     assert unlink_by_name(name) == 2
     assert ours(name) == []
+
+
+def test_half_made_dict_of_a_live_creator_is_waited_for(name, monkeypatch):
+    """MAGIC still 0 but the creator alive: wait up to INIT_TIMEOUT, then a clear error
+    -- and unlink_by_name refuses to pull the dict from under its creator."""
+    monkeypatch.setattr(L, "INIT_TIMEOUT", 0.3)
+    from ultradict_ng.lock import owner_word
+
+    ctrl = Segment.create(name, L.CONTROL_SIZE)
+    words = memoryview(ctrl.buf).cast("Q")
+    words[L.W_CREATOR] = owner_word()  # we are the (slow) creator
+    words.release()
+    ctrl.close()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(CorruptSegment) as info:
+            SharedDict(name=name)
+        assert 0.3 <= time.monotonic() - t0 < 3
+        assert "never initialised" in str(info.value)
+        with pytest.raises(CorruptSegment) as info2:
+            unlink_by_name(name)
+        assert "being created" in str(info2.value)
+    finally:
+        segment.unlink(name)
 
 
 def test_empty_segment_left_before_ftruncate(name, monkeypatch):
@@ -284,3 +308,39 @@ def test_every_error_is_a_shared_dict_error():
 
     for n in E.__all__:
         assert issubclass(getattr(E, n), SharedDictError)
+
+
+def test_interrupt_after_publish_does_not_desync_the_cache(name, monkeypatch):
+    """A KeyboardInterrupt between publishing a record and applying it locally must
+    not leave this handle's cache silently behind the shared state."""
+    from ultradict_ng.store import Store
+
+    d = SharedDict(name=name)
+    real_apply = Store._apply
+
+    def interrupted_apply(self, rec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Store, "_apply", interrupted_apply)
+    with pytest.raises(KeyboardInterrupt):
+        d["a"] = 1
+    monkeypatch.setattr(Store, "_apply", real_apply)
+    assert d["a"] == 1  # published, so it is there; the cache reloaded
+    d["b"] = 2
+    assert d.copy() == {"a": 1, "b": 2}
+    d.close()
+
+
+def test_create_close_cycles_leak_nothing(name):
+    """File descriptors and /dev/shm entries stay flat over create/attach/close/unlink."""
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    start = fds()
+    for i in range(200):
+        d = SharedDict(name=name, buffer_size=64)
+        e = SharedDict(name=name)
+        d["k"] = "v" * 80  # a dump segment too
+        assert e["k"] == "v" * 80
+        e.close()
+        d.close()
+        assert ours(name) == []
+    assert fds() - start <= 2

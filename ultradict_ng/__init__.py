@@ -9,43 +9,12 @@
 The shared-memory protocol is specified in :mod:`ultradict_ng.layout`.
 """
 
-from .errors import (
-    AlreadyExists,
-    Closed,
-    CorruptSegment,
-    IncompatibleLayout,
-    InvalidName,
-    LockTimeout,
-    NotFound,
-    OutOfSpace,
-    ParameterMismatch,
-    PathGone,
-    SharedDictError,
-    Unlinked,
-    UnsupportedType,
-)
+from . import errors
+from .errors import *  # noqa: F401,F403  (every exception, listed in errors.__all__)
 from .lock import SharedLock
 from .shareddict import SharedDict
 from .store import unlink_by_name
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "SharedDict",
-    "SharedLock",
-    "unlink_by_name",
-    "SharedDictError",
-    "AlreadyExists",
-    "NotFound",
-    "Unlinked",
-    "InvalidName",
-    "ParameterMismatch",
-    "CorruptSegment",
-    "IncompatibleLayout",
-    "LockTimeout",
-    "Closed",
-    "UnsupportedType",
-    "OutOfSpace",
-    "PathGone",
-    "__version__",
-]
+__all__ = ["SharedDict", "SharedLock", "unlink_by_name", "__version__", *errors.__all__]

@@ -21,7 +21,7 @@ import ctypes
 import os
 from typing import Any, Dict, List, Tuple
 
-import atomics
+import atomics  # type: ignore[import-untyped, unused-ignore]
 
 from .errors import Closed
 
@@ -49,7 +49,7 @@ class AtomicWords:
 
 
 def _bound_ops() -> Any:
-    from atomics._impl.patomic import Patomic  # internals: checked by _self_test
+    from atomics._impl.patomic import Patomic  # type: ignore[import-untyped, unused-ignore]  # checked by _self_test
 
     return Patomic().ops(8)
 

@@ -96,7 +96,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Union
 
-import msgpack  # type: ignore[import-untyped,unused-ignore]
+import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .errors import CorruptSegment, UnsupportedType
 
@@ -109,6 +109,7 @@ __all__ = [
     "codec_for",
     "codec_by_id",
     "copy_value",
+    "IMMUTABLE_TYPES",
     "MAX_NESTING",
     "MAX_EXT_NESTING",
 ]
@@ -712,24 +713,9 @@ def codec_by_id(codec_id: int) -> Codec:
 # Copies for the local cache
 # --------------------------------------------------------------------------
 
-_IMMUTABLE_TYPES: frozenset[type] = frozenset(
-    {
-        _NoneType,
-        bool,
-        int,
-        float,
-        str,
-        bytes,
-        complex,
-        Decimal,
-        datetime,
-        date,
-        time,
-        timedelta,
-        timezone,
-        frozenset,
-    }
-)
+#: Types whose values are immutable all the way down: the cache hands them out as they are.
+IMMUTABLE_TYPES: frozenset[type] = _LEAF_TYPES | {frozenset}
+_IMMUTABLE_TYPES = IMMUTABLE_TYPES
 
 
 def _copy(value: Any) -> Any:

@@ -28,7 +28,7 @@ from typing import Optional
 from .errors import OutOfSpace
 
 try:
-    import _posixshmem
+    import _posixshmem  # type: ignore[import-not-found, unused-ignore]
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 

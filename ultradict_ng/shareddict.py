@@ -10,13 +10,11 @@ so each method is atomic across processes.
 
 from __future__ import annotations
 
-import datetime
-import decimal
 from collections.abc import ItemsView, KeysView, Mapping, MutableMapping, ValuesView
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
 
 from . import layout as L
-from .codec import copy_value
+from .codec import IMMUTABLE_TYPES, copy_value
 from .errors import Closed
 from .lock import SharedLock
 from .store import Store, unlink_by_name as _unlink_by_name
@@ -24,11 +22,7 @@ from .store import Store, unlink_by_name as _unlink_by_name
 __all__ = ["SharedDict"]
 
 _W_STATE = L.W_STATE
-#: Values the cache can hand out as they are: immutable all the way down.
-_IMMUTABLE = frozenset({
-    type(None), bool, int, float, complex, str, bytes, frozenset, decimal.Decimal,
-    datetime.datetime, datetime.date, datetime.time, datetime.timedelta, datetime.timezone,
-})
+_IMMUTABLE = IMMUTABLE_TYPES
 _MISSING: Any = object()
 
 T = TypeVar("T")

@@ -371,6 +371,9 @@ class Store:
                 problem = str(exc)
                 self.gen = self.seen = _INVALID
                 continue
+            except BaseException:  # e.g. KeyboardInterrupt mid-batch: half applied
+                self.gen = self.seen = _INVALID
+                raise
             self.pos, self.seen = end, st
             return None if want_reason else True
         return problem if want_reason else False
@@ -507,14 +510,18 @@ class Store:
             mv[end:end + L.RECORD_HEADER] = _rec_header.pack(length, tag, crc, 0)
             state = (self.gen << L.GEN_SHIFT) | (end + size)
             self._map.atomic.store(L.W_STATE, state)  # publish after the payload
+            try:
+                self._apply(decoded)
+            except BaseException:  # published but not applied here: reload
+                self.gen = self.seen = _INVALID
+                raise
             self.pos, self.seen = end + size, state
-            self._apply(decoded)
             return
-        self._apply(decoded)
         try:
+            self._apply(decoded)
             self._write_dump()
         except BaseException:
-            self.gen = self.seen = _INVALID  # the cache is ahead of shared memory: reload
+            self.gen = self.seen = _INVALID  # the cache may differ from shared memory: reload
             raise
 
     def _write_dump(self) -> None:
@@ -599,6 +606,14 @@ def _attach_control(name: str) -> Segment:
                 raise CorruptSegment(
                     f"segment {name!r} exists but is not an ultradict_ng control segment "
                     "(foreign magic bytes)"
+                )
+            creator = int.from_bytes(ctrl.buf[8 * L.W_CREATOR:8 * L.W_CREATOR + 8], "little")
+            if creator and not owner_alive(creator):
+                ctrl.close()  # no point waiting for a creator that is dead
+                raise CorruptSegment(
+                    f"shared dict {name!r} was never initialised: its creator (pid "
+                    f"{creator & L.PID_MASK}) died while creating it; remove it with "
+                    f"unlink_by_name({name!r})"
                 )
         elif ctrl.size != 0:
             ctrl.close()
