@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import datetime
+import os
 import pickle
 from decimal import Decimal
 
@@ -372,3 +373,87 @@ def test_many_dumps_keep_data(name):
     finally:
         e.close()
         d.close()
+
+
+def test_serializer_object_with_dumps_and_loads(name):
+    import json
+
+    d = SharedDict(name=name, serializer=json)
+    try:
+        d["a"] = [1, "x"]
+        with pytest.raises(ParameterMismatch) as info:
+            SharedDict(name=name)  # a custom object cannot be found in shared memory
+        assert "serializer" in str(info.value)
+        e = SharedDict(name=name, serializer=json)
+        assert e["a"] == [1, "x"] and e.serializer == "custom:json"
+        with pytest.raises(TypeError):
+            e["bad"] = object()
+        e.close()
+    finally:
+        d.close()
+    p = SharedDict(name=name, serializer=pickle)  # the pickle module means "pickle"
+    assert p.serializer == "pickle"
+    p.close()
+    with pytest.raises(ValueError):
+        SharedDict(name=name, serializer=42)
+
+
+def test_dump_limit_rejects_oversized_dumps_and_changes_nothing(name):
+    from ultradict_ng import OutOfSpace
+    from ultradict_ng.store import Store
+
+    store = Store.open(name, None, recurse=None, buffer_size=64, serializer=None,
+                       auto_unlink=True, initial=None, dump_limit=4096)
+    try:
+        store.begin_write()
+        try:
+            store.commit([1, [], "small", "x" * 100])
+            with pytest.raises(OutOfSpace):
+                store.commit([1, [], "huge", "x" * 10_000])
+        finally:
+            store.end_write()
+        other = SharedDict(name=name)
+        assert other.copy() == {"small": "x" * 100}
+        with pytest.raises(ParameterMismatch):
+            Store.open(name, None, recurse=None, buffer_size=None, serializer=None,
+                       auto_unlink=None, initial=None, dump_limit=1 << 20)
+        other.close()
+        assert store.dump_limit == 4096
+    finally:
+        store.close()
+
+
+def test_force_dump_and_reload(name):
+    d = SharedDict({"a": 1}, name=name)
+    e = SharedDict(name=name)
+    gen = d._store.gen
+    d._store.force_dump()
+    assert d._store.gen == gen + 1 and d._store.pos == 0
+    assert e["a"] == 1 and e._store.gen == gen + 1
+    e._store.data["a"] = "tampered local cache"
+    e._store.reload()
+    assert e["a"] == 1
+    e.close()
+    d.close()
+
+
+def test_lock_take_over_from_a_live_holder(name):
+    import multiprocessing
+
+    from tests import helpers
+
+    ctx = multiprocessing.get_context("fork")
+    d = SharedDict(name=name)
+    ready = ctx.Event()
+    p = ctx.Process(target=helpers.hold_lock_forever, args=(name, ready))
+    p.start()
+    try:
+        assert ready.wait(10)
+        assert not d.lock.acquire(blocking=False)
+        d.lock.take_over()  # the holder is alive: only take_over gets the lock
+        assert d.lock.held() and d.lock.owner_pid == os.getpid()
+        d.lock.release()
+    finally:
+        p.kill()
+        p.join()
+    d.close()

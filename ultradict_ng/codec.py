@@ -108,6 +108,8 @@ __all__ = [
     "PICKLE",
     "codec_for",
     "codec_by_id",
+    "ObjectCodec",
+    "CUSTOM_ID",
     "copy_value",
     "IMMUTABLE_TYPES",
     "MAX_NESTING",
@@ -682,11 +684,62 @@ MSGPACK = MsgpackCodec()
 PICKLE = PickleCodec()
 
 _BY_NAME: Dict[str, Codec] = {MSGPACK.name: MSGPACK, PICKLE.name: PICKLE}
+class ObjectCodec(Codec):
+    """Any object with ``dumps(obj)`` and ``loads(data)`` (the ``json`` module, say).
+
+    Its header id is :data:`CUSTOM_ID` whatever the object is: shared memory
+    cannot name Python objects, so every process attaching to such a dict must
+    pass the same ``serializer=`` itself.  What round-trips is up to the object
+    (``json`` turns tuples into lists and int keys into strings).  ``dumps`` may
+    return ``str`` (stored as UTF-8) or bytes; ``loads`` receives bytes.
+    """
+
+    id = 3
+
+    def __init__(self, serializer: Any) -> None:
+        self.serializer = serializer
+        self.name = "custom:" + getattr(serializer, "__name__", type(serializer).__name__)
+
+    def dumps(self, obj: Any) -> bytes:
+        try:
+            out = self.serializer.dumps(obj)
+        except Exception as exc:
+            raise UnsupportedType(
+                f"cannot store a value of type {_type_name(type(obj))!r} with the {self.name} "
+                f"serializer ({_describe(exc)})"
+            ) from exc
+        if isinstance(out, str):
+            return out.encode("utf-8")
+        if isinstance(out, (bytes, bytearray, memoryview)):
+            return bytes(out)
+        raise UnsupportedType(f"{self.name}.dumps returned {type(out).__name__}, not bytes or str")
+
+    def loads(self, data: _BytesLike) -> Any:
+        try:
+            return self.serializer.loads(bytes(data))
+        except Exception as exc:
+            raise CorruptSegment(f"{self.name} serializer cannot decode the bytes ({_describe(exc)})") from exc
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectCodec) and other.serializer is self.serializer
+
+    def __hash__(self) -> int:
+        return hash(id(self.serializer))
+
+
+#: Header id of every :class:`ObjectCodec`.
+CUSTOM_ID = ObjectCodec.id
+
 _BY_ID: Dict[int, Codec] = {MSGPACK.id: MSGPACK, PICKLE.id: PICKLE}
 
 
-def codec_for(serializer: Union[str, Codec, None]) -> Codec:
-    """The codec for a ``serializer=`` argument (``None`` means msgpack)."""
+def codec_for(serializer: Any) -> Codec:
+    """The codec for a ``serializer=`` argument.
+
+    ``None`` or ``"msgpack"`` -> msgpack; ``"pickle"`` or the :mod:`pickle`
+    module -> pickle; a :class:`Codec` -> itself; any other object with
+    callable ``dumps`` and ``loads`` -> an :class:`ObjectCodec` around it.
+    """
     if serializer is None:
         return MSGPACK
     if isinstance(serializer, Codec):
@@ -695,9 +748,13 @@ def codec_for(serializer: Union[str, Codec, None]) -> Codec:
         found = _BY_NAME.get(serializer.lower())
         if found is not None:
             return found
+    elif serializer is pickle:
+        return PICKLE
+    elif callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None)):
+        return ObjectCodec(serializer)
     raise ValueError(
-        f"serializer must be 'msgpack' (the default, safe), 'pickle', None or a Codec "
-        f"instance, not {serializer!r}"
+        f"serializer must be 'msgpack' (the default, safe), 'pickle', None, a Codec, or an "
+        f"object with dumps() and loads(); not {serializer!r}"
     )
 
 

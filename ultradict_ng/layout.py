@@ -23,11 +23,15 @@ word  offset  field
 ===== ======= ==================================================================
 0     0       MAGIC: ``CONTROL_MAGIC``; stored *last* at creation (atomic store)
 1     8       layout version (low u32), control size in bytes (high u32)
-2     16      flags (low u32, bit 0 = recurse), serializer id (high u32)
+2     16      flags (low u32, bit 0 = recurse), serializer id (high u32: 1 msgpack,
+              2 pickle, 3 a custom object every attacher must pass itself)
 3     24      stream size in bytes
 4     32      creation token (random u64: tells a re-created dict of the same
               name from the old one; keys the per-process lock state)
-5     40      creator pid
+5     40      creator: owner word (pid and start time, as in LOCK) of the creating
+              process, so that attachers can tell a dead creator from a slow one
+6     48      dump size limit in bytes (0 = none): a mutation whose dump would be
+              larger raises ``OutOfSpace`` and changes nothing
 8     64      STATE: ``generation << 32 | stream end``  (the counter readers poll)
 16    128     LOCK: 0 when free, else the owner word (see "Lock" below)
 24    192     REG_LOW: oldest dump generation that may still exist
@@ -187,6 +191,7 @@ W_CONFIG = 2
 W_STREAM_SIZE = 3
 W_TOKEN = 4
 W_CREATOR = 5
+W_DUMP_LIMIT = 6
 W_STATE = 8
 W_LOCK = 16
 W_REG_LOW = 24

@@ -217,6 +217,29 @@ class SharedLock:
                 self._name, pid_of(seen), os.getpid(),
             )
 
+    def take_over(self) -> None:
+        """Acquire even if a *live* process holds the lock, replacing its word.
+
+        This breaks mutual exclusion with that process; it exists for
+        UltraDict's ``steal=True`` and is not used by ultradict_ng itself.
+        """
+        me = threading.get_ident()
+        state = self._state
+        if state.owner == me:
+            state.count += 1
+            return
+        state.mutex.acquire()
+        mine = owner_word()
+        while True:
+            seen = self._words.load(L.W_LOCK)
+            ok, _ = self._words.cas(L.W_LOCK, seen, mine)
+            if ok:
+                break
+        state.owner = me
+        state.count = 1
+        if seen and seen != mine:
+            log.warning("lock of shared dict %r taken over from pid %d", self._name, pid_of(seen))
+
     def held(self) -> bool:
         """True if the calling thread holds the lock."""
         return self._state.owner == threading.get_ident()

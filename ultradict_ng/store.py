@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from . import layout as L
 from . import segment
 from .atomicwords import AtomicWords, make_words
-from .codec import Codec, codec_by_id, codec_for
+from .codec import CUSTOM_ID, Codec, codec_by_id, codec_for
 from .errors import (
     AlreadyExists,
     Closed,
@@ -32,6 +32,7 @@ from .errors import (
     InvalidName,
     LockTimeout,
     NotFound,
+    OutOfSpace,
     ParameterMismatch,
     PathGone,
     Unlinked,
@@ -144,7 +145,7 @@ class Store:
     # Hot-path fields first; __slots__ keeps attribute access cheap.
     __slots__ = (
         "words", "seen", "data", "recurse", "codec", "name", "token", "lock", "mutex",
-        "gen", "pos", "stream_size", "created", "_map", "_finalizer", "__weakref__",
+        "gen", "pos", "stream_size", "dump_limit", "created", "_map", "_finalizer", "__weakref__",
     )
 
     words: Any
@@ -152,13 +153,14 @@ class Store:
     data: Dict[Any, Any]
 
     def __init__(self, mapping: _Mapping, name: str, codec: Codec, recurse: bool,
-                 stream_size: int, token: int, created: bool) -> None:
+                 stream_size: int, token: int, created: bool, dump_limit: int = 0) -> None:
         self._map = mapping
         self.words = mapping.words
         self.name = name
         self.codec = codec
         self.recurse = recurse
         self.stream_size = stream_size
+        self.dump_limit = dump_limit
         self.token = token
         self.created = created
         self.lock = SharedLock(mapping.atomic, name, token)
@@ -175,7 +177,13 @@ class Store:
     @classmethod
     def open(cls, name: Optional[str], create: Optional[bool], *, recurse: Optional[bool],
              buffer_size: Optional[int], serializer: Any, auto_unlink: Optional[bool],
-             initial: Optional[Sequence[Sequence[Any]]]) -> "Store":
+             initial: Optional[Sequence[Sequence[Any]]],
+             dump_limit: Optional[int] = None) -> "Store":
+        """Create or attach (see :class:`~ultradict_ng.SharedDict` for the parameters).
+
+        ``dump_limit`` caps the size of a full dump in bytes (stored in the
+        header; used by the UltraDict compatibility layer's ``full_dump_size``).
+        """
         if create not in (None, True, False):
             raise TypeError("create must be None, True or False")
         if name is None:
@@ -190,6 +198,8 @@ class Store:
                 raise ValueError(
                     f"buffer_size must be between {L.MIN_STREAM_SIZE} and {L.MAX_STREAM_SIZE} bytes"
                 )
+        if dump_limit is not None and (not isinstance(dump_limit, int) or dump_limit < 0):
+            raise ValueError("dump_limit must be a non-negative int (bytes) or None")
         codec = codec_for(serializer) if serializer is not None else None
         # Two attempts at most: a dict can vanish between our failed create and
         # our attach (unlinked by someone else), in which case we create it.
@@ -197,7 +207,8 @@ class Store:
             if create is not False:
                 try:
                     store = cls._create(name, codec, bool(recurse),
-                                        buffer_size or L.DEFAULT_STREAM_SIZE, initial)
+                                        buffer_size or L.DEFAULT_STREAM_SIZE, initial,
+                                        dump_limit or 0)
                 except FileExistsError:
                     if create is True:
                         raise AlreadyExists(f"a shared dict named {name!r} already exists") from None
@@ -205,7 +216,7 @@ class Store:
                     store._arm_finalizer(True if auto_unlink is None else auto_unlink)
                     return store
             try:
-                store = cls._attach(name, codec, recurse, buffer_size)
+                store = cls._attach(name, codec, recurse, buffer_size, dump_limit)
             except FileNotFoundError:
                 if create is False:
                     raise NotFound(f"no shared dict named {name!r} exists") from None
@@ -216,7 +227,7 @@ class Store:
 
     @classmethod
     def _create(cls, name: str, codec: Optional[Codec], recurse: bool, stream_size: int,
-                initial: Optional[Sequence[Sequence[Any]]]) -> "Store":
+                initial: Optional[Sequence[Sequence[Any]]], dump_limit: int) -> "Store":
         codec = codec or codec_for(None)
         ctrl = Segment.create(name, L.CONTROL_SIZE)  # FileExistsError: someone else won
         stream: Optional[Segment] = None
@@ -238,7 +249,9 @@ class Store:
             w[L.W_STREAM_SIZE] = stream_size
             w[L.W_TOKEN] = token
             w[L.W_CREATOR] = owner_word()  # pid + start time: liveness-checkable
-            store = cls(mapping, name, codec, recurse, stream_size, token, created=True)
+            w[L.W_DUMP_LIMIT] = dump_limit
+            store = cls(mapping, name, codec, recurse, stream_size, token, created=True,
+                        dump_limit=dump_limit)
             store.gen, store.pos, store.seen = 0, 0, 0
             if initial:
                 store.commit([L.OP_UPDATE, [], [list(kv) for kv in initial]])
@@ -258,14 +271,24 @@ class Store:
 
     @classmethod
     def _attach(cls, name: str, codec: Optional[Codec], recurse: Optional[bool],
-                buffer_size: Optional[int]) -> "Store":
+                buffer_size: Optional[int], dump_limit: Optional[int]) -> "Store":
         ctrl = _attach_control(name)  # FileNotFoundError propagates
         stream: Optional[Segment] = None
         words = memoryview(ctrl.buf).cast("Q")  # type: ignore[arg-type]
         try:
             _check_layout(name, words)
             config = words[L.W_CONFIG]
-            stored_codec = codec_by_id(config >> 32)
+            stored_limit = words[L.W_DUMP_LIMIT]
+            if config >> 32 == CUSTOM_ID:
+                # Shared memory cannot name a Python object: the attacher brings it.
+                if codec is None or codec.id != CUSTOM_ID:
+                    raise ParameterMismatch(
+                        f"shared dict {name!r} uses a custom serializer object; pass the same "
+                        "serializer= to attach to it"
+                    )
+                stored_codec = codec
+            else:
+                stored_codec = codec_by_id(config >> 32)
             stored_recurse = bool(config & L.FLAG_RECURSE)
             stream_size = words[L.W_STREAM_SIZE]
             token = words[L.W_TOKEN]
@@ -280,6 +303,8 @@ class Store:
                 mismatches.append(f"serializer={stored_codec.name!r}")
             if buffer_size is not None and buffer_size != stream_size:
                 mismatches.append(f"buffer_size={stream_size}")
+            if dump_limit is not None and dump_limit != stored_limit:
+                mismatches.append(f"dump_limit={stored_limit}")
             if mismatches:
                 raise ParameterMismatch(
                     f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the "
@@ -299,7 +324,8 @@ class Store:
             raise
         words.release()
         mapping = _Mapping(ctrl, stream)
-        store = cls(mapping, name, stored_codec, stored_recurse, stream_size, token, created=False)
+        store = cls(mapping, name, stored_codec, stored_recurse, stream_size, token, created=False,
+                    dump_limit=stored_limit)
         try:
             store.sync()
         except BaseException:
@@ -527,6 +553,11 @@ class Store:
     def _write_dump(self) -> None:
         """Writer step 4: snapshot the cache into generation gen+1 and publish it."""
         payload = self.codec.dumps(self.data)
+        if self.dump_limit and L.DUMP_HEADER + len(payload) > self.dump_limit:
+            raise OutOfSpace(
+                f"shared dict {self.name!r}: a full dump would take {L.DUMP_HEADER + len(payload)} "
+                f"bytes, over the dict's dump size limit of {self.dump_limit}"
+            )
         gen = self.gen + 1 if self.gen < L.GEN_MASK else 1
         atomic = self._map.atomic
         atomic.store(L.W_REG_HIGH, gen)  # 4a
@@ -557,6 +588,20 @@ class Store:
         atomic.store(L.W_REG_LOW, gen)
         if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
             segment.unlink(dname)  # unlinked while we were dumping: do not leak ours
+
+    def force_dump(self) -> None:
+        """Write a full dump now (restarting the stream), under the lock."""
+        self.begin_write()
+        try:
+            self._write_dump()
+        finally:
+            self.end_write()
+
+    def reload(self) -> None:
+        """Drop the cache and load the shared state again from the current dump."""
+        with self.mutex:
+            self.gen = self.seen = _INVALID
+        self.sync()
 
     # -- lifetime ------------------------------------------------------------------------
 
