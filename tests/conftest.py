@@ -16,11 +16,18 @@ from typing import Iterator, Set
 import pytest
 
 SHM = "/dev/shm"
-#: Names this suite and its examples create (the ``name`` fixture, the state
-#: machine, generated names, example scripts), with the derived '@' suffixes.
-#: Only these are checked and removed: other programs' segments -- including a
-#: second test session running at the same time -- are none of our business.
-OURS = re.compile(r"(t[0-9a-f]{14}|sm[0-9a-f]{12}|udng_[0-9a-f]{12}|example-[\w.-]*|repl-demo-[\w.-]*)(@\w+)?")
+#: Unique to this pytest session: every dict name the suite makes contains it, so
+#: the leak check below never mistakes (or deletes) the segments of another
+#: program -- or of a second test session running at the same time -- for ours.
+SESSION = uuid.uuid4().hex[:6]
+#: Names this session creates: the ``name`` fixture, the state machine
+#: (``unique_name``), and the example scripts (which carry their pid).
+OURS = re.compile(rf"((t|sm){SESSION}[0-9a-f]{{8}}|example-[\w.-]*|repl-demo-[\w.-]*)(@\w+)?")
+
+
+def unique_name(prefix: str = "t") -> str:
+    """A dict name unique to this session and call (``prefix`` is 't' or 'sm')."""
+    return prefix + SESSION + uuid.uuid4().hex[:8]
 
 
 def _shm_entries() -> Set[str]:
@@ -89,4 +96,4 @@ def no_leftovers() -> Iterator[None]:
 @pytest.fixture
 def name() -> str:
     """A dict name unique to this test."""
-    return "t" + uuid.uuid4().hex[:14]
+    return unique_name()

@@ -7,13 +7,13 @@ constantly.  After every step both handles must equal the model.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Dict, List, Tuple
 
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tests.conftest import unique_name
 from ultradict_ng import SharedDict
 
 keys = st.one_of(st.integers(-3, 8), st.sampled_from(["a", "b", "c", ""]), st.tuples(st.integers(0, 2)))
@@ -34,7 +34,7 @@ class TwoHandles(RuleBasedStateMachine):
 
     @initialize(buffer_size=st.sampled_from([64, 512, 4096]))
     def open(self, buffer_size: int) -> None:
-        self.name = "sm" + uuid.uuid4().hex[:12]
+        self.name = unique_name("sm")
         self.a = SharedDict(name=self.name, create=True, recurse=True, buffer_size=buffer_size)
         self.b = SharedDict(name=self.name, create=False)
         self.model: Dict[Any, Any] = {}
