@@ -20,6 +20,7 @@ import weakref
 import zlib
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import faults
 from . import layout as L
 from . import segment
 from .atomicwords import AtomicWords, make_words
@@ -502,6 +503,8 @@ class Store:
         """Take the lock and the cache mutex, and catch up (writer steps 1-2)."""
         self.words[L.W_STATE]  # raises Closed on a closed handle, before touching the lock
         self.lock.acquire()
+        if faults.armed is not None:
+            faults.hit("lock-held")
         try:
             self.mutex.acquire()
             try:
@@ -534,8 +537,12 @@ class Store:
             assert mv is not None
             mv[end + L.RECORD_HEADER:end + size] = payload
             mv[end:end + L.RECORD_HEADER] = _rec_header.pack(length, tag, crc, 0)
+            if faults.armed is not None:
+                faults.hit("record-written")
             state = (self.gen << L.GEN_SHIFT) | (end + size)
             self._map.atomic.store(L.W_STATE, state)  # publish after the payload
+            if faults.armed is not None:
+                faults.hit("record-published")
             try:
                 self._apply(decoded)
             except BaseException:  # published but not applied here: reload
@@ -561,6 +568,8 @@ class Store:
         gen = self.gen + 1 if self.gen < L.GEN_MASK else 1
         atomic = self._map.atomic
         atomic.store(L.W_REG_HIGH, gen)  # 4a
+        if faults.armed is not None:
+            faults.hit("dump-registered")
         dname = L.dump_name(self.name, gen)
         size = L.DUMP_HEADER + len(payload)
         try:
@@ -570,6 +579,8 @@ class Store:
             seg = Segment.create(dname, size)
         try:
             assert seg.buf is not None
+            if faults.armed is not None:
+                faults.hit("dump-created")
             seg.buf[L.DUMP_HEADER:size] = payload
             seg.buf[0:L.DUMP_HEADER] = _dump_header.pack(
                 L.DUMP_MAGIC, gen, len(payload), zlib.crc32(payload), 0
@@ -579,8 +590,12 @@ class Store:
             segment.unlink(dname)
             raise
         seg.close()
+        if faults.armed is not None:
+            faults.hit("dump-written")
         state = gen << L.GEN_SHIFT
         atomic.store(L.W_STATE, state)  # 4c: publishes the dump, restarts the stream
+        if faults.armed is not None:
+            faults.hit("dump-published")
         self.gen, self.pos, self.seen = gen, 0, state
         low = atomic.load(L.W_REG_LOW)  # 4d
         for old in range(max(low, gen - L.MAX_RECLAIM), gen):
