@@ -344,3 +344,68 @@ def test_create_close_cycles_leak_nothing(name):
         d.close()
         assert ours(name) == []
     assert fds() - start <= 2
+
+
+class _Interleave:
+    """Stands in for a reader's stream mapping: runs ``action`` (a writer's work)
+    just before the reader's first copy, i.e. after the reader loaded STATE."""
+
+    def __init__(self, real, action):
+        self.real, self.action, self.fired = real, action, 0
+
+    def __getitem__(self, index):
+        if not self.fired:
+            self.fired = 1
+            self.action()
+        return self.real[index]
+
+    def release(self):
+        self.real.release()
+
+
+def test_stream_restarted_between_state_load_and_copy(name):
+    """The torn-read race, forced deterministically: after the reader loaded STATE,
+    the writer dumps (restarting the stream) and writes new records over the bytes
+    the reader is about to copy.  The reader must notice (STATE re-check, then the
+    records' generation tag and crc) and end up with the right data."""
+    writer = SharedDict(name=name, buffer_size=256)
+    reader = SharedDict(name=name)
+    writer["a"] = "old"
+    assert reader["a"] == "old"
+    writer["b"] = "seen-by-nobody-yet"
+
+    def writer_restarts_stream():
+        writer["big"] = "y" * 300  # larger than the stream: dump, stream restarts at 0
+        writer["b"] = "new-b"
+        writer["c"] = "c" * 20
+
+    interleave = _Interleave(reader._store._map.stream_mv, writer_restarts_stream)
+    reader._store._map.stream_mv = interleave
+    assert reader.copy() == {"a": "old", "b": "new-b", "big": "y" * 300, "c": "c" * 20}
+    assert interleave.fired == 1
+    reader.close()
+    writer.close()
+
+
+def test_aligned_record_of_the_next_generation_is_not_applied(name):
+    """Worse than torn bytes: after the restart the writer lays down records of
+    exactly the same sizes, so the reader's copy holds a *valid* record of the new
+    generation at the offset it expects.  Applying it on top of the old
+    generation would show a state that never existed (b updated, 'big' missing)."""
+    writer = SharedDict(name=name, buffer_size=256)
+    reader = SharedDict(name=name)
+    writer["a"] = "old"
+    assert reader["a"] == "old"
+    writer["b"] = "B1"
+
+    def writer_restarts_stream():
+        writer["big"] = "y" * 300  # dump: generation 1, stream restarts at 0
+        writer["a"] = "old"  # same size as the first record: ends where it ended
+        writer["b"] = "B2"  # same size and offset as the record the reader will copy
+
+    interleave = _Interleave(reader._store._map.stream_mv, writer_restarts_stream)
+    reader._store._map.stream_mv = interleave
+    assert reader.copy() == {"a": "old", "b": "B2", "big": "y" * 300}
+    assert interleave.fired == 1
+    reader.close()
+    writer.close()

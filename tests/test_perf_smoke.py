@@ -1,0 +1,43 @@
+"""Smoke test of the benchmark harness: ``python -m perf`` runs and writes its JSON.
+
+Only contenders that need neither the ``perf`` extra nor a server (ultradict_ng
+and a plain dict) and cheap workloads, so this stays fast and self-contained.
+Dicts are named ``udng_`` + 12 hex digits, so the suite's leak check
+(conftest.py) sees any segment the run would leave behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_perf_quick_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "read,write,lock",
+           "--contenders", "ultradict_ng,dict", "--name-prefix", "udng_", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+    data = json.loads((out / "latest.json").read_text())
+    assert data["status"] == "complete"
+    assert data["machine"]["cpu_count"] >= 1
+    ng = {r["workload"]: r for r in data["records"] if r["contender"] == "ultradict_ng"}
+    for wl in ("read", "write", "lock"):
+        rec = ng[wl]
+        assert rec["error"] is None, rec["error"]
+        assert isinstance(rec["median"], float) and rec["median"] > 0
+        assert len(rec["values"]) == data["options"]["repeat"] == 3
+        assert all(r["ops"] > 0 and r["seconds"] > 0 for r in rec["raw"])
+    assert ng["lock"]["ok"] is True  # exact count after the locked increments
+    assert not data["leaks"], data["leaks"]
+    assert "== 1. hot-key read" in proc.stdout and "== targets" in proc.stdout
+    if importlib.util.find_spec("matplotlib") is not None:  # the plot is optional
+        assert (out / "latest.png").stat().st_size > 0

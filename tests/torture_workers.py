@@ -1,0 +1,104 @@
+"""Worker processes of the torture suite (spawned: must be importable).
+
+Writer ``wid`` owns the nested subtree ``d["w<wid>"]`` and mutates it with every
+kind of operation while keeping a plain-dict model of it; a sequence number
+``seq`` in the subtree only grows.  Readers check every snapshot they see:
+values well-formed, no ``seq`` going back in time, iteration never raising.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Dict, List
+
+from ultradict_ng import SharedDict
+
+
+def k_value(i: int) -> List[Any]:
+    return [i, "v" * (i % 7)]
+
+
+def writer(name: str, wid: int, seconds: float, results: Any) -> None:
+    rng = random.Random(wid)
+    d = SharedDict(name=name, create=False)
+    sub = d[f"w{wid}"]
+    model: Dict[str, Any] = {}
+    seq = ops = increments = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seq += 1
+        r = rng.random()
+        key = f"k{rng.randrange(8)}"
+        if r < 0.35:
+            sub[key] = model[key] = k_value(seq)
+        elif r < 0.45:
+            if key in model:
+                del sub[key]
+                del model[key]
+        elif r < 0.55:
+            assert sub.pop(key, None) == model.pop(key, None)
+        elif r < 0.58:
+            sub.clear()
+            model.clear()
+        elif r < 0.70:
+            sub["nested"] = model["nested"] = {"a": seq, "b": {"c": seq}}
+        elif r < 0.78:
+            if "nested" in model:
+                sub["nested"]["b"]["c"] = seq
+                model["nested"]["b"]["c"] = seq
+        elif r < 0.81:
+            sub["large"] = model["large"] = bytes([seq % 256]) * 3000
+        elif r < 0.90:
+            items = {f"u{rng.randrange(4)}": k_value(seq) for _ in range(3)}
+            sub.update(items)
+            model.update(items)
+        else:
+            with d.lock:
+                d["total"] += 1
+            increments += 1
+        sub["seq"] = model["seq"] = seq
+        ops += 2
+    results.put(("writer", wid, model, ops, increments))
+    d.close()
+
+
+def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
+    if "seq" in sub:
+        seq = sub["seq"]
+        assert type(seq) is int and seq >= last_seq.get(wid, 0), (wid, seq, last_seq.get(wid))
+        last_seq[wid] = seq
+    for key, value in sub.items():
+        if key[0] in "ku":
+            assert type(value) is list and value == k_value(value[0]), (key, value)
+        elif key == "large":
+            assert type(value) is bytes and len(value) == 3000 and len(set(value)) == 1
+        elif key == "nested":
+            assert value["a"] <= value["b"]["c"], value
+        else:
+            assert key == "seq", key
+
+
+def reader(name: str, writers: int, seconds: float, results: Any) -> None:
+    d = SharedDict(name=name, create=False)
+    last_seq: Dict[int, int] = {}
+    passes = 0
+    errors: List[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            snapshot = d.copy()  # deep, consistent
+            for wid in range(writers):
+                check_subtree(wid, snapshot[f"w{wid}"], last_seq)
+            for key, value in d.items():  # live views, iterated while writers write
+                if key.startswith("w"):
+                    value.copy()
+                else:
+                    assert key == "total" and type(value) is int
+            passes += 1
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+            errors.append(f"{type(exc).__name__}: {exc}")
+            if len(errors) > 20:
+                break
+    results.put(("reader", passes, errors, d._store.gen))
+    d.close()
