@@ -136,8 +136,9 @@ Unlink and cleanup register
 ===========================
 ``unlink``/``unlink_by_name`` take the lock (recovering a dead owner; after
 ``UNLINK_LOCK_TIMEOUT`` they go on without it), set STATUS.unlinked, then
-unlink ``N@d<g>`` for g in ``REG_LOW .. REG_HIGH`` and for the published gen,
-then ``N@s``, then ``N``.  Writers check STATUS under the lock and raise
+unlink ``N@d<g>`` for g in ``REG_LOW .. REG_HIGH`` and for the published gen
+(plus, where /dev/shm can be listed, every ``N@d*`` there, in case the register
+itself was damaged), then ``N@s``, then ``N``.  Writers check STATUS under the lock and raise
 ``Unlinked``; a writer that published a dump just as the flag appeared unlinks
 its own dump.
 """

@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from typing import Optional
+from typing import List, Optional
 
 from .errors import OutOfSpace
 
@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["Segment", "unlink", "exists", "SUPPORTED"]
+__all__ = ["Segment", "unlink", "exists", "listed", "SUPPORTED"]
 
 SUPPORTED = _posixshmem is not None
 _MODE = 0o600
@@ -124,3 +124,16 @@ def exists(name: str) -> bool:
         return False
     os.close(fd)
     return True
+
+
+_LISTING = "/dev/shm"
+
+
+def listed(prefix: str) -> List[str]:
+    """Names starting with ``prefix`` in the shared-memory filesystem, where it can be
+    listed (Linux); an empty list elsewhere (macOS has no such directory)."""
+    try:
+        entries = os.listdir(_LISTING)
+    except OSError:
+        return []
+    return [e for e in entries if e.startswith(prefix)]

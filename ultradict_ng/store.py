@@ -701,11 +701,18 @@ def _check_layout(name: str, words: memoryview) -> None:
 
 
 def _unlink_dumps(name: str, words: memoryview) -> int:
+    """Unlink every dump generation the register names, and any other that exists.
+
+    The register (REG_LOW..REG_HIGH plus the published generation) is what works
+    everywhere; where the shared-memory filesystem can be listed (/dev/shm on
+    Linux) derived names are matched too, so a damaged register leaks nothing.
+    """
     low, high = words[L.W_REG_LOW], words[L.W_REG_HIGH]
-    gens = set(range(max(low, high - L.MAX_RECLAIM), high + 1))
-    gens.add(words[L.W_STATE] >> L.GEN_SHIFT)
-    gens.discard(0)
-    return sum(segment.unlink(L.dump_name(name, g)) for g in sorted(gens))
+    names = {L.dump_name(name, g) for g in range(max(low, high - L.MAX_RECLAIM), high + 1)}
+    names.add(L.dump_name(name, words[L.W_STATE] >> L.GEN_SHIFT))
+    names.discard(L.dump_name(name, 0))
+    names.update(segment.listed(name + L.DUMP_SUFFIX))
+    return sum(segment.unlink(n) for n in sorted(names))
 
 
 def _unlink_tree(name: str, mapping: _Mapping, token: int) -> int:

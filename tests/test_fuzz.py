@@ -1,0 +1,166 @@
+"""Corruption fuzz: hypothesis damages the control, stream and dump segments of a
+live dict (bit flips, overwritten bytes and words, zeroed ranges, truncated dumps,
+foreign segments under our names).  Every outcome must be a state the dict really
+had, or a SharedDictError with a message -- never another exception, a hang, a
+crash or a huge allocation -- and cleanup must still leave nothing behind.
+
+Not covered, by design: shrinking (ftruncate) a segment that processes have
+mapped.  Touching the lost pages raises SIGBUS in every such process; no
+user-space library can turn that into an exception.  Segments are mode 0600, so
+only the dict's own user can do it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Callable, Dict, List
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, given, settings
+
+from tests.conftest import unique_name
+from ultradict_ng import SharedDict, SharedDictError, layout as L, segment, unlink_by_name
+from ultradict_ng.segment import Segment
+
+EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(["flip", "byte", "word", "zero", "truncate"]),
+        st.integers(0, 1 << 16),  # offset, folded into the segment
+        st.integers(0, (1 << 64) - 1),  # bit / byte / word value
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hang("operation did not finish within 20 s")
+
+
+def build(name: str) -> List[Dict[Any, Any]]:
+    """A dict with a dump and stream records after it; returns its history of states."""
+    history: List[Dict[Any, Any]] = [{}]
+    d = SharedDict(name=name, recurse=True, buffer_size=512, auto_unlink=False)
+    ops: List[Callable[[Dict[Any, Any]], None]] = [
+        lambda m: m.update({"a": 1, ("t", 1): [1, 2.5, None]}),
+        lambda m: m.__setitem__("big", b"x" * 600),  # dump
+        lambda m: m.__setitem__("n", {"inner": {"deep": "v"}}),
+        lambda m: m.__setitem__("a", 2),
+        lambda m: m.pop(("t", 1)),
+        lambda m: m.__setitem__("s", frozenset({1, 2})),
+    ]
+    model: Dict[Any, Any] = {}
+    for op in ops:
+        op(d)
+        op(model)
+        history.append(SharedDict.copy(d))
+    d.close()
+    return history
+
+
+def damage(name: str, target: str, edits: List[Any]) -> None:
+    if target == "foreign-dump":
+        # A foreign segment in place of the published dump.
+        seg = Segment.attach(name)
+        gen = int.from_bytes(seg.buf[8 * L.W_STATE:8 * L.W_STATE + 8], "little") >> 32
+        seg.close()
+        dname = L.dump_name(name, gen)
+        segment.unlink(dname)
+        foreign = Segment.create(dname, 64 + edits[0][1] % 4096)
+        foreign.buf[:8] = edits[0][2].to_bytes(8, "little")
+        foreign.close()
+        return
+    if target == "control":
+        seg_name = name
+    elif target == "stream":
+        seg_name = L.stream_name(name)
+    else:
+        ctrl = Segment.attach(name)
+        gen = int.from_bytes(ctrl.buf[8 * L.W_STATE:8 * L.W_STATE + 8], "little") >> 32
+        ctrl.close()
+        seg_name = L.dump_name(name, gen)
+    seg = Segment.attach(seg_name)
+    try:
+        for kind, offset, value in edits:
+            offset %= seg.size
+            if kind == "flip":
+                seg.buf[offset] ^= 1 << (value % 8)
+            elif kind == "byte":
+                seg.buf[offset] = value % 256
+            elif kind == "word":
+                at = offset - offset % 8
+                if at + 8 <= seg.size:
+                    seg.buf[at:at + 8] = value.to_bytes(8, "little")
+            elif kind == "zero":
+                end = min(seg.size, offset + 1 + value % 64)
+                seg.buf[offset:end] = bytes(end - offset)
+            elif kind == "truncate" and target == "dump":
+                # Only dumps: nobody keeps a dump mapped (see the module docstring).
+                seg.close()
+                os.truncate(f"/dev/shm/{seg_name}", offset)
+                return
+    finally:
+        seg.close()
+
+
+def attempt(fn: Callable[[], Any]) -> Any:
+    """Run one operation: its result, or the SharedDictError it raised. Anything else fails."""
+    try:
+        return fn()
+    except SharedDictError as exc:
+        assert str(exc), f"{type(exc).__name__} without a message"
+        return exc
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(target=st.sampled_from(["control", "stream", "dump", "foreign-dump"]), edits=EDITS)
+def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -> None:
+    name = unique_name()
+    retries = L.READER_RETRIES
+    L.READER_RETRIES = 5  # the outcome is the same, the fuzz just gets there sooner
+    old_handler = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(20)
+    handles: List[SharedDict] = []
+    try:
+        history = build(name)
+        reader = SharedDict(name=name, create=False)
+        handles.append(reader)
+        damage(name, target, edits)
+
+        def fresh_copy() -> Any:
+            h = SharedDict(name=name, create=False)
+            handles.append(h)
+            return h.copy()
+
+        def write_then_read() -> Any:
+            reader["w"] = 1
+            return reader.copy()
+
+        for op in (fresh_copy, reader.copy, write_then_read, fresh_copy):
+            out = attempt(op)
+            if isinstance(out, dict):
+                states = history + [dict(h, w=1) for h in history]
+                assert out in states, f"{op.__name__} returned a state the dict never had: {out!r}"
+        attempt(lambda: reader.lock.acquire(timeout=1) and reader.lock.release())
+    finally:
+        for h in handles:
+            h.close()
+        try:
+            outcome = attempt(lambda: unlink_by_name(name))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old_handler)
+            L.READER_RETRIES = retries
+        if isinstance(outcome, SharedDictError):
+            # Refusing to delete what no longer looks like ours is right; the test cleans up.
+            for entry in segment.listed(name):
+                segment.unlink(entry)
+        leftovers = segment.listed(name)
+        for entry in leftovers:
+            segment.unlink(entry)
+    assert not leftovers, f"unlink_by_name left {leftovers}"
