@@ -25,6 +25,16 @@ SESSION = uuid.uuid4().hex[:6]
 OURS = re.compile(rf"((t|sm){SESSION}[0-9a-f]{{8}}|example-[\w.-]*|repl-demo-[\w.-]*)(@\w+)?")
 
 
+#: Soak mode: ``ULTRADICT_NG_SOAK=<seconds>`` runs the torture suite that long and
+#: scales the counts of the other reliability suites (kills, fuzz examples, cycles).
+SOAK_SECONDS = float(os.environ.get("ULTRADICT_NG_SOAK", "0") or 0)
+
+
+def soak_scaled(n: int) -> int:
+    """``n`` in CI; in soak mode, ``n`` per 30 s of soak time."""
+    return n if not SOAK_SECONDS else max(n, int(n * SOAK_SECONDS / 30))
+
+
 def unique_name(prefix: str = "t") -> str:
     """A dict name unique to this session and call (``prefix`` is 't' or 'sm')."""
     return prefix + SESSION + uuid.uuid4().hex[:8]

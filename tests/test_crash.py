@@ -19,6 +19,7 @@ from typing import Dict, Tuple
 
 import pytest
 
+from tests.conftest import soak_scaled
 from ultradict_ng import SharedDict, faults, unlink_by_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,13 +105,14 @@ def test_unlink_by_name_after_death_mid_dump(name, point):
 
 
 def test_random_sigkills_of_writers(name):
-    """Writers killed at random instants, again and again (>= 10 kills)."""
+    """Writers killed at random instants, again and again (>= 10 kills; more when soaking)."""
     rng = random.Random(1234)
     d = SharedDict(name=name, buffer_size=STREAM)
     kills = 0
     start = 0
     waits = []
-    while kills < 12:
+    target = soak_scaled(12)
+    while kills < target:
         p = start_writer(name, start, 100_000)
         time.sleep(rng.uniform(0.15, 0.6))  # interpreter start-up is ~0.1 s
         p.send_signal(signal.SIGKILL)
@@ -122,6 +124,6 @@ def test_random_sigkills_of_writers(name):
         waits.append(check_survivors(d, acked, start + 100_000))
         start += 100_000
     assert max(waits) < 1.5, waits
-    assert d["survivor"] == 12
+    assert d["survivor"] == target
     d.close()
     assert ours(name) == []

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
-from tests.conftest import unique_name
+from tests.conftest import soak_scaled, unique_name
 from ultradict_ng import SharedDict, SharedDictError, layout as L, segment, unlink_by_name
 from ultradict_ng.segment import Segment
 
@@ -117,7 +117,7 @@ def attempt(fn: Callable[[], Any]) -> Any:
         return exc
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=soak_scaled(120), deadline=None, suppress_health_check=list(HealthCheck))
 @given(target=st.sampled_from(["control", "stream", "dump", "foreign-dump"]), edits=EDITS)
 def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -> None:
     name = unique_name()

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests import helpers
+from tests.conftest import soak_scaled
 from ultradict_ng import LockTimeout, SharedDict
 
 spawn = multiprocessing.get_context("spawn")
@@ -175,10 +176,11 @@ def test_fork_child_handle_works(d):
 
 
 def test_contention_between_spawned_processes_is_exact(d):
-    procs = [spawn.Process(target=helpers.increment, args=(d.name, "n", 200)) for _ in range(4)]
+    per = soak_scaled(200)
+    procs = [spawn.Process(target=helpers.increment, args=(d.name, "n", per)) for _ in range(4)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    assert d["n"] == 800
+    assert d["n"] == 4 * per

@@ -331,21 +331,6 @@ def test_interrupt_after_publish_does_not_desync_the_cache(name, monkeypatch):
     d.close()
 
 
-def test_create_close_cycles_leak_nothing(name):
-    """File descriptors and /dev/shm entries stay flat over create/attach/close/unlink."""
-    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
-    start = fds()
-    for i in range(200):
-        d = SharedDict(name=name, buffer_size=64)
-        e = SharedDict(name=name)
-        d["k"] = "v" * 80  # a dump segment too
-        assert e["k"] == "v" * 80
-        e.close()
-        d.close()
-        assert ours(name) == []
-    assert fds() - start <= 2
-
-
 class _Interleave:
     """Stands in for a reader's stream mapping: runs ``action`` (a writer's work)
     just before the reader's first copy, i.e. after the reader loaded STATE."""
@@ -409,3 +394,51 @@ def test_aligned_record_of_the_next_generation_is_not_applied(name):
     assert interleave.fired == 1
     reader.close()
     writer.close()
+
+
+FILL_SCRIPT = r"""
+import os
+from ultradict_ng import OutOfSpace, SharedDict
+d = SharedDict(name="fill", buffer_size=64 * 1024)
+other = SharedDict(name="fill")
+good = {}
+size = 16 * 1024
+for i in range(10_000):
+    value = bytes([i % 256]) * size
+    try:
+        d[i] = value
+    except OutOfSpace as exc:
+        assert exc.errno == 28 and "fill" in str(exc), exc
+        break
+    good[i] = value
+    size = int(size * 1.3)
+else:
+    raise SystemExit("shared memory never filled up")
+assert d.copy() == good and other.copy() == good, "a failed write changed the dict"
+entries = sorted(os.listdir("/dev/shm"))
+assert len(entries) == 3, entries  # control, stream, current dump: no partial segment
+d.pop(max(good))  # still usable: shrink, then write something small
+d["small"] = 1
+assert other["small"] == 1
+other.close()
+d.close()
+assert os.listdir("/dev/shm") == [], os.listdir("/dev/shm")
+print("filled after", len(good), "writes")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
+                    reason="needs root and unshare to mount a private, tiny /dev/shm")
+def test_really_full_dev_shm(tmp_path):
+    """/dev/shm really full (a private 2 MiB tmpfs): OutOfSpace, nothing changed, no
+    partial segment, and no SIGBUS -- the pages are reserved before anything is written."""
+    script = tmp_path / "fill.py"
+    script.write_text(FILL_SCRIPT)
+    out = subprocess.run(
+        ["unshare", "-m", "sh", "-c",
+         f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} {script}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "filled after" in out.stdout

@@ -11,14 +11,14 @@ Runs for a few seconds in CI; ``ULTRADICT_NG_SOAK=<seconds>`` makes it a soak.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 
 from tests import torture_workers
+from tests.conftest import SOAK_SECONDS
 from ultradict_ng import SharedDict
 
 spawn = multiprocessing.get_context("spawn")
-SECONDS = float(os.environ.get("ULTRADICT_NG_SOAK", "4"))
+SECONDS = SOAK_SECONDS or 4.0
 
 
 def test_torture(name):
