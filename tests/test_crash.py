@@ -125,5 +125,8 @@ def test_random_sigkills_of_writers(name):
         start += 100_000
     assert max(waits) < 1.5, waits
     assert d["survivor"] == target
+    waits.sort()
+    print(f"\nrandom SIGKILLs: {kills} writers killed, {start // 100_000} runs; lock recovered "
+          f"in median {waits[len(waits) // 2]:.3f}s, max {waits[-1]:.3f}s")
     d.close()
     assert ours(name) == []
