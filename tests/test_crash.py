@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, Tuple
+from typing import Dict
 
 import pytest
 

@@ -15,7 +15,6 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import layout as L
 from .codec import IMMUTABLE_TYPES, copy_value
-from .errors import Closed
 from .lock import SharedLock
 from .store import Store, unlink_by_name as _unlink_by_name
 

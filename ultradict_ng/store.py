@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 import zlib
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import faults
 from . import layout as L
