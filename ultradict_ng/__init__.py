@@ -13,8 +13,9 @@ from . import errors
 from .errors import *  # noqa: F401,F403  (every exception, listed in errors.__all__)
 from .lock import SharedLock
 from .shareddict import SharedDict
+from .compat import UltraDict
 from .store import unlink_by_name
 
 __version__ = "0.1.0"
 
-__all__ = ["SharedDict", "SharedLock", "unlink_by_name", "__version__", *errors.__all__]
+__all__ = ["SharedDict", "SharedLock", "UltraDict", "unlink_by_name", "__version__", *errors.__all__]
