@@ -501,12 +501,7 @@ def _reattach(cls: type, name: str, path: Tuple[Any, ...], spec: Any) -> "UltraD
     else:
         serializer = spec[1]
     root: UltraDict = cls(name=name, create=False, serializer=serializer)
-    if not path:
-        return root
-    view: UltraDict = object.__new__(cls)
-    view._store = root._store
-    view._path = path
-    return view
+    return root._view(path) if path else root
 
 
 # -- the dict -----------------------------------------------------------------------------

@@ -156,13 +156,17 @@ class SharedDict(MutableMapping[Any, Any]):
             s.sync()
         return s.node(self._path) if self._path else s.data
 
+    def _view(self: SD, path: Tuple[Any, ...]) -> SD:
+        """A handle of the same class on the nested dict at ``path`` (sharing the store)."""
+        view = object.__new__(type(self))
+        view._store = self._store
+        view._path = path
+        return view
+
     def _export(self, key: Any, value: Any) -> Any:
         """What a reader gets for a cached value: a nested view, or a private copy."""
         if type(value) is dict and self._store.recurse:
-            view = object.__new__(type(self))
-            view._store = self._store
-            view._path = self._path + (key,)
-            return view
+            return self._view(self._path + (key,))
         return copy_value(value)
 
     def __getitem__(self, key: Any) -> Any:
@@ -392,12 +396,7 @@ class SharedDict(MutableMapping[Any, Any]):
 
 def _reattach(cls: type, name: str, path: Tuple[Any, ...]) -> SharedDict:
     root: SharedDict = cls(name=name, create=False)
-    if not path:
-        return root
-    view: SharedDict = object.__new__(cls)
-    view._store = root._store
-    view._path = path
-    return view
+    return root._view(path) if path else root
 
 
 def _pairs(data: Any) -> List[List[Any]]:
