@@ -2,8 +2,8 @@
 
 Only contenders that need neither the ``perf`` extra nor a server (ultradict_ng
 and a plain dict) and cheap workloads, so this stays fast and self-contained.
-Dicts are named ``udng_`` + 12 hex digits, so the suite's leak check
-(conftest.py) sees any segment the run would leave behind.
+Dicts carry this test session's name prefix (``t<session>`` + 12 hex digits), so
+the suite's leak check (conftest.py) sees any segment the run would leave behind.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SESSION
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_perf_quick_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "perf", "--quick", "--only", "read,write,lock",
-           "--contenders", "ultradict_ng,dict", "--name-prefix", "udng_", "--out", str(out)]
+           "--contenders", "ultradict_ng,dict", "--name-prefix", "t" + SESSION, "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"

@@ -1,0 +1,350 @@
+"""Tables on stdout, the targets section, ``latest.json`` and ``latest.png``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from .adapters import ADAPTERS, ORDER
+from .util import fmt_value
+
+NG = "ultradict_ng"
+UDS = "ultradict_shared"
+
+
+def _label(key: str) -> str:
+    cls = ADAPTERS.get(key)
+    return cls.label if cls is not None else key
+
+
+def _cases(records: List[Dict[str, Any]], wl: str) -> List[str]:
+    seen: List[str] = []
+    for r in records:
+        if r["workload"] == wl and r["case"] not in seen:
+            seen.append(r["case"])
+    return seen
+
+
+def find(records: List[Dict[str, Any]], wl: str, case: str, contender: str) -> Optional[Dict[str, Any]]:
+    for r in records:
+        if r["workload"] == wl and r["case"] == case and r["contender"] == contender:
+            return r
+    return None
+
+
+def _order_key(r: Dict[str, Any]) -> Tuple[int, str]:
+    c = r["contender"]
+    return (ORDER.index(c) if c in ORDER else len(ORDER), c)
+
+
+def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
+            notes: List[str]) -> str:
+    """One workload's table: contender, median, spread (min-max), ultradict_ng / peer."""
+    recs = [r for r in records if r["workload"] == wl]
+    lines: List[str] = []
+    if not recs:
+        return ""
+    unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
+    better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
+    arrow = "higher is better" if better == "higher" else "lower is better"
+    ahead = ">1" if better == "higher" else "<1"
+    lines.append("")
+    lines.append(f"== {number}. {title} ==")
+    lines.append(f"   unit: {unit} ({arrow}); ng/peer = ultradict_ng median / peer median "
+                 f"({ahead}: ultradict_ng ahead)")
+    for case in _cases(recs, wl):
+        rows = sorted([r for r in recs if r["case"] == case and not r.get("note_only")], key=_order_key)
+        if not rows:
+            continue
+        unit = rows[0]["unit"]
+        ng = find(records, wl, case, NG)
+        ngm = ng["median"] if ng else None
+        lines.append(f"  -- {case} --")
+        lines.append(f"  {'contender':<29}{'median':>12}  {'spread (min-max)':<27} {'ng/peer':>9}  notes")
+        for r in rows:
+            if r.get("skipped"):
+                lines.append(f"  {r['label']:<29}{'skipped':>12}  {r['skipped']}")
+                continue
+            if r.get("error") and r["median"] is None:
+                err = r.get("error_short") or r["error"].replace("\n", " ")
+                lines.append(f"  {r['label']:<29}{'FAILED':>12}  {err[:220]}")
+                continue
+            med = fmt_value(r["median"], unit)
+            spread = f"{fmt_value(r['min'], unit)} - {fmt_value(r['max'], unit)}"
+            if r["contender"] == NG or ngm is None or not r["median"]:
+                ratio = "" if r["contender"] != NG else "1.00x"
+            else:
+                ratio = f"{ngm / r['median']:.3g}x"
+            extra = "  ".join(f"{k}: {v}" if k not in ("note",) else v for k, v in r["show"].items())
+            lines.append(f"  {r['label']:<29}{med:>12}  {spread:<27} {ratio:>9}  {extra}".rstrip())
+    for n in notes:
+        lines.append(f"   note: {n}")
+    return "\n".join(lines)
+
+
+def _median(records: List[Dict[str, Any]], wl: str, case: str, contender: str) -> Optional[float]:
+    r = find(records, wl, case, contender)
+    return r["median"] if r and r["median"] else None
+
+
+def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+    """The issue's targets, each as measured ratio vs target, PASS / MISS / n/a."""
+    out: List[Dict[str, Any]] = []
+
+    def ratio_target(name: str, wl: str, case: str, need: float, exact: bool = False) -> None:
+        ng, ud = _median(records, wl, case, NG), _median(records, wl, case, UDS)
+        row: Dict[str, Any] = {"target": name, "need": f">= {need:g}x"}
+        if ng is None or ud is None:
+            row.update(measured=None, status="n/a", detail="not measured in this run")
+        else:
+            ratio = ng / ud
+            ok = ratio >= need
+            detail = f"ultradict_ng {fmt_value(ng, 'ops/s')} vs UltraDict(shared_lock=True) {fmt_value(ud, 'ops/s')}"
+            if exact:
+                rec = find(records, wl, case, NG)
+                exact_ok = bool(rec and rec.get("ok"))
+                ok = ok and exact_ok
+                detail += "; ultradict_ng counts " + ("exact" if exact_ok else "NOT EXACT")
+            row.update(measured=ratio, status="PASS" if ok else "MISS", detail=detail)
+        out.append(row)
+
+    ratio_target("hot-key reads >= 4x UltraDict(shared_lock=True)", "read", "hot key", 4)
+    ratio_target("writes >= 10x UltraDict(shared_lock=True)", "write", "single key", 10)
+    ratio_target("locked increment >= 10x UltraDict(shared_lock=True)", "lock", "1 process", 10)
+    ratio_target("2 processes contending >= 10x, exact counts", "contend", "2 processes", 10, True)
+    ratio_target("4 processes contending >= 10x, exact counts", "contend", "4 processes", 10, True)
+
+    # Write cost growth: largest measured size vs 1k keys.
+    sizes = sorted({r["params"].get("size") for r in records
+                    if r["workload"] == "growth" and r["contender"] == NG and r["params"].get("size")})
+    row: Dict[str, Any] = {"target": "write cost at 1M keys / at 1k keys <= 1.5x", "need": "<= 1.5x"}
+    if 1_000 in sizes and len(sizes) > 1:
+        big = sizes[-1]
+        c_small = _median(records, "growth", "write 1k keys", NG)
+        c_big = _median(records, "growth", f"write {_count(big)} keys", NG)
+        if c_small and c_big:
+            ratio = c_big / c_small
+            row.update(measured=ratio, status="PASS" if ratio <= 1.5 else "MISS",
+                       detail=f"ultradict_ng {fmt_value(c_big, 's/op')} at {_count(big)} vs "
+                              f"{fmt_value(c_small, 's/op')} at 1k")
+            if big != 1_000_000:
+                row["caveat"] = f"measured at {_count(big)} keys, not 1M (1M is only in full mode)"
+        else:
+            row.update(measured=None, status="n/a", detail="not measured")
+    else:
+        row.update(measured=None, status="n/a", detail="not measured in this run")
+    out.append(row)
+
+    # 1M-key attach vs UltraDict's.
+    row = {"target": "1M-key attach faster than UltraDict(shared_lock=True)'s", "need": "> 1x"}
+    asizes = [s for s in (1_000_000, 100_000) if find(records, "attach", f"{_count(s)} keys", NG)]
+    if asizes:
+        case = f"{_count(asizes[0])} keys"
+        ng, ud = _median(records, "attach", case, NG), _median(records, "attach", case, UDS)
+        if ng and ud:
+            ratio = ud / ng
+            row.update(measured=ratio, status="PASS" if ratio > 1 else "MISS",
+                       detail=f"ultradict_ng {fmt_value(ng, 's')} vs UltraDict(shared_lock=True) "
+                              f"{fmt_value(ud, 's')} (ratio = UltraDict time / ultradict_ng time)")
+            if asizes[0] != 1_000_000:
+                row["caveat"] = f"measured at {_count(asizes[0])} keys, not 1M (1M is only in full mode)"
+        else:
+            row.update(measured=None, status="n/a", detail="not measured")
+    else:
+        row.update(measured=None, status="n/a", detail="not measured in this run")
+    out.append(row)
+    return out
+
+
+def _count(n: int) -> str:
+    from .util import fmt_count
+
+    return fmt_count(n)
+
+
+def targets_text(rows: List[Dict[str, Any]]) -> str:
+    lines = ["", "== targets (from the issue; measured in this run) =="]
+    for r in rows:
+        m = "-" if r["measured"] is None else f"{r['measured']:.2f}x"
+        status = r["status"] + ("*" if r.get("caveat") else "")
+        lines.append(f"  {status:<5} {r['target']:<58} measured {m:>8}  (target {r['need']})")
+        lines.append(f"        {r['detail']}")
+        if r.get("caveat"):
+            lines.append(f"        * {r['caveat']}")
+    return "\n".join(lines)
+
+
+# -- JSON -----------------------------------------------------------------------------------
+
+
+def machine_info(versions: Dict[str, str], load_at_start: Any = None) -> Dict[str, Any]:
+    load = load_at_start
+    cpu_model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "mem_bytes": mem,
+        "loadavg_at_start": load,
+        "python": sys.version,
+        "python_implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "ultradict_ng_source": source_digest(),
+        "packages": {**versions, **{f"({dist})": _dist_version(dist) for dist in
+                                    ("msgpack", "atomics", "matplotlib", "psutil")}},
+    }
+
+
+def source_digest() -> Dict[str, Any]:
+    """Which ultradict_ng source was measured (others edit it while benchmarks run)."""
+    import hashlib
+
+    try:
+        import ultradict_ng
+
+        root = os.path.dirname(ultradict_ng.__file__)
+        h = hashlib.sha256()
+        newest = 0.0
+        for name in sorted(os.listdir(root)):
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+                newest = max(newest, os.path.getmtime(path))
+        import datetime
+
+        return {"path": root, "sha256_of_py_files": h.hexdigest()[:16],
+                "newest_file_mtime": datetime.datetime.fromtimestamp(newest).astimezone()
+                .isoformat(timespec="seconds")}
+    except Exception as exc:
+        return {"error": repr(exc)}
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return "not installed"
+
+
+def write_json(path: str, payload: Dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+# -- plot -----------------------------------------------------------------------------------
+
+
+def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, int, str]]) -> Optional[str]:
+    """One panel per workload; returns None or why there is no plot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:
+        return f"matplotlib unavailable ({exc.__class__.__name__}): no plot"
+    present = [(wl, no, title) for wl, no, title in workloads
+               if any(r["workload"] == wl and r["median"] for r in records)]
+    if not present:
+        return "nothing to plot"
+    cols = min(4, len(present))
+    rows = math.ceil(len(present) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.8 * rows), squeeze=False)
+    contenders = [c for c in ORDER if any(r["contender"] == c for r in records)]
+    colors = {c: plt.cm.tab10(i) for i, c in enumerate(ORDER)}
+    for ax in axes.flat[len(present):]:
+        ax.axis("off")
+    for ax, (wl, no, title) in zip(axes.flat, present):
+        recs = [r for r in records if r["workload"] == wl and not r.get("note_only")]
+        unit = recs[0]["unit"] if recs else ""
+        if wl == "growth":
+            _plot_growth(ax, recs, contenders, colors)
+        else:
+            cases = _cases(recs, wl)
+            width = 0.8 / max(1, len(contenders))
+            vals = []
+            for i, c in enumerate(contenders):
+                xs, ys, lo, hi = [], [], [], []
+                for j, case in enumerate(cases):
+                    r = find(recs, wl, case, c)
+                    if r and r["median"]:
+                        xs.append(j + (i - (len(contenders) - 1) / 2) * width)
+                        ys.append(r["median"])
+                        lo.append(r["median"] - r["min"])
+                        hi.append(r["max"] - r["median"])
+                        vals.append(r["median"])
+                if xs:
+                    ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[c], label=_label(c))
+            ax.set_xticks(range(len(cases)))
+            ax.set_xticklabels(cases, rotation=20 if len(cases) > 2 else 0, fontsize=8, ha="right"
+                               if len(cases) > 2 else "center")
+            if vals and max(vals) / max(min(vals), 1e-30) > 20:
+                ax.set_yscale("log")
+        ax.set_title(f"{no}. {title}", fontsize=9)
+        ax.set_ylabel(_rescale(ax, unit))
+        ax.grid(True, axis="y", alpha=0.3)
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    tmp = path + ".tmp"
+    fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return None
+
+
+def _rescale(ax: Any, unit: str) -> str:
+    """Show small times in ms or µs rather than in seconds with exponents."""
+    if unit not in ("s", "s/op") or ax.get_yscale() == "log":
+        return unit
+    top = ax.get_ylim()[1]
+    for factor, name in ((1e6, "µs"), (1e3, "ms")):
+        if top * factor < 5000 and top < 1:
+            from matplotlib.ticker import FuncFormatter
+
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p, f=factor: f"{v * f:g}"))
+            return name + unit[1:]
+    return unit
+
+
+def _plot_growth(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], colors: Dict[str, Any]) -> None:
+    for c in contenders:
+        for kind, style in (("write", "-"), ("read", "--")):
+            pts = sorted((r["params"]["size"], r["median"]) for r in recs
+                         if r["contender"] == c and r["params"].get("kind") == kind and r["median"])
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3,
+                        color=colors[c], label=_label(c) if kind == "write" else None)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("keys in the dict (solid: write, dashed: read)")
