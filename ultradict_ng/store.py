@@ -343,7 +343,7 @@ class Store:
     def sync(self) -> None:
         """Bring the local cache up to the published STATE."""
         with self.mutex:
-            if self.words[L.W_STATE] == self.seen or self._refresh(L.READER_RETRIES):
+            if self.words[L.W_STATE] == self.seen or self._refresh(L.READER_RETRIES) is None:
                 return
         # Last resort: under the lock nothing changes.  Order is lock, then mutex.
         with self.lock:
@@ -351,21 +351,22 @@ class Store:
                 self._refresh_locked()
 
     def _refresh_locked(self) -> None:
-        problem = self._refresh(1, want_reason=True)
+        problem = self._refresh(1)
         if problem is None:
             return
         if self._map.words[L.W_STATUS] & L.STATUS_UNLINKED:
             raise Unlinked(f"shared dict {self.name!r} was unlinked")
         raise CorruptSegment(f"shared dict {self.name!r}: {problem}")
 
-    def _refresh(self, rounds: int, want_reason: bool = False) -> Any:
-        """Rounds of the reader algorithm; True (or None with want_reason) when caught up."""
+    def _refresh(self, rounds: int) -> Optional[str]:
+        """Up to ``rounds`` rounds of the reader algorithm: None when caught up, else
+        what went wrong in the last round."""
         words = self.words
         problem = "no progress"
         for attempt in range(rounds):
             st = words[L.W_STATE]
             if st == self.seen:
-                return None if want_reason else True
+                return None
             gen, end = st >> L.GEN_SHIFT, st & L.END_MASK
             if gen != self.gen:  # step 2: a new generation
                 data = self._load_dump(gen)
@@ -402,8 +403,8 @@ class Store:
                 self.gen = self.seen = _INVALID
                 raise
             self.pos, self.seen = end, st
-            return None if want_reason else True
-        return problem if want_reason else False
+            return None
+        return problem
 
     def _load_dump(self, gen: int) -> Any:
         """The decoded dump of ``gen``, or a str saying why it could not be loaded."""
