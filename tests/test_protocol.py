@@ -310,24 +310,48 @@ def test_every_error_is_a_shared_dict_error():
         assert issubclass(getattr(E, n), SharedDictError)
 
 
-def test_interrupt_after_publish_does_not_desync_the_cache(name, monkeypatch):
+@pytest.mark.parametrize(
+    "write, expected",
+    [
+        (lambda d: d.__setitem__("a", 1), {"x": 0, "a": 1}),  # scalar: the compiled fast path
+        (lambda d: d.__setitem__("a", [1, (2,)]), {"x": 0, "a": [1, (2,)]}),  # general commit
+        (lambda d: d.__delitem__("x"), {}),  # through Store._apply
+        (lambda d: d.update(a=1, b=2.5), {"x": 0, "a": 1, "b": 2.5}),
+    ],
+    ids=["scalar-set", "composite-set", "delete", "update"],
+)
+def test_interrupt_after_publish_does_not_desync_the_cache(name, write, expected):
     """A KeyboardInterrupt between publishing a record and applying it locally must
-    not leave this handle's cache silently behind the shared state."""
-    from ultradict_ng.store import Store
+    not leave this handle's cache silently behind the shared state, on every
+    write path (the interrupt fires right after the STATE store)."""
+    from ultradict_ng import layout as L
 
     d = SharedDict(name=name)
-    real_apply = Store._apply
+    d["x"] = 0
+    other = SharedDict(name=name)
+    atomic = d._store._map.atomic
+    real_store = atomic.store
 
-    def interrupted_apply(self, rec):
-        raise KeyboardInterrupt
+    def store_then_interrupt(index, value):
+        real_store(index, value)
+        if index == L.W_STATE:
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(Store, "_apply", interrupted_apply)
-    with pytest.raises(KeyboardInterrupt):
-        d["a"] = 1
-    monkeypatch.setattr(Store, "_apply", real_apply)
-    assert d["a"] == 1  # published, so it is there; the cache reloaded
+    own_attribute = "store" in vars(atomic)  # the compiled implementation binds it per object
+    atomic.store = store_then_interrupt
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write(d)
+    finally:
+        if own_attribute:
+            atomic.store = real_store
+        else:
+            del atomic.store
+    assert other.copy() == expected  # published: everyone sees it
+    assert d.copy() == expected  # and this handle too: its cache reloaded
     d["b"] = 2
-    assert d.copy() == {"a": 1, "b": 2}
+    assert d.copy() == {**expected, "b": 2}
+    other.close()
     d.close()
 
 

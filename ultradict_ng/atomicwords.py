@@ -1,31 +1,49 @@
-"""Atomic 64-bit operations on words of a shared mapping, built on ``atomics``.
+"""The hot primitives: atomic 64-bit operations on control words, and the
+writing of a stream record.
 
 The ``atomics`` package is our portable primitive (it wraps the patomic C
 library), but its public API runs ~60 Python calls per operation (~8-15 µs,
-see shared/MEASURED.md), which would cap writes near 30k/s.  So this module
-has two implementations with the same behaviour:
+see shared/MEASURED.md), which would cap writes near 30k/s.  So there are
+three implementations with the same behaviour, chosen once at import (the
+msgpack pattern: a compiled speedup, pure-Python fallbacks, an environment
+variable that forces a fallback so that every path is tested):
 
-* :class:`BoundWords` (default) takes patomic's 64-bit function pointers from
-  ``atomics`` once and calls them directly with the word's address (~1 µs).
-* :class:`PublicWords` uses only the public ``atomics.atomicview`` API.  It is
-  chosen when the internals we bind to are missing (a future ``atomics``) or
-  when ``ULTRADICT_NG_ATOMICS=public`` is set, so both paths can be tested.
+* ``native`` (default): :class:`NativeWords`, the optional compiled helper
+  ``ultradict_ng._native`` built by the package's own build (~50 ns per
+  operation, and a record is written in one call).
+* ``bound``: :class:`BoundWords` takes patomic's 64-bit function pointers from
+  ``atomics`` once and calls them through ctypes with the word's address
+  (~1 µs).  Used when the helper was not compiled (no C compiler at install).
+* ``public``: :class:`PublicWords` uses only the public ``atomics.atomicview``
+  API.  Used when the internals ``bound`` relies on are missing (a future
+  ``atomics``).
 
-Every operation is sequentially consistent: a store publishes everything the
-process wrote before it, a load or CAS sees everything published before it.
+``ULTRADICT_NG_ATOMICS=bound`` or ``=public`` forces that implementation
+(``=native`` insists on the helper and fails at import without it).  Each
+candidate passes a self-test on a private buffer before it is trusted.
+
+Every atomic operation is sequentially consistent: a store publishes
+everything the process wrote before it, a load or CAS sees everything
+published before it.  :meth:`RecordWriter.write` uses plain stores; the
+caller publishes the record afterwards with a store of STATE.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Dict, List, Tuple
+import struct
+import zlib
+from typing import Any, Dict, List, Optional, Tuple
 
 import atomics  # type: ignore[import-untyped, unused-ignore]
 
 from .errors import Closed
 
-__all__ = ["AtomicWords", "BoundWords", "PublicWords", "make_words", "IMPLEMENTATION"]
+__all__ = [
+    "AtomicWords", "NativeWords", "BoundWords", "PublicWords", "RecordWriter",
+    "make_words", "make_record_writer", "IMPLEMENTATION", "NATIVE",
+]
 
 _SEQ_CST = 5  # C11 memory_order_seq_cst, as patomic numbers it
 
@@ -46,6 +64,38 @@ class AtomicWords:
     def release(self) -> None:
         """Drop every reference to the buffer so that it can be unmapped."""
         raise NotImplementedError
+
+    @property
+    def raw(self) -> Any:
+        """The object ``lock``'s per-process state operates on (see lock._ProcessState)."""
+        return self
+
+
+try:
+    from . import _native  # type: ignore[attr-defined, unused-ignore]
+except ImportError:  # not compiled: no C compiler at install time
+    _native = None
+
+
+class NativeWords(AtomicWords):
+    """The compiled helper's ``Words``: one C call per operation."""
+
+    def __init__(self, buf: Any, indexes: List[int]) -> None:
+        if _native is None:
+            raise RuntimeError("ultradict_ng._native is not compiled")
+        words = _native.Words(buf)
+        # Bound methods: the hot path calls them directly.
+        self.load = words.load  # type: ignore[method-assign]
+        self.store = words.store  # type: ignore[method-assign]
+        self.cas = words.cas  # type: ignore[method-assign]
+        self._words = words
+
+    def release(self) -> None:
+        self._words.release()
+
+    @property
+    def raw(self) -> Any:
+        return self._words  # _native.ProcessState takes the C object itself
 
 
 def _bound_ops() -> Any:
@@ -123,6 +173,48 @@ class PublicWords(AtomicWords):
         self._mv.release()
 
 
+class RecordWriter:
+    """Writes one stream record (layout: "Stream record") at a byte offset.
+
+    ``write(pos, tag, payload)`` stores the 16-byte header and the payload at
+    ``pos`` with plain stores and returns the offset just past the record;
+    the caller publishes it afterwards by storing STATE.
+    """
+
+    _header = struct.Struct("<IIII")
+    _prefix = struct.Struct("<II")
+
+    def __init__(self, buf: Any) -> None:
+        self._mv: Optional[memoryview] = memoryview(buf)
+        self._native: Any = _native.Words(buf) if _IMPL is NativeWords else None
+        #: ``write_simple(pos, tag, op, key[, value])`` of the compiled helper
+        #: (a root-level scalar record encoded in place), or None without it.
+        self.simple: Any = None
+        if self._native is not None:
+            self.write = self._native.write_record  # type: ignore[method-assign]
+            self.simple = self._native.write_simple
+
+    def write(self, pos: int, tag: int, payload: bytes) -> int:
+        mv = self._mv
+        if mv is None:
+            raise Closed("this handle's shared memory was closed")
+        length = len(payload)
+        end = pos + 16 + length
+        if pos < 0 or end > len(mv):
+            raise ValueError("record does not fit the stream at that offset")
+        crc = zlib.crc32(payload, zlib.crc32(self._prefix.pack(length, tag)))
+        mv[pos + 16:end] = payload
+        mv[pos:pos + 16] = self._header.pack(length, tag, crc, 0)
+        return end
+
+    def release(self) -> None:
+        if self._native is not None:
+            self._native.release()
+        if self._mv is not None:
+            self._mv.release()
+            self._mv = None
+
+
 class _Released:
     """Replaces the address table after release: any further operation fails clearly."""
 
@@ -149,18 +241,56 @@ def _self_test(cls: type) -> bool:
         return False
 
 
+def _native_self_test() -> bool:
+    if _native is None or not _self_test(NativeWords):
+        return False
+    # write_record must produce exactly the bytes of the Python writer.
+    a, b = bytearray(64), bytearray(64)
+    words = _native.Words(a)
+    try:
+        end = words.write_record(8, 0xDEADBEEF, b"payload")
+    finally:
+        words.release()
+    mv = memoryview(b)
+    crc = zlib.crc32(b"payload", zlib.crc32(RecordWriter._prefix.pack(7, 0xDEADBEEF)))
+    mv[24:31] = b"payload"
+    mv[8:24] = RecordWriter._header.pack(7, 0xDEADBEEF, crc, 0)
+    mv.release()
+    return end == 31 and a == b
+
+
+_CHOICES = {"native": NativeWords, "bound": BoundWords, "public": PublicWords}
+
+
 def _choose() -> type:
-    if os.environ.get("ULTRADICT_NG_ATOMICS", "").lower() == "public":
-        return PublicWords
+    forced = os.environ.get("ULTRADICT_NG_ATOMICS", "").lower()
+    if forced:
+        if forced not in _CHOICES:
+            raise ImportError(
+                f"ULTRADICT_NG_ATOMICS={forced!r}: expected one of {', '.join(_CHOICES)}"
+            )
+        if forced == "native" and not _native_self_test():
+            raise ImportError("ULTRADICT_NG_ATOMICS=native, but ultradict_ng._native is "
+                              "not compiled or fails its self-test")
+        return _CHOICES[forced]
+    if _native_self_test():
+        return NativeWords
     return BoundWords if _self_test(BoundWords) else PublicWords
 
 
 _IMPL = _choose()
-#: "bound" or "public": which implementation this process uses.
-IMPLEMENTATION = "bound" if _IMPL is BoundWords else "public"
+#: "native", "bound" or "public": which implementation this process uses.
+IMPLEMENTATION: str = next(k for k, v in _CHOICES.items() if v is _IMPL)
+#: The compiled helper module when this process uses it, else None.
+NATIVE: Any = _native if _IMPL is NativeWords else None
 
 
 def make_words(buf: Any, indexes: List[int]) -> AtomicWords:
     """Atomic access to the 8-byte words ``indexes`` of ``buf`` (8-byte aligned)."""
     words: AtomicWords = _IMPL(buf, indexes)
     return words
+
+
+def make_record_writer(buf: Any) -> RecordWriter:
+    """A :class:`RecordWriter` on the stream mapping ``buf``."""
+    return RecordWriter(buf)

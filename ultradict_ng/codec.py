@@ -94,7 +94,7 @@ import struct
 import threading
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Union
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -165,6 +165,10 @@ except TypeError:  # pragma: no cover - msgpack < 1.1
 # older versions leave them in the buffer, to be prepended to the next pack.
 _PACK_EXT_TYPE_RETURNS = _Packer(**_PACKER_OPTIONS).pack_ext_type(1, b"x") == b"\xd4\x01x"
 _NoneType = type(None)
+# encode_record's fast path: these types pack natively, exactly, and decode
+# to an equal object of the same type.
+_RECORD_SCALARS: frozenset[type] = frozenset({_NoneType, bool, int, float, str, bytes})
+_record_pack: Callable[[Any], bytes] = _Packer(**_PACKER_OPTIONS).pack
 
 # Types the msgpack packer handles natively and exactly (ints out of range
 # come back to us through ``default``) plus the scalar types our ``default``
@@ -528,18 +532,29 @@ _TIMESTAMP_RE = re.compile(
 )
 
 
+_CONTAINER_TYPES = frozenset({list, tuple, set, frozenset, dict})
+
+
 def _contains_timestamp(obj: Any) -> bool:
-    stack = [obj]
+    """True if a Timestamp is anywhere in the decoded ``obj``.
+
+    Works a container at a time: ``set(map(type, members))`` runs in C, so
+    a million-key dict of scalars costs two passes at C speed instead of a
+    million Python iterations; only nested containers are visited further.
+    """
+    if type(obj) is _Timestamp:
+        return True
+    containers = _CONTAINER_TYPES
+    stack = [obj] if type(obj) in containers else []
     while stack:
         item = stack.pop()
-        tp = type(item)
-        if tp is _Timestamp:
-            return True
-        if tp is list or tp is tuple or tp is set or tp is frozenset:
-            stack.extend(item)
-        elif tp is dict:
-            stack.extend(item)
-            stack.extend(item.values())
+        groups = (item.keys(), item.values()) if type(item) is dict else (item,)
+        for members in groups:
+            types = set(map(type, members))
+            if _Timestamp in types:
+                return True
+            if not types.isdisjoint(containers):
+                stack.extend(m for m in members if type(m) in containers)
     return False
 
 
@@ -571,6 +586,13 @@ class Codec:
     def loads(self, data: _BytesLike) -> Any:
         """Decode *data*; raises :class:`CorruptSegment` and nothing else."""
         raise NotImplementedError
+
+    def encode_record(self, record: List[Any]) -> Tuple[bytes, Any]:
+        """``(payload, decoded)``: the encoding of a stream record and what every
+        reader decodes from it -- the writer applies ``decoded`` to its own
+        cache, so that it holds exactly what other processes hold."""
+        payload = self.dumps(record)
+        return payload, self.loads(payload)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} (id {self.id})>"
@@ -628,6 +650,31 @@ class MsgpackCodec(Codec):
         if len(out) <= _KEEP_BUFFERS_UP_TO:
             pool.append(chain)
         return out
+
+    def encode_record(self, record: List[Any]) -> Tuple[bytes, Any]:
+        # Fast path for records whose path, keys and values are all scalars
+        # (``[OP_SET, path, key, value]``, ``[OP_DEL, path, key]``,
+        # ``[OP_CLEAR, path]``): one plain Packer call, no type walk,
+        # and no decode -- a scalar of these exact types decodes to an equal
+        # object of the same type (tests/test_codec.py checks payload and
+        # decoding against the general path).  The shared Packer has no
+        # ``default`` callback, so pack() never runs Python code or releases
+        # the GIL: no other thread can interleave with it.  Anything it cannot
+        # pack (an int beyond 64 bits, a str with lone surrogates) raises and
+        # takes the general path.
+        scalar = _RECORD_SCALARS
+        n = len(record)
+        if (
+            (n == 4 and type(record[3]) in scalar and type(record[2]) in scalar)
+            or (n == 3 and type(record[2]) in scalar)
+            or n == 2
+        ) and (not record[1] or scalar.issuperset(map(type, record[1]))):
+            try:
+                return _record_pack(record), record
+            except Exception:
+                pass
+        payload = self.dumps(record)
+        return payload, self.loads(payload)
 
     def loads(self, data: _BytesLike) -> Any:
         try:

@@ -15,15 +15,18 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Optional, Tuple, Type
+from typing import Any, Optional, Tuple, Type
 
 from . import layout as L
+from . import atomicwords
 from .atomicwords import AtomicWords
 from .errors import LockTimeout
 
 __all__ = ["SharedLock", "owner_word", "pid_of", "owner_alive"]
 
 log = logging.getLogger("ultradict_ng")
+_get_ident = threading.get_ident
+_W_LOCK = L.W_LOCK
 
 # -- process identity ----------------------------------------------------------
 
@@ -46,24 +49,26 @@ def _stat_fields(pid: int) -> Optional[Tuple[str, int]]:
 
 
 _HAS_PROC = os.path.exists(f"/proc/{os.getpid()}/stat")
-_identity: Tuple[int, int] = (0, 0)  # (pid, owner word) of this process, recomputed after fork
+# This process's owner word, computed on first use; reset in a forked child
+# (which has another pid).  Caching it keeps os.getpid() and /proc off the
+# write path.
+_my_word = 0
 
 
 def owner_word(pid: Optional[int] = None) -> int:
     """The LOCK word value meaning "held by process ``pid``" (default: this process)."""
-    global _identity
+    global _my_word
     if pid is None:
-        me = os.getpid()
-        if _identity[0] == me:
-            return _identity[1]
-        pid = me
+        if _my_word:
+            return _my_word
+        pid = os.getpid()
     start = 0
     if _HAS_PROC:
         fields = _stat_fields(pid)
         start = fields[1] if fields else 0
     word = (pid & L.PID_MASK) | ((start & L.START_MASK) << L.PID_BITS)
     if pid == os.getpid():
-        _identity = (pid, word)
+        _my_word = word
     return word
 
 
@@ -107,7 +112,13 @@ def owner_alive(word: int) -> bool:
 class _ProcessState:
     """What every handle of one dict in this process shares: which thread holds
     the lock and how often (reentrancy), and the mutex that lets only one of our
-    threads compete for the shared word at a time."""
+    threads compete for the shared word at a time.
+
+    :meth:`enter` and :meth:`exit` are the common cases of acquire and
+    release.  With the compiled helper, ``ultradict_ng._native.ProcessState``
+    replaces this class: the same attributes, the same two methods, one C
+    call each.
+    """
 
     __slots__ = ("mutex", "owner", "count", "__weakref__")
 
@@ -116,7 +127,44 @@ class _ProcessState:
         self.owner: Optional[int] = None
         self.count = 0
 
+    def enter(self, words: Any, index: int, mine: int) -> bool:
+        """True: the calling thread holds the lock (reentered, or the word was
+        free and is now ``mine``).  False: the calling thread now holds the
+        mutex but another process holds the word; the caller waits for the
+        word, then sets ``owner`` and ``count``."""
+        me = _get_ident()
+        if self.owner == me:
+            self.count += 1
+            return True
+        self.mutex.acquire()
+        try:
+            ok = words.cas(index, 0, mine)[0]
+        except BaseException:
+            self.mutex.release()
+            raise
+        if ok:
+            self.owner = me
+            self.count = 1
+        return bool(ok)
 
+    def exit(self, words: Any, index: int, mine: int) -> Optional[bool]:
+        """Release one level.  None: the calling thread does not hold the lock
+        (nothing changed).  False: the last level was released but the word
+        was no longer ``mine`` (taken over meanwhile)."""
+        if self.owner != _get_ident():
+            return None
+        self.count -= 1
+        if self.count:
+            return True
+        self.owner = None
+        try:
+            ok = words.cas(index, mine, 0)[0]
+        finally:
+            self.mutex.release()
+        return bool(ok)
+
+
+_StateClass: Any = atomicwords.NATIVE.ProcessState if atomicwords.NATIVE is not None else _ProcessState
 _states: "weakref.WeakValueDictionary[Tuple[str, int], _ProcessState]" = weakref.WeakValueDictionary()
 _states_guard = threading.Lock()
 
@@ -125,7 +173,7 @@ def _state_for(key: Tuple[str, int]) -> _ProcessState:
     with _states_guard:
         state = _states.get(key)
         if state is None:
-            state = _ProcessState()
+            state = _StateClass()
             _states[key] = state
         return state
 
@@ -134,8 +182,9 @@ def _after_fork_in_child() -> None:
     # The child has one thread; whatever the parent's threads held is not the
     # child's.  The shared word still names the parent, so the child waits for
     # the parent's release like any other process.
-    global _states_guard
+    global _states_guard, _my_word
     _states_guard = threading.Lock()
+    _my_word = 0
     for state in list(_states.values()):
         state.mutex = threading.Lock()
         state.owner = None
@@ -159,10 +208,11 @@ class SharedLock:
     ``LOCK_FIRST_CHECK + LOCK_CHECK_INTERVAL`` seconds, with a warning logged.
     """
 
-    __slots__ = ("_words", "_name", "_state")
+    __slots__ = ("_words", "_raw", "_name", "_state")
 
     def __init__(self, words: AtomicWords, name: str, token: int) -> None:
         self._words = words
+        self._raw = words.raw  # what the process state's enter/exit operate on
         self._name = name
         self._state = _state_for((name, token))
 
@@ -175,14 +225,20 @@ class SharedLock:
         another process or thread holds it.  With a ``timeout`` (seconds),
         raises :class:`LockTimeout` naming the holder's pid when it runs out.
         """
-        me = threading.get_ident()
         state = self._state
+        if blocking and timeout is None:
+            if not state.enter(self._raw, _W_LOCK, _my_word or owner_word()):
+                self._wait_for_word()
+            return True
+        me = _get_ident()
         if state.owner == me:
             state.count += 1
             return True
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         deadline = None if timeout is None else time.monotonic() + timeout
+        # First wait for our other threads (only one of them competes for
+        # the word), then for other processes.
         if not blocking:
             if not state.mutex.acquire(False):
                 return False
@@ -201,21 +257,26 @@ class SharedLock:
 
     def release(self) -> None:
         """Release one level of ownership; the last release frees the shared word."""
-        state = self._state
-        if state.owner != threading.get_ident():
-            raise RuntimeError(f"release of the lock of {self._name!r}, which this thread does not hold")
-        state.count -= 1
-        if state.count:
+        done = self._state.exit(self._raw, _W_LOCK, _my_word or owner_word())
+        if done:
             return
-        state.owner = None
-        mine = owner_word()
-        ok, seen = self._words.cas(L.W_LOCK, mine, 0)
-        state.mutex.release()
-        if not ok:
-            log.warning(
-                "lock of shared dict %r was taken over by pid %d while pid %d held it",
-                self._name, pid_of(seen), os.getpid(),
-            )
+        if done is None:
+            raise RuntimeError(f"release of the lock of {self._name!r}, which this thread does not hold")
+        log.warning(
+            "lock of shared dict %r was taken over by another process while pid %d held it",
+            self._name, os.getpid(),
+        )
+
+    def _wait_for_word(self) -> None:
+        """After ``enter`` returned False: we hold the mutex; wait for the word."""
+        state = self._state
+        try:
+            self._take_word(True, None, None)
+        except BaseException:
+            state.mutex.release()
+            raise
+        state.owner = _get_ident()
+        state.count = 1
 
     def take_over(self) -> None:
         """Acquire even if a *live* process holds the lock, replacing its word.
@@ -255,7 +316,9 @@ class SharedLock:
         return _TimedHold(self, timeout)
 
     def __enter__(self) -> "SharedLock":
-        self.acquire()
+        # acquire(), blocking without timeout, inlined: ``with d.lock:`` is a hot loop shape.
+        if not self._state.enter(self._raw, _W_LOCK, _my_word or owner_word()):
+            self._wait_for_word()
         return self
 
     def __exit__(

@@ -266,13 +266,15 @@ class SharedDict(MutableMapping[Any, Any]):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         hash(key)  # unhashable keys fail here, like dict, before anything is locked
-        if isinstance(value, SharedDict):
+        if type(value) not in _IMMUTABLE and isinstance(value, SharedDict):
             value = value.copy()
         s = self._store
+        if not self._path:
+            s.set_root(key, value)
+            return
         s.begin_write()
         try:
-            if self._path:
-                s.node(self._path)
+            s.node(self._path)
             s.commit([L.OP_SET, list(self._path), key, value])
         finally:
             s.end_write()

@@ -23,8 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import faults
 from . import layout as L
 from . import segment
-from .atomicwords import AtomicWords, make_words
-from .codec import CUSTOM_ID, Codec, codec_by_id, codec_for
+from .atomicwords import AtomicWords, RecordWriter, make_record_writer, make_words
+from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .errors import (
     AlreadyExists,
     Closed,
@@ -46,6 +46,10 @@ __all__ = ["Store", "unlink_by_name", "validate_name"]
 log = logging.getLogger("ultradict_ng")
 
 _INVALID = -1  # ``seen``/``gen`` value that forces a reload from the dump
+# Hot-path constants as module globals (one dict lookup instead of two).
+_W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
+_GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
+_MSGPACK_ID = MsgpackCodec.id
 _ATOMIC_WORDS = [L.W_MAGIC, L.W_STATE, L.W_LOCK, L.W_REG_LOW, L.W_REG_HIGH, L.W_STATUS]
 _rec_header = struct.Struct(L.RECORD_FORMAT)
 _rec_prefix = struct.Struct("<II")
@@ -108,9 +112,16 @@ class _Mapping:
         self.stream_mv: Optional[memoryview] = (
             memoryview(stream.buf) if stream is not None and stream.buf is not None else None
         )
+        self.writer: Optional[RecordWriter] = (
+            make_record_writer(stream.buf) if stream is not None and stream.buf is not None else None
+        )
+        # The compiled helper's write_simple on the stream, or None.
+        self.simple: Any = self.writer.simple if self.writer is not None else None
 
     def release(self) -> None:
         self.atomic.release()
+        if self.writer is not None:
+            self.writer.release()
         self.words.release()
         if self.stream_mv is not None:
             self.stream_mv.release()
@@ -502,54 +513,85 @@ class Store:
 
     def begin_write(self) -> None:
         """Take the lock and the cache mutex, and catch up (writer steps 1-2)."""
-        self.words[L.W_STATE]  # raises Closed on a closed handle, before touching the lock
-        self.lock.acquire()
-        if faults.armed is not None:
-            faults.hit("lock-held")
+        words = self.words
+        words[_W_STATE]  # raises Closed on a closed handle, before touching the lock
+        lock = self.lock
+        lock.acquire()
         try:
+            if faults.armed is not None:
+                faults.hit("lock-held")
             self.mutex.acquire()
-            try:
-                if self.words[L.W_STATE] != self.seen:
-                    self._refresh_locked()
-                if self._map.words[L.W_STATUS] & L.STATUS_UNLINKED:
-                    raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
-            except BaseException:
-                self.mutex.release()
-                raise
         except BaseException:
-            self.lock.release()
+            lock.release()
+            raise
+        try:
+            if words[_W_STATE] != self.seen:
+                self._refresh_locked()
+            if words[_W_STATUS] & _UNLINKED:
+                raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
+        except BaseException:
+            self.mutex.release()
+            lock.release()
             raise
 
     def end_write(self) -> None:
         self.mutex.release()
         self.lock.release()
 
+    def set_root(self, key: Any, value: Any) -> None:
+        """``data[key] = value`` at the root: begin_write, commit, end_write in one.
+
+        With the compiled helper and the msgpack codec, a scalar key and value
+        are encoded straight into the stream by one C call
+        (``Words.write_simple``, the same bytes as the general path); anything
+        else, a record that does not fit, or an armed fault point goes through
+        :meth:`commit`.
+        """
+        self.begin_write()
+        try:
+            simple = self._map.simple
+            if simple is not None and self.codec.id == _MSGPACK_ID and faults.armed is None:
+                new_end = simple(self.pos, self.gen & _GEN_MASK, _OP_SET, key, value)
+                if new_end is not None:
+                    state = (self.gen << _GEN_SHIFT) | new_end
+                    self._map.atomic.store(_W_STATE, state)  # publish after the payload
+                    try:
+                        self.data[key] = value  # a scalar decodes to an equal object
+                    except BaseException:  # published but not applied here: reload
+                        self.gen = self.seen = _INVALID
+                        raise
+                    self.pos, self.seen = new_end, state
+                    return
+            self.commit([_OP_SET, [], key, value])
+        finally:
+            self.end_write()
+
     def commit(self, record: List[Any]) -> None:
         """Encode, publish and apply one record (writer steps 2-5); caller is in begin_write."""
-        payload = self.codec.dumps(record)  # UnsupportedType here changes nothing
-        decoded = self.codec.loads(payload)
-        length = len(payload)
-        size = L.RECORD_HEADER + length
+        # UnsupportedType here changes nothing.  ``decoded`` is what every
+        # reader will decode (the record itself when that is provably equal).
+        payload, decoded = self.codec.encode_record(record)
         end = self.pos
-        if end + size <= self.stream_size:
-            tag = self.gen & L.GEN_MASK
-            crc = zlib.crc32(payload, zlib.crc32(_rec_prefix.pack(length, tag)))
-            mv = self._map.stream_mv
-            assert mv is not None
-            mv[end + L.RECORD_HEADER:end + size] = payload
-            mv[end:end + L.RECORD_HEADER] = _rec_header.pack(length, tag, crc, 0)
+        if end + _RECORD_HEADER + len(payload) <= self.stream_size:
+            mapping = self._map
+            writer = mapping.writer
+            assert writer is not None
+            new_end = writer.write(end, self.gen & _GEN_MASK, payload)
             if faults.armed is not None:
                 faults.hit("record-written")
-            state = (self.gen << L.GEN_SHIFT) | (end + size)
-            self._map.atomic.store(L.W_STATE, state)  # publish after the payload
+            state = (self.gen << _GEN_SHIFT) | new_end
+            mapping.atomic.store(_W_STATE, state)  # publish after the payload
             if faults.armed is not None:
                 faults.hit("record-published")
             try:
-                self._apply(decoded)
+                if decoded[0] == _OP_SET and not decoded[1]:
+                    self.data[decoded[2]] = decoded[3]  # the common case of _apply
+                else:
+                    self._apply(decoded)
             except BaseException:  # published but not applied here: reload
                 self.gen = self.seen = _INVALID
                 raise
-            self.pos, self.seen = end + size, state
+            self.pos, self.seen = new_end, state
             return
         try:
             self._apply(decoded)

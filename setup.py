@@ -1,0 +1,19 @@
+"""Build hook for the optional compiled helper, ``ultradict_ng._native``.
+
+Everything else is configured in pyproject.toml.  The extension is marked
+``optional``: where it cannot be compiled (no C compiler, no Python headers)
+the install still succeeds and the package uses its ``atomics``-based path.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "ultradict_ng._native",
+            sources=["ultradict_ng/_native.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c99"],
+        )
+    ]
+)

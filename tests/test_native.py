@@ -1,0 +1,330 @@
+"""The compiled helper (``ultradict_ng._native``) against its pure-Python twins.
+
+Every fast path of the helper must produce exactly what the fallbacks produce:
+the same stream bytes (record writer, scalar encoder, CRC-32), the same lock
+state transitions, and interoperate with processes that use a fallback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ultradict_ng import SharedDict, atomicwords, codec
+from ultradict_ng import layout as L
+from ultradict_ng.errors import Closed
+from ultradict_ng.lock import _ProcessState
+
+native = atomicwords._native
+needs_native = pytest.mark.skipif(native is None, reason="ultradict_ng._native is not compiled")
+
+MSGPACK = codec.codec_for(None)
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.sampled_from([0, 127, 128, -32, -33, -128, -129, 255, 256, 2**15, -(2**15) - 1, 2**16,
+                     2**31, -(2**31) - 1, 2**32, 2**63 - 1, 2**63, -(2**63)]),
+    st.floats(allow_nan=True),
+    st.text(max_size=300),
+    st.binary(max_size=300),
+    st.sampled_from(["x" * 31, "x" * 32, "é" * 128, "y" * 65535, b"z" * 255, b"z" * 65536]),
+)
+not_simple = st.one_of(
+    st.integers(min_value=2**64, max_value=2**70),
+    st.integers(max_value=-(2**63) - 1, min_value=-(2**70)),
+    st.sampled_from(["\ud800", 1j, (1,), [1], {"a": 1}, bytearray(b"x"), frozenset()]),
+)
+
+
+def test_helper_is_built_in_ci():
+    """CI installs with gcc present: the compiled path must be the one under test there."""
+    if os.environ.get("CI") and not os.environ.get("ULTRADICT_NG_ATOMICS"):
+        assert native is not None, "ultradict_ng._native did not compile"
+        assert atomicwords.IMPLEMENTATION == "native"
+
+
+# -- stream bytes ----------------------------------------------------------------
+
+
+@needs_native
+@given(st.binary(max_size=2000), st.integers(min_value=0, max_value=2**32 - 1))
+def test_crc32_is_zlibs(data, start):
+    assert native.crc32(data, start) == zlib.crc32(data, start)
+    assert native.crc32(data) == zlib.crc32(data)
+
+
+def _python_record(pos, tag, payload, size=300_000):
+    """The stream bytes the pure-Python RecordWriter stores."""
+    buf = bytearray(size)
+    w = atomicwords.RecordWriter.__new__(atomicwords.RecordWriter)
+    w._mv, w._native, w.simple = memoryview(buf), None, None
+    end = atomicwords.RecordWriter.write(w, pos, tag, payload)
+    w._mv.release()
+    return end, buf
+
+
+@needs_native
+@given(st.binary(max_size=3000), st.integers(0, 64), st.integers(0, 2**32 - 1))
+def test_write_record_matches_python_writer(payload, pos, tag):
+    buf = bytearray(8192)
+    words = native.Words(buf)
+    end = words.write_record(pos, tag, payload)
+    words.release()
+    expected_end, expected = _python_record(pos, tag, payload, 8192)
+    assert end == expected_end and buf == expected
+
+
+@needs_native
+@settings(max_examples=300)
+@given(key=scalars, value=scalars, pos=st.integers(0, 40), tag=st.integers(0, 2**32 - 1))
+def test_write_simple_is_the_general_encoding(key, value, pos, tag):
+    """write_simple stores the bytes of RecordWriter.write(codec.dumps(record))."""
+    for args, record in (((L.OP_SET, key, value), [L.OP_SET, [], key, value]),
+                         ((L.OP_DEL, key), [L.OP_DEL, [], key])):
+        buf = bytearray(300_000)
+        words = native.Words(buf)
+        end = words.write_simple(pos, tag, *args)
+        words.release()
+        expected_end, expected = _python_record(pos, tag, MSGPACK.dumps(record))
+        assert end == expected_end
+        assert buf == expected
+        # ...which decodes to an equal record of the same types (what the writer applies).
+        decoded = MSGPACK.loads(bytes(buf[pos + 16:end]))
+        assert [type(x) for x in decoded] == [type(x) for x in record]
+        for got, want in zip(decoded, record):
+            assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
+
+
+@needs_native
+@given(bad=not_simple, pos=st.integers(0, 40))
+def test_write_simple_declines_what_it_cannot_encode_exactly(bad, pos):
+    buf = bytearray(4096)
+    words = native.Words(buf)
+    assert words.write_simple(pos, 1, L.OP_SET, "k", bad) is None
+    assert words.write_simple(pos, 1, L.OP_SET, bad, 1) is None
+    words.release()
+    assert buf == bytearray(4096)  # nothing written
+
+
+@needs_native
+def test_write_simple_and_write_record_never_write_past_the_buffer():
+    buf = bytearray(64)
+    words = native.Words(buf)
+    assert words.write_simple(40, 1, L.OP_SET, "k", "x" * 10) is None  # 16 + 16 bytes > 24
+    assert words.write_simple(-1, 1, L.OP_SET, "k", 1) is None
+    assert words.write_simple(65, 1, L.OP_SET, "k", 1) is None
+    with pytest.raises(ValueError):
+        words.write_record(60, 1, b"abc")
+    with pytest.raises(ValueError):
+        words.write_record(-8, 1, b"abc")
+    words.release()
+    assert buf == bytearray(64)
+
+
+@given(key=scalars, value=scalars)
+def test_encode_record_fast_path_is_the_general_path(key, value):
+    """Codec.encode_record's scalar shortcut returns what dumps + loads return."""
+    for record in ([L.OP_SET, [], key, value], [L.OP_DEL, [key], value], [L.OP_CLEAR, [key]]):
+        payload, decoded = MSGPACK.encode_record(record)
+        assert payload == MSGPACK.dumps(record)
+        general = MSGPACK.loads(payload)
+        assert [type(x) for x in decoded] == [type(x) for x in general]
+
+
+def test_encode_record_falls_back_for_everything_else():
+    for value in (2**64, "\ud800", (1, 2), [1], {"a": (1,)}, 1j):
+        record = [L.OP_SET, [], "k", value]
+        try:
+            expected = MSGPACK.dumps(record)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                MSGPACK.encode_record(record)
+            continue
+        payload, decoded = MSGPACK.encode_record(record)
+        assert payload == expected and decoded == MSGPACK.loads(expected)
+
+
+# -- atomic words ------------------------------------------------------------------
+
+
+@needs_native
+def test_words_operations_and_errors():
+    buf = bytearray(64)
+    words = native.Words(buf)
+    words.store(1, 7)
+    assert words.cas(1, 7, 2**64 - 1) == (True, 7)
+    assert words.cas(1, 7, 3) == (False, 2**64 - 1)
+    assert words.load(1) == 2**64 - 1 and words.load(0) == 0
+    assert buf[8:16] == b"\xff" * 8
+    for bad in (-1, 8):
+        with pytest.raises(IndexError):
+            words.load(bad)
+    with pytest.raises(OverflowError):
+        words.store(0, 2**64)
+    with pytest.raises(OverflowError):
+        words.store(0, -1)
+    words.release()
+    with pytest.raises(Closed):
+        words.load(0)
+    with pytest.raises(Closed):
+        words.write_simple(0, 0, 0, "k", 1)
+    with pytest.raises(ValueError):
+        native.Words(memoryview(bytearray(64))[1:33])  # not 8-byte aligned
+    with pytest.raises(BufferError):
+        native.Words(b"\x00" * 64)  # read-only
+
+
+@needs_native
+def test_words_keep_the_mapping_exported_until_released():
+    import mmap
+
+    m = mmap.mmap(-1, 4096)
+    words = native.Words(m)
+    with pytest.raises(BufferError):
+        m.close()  # the export protects us from use after unmap
+    words.release()
+    m.close()
+
+
+# -- lock state ----------------------------------------------------------------
+
+
+def _state_pairs():
+    pairs = [pytest.param(_ProcessState, lambda buf: atomicwords.BoundWords(buf, [0, 1, 2]), id="python")]
+    if native is not None:
+        pairs.append(pytest.param(native.ProcessState, lambda buf: native.Words(buf), id="native"))
+    return pairs
+
+
+@pytest.mark.parametrize("state_class, make_words", _state_pairs())
+def test_process_state_transitions(state_class, make_words):
+    """The C ProcessState and lock._ProcessState go through the same states."""
+    buf = bytearray(24)
+    words = make_words(buf)
+    state = state_class()
+    me = threading.get_ident()
+    assert (state.owner, state.count, state.mutex.locked()) == (None, 0, False)
+    assert state.exit(words, 1, 5) is None  # not held: nothing changes
+    assert state.enter(words, 1, 5) is True
+    assert (state.owner, state.count, state.mutex.locked()) == (me, 1, True)
+    assert int.from_bytes(buf[8:16], "little") == 5
+    assert state.enter(words, 1, 5) is True  # reentrant
+    assert state.count == 2
+    assert state.exit(words, 1, 5) is True
+    assert int.from_bytes(buf[8:16], "little") == 5
+    assert state.exit(words, 1, 5) is True
+    assert (state.owner, state.count, state.mutex.locked()) == (None, 0, False)
+    assert buf[8:16] == bytes(8)
+    # Another process holds the word: enter takes the mutex and reports False.
+    buf[8:16] = (9).to_bytes(8, "little")
+    assert state.enter(words, 1, 5) is False
+    assert state.owner is None and state.mutex.locked()
+    state.mutex.release()
+    # Taken over while we held it: the last exit reports False, releases the mutex.
+    buf[8:16] = bytes(8)
+    assert state.enter(words, 1, 5) is True
+    buf[8:16] = (9).to_bytes(8, "little")
+    assert state.exit(words, 1, 5) is False
+    assert not state.mutex.locked() and state.owner is None
+    # The attributes the Python slow paths and the fork handler write.
+    state.owner, state.count = me, 3
+    assert (state.owner, state.count) == (me, 3)
+    state.owner = None
+    new_mutex = threading.Lock()
+    state.mutex = new_mutex
+    assert state.mutex is new_mutex
+    if hasattr(words, "release"):
+        words.release()
+
+
+@pytest.mark.parametrize("state_class, make_words", _state_pairs())
+def test_process_state_excludes_threads(state_class, make_words):
+    buf = bytearray(24)
+    words = make_words(buf)
+    state = state_class()
+    counter = [0]
+
+    def worker():
+        for _ in range(2000):
+            while not state.enter(words, 1, 5):  # another "process" never holds it here
+                state.mutex.release()
+            value = counter[0]
+            counter[0] = value + 1
+            assert state.exit(words, 1, 5) is True
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counter[0] == 8000 and buf[8:16] == bytes(8)
+    if hasattr(words, "release"):
+        words.release()
+
+
+# -- selection and interoperation ----------------------------------------------------
+
+
+def _implementation_in_child(value):
+    env = {**os.environ, "ULTRADICT_NG_ATOMICS": value}
+    return subprocess.run(
+        [sys.executable, "-c", "import ultradict_ng.atomicwords as a; print(a.IMPLEMENTATION)"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+
+
+@pytest.mark.parametrize("value", ["bound", "public", "BOUND"])
+def test_environment_variable_forces_a_fallback(value):
+    out = _implementation_in_child(value)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == value.lower()
+
+
+def test_environment_variable_rejects_unknown_values():
+    out = _implementation_in_child("fast")
+    assert out.returncode != 0 and "ULTRADICT_NG_ATOMICS='fast'" in out.stderr
+
+
+@needs_native
+def test_environment_variable_native():
+    out = _implementation_in_child("native")
+    assert out.returncode == 0 and out.stdout.strip() == "native"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("other", ["bound", "public"])
+def test_native_and_fallback_processes_share_one_dict(name, other):
+    """Processes on different paths write the same bytes and honour the same lock."""
+    d = SharedDict(name=name)
+    d["n"] = 0
+    script = textwrap.dedent(f"""
+        from ultradict_ng import SharedDict
+        d = SharedDict(name={name!r}, create=False)
+        for i in range(1500):
+            with d.lock:
+                d["n"] += 1
+            d["last-" + str(i % 7)] = i
+        d.close()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script],
+                             env={**os.environ, "ULTRADICT_NG_ATOMICS": other})
+    try:
+        for _ in range(1500):
+            with d.lock:
+                d["n"] += 1
+    finally:
+        assert child.wait(timeout=120) == 0
+    assert d["n"] == 3000
+    assert {k: v for k, v in d.items() if k != "n"} == {f"last-{j}": 1499 - (1499 - j) % 7 for j in range(7)}
+    d.unlink()

@@ -1,0 +1,802 @@
+/*
+ * ultradict_ng._native: the optional compiled helper.
+ *
+ * Why it exists: a write takes the lock, publishes STATE and releases the
+ * lock -- three atomic operations on the control segment.  Through the
+ * `atomics` package each costs ~1 us (bound function pointers via ctypes) to
+ * ~10 us (its public API), which dominates a write.  Here each is one
+ * METH_FASTCALL call (~50 ns).  The same module also writes a stream record
+ * (header, checksum, payload) in one call.
+ *
+ * It is a drop-in for the pure-Python implementations in atomicwords.py and
+ * must behave identically: every atomic operation is sequentially consistent
+ * (so a store publishes everything written before it and a load sees
+ * everything published before it), and `write_record` produces exactly the
+ * bytes described in layout.py ("Stream record"), with the CRC-32 of zlib.
+ * `ULTRADICT_NG_ATOMICS=bound` or `=public` makes the package ignore this
+ * module; CI runs the test suite on every path.
+ *
+ * Memory safety: a Words object holds a buffer export of the mapping for its
+ * whole life (so the mapping cannot be closed under it) until release(), and
+ * every index and offset is bounds-checked.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if !defined(__GNUC__) && !defined(__clang__)
+#error "ultradict_ng._native needs the GCC/Clang __atomic builtins"
+#endif
+
+/* ---- CRC-32 (the zlib / IEEE 802.3 polynomial), slicing by 8 ------------- */
+
+static uint32_t crc_table[8][256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_table[0][n];
+        for (int k = 1; k < 8; k++) {
+            c = crc_table[0][c & 0xff] ^ (c >> 8);
+            crc_table[k][n] = c;
+        }
+    }
+}
+
+static uint32_t
+crc_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        crc = crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        lo = __builtin_bswap32(lo);
+        hi = __builtin_bswap32(hi);
+#endif
+        lo ^= crc;
+        crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+              crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
+              crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
+              crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+static void
+put_u32le(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+/* The 16-byte record header (layout.py, "Stream record") in front of the
+ * `length` payload bytes already stored at rec + 16: le32 length, le32 tag,
+ * le32 crc32(payload, crc32(length, tag)), le32 0. */
+static void
+put_header(unsigned char *rec, uint32_t length, uint32_t tag)
+{
+    unsigned char header[16];
+    put_u32le(header, length);
+    put_u32le(header + 4, tag);
+    uint32_t crc = crc_update(0, header, 8);
+    crc = crc_update(crc, rec + 16, length);
+    put_u32le(header + 8, crc);
+    put_u32le(header + 12, 0);
+    memcpy(rec, header, 16);
+}
+
+/* ---- Words ---------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int held;            /* view is a live export */
+    uint64_t *words;     /* view.buf as 64-bit words */
+    Py_ssize_t nwords;
+} WordsObject;
+
+static int
+words_usable(WordsObject *self)
+{
+    if (!self->held) {
+        PyObject *mod = PyImport_ImportModule("ultradict_ng.errors");
+        PyObject *closed = mod ? PyObject_GetAttrString(mod, "Closed") : NULL;
+        Py_XDECREF(mod);
+        if (closed) {
+            PyErr_SetString(closed, "this handle's shared memory was closed");
+            Py_DECREF(closed);
+        }
+        return 0;
+    }
+    return 1;
+}
+
+static int
+word_index(WordsObject *self, PyObject *arg, Py_ssize_t *out)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if (i == -1 && PyErr_Occurred())
+        return 0;
+    if (i < 0 || i >= self->nwords) {
+        PyErr_Format(PyExc_IndexError, "word index %zd outside 0..%zd", i, self->nwords - 1);
+        return 0;
+    }
+    *out = i;
+    return 1;
+}
+
+static int
+u64_arg(PyObject *arg, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+static int
+words_init(WordsObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *buf;
+    static char *kwlist[] = {"buffer", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Words", kwlist, &buf))
+        return -1;
+    if (self->held) {
+        PyErr_SetString(PyExc_RuntimeError, "Words is already initialised");
+        return -1;
+    }
+    if (PyObject_GetBuffer(buf, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    self->held = 1;
+    if (((uintptr_t)self->view.buf & 7) != 0) {
+        PyBuffer_Release(&self->view);
+        self->held = 0;
+        PyErr_SetString(PyExc_ValueError, "buffer is not 8-byte aligned");
+        return -1;
+    }
+    self->words = (uint64_t *)self->view.buf;
+    self->nwords = self->view.len / 8;
+    return 0;
+}
+
+static void
+words_dealloc(WordsObject *self)
+{
+    if (self->held) {
+        PyBuffer_Release(&self->view);
+        self->held = 0;
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+words_load(WordsObject *self, PyObject *arg)
+{
+    Py_ssize_t i;
+    if (!words_usable(self) || !word_index(self, arg, &i))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->words[i], __ATOMIC_SEQ_CST));
+}
+
+static PyObject *
+words_store(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t v;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "store(index, value)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &v))
+        return NULL;
+    __atomic_store_n(&self->words[i], v, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+words_cas(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t expected, desired;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "cas(index, expected, desired)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &expected) ||
+        !u64_arg(args[2], &desired))
+        return NULL;
+    int ok = __atomic_compare_exchange_n(&self->words[i], &expected, desired, 0,
+                                         __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    PyObject *seen = PyLong_FromUnsignedLongLong(expected);
+    if (seen == NULL)
+        return NULL;
+    PyObject *res = PyTuple_Pack(2, ok ? Py_True : Py_False, seen);
+    Py_DECREF(seen);
+    return res;
+}
+
+/* write_record(pos, tag, payload): the record header and payload at byte
+ * offset pos of this buffer (the stream), with the checksum of layout.py:
+ * crc32(payload, crc32(le32 length, le32 tag)).  Plain stores: the caller
+ * publishes them afterwards with a seq_cst store of STATE.  Returns the
+ * offset just past the record. */
+static PyObject *
+words_write_record(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t pos;
+    uint64_t tag;
+    Py_buffer payload;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "write_record(pos, tag, payload)");
+        return NULL;
+    }
+    if (!words_usable(self))
+        return NULL;
+    pos = PyLong_AsSsize_t(args[0]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    if (!u64_arg(args[1], &tag))
+        return NULL;
+    if (tag > 0xffffffffu) {
+        PyErr_SetString(PyExc_OverflowError, "record tag does not fit 32 bits");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &payload, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (payload.len > 0xffffffffLL || pos < 0 || pos > self->view.len ||
+        payload.len + 16 > self->view.len - pos) {
+        PyBuffer_Release(&payload);
+        PyErr_SetString(PyExc_ValueError, "record does not fit the stream at that offset");
+        return NULL;
+    }
+    unsigned char *dst = (unsigned char *)self->view.buf + pos;
+    memcpy(dst + 16, payload.buf, (size_t)payload.len);
+    put_header(dst, (uint32_t)payload.len, (uint32_t)tag);
+    Py_ssize_t end = pos + 16 + payload.len;
+    PyBuffer_Release(&payload);
+    return PyLong_FromSsize_t(end);
+}
+
+
+/* ---- write_simple: a scalar record encoded straight into the stream ------ */
+
+/* The msgpack encoding of one scalar, byte for byte what msgpack-python's
+ * Packer(use_bin_type=True) produces (tests/test_native.py compares them):
+ * None, bool, int within 64 bits, float (as float 64), str (UTF-8), bytes.
+ * Returns the encoded size, or -1 if the value is not such a scalar (no
+ * exception set: the caller takes the general path).  With dst NULL only
+ * measures. */
+static Py_ssize_t
+mp_scalar(PyObject *o, unsigned char *dst)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (o == Py_None) {
+        if (dst) dst[0] = 0xc0;
+        return 1;
+    }
+    if (t == &PyBool_Type) {
+        if (dst) dst[0] = (o == Py_True) ? 0xc3 : 0xc2;
+        return 1;
+    }
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (overflow == 0 && v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (overflow > 0) {
+            unsigned long long u = PyLong_AsUnsignedLongLong(o);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;  /* beyond 64 bits: the codec's big-int ext */
+            }
+            if (dst) {
+                dst[0] = 0xcf;
+                for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)(u >> (56 - 8 * i));
+            }
+            return 9;
+        }
+        if (overflow < 0)
+            return -1;
+        if (v < -(1LL << 5)) {
+            if (v < -(1LL << 15)) {
+                if (v < -(1LL << 31)) {
+                    if (dst) {
+                        dst[0] = 0xd3;
+                        for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)((unsigned long long)v >> (56 - 8 * i));
+                    }
+                    return 9;
+                }
+                if (dst) {
+                    dst[0] = 0xd2;
+                    for (int i = 0; i < 4; i++) dst[1 + i] = (unsigned char)((unsigned long long)v >> (24 - 8 * i));
+                }
+                return 5;
+            }
+            if (v < -(1LL << 7)) {
+                if (dst) {
+                    dst[0] = 0xd1;
+                    dst[1] = (unsigned char)((unsigned long long)v >> 8);
+                    dst[2] = (unsigned char)v;
+                }
+                return 3;
+            }
+            if (dst) {
+                dst[0] = 0xd0;
+                dst[1] = (unsigned char)v;
+            }
+            return 2;
+        }
+        if (v < (1LL << 7)) {
+            if (dst) dst[0] = (unsigned char)v;  /* positive or negative fixint */
+            return 1;
+        }
+        if (v < (1LL << 16)) {
+            if (v < (1LL << 8)) {
+                if (dst) {
+                    dst[0] = 0xcc;
+                    dst[1] = (unsigned char)v;
+                }
+                return 2;
+            }
+            if (dst) {
+                dst[0] = 0xcd;
+                dst[1] = (unsigned char)(v >> 8);
+                dst[2] = (unsigned char)v;
+            }
+            return 3;
+        }
+        if (v < (1LL << 32)) {
+            if (dst) {
+                dst[0] = 0xce;
+                for (int i = 0; i < 4; i++) dst[1 + i] = (unsigned char)(v >> (24 - 8 * i));
+            }
+            return 5;
+        }
+        if (dst) {
+            dst[0] = 0xcf;
+            for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)((unsigned long long)v >> (56 - 8 * i));
+        }
+        return 9;
+    }
+    if (t == &PyFloat_Type) {
+        if (dst) {
+            double d = PyFloat_AS_DOUBLE(o);
+            uint64_t bits;
+            memcpy(&bits, &d, 8);
+            dst[0] = 0xcb;
+            for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)(bits >> (56 - 8 * i));
+        }
+        return 9;
+    }
+    const char *data;
+    Py_ssize_t n;
+    int is_str;
+    if (t == &PyUnicode_Type) {
+        data = PyUnicode_AsUTF8AndSize(o, &n);
+        if (data == NULL) {  /* lone surrogates: the codec reports it */
+            PyErr_Clear();
+            return -1;
+        }
+        is_str = 1;
+    } else if (t == &PyBytes_Type) {
+        data = PyBytes_AS_STRING(o);
+        n = PyBytes_GET_SIZE(o);
+        is_str = 0;
+    } else {
+        return -1;
+    }
+    if ((unsigned long long)n > 0xffffffffULL)
+        return -1;
+    Py_ssize_t head;
+    if (is_str && n < 32) head = 1;
+    else if (n < 256) head = 2;
+    else if (n < 65536) head = 3;
+    else head = 5;
+    if (dst) {
+        if (head == 1) dst[0] = (unsigned char)(0xa0 | n);
+        else if (head == 2) { dst[0] = is_str ? 0xd9 : 0xc4; dst[1] = (unsigned char)n; }
+        else if (head == 3) { dst[0] = is_str ? 0xda : 0xc5; dst[1] = (unsigned char)(n >> 8); dst[2] = (unsigned char)n; }
+        else {
+            dst[0] = is_str ? 0xdb : 0xc6;
+            for (int i = 0; i < 4; i++) dst[1 + i] = (unsigned char)((uint64_t)n >> (24 - 8 * i));
+        }
+        memcpy(dst + head, data, (size_t)n);
+    }
+    return head + n;
+}
+
+/* write_simple(pos, tag, op, key[, value]) -> end or None.
+ *
+ * The record [op, [], key] or [op, [], key, value] (a root-level delete or
+ * set) encoded as msgpack directly into this buffer at byte offset pos, with
+ * its header and checksum: the bytes write_record(pos, tag,
+ * codec.dumps(record)) would store.  None (nothing written) when a key or
+ * value is not a plain scalar or the record does not fit; the caller then
+ * takes the general path.  Like write_record it only stores; the caller
+ * publishes. */
+static PyObject *
+words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, op, key[, value])");
+        return NULL;
+    }
+    if (!words_usable(self))
+        return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[0]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    uint64_t tag;
+    if (!u64_arg(args[1], &tag))
+        return NULL;
+    long op = PyLong_AsLong(args[2]);
+    if (op == -1 && PyErr_Occurred())
+        return NULL;
+    if (tag > 0xffffffffu || op < 0 || op > 127) {
+        PyErr_SetString(PyExc_ValueError, "write_simple: tag or op out of range");
+        return NULL;
+    }
+    Py_ssize_t nk = mp_scalar(args[3], NULL);
+    if (nk < 0)
+        Py_RETURN_NONE;
+    Py_ssize_t nv = 0;
+    if (nargs == 5) {
+        nv = mp_scalar(args[4], NULL);
+        if (nv < 0)
+            Py_RETURN_NONE;
+    }
+    Py_ssize_t length = 3 + nk + nv;  /* array header, op fixint, empty path */
+    if (pos < 0 || pos > self->view.len || length + 16 > self->view.len - pos)
+        Py_RETURN_NONE;
+    unsigned char *dst = (unsigned char *)self->view.buf + pos;
+    unsigned char *body = dst + 16;
+    body[0] = (unsigned char)(0x90 | (nargs - 1));  /* op, path, key[, value] */
+    body[1] = (unsigned char)op;
+    body[2] = 0x90;
+    mp_scalar(args[3], body + 3);
+    if (nargs == 5)
+        mp_scalar(args[4], body + 3 + nk);
+    put_header(dst, (uint32_t)length, (uint32_t)tag);
+    return PyLong_FromSsize_t(pos + 16 + length);
+}
+
+static PyObject *
+words_release(WordsObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->held) {
+        PyBuffer_Release(&self->view);
+        self->held = 0;
+        self->words = NULL;
+        self->nwords = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef words_methods[] = {
+    {"load", (PyCFunction)words_load, METH_O, "load(index) -> int: seq_cst load of a word."},
+    {"store", (PyCFunction)(void (*)(void))words_store, METH_FASTCALL,
+     "store(index, value): seq_cst store of a word."},
+    {"cas", (PyCFunction)(void (*)(void))words_cas, METH_FASTCALL,
+     "cas(index, expected, desired) -> (swapped, seen): seq_cst compare-and-swap."},
+    {"write_record", (PyCFunction)(void (*)(void))words_write_record, METH_FASTCALL,
+     "write_record(pos, tag, payload) -> end: a stream record at byte offset pos."},
+    {"write_simple", (PyCFunction)(void (*)(void))words_write_simple, METH_FASTCALL,
+     "write_simple(pos, tag, op, key[, value]) -> end or None: a root-level scalar record."},
+    {"release", (PyCFunction)words_release, METH_NOARGS,
+     "release(): drop the buffer export; later operations raise Closed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WordsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._native.Words",
+    .tp_basicsize = sizeof(WordsObject),
+    .tp_dealloc = (destructor)words_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Words(buffer): atomic 64-bit operations on the words of a writable buffer.",
+    .tp_methods = words_methods,
+    .tp_init = (initproc)words_init,
+    .tp_new = PyType_GenericNew,
+};
+
+
+/* ---- ProcessState: the lock's per-process state and its fast paths ------- */
+
+/* Mirrors lock._ProcessState (the pure-Python twin, used with the other
+ * implementations): which thread of this process holds the dict's lock and
+ * how often (reentrancy), and `mutex`, a threading.Lock that lets only one
+ * of our threads compete for the shared word.  enter()/exit() are the
+ * common cases of SharedLock.acquire()/release() in one call each; every
+ * other case (waiting for another process, timeouts, recovery) stays in
+ * Python and manipulates the same attributes. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *mutex;
+    unsigned long owner;
+    int owned;
+    long count;
+    PyObject *weakreflist;
+} ProcessStateObject;
+
+static PyObject *str_acquire, *str_release;
+
+static PyObject *
+ps_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    ProcessStateObject *self = (ProcessStateObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    PyObject *threading = PyImport_ImportModule("threading");
+    if (threading == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->mutex = PyObject_CallMethod(threading, "Lock", NULL);
+    Py_DECREF(threading);
+    if (self->mutex == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void
+ps_dealloc(ProcessStateObject *self)
+{
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    Py_XDECREF(self->mutex);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* (words, index, mine) with words a Words object; returns the word pointer. */
+static uint64_t *
+ps_word(PyObject *const *args, Py_ssize_t nargs, uint64_t *mine)
+{
+    if (nargs != 3 || !PyObject_TypeCheck(args[0], &WordsType)) {
+        PyErr_SetString(PyExc_TypeError, "expected (words: Words, index, owner word)");
+        return NULL;
+    }
+    WordsObject *w = (WordsObject *)args[0];
+    Py_ssize_t i;
+    if (!words_usable(w) || !word_index(w, args[1], &i) || !u64_arg(args[2], mine))
+        return NULL;
+    return &w->words[i];
+}
+
+/* enter(words, index, mine) -> bool.  True: the lock is held by the calling
+ * thread (reentered, or the word was free and is now ours).  False: the
+ * mutex is now held by the calling thread but another process holds the
+ * word; the caller waits for it and then sets owner and count. */
+static PyObject *
+ps_enter(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t mine;
+    uint64_t *word = ps_word(args, nargs, &mine);
+    if (word == NULL)
+        return NULL;
+    unsigned long me = PyThread_get_thread_ident();
+    if (self->owned && self->owner == me) {
+        self->count++;
+        Py_RETURN_TRUE;
+    }
+    PyObject *mutex = self->mutex;
+    Py_INCREF(mutex);
+    PyObject *r = PyObject_CallMethodNoArgs(mutex, str_acquire);  /* may wait, may raise */
+    Py_DECREF(mutex);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    uint64_t expected = 0;
+    if (__atomic_compare_exchange_n(word, &expected, mine, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        self->owner = me;
+        self->owned = 1;
+        self->count = 1;
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+/* exit(words, index, mine) -> True, False or None.  None: the calling
+ * thread does not hold the lock (nothing changed).  Otherwise one level is
+ * released; on the last one the word is swapped from ours to 0 and the
+ * mutex released.  False: the word was no longer ours (taken over). */
+static PyObject *
+ps_exit(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t mine;
+    uint64_t *word = ps_word(args, nargs, &mine);
+    if (word == NULL)
+        return NULL;
+    if (!self->owned || self->owner != PyThread_get_thread_ident())
+        Py_RETURN_NONE;
+    if (--self->count > 0)
+        Py_RETURN_TRUE;
+    self->owned = 0;
+    self->count = 0;
+    uint64_t expected = mine;
+    int ok = __atomic_compare_exchange_n(word, &expected, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    PyObject *mutex = self->mutex;
+    Py_INCREF(mutex);
+    PyObject *r = PyObject_CallMethodNoArgs(mutex, str_release);
+    Py_DECREF(mutex);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    if (ok)
+        Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *
+ps_get_owner(ProcessStateObject *self, void *closure)
+{
+    if (!self->owned)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(self->owner);
+}
+
+static int
+ps_set_owner(ProcessStateObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL || value == Py_None) {
+        self->owned = 0;
+        self->owner = 0;
+        return 0;
+    }
+    unsigned long v = PyLong_AsUnsignedLong(value);
+    if (v == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    self->owner = v;
+    self->owned = 1;
+    return 0;
+}
+
+static PyObject *
+ps_get_count(ProcessStateObject *self, void *closure)
+{
+    return PyLong_FromLong(self->count);
+}
+
+static int
+ps_set_count(ProcessStateObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "count cannot be deleted");
+        return -1;
+    }
+    long v = PyLong_AsLong(value);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    self->count = v;
+    return 0;
+}
+
+static PyObject *
+ps_get_mutex(ProcessStateObject *self, void *closure)
+{
+    Py_INCREF(self->mutex);
+    return self->mutex;
+}
+
+static int
+ps_set_mutex(ProcessStateObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "mutex cannot be deleted");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_SETREF(self->mutex, value);
+    return 0;
+}
+
+static PyGetSetDef ps_getset[] = {
+    {"owner", (getter)ps_get_owner, (setter)ps_set_owner, "thread ident of the holder, or None", NULL},
+    {"count", (getter)ps_get_count, (setter)ps_set_count, "reentrancy depth of the holder", NULL},
+    {"mutex", (getter)ps_get_mutex, (setter)ps_set_mutex, "threading.Lock held by the competing thread", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef ps_methods[] = {
+    {"enter", (PyCFunction)(void (*)(void))ps_enter, METH_FASTCALL,
+     "enter(words, index, mine) -> bool: reenter, or take the mutex and try the word once."},
+    {"exit", (PyCFunction)(void (*)(void))ps_exit, METH_FASTCALL,
+     "exit(words, index, mine) -> True/False/None: release one level (see the source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ProcessStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._native.ProcessState",
+    .tp_basicsize = sizeof(ProcessStateObject),
+    .tp_dealloc = (destructor)ps_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Per-process state of a dict's lock (see lock._ProcessState).",
+    .tp_methods = ps_methods,
+    .tp_getset = ps_getset,
+    .tp_weaklistoffset = offsetof(ProcessStateObject, weakreflist),
+    .tp_new = ps_new,
+};
+
+static PyObject *
+native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer data;
+    uint64_t start = 0;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32(data, value=0)");
+        return NULL;
+    }
+    if (nargs == 2 && !u64_arg(args[1], &start))
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = crc_update((uint32_t)start, (const unsigned char *)data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef native_methods[] = {
+    {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,
+     "crc32(data, value=0): the same result as zlib.crc32 (used to test write_record)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "ultradict_ng._native",
+    "Optional compiled atomics and record writer (see atomicwords.py).", -1, native_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    crc_init();
+    str_acquire = PyUnicode_InternFromString("acquire");
+    str_release = PyUnicode_InternFromString("release");
+    if (str_acquire == NULL || str_release == NULL)
+        return NULL;
+    if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&WordsType);
+    if (PyModule_AddObject(m, "Words", (PyObject *)&WordsType) < 0) {
+        Py_DECREF(&WordsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ProcessStateType);
+    if (PyModule_AddObject(m, "ProcessState", (PyObject *)&ProcessStateType) < 0) {
+        Py_DECREF(&ProcessStateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
