@@ -171,9 +171,12 @@ class SharedDict(MutableMapping[Any, Any]):
 
     def __getitem__(self, key: Any) -> Any:
         s = self._store
-        if s.words[_W_STATE] != s.seen:
-            s.sync()
-        value = (s.node(self._path) if self._path else s.data)[key]
+        # The hit path first, in as few bytecodes as possible: one 8-byte load
+        # of STATE compared with what the cache reflects, one dict lookup.
+        if s.words[_W_STATE] == s.seen and not self._path:
+            value = s.data[key]
+        else:
+            value = self._node()[key]
         if type(value) in _IMMUTABLE:
             return value
         return self._export(key, value)
