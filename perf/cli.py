@@ -127,8 +127,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 del run.adapters[key]
         src = report.source_digest()
         if "path" in src:
-            print(f"ultradict_ng measured from {src['path']} (py files sha256 {src['sha256_of_py_files']}, "
-                  f"newest modified {src['newest_file_mtime']})")
+            print(f"ultradict_ng measured from {src['path']} (py and c files sha256 "
+                  f"{src['sha256_of_py_and_c_files']}, newest modified {src['newest_file_mtime']}; "
+                  f"hot path: {src['hot_path_implementation']})")
         print("contenders:")
         for key in wanted:
             if key in run.adapters:

@@ -226,14 +226,18 @@ def source_digest() -> Dict[str, Any]:
         h = hashlib.sha256()
         newest = 0.0
         for name in sorted(os.listdir(root)):
-            if name.endswith(".py"):
+            if name.endswith((".py", ".c")):
                 path = os.path.join(root, name)
                 with open(path, "rb") as f:
                     h.update(name.encode() + b"\0" + f.read())
                 newest = max(newest, os.path.getmtime(path))
         import datetime
 
-        return {"path": root, "sha256_of_py_files": h.hexdigest()[:16],
+        from ultradict_ng import atomicwords
+
+        return {"path": root, "sha256_of_py_and_c_files": h.hexdigest()[:16],
+                # native (compiled helper), bound or public: see atomicwords.py
+                "hot_path_implementation": atomicwords.IMPLEMENTATION,
                 "newest_file_mtime": datetime.datetime.fromtimestamp(newest).astimezone()
                 .isoformat(timespec="seconds")}
     except Exception as exc:

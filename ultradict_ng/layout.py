@@ -74,8 +74,17 @@ Writer (holds the lock for the whole mutation)
    c. write payload, then header; publish ``STATE = (gen + 1) << 32 | 0``.  This
       one store both publishes the dump and restarts the stream;
    d. unlink dumps ``REG_LOW .. gen`` and set ``REG_LOW = gen + 1``.
-5. Apply the decoded record to the local cache (the same code path readers use,
-   so every process holds identical data).
+5. Apply the decoded record to the local cache, so every process holds
+   identical data.  (A record of plain scalars -- None, bool, int within 64
+   bits, float, str, bytes -- decodes to equal objects of the same types, so
+   the writer applies it without decoding; tests/test_native.py checks that.)
+
+Every process follows these steps byte for byte whichever implementation of the
+primitives it uses (``atomicwords``: the compiled helper, or the ``atomics``
+package through bound function pointers or its public API): every atomic
+operation is sequentially consistent, and a record's bytes are plain stores
+that precede the STATE store publishing them.  Processes on different
+implementations share a dict.
 
 A writer that dies at any instruction leaves STATE pointing at a complete
 generation: records past ``end`` and an unpublished dump are invisible, and a
