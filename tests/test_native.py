@@ -328,3 +328,45 @@ def test_native_and_fallback_processes_share_one_dict(name, other):
     assert d["n"] == 3000
     assert {k: v for k, v in d.items() if k != "n"} == {f"last-{j}": 1499 - (1499 - j) % 7 for j in range(7)}
     d.unlink()
+
+
+# -- the read hit path -----------------------------------------------------------
+
+
+def test_reads_use_the_compiled_hit_path_when_built():
+    from ultradict_ng import fastpath
+
+    assert fastpath.NATIVE_READS is (atomicwords.NATIVE is not None)
+    if fastpath.NATIVE_READS:
+        # The C slot, not a Python function: SharedDict defines no __getitem__ of its own.
+        assert "__getitem__" not in SharedDict.__dict__
+        assert type(SharedDict.__getitem__).__name__ == "wrapper_descriptor"
+
+
+def test_hit_path_never_answers_from_a_stale_or_closed_cache(name):
+    d = SharedDict(name=name, recurse=True)
+    other = SharedDict(name=name)
+    d["k"] = 1
+    assert other["k"] == 1
+    for i in range(200):  # another handle writes: every read sees it at once
+        d["k"] = i
+        assert other["k"] == i
+    d["m"] = [1, 2]
+    got = other["m"]
+    got.append(3)  # mutable values are copies (slow path)
+    assert other["m"] == [1, 2]
+    d["n"] = {"x": 1}
+    assert other["n"]["x"] == 1  # nested view (slow path)
+    with pytest.raises(KeyError):
+        other["missing"]
+    with pytest.raises(TypeError):
+        other[[1]]
+    store = other._store
+    store.gen = store.seen = -1  # a reload is due (as the store marks it): never answered from the cache
+    store.data = {"k": "stale"}
+    assert other["k"] == 199
+    other.close()
+    with pytest.raises(Closed):
+        other["k"]
+    d.unlink()
+    d.close()

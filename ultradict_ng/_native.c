@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -744,6 +745,357 @@ static PyTypeObject ProcessStateType = {
     .tp_new = ps_new,
 };
 
+
+/* ---- StoreBase and ViewBase: the read hit path in C ---------------------- */
+
+/* StoreBase holds what the hit path of a read needs from store.Store: `seen`
+ * (the STATE the local cache reflects, a Python int; -1 forces a reload),
+ * `data` (the cache, a dict) and a pointer to the STATE word, bound with
+ * _bind_state(words, index) to a Words object that keeps the mapping
+ * exported.  ViewBase is the base of SharedDict (members `_store`, `_path`);
+ * its __getitem__ answers from the cache when the view is the root and
+ * STATE == seen -- one 8-byte load, one compare, one dict lookup -- and the
+ * value is of an immutable type; everything else (a changed STATE, a nested
+ * view, a missing key, a mutable value, a closed handle) calls the Python
+ * method `_getitem_slow(key)`, the one implementation of the full rules.
+ * The pure-Python twins are in fastpath.py. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *seen;
+    PyObject *data;
+    PyObject *state_words;   /* a Words object, or NULL when unbound */
+    Py_ssize_t state_index;
+} StoreBaseObject;
+
+static int
+sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->seen);
+    Py_VISIT(self->data);
+    Py_VISIT(self->state_words);
+    return 0;
+}
+
+static int
+sb_clear(StoreBaseObject *self)
+{
+    Py_CLEAR(self->seen);
+    Py_CLEAR(self->data);
+    Py_CLEAR(self->state_words);
+    return 0;
+}
+
+static void
+sb_dealloc(StoreBaseObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    sb_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+sb_bind_state(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_bind_state(words or None, index)");
+        return NULL;
+    }
+    if (args[0] == Py_None) {
+        Py_CLEAR(self->state_words);
+        Py_RETURN_NONE;
+    }
+    if (!PyObject_TypeCheck(args[0], &WordsType)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_state needs a Words object");
+        return NULL;
+    }
+    Py_ssize_t i;
+    if (!words_usable((WordsObject *)args[0]) || !word_index((WordsObject *)args[0], args[1], &i))
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_XSETREF(self->state_words, args[0]);
+    self->state_index = i;
+    Py_RETURN_NONE;
+}
+
+static PyMemberDef sb_members[] = {
+    {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
+    {"data", T_OBJECT_EX, offsetof(StoreBaseObject, data), 0, "the local cache"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef sb_methods[] = {
+    {"_bind_state", (PyCFunction)(void (*)(void))sb_bind_state, METH_FASTCALL,
+     "_bind_state(words, index): where the read hit path loads STATE (None: nowhere)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StoreBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._native.StoreBase",
+    .tp_basicsize = sizeof(StoreBaseObject),
+    .tp_dealloc = (destructor)sb_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Base of store.Store: the fields the C read hit path uses.",
+    .tp_traverse = (traverseproc)sb_traverse,
+    .tp_clear = (inquiry)sb_clear,
+    .tp_members = sb_members,
+    .tp_methods = sb_methods,
+    .tp_new = PyType_GenericNew,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *store;
+    PyObject *path;
+} ViewObject;
+
+static PyObject *immutable_types;   /* frozenset of types, set by set_immutable_types() */
+static PyObject *str_getitem_slow;
+
+static int
+vb_traverse(ViewObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->store);
+    Py_VISIT(self->path);
+    return 0;
+}
+
+static int
+vb_clear(ViewObject *self)
+{
+    Py_CLEAR(self->store);
+    Py_CLEAR(self->path);
+    return 0;
+}
+
+static void
+vb_dealloc(ViewObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    vb_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+is_immutable(PyObject *v)
+{
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBool_Type ||
+        t == &PyBytes_Type || v == Py_None)
+        return 1;
+    if (immutable_types == NULL)
+        return 0;
+    int r = PySet_Contains(immutable_types, (PyObject *)t);
+    if (r < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return r;
+}
+
+static PyObject *
+vb_subscript(ViewObject *self, PyObject *key)
+{
+    PyObject *store = self->store;
+    if (store != NULL && PyObject_TypeCheck(store, &StoreBaseType) && self->path != NULL &&
+        PyTuple_CheckExact(self->path) && PyTuple_GET_SIZE(self->path) == 0) {
+        StoreBaseObject *s = (StoreBaseObject *)store;
+        WordsObject *w = (WordsObject *)s->state_words;
+        if (w != NULL && w->held && s->seen != NULL && PyLong_CheckExact(s->seen) &&
+            s->data != NULL && PyDict_CheckExact(s->data)) {
+            unsigned long long seen = PyLong_AsUnsignedLongLong(s->seen);
+            if (seen == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();  /* seen == -1: a reload is due */
+            } else if (__atomic_load_n(&w->words[s->state_index], __ATOMIC_ACQUIRE) == seen) {
+                PyObject *v = PyDict_GetItemWithError(s->data, key);  /* borrowed */
+                if (v != NULL) {
+                    if (is_immutable(v)) {
+                        Py_INCREF(v);
+                        return v;
+                    }
+                } else if (PyErr_Occurred()) {
+                    return NULL;  /* unhashable key: dict's TypeError */
+                }
+            }
+        }
+    }
+    return PyObject_CallMethodOneArg((PyObject *)self, str_getitem_slow, key);
+}
+
+static PyMappingMethods vb_as_mapping = {
+    .mp_subscript = (binaryfunc)vb_subscript,
+};
+
+static PyMemberDef vb_members[] = {
+    {"_store", T_OBJECT_EX, offsetof(ViewObject, store), 0, "the store (shared by nested views)"},
+    {"_path", T_OBJECT_EX, offsetof(ViewObject, path), 0, "keys from the root to this view"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ViewBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._native.ViewBase",
+    .tp_basicsize = sizeof(ViewObject),
+    .tp_dealloc = (destructor)vb_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Base of SharedDict: __getitem__'s hit path (see the source).",
+    .tp_traverse = (traverseproc)vb_traverse,
+    .tp_clear = (inquiry)vb_clear,
+    .tp_as_mapping = &vb_as_mapping,
+    .tp_members = vb_members,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyObject *
+native_set_immutable_types(PyObject *module, PyObject *types)
+{
+    if (!PyFrozenSet_CheckExact(types)) {
+        PyErr_SetString(PyExc_TypeError, "set_immutable_types needs a frozenset of types");
+        return NULL;
+    }
+    Py_INCREF(types);
+    Py_XSETREF(immutable_types, types);
+    Py_RETURN_NONE;
+}
+
+
+/* types_within(container, types) -> bool: whether every member of a dict
+ * (keys and values), list, tuple, set or frozenset has one of the exact
+ * `types` (a frozenset of at most 32 types).  The codec's scan of a whole
+ * dict before a dump, and of a decoded dump for foreign Timestamps, at C
+ * speed: no Python code runs during the loop, so the container cannot
+ * change under it. */
+static int
+type_in(PyTypeObject *t, PyTypeObject **allowed, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (allowed[i] == t)
+            return 1;
+    return 0;
+}
+
+static PyObject *
+native_types_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyFrozenSet_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "types_within(container, frozenset of types)");
+        return NULL;
+    }
+    PyObject *c = args[0];
+    PyTypeObject *allowed[32];
+    Py_ssize_t n = 0;
+    PyObject *it = PyObject_GetIter(args[1]), *t;
+    if (it == NULL)
+        return NULL;
+    while ((t = PyIter_Next(it)) != NULL) {
+        if (!PyType_Check(t) || n == 32) {
+            Py_DECREF(t);
+            Py_DECREF(it);
+            PyErr_SetString(PyExc_TypeError, "types_within: at most 32 types");
+            return NULL;
+        }
+        allowed[n++] = (PyTypeObject *)t;
+        Py_DECREF(t);  /* the frozenset keeps it alive */
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return NULL;
+    if (PyDict_CheckExact(c)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(c, &pos, &k, &v))
+            if (!type_in(Py_TYPE(k), allowed, n) || !type_in(Py_TYPE(v), allowed, n))
+                Py_RETURN_FALSE;
+        Py_RETURN_TRUE;
+    }
+    if (PyList_CheckExact(c) || PyTuple_CheckExact(c)) {
+        PyObject **items = PySequence_Fast_ITEMS(c);
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(c);
+        for (Py_ssize_t i = 0; i < len; i++)
+            if (!type_in(Py_TYPE(items[i]), allowed, n))
+                Py_RETURN_FALSE;
+        Py_RETURN_TRUE;
+    }
+    if (PyAnySet_CheckExact(c)) {
+        PyObject *iter = PyObject_GetIter(c), *item;
+        if (iter == NULL)
+            return NULL;
+        int ok = 1;
+        while (ok && (item = PyIter_Next(iter)) != NULL) {
+            ok = type_in(Py_TYPE(item), allowed, n);
+            Py_DECREF(item);
+        }
+        Py_DECREF(iter);
+        if (PyErr_Occurred())
+            return NULL;
+        return PyBool_FromLong(ok);
+    }
+    PyErr_SetString(PyExc_TypeError, "types_within: container must be a dict, list, tuple, set or frozenset");
+    return NULL;
+}
+
+
+/* parse_records(chunk, tag, base) -> list of payloads, or a str saying what
+ * is wrong: the validation of a reader's copied stream bytes (layout.py,
+ * reader step 4) -- every header complete, every payload within the chunk,
+ * every generation tag == tag, every crc right -- in one call.  `base` is
+ * the stream offset of chunk[0], for the messages, which are the ones of
+ * Store._parse. */
+static uint32_t
+get_u32le(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static PyObject *
+native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "parse_records(chunk: bytes, tag, base)");
+        return NULL;
+    }
+    uint64_t tag;
+    if (!u64_arg(args[1], &tag))
+        return NULL;
+    Py_ssize_t base = PyLong_AsSsize_t(args[2]);
+    if (base == -1 && PyErr_Occurred())
+        return NULL;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), pos = 0;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    while (pos < n) {
+        const char *problem = NULL;
+        if (n - pos < 16) {
+            Py_DECREF(out);
+            return PyUnicode_FromFormat("truncated record header at stream offset %zd", base + pos);
+        }
+        uint32_t length = get_u32le(p + pos), rtag = get_u32le(p + pos + 4), crc = get_u32le(p + pos + 8);
+        Py_ssize_t start = pos + 16;
+        if ((Py_ssize_t)length > n - start)
+            problem = "overruns the published end";
+        else if (rtag != (uint32_t)tag)
+            problem = "belongs to another generation";
+        else if (crc_update(crc_update(0, p + pos, 8), p + start, length) != crc)
+            problem = "fails its checksum";
+        if (problem != NULL) {
+            Py_DECREF(out);
+            return PyUnicode_FromFormat("record at stream offset %zd %s", base + pos, problem);
+        }
+        PyObject *body = PyBytes_FromStringAndSize((const char *)p + start, length);
+        if (body == NULL || PyList_Append(out, body) < 0) {
+            Py_XDECREF(body);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(body);
+        pos = start + length;
+    }
+    return out;
+}
+
 static PyObject *
 native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -763,6 +1115,12 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef native_methods[] = {
+    {"parse_records", (PyCFunction)(void (*)(void))native_parse_records, METH_FASTCALL,
+     "parse_records(chunk, tag, base) -> [payload, ...] or an error message (str)."},
+    {"types_within", (PyCFunction)(void (*)(void))native_types_within, METH_FASTCALL,
+     "types_within(container, types) -> bool: every member (dict: keys and values) of an exact type in types."},
+    {"set_immutable_types", (PyCFunction)native_set_immutable_types, METH_O,
+     "set_immutable_types(frozenset): value types ViewBase returns without copying."},
     {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,
      "crc32(data, value=0): the same result as zlib.crc32 (used to test write_record)."},
     {NULL, NULL, 0, NULL},
@@ -781,22 +1139,26 @@ PyInit__native(void)
     str_release = PyUnicode_InternFromString("release");
     if (str_acquire == NULL || str_release == NULL)
         return NULL;
-    if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0)
+    str_getitem_slow = PyUnicode_InternFromString("_getitem_slow");
+    if (str_getitem_slow == NULL)
+        return NULL;
+    if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0 ||
+        PyType_Ready(&StoreBaseType) < 0 || PyType_Ready(&ViewBaseType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&WordsType);
-    if (PyModule_AddObject(m, "Words", (PyObject *)&WordsType) < 0) {
-        Py_DECREF(&WordsType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&ProcessStateType);
-    if (PyModule_AddObject(m, "ProcessState", (PyObject *)&ProcessStateType) < 0) {
-        Py_DECREF(&ProcessStateType);
-        Py_DECREF(m);
-        return NULL;
+    struct { const char *name; PyTypeObject *type; } types[] = {
+        {"Words", &WordsType}, {"ProcessState", &ProcessStateType},
+        {"StoreBase", &StoreBaseType}, {"ViewBase", &ViewBaseType},
+    };
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        Py_INCREF(types[i].type);
+        if (PyModule_AddObject(m, types[i].name, (PyObject *)types[i].type) < 0) {
+            Py_DECREF(types[i].type);
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -42,7 +42,7 @@ from .errors import Closed
 
 __all__ = [
     "AtomicWords", "NativeWords", "BoundWords", "PublicWords", "RecordWriter",
-    "make_words", "make_record_writer", "IMPLEMENTATION", "NATIVE",
+    "make_words", "make_record_writer", "parse_records", "IMPLEMENTATION", "NATIVE",
 ]
 
 _SEQ_CST = 5  # C11 memory_order_seq_cst, as patomic numbers it
@@ -215,6 +215,31 @@ class RecordWriter:
             self._mv = None
 
 
+def _parse_records_py(chunk: bytes, tag: int, base: int) -> Any:
+    """The payloads of the records in ``chunk`` (stream bytes starting at
+    offset ``base``), or a str saying what is wrong: reader step 4's checks
+    (header complete, payload within the chunk, generation tag, crc)."""
+    out: List[bytes] = []
+    pos, n = 0, len(chunk)
+    header = RecordWriter._header
+    with memoryview(chunk) as mv:
+        while pos < n:
+            if n - pos < 16:
+                return f"truncated record header at stream offset {base + pos}"
+            length, rtag, crc, _ = header.unpack_from(chunk, pos)
+            start = pos + 16
+            if length > n - start:
+                return f"record at stream offset {base + pos} overruns the published end"
+            if rtag != tag:
+                return f"record at stream offset {base + pos} belongs to another generation"
+            body = mv[start:start + length]
+            if zlib.crc32(body, zlib.crc32(mv[pos:pos + 8])) != crc:
+                return f"record at stream offset {base + pos} fails its checksum"
+            out.append(bytes(body))
+            pos = start + length
+    return out
+
+
 class _Released:
     """Replaces the address table after release: any further operation fails clearly."""
 
@@ -289,6 +314,11 @@ def make_words(buf: Any, indexes: List[int]) -> AtomicWords:
     """Atomic access to the 8-byte words ``indexes`` of ``buf`` (8-byte aligned)."""
     words: AtomicWords = _IMPL(buf, indexes)
     return words
+
+
+#: ``parse_records(chunk, tag, base)``: payloads or an error message (see
+#: :func:`_parse_records_py`; the compiled helper's when it is in use).
+parse_records: Any = _native.parse_records if _IMPL is NativeWords else _parse_records_py
 
 
 def make_record_writer(buf: Any) -> RecordWriter:

@@ -98,6 +98,8 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
+from . import atomicwords
+
 from .errors import CorruptSegment, UnsupportedType
 
 __all__ = [
@@ -191,6 +193,21 @@ _LEAF_TYPES: frozenset[type] = frozenset(
     }
 )
 
+_types_within: Optional[Callable[[Any, frozenset[type]], bool]] = (
+    atomicwords.NATIVE.types_within if atomicwords.NATIVE is not None else None
+)
+
+
+def _leaf_only(obj: Any) -> bool:
+    """Whether every member of a list, tuple, set or dict (keys and values)
+    is of a leaf type: the scan before packing, at C speed when compiled."""
+    if _types_within is not None:
+        return _types_within(obj, _LEAF_TYPES)
+    if type(obj) is dict:
+        return _LEAF_TYPES.issuperset(map(type, obj)) and _LEAF_TYPES.issuperset(map(type, obj.values()))
+    return _LEAF_TYPES.issuperset(map(type, obj))
+
+
 _SUPPORTED_TYPES = (
     _NoneType,
     bool,
@@ -283,7 +300,7 @@ def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
     if depth > MAX_NESTING:
         raise _too_deep()
     if tp is list:
-        if _LEAF_TYPES.issuperset(map(type, obj)):
+        if _leaf_only(obj):
             return obj
         out: Optional[List[Any]] = None
         for i, item in enumerate(obj):
@@ -296,7 +313,7 @@ def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
                 out[i] = new
         return obj if out is None else out
     if tp is dict:
-        if _LEAF_TYPES.issuperset(map(type, obj)) and _LEAF_TYPES.issuperset(map(type, obj.values())):
+        if _leaf_only(obj):
             return obj
         changed = False
         items = []
@@ -310,7 +327,7 @@ def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
         ext_depth += 1
         if ext_depth > MAX_EXT_NESTING:
             raise _too_deep()
-        if _LEAF_TYPES.issuperset(map(type, obj)):
+        if _leaf_only(obj):
             return obj
         new_items = [item if type(item) in _LEAF_TYPES else _prepare(item, depth, ext_depth) for item in obj]
         if all(map(operator.is_, new_items, obj)):
@@ -548,6 +565,8 @@ def _contains_timestamp(obj: Any) -> bool:
     stack = [obj] if type(obj) in containers else []
     while stack:
         item = stack.pop()
+        if _types_within is not None and _types_within(item, _LEAF_TYPES):
+            continue  # neither a Timestamp nor a container among its members
         groups = (item.keys(), item.values()) if type(item) is dict else (item,)
         for members in groups:
             types = set(map(type, members))

@@ -385,7 +385,7 @@ class _LockHold:
 # -- per-store state ----------------------------------------------------------------------
 #
 # Nested views share the root's Store (SharedDict makes them with
-# ``object.__new__`` and sets only ``_store`` and ``_path``), so what a compat
+# ``ViewBase.__new__`` and sets only ``_store`` and ``_path``), so what a compat
 # handle needs beyond that lives here, keyed weakly by the store.
 
 

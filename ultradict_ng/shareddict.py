@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import layout as L
 from .codec import IMMUTABLE_TYPES, copy_value
+from .fastpath import NATIVE_READS, ViewBase
 from .lock import SharedLock
 from .store import Store, unlink_by_name as _unlink_by_name
 
@@ -28,7 +29,7 @@ T = TypeVar("T")
 SD = TypeVar("SD", bound="SharedDict")
 
 
-class SharedDict(MutableMapping[Any, Any]):
+class SharedDict(ViewBase, MutableMapping[Any, Any]):
     """A dict shared by every process on the machine that opens it by name.
 
     ``SharedDict(name=None, create=None, *, recurse=None, buffer_size=None,
@@ -71,7 +72,9 @@ class SharedDict(MutableMapping[Any, Any]):
     they never raise because another process wrote meanwhile.
     """
 
-    __slots__ = ("_store", "_path")
+    # ``_store`` and ``_path`` live in the base class (ultradict_ng.fastpath),
+    # where the compiled read hit path finds them.
+    __slots__ = ()
 
     _store: Store
     _path: Tuple[Any, ...]
@@ -158,7 +161,7 @@ class SharedDict(MutableMapping[Any, Any]):
 
     def _view(self: SD, path: Tuple[Any, ...]) -> SD:
         """A handle of the same class on the nested dict at ``path`` (sharing the store)."""
-        view = object.__new__(type(self))
+        view = ViewBase.__new__(type(self))
         view._store = self._store
         view._path = path
         return view
@@ -169,7 +172,9 @@ class SharedDict(MutableMapping[Any, Any]):
             return self._view(self._path + (key,))
         return copy_value(value)
 
-    def __getitem__(self, key: Any) -> Any:
+    def _getitem_slow(self, key: Any) -> Any:
+        """``self[key]``: all the rules.  With the compiled helper, ``__getitem__``
+        is ViewBase's C hit path, which calls this for everything else."""
         s = self._store
         # The hit path first, in as few bytecodes as possible: one 8-byte load
         # of STATE compared with what the cache reflects, one dict lookup.
@@ -180,6 +185,9 @@ class SharedDict(MutableMapping[Any, Any]):
         if type(value) in _IMMUTABLE:
             return value
         return self._export(key, value)
+
+    if not NATIVE_READS:
+        __getitem__ = _getitem_slow
 
     def get(self, key: Any, default: Any = None) -> Any:
         value = self._node().get(key, _MISSING)

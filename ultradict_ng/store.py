@@ -23,8 +23,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import faults
 from . import layout as L
 from . import segment
-from .atomicwords import AtomicWords, RecordWriter, make_record_writer, make_words
+from .atomicwords import AtomicWords, RecordWriter, make_record_writer, make_words, parse_records
 from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
+from .fastpath import StoreBase
 from .errors import (
     AlreadyExists,
     Closed,
@@ -50,6 +51,8 @@ _INVALID = -1  # ``seen``/``gen`` value that forces a reload from the dump
 _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
 _MSGPACK_ID = MsgpackCodec.id
+# Key types for which ``dict[key] = value`` cannot raise (hashable, no __eq__ code).
+_SCALAR_KEYS = frozenset({type(None), bool, int, float, str, bytes})
 _ATOMIC_WORDS = [L.W_MAGIC, L.W_STATE, L.W_LOCK, L.W_REG_LOW, L.W_REG_HIGH, L.W_STATUS]
 _rec_header = struct.Struct(L.RECORD_FORMAT)
 _rec_prefix = struct.Struct("<II")
@@ -151,12 +154,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class Store:
-    """One process's attachment to a shared dict tree (see the module docstring)."""
+class Store(StoreBase):
+    """One process's attachment to a shared dict tree (see the module docstring).
+
+    ``seen`` and ``data`` live in the base class (:mod:`ultradict_ng.fastpath`),
+    where the compiled read hit path finds them.
+    """
 
     # Hot-path fields first; __slots__ keeps attribute access cheap.
     __slots__ = (
-        "words", "seen", "data", "recurse", "codec", "name", "token", "lock", "mutex",
+        "words", "recurse", "codec", "name", "token", "lock", "mutex",
         "gen", "pos", "stream_size", "dump_limit", "created", "_map", "_finalizer", "__weakref__",
     )
 
@@ -181,6 +188,7 @@ class Store:
         self.gen = _INVALID
         self.pos = 0
         self.seen = _INVALID
+        self._bind_state(mapping.atomic.raw, L.W_STATE)
         self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
         _live_stores.add(self)
 
@@ -404,8 +412,13 @@ class Store:
                 _pause(attempt)
                 continue
             try:
+                data = self.data
                 for rec in records:
-                    self._apply(rec)
+                    if (type(rec) is list and len(rec) == 4 and rec[0] == _OP_SET
+                            and type(rec[1]) is list and not rec[1] and type(rec[2]) in _SCALAR_KEYS):
+                        data[rec[2]] = rec[3]  # _apply's common case, inline: cannot raise
+                    else:
+                        self._apply(rec)
             except _Inconsistent as exc:
                 problem = str(exc)
                 self.gen = self.seen = _INVALID
@@ -447,27 +460,18 @@ class Store:
 
     def _parse(self, chunk: bytes, gen: int) -> Any:
         """Decoded records of ``chunk``, or a str saying what is wrong (step 4)."""
-        out: List[Any] = []
-        pos, n, tag = 0, len(chunk), gen & L.GEN_MASK
+        payloads = parse_records(chunk, gen & _GEN_MASK, self.pos)
+        if isinstance(payloads, str):
+            return payloads
         loads = self.codec.loads
-        with memoryview(chunk) as mv:
-            while pos < n:
-                if n - pos < L.RECORD_HEADER:
-                    return f"truncated record header at stream offset {self.pos + pos}"
-                length, rtag, crc, _ = _rec_header.unpack_from(chunk, pos)
-                start = pos + L.RECORD_HEADER
-                if length > n - start:
-                    return f"record at stream offset {self.pos + pos} overruns the published end"
-                if rtag != tag:
-                    return f"record at stream offset {self.pos + pos} belongs to another generation"
-                body = mv[start:start + length]
-                if zlib.crc32(body, zlib.crc32(mv[pos:pos + 8])) != crc:
-                    return f"record at stream offset {self.pos + pos} fails its checksum"
-                try:
-                    out.append(loads(body))
-                except CorruptSegment as exc:
-                    return f"record at stream offset {self.pos + pos} cannot be decoded: {exc}"
-                pos = start + length
+        out: List[Any] = []
+        offset = self.pos
+        for body in payloads:
+            try:
+                out.append(loads(body))
+            except CorruptSegment as exc:
+                return f"record at stream offset {offset} cannot be decoded: {exc}"
+            offset += _RECORD_HEADER + len(body)
         return out
 
     def _apply(self, rec: Any) -> None:
@@ -673,6 +677,7 @@ class Store:
             if self.closed:
                 return
             self.words = _ClosedWords(self.name)
+            self._bind_state(None, 0)
             self.data = {}
             self.seen = _INVALID
         if self._finalizer is not None:
