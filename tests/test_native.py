@@ -94,7 +94,7 @@ def test_write_simple_is_the_general_encoding(key, value, pos, tag):
                          ((L.OP_DEL, key), [L.OP_DEL, [], key])):
         buf = bytearray(300_000)
         words = native.Words(buf)
-        end = words.write_simple(pos, tag, *args)
+        end = words.write_simple(pos, tag, 300_000, *args)
         words.release()
         expected_end, expected = _python_record(pos, tag, MSGPACK.dumps(record))
         assert end == expected_end
@@ -111,8 +111,8 @@ def test_write_simple_is_the_general_encoding(key, value, pos, tag):
 def test_write_simple_declines_what_it_cannot_encode_exactly(bad, pos):
     buf = bytearray(4096)
     words = native.Words(buf)
-    assert words.write_simple(pos, 1, L.OP_SET, "k", bad) is None
-    assert words.write_simple(pos, 1, L.OP_SET, bad, 1) is None
+    assert words.write_simple(pos, 1, 4096, L.OP_SET, "k", bad) is None
+    assert words.write_simple(pos, 1, 4096, L.OP_SET, bad, 1) is None
     words.release()
     assert buf == bytearray(4096)  # nothing written
 
@@ -121,15 +121,19 @@ def test_write_simple_declines_what_it_cannot_encode_exactly(bad, pos):
 def test_write_simple_and_write_record_never_write_past_the_buffer():
     buf = bytearray(64)
     words = native.Words(buf)
-    assert words.write_simple(40, 1, L.OP_SET, "k", "x" * 10) is None  # 16 + 16 bytes > 24
-    assert words.write_simple(-1, 1, L.OP_SET, "k", 1) is None
-    assert words.write_simple(65, 1, L.OP_SET, "k", 1) is None
+    assert words.write_simple(40, 1, 64, L.OP_SET, "k", "x" * 10) is None  # 16 + 16 bytes > 24
+    assert words.write_simple(-1, 1, 64, L.OP_SET, "k", 1) is None
+    assert words.write_simple(65, 1, 64, L.OP_SET, "k", 1) is None
+    assert words.write_simple(0, 1, 20, L.OP_SET, "k", 1) is None  # past the limit
     with pytest.raises(ValueError):
         words.write_record(60, 1, b"abc")
     with pytest.raises(ValueError):
         words.write_record(-8, 1, b"abc")
     words.release()
     assert buf == bytearray(64)
+    words = native.Words(buf)
+    assert words.write_simple(0, 1, 2**40, L.OP_SET, "k", 1) == 16 + 6  # limit clamped to the buffer
+    words.release()
 
 
 @given(key=scalars, value=scalars)
@@ -178,7 +182,7 @@ def test_words_operations_and_errors():
     with pytest.raises(Closed):
         words.load(0)
     with pytest.raises(Closed):
-        words.write_simple(0, 0, 0, "k", 1)
+        words.write_simple(0, 0, 64, 0, "k", 1)
     with pytest.raises(ValueError):
         native.Words(memoryview(bytearray(64))[1:33])  # not 8-byte aligned
     with pytest.raises(BufferError):

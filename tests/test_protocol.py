@@ -466,3 +466,135 @@ def test_really_full_dev_shm(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "filled after" in out.stdout
+
+
+# -- the growing stream (layout: "Stream size") ------------------------------------------
+
+
+def _allocated(seg_name):
+    return os.stat(f"/dev/shm/{seg_name}").st_blocks * 512
+
+
+def test_default_stream_grows_with_the_dict(name):
+    """The stream follows the dict: after a dump LIMIT is >= STREAM_GROWTH x the
+    dump, reserved in /dev/shm; writes then fill it before the next dump."""
+    d = SharedDict(name=name)
+    other = SharedDict(name=name)
+    store = d._store
+    assert store.grows and store.stream_size == L.GROWING_STREAM_CAP
+    assert d.buffer_size == L.DEFAULT_STREAM_SIZE == store.limit()
+    assert _allocated(L.stream_name(name)) < 2 * L.DEFAULT_STREAM_SIZE  # sparse beyond LIMIT
+    big = {f"key-{i}": "v" * 40 for i in range(40_000)}  # ~2 MB encoded: dumps at once
+    d.update(big)
+    gen = store.gen
+    assert gen >= 1
+    dump = os.stat(f"/dev/shm/{L.dump_name(name, gen)}").st_size
+    assert d.buffer_size == store.limit() >= L.STREAM_GROWTH * dump
+    assert store.limit() % L.STREAM_GRANULE == 0
+    assert _allocated(L.stream_name(name)) >= store.limit()
+    for i in range(40_000):  # ~1.3 MB of records: more than the initial stream, no dump
+        d[f"key-{i}"] = i
+    assert store.gen == gen and store.pos > L.DEFAULT_STREAM_SIZE
+    expected = {**big, **{f"key-{i}": i for i in range(40_000)}}
+    assert other.copy() == expected
+    late = SharedDict(name=name)  # attaches: dump + replay of the long stream
+    assert late.copy() == expected and late.buffer_size == d.buffer_size
+    late.close()
+    other.close()
+    d.close()
+
+
+def test_explicit_buffer_size_is_fixed(name):
+    d = SharedDict(name=name, buffer_size=4096)
+    d.update({i: "v" * 40 for i in range(1000)})
+    assert not d._store.grows and d.buffer_size == 4096 == d._store.limit()
+    with pytest.raises(SharedDictError, match="buffer_size=4096"):
+        SharedDict(name=name, buffer_size=8192)
+    d.close()
+
+
+def test_attaching_with_a_buffer_size_to_a_growing_stream_is_a_mismatch(name):
+    d = SharedDict(name=name)
+    with pytest.raises(SharedDictError, match="growing stream"):
+        SharedDict(name=name, buffer_size=L.DEFAULT_STREAM_SIZE)
+    d.close()
+
+
+def test_stream_that_cannot_grow_keeps_working(name, monkeypatch):
+    """Shared memory full when the stream should grow: LIMIT stays, nothing fails."""
+    d = SharedDict(name=name)
+    other = SharedDict(name=name)
+
+    def full(seg_name, length):
+        raise OutOfSpace(f"no room to grow {seg_name!r}")
+
+    monkeypatch.setattr(segment, "reserve", full)
+    big = {i: "v" * 40 for i in range(40_000)}
+    d.update(big)
+    assert d._store.gen >= 1 and d.buffer_size == L.DEFAULT_STREAM_SIZE
+    for i in range(40_000):  # keeps dumping at the old LIMIT
+        d[i] = i
+    assert other.copy() == {i: i for i in range(40_000)}
+    monkeypatch.undo()
+    d.update({-1: "x" * 3_000_000})  # a dump that can grow the stream again
+    assert d.buffer_size >= 6 * 1024 * 1024
+    assert other[-1] == "x" * 3_000_000
+    other.close()
+    d.close()
+
+
+@pytest.mark.parametrize("limit", [0, 17, L.GROWING_STREAM_CAP * 4, 2**64 - 1])
+def test_corrupted_limit_never_lets_a_write_escape_the_stream(name, limit):
+    d = SharedDict(name=name)
+    other = SharedDict(name=name)
+    d._store._map.words[L.W_STREAM_LIMIT] = limit
+    for i in range(300):
+        d[f"k{i}"] = "v" * (i % 50)
+    assert other.copy() == {f"k{i}": "v" * (i % 50) for i in range(300)}
+    assert d._store.pos <= d._store.stream_size
+    other.close()
+    d.close()
+
+
+GROW_FILL_SCRIPT = r"""
+import os
+from ultradict_ng import OutOfSpace, SharedDict
+d = SharedDict(name="growfill")  # a growing stream in a 4 MiB /dev/shm
+other = SharedDict(name="growfill")
+good = {}
+failures = 0
+for i in range(200_000):
+    try:
+        d[i] = "x" * 200
+    except OutOfSpace as exc:
+        assert exc.errno == 28, exc
+        failures += 1
+        assert d.copy() == good and other.copy() == good, "a failed write changed the dict"
+        if failures > 3:
+            break
+        continue
+    good[i] = "x" * 200
+else:
+    raise SystemExit("shared memory never filled up")
+assert other.copy() == good
+d.close()
+other.close()
+print("filled after", len(good), "writes; stream", d.buffer_size)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
+                    reason="needs root and unshare to mount a private, tiny /dev/shm")
+def test_really_full_dev_shm_with_a_growing_stream(tmp_path):
+    """A growing stream in a private 4 MiB tmpfs: writes succeed or raise OutOfSpace
+    with nothing changed, and never hit an unreserved page (SIGBUS, exit -7)."""
+    script = tmp_path / "growfill.py"
+    script.write_text(GROW_FILL_SCRIPT)
+    out = subprocess.run(
+        ["unshare", "-m", "sh", "-c",
+         f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} {script}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "filled after" in out.stdout

@@ -430,20 +430,21 @@ mp_scalar(PyObject *o, unsigned char *dst)
     return head + n;
 }
 
-/* write_simple(pos, tag, op, key[, value]) -> end or None.
+/* write_simple(pos, tag, limit, op, key[, value]) -> end or None.
  *
  * The record [op, [], key] or [op, [], key, value] (a root-level delete or
  * set) encoded as msgpack directly into this buffer at byte offset pos, with
  * its header and checksum: the bytes write_record(pos, tag,
  * codec.dumps(record)) would store.  None (nothing written) when a key or
- * value is not a plain scalar or the record does not fit; the caller then
+ * value is not a plain scalar or the record does not fit below byte offset
+ * `limit` (the stream's LIMIT) and the buffer's end; the caller then
  * takes the general path.  Like write_record it only stores; the caller
  * publishes. */
 static PyObject *
 words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 && nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, op, key[, value])");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, limit, op, key[, value])");
         return NULL;
     }
     if (!words_usable(self))
@@ -454,33 +455,38 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t tag;
     if (!u64_arg(args[1], &tag))
         return NULL;
-    long op = PyLong_AsLong(args[2]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    if (limit > self->view.len)
+        limit = self->view.len;
+    long op = PyLong_AsLong(args[3]);
     if (op == -1 && PyErr_Occurred())
         return NULL;
     if (tag > 0xffffffffu || op < 0 || op > 127) {
         PyErr_SetString(PyExc_ValueError, "write_simple: tag or op out of range");
         return NULL;
     }
-    Py_ssize_t nk = mp_scalar(args[3], NULL);
+    Py_ssize_t nk = mp_scalar(args[4], NULL);
     if (nk < 0)
         Py_RETURN_NONE;
     Py_ssize_t nv = 0;
-    if (nargs == 5) {
-        nv = mp_scalar(args[4], NULL);
+    if (nargs == 6) {
+        nv = mp_scalar(args[5], NULL);
         if (nv < 0)
             Py_RETURN_NONE;
     }
     Py_ssize_t length = 3 + nk + nv;  /* array header, op fixint, empty path */
-    if (pos < 0 || pos > self->view.len || length + 16 > self->view.len - pos)
+    if (pos < 0 || pos > limit || length + 16 > limit - pos)
         Py_RETURN_NONE;
     unsigned char *dst = (unsigned char *)self->view.buf + pos;
     unsigned char *body = dst + 16;
-    body[0] = (unsigned char)(0x90 | (nargs - 1));  /* op, path, key[, value] */
+    body[0] = (unsigned char)(0x90 | (nargs - 2));  /* op, path, key[, value] */
     body[1] = (unsigned char)op;
     body[2] = 0x90;
-    mp_scalar(args[3], body + 3);
-    if (nargs == 5)
-        mp_scalar(args[4], body + 3 + nk);
+    mp_scalar(args[4], body + 3);
+    if (nargs == 6)
+        mp_scalar(args[5], body + 3 + nk);
     put_header(dst, (uint32_t)length, (uint32_t)tag);
     return PyLong_FromSsize_t(pos + 16 + length);
 }
@@ -506,7 +512,7 @@ static PyMethodDef words_methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))words_write_record, METH_FASTCALL,
      "write_record(pos, tag, payload) -> end: a stream record at byte offset pos."},
     {"write_simple", (PyCFunction)(void (*)(void))words_write_simple, METH_FASTCALL,
-     "write_simple(pos, tag, op, key[, value]) -> end or None: a root-level scalar record."},
+     "write_simple(pos, tag, limit, op, key[, value]) -> end or None: a root-level scalar record."},
     {"release", (PyCFunction)words_release, METH_NOARGS,
      "release(): drop the buffer export; later operations raise Closed."},
     {NULL, NULL, 0, NULL},

@@ -187,7 +187,7 @@ class RecordWriter:
     def __init__(self, buf: Any) -> None:
         self._mv: Optional[memoryview] = memoryview(buf)
         self._native: Any = _native.Words(buf) if _IMPL is NativeWords else None
-        #: ``write_simple(pos, tag, op, key[, value])`` of the compiled helper
+        #: ``write_simple(pos, tag, limit, op, key[, value])`` of the compiled helper
         #: (a root-level scalar record encoded in place), or None without it.
         self.simple: Any = None
         if self._native is not None:

@@ -8,7 +8,7 @@ Segments
 A dict named ``N`` owns these POSIX shared-memory segments (all mode 0600)::
 
     N             control segment   header, counters, lock word, cleanup register
-    N@s           update stream     append-only records of mutations, fixed size
+    N@s           update stream     append-only records of mutations (see "Stream size")
     N@d<gen>      full dump         the whole dict at generation <gen> (base 36)
 
 User names may only contain ``[A-Za-z0-9_.-]``, so no user name can collide
@@ -23,15 +23,19 @@ word  offset  field
 ===== ======= ==================================================================
 0     0       MAGIC: ``CONTROL_MAGIC``; stored *last* at creation (atomic store)
 1     8       layout version (low u32), control size in bytes (high u32)
-2     16      flags (low u32, bit 0 = recurse), serializer id (high u32: 1 msgpack,
-              2 pickle, 3 a custom object every attacher must pass itself)
-3     24      stream size in bytes
+2     16      flags (low u32: bit 0 = recurse, bit 1 = the stream grows), serializer
+              id (high u32: 1 msgpack, 2 pickle, 3 a custom object every attacher
+              must pass itself)
+3     24      stream size in bytes: the size of ``N@s`` (for a growing stream, its
+              cap; only its first LIMIT bytes are reserved)
 4     32      creation token (random u64: tells a re-created dict of the same
               name from the old one; keys the per-process lock state)
 5     40      creator: owner word (pid and start time, as in LOCK) of the creating
               process, so that attachers can tell a dead creator from a slow one
 6     48      dump size limit in bytes (0 = none): a mutation whose dump would be
               larger raises ``OutOfSpace`` and changes nothing
+7     56      LIMIT: bytes of the stream writers may use (<= stream size; equal to
+              it for a fixed stream).  Changed only under the lock, at a dump.
 8     64      STATE: ``generation << 32 | stream end``  (the counter readers poll)
 16    128     LOCK: 0 when free, else the owner word (see "Lock" below)
 24    192     REG_LOW: oldest dump generation that may still exist
@@ -49,6 +53,21 @@ Stream record (in ``N@s``, at offsets ``0 .. end`` of the current generation)
 the crc covers the first 8 header bytes and the payload.  The payload is the
 serializer's encoding of ``[op, path, *args]`` (see ``OP_*``).
 
+Stream size
+-----------
+A stream created with an explicit ``buffer_size`` is fixed: LIMIT = stream
+size, reserved (``posix_fallocate``) at creation.  By default the stream
+*grows*: ``N@s`` is created sparse at ``GROWING_STREAM_CAP`` bytes with the
+first ``DEFAULT_STREAM_SIZE`` reserved, and at each dump the writer raises
+LIMIT to ``STREAM_GROWTH`` times the dump's length (rounded up to
+``STREAM_GRANULE``, at most the cap), reserving the pages first.  Why: a dump
+costs time proportional to the dict, and a stream proportional to the dict
+makes that cost amortised over proportionally many writes, so the cost of a
+write stays flat as the dict grows.  LIMIT never shrinks.  If the pages cannot
+be reserved (shared memory full) LIMIT stays as it is and nothing fails.
+Readers never use LIMIT: records are bounded by STATE's end, which writers
+keep within LIMIT and readers check against the stream size.
+
 Dump (``N@d<gen>``)
 -------------------
 ``8 bytes DUMP_MAGIC | u64 generation | u64 length | u32 crc32(payload) | u32 0 |
@@ -62,7 +81,8 @@ Writer (holds the lock for the whole mutation)
 2. Check the mutation against the cache (missing key, missing nested path,
    STATUS.unlinked) and encode the record: errors are raised here, before any
    shared byte changes.
-3. If ``end + record`` fits in the stream: copy the record to ``stream[end:]``,
+3. If ``end + record`` fits in the stream (``<= min(LIMIT, stream size)``):
+   copy the record to ``stream[end:]``,
    then publish with one atomic (sequentially consistent) store
    ``STATE = gen << 32 | end + len(record)``.  The payload is written before
    the store that makes it reachable.
@@ -71,8 +91,9 @@ Writer (holds the lock for the whole mutation)
    b. create ``N@d<gen+1>``; if it exists it is the unpublished leftover of a
       writer that died between b and c (we hold the lock, so nobody else can be
       making it): unlink it and create it again;
-   c. write payload, then header; publish ``STATE = (gen + 1) << 32 | 0``.  This
-      one store both publishes the dump and restarts the stream;
+   c. write payload, then header; for a growing stream raise LIMIT (see
+      "Stream size"); publish ``STATE = (gen + 1) << 32 | 0``.  This one store
+      both publishes the dump and restarts the stream;
    d. unlink dumps ``REG_LOW .. gen`` and set ``REG_LOW = gen + 1``.
 5. Apply the decoded record to the local cache, so every process holds
    identical data.  (A record of plain scalars -- None, bool, int within 64
@@ -192,7 +213,7 @@ def _base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 CONTROL_SIZE = 256
 
 W_MAGIC = 0
@@ -202,6 +223,7 @@ W_STREAM_SIZE = 3
 W_TOKEN = 4
 W_CREATOR = 5
 W_DUMP_LIMIT = 6
+W_STREAM_LIMIT = 7
 W_STATE = 8
 W_LOCK = 16
 W_REG_LOW = 24
@@ -209,6 +231,7 @@ W_REG_HIGH = 25
 W_STATUS = 26
 
 FLAG_RECURSE = 1
+FLAG_GROWS = 2
 STATUS_UNLINKED = 1
 
 GEN_SHIFT = 32
@@ -221,7 +244,10 @@ RECORD_HEADER = 16  # struct "<IIII": length, generation, crc, 0
 RECORD_FORMAT = "<IIII"
 MIN_STREAM_SIZE = 64  # tiny streams are legal: every write then dumps (useful in tests)
 MAX_STREAM_SIZE = END_MASK  # end must fit in the low half of STATE
-DEFAULT_STREAM_SIZE = 1 << 20
+DEFAULT_STREAM_SIZE = 1 << 20  # a fixed stream's default; a growing stream's start
+GROWING_STREAM_CAP = 64 << 20  # size (cap) of a growing stream's segment
+STREAM_GROWTH = 2  # a growing stream's LIMIT >= this times the last dump's length
+STREAM_GRANULE = 1 << 20  # LIMIT grows in multiples of this
 
 OP_SET = 1  # [OP_SET, path, key, value]
 OP_DEL = 2  # [OP_DEL, path, key]

@@ -58,11 +58,15 @@ class Segment:
         self.buf = buf
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
-        """Create ``name`` exclusively with ``size`` bytes reserved, zero-filled.
+    def create(cls, name: str, size: int, reserve: Optional[int] = None) -> "Segment":
+        """Create ``name`` exclusively with ``size`` bytes, zero-filled, the first
+        ``reserve`` of them (default: all) reserved.
 
         Raises ``FileExistsError`` if the name exists and :class:`OutOfSpace`
         if the pages cannot be reserved; nothing is left behind on failure.
+        Reserving (``posix_fallocate``) is what turns a full ``/dev/shm`` into
+        an error here instead of a SIGBUS at the first write to a page; bytes
+        past ``reserve`` must be reserved with :func:`reserve` before use.
         """
         _require_posix()
         flags = os.O_CREAT | os.O_EXCL | os.O_RDWR
@@ -70,7 +74,7 @@ class Segment:
         try:
             os.ftruncate(fd, size)
             if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, size)
+                os.posix_fallocate(fd, 0, size if reserve is None else min(reserve, size))
             buf = mmap.mmap(fd, size)
         except BaseException as exc:
             os.close(fd)
@@ -104,6 +108,27 @@ class Segment:
         if self.buf is not None:
             self.buf.close()
             self.buf = None
+
+
+def reserve(name: str, length: int) -> None:
+    """Reserve the first ``length`` bytes of the existing segment ``name``.
+
+    Raises :class:`OutOfSpace` if shared memory is full (nothing changes) and
+    ``FileNotFoundError`` if the segment is gone.
+    """
+    _require_posix()
+    fd = _posixshmem.shm_open(_path(name), os.O_RDWR, mode=_MODE)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, length)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise OutOfSpace(
+                f"no room in shared memory to grow segment {name!r} to {length} bytes: {exc.strerror}"
+            ) from exc
+        raise
+    finally:
+        os.close(fd)
 
 
 def unlink(name: str) -> bool:

@@ -45,8 +45,12 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
       raises :class:`NotFound` if it does not.
     * ``recurse``: dicts stored as values come back as live nested
       ``SharedDict`` views (``d["a"]["b"] = 1`` is seen everywhere).
-    * ``buffer_size``: bytes of the update stream (default 1 MiB).  A mutation
-      that does not fit triggers a full dump; no value size limit follows.
+    * ``buffer_size``: bytes of the update stream.  A mutation that does not
+      fit triggers a full dump; no value size limit follows.  Default: the
+      stream starts at 1 MiB and grows with the dict (to twice the size of
+      its last dump, at most 64 MiB of shared memory), so that the cost of
+      dumps, amortised over the writes between them, stays flat as the dict
+      grows; an explicit size is fixed.
     * ``serializer``: ``"msgpack"`` (default, never executes code) or
       ``"pickle"`` (any picklable value, but every process that can write the
       segments can then run code in every reader: only for mutually trusted
@@ -143,7 +147,10 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
 
     @property
     def buffer_size(self) -> int:
-        return self._store.stream_size
+        """Bytes of the update stream: fixed when given at creation, else the
+        current size of the growing stream (it follows the dict's size)."""
+        s = self._store
+        return s.limit() if s.grows and not s.closed else s.stream_size
 
     @property
     def lock(self) -> SharedLock:

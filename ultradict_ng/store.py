@@ -51,9 +51,10 @@ _INVALID = -1  # ``seen``/``gen`` value that forces a reload from the dump
 _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
 _MSGPACK_ID = MsgpackCodec.id
+_W_STREAM_LIMIT = L.W_STREAM_LIMIT
 # Key types for which ``dict[key] = value`` cannot raise (hashable, no __eq__ code).
 _SCALAR_KEYS = frozenset({type(None), bool, int, float, str, bytes})
-_ATOMIC_WORDS = [L.W_MAGIC, L.W_STATE, L.W_LOCK, L.W_REG_LOW, L.W_REG_HIGH, L.W_STATUS]
+_ATOMIC_WORDS = [L.W_MAGIC, L.W_STREAM_LIMIT, L.W_STATE, L.W_LOCK, L.W_REG_LOW, L.W_REG_HIGH, L.W_STATUS]
 _rec_header = struct.Struct(L.RECORD_FORMAT)
 _rec_prefix = struct.Struct("<II")
 _dump_header = struct.Struct(L.DUMP_FORMAT)
@@ -164,7 +165,7 @@ class Store(StoreBase):
     # Hot-path fields first; __slots__ keeps attribute access cheap.
     __slots__ = (
         "words", "recurse", "codec", "name", "token", "lock", "mutex",
-        "gen", "pos", "stream_size", "dump_limit", "created", "_map", "_finalizer", "__weakref__",
+        "gen", "pos", "stream_size", "grows", "dump_limit", "created", "_map", "_finalizer", "__weakref__",
     )
 
     words: Any
@@ -172,13 +173,15 @@ class Store(StoreBase):
     data: Dict[Any, Any]
 
     def __init__(self, mapping: _Mapping, name: str, codec: Codec, recurse: bool,
-                 stream_size: int, token: int, created: bool, dump_limit: int = 0) -> None:
+                 stream_size: int, token: int, created: bool, dump_limit: int = 0,
+                 grows: bool = False) -> None:
         self._map = mapping
         self.words = mapping.words
         self.name = name
         self.codec = codec
         self.recurse = recurse
         self.stream_size = stream_size
+        self.grows = grows
         self.dump_limit = dump_limit
         self.token = token
         self.created = created
@@ -226,8 +229,7 @@ class Store(StoreBase):
         for _ in range(3):
             if create is not False:
                 try:
-                    store = cls._create(name, codec, bool(recurse),
-                                        buffer_size or L.DEFAULT_STREAM_SIZE, initial,
+                    store = cls._create(name, codec, bool(recurse), buffer_size, initial,
                                         dump_limit or 0)
                 except FileExistsError:
                     if create is True:
@@ -246,32 +248,39 @@ class Store(StoreBase):
         raise NotFound(f"shared dict {name!r} kept disappearing while attaching to it")
 
     @classmethod
-    def _create(cls, name: str, codec: Optional[Codec], recurse: bool, stream_size: int,
+    def _create(cls, name: str, codec: Optional[Codec], recurse: bool, buffer_size: Optional[int],
                 initial: Optional[Sequence[Sequence[Any]]], dump_limit: int) -> "Store":
+        """Create the dict; ``buffer_size`` None makes a growing stream (layout: "Stream size")."""
         codec = codec or codec_for(None)
+        grows = buffer_size is None
+        stream_size = L.GROWING_STREAM_CAP if buffer_size is None else buffer_size
+        limit = L.DEFAULT_STREAM_SIZE if buffer_size is None else buffer_size
         ctrl = Segment.create(name, L.CONTROL_SIZE)  # FileExistsError: someone else won
         stream: Optional[Segment] = None
         mapping: Optional[_Mapping] = None
         try:
             sname = L.stream_name(name)
             try:
-                stream = Segment.create(sname, stream_size)
+                stream = Segment.create(sname, stream_size, reserve=limit)
             except FileExistsError:
                 # Left by a creator that died before its control segment was
                 # ready; we own the control name now, so it is garbage.
                 segment.unlink(sname)
-                stream = Segment.create(sname, stream_size)
+                stream = Segment.create(sname, stream_size, reserve=limit)
             mapping = _Mapping(ctrl, stream)
             token = secrets.randbits(64)
             w = mapping.words
             w[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)
-            w[L.W_CONFIG] = (L.FLAG_RECURSE if recurse else 0) | (codec.id << 32)
+            w[L.W_CONFIG] = (
+                (L.FLAG_RECURSE if recurse else 0) | (L.FLAG_GROWS if grows else 0) | (codec.id << 32)
+            )
             w[L.W_STREAM_SIZE] = stream_size
+            w[L.W_STREAM_LIMIT] = limit
             w[L.W_TOKEN] = token
             w[L.W_CREATOR] = owner_word()  # pid + start time: liveness-checkable
             w[L.W_DUMP_LIMIT] = dump_limit
             store = cls(mapping, name, codec, recurse, stream_size, token, created=True,
-                        dump_limit=dump_limit)
+                        dump_limit=dump_limit, grows=grows)
             store.gen, store.pos, store.seen = 0, 0, 0
             if initial:
                 store.commit([L.OP_UPDATE, [], [list(kv) for kv in initial]])
@@ -310,6 +319,7 @@ class Store(StoreBase):
             else:
                 stored_codec = codec_by_id(config >> 32)
             stored_recurse = bool(config & L.FLAG_RECURSE)
+            stored_grows = bool(config & L.FLAG_GROWS)
             stream_size = words[L.W_STREAM_SIZE]
             token = words[L.W_TOKEN]
             if words[L.W_STATUS] & L.STATUS_UNLINKED:
@@ -321,8 +331,9 @@ class Store(StoreBase):
                 mismatches.append(f"recurse={stored_recurse}")
             if codec is not None and codec.id != stored_codec.id:
                 mismatches.append(f"serializer={stored_codec.name!r}")
-            if buffer_size is not None and buffer_size != stream_size:
-                mismatches.append(f"buffer_size={stream_size}")
+            if buffer_size is not None and (stored_grows or buffer_size != stream_size):
+                mismatches.append("buffer_size=None (a growing stream)" if stored_grows
+                                  else f"buffer_size={stream_size}")
             if dump_limit is not None and dump_limit != stored_limit:
                 mismatches.append(f"dump_limit={stored_limit}")
             if mismatches:
@@ -345,7 +356,7 @@ class Store(StoreBase):
         words.release()
         mapping = _Mapping(ctrl, stream)
         store = cls(mapping, name, stored_codec, stored_recurse, stream_size, token, created=False,
-                    dump_limit=stored_limit)
+                    dump_limit=stored_limit, grows=stored_grows)
         try:
             store.sync()
         except BaseException:
@@ -542,6 +553,12 @@ class Store(StoreBase):
         self.mutex.release()
         self.lock.release()
 
+    def limit(self) -> int:
+        """Bytes of the stream writers may use now (LIMIT, never past the stream);
+        only meaningful under the lock, where it cannot change."""
+        limit: int = self._map.words[_W_STREAM_LIMIT]
+        return limit if limit < self.stream_size else self.stream_size
+
     def set_root(self, key: Any, value: Any) -> None:
         """``data[key] = value`` at the root: begin_write, commit, end_write in one.
 
@@ -555,7 +572,7 @@ class Store(StoreBase):
         try:
             simple = self._map.simple
             if simple is not None and self.codec.id == _MSGPACK_ID and faults.armed is None:
-                new_end = simple(self.pos, self.gen & _GEN_MASK, _OP_SET, key, value)
+                new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
                 if new_end is not None:
                     state = (self.gen << _GEN_SHIFT) | new_end
                     self._map.atomic.store(_W_STATE, state)  # publish after the payload
@@ -576,7 +593,7 @@ class Store(StoreBase):
         # reader will decode (the record itself when that is provably equal).
         payload, decoded = self.codec.encode_record(record)
         end = self.pos
-        if end + _RECORD_HEADER + len(payload) <= self.stream_size:
+        if end + _RECORD_HEADER + len(payload) <= self.limit():
             mapping = self._map
             writer = mapping.writer
             assert writer is not None
@@ -639,6 +656,8 @@ class Store(StoreBase):
         seg.close()
         if faults.armed is not None:
             faults.hit("dump-written")
+        if self.grows:
+            self._grow_stream(size)
         state = gen << L.GEN_SHIFT
         atomic.store(L.W_STATE, state)  # 4c: publishes the dump, restarts the stream
         if faults.armed is not None:
@@ -650,6 +669,20 @@ class Store(StoreBase):
         atomic.store(L.W_REG_LOW, gen)
         if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
             segment.unlink(dname)  # unlinked while we were dumping: do not leak ours
+
+    def _grow_stream(self, dump_size: int) -> None:
+        """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size")."""
+        granule = L.STREAM_GRANULE
+        wanted = -(-L.STREAM_GROWTH * dump_size // granule) * granule
+        wanted = min(wanted, self.stream_size)
+        if wanted <= self.limit():
+            return
+        try:
+            segment.reserve(L.stream_name(self.name), wanted)
+        except (OutOfSpace, FileNotFoundError) as exc:
+            log.info("shared dict %r: stream stays at %d bytes (%s)", self.name, self.limit(), exc)
+            return
+        self._map.atomic.store(_W_STREAM_LIMIT, wanted)
 
     def force_dump(self) -> None:
         """Write a full dump now (restarting the stream), under the lock."""
