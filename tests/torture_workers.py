@@ -19,7 +19,12 @@ def k_value(i: int) -> List[Any]:
     return [i, "v" * (i % 7)]
 
 
-def writer(name: str, wid: int, seconds: float, results: Any) -> None:
+#: Size of the occasional "huge" value of the growing-stream variant: its dumps
+#: exceed the initial stream, so the stream grows while readers read.
+HUGE = 700_000
+
+
+def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False) -> None:
     rng = random.Random(wid)
     d = SharedDict(name=name, create=False)
     sub = d[f"w{wid}"]
@@ -48,7 +53,10 @@ def writer(name: str, wid: int, seconds: float, results: Any) -> None:
                 sub["nested"]["b"]["c"] = seq
                 model["nested"]["b"]["c"] = seq
         elif r < 0.81:
-            sub["large"] = model["large"] = bytes([seq % 256]) * 3000
+            if huge and rng.random() < 0.02:
+                sub["huge"] = model["huge"] = bytes([seq % 256]) * HUGE
+            else:
+                sub["large"] = model["large"] = bytes([seq % 256]) * 3000
         elif r < 0.90:
             items = {f"u{rng.randrange(4)}": k_value(seq) for _ in range(3)}
             sub.update(items)
@@ -73,6 +81,8 @@ def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
             assert type(value) is list and value == k_value(value[0]), (key, value)
         elif key == "large":
             assert type(value) is bytes and len(value) == 3000 and len(set(value)) == 1
+        elif key == "huge":
+            assert type(value) is bytes and len(value) == HUGE and len(set(value)) == 1
         elif key == "nested":
             assert value["a"] <= value["b"]["c"], value
         else:
