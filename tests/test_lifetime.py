@@ -103,3 +103,25 @@ def test_killed_creator_does_not_unlink(name):
     assert d["x"] == 1
     d.close()
     assert unlink_by_name(name) == 2
+
+
+@pytest.mark.parametrize("buffer_size", [64, None], ids=["dumping", "growing"])
+def test_an_old_handle_never_unlinks_a_dict_re_created_under_its_name(name, buffer_size):
+    """unlink(), re-create under the same name, then the old creator's auto-unlink
+    runs (close or garbage collection): the new dict's stream and dumps survive."""
+    old = SharedDict(name=name, buffer_size=buffer_size)
+    for i in range(20):
+        old[i] = "x" * 40  # with a 64-byte stream: dumps of generations 1..20
+    old.unlink()
+    new = SharedDict(name=name, buffer_size=buffer_size)
+    for i in range(20):
+        new[i] = "y" * 40
+    old.close()  # the old creator's auto-unlink: must not touch the new dict
+    del old
+    reader = SharedDict(name=name, create=False)
+    assert reader.copy() == {i: "y" * 40 for i in range(20)}
+    new["more"] = 1
+    assert reader["more"] == 1
+    reader.close()
+    new.close()
+    assert not [e for e in os.listdir("/dev/shm") if e == name or e.startswith(name + "@")]

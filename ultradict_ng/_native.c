@@ -1007,6 +1007,16 @@ native_types_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(it);
     if (PyErr_Occurred())
         return NULL;
+    /* The most common member types first: the scan is a linear search. */
+    PyTypeObject *common[] = {&PyLong_Type, &PyUnicode_Type, &PyFloat_Type, &PyBytes_Type, &PyBool_Type};
+    Py_ssize_t front = 0;
+    for (size_t j = 0; j < sizeof(common) / sizeof(common[0]); j++)
+        for (Py_ssize_t i = front; i < n; i++)
+            if (allowed[i] == common[j]) {
+                allowed[i] = allowed[front];
+                allowed[front++] = common[j];
+                break;
+            }
     if (PyDict_CheckExact(c)) {
         Py_ssize_t pos = 0;
         PyObject *k, *v;

@@ -550,6 +550,7 @@ _TIMESTAMP_RE = re.compile(
 
 
 _CONTAINER_TYPES = frozenset({list, tuple, set, frozenset, dict})
+_SCAN_WITHOUT_REGEX = 1 << 16
 
 
 def _contains_timestamp(obj: Any) -> bool:
@@ -702,7 +703,12 @@ class MsgpackCodec(Codec):
                 # (memoryview() first: bytes(12) would make 12 zero bytes.)
                 data = bytes(memoryview(data))
             obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
-            if b"\xff" in data and _TIMESTAMP_RE.search(data) is not None and _contains_timestamp(obj):
+            # The regex only pre-filters: on large data (a dump) the compiled
+            # walk is cheaper than the scan (1 MB: ~1 ms against ~8 ms).
+            if b"\xff" in data and (
+                (_types_within is not None and len(data) > _SCAN_WITHOUT_REGEX)
+                or _TIMESTAMP_RE.search(data) is not None
+            ) and _contains_timestamp(obj):
                 raise CorruptSegment("msgpack Timestamp ext found; this serializer never writes one")
             return obj
         except CorruptSegment:

@@ -815,10 +815,18 @@ def _unlink_tree(name: str, mapping: _Mapping, token: int) -> int:
             # We only delete what is provably ours (the control could have been
             # unlinked and its name reused by a foreign segment meanwhile).
             return 0
+        owner = _control_owner(name, token)
+        if owner == "other":
+            # The name was unlinked (by us or anyone) and a new dict now lives
+            # under it: its stream and dumps have our names but are not ours.
+            # (A second unlink of an old handle -- e.g. the auto-unlink of a
+            # creator after unlink() -- must not touch the re-created dict.)
+            return 0
+        # "ours", or "gone": no control under the name, so any stream or dump
+        # left under it is ours (a creator makes its control first).
         removed = _unlink_dumps(name, mapping.words)
         removed += segment.unlink(L.stream_name(name))
-        # Only unlink the control name if it still refers to *our* segment.
-        if _same_control(name, token):
+        if owner == "ours":
             removed += segment.unlink(name)
         return removed
     finally:
@@ -826,15 +834,18 @@ def _unlink_tree(name: str, mapping: _Mapping, token: int) -> int:
             lock.release()
 
 
-def _same_control(name: str, token: int) -> bool:
+def _control_owner(name: str, token: int) -> str:
+    """Whose control segment ``name`` is: "ours" (creation token ``token``),
+    "gone" (no segment under the name) or "other"."""
     try:
         ctrl = Segment.attach(name)
     except FileNotFoundError:
-        return False
+        return "gone"
     try:
         if ctrl.buf is None or ctrl.size < L.CONTROL_SIZE:
-            return False
-        return int.from_bytes(ctrl.buf[8 * L.W_TOKEN:8 * L.W_TOKEN + 8], "little") == token
+            return "other"
+        same = int.from_bytes(ctrl.buf[8 * L.W_TOKEN:8 * L.W_TOKEN + 8], "little") == token
+        return "ours" if same else "other"
     finally:
         ctrl.close()
 
