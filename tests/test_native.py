@@ -374,3 +374,73 @@ def test_hit_path_never_answers_from_a_stale_or_closed_cache(name):
         other["k"]
     d.unlink()
     d.close()
+
+
+# -- replay: record framing and batch decoding ----------------------------------------
+
+
+@needs_native
+@settings(max_examples=200)
+@given(st.lists(st.one_of(scalars, st.lists(scalars, max_size=5),
+                          st.dictionaries(st.text(max_size=5), scalars, max_size=5),
+                          st.tuples(scalars, scalars)), max_size=6))
+def test_msgpack_length_is_the_encoded_length(values):
+    """The compiled framing check measures exactly one object, never more or less."""
+    payload = MSGPACK.dumps([L.OP_UPDATE, [], [[i, v] for i, v in enumerate(values)]])
+    assert native.msgpack_length(payload) == len(payload)
+    assert native.msgpack_length(payload + b"\xc0") == len(payload)  # a second object is not counted
+    for cut in {0, 1, len(payload) // 2, len(payload) - 1}:
+        if cut < len(payload):
+            assert native.msgpack_length(payload[:cut]) == -1  # truncated
+
+
+@needs_native
+def test_parse_records_rejects_payloads_that_are_not_one_object():
+    buf = bytearray(256)
+    words = native.Words(buf)
+    one = MSGPACK.dumps([L.OP_SET, [], "k", 1])
+    end = words.write_record(0, 3, one)
+    end2 = words.write_record(end, 3, one + b"\xc0")  # two objects in one record
+    words.release()
+    chunk = bytes(buf[:end2])
+    assert native.parse_records(chunk, 3, 0) == [one, one + b"\xc0"]  # framing not asked for
+    problem = native.parse_records(chunk, 3, 0, True)
+    assert isinstance(problem, str) and f"offset {end}" in problem and "one msgpack object" in problem
+
+
+@given(st.lists(st.lists(scalars, min_size=1, max_size=3), min_size=0, max_size=40))
+def test_loads_many_is_loads_of_each(records):
+    payloads = [MSGPACK.dumps([L.OP_SET, [], i, r]) for i, r in enumerate(records)]
+    expected = [MSGPACK.loads(p) for p in payloads]
+    for framed in (False, True):
+        got = MSGPACK.loads_many(payloads, framed)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            assert repr(a) == repr(b)  # NaN-safe equality of the decoded records
+
+
+def test_loads_many_names_the_bad_record():
+    import msgpack as mp
+
+    good = MSGPACK.dumps([L.OP_SET, [], "k", 1])
+    bad = mp.packb([L.OP_SET, [], "t", mp.Timestamp(1, 0)])
+    payloads = [good] * 10 + [bad] + [good] * 3
+    from ultradict_ng.errors import CorruptSegment
+
+    for framed in (False, True):
+        with pytest.raises(CorruptSegment, match="record 10"):
+            MSGPACK.loads_many(payloads, framed)
+
+
+@needs_native
+def test_apply_sets_applies_the_leading_simple_sets():
+    data = {}
+    records = [[L.OP_SET, [], "a", 1], [L.OP_SET, [], 2, [1]], [L.OP_SET, ["n"], "x", 1],
+               [L.OP_SET, [], (1,), 2], [L.OP_DEL, [], "a"], [L.OP_SET, [], "b", 2]]
+    keys = frozenset({type(None), bool, int, float, str, bytes})
+    assert native.apply_sets(data, records, 0, L.OP_SET, keys) == 2
+    assert data == {"a": 1, 2: [1]}
+    assert native.apply_sets(data, records, 3, L.OP_SET, keys) == 3  # tuple key: not simple
+    assert native.apply_sets(data, records, 5, L.OP_SET, keys) == 6
+    assert data == {"a": 1, 2: [1], "b": 2}
+    assert native.apply_sets(data, [[2**70, [], "x", 1]], 0, L.OP_SET, keys) == 0  # no OverflowError

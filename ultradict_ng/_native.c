@@ -1052,10 +1052,80 @@ native_types_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 
-/* parse_records(chunk, tag, base) -> list of payloads, or a str saying what
+
+/* The length of the one msgpack object at p[0:n], or -1 if p does not start
+ * with a complete, well-formed object.  Ext payloads are opaque.  Every
+ * pending item consumes at least one byte, so the loop ends within n bytes
+ * whatever the counts claim. */
+static Py_ssize_t
+mp_skip(const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t pos = 0;
+    uint64_t pending = 1;
+#define NEED(k) do { if ((Py_ssize_t)(k) > n - pos) return -1; } while (0)
+#define BE16(q) (((uint64_t)(q)[0] << 8) | (q)[1])
+#define BE32(q) (((uint64_t)(q)[0] << 24) | ((uint64_t)(q)[1] << 16) | ((uint64_t)(q)[2] << 8) | (q)[3])
+    while (pending) {
+        NEED(1);
+        unsigned char b = p[pos++];
+        uint64_t len;
+        pending--;
+        if (b <= 0x7f || b >= 0xe0)
+            continue;
+        if ((b & 0xf0) == 0x80) { pending += 2 * (uint64_t)(b & 0x0f); continue; }
+        if ((b & 0xf0) == 0x90) { pending += b & 0x0f; continue; }
+        if ((b & 0xe0) == 0xa0) { NEED(b & 0x1f); pos += b & 0x1f; continue; }
+        switch (b) {
+        case 0xc0: case 0xc2: case 0xc3: continue;
+        case 0xc4: case 0xd9: NEED(1); len = p[pos]; pos += 1; break;
+        case 0xc5: case 0xda: NEED(2); len = BE16(p + pos); pos += 2; break;
+        case 0xc6: case 0xdb: NEED(4); len = BE32(p + pos); pos += 4; break;
+        case 0xc7: NEED(2); len = (uint64_t)p[pos] + 1; pos += 1; break;
+        case 0xc8: NEED(3); len = BE16(p + pos) + 1; pos += 2; break;
+        case 0xc9: NEED(5); len = BE32(p + pos) + 1; pos += 4; break;
+        case 0xca: len = 4; break;
+        case 0xcb: len = 8; break;
+        case 0xcc: case 0xd0: len = 1; break;
+        case 0xcd: case 0xd1: len = 2; break;
+        case 0xce: case 0xd2: len = 4; break;
+        case 0xcf: case 0xd3: len = 8; break;
+        case 0xd4: len = 2; break;
+        case 0xd5: len = 3; break;
+        case 0xd6: len = 5; break;
+        case 0xd7: len = 9; break;
+        case 0xd8: len = 17; break;
+        case 0xdc: NEED(2); pending += BE16(p + pos); pos += 2; continue;
+        case 0xdd: NEED(4); pending += BE32(p + pos); pos += 4; continue;
+        case 0xde: NEED(2); pending += 2 * BE16(p + pos); pos += 2; continue;
+        case 0xdf: NEED(4); pending += 2 * BE32(p + pos); pos += 4; continue;
+        default: return -1;  /* 0xc1: never used */
+        }
+        if (len > (uint64_t)(n - pos))
+            return -1;
+        pos += (Py_ssize_t)len;
+    }
+#undef NEED
+#undef BE16
+#undef BE32
+    return pos;
+}
+
+static PyObject *
+native_msgpack_length(PyObject *module, PyObject *arg)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t r = mp_skip((const unsigned char *)b.buf, b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(r);
+}
+
+/* parse_records(chunk, tag, base[, one_msgpack]) -> list of payloads, or a str saying what
  * is wrong: the validation of a reader's copied stream bytes (layout.py,
  * reader step 4) -- every header complete, every payload within the chunk,
- * every generation tag == tag, every crc right -- in one call.  `base` is
+ * every generation tag == tag, every crc right and, with one_msgpack,
+ * every payload exactly one msgpack object -- in one call.  `base` is
  * the stream offset of chunk[0], for the messages, which are the ones of
  * Store._parse. */
 static uint32_t
@@ -1067,10 +1137,13 @@ get_u32le(const unsigned char *p)
 static PyObject *
 native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "parse_records(chunk: bytes, tag, base)");
+    if ((nargs != 3 && nargs != 4) || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "parse_records(chunk: bytes, tag, base[, one_msgpack])");
         return NULL;
     }
+    int one_msgpack = nargs == 4 ? PyObject_IsTrue(args[3]) : 0;
+    if (one_msgpack < 0)
+        return NULL;
     uint64_t tag;
     if (!u64_arg(args[1], &tag))
         return NULL;
@@ -1096,6 +1169,8 @@ native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             problem = "belongs to another generation";
         else if (crc_update(crc_update(0, p + pos, 8), p + start, length) != crc)
             problem = "fails its checksum";
+        else if (one_msgpack && mp_skip(p + start, (Py_ssize_t)length) != (Py_ssize_t)length)
+            problem = "is not exactly one msgpack object";
         if (problem != NULL) {
             Py_DECREF(out);
             return PyUnicode_FromFormat("record at stream offset %zd %s", base + pos, problem);
@@ -1110,6 +1185,121 @@ native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         pos = start + length;
     }
     return out;
+}
+
+
+/* contains_type(obj, type, max_depth) -> bool: whether an object of exactly
+ * `type` is anywhere inside obj (lists, tuples, sets, frozensets, dict keys
+ * and values), or the nesting exceeds max_depth (treated as found: decoded
+ * data of ours never nests that deep).  The codec's check that decoded data
+ * holds no msgpack Timestamp, as one C walk. */
+static int
+contains_type_rec(PyObject *o, PyTypeObject *t, int depth)
+{
+    if (Py_TYPE(o) == t)
+        return 1;
+    if (depth < 0)
+        return 1;
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+        PyObject **items = PySequence_Fast_ITEMS(o);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyTypeObject *it = Py_TYPE(items[i]);
+            if (it == &PyLong_Type || it == &PyUnicode_Type || it == &PyFloat_Type || it == &PyBytes_Type)
+                continue;
+            int r = contains_type_rec(items[i], t, depth - 1);
+            if (r)
+                return r;
+        }
+        return 0;
+    }
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            int r = contains_type_rec(k, t, depth - 1);
+            if (!r)
+                r = contains_type_rec(v, t, depth - 1);
+            if (r)
+                return r;
+        }
+        return 0;
+    }
+    if (PyAnySet_CheckExact(o)) {
+        PyObject *iter = PyObject_GetIter(o), *item;
+        if (iter == NULL)
+            return -1;
+        int r = 0;
+        while (!r && (item = PyIter_Next(iter)) != NULL) {
+            r = contains_type_rec(item, t, depth - 1);
+            Py_DECREF(item);
+        }
+        Py_DECREF(iter);
+        if (r == 0 && PyErr_Occurred())
+            return -1;
+        return r;
+    }
+    return 0;
+}
+
+static PyObject *
+native_contains_type(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "contains_type(obj, type, max_depth)");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[2]);
+    if (depth == -1 && PyErr_Occurred())
+        return NULL;
+    int r = contains_type_rec(args[0], (PyTypeObject *)args[1], (int)depth);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* apply_sets(data, records, start, op_set, key_types) -> index.  Applies
+ * records[start:] to the dict `data` while each is a root-level set of a
+ * scalar key -- a list [op_set, [], key, value] with type(key) in key_types
+ * (a frozenset) -- and returns the index of the first record it did not
+ * apply (len(records) when all were).  Store._refresh's inline case of
+ * _apply, one C loop for a replayed stream. */
+static PyObject *
+native_apply_sets(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+        !PyFrozenSet_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "apply_sets(data: dict, records: list, start, op_set, key_types)");
+        return NULL;
+    }
+    PyObject *data = args[0], *records = args[1], *key_types = args[4];
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    long op_set = PyLong_AsLong(args[3]);
+    if (op_set == -1 && PyErr_Occurred())
+        return NULL;
+    for (; i >= 0 && i < PyList_GET_SIZE(records); i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != 4)
+            break;
+        PyObject *op = PyList_GET_ITEM(rec, 0), *path = PyList_GET_ITEM(rec, 1);
+        int overflow = 0;
+        if (!PyLong_CheckExact(op) || PyLong_AsLongAndOverflow(op, &overflow) != op_set || overflow ||
+            !PyList_CheckExact(path) || PyList_GET_SIZE(path) != 0)
+            break;
+        PyObject *key = PyList_GET_ITEM(rec, 2);
+        int ok = PySet_Contains(key_types, (PyObject *)Py_TYPE(key));
+        if (ok < 0)
+            return NULL;
+        if (!ok)
+            break;
+        if (PyDict_SetItem(data, key, PyList_GET_ITEM(rec, 3)) < 0)
+            return NULL;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromSsize_t(i);
 }
 
 static PyObject *
@@ -1131,8 +1321,14 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef native_methods[] = {
+    {"contains_type", (PyCFunction)(void (*)(void))native_contains_type, METH_FASTCALL,
+     "contains_type(obj, type, max_depth) -> bool: an object of exactly type anywhere inside obj."},
+    {"apply_sets", (PyCFunction)(void (*)(void))native_apply_sets, METH_FASTCALL,
+     "apply_sets(data, records, start, op_set, key_types) -> index of the first record not applied."},
     {"parse_records", (PyCFunction)(void (*)(void))native_parse_records, METH_FASTCALL,
-     "parse_records(chunk, tag, base) -> [payload, ...] or an error message (str)."},
+     "parse_records(chunk, tag, base[, one_msgpack]) -> [payload, ...] or an error message (str)."},
+    {"msgpack_length", (PyCFunction)native_msgpack_length, METH_O,
+     "msgpack_length(data) -> length of the one msgpack object data starts with, or -1."},
     {"types_within", (PyCFunction)(void (*)(void))native_types_within, METH_FASTCALL,
      "types_within(container, types) -> bool: every member (dict: keys and values) of an exact type in types."},
     {"set_immutable_types", (PyCFunction)native_set_immutable_types, METH_O,

@@ -86,7 +86,9 @@ that uses about 40 KiB of C stack) at most :data:`MAX_EXT_NESTING` levels.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import operator
 import pickle
 import re
@@ -94,7 +96,7 @@ import struct
 import threading
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -144,6 +146,7 @@ _ExtType: Any = msgpack.ExtType
 _Timestamp: Any = msgpack.Timestamp
 _Packer: Any = msgpack.Packer
 _unpackb: Callable[..., Any] = msgpack.unpackb
+_Unpacker: Any = msgpack.Unpacker
 # ExtType.__new__ is a Python function that re-validates its arguments;
 # building the namedtuple directly is several times faster and our
 # arguments are always valid.
@@ -549,7 +552,34 @@ _TIMESTAMP_RE = re.compile(
 )
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while decoding a large buffer.
+
+    Decoding creates containers by the hundred thousand, and each few hundred
+    of them trigger a collection that traverses everything decoded so far:
+    with it, replaying 700k records took 1.05 s here, without 0.29 s (the
+    msgpack documentation recommends the same).  Nothing decoded can form a
+    cycle, so there is nothing to collect; the collector is re-enabled at
+    once afterwards, and left alone if someone else had disabled it.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 _CONTAINER_TYPES = frozenset({list, tuple, set, frozenset, dict})
+_contains_type: Optional[Callable[[Any, type, int], bool]] = (
+    atomicwords.NATIVE.contains_type if atomicwords.NATIVE is not None else None
+)
+# Deeper than anything msgpack decodes (its stack) plus our ext levels: the
+# compiled walk reports such data as suspect instead of recursing further.
+_DECODED_DEPTH_LIMIT = 4096
 _SCAN_WITHOUT_REGEX = 1 << 16
 
 
@@ -560,6 +590,8 @@ def _contains_timestamp(obj: Any) -> bool:
     a million-key dict of scalars costs two passes at C speed instead of a
     million Python iterations; only nested containers are visited further.
     """
+    if _contains_type is not None:
+        return bool(_contains_type(obj, _Timestamp, _DECODED_DEPTH_LIMIT))
     if type(obj) is _Timestamp:
         return True
     containers = _CONTAINER_TYPES
@@ -606,6 +638,19 @@ class Codec:
     def loads(self, data: _BytesLike) -> Any:
         """Decode *data*; raises :class:`CorruptSegment` and nothing else."""
         raise NotImplementedError
+
+    def loads_many(self, payloads: List[bytes], framed: bool = False) -> List[Any]:
+        """``[loads(p) for p in payloads]``; raises :class:`CorruptSegment`
+        naming the index of the first payload that cannot be decoded.
+        ``framed``: the caller checked that each payload is exactly one
+        object of the encoding (a hint a codec may use to decode faster)."""
+        out = []
+        for i, payload in enumerate(payloads):
+            try:
+                out.append(self.loads(payload))
+            except CorruptSegment as exc:
+                raise CorruptSegment(f"record {i}: {exc}") from exc
+        return out
 
     def encode_record(self, record: List[Any]) -> Tuple[bytes, Any]:
         """``(payload, decoded)``: the encoding of a stream record and what every
@@ -696,13 +741,38 @@ class MsgpackCodec(Codec):
         payload = self.dumps(record)
         return payload, self.loads(payload)
 
+    def loads_many(self, payloads: List[bytes], framed: bool = False) -> List[Any]:
+        # A reader replaying a long stream decodes every record.  When the
+        # caller has checked that every payload is exactly one msgpack object
+        # (``framed``: the compiled parse_records does), one Unpacker decodes
+        # them all in one C loop instead of a loads() call per record (~2 µs
+        # each).  Anything unusual takes the per-record path for its error.
+        if not framed or len(payloads) < 8:
+            return super().loads_many(payloads)
+        data = b"".join(payloads)
+        unpacker = _Unpacker(raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK,
+                             max_buffer_size=max(len(data), 1))
+        unpacker.feed(data)
+        try:
+            with _gc_paused():
+                out = list(unpacker)
+        except Exception:
+            return super().loads_many(payloads)
+        if len(out) != len(payloads) or (b"\xff" in data and _contains_timestamp(out)):
+            return super().loads_many(payloads)  # names the record
+        return out
+
     def loads(self, data: _BytesLike) -> Any:
         try:
             if type(data) is not bytes:
                 # One copy: also gives a stable snapshot of a shared buffer.
                 # (memoryview() first: bytes(12) would make 12 zero bytes.)
                 data = bytes(memoryview(data))
-            obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
+            if len(data) > _SCAN_WITHOUT_REGEX:  # a dump: many containers at once
+                with _gc_paused():
+                    obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
+            else:
+                obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
             # The regex only pre-filters: on large data (a dump) the compiled
             # walk is cheaper than the scan (1 MB: ~1 ms against ~8 ms).
             if b"\xff" in data and (

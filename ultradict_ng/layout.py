@@ -63,7 +63,10 @@ LIMIT to ``STREAM_GROWTH`` times the dump's length (rounded up to
 ``STREAM_GRANULE``, at most the cap), reserving the pages first.  Why: a dump
 costs time proportional to the dict, and a stream proportional to the dict
 makes that cost amortised over proportionally many writes, so the cost of a
-write stays flat as the dict grows.  LIMIT never shrinks.  If the pages cannot
+write stays flat as the dict grows.  The factor trades that against the
+replay a process that fell behind does (up to LIMIT bytes of records, on top
+of loading the dump): 1 keeps both within about twice a dump load.  LIMIT
+never shrinks.  If the pages cannot
 be reserved (shared memory full) LIMIT stays as it is and nothing fails.
 Readers never use LIMIT: records are bounded by STATE's end, which writers
 keep within LIMIT and readers check against the stream size.
@@ -246,7 +249,7 @@ MIN_STREAM_SIZE = 64  # tiny streams are legal: every write then dumps (useful i
 MAX_STREAM_SIZE = END_MASK  # end must fit in the low half of STATE
 DEFAULT_STREAM_SIZE = 1 << 20  # a fixed stream's default; a growing stream's start
 GROWING_STREAM_CAP = 64 << 20  # size (cap) of a growing stream's segment
-STREAM_GROWTH = 2  # a growing stream's LIMIT >= this times the last dump's length
+STREAM_GROWTH = 1  # a growing stream's LIMIT >= this times the last dump's length
 STREAM_GRANULE = 1 << 20  # LIMIT grows in multiples of this
 
 OP_SET = 1  # [OP_SET, path, key, value]

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import faults
 from . import layout as L
 from . import segment
-from .atomicwords import AtomicWords, RecordWriter, make_record_writer, make_words, parse_records
+from .atomicwords import NATIVE, AtomicWords, RecordWriter, make_record_writer, make_words, parse_records
 from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .fastpath import StoreBase
 from .errors import (
@@ -54,6 +54,8 @@ _MSGPACK_ID = MsgpackCodec.id
 _W_STREAM_LIMIT = L.W_STREAM_LIMIT
 # Key types for which ``dict[key] = value`` cannot raise (hashable, no __eq__ code).
 _SCALAR_KEYS = frozenset({type(None), bool, int, float, str, bytes})
+_apply_sets: Any = NATIVE.apply_sets if NATIVE is not None else None
+_NATIVE_FRAMING = NATIVE is not None
 _ATOMIC_WORDS = [L.W_MAGIC, L.W_STREAM_LIMIT, L.W_STATE, L.W_LOCK, L.W_REG_LOW, L.W_REG_HIGH, L.W_STATUS]
 _rec_header = struct.Struct(L.RECORD_FORMAT)
 _rec_prefix = struct.Struct("<II")
@@ -424,12 +426,20 @@ class Store(StoreBase):
                 continue
             try:
                 data = self.data
-                for rec in records:
-                    if (type(rec) is list and len(rec) == 4 and rec[0] == _OP_SET
-                            and type(rec[1]) is list and not rec[1] and type(rec[2]) in _SCALAR_KEYS):
-                        data[rec[2]] = rec[3]  # _apply's common case, inline: cannot raise
-                    else:
-                        self._apply(rec)
+                if _apply_sets is not None:
+                    i, n = 0, len(records)
+                    while i < n:  # runs of root-level scalar-key sets in C, the rest here
+                        i = _apply_sets(data, records, i, _OP_SET, _SCALAR_KEYS)
+                        if i < n:
+                            self._apply(records[i])
+                            i += 1
+                else:
+                    for rec in records:
+                        if (type(rec) is list and len(rec) == 4 and rec[0] == _OP_SET
+                                and type(rec[1]) is list and not rec[1] and type(rec[2]) in _SCALAR_KEYS):
+                            data[rec[2]] = rec[3]  # _apply's common case, inline: cannot raise
+                        else:
+                            self._apply(rec)
             except _Inconsistent as exc:
                 problem = str(exc)
                 self.gen = self.seen = _INVALID
@@ -471,19 +481,17 @@ class Store(StoreBase):
 
     def _parse(self, chunk: bytes, gen: int) -> Any:
         """Decoded records of ``chunk``, or a str saying what is wrong (step 4)."""
-        payloads = parse_records(chunk, gen & _GEN_MASK, self.pos)
+        framed = _NATIVE_FRAMING and self.codec.id == _MSGPACK_ID
+        if framed:  # the compiled parser also checks each payload is one msgpack object
+            payloads = parse_records(chunk, gen & _GEN_MASK, self.pos, True)
+        else:
+            payloads = parse_records(chunk, gen & _GEN_MASK, self.pos)
         if isinstance(payloads, str):
             return payloads
-        loads = self.codec.loads
-        out: List[Any] = []
-        offset = self.pos
-        for body in payloads:
-            try:
-                out.append(loads(body))
-            except CorruptSegment as exc:
-                return f"record at stream offset {offset} cannot be decoded: {exc}"
-            offset += _RECORD_HEADER + len(body)
-        return out
+        try:
+            return self.codec.loads_many(payloads, framed)
+        except CorruptSegment as exc:
+            return f"records from stream offset {self.pos} cannot be decoded: {exc}"
 
     def _apply(self, rec: Any) -> None:
         """Apply one decoded record to the cache: the one code path for readers and writers."""
