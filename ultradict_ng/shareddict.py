@@ -47,8 +47,8 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
       ``SharedDict`` views (``d["a"]["b"] = 1`` is seen everywhere).
     * ``buffer_size``: bytes of the update stream.  A mutation that does not
       fit triggers a full dump; no value size limit follows.  Default: the
-      stream starts at 1 MiB and grows with the dict (to the size of its
-      last dump, at most 64 MiB of shared memory), so that the cost of
+      stream starts at 1 MiB and grows with the dict (to twice the size of
+      its last dump, at most 64 MiB of shared memory), so that the cost of
       dumps, amortised over the writes between them, stays flat as the dict
       grows; an explicit size is fixed.
     * ``serializer``: ``"msgpack"`` (default, never executes code) or
