@@ -57,8 +57,6 @@ _SCALAR_KEYS = frozenset({type(None), bool, int, float, str, bytes})
 _apply_sets: Any = NATIVE.apply_sets if NATIVE is not None else None
 _NATIVE_FRAMING = NATIVE is not None
 _ATOMIC_WORDS = [L.W_MAGIC, L.W_STREAM_LIMIT, L.W_STATE, L.W_LOCK, L.W_REG_LOW, L.W_REG_HIGH, L.W_STATUS]
-_rec_header = struct.Struct(L.RECORD_FORMAT)
-_rec_prefix = struct.Struct("<II")
 _dump_header = struct.Struct(L.DUMP_FORMAT)
 
 Path = Tuple[Any, ...]
@@ -121,8 +119,6 @@ class _Mapping:
         self.writer: Optional[RecordWriter] = (
             make_record_writer(stream.buf) if stream is not None and stream.buf is not None else None
         )
-        # The compiled helper's write_simple on the stream, or None.
-        self.simple: Any = self.writer.simple if self.writer is not None else None
 
     def release(self) -> None:
         self.atomic.release()
@@ -167,7 +163,8 @@ class Store(StoreBase):
     # Hot-path fields first; __slots__ keeps attribute access cheap.
     __slots__ = (
         "words", "recurse", "codec", "name", "token", "lock", "mutex",
-        "gen", "pos", "stream_size", "grows", "dump_limit", "created", "_map", "_finalizer", "__weakref__",
+        "gen", "pos", "stream_size", "grows", "dump_limit", "created", "_map", "_simple", "_finalizer",
+        "__weakref__",
     )
 
     words: Any
@@ -179,6 +176,12 @@ class Store(StoreBase):
                  grows: bool = False) -> None:
         self._map = mapping
         self.words = mapping.words
+        # The compiled helper's write_simple on the stream when its bytes are
+        # this codec's (msgpack), else None: set_root then takes commit().
+        writer = mapping.writer
+        self._simple: Any = (
+            writer.simple if writer is not None and codec.id == MsgpackCodec.id else None
+        )
         self.name = name
         self.codec = codec
         self.recurse = recurse
@@ -435,11 +438,7 @@ class Store(StoreBase):
                             i += 1
                 else:
                     for rec in records:
-                        if (type(rec) is list and len(rec) == 4 and rec[0] == _OP_SET
-                                and type(rec[1]) is list and not rec[1] and type(rec[2]) in _SCALAR_KEYS):
-                            data[rec[2]] = rec[3]  # _apply's common case, inline: cannot raise
-                        else:
-                            self._apply(rec)
+                        self._apply(rec)
             except _Inconsistent as exc:
                 problem = str(exc)
                 self.gen = self.seen = _INVALID
@@ -502,7 +501,7 @@ class Store(StoreBase):
                 node = node[key]
             if type(node) is not dict:
                 raise _Inconsistent(f"record path {rec[1]!r} does not lead to a dict")
-            if op == L.OP_SET:
+            if op == _OP_SET:
                 node[rec[2]] = rec[3]
             elif op == L.OP_DEL:
                 del node[rec[2]]
@@ -578,8 +577,8 @@ class Store(StoreBase):
         """
         self.begin_write()
         try:
-            simple = self._map.simple
-            if simple is not None and self.codec.id == _MSGPACK_ID and faults.armed is None:
+            simple = self._simple
+            if simple is not None and faults.armed is None:
                 new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
                 if new_end is not None:
                     state = (self.gen << _GEN_SHIFT) | new_end
@@ -613,10 +612,7 @@ class Store(StoreBase):
             if faults.armed is not None:
                 faults.hit("record-published")
             try:
-                if decoded[0] == _OP_SET and not decoded[1]:
-                    self.data[decoded[2]] = decoded[3]  # the common case of _apply
-                else:
-                    self._apply(decoded)
+                self._apply(decoded)
             except BaseException:  # published but not applied here: reload
                 self.gen = self.seen = _INVALID
                 raise
