@@ -233,11 +233,11 @@ def source_digest() -> Dict[str, Any]:
                 newest = max(newest, os.path.getmtime(path))
         import datetime
 
-        from ultradict_ng import atomicwords
+        from ultradict_ng import speedups
 
         return {"path": root, "sha256_of_py_and_c_files": h.hexdigest()[:16],
-                # native (compiled helper), bound or public: see atomicwords.py
-                "hot_path_implementation": atomicwords.IMPLEMENTATION,
+                # native (compiled helper), bound or public: see speedups.py
+                "hot_path_implementation": speedups.IMPLEMENTATION,
                 "newest_file_mtime": datetime.datetime.fromtimestamp(newest).astimezone()
                 .isoformat(timespec="seconds")}
     except Exception as exc:

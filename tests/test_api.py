@@ -400,10 +400,10 @@ def test_serializer_object_with_dumps_and_loads(name):
 
 def test_dump_limit_rejects_oversized_dumps_and_changes_nothing(name):
     from ultradict_ng import OutOfSpace
+    from ultradict_ng.engine import Options
     from ultradict_ng.store import Store
 
-    store = Store.open(name, None, recurse=None, buffer_size=64, serializer=None,
-                       auto_unlink=True, initial=None, dump_limit=4096)
+    store = Store.open(name, None, Options(buffer_size=64, auto_unlink=True, dump_limit=4096))
     try:
         store.begin_write()
         try:
@@ -415,8 +415,7 @@ def test_dump_limit_rejects_oversized_dumps_and_changes_nothing(name):
         other = SharedDict(name=name)
         assert other.copy() == {"small": "x" * 100}
         with pytest.raises(ParameterMismatch):
-            Store.open(name, None, recurse=None, buffer_size=None, serializer=None,
-                       auto_unlink=None, initial=None, dump_limit=1 << 20)
+            Store.open(name, None, Options(dump_limit=1 << 20))
         other.close()
         assert store.dump_limit == 4096
     finally:

@@ -1,33 +1,59 @@
-"""The compiled helper (``ultradict_ng._native``) against its pure-Python twins.
+"""The seam (``ultradict_ng.speedups``): the compiled helper and its pure-Python twins.
 
-Every fast path of the helper must produce exactly what the fallbacks produce:
-the same stream bytes (record writer, scalar encoder, CRC-32), the same lock
-state transitions, and interoperate with processes that use a fallback.
+Every entry point exists in ``_native`` and in ``fallback`` with the same
+name, and each implementation -- the compiled one where it is built, the twin
+with both ``atomics`` flavours -- is checked here against an explicit
+reference (struct + zlib + msgpack-python): the same stream bytes, the same
+lock state transitions, the same answers.  Processes on different
+implementations then share a dict (tested at the end).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
 import zlib
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ultradict_ng import SharedDict, atomicwords, codec
+from ultradict_ng import SharedDict, codec, fallback, record, speedups
 from ultradict_ng import layout as L
 from ultradict_ng.errors import Closed
-from ultradict_ng.lock import _ProcessState
 
-native = atomicwords._native
+native = speedups._compiled
 needs_native = pytest.mark.skipif(native is None, reason="ultradict_ng._native is not compiled")
 
 MSGPACK = codec.codec_for(None)
+
+
+class _Impl:
+    """One implementation's entry points, under the names speedups exports."""
+
+    def __init__(self, module, words):
+        self.module = module
+        self.Words = words
+        for name in ("ProcessState", "parse_records", "apply_sets", "types_within",
+                     "contains_type", "msgpack_length", "crc32"):
+            setattr(self, name, getattr(module, name))
+
+
+def _impls():
+    out = [pytest.param(_Impl(fallback, fallback.BoundWords), id="bound"),
+           pytest.param(_Impl(fallback, fallback.PublicWords), id="public")]
+    if native is not None:
+        out.append(pytest.param(_Impl(native, native.Words), id="native"))
+    return out
+
+
+impls = pytest.mark.parametrize("impl", _impls())
 
 scalars = st.one_of(
     st.none(),
@@ -49,78 +75,117 @@ not_simple = st.one_of(
 
 def test_helper_is_built_in_ci():
     """CI installs with gcc present: the compiled path must be the one under test there."""
-    if os.environ.get("CI") and not os.environ.get("ULTRADICT_NG_ATOMICS"):
+    forced = os.environ.get(speedups.ENV_VAR) or os.environ.get("ULTRADICT_NG_ATOMICS")
+    if os.environ.get("CI") and not forced:
         assert native is not None, "ultradict_ng._native did not compile"
-        assert atomicwords.IMPLEMENTATION == "native"
+        assert speedups.IMPLEMENTATION == "native"
+
+
+# -- one interface, described once ---------------------------------------------------
+
+
+def _public(obj):
+    return {n for n in dir(obj) if not n.startswith("__")}
+
+
+@needs_native
+def test_twins_have_every_name_of_the_helper():
+    """fallback defines every entry point of _native (and _native.pyi names them all)."""
+    names = {n for n in vars(native) if not n.startswith("_")}
+    assert names == set(fallback.__all__) - {"BoundWords", "PublicWords"}
+    stub = open(os.path.join(os.path.dirname(speedups.__file__), "_native.pyi")).read()
+    for n in names:
+        assert f"{n}" in stub, n
+    for cls in ("Words", "ProcessState", "StoreBase", "ViewBase"):
+        assert _public(getattr(native, cls)) <= _public(getattr(fallback, cls)) | {"_bind_state"}, cls
+        assert _public(getattr(fallback, cls)) - {"_check", "_view", "_nwords"} >= _public(getattr(native, cls)), cls
+
+
+def test_mirrored_constants_agree():
+    assert set(fallback.SCALAR_TYPES) == record.SCALAR_TYPES
+    assert fallback.RECORD_HEADER == L.RECORD_HEADER == struct.calcsize(L.RECORD_FORMAT)
+    if native is not None:
+        assert set(native.SCALAR_TYPES) == record.SCALAR_TYPES
+        assert native.RECORD_HEADER == L.RECORD_HEADER
+
+
+def test_speedups_exports_one_implementation():
+    source = fallback if speedups.IMPLEMENTATION != "native" else native
+    for name in ("ProcessState", "StoreBase", "ViewBase", "parse_records", "apply_sets",
+                 "types_within", "contains_type", "msgpack_length", "crc32"):
+        assert getattr(speedups, name) is getattr(source, name), name
+    expected_words = {"native": getattr(native, "Words", None), "bound": fallback.BoundWords,
+                      "public": fallback.PublicWords}[speedups.IMPLEMENTATION]
+    assert speedups.Words is expected_words
 
 
 # -- stream bytes ----------------------------------------------------------------
 
 
-@needs_native
+@impls
 @given(st.binary(max_size=2000), st.integers(min_value=0, max_value=2**32 - 1))
-def test_crc32_is_zlibs(data, start):
-    assert native.crc32(data, start) == zlib.crc32(data, start)
-    assert native.crc32(data) == zlib.crc32(data)
+def test_crc32_is_zlibs(impl, data, start):
+    assert impl.crc32(data, start) == zlib.crc32(data, start)
+    assert impl.crc32(data) == zlib.crc32(data)
 
 
-def _python_record(pos, tag, payload, size=300_000):
-    """The stream bytes the pure-Python RecordWriter stores."""
+def _reference_record(pos, tag, payload, size=300_000):
+    """The stream bytes layout.py's "Stream record" describes, built from the spec."""
     buf = bytearray(size)
-    w = atomicwords.RecordWriter.__new__(atomicwords.RecordWriter)
-    w._mv, w._native, w.simple = memoryview(buf), None, None
-    end = atomicwords.RecordWriter.write(w, pos, tag, payload)
-    w._mv.release()
-    return end, buf
+    length = len(payload)
+    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<II", length, tag)))
+    buf[pos:pos + 16] = struct.pack(L.RECORD_FORMAT, length, tag, crc, 0)
+    buf[pos + 16:pos + 16 + length] = payload
+    return pos + 16 + length, buf
 
 
-@needs_native
+@impls
 @given(st.binary(max_size=3000), st.integers(0, 64), st.integers(0, 2**32 - 1))
-def test_write_record_matches_python_writer(payload, pos, tag):
+def test_write_record_matches_the_spec(impl, payload, pos, tag):
     buf = bytearray(8192)
-    words = native.Words(buf)
+    words = impl.Words(buf)
     end = words.write_record(pos, tag, payload)
     words.release()
-    expected_end, expected = _python_record(pos, tag, payload, 8192)
+    expected_end, expected = _reference_record(pos, tag, payload, 8192)
     assert end == expected_end and buf == expected
 
 
-@needs_native
-@settings(max_examples=300)
+@impls
+@settings(max_examples=150)
 @given(key=scalars, value=scalars, pos=st.integers(0, 40), tag=st.integers(0, 2**32 - 1))
-def test_write_simple_is_the_general_encoding(key, value, pos, tag):
-    """write_simple stores the bytes of RecordWriter.write(codec.dumps(record))."""
-    for args, record in (((L.OP_SET, key, value), [L.OP_SET, [], key, value]),
-                         ((L.OP_DEL, key), [L.OP_DEL, [], key])):
+def test_write_simple_is_the_general_encoding(impl, key, value, pos, tag):
+    """write_simple stores the bytes of a record of codec.dumps(record)."""
+    for args, rec in (((L.OP_SET, key, value), [L.OP_SET, [], key, value]),
+                      ((L.OP_DEL, key), [L.OP_DEL, [], key])):
         buf = bytearray(300_000)
-        words = native.Words(buf)
+        words = impl.Words(buf)
         end = words.write_simple(pos, tag, 300_000, *args)
         words.release()
-        expected_end, expected = _python_record(pos, tag, MSGPACK.dumps(record))
+        expected_end, expected = _reference_record(pos, tag, MSGPACK.dumps(rec))
         assert end == expected_end
         assert buf == expected
         # ...which decodes to an equal record of the same types (what the writer applies).
         decoded = MSGPACK.loads(bytes(buf[pos + 16:end]))
-        assert [type(x) for x in decoded] == [type(x) for x in record]
-        for got, want in zip(decoded, record):
+        assert [type(x) for x in decoded] == [type(x) for x in rec]
+        for got, want in zip(decoded, rec):
             assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
 
 
-@needs_native
+@impls
 @given(bad=not_simple, pos=st.integers(0, 40))
-def test_write_simple_declines_what_it_cannot_encode_exactly(bad, pos):
+def test_write_simple_declines_what_it_cannot_encode_exactly(impl, bad, pos):
     buf = bytearray(4096)
-    words = native.Words(buf)
+    words = impl.Words(buf)
     assert words.write_simple(pos, 1, 4096, L.OP_SET, "k", bad) is None
     assert words.write_simple(pos, 1, 4096, L.OP_SET, bad, 1) is None
     words.release()
     assert buf == bytearray(4096)  # nothing written
 
 
-@needs_native
-def test_write_simple_and_write_record_never_write_past_the_buffer():
+@impls
+def test_write_simple_and_write_record_never_write_past_the_buffer(impl):
     buf = bytearray(64)
-    words = native.Words(buf)
+    words = impl.Words(buf)
     assert words.write_simple(40, 1, 64, L.OP_SET, "k", "x" * 10) is None  # 16 + 16 bytes > 24
     assert words.write_simple(-1, 1, 64, L.OP_SET, "k", 1) is None
     assert words.write_simple(65, 1, 64, L.OP_SET, "k", 1) is None
@@ -131,7 +196,7 @@ def test_write_simple_and_write_record_never_write_past_the_buffer():
         words.write_record(-8, 1, b"abc")
     words.release()
     assert buf == bytearray(64)
-    words = native.Words(buf)
+    words = impl.Words(buf)
     assert words.write_simple(0, 1, 2**40, L.OP_SET, "k", 1) == 16 + 6  # limit clamped to the buffer
     words.release()
 
@@ -162,10 +227,10 @@ def test_encode_record_falls_back_for_everything_else():
 # -- atomic words ------------------------------------------------------------------
 
 
-@needs_native
-def test_words_operations_and_errors():
+@impls
+def test_words_operations_and_errors(impl):
     buf = bytearray(64)
-    words = native.Words(buf)
+    words = impl.Words(buf)
     words.store(1, 7)
     assert words.cas(1, 7, 2**64 - 1) == (True, 7)
     assert words.cas(1, 7, 3) == (False, 2**64 - 1)
@@ -184,17 +249,17 @@ def test_words_operations_and_errors():
     with pytest.raises(Closed):
         words.write_simple(0, 0, 64, 0, "k", 1)
     with pytest.raises(ValueError):
-        native.Words(memoryview(bytearray(64))[1:33])  # not 8-byte aligned
+        impl.Words(memoryview(bytearray(64))[1:33])  # not 8-byte aligned
     with pytest.raises(BufferError):
-        native.Words(b"\x00" * 64)  # read-only
+        impl.Words(b"\x00" * 64)  # read-only
 
 
-@needs_native
-def test_words_keep_the_mapping_exported_until_released():
+@impls
+def test_words_keep_the_mapping_exported_until_released(impl):
     import mmap
 
     m = mmap.mmap(-1, 4096)
-    words = native.Words(m)
+    words = impl.Words(m)
     with pytest.raises(BufferError):
         m.close()  # the export protects us from use after unmap
     words.release()
@@ -204,41 +269,34 @@ def test_words_keep_the_mapping_exported_until_released():
 # -- lock state ----------------------------------------------------------------
 
 
-def _state_pairs():
-    pairs = [pytest.param(_ProcessState, lambda buf: atomicwords.BoundWords(buf, [0, 1, 2]), id="python")]
-    if native is not None:
-        pairs.append(pytest.param(native.ProcessState, lambda buf: native.Words(buf), id="native"))
-    return pairs
-
-
-@pytest.mark.parametrize("state_class, make_words", _state_pairs())
-def test_process_state_transitions(state_class, make_words):
-    """The C ProcessState and lock._ProcessState go through the same states."""
+@impls
+def test_process_state_transitions(impl):
+    """Every ProcessState goes through the same states."""
     buf = bytearray(24)
-    words = make_words(buf)
-    state = state_class()
+    words = impl.Words(buf)
+    state = impl.ProcessState()
     me = threading.get_ident()
     assert (state.owner, state.count, state.mutex.locked()) == (None, 0, False)
     assert state.exit(words, 1, 5) is None  # not held: nothing changes
     assert state.enter(words, 1, 5) is True
     assert (state.owner, state.count, state.mutex.locked()) == (me, 1, True)
-    assert int.from_bytes(buf[8:16], "little") == 5
+    assert int.from_bytes(buf[8:16], sys.byteorder) == 5
     assert state.enter(words, 1, 5) is True  # reentrant
     assert state.count == 2
     assert state.exit(words, 1, 5) is True
-    assert int.from_bytes(buf[8:16], "little") == 5
+    assert int.from_bytes(buf[8:16], sys.byteorder) == 5
     assert state.exit(words, 1, 5) is True
     assert (state.owner, state.count, state.mutex.locked()) == (None, 0, False)
     assert buf[8:16] == bytes(8)
     # Another process holds the word: enter takes the mutex and reports False.
-    buf[8:16] = (9).to_bytes(8, "little")
+    buf[8:16] = (9).to_bytes(8, sys.byteorder)
     assert state.enter(words, 1, 5) is False
     assert state.owner is None and state.mutex.locked()
     state.mutex.release()
     # Taken over while we held it: the last exit reports False, releases the mutex.
     buf[8:16] = bytes(8)
     assert state.enter(words, 1, 5) is True
-    buf[8:16] = (9).to_bytes(8, "little")
+    buf[8:16] = (9).to_bytes(8, sys.byteorder)
     assert state.exit(words, 1, 5) is False
     assert not state.mutex.locked() and state.owner is None
     # The attributes the Python slow paths and the fork handler write.
@@ -248,15 +306,14 @@ def test_process_state_transitions(state_class, make_words):
     new_mutex = threading.Lock()
     state.mutex = new_mutex
     assert state.mutex is new_mutex
-    if hasattr(words, "release"):
-        words.release()
+    words.release()
 
 
-@pytest.mark.parametrize("state_class, make_words", _state_pairs())
-def test_process_state_excludes_threads(state_class, make_words):
+@impls
+def test_process_state_excludes_threads(impl):
     buf = bytearray(24)
-    words = make_words(buf)
-    state = state_class()
+    words = impl.Words(buf)
+    state = impl.ProcessState()
     counter = [0]
 
     def worker():
@@ -273,31 +330,33 @@ def test_process_state_excludes_threads(state_class, make_words):
     for t in threads:
         t.join()
     assert counter[0] == 8000 and buf[8:16] == bytes(8)
-    if hasattr(words, "release"):
-        words.release()
+    words.release()
 
 
 # -- selection and interoperation ----------------------------------------------------
 
 
-def _implementation_in_child(value):
-    env = {**os.environ, "ULTRADICT_NG_ATOMICS": value}
+def _implementation_in_child(value, var=speedups.ENV_VAR):
+    env = {k: v for k, v in os.environ.items() if k not in (speedups.ENV_VAR, "ULTRADICT_NG_ATOMICS")}
+    env[var] = value
     return subprocess.run(
-        [sys.executable, "-c", "import ultradict_ng.atomicwords as a; print(a.IMPLEMENTATION)"],
+        [sys.executable, "-c", "import ultradict_ng.speedups as s; print(s.IMPLEMENTATION)"],
         env=env, capture_output=True, text=True, timeout=60,
     )
 
 
 @pytest.mark.parametrize("value", ["bound", "public", "BOUND"])
-def test_environment_variable_forces_a_fallback(value):
-    out = _implementation_in_child(value)
+@pytest.mark.parametrize("var", [speedups.ENV_VAR, "ULTRADICT_NG_ATOMICS"])
+def test_environment_variable_forces_a_fallback(value, var):
+    """The switch, under its name and its former name."""
+    out = _implementation_in_child(value, var)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == value.lower()
 
 
 def test_environment_variable_rejects_unknown_values():
     out = _implementation_in_child("fast")
-    assert out.returncode != 0 and "ULTRADICT_NG_ATOMICS='fast'" in out.stderr
+    assert out.returncode != 0 and f"{speedups.ENV_VAR}='fast'" in out.stderr
 
 
 @needs_native
@@ -322,7 +381,7 @@ def test_native_and_fallback_processes_share_one_dict(name, other):
         d.close()
     """)
     child = subprocess.Popen([sys.executable, "-c", script],
-                             env={**os.environ, "ULTRADICT_NG_ATOMICS": other})
+                             env={**os.environ, speedups.ENV_VAR: other})
     try:
         for _ in range(1500):
             with d.lock:
@@ -338,13 +397,12 @@ def test_native_and_fallback_processes_share_one_dict(name, other):
 
 
 def test_reads_use_the_compiled_hit_path_when_built():
-    from ultradict_ng import fastpath
-
-    assert fastpath.NATIVE_READS is (atomicwords.NATIVE is not None)
-    if fastpath.NATIVE_READS:
+    if speedups.IMPLEMENTATION == "native":
         # The C slot, not a Python function: SharedDict defines no __getitem__ of its own.
         assert "__getitem__" not in SharedDict.__dict__
         assert type(SharedDict.__getitem__).__name__ == "wrapper_descriptor"
+    else:  # the twin base installs the full rules as __getitem__ itself
+        assert SharedDict.__getitem__ is SharedDict._getitem_slow
 
 
 def test_hit_path_never_answers_from_a_stale_or_closed_cache(name):
@@ -376,36 +434,45 @@ def test_hit_path_never_answers_from_a_stale_or_closed_cache(name):
     d.close()
 
 
-# -- replay: record framing and batch decoding ----------------------------------------
+# -- replay: record framing, batch decoding and applying ----------------------------
 
 
-@needs_native
-@settings(max_examples=200)
+@impls
+@settings(max_examples=100)
 @given(st.lists(st.one_of(scalars, st.lists(scalars, max_size=5),
                           st.dictionaries(st.text(max_size=5), scalars, max_size=5),
                           st.tuples(scalars, scalars)), max_size=6))
-def test_msgpack_length_is_the_encoded_length(values):
-    """The compiled framing check measures exactly one object, never more or less."""
+def test_msgpack_length_is_the_encoded_length(impl, values):
+    """The framing check measures exactly one object, never more or less."""
     payload = MSGPACK.dumps([L.OP_UPDATE, [], [[i, v] for i, v in enumerate(values)]])
-    assert native.msgpack_length(payload) == len(payload)
-    assert native.msgpack_length(payload + b"\xc0") == len(payload)  # a second object is not counted
+    assert impl.msgpack_length(payload) == len(payload)
+    assert impl.msgpack_length(payload + b"\xc0") == len(payload)  # a second object is not counted
     for cut in {0, 1, len(payload) // 2, len(payload) - 1}:
         if cut < len(payload):
-            assert native.msgpack_length(payload[:cut]) == -1  # truncated
+            assert impl.msgpack_length(payload[:cut]) == -1  # truncated
+    assert impl.msgpack_length(b"\xc1") == -1  # never used by msgpack
 
 
-@needs_native
-def test_parse_records_rejects_payloads_that_are_not_one_object():
-    buf = bytearray(256)
-    words = native.Words(buf)
+@impls
+def test_parse_records_checks_every_record(impl):
+    buf = bytearray(512)
+    words = impl.Words(buf)
     one = MSGPACK.dumps([L.OP_SET, [], "k", 1])
     end = words.write_record(0, 3, one)
     end2 = words.write_record(end, 3, one + b"\xc0")  # two objects in one record
     words.release()
     chunk = bytes(buf[:end2])
-    assert native.parse_records(chunk, 3, 0) == [one, one + b"\xc0"]  # framing not asked for
-    problem = native.parse_records(chunk, 3, 0, True)
+    assert impl.parse_records(chunk, 3, 0) == [one, one + b"\xc0"]  # framing not asked for
+    problem = impl.parse_records(chunk, 3, 0, True)
     assert isinstance(problem, str) and f"offset {end}" in problem and "one msgpack object" in problem
+    assert impl.parse_records(chunk[:end], 3, 100, True) == [one]
+    assert "another generation" in impl.parse_records(chunk[:end], 4, 0)
+    assert impl.parse_records(chunk[:end], 3 + 2**32, 0) == [one]  # the tag's low 32 bits
+    assert "truncated record header at stream offset 100" == impl.parse_records(chunk[:10], 3, 100)
+    assert "overruns" in impl.parse_records(chunk[:end - 1], 3, 0)
+    damaged = bytearray(chunk[:end])
+    damaged[20] ^= 1
+    assert "checksum" in impl.parse_records(bytes(damaged), 3, 0)
 
 
 @given(st.lists(st.lists(scalars, min_size=1, max_size=3), min_size=0, max_size=40))
@@ -432,15 +499,56 @@ def test_loads_many_names_the_bad_record():
             MSGPACK.loads_many(payloads, framed)
 
 
-@needs_native
-def test_apply_sets_applies_the_leading_simple_sets():
+
+@impls
+def test_apply_sets_applies_the_leading_simple_sets(impl):
     data = {}
     records = [[L.OP_SET, [], "a", 1], [L.OP_SET, [], 2, [1]], [L.OP_SET, ["n"], "x", 1],
                [L.OP_SET, [], (1,), 2], [L.OP_DEL, [], "a"], [L.OP_SET, [], "b", 2]]
-    keys = frozenset({type(None), bool, int, float, str, bytes})
-    assert native.apply_sets(data, records, 0, L.OP_SET, keys) == 2
+    keys = record.SCALAR_TYPES
+    assert impl.apply_sets(data, records, 0, L.OP_SET, keys) == 2
     assert data == {"a": 1, 2: [1]}
-    assert native.apply_sets(data, records, 3, L.OP_SET, keys) == 3  # tuple key: not simple
-    assert native.apply_sets(data, records, 5, L.OP_SET, keys) == 6
+    assert impl.apply_sets(data, records, 3, L.OP_SET, keys) == 3  # tuple key: not simple
+    assert impl.apply_sets(data, records, 5, L.OP_SET, keys) == 6
     assert data == {"a": 1, 2: [1], "b": 2}
-    assert native.apply_sets(data, [[2**70, [], "x", 1]], 0, L.OP_SET, keys) == 0  # no OverflowError
+    assert impl.apply_sets(data, [[2**70, [], "x", 1]], 0, L.OP_SET, keys) == 0  # no OverflowError
+    assert impl.apply_sets(data, [(L.OP_SET, [], "t", 1), [L.OP_SET, (), "t", 1]], 0, L.OP_SET, keys) == 0
+
+
+# -- the codec's type scans ----------------------------------------------------------
+
+leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3))
+trees = st.recursive(leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner, inner),
+    st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    st.frozensets(st.integers(), max_size=3)), max_leaves=30)
+
+
+def _reference_contains(obj, tp, depth):
+    if type(obj) is tp:
+        return True
+    if type(obj) not in (list, tuple, dict, set, frozenset):
+        return False
+    if depth < 0:
+        return True
+    members = [*obj.keys(), *obj.values()] if type(obj) is dict else list(obj)
+    return any(_reference_contains(m, tp, depth - 1) for m in members)
+
+
+@impls
+@settings(max_examples=150)
+@given(tree=trees, depth=st.integers(0, 6))
+def test_contains_type_is_the_reference_walk(impl, tree, depth):
+    for tp in (float, bool, type(None), frozenset):
+        assert impl.contains_type(tree, tp, depth) == _reference_contains(tree, tp, depth)
+
+
+@impls
+@given(container=st.one_of(st.lists(trees, max_size=5), st.dictionaries(st.text(max_size=3), trees, max_size=5),
+                           st.tuples(trees, trees), st.frozensets(st.integers(), max_size=4)))
+def test_types_within_is_the_reference_scan(impl, container):
+    allowed = frozenset({int, str, type(None)})
+    members = [*container.keys(), *container.values()] if type(container) is dict else list(container)
+    assert impl.types_within(container, allowed) == all(type(m) in allowed for m in members)
+    with pytest.raises(TypeError):
+        impl.types_within(5, allowed)

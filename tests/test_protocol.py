@@ -329,24 +329,26 @@ def test_interrupt_after_publish_does_not_desync_the_cache(name, write, expected
     d = SharedDict(name=name)
     d["x"] = 0
     other = SharedDict(name=name)
-    atomic = d._store._map.atomic
-    real_store = atomic.store
+    mapping = d._store._map
+    real = mapping.atomic
 
-    def store_then_interrupt(index, value):
-        real_store(index, value)
-        if index == L.W_STATE:
-            raise KeyboardInterrupt
+    class StoreThenInterrupt:
+        """The mapping's atomic words, but a store of STATE is followed by an interrupt."""
 
-    own_attribute = "store" in vars(atomic)  # the compiled implementation binds it per object
-    atomic.store = store_then_interrupt
+        def __getattr__(self, attr):
+            return getattr(real, attr)
+
+        def store(self, index, value):
+            real.store(index, value)
+            if index == L.W_STATE:
+                raise KeyboardInterrupt
+
+    mapping.atomic = StoreThenInterrupt()
     try:
         with pytest.raises(KeyboardInterrupt):
             write(d)
     finally:
-        if own_attribute:
-            atomic.store = real_store
-        else:
-            del atomic.store
+        mapping.atomic = real
     assert other.copy() == expected  # published: everyone sees it
     assert d.copy() == expected  # and this handle too: its cache reloaded
     d["b"] = 2

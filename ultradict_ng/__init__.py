@@ -14,7 +14,7 @@ from .errors import *  # noqa: F401,F403  (every exception, listed in errors.__a
 from .lock import SharedLock
 from .shareddict import SharedDict
 from .compat import UltraDict
-from .store import unlink_by_name
+from .engine import unlink_by_name
 
 __version__ = "0.1.0"
 

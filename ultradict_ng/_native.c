@@ -1190,23 +1190,25 @@ native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* contains_type(obj, type, max_depth) -> bool: whether an object of exactly
  * `type` is anywhere inside obj (lists, tuples, sets, frozensets, dict keys
- * and values), or the nesting exceeds max_depth (treated as found: decoded
- * data of ours never nests that deep).  The codec's check that decoded data
+ * and values), or a container nests deeper than max_depth (treated as found:
+ * decoded data of ours never nests that deep).  The codec's check that decoded data
  * holds no msgpack Timestamp, as one C walk. */
 static int
 contains_type_rec(PyObject *o, PyTypeObject *t, int depth)
 {
     if (Py_TYPE(o) == t)
         return 1;
-    if (depth < 0)
-        return 1;
+    if (depth < 0 && (PyList_CheckExact(o) || PyTuple_CheckExact(o) || PyDict_CheckExact(o) ||
+                      PyAnySet_CheckExact(o)))
+        return 1;  /* a container deeper than max_depth */
     if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
         PyObject **items = PySequence_Fast_ITEMS(o);
         for (Py_ssize_t i = 0; i < n; i++) {
             PyTypeObject *it = Py_TYPE(items[i]);
-            if (it == &PyLong_Type || it == &PyUnicode_Type || it == &PyFloat_Type || it == &PyBytes_Type)
-                continue;
+            if (it != t && (it == &PyLong_Type || it == &PyUnicode_Type || it == &PyFloat_Type ||
+                            it == &PyBytes_Type))
+                continue;  /* the common scalars: no call */
             int r = contains_type_rec(items[i], t, depth - 1);
             if (r)
                 return r;
@@ -1340,7 +1342,7 @@ static PyMethodDef native_methods[] = {
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "ultradict_ng._native",
-    "Optional compiled atomics and record writer (see atomicwords.py).", -1, native_methods,
+    "The optional compiled helper (see speedups.py and _native.pyi).", -1, native_methods,
 };
 
 PyMODINIT_FUNC
@@ -1371,6 +1373,16 @@ PyInit__native(void)
             Py_DECREF(m);
             return NULL;
         }
+    }
+    /* Constants this file mirrors from record.py / layout.py (a test compares). */
+    PyObject *scalars = PyTuple_Pack(6, (PyObject *)Py_TYPE(Py_None), (PyObject *)&PyBool_Type,
+                                     (PyObject *)&PyLong_Type, (PyObject *)&PyFloat_Type,
+                                     (PyObject *)&PyUnicode_Type, (PyObject *)&PyBytes_Type);
+    if (scalars == NULL || PyModule_AddObject(m, "SCALAR_TYPES", scalars) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_HEADER", 16) < 0) {
+        Py_XDECREF(scalars);
+        Py_DECREF(m);
+        return NULL;
     }
     return m;
 }

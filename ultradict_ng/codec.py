@@ -100,7 +100,8 @@ from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tupl
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from . import atomicwords
+from .record import SCALAR_TYPES
+from .speedups import contains_type as _contains_type, types_within as _types_within
 
 from .errors import CorruptSegment, UnsupportedType
 
@@ -172,7 +173,7 @@ _PACK_EXT_TYPE_RETURNS = _Packer(**_PACKER_OPTIONS).pack_ext_type(1, b"x") == b"
 _NoneType = type(None)
 # encode_record's fast path: these types pack natively, exactly, and decode
 # to an equal object of the same type.
-_RECORD_SCALARS: frozenset[type] = frozenset({_NoneType, bool, int, float, str, bytes})
+_RECORD_SCALARS = SCALAR_TYPES
 _record_pack: Callable[[Any], bytes] = _Packer(**_PACKER_OPTIONS).pack
 
 # Types the msgpack packer handles natively and exactly (ints out of range
@@ -196,19 +197,10 @@ _LEAF_TYPES: frozenset[type] = frozenset(
     }
 )
 
-_types_within: Optional[Callable[[Any, frozenset[type]], bool]] = (
-    atomicwords.NATIVE.types_within if atomicwords.NATIVE is not None else None
-)
-
-
 def _leaf_only(obj: Any) -> bool:
     """Whether every member of a list, tuple, set or dict (keys and values)
-    is of a leaf type: the scan before packing, at C speed when compiled."""
-    if _types_within is not None:
-        return _types_within(obj, _LEAF_TYPES)
-    if type(obj) is dict:
-        return _LEAF_TYPES.issuperset(map(type, obj)) and _LEAF_TYPES.issuperset(map(type, obj.values()))
-    return _LEAF_TYPES.issuperset(map(type, obj))
+    is of a leaf type: the scan before packing."""
+    return _types_within(obj, _LEAF_TYPES)
 
 
 _SUPPORTED_TYPES = (
@@ -574,9 +566,6 @@ def _gc_paused() -> Iterator[None]:
 
 
 _CONTAINER_TYPES = frozenset({list, tuple, set, frozenset, dict})
-_contains_type: Optional[Callable[[Any, type, int], bool]] = (
-    atomicwords.NATIVE.contains_type if atomicwords.NATIVE is not None else None
-)
 # Deeper than anything msgpack decodes (its stack) plus our ext levels: the
 # compiled walk reports such data as suspect instead of recursing further.
 _DECODED_DEPTH_LIMIT = 4096
@@ -584,29 +573,9 @@ _SCAN_WITHOUT_REGEX = 1 << 16
 
 
 def _contains_timestamp(obj: Any) -> bool:
-    """True if a Timestamp is anywhere in the decoded ``obj``.
-
-    With the compiled helper this is one C walk.  Without it, it works a
-    container at a time: ``set(map(type, members))`` runs in C, so
-    a million-key dict of scalars costs two passes at C speed instead of a
-    million Python iterations; only nested containers are visited further.
-    """
-    if _contains_type is not None:
-        return bool(_contains_type(obj, _Timestamp, _DECODED_DEPTH_LIMIT))
-    if type(obj) is _Timestamp:
-        return True
-    containers = _CONTAINER_TYPES
-    stack = [obj] if type(obj) in containers else []
-    while stack:
-        item = stack.pop()
-        groups = (item.keys(), item.values()) if type(item) is dict else (item,)
-        for members in groups:
-            types = set(map(type, members))
-            if _Timestamp in types:
-                return True
-            if not types.isdisjoint(containers):
-                stack.extend(m for m in members if type(m) in containers)
-    return False
+    """True if a Timestamp is anywhere in the decoded ``obj`` (one walk of
+    ``speedups.contains_type``; data nested deeper than any decode is suspect)."""
+    return _contains_type(obj, _Timestamp, _DECODED_DEPTH_LIMIT)
 
 
 def _describe(exc: BaseException) -> str:
@@ -775,7 +744,7 @@ class MsgpackCodec(Codec):
             # The regex only pre-filters: on large data (a dump) the compiled
             # walk is cheaper than the scan (1 MB: ~1 ms against ~8 ms).
             if b"\xff" in data and (
-                (_contains_type is not None and len(data) > _SCAN_WITHOUT_REGEX)
+                len(data) > _SCAN_WITHOUT_REGEX
                 or _TIMESTAMP_RE.search(data) is not None
             ) and _contains_timestamp(obj):
                 raise CorruptSegment("msgpack Timestamp ext found; this serializer never writes one")

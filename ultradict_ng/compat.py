@@ -40,7 +40,8 @@ from .codec import ObjectCodec, PickleCodec
 from .errors import SharedDictError
 from .lock import SharedLock
 from .shareddict import SharedDict
-from .store import Store, unlink_by_name as _unlink_by_name
+from .engine import Options, open_engine, unlink_by_name as _unlink_by_name
+from .store import Store
 
 __all__ = [
     "UltraDict",
@@ -431,42 +432,20 @@ def _open_store(name: Optional[str], create: Optional[bool], buffer_size: Any, s
     the stored ones (ParameterMismatch).  As in UltraDict, ``auto_unlink`` only
     applies to the handle that creates the dict.
     """
+    defaults: Dict[str, Any] = {"auto_unlink": True if auto_unlink is None else auto_unlink}
     if isinstance(serializer, _Default):
-        create_ser, attach_ser = serializer.value, None
-    else:
-        create_ser = attach_ser = serializer
+        defaults["serializer"], serializer = serializer.value, None
     if isinstance(buffer_size, _Default):
-        create_buf, attach_buf = buffer_size.value, None
-    else:
-        create_buf = attach_buf = buffer_size
+        defaults["buffer_size"], buffer_size = buffer_size.value, None
     if full_dump_size is not None and (not isinstance(full_dump_size, int)
                                        or isinstance(full_dump_size, bool) or full_dump_size < 0):
         raise TypeError("full_dump_size must be None or a non-negative int (bytes)")
-    limit = full_dump_size or None  # UltraDict: 0 means "no static full dump size"
-
-    def create_it(create_flag: Optional[bool]) -> Store:
-        return Store.open(name, create_flag, recurse=recurse, buffer_size=create_buf,
-                          serializer=create_ser, auto_unlink=auto_unlink, initial=initial,
-                          dump_limit=limit)
-
-    def attach_it() -> Store:
-        return Store.open(name, False, recurse=recurse, buffer_size=attach_buf,
-                          serializer=attach_ser, auto_unlink=None, initial=None, dump_limit=limit)
-
-    if name is None or create is True:
-        return create_it(create)
-    if create is False:
-        return attach_it()
-    for _ in range(5):  # create=None: attach, else create; retried if we race another process
-        try:
-            return attach_it()
-        except errors.NotFound:
-            pass
-        try:
-            return create_it(True)
-        except errors.AlreadyExists:
-            pass
-    raise errors.NotFound(f"shared dict {name!r} kept appearing and disappearing while opening it")
+    options = Options(recurse=recurse, buffer_size=buffer_size, serializer=serializer,
+                      dump_limit=full_dump_size or None,  # UltraDict: 0 means "no static size"
+                      create_defaults=defaults)
+    store = open_engine(name, create, options, initial)
+    assert isinstance(store, Store)
+    return store
 
 
 def _initial(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[List[List[Any]]]:

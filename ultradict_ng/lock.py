@@ -2,7 +2,8 @@
 
 One class owns every policy: waiting and back-off, timeouts, reentrancy,
 threads, fork, and recovery from a dead owner.  The atomic primitive under it
-(:mod:`ultradict_ng.atomicwords`) only loads, stores and compares-and-swaps.
+(``Words`` from :mod:`ultradict_ng.speedups`) only loads, stores and
+compares-and-swaps.
 The word's format and the recovery rule are specified in
 :mod:`ultradict_ng.layout` ("Lock").
 """
@@ -18,8 +19,7 @@ from types import TracebackType
 from typing import Any, Optional, Tuple, Type
 
 from . import layout as L
-from . import atomicwords
-from .atomicwords import AtomicWords
+from .speedups import ProcessState, Words
 from .errors import LockTimeout
 
 __all__ = ["SharedLock", "owner_word", "pid_of", "owner_alive"]
@@ -107,73 +107,21 @@ def owner_alive(word: int) -> bool:
 
 
 # -- per-process lock state ----------------------------------------------------
+#
+# ``speedups.ProcessState`` (compiled, or its twin in fallback.py): which thread
+# of this process holds the lock and how often, and the mutex through which only
+# one of our threads competes for the shared word.  One per dict and process,
+# shared by every handle (keyed by name and creation token).
 
-
-class _ProcessState:
-    """What every handle of one dict in this process shares: which thread holds
-    the lock and how often (reentrancy), and the mutex that lets only one of our
-    threads compete for the shared word at a time.
-
-    :meth:`enter` and :meth:`exit` are the common cases of acquire and
-    release.  With the compiled helper, ``ultradict_ng._native.ProcessState``
-    replaces this class: the same attributes, the same two methods, one C
-    call each.
-    """
-
-    __slots__ = ("mutex", "owner", "count", "__weakref__")
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.owner: Optional[int] = None
-        self.count = 0
-
-    def enter(self, words: Any, index: int, mine: int) -> bool:
-        """True: the calling thread holds the lock (reentered, or the word was
-        free and is now ``mine``).  False: the calling thread now holds the
-        mutex but another process holds the word; the caller waits for the
-        word, then sets ``owner`` and ``count``."""
-        me = _get_ident()
-        if self.owner == me:
-            self.count += 1
-            return True
-        self.mutex.acquire()
-        try:
-            ok = words.cas(index, 0, mine)[0]
-        except BaseException:
-            self.mutex.release()
-            raise
-        if ok:
-            self.owner = me
-            self.count = 1
-        return bool(ok)
-
-    def exit(self, words: Any, index: int, mine: int) -> Optional[bool]:
-        """Release one level.  None: the calling thread does not hold the lock
-        (nothing changed).  False: the last level was released but the word
-        was no longer ``mine`` (taken over meanwhile)."""
-        if self.owner != _get_ident():
-            return None
-        self.count -= 1
-        if self.count:
-            return True
-        self.owner = None
-        try:
-            ok = words.cas(index, mine, 0)[0]
-        finally:
-            self.mutex.release()
-        return bool(ok)
-
-
-_StateClass: Any = atomicwords.NATIVE.ProcessState if atomicwords.NATIVE is not None else _ProcessState
-_states: "weakref.WeakValueDictionary[Tuple[str, int], _ProcessState]" = weakref.WeakValueDictionary()
+_states: "weakref.WeakValueDictionary[Tuple[str, int], ProcessState]" = weakref.WeakValueDictionary()
 _states_guard = threading.Lock()
 
 
-def _state_for(key: Tuple[str, int]) -> _ProcessState:
+def _state_for(key: Tuple[str, int]) -> ProcessState:
     with _states_guard:
         state = _states.get(key)
         if state is None:
-            state = _StateClass()
+            state = ProcessState()
             _states[key] = state
         return state
 
@@ -208,11 +156,10 @@ class SharedLock:
     ``LOCK_FIRST_CHECK + LOCK_CHECK_INTERVAL`` seconds, with a warning logged.
     """
 
-    __slots__ = ("_words", "_raw", "_name", "_state")
+    __slots__ = ("_words", "_name", "_state")
 
-    def __init__(self, words: AtomicWords, name: str, token: int) -> None:
+    def __init__(self, words: Words, name: str, token: int) -> None:
         self._words = words
-        self._raw = words.raw  # what the process state's enter/exit operate on
         self._name = name
         self._state = _state_for((name, token))
 
@@ -227,7 +174,7 @@ class SharedLock:
         """
         state = self._state
         if blocking and timeout is None:
-            if not state.enter(self._raw, _W_LOCK, _my_word or owner_word()):
+            if not state.enter(self._words, _W_LOCK, _my_word or owner_word()):
                 self._wait_for_word()
             return True
         me = _get_ident()
@@ -257,7 +204,7 @@ class SharedLock:
 
     def release(self) -> None:
         """Release one level of ownership; the last release frees the shared word."""
-        done = self._state.exit(self._raw, _W_LOCK, _my_word or owner_word())
+        done = self._state.exit(self._words, _W_LOCK, _my_word or owner_word())
         if done:
             return
         if done is None:
@@ -317,7 +264,7 @@ class SharedLock:
 
     def __enter__(self) -> "SharedLock":
         # acquire(), blocking without timeout, inlined: ``with d.lock:`` is a hot loop shape.
-        if not self._state.enter(self._raw, _W_LOCK, _my_word or owner_word()):
+        if not self._state.enter(self._words, _W_LOCK, _my_word or owner_word()):
             self._wait_for_word()
         return self
 

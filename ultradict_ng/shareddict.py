@@ -1,4 +1,5 @@
-"""``SharedDict``: the user-facing dict, a thin layer over :class:`~ultradict_ng.store.Store`.
+"""``SharedDict``: the user-facing dict, a thin layer over an engine
+(:mod:`ultradict_ng.engine`; the shared-memory one is :class:`~ultradict_ng.store.Store`).
 
 A ``SharedDict`` is a (store, path) pair: the root has path ``()``; with
 ``recurse=True`` a dict stored under a key comes back as a ``SharedDict`` whose
@@ -14,15 +15,17 @@ from collections.abc import ItemsView, KeysView, Mapping, MutableMapping, Values
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
 
 from . import layout as L
+from . import record as R
 from .codec import IMMUTABLE_TYPES, copy_value
-from .fastpath import NATIVE_READS, ViewBase
+from .engine import Engine, Options, open_engine, unlink_by_name as _unlink_by_name
 from .lock import SharedLock
-from .store import Store, unlink_by_name as _unlink_by_name
+from .speedups import ViewBase, set_immutable_types
 
 __all__ = ["SharedDict"]
 
 _W_STATE = L.W_STATE
 _IMMUTABLE = IMMUTABLE_TYPES
+set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
 _MISSING: Any = object()
 
 T = TypeVar("T")
@@ -33,9 +36,13 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     """A dict shared by every process on the machine that opens it by name.
 
     ``SharedDict(name=None, create=None, *, recurse=None, buffer_size=None,
-    serializer=None, auto_unlink=None)``; initial data may come first, as for
-    ``dict``: ``SharedDict({"a": 1}, name="stats")`` (applied only by the
-    process that creates the dict).
+    serializer=None, auto_unlink=None, **data)``.  Initial data is given as to
+    ``dict``: a mapping or (key, value) pairs first and/or keyword arguments,
+    ``SharedDict({"a": 1}, b=2, name="stats")``.  Keyword arguments that are
+    not parameters are data; a key named like a parameter (``name``,
+    ``create`` ...) goes in the mapping: ``SharedDict({"name": "x"})``.  Initial
+    data is stored only by the process that creates the dict (an attacher's
+    is ignored, as its other creation parameters are).
 
     * ``name``: ``None`` makes a unique name (``d.name``).  Letters, digits,
       ``_ . -`` only.
@@ -76,27 +83,34 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     they never raise because another process wrote meanwhile.
     """
 
-    # ``_store`` and ``_path`` live in the base class (ultradict_ng.fastpath),
+    # ``_store`` and ``_path`` live in the base class (speedups.ViewBase),
     # where the compiled read hit path finds them.
     __slots__ = ()
 
-    _store: Store
+    _store: Engine
     _path: Tuple[Any, ...]
 
     @overload
     def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
-                 serializer: Any = None, auto_unlink: Optional[bool] = None) -> None: ...
+                 serializer: Any = None, auto_unlink: Optional[bool] = None,
+                 **data: Any) -> None: ...
 
     @overload
-    def __init__(self, data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]], /,
+    def __init__(self, __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
                  name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
-                 serializer: Any = None, auto_unlink: Optional[bool] = None) -> None: ...
+                 serializer: Any = None, auto_unlink: Optional[bool] = None,
+                 **more: Any) -> None: ...
 
-    def __init__(self, *args: Any, name: Optional[str] = None, create: Optional[bool] = None,
-                 recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
-                 serializer: Any = None, auto_unlink: Optional[bool] = None) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The parameters come out of kwargs; what remains is data.
+        name: Optional[str] = kwargs.pop("name", None)
+        create: Optional[bool] = kwargs.pop("create", None)
+        options = Options(recurse=kwargs.pop("recurse", None),
+                          buffer_size=kwargs.pop("buffer_size", None),
+                          serializer=kwargs.pop("serializer", None),
+                          auto_unlink=kwargs.pop("auto_unlink", None))
         data: Any = None
         positional = list(args)
         if positional and not isinstance(positional[0], (str, type(None))):
@@ -111,15 +125,19 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
             if create is not None:
                 raise TypeError("SharedDict() got create both positionally and by keyword")
             create = positional.pop(0)
-        initial = _pairs(data) if data is not None else None
-        self._store = Store.open(name, create, recurse=recurse, buffer_size=buffer_size,
-                                 serializer=serializer, auto_unlink=auto_unlink, initial=initial)
+        # As dict(mapping, **kwargs): keyword items after (and over) the mapping's.
+        initial = (_pairs(data) if data is not None else []) + _pairs(kwargs)
+        self._store = open_engine(name, create, options, initial)
         self._path = ()
 
     @classmethod
-    def fromkeys(cls: type, iterable: Iterable[Any], value: Any = None, **options: Any) -> Any:
-        """``SharedDict.fromkeys(keys, value, name=...)``: a new shared dict, like ``dict.fromkeys``."""
-        return cls(dict.fromkeys(iterable, value), **options)
+    def fromkeys(cls: "type[SD]", iterable: Iterable[Any], value: Any = None, **options: Any) -> SD:
+        """``SharedDict.fromkeys(keys, value, name=...)``: like ``dict.fromkeys``,
+        ``cls(**options)`` then every key set to ``value`` (one atomic update),
+        so it works on subclasses whatever their constructor takes as data."""
+        d = cls(**options)
+        d.update(dict.fromkeys(iterable, value))
+        return d
 
     # -- identity ----------------------------------------------------------------------
 
@@ -149,8 +167,13 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     def buffer_size(self) -> int:
         """Bytes of the update stream: fixed when given at creation, else the
         current size of the growing stream (it follows the dict's size)."""
-        s = self._store
-        return s.limit() if s.grows and not s.closed else s.stream_size
+        return self._store.buffer_size
+
+    def stats(self) -> Dict[str, Any]:
+        """Facts about the dict now, for people and tools (a snapshot): its
+        engine, serializer, generation (full dumps so far), stream use, the
+        pid holding the lock, and more; see the README's "Code map"."""
+        return self._store.stats()
 
     @property
     def lock(self) -> SharedLock:
@@ -181,7 +204,8 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
 
     def _getitem_slow(self, key: Any) -> Any:
         """``self[key]``: all the rules.  With the compiled helper, ``__getitem__``
-        is ViewBase's C hit path, which calls this for everything else."""
+        is ViewBase's C hit path, which calls this for everything else; the
+        twin ViewBase makes this ``__getitem__`` itself."""
         s = self._store
         # The hit path first, in as few bytecodes as possible: one 8-byte load
         # of STATE compared with what the cache reflects, one dict lookup.
@@ -192,9 +216,6 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         if type(value) in _IMMUTABLE:
             return value
         return self._export(key, value)
-
-    if not NATIVE_READS:
-        __getitem__ = _getitem_slow
 
     def get(self, key: Any, default: Any = None) -> Any:
         value = self._node().get(key, _MISSING)
@@ -293,7 +314,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         s.begin_write()
         try:
             s.node(self._path)
-            s.commit([L.OP_SET, list(self._path), key, value])
+            s.commit(R.set_(self._path, key, value))
         finally:
             s.end_write()
 
@@ -303,7 +324,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         try:
             if key not in (s.node(self._path) if self._path else s.data):
                 raise KeyError(key)
-            s.commit([L.OP_DEL, list(self._path), key])
+            s.commit(R.delete(self._path, key))
         finally:
             s.end_write()
 
@@ -317,7 +338,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
                     raise KeyError(key)
                 return default
             value = node[key]  # leaves the cache with the record: no copy needed
-            s.commit([L.OP_DEL, list(self._path), key])
+            s.commit(R.delete(self._path, key))
             return value
         finally:
             s.end_write()
@@ -332,7 +353,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
                 raise KeyError("popitem(): shared dict is empty")
             key = next(reversed(node))
             value = node[key]
-            s.commit([L.OP_DEL, list(self._path), key])
+            s.commit(R.delete(self._path, key))
             return key, value
         finally:
             s.end_write()
@@ -346,7 +367,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         try:
             node = s.node(self._path) if self._path else s.data
             if key not in node:
-                s.commit([L.OP_SET, list(self._path), key, default])
+                s.commit(R.set_(self._path, key, default))
             return self._export(key, node[key])
         finally:
             s.end_write()
@@ -362,7 +383,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         try:
             if self._path:
                 s.node(self._path)
-            s.commit([L.OP_UPDATE, list(self._path), pairs])
+            s.commit(R.update(self._path, pairs))
         finally:
             s.end_write()
 
@@ -372,7 +393,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         try:
             if self._path:
                 s.node(self._path)
-            s.commit([L.OP_CLEAR, list(self._path)])
+            s.commit(R.clear(self._path))
         finally:
             s.end_write()
 

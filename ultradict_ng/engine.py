@@ -1,0 +1,134 @@
+"""The backend seam: what :class:`~ultradict_ng.SharedDict` needs from the
+machinery that shares its data.
+
+The facade (``shareddict.py``) knows nothing of segments, streams or dumps:
+it talks to an :class:`Engine` -- one process's attachment to one shared
+dict tree -- through the small interface below, and to :func:`open_engine`
+and :func:`unlink_by_name` to make and remove one.  The shared-memory engine
+is :class:`ultradict_ng.store.Store`; a second engine (a Redis backend, say)
+implements the same interface and the facade, its nested views, pickling and
+the UltraDict layer work on it unchanged.
+
+Contract, beyond the signatures:
+
+* **Cache and change counter.**  ``data`` is a process-local tree of plain
+  dicts; ``words[layout.W_STATE]`` is the engine's change counter (an 8-byte
+  word that changes with every published mutation) and ``seen`` the value
+  ``data`` reflects.  When they are equal the facade answers reads from
+  ``data`` without calling the engine; otherwise it calls :meth:`Engine.sync`.
+  An engine subclasses ``speedups.StoreBase`` (which holds ``seen`` and
+  ``data`` where the compiled read hit path finds them) and binds its counter
+  with ``_bind_state``.
+* **Mutations** are ``begin_write()`` (lock held, cache current, the dict
+  still exists), checks against ``node(path)``, ``commit(record)`` (records:
+  :mod:`ultradict_ng.record`) and ``end_write()``; ``commit`` either publishes
+  the whole record and applies it to ``data`` or raises and changes nothing
+  that any process can see.  ``mutex`` guards ``data`` against this process's
+  other threads.
+* **Errors** are :mod:`ultradict_ng.errors` classes only.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from .codec import Codec
+    from .lock import SharedLock
+
+__all__ = ["Engine", "Options", "open_engine", "unlink_by_name"]
+
+Path = Tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to open a dict.  ``None`` means "not given": a creating handle then
+    takes ``create_defaults[field]`` (or the engine's default), an attaching
+    handle the value stored with the dict; a given value must match the
+    stored one (:class:`~ultradict_ng.errors.ParameterMismatch`)."""
+
+    recurse: Optional[bool] = None
+    buffer_size: Optional[int] = None
+    serializer: Any = None
+    #: None: True for the handle that creates the dict, False for attachers.
+    auto_unlink: Optional[bool] = None
+    #: Cap in bytes on a full dump (0 or None: none); UltraDict's full_dump_size.
+    dump_limit: Optional[int] = None
+    #: Values a *creating* handle uses for fields given as None.
+    create_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def for_create(self, name: str) -> Any:
+        value = getattr(self, name)
+        return self.create_defaults.get(name) if value is None else value
+
+
+class Engine(Protocol):
+    """One process's attachment to one shared dict tree (see the module docstring)."""
+
+    name: str
+    recurse: bool
+    codec: "Codec"
+    lock: "SharedLock"
+    mutex: "threading.RLock"
+    #: True for the handle that created the dict.
+    created: bool
+    words: Any
+    seen: int
+    data: Dict[Any, Any]
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def buffer_size(self) -> int:
+        """Bytes of the update buffer now (meaning is the engine's)."""
+
+    def sync(self) -> None:
+        """Bring ``data`` up to the published state."""
+
+    def reload(self) -> None:
+        """Drop ``data`` and load the whole published state again."""
+
+    def node(self, path: Path) -> Dict[Any, Any]:
+        """The cached dict at ``path`` (synced by the caller); PathGone if none."""
+
+    def begin_write(self) -> None: ...
+
+    def commit(self, record: List[Any]) -> None: ...
+
+    def end_write(self) -> None: ...
+
+    def set_root(self, key: Any, value: Any) -> None:
+        """``begin_write``, ``commit(record.set_((), key, value))``, ``end_write``."""
+
+    def force_dump(self) -> None:
+        """Make the whole state one snapshot now (a full dump; a no-op where
+        the engine keeps none)."""
+
+    def stats(self) -> Dict[str, Any]:
+        """Facts about the dict for people and tools: sizes, counters, holders."""
+
+    def close(self) -> None:
+        """Detach this process (auto-unlink if this handle was armed to)."""
+
+    def unlink(self) -> int:
+        """Remove the dict for everybody; how many storage objects were removed."""
+
+
+def open_engine(name: Optional[str], create: Optional[bool], options: Options,
+                initial: Optional[Sequence[Sequence[Any]]] = None) -> Engine:
+    """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
+    ``initial`` [key, value] pairs are stored only by the process that creates it."""
+    from .store import Store  # the shared-memory engine (imported late: it imports us)
+
+    return Store.open(name, create, options, initial)
+
+
+def unlink_by_name(name: str) -> int:
+    """Remove every storage object of the dict ``name``; how many (0 if none)."""
+    from .cleanup import unlink_by_name as unlink_shm
+
+    return unlink_shm(name)

@@ -1,0 +1,435 @@
+"""Pure-Python twins of every entry point of the compiled helper ``_native``.
+
+Same names, same signatures, same results, same bytes in shared memory:
+:mod:`ultradict_ng.speedups` exports either ``_native``'s objects or these,
+and no other module knows which (the msgpack ``fallback.py`` / py-lmdb
+``cffi.py`` shape).  ``_native.pyi`` describes both; tests/test_native.py
+compares each pair on generated inputs, and CI runs the whole suite on both.
+
+The atomic operations come from the ``atomics`` package in two flavours,
+because its public API costs ~60 Python calls per operation (~8-15 µs, see
+shared/MEASURED.md): :class:`BoundWords` calls patomic's 64-bit function
+pointers once bound through ctypes (~1 µs); :class:`PublicWords` uses only the
+public API, for an ``atomics`` whose internals changed.  Every operation is
+sequentially consistent, as the C ``__atomic`` builtins with ``SEQ_CST``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+import zlib
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple, Union
+
+import atomics  # type: ignore[import-untyped, unused-ignore]
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+from . import layout as L
+from .errors import Closed
+
+__all__ = [
+    "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase",
+    "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
+    "crc32", "set_immutable_types", "SCALAR_TYPES", "RECORD_HEADER",
+]
+
+_SEQ_CST = 5  # C11 memory_order_seq_cst, as patomic numbers it
+_header = struct.Struct(L.RECORD_FORMAT)
+_prefix = struct.Struct(L.RECORD_FORMAT[:3])  # length and tag: what the crc covers first
+_MISSING: Any = object()
+
+#: The scalar types ``write_simple`` encodes (mirrors ``_native.SCALAR_TYPES``;
+#: :mod:`ultradict_ng.record` defines the set, a test checks both agree).
+SCALAR_TYPES: Tuple[type, ...] = (type(None), bool, int, float, str, bytes)
+RECORD_HEADER = L.RECORD_HEADER
+# The packer of write_simple: exact for SCALAR_TYPES, no default callback.
+_pack = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True).pack
+
+
+# -- Words -------------------------------------------------------------------------------
+
+
+class Words:
+    """``Words(buffer)``: atomic 64-bit operations on the words of a writable,
+    8-byte aligned buffer, and the writing of stream records into it.
+
+    Holds the buffer exported until :meth:`release` (so the mapping cannot be
+    closed under it); afterwards every operation raises :class:`Closed`.  The
+    atomic operations are the subclasses' (:class:`BoundWords`,
+    :class:`PublicWords`).
+    """
+
+    def __init__(self, buffer: Any) -> None:
+        mv = memoryview(buffer)
+        if mv.readonly or not mv.c_contiguous:
+            mv.release()
+            raise BufferError("Words needs a writable, C-contiguous buffer")
+        if len(mv) and ctypes.addressof(ctypes.c_char.from_buffer(mv)) & 7:
+            mv.release()
+            raise ValueError("buffer is not 8-byte aligned")
+        self._mv: Optional[memoryview] = mv.cast("B")
+        mv.release()
+        self._nwords = len(self._mv) // 8
+
+    def _check(self, index: int) -> int:
+        if self._mv is None:
+            raise Closed("this handle's shared memory was closed")
+        if not 0 <= index < self._nwords:
+            raise IndexError(f"word index {index} outside 0..{self._nwords - 1}")
+        return index
+
+    def load(self, index: int) -> int:
+        """Sequentially consistent load of word ``index``."""
+        raise NotImplementedError
+
+    def store(self, index: int, value: int) -> None:
+        """Sequentially consistent store: publishes every earlier write of this process."""
+        raise NotImplementedError
+
+    def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
+        """Compare-and-swap; (swapped, the value seen before the operation)."""
+        raise NotImplementedError
+
+    def write_record(self, pos: int, tag: int, payload: Union[bytes, bytearray, memoryview]) -> int:
+        """Store the record (layout: "Stream record") at byte ``pos`` with plain
+        stores, payload first; returns the offset just past it.  The caller
+        publishes it afterwards with a store of STATE."""
+        mv = self._mv
+        if mv is None:
+            raise Closed("this handle's shared memory was closed")
+        if tag > 0xFFFFFFFF:
+            raise OverflowError("record tag does not fit 32 bits")
+        length = len(payload)
+        end = pos + L.RECORD_HEADER + length
+        if length > 0xFFFFFFFF or pos < 0 or end > len(mv):
+            raise ValueError("record does not fit the stream at that offset")
+        crc = zlib.crc32(payload, zlib.crc32(_prefix.pack(length, tag)))
+        mv[pos + L.RECORD_HEADER:end] = payload
+        mv[pos:pos + L.RECORD_HEADER] = _header.pack(length, tag, crc, 0)
+        return end
+
+    def write_simple(self, pos: int, tag: int, limit: int, op: int, key: Any,
+                     value: Any = _MISSING) -> Optional[int]:
+        """The record ``[op, [], key]`` or ``[op, [], key, value]`` written at ``pos``
+        when key and value are of :data:`SCALAR_TYPES` and it ends by ``limit``
+        (and the buffer's end); else None and nothing is written."""
+        if self._mv is None:
+            raise Closed("this handle's shared memory was closed")
+        if tag > 0xFFFFFFFF or not 0 <= op <= 127:
+            raise ValueError("write_simple: tag or op out of range")
+        scalars = SCALAR_TYPES
+        if type(key) not in scalars or (value is not _MISSING and type(value) not in scalars):
+            return None
+        try:
+            payload = _pack([op, [], key] if value is _MISSING else [op, [], key, value])
+        except Exception:  # an int beyond 64 bits, a str with lone surrogates
+            return None
+        limit = min(limit, len(self._mv))
+        if pos < 0 or pos > limit or L.RECORD_HEADER + len(payload) > limit - pos:
+            return None
+        return self.write_record(pos, tag, payload)
+
+    def release(self) -> None:
+        """Drop the buffer export; further operations raise :class:`Closed`."""
+        if self._mv is not None:
+            self._mv.release()
+            self._mv = None
+
+
+class BoundWords(Words):
+    """patomic's function pointers, bound once, called through ctypes."""
+
+    def __init__(self, buffer: Any) -> None:
+        super().__init__(buffer)
+        ops = _bound_ops()
+        self._load = ops.fp_load
+        self._store = ops.fp_store
+        self._cmpxchg = ops.xchg_ops.fp_cmpxchg_strong
+        if not (self._load and self._store and self._cmpxchg):
+            raise RuntimeError("patomic has no lock-free 64-bit load/store/cmpxchg here")
+        # One ctypes array over the whole buffer keeps it exported and gives its address.
+        self._cells: Any = (ctypes.c_uint64 * max(self._nwords, 1)).from_buffer(buffer)
+        self._base = ctypes.addressof(self._cells)
+
+    def load(self, index: int) -> int:
+        out = ctypes.c_uint64()
+        self._load(self._base + 8 * self._check(index), _SEQ_CST, ctypes.addressof(out))
+        return out.value
+
+    def store(self, index: int, value: int) -> None:
+        val = ctypes.c_uint64(_u64(value))
+        self._store(self._base + 8 * self._check(index), ctypes.addressof(val), _SEQ_CST)
+
+    def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
+        exp = ctypes.c_uint64(_u64(expected))
+        des = ctypes.c_uint64(_u64(desired))
+        ok = self._cmpxchg(self._base + 8 * self._check(index), ctypes.addressof(exp),
+                           ctypes.addressof(des), _SEQ_CST, _SEQ_CST)
+        return bool(ok), exp.value
+
+    def release(self) -> None:
+        self._cells = None
+        super().release()
+
+
+class PublicWords(Words):
+    """Only ``atomics``' public API: slow, but immune to changes of its internals."""
+
+    def __init__(self, buffer: Any) -> None:
+        super().__init__(buffer)
+        self._ctx: Dict[int, Any] = {}
+        self._views: Dict[int, Any] = {}
+
+    def _view(self, index: int) -> Any:
+        view = self._views.get(index)
+        if view is None:
+            mv = self._mv
+            assert mv is not None
+            ctx = atomics.atomicview(buffer=mv[8 * index:8 * index + 8], atype=atomics.UINT)
+            view = self._views[index] = ctx.__enter__()
+            self._ctx[index] = ctx
+        return view
+
+    def load(self, index: int) -> int:
+        return int(self._view(self._check(index)).load())
+
+    def store(self, index: int, value: int) -> None:
+        self._view(self._check(index)).store(_u64(value))
+
+    def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
+        res = self._view(self._check(index)).cmpxchg_strong(expected=_u64(expected),
+                                                            desired=_u64(desired))
+        return bool(res.success), int(res.expected)
+
+    def release(self) -> None:
+        for ctx in self._ctx.values():
+            ctx.__exit__(None, None, None)
+        self._ctx, self._views = {}, {}
+        super().release()
+
+
+def _u64(value: int) -> int:
+    if not 0 <= value < 1 << 64:
+        raise OverflowError(f"{value} does not fit an unsigned 64-bit word")
+    return value
+
+
+def _bound_ops() -> Any:
+    from atomics._impl.patomic import Patomic  # type: ignore[import-untyped, unused-ignore]  # self-tested
+
+    return Patomic().ops(8)
+
+
+# -- the lock's per-process state ------------------------------------------------------
+
+
+class ProcessState:
+    """What every handle of one dict in this process shares: which thread holds
+    the lock and how often (reentrancy), and the mutex that lets only one of our
+    threads compete for the shared word at a time.
+
+    :meth:`enter` and :meth:`exit` are the common cases of acquire and release;
+    every other case (waiting for another process, timeouts, recovery) is in
+    :mod:`ultradict_ng.lock` and manipulates the same attributes.
+    """
+
+    __slots__ = ("mutex", "owner", "count", "__weakref__")
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.owner: Optional[int] = None
+        self.count = 0
+
+    def enter(self, words: Words, index: int, mine: int) -> bool:
+        """True: the calling thread holds the lock (reentered, or the word was
+        free and is now ``mine``).  False: the calling thread now holds the
+        mutex but another process holds the word; the caller waits for the
+        word, then sets ``owner`` and ``count``."""
+        me = threading.get_ident()
+        if self.owner == me:
+            self.count += 1
+            return True
+        self.mutex.acquire()
+        try:
+            ok = words.cas(index, 0, mine)[0]
+        except BaseException:
+            self.mutex.release()
+            raise
+        if ok:
+            self.owner = me
+            self.count = 1
+        return ok
+
+    def exit(self, words: Words, index: int, mine: int) -> Optional[bool]:
+        """Release one level.  None: the calling thread does not hold the lock
+        (nothing changed).  False: the last level was released but the word
+        was no longer ``mine`` (taken over meanwhile)."""
+        if self.owner != threading.get_ident():
+            return None
+        self.count -= 1
+        if self.count:
+            return True
+        self.owner = None
+        try:
+            ok = words.cas(index, mine, 0)[0]
+        finally:
+            self.mutex.release()
+        return ok
+
+
+# -- the bases carrying the read hit path -------------------------------------------------
+
+
+class StoreBase:
+    """What the read hit path needs from a store: ``seen`` and ``data``."""
+
+    __slots__ = ("seen", "data")
+
+    seen: int
+    data: Dict[Any, Any]
+
+    def _bind_state(self, words: Optional[Words], index: int) -> None:
+        """Where the compiled hit path loads STATE; here the store's own
+        memoryview does (see ``SharedDict._getitem_slow``)."""
+
+
+class ViewBase:
+    """The two fields of a ``SharedDict`` handle: its store and its path.
+
+    The compiled ``ViewBase.__getitem__`` answers a hit itself and calls the
+    subclass's ``_getitem_slow`` otherwise.  Its twin: a subclass that defines
+    ``_getitem_slow`` gets it as ``__getitem__`` directly, the same rules at
+    the cost of one call.
+    """
+
+    __slots__ = ("_store", "_path")
+
+    _store: Any
+    _path: Tuple[Any, ...]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        slow = cls.__dict__.get("_getitem_slow")
+        if slow is not None:
+            cls.__getitem__ = slow  # type: ignore[method-assign]
+
+    def __getitem__(self, key: Any) -> Any:
+        return getattr(self, "_getitem_slow")(key)
+
+
+_immutable_types: FrozenSet[type] = frozenset()
+
+
+def set_immutable_types(types: FrozenSet[type]) -> None:
+    """The types whose values the hit path may hand out without a copy."""
+    global _immutable_types
+    if type(types) is not frozenset:
+        raise TypeError("set_immutable_types needs a frozenset of types")
+    _immutable_types = types
+
+
+# -- the reader's checks and replay --------------------------------------------------------
+
+
+def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> Union[List[bytes], str]:
+    """The payloads of the records in ``chunk`` (stream bytes from offset
+    ``base``), or a str saying what is wrong: reader step 4's checks (header
+    complete, payload within the chunk, generation tag, crc and, with
+    ``one_msgpack``, each payload exactly one msgpack object)."""
+    out: List[bytes] = []
+    pos, n = 0, len(chunk)
+    size = L.RECORD_HEADER
+    with memoryview(chunk) as mv:
+        while pos < n:
+            if n - pos < size:
+                return f"truncated record header at stream offset {base + pos}"
+            length, rtag, crc, _ = _header.unpack_from(chunk, pos)
+            start = pos + size
+            if length > n - start:
+                return f"record at stream offset {base + pos} overruns the published end"
+            if rtag != tag & 0xFFFFFFFF:
+                return f"record at stream offset {base + pos} belongs to another generation"
+            body = mv[start:start + length]
+            if zlib.crc32(body, zlib.crc32(mv[pos:pos + 8])) != crc:
+                return f"record at stream offset {base + pos} fails its checksum"
+            if one_msgpack and msgpack_length(body) != length:
+                return f"record at stream offset {base + pos} is not exactly one msgpack object"
+            out.append(bytes(body))
+            pos = start + length
+    return out
+
+
+def msgpack_length(data: Any) -> int:
+    """The length of the one msgpack object at the start of ``data``, or -1 if
+    it does not start with a complete, well-formed object (ext payloads are
+    opaque)."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1))
+    try:
+        unpacker.feed(data)
+        unpacker.skip()
+    except Exception:
+        return -1
+    end: int = unpacker.tell()
+    return end
+
+
+def apply_sets(data: Dict[Any, Any], records: List[Any], start: int, op_set: int,
+               key_types: FrozenSet[type]) -> int:
+    """Apply ``records[start:]`` to ``data`` while each is a root-level set of a
+    key of ``key_types`` (``[op_set, [], key, value]``); the index of the first
+    record not applied."""
+    i, n = start, len(records)
+    while 0 <= i < n:
+        rec = records[i]
+        if (type(rec) is not list or len(rec) != 4 or type(rec[0]) is not int or rec[0] != op_set
+                or type(rec[1]) is not list or rec[1] or type(rec[2]) not in key_types):
+            break
+        data[rec[2]] = rec[3]
+        i += 1
+    return i
+
+
+# -- the codec's type scans ----------------------------------------------------------------
+
+
+def types_within(container: Any, types: FrozenSet[type]) -> bool:
+    """Whether every member of a dict (keys and values), list, tuple, set or
+    frozenset is of one of the exact ``types``."""
+    if type(container) is dict:
+        return types.issuperset(map(type, container)) and types.issuperset(map(type, container.values()))
+    if type(container) in (list, tuple, set, frozenset):
+        return types.issuperset(map(type, container))
+    raise TypeError("types_within: container must be a dict, list, tuple, set or frozenset")
+
+
+_CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
+
+
+def contains_type(obj: Any, tp: type, max_depth: int) -> bool:
+    """Whether an object of exactly ``tp`` is anywhere inside ``obj`` (lists,
+    tuples, sets, frozensets, dict keys and values), or containers nest deeper
+    than ``max_depth`` (treated as found).  A container at a time:
+    ``set(map(type, members))`` runs in C, so a million scalars cost two passes
+    at C speed; only nested containers are visited further."""
+    if type(obj) is tp:
+        return True
+    containers = _CONTAINERS
+    stack = [(obj, max_depth)] if type(obj) in containers else []
+    while stack:
+        item, depth = stack.pop()
+        if depth < 0:
+            return True
+        groups = (item.keys(), item.values()) if type(item) is dict else (item,)
+        for members in groups:
+            found = set(map(type, members))
+            if tp in found:
+                return True
+            if not found.isdisjoint(containers):
+                stack.extend((m, depth - 1) for m in members if type(m) in containers)
+    return False
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """zlib's CRC-32."""
+    return zlib.crc32(data, value)
