@@ -109,6 +109,78 @@ def test_initial_data_and_positional_forms(name):
     h.close()
 
 
+def test_keyword_arguments_are_data_like_dict(name):
+    """SharedDict(x=1) and SharedDict(mapping, **kw) take data as dict() does."""
+    d = SharedDict(x=1, y=[2])
+    try:
+        assert d == dict(x=1, y=[2]) and list(d) == ["x", "y"]
+    finally:
+        d.close()
+    e = SharedDict({"a": 1, "b": 2}, b=3, c=4, name=name)  # keywords after, and over, the mapping
+    try:
+        assert e.copy() == dict({"a": 1, "b": 2}, b=3, c=4) and list(e) == ["a", "b", "c"]
+        assert e.name == name  # parameters are not data
+        f = SharedDict([("p", 1)], name=name, q=2)  # an attacher's data is ignored, as a mapping's
+        assert f == e
+        f.close()
+    finally:
+        e.close()
+    # A key named like a parameter goes in the mapping.
+    g = SharedDict({"name": "n", "create": 1, "recurse": 2})
+    try:
+        assert g.copy() == {"name": "n", "create": 1, "recurse": 2} and g.name != "n"
+    finally:
+        g.close()
+    with pytest.raises(TypeError):
+        SharedDict([([1], 2)], name=name)  # an unhashable key, refused as dict() refuses it
+    with pytest.raises(UnsupportedType):
+        SharedDict(name=name, x=object())  # refused, and nothing is left behind
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+class _Counters(SharedDict):
+    """A subclass whose constructor takes no data (the fromkeys case dict.fromkeys covers)."""
+
+    def __init__(self, name=None):
+        super().__init__(name=name, recurse=False)
+
+
+def test_fromkeys_calls_cls_like_dict_fromkeys(name):
+    d = _Counters.fromkeys(["a", "b"], 0, name=name)
+    try:
+        assert type(d) is _Counters and d == {"a": 0, "b": 0}
+        other = SharedDict(name=name)
+        assert other.copy() == {"a": 0, "b": 0}
+        other.close()
+    finally:
+        d.close()
+    e = SharedDict.fromkeys("xy")
+    try:
+        assert type(e) is SharedDict and e.copy() == dict.fromkeys("xy")
+    finally:
+        e.close()
+
+
+def test_stats_reports_the_shared_state(name):
+    d = SharedDict({"a": 1}, name=name, buffer_size=4096)
+    other = SharedDict(name=name)
+    try:
+        st = d.stats()
+        assert st["name"] == name and st["engine"] == "shared memory"
+        assert st["serializer"] == "msgpack" and st["keys"] == 1 and st["stream_size"] == 4096
+        assert st["generation"] == 0 and st["stream_end"] > 0 and st["lock_holder_pid"] is None
+        d._store.force_dump()
+        with d.lock:
+            st = other.stats()
+            assert st["lock_holder_pid"] == os.getpid() and st["generation"] == 1
+            assert st["stream_end"] == 0
+    finally:
+        other.close()
+        d.close()
+    with pytest.raises(Closed):
+        d.stats()
+
+
 def test_generated_name_and_repr():
     d = SharedDict({"a": 1})
     try:

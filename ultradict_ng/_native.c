@@ -1,20 +1,42 @@
 /*
  * ultradict_ng._native: the optional compiled helper.
  *
- * Why it exists: a write takes the lock, publishes STATE and releases the
- * lock -- three atomic operations on the control segment.  Through the
- * `atomics` package each costs ~1 us (bound function pointers via ctypes) to
- * ~10 us (its public API), which dominates a write.  Here each is one
- * METH_FASTCALL call (~50 ns).  The same module also writes a stream record
- * (header, checksum, payload) in one call.
+ * Every entry point has a pure-Python twin of the same name and signature in
+ * fallback.py; speedups.py imports one set or the other and nothing else in
+ * the package knows which.  _native.pyi types both.  The twins must behave
+ * identically, byte for byte in shared memory; tests/test_native.py checks
+ * each against a reference, and CI runs the suite on both
+ * (ULTRADICT_NG_SPEEDUPS=native|bound|public).
  *
- * It is a drop-in for the pure-Python implementations in atomicwords.py and
- * must behave identically: every atomic operation is sequentially consistent
- * (so a store publishes everything written before it and a load sees
- * everything published before it), and `write_record` produces exactly the
- * bytes described in layout.py ("Stream record"), with the CRC-32 of zlib.
- * `ULTRADICT_NG_ATOMICS=bound` or `=public` makes the package ignore this
- * module; CI runs the test suite on every path.
+ * What is here, in file order, and why it is compiled:
+ *
+ *   crc_update          CRC-32 of zlib, slicing by 8 (record checksums).
+ *   Words               seq_cst load/store/cas of the control words (a write
+ *                       takes the lock, publishes STATE and releases: three
+ *                       atomics, ~50 ns each here against ~1-10 us through
+ *                       the atomics package), write_record (header, crc and
+ *                       payload in one call) and write_simple (a root-level
+ *                       scalar set/delete encoded as msgpack straight into
+ *                       the stream: the same bytes as codec + write_record).
+ *   ProcessState        the lock's per-process state (holder thread,
+ *                       reentrancy, competing mutex) with enter/exit as one
+ *                       call each: the fast paths of SharedLock.
+ *   StoreBase/ViewBase  the bases of Store and SharedDict; ViewBase's
+ *                       __getitem__ slot is the read hit path (one STATE load,
+ *                       a compare, a dict lookup, an immutable-type check) and
+ *                       calls the Python _getitem_slow for everything else.
+ *   types_within        the codec's scan of a container before packing.
+ *   msgpack_length      the length of one msgpack object (framing check).
+ *   parse_records       the reader's validation of copied stream bytes
+ *                       (layout.py, reader step 4) in one call.
+ *   contains_type       the codec's walk for foreign Timestamps after decoding.
+ *   apply_sets          record.apply_all's runs of root-level scalar sets.
+ *   SCALAR_TYPES,       constants mirrored from record.py and layout.py (a
+ *   RECORD_HEADER       test compares them).
+ *
+ * Memory model: every atomic operation is sequentially consistent (a store
+ * publishes everything written before it, a load sees everything published
+ * before it); record bytes are plain stores that precede the STATE store.
  *
  * Memory safety: a Words object holds a buffer export of the mapping for its
  * whole life (so the mapping cannot be closed under it) until release(), and

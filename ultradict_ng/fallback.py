@@ -136,6 +136,11 @@ class Words:
             self._mv.release()
             self._mv = None
 
+    def __del__(self) -> None:
+        # As the compiled Words' dealloc: a collected object releases its export.
+        if getattr(self, "_mv", None) is not None:
+            self.release()
+
 
 class BoundWords(Words):
     """patomic's function pointers, bound once, called through ctypes."""

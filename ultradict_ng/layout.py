@@ -1,7 +1,11 @@
 """The shared-memory protocol of ultradict_ng: segment layouts, offsets and rules.
 
 This docstring is the specification; the constants below are the only place the
-numbers live, and ``store.py`` / ``lock.py`` follow the rules written here.
+numbers live.  Who follows which part: ``control.py`` (control segment, creation
+and attach), ``record.py`` (the record's kinds and how one is applied),
+``reader.py`` (Reader), ``writer.py`` (Writer, Stream size, Dump), ``lock.py``
+(Lock), ``cleanup.py`` (Unlink and cleanup register); the primitives under them
+come from ``speedups.py`` (the compiled helper or its twins in ``fallback.py``).
 
 Segments
 ========
@@ -51,7 +55,10 @@ Stream record (in ``N@s``, at offsets ``0 .. end`` of the current generation)
 -----------------------------------------------------------------------------
 ``u32 length | u32 generation (low 32 bits) | u32 crc32 | u32 0 | payload``;
 the crc covers the first 8 header bytes and the payload.  The payload is the
-serializer's encoding of ``[op, path, *args]`` (see ``OP_*``).
+serializer's encoding of the record ``[op, path, *args]``: op is one of
+``OP_*`` below and the kinds and shapes are tabled in ``record.py``, the one
+definition every writer (codec, ``write_simple``) and reader (``apply``,
+``apply_sets``) follows.
 
 Stream size
 -----------
@@ -105,10 +112,10 @@ Writer (holds the lock for the whole mutation)
    the writer applies it without decoding; tests/test_native.py checks that.)
 
 Every process follows these steps byte for byte whichever implementation of the
-primitives it uses (``atomicwords``: the compiled helper, or the ``atomics``
-package through bound function pointers or its public API): every atomic
-operation is sequentially consistent, and a record's bytes are plain stores
-that precede the STATE store publishing them.  Processes on different
+primitives it uses (``speedups``: the compiled helper, or its twins with the
+``atomics`` package through bound function pointers or its public API): every
+atomic operation is sequentially consistent, and a record's bytes are plain
+stores that precede the STATE store publishing them.  Processes on different
 implementations share a dict.
 
 A writer that dies at any instruction leaves STATE pointing at a complete
@@ -175,6 +182,18 @@ unlink ``N@d<g>`` for g in ``REG_LOW .. REG_HIGH`` and for the published gen
 itself was damaged), then ``N@s``, then ``N``.  Writers check STATUS under the lock and raise
 ``Unlinked``; a writer that published a dump just as the flag appeared unlinks
 its own dump.
+
+Changing the layout
+===================
+``LAYOUT_VERSION`` is stored in every control segment, and a process refuses
+(``IncompatibleLayout``) a dict of another version.  Bump it with any change a
+process of the previous version would misread or miswrite: a control word's
+position or meaning, a flag, ``CONTROL_SIZE``, the record framing or checksum,
+an ``OP_*`` or a record's shape, the dump header, a segment name, the msgpack
+serializer's ext-type table (``codec.py``), or an ordering rule above.  Not
+for changes that stay inside one process: the cache, the hit path, which
+implementation of the primitives runs (they write the same bytes), timing
+constants, or error messages.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ so each method is atomic across processes.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, KeysView, Mapping, MutableMapping, ValuesView
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
 
 from . import layout as L
@@ -189,12 +189,18 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
             s.sync()
         return s.node(self._path) if self._path else s.data
 
-    def _view(self: SD, path: Tuple[Any, ...]) -> SD:
-        """A handle of the same class on the nested dict at ``path`` (sharing the store)."""
-        view = ViewBase.__new__(type(self))
-        view._store = self._store
+    @classmethod
+    def _on_engine(cls: "type[SD]", engine: Engine, path: Tuple[Any, ...] = ()) -> SD:
+        """A handle on an already open engine: how nested views are made, and
+        how an engine other than the shared-memory one is put behind the facade."""
+        view = ViewBase.__new__(cls)
+        view._store = engine
         view._path = path
         return view
+
+    def _view(self: SD, path: Tuple[Any, ...]) -> SD:
+        """A handle of the same class on the nested dict at ``path`` (sharing the store)."""
+        return self._on_engine(self._store, path)
 
     def _export(self, key: Any, value: Any) -> Any:
         """What a reader gets for a cached value: a nested view, or a private copy."""
@@ -463,61 +469,4 @@ def _pairs(data: Any) -> List[List[Any]]:
     return items
 
 
-class SharedKeysView(KeysView):  # type: ignore[type-arg]
-    """``d.keys()``: iterates a snapshot; membership and len are live."""
-
-    _mapping: SharedDict
-
-    def __iter__(self) -> Iterator[Any]:
-        keys: List[Any] = self._mapping._snapshot_keys()
-        return iter(keys)
-
-    def __reversed__(self) -> Iterator[Any]:
-        keys: List[Any] = self._mapping._snapshot_keys()
-        return iter(keys[::-1])
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._mapping._snapshot_keys()!r})"
-
-
-class SharedValuesView(ValuesView):  # type: ignore[type-arg]
-    """``d.values()``: iterates a snapshot of the values."""
-
-    _mapping: SharedDict
-
-    def __iter__(self) -> Iterator[Any]:
-        values: List[Any] = [v for _, v in self._mapping._snapshot_items()]
-        return iter(values)
-
-    def __contains__(self, value: object) -> bool:
-        return any(v is value or v == value for v in self)
-
-    def __reversed__(self) -> Iterator[Any]:
-        return iter([v for _, v in self._mapping._snapshot_items()][::-1])
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({list(self)!r})"
-
-
-class SharedItemsView(ItemsView):  # type: ignore[type-arg]
-    """``d.items()``: iterates a snapshot of (key, value) pairs."""
-
-    _mapping: SharedDict
-
-    def __iter__(self) -> Iterator[Tuple[Any, Any]]:
-        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
-        return iter(items)
-
-    def __contains__(self, item: object) -> bool:
-        if not isinstance(item, tuple) or len(item) != 2:
-            return False
-        key, value = item
-        got = self._mapping.get(key, _MISSING)
-        return got is not _MISSING and (got is value or got == value)
-
-    def __reversed__(self) -> Iterator[Tuple[Any, Any]]:
-        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
-        return iter(items[::-1])
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({list(self)!r})"
+from .views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)

@@ -22,7 +22,7 @@ import os
 import secrets
 import threading
 import weakref
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from . import layout as L
 from . import record as R
@@ -30,7 +30,7 @@ from . import segment
 from .cleanup import unlink_dumps, unlink_tree
 from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .control import Header, attach_control
-from .engine import Options
+from .engine import Engine, Options
 from .errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, PathGone
 from .lock import SharedLock, owner_word
 from .mapping import Mapping
@@ -348,3 +348,8 @@ def _check_options(name: str, header: Header, stored: Codec, codec: Optional[Cod
             f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the "
             "name to attach with its stored configuration"
         )
+
+
+if TYPE_CHECKING:
+    def _implements_the_engine_interface(store: Store) -> Engine:
+        return store  # mypy checks Store against the Protocol here

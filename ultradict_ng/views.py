@@ -1,0 +1,78 @@
+"""The views ``keys()``, ``values()`` and ``items()`` of a :class:`~ultradict_ng.SharedDict`.
+
+They iterate a snapshot taken when iteration starts, so they never raise
+because another process wrote meanwhile (a plain dict's views would raise
+"changed size during iteration"); membership and ``len`` are live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import ItemsView, KeysView, ValuesView
+from typing import TYPE_CHECKING, Any, Iterator, List, Tuple
+
+if TYPE_CHECKING:
+    from .shareddict import SharedDict
+
+__all__ = ["SharedKeysView", "SharedValuesView", "SharedItemsView"]
+
+_MISSING: Any = object()
+
+
+class SharedKeysView(KeysView):  # type: ignore[type-arg]
+    """``d.keys()``: iterates a snapshot; membership and len are live."""
+
+    _mapping: SharedDict
+
+    def __iter__(self) -> Iterator[Any]:
+        keys: List[Any] = self._mapping._snapshot_keys()
+        return iter(keys)
+
+    def __reversed__(self) -> Iterator[Any]:
+        keys: List[Any] = self._mapping._snapshot_keys()
+        return iter(keys[::-1])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._mapping._snapshot_keys()!r})"
+
+
+class SharedValuesView(ValuesView):  # type: ignore[type-arg]
+    """``d.values()``: iterates a snapshot of the values."""
+
+    _mapping: SharedDict
+
+    def __iter__(self) -> Iterator[Any]:
+        values: List[Any] = [v for _, v in self._mapping._snapshot_items()]
+        return iter(values)
+
+    def __contains__(self, value: object) -> bool:
+        return any(v is value or v == value for v in self)
+
+    def __reversed__(self) -> Iterator[Any]:
+        return iter([v for _, v in self._mapping._snapshot_items()][::-1])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class SharedItemsView(ItemsView):  # type: ignore[type-arg]
+    """``d.items()``: iterates a snapshot of (key, value) pairs."""
+
+    _mapping: SharedDict
+
+    def __iter__(self) -> Iterator[Tuple[Any, Any]]:
+        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
+        return iter(items)
+
+    def __contains__(self, item: object) -> bool:
+        if not isinstance(item, tuple) or len(item) != 2:
+            return False
+        key, value = item
+        got = self._mapping.get(key, _MISSING)
+        return got is not _MISSING and (got is value or got == value)
+
+    def __reversed__(self) -> Iterator[Tuple[Any, Any]]:
+        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
+        return iter(items[::-1])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
