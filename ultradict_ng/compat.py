@@ -30,6 +30,7 @@ is not carried over.
 from __future__ import annotations
 
 import importlib
+import logging
 import pickle
 import pprint
 import sys
@@ -72,6 +73,8 @@ __all__ = [
 
 #: UltraDict's defaults for a dict this handle creates.
 DEFAULT_BUFFER_SIZE = 10_000
+#: ``Store.gen`` of a cache that was invalidated and is reloaded by the next read.
+_RELOAD_PENDING = -1
 
 
 # -- per-store state ----------------------------------------------------------------------
@@ -232,6 +235,8 @@ class UltraDict(SharedDict):
 
     Exceptions = Exceptions
     SharedLock = UltraLock
+    #: The package's logger (UltraDict's module-level ``log``): ``UltraDict.log.setLevel(...)``.
+    log = logging.getLogger("ultradict_ng")
 
     def __init__(self, *args: Any, name: Optional[str] = None, create: Optional[bool] = None,
                  buffer_size: int = _DEFAULT_BUFFER, serializer: Any = _DEFAULT_SERIALIZER,
@@ -298,6 +303,18 @@ class UltraDict(SharedDict):
         return self._store.dump_limit or None
 
     @property
+    def full_dump_counter(self) -> int:
+        """The full dump generation this handle's cache reflects (0 before the first dump).
+
+        When the cache was invalidated and waits to be reloaded, the published
+        generation, which the next read loads.
+        """
+        s = self._store
+        if s.gen == _RELOAD_PENDING:
+            return int(s.words[L.W_STATE] >> L.GEN_SHIFT)
+        return s.gen
+
+    @property
     def shared_lock(self) -> bool:
         return True
 
@@ -331,6 +348,7 @@ class UltraDict(SharedDict):
         s = self._store
         state = s.words[L.W_STATE]
         gen_remote, end_remote = state >> L.GEN_SHIFT, state & L.END_MASK
+        gen = gen_remote if s.gen == _RELOAD_PENDING else s.gen  # full_dump_counter
         owner = s.lock.owner_pid or 0
         return {
             "name": s.name,
@@ -339,9 +357,9 @@ class UltraDict(SharedDict):
             "buffer_size": s.stream_size,
             "update_stream_position": s.pos,
             "update_stream_position_remote": end_remote,
-            "full_dump_counter": s.gen,
+            "full_dump_counter": gen,
             "full_dump_counter_remote": gen_remote,
-            "full_dump_memory": L.dump_name(s.name, s.gen) if s.gen > 0 else None,
+            "full_dump_memory": L.dump_name(s.name, gen) if gen > 0 else None,
             "full_dump_memory_name_remote": L.dump_name(s.name, gen_remote) if gen_remote else "",
             "full_dump_size": s.dump_limit or None,
             "full_dump_static_size_remote": s.dump_limit,
