@@ -519,6 +519,47 @@ def test_data_apply_update_dump_load(name):
     ultra.close()
 
 
+def test_full_dump_counter(name):
+    ultra = UltraDict({"a": 1}, name=name)
+    other = UltraDict(name=name)
+    assert ultra.full_dump_counter == other.full_dump_counter == 0  # no dump yet
+    ultra.dump()
+    assert ultra.full_dump_counter == ultra.status()["full_dump_counter"] == 1
+    assert other.full_dump_counter == 0  # what other's cache reflects: not synced yet
+    assert other["a"] == 1
+    assert other.full_dump_counter == other.status()["full_dump_counter"] == 1
+    ultra.dump()
+    store = other._store  # the cache invalidated, as reload() and a failed write leave it
+    with store.mutex:
+        store.gen = store.seen = -1
+    assert other.full_dump_counter == 2  # the published generation, which the next read loads
+    st = other.status()
+    assert st["full_dump_counter"] == st["full_dump_counter_remote"] == 2
+    assert st["full_dump_memory"] == L.dump_name(name, 2)
+    assert other.copy() == {"a": 1} and store.gen == other.full_dump_counter == 2
+    other.close()
+    ultra.close()
+    assert ultra.full_dump_counter == 2  # readable after close, like UltraDict's attribute
+
+
+def test_log_is_the_package_logger(name, caplog):
+    import logging
+
+    assert UltraDict.log is logging.getLogger("ultradict_ng")
+    ultra = UltraDict(name=name)
+    assert ultra.log is UltraDict.log
+    level = UltraDict.log.level
+    try:
+        UltraDict.log.setLevel(logging.ERROR)
+        assert logging.getLogger("ultradict_ng").getEffectiveLevel() == logging.ERROR
+        with caplog.at_level(logging.WARNING, logger="ultradict_ng"):
+            ultra.log.warning("from %s", "UltraDict code")
+        assert [r.getMessage() for r in caplog.records] == ["from UltraDict code"]
+    finally:
+        UltraDict.log.setLevel(level)
+    ultra.close()
+
+
 # -- a script written for UltraDict, with the import swapped -----------------------------------
 
 README_SCRIPT = '''

@@ -12,7 +12,7 @@ machine, "segment corrupt" alone is useless.
 from __future__ import annotations
 
 import errno
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = [
     "SharedDictError",
@@ -66,8 +66,14 @@ class IncompatibleLayout(CorruptSegment):
 class LockTimeout(SharedDictError, TimeoutError):
     """The dict's lock could not be taken within the timeout.
 
-    ``pid`` is the process that held the lock when we gave up (``None`` if the
-    lock was free at that instant, e.g. taken and released by other threads).
+    ``pid``, as the lock sets it when it gives up, is the pid stored in the
+    lock's shared word at that instant: the process holding the lock (this
+    process's own pid if one of its threads holds it).  If the word was free
+    at that instant -- because another thread of this process held the
+    process-local mutex for the whole timeout, or because the holder had just
+    released -- ``pid`` is this process's pid (``os.getpid()``) as well, and
+    the message says "held by another thread of this process".  The lock
+    never raises it with ``pid=None``; ``None`` is only the constructor's default.
     """
 
     def __init__(self, message: str, *, name: str = "", pid: Optional[int] = None) -> None:
@@ -92,6 +98,10 @@ class OutOfSpace(SharedDictError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+    def __reduce__(self) -> Any:
+        # OSError pickles its args, (ENOSPC, message); the constructor takes the message only.
+        return (type(self), (self.strerror,), self.__dict__ or None)
 
 
 class PathGone(SharedDictError, KeyError):
