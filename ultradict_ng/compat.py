@@ -212,6 +212,10 @@ class UltraDict(SharedDict):
 
     __slots__ = ()
 
+    #: UltraDict's API (status, dump, full_dump_counter ...) speaks of the
+    #: shared-memory engine's segments and counters: it always runs on Store.
+    _store: Store
+
     Exceptions = Exceptions
     SharedLock = UltraLock
     #: The package's logger (UltraDict's module-level ``log``): ``UltraDict.log.setLevel(...)``.
