@@ -184,6 +184,58 @@ def test_unsupported_types_change_nothing(pair):
     assert a.copy() == before and b.copy() == before
 
 
+def _nested(kind, depth):
+    value = 0
+    for _ in range(depth):
+        value = [value] if kind == "list" else {"k": value} if kind == "dict" else (value,)
+    return value
+
+
+@pytest.mark.parametrize("recurse", [False, True], ids=["root", "nested-view"])
+@pytest.mark.parametrize("serializer", ["msgpack", "pickle"])
+def test_too_deeply_nested_values_raise_unsupported_type_and_change_nothing(name, serializer, recurse):
+    """Far deeper than either serializer takes (msgpack: MAX_NESTING, pickle: the
+    recursion limit): UnsupportedType, never RecursionError or a crash, and no change."""
+    a = SharedDict(name=name, create=True, serializer=serializer, recurse=recurse)
+    b = SharedDict(name=name, create=False)
+    try:
+        a["keep"] = 1
+        a["sub"] = {"inner": [2]}
+        target = a["sub"] if recurse else a
+        before = b.copy()
+        # Keys stay shallower: hashing a tuple recurses in C once per level.
+        deep_key = _nested("tuple", 20_000)
+        attempts = [
+            lambda v: target.__setitem__("x", v),
+            lambda v: target.update({"ok": 1, "x": v}),
+            lambda v: target.update([("ok", 1)], x=v),
+            lambda v: target.setdefault("x", v),
+            lambda v: target.__setitem__("x", {"ok": [v]}),
+        ]
+        for kind in ("list", "dict", "tuple"):
+            deep = _nested(kind, 100_000)
+            for attempt in attempts:
+                with pytest.raises(UnsupportedType) as info:
+                    attempt(deep)
+                assert "nested" in str(info.value) and "RecursionError" not in str(info.value)
+            del deep
+        for attempt in (
+            lambda: target.__setitem__(deep_key, 1),
+            lambda: target.update({"ok": 1, deep_key: 1}),
+            lambda: target.setdefault(deep_key, 1),
+            lambda: target.__setitem__(("ok", deep_key), 1),
+        ):
+            with pytest.raises(UnsupportedType):
+                attempt()
+        assert a.copy() == before and b.copy() == before
+        assert "x" not in target and "ok" not in target
+        target["after"] = 3  # still usable, and seen by the other handle
+        assert (b["sub"]["after"] if recurse else b["after"]) == 3
+    finally:
+        b.close()
+        a.close()
+
+
 def test_pickle_serializer_opt_in(name):
     d = SharedDict(name=name, serializer="pickle")
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import operator
 import pickle
+import sys
 from typing import Any, Dict, List, Tuple, Union
 
 from . import msgpack_decode
@@ -283,6 +284,12 @@ class PickleCodec(Codec):
     def dumps(self, obj: Any) -> bytes:
         try:
             return pickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+        except RecursionError as exc:
+            raise UnsupportedType(
+                "cannot store this value: it is nested too deeply for the pickle serializer "
+                "(pickling recurses once per level of nesting, up to Python's recursion limit "
+                f"of {sys.getrecursionlimit()} frames)"
+            ) from exc
         except Exception as exc:
             raise UnsupportedType(
                 f"cannot store a value of type {_type_name(type(obj))!r} with the pickle "
