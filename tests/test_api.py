@@ -5,11 +5,13 @@ from __future__ import annotations
 import collections.abc
 import datetime
 import os
+import sys
 import pickle
 from decimal import Decimal
 
 import pytest
 
+from ultradict_ng import codec
 from ultradict_ng import (
     AlreadyExists,
     Closed,
@@ -254,6 +256,87 @@ def test_unsupported_types_change_nothing(pair):
     with pytest.raises(TypeError):
         a[Custom()] = 1
     assert a.copy() == before and b.copy() == before
+
+
+def _nested(kind, depth):
+    value = 0
+    for _ in range(depth):
+        value = [value] if kind == "list" else {"k": value} if kind == "dict" else (value,)
+    return value
+
+
+@pytest.mark.parametrize("serializer", ["msgpack", "pickle"])
+def test_the_deepest_value_stored_reads_back_from_any_call_depth(name, serializer):
+    """What a serializer accepts must read back -- even from deep in a call stack,
+    where a copy taking a frame per level would raise RecursionError."""
+    d = SharedDict(name=name, serializer=serializer)
+    other = SharedDict(name=name)
+    try:
+        depth = codec.MAX_NESTING + 1
+        while True:  # the deepest list this serializer stores here
+            depth -= 1 if serializer == "msgpack" else 25
+            try:
+                d["deep"] = _nested("list", depth)
+                break
+            except UnsupportedType:
+                continue
+        assert depth > 100
+
+        def read_at(stack_depth, handle):
+            return read_at(stack_depth - 1, handle) if stack_depth else handle["deep"]
+
+        for handle in (d, other):
+            for stack_depth in (0, sys.getrecursionlimit() - 150):
+                got = read_at(stack_depth, handle)
+                assert got == _nested("list", depth)
+    finally:
+        other.close()
+        d.close()
+
+
+@pytest.mark.parametrize("recurse", [False, True], ids=["root", "nested-view"])
+@pytest.mark.parametrize("serializer", ["msgpack", "pickle"])
+def test_too_deeply_nested_values_raise_unsupported_type_and_change_nothing(name, serializer, recurse):
+    """Far deeper than either serializer takes (msgpack: MAX_NESTING, pickle: the
+    recursion limit): UnsupportedType, never RecursionError or a crash, and no change."""
+    a = SharedDict(name=name, create=True, serializer=serializer, recurse=recurse)
+    b = SharedDict(name=name, create=False)
+    try:
+        a["keep"] = 1
+        a["sub"] = {"inner": [2]}
+        target = a["sub"] if recurse else a
+        before = b.copy()
+        # Keys stay shallower: hashing a tuple recurses in C once per level.
+        deep_key = _nested("tuple", 20_000)
+        attempts = [
+            lambda v: target.__setitem__("x", v),
+            lambda v: target.update({"ok": 1, "x": v}),
+            lambda v: target.update([("ok", 1)], x=v),
+            lambda v: target.setdefault("x", v),
+            lambda v: target.__setitem__("x", {"ok": [v]}),
+        ]
+        for kind in ("list", "dict", "tuple"):
+            deep = _nested(kind, 100_000)
+            for attempt in attempts:
+                with pytest.raises(UnsupportedType) as info:
+                    attempt(deep)
+                assert "nested" in str(info.value) and "RecursionError" not in str(info.value)
+            del deep
+        for attempt in (
+            lambda: target.__setitem__(deep_key, 1),
+            lambda: target.update({"ok": 1, deep_key: 1}),
+            lambda: target.setdefault(deep_key, 1),
+            lambda: target.__setitem__(("ok", deep_key), 1),
+        ):
+            with pytest.raises(UnsupportedType):
+                attempt()
+        assert a.copy() == before and b.copy() == before
+        assert "x" not in target and "ok" not in target
+        target["after"] = 3  # still usable, and seen by the other handle
+        assert (b["sub"]["after"] if recurse else b["after"]) == 3
+    finally:
+        b.close()
+        a.close()
 
 
 def test_pickle_serializer_opt_in(name):

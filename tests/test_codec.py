@@ -415,6 +415,13 @@ def _deep_tuple(depth: int) -> Any:
     return value
 
 
+def _deep_dict(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
 UNSUPPORTED = [
     object(),
     MyClass(),
@@ -680,6 +687,15 @@ def test_pickle_dumps_errors_are_unsupported_type() -> None:
         with pytest.raises(UnsupportedType) as info:
             PICKLE.dumps(bad)
         assert isinstance(info.value, TypeError)
+
+
+def test_pickle_dumps_too_deep_says_so() -> None:
+    for deep in (_deep_list(100_000), _deep_dict(100_000), _deep_tuple(100_000), {_deep_tuple(5000): 1}):
+        with pytest.raises(UnsupportedType, match="nested too deeply for the pickle serializer") as info:
+            PICKLE.dumps(deep)
+        assert "RecursionError" not in str(info.value)
+        assert isinstance(info.value.__cause__, RecursionError)
+    assert PICKLE.loads(PICKLE.dumps([1, (2,)])) == [1, (2,)]  # the codec still works
 
 
 @settings(max_examples=300, deadline=None)

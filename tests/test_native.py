@@ -19,7 +19,6 @@ import textwrap
 import threading
 import zlib
 
-import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -204,9 +203,9 @@ def test_write_simple_and_write_record_never_write_past_the_buffer(impl):
 @given(key=scalars, value=scalars)
 def test_encode_record_fast_path_is_the_general_path(key, value):
     """Codec.encode_record's scalar shortcut returns what dumps + loads return."""
-    for record in ([L.OP_SET, [], key, value], [L.OP_DEL, [key], value], [L.OP_CLEAR, [key]]):
-        payload, decoded = MSGPACK.encode_record(record)
-        assert payload == MSGPACK.dumps(record)
+    for rec in ([L.OP_SET, [], key, value], [L.OP_DEL, [key], value], [L.OP_CLEAR, [key]]):
+        payload, decoded = MSGPACK.encode_record(rec)
+        assert payload == MSGPACK.dumps(rec)
         general = MSGPACK.loads(payload)
         assert [type(x) for x in decoded] == [type(x) for x in general]
 

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Optional, Tuple, Type
+from typing import Optional, Tuple, Type
 
 from . import layout as L
 from .speedups import ProcessState, Words
