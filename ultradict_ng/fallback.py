@@ -38,6 +38,7 @@ _SEQ_CST = 5  # C11 memory_order_seq_cst, as patomic numbers it
 _header = struct.Struct(L.RECORD_FORMAT)
 _prefix = struct.Struct(L.RECORD_FORMAT[:3])  # length and tag: what the crc covers first
 _MISSING: Any = object()
+_U64_MAX = (1 << 64) - 1
 
 #: The scalar types ``write_simple`` encodes (mirrors ``_native.SCALAR_TYPES``;
 #: :mod:`ultradict_ng.record` defines the set, a test checks both agree).
@@ -157,24 +158,40 @@ class BoundWords(Words):
         self._cells: Any = (ctypes.c_uint64 * max(self._nwords, 1)).from_buffer(buffer)
         self._base = ctypes.addressof(self._cells)
 
+    # The checks are inline (no helper call): each atomic operation is on the
+    # write path three times per write.
     def load(self, index: int) -> int:
+        if not 0 <= index < self._nwords:
+            self._refuse(index)
         out = ctypes.c_uint64()
-        self._load(self._base + 8 * self._check(index), _SEQ_CST, ctypes.addressof(out))
+        self._load(self._base + 8 * index, _SEQ_CST, ctypes.addressof(out))
         return out.value
 
     def store(self, index: int, value: int) -> None:
-        val = ctypes.c_uint64(_u64(value))
-        self._store(self._base + 8 * self._check(index), ctypes.addressof(val), _SEQ_CST)
+        if not 0 <= index < self._nwords:
+            self._refuse(index)
+        if not 0 <= value <= _U64_MAX:
+            raise OverflowError(f"{value} does not fit an unsigned 64-bit word")
+        val = ctypes.c_uint64(value)
+        self._store(self._base + 8 * index, ctypes.addressof(val), _SEQ_CST)
 
     def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
-        exp = ctypes.c_uint64(_u64(expected))
-        des = ctypes.c_uint64(_u64(desired))
-        ok = self._cmpxchg(self._base + 8 * self._check(index), ctypes.addressof(exp),
+        if not 0 <= index < self._nwords:
+            self._refuse(index)
+        if not (0 <= expected <= _U64_MAX and 0 <= desired <= _U64_MAX):
+            raise OverflowError("cas: a value does not fit an unsigned 64-bit word")
+        exp = ctypes.c_uint64(expected)
+        des = ctypes.c_uint64(desired)
+        ok = self._cmpxchg(self._base + 8 * index, ctypes.addressof(exp),
                            ctypes.addressof(des), _SEQ_CST, _SEQ_CST)
         return bool(ok), exp.value
 
+    def _refuse(self, index: int) -> None:
+        self._check(index)  # raises Closed or IndexError
+
     def release(self) -> None:
         self._cells = None
+        self._nwords = 0  # every index fails the inline check; _check says Closed
         super().release()
 
 

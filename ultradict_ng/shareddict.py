@@ -172,7 +172,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     def stats(self) -> Dict[str, Any]:
         """Facts about the dict now, for people and tools (a snapshot): its
         engine, serializer, generation (full dumps so far), stream use, the
-        pid holding the lock, and more; see the README's "Code map"."""
+        pid holding the lock, the creator's pid (keys depend on the engine)."""
         return self._store.stats()
 
     @property
