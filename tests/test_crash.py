@@ -24,6 +24,7 @@ from ultradict_ng import SharedDict, faults, unlink_by_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAM = 256  # small: a dump every few writes
+BLOB_THRESHOLD = 256  # the worker's 300-byte values go to blobs
 
 
 def ours(name: str):
@@ -65,12 +66,21 @@ def check_survivors(d: SharedDict, acked: Dict[str, int], attempted_max: int) ->
     return waited
 
 
+#: Every fault point with inline values; and with the worker's 300-byte values in
+#: blobs (threshold 256), which also passes the blob points.
+FAULT_CASES = [
+    pytest.param(point, threshold, id=f"{point}-{'blobs' if threshold else 'inline'}")
+    for point in faults.POINTS
+    for threshold in ((BLOB_THRESHOLD,) if point.startswith("blob") else (0, BLOB_THRESHOLD))
+]
+
+
 @pytest.mark.parametrize("action", ["kill", "exit"])
-@pytest.mark.parametrize("point", faults.POINTS)
-def test_writer_dies_at_fault_point(name, point, action):
-    d = SharedDict({"k0": -1}, name=name, buffer_size=STREAM)
-    # Dump points are passed once per dump (every ~4 writes): die at the 2nd one.
-    after = 2 if point.startswith("dump") else 5
+@pytest.mark.parametrize("point, threshold", FAULT_CASES)
+def test_writer_dies_at_fault_point(name, point, threshold, action):
+    d = SharedDict({"k0": -1}, name=name, buffer_size=STREAM, blob_threshold=threshold)
+    # Dump and blob points are passed once per dump or blob (every ~4 writes): die at the 2nd.
+    after = 2 if point.startswith(("dump", "blob")) else 5
     p = start_writer(name, 0, 40, f"{point}:{action}:{after}")
     out, err = p.communicate(timeout=60)
     assert p.returncode == (-signal.SIGKILL if action == "kill" else 70), err
@@ -91,10 +101,11 @@ def test_writer_dies_at_fault_point(name, point, action):
     assert len(present) >= 2
 
 
-@pytest.mark.parametrize("point", ["dump-created", "dump-written", "dump-registered"])
+@pytest.mark.parametrize("point", ["dump-created", "dump-written", "dump-registered",
+                                   "blob-registered", "blob-written"])
 def test_unlink_by_name_after_death_mid_dump(name, point):
-    """The last user dies mid-dump: unlink_by_name removes the orphan dump too."""
-    d = SharedDict(name=name, buffer_size=STREAM, auto_unlink=False)
+    """The last user dies mid-dump or mid-blob: unlink_by_name removes the orphan too."""
+    d = SharedDict(name=name, buffer_size=STREAM, auto_unlink=False, blob_threshold=BLOB_THRESHOLD)
     d.close()
     p = start_writer(name, 0, 40, f"{point}:kill:2")
     p.communicate(timeout=60)
@@ -104,10 +115,11 @@ def test_unlink_by_name_after_death_mid_dump(name, point):
     assert ours(name) == []
 
 
-def test_random_sigkills_of_writers(name):
+@pytest.mark.parametrize("threshold", [0, BLOB_THRESHOLD], ids=["inline", "blobs"])
+def test_random_sigkills_of_writers(name, threshold):
     """Writers killed at random instants, again and again (>= 10 kills; more when soaking)."""
     rng = random.Random(1234)
-    d = SharedDict(name=name, buffer_size=STREAM)
+    d = SharedDict(name=name, buffer_size=STREAM, blob_threshold=threshold)
     kills = 0
     start = 0
     waits = []

@@ -81,6 +81,12 @@ class LocalEngine(StoreBase):
                 raise PathGone(f"no nested dict at {list(path)!r}")
         return node
 
+    def materialize(self, stored: Any) -> Any:
+        return stored.value()  # an InlineArray: this engine keeps no blobs
+
+    def view(self, stored: Any) -> memoryview:
+        return memoryview(stored.data)
+
     def begin_write(self) -> None:
         self.lock.acquire()
         self.mutex.acquire()

@@ -425,7 +425,9 @@ def test_aligned_record_of_the_next_generation_is_not_applied(name):
 FILL_SCRIPT = r"""
 import os
 from ultradict_ng import OutOfSpace, SharedDict
-d = SharedDict(name="fill", buffer_size=64 * 1024)
+import sys
+threshold = int(sys.argv[1])  # 0: values inline, in dumps; else: in blobs
+d = SharedDict(name="fill", buffer_size=64 * 1024, blob_threshold=threshold)
 other = SharedDict(name="fill")
 good = {}
 size = 16 * 1024
@@ -442,7 +444,11 @@ else:
     raise SystemExit("shared memory never filled up")
 assert d.copy() == good and other.copy() == good, "a failed write changed the dict"
 entries = sorted(os.listdir("/dev/shm"))
-assert len(entries) == 3, entries  # control, stream, current dump: no partial segment
+blobs = [e for e in entries if "@b" in e]
+if threshold:  # control, stream, at most the current dump, a blob per value: no partial one
+    assert len(blobs) == len(good) and len(entries) - len(blobs) <= 3, entries
+else:  # control, stream, current dump: no partial segment
+    assert len(entries) == 3 and not blobs, entries
 d.pop(max(good))  # still usable: shrink, then write something small
 d["small"] = 1
 assert other["small"] == 1
@@ -455,14 +461,16 @@ print("filled after", len(good), "writes")
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
                     reason="needs root and unshare to mount a private, tiny /dev/shm")
-def test_really_full_dev_shm(tmp_path):
+@pytest.mark.parametrize("threshold", [0, 1024], ids=["dumps", "blobs"])
+def test_really_full_dev_shm(tmp_path, threshold):
     """/dev/shm really full (a private 2 MiB tmpfs): OutOfSpace, nothing changed, no
-    partial segment, and no SIGBUS -- the pages are reserved before anything is written."""
+    partial segment, and no SIGBUS -- the pages are reserved (dumps) or written with
+    pwrite (blobs) before anything is published."""
     script = tmp_path / "fill.py"
     script.write_text(FILL_SCRIPT)
     out = subprocess.run(
         ["unshare", "-m", "sh", "-c",
-         f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} {script}"],
+         f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} {script} {threshold}"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env=dict(os.environ, PYTHONPATH=ROOT),
     )

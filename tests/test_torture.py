@@ -24,19 +24,26 @@ spawn = multiprocessing.get_context("spawn")
 SECONDS = SOAK_SECONDS or 4.0
 
 
-@pytest.mark.parametrize("stream", ["1KiB", "growing"])
+@pytest.mark.parametrize("stream", ["1KiB", "growing", "blobs"])
 def test_torture(name, stream):
     """``1KiB``: a fixed tiny stream, so dumps are constant.  ``growing``: the
     default stream, with occasional values large enough that dumps outgrow it,
-    so the stream grows while readers read."""
+    so the stream grows while readers read (values inline).  ``blobs``: the
+    tiny stream with every value of 1 KiB or more in a blob -- bytes, and numpy
+    arrays of a checksum pattern that readers check, and hold, while writers
+    overwrite them."""
     writers, readers = 3, 2
-    growing = stream == "growing"
-    d = SharedDict(name=name, recurse=True, buffer_size=None if growing else 1024)
+    growing, arrays = stream == "growing", stream == "blobs"
+    if arrays:
+        pytest.importorskip("numpy")
+    d = SharedDict(name=name, recurse=True, buffer_size=None if growing else 1024,
+                   blob_threshold=1024 if arrays else (0 if growing else None))
     for wid in range(writers):
         d[f"w{wid}"] = {}
     d["total"] = 0
     results = spawn.Queue()
-    procs = [spawn.Process(target=torture_workers.writer, args=(name, w, SECONDS, results, growing))
+    procs = [spawn.Process(target=torture_workers.writer,
+                           args=(name, w, SECONDS, results, growing, arrays))
              for w in range(writers)]
     procs += [spawn.Process(target=torture_workers.reader, args=(name, writers, SECONDS + 1, results))
               for _ in range(readers)]
@@ -53,7 +60,12 @@ def test_torture(name, stream):
     errors = [e for r in reader_results for e in r[2]]
     assert not errors, errors[:5]
     for _, wid, model, _, _ in writer_results:
-        assert d[f"w{wid}"].copy() == model, wid
+        got = d[f"w{wid}"].copy()
+        if "arr" in model:
+            import numpy as np
+
+            assert np.array_equal(got.pop("arr"), torture_workers.array_for(model.pop("arr")[1]))
+        assert got == model, wid
     assert d["total"] == sum(r[4] for r in writer_results)
     ops = sum(r[3] for r in writer_results)
     passes = sum(r[1] for r in reader_results)
@@ -61,7 +73,8 @@ def test_torture(name, stream):
     assert passes > 0 and dumps > (1 if growing else 10)
     if growing:
         assert d.buffer_size > L.DEFAULT_STREAM_SIZE  # it grew under load
-    print(f"\ntorture ({stream} stream, now {d.buffer_size:,} bytes): {writers} writers, "
+    blobs = d.stats()["blob_next_id"] - 1
+    print(f"\ntorture ({stream} stream, now {d.buffer_size:,} bytes, {blobs} blobs written): {writers} writers, "
           f"{readers} readers, {elapsed:.1f}s: {ops} writes ({ops / elapsed:,.0f}/s), "
           f"{passes} checked reader passes, {dumps} dumps, 0 errors")
     d.close()

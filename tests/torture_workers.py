@@ -24,7 +24,29 @@ def k_value(i: int) -> List[Any]:
 HUGE = 700_000
 
 
-def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False) -> None:
+#: Length of the numpy arrays of the blob variant: a checksum pattern, every
+#: element equal to the writer's seq at the time (mod 65521), so that a torn or
+#: half-written array is visible anywhere in it.
+ARRAY_LEN = 40_000
+
+
+def array_for(seq: int) -> Any:
+    import numpy as np
+
+    return np.full(ARRAY_LEN, seq % 65521, dtype=np.uint16)
+
+
+def check_array(value: Any) -> None:
+    """A stored array is read-only, whole, and carries one seq everywhere."""
+    import numpy as np
+
+    assert type(value) is np.ndarray and value.dtype == np.uint16 and value.shape == (ARRAY_LEN,)
+    assert not value.flags.writeable
+    assert value[0] == value[-1] and int(value.min()) == int(value.max()), "torn array"
+
+
+def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False,
+           arrays: bool = False) -> None:
     rng = random.Random(wid)
     d = SharedDict(name=name, create=False)
     sub = d[f"w{wid}"]
@@ -53,7 +75,10 @@ def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False
                 sub["nested"]["b"]["c"] = seq
                 model["nested"]["b"]["c"] = seq
         elif r < 0.81:
-            if huge and rng.random() < 0.02:
+            if arrays and rng.random() < 0.5:
+                sub["arr"] = array_for(seq)
+                model["arr"] = ("array", seq)  # compared by the test with array_for(seq)
+            elif huge and rng.random() < 0.02:
                 sub["huge"] = model["huge"] = bytes([seq % 256]) * HUGE
             else:
                 sub["large"] = model["large"] = bytes([seq % 256]) * 3000
@@ -85,6 +110,8 @@ def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
             assert type(value) is bytes and len(value) == HUGE and len(set(value)) == 1
         elif key == "nested":
             assert value["a"] <= value["b"]["c"], value
+        elif key == "arr":
+            check_array(value)
         else:
             assert key == "seq", key
 
@@ -94,12 +121,18 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
     last_seq: Dict[int, int] = {}
     passes = 0
     errors: List[str] = []
+    held: List[Any] = []  # arrays read earlier: they must never change
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             snapshot = d.copy()  # deep, consistent
             for wid in range(writers):
                 check_subtree(wid, snapshot[f"w{wid}"], last_seq)
+                if "arr" in snapshot[f"w{wid}"]:
+                    held = (held + [(snapshot[f"w{wid}"]["arr"], int(snapshot[f"w{wid}"]["arr"][0]))])[-20:]
+            for arr, first in held:
+                check_array(arr)
+                assert int(arr[0]) == first, "an array held by a reader changed"
             for key, value in d.items():  # live views, iterated while writers write
                 if key.startswith("w"):
                     value.copy()

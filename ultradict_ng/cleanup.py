@@ -14,6 +14,7 @@ import logging
 
 from . import layout as L
 from . import segment
+from .blobs import blob_ids
 from .control import check_layout, control_owner
 from .errors import CorruptSegment, LockTimeout
 from .lock import SharedLock, owner_alive
@@ -21,7 +22,7 @@ from .mapping import Mapping
 from .names import validate_name
 from .segment import Segment
 
-__all__ = ["unlink_dumps", "unlink_tree", "unlink_by_name"]
+__all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -33,6 +34,14 @@ def unlink_dumps(name: str, words: memoryview) -> int:
     names.add(L.dump_name(name, words[L.W_STATE] >> L.GEN_SHIFT))
     names.discard(L.dump_name(name, 0))
     names.update(segment.listed(name + L.DUMP_SUFFIX))
+    return sum(segment.unlink(n) for n in sorted(names))
+
+
+def unlink_blobs(name: str, words: memoryview) -> int:
+    """Unlink every blob the register (BLOB_LOW .. BLOB_NEXT) names, and every
+    other ``NAME@b*`` where /dev/shm can be listed."""
+    names = {L.blob_name(name, i) for i in blob_ids(name, words[L.W_BLOB_LOW], words[L.W_BLOB_NEXT])}
+    names.update(segment.listed(name + L.BLOB_SUFFIX))
     return sum(segment.unlink(n) for n in sorted(names))
 
 
@@ -65,6 +74,7 @@ def unlink_tree(name: str, mapping: Mapping, token: int) -> int:
         # "ours", or "gone": no control under the name, so any stream or dump
         # left under it is ours (a creator makes its control first).
         removed = unlink_dumps(name, mapping.words)
+        removed += unlink_blobs(name, mapping.words)
         removed += segment.unlink(L.stream_name(name))
         if owner == "ours":
             removed += segment.unlink(name)
@@ -106,6 +116,7 @@ def unlink_by_name(name: str) -> int:
                 )
             # Abandoned mid-creation: its register is still valid (zeroed or written).
             removed = unlink_dumps(name, words)
+            removed += unlink_blobs(name, words)
             removed += segment.unlink(L.stream_name(name))
             return removed + int(segment.unlink(name))
         if magic != L.CONTROL_MAGIC:

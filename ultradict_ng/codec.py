@@ -27,9 +27,10 @@ import copy
 import operator
 import pickle
 import sys
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import msgpack_decode
+from .blobs import BlobRef, InlineArray
 from .errors import CorruptSegment, UnsupportedType
 from .msgpack_decode import _ROOT_HOOK, _contains_timestamp, _gc_paused
 from .msgpack_encode import (
@@ -397,22 +398,24 @@ IMMUTABLE_TYPES: frozenset[type] = _LEAF_TYPES | {frozenset}
 _IMMUTABLE_TYPES = IMMUTABLE_TYPES
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: Any, stored: Optional[Callable[[Any], Any]]) -> Any:
     tp = type(value)
     if tp in _IMMUTABLE_TYPES:
         return value
+    if tp in _STORED_TYPES:
+        return value if stored is None else stored(value)
     if tp is list:
         if _IMMUTABLE_TYPES.issuperset(map(type, value)):
             return value.copy()
-        return [_copy(item) for item in value]
+        return [_copy(item, stored) for item in value]
     if tp is dict:
         if _IMMUTABLE_TYPES.issuperset(map(type, value.values())):
             return value.copy()
-        return {key: _copy(item) for key, item in value.items()}
+        return {key: _copy(item, stored) for key, item in value.items()}
     if tp is tuple:
         if _IMMUTABLE_TYPES.issuperset(map(type, value)):
             return value
-        items = [_copy(item) for item in value]
+        items = [_copy(item, stored) for item in value]
         if all(map(operator.is_, items, value)):
             return value
         return tuple(items)
@@ -423,23 +426,26 @@ def _copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def copy_value(value: Any) -> Any:
+def copy_value(value: Any, stored: Optional[Callable[[Any], Any]] = None) -> Any:
     """Return a copy of *value* that shares no mutable object with it.
 
     Immutable values (and tuples holding only immutable values) are returned
     as they are.  Lists, dicts, sets and bytearrays are copied, recursively;
-    dict keys and set members are hashable and so are not copied.  Any other
-    type (possible only with the pickle serializer) is ``copy.deepcopy``-ed.
+    dict keys and set members are hashable and so are not copied.  Cache
+    placeholders of large values and arrays (``blobs.BlobRef``,
+    ``blobs.InlineArray``) become ``stored(placeholder)`` (they stay as they
+    are without ``stored``).  Any other type (possible only with the pickle
+    serializer) is ``copy.deepcopy``-ed.
     """
     if type(value) in _IMMUTABLE_TYPES:
         return value
     try:
-        return _copy(value)
+        return _copy(value, stored)
     except RecursionError:  # nested deeper than the stack allows here, or a cycle (pickle)
-        return _copy_without_recursion(value)
+        return _copy_without_recursion(value, stored)
 
 
-def _copy_without_recursion(root: Any) -> Any:
+def _copy_without_recursion(root: Any, stored: Optional[Callable[[Any], Any]]) -> Any:
     """What ``_copy`` returns, with an explicit stack instead of recursion.
 
     Why: a value the codec accepts (up to MAX_NESTING levels) must read back
@@ -457,6 +463,8 @@ def _copy_without_recursion(root: Any) -> Any:
         if tp is list or tp is dict or tp is tuple:
             seen = memo.get(id(v), _NOT_SEEN)
             return (seen is not _NOT_SEEN), seen
+        if tp in _STORED_TYPES:
+            return True, (v if stored is None else stored(v))
         if tp is set:
             return True, v.copy()
         if tp is bytearray:
@@ -498,3 +506,4 @@ def _copy_without_recursion(root: Any) -> Any:
 
 
 _NOT_SEEN: Any = object()
+_STORED_TYPES = frozenset({BlobRef, InlineArray})

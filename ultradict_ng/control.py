@@ -40,6 +40,7 @@ class Header:
     token: int
     creator: int
     dump_limit: int
+    blob_threshold: int
 
     def write(self, words: memoryview) -> None:
         """Store every field but MAGIC (the creator publishes that last)."""
@@ -53,6 +54,8 @@ class Header:
         words[L.W_TOKEN] = self.token
         words[L.W_CREATOR] = self.creator
         words[L.W_DUMP_LIMIT] = self.dump_limit
+        words[L.W_BLOB_THRESHOLD] = self.blob_threshold
+        words[L.W_BLOB_NEXT] = words[L.W_BLOB_LOW] = 1
 
     @classmethod
     def read(cls, name: str, words: memoryview) -> "Header":
@@ -69,6 +72,7 @@ class Header:
             token=words[L.W_TOKEN],
             creator=words[L.W_CREATOR],
             dump_limit=words[L.W_DUMP_LIMIT],
+            blob_threshold=words[L.W_BLOB_THRESHOLD],
         )
         if not L.MIN_STREAM_SIZE <= header.stream_size <= L.MAX_STREAM_SIZE:
             raise CorruptSegment(

@@ -57,6 +57,8 @@ class Options:
     auto_unlink: Optional[bool] = None
     #: Cap in bytes on a full dump (0 or None: none); UltraDict's full_dump_size.
     dump_limit: Optional[int] = None
+    #: Buffers and arrays this large or larger go to blobs (0: never).
+    blob_threshold: Optional[int] = None
     #: Values a *creating* handle uses for fields given as None.
     create_defaults: Mapping[str, Any] = field(default_factory=dict)
 
@@ -94,6 +96,14 @@ class Engine(Protocol):
 
     def node(self, path: Path) -> Dict[Any, Any]:
         """The cached dict at ``path`` (synced by the caller); PathGone if none."""
+
+    def materialize(self, stored: Any) -> Any:
+        """The user's value of a cache placeholder (``blobs.BlobRef``,
+        ``blobs.InlineArray``); ``blobs.BlobGone`` if a newer state dropped it
+        (the caller reads again)."""
+
+    def view(self, stored: Any) -> memoryview:
+        """A read-only memoryview of a placeholder's bytes, without a copy."""
 
     def begin_write(self) -> None: ...
 

@@ -23,6 +23,8 @@ dump-registered      REG_HIGH names the new generation, its segment not yet crea
 dump-created         the new dump segment exists, its payload not yet written
 dump-written         the dump is complete, STATE not yet stored (unpublished)
 dump-published       STATE names the new dump, old generations not yet unlinked
+blob-registered      BLOB_NEXT counts a new blob, its segment not yet created
+blob-written         the blob segment is complete, the record referencing it unpublished
 ==================== ================================================================
 """
 
@@ -42,6 +44,8 @@ POINTS = (
     "dump-created",
     "dump-written",
     "dump-published",
+    "blob-registered",
+    "blob-written",
 )
 
 

@@ -14,6 +14,7 @@ A dict named ``N`` owns these POSIX shared-memory segments (all mode 0600)::
     N             control segment   header, counters, lock word, cleanup register
     N@s           update stream     append-only records of mutations (see "Stream size")
     N@d<gen>      full dump         the whole dict at generation <gen> (base 36)
+    N@b<id>       blob              one large value, immutable (see "Blobs"; base 36)
 
 User names may only contain ``[A-Za-z0-9_.-]``, so no user name can collide
 with a derived name (they contain ``@``).  Nested dicts own no segments: they
@@ -41,11 +42,17 @@ word  offset  field
 7     56      LIMIT: bytes of the stream writers may use (<= stream size; equal to
               it for a fixed stream).  Changed only under the lock, at a dump.
 8     64      STATE: ``generation << 32 | stream end``  (the counter readers poll)
+9     72      blob threshold in bytes: values of a blob kind at least this large go
+              to blobs (0: never).  Written once, at creation.
 16    128     LOCK: 0 when free, else the owner word (see "Lock" below)
 24    192     REG_LOW: oldest dump generation that may still exist
 25    200     REG_HIGH: newest dump generation that may exist (written *before*
               the dump segment is created)
 26    208     STATUS: bit 0 = unlinked (set before any segment is unlinked)
+27    216     BLOB_NEXT: the id the next blob gets (ids start at 1); raised under
+              the lock *before* the blob's segment is created
+28    224     BLOB_LOW: every blob id below it is gone (cleanup scans
+              ``BLOB_LOW .. BLOB_NEXT``)
 ===== ======= ==================================================================
 
 STATE, LOCK and the register sit on separate 64-byte lines so that spinning on
@@ -85,6 +92,45 @@ Dump (``N@d<gen>``)
 payload``; payload = the serializer's encoding of the whole tree (nested dicts
 as plain dicts).  A dump is written completely before it is published and never
 changes afterwards.  Generation 0 is the empty dict and has no segment.
+
+Blobs (``N@b<id>``)
+-------------------
+``8 bytes BLOB_MAGIC | u64 creation token | u64 id | u64 length | u32 kind |
+u32 0 | zeros up to BLOB_HEADER (64) | payload``.  The payload is a value's raw
+bytes: kind 1 ``bytes`` (or any contiguous buffer), 2 ``bytearray``, 3 a numpy
+array (C order).  The record and the dumps hold a reference instead of the
+value: msgpack ext 13 ``[id, kind, length, meta]`` (meta: nil, or for an array
+``[dtype descr as numpy.lib.format writes it, shape]``), or the pickled
+``BlobRef`` under the pickle serializer.  Each blob is referenced from at most
+one place of one published state, is written completely before the record
+that references it is published, and never changes afterwards; ids only grow,
+so a name is never written twice.
+
+Writer, for a mutation whose values hold buffers or arrays of at least the
+threshold (before its step 2 encodes the record):
+
+a. ``id = BLOB_NEXT``; ``BLOB_NEXT = id + 1`` (crash cleanup can find what b makes);
+b. create ``N@b<id>`` exclusively, ``pwrite`` the payload, then the header
+   (ENOSPC: unlink it, ``OutOfSpace``, nothing published);
+c. the record, holding references, is published as any other (steps 3-5);
+d. after the publish, unlink every blob the mutation dropped from the tree
+   (the old values it overwrote, deleted or cleared).
+
+A dump (step 4) also sweeps: every ``N@b*`` segment of an id in
+``BLOB_LOW .. BLOB_NEXT`` that the dumped tree does not reference is the
+leftover of a writer that died between a and d, and is unlinked; then
+``BLOB_LOW`` = the lowest referenced id (``BLOB_NEXT`` if none).
+
+Reader: a reference is mapped read-only on first use, after checking the
+header (magic, token, id, length, kind) and the segment's size against it; a
+mismatch is ``CorruptSegment``.  A blob that does not exist was dropped by a
+state newer than the reader's cache (step d unlinks only after publishing):
+the reader syncs and reads again -- never an error to the caller.  A mapping
+stays valid after the name is unlinked, so an array or view a reader holds
+never changes and keeps its memory until it is collected.
+
+Inline arrays: a numpy array below the threshold is msgpack ext 14
+``[descr, shape, bytes]`` in the record itself.
 
 Writer (holds the lock for the whole mutation)
 ==============================================
@@ -179,7 +225,8 @@ Unlink and cleanup register
 ``UNLINK_LOCK_TIMEOUT`` they go on without it), set STATUS.unlinked, then
 unlink ``N@d<g>`` for g in ``REG_LOW .. REG_HIGH`` and for the published gen
 (plus, where /dev/shm can be listed, every ``N@d*`` there, in case the register
-itself was damaged), then ``N@s``, then ``N``.  Writers check STATUS under the lock and raise
+itself was damaged), then every blob (``BLOB_LOW .. BLOB_NEXT``, and every
+``N@b*`` where /dev/shm can be listed), then ``N@s``, then ``N``.  Writers check STATUS under the lock and raise
 ``Unlinked``; a writer that published a dump just as the flag appeared unlinks
 its own dump.
 
@@ -213,6 +260,7 @@ GENERATED_PREFIX = "udng_"
 
 STREAM_SUFFIX = "@s"
 DUMP_SUFFIX = "@d"
+BLOB_SUFFIX = "@b"
 
 
 def stream_name(name: str) -> str:
@@ -221,6 +269,10 @@ def stream_name(name: str) -> str:
 
 def dump_name(name: str, generation: int) -> str:
     return name + DUMP_SUFFIX + _base36(generation)
+
+
+def blob_name(name: str, blob_id: int) -> str:
+    return name + BLOB_SUFFIX + _base36(blob_id)
 
 
 def _base36(n: int) -> str:
@@ -236,7 +288,7 @@ def _base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
 CONTROL_SIZE = 256
 
 W_MAGIC = 0
@@ -248,10 +300,13 @@ W_CREATOR = 5
 W_DUMP_LIMIT = 6
 W_STREAM_LIMIT = 7
 W_STATE = 8
+W_BLOB_THRESHOLD = 9
 W_LOCK = 16
 W_REG_LOW = 24
 W_REG_HIGH = 25
 W_STATUS = 26
+W_BLOB_NEXT = 27
+W_BLOB_LOW = 28
 
 FLAG_RECURSE = 1
 FLAG_GROWS = 2
@@ -285,6 +340,19 @@ DUMP_FORMAT = "<8sQQII"
 #: How many stale generations one reclaim pass unlinks at most; a larger
 #: REG_LOW..REG_HIGH gap can only come from a corrupted register.
 MAX_RECLAIM = 64
+
+# -- blobs -------------------------------------------------------------------
+
+BLOB_MAGIC = b"UDNGblb\x01"
+BLOB_FORMAT = "<8sQQQII"  # magic, token, id, length, kind, 0
+BLOB_HEADER = 64  # payload offset: 64-byte aligned for any dtype and for SIMD loads
+#: Default threshold: values of a blob kind this large or larger go to blobs.
+#: Measured on 2 cores (README "Large values"): below it, inline is cheaper
+#: than a segment's create + map + unlink (~40-60 µs).
+DEFAULT_BLOB_THRESHOLD = 64 << 10
+#: Where /dev/shm cannot be listed, how many ids of ``BLOB_LOW .. BLOB_NEXT``
+#: a sweep or cleanup tries at most.
+MAX_BLOB_SWEEP = 4096
 
 # -- lock --------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any, Callable, Iterator, List, NoReturn, Optional
 
 from . import msgpack_ext
+from .blobs import BlobRef, InlineArray, KINDS
 from .speedups import contains_type as _contains_type
 from .errors import CorruptSegment
 from .msgpack_ext import (
@@ -31,6 +32,8 @@ from .msgpack_ext import (
     _TIME,
     _TIMEDELTA,
     _TIMEZONE,
+    _BLOB,
+    _NDARRAY,
     _TUPLE,
     _Timestamp,
     _unpackb,
@@ -96,7 +99,24 @@ def _decode_scalar(code: int, data: bytes) -> Any:
     if code == _TIMEZONE:
         f = _scalar_payload(data, 1, 2, 0)
         return _tz_from(f, 0)
+    if code == _BLOB:
+        f = _scalar_payload(data, 4, 4, 3)
+        if f[0] < 1 or f[1] not in KINDS or f[2] < 0 or not (f[3] is None or _array_meta_ok(f[3], 2)):
+            raise CorruptSegment("malformed blob reference")
+        return BlobRef(f[0], f[1], f[2], f[3])
+    if code == _NDARRAY:
+        f = _scalar_payload(data, 3, 3, 0)
+        if not _array_meta_ok(f, 3) or type(f[2]) is not bytes:
+            raise CorruptSegment("malformed inline array")
+        return InlineArray(f[0], tuple(f[1]), f[2])
     raise CorruptSegment(f"unknown msgpack ext type {code}")
+
+
+def _array_meta_ok(meta: Any, n: int) -> bool:
+    """``[descr, shape, ...]`` of n items, shape a list of non-negative ints (the
+    descr itself is checked by numpy when the array is made)."""
+    return (type(meta) is list and len(meta) == n and type(meta[0]) in (str, list)
+            and type(meta[1]) is list and all(type(d) is int and d >= 0 for d in meta[1]))
 
 
 def _make_hook(level: int) -> Callable[[int, bytes], Any]:

@@ -16,18 +16,21 @@ from decimal import Decimal
 from typing import Any, Callable, Dict, List, Optional
 
 from . import msgpack_ext
+from .blobs import BlobRef, InlineArray, array_meta, is_ndarray
 from .record import SCALAR_TYPES
 from .speedups import types_within as _types_within
 from .msgpack_ext import (
     MAX_EXT_NESTING,
     MAX_NESTING,
     _BIGINT,
+    _BLOB,
     _BYTEARRAY,
     _COMPLEX,
     _DATE,
     _DATETIME,
     _DECIMAL,
     _FROZENSET,
+    _NDARRAY,
     _SET,
     _TIME,
     _TIMEDELTA,
@@ -126,7 +129,19 @@ def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
         return _new_ext(_ExtType, (_BYTEARRAY, bytes(obj)))
     if tp in _LEAF_TYPES:
         return obj
+    if tp is BlobRef:
+        return _new_ext(_ExtType, (_BLOB, _plain_pack([obj.id, obj.kind, obj.length, obj.meta])))
+    if tp is InlineArray:
+        return _new_ext(_ExtType, (_NDARRAY, _plain_pack([obj.descr, list(obj.shape), obj.data])))
+    if is_ndarray(obj):
+        descr, shape = array_meta(obj)
+        data = obj.tobytes()  # C order, whatever the array's own layout
+        return _new_ext(_ExtType, (_NDARRAY, _plain_pack([descr, shape, data])))
     raise _unsupported(obj)
+
+
+# Packs the payloads of ext 13 and 14: lists of ints, strs, bytes and nil only.
+_plain_pack: Callable[[Any], bytes] = msgpack_ext._Packer(use_bin_type=True, autoreset=True).pack
 
 
 def _tz_fields(tz: timezone) -> List[Any]:

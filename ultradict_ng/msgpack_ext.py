@@ -48,6 +48,12 @@ code  Python type                 payload
                                   microseconds]``
 12    ``datetime.timezone``       msgpack array of the *tz fields* of the
                                   timezone itself
+13    a large value in a blob     msgpack array ``[id, kind, length, meta]``:
+      (``blobs.BlobRef``)         the reference to segment ``NAME@b<id>``
+                                  (layout: "Blobs")
+14    ``numpy.ndarray`` below     msgpack array ``[descr, shape, bytes]``:
+      the blob threshold          dtype as ``numpy.lib.format`` describes it,
+                                  shape, C-order data
 ====  ==========================  =============================================
 
 The *tz fields* are nothing for a naive datetime/time, ``[offset]`` for a
@@ -105,6 +111,8 @@ _DATE = 9
 _TIME = 10
 _TIMEDELTA = 11
 _TIMEZONE = 12
+_BLOB = 13
+_NDARRAY = 14
 
 _ExtType: Any = msgpack.ExtType
 _Timestamp: Any = msgpack.Timestamp

@@ -13,11 +13,11 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import layout as L
 from .codec import Codec, MsgpackCodec
-from .errors import CorruptSegment, Unlinked
+from .errors import CorruptSegment, PathGone, Unlinked
 from .lock import SharedLock
 from .mapping import Mapping
 from .record import Inconsistent, apply_all
@@ -52,6 +52,20 @@ class Reader(StoreBase):
     mutex: Any
     lock: SharedLock
     _map: Mapping
+
+    def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
+        """The cached dict at ``path`` (caller has synced); PathGone if it is not a dict now."""
+        node = self.data
+        for key in path:
+            try:
+                node = node[key]
+            except (KeyError, TypeError):
+                node = None  # type: ignore[assignment]
+            if type(node) is not dict:
+                raise PathGone(
+                    f"nested dict at path {list(path)!r} of shared dict {self.name!r} no longer exists"
+                )
+        return node
 
     def sync(self) -> None:
         """Bring the local cache up to the published STATE."""

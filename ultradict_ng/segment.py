@@ -152,6 +152,8 @@ def exists(name: str) -> bool:
 
 
 _LISTING = "/dev/shm"
+#: Whether the shared-memory filesystem can be listed here (Linux: yes).
+LISTABLE = os.path.isdir(_LISTING)
 
 
 def listed(prefix: str) -> List[str]:

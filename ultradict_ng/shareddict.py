@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import layout as L
 from . import record as R
+from .blobs import BlobGone, BlobRef, InlineArray
 from .codec import IMMUTABLE_TYPES, copy_value
 from .engine import Engine, Options, open_engine, unlink_by_name as _unlink_by_name
 from .lock import SharedLock
@@ -25,6 +26,7 @@ __all__ = ["SharedDict"]
 
 _W_STATE = L.W_STATE
 _IMMUTABLE = IMMUTABLE_TYPES
+_STORED = frozenset({BlobRef, InlineArray})  # cache placeholders of large values and arrays
 set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
 _MISSING: Any = object()
 
@@ -94,14 +96,14 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
                  serializer: Any = None, auto_unlink: Optional[bool] = None,
-                 **data: Any) -> None: ...
+                 blob_threshold: Optional[int] = None, **data: Any) -> None: ...
 
     @overload
     def __init__(self, __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
                  name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
                  serializer: Any = None, auto_unlink: Optional[bool] = None,
-                 **more: Any) -> None: ...
+                 blob_threshold: Optional[int] = None, **more: Any) -> None: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The parameters come out of kwargs; what remains is data.
@@ -110,7 +112,8 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         options = Options(recurse=kwargs.pop("recurse", None),
                           buffer_size=kwargs.pop("buffer_size", None),
                           serializer=kwargs.pop("serializer", None),
-                          auto_unlink=kwargs.pop("auto_unlink", None))
+                          auto_unlink=kwargs.pop("auto_unlink", None),
+                          blob_threshold=kwargs.pop("blob_threshold", None))
         data: Any = None
         positional = list(args)
         if positional and not isinstance(positional[0], (str, type(None))):
@@ -203,10 +206,17 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         return self._on_engine(self._store, path)
 
     def _export(self, key: Any, value: Any) -> Any:
-        """What a reader gets for a cached value: a nested view, or a private copy."""
-        if type(value) is dict and self._store.recurse:
+        """What a reader gets for a cached value: a nested view, the value of a
+        large value or array (zero-copy for arrays), or a private copy.
+
+        Raises ``BlobGone`` when a newer state dropped a blob this cache still
+        references: the callers read again (they sync first)."""
+        tp = type(value)
+        if tp is dict and self._store.recurse:
             return self._view(self._path + (key,))
-        return copy_value(value)
+        if tp in _STORED:
+            return self._store.materialize(value)
+        return copy_value(value, self._store.materialize)
 
     def _getitem_slow(self, key: Any) -> Any:
         """``self[key]``: all the rules.  With the compiled helper, ``__getitem__``
@@ -215,21 +225,48 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         s = self._store
         # The hit path first, in as few bytecodes as possible: one 8-byte load
         # of STATE compared with what the cache reflects, one dict lookup.
-        if s.words[_W_STATE] == s.seen and not self._path:
-            value = s.data[key]
-        else:
-            value = self._node()[key]
-        if type(value) in _IMMUTABLE:
-            return value
-        return self._export(key, value)
+        while True:
+            if s.words[_W_STATE] == s.seen and not self._path:
+                value = s.data[key]
+            else:
+                value = self._node()[key]
+            if type(value) in _IMMUTABLE:
+                return value
+            try:
+                return self._export(key, value)
+            except BlobGone:
+                continue  # a newer state replaced it: read that one
 
     def get(self, key: Any, default: Any = None) -> Any:
-        value = self._node().get(key, _MISSING)
-        if value is _MISSING:
-            return default
-        if type(value) in _IMMUTABLE:
-            return value
-        return self._export(key, value)
+        while True:
+            value = self._node().get(key, _MISSING)
+            if value is _MISSING:
+                return default
+            if type(value) in _IMMUTABLE:
+                return value
+            try:
+                return self._export(key, value)
+            except BlobGone:
+                continue
+
+    def view(self, key: Any) -> memoryview:
+        """A read-only ``memoryview`` of the value at ``key`` without copying it:
+        for a value stored in a blob (or an array, or ``bytes``).
+
+        The view maps the shared memory itself and never changes: it stays
+        valid, and keeps that memory allocated, until it is released or
+        collected -- whatever happens to the key or the dict meanwhile."""
+        while True:
+            value = self._node()[key]
+            tp = type(value)
+            try:
+                if tp in _STORED:
+                    return self._store.view(value)
+            except BlobGone:
+                continue
+            if tp is bytes:
+                return memoryview(value)
+            raise TypeError(f"shared dict value at {key!r} is a {tp.__name__}, not a buffer or array")
 
     def __contains__(self, key: object) -> bool:
         return key in self._node()
@@ -243,10 +280,14 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
             return list(node)
 
     def _snapshot_items(self) -> List[Tuple[Any, Any]]:
-        node = self._node()
-        with self._store.mutex:
-            items = list(node.items())
-        return [(k, v if type(v) in _IMMUTABLE else self._export(k, v)) for k, v in items]
+        while True:
+            node = self._node()
+            with self._store.mutex:
+                items = list(node.items())
+            try:
+                return [(k, v if type(v) in _IMMUTABLE else self._export(k, v)) for k, v in items]
+            except BlobGone:
+                continue  # the snapshot is older than a blob it needs: take a newer one
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._snapshot_keys())
@@ -265,10 +306,14 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
 
     def copy(self) -> Dict[Any, Any]:
         """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
-        node = self._node()
-        with self._store.mutex:
-            out: Dict[Any, Any] = copy_value(node)
-        return out
+        while True:
+            node = self._node()
+            try:
+                with self._store.mutex:
+                    out: Dict[Any, Any] = copy_value(node, self._store.materialize)
+                return out
+            except BlobGone:
+                continue
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SharedDict):
@@ -343,7 +388,9 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
                 if default is _MISSING:
                     raise KeyError(key)
                 return default
-            value = node[key]  # leaves the cache with the record: no copy needed
+            value = node[key]
+            if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
+                value = copy_value(value, s.materialize)
             s.commit(R.delete(self._path, key))
             return value
         finally:
@@ -359,6 +406,8 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
                 raise KeyError("popitem(): shared dict is empty")
             key = next(reversed(node))
             value = node[key]
+            if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
+                value = copy_value(value, s.materialize)
             s.commit(R.delete(self._path, key))
             return key, value
         finally:

@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 from . import layout as L
 from . import record as R
 from . import segment
-from .cleanup import unlink_dumps, unlink_tree
+from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
 from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .control import Header, attach_control
 from .engine import Engine, Options
-from .errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, PathGone
+from .blobs import BlobGone, BlobMissing, InlineArray
+from .errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
 from .lock import SharedLock, owner_word
 from .mapping import Mapping
 from .names import generate_name, validate_name
@@ -102,6 +103,7 @@ class Store(Writer):
         self.stream_size = header.stream_size
         self.grows = header.grows
         self.dump_limit = header.dump_limit
+        self.blob_threshold = header.blob_threshold
         self.token = header.token
         self.created = created
         self.lock = SharedLock(mapping.atomic, name, header.token)
@@ -138,6 +140,9 @@ class Store(Writer):
         for limit in (options.dump_limit, options.for_create("dump_limit")):
             if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
                 raise ValueError("dump_limit must be a non-negative int (bytes) or None")
+        for threshold in (options.blob_threshold, options.for_create("blob_threshold")):
+            if threshold is not None:
+                _blob_threshold(threshold)
         codec = codec_for(options.serializer) if options.serializer is not None else None
         # Three attempts at most: a dict can vanish between our failed create
         # and our attach (unlinked by someone else), in which case we create it.
@@ -177,6 +182,7 @@ class Store(Writer):
             token=secrets.randbits(64),
             creator=owner_word(),  # pid + start time: liveness-checkable
             dump_limit=options.for_create("dump_limit") or 0,
+            blob_threshold=_blob_threshold(options.for_create("blob_threshold")),
         )
         ctrl = Segment.create(name, L.CONTROL_SIZE)  # FileExistsError: someone else won
         stream: Optional[Segment] = None
@@ -201,6 +207,7 @@ class Store(Writer):
         except BaseException:
             if mapping is not None:
                 unlink_dumps(name, mapping.words)
+                unlink_blobs(name, mapping.words)
                 mapping.release()
             else:
                 ctrl.close()
@@ -258,19 +265,33 @@ class Store(Writer):
 
     # -- reading -------------------------------------------------------------------
 
-    def node(self, path: Path) -> Dict[Any, Any]:
-        """The cached dict at ``path`` (caller has synced); PathGone if it is not a dict now."""
-        node = self.data
-        for key in path:
-            try:
-                node = node[key]
-            except (KeyError, TypeError):
-                node = None  # type: ignore[assignment]
-            if type(node) is not dict:
-                raise PathGone(
-                    f"nested dict at path {list(path)!r} of shared dict {self.name!r} no longer exists"
-                )
-        return node
+    def materialize(self, stored: Any) -> Any:
+        """The user's value of a cache placeholder (see the Engine interface)."""
+        try:
+            return stored.value(self.name, self.token)
+        except BlobMissing as exc:
+            self._blob_missing(exc)
+            raise  # not reached
+
+    def view(self, stored: Any) -> memoryview:
+        """A read-only memoryview of a placeholder's bytes, without a copy."""
+        if type(stored) is InlineArray:
+            return memoryview(stored.data)
+        try:
+            view: memoryview = stored.view(self.name, self.token)
+            return view
+        except BlobMissing as exc:
+            self._blob_missing(exc)
+            raise  # not reached
+
+    def _blob_missing(self, exc: BlobMissing) -> None:
+        """Layout "Blobs", reader: gone because a newer state dropped it (read
+        again), or the dict was unlinked, or the segment is damaged."""
+        if self.words[L.W_STATE] != self.seen:
+            raise BlobGone(str(exc)) from None
+        if self.words[L.W_STATUS] & L.STATUS_UNLINKED:
+            raise Unlinked(f"shared dict {self.name!r} was unlinked; its large value {exc} is gone")
+        raise CorruptSegment(f"shared dict {self.name!r}: blob {exc} is referenced but does not exist")
 
     @property
     def buffer_size(self) -> int:
@@ -297,6 +318,8 @@ class Store(Writer):
             "stream_size": self.stream_size,
             "stream_grows": self.grows,
             "dump_limit": self.dump_limit or None,
+            "blob_threshold": self.blob_threshold,
+            "blob_next_id": words[L.W_BLOB_NEXT],
             "keys": keys,
             "lock_holder_pid": lock_word & L.PID_MASK if lock_word else None,
             "creator_pid": words[L.W_CREATOR] & L.PID_MASK,
@@ -330,6 +353,15 @@ class Store(Writer):
         return unlink_tree(self.name, self._map, self.token)
 
 
+def _blob_threshold(value: Any) -> int:
+    """The blob threshold to store: None -> the default; 0 -> never."""
+    if value is None:
+        return L.DEFAULT_BLOB_THRESHOLD
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError("blob_threshold must be a non-negative int (bytes; 0: never) or None")
+    return value
+
+
 def _check_options(name: str, header: Header, stored: Codec, codec: Optional[Codec],
                    options: Options) -> None:
     """ParameterMismatch if an attacher gave a value that differs from the stored one."""
@@ -343,6 +375,8 @@ def _check_options(name: str, header: Header, stored: Codec, codec: Optional[Cod
                           else f"buffer_size={header.stream_size}")
     if options.dump_limit is not None and options.dump_limit != header.dump_limit:
         mismatches.append(f"dump_limit={header.dump_limit}")
+    if options.blob_threshold is not None and options.blob_threshold != header.blob_threshold:
+        mismatches.append(f"blob_threshold={header.blob_threshold}")
     if mismatches:
         raise ParameterMismatch(
             f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the "

@@ -20,7 +20,10 @@ from . import faults
 from . import layout as L
 from . import record as R
 from . import segment
-from .errors import OutOfSpace, Unlinked
+from .blobs import BlobRef, blob_ids, extract, refs_within, write_blob
+from .errors import OutOfSpace, PathGone, Unlinked
+from .msgpack_ext import _too_deep as too_deep
+from .record import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
 from .segment import Segment
 
@@ -32,6 +35,7 @@ log = logging.getLogger("ultradict_ng")
 _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
 _W_STREAM_LIMIT = L.W_STREAM_LIMIT
+_W_BLOB_NEXT = L.W_BLOB_NEXT
 _dump_header = struct.Struct(L.DUMP_FORMAT)
 
 
@@ -39,10 +43,13 @@ class Writer(Reader):
     """Base of :class:`~ultradict_ng.store.Store`: the writer algorithm (a
     writer is a reader that holds the lock: step 1 is the reader's catch-up)."""
 
-    __slots__ = ("grows", "dump_limit", "write_simple")
+    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold")
 
     grows: bool
     dump_limit: int
+    #: Buffers and arrays this large or larger go to blobs (0: never).
+    blob_threshold: int
+    token: int
     #: ``write_simple`` of the stream when its bytes are msgpack's, else None.
     write_simple: Optional[Callable[..., Optional[int]]]
 
@@ -89,7 +96,11 @@ class Writer(Reader):
         self.begin_write()
         try:
             simple = self.write_simple
-            if simple is not None and faults.armed is None:
+            if (simple is not None and faults.armed is None
+                    and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
+                    and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
+                # (A large bytes value goes to a blob; an old value that may hold
+                # blobs must be found and dropped: both take commit.)
                 new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
                 if new_end is not None:
                     state = (self.gen << _GEN_SHIFT) | new_end
@@ -106,7 +117,25 @@ class Writer(Reader):
             self.end_write()
 
     def commit(self, rec: List[Any]) -> None:
-        """Encode, publish and apply one record (writer steps 2-5); caller is in begin_write."""
+        """Publish and apply one record (writer steps 2-5, with layout "Blobs"
+        a-d when its values hold large buffers or arrays); caller is in
+        begin_write.  Raises and changes nothing, or publishes it all."""
+        created: List[BlobRef] = []
+        if self.blob_threshold and len(rec) > 2 and rec[0] != L.OP_DEL:
+            rec = self._extract_blobs(rec, created)
+        dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
+        before = self._map.words[_W_STATE]
+        try:
+            self._commit(rec)
+        except BaseException:
+            if created and self._map.words[_W_STATE] == before:  # nothing was published
+                self._unlink_blobs(created)
+            raise
+        if dropped:
+            self._unlink_blobs(dropped)  # d: no published state references them any more
+
+    def _commit(self, rec: List[Any]) -> None:
+        """Writer steps 2-5 for one record."""
         # UnsupportedType here changes nothing.  ``decoded`` is what every
         # reader will decode (the record itself when that is provably equal).
         payload, decoded = self.codec.encode_record(rec)
@@ -192,6 +221,75 @@ class Writer(Reader):
         atomic.store(L.W_REG_LOW, gen)
         if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
             segment.unlink(dname)  # unlinked while we were dumping: do not leak ours
+        elif self._map.words[_W_BLOB_NEXT] > self._map.words[L.W_BLOB_LOW]:
+            self._sweep_blobs()
+
+    # -- blobs (layout: "Blobs") ---------------------------------------------------------
+
+    def _extract_blobs(self, rec: List[Any], created: List[BlobRef]) -> List[Any]:
+        """``rec`` with its large buffers and arrays written to blobs (steps a-b)
+        and replaced by references; the blobs made are appended to ``created``."""
+        threshold = self.blob_threshold
+
+        def store_blob(value: Any, kind: int) -> BlobRef:
+            blob_id = self._map.words[_W_BLOB_NEXT]
+            self._map.atomic.store(_W_BLOB_NEXT, blob_id + 1)  # a: before the segment exists
+            if faults.armed is not None:
+                faults.hit("blob-registered")
+            ref = write_blob(self.name, self.token, blob_id, kind, value)  # b
+            created.append(ref)
+            if faults.armed is not None:
+                faults.hit("blob-written")
+            return ref
+
+        try:
+            if rec[0] == L.OP_SET:
+                value = extract(rec[3], threshold, store_blob)
+                return rec if value is rec[3] else [rec[0], rec[1], rec[2], value]
+            if rec[0] == L.OP_UPDATE:
+                pairs = [[k, extract(v, threshold, store_blob)] for k, v in rec[2]]
+                return [rec[0], rec[1], pairs]
+        except RecursionError:
+            self._unlink_blobs(created)
+            raise too_deep() from None
+        except BaseException:
+            self._unlink_blobs(created)
+            raise
+        return rec
+
+    def _dropped(self, rec: List[Any]) -> List[BlobRef]:
+        """The blobs this record removes from the tree (the values it replaces)."""
+        try:
+            node = self.node(tuple(rec[1]))
+        except PathGone:
+            return []
+        op = rec[0]
+        refs: List[BlobRef] = []
+        if op == L.OP_CLEAR:
+            return refs_within(node)
+        keys = [k for k, _ in rec[2]] if op == L.OP_UPDATE else [rec[2]]
+        for key in keys:
+            try:
+                old = node.get(key)
+            except TypeError:  # unhashable: the record fails later, with the real error
+                continue
+            refs_within(old, refs)
+        return refs
+
+    def _unlink_blobs(self, refs: Any) -> None:
+        for ref in refs:
+            segment.unlink(L.blob_name(self.name, ref.id))
+
+    def _sweep_blobs(self) -> None:
+        """At a dump: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that the tree does
+        not reference (left by writers that died), and raise BLOB_LOW."""
+        referenced = {ref.id for ref in refs_within(self.data)}
+        words = self._map.words
+        low, nxt = words[L.W_BLOB_LOW], words[_W_BLOB_NEXT]
+        for blob_id in blob_ids(self.name, low, nxt):
+            if blob_id not in referenced:
+                segment.unlink(L.blob_name(self.name, blob_id))
+        self._map.atomic.store(L.W_BLOB_LOW, min(referenced) if referenced else nxt)
 
     def _grow_stream(self, dump_size: int) -> None:
         """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size")."""
