@@ -675,3 +675,23 @@ def test_script_written_for_ultradict_runs_with_the_import_swapped(name, tmp_pat
     # Every dict the script made was removed when it exited (auto_unlink) or unlinked.
     for n in [name, *names.split()]:
         assert segments(n) == [], n
+
+
+def test_large_values_stay_private_copies_unless_blobs_are_asked_for(name):
+    np = pytest.importorskip("numpy")
+    ultra = UltraDict(name=name)
+    try:
+        ultra["a"] = np.arange(100_000)
+        got = ultra["a"]
+        got[0] = 7  # a private, writable copy, as UltraDict hands out
+        assert ultra["a"][0] == 0 and ultra.status()["full_dump_counter"] >= 1
+    finally:
+        ultra.close(unlink=True)
+    blobs = UltraDict(name=name, blob_threshold=1024)
+    try:
+        blobs["a"] = np.arange(100_000)
+        other = UltraDict(name=name)
+        assert not other["a"].flags.writeable and int(other["a"][-1]) == 99_999
+        other.close()
+    finally:
+        blobs.close(unlink=True)

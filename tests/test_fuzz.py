@@ -7,7 +7,9 @@ crash or a huge allocation -- and cleanup must still leave nothing behind.
 Not covered, by design: shrinking (ftruncate) a segment that processes have
 mapped.  Touching the lost pages raises SIGBUS in every such process; no
 user-space library can turn that into an exception.  Segments are mode 0600, so
-only the dict's own user can do it.
+only the dict's own user can do it.  Nor the payload bytes of a blob: they are
+not checksummed, because a reader maps them without reading them (zero-copy at
+any size); its header and size are checked, and are fuzzed here.
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ def _alarm(signum: int, frame: Any) -> None:
 def build(name: str) -> List[Dict[Any, Any]]:
     """A dict with a dump and stream records after it; returns its history of states."""
     history: List[Dict[Any, Any]] = [{}]
-    d = SharedDict(name=name, recurse=True, buffer_size=512, auto_unlink=False)
+    d = SharedDict(name=name, recurse=True, buffer_size=512, auto_unlink=False, blob_threshold=1000)
     ops: List[Callable[[Dict[Any, Any]], None]] = [
         lambda m: m.update({"a": 1, ("t", 1): [1, 2.5, None]}),
         lambda m: m.__setitem__("big", b"x" * 600),  # dump
+        lambda m: m.__setitem__("blob", [b"y" * 3000, 1]),  # a blob (id 1)
+        lambda m: m.__setitem__("blob2", bytearray(b"z" * 2000)),  # the latest blob (id 2)
         lambda m: m.__setitem__("n", {"inner": {"deep": "v"}}),
         lambda m: m.__setitem__("a", 2),
         lambda m: m.pop(("t", 1)),
@@ -64,6 +68,13 @@ def build(name: str) -> List[Dict[Any, Any]]:
 
 
 def damage(name: str, target: str, edits: List[Any]) -> None:
+    if target == "foreign-blob":
+        bname = L.blob_name(name, 2)
+        segment.unlink(bname)
+        foreign = Segment.create(bname, 64 + edits[0][1] % 4096)
+        foreign.buf[:8] = edits[0][2].to_bytes(8, "little")
+        foreign.close()
+        return
     if target == "foreign-dump":
         # A foreign segment in place of the published dump.
         seg = Segment.attach(name)
@@ -79,15 +90,19 @@ def damage(name: str, target: str, edits: List[Any]) -> None:
         seg_name = name
     elif target == "stream":
         seg_name = L.stream_name(name)
+    elif target == "blob":
+        seg_name = L.blob_name(name, 1 + edits[0][2] % 2)
     else:
         ctrl = Segment.attach(name)
         gen = int.from_bytes(ctrl.buf[8 * L.W_STATE:8 * L.W_STATE + 8], "little") >> 32
         ctrl.close()
         seg_name = L.dump_name(name, gen)
     seg = Segment.attach(seg_name)
+    # A blob's edits stay in its header (see the module docstring).
+    limit = L.BLOB_HEADER if target == "blob" else seg.size
     try:
         for kind, offset, value in edits:
-            offset %= seg.size
+            offset %= seg.size if kind == "truncate" else limit
             if kind == "flip":
                 seg.buf[offset] ^= 1 << (value % 8)
             elif kind == "byte":
@@ -97,10 +112,10 @@ def damage(name: str, target: str, edits: List[Any]) -> None:
                 if at + 8 <= seg.size:
                     seg.buf[at:at + 8] = value.to_bytes(8, "little")
             elif kind == "zero":
-                end = min(seg.size, offset + 1 + value % 64)
+                end = min(limit, offset + 1 + value % 64)
                 seg.buf[offset:end] = bytes(end - offset)
-            elif kind == "truncate" and target == "dump":
-                # Only dumps: nobody keeps a dump mapped (see the module docstring).
+            elif kind == "truncate" and target in ("dump", "blob"):
+                # Only dumps and blobs nobody mapped yet (see the module docstring).
                 seg.close()
                 os.truncate(f"/dev/shm/{seg_name}", offset)
                 return
@@ -118,7 +133,8 @@ def attempt(fn: Callable[[], Any]) -> Any:
 
 
 @settings(max_examples=soak_scaled(120), deadline=None, suppress_health_check=list(HealthCheck))
-@given(target=st.sampled_from(["control", "stream", "dump", "foreign-dump"]), edits=EDITS)
+@given(target=st.sampled_from(["control", "stream", "dump", "foreign-dump", "blob", "foreign-blob"]),
+       edits=EDITS)
 def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -> None:
     name = unique_name()
     retries = L.READER_RETRIES

@@ -7,6 +7,7 @@ constantly.  After every step both handles must equal the model.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Tuple
 
 import hypothesis.strategies as st
@@ -26,16 +27,21 @@ values = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner)),
     max_leaves=6,
 )
-big_values = st.binary(min_size=300, max_size=3000)
+big_values = st.one_of(st.binary(min_size=300, max_size=3000),
+                       st.binary(min_size=300, max_size=3000).map(bytearray))
 
 
 class TwoHandles(RuleBasedStateMachine):
     """Handles ``a``/``b`` on one dict with recurse=True; ``model`` is a plain nested dict."""
 
-    @initialize(buffer_size=st.sampled_from([64, 512, 4096]))
-    def open(self, buffer_size: int) -> None:
+    @initialize(buffer_size=st.sampled_from([64, 512, 4096]), threshold=st.sampled_from([0, 256, 2048]))
+    def open(self, buffer_size: int, threshold: int) -> None:
+        """``threshold``: 0 keeps big values inline (in dumps); else those at least
+        that large go to blobs."""
         self.name = unique_name("sm")
-        self.a = SharedDict(name=self.name, create=True, recurse=True, buffer_size=buffer_size)
+        self.threshold = threshold
+        self.a = SharedDict(name=self.name, create=True, recurse=True, buffer_size=buffer_size,
+                            blob_threshold=threshold)
         self.b = SharedDict(name=self.name, create=False)
         self.model: Dict[Any, Any] = {}
 
@@ -74,6 +80,21 @@ class TwoHandles(RuleBasedStateMachine):
         shared, node = self.target(which, data)
         shared[key] = value
         node[key] = value
+
+    @rule(which=st.booleans(), data=st.data(), key=keys,
+          value=st.one_of(st.lists(big_values, max_size=3), st.tuples(big_values, values),
+                          st.dictionaries(keys, big_values, max_size=3)))
+    def set_big_inside(self, which: bool, data: st.DataObject, key: Any, value: Any) -> None:
+        """Big values inside lists, tuples and (nested, with recurse) dicts."""
+        shared, node = self.target(which, data)
+        shared[key] = value
+        node[key] = dict(value) if type(value) is dict else value
+
+    @rule(which=st.booleans(), data=st.data(), items=st.dictionaries(keys, big_values, max_size=3))
+    def update_big(self, which: bool, data: st.DataObject, items: Dict[Any, Any]) -> None:
+        shared, node = self.target(which, data)
+        shared.update(items)
+        node.update(items)
 
     @rule(which=st.booleans(), data=st.data(), key=keys, inner=st.dictionaries(keys, values, max_size=3))
     def set_nested(self, which: bool, data: st.DataObject, key: Any, inner: Dict[Any, Any]) -> None:
@@ -143,6 +164,22 @@ class TwoHandles(RuleBasedStateMachine):
         assert self.a.copy() == self.model
         assert self.b.copy() == self.model
         assert list(self.b.keys()) == list(self.model.keys())
+
+    @precondition(lambda self: hasattr(self, "a"))
+    @invariant()
+    def one_blob_per_big_value(self) -> None:
+        """Blobs are reclaimed at once: exactly the model's big values have one."""
+        def big(value: Any) -> int:
+            if type(value) in (bytes, bytearray):
+                return int(0 < self.threshold <= len(value))
+            if type(value) in (list, tuple):
+                return sum(map(big, value))
+            if type(value) is dict:
+                return sum(map(big, value.values()))
+            return 0
+
+        present = [e for e in os.listdir("/dev/shm") if e.startswith(self.name + "@b")]
+        assert len(present) == big(self.model), (present, self.model)
 
     def teardown(self) -> None:
         if hasattr(self, "a"):

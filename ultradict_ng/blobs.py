@@ -10,7 +10,7 @@ array read from the dict *is* the shared memory, in every process, at any
 size.  Smaller arrays travel inline, as :class:`InlineArray`.
 
 Both classes are placeholders in the cache: the facade turns them into the
-user's value (:meth:`Blobs.value`) when it hands a value out.  Nothing here
+user's value (their ``value()``, through the store) when it hands a value out.  Nothing here
 imports numpy unless a value needs it.
 
 Lifetime of what a reader gets (what the README states):
@@ -36,6 +36,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from . import layout as L
 from . import segment
 from .errors import CorruptSegment, OutOfSpace, UnsupportedType
+from .speedups import types_within
 
 try:
     import _posixshmem  # type: ignore[import-not-found, unused-ignore]
@@ -44,8 +45,8 @@ except ImportError:  # pragma: no cover - Windows
 
 __all__ = [
     "BlobRef", "InlineArray", "KINDS", "KIND_BYTES", "KIND_BYTEARRAY", "KIND_NDARRAY", "is_ndarray",
-    "BlobMissing", "BlobGone", "blob_kind", "write_blob", "map_blob", "array_on", "refs_within", "extract",
-    "array_meta", "dtype_from",
+    "BlobMissing", "BlobGone", "blob_kind", "write_blob", "map_blob", "array_on", "blob_ids",
+    "refs_within", "extract", "array_meta", "dtype_from",
 ]
 
 KIND_BYTES = 1
@@ -53,6 +54,8 @@ KIND_BYTEARRAY = 2
 KIND_NDARRAY = 3
 KINDS = (KIND_BYTES, KIND_BYTEARRAY, KIND_NDARRAY)
 _header = struct.Struct(L.BLOB_FORMAT)
+#: Types that are never a blob and hold nothing that could be one.
+_PLAIN = frozenset({type(None), bool, int, float, str, complex})
 
 
 class BlobRef:
@@ -236,7 +239,9 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
         descr, shape = array_meta(value)
         meta = [descr, shape]
         np = sys.modules["numpy"]
-        value = np.ascontiguousarray(value)  # one copy only if it is not contiguous already
+        # One copy only if it is not C-contiguous already; as bytes, because a
+        # buffer of some dtypes (datetime64, ...) cannot be exported.
+        value = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
     with memoryview(value) as raw, raw.cast("B") as data:
         length = data.nbytes
         seg = L.blob_name(name, blob_id)
@@ -342,6 +347,8 @@ def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef
     if kind:
         return store_blob(value, kind)
     tp = type(value)
+    if (tp is list or tp is tuple or tp is dict) and types_within(value, _PLAIN):
+        return value  # the common case, scanned in C: nothing in it can be a blob
     if tp is list or tp is tuple:
         items = [extract(v, threshold, store_blob) for v in value]
         if all(map(operator.is_, items, value)):

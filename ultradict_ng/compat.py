@@ -119,7 +119,8 @@ _DEFAULT_BUFFER: Any = _Default(DEFAULT_BUFFER_SIZE)
 
 def _open_store(name: Optional[str], create: Optional[bool], buffer_size: Any, serializer: Any,
                 auto_unlink: Optional[bool], recurse: Optional[bool],
-                full_dump_size: Optional[int], initial: Optional[List[List[Any]]]) -> Store:
+                full_dump_size: Optional[int], initial: Optional[List[List[Any]]],
+                blob_threshold: Optional[int] = None) -> Store:
     """Create or attach like UltraDict.
 
     Parameters the caller did not pass take UltraDict's defaults when creating
@@ -127,7 +128,12 @@ def _open_store(name: Optional[str], create: Optional[bool], buffer_size: Any, s
     the stored ones (ParameterMismatch).  As in UltraDict, ``auto_unlink`` only
     applies to the handle that creates the dict.
     """
-    defaults: Dict[str, Any] = {"auto_unlink": True if auto_unlink is None else auto_unlink}
+    defaults: Dict[str, Any] = {
+        "auto_unlink": True if auto_unlink is None else auto_unlink,
+        # UltraDict hands out private, writable copies of every value: so do
+        # its dicts here, unless blobs are asked for explicitly.
+        "blob_threshold": 0,
+    }
     if isinstance(serializer, _Default):
         defaults["serializer"], serializer = serializer.value, None
     if isinstance(buffer_size, _Default):
@@ -137,7 +143,7 @@ def _open_store(name: Optional[str], create: Optional[bool], buffer_size: Any, s
         raise TypeError("full_dump_size must be None or a non-negative int (bytes)")
     options = Options(recurse=recurse, buffer_size=buffer_size, serializer=serializer,
                       dump_limit=full_dump_size or None,  # UltraDict: 0 means "no static size"
-                      create_defaults=defaults)
+                      blob_threshold=blob_threshold, create_defaults=defaults)
     store = open_engine(name, create, options, initial)
     assert isinstance(store, Store)
     return store
@@ -205,6 +211,9 @@ class UltraDict(SharedDict):
       lock is always cross-process, and nested dicts need no register.
     * ``auto_unlink`` (default True for the creating handle) unlinks the dict
       when the creating handle is closed, collected, or its process exits.
+    * ``blob_threshold`` (an ultradict_ng extension; default 0, never): large
+      buffers and arrays go to blobs and read back zero-copy and read-only, as
+      with ``SharedDict``; by default every value is a private copy, as in UltraDict.
 
     Every method, including those inherited from ``SharedDict``, raises
     UltraDict's exception classes instead of ours (:func:`map_errors`).
@@ -225,10 +234,11 @@ class UltraDict(SharedDict):
                  buffer_size: int = _DEFAULT_BUFFER, serializer: Any = _DEFAULT_SERIALIZER,
                  shared_lock: Optional[bool] = None, full_dump_size: Optional[int] = None,
                  auto_unlink: Optional[bool] = None, recurse: Optional[bool] = None,
-                 recurse_register: Any = None, **kwargs: Any) -> None:
+                 recurse_register: Any = None, blob_threshold: Optional[int] = None,
+                 **kwargs: Any) -> None:
         initial = _initial(args, kwargs)
         store = _open_store(name, create, buffer_size, serializer, auto_unlink, recurse,
-                            full_dump_size, initial)
+                            full_dump_size, initial, blob_threshold)
         self._store = store
         self._path = ()
         _infos.setdefault(store, _Info(store, store.created and auto_unlink is not False))
