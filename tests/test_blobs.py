@@ -440,3 +440,104 @@ def test_numpy_is_imported_only_for_arrays(name):
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr
+
+
+# -- pickle protocol 5: out-of-band buffers of any object ---------------------------------------
+
+
+class Batch:
+    """A user object holding arrays (module-level: the pickle serializer imports it)."""
+
+    def __init__(self, x, y, label):
+        self.x, self.y, self.label = x, y, label
+
+
+def test_pickle_out_of_band_buffers_go_to_blobs(name):
+    d = SharedDict(name=name, serializer="pickle", blob_threshold=SMALL)
+    other = SharedDict(name=name)
+    try:
+        d["b"] = Batch(np.arange(50_000), np.ones((4, 4)), "train")
+        assert len(blobs_of(name)) == 1  # x out of band; y (128 bytes) in band
+        got = other["b"]
+        assert type(got) is Batch and got.label == "train" and np.array_equal(got.y, np.ones((4, 4)))
+        assert np.array_equal(got.x, np.arange(50_000)) and not got.x.flags.writeable
+        assert np.shares_memory(got.x, np.frombuffer(other["b"].x, dtype=got.x.dtype))  # one mapping
+        d._store.force_dump()  # the dump carries the references, and keeps the blob
+        fresh = SharedDict(name=name)
+        assert np.array_equal(fresh["b"].x, np.arange(50_000)) and len(blobs_of(name)) == 1
+        fresh.close()
+        held = got.x
+        d["b"] = Batch(np.zeros(30_000), None, "next")  # the old blob is dropped at once
+        assert len(blobs_of(name)) == 1 and int(held[-1]) == 49_999
+        del d["b"]
+        assert blobs_of(name) == []
+    finally:
+        other.close()
+        d.close()
+
+
+def test_objects_without_large_buffers_stay_plain_pickles(name):
+    d = SharedDict(name=name, serializer="pickle", blob_threshold=SMALL)
+    try:
+        d["b"] = Batch(np.arange(10), [1, 2], "small")
+        d["s"] = {1, 2, 3}
+        assert blobs_of(name) == [] and d["s"] == {1, 2, 3} and d["b"].y == [1, 2]
+        got = d["b"]
+        got.label = "changed"  # a private copy, as pickle values always were
+        assert d["b"].label == "small"
+    finally:
+        d.close()
+
+
+# -- torch tensors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [6, 50_000], ids=["inline", "blob"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64", "int8", "uint8", "bool",
+                                   "complex64"])
+def test_torch_tensors_round_trip(name, dtype, size):
+    torch = pytest.importorskip("torch")
+    d, other = pair(name)
+    try:
+        t = (torch.arange(size) % 7).to(getattr(torch, dtype)).reshape(2, -1)
+        for value in (t, t.T, t.clone().requires_grad_(t.is_floating_point())):
+            d["t"] = value
+            got = other["t"]
+            assert type(got) is torch.Tensor and got.dtype == value.dtype and got.shape == value.shape
+            assert torch.equal(got, value.detach()) and not got.requires_grad
+        assert (len(blobs_of(name)) == 1) == (t.element_size() * t.nelement() >= SMALL)
+    finally:
+        other.close()
+        d.close()
+
+
+def test_torch_tensors_are_private_and_writable_without_a_copy(name):
+    torch = pytest.importorskip("torch")
+    d, other = pair(name)
+    try:
+        d["t"] = torch.zeros(100_000)
+        a, b = other["t"], other["t"]
+        a[0] = 5.0  # copy-on-write: only this tensor sees it
+        assert b[0].item() == 0.0 and other["t"][0].item() == 0.0 and d["t"][0].item() == 0.0
+        maps = open("/proc/self/maps").read()
+        assert f"/dev/shm/{L.blob_name(name, 1)}" in maps  # b is on the blob's pages, not a copy
+        d["t"] = torch.ones(100_000)
+        assert b[0].item() == 0.0 and other["t"][0].item() == 1.0
+    finally:
+        other.close()
+        d.close()
+
+
+def test_tensors_torch_cannot_share_are_refused(name):
+    torch = pytest.importorskip("torch")
+    d, other = pair(name)
+    try:
+        d["a"] = 1
+        for bad in (torch.ones(3000, dtype=torch.bfloat16), torch.ones(3, device="meta"),
+                    torch.ones(3, 3).to_sparse()):
+            with pytest.raises(UnsupportedType):
+                d["b"] = bad
+        assert other.copy() == {"a": 1} and blobs_of(name) == []
+    finally:
+        other.close()
+        d.close()

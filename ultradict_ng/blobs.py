@@ -29,13 +29,15 @@ import errno
 import mmap
 import operator
 import os
+import pickle
 import struct
 import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 from . import layout as L
 from . import segment
-from .errors import CorruptSegment, OutOfSpace, UnsupportedType
+from .arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy, tensor_as_array, torch
+from .errors import CorruptSegment, OutOfSpace
 from .speedups import types_within
 
 try:
@@ -44,7 +46,7 @@ except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
 __all__ = [
-    "BlobRef", "InlineArray", "KINDS", "KIND_BYTES", "KIND_BYTEARRAY", "KIND_NDARRAY", "is_ndarray",
+    "BlobRef", "InlineArray", "PickledBlobs", "KINDS", "KIND_TENSOR", "KIND_BYTES", "KIND_BYTEARRAY", "KIND_NDARRAY", "is_ndarray",
     "BlobMissing", "BlobGone", "blob_kind", "write_blob", "map_blob", "array_on", "blob_ids",
     "refs_within", "extract", "array_meta", "dtype_from",
 ]
@@ -52,10 +54,13 @@ __all__ = [
 KIND_BYTES = 1
 KIND_BYTEARRAY = 2
 KIND_NDARRAY = 3
-KINDS = (KIND_BYTES, KIND_BYTEARRAY, KIND_NDARRAY)
+KIND_TENSOR = 4
+KINDS = (KIND_BYTES, KIND_BYTEARRAY, KIND_NDARRAY, KIND_TENSOR)
 _header = struct.Struct(L.BLOB_FORMAT)
 #: Types that are never a blob and hold nothing that could be one.
 _PLAIN = frozenset({type(None), bool, int, float, str, complex})
+#: Types ``extract`` walks or leaves as they are (bytes below the threshold ...).
+_HANDLED = frozenset({list, tuple, dict, bytes, bytearray, memoryview})
 
 
 class BlobRef:
@@ -85,10 +90,17 @@ class BlobRef:
 
     def value(self, name: str, token: int) -> Any:
         """The user's value: a read-only array on the shared memory (made once,
-        then shared: it cannot change), or a bytes/bytearray copy.
-        :class:`BlobMissing` if the segment is gone."""
+        then shared: it cannot change); a tensor on a private copy-on-write
+        mapping of it (torch has no read-only tensors: writes to it stay in
+        this process, and it costs no copy until then); or a bytes/bytearray
+        copy.  :class:`BlobMissing` if the segment is gone."""
         if self._array is not None:
             return self._array
+        if self.kind == KIND_TENSOR:
+            private = map_blob(name, token, self, mmap.ACCESS_COPY)
+            if private is None:
+                raise BlobMissing(L.blob_name(name, self.id))
+            return torch().from_numpy(array_on(self, private))
         mm = self._mapping(name, token)
         if self.kind == KIND_NDARRAY:
             self._array = array_on(self, mm)
@@ -126,86 +138,54 @@ class BlobGone(Exception):
 
 
 class InlineArray:
-    """A numpy array below the blob threshold: its dtype descr, shape and bytes;
-    the read-only array on those bytes is made on first use."""
+    """A numpy array (or CPU torch tensor) below the blob threshold: its dtype
+    descr, shape and bytes.  An array is the read-only array on those bytes,
+    made on first use; a tensor is a new, writable one at each read."""
 
-    __slots__ = ("descr", "shape", "data", "_value")
+    __slots__ = ("descr", "shape", "data", "tensor", "_value")
 
-    def __init__(self, descr: Any, shape: Tuple[int, ...], data: bytes) -> None:
+    def __init__(self, descr: Any, shape: Tuple[int, ...], data: bytes, tensor: bool = False) -> None:
         self.descr = descr
         self.shape = shape
         self.data = data
+        self.tensor = tensor
         self._value: Any = None
 
     def __repr__(self) -> str:
-        return f"<inline array {self.descr!r} {self.shape}>"
+        return f"<inline {'tensor' if self.tensor else 'array'} {self.descr!r} {self.shape}>"
 
     def value(self, name: str = "", token: int = 0) -> Any:
         if self._value is None:
-            np = _numpy()
+            np = numpy()
             arr = np.frombuffer(self.data, dtype=dtype_from(self.descr))
             self._value = arr.reshape(self.shape)
+        if self.tensor:
+            return torch().from_numpy(self._value.copy())
         return self._value
 
 
-# -- numpy, imported only for values that are arrays ---------------------------------------
+class PickledBlobs:
+    """A value of the pickle serializer whose large buffers went out of band
+    (pickle protocol 5) into blobs: the pickle stream ``data`` and the blobs
+    ``refs``, in the order the stream asks for them.  Its value is unpickled at
+    each read, with the blobs' read-only mappings as the buffers: the arrays
+    in it are zero-copy (numpy rebuilds them on those buffers)."""
 
+    __slots__ = ("refs", "data")
 
-def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        raise CorruptSegment(
-            "this shared dict holds a numpy array, and numpy is not installed in this process "
-            "(pip install 'ultradict_ng[numpy]')"
-        ) from None
-    return numpy
+    def __init__(self, refs: List[BlobRef], data: bytes) -> None:
+        self.refs = refs
+        self.data = data
 
+    def __repr__(self) -> str:
+        return f"<pickled value with {len(self.refs)} blob(s)>"
 
-def is_ndarray(value: Any) -> bool:
-    """True for a numpy ndarray (exact type), without importing numpy."""
-    np = sys.modules.get("numpy")
-    return np is not None and type(value) is np.ndarray
+    def __reduce__(self) -> Any:
+        return (PickledBlobs, (self.refs, self.data))
 
-
-def array_meta(arr: Any) -> Tuple[Any, List[int]]:
-    """``(descr, shape)`` of an array numpy can describe without pickle."""
-    if arr.dtype.hasobject:
-        raise UnsupportedType(
-            "cannot store a numpy array of dtype object (its items are Python objects, not "
-            'data): convert it, or use serializer="pickle"'
-        )
-    from numpy.lib.format import dtype_to_descr
-
-    return _listify(dtype_to_descr(arr.dtype)), list(arr.shape)
-
-
-def _listify(descr: Any) -> Any:
-    if isinstance(descr, (list, tuple)):
-        return [_listify(x) for x in descr]
-    return descr
-
-
-def _tuplify_fields(descr: Any) -> Any:
-    """The inverse of ``_listify`` for a structured descr: fields are tuples."""
-    if isinstance(descr, list):
-        return [tuple(_tuplify_fields(x) if isinstance(x, list) else x for x in field)
-                if isinstance(field, list) else field for field in descr]
-    return descr
-
-
-def dtype_from(descr: Any) -> Any:
-    """The dtype a stored descr names; CorruptSegment for one that needs pickle."""
-    np = _numpy()
-    from numpy.lib.format import descr_to_dtype
-
-    try:
-        dtype = descr_to_dtype(_tuplify_fields(descr))
-    except Exception as exc:
-        raise CorruptSegment(f"invalid numpy dtype in a shared dict: {descr!r} ({exc})") from None
-    if dtype.hasobject:  # raw bytes read as object pointers would crash the reader
-        raise CorruptSegment("a numpy array of dtype object in a shared dict: refused")
-    return np.dtype(dtype)
+    def value(self, name: str, token: int) -> Any:
+        buffers = [ref.view(name, token) for ref in self.refs]
+        return pickle.loads(self.data, buffers=buffers)
 
 
 def blob_kind(value: Any, threshold: int) -> int:
@@ -219,6 +199,8 @@ def blob_kind(value: Any, threshold: int) -> int:
         return KIND_BYTES if value.nbytes >= threshold else 0
     if is_ndarray(value):
         return KIND_NDARRAY if value.nbytes >= threshold else 0
+    if is_tensor(value):
+        return KIND_TENSOR if value.element_size() * value.nelement() >= threshold else 0
     return 0
 
 
@@ -235,7 +217,9 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
     filesystem is ENOSPC -> :class:`OutOfSpace`, never SIGBUS.
     """
     meta = None
-    if kind == KIND_NDARRAY:
+    if kind == KIND_TENSOR:
+        value = tensor_as_array(value)  # shares the tensor's memory
+    if kind == KIND_NDARRAY or kind == KIND_TENSOR:
         descr, shape = array_meta(value)
         meta = [descr, shape]
         np = sys.modules["numpy"]
@@ -266,7 +250,7 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
     return BlobRef(blob_id, kind, length, meta)
 
 
-def map_blob(name: str, token: int, ref: BlobRef) -> Optional[mmap.mmap]:
+def map_blob(name: str, token: int, ref: BlobRef, access: int = mmap.ACCESS_READ) -> Optional[mmap.mmap]:
     """The read-only mapping of ``ref``'s segment after checking its header
     against the reference; None if the segment does not exist (a newer state
     replaced it: the caller syncs and retries); CorruptSegment if it is not
@@ -281,7 +265,7 @@ def map_blob(name: str, token: int, ref: BlobRef) -> Optional[mmap.mmap]:
         if size < L.BLOB_HEADER + ref.length:
             raise CorruptSegment(f"blob {seg!r} holds {size} bytes, its reference says "
                                  f"{L.BLOB_HEADER + ref.length}")
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        mm = mmap.mmap(fd, size, access=access)
     finally:
         os.close(fd)
     magic, btoken, bid, length, kind, _ = _header.unpack_from(mm, 0)
@@ -293,7 +277,7 @@ def map_blob(name: str, token: int, ref: BlobRef) -> Optional[mmap.mmap]:
 
 def array_on(ref: BlobRef, mm: mmap.mmap) -> Any:
     """The read-only numpy array a mapped blob holds (zero-copy)."""
-    np = _numpy()
+    np = numpy()
     try:
         descr, shape = ref.meta
         dtype = dtype_from(descr)
@@ -332,6 +316,8 @@ def refs_within(value: Any, out: Optional[List[BlobRef]] = None) -> List[BlobRef
         tp = type(item)
         if tp is BlobRef:
             found.append(item)
+        elif tp is PickledBlobs:
+            found.extend(item.refs)
         elif tp is dict:
             stack.extend(item.values())
         elif tp is list or tp is tuple:
@@ -339,23 +325,28 @@ def refs_within(value: Any, out: Optional[List[BlobRef]] = None) -> List[BlobRef
     return found
 
 
-def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef]) -> Any:
-    """``value`` with every buffer or array at or above ``threshold`` (at the
-    top, or inside lists, tuples and dict values) replaced by the BlobRef that
-    ``store_blob(buffer, kind)`` returns; ``value`` itself if there is none."""
+def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef],
+            other: Optional[Callable[[Any], Any]] = None) -> Any:
+    """``value`` with every buffer, array or tensor at or above ``threshold``
+    (at the top, or inside lists, tuples and dict values) replaced by the
+    BlobRef that ``store_blob(buffer, kind)`` returns, and every other kind of
+    object by what ``other(obj)`` returns (if given); ``value`` itself if
+    nothing was replaced."""
     kind = blob_kind(value, threshold)
     if kind:
         return store_blob(value, kind)
     tp = type(value)
+    if other is not None and tp not in _PLAIN and tp not in _HANDLED:
+        return other(value)
     if (tp is list or tp is tuple or tp is dict) and types_within(value, _PLAIN):
         return value  # the common case, scanned in C: nothing in it can be a blob
     if tp is list or tp is tuple:
-        items = [extract(v, threshold, store_blob) for v in value]
+        items = [extract(v, threshold, store_blob, other) for v in value]
         if all(map(operator.is_, items, value)):
             return value
         return items if tp is list else tuple(items)
     if tp is dict:
-        new = {k: extract(v, threshold, store_blob) for k, v in value.items()}
+        new = {k: extract(v, threshold, store_blob, other) for k, v in value.items()}
         return value if all(new[k] is v for k, v in value.items()) else new
     return value
 

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import msgpack_decode
-from .blobs import BlobRef, InlineArray
+from .blobs import BlobRef, InlineArray, PickledBlobs
 from .errors import CorruptSegment, UnsupportedType
 from .msgpack_decode import _ROOT_HOOK, _contains_timestamp, _gc_paused
 from .msgpack_encode import (
@@ -506,4 +506,4 @@ def _copy_without_recursion(root: Any, stored: Optional[Callable[[Any], Any]]) -
 
 
 _NOT_SEEN: Any = object()
-_STORED_TYPES = frozenset({BlobRef, InlineArray})
+_STORED_TYPES = frozenset({BlobRef, InlineArray, PickledBlobs})

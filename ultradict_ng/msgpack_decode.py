@@ -104,11 +104,11 @@ def _decode_scalar(code: int, data: bytes) -> Any:
         if f[0] < 1 or f[1] not in KINDS or f[2] < 0 or not (f[3] is None or _array_meta_ok(f[3], 2)):
             raise CorruptSegment("malformed blob reference")
         return BlobRef(f[0], f[1], f[2], f[3])
-    if code == _NDARRAY:
-        f = _scalar_payload(data, 3, 3, 0)
-        if not _array_meta_ok(f, 3) or type(f[2]) is not bytes:
+    if code == _NDARRAY:  # [descr, shape, bytes] or, for a torch tensor, [..., True]
+        f = _scalar_payload(data, 3, 4, 0)
+        if not _array_meta_ok(f, len(f)) or type(f[2]) is not bytes or f[3:] not in ([], [True]):
             raise CorruptSegment("malformed inline array")
-        return InlineArray(f[0], tuple(f[1]), f[2])
+        return InlineArray(f[0], tuple(f[1]), f[2], tensor=len(f) == 4)
     raise CorruptSegment(f"unknown msgpack ext type {code}")
 
 

@@ -16,7 +16,8 @@ from decimal import Decimal
 from typing import Any, Callable, Dict, List, Optional
 
 from . import msgpack_ext
-from .blobs import BlobRef, InlineArray, array_meta, is_ndarray
+from .arrays import array_meta, is_ndarray, is_tensor, tensor_as_array
+from .blobs import BlobRef, InlineArray
 from .record import SCALAR_TYPES
 from .speedups import types_within as _types_within
 from .msgpack_ext import (
@@ -132,11 +133,15 @@ def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
     if tp is BlobRef:
         return _new_ext(_ExtType, (_BLOB, _plain_pack([obj.id, obj.kind, obj.length, obj.meta])))
     if tp is InlineArray:
-        return _new_ext(_ExtType, (_NDARRAY, _plain_pack([obj.descr, list(obj.shape), obj.data])))
-    if is_ndarray(obj):
-        descr, shape = array_meta(obj)
-        data = obj.tobytes()  # C order, whatever the array's own layout
-        return _new_ext(_ExtType, (_NDARRAY, _plain_pack([descr, shape, data])))
+        fields = [obj.descr, list(obj.shape), obj.data] + ([True] if obj.tensor else [])
+        return _new_ext(_ExtType, (_NDARRAY, _plain_pack(fields)))
+    tensor = is_tensor(obj)
+    if tensor or is_ndarray(obj):
+        arr = tensor_as_array(obj) if tensor else obj
+        descr, shape = array_meta(arr)
+        data = arr.tobytes()  # C order, whatever the array's own layout
+        fields = [descr, shape, data] + ([True] if tensor else [])
+        return _new_ext(_ExtType, (_NDARRAY, _plain_pack(fields)))
     raise _unsupported(obj)
 
 

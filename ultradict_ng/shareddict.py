@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import layout as L
 from . import record as R
-from .blobs import BlobGone, BlobRef, InlineArray
+from .blobs import BlobGone, BlobRef, InlineArray, PickledBlobs
 from .codec import IMMUTABLE_TYPES, copy_value
 from .engine import Engine, Options, open_engine, unlink_by_name as _unlink_by_name
 from .lock import SharedLock
@@ -26,7 +26,7 @@ __all__ = ["SharedDict"]
 
 _W_STATE = L.W_STATE
 _IMMUTABLE = IMMUTABLE_TYPES
-_STORED = frozenset({BlobRef, InlineArray})  # cache placeholders of large values and arrays
+_STORED = frozenset({BlobRef, InlineArray, PickledBlobs})  # placeholders of large values, arrays
 set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
 _MISSING: Any = object()
 
@@ -260,7 +260,7 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
             value = self._node()[key]
             tp = type(value)
             try:
-                if tp in _STORED:
+                if tp is BlobRef or tp is InlineArray:
                     return self._store.view(value)
             except BlobGone:
                 continue

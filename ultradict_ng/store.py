@@ -31,7 +31,7 @@ from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
 from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .control import Header, attach_control
 from .engine import Engine, Options
-from .blobs import BlobGone, BlobMissing, InlineArray
+from .blobs import BlobGone, BlobMissing, BlobRef, InlineArray
 from .errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
 from .lock import SharedLock, owner_word
 from .mapping import Mapping
@@ -277,6 +277,8 @@ class Store(Writer):
         """A read-only memoryview of a placeholder's bytes, without a copy."""
         if type(stored) is InlineArray:
             return memoryview(stored.data)
+        if type(stored) is not BlobRef:
+            raise TypeError(f"a {type(stored).__name__} has no single buffer to view")
         try:
             view: memoryview = stored.view(self.name, self.token)
             return view

@@ -12,6 +12,7 @@ a writer.
 from __future__ import annotations
 
 import logging
+import pickle
 import struct
 import zlib
 from typing import Any, Callable, List, Optional
@@ -20,7 +21,8 @@ from . import faults
 from . import layout as L
 from . import record as R
 from . import segment
-from .blobs import BlobRef, blob_ids, extract, refs_within, write_blob
+from .blobs import KIND_BYTES, BlobRef, PickledBlobs, blob_ids, extract, refs_within, write_blob
+from .codec import PickleCodec
 from .errors import OutOfSpace, PathGone, Unlinked
 from .msgpack_ext import _too_deep as too_deep
 from .record import SCALAR_TYPES as _SCALARS
@@ -242,12 +244,35 @@ class Writer(Reader):
                 faults.hit("blob-written")
             return ref
 
+        def out_of_band(value: Any) -> Any:
+            """Under pickle: the value pickled with protocol 5, its large buffers in blobs."""
+            refs: List[BlobRef] = []
+
+            def callback(buffer: pickle.PickleBuffer) -> bool:
+                try:
+                    raw = buffer.raw()
+                except BufferError:  # not contiguous: it stays in band
+                    return True
+                if raw.nbytes < threshold:
+                    return True
+                refs.append(store_blob(raw, KIND_BYTES))
+                return False
+
+            try:
+                data = pickle.dumps(value, protocol=5, buffer_callback=callback)
+            except Exception:  # the codec reports it, with its own error
+                self._unlink_blobs(refs)
+                del created[len(created) - len(refs):]
+                return value
+            return PickledBlobs(refs, data) if refs else value
+
+        other = out_of_band if self.codec.id == PickleCodec.id else None
         try:
             if rec[0] == L.OP_SET:
-                value = extract(rec[3], threshold, store_blob)
+                value = extract(rec[3], threshold, store_blob, other)
                 return rec if value is rec[3] else [rec[0], rec[1], rec[2], value]
             if rec[0] == L.OP_UPDATE:
-                pairs = [[k, extract(v, threshold, store_blob)] for k, v in rec[2]]
+                pairs = [[k, extract(v, threshold, store_blob, other)] for k, v in rec[2]]
                 return [rec[0], rec[1], pairs]
         except RecursionError:
             self._unlink_blobs(created)
