@@ -101,15 +101,15 @@ class BlobRef:
             if private is None:
                 raise BlobMissing(L.blob_name(name, self.id))
             return torch().from_numpy(array_on(self, private))
-        mm = self._mapping(name, token)
+        mm = self._mapping(name, token)  # (validates the segment against the reference)
         if self.kind == KIND_NDARRAY:
             self._array = array_on(self, mm)
             return self._array
-        start, end = L.BLOB_HEADER, L.BLOB_HEADER + self.length
-        with memoryview(mm) as whole:
-            if self.kind == KIND_BYTEARRAY:
-                return bytearray(whole[start:end])
-            return whole[start:end].tobytes()
+        try:
+            return read_payload(name, self)
+        except BlobMissing:  # unlinked since we mapped it: the mapping still holds it
+            with memoryview(mm) as whole, whole[L.BLOB_HEADER:L.BLOB_HEADER + self.length] as body:
+                return bytearray(body) if self.kind == KIND_BYTEARRAY else body.tobytes()
 
     def view(self, name: str, token: int) -> memoryview:
         """A read-only memoryview of the payload: no copy."""
@@ -273,6 +273,37 @@ def map_blob(name: str, token: int, ref: BlobRef, access: int = mmap.ACCESS_READ
         mm.close()
         raise CorruptSegment(f"blob {seg!r} does not hold what its reference says")
     return mm
+
+
+def read_payload(name: str, ref: BlobRef) -> Any:
+    """A copy of a blob's payload as bytes (or bytearray), read with ``pread``.
+
+    Why not a copy from the mapping: that faults in every page of the mapping
+    and of the new object; ``pread`` copies in the kernel, and measured ~2x
+    faster for 100 MiB here.  What remains is the cost of the new object's
+    fresh pages (see README, "Large values")."""
+    seg = L.blob_name(name, ref.id)
+    try:
+        fd = _posixshmem.shm_open("/" + seg, os.O_RDONLY, mode=0o600)
+    except FileNotFoundError:
+        raise BlobMissing(seg) from None
+    try:
+        if ref.kind == KIND_BYTEARRAY:
+            out: Any = bytearray(ref.length)
+            done = 0
+            with memoryview(out) as dst:
+                while done < ref.length:
+                    n = os.preadv(fd, [dst[done:]], L.BLOB_HEADER + done)
+                    if n <= 0:
+                        raise CorruptSegment(f"blob {seg!r} ended before its length")
+                    done += n
+            return out
+        data = os.pread(fd, ref.length, L.BLOB_HEADER)
+        if len(data) < ref.length:  # pread of a regular file returns it all, or less at its end
+            raise CorruptSegment(f"blob {seg!r} ended before its length")
+        return data
+    finally:
+        os.close(fd)
 
 
 def array_on(ref: BlobRef, mm: mmap.mmap) -> Any:
