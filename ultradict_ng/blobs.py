@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = [
     "BlobRef", "InlineArray", "PickledBlobs", "KINDS", "KIND_TENSOR", "KIND_BYTES", "KIND_BYTEARRAY", "KIND_NDARRAY", "is_ndarray",
     "BlobMissing", "BlobGone", "blob_kind", "write_blob", "map_blob", "array_on", "blob_ids",
-    "refs_within", "extract", "array_meta", "dtype_from",
+    "refs_within", "may_hold_blobs", "extract", "array_meta", "dtype_from",
 ]
 
 KIND_BYTES = 1
@@ -354,6 +354,19 @@ def refs_within(value: Any, out: Optional[List[BlobRef]] = None) -> List[BlobRef
         elif tp is list or tp is tuple:
             stack.extend(item)
     return found
+
+
+def may_hold_blobs(value: Any, threshold: int) -> bool:
+    """False when ``value`` certainly holds nothing for a blob (or for ``extract``'s
+    ``other``): the quick test that keeps ordinary writes off ``extract``."""
+    tp = type(value)
+    if tp in _PLAIN:
+        return False
+    if tp is bytes or tp is bytearray:
+        return len(value) >= threshold
+    if tp is list or tp is tuple or tp is dict:
+        return not types_within(value, _PLAIN)
+    return True
 
 
 def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef],

@@ -21,7 +21,8 @@ from . import faults
 from . import layout as L
 from . import record as R
 from . import segment
-from .blobs import KIND_BYTES, BlobRef, PickledBlobs, blob_ids, extract, refs_within, write_blob
+from .blobs import (KIND_BYTES, BlobRef, PickledBlobs, blob_ids, extract, may_hold_blobs,
+                    refs_within, write_blob)
 from .codec import PickleCodec
 from .errors import OutOfSpace, PathGone, Unlinked
 from .msgpack_ext import _too_deep as too_deep
@@ -123,7 +124,11 @@ class Writer(Reader):
         a-d when its values hold large buffers or arrays); caller is in
         begin_write.  Raises and changes nothing, or publishes it all."""
         created: List[BlobRef] = []
-        if self.blob_threshold and len(rec) > 2 and rec[0] != L.OP_DEL:
+        threshold = self.blob_threshold
+        if threshold and len(rec) > 2 and (
+            may_hold_blobs(rec[3], threshold) if rec[0] == _OP_SET
+            else rec[0] == L.OP_UPDATE and any(may_hold_blobs(v, threshold) for _, v in rec[2])
+        ):
             rec = self._extract_blobs(rec, created)
         dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
         before = self._map.words[_W_STATE]
