@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python -m perf                 # full run (about 10 minutes)
-    python -m perf --quick         # under a minute
+    python -m perf                 # full run (about 15 minutes)
+    python -m perf --quick         # about a minute
     python -m perf --only read,write,lock --contenders ultradict_ng,dict
     python -m perf --help
 
@@ -11,26 +11,34 @@ Contenders (``--contenders``): ``ultradict_ng``, ``ultradict_shared``
 (``UltraDict(shared_lock=True)``), ``ultradict`` (``UltraDict()``, fork-only
 RLock), ``smd`` (shared-memory-dict), ``manager`` (``multiprocessing.Manager().dict()``),
 ``redis`` (redis-py against a private ``redis-server`` the harness starts, when
-the binary exists) and ``dict`` (a plain dict: the ceiling).  Peers are imported
-lazily; a missing one is skipped with a note.
+the binary exists) and ``dict`` (a plain dict: the ceiling).  Workload 9 adds
+ways to move one large value that are no dicts: ``shm`` (raw
+``multiprocessing.shared_memory`` + a copy), ``pickle5`` (pickle protocol 5 with
+out-of-band buffers in a segment), ``sharedarray`` (PyPI SharedArray), ``ippo``
+(InterProcessPyObjects), ``pipe`` and ``queue`` (multiprocessing); they run
+only there, and of the dicts only ultradict_ng and UltraDict(shared_lock=True)
+run there.  Peers are imported lazily; a missing one is skipped with a note.
 
 Workloads (``--only``, by name or number): 1 ``read``, 2 ``write``, 3 ``lock``,
-4 ``contend``, 5 ``latency``, 6 ``attach``, 7 ``growth``, 8 ``values``.
+4 ``contend``, 5 ``latency``, 6 ``attach``, 7 ``growth``, 8 ``values``, 9 ``big``
+(large numpy arrays and bytes to another process: write, first and second
+read, the reader's RSS; see :mod:`perf.big`).
 
 Output: tables on stdout, ``<out>/latest.json`` (machine info and every raw
 repetition) and ``<out>/latest.png`` (one panel per workload).
 
 Cleanup: every process the harness starts (worker pool, attach probes, the
-Manager server, redis-server) is ended and every segment it creates is
+readers of workload 9, the Manager server, redis-server) is ended and every segment it creates is
 unlinked, also after an exception, Ctrl-C or SIGTERM; /dev/shm is compared
 before and after and anything left is reported.  Dict names are
 ``<prefix><12 hex digits>`` (``--name-prefix``, default ``perf_``; the test suite
 uses ``udng_`` so that its leak check sees them).
 
 Modules: :mod:`perf.cli` (options, orchestration, cleanup), :mod:`perf.adapters`
-(one adapter per contender), :mod:`perf.workloads`, :mod:`perf.procs` (code
-that runs in spawned processes), :mod:`perf.report` (tables, targets, JSON,
-plot), :mod:`perf.redis_server`, :mod:`perf.util`.
+(one adapter per contender), :mod:`perf.workloads`, :mod:`perf.big` (workload 9
+and its reader process), :mod:`perf.procs` (code that runs in spawned
+processes), :mod:`perf.report` (tables, targets, JSON, plot),
+:mod:`perf.redis_server`, :mod:`perf.util`.
 """
 
 __all__ = ["main"]

@@ -8,6 +8,15 @@ process (``child_spec``; the child calls :func:`attach_spec`), and removes it
 (``destroy``).  Peers are imported lazily in :meth:`Adapter.load`, which raises
 :class:`Unavailable` with the reason when a peer cannot be used.
 
+Workload 9 (large values, :mod:`perf.big`) uses a second small interface,
+``big_*``: ``big_prepare`` (untimed setup), ``big_write`` (the timed write),
+``big_spec`` (what the reader process needs), ``big_destroy``, and on the
+reader's side ``big_open`` / ``big_get`` / ``big_close``.  Dict adapters get it
+from :class:`Adapter` through their public mapping API (``m[k] = v``, ``m[k]``,
+``m.view(k)``); the transports that are no dicts (raw shared memory, pickle 5
+out-of-band buffers, SharedArray, InterProcessPyObjects, Pipe, Queue) implement
+only that interface and run only in workload 9.
+
 Everything created is registered with the run (``run.own``) with a cleanup
 function, so an exception or Ctrl-C anywhere still unlinks it.
 """
@@ -17,8 +26,10 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import struct
 import threading
-from typing import Any, Callable, Dict, List, Optional, Type
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 __all__ = ["ADAPTERS", "ORDER", "ALIASES", "Adapter", "Handle", "Unavailable", "attach_spec",
            "close_child"]
@@ -54,6 +65,12 @@ class Adapter:
     uses_mp_shm = False
     cross_process = True  # False: the dict cannot be opened from another process
     server_based = False  # attach does not load the dict (Manager, Redis)
+    #: A dict (workloads 1-8); False for the transports of workload 9.
+    dict_like = True
+    #: Runs in workload 9 (large values).
+    big_values = False
+    #: Workload 9: the reader must be receiving while the writer writes (Pipe, Queue).
+    streaming = False
 
     def __init__(self, run: Any) -> None:
         self.run = run
@@ -101,6 +118,56 @@ class Adapter:
         """
         return None
 
+    def runs(self, workload: str) -> bool:
+        """Whether this contender takes part in ``workload``."""
+        return self.big_values if workload == "big" else self.dict_like
+
+    # -- workload 9: large values, parent side -------------------------------------------
+    # The defaults go through the public dict API: ``m[k] = value`` to write, ``m[k]``
+    # to read, ``m.view(k)`` for a zero-copy memoryview.  Whatever raises (a type the
+    # serializer refuses, a method that does not exist) is reported as unavailable.
+
+    def big_unsupported(self, kind: str) -> Optional[str]:
+        """Why this contender cannot carry ``kind`` at all (checked before anything runs)."""
+        return None
+
+    def big_prepare(self, size: int, kind: str) -> Any:
+        """Untimed setup for one value of ``size`` bytes; returns the state."""
+        return self.create(fit_bytes=size)
+
+    def big_write(self, state: Any, key: Any, value: Any) -> None:
+        """The timed write."""
+        state.m[key] = value
+
+    def big_spec(self, state: Any) -> Dict[str, Any]:
+        """What the reader process gets (plus kind, key and the expected value)."""
+        return self.child_spec(state)
+
+    def big_channel(self, state: Any) -> Any:
+        """An object the reader process receives at its creation (a Pipe end, a Queue)."""
+        return None
+
+    def big_destroy(self, state: Any, ok: bool = True) -> None:
+        """Remove everything ``big_prepare``/``big_write`` made (``ok``: the reader finished)."""
+        self.destroy(state)
+
+    # -- workload 9, reader side (classmethods: they run in the spawned reader) ----------
+    @classmethod
+    def big_open(cls, spec: Dict[str, Any], channel: Any) -> Any:
+        """Attach (the start of the first access)."""
+        return cls.child_attach(spec, {})
+
+    @classmethod
+    def big_get(cls, h: Any, spec: Dict[str, Any], first: bool) -> Any:
+        """One access: the value usable (an array, bytes, or a memoryview for kind 'view')."""
+        if spec["kind"] == "view":
+            return h.m.view(spec["key"])
+        return h.m[spec["key"]]
+
+    @classmethod
+    def big_close(cls, h: Any) -> None:
+        cls.child_close(h)
+
     # -- child side --------------------------------------------------------------------
     @classmethod
     def child_attach(cls, spec: Dict[str, Any], inherit: Dict[str, Any]) -> Handle:
@@ -129,6 +196,7 @@ class NgAdapter(Adapter):
     key = "ultradict_ng"
     label = "ultradict_ng"
     module = "ultradict_ng"
+    big_values = True
 
     def load(self) -> None:
         from ultradict_ng import SharedDict
@@ -273,13 +341,16 @@ class UltraAdapter(Adapter):
     #: Set only if a workload cannot run with the defaults (see :meth:`fallback`).
     full_dump_size: Optional[int] = None
 
-    def _new(self, name: str, create: bool, fit_bytes: int = 0) -> Any:
+    def _new(self, name: str, create: bool, fit_bytes: int = 0,
+             full_dump_size: Optional[int] = None) -> Any:
         if not create:
             return self.UD(name=name, create=False)  # configuration comes from the creator
         kwargs: Dict[str, Any] = {}
         if self.shared_lock:
             kwargs["shared_lock"] = True
-        if self.full_dump_size and fit_bytes:
+        if full_dump_size:
+            kwargs["full_dump_size"] = full_dump_size
+        elif self.full_dump_size and fit_bytes:
             kwargs["full_dump_size"] = max(self.full_dump_size, int(fit_bytes * 1.25) + (1 << 20))
         return self.UD(name=name, create=True, **kwargs)
 
@@ -291,12 +362,12 @@ class UltraAdapter(Adapter):
         return (f"{self.label}: failed with its defaults for {fit_bytes:,}-byte values; retried with "
                 f"full_dump_size={self.full_dump_size:,}")
 
-    def create(self, initial=None, *, fit_bytes=0):
+    def create(self, initial=None, *, fit_bytes=0, full_dump_size=None):
         name = self.run.new_name()
         dumps: List[str] = []
         self.run.own(name, lambda: _ultra_unlink_all(name, dumps + [_ultra_dump_name(name)]),
                      self.label)
-        d = self._new(name, True, fit_bytes)
+        d = self._new(name, True, fit_bytes, full_dump_size)
         if initial:
             if not UltraAdapter._seed_noted:
                 UltraAdapter._seed_noted = True
@@ -337,11 +408,25 @@ class UltraAdapter(Adapter):
         d = UltraDict(name=spec["name"], create=False)
         return Handle(d, d.lock, spec["name"])
 
+    @staticmethod
+    def big_full_dump_size(size: int) -> int:
+        """Workload 9: a static full-dump segment that holds the pickled value with room to spare."""
+        return size + size // 16 + (1 << 20)
+
+    def big_prepare(self, size, kind):
+        # buffer_size stays at its default (10 kB): a large value never fits the
+        # update stream, so every write is a full dump (pickle of the whole dict) into
+        # the static full-dump segment, and attaching loads (unpickles) that dump.
+        return self.create(full_dump_size=self.big_full_dump_size(size))
+
 
 class UltraSharedAdapter(UltraAdapter):
     key = "ultradict_shared"
     label = "UltraDict(shared_lock=True)"
     shared_lock = True
+    #: Workload 9 runs UltraDict once, in this configuration (UltraDict() differs
+    #: only in its lock, which one write and one read do not exercise).
+    big_values = True
 
     def load(self) -> None:
         super().load()
@@ -671,7 +756,508 @@ class DictAdapter(Adapter):
         h.m.clear()
 
 
-ORDER = ["ultradict_ng", "ultradict_shared", "ultradict", "smd", "manager", "redis", "dict"]
+# -- workload 9 transports: no dicts, only the big_* interface -------------------------------
+
+
+def _nbytes(value: Any) -> int:
+    return int(value.nbytes) if hasattr(value, "nbytes") else len(value)
+
+
+def _is_bytes(value: Any) -> bool:
+    return isinstance(value, (bytes, bytearray))
+
+
+def attach_shm(name: str) -> Any:
+    """Attach an existing ``multiprocessing.shared_memory`` segment without tracking it.
+
+    Before Python 3.13 every process that attaches registers the segment with
+    the resource tracker, which unlinks it (and warns about a "leak") when the
+    tracker ends.  Unregistering afterwards is no cure in a multiprocessing
+    child: it shares its parent's tracker, where the creator's registration and
+    the attacher's are one entry, so the attacher's unregister drops the
+    creator's.  3.13+: ``track=False``; older: no registration while attaching.
+    """
+    from multiprocessing import resource_tracker, shared_memory
+
+    try:
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+    except TypeError:
+        pass
+    register = resource_tracker.register
+    resource_tracker.register = lambda name, rtype: None  # type: ignore[assignment]
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register  # type: ignore[assignment]
+
+
+def untrack_shared_memory() -> None:
+    """In a process that only attaches (workload 9's reader): no resource-tracker
+    registration of shared memory at all, as in a process that imported UltraDict.
+
+    A spawned reader shares the harness's tracker (see :func:`attach_shm`); a
+    peer that registers and unregisters on its own (InterProcessPyObjects'
+    consumer does) would otherwise drop the creator's registration.
+    """
+    from multiprocessing import resource_tracker
+
+    register, unregister = resource_tracker.register, resource_tracker.unregister
+
+    def _register(name: str, rtype: str) -> None:
+        if rtype != "shared_memory":
+            register(name, rtype)
+
+    def _unregister(name: str, rtype: str) -> None:
+        if rtype != "shared_memory":
+            unregister(name, rtype)
+
+    resource_tracker.register = _register  # type: ignore[assignment]
+    resource_tracker.unregister = _unregister  # type: ignore[assignment]
+
+
+def _shm_unlink_name(name: str) -> None:
+    try:
+        import _posixshmem  # type: ignore[import-not-found]
+
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+    except ImportError:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except FileNotFoundError:
+            pass
+
+
+def _shm_release(state: Dict[str, Any]) -> None:
+    """Close and unlink the segment of ``state`` (by name when it was never opened here)."""
+    seg = state.pop("seg", None)
+    if seg is None:
+        _shm_unlink_name(state["name"])
+        return
+    try:
+        seg.close()
+    except BufferError:
+        pass  # a view is still exported somewhere; the unlink is what matters
+    try:
+        seg.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _close_quietly(seg: Any) -> None:
+    try:
+        seg.close()
+    except BufferError:
+        pass
+
+
+def _copy_into(buf: Any, offset: int, value: Any) -> Dict[str, Any]:
+    """Copy a bytes value or a numpy array into ``buf`` at ``offset``; its description."""
+    n = _nbytes(value)
+    if _is_bytes(value):
+        buf[offset:offset + n] = value
+        return {"nbytes": n}
+    import numpy as np
+
+    dst = np.ndarray(value.shape, value.dtype, buffer=buf, offset=offset)
+    dst[...] = value
+    del dst
+    return {"nbytes": n, "shape": list(value.shape), "dtype": value.dtype.str}
+
+
+def _from_buffer(buf: Any, offset: int, spec: Dict[str, Any]) -> Any:
+    """The value of ``spec['kind']`` over ``buf``: an array or a view without copying, bytes by copying."""
+    n = spec["nbytes"]
+    kind = spec["kind"]
+    if kind == "numpy":
+        import numpy as np
+
+        return np.ndarray(tuple(spec["shape"]), np.dtype(spec["dtype"]), buffer=buf, offset=offset)
+    if kind == "bytes":
+        return bytes(buf[offset:offset + n])
+    return buf[offset:offset + n].toreadonly()
+
+
+class _Transport(Adapter):
+    """A way to move one large value between processes that is not a dict (workload 9 only)."""
+
+    dict_like = False
+    big_values = True
+
+    def version(self) -> str:
+        import platform
+
+        return "stdlib " + platform.python_version()
+
+    @classmethod
+    def big_close(cls, h: Any) -> None:
+        pass
+
+
+class ShmAdapter(_Transport):
+    """``multiprocessing.shared_memory.SharedMemory(create=True)`` + one copy into it."""
+
+    key = "shm"
+    label = "SharedMemory (raw)"
+    module = "multiprocessing.shared_memory"  # imported by the reader before its clock starts
+
+    def big_prepare(self, size, kind):
+        name = self.run.new_name()
+        st: Dict[str, Any] = {"name": name, "seg": None, "meta": None}
+        self.run.own(name, lambda: _shm_release(st), self.label)
+        return st
+
+    def big_write(self, state, key, value):
+        from multiprocessing import shared_memory
+
+        seg = state["seg"] = shared_memory.SharedMemory(name=state["name"], create=True,
+                                                        size=max(1, _nbytes(value)))
+        state["meta"] = _copy_into(seg.buf, 0, value)
+
+    def big_spec(self, state):
+        return {"adapter": self.key, "name": state["name"], **state["meta"]}
+
+    def big_destroy(self, state, ok=True):
+        try:
+            _shm_release(state)
+        finally:
+            self.run.disown(state["name"])
+
+    @classmethod
+    def big_open(cls, spec, channel):
+        return attach_shm(spec["name"])
+
+    @classmethod
+    def big_get(cls, seg, spec, first):
+        return _from_buffer(seg.buf, 0, spec)
+
+    @classmethod
+    def big_close(cls, seg):
+        _close_quietly(seg)
+
+
+_P5_ALIGN = 64
+
+
+def _align(n: int) -> int:
+    return (n + _P5_ALIGN - 1) // _P5_ALIGN * _P5_ALIGN
+
+
+class Pickle5Adapter(ShmAdapter):
+    """``pickle.dumps(value, protocol=5, buffer_callback=...)`` into one segment.
+
+    Layout: ``<stream length, buffer count, (offset, length) per buffer>`` (u64
+    each), the pickle stream inline, then each out-of-band buffer 64-byte
+    aligned.  The reader unpickles the stream with ``buffers=`` views of the
+    segment: an array comes back over shared memory, without a copy.  A bytes
+    value is pickled as ``pickle.PickleBuffer(value)`` (plain bytes would go
+    in-band), so it comes back as a read-only memoryview; kind 'bytes' then
+    copies it with ``bytes()``.
+    """
+
+    key = "pickle5"
+    label = "pickle5 out-of-band + shm"
+
+    def big_write(self, state, key, value):
+        from multiprocessing import shared_memory
+
+        bufs: List[Any] = []
+        obj = pickle.PickleBuffer(value) if _is_bytes(value) else value
+        stream = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+        raws = [b.raw() for b in bufs]
+        head = 16 + 16 * len(raws)
+        layout: List[Tuple[int, int]] = []
+        end = _align(head + len(stream))
+        for r in raws:
+            layout.append((end, r.nbytes))
+            end = _align(end + r.nbytes)
+        seg = state["seg"] = shared_memory.SharedMemory(name=state["name"], create=True, size=end)
+        buf = seg.buf
+        try:
+            struct.pack_into(f"<QQ{2 * len(layout)}Q", buf, 0, len(stream), len(layout),
+                             *[x for pair in layout for x in pair])
+            buf[head:head + len(stream)] = stream
+            for (off, n), r in zip(layout, raws):
+                buf[off:off + n] = r
+        finally:
+            del buf
+            for r in raws:
+                r.release()
+            for b in bufs:
+                b.release()
+        state["meta"] = {"nbytes": _nbytes(value), "segment_bytes": end, "stream_bytes": len(stream),
+                         "buffers": len(layout)}
+
+    @classmethod
+    def big_get(cls, seg, spec, first):
+        buf = seg.buf
+        slen, count = struct.unpack_from("<QQ", buf, 0)
+        offs = struct.unpack_from(f"<{2 * count}Q", buf, 16)
+        head = 16 + 16 * count
+        buffers = [buf[offs[2 * i]:offs[2 * i] + offs[2 * i + 1]] for i in range(count)]
+        obj = pickle.loads(buf[head:head + slen], buffers=buffers)
+        if spec["kind"] == "bytes":
+            return bytes(obj)
+        return obj
+
+
+class PipeAdapter(_Transport):
+    """``multiprocessing.Pipe``: ``send``/``recv`` for arrays, ``send_bytes``/``recv_bytes`` for bytes."""
+
+    key = "pipe"
+    label = "multiprocessing.Pipe"
+    streaming = True
+
+    def big_unsupported(self, kind):
+        if kind == "view":
+            return "a message arrives as a copy: no zero-copy view"
+        return None
+
+    def big_prepare(self, size, kind):
+        r, w = self.run.ctx.Pipe(duplex=False)
+        return {"r": r, "w": w}
+
+    def big_channel(self, state):
+        return state["r"]
+
+    def big_write(self, state, key, value):
+        if _is_bytes(value):
+            state["w"].send_bytes(value)
+        else:
+            state["w"].send(value)
+
+    def big_spec(self, state):
+        return {"adapter": self.key}
+
+    def big_destroy(self, state, ok=True):
+        for end in ("w", "r"):
+            conn = state.pop(end, None)
+            if conn is not None:
+                conn.close()
+
+    @classmethod
+    def big_open(cls, spec, channel):
+        return channel
+
+    @classmethod
+    def big_get(cls, conn, spec, first):
+        return conn.recv_bytes() if spec["kind"] == "bytes" else conn.recv()
+
+    @classmethod
+    def big_close(cls, conn):
+        conn.close()
+
+
+class QueueAdapter(PipeAdapter):
+    """``multiprocessing.Queue``: ``put`` (returns at once; a feeder thread pickles and sends) / ``get``."""
+
+    key = "queue"
+    label = "multiprocessing.Queue"
+
+    def big_prepare(self, size, kind):
+        return {"q": self.run.ctx.Queue()}
+
+    def big_channel(self, state):
+        return state["q"]
+
+    def big_write(self, state, key, value):
+        state["q"].put(value)
+
+    def big_destroy(self, state, ok=True):
+        q = state.pop("q", None)
+        if q is None:
+            return
+        q.close()
+        if ok:
+            q.join_thread()  # everything was received: the feeder thread has finished
+        else:
+            q.cancel_join_thread()  # the reader may be gone: do not wait on a full pipe
+
+    @classmethod
+    def big_get(cls, q, spec, first):
+        return q.get(timeout=900)
+
+    @classmethod
+    def big_close(cls, q):
+        q.close()
+
+
+def _sa_delete(name: str) -> None:
+    try:
+        import SharedArray  # type: ignore[import-not-found]
+
+        SharedArray.delete("shm://" + name)
+    except (OSError, ImportError):
+        _shm_unlink_name(name)
+
+
+class SharedArrayAdapter(_Transport):
+    """PyPI ``SharedArray``: ``sa.create('shm://name', shape, dtype)`` + a copy; readers ``sa.attach``.
+
+    A bytes value is stored as a uint8 array; kind 'bytes' copies it out with
+    ``tobytes()``, kind 'view' is ``memoryview`` of the attached array.
+    """
+
+    key = "sharedarray"
+    label = "SharedArray"
+    module = "SharedArray"
+
+    def load(self) -> None:
+        try:
+            import numpy  # noqa: F401
+            import SharedArray  # noqa: F401
+        except ImportError as exc:
+            raise Unavailable(f"SharedArray is not installed ({exc}); pip install -e '.[perf]'") from None
+
+    def version(self) -> str:
+        return _version("SharedArray")
+
+    def big_prepare(self, size, kind):
+        name = self.run.new_name()
+        self.run.own(name, lambda: _sa_delete(name), self.label)
+        return {"name": name}
+
+    def big_write(self, state, key, value):
+        import numpy as np
+        import SharedArray as sa
+
+        src = np.frombuffer(value, np.uint8) if _is_bytes(value) else value
+        arr = sa.create("shm://" + state["name"], src.shape, src.dtype)
+        arr[...] = src
+        del arr
+        state["nbytes"] = _nbytes(value)
+
+    def big_spec(self, state):
+        return {"adapter": self.key, "name": state["name"], "nbytes": state["nbytes"]}
+
+    def big_destroy(self, state, ok=True):
+        try:
+            _sa_delete(state["name"])
+        finally:
+            self.run.disown(state["name"])
+
+    @classmethod
+    def big_open(cls, spec, channel):
+        import SharedArray as sa
+
+        # Attaching is the access itself (sa.attach maps the segment); the handle
+        # keeps the last mapping, as an attached segment stays mapped elsewhere.
+        return {"sa": sa, "arr": None}
+
+    @classmethod
+    def big_get(cls, h, spec, first):
+        arr = h["arr"] = h["sa"].attach("shm://" + spec["name"])
+        if spec["kind"] == "bytes":
+            return arr.tobytes()
+        if spec["kind"] == "view":
+            return memoryview(arr).toreadonly()
+        return arr
+
+    @classmethod
+    def big_close(cls, h):
+        h["arr"] = None
+
+
+def _import_ippo() -> Any:
+    """``ipc_py_objects`` (InterProcessPyObjects), without its 'Unsupported Python Version' warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import ipc_py_objects  # type: ignore[import-not-found]
+    return ipc_py_objects
+
+
+def _ippo_release(state: Dict[str, Any]) -> None:
+    sm = state.pop("sm", None)
+    if sm is not None:
+        try:
+            sm.close()  # the creator's close unlinks
+        except BufferError:
+            pass
+    ip = _import_ippo()
+    ip.SharedMemory.unlink_by_name(state["name"])  # ignores a missing segment
+
+
+class IppoAdapter(_Transport):
+    """InterProcessPyObjects 1.0.7: a message queue in one shared-memory block.
+
+    The writer creates the block (``SharedMemory(name, create=True, size=...)``,
+    untimed: it zeroes the block) and, as its timed write, ``put_message_2``
+    inside ``wait_my_turn``.  The reader attaches (``init_consumer``) and takes the
+    message (``take_message``): an array comes back mapped on the block, bytes
+    as a copy.  The second access re-maps the object from its offset
+    (``get_obj``); kind 'view' is ``get_obj_buffer(offset)`` both times.
+    """
+
+    key = "ippo"
+    label = "InterProcessPyObjects"
+    module = "ipc_py_objects"
+
+    def load(self) -> None:
+        try:
+            import numpy  # noqa: F401
+
+            _import_ippo()
+        except Exception as exc:  # a broken cengal_light wheel raises more than ImportError
+            raise Unavailable(f"InterProcessPyObjects does not import ({exc!r}); it needs "
+                              "cengal_light==4.4.0: pip install -e '.[perf]'") from None
+
+    def version(self) -> str:
+        return f"{_version('InterProcessPyObjects')} (cengal_light {_version('cengal_light')})"
+
+    @staticmethod
+    def block_size(size: int) -> int:
+        return size + size // 8 + (1 << 20)
+
+    def big_prepare(self, size, kind):
+        ip = _import_ippo()
+        name = self.run.new_name()
+        st: Dict[str, Any] = {"name": name, "sm": None}
+        self.run.own(name, lambda: _ippo_release(st), self.label)
+        st["sm"] = ip.SharedMemory(name, create=True, size=self.block_size(size))
+        return st
+
+    def big_write(self, state, key, value):
+        ip = _import_ippo()
+        sm = state["sm"]
+        with ip.wait_my_turn(sm):
+            mapped, offset = sm.put_message_2(value)
+        del mapped
+        state["offset"] = offset
+
+    def big_spec(self, state):
+        return {"adapter": self.key, "name": state["name"], "offset": state["offset"]}
+
+    def big_destroy(self, state, ok=True):
+        try:
+            _ippo_release(state)
+        finally:
+            self.run.disown(state["name"])
+
+    @classmethod
+    def big_open(cls, spec, channel):
+        ip = _import_ippo()
+        sm = ip.SharedMemory(spec["name"], create=False)
+        sm.init_consumer()
+        return (ip, sm)
+
+    @classmethod
+    def big_get(cls, h, spec, first):
+        ip, sm = h
+        with ip.wait_my_turn(sm):
+            if spec["kind"] == "view":
+                return sm.get_obj_buffer(spec["offset"])
+            if first:
+                return sm.take_message()
+            return sm.get_obj(spec["offset"])
+
+    @classmethod
+    def big_close(cls, h):
+        _close_quietly(h[1])
+
+
+ORDER = ["ultradict_ng", "ultradict_shared", "ultradict", "smd", "manager", "redis", "dict",
+         "shm", "pickle5", "sharedarray", "ippo", "pipe", "queue"]
 ADAPTERS: Dict[str, Type[Adapter]] = {
     "ultradict_ng": NgAdapter,
     "ultradict_shared": UltraSharedAdapter,
@@ -680,6 +1266,12 @@ ADAPTERS: Dict[str, Type[Adapter]] = {
     "manager": ManagerAdapter,
     "redis": RedisAdapter,
     "dict": DictAdapter,
+    "shm": ShmAdapter,
+    "pickle5": Pickle5Adapter,
+    "sharedarray": SharedArrayAdapter,
+    "ippo": IppoAdapter,
+    "pipe": PipeAdapter,
+    "queue": QueueAdapter,
 }
 ALIASES = {
     "ng": "ultradict_ng", "ultradict-ng": "ultradict_ng", "shareddict": "ultradict_ng",
@@ -687,6 +1279,11 @@ ALIASES = {
     "ultradict-default": "ultradict", "ultradict_default": "ultradict",
     "shared-memory-dict": "smd", "shared_memory_dict": "smd",
     "mp-manager": "manager", "multiprocessing": "manager",
+    "raw-shm": "shm", "shared_memory": "shm", "sharedmemory": "shm",
+    "pickle5-oob": "pickle5", "pickle-oob": "pickle5", "pickle5_oob": "pickle5",
+    "shared-array": "sharedarray", "shared_array": "sharedarray",
+    "interprocesspyobjects": "ippo", "ipc_py_objects": "ippo",
+    "mp-pipe": "pipe", "mp-queue": "queue",
 }
 
 

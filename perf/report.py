@@ -48,6 +48,8 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
     lines: List[str] = []
     if not recs:
         return ""
+    if wl == "big":
+        return big_section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -81,6 +83,81 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
                 ratio = f"{ngm / r['median']:.3g}x"
             extra = "  ".join(f"{k}: {v}" if k not in ("note",) else v for k, v in r["show"].items())
             lines.append(f"  {r['label']:<29}{med:>12}  {spread:<27} {ratio:>9}  {extra}".rstrip())
+    for n in notes:
+        lines.append(f"   note: {n}")
+    return "\n".join(lines)
+
+
+# -- workload 9: one block per kind and size, one column per metric ----------------------------
+
+
+def _scale(unit: str, x: float) -> Tuple[float, str]:
+    """A factor and unit name that show ``x`` with a sensible magnitude."""
+    if unit == "s":
+        for factor, name in ((1.0, "s"), (1e3, "ms"), (1e6, "µs")):
+            if abs(x) * factor >= 1:
+                return factor, name
+        return 1e9, "ns"
+    if unit == "MiB":
+        if abs(x) >= 1024:
+            return 1 / 1024, "GiB"
+        return (1.0, "MiB") if abs(x) >= 1 else (1024.0, "KiB")
+    return 1.0, unit
+
+
+def _num(x: float) -> str:
+    """3 significant digits, without an exponent up to 99999."""
+    return f"{x:.0f}" if 1000 <= abs(x) < 100_000 else f"{x:.3g}"
+
+
+def _spread_cell(r: Dict[str, Any]) -> str:
+    """``median unit (min..max)`` in the median's unit; just the median for one repetition."""
+    med = r["median"]
+    if med is None:
+        return "-"
+    f, name = _scale(r["unit"], med)
+    text = f"{_num(med * f)} {name}"
+    lo, hi = _num(r["min"] * f), _num(r["max"] * f)
+    if r["n"] > 1 and lo != hi:
+        text += f" ({lo}..{hi})"
+    return text
+
+
+def big_section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+    from .big import KIND_TITLES, METRICS, case_name, size_label
+
+    lines = ["", f"== {number}. {title} ==",
+             "   lower is better; median (min..max) over the repetitions; copies: see the note"]
+    blocks: List[Tuple[str, int]] = []
+    for r in recs:
+        key = (r["params"].get("kind"), r["params"].get("value_bytes"))
+        if key not in blocks:
+            blocks.append(key)
+    width = 25
+    for kind, size in blocks:
+        lines.append(f"  -- {KIND_TITLES.get(kind, kind)}, {size_label(size)} --")
+        lines.append(f"  {'contender':<28}" + "".join(f"{m:<{width}}" for m, _, _ in METRICS)
+                     + "copies")
+        contenders = sorted({r["contender"] for r in recs if (r["params"].get("kind"),
+                                                              r["params"].get("value_bytes")) == (kind, size)},
+                            key=lambda c: (ORDER.index(c) if c in ORDER else len(ORDER), c))
+        for c in contenders:
+            row = [find(recs, "big", case_name(kind, size, m), c) for m, _, _ in METRICS]
+            first = next(x for x in row if x is not None)
+            label = first["label"]
+            if first.get("skipped"):
+                why = first["skipped"]
+                lines.append(f"  {label:<28}{why if len(why) <= 130 else why[:129] + '…'}")
+                continue
+            if first.get("error") and first["median"] is None:
+                err = first.get("error_short") or first["error"].replace("\n", " ")
+                lines.append(f"  {label:<28}FAILED: {err[:200]}")
+                continue
+            cells = "".join(f"{(_spread_cell(x) if x else '-'):<{width - 1}} " for x in row)
+            extra = first["show"].get("copies", "-")
+            if first["show"].get("value"):
+                extra += "  VALUE " + first["show"]["value"]
+            lines.append(f"  {label:<28}{cells}{extra}".rstrip())
     for n in notes:
         lines.append(f"   note: {n}")
     return "\n".join(lines)
@@ -280,7 +357,9 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
     rows = math.ceil(len(present) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.8 * rows), squeeze=False)
     contenders = [c for c in ORDER if any(r["contender"] == c for r in records)]
-    colors = {c: plt.cm.tab10(i) for i, c in enumerate(ORDER)}
+    # tab10 for the first ten (unchanged colours), then tab20's light shades
+    colors = {c: plt.cm.tab10(i) if i < 10 else plt.cm.tab20(2 * (i - 10) + 1)
+              for i, c in enumerate(ORDER)}
     for ax in axes.flat[len(present):]:
         ax.axis("off")
     for ax, (wl, no, title) in zip(axes.flat, present):
@@ -288,6 +367,9 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
         unit = recs[0]["unit"] if recs else ""
         if wl == "growth":
             _plot_growth(ax, recs, contenders, colors)
+        elif wl == "big":
+            _plot_big(ax, recs, contenders, colors)
+            title = "large values: 1st read in another process"
         else:
             cases = _cases(recs, wl)
             width = 0.8 / max(1, len(contenders))
@@ -318,8 +400,11 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), fontsize=9)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    # As many legend columns as the figure is wide; room below the panels for its rows.
+    ncol = max(1, min(len(labels), 7, 2 * cols))
+    legend_rows = math.ceil(len(labels) / ncol) if labels else 0
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9)
+    fig.tight_layout(rect=(0, min(0.4, (0.3 * legend_rows + 0.15) / (4.8 * rows)), 1, 1))
     tmp = path + ".tmp"
     fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
@@ -352,3 +437,24 @@ def _plot_growth(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], col
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("keys in the dict (solid: write, dashed: read)")
+
+
+def _plot_big(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], colors: Dict[str, Any]) -> None:
+    """1st read in the other process vs value size: solid numpy, dashed bytes."""
+    for c in contenders:
+        for kind, style in (("numpy", "-"), ("bytes", "--")):
+            pts = sorted((r["params"]["value_bytes"], r["median"]) for r in recs
+                         if r["contender"] == c and r["params"].get("kind") == kind
+                         and r["params"].get("metric") == "1st read" and r["median"])
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3,
+                        color=colors[c], label=_label(c))
+    from .big import size_label
+
+    sizes = sorted({r["params"]["value_bytes"] for r in recs if r["median"]})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([size_label(x) for x in sizes], fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlabel("value size (solid: numpy array, dashed: bytes)")

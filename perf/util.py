@@ -79,11 +79,20 @@ def fmt_gbps(x: Optional[float]) -> str:
     return f"{x:.3g} GB/s"
 
 
+def fmt_mib(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if abs(x) < 1:
+        return f"{x * 1024:.3g} KiB"
+    return f"{x:.3g} MiB"
+
+
 FORMATTERS: Dict[str, Callable[[Optional[float]], str]] = {
     "ops/s": fmt_rate,
     "s": fmt_seconds,
     "s/op": fmt_seconds,
     "GB/s": fmt_gbps,
+    "MiB": fmt_mib,
 }
 
 

@@ -1,4 +1,6 @@
-"""The eight workloads, each written once against :class:`perf.adapters.Handle`.
+"""The workloads, each written once against :class:`perf.adapters.Handle`.
+
+(Workload 9, large values between processes, lives in :mod:`perf.big`.)
 
 Every timed loop has the same shape for every contender (``m[k]``,
 ``m[k] = i``, ``with lock: m[k] += 1``, with ``m`` and ``lock`` bound to
@@ -19,6 +21,7 @@ from itertools import repeat as _repeat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .adapters import Adapter, Handle
+from .big import w_big
 from .procs import attach_probe
 from .run import Run, WorkerError
 from .util import (calibrate, fmt_count, fmt_seconds, log, percentile, shm_entries,
@@ -39,13 +42,14 @@ WORKLOADS: List[Tuple[str, int, str]] = [
     ("attach", 6, "attach by name in a fresh spawned process, to the first read"),
     ("growth", 7, "cost per op vs dict size (writes include amortized full dumps)"),
     ("values", 8, "large values: write, then read through a second handle"),
+    ("big", 9, "large values to another process: write, 1st/2nd read, reader RSS"),
 ]
 NUMBERS = {name: no for name, no, _ in WORKLOADS}
 TITLES = {name: title for name, _, title in WORKLOADS}
 ALIASES = {"reads": "read", "writes": "write", "incr": "lock", "increment": "lock",
            "contention": "contend", "processes": "contend", "visibility": "latency",
            "load": "attach", "size": "growth", "cost": "growth", "value": "values",
-           "big": "values"}
+           "large": "big", "large-values": "big", "numpy": "big"}
 
 
 def _safe_destroy(run: Run, a: Adapter, h: Optional[Handle]) -> None:
@@ -878,4 +882,5 @@ RUNNERS: Dict[str, Callable[[Run, List[Adapter]], None]] = {
     "attach": w_attach,
     "growth": w_growth,
     "values": w_values,
+    "big": w_big,
 }
