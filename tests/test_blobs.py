@@ -103,6 +103,8 @@ def test_bytes_kinds_and_views(name):
         with pytest.raises(KeyError):
             other.view("missing")
         assert len(blobs_of(name)) == 3
+        for blob in blobs_of(name):  # only the dict's own user may map them
+            assert os.stat(f"/dev/shm/{blob}").st_mode & 0o777 == 0o600
     finally:
         other.close()
         d.close()
@@ -538,6 +540,29 @@ def test_tensors_torch_cannot_share_are_refused(name):
             with pytest.raises(UnsupportedType):
                 d["b"] = bad
         assert other.copy() == {"a": 1} and blobs_of(name) == []
+    finally:
+        other.close()
+        d.close()
+
+
+def test_blobs_go_through_mappings_where_pwrite_and_pread_are_refused(name, monkeypatch):
+    """Where shared memory cannot be written or read through its descriptor
+    (macOS), the writer maps the new segment and readers copy from their
+    mapping instead: same bytes, same values."""
+    import errno
+
+    from ultradict_ng import blobs
+
+    def refuse(*args):
+        raise OSError(errno.ENXIO, "no read or write on shared memory here")
+
+    monkeypatch.setattr(blobs.os, "pwrite", refuse)
+    monkeypatch.setattr(blobs.os, "pread", refuse)  # ...and reads copy from the mapping
+    d, other = pair(name)
+    try:
+        d["a"] = np.arange(10_000, dtype=np.int32)
+        d["b"] = b"x" * 3000
+        assert np.array_equal(other["a"], np.arange(10_000)) and other["b"] == b"x" * 3000
     finally:
         other.close()
         d.close()

@@ -16,7 +16,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = ["repl_share.py", "nested_counters.py", "crash_cleanup.py", "parallel_writers.py"]
+EXAMPLES = ["repl_share.py", "nested_counters.py", "crash_cleanup.py", "parallel_writers.py",
+            "shared_arrays.py"]
 
 
 @pytest.mark.parametrize("script", EXAMPLES)

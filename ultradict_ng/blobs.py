@@ -107,7 +107,9 @@ class BlobRef:
             return self._array
         try:
             return read_payload(name, self)
-        except BlobMissing:  # unlinked since we mapped it: the mapping still holds it
+        except (BlobMissing, OSError):
+            # Unlinked since we mapped it, or not readable through a descriptor
+            # (macOS): the mapping holds it.
             with memoryview(mm) as whole, whole[L.BLOB_HEADER:L.BLOB_HEADER + self.length] as body:
                 return bytearray(body) if self.kind == KIND_BYTEARRAY else body.tobytes()
 
@@ -232,11 +234,7 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
         fd = _posixshmem.shm_open("/" + seg, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
             os.ftruncate(fd, L.BLOB_HEADER + length)
-            done = 0
-            while done < length:  # payload first...
-                done += os.pwrite(fd, data[done:], L.BLOB_HEADER + done)
-            header = _header.pack(L.BLOB_MAGIC, token, blob_id, length, kind, 0)
-            os.pwrite(fd, header, 0)  # ...then the header
+            _fill(fd, data, _header.pack(L.BLOB_MAGIC, token, blob_id, length, kind, 0))
         except BaseException as exc:
             os.close(fd)
             _posixshmem.shm_unlink("/" + seg)
@@ -248,6 +246,32 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
             raise
         os.close(fd)
     return BlobRef(blob_id, kind, length, meta)
+
+
+#: pwrite's answers where shared memory cannot be written through its descriptor
+#: (macOS allows only ftruncate and mmap on it).
+_NO_WRITE = {getattr(errno, n) for n in ("ENXIO", "EINVAL", "ENODEV", "EOPNOTSUPP") if hasattr(errno, n)}
+
+
+def _fill(fd: int, data: memoryview, header: bytes) -> None:
+    """The payload at BLOB_HEADER, then the header (layout: "Blobs", step b)."""
+    length, done = data.nbytes, 0
+    try:
+        while done < length:
+            n = os.pwrite(fd, data[done:], L.BLOB_HEADER + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "pwrite wrote nothing")
+            done += n
+        os.pwrite(fd, header, 0)
+    except OSError as exc:
+        if exc.errno not in _NO_WRITE or done:
+            raise
+        # Reserve first, so that a full filesystem is ENOSPC here, not SIGBUS below.
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, L.BLOB_HEADER + length)
+        with mmap.mmap(fd, L.BLOB_HEADER + length) as mm:
+            mm[L.BLOB_HEADER:L.BLOB_HEADER + length] = data
+            mm[0:len(header)] = header
 
 
 def map_blob(name: str, token: int, ref: BlobRef, access: int = mmap.ACCESS_READ) -> Optional[mmap.mmap]:
