@@ -91,6 +91,8 @@ def test_bytes_kinds_and_views(name):
         d["ba"] = bytearray(payload)
         d["mv"] = memoryview(payload)
         d["small"] = b"x" * 10  # below the threshold: inline
+        d["small-mv"] = memoryview(b"y" * 10)  # a buffer of any size comes back as bytes
+        assert other["small-mv"] == b"y" * 10 and type(other["small-mv"]) is bytes
         assert other["b"] == payload and type(other["b"]) is bytes
         assert other["ba"] == bytearray(payload) and type(other["ba"]) is bytearray
         assert other["mv"] == payload and type(other["mv"]) is bytes  # a buffer comes back as bytes
@@ -565,4 +567,14 @@ def test_blobs_go_through_mappings_where_pwrite_and_pread_are_refused(name, monk
         assert np.array_equal(other["a"], np.arange(10_000)) and other["b"] == b"x" * 3000
     finally:
         other.close()
+        d.close()
+
+
+def test_without_blobs_a_buffer_is_refused_as_the_codec_refuses_it(name):
+    d = SharedDict(name=name, blob_threshold=0)
+    try:
+        with pytest.raises(UnsupportedType):
+            d["mv"] = memoryview(b"x" * 100_000)
+        assert d.copy() == {}
+    finally:
         d.close()

@@ -404,6 +404,8 @@ def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef
     if kind:
         return store_blob(value, kind)
     tp = type(value)
+    if tp is memoryview:  # a buffer below the threshold: its bytes, as a blob would give back
+        return value.tobytes()
     if other is not None and tp not in _PLAIN and tp not in _HANDLED:
         return other(value)
     if (tp is list or tp is tuple or tp is dict) and types_within(value, _PLAIN):
