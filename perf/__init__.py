@@ -17,18 +17,25 @@ ways to move one large value that are no dicts: ``shm`` (raw
 out-of-band buffers in a segment), ``sharedarray`` (PyPI SharedArray), ``ippo``
 (InterProcessPyObjects), ``pipe`` and ``queue`` (multiprocessing); they run
 only there, and of the dicts only ultradict_ng and UltraDict(shared_lock=True)
-run there.  Peers are imported lazily; a missing one is skipped with a note.
+run there.  Workload 10 adds ``event`` and ``condition`` (multiprocessing.Event and
+Condition) and runs only them, ultradict_ng, ``redis`` (pub/sub) and ``pipe``.
+Peers are imported lazily; a missing one is skipped with a note.
 
 Workloads (``--only``, by name or number): 1 ``read``, 2 ``write``, 3 ``lock``,
 4 ``contend``, 5 ``latency``, 6 ``attach``, 7 ``growth``, 8 ``values``, 9 ``big``
 (large numpy arrays and bytes to another process: write, first and second
-read, the reader's RSS; see :mod:`perf.big`).
+read, the reader's RSS; see :mod:`perf.big`), 10 ``wakeup`` (a write in one process
+-> a waiter in another returns: ``wait_for_change`` against polling, Event,
+Condition, Pipe and Redis pub/sub; the CPU of 10 idle waiters; ``with d.lock:
+d[k] += 1`` in 1-8 processes; in futex and ``ULTRADICT_NG_WAIT=poll`` modes;
+see :mod:`perf.wake`).
 
 Output: tables on stdout, ``<out>/latest.json`` (machine info and every raw
 repetition) and ``<out>/latest.png`` (one panel per workload).
 
 Cleanup: every process the harness starts (worker pool, attach probes, the
-readers of workload 9, the Manager server, redis-server) is ended and every segment it creates is
+readers of workload 9, the waiters and lockers of workload 10, the Manager
+server, redis-server) is ended and every segment it creates is
 unlinked, also after an exception, Ctrl-C or SIGTERM; /dev/shm is compared
 before and after and anything left is reported.  Dict names are
 ``<prefix><12 hex digits>`` (``--name-prefix``, default ``perf_``; the test suite
@@ -36,7 +43,9 @@ uses ``udng_`` so that its leak check sees them).
 
 Modules: :mod:`perf.cli` (options, orchestration, cleanup), :mod:`perf.adapters`
 (one adapter per contender), :mod:`perf.workloads`, :mod:`perf.big` (workload 9
-and its reader process), :mod:`perf.procs` (code that runs in spawned
+and its reader process), :mod:`perf.wake`, :mod:`perf.wake_child` and
+:mod:`perf.wake_report` (workload 10: parent side, spawned processes, table and
+targets), :mod:`perf.procs` (code that runs in spawned
 processes), :mod:`perf.report` (tables, targets, JSON, plot),
 :mod:`perf.redis_server`, :mod:`perf.util`.
 """

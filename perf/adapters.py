@@ -17,6 +17,11 @@ from :class:`Adapter` through their public mapping API (``m[k] = v``, ``m[k]``,
 out-of-band buffers, SharedArray, InterProcessPyObjects, Pipe, Queue) implement
 only that interface and run only in workload 9.
 
+Workload 10 (wake-ups, :mod:`perf.wake`) has its code in that module; an
+adapter only says whether its contender takes part (``wakeup``):
+ultradict_ng, redis (pub/sub on its server), Pipe, and two adapters that exist
+for it alone, ``multiprocessing.Event`` and ``multiprocessing.Condition``.
+
 Everything created is registered with the run (``run.own``) with a cleanup
 function, so an exception or Ctrl-C anywhere still unlinks it.
 """
@@ -71,6 +76,8 @@ class Adapter:
     big_values = False
     #: Workload 9: the reader must be receiving while the writer writes (Pipe, Queue).
     streaming = False
+    #: Runs in workload 10 (wake-up latency; see :mod:`perf.wake`, which holds the code).
+    wakeup = False
 
     def __init__(self, run: Any) -> None:
         self.run = run
@@ -120,6 +127,8 @@ class Adapter:
 
     def runs(self, workload: str) -> bool:
         """Whether this contender takes part in ``workload``."""
+        if workload == "wakeup":
+            return self.wakeup
         return self.big_values if workload == "big" else self.dict_like
 
     # -- workload 9: large values, parent side -------------------------------------------
@@ -197,6 +206,7 @@ class NgAdapter(Adapter):
     label = "ultradict_ng"
     module = "ultradict_ng"
     big_values = True
+    wakeup = True
 
     def load(self) -> None:
         from ultradict_ng import SharedDict
@@ -624,6 +634,7 @@ class RedisAdapter(Adapter):
     label = "redis"
     module = "redis"
     server_based = True
+    wakeup = True  # pub/sub, on the server this adapter starts
     server: Any = None
     client: Any = None
 
@@ -1008,6 +1019,7 @@ class PipeAdapter(_Transport):
     key = "pipe"
     label = "multiprocessing.Pipe"
     streaming = True
+    wakeup = True
 
     def big_unsupported(self, kind):
         if kind == "view":
@@ -1256,8 +1268,33 @@ class IppoAdapter(_Transport):
         _close_quietly(h[1])
 
 
+# -- workload 10 only: multiprocessing's waits (the code is in perf.wake) --------------------
+
+
+class _WaitOnly(Adapter):
+    """A multiprocessing synchronisation primitive: it takes part in workload 10 only."""
+
+    dict_like = False
+    wakeup = True
+
+    def version(self) -> str:
+        import platform
+
+        return "stdlib " + platform.python_version()
+
+
+class EventAdapter(_WaitOnly):
+    key = "event"
+    label = "multiprocessing.Event"
+
+
+class ConditionAdapter(_WaitOnly):
+    key = "condition"
+    label = "multiprocessing.Condition"
+
+
 ORDER = ["ultradict_ng", "ultradict_shared", "ultradict", "smd", "manager", "redis", "dict",
-         "shm", "pickle5", "sharedarray", "ippo", "pipe", "queue"]
+         "shm", "pickle5", "sharedarray", "ippo", "pipe", "queue", "event", "condition"]
 ADAPTERS: Dict[str, Type[Adapter]] = {
     "ultradict_ng": NgAdapter,
     "ultradict_shared": UltraSharedAdapter,
@@ -1272,6 +1309,8 @@ ADAPTERS: Dict[str, Type[Adapter]] = {
     "ippo": IppoAdapter,
     "pipe": PipeAdapter,
     "queue": QueueAdapter,
+    "event": EventAdapter,
+    "condition": ConditionAdapter,
 }
 ALIASES = {
     "ng": "ultradict_ng", "ultradict-ng": "ultradict_ng", "shareddict": "ultradict_ng",
@@ -1284,6 +1323,7 @@ ALIASES = {
     "shared-array": "sharedarray", "shared_array": "sharedarray",
     "interprocesspyobjects": "ippo", "ipc_py_objects": "ippo",
     "mp-pipe": "pipe", "mp-queue": "queue",
+    "mp-event": "event", "mp-condition": "condition", "cond": "condition",
 }
 
 

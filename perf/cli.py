@@ -16,6 +16,7 @@ from . import adapters as A
 from . import report
 from .run import Run
 from .util import log, shm_entries
+from .wake import PARTS as WAKE_PARTS
 from .workloads import ALIASES as WL_ALIASES
 from .workloads import NUMBERS, RUNNERS, TITLES, WORKLOADS
 
@@ -47,10 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "multiprocessing.Manager, Redis and a plain dict, with the same loops; "
                     "and, for large values between processes (workload 9), against raw "
                     "shared memory, pickle 5 out-of-band buffers, SharedArray, "
-                    "InterProcessPyObjects, multiprocessing.Pipe and Queue.")
+                    "InterProcessPyObjects, multiprocessing.Pipe and Queue; and, for wake-ups "
+                    "(workload 10), wait_for_change against polling, multiprocessing.Event, "
+                    "Condition, Pipe and Redis pub/sub.")
     p.add_argument("--quick", action="store_true",
                    help="short run (about a minute): 0.1 s per measurement, smaller sizes, 3 repetitions "
-                        "(workload 9: 1 MiB and 10 MiB values, 1 repetition)")
+                        "(workload 9: 1 MiB and 10 MiB values, 1 repetition; workload 10: 200 "
+                        "round trips, 2 s idle window, 1 s per lock round)")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="repetitions of each measurement (default 5; 3 with --quick)")
     p.add_argument("--only", default=None, metavar="WORKLOAD[,..]",
@@ -62,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"directory for latest.json and latest.png (default {DEFAULT_OUT}/)")
     p.add_argument("--box", type=float, default=None, metavar="SECONDS",
                    help="target loop time of one measurement (default 0.4; 0.1 with --quick)")
+    p.add_argument("--wake-parts", default=None, metavar="PART[,..]",
+                   help="the parts of workload 10 to run (default all): latency (wake-up "
+                        "latency), idle (idle waiters' CPU), lock (locked increments in 1-8 "
+                        "processes)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--name-prefix", default="perf_", metavar="PREFIX",
                    help="prefix of every dict name, followed by 12 hex digits (default perf_). "
@@ -87,6 +95,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.only else [w for w, _, _ in WORKLOADS]
         wanted = _parse_list(args.contenders, A.ORDER, A.ALIASES, "contender") \
             if args.contenders else list(A.ORDER)
+        wake_parts = _parse_list(args.wake_parts, list(WAKE_PARTS), {}, "part of workload 10") \
+            if args.wake_parts else None
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     repeat = args.repeat if args.repeat is not None else (3 if args.quick else 5)
@@ -102,7 +112,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     started_at = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     shm_before = set(shm_entries())
     load_at_start = os.getloadavg()
-    run = Run(quick=args.quick, repeat=repeat, box=box, out=args.out, name_prefix=args.name_prefix)
+    run = Run(quick=args.quick, repeat=repeat, box=box, out=args.out, name_prefix=args.name_prefix,
+              wake_parts=wake_parts)
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     status = 0
     interrupted = None
@@ -233,7 +244,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         print(f"  /dev/shm: nothing left by this run (names {run.name_prefix}*; "
               f"{len(shm_before)} entries before, {len(set(shm_entries()))} after, others' are not ours)")
-        print("  processes: worker pool, probes, Manager server and redis-server ended")
+        print("  processes: worker pool, probes, readers, waiters, Manager server and redis-server ended")
     if run.alerts:
         print("\n== alerts (read these) ==")
         for a in run.alerts:
@@ -257,6 +268,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "wall_time_s": round(wall, 2),
             "mode": "quick" if args.quick else "full",
             "options": {"repeat": repeat, "box_s": box, "only": only, "contenders": wanted,
+                        "wake_parts": wake_parts or list(WAKE_PARTS),
                         "argv": sys.argv[1:] if argv is None else list(argv)},
             "status": interrupted or "complete",
             "machine": meta,

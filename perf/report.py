@@ -50,6 +50,10 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
         return ""
     if wl == "big":
         return big_section(recs, number, title, notes)
+    if wl == "wakeup":
+        from . import wake_report
+
+        return wake_report.section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -234,6 +238,10 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     else:
         row.update(measured=None, status="n/a", detail="not measured in this run")
     out.append(row)
+
+    from . import wake_report
+
+    out.extend(wake_report.targets(records, quick))  # workload 10
     return out
 
 
@@ -246,7 +254,7 @@ def _count(n: int) -> str:
 def targets_text(rows: List[Dict[str, Any]]) -> str:
     lines = ["", "== targets (from the issue; measured in this run) =="]
     for r in rows:
-        m = "-" if r["measured"] is None else f"{r['measured']:.2f}x"
+        m = r.get("measured_text") or ("-" if r["measured"] is None else f"{r['measured']:.2f}x")
         status = r["status"] + ("*" if r.get("caveat") else "")
         lines.append(f"  {status:<5} {r['target']:<58} measured {m:>8}  (target {r['need']})")
         lines.append(f"        {r['detail']}")
@@ -370,6 +378,13 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
         elif wl == "big":
             _plot_big(ax, recs, contenders, colors)
             title = "large values: 1st read in another process"
+        elif wl == "wakeup":
+            from . import wake_report
+
+            title = wake_report.plot_panel(ax, recs)
+            ax.set_title(f"{no}. {title}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+            continue  # its own y label (µs)
         else:
             cases = _cases(recs, wl)
             width = 0.8 / max(1, len(contenders))
@@ -403,7 +418,8 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
     # As many legend columns as the figure is wide; room below the panels for its rows.
     ncol = max(1, min(len(labels), 7, 2 * cols))
     legend_rows = math.ceil(len(labels) / ncol) if labels else 0
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9)
+    if labels:  # (none when only workload 10 ran: its panel names its bars)
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9)
     fig.tight_layout(rect=(0, min(0.4, (0.3 * legend_rows + 0.15) / (4.8 * rows)), 1, 1))
     tmp = path + ".tmp"
     fig.savefig(tmp, dpi=90, format="png")

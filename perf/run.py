@@ -146,8 +146,10 @@ class Run:
     """Options, the adapters in use, the collected records, and the cleanup registry."""
 
     def __init__(self, *, quick: bool, repeat: int, box: float, out: str,
-                 name_prefix: str = "perf_") -> None:
+                 name_prefix: str = "perf_", wake_parts: Optional[List[str]] = None) -> None:
         self.quick = quick
+        #: The parts of workload 10 to run (perf.wake.PARTS; None: all).
+        self.wake_parts = wake_parts
         self.repeat = repeat
         self.box = box
         self.out = out

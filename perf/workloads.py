@@ -1,6 +1,8 @@
 """The workloads, each written once against :class:`perf.adapters.Handle`.
 
-(Workload 9, large values between processes, lives in :mod:`perf.big`.)
+(Workload 9, large values between processes, lives in :mod:`perf.big`;
+workload 10, wake-ups, idle waiters and the lock under contention, in
+:mod:`perf.wake`.)
 
 Every timed loop has the same shape for every contender (``m[k]``,
 ``m[k] = i``, ``with lock: m[k] += 1``, with ``m`` and ``lock`` bound to
@@ -22,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .adapters import Adapter, Handle
 from .big import w_big
+from .wake import w_wake
 from .procs import attach_probe
 from .run import Run, WorkerError
 from .util import (calibrate, fmt_count, fmt_seconds, log, percentile, shm_entries,
@@ -43,13 +46,16 @@ WORKLOADS: List[Tuple[str, int, str]] = [
     ("growth", 7, "cost per op vs dict size (writes include amortized full dumps)"),
     ("values", 8, "large values: write, then read through a second handle"),
     ("big", 9, "large values to another process: write, 1st/2nd read, reader RSS"),
+    ("wakeup", 10, "wake-up: a write -> a waiter in another process; idle waiters' CPU; d.lock"),
 ]
 NUMBERS = {name: no for name, no, _ in WORKLOADS}
 TITLES = {name: title for name, _, title in WORKLOADS}
 ALIASES = {"reads": "read", "writes": "write", "incr": "lock", "increment": "lock",
            "contention": "contend", "processes": "contend", "visibility": "latency",
            "load": "attach", "size": "growth", "cost": "growth", "value": "values",
-           "large": "big", "large-values": "big", "numpy": "big"}
+           "large": "big", "large-values": "big", "numpy": "big",
+           "wake": "wakeup", "wake-up": "wakeup", "wait": "wakeup", "wait_for_change": "wakeup",
+           "futex": "wakeup"}
 
 
 def _safe_destroy(run: Run, a: Adapter, h: Optional[Handle]) -> None:
@@ -883,4 +889,5 @@ RUNNERS: Dict[str, Callable[[Run, List[Adapter]], None]] = {
     "growth": w_growth,
     "values": w_values,
     "big": w_big,
+    "wakeup": w_wake,
 }

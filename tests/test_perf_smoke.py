@@ -46,3 +46,42 @@ def test_perf_quick_smoke(tmp_path: Path) -> None:
     assert "== 1. hot-key read" in proc.stdout and "== targets" in proc.stdout
     if importlib.util.find_spec("matplotlib") is not None:  # the plot is optional
         assert (out / "latest.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_perf_wakeup_quick_smoke(tmp_path: Path) -> None:
+    """Workload 10's wake-up latency part, quick mode, ultradict_ng and multiprocessing.Event.
+
+    (The idle-waiter and lock parts take fixed wall times of seconds each: left to
+    ``python -m perf --quick`` in CI.)
+    """
+    from ultradict_ng import SharedDict
+
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "wakeup", "--wake-parts", "latency",
+           "--contenders", "ultradict_ng,event", "--name-prefix", "t" + SESSION, "--out", str(out),
+           "--no-plot"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+    data = json.loads((out / "latest.json").read_text())
+    assert data["status"] == "complete"
+    assert not data["leaks"], data["leaks"]
+    rows = {r["contender"]: r for r in data["records"] if r["workload"] == "wakeup"}
+    assert set(rows) == {"ultradict_ng", "ultradict_ng:poll", "ultradict_ng:spin", "event"}
+    measured = ["ultradict_ng:spin", "event"]
+    if hasattr(SharedDict, "wait_for_change"):
+        measured += ["ultradict_ng", "ultradict_ng:poll"]
+    else:
+        assert "does not exist" in rows["ultradict_ng"]["skipped"]
+    for key in measured:
+        rec = rows[key]
+        assert rec["error"] is None, rec["error"]
+        assert len(rec["values"]) == rec["params"]["rounds"] == 200, key
+        assert all(0 < v < 5 for v in rec["values"]), key
+        assert rec["params"]["lost"] == 0 and rec["ok"] is True, key
+        assert not rec["params"]["waiter"]["imported_before_env"], key
+    assert rows["ultradict_ng:poll"].get("skipped") or \
+        rows["ultradict_ng:poll"]["params"]["waiter"]["env"] == "poll"
+    assert "== 10. wake-up" in proc.stdout and "wake-up median <= 50 µs" in proc.stdout
