@@ -13,8 +13,9 @@ Three parts, side by side in one run (the processes' code is in :mod:`perf.wake_
    ``ULTRADICT_NG_WAIT=poll`` set in the waiter before it imports
    ultradict_ng, plain polling of ``d[k]`` with ``time.sleep(0)``,
    ``multiprocessing.Event``, ``multiprocessing.Condition``, Redis pub/sub on
-   loopback (the private redis-server the redis contender started) and
-   ``multiprocessing.Pipe``.  200 round trips (``--quick``) or 2000, after 20
+   loopback (the private redis-server the redis contender started),
+   ``multiprocessing.Pipe``, and as a floor a bare ``os.read`` on a pipe (the
+   kernel's wake-up with almost no Python around it).  200 round trips (``--quick``) or 2000, after 20
    unrecorded warm-up rounds.
 2. **Idle waiters' CPU.**  10 spawned processes wait on a dict nobody writes
    (``d.wait_for_change(timeout=window)``; 2 s with ``--quick``, 10 s
@@ -92,6 +93,7 @@ LATENCY_ROWS = [
     Row("condition", "multiprocessing.Condition", "condition", "condition", "futex"),
     Row("redis", "redis pub/sub (loopback)", "redis", "redis", "futex"),
     Row("pipe", "multiprocessing.Pipe", "pipe", "pipe", "futex"),
+    Row("pipe:raw", "os.read/os.write on a pipe (floor)", "pipe", "rawpipe", "futex"),
 ]
 IDLE_ROWS = [  # (key, label, mode for idle_main)
     (NG, "ultradict_ng wait_for_change", "futex"),
@@ -144,6 +146,23 @@ def _end(run: Run, procs: List[Any], grace: float) -> None:
         finally:
             if p in run.children:
                 run.children.remove(p)
+
+
+def _check_mode(run: Run, label: str, wanted: str, infos: Sequence[Dict[str, Any]]) -> str:
+    """The waiting mode the children report; an alert if it is not the one the row is about.
+
+    (``ultradict_ng.waiting.MODE``, where the installed version has it: a child
+    that imported ultradict_ng before the variable was set, or a platform
+    without futex, would otherwise be measured under the wrong label.)
+    """
+    modes = sorted({str(i.get("wait_mode")) for i in infos if i.get("wait_mode")})
+    early = sum(1 for i in infos if i.get("imported_before_env"))
+    if early:
+        run.alert(f"{label}: {early} child(ren) had imported ultradict_ng before "
+                  f"{C.ENV} was set: their mode may not be the row's")
+    if modes and modes != [wanted]:
+        run.alert(f"{label}: the children report waiting mode {'/'.join(modes)}, not {wanted}")
+    return "/".join(modes) or "?"
 
 
 def _record(run: Run, case: str, key: str, label: str, **kw: Any) -> Dict[str, Any]:
@@ -207,14 +226,17 @@ def _writer(run: Run, row: Row) -> _Writer:
                 cond.notify_all()
 
         return _Writer({}, (cond, val), write_cond, lambda: None)
-    if row.kind == "pipe":
+    if row.kind in ("pipe", "rawpipe"):
         r, w = ctx.Pipe(duplex=False)
 
         def close() -> None:
             r.close()
             w.close()
 
-        return _Writer({}, r, w.send, close)
+        if row.kind == "pipe":
+            return _Writer({}, r, w.send, close)
+        fd = w.fileno()
+        return _Writer({}, r, lambda i: os.write(fd, i.to_bytes(8, "little", signed=True)), close)
     if row.kind == "redis":
         a = run.adapters["redis"]
         channel = run.new_name()
@@ -233,6 +255,8 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
                    (row.kind, row.mode, w.spec, w.chan, child_ack, WAIT_LIMIT_S))
         child_ack.close()
         info = _expect(ack, p, ("ready",), 120)[1]
+        if row.kind == "ng":
+            info["checked_mode"] = _check_mode(run, row.label, row.mode, [info])
         rnd = random.Random(10)
         write, sleep, clock = w.write, time.sleep, C.now_ns
         lat: List[float] = []
@@ -306,6 +330,7 @@ def _idle_one(run: Run, key: str, label: str, mode: str, window: float) -> None:
             theirs.close()
             conns.append(mine)
         infos = [_expect(c, p, ("ready",), 120)[1] for c, p in zip(conns, procs)]
+        wait_mode = _check_mode(run, label, mode, infos) if mode != "sleep" else None
         end_ns = C.now_ns() + 100_000_000 + int(window * 1e9)
         for c in conns:
             c.send(("go", end_ns))
@@ -324,7 +349,8 @@ def _idle_one(run: Run, key: str, label: str, mode: str, window: float) -> None:
         _record(run, IDLE, key, label, unit="CPU-s", better="lower", values=[total], show=show,
                 params={"waiters": IDLE_WAITERS, "window_s": window, "wall_s_mean": wall,
                         "cpu_s_per_10s_scaled": per10, "whole_processes_cpu_s": whole,
-                        "per_waiter": res, "env": [i.get("env") for i in infos], "mode": mode})
+                        "per_waiter": res, "env": [i.get("env") for i in infos], "mode": mode,
+                        "wait_mode_reported": wait_mode})
     except Exception as exc:
         _fail(run, IDLE, key, label, exc, "CPU-s", "lower")
     finally:
@@ -352,8 +378,8 @@ def _locks_one(run: Run, key: str, label: str, mode: str, window: float) -> None
             procs.append(_spawn(run, C.locker_main, f"perf-wake-lock-{j}", (mode, h.name, theirs)))
             theirs.close()
             conns.append(mine)
-        for c, p in zip(conns, procs):
-            _expect(c, p, ("ready",), 120)
+        infos = [_expect(c, p, ("ready",), 120)[1] for c, p in zip(conns, procs)]
+        wait_mode = _check_mode(run, label, mode, infos)
         base: Optional[float] = None
         for P in LOCK_PROCS:
             case = lock_case(P)
@@ -384,7 +410,8 @@ def _locks_one(run: Run, key: str, label: str, mode: str, window: float) -> None
             _record(run, case, key, label, unit="ops/s", better="higher", values=[rate], ok=exact,
                     show=show, params={"processes": P, "window_s": window, "counts": counts,
                                        "final": final, "exact": exact, "ratio_to_1": show["vs 1"],
-                                       "max_over_min": spread, "raw": res, "mode": mode})
+                                       "max_over_min": spread, "raw": res, "mode": mode,
+                                       "wait_mode_reported": wait_mode})
     except Exception as exc:
         _fail(run, case, key, label, exc, "ops/s", "higher")
     finally:
@@ -457,7 +484,9 @@ def _notes(run: Run, n: int, parts: Sequence[str]) -> None:
         note("writes: ultradict_ng d[k] = i; Event: a shared RawValue = i, then ev.set() (the "
              "waiter clears); Condition: with cond: value = i; cond.notify_all() (it returns once "
              "the waiter has woken); redis: PUBLISH (the waiter: pubsub.get_message(timeout)); "
-             "Pipe: send(i) (the waiter: poll(timeout) + recv()); every waiter waits with a "
+             "Pipe: send(i) (the waiter: a blocking recv()); the floor: os.write of 8 bytes, "
+             "the waiter a blocking os.read on the same kind of pipe (the kernel's wake-up and "
+             "almost no Python: no row can beat it by much); the other waiters wait with a "
              "timeout")
     note("ULTRADICT_NG_WAIT is set to poll (or removed, for the other rows) inside each spawned "
          "child before it imports ultradict_ng; the writer is this process"

@@ -90,6 +90,18 @@ def _attach(name: str) -> Any:
     return SharedDict(name=name, create=False)
 
 
+def wait_mode() -> Optional[str]:
+    """The waiting mode ultradict_ng chose in this process ("futex" / "poll"), if it says."""
+    if "ultradict_ng" not in sys.modules:
+        return None
+    try:
+        from ultradict_ng import waiting  # type: ignore[attr-defined,unused-ignore]
+
+        return str(waiting.MODE)
+    except Exception:
+        return None
+
+
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -218,14 +230,27 @@ class _ConditionWaiter(_Waiter):
 
 
 class _PipeWaiter(_Waiter):
-    """``conn.poll(timeout)`` then ``conn.recv()`` (a wait with a timeout, like the others)."""
+    """``conn.recv()``, blocking, as it is commonly used (``poll(timeout)`` first costs more).
+
+    No timeout is needed to end: the writer's end is never in this process, so
+    when the harness goes away ``recv`` raises EOFError.
+    """
 
     def next(self, timeout: float) -> Tuple[int, Any, int]:
-        conn = self.chan
-        if not conn.poll(timeout):
-            return now_ns(), None, 0
-        v = conn.recv()
+        v = self.chan.recv()
         return now_ns(), v, 0
+
+
+class _RawPipeWaiter(_Waiter):
+    """``os.read`` of 8 bytes on the pipe's descriptor: the kernel's wake-up plus the least
+    Python there can be, a floor for every other row (the writer: ``os.write``)."""
+
+    def next(self, timeout: float) -> Tuple[int, Any, int]:
+        data = os.read(self.chan.fileno(), 8)
+        t1 = now_ns()
+        if len(data) < 8:
+            raise EOFError("the writer's end is closed")
+        return t1, int.from_bytes(data, "little", signed=True), 0
 
 
 class _RedisWaiter(_Waiter):
@@ -267,6 +292,7 @@ WAITERS: Dict[str, type] = {
     "event": _EventWaiter,
     "condition": _ConditionWaiter,
     "pipe": _PipeWaiter,
+    "rawpipe": _RawPipeWaiter,
     "redis": _RedisWaiter,
 }
 
@@ -282,6 +308,7 @@ def waiter_main(kind: str, mode: str, spec: Dict[str, Any], chan: Any, ack: Any,
     try:
         ppid, info = _setup(mode)
         w = WAITERS[kind](spec, chan)
+        info["wait_mode"] = wait_mode()
         w.arm()
         ack.send(("ready", info))
         gc.disable()  # no collection between the wake-up and the stamp
@@ -323,6 +350,7 @@ def idle_main(mode: str, name: str, conn: Any) -> None:
         d.get(KEY)  # a first read: the handle starts from the current state
         if mode != "sleep" and not hasattr(d, "wait_for_change"):
             raise WaitMissing("SharedDict.wait_for_change does not exist in this ultradict_ng")
+        info["wait_mode"] = wait_mode()
         conn.send(("ready", info))
         msg = conn.recv()
         if msg[0] != "go":
@@ -383,6 +411,7 @@ def locker_main(mode: str, name: str, conn: Any) -> None:
     try:
         ppid, info = _setup(mode)
         d = _attach(name)
+        info["wait_mode"] = wait_mode()
         conn.send(("ready", info))
         while True:
             if not conn.poll(5.0):
