@@ -133,16 +133,26 @@ def _expect(conn: Any, p: Any, kinds: Sequence[str], timeout: float) -> Tuple[An
 
 def _spawn(run: Run, target: Callable[..., None], name: str, args: Tuple[Any, ...]) -> Any:
     p = run.ctx.Process(target=target, name=name, args=args, daemon=True)
-    run.children.append(p)
-    p.start()
+    run.children.append(p)  # before start: an interruption after the fork still finds it
+    try:
+        p.start()
+    except BaseException:
+        if p.pid is None:  # never started (a child half-made by spawn exits on EOF)
+            run.children.remove(p)
+        raise
     return p
 
 
 def _end(run: Run, procs: List[Any], grace: float) -> None:
-    """Join, then terminate/kill by pid whatever is still running (run.reap)."""
+    """Join within ``grace`` seconds in all, then terminate/kill by pid whatever still runs.
+
+    (``run.reap``: SIGTERM, then SIGKILL, each to that process alone.)
+    """
+    deadline = time.monotonic() + grace
     for p in procs:
         try:
-            run.reap(p, grace)
+            if p.pid is not None:
+                run.reap(p, max(0.01, deadline - time.monotonic()))
         finally:
             if p in run.children:
                 run.children.remove(p)
@@ -248,6 +258,7 @@ def _writer(run: Run, row: Row) -> _Writer:
 def _latency_one(run: Run, row: Row, n: int) -> None:
     w: Optional[_Writer] = None
     p = ack = None
+    done = False  # the waiter got STOP and is exiting by itself
     try:
         w = _writer(run, row)
         ack, child_ack = run.ctx.Pipe(duplex=False)
@@ -281,6 +292,7 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
                     stale += 1  # a late wake-up for an earlier round
             write(C.STOP)
             bye = _expect(ack, p, ("bye",), 30)[1]
+            done = True
         finally:
             if gcold:
                 gc.enable()
@@ -302,7 +314,7 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
         _fail(run, LATENCY, row.key, row.label, exc, "s", "lower")
     finally:
         if p is not None:
-            _end(run, [p], 10)
+            _end(run, [p], 10 if done else 0.1)
         if ack is not None:
             ack.close()
         if w is not None:
@@ -354,7 +366,7 @@ def _idle_one(run: Run, key: str, label: str, mode: str, window: float) -> None:
     except Exception as exc:
         _fail(run, IDLE, key, label, exc, "CPU-s", "lower")
     finally:
-        _end(run, procs, 5)
+        _end(run, procs, 0.5)  # (after a success they were all joined above)
         for c in conns:
             c.close()
         if h is not None:
