@@ -343,6 +343,12 @@ def test_interrupt_after_publish_does_not_desync_the_cache(name, write, expected
             if index == L.W_STATE:
                 raise KeyboardInterrupt
 
+        def publish(self, index, value, watch):  # the STATE store that also checks for waiters
+            seen = real.publish(index, value, watch)
+            if index == L.W_STATE:
+                raise KeyboardInterrupt
+            return seen
+
     mapping.atomic = StoreThenInterrupt()
     try:
         with pytest.raises(KeyboardInterrupt):

@@ -11,6 +11,7 @@ The shared-memory protocol is specified in :mod:`ultradict_ng.layout`.
 
 from . import errors
 from .errors import *  # noqa: F401,F403  (every exception, listed in errors.__all__)
+from .changes import SUPERSEDED, Change
 from .lock import SharedLock
 from .shareddict import SharedDict
 from .compat import UltraDict
@@ -18,4 +19,5 @@ from .engine import unlink_by_name
 
 __version__ = "0.1.0"
 
-__all__ = ["SharedDict", "SharedLock", "UltraDict", "unlink_by_name", "__version__", *errors.__all__]
+__all__ = ["SharedDict", "SharedLock", "UltraDict", "Change", "SUPERSEDED", "unlink_by_name",
+           "__version__", *errors.__all__]

@@ -17,10 +17,15 @@
  *                       the atomics package), write_record (header, crc and
  *                       payload in one call) and write_simple (a root-level
  *                       scalar set/delete encoded as msgpack straight into
- *                       the stream: the same bytes as codec + write_record).
+ *                       the stream: the same bytes as codec + write_record);
+ *                       add (fetch-add), publish (store, then load the word
+ *                       saying whether anyone sleeps), wait/wake (Linux futex
+ *                       on a word's low 32 bits, GIL released while asleep).
  *   ProcessState        the lock's per-process state (holder thread,
  *                       reentrancy, competing mutex) with enter/exit as one
- *                       call each: the fast paths of SharedLock.
+ *                       call each: the fast paths of SharedLock; exit wakes
+ *                       one sleeping lock waiter when the register says
+ *                       there are any (layout.py, "Waiting and waking").
  *   StoreBase/ViewBase  the bases of Store and SharedDict; ViewBase's
  *                       __getitem__ slot is the read hit path (one STATE load,
  *                       a compare, a dict lookup, an immutable-type check) and
@@ -32,7 +37,8 @@
  *   contains_type       the codec's walk for foreign Timestamps after decoding.
  *   apply_sets          record.apply_all's runs of root-level scalar sets.
  *   SCALAR_TYPES,       constants mirrored from record.py and layout.py (a
- *   RECORD_HEADER       test compares them).
+ *   RECORD_HEADER,      test compares them); FUTEX: 1 where wait/wake are
+ *   FUTEX               the kernel's futex (Linux), else 0 (wait/wake raise).
  *
  * Memory model: every atomic operation is sequentially consistent (a store
  * publishes everything written before it, a load sees everything published
@@ -48,6 +54,18 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+
+#ifdef __linux__
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#define UDNG_FUTEX 1
+#else
+#define UDNG_FUTEX 0
+#endif
 
 #if !defined(__GNUC__) && !defined(__clang__)
 #error "ultradict_ng._native needs the GCC/Clang __atomic builtins"
@@ -513,6 +531,153 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(pos + 16 + length);
 }
 
+/* ---- futex on a word's low 32 bits (layout.py: "Waiting and waking") ----- */
+
+/* The futex word of a 64-bit word: its low 32 bits, wherever the byte order
+ * puts them.  The kernel compares and sleeps on 32 bits; the 64-bit sequence
+ * words only ever grow, so their low halves change with every increment. */
+static uint32_t *
+futex_word(uint64_t *w)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)w + 1;
+#else
+    return (uint32_t *)w;
+#endif
+}
+
+/* Wake up to n processes sleeping on w; the number woken (0 without futex). */
+static long
+futex_wake_n(uint64_t *w, int n)
+{
+#if UDNG_FUTEX
+    long r = syscall(SYS_futex, futex_word(w), FUTEX_WAKE, n, NULL, NULL, 0);
+    return r < 0 ? 0 : r;
+#else
+    (void)w; (void)n;
+    return 0;
+#endif
+}
+
+/* add(index, delta) -> the new value (seq_cst fetch-add, wrapping at 2**64). */
+static PyObject *
+words_add(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t d;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "add(index, delta)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &d))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_add_fetch(&self->words[i], d, __ATOMIC_SEQ_CST));
+}
+
+/* publish(index, value, watch) -> word watch: a seq_cst store of value, then a
+ * seq_cst load of another word.  The writer's half of the no-lost-wake-up
+ * rule: a waiter sets its bit in the watched word before it checks the
+ * published one, so either the waiter sees the store or this load sees the
+ * bit (both sides seq_cst; a plain load could pass the store on ARM). */
+static PyObject *
+words_publish(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i, j;
+    uint64_t v;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "publish(index, value, watch)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &v) ||
+        !word_index(self, args[2], &j))
+        return NULL;
+    __atomic_store_n(&self->words[i], v, __ATOMIC_SEQ_CST);
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->words[j], __ATOMIC_SEQ_CST));
+}
+
+/* wait(index, expected, timeout) -> bool: sleep while the low 32 bits of the
+ * word equal those of expected, at most timeout seconds (None: no limit).
+ * False when the time ran out; True otherwise (woken, the value differed, or
+ * a signal: the caller re-checks what it waits for).  The GIL is released
+ * while asleep; a signal handler that raises (Ctrl-C) propagates. */
+static PyObject *
+words_wait(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t expected;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "wait(index, expected, timeout)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &expected))
+        return NULL;
+#if UDNG_FUTEX
+    struct timespec ts, *tsp = NULL;
+    if (args[2] != Py_None) {
+        double t = PyFloat_AsDouble(args[2]);
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(t > 0.0))
+            t = 0.0;
+        if (t > 1e9)
+            t = 1e9;
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_nsec = 999999999L;
+        tsp = &ts;
+    }
+    uint32_t *addr = futex_word(&self->words[i]);
+    uint32_t val = (uint32_t)(expected & 0xFFFFFFFFu);
+    long r;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    r = syscall(SYS_futex, addr, FUTEX_WAIT, val, tsp, NULL, 0);
+    err = errno;
+    Py_END_ALLOW_THREADS
+    if (r == 0 || err == EAGAIN)
+        Py_RETURN_TRUE;
+    if (err == ETIMEDOUT)
+        Py_RETURN_FALSE;
+    if (err == EINTR) {
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+        Py_RETURN_TRUE;
+    }
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+#else
+    PyErr_SetString(PyExc_NotImplementedError, "no futex on this platform");
+    return NULL;
+#endif
+}
+
+/* wake(index, count) -> how many sleepers were woken. */
+static PyObject *
+words_wake(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wake(index, count)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i))
+        return NULL;
+    long n = PyLong_AsLong(args[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1)
+        n = 1;
+    if (n > INT_MAX)
+        n = INT_MAX;
+#if UDNG_FUTEX
+    return PyLong_FromLong(futex_wake_n(&self->words[i], (int)n));
+#else
+    PyErr_SetString(PyExc_NotImplementedError, "no futex on this platform");
+    return NULL;
+#endif
+}
+
 static PyObject *
 words_release(WordsObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -535,6 +700,14 @@ static PyMethodDef words_methods[] = {
      "write_record(pos, tag, payload) -> end: a stream record at byte offset pos."},
     {"write_simple", (PyCFunction)(void (*)(void))words_write_simple, METH_FASTCALL,
      "write_simple(pos, tag, limit, op, key[, value]) -> end or None: a root-level scalar record."},
+    {"add", (PyCFunction)(void (*)(void))words_add, METH_FASTCALL,
+     "add(index, delta) -> new value: seq_cst fetch-add."},
+    {"publish", (PyCFunction)(void (*)(void))words_publish, METH_FASTCALL,
+     "publish(index, value, watch) -> word watch: seq_cst store, then seq_cst load."},
+    {"wait", (PyCFunction)(void (*)(void))words_wait, METH_FASTCALL,
+     "wait(index, expected, timeout) -> False on timeout: futex wait on the word's low 32 bits."},
+    {"wake", (PyCFunction)(void (*)(void))words_wake, METH_FASTCALL,
+     "wake(index, count) -> woken: futex wake on the word's low 32 bits."},
     {"release", (PyCFunction)words_release, METH_NOARGS,
      "release(): drop the buffer export; later operations raise Closed."},
     {NULL, NULL, 0, NULL},
@@ -651,10 +824,17 @@ ps_enter(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_FALSE;
 }
 
-/* exit(words, index, mine) -> True, False or None.  None: the calling
+/* exit(words, index, mine) -> True, False, 2 or None.  None: the calling
  * thread does not hold the lock (nothing changed).  Otherwise one level is
  * released; on the last one the word is swapped from ours to 0 and the
- * mutex released.  False: the word was no longer ours (taken over). */
+ * mutex released.  False: the word was no longer ours (taken over).
+ *
+ * After the swap, the word after LOCK (LOCK_WAITERS, layout.py "Waiting and
+ * waking") is loaded: if a process has registered a sleeping waiter, the
+ * word after that (LOCK_SEQ) is incremented and one sleeper woken.  2: that
+ * happened and woke nobody (a waiter about to sleep, or one that died while
+ * registered: the caller may check the register).  An uncontended release
+ * makes no system call. */
 static PyObject *
 ps_exit(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -668,8 +848,19 @@ ps_exit(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_TRUE;
     self->owned = 0;
     self->count = 0;
+    WordsObject *w = (WordsObject *)args[0];
+    int room = (word - w->words) + 3 < w->nwords;
     uint64_t expected = mine;
     int ok = __atomic_compare_exchange_n(word, &expected, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    int woke_nobody = 0;
+    if (ok && room && __atomic_load_n(word + 1, __ATOMIC_SEQ_CST) != 0) {
+        /* LOCK_SEQ moves on every such release (a waiter about to sleep must
+         * not); one wake at a time is in flight (LOCK_WAKING, word + 3). */
+        __atomic_add_fetch(word + 2, 1, __ATOMIC_SEQ_CST);
+        uint64_t idle = 0;
+        if (__atomic_compare_exchange_n(word + 3, &idle, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            woke_nobody = futex_wake_n(word + 2, 1) == 0;
+    }
     PyObject *mutex = self->mutex;
     Py_INCREF(mutex);
     PyObject *r = PyObject_CallMethodNoArgs(mutex, str_release);
@@ -677,9 +868,11 @@ ps_exit(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (r == NULL)
         return NULL;
     Py_DECREF(r);
-    if (ok)
-        Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
+    if (!ok)
+        Py_RETURN_FALSE;
+    if (woke_nobody)
+        return PyLong_FromLong(2);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *
@@ -1401,7 +1594,8 @@ PyInit__native(void)
                                      (PyObject *)&PyLong_Type, (PyObject *)&PyFloat_Type,
                                      (PyObject *)&PyUnicode_Type, (PyObject *)&PyBytes_Type);
     if (scalars == NULL || PyModule_AddObject(m, "SCALAR_TYPES", scalars) < 0 ||
-        PyModule_AddIntConstant(m, "RECORD_HEADER", 16) < 0) {
+        PyModule_AddIntConstant(m, "RECORD_HEADER", 16) < 0 ||
+        PyModule_AddIntConstant(m, "FUTEX", UDNG_FUTEX) < 0) {
         Py_XDECREF(scalars);
         Py_DECREF(m);
         return NULL;

@@ -18,6 +18,7 @@ from .blobs import blob_ids
 from .control import check_layout, control_owner
 from .errors import CorruptSegment, LockTimeout
 from .lock import SharedLock, owner_alive
+from .waiting import wake
 from .mapping import Mapping
 from .names import validate_name
 from .segment import Segment
@@ -60,6 +61,8 @@ def unlink_tree(name: str, mapping: Mapping, token: int) -> int:
             ok, _ = atomic.cas(L.W_STATUS, status, status | L.STATUS_UNLINKED)
             if ok:
                 break
+        if atomic.load(L.W_CHANGE_WAITERS):  # change waiters see STATUS.unlinked and stop
+            wake(atomic, L.W_CHANGE_SEQ, 0x7FFFFFFF)
         if mapping.words[L.W_MAGIC] != L.CONTROL_MAGIC:
             # We only delete what is provably ours (the control could have been
             # unlinked and its name reused by a foreign segment meanwhile).

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 if TYPE_CHECKING:
+    from .changes import Feed
     from .codec import Codec
     from .lock import SharedLock
 
@@ -117,6 +118,14 @@ class Engine(Protocol):
     def force_dump(self) -> None:
         """Make the whole state one snapshot now (a full dump; a no-op where
         the engine keeps none)."""
+
+    def wait_for_change(self, timeout: Optional[float]) -> bool:
+        """Block until the tree changes after the state ``data`` reflects, then
+        bring ``data`` up to date (True); False after ``timeout`` seconds."""
+
+    def feed(self) -> "Feed":
+        """A change feed (``changes.Feed``'s ``poll``/``wait``/``ended``) that
+        starts at the state ``data`` reflects."""
 
     def stats(self) -> Dict[str, Any]:
         """Facts about the dict for people and tools: sizes, counters, holders."""

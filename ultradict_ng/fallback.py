@@ -17,7 +17,10 @@ sequentially consistent, as the C ``__atomic`` builtins with ``SEQ_CST``.
 from __future__ import annotations
 
 import ctypes
+import os
+import platform
 import struct
+import sys
 import threading
 import zlib
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple, Union
@@ -31,7 +34,7 @@ from .errors import Closed
 __all__ = [
     "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types", "SCALAR_TYPES", "RECORD_HEADER",
+    "crc32", "set_immutable_types", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
 ]
 
 _SEQ_CST = 5  # C11 memory_order_seq_cst, as patomic numbers it
@@ -46,6 +49,46 @@ SCALAR_TYPES: Tuple[type, ...] = (type(None), bool, int, float, str, bytes)
 RECORD_HEADER = L.RECORD_HEADER
 # The packer of write_simple: exact for SCALAR_TYPES, no default callback.
 _pack = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True).pack
+
+
+# -- futex through ctypes ------------------------------------------------------------------
+#
+# The twin of the compiled helper's futex calls: libc's syscall(2) through
+# ctypes (which releases the GIL for the call).  SYS_futex by architecture;
+# elsewhere (another OS, an architecture not listed) FUTEX is 0 and callers
+# poll instead (layout: "Waiting and waking").
+
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98,
+              "ppc64le": 221, "ppc64": 221, "s390x": 238, "i686": 240, "i386": 240,
+              "armv7l": 240, "armv6l": 240}
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_EAGAIN, _EINTR, _ETIMEDOUT = 11, 4, 110
+_LOW_HALF = 4 if sys.byteorder == "big" else 0  # byte offset of a word's low 32 bits
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_syscall() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    number = _SYS_FUTEX.get(platform.machine().lower())
+    if number is None:
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+    return lambda addr, op, val, ts: fn(number, addr, op, val, ts, None, 0)
+
+
+_futex = _futex_syscall()
+#: 1 where :meth:`Words.wait` and :meth:`Words.wake` are the kernel's futex, else 0.
+FUTEX = 1 if _futex is not None else 0
 
 
 # -- Words -------------------------------------------------------------------------------
@@ -72,6 +115,10 @@ class Words:
         self._mv: Optional[memoryview] = mv.cast("B")
         mv.release()
         self._nwords = len(self._mv) // 8
+        # Address of the buffer for futex calls; the ctypes object holds an
+        # export of _mv until release() drops it (first).
+        self._anchor: Any = (ctypes.c_char * len(self._mv)).from_buffer(self._mv) if self._nwords else None
+        self._address = ctypes.addressof(self._anchor) if self._anchor is not None else 0
 
     def _check(self, index: int) -> int:
         if self._mv is None:
@@ -91,6 +138,51 @@ class Words:
     def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
         """Compare-and-swap; (swapped, the value seen before the operation)."""
         raise NotImplementedError
+
+    def add(self, index: int, delta: int) -> int:
+        """Fetch-and-add (a CAS loop; wraps at 2**64); the new value."""
+        delta = _u64(delta)
+        seen = self.load(index)
+        while True:
+            new = (seen + delta) & _U64_MAX
+            ok, seen = self.cas(index, seen, new)
+            if ok:
+                return new
+
+    def publish(self, index: int, value: int, watch: int) -> int:
+        """Store ``value`` in word ``index``, then load word ``watch`` (both seq_cst)."""
+        self.store(index, value)
+        return self.load(watch)
+
+    def wait(self, index: int, expected: int, timeout: Optional[float]) -> bool:
+        """Futex-wait while the low 32 bits of word ``index`` equal ``expected``'s;
+        False when ``timeout`` seconds ran out, True otherwise (woken, changed, signal)."""
+        self._check(index)
+        if _futex is None:
+            raise NotImplementedError("no futex on this platform")
+        ts = None
+        if timeout is not None:
+            t = min(max(float(timeout), 0.0), 1e9)
+            ts = _Timespec(int(t), min(int((t - int(t)) * 1e9), 999_999_999))
+        r = _futex(self._address + 8 * index + _LOW_HALF, _FUTEX_WAIT, expected & 0xFFFFFFFF,
+                   ctypes.byref(ts) if ts is not None else None)
+        if r == 0:
+            return True
+        err = ctypes.get_errno()
+        if err in (_EAGAIN, _EINTR):
+            return True  # (a signal's Python handler runs when this returns)
+        if err == _ETIMEDOUT:
+            return False
+        raise OSError(err, os.strerror(err))
+
+    def wake(self, index: int, count: int) -> int:
+        """Futex-wake up to ``count`` sleepers on word ``index``; how many woke."""
+        self._check(index)
+        if _futex is None:
+            raise NotImplementedError("no futex on this platform")
+        r = _futex(self._address + 8 * index + _LOW_HALF, _FUTEX_WAKE,
+                   min(max(int(count), 1), 0x7FFFFFFF), None)
+        return int(r) if r > 0 else 0
 
     def write_record(self, pos: int, tag: int, payload: Union[bytes, bytearray, memoryview]) -> int:
         """Store the record (layout: "Stream record") at byte ``pos`` with plain
@@ -133,6 +225,8 @@ class Words:
 
     def release(self) -> None:
         """Drop the buffer export; further operations raise :class:`Closed`."""
+        self._anchor = None
+        self._address = 0
         if self._mv is not None:
             self._mv.release()
             self._mv = None
@@ -283,20 +377,29 @@ class ProcessState:
             self.count = 1
         return ok
 
-    def exit(self, words: Words, index: int, mine: int) -> Optional[bool]:
+    def exit(self, words: Words, index: int, mine: int) -> Union[bool, int, None]:
         """Release one level.  None: the calling thread does not hold the lock
         (nothing changed).  False: the last level was released but the word
-        was no longer ``mine`` (taken over meanwhile)."""
+        was no longer ``mine`` (taken over meanwhile).  After the last level,
+        if LOCK_WAITERS (word ``index + 1``) is not 0: LOCK_SEQ (``index + 2``)
+        += 1 and one sleeper is woken; 2 if that woke nobody."""
         if self.owner != threading.get_ident():
             return None
         self.count -= 1
         if self.count:
             return True
         self.owner = None
+        woke_nobody = False
         try:
             ok = words.cas(index, mine, 0)[0]
+            if ok and index + 3 < words._nwords and words.load(index + 1):
+                words.add(index + 2, 1)
+                if words.cas(index + 3, 0, 1)[0]:
+                    woke_nobody = FUTEX == 0 or words.wake(index + 2, 1) == 0
         finally:
             self.mutex.release()
+        if ok and woke_nobody:
+            return 2
         return ok
 
 

@@ -4,7 +4,8 @@ This docstring is the specification; the constants below are the only place the
 numbers live.  Who follows which part: ``control.py`` (control segment, creation
 and attach), ``record.py`` (the record's kinds and how one is applied),
 ``reader.py`` (Reader), ``writer.py`` (Writer, Stream size, Dump), ``lock.py``
-(Lock), ``cleanup.py`` (Unlink and cleanup register); the primitives under them
+(Lock), ``waiting.py`` (Waiting and waking), ``changes.py`` (the change feed
+under "Reader"), ``cleanup.py`` (Unlink and cleanup register); the primitives under them
 come from ``speedups.py`` (the compiled helper or its twins in ``fallback.py``).
 
 Segments
@@ -44,7 +45,17 @@ word  offset  field
 8     64      STATE: ``generation << 32 | stream end``  (the counter readers poll)
 9     72      blob threshold in bytes: values of a blob kind at least this large go
               to blobs (0: never).  Written once, at creation.
+10    80      CHANGE_WAITERS: bit i set while the process in wait slot i has a
+              thread asleep waiting for a change (see "Waiting and waking")
+11    88      CHANGE_SEQ: incremented by a writer that saw CHANGE_WAITERS != 0;
+              change waiters sleep on its low 32 bits
 16    128     LOCK: 0 when free, else the owner word (see "Lock" below)
+17    136     LOCK_WAITERS: as CHANGE_WAITERS, for threads waiting for the lock
+              (must stay LOCK + 1: the compiled release finds it there)
+18    144     LOCK_SEQ: incremented by a releaser that saw LOCK_WAITERS != 0;
+              lock waiters sleep on its low 32 bits (must stay LOCK + 2)
+19    152     LOCK_WAKING: 1 while a woken lock waiter has not yet slept again or
+              left (one wake in flight at a time; must stay LOCK + 3)
 24    192     REG_LOW: oldest dump generation that may still exist
 25    200     REG_HIGH: newest dump generation that may exist (written *before*
               the dump segment is created)
@@ -53,10 +64,13 @@ word  offset  field
               the lock *before* the blob's segment is created
 28    224     BLOB_LOW: every blob id below it is gone (cleanup scans
               ``BLOB_LOW .. BLOB_NEXT``)
+64-   512-    wait slots (``WAIT_SLOTS`` words): slot i holds the owner word (as
+127   1016    LOCK) of the process that uses bit i of the WAITERS words; 0 = free
 ===== ======= ==================================================================
 
-STATE, LOCK and the register sit on separate 64-byte lines so that spinning on
-the lock does not slow readers polling STATE.
+STATE, LOCK and the register sit on separate 64-byte lines so that a lock
+taken and released does not slow readers polling STATE; each WAITERS word sits
+on the line of the word its wakers have just stored.
 
 Stream record (in ``N@s``, at offsets ``0 .. end`` of the current generation)
 -----------------------------------------------------------------------------
@@ -219,6 +233,75 @@ resets that local state: it never inherits "holding" the lock.
 Limit: all users must share a pid namespace (one container), or liveness checks
 cannot see each other's processes.
 
+Waiting and waking
+==================
+Waiters sleep in the kernel and wakers make a system call only when someone
+sleeps.  Two channels follow one rule: *change* (STATE moved: CHANGE_WAITERS,
+CHANGE_SEQ) and *lock* (LOCK released: LOCK_WAITERS, LOCK_SEQ).  A futex
+compares 32 bits, so sleepers wait on the low 32 bits of the SEQ word (byte
+offset 0 of the word on little-endian machines, 4 on big-endian ones); STATE
+itself cannot be the futex word, because its 32-bit halves repeat (a dump
+resets ``end`` to 0).
+
+Wait slots: a process that is about to put its first thread to sleep on a
+dict claims a free slot (CAS 0 -> its owner word, starting at ``pid %
+WAIT_SLOTS``); it keeps it while any of its threads waits on either channel and
+frees it (CAS back to 0) when the last one is done.  Threads and handles of one
+process share the slot and count themselves in process memory.  Bit i of a
+WAITERS word is set (CAS loop, seq_cst) while the process of slot i has a
+thread waiting on that channel.
+
+Waiter (for a change: "STATE != the state my cache holds"; for the lock: "the
+CAS 0 -> mine succeeds"):
+
+1. set our bit in WAITERS (first waiting thread of the process);
+2. ``s = SEQ``; check the condition (seq_cst load of STATE, or the CAS of LOCK):
+   if it holds, go to 4;
+3. futex-wait on SEQ's low half while it equals ``s``, for at most the time
+   left (and at most ``WAIT_SLICE``; a lock waiter at most until its next
+   owner-liveness check); then go to 2;
+4. clear our bit (last waiting thread of the process), free the slot.
+
+Waker: a writer publishes STATE, a releaser swaps LOCK to 0 (both seq_cst),
+then loads WAITERS (seq_cst).  Only if it is not 0: SEQ += 1, then futex-wake
+(all change waiters; for the lock, one waiter, and only if CAS LOCK_WAKING
+0 -> 1 succeeds).  A lock waiter that returned from a futex wait stores
+LOCK_WAKING = 0 before it sleeps again and when it stops waiting.  Why one
+wake in flight: with more processes than cores, every extra woken waiter is
+a runnable process that preempts the holder while it holds the lock; measured
+with 8 processes on 2 cores, waking on every release lost half the
+throughput.  A woken waiter that dies leaves LOCK_WAKING set: releasers stop
+waking, and the sleepers' own time limit (the next liveness check) wakes one,
+which clears it.  No lost wake-up: the waiter's bit
+store precedes its condition check and the waker's STATE/LOCK store precedes
+its WAITERS load, so in the single order of seq_cst operations either the
+waiter's check sees the new state or the waker sees the bit; in that case
+SEQ moves after the waiter read ``s``, so the futex either refuses to sleep
+(value changed) or is woken.  An uncontended write or release does one load
+more and no system call.  ``unlink`` wakes every change waiter the same way
+(STATUS.unlinked is the condition then).
+
+A waiter killed while registered leaves its bit and slot set: wakers then make
+a futex call per publish that wakes nobody.  A waker whose wake woke nobody
+while WAITERS != 0 checks the slots at most once per ``WAIT_SWEEP_INTERVAL``:
+for each slot whose owner is dead (the lock's liveness rule), CAS the slot from
+the dead word to its own owner word (so one sweeper owns the repair), clear
+that bit in both WAITERS words, then CAS the slot to 0.  A live process's bits
+are never cleared by another process.
+
+A process that finds no free slot, or that cannot futex-wait (no compiled
+helper and no ``syscall`` through ctypes, a platform without futex, or
+``ULTRADICT_NG_WAIT=poll``), does not register: it polls the condition with
+sleeps growing from ``POLL_FIRST`` to ``POLL_MAX`` -- correct, but slower to
+wake and not free when idle.  Processes of both kinds share a dict.
+
+Change feed (``changes.py``): a feed is a private reader (its own cache, its
+own ``(gen, pos)``) that yields each record it applies, in stream order.  When
+its generation is older than the published one it loads the dump, and instead
+of the records it missed it yields the difference between its cache and the
+dump, each change marked ``resync``; then the new generation's records as
+usual.  So a feed never skips a change silently and never yields one twice.
+
 Unlink and cleanup register
 ===========================
 ``unlink``/``unlink_by_name`` take the lock (recovering a dead owner; after
@@ -288,8 +371,9 @@ def _base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 3  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
-CONTROL_SIZE = 256
+LAYOUT_VERSION = 4  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
+#                    4: waiting and waking (words 10, 11, 17, 18; wait slots 64-127)
+CONTROL_SIZE = 1024
 
 W_MAGIC = 0
 W_LAYOUT = 1
@@ -301,12 +385,19 @@ W_DUMP_LIMIT = 6
 W_STREAM_LIMIT = 7
 W_STATE = 8
 W_BLOB_THRESHOLD = 9
+W_CHANGE_WAITERS = 10
+W_CHANGE_SEQ = 11
 W_LOCK = 16
+W_LOCK_WAITERS = 17  # LOCK + 1 (the compiled release relies on it)
+W_LOCK_SEQ = 18  # LOCK + 2
+W_LOCK_WAKING = 19  # LOCK + 3
 W_REG_LOW = 24
 W_REG_HIGH = 25
 W_STATUS = 26
 W_BLOB_NEXT = 27
 W_BLOB_LOW = 28
+W_WAIT_SLOTS = 64
+WAIT_SLOTS = 64  # one bit each in a WAITERS word
 
 FLAG_RECURSE = 1
 FLAG_GROWS = 2
@@ -367,3 +458,7 @@ READER_RETRIES = 200  # lock-free sync rounds before taking the lock
 LOCK_CHECK_INTERVAL = 0.2  # seconds between owner-liveness checks while waiting
 LOCK_FIRST_CHECK = 0.05  # first liveness check after this much waiting
 UNLINK_LOCK_TIMEOUT = 2.0
+WAIT_SLICE = 1.0  # longest single futex sleep: a waiter re-checks at least this often
+WAIT_SWEEP_INTERVAL = 1.0  # a process checks the wait slots for dead owners at most this often
+POLL_FIRST = 0.00005  # polling fallback: first sleep between checks
+POLL_MAX = 0.01  # polling fallback: longest sleep between checks

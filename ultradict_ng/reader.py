@@ -52,6 +52,9 @@ class Reader(StoreBase):
     mutex: Any
     lock: SharedLock
     _map: Mapping
+    #: True for a change feed (changes.Feed), which is told what each refresh
+    #: replays through ``_feed_records`` and ``_feed_dump``.
+    _feeding = False
 
     def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
         """The cached dict at ``path`` (caller has synced); PathGone if it is not a dict now."""
@@ -107,6 +110,8 @@ class Reader(StoreBase):
                     problem = data
                     _pause(attempt)
                     continue
+                if self._feeding:
+                    self._feed_dump(data)
                 self.data, self.gen, self.pos, self.seen = data, gen, 0, gen << L.GEN_SHIFT
             if end < self.pos or end > self.stream_size:
                 problem = f"STATE end {end} outside 0..{self.stream_size} (cached position {self.pos})"
@@ -125,9 +130,13 @@ class Reader(StoreBase):
                 problem = records
                 _pause(attempt)
                 continue
+            if self._feeding:
+                self._feed_records(records)
             try:
                 apply_all(self.data, records)
             except Inconsistent as exc:
+                if self._feeding:
+                    self._feed_undo()
                 problem = str(exc)
                 self.gen = self.seen = INVALID
                 continue
@@ -137,6 +146,15 @@ class Reader(StoreBase):
             self.pos, self.seen = end, st
             return None
         return problem
+
+    def _feed_dump(self, new: Dict[Any, Any]) -> None:
+        """(A change feed's hook: the cache is about to be replaced by ``new``.)"""
+
+    def _feed_records(self, records: List[Any]) -> None:
+        """(A change feed's hook: ``records`` are about to be applied.)"""
+
+    def _feed_undo(self) -> None:
+        """(A change feed's hook: the records of the last ``_feed_records`` were not applied.)"""
 
     def _load_dump(self, gen: int) -> Union[Dict[Any, Any], str]:
         """The decoded dump of ``gen``, or a str saying why it could not be loaded."""

@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 from . import layout as L
 from . import record as R
 from .blobs import BlobGone, BlobRef, InlineArray, PickledBlobs
+from .changes import Change, iterate
 from .codec import IMMUTABLE_TYPES, copy_value
 from .engine import Engine, Options, open_engine, unlink_by_name as _unlink_by_name
 from .lock import SharedLock
@@ -451,6 +452,35 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
             s.commit(R.clear(self._path))
         finally:
             s.end_write()
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def wait_for_change(self, timeout: Optional[float] = None) -> bool:
+        """Block until another handle changes the dict (the whole tree, also
+        when called on a nested view) after the state this handle last saw;
+        then this handle is up to date and it returns True.  False if
+        ``timeout`` seconds pass first.
+
+        Never misses a write: one that landed since this handle's last read
+        returns at once.  The caller sleeps in the kernel (no CPU) and wakes
+        within microseconds of the write.  Raises :class:`Unlinked` if the
+        dict is unlinked meanwhile."""
+        return self._store.wait_for_change(timeout)
+
+    def changes(self, timeout: Optional[float] = None) -> Iterator[Change]:
+        """Iterate the dict's mutations in publish order, as they happen:
+        :class:`~ultradict_ng.changes.Change` items (op, path, key, value,
+        resync), starting after the state this handle last saw.
+
+        Deletes and clears are included; an update gives one "set" per key.
+        A feed that falls behind a full dump yields the difference instead
+        of the changes it missed, marked ``resync=True`` -- never a gap, never
+        a duplicate.  Ends after ``timeout`` seconds without a change (None:
+        never), or once the dict is unlinked.  Covers the whole tree, also
+        on a nested view (``path`` tells where each change happened)."""
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be >= 0 or None")
+        return iterate(self._store.feed(), timeout)
 
     # -- lock, lifetime, pickling ------------------------------------------------------------
 

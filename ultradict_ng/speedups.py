@@ -45,7 +45,7 @@ except ImportError:  # not compiled: no C compiler at install time
 __all__ = [
     "IMPLEMENTATION", "ENV_VAR", "Words", "ProcessState", "StoreBase", "ViewBase",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types",
+    "crc32", "set_immutable_types", "FUTEX",
 ]
 
 ENV_VAR = "ULTRADICT_NG_SPEEDUPS"
@@ -100,12 +100,12 @@ IMPLEMENTATION: str = _choose()
 if IMPLEMENTATION == "native":
     assert _compiled is not None
     from ._native import (
-        ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
+        FUTEX, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
         msgpack_length, parse_records, set_immutable_types, types_within,
     )
 else:
     from .fallback import (  # type: ignore[assignment]
-        ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
+        FUTEX, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
         msgpack_length, parse_records, set_immutable_types, types_within,
     )
 

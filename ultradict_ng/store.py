@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
@@ -32,12 +33,14 @@ from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .control import Header, attach_control
 from .engine import Engine, Options
 from .blobs import BlobGone, BlobMissing, BlobRef, InlineArray
+from .changes import Feed, wait_until_changed
 from .errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
 from .lock import SharedLock, owner_word
 from .mapping import Mapping
 from .names import generate_name, validate_name
 from .reader import INVALID
 from .segment import Segment
+from .waiting import waits_for
 from .writer import Writer
 
 __all__ = ["Store"]
@@ -107,6 +110,7 @@ class Store(Writer):
         self.token = header.token
         self.created = created
         self.lock = SharedLock(mapping.atomic, name, header.token)
+        self.waits = waits_for((name, header.token))
         self.mutex = threading.RLock()
         self.data = {}
         self.gen = INVALID
@@ -300,6 +304,28 @@ class Store(Writer):
         """Bytes of the update stream: fixed when given at creation, else the
         current LIMIT of the growing stream."""
         return self.limit() if self.grows and not self.closed else self.stream_size
+
+    # -- changes (layout: "Waiting and waking") ----------------------------------------
+
+    def wait_for_change(self, timeout: Optional[float]) -> bool:
+        """Sleep until the tree changes after the state the cache reflects, then
+        catch up (True); False if ``timeout`` seconds pass first."""
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be >= 0 or None")
+        words = self.words  # Closed on a closed handle
+        if words[L.W_STATE] == self.seen:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if not wait_until_changed(self._map.atomic, words, self.waits, lambda: self.seen, deadline):
+                return False
+            if words[L.W_STATE] == self.seen:  # woken by unlink(), nothing new
+                raise Unlinked(f"shared dict {self.name!r} was unlinked")
+        self.sync()
+        return True
+
+    def feed(self) -> Feed:
+        """A change feed starting at the state this handle's cache reflects."""
+        self.words[L.W_STATE]  # Closed on a closed handle
+        return Feed(self)
 
     def stats(self) -> Dict[str, Any]:
         """The dict's shared state as this handle sees it now (a snapshot)."""

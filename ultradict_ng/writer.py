@@ -29,6 +29,7 @@ from .msgpack_ext import _too_deep as too_deep
 from .record import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
 from .segment import Segment
+from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
 
@@ -39,6 +40,8 @@ _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
 _W_STREAM_LIMIT = L.W_STREAM_LIMIT
 _W_BLOB_NEXT = L.W_BLOB_NEXT
+_W_CHANGE_WAITERS = L.W_CHANGE_WAITERS
+_WAKE_ALL = 0x7FFFFFFF
 _dump_header = struct.Struct(L.DUMP_FORMAT)
 
 
@@ -46,13 +49,15 @@ class Writer(Reader):
     """Base of :class:`~ultradict_ng.store.Store`: the writer algorithm (a
     writer is a reader that holds the lock: step 1 is the reader's catch-up)."""
 
-    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold")
+    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold", "waits")
 
     grows: bool
     dump_limit: int
     #: Buffers and arrays this large or larger go to blobs (0: never).
     blob_threshold: int
     token: int
+    #: This process's registration in the dict's wait register (layout: "Waiting and waking").
+    waits: ProcessWaits
     #: ``write_simple`` of the stream when its bytes are msgpack's, else None.
     write_simple: Optional[Callable[..., Optional[int]]]
 
@@ -107,7 +112,8 @@ class Writer(Reader):
                 new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
                 if new_end is not None:
                     state = (self.gen << _GEN_SHIFT) | new_end
-                    self._map.atomic.store(_W_STATE, state)  # publish after the payload
+                    if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
+                        self._wake_changes()
                     try:
                         self.data[key] = value  # a scalar decodes to an equal object
                     except BaseException:  # published but not applied here: reload
@@ -155,7 +161,8 @@ class Writer(Reader):
             if faults.armed is not None:
                 faults.hit("record-written")
             state = (self.gen << _GEN_SHIFT) | new_end
-            mapping.atomic.store(_W_STATE, state)  # publish after the payload
+            if mapping.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
+                self._wake_changes()
             if faults.armed is not None:
                 faults.hit("record-published")
             try:
@@ -171,6 +178,12 @@ class Writer(Reader):
         except BaseException:
             self.gen = self.seen = INVALID  # the cache may differ from shared memory: reload
             raise
+
+    def _wake_changes(self) -> None:
+        """After a publish that saw CHANGE_WAITERS != 0 (layout: "Waiting and waking")."""
+        atomic = self._map.atomic
+        if not wake(atomic, L.W_CHANGE_SEQ, _WAKE_ALL):
+            self.waits.woke_nobody(atomic)
 
     def force_dump(self) -> None:
         """Write a full dump now (restarting the stream), under the lock."""
@@ -218,7 +231,8 @@ class Writer(Reader):
         if self.grows:
             self._grow_stream(size)
         state = gen << L.GEN_SHIFT
-        atomic.store(L.W_STATE, state)  # 4c: publishes the dump, restarts the stream
+        if atomic.publish(L.W_STATE, state, _W_CHANGE_WAITERS):  # 4c: publishes the dump, restarts the stream
+            self._wake_changes()
         if faults.armed is not None:
             faults.hit("dump-published")
         self.gen, self.pos, self.seen = gen, 0, state
