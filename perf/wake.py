@@ -41,6 +41,7 @@ import gc
 import os
 import random
 import resource
+import statistics
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -271,6 +272,7 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
         rnd = random.Random(10)
         write, sleep, clock = w.write, time.sleep, C.now_ns
         lat: List[float] = []
+        wcall: List[float] = []  # the writer's own call, t0 -> its return
         lost = spurious = stale = 0
         gcold = gc.isenabled()
         gc.disable()
@@ -279,6 +281,7 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
                 sleep(rnd.uniform(*PAUSE_S))
                 t0 = clock()
                 write(i)
+                tw = clock()
                 while True:
                     kind, v, t1, sp = _expect(ack, p, ("woke", "timeout"), WAIT_LIMIT_S + 30)
                     spurious += sp
@@ -288,6 +291,7 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
                     if v == i:
                         if i > WARMUP:
                             lat.append((t1 - t0) / 1e9)
+                            wcall.append((tw - t0) / 1e9)
                         break
                     stale += 1  # a late wake-up for an earlier round
             write(C.STOP)
@@ -297,7 +301,9 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
             if gcold:
                 gc.enable()
         p99 = percentile(lat, 99)
-        show = {"p99": p99, "max": max(lat) if lat else None, "count": f"{len(lat)}/{n}"}
+        wmed = statistics.median(wcall) if wcall else None
+        show = {"p99": p99, "max": max(lat) if lat else None, "count": f"{len(lat)}/{n}",
+                "write call": wmed}
         extra = [f"{k} {v}" for k, v in (("lost", lost), ("spurious", spurious), ("stale", stale)) if v]
         if info.get("imported_before_env"):
             extra.append("ultradict_ng was imported before the env was set!")
@@ -306,7 +312,8 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
                 ok=lost == 0, show=show,
                 params={"rounds": n, "warmup": WARMUP, "p99_s": p99, "lost": lost,
                         "spurious": spurious, "stale": stale, "waiter": info,
-                        "waiter_cpu_s": bye.get("cpu_s"), "mode": row.mode})
+                        "waiter_cpu_s": bye.get("cpu_s"), "mode": row.mode,
+                        "write_call_median_s": wmed})
         if lost:
             run.alert(f"{row.label}: {lost} of {n} wake-ups were lost (the waiter's "
                       f"{WAIT_LIMIT_S:g} s wait timed out after a write)")
@@ -491,8 +498,9 @@ def _notes(run: Run, n: int, parts: Sequence[str]) -> None:
              f"after its wait returns (clock: {C.CLOCK_NAME}, shared by all processes); after "
              f"each acknowledgement (a separate Pipe) the writer pauses {PAUSE_S[0] * 1e3:g}-"
              f"{PAUSE_S[1] * 1e3:g} ms so that the waiter is asleep again; p99 by nearest rank; "
-             "'lost' = a wait that timed out after a write, 'stale' = a wake-up for an earlier "
-             "round")
+             "'write call' = the median time the writer's own call took (t0 to its return: "
+             "a wake-up can land before it returns); 'lost' = a wait that timed out after a "
+             "write, 'stale' = a wake-up for an earlier round")
         note("writes: ultradict_ng d[k] = i; Event: a shared RawValue = i, then ev.set() (the "
              "waiter clears); Condition: with cond: value = i; cond.notify_all() (it returns once "
              "the waiter has woken); redis: PUBLISH (the waiter: pubsub.get_message(timeout)); "

@@ -63,8 +63,8 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
         ngm = ng["median"] if ng else None
         lines.append("  -- wake-up latency: write here -> waiter in another process returns "
                      "(lower is better; ng/peer < 1: ultradict_ng ahead) --")
-        lines.append(f"  {'contender':<{w}}{'median':>10}{'p99':>10}{'max':>10}{'count':>11}"
-                     f"{'ng/peer':>9}  notes")
+        lines.append(f"  {'contender':<{w}}{'median':>10}{'p99':>10}{'max':>10}{'count':>10}"
+                     f"{'ng/peer':>9}{'write call':>12}  notes")
         for r in lat:
             bad = _bad(r, w)
             if bad:
@@ -75,7 +75,8 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
                 f"{ngm / r['median']:.3g}x"
             lines.append(f"  {r['label']:<{w}}{fmt_seconds(r['median']):>10}"
                          f"{fmt_seconds(s.get('p99')):>10}{fmt_seconds(s.get('max')):>10}"
-                         f"{s.get('count', ''):>11}{ratio:>9}  {s.get('notes', '')}".rstrip())
+                         f"{s.get('count', ''):>10}{ratio:>9}{fmt_seconds(s.get('write call')):>12}"
+                         f"  {s.get('notes', '')}".rstrip())
     idle = _rows(recs, IDLE)
     if idle:
         window = next((r["params"].get("window_s") for r in idle if r["params"]), None)
