@@ -1,4 +1,4 @@
-"""Workload 10 (``wakeup``) in the report: its table, its targets and its plot panel.
+"""Workload 10 (``wakeup``) in the report: its table, its targets, its notes and its plot panel.
 
 Its three parts have different units and columns (latency percentiles, CPU
 seconds, rates with ratios and checks), so it gets a table of its own, as
@@ -7,10 +7,12 @@ workload 9 does, rather than the one-column layout of workloads 1-8.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import os
+from typing import Any, Dict, List, Optional, Sequence
 
 from .util import fmt_rate, fmt_seconds
-from .wake import IDLE, IDLE_WAITERS, LATENCY, LOCK_PROCS, NG, lock_case
+from .wake import IDLE, IDLE_WAITERS, LATENCY, LOCK_PROCS, NG, PAUSE_S, WARMUP, WL, lock_case
+from .wake_child import CLOCK_NAME, ENV
 
 REDIS = "redis"
 #: The targets: wake-up median and p99, median against Redis pub/sub's; idle waiters'
@@ -189,3 +191,44 @@ def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
     ax.set_yscale("log")
     ax.set_ylabel("µs (bar: median, whisker: p99)")
     return "wake-up latency to another process"
+
+
+def notes(run: Any, n: int, parts: Sequence[str]) -> None:
+    """The workload's notes (how each part measures), for the parts that ran."""
+    def note(text: str) -> None:
+        run.note(text, WL)
+
+    if "latency" in parts:
+        note(f"wake-up latency: {n} round trips per contender after {WARMUP} unrecorded ones; "
+             f"t0 = the writer's clock just before its write call, t1 = the waiter's clock right "
+             f"after its wait returns (clock: {CLOCK_NAME}, shared by all processes); after "
+             f"each acknowledgement (a separate Pipe) the writer pauses {PAUSE_S[0] * 1e3:g}-"
+             f"{PAUSE_S[1] * 1e3:g} ms so that the waiter is asleep again; p99 by nearest rank; "
+             "'write call' = the median time the writer's own call took (t0 to its return: "
+             "a wake-up can land before it returns); 'lost' = a wait that timed out after a "
+             "write, 'stale' = a wake-up for an earlier round")
+        note("writes: ultradict_ng d[k] = i; Event: a shared RawValue = i, then ev.set() (the "
+             "waiter clears); Condition: with cond: value = i; cond.notify_all() (it returns once "
+             "the waiter has woken); redis: PUBLISH (the waiter: pubsub.get_message(timeout)); "
+             "Pipe: send(i) (the waiter: a blocking recv()); the floor: os.write of 8 bytes, "
+             "the waiter a blocking os.read on the same kind of pipe (the kernel's wake-up and "
+             "almost no Python: no row can beat it by much); the other waiters wait with a "
+             "timeout")
+    note("ULTRADICT_NG_WAIT is set to poll (or removed, for the other rows) inside each spawned "
+         "child before it imports ultradict_ng; the writer is this process"
+         + (f", which runs with ULTRADICT_NG_WAIT={os.environ[ENV]!r}"
+            if os.environ.get(ENV) else " (ULTRADICT_NG_WAIT unset)"))
+    if "idle" in parts:
+        note(f"idle waiters: {IDLE_WAITERS} spawned processes wait on a dict nobody writes; "
+             "CPU-s = the sum of each one's getrusage(RUSAGE_SELF) user+sys around its wait "
+             "alone (one wait_for_change(timeout=window) call, called again only if it returned "
+             "early); 'whole' = RUSAGE_CHILDREN of the 10 processes from spawn to exit "
+             "(interpreter start, imports, attach included)"
+             + ("; --quick: a 2 s window, and 'per 10 s' is that measurement scaled linearly, "
+                "not measured over 10 s" if run.quick else ""))
+    if "lock" in parts:
+        note("locked increments: with d.lock: d[k] += 1 in each process for a fixed wall time "
+             "from a common start instant; rate = all increments / (last end - first start); "
+             "'vs 1' = this rate / the 1-process rate of the same mode; count = the dict's final "
+             "value against the sum of the processes' counts; max/min = the busiest process's "
+             "count / the least busy one's; CPU-s = the processes' CPU time in the loop")
