@@ -106,6 +106,9 @@ def test_mirrored_constants_agree():
     if native is not None:
         assert set(native.SCALAR_TYPES) == record.SCALAR_TYPES
         assert native.RECORD_HEADER == L.RECORD_HEADER
+        assert native.FUTEX == fallback.FUTEX == int(sys.platform.startswith("linux"))
+    # The compiled release finds LOCK_WAITERS, LOCK_SEQ and LOCK_WAKING by position.
+    assert (L.W_LOCK_WAITERS, L.W_LOCK_SEQ, L.W_LOCK_WAKING) == (L.W_LOCK + 1, L.W_LOCK + 2, L.W_LOCK + 3)
 
 
 def test_speedups_exports_one_implementation():
@@ -305,6 +308,77 @@ def test_process_state_transitions(impl):
     new_mutex = threading.Lock()
     state.mutex = new_mutex
     assert state.mutex is new_mutex
+    words.release()
+
+
+@impls
+def test_add_and_publish(impl):
+    buf = bytearray(32)
+    words = impl.Words(buf)
+    assert words.add(1, 5) == 5 and words.add(1, 2**64 - 1) == 4  # wraps at 2**64
+    words.store(2, 7)
+    assert words.publish(0, 9, 2) == 7 and words.load(0) == 9
+    with pytest.raises(IndexError):
+        words.publish(0, 1, 4)
+    words.release()
+    with pytest.raises(Closed):
+        words.add(1, 1)
+
+
+@impls
+@pytest.mark.skipif(not fallback.FUTEX, reason="no futex on this platform")
+def test_wait_and_wake(impl):
+    """wait sleeps only while the low 32 bits equal ``expected``; wake wakes it."""
+    import time
+
+    buf = bytearray(32)
+    words = impl.Words(buf)
+    words.store(1, (3 << 32) | 7)
+    t0 = time.monotonic()
+    assert words.wait(1, 8, 5.0) is True  # differs: returns at once
+    assert words.wait(1, (9 << 32) | 8, 5.0) is True  # only the low half counts
+    assert time.monotonic() - t0 < 1
+    assert words.wait(1, 7, 0.05) is False  # equal: sleeps until the timeout
+    assert time.monotonic() - t0 >= 0.05
+    assert words.wake(1, 1) == 0  # nobody asleep
+    results = []
+    sleeper = threading.Thread(target=lambda: results.append(words.wait(1, 7, 10.0)))
+    sleeper.start()
+    deadline = time.monotonic() + 5
+    woken = 0
+    while not woken and time.monotonic() < deadline:
+        time.sleep(0.01)
+        woken = words.wake(1, 1)
+    sleeper.join(5)
+    assert woken == 1 and results == [True]
+    words.release()
+    with pytest.raises(Closed):
+        words.wait(1, 7, 0.01)
+
+
+@impls
+def test_release_wakes_only_when_a_waiter_is_registered(impl):
+    """exit() after the last level: nothing more if LOCK_WAITERS (index + 1) is 0;
+    else LOCK_SEQ (+2) moves, LOCK_WAKING (+3) is set and 2 reports a wake that woke nobody."""
+    buf = bytearray(48)
+    words = impl.Words(buf)
+    state = impl.ProcessState()
+    word = lambda i: int.from_bytes(buf[8 * i:8 * i + 8], sys.byteorder)  # noqa: E731
+    assert state.enter(words, 1, 5) is True
+    assert state.exit(words, 1, 5) is True
+    assert (word(2), word(3), word(4)) == (0, 0, 0)  # no waiter: no SEQ, no wake
+    buf[16:24] = (1).to_bytes(8, sys.byteorder)  # a registered waiter (not asleep)
+    assert state.enter(words, 1, 5) is True
+    assert state.exit(words, 1, 5) == 2
+    assert (word(3), word(4)) == (1, 1)
+    assert state.enter(words, 1, 5) is True
+    assert state.exit(words, 1, 5) is True  # a wake is in flight: SEQ moves, no second wake
+    assert (word(3), word(4)) == (2, 1)
+    # At the end of the buffer there is no room for the waiter words: plain release.
+    buf[16:24] = bytes(8)
+    buf[24:48] = bytes(24)
+    assert state.enter(words, 5, 5) is True
+    assert state.exit(words, 5, 5) is True and buf[24:48] == bytes(24)
     words.release()
 
 

@@ -139,6 +139,32 @@ class SharedLock:
         state.mutex.release()
         return False
 
+    def try_acquire(self, recover: bool = True) -> bool:
+        """Take the lock if that needs no waiting: it is free, this thread holds
+        it already, or (with ``recover``) its holder is dead.  Never sleeps;
+        False if another thread or process holds it.  (The asyncio lock's step.)"""
+        state = self._state
+        me = _get_ident()
+        if state.owner == me:
+            state.count += 1
+            return True
+        if not state.mutex.acquire(False):
+            return False
+        try:
+            mine = _my_word or _mine()
+            ok, seen = self._words.cas(_W_LOCK, 0, mine)
+            if not ok and recover:
+                ok = self._recover_if_dead(seen, mine)
+        except BaseException:
+            state.mutex.release()
+            raise
+        if ok:
+            state.owner = me
+            state.count = 1
+            return True
+        state.mutex.release()
+        return False
+
     def release(self) -> None:
         """Release one level of ownership; the last release frees the shared word."""
         done = self._state.exit(self._words, _W_LOCK, _my_word or _mine())

@@ -1,6 +1,6 @@
 """The one seam between the package and its compiled helper.
 
-Every hot primitive -- atomic words and record writing (``Words``), the
+Every hot primitive -- atomic words, record writing and futex waits (``Words``), the
 lock's per-process state (``ProcessState``), the bases carrying the read hit
 path (``StoreBase``, ``ViewBase``), the reader's record checks and replay
 (``parse_records``, ``apply_sets``) and the codec's type scans

@@ -1,0 +1,273 @@
+"""The asyncio face (ultradict_ng.aio): waiting, the feed and the lock never
+block the event loop; cancellation leaves nothing held or registered."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import threading
+import time
+
+import pytest
+
+from ultradict_ng import Change, LockTimeout, SharedDict, Unlinked
+from ultradict_ng import layout as L
+from ultradict_ng.aio import AsyncSharedDict
+
+
+def waiting_mode() -> str:
+    from ultradict_ng import waiting
+
+    return waiting.MODE
+
+
+def _writer(name: str, count: int, pause: float) -> None:
+    d = SharedDict(name=name)
+    for _ in range(count):
+        time.sleep(pause)
+        with d.lock:
+            d["k"] = d["k"] + 1
+    d.close()
+
+
+def _holder(name: str, seconds: float, ready: "mp.synchronize.Event") -> None:
+    d = SharedDict(name=name)
+    with d.lock:
+        ready.set()
+        time.sleep(seconds)
+    d.close()
+
+
+class _Ticker:
+    """Counts event-loop turns: a blocked loop stops counting."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.longest = 0.0
+
+    async def run(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.monotonic()
+            self.longest = max(self.longest, now - last)
+            last = now
+            self.ticks += 1
+
+
+def _registered(d: SharedDict) -> tuple:
+    w = d._store._map.words
+    slots = [w[L.W_WAIT_SLOTS + i] for i in range(L.WAIT_SLOTS)]
+    return w[L.W_CHANGE_WAITERS], w[L.W_LOCK_WAITERS], sum(1 for s in slots if s)
+
+
+def test_wait_and_feed_follow_a_spawned_writer_without_blocking_the_loop(name):
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        ad["k"] = 0
+        ticker = _Ticker()
+        tick = asyncio.create_task(ticker.run())
+        values = []
+
+        async def follow() -> None:
+            async for change in ad.changes(timeout=3):
+                assert isinstance(change, Change) and change.op == "set" and change.key == "k"
+                values.append(change.value)
+                if change.value == 20:
+                    return
+
+        feed = asyncio.create_task(follow())
+        await asyncio.sleep(0.05)
+        proc = mp.get_context("spawn").Process(target=_writer, args=(name, 20, 0.01))
+        proc.start()
+        try:
+            wakes = 0
+            while ad["k"] < 20:
+                assert await ad.wait_for_change(timeout=10)
+                wakes += 1
+            await asyncio.wait_for(feed, 10)
+        finally:
+            proc.join(20)
+            tick.cancel()
+        assert values == list(range(1, 21))  # every change, in order, once
+        assert 1 <= wakes <= 20
+        assert ticker.longest < 0.5  # the loop kept turning while we waited
+        ad.unlink()
+        assert proc.exitcode == 0
+
+    asyncio.run(main())
+
+
+def test_wait_for_change_timeout_and_immediate_return(name):
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        t0 = time.monotonic()
+        assert await ad.wait_for_change(timeout=0.2) is False
+        assert time.monotonic() - t0 >= 0.19
+        other = SharedDict(name=name)
+        other["x"] = 1  # lands before the call: seen at once
+        t0 = time.monotonic()
+        assert await ad.wait_for_change(timeout=5) is True
+        assert time.monotonic() - t0 < 1 and ad["x"] == 1
+        with pytest.raises(ValueError):
+            await ad.wait_for_change(timeout=-1)
+        other.close()
+        ad.unlink()
+
+    asyncio.run(main())
+
+
+def test_cancelled_wait_and_feed_leave_nothing_registered(name):
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        waiting = asyncio.create_task(ad.wait_for_change())
+
+        async def consume() -> None:
+            async for _ in ad.changes():
+                pass
+
+        feeding = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        if waiting_mode() == "futex":
+            assert _registered(ad.dict)[0] != 0  # the watcher thread sleeps for them
+        waiting.cancel()
+        feeding.cancel()
+        for task in (waiting, feeding):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        deadline = time.monotonic() + 3
+        while _registered(ad.dict) != (0, 0, 0) and time.monotonic() < deadline:
+            ad["poke"] = 1  # wakes the watcher, which finds nobody left and stops
+            await asyncio.sleep(0.05)
+        assert _registered(ad.dict) == (0, 0, 0)
+        ad.unlink()
+
+    asyncio.run(main())
+
+
+def test_unlink_wakes_an_async_waiter(name):
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        other = SharedDict(name=name)
+        task = asyncio.create_task(ad.wait_for_change(timeout=10))
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        other.unlink()
+        with pytest.raises(Unlinked):
+            await task
+        assert time.monotonic() - t0 < 2
+        other.close()
+        ad.close()
+
+    asyncio.run(main())
+
+
+def test_async_lock_serialises_coroutines_and_processes(name):
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        ad["k"] = 0
+
+        async def incr(n: int) -> None:
+            for _ in range(n):
+                async with ad.lock:
+                    v = ad["k"]
+                    await asyncio.sleep(0)  # another coroutine runs here: must not get the lock
+                    ad["k"] = v + 1
+
+        proc = mp.get_context("spawn").Process(target=_writer, args=(name, 100, 0.001))
+        proc.start()
+        await asyncio.gather(*(incr(100) for _ in range(4)))
+        proc.join(30)
+        assert proc.exitcode == 0
+        assert ad["k"] == 500
+        await ad.set("a", 1)
+        await ad.update(b=2)
+        assert await ad.pop("a") == 1
+        await ad.delete("b")
+        await ad.clear()
+        assert len(ad) == 0
+        ad.unlink()
+
+    asyncio.run(main())
+
+
+def test_async_lock_waits_for_another_process_without_blocking_and_times_out(name):
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        proc = ctx.Process(target=_holder, args=(name, 1.0, ready))
+        proc.start()
+        try:
+            assert ready.wait(30)
+            ticker = _Ticker()
+            tick = asyncio.create_task(ticker.run())
+            with pytest.raises(LockTimeout) as info:
+                await ad.lock.acquire(timeout=0.2)
+            assert info.value.pid == proc.pid
+            t0 = time.monotonic()
+            async with ad.lock:  # taken once the holder releases (about 0.8 s on)
+                assert ad.dict.lock.held()
+                assert time.monotonic() - t0 < 5
+            tick.cancel()
+            assert ticker.longest < 0.5 and ticker.ticks > 100
+        finally:
+            proc.join(20)
+        ad.unlink()
+
+    asyncio.run(main())
+
+
+def test_cancelled_lock_acquire_holds_nothing(name):
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        other = SharedDict(name=name)
+        release = threading.Event()
+        held = threading.Event()
+
+        def hold() -> None:
+            with other.lock:
+                held.set()
+                release.wait(5)
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        assert held.wait(5)
+        task = asyncio.create_task(ad.lock.acquire())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        thread.join(5)
+        assert ad.dict.lock.owner_pid is None  # nobody holds it
+        assert ad.dict.lock.try_acquire()  # and it is free for us
+        ad.dict.lock.release()
+        async with ad.lock:  # the coroutines' turn lock was released too
+            pass
+        other.close()
+        ad.unlink()
+
+    asyncio.run(main())
+
+
+def test_dead_holder_recovered_by_an_async_waiter(name):
+    import os
+    import signal
+
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        proc = ctx.Process(target=_holder, args=(name, 60.0, ready))
+        proc.start()
+        assert ready.wait(30)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        t0 = time.monotonic()
+        await ad.lock.acquire(timeout=5)
+        assert time.monotonic() - t0 < 1.5  # within a second of its death
+        ad.lock.release()
+        ad.unlink()
+
+    asyncio.run(main())
