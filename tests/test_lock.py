@@ -184,3 +184,52 @@ def test_contention_between_spawned_processes_is_exact(d):
         p.join(120)
         assert p.exitcode == 0
     assert d["n"] == 4 * per
+
+
+def _hold_then_release(name: str, held: "multiprocessing.synchronize.Event",
+                       release: "multiprocessing.synchronize.Event") -> None:
+    d = SharedDict(name=name)
+    with d.lock:
+        held.set()
+        release.wait(30)
+    d.close()
+
+
+def test_a_stale_wake_in_flight_delays_a_sleeping_waiter_by_at_most_a_liveness_check(d):
+    """LOCK_WAKING left at 1 (a designated waiter killed before it cleared it)
+    stops releases from waking sleepers; a sleeper's own time limit must then
+    take the released lock within about LOCK_CHECK_INTERVAL, and clear the flag."""
+    from ultradict_ng import layout as L
+    from ultradict_ng import waiting
+
+    ctx = multiprocessing.get_context("spawn")
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_then_release, args=(d.name, held, release))
+    holder.start()
+    try:
+        assert held.wait(30)
+        words = d._store._map.words
+        got = []
+
+        def wait_for_lock() -> None:
+            got.append((d.lock.acquire(timeout=10), time.monotonic()))
+            d.lock.release()
+
+        waiter = threading.Thread(target=wait_for_lock)
+        waiter.start()
+        time.sleep(0.3)  # asleep on the futex by now (registered, where there is one)
+        if waiting.MODE == "futex":
+            assert words[L.W_LOCK_WAITERS] != 0
+        words[L.W_LOCK_WAKING] = 1  # as a dead designated waiter leaves it
+        t0 = time.monotonic()
+        release.set()
+        waiter.join(10)
+        assert got and got[0][0] is True
+        assert got[0][1] - t0 < L.LOCK_CHECK_INTERVAL + 0.3
+        assert words[L.W_LOCK_WAITERS] == 0
+        if waiting.MODE == "futex":  # (pollers never take the designated role)
+            assert words[L.W_LOCK_WAKING] == 0
+    finally:
+        release.set()
+        holder.join(30)
+    assert holder.exitcode == 0

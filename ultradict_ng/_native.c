@@ -854,12 +854,13 @@ ps_exit(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
     int ok = __atomic_compare_exchange_n(word, &expected, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     int woke_nobody = 0;
     if (ok && room && __atomic_load_n(word + 1, __ATOMIC_SEQ_CST) != 0) {
-        /* LOCK_SEQ moves on every such release (a waiter about to sleep must
-         * not); one wake at a time is in flight (LOCK_WAKING, word + 3). */
-        __atomic_add_fetch(word + 2, 1, __ATOMIC_SEQ_CST);
+        /* One wake at a time is in flight (LOCK_WAKING, word + 3); LOCK_SEQ
+         * moves only with a wake, so that sleepers stay asleep meanwhile. */
         uint64_t idle = 0;
-        if (__atomic_compare_exchange_n(word + 3, &idle, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        if (__atomic_compare_exchange_n(word + 3, &idle, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            __atomic_add_fetch(word + 2, 1, __ATOMIC_SEQ_CST);
             woke_nobody = futex_wake_n(word + 2, 1) == 0;
+        }
     }
     PyObject *mutex = self->mutex;
     Py_INCREF(mutex);

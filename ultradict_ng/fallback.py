@@ -381,8 +381,9 @@ class ProcessState:
         """Release one level.  None: the calling thread does not hold the lock
         (nothing changed).  False: the last level was released but the word
         was no longer ``mine`` (taken over meanwhile).  After the last level,
-        if LOCK_WAITERS (word ``index + 1``) is not 0: LOCK_SEQ (``index + 2``)
-        += 1 and one sleeper is woken; 2 if that woke nobody."""
+        if LOCK_WAITERS (word ``index + 1``) is not 0 and LOCK_WAKING (``index + 3``)
+        goes from 0 to 1: LOCK_SEQ (``index + 2``) += 1 and one sleeper is
+        woken; 2 if that woke nobody."""
         if self.owner != threading.get_ident():
             return None
         self.count -= 1
@@ -393,8 +394,8 @@ class ProcessState:
         try:
             ok = words.cas(index, mine, 0)[0]
             if ok and index + 3 < words._nwords and words.load(index + 1):
-                words.add(index + 2, 1)
                 if words.cas(index + 3, 0, 1)[0]:
+                    words.add(index + 2, 1)
                     woke_nobody = FUTEX == 0 or words.wake(index + 2, 1) == 0
         finally:
             self.mutex.release()

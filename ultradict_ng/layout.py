@@ -264,15 +264,26 @@ CAS 0 -> mine succeeds"):
 
 Waker: a writer publishes STATE, a releaser swaps LOCK to 0 (both seq_cst),
 then loads WAITERS (seq_cst).  Only if it is not 0: SEQ += 1, then futex-wake
-(all change waiters; for the lock, one waiter, and only if CAS LOCK_WAKING
-0 -> 1 succeeds).  A lock waiter that returned from a futex wait stores
-LOCK_WAKING = 0 before it sleeps again and when it stops waiting.  Why one
-wake in flight: with more processes than cores, every extra woken waiter is
-a runnable process that preempts the holder while it holds the lock; measured
-with 8 processes on 2 cores, waking on every release lost half the
-throughput.  A woken waiter that dies leaves LOCK_WAKING set: releasers stop
-waking, and the sleepers' own time limit (the next liveness check) wakes one,
-which clears it.  No lost wake-up: the waiter's bit
+(all change waiters; for the lock, only if CAS LOCK_WAKING 0 -> 1 succeeds,
+and then one waiter).
+
+Lock waiters, in detail: before registering, a waiter spins for ``LOCK_SPIN``
+(loads, and a CAS when LOCK is 0): the holder usually runs on another core
+and releases within microseconds.  A waiter woken with LOCK_WAKING = 1 is the
+*designated* waiter, the one wake in flight: while the lock stays taken it
+spins again and then sleeps at most ``LOCK_HANDOFF_POLL`` at a time, keeping
+LOCK_WAKING = 1 so that releases meanwhile wake nobody; it stores
+LOCK_WAKING = 0 when it stops waiting (lock taken, timeout, error).  The cost:
+a release that happens while the designated waiter sleeps is noticed up to
+``LOCK_HANDOFF_POLL`` late.  Why: with more processes than cores, every
+woken process that fails to take the lock is CPU taken from the holder --
+measured with 8 processes on 2 cores, waking on every release ran at 0.14x the
+one-process rate, one wake in flight at 0.4x, the designated waiter at about
+0.7x.  A designated waiter that dies leaves LOCK_WAKING set: releasers stop
+waking, but the sleepers' own time limit (the next liveness check, at most
+``LOCK_CHECK_INTERVAL``) wakes them, and a sleeper that wakes for any reason
+and finds LOCK_WAKING set takes the designated role (two designated waiters
+are harmless), so it is cleared when that one stops waiting.  No lost wake-up: the waiter's bit
 store precedes its condition check and the waker's STATE/LOCK store precedes
 its WAITERS load, so in the single order of seq_cst operations either the
 waiter's check sees the new state or the waker sees the bit; in that case
@@ -457,6 +468,8 @@ INIT_TIMEOUT = 5.0  # attachers wait this long for a creator to finish
 READER_RETRIES = 200  # lock-free sync rounds before taking the lock
 LOCK_CHECK_INTERVAL = 0.2  # seconds between owner-liveness checks while waiting
 LOCK_FIRST_CHECK = 0.05  # first liveness check after this much waiting
+LOCK_SPIN = 0.00002  # a lock waiter tries this long before it sleeps (a few critical sections)
+LOCK_HANDOFF_POLL = 0.001  # the woken lock waiter re-tries this often while the lock stays taken
 UNLINK_LOCK_TIMEOUT = 2.0
 WAIT_SLICE = 1.0  # longest single futex sleep: a waiter re-checks at least this often
 WAIT_SWEEP_INTERVAL = 1.0  # a process checks the wait slots for dead owners at most this often
