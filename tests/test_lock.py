@@ -195,12 +195,26 @@ def _hold_then_release(name: str, held: "multiprocessing.synchronize.Event",
     d.close()
 
 
-def test_a_stale_wake_in_flight_delays_a_sleeping_waiter_by_at_most_a_liveness_check(d):
-    """LOCK_WAKING left at 1 (a designated waiter killed before it cleared it)
+@pytest.mark.parametrize("stale", ["pending", "dead designated"])
+def test_a_stale_wake_in_flight_delays_a_sleeping_waiter_by_at_most_a_liveness_check(d, stale):
+    """LOCK_WAKING left set -- a woken sleeper killed before it claimed the wake
+    (1), or a designated waiter killed before it cleared it (its owner word) --
     stops releases from waking sleepers; a sleeper's own time limit must then
     take the released lock within about LOCK_CHECK_INTERVAL, and clear the flag."""
+    import subprocess
+    import sys
+
     from ultradict_ng import layout as L
     from ultradict_ng import waiting
+    from ultradict_ng.lock import owner_word
+
+    if stale == "pending":
+        flag = 1
+    else:
+        dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        flag = owner_word(dead.pid)
+        dead.kill()
+        dead.wait(10)
 
     ctx = multiprocessing.get_context("spawn")
     held, release = ctx.Event(), ctx.Event()
@@ -220,7 +234,7 @@ def test_a_stale_wake_in_flight_delays_a_sleeping_waiter_by_at_most_a_liveness_c
         time.sleep(0.3)  # asleep on the futex by now (registered, where there is one)
         if waiting.MODE == "futex":
             assert words[L.W_LOCK_WAITERS] != 0
-        words[L.W_LOCK_WAKING] = 1  # as a dead designated waiter leaves it
+        words[L.W_LOCK_WAKING] = flag  # as a dead waiter leaves it
         t0 = time.monotonic()
         release.set()
         waiter.join(10)

@@ -370,11 +370,15 @@ def test_release_wakes_only_when_a_waiter_is_registered(impl):
     assert (word(2), word(3), word(4)) == (0, 0, 0)  # no waiter: no SEQ, no wake
     buf[16:24] = (1).to_bytes(8, sys.byteorder)  # a registered waiter (not asleep)
     assert state.enter(words, 1, 5) is True
-    assert state.exit(words, 1, 5) == 2
+    assert state.exit(words, 1, 5) == 2  # woke nobody (the waiter will claim it)
     assert (word(3), word(4)) == (1, 1)
     assert state.enter(words, 1, 5) is True
     assert state.exit(words, 1, 5) is True  # a wake is in flight: no second one, SEQ stays
     assert (word(3), word(4)) == (1, 1)
+    buf[32:40] = (77).to_bytes(8, sys.byteorder)  # claimed by a designated waiter (owner word 77)
+    assert state.enter(words, 1, 5) is True
+    assert state.exit(words, 1, 5) is True
+    assert (word(3), word(4)) == (1, 77)
     # At the end of the buffer there is no room for the waiter words: plain release.
     buf[16:24] = bytes(8)
     buf[24:48] = bytes(24)

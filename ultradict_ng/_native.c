@@ -859,6 +859,8 @@ ps_exit(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
         uint64_t idle = 0;
         if (__atomic_compare_exchange_n(word + 3, &idle, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
             __atomic_add_fetch(word + 2, 1, __ATOMIC_SEQ_CST);
+            /* (Woke nobody: a waiter between registering and sleeping will
+             * see LOCK_SEQ moved and claim the wake.) */
             woke_nobody = futex_wake_n(word + 2, 1) == 0;
         }
     }

@@ -103,7 +103,9 @@ class _Watcher:
                         return
                 if registered:
                     if woken and self._seq == L.W_LOCK_SEQ:
-                        atomic.store(L.W_LOCK_WAKING, 0)  # as a synchronous lock waiter does
+                        # A wake for the lock reached this thread: consume it (the
+                        # coroutines retry), so that the next release may wake again.
+                        atomic.cas(L.W_LOCK_WAKING, 1, 0)
                     atomic.wait(self._seq, seq, 0.05)
                     woken = True
                 else:
@@ -118,7 +120,7 @@ class _Watcher:
             if registered:
                 try:
                     if self._seq == L.W_LOCK_SEQ:
-                        atomic.store(L.W_LOCK_WAKING, 0)
+                        atomic.cas(L.W_LOCK_WAKING, 1, 0)
                     store.waits.exit(atomic, waiters)
                 except Exception:
                     pass  # the handle was closed meanwhile

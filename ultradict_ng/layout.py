@@ -267,19 +267,22 @@ then loads WAITERS (seq_cst).  Only if it is not 0: SEQ += 1, then futex-wake
 (all change waiters; for the lock, only if CAS LOCK_WAKING 0 -> 1 succeeds,
 and then one waiter).
 
-Lock waiters, in detail: before registering, a waiter spins for ``LOCK_SPIN``
-(loads, and a CAS when LOCK is 0): the holder usually runs on another core
-and releases within microseconds.  A waiter woken with LOCK_WAKING = 1 is the
-*designated* waiter, the one wake in flight: while the lock stays taken it
-spins again and then sleeps at most ``LOCK_HANDOFF_POLL`` at a time, keeping
-LOCK_WAKING = 1 so that releases meanwhile wake nobody; it stores
-LOCK_WAKING = 0 when it stops waiting (lock taken, timeout, error).  The cost:
-a release that happens while the designated waiter sleeps is noticed up to
-``LOCK_HANDOFF_POLL`` late.  Why: with more processes than cores, every
-woken process that fails to take the lock is CPU taken from the holder --
-measured with 8 processes on 2 cores, waking on every release ran at 0.14x the
-one-process rate, one wake in flight at 0.4x, the designated waiter at about
-0.7x.  A designated waiter that dies leaves LOCK_WAKING set: releasers stop
+Lock waiters, in detail: a waiter woken with LOCK_WAKING = 1 claims it (CAS
+1 -> its owner word) and is the *designated* waiter, the one wake in flight:
+while the lock stays taken it sleeps at most ``LOCK_HANDOFF_POLL`` at a time
+and tries again, keeping LOCK_WAKING so that releases meanwhile wake nobody;
+it stores LOCK_WAKING = 0 (CAS from its word) when it stops waiting (lock
+taken, timeout, error), and a waiter that stops without being designated
+clears a pending 1 it may have been sent.  The cost: a release while the
+designated waiter sleeps is noticed up to ``LOCK_HANDOFF_POLL`` late.  Why:
+with more processes than cores, every woken process that fails to take the
+lock is CPU taken from the holder, and a spinning one slows the holder's
+atomics.  Measured with ``with d.lock: d[k] += 1`` on 2 cores (1 s quick runs,
+ratios to the one-process rate; they move by +-0.15 between runs): waking on
+every release, 8 processes ran at 0.14x; one wake in flight, 0.4x; the
+designated waiter, 0.46-0.49x at 8 processes, 0.62-0.65x at 4, 0.79-0.83x at
+2; a 20 us spin before sleeping made 2 processes drop to 0.3-0.5x.
+A designated waiter that dies leaves LOCK_WAKING set: releasers stop
 waking, but the sleepers' own time limit (the next liveness check, at most
 ``LOCK_CHECK_INTERVAL``) wakes them, and a sleeper that wakes for any reason
 and finds LOCK_WAKING set takes the designated role (two designated waiters
@@ -468,7 +471,6 @@ INIT_TIMEOUT = 5.0  # attachers wait this long for a creator to finish
 READER_RETRIES = 200  # lock-free sync rounds before taking the lock
 LOCK_CHECK_INTERVAL = 0.2  # seconds between owner-liveness checks while waiting
 LOCK_FIRST_CHECK = 0.05  # first liveness check after this much waiting
-LOCK_SPIN = 0.00002  # a lock waiter tries this long before it sleeps (a few critical sections)
 LOCK_HANDOFF_POLL = 0.001  # the woken lock waiter re-tries this often while the lock stays taken
 UNLINK_LOCK_TIMEOUT = 2.0
 WAIT_SLICE = 1.0  # longest single futex sleep: a waiter re-checks at least this often

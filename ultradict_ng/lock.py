@@ -28,18 +28,7 @@ __all__ = ["SharedLock", "owner_word", "pid_of", "owner_alive"]
 
 log = logging.getLogger("ultradict_ng")
 _get_ident = threading.get_ident
-_perf = time.perf_counter
-_SPIN = float(os.environ.get("UDNG_SPIN", str(L.LOCK_SPIN)))
-
-
-def _spin(words: Words, mine: int) -> bool:
-    """Try to take the word for up to ``LOCK_SPIN`` seconds without sleeping."""
-    end = _perf() + _SPIN
-    while _perf() < end:
-        if words.load(_W_LOCK) == 0 and words.cas(_W_LOCK, 0, mine)[0]:
-            return True
-    return False
-
+_WAKE_PENDING = 1  # LOCK_WAKING: a release woke a sleeper that has not claimed the role yet
 _W_LOCK, _W_LOCK_WAITERS, _W_LOCK_SEQ, _W_LOCK_WAKING = (
     L.W_LOCK, L.W_LOCK_WAITERS, L.W_LOCK_SEQ, L.W_LOCK_WAKING)
 
@@ -263,15 +252,14 @@ class SharedLock:
     def _take_word(self, blocking: bool, deadline: Optional[float], timeout: Optional[float]) -> bool:
         """CAS the shared word from 0 to ours; sleep until a release, recover dead owners.
 
-        Waiting follows layout: "Waiting and waking" (lock channel).  First a
-        short spin (``LOCK_SPIN``: a few critical sections' time; the holder
-        is usually running on the other core).  Then register, read LOCK_SEQ,
-        try the CAS and sleep on LOCK_SEQ -- never longer than the next
-        owner-liveness check.  A waiter woken by a release is the one wake in
-        flight (LOCK_WAKING): it spins again, and while the lock stays taken
-        it keeps that role, re-trying every ``LOCK_HANDOFF_POLL``, so that
-        releases in the meantime wake nobody else.  Why: with more processes
-        than cores every woken process that fails is CPU taken from the holder.
+        Waiting follows layout: "Waiting and waking" (lock channel): register,
+        read LOCK_SEQ, try the CAS and sleep on LOCK_SEQ -- never longer than
+        the next owner-liveness check.  A waiter woken by a release is the one
+        wake in flight (LOCK_WAKING): while the lock stays taken it keeps that
+        role, re-trying every ``LOCK_HANDOFF_POLL``, so that releases in the
+        meantime wake nobody else.  Why: every woken process that fails to take
+        the lock is CPU taken from the holder, and every spinning one slows
+        the holder's atomics (measured: layout.py).
         """
         words = self._words
         mine = owner_word()
@@ -280,8 +268,6 @@ class SharedLock:
             return True
         if not blocking:
             return self._recover_if_dead(seen, mine)
-        if _spin(words, mine):
-            return True
         start = time.monotonic()
         next_check = start + L.LOCK_FIRST_CHECK
         waits = self._waits
@@ -307,17 +293,18 @@ class SharedLock:
                     spins += 1
                     time.sleep(0 if spins < 20 else min(0.001, 0.00002 * (spins - 19), max(limit, 0.0)))
                 elif designated:
-                    if _spin(words, mine):
-                        return True
                     words.wait(_W_LOCK_SEQ, seq, max(min(limit, L.LOCK_HANDOFF_POLL), 0.0))
                 else:
-                    # Woken, or out of time with a wake in flight that may be
-                    # a dead waiter's: either way, take the designated role.
-                    words.wait(_W_LOCK_SEQ, seq, max(limit, 0.0))
-                    designated = words.load(_W_LOCK_WAKING) == 1
+                    woken = words.wait(_W_LOCK_SEQ, seq, max(limit, 0.0))
+                    flag = words.load(_W_LOCK_WAKING)
+                    if flag == _WAKE_PENDING:  # a release woke one of us: claim the role
+                        designated = words.cas(_W_LOCK_WAKING, flag, mine)[0]
+                    elif not woken and flag and flag != mine and not owner_alive(flag):
+                        designated = words.cas(_W_LOCK_WAKING, flag, mine)[0]  # a dead one's role
         finally:
-            if designated:
-                words.store(_W_LOCK_WAKING, 0)  # the next release may wake another
+            # Designated: the next release may wake another.  Otherwise a wake
+            # meant for us may be pending and nobody else would claim it.
+            words.cas(_W_LOCK_WAKING, mine if designated else _WAKE_PENDING, 0)
             if registered:
                 waits.exit(words, _W_LOCK_WAITERS)
 

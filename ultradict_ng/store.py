@@ -313,11 +313,15 @@ class Store(Writer):
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         words = self.words  # Closed on a closed handle
-        if words[L.W_STATE] == self.seen:
+        # The state to move past is the one the cache held at the call: another
+        # thread on this handle may catch up meanwhile, and must not make us
+        # sleep through the change that woke it.
+        seen = self.seen
+        if words[L.W_STATE] == seen:
             deadline = None if timeout is None else time.monotonic() + timeout
-            if not wait_until_changed(self._map.atomic, words, self.waits, lambda: self.seen, deadline):
+            if not wait_until_changed(self._map.atomic, words, self.waits, lambda: seen, deadline):
                 return False
-            if words[L.W_STATE] == self.seen:  # woken by unlink(), nothing new
+            if words[L.W_STATE] == seen:  # woken by unlink(), nothing new
                 raise Unlinked(f"shared dict {self.name!r} was unlinked")
         self.sync()
         return True
