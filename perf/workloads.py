@@ -240,6 +240,7 @@ def _base_lock_rate(run: Run, a: Adapter, h: Handle) -> float:
     rate = run.single_lock_rate.get(a.key)
     if rate:
         return rate
+    h.m[KEY] = 0  # (a fresh handle: workload 3, which sets it, may not have run)
     loop = lock_loop(h)
     n = calibrate(loop, min(run.box, 0.1))
     dt = loop(n)
