@@ -1,4 +1,5 @@
 """Writer process for crash tests: ``python -m tests.crash_worker NAME START COUNT``.
+(``--follow NAME``: a waiter instead; see :func:`follow`.)
 
 Writes ``d["k<i % 5>"] = i`` for i in START..START+COUNT-1 (plus a value larger
 than the stream every 4th write, so dumps happen), printing ``ack KEY VALUE``
@@ -8,6 +9,7 @@ acknowledged before the process died (at an armed fault point or by SIGKILL).
 
 from __future__ import annotations
 
+import json
 import sys
 
 from ultradict_ng import SharedDict
@@ -25,5 +27,26 @@ def main() -> None:
     d.close()
 
 
+def follow(name: str) -> None:
+    """Print ``ready``, then follow the dict with ``wait_for_change`` (only wake-ups
+    end its sleeps in time: ``WAIT_SLICE`` is 60 s) until ``stop`` appears; print
+    ``timeout`` if a wait ran out, and finally the ``k*`` keys as JSON."""
+    from ultradict_ng import layout as L
+
+    L.WAIT_SLICE = 60.0
+    d = SharedDict(name=name, create=False)
+    d.get("stop")
+    print("ready", flush=True)
+    while not d.get("stop"):
+        if not d.wait_for_change(timeout=30):
+            print("timeout", flush=True)
+            break
+    print("final", json.dumps({k: v for k, v in d.items() if k.startswith("k")}), flush=True)
+    d.close()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--follow":
+        follow(sys.argv[2])
+    else:
+        main()

@@ -9,8 +9,10 @@ dict is consistent (a fresh handle sees exactly what the survivor sees); and
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -20,7 +22,8 @@ from typing import Dict
 import pytest
 
 from tests.conftest import soak_scaled
-from ultradict_ng import SharedDict, faults, unlink_by_name
+from ultradict_ng import SharedDict, faults, unlink_by_name, waiting
+from ultradict_ng import layout as L
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAM = 256  # small: a dump every few writes
@@ -185,5 +188,70 @@ def test_writer_killed_in_a_loop_writing_10mb_arrays(name):
     d["arr"] = np.zeros(8)  # drops the current blob; a dead writer's orphan waits for a dump...
     d._store.force_dump()  # ...which sweeps it
     assert [e for e in ours(name) if "@b" in e] == []
+    d.close()
+    assert ours(name) == []
+
+
+def start_follower(name: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-m", "tests.crash_worker", "--follow", name], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert select.select([p.stdout], [], [], 60)[0] and p.stdout.readline() == "ready\n"
+    return p
+
+
+def registered_pids(d: SharedDict) -> set:
+    w = d._store._map.words
+    return {w[L.W_WAIT_SLOTS + i] & L.PID_MASK for i in range(L.WAIT_SLOTS)
+            if w[L.W_WAIT_SLOTS + i] and w[L.W_CHANGE_WAITERS] >> i & 1}
+
+
+@pytest.mark.parametrize("point", ["lock-held", "record-written", "dump-published"])
+def test_writer_and_a_sleeping_waiter_die_while_others_wait(name, point):
+    """Three processes sleep in wait_for_change; one is SIGKILLed asleep, then a
+    writer dies at a fault point.  The lock is recovered, the survivors' writes wake
+    the two live waiters, which end on the final state, and the dead waiter's
+    registration is swept once a write wakes nobody."""
+    d = SharedDict({"k0": -1}, name=name, buffer_size=STREAM)
+    futex = waiting.MODE == "futex"  # the children's mode too (same environment)
+    followers = []
+    try:
+        for _ in range(3):
+            followers.append(start_follower(name))
+        if futex:
+            t0 = time.monotonic()
+            while registered_pids(d) != {f.pid for f in followers}:
+                assert time.monotonic() - t0 < 20, "the waiters did not register"
+                time.sleep(0.01)
+        time.sleep(0.2)  # asleep
+        victim = followers.pop()
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate(timeout=30)
+        after = 2 if point.startswith("dump") else 5
+        p = start_writer(name, 0, 40, f"{point}:kill:{after}")
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGKILL, err
+        waited = check_survivors(d, acks(out), 40)
+        assert waited < 1.0, f"lock recovery took {waited:.2f}s"
+        p2 = start_writer(name, 100, 20)
+        out2, err2 = p2.communicate(timeout=60)
+        assert p2.returncode == 0, err2
+        d["stop"] = True
+        outs = [f.communicate(timeout=30) for f in followers]
+    finally:
+        for f in followers:
+            if f.poll() is None:
+                f.kill()
+                f.communicate()
+    expected = {k: v for k, v in d.items() if k.startswith("k")}
+    for f, (fout, ferr) in zip(followers, outs):
+        assert f.returncode == 0, ferr
+        assert "timeout" not in fout, "a live waiter was not woken"
+        assert json.loads(fout.split("final ", 1)[1]) == expected
+    d["sweep"] = 1  # wakes nobody: sweeps (at most once a second per process)...
+    time.sleep(1.1)
+    d["sweep"] = 2  # ...so surely by now
+    w = d._store._map.words
+    assert w[L.W_CHANGE_WAITERS] == 0 and w[L.W_LOCK_WAITERS] == 0
+    assert not any(w[L.W_WAIT_SLOTS + i] for i in range(L.WAIT_SLOTS))
     d.close()
     assert ours(name) == []

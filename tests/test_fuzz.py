@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from typing import Any, Callable, Dict, List
 
 import hypothesis.strategies as st
@@ -23,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
 from ultradict_ng import SharedDict, SharedDictError, layout as L, segment, unlink_by_name
+from ultradict_ng.owner import owner_word
 from ultradict_ng.segment import Segment
 
 EDITS = st.lists(
@@ -180,3 +183,70 @@ def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -
         for entry in leftovers:
             segment.unlink(entry)
     assert not leftovers, f"unlink_by_name left {leftovers}"
+
+
+#: The words of the wait register (layout: "Waiting and waking") and its slots.
+WAIT_TARGETS = st.one_of(
+    st.sampled_from([L.W_CHANGE_WAITERS, L.W_CHANGE_SEQ, L.W_LOCK_WAITERS, L.W_LOCK_SEQ, L.W_LOCK_WAKING]),
+    st.integers(L.W_WAIT_SLOTS, L.W_WAIT_SLOTS + L.WAIT_SLOTS - 1),
+)
+#: Garbage, and the owner words that mean something: ours, a dead process's, a live one's.
+WAIT_VALUES = st.one_of(st.integers(0, (1 << 64) - 1),
+                        st.sampled_from(["mine", "dead", "live", 0, 1, (1 << 64) - 1, 0xFFFFFFFF]))
+
+
+def _word(value: Any) -> int:
+    if value == "mine":
+        return owner_word()
+    if value == "dead":  # a pid above any pid_max: no such process
+        return L.PID_MASK | (12345 << L.PID_BITS)
+    if value == "live":
+        return owner_word(os.getppid())
+    return int(value)
+
+
+@settings(max_examples=soak_scaled(30), deadline=None, suppress_health_check=list(HealthCheck))
+@given(edits=st.lists(st.tuples(WAIT_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
+       fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]))
+def test_garbage_in_the_wait_register_never_hangs_or_crashes(edits: List[Any], fill: Any) -> None:
+    """Whatever the WAITERS, SEQ and WAKING words and the slots hold (every slot
+    taken, ours, dead owners, random bits), waits end at their timeout or at a
+    write, the lock and the feed work, and cleanup leaves nothing."""
+    name = unique_name()
+    old_handler = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(20)
+    handles: List[SharedDict] = []
+    try:
+        d = SharedDict(name=name, buffer_size=256)
+        handles.append(d)
+        r = SharedDict(name=name, create=False)
+        handles.append(r)
+        d["k"] = 0
+        r.get("k")
+        atomic = d._store._map.atomic
+        if fill is not None:
+            for i in range(L.WAIT_SLOTS):
+                atomic.store(L.W_WAIT_SLOTS + i, _word(fill))
+        for index, value in edits:
+            atomic.store(index, _word(value))
+
+        t0 = time.monotonic()
+        assert r.wait_for_change(timeout=0.05) is False
+        assert time.monotonic() - t0 < 2.0
+        timer = threading.Timer(0.02, lambda: d.__setitem__("k", 1))
+        t0 = time.monotonic()
+        timer.start()
+        assert r.wait_for_change(timeout=5) is True and r["k"] == 1
+        assert time.monotonic() - t0 < 2.0, "the write did not wake the waiter"
+        timer.join()
+        with d.lock(timeout=2):
+            d["k"] = 2
+        assert [(c.op, c.key, c.value) for c in r.changes(timeout=0.02)] == [("set", "k", 2)]
+        d["k"] = 3  # a write that may find garbage bits: wakes, maybe sweeps
+        assert r["k"] == 3 and r.wait_for_change(timeout=0) is False
+    finally:
+        for h in reversed(handles):
+            h.close()
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old_handler)
+    assert not segment.listed(name)

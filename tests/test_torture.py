@@ -78,3 +78,50 @@ def test_torture(name, stream):
           f"{readers} readers, {elapsed:.1f}s: {ops} writes ({ops / elapsed:,.0f}/s), "
           f"{passes} checked reader passes, {dumps} dumps, 0 errors")
     d.close()
+
+
+def test_torture_followers(name):
+    """Writers as above on the 1 KiB stream (a dump every few writes), followed by a
+    change feed replaying every item onto a replica, and by a waiter looping on
+    ``wait_for_change`` (checking each state it wakes to), both in spawned
+    processes.  When the writers are done the test sets ``done``: the feed's replica
+    must equal the dict, the waiter must have woken to the final state."""
+    writers = 3
+    d = SharedDict(name=name, recurse=True, buffer_size=1024)
+    for wid in range(writers):
+        d[f"w{wid}"] = {}
+    d["total"] = 0
+    results, ready = spawn.Queue(), spawn.Queue()
+    followers = [spawn.Process(target=torture_workers.feed_follower, args=(name, ready, results)),
+                 spawn.Process(target=torture_workers.wait_follower, args=(name, writers, ready, results))]
+    procs = [spawn.Process(target=torture_workers.writer, args=(name, w, SECONDS, results))
+             for w in range(writers)]
+    try:
+        for p in followers:
+            p.start()
+        assert sorted(ready.get(timeout=120) for _ in followers) == ["feed", "wait"]
+        t0 = time.monotonic()
+        for p in procs:
+            p.start()
+        got = [results.get(timeout=SECONDS + 120) for _ in procs]
+        d["done"] = True
+        got += [results.get(timeout=60) for _ in followers]
+        for p in procs + followers:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs + followers:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+    elapsed = time.monotonic() - t0
+    follow = {g[0]: g for g in got if g[0] in ("feed", "wait")}
+    errors = follow["feed"][3] + follow["wait"][3]
+    assert not errors, errors[:5]
+    for _, wid, model, _, _ in (g for g in got if g[0] == "writer"):
+        assert d[f"w{wid}"].copy() == model, wid
+    ops = sum(g[3] for g in got if g[0] == "writer")
+    assert follow["feed"][2] > 0 and follow["wait"][1] > 0
+    print(f"\ntorture followers, {elapsed:.1f}s: {ops} writes, {d._store.gen} dumps; feed: "
+          f"{follow['feed'][1]} items ({follow['feed'][2]} resync); waiter: {follow['wait'][1]} wake-ups; 0 errors")
+    d.close()

@@ -145,3 +145,79 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
                 break
     results.put(("reader", passes, errors, d._store.gen))
     d.close()
+
+
+def apply_change(replica: Dict[str, Any], ch: Any) -> None:
+    """A change-feed item applied to a plain replica of the dict."""
+    node: Any = replica
+    for key in ch.path:
+        node = node[key]
+    if ch.op == "set":
+        node[ch.key] = ch.value
+    elif ch.op == "delete":
+        del node[ch.key]
+    else:
+        node.clear()
+
+
+def feed_follower(name: str, ready: Any, results: Any) -> None:
+    """Follow the writers through ``changes()`` onto a replica until the test sets
+    ``done``; the replica must then equal the dict."""
+    d = SharedDict(name=name, create=False)
+    replica = d.copy()  # the feed starts at the state this handle last saw
+    it = d.changes(timeout=60)
+    ready.put("feed")
+    items = resyncs = 0
+    errors: List[str] = []
+    try:
+        for ch in it:
+            apply_change(replica, ch)
+            items += 1
+            resyncs += ch.resync
+            if ch.path == () and ch.key == "done":
+                break
+        else:
+            errors.append("the feed ended before 'done'")
+        final = d.copy()
+        if replica != final:
+            diff = sorted(k for k in set(final) | set(replica) if final.get(k) != replica.get(k))
+            errors.append(f"the replica differs from the dict at {diff}")
+    except Exception as exc:  # noqa: BLE001 - every failure is reported
+        errors.append(f"{type(exc).__name__}: {exc}")
+    results.put(("feed", items, resyncs, errors))
+    d.close()
+
+
+def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
+    """Follow the writers with ``wait_for_change`` until ``done``: every wake-up
+    shows a newer state (seqs never go back), no wait times out while the writers
+    write, and the last state seen is the final one."""
+    from ultradict_ng import layout as L
+
+    L.WAIT_SLICE = 60.0  # only a wake-up ends a sleep in time
+    d = SharedDict(name=name, create=False)
+    last_seq: Dict[int, int] = {}
+    wakes = 0
+    errors: List[str] = []
+    d.get("done")
+    ready.put("wait")
+    try:
+        while not d.get("done"):
+            t0 = time.monotonic()
+            ok = d.wait_for_change(timeout=20)
+            waited = time.monotonic() - t0
+            if not ok or waited > 8:  # writers write all the time, and "done" right after
+                errors.append(f"a wait returned {ok} after {waited:.1f}s: a lost wake-up")
+                break
+            wakes += 1
+            snapshot = d.copy()
+            for wid in range(writers):
+                check_subtree(wid, snapshot[f"w{wid}"], last_seq)
+        final = d.copy()
+        for wid in range(writers):
+            if final[f"w{wid}"].get("seq") != last_seq.get(wid):
+                errors.append(f"writer {wid}: last seq seen {last_seq.get(wid)}, final {final[f'w{wid}'].get('seq')}")
+    except Exception as exc:  # noqa: BLE001 - every failure is reported
+        errors.append(f"{type(exc).__name__}: {exc}")
+    results.put(("wait", wakes, 0, errors))
+    d.close()

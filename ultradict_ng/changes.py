@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tu
 from . import layout as L
 from .blobs import BlobGone, BlobRef, InlineArray
 from .codec import copy_value
+from .errors import Closed
 from .reader import INVALID, Reader
 from .waiting import Backoff, ProcessWaits
 from .speedups import Words
@@ -121,21 +122,24 @@ def _skeleton(node: Dict[Any, Any]) -> Dict[Any, Any]:
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: Any, b: Any, dumps: Callable[[Any], bytes]) -> bool:
+    """Whether a resync may skip ``b`` replacing ``a``: the same bytes under the
+    dict's serializer.  Not ``==``: ``[1]`` and ``[True]``, ``0.0`` and ``-0.0``
+    are equal but not the same value, and a NaN or an array is not equal to itself."""
     if a is b:
         return True
     if type(a) is not type(b):
         return False
     try:
-        return bool(a == b)
-    except Exception:  # e.g. an array comparison with no single truth value
+        return dumps(a) == dumps(b)
+    except Exception:  # (cannot tell: report it)
         return False
 
 
 class Feed(Reader):
     """A private reader of one dict that records what it replays (module docstring)."""
 
-    __slots__ = ("out", "waits", "_materialize", "_mark")
+    __slots__ = ("out", "waits", "_materialize", "_mark", "_owner")
 
     _feeding = True
 
@@ -148,6 +152,7 @@ class Feed(Reader):
         self.lock = store.lock
         self.waits = store.waits
         self._materialize = store.materialize
+        self._owner = store  # (its mapping is ours too: the feed keeps it open)
         self.mutex = threading.RLock()
         self.out: List[Change] = []
         self._mark = 0
@@ -157,9 +162,14 @@ class Feed(Reader):
         if self.gen == INVALID:
             self.data = {}
 
+    def _check_open(self) -> None:
+        if self._owner.closed:
+            raise Closed(f"the handle of shared dict {self.name!r} this feed reads through was closed")
+
     def poll(self) -> List[Change]:
         """The changes published since the last call (or since the feed's
         start), oldest first; empty if there are none now.  Never blocks."""
+        self._check_open()
         if self.words[_W_STATE] != self.seen:
             self.sync()
         out, self.out = self.out, []
@@ -168,10 +178,12 @@ class Feed(Reader):
     @property
     def ended(self) -> bool:
         """The dict was unlinked and every change before that was reported."""
+        self._check_open()
         return bool(self.words[_W_STATUS] & _UNLINKED) and self.words[_W_STATE] == self.seen
 
     def wait(self, deadline: Optional[float]) -> bool:
         """Sleep until there may be more to poll (True) or ``deadline`` (False)."""
+        self._check_open()
         return wait_until_changed(self._map.atomic, self.words, self.waits, lambda: self.seen, deadline)
 
     # -- hooks called by Reader._refresh ----------------------------------------------
@@ -208,6 +220,7 @@ class Feed(Reader):
         """Before the cache is replaced by a dump: the difference, as resync changes."""
         out = self.out
         export = self._export
+        dumps = self.codec.dumps
         stack: List[Tuple[Tuple[Any, ...], Dict[Any, Any], Dict[Any, Any]]] = [((), self.data, new)]
         while stack:
             path, old_node, new_node = stack.pop()
@@ -220,7 +233,7 @@ class Feed(Reader):
                     if type(ov) is dict and type(v) is dict:
                         stack.append((path + (k,), ov, v))
                         continue
-                    if _same(ov, v):
+                    if _same(ov, v, dumps):
                         continue
                 out.append(Change("set", path, k, export(v), True))
 

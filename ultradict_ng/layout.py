@@ -273,7 +273,10 @@ while the lock stays taken it sleeps at most ``LOCK_HANDOFF_POLL`` at a time
 and tries again, keeping LOCK_WAKING so that releases meanwhile wake nobody;
 it stores LOCK_WAKING = 0 (CAS from its word) when it stops waiting (lock
 taken, timeout, error), and a waiter that stops without being designated
-clears a pending 1 it may have been sent.  The cost: a release while the
+clears a pending 1 it may have been sent.  A waiter about to sleep that finds
+LOCK_WAKING = 1 claims it first: a release whose wake woke nobody (the waiter
+was registered but not yet asleep) leaves 1 behind, and unclaimed it would stop
+every later release from waking anyone.  The cost: a release while the
 designated waiter sleeps is noticed up to ``LOCK_HANDOFF_POLL`` late.  Why:
 with more processes than cores, every woken process that fails to take the
 lock is CPU taken from the holder, and a spinning one slows the holder's

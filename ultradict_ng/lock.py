@@ -295,6 +295,13 @@ class SharedLock:
                 elif designated:
                     words.wait(_W_LOCK_SEQ, seq, max(min(limit, L.LOCK_HANDOFF_POLL), 0.0))
                 else:
+                    if words.load(_W_LOCK_WAKING) == _WAKE_PENDING and words.cas(
+                            _W_LOCK_WAKING, _WAKE_PENDING, mine)[0]:
+                        # A release woke nobody (or someone about to find it):
+                        # take the role now, or nobody would, and releases
+                        # would stop waking anyone.
+                        designated = True
+                        continue
                     woken = words.wait(_W_LOCK_SEQ, seq, max(limit, 0.0))
                     flag = words.load(_W_LOCK_WAKING)
                     if flag == _WAKE_PENDING:  # a release woke one of us: claim the role

@@ -1,0 +1,479 @@
+"""The change feed: ``SharedDict.changes()`` yields ``Change(op, path, key, value,
+resync)`` items in publish order; a feed that fell behind a full dump yields the
+difference between what it had and the dump instead (``resync=True``).
+
+The property test replays every item onto a replica of the feed's starting state
+and checks, at each point the feed catches up, that the items are exactly right:
+the records since the last catch-up when no dump happened (no resync, nothing
+twice); otherwise a resync that turns the replica into exactly the dump's state
+(every item a real difference, each (path, key) once), followed by exactly the
+records after that dump.  Values are compared type-exactly (``[1]`` is not
+``[True]``, ``0.0`` is not ``-0.0``), as the dict stores them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import multiprocessing
+import pickle
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from tests import wait_workers
+from tests.conftest import unique_name
+from tests.feed_model import (apply_change, apply_op, changes_of, node_at, same_changes, strict_equal,
+                              take_until)
+from tests.wait_workers import in_thread, stop
+from ultradict_ng import Change, Closed, SharedDict
+from ultradict_ng.changes import SUPERSEDED
+
+spawn = multiprocessing.get_context("spawn")
+
+
+# -- ops in order, values ------------------------------------------------------------------
+
+
+@pytest.fixture
+def dicts():
+    """``dicts(...)`` makes a SharedDict that is closed (unlinked) after the test, pass or fail."""
+    made: List[SharedDict] = []
+
+    def make(*args: Any, **kwargs: Any) -> SharedDict:
+        made.append(SharedDict(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for d in reversed(made):
+        d.close()
+
+
+@pytest.fixture
+def pair(name: str):
+    d = SharedDict(name=name, recurse=True)
+    r = SharedDict(name=name, create=False)
+    yield d, r
+    r.close()
+    d.close()
+
+
+OPS = [
+    ("set", (), "a", 1),
+    ("set", (), "n", {"x": 1, "y": {"z": [1, 2]}}),
+    ("set", ("n",), "x", 2),
+    ("set", ("n", "y"), "z", "deep"),
+    ("update", (), [("b", 2), ("c", (3, 4)), ("a", None)]),
+    ("update", ("n",), [("u", b"bytes")]),
+    ("setdefault", (), "s", [True]),
+    ("setdefault", (), "s", "ignored"),
+    ("del", (), "b"),
+    ("pop", ("n",), "u"),
+    ("popitem", ()),
+    ("clear", ("n", "y")),
+    ("set", (), 7, {"t": (1, 2)}),
+    ("clear", ()),
+    ("set", (), "after", 1.5),
+]
+
+
+def test_changes_report_every_op_in_order(pair):
+    d, r = pair
+    r.get("a")
+    it = r.changes(timeout=0.3)
+    model: Dict[Any, Any] = {}
+    expected: List[Change] = []
+    for op in OPS:
+        expected += changes_of(model, op)
+        assert apply_op(d, op) == apply_op(model, op)
+    got = list(it)
+    assert same_changes(got, expected), got
+    replica: Dict[Any, Any] = {}
+    for ch in got:
+        apply_change(replica, ch)
+    assert strict_equal(replica, d.copy()) and strict_equal(replica, model)
+
+
+def test_feed_starts_at_the_state_the_handle_last_saw(pair):
+    d, r = pair
+    d["a"] = 1
+    assert r["a"] == 1  # r saw this state...
+    d["b"] = 2  # ...not this one, made before changes() is called
+    it = r.changes(timeout=0.2)
+    d["c"] = 3
+    assert list(it) == [Change("set", (), "b", 2), Change("set", (), "c", 3)]
+    assert list(d.changes(timeout=0.1)) == []  # the writer saw everything
+
+
+def test_a_nested_view_feeds_the_whole_tree(pair):
+    d, r = pair
+    d["n"] = {"x": 1}
+    view = r["n"]
+    it = view.changes(timeout=0.2)
+    d["other"] = 1
+    d["n"]["x"] = 2
+    assert list(it) == [Change("set", (), "other", 1), Change("set", ("n",), "x", 2)]
+
+
+def test_arrays_and_large_values_come_through(dicts, name):
+    np = pytest.importorskip("numpy")
+    d = dicts(name=name, blob_threshold=1024)
+    r = SharedDict(name=name, create=False)
+    r.get("x")
+    it = r.changes(timeout=0.3)
+    values = {"small": np.arange(3, dtype=np.int16), "arr": np.arange(1000, dtype=np.float64).reshape(10, 100),
+              "big": b"x" * 5000, "ba": bytearray(b"y" * 2000), "mv": memoryview(b"z" * 3000),
+              "nested": [np.ones(400, dtype=np.int32), b"w" * 1500]}
+    for k, v in values.items():
+        d[k] = v
+    d["gone"] = b"1" * 5000
+    d["gone"] = b"2" * 5000  # drops the first blob before the feed reads it
+    got = list(it)
+    assert [(c.op, c.key) for c in got] == [("set", k) for k in values] + [("set", "gone")] * 2
+    by_key = {c.key: c.value for c in got[:len(values)]}
+    for k in ("small", "arr"):
+        assert type(by_key[k]) is np.ndarray and by_key[k].dtype == values[k].dtype
+        assert np.array_equal(by_key[k], values[k])
+    assert by_key["big"] == values["big"] and type(by_key["big"]) is bytes
+    assert by_key["ba"] == values["ba"] and type(by_key["ba"]) is bytearray
+    assert by_key["mv"] == b"z" * 3000 and type(by_key["mv"]) is bytes
+    assert np.array_equal(by_key["nested"][0], values["nested"][0]) and by_key["nested"][1] == b"w" * 1500
+    assert got[-2].value is SUPERSEDED and got[-1].value == b"2" * 5000
+    r.close()
+    d.close()
+
+
+# -- resync --------------------------------------------------------------------------------
+
+
+def resync_after(d: SharedDict, before: Dict[Any, Any], after: Dict[Any, Any]) -> List[Change]:
+    """Set ``before``, start a feed, change to ``after`` with a dump in between: the items."""
+    d.clear()
+    d.update(before)
+    feed = d._store.feed()
+    d.clear()
+    d.update(after)
+    d._store.force_dump()
+    return feed.poll()
+
+
+@pytest.mark.parametrize("old, new", [([1], [True]), ([True], [1.0]), (0.0, -0.0), ((1,), (1.0,)),
+                                      ({"x": [0]}, {"x": [False]})],
+                         ids=["1-True", "True-1.0", "zero-sign", "tuple-1.0", "nested-0-False"])
+def test_resync_reports_type_exact_differences(name, old, new):
+    """A value that changed into an equal-comparing value of other types while the
+    feed was behind a dump is a difference: the replica must end as the dict is."""
+    d = SharedDict(name=name, recurse=True, buffer_size=4096)
+    try:
+        got = resync_after(d, {"k": old, "same": 1}, {"k": new, "same": 1})
+        replica = {"k": copy.deepcopy(old), "same": 1}
+        for ch in got:
+            assert ch.resync
+            apply_change(replica, ch)
+        assert strict_equal(replica, d.copy()), (replica, d.copy(), got)
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("unchanged", ["inline-array", "nan", "blob-array"])
+def test_resync_never_reports_an_unchanged_value(name, unchanged):
+    np = pytest.importorskip("numpy")
+    value = {"inline-array": lambda: np.arange(4), "nan": lambda: [math.nan],
+             "blob-array": lambda: np.arange(2000)}[unchanged]()
+    d = SharedDict(name=name, buffer_size=4096, blob_threshold=8000)
+    try:
+        d["v"] = value
+        d["k"] = 0
+        feed = d._store.feed()
+        d["k"] = 1
+        d._store.force_dump()
+        assert feed.poll() == [Change("set", (), "k", 1, True)]
+    finally:
+        d.close()
+
+
+def test_no_resync_when_the_feed_is_not_behind_a_dump(dicts, name):
+    d = dicts(name=name, buffer_size=4096)
+    d.update({f"k{i}": i for i in range(20)})
+    feed = d._store.feed()
+    gen = d._store.gen
+    for i in range(10):
+        d[f"k{i}"] = -i
+        assert feed.poll() == [Change("set", (), f"k{i}", -i)]
+    assert d._store.gen == gen
+    d._store.force_dump()  # nothing changed since the feed's last poll: nothing to report
+    assert feed.poll() == []
+
+
+# -- the property test ---------------------------------------------------------------------
+
+KEYS = st.sampled_from(["a", "b", "c", 1])
+#: Mostly values that compare equal across types (1 == True == 1.0, 0.0 == -0.0).
+SCALARS = st.sampled_from([True, 1, 1.0, False, 0, 0.0, -0.0, None, "x", b"x"])
+LEAVES = st.one_of(SCALARS, st.lists(SCALARS, max_size=2), st.lists(SCALARS, max_size=2).map(tuple))
+VALUES = st.one_of(LEAVES, LEAVES, st.dictionaries(KEYS, LEAVES, max_size=2))
+
+
+_TWIN = {(bool, True): 1, (int, 1): 1.0, (float, 1.0): True,
+         (bool, False): 0, (int, 0): 0.0, (float, 0.0): -0.0}
+
+
+def twin(value: Any) -> Any:
+    """A value equal to ``value`` (==) but not the same: 1 for True, 1.0 for 1, ... inside too."""
+    if type(value) in (list, tuple):
+        return type(value)(twin(v) for v in value)
+    if type(value) is dict:
+        return {k: twin(v) for k, v in value.items()}
+    if type(value) is float and repr(value) == "-0.0":
+        return False
+    return _TWIN.get((type(value), value), value)
+
+
+def paths(model: Dict[Any, Any], path: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+    out = [path]
+    for k, v in model.items():
+        if type(v) is dict:
+            out += paths(v, path + (k,))
+    return out
+
+
+def draw_op(data: Any, model: Dict[Any, Any]) -> Tuple[Any, ...]:
+    path = data.draw(st.sampled_from(paths(model)))
+    node = node_at(model, path)
+    kinds = ["set", "set", "set", "update", "setdefault", "clear", "dump", "poll", "poll"]
+    if node:
+        kinds += ["del", "pop", "popitem", "twin", "twin"]
+    kind = data.draw(st.sampled_from(kinds))
+    if kind == "twin":  # the same key, a value that compares equal but differs in type
+        key = data.draw(st.sampled_from(list(node)))
+        return ("set", path, key, twin(node[key]))
+    if kind in ("set", "setdefault"):
+        return (kind, path, data.draw(KEYS), data.draw(VALUES))
+    if kind in ("del", "pop"):
+        return (kind, path, data.draw(st.sampled_from(list(node))))
+    if kind == "update":
+        return (kind, path, list(data.draw(st.dictionaries(KEYS, VALUES, min_size=1, max_size=3)).items()))
+    return (kind, path) if kind in ("popitem", "clear") else (kind,)
+
+
+class Checker:
+    """Follows one feed; at each catch-up checks the items against what was published."""
+
+    def __init__(self, d: SharedDict) -> None:
+        self.d = d
+        self.replica = d.copy()  # the feed starts at the writer's state
+        self.it = d.changes(timeout=5)
+        self.records: List[Change] = []  # published as records since the feed's last catch-up
+        self.dumped: Optional[Dict[Any, Any]] = None  # state of the newest dump since then
+        self.marks = 0
+
+    def published(self, op_changes: List[Change], model: Dict[Any, Any], gen_before: int) -> None:
+        if self.d._store.gen != gen_before:  # the op went into a dump, not a record
+            self.dumped = copy.deepcopy(model)
+            self.records = []
+        else:
+            self.records += op_changes
+
+    def catch_up(self, model: Dict[Any, Any]) -> None:
+        d = self.d
+        self.marks += 1
+        while True:  # the mark must be a record: the last item of the feed's next batch
+            gen = d._store.gen
+            mark = Change("set", (), "_mark", self.marks)
+            d["_mark"] = model["_mark"] = self.marks
+            self.published([mark], model, gen)
+            if self.dumped is None or self.records:
+                break
+            self.marks += 1
+        got = take_until(self.it, self.records[-1])
+        if self.dumped is None:
+            assert same_changes(got, self.records), ("no dump since the last catch-up", got, self.records)
+        else:
+            n = len(got) - len(self.records)
+            resync, tail = got[:n], got[n:]
+            assert all(c.resync for c in resync) and same_changes(tail, self.records), (got, self.records)
+            targets = [(c.path, c.key) for c in resync]
+            assert len(set(map(repr, targets))) == len(targets), ("a resync item twice", resync)
+            for ch in resync:
+                node = node_at(self.replica, ch.path)
+                if ch.op == "set":
+                    assert ch.key not in node or not strict_equal(node[ch.key], ch.value), ("no change", ch)
+                else:
+                    assert ch.op == "delete" and ch.key in node, ch
+                apply_change(self.replica, ch)
+            assert strict_equal(self.replica, self.dumped), ("resync does not give the dump", got)
+            got = tail
+        for ch in got:
+            apply_change(self.replica, ch)
+        assert strict_equal(self.replica, model), (self.replica, model)
+        self.records, self.dumped = [], None
+
+
+# No shrinking: a failure's draws are long, but the assertion shows the replica and the
+# dump side by side, and shrinking these examples takes minutes.
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck),
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(data=st.data(), buffer_size=st.sampled_from([64, 256, 4096]), steps=st.integers(5, 40))
+def test_feed_replays_exactly_what_was_published(data, buffer_size, steps):
+    d = SharedDict(name=unique_name(), recurse=True, buffer_size=buffer_size)
+    try:
+        model: Dict[Any, Any] = {"_mark": 0}
+        d.update(model)
+        checker = Checker(d)
+        for _ in range(steps):
+            op = draw_op(data, model)
+            if op[0] == "poll":
+                checker.catch_up(model)
+                continue
+            gen = d._store.gen
+            seen = d._store.seen
+            op_changes = changes_of(model, op)
+            assert apply_op(d, op) == apply_op(model, op)
+            if d._store.seen != seen:  # published (a setdefault of a present key is not)
+                checker.published(op_changes, model, gen)
+        checker.catch_up(model)
+        assert strict_equal(checker.replica, d.copy())
+    finally:
+        d.close()
+
+
+# -- across processes, threads; unlink, close, timeouts ------------------------------------
+
+
+def writer_ops(n: int) -> List[Tuple[Any, ...]]:
+    ops: List[Tuple[Any, ...]] = [("set", (), "n", {})]
+    for i in range(n):
+        ops.append(("set", (), f"k{i % 7}", [i, "v" * (i % 5)]))
+        if i % 3 == 0:
+            ops.append(("update", ("n",), [(f"u{i % 4}", i), ("last", i)]))
+        if i % 11 == 0:
+            ops.append(("clear", ("n",)))
+        if i % 5 == 4:
+            ops.append(("del", (), f"k{(i - 1) % 7}"))
+    return ops + [("set", (), "_end", True)]
+
+
+def test_feed_follows_a_writer_in_another_process(dicts, name):
+    d = dicts(name=name, recurse=True, buffer_size=1024)  # a dump every few writes
+    ops = writer_ops(300)
+    it = d.changes(timeout=20)
+    p = spawn.Process(target=wait_workers.feed_writer, args=(name, ops))
+    p.start()
+    try:
+        got = take_until(it, Change("set", (), "_end", True))
+        p.join(30)
+        assert p.exitcode == 0
+    finally:
+        stop(p)
+    replica: Dict[Any, Any] = {}
+    for ch in got:
+        apply_change(replica, ch)
+    model: Dict[Any, Any] = {}
+    for op in ops:
+        apply_op(model, op)
+    assert strict_equal(replica, d.copy()) and strict_equal(replica, model)
+    assert any(c.resync for c in got) and not all(c.resync for c in got)
+
+
+def test_feed_in_another_process_follows_this_one(dicts, name):
+    d = dicts(name=name, recurse=True, buffer_size=1024)
+    ready, out = spawn.Queue(), spawn.Queue()
+    p = spawn.Process(target=wait_workers.feed_follower, args=(name, ready, out, 1.5))
+    p.start()
+    try:
+        ready.get(timeout=60)
+        for op in writer_ops(200):
+            apply_op(d, op)
+        start, items, final = out.get(timeout=30)
+        p.join(10)
+        assert p.exitcode == 0
+    finally:
+        stop(p)
+    for ch in items:
+        apply_change(start, ch)
+    assert strict_equal(start, final) and strict_equal(final, d.copy())
+
+
+def test_several_feeds_in_threads_each_end_equal_to_the_dict(pair):
+    d, r = pair
+    replicas: List[Any] = []
+
+    def follow() -> None:
+        h = SharedDict(name=d.name, create=False)
+        replica = h.copy()
+        for ch in take_until(h.changes(timeout=10), Change("set", (), "_end", True)):
+            apply_change(replica, ch)
+        replicas.append(replica)
+        h.close()
+
+    threads = [threading.Thread(target=follow) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for op in writer_ops(150):
+        apply_op(d, op)
+        if op[0] == "clear":
+            d._store.force_dump()
+    for t in threads:
+        t.join(20)
+    assert len(replicas) == 3 and all(strict_equal(x, d.copy()) for x in replicas)
+
+
+def test_a_waiting_feed_is_woken_by_a_write(pair, monkeypatch):
+    from ultradict_ng import layout as L
+
+    monkeypatch.setattr(L, "WAIT_SLICE", 60.0)  # only a wake-up ends the sleep in time
+    d, r = pair
+    r.get("a")
+    it = r.changes(timeout=10)
+    threading.Timer(0.2, lambda: d.__setitem__("a", 1)).start()
+    t0 = time.monotonic()
+    assert in_thread(lambda: next(it), 10) == Change("set", (), "a", 1)
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_feed_ends_when_the_dict_is_unlinked(pair):
+    d, r = pair
+    r.get("a")
+    got: List[Change] = []
+    t = threading.Thread(target=lambda: got.extend(r.changes(timeout=None)))
+    t.start()
+    d["a"] = 1
+    d["b"] = 2
+    time.sleep(0.1)
+    d.unlink()
+    t.join(5)
+    assert not t.is_alive(), "the feed did not end when the dict was unlinked"
+    assert got == [Change("set", (), "a", 1), Change("set", (), "b", 2)]
+
+
+def test_feed_timeouts(pair):
+    d, r = pair
+    with pytest.raises(ValueError):
+        r.changes(timeout=-1)
+    t0 = time.monotonic()
+    assert list(r.changes(timeout=0.2)) == []
+    assert 0.2 <= time.monotonic() - t0 < 1.2
+    assert list(r.changes(timeout=0)) == []
+
+
+def test_feed_of_a_closed_handle_raises_closed(pair):
+    d, r = pair
+    r.get("a")
+    it = r.changes(timeout=1)
+    d["a"] = 1
+    r.close()
+    with pytest.raises(Closed):
+        in_thread(lambda: next(it), 5)
+    with pytest.raises(Closed):
+        r.changes()
+
+
+def test_change_items_are_plain_named_tuples():
+    ch = Change("set", ("a",), "k", [1])
+    assert ch == ("set", ("a",), "k", [1], False) and ch.resync is False
+    assert pickle.loads(pickle.dumps(ch)) == ch
+    assert pickle.loads(pickle.dumps(SUPERSEDED)) is SUPERSEDED and repr(SUPERSEDED) == "SUPERSEDED"
