@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import re
 import uuid
-from typing import Iterator, Set
+from typing import Any, Iterator, List, Set
 
 import pytest
 
@@ -108,3 +108,31 @@ def no_leftovers() -> Iterator[None]:
 def name() -> str:
     """A dict name unique to this test."""
     return unique_name()
+
+
+@pytest.fixture
+def dicts():
+    """``dicts(...)`` makes a SharedDict that is closed (unlinked) after the test, pass or fail."""
+    from ultradict_ng import SharedDict
+
+    made: List[Any] = []
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        made.append(SharedDict(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for d in reversed(made):
+        d.close()
+
+
+@pytest.fixture(params=["futex", "poll"])
+def mode(request: Any, monkeypatch: Any) -> str:
+    """This process's waiters on the futex or polling (what ULTRADICT_NG_WAIT sets)."""
+    from ultradict_ng import waiting
+    from ultradict_ng.speedups import FUTEX
+
+    if request.param == "futex" and not FUTEX:
+        pytest.skip("no futex on this platform")
+    monkeypatch.setattr(waiting, "MODE", request.param)
+    return request.param

@@ -40,20 +40,6 @@ spawn = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
-def dicts():
-    """``dicts(...)`` makes a SharedDict that is closed (unlinked) after the test, pass or fail."""
-    made: List[SharedDict] = []
-
-    def make(*args: Any, **kwargs: Any) -> SharedDict:
-        made.append(SharedDict(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for d in reversed(made):
-        d.close()
-
-
-@pytest.fixture
 def pair(name: str):
     d = SharedDict(name=name, recurse=True)
     r = SharedDict(name=name, create=False)

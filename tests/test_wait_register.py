@@ -33,29 +33,6 @@ WAIT_WORDS = (L.W_CHANGE_WAITERS, L.W_CHANGE_SEQ, L.W_LOCK_WAITERS, L.W_LOCK_SEQ
 
 
 @pytest.fixture
-def dicts():
-    """``dicts(...)`` makes a SharedDict that is closed (unlinked) after the test, pass or fail."""
-    made: List[SharedDict] = []
-
-    def make(*args: Any, **kwargs: Any) -> SharedDict:
-        made.append(SharedDict(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for d in reversed(made):
-        d.close()
-
-
-@pytest.fixture(params=["futex", "poll"])
-def mode(request: Any, monkeypatch: Any) -> str:
-    """This process's waiters on the futex or polling (what ULTRADICT_NG_WAIT sets)."""
-    if request.param == "futex" and not FUTEX:
-        pytest.skip("no futex on this platform")
-    monkeypatch.setattr(waiting, "MODE", request.param)
-    return request.param
-
-
-@pytest.fixture
 def pair(name: str):
     """The creator ``d`` (writes) and an attached handle ``r`` (waits)."""
     d = SharedDict(name=name, recurse=True, buffer_size=4096)

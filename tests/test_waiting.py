@@ -43,28 +43,6 @@ needs_futex = pytest.mark.skipif(not FUTEX, reason="no futex on this platform")
 
 
 @pytest.fixture
-def dicts():
-    """``dicts(...)`` makes a SharedDict that is closed (unlinked) after the test, pass or fail."""
-    made: List[SharedDict] = []
-
-    def make(*args: Any, **kwargs: Any) -> SharedDict:
-        made.append(SharedDict(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for d in reversed(made):
-        d.close()
-
-
-@pytest.fixture(params=["futex", "poll"])
-def mode(request: Any, monkeypatch: Any) -> str:
-    if request.param == "futex" and not FUTEX:
-        pytest.skip("no futex on this platform")
-    monkeypatch.setattr(waiting, "MODE", request.param)
-    return request.param
-
-
-@pytest.fixture
 def slow_slice(monkeypatch: Any) -> None:
     monkeypatch.setattr(L, "WAIT_SLICE", 60.0)
 
