@@ -11,6 +11,7 @@ segment with another creation token is a dict re-created under the same name.
 from __future__ import annotations
 
 import logging
+from typing import List
 
 from . import layout as L
 from . import segment
@@ -23,7 +24,7 @@ from .mapping import Mapping
 from .names import validate_name
 from .segment import Segment
 
-__all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name"]
+__all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name", "remove_orphans"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -138,3 +139,29 @@ def unlink_by_name(name: str) -> int:
         return unlink_tree(name, mapping, token)
     finally:
         mapping.release()
+
+
+def remove_orphans(base: str, names: List[str]) -> int:
+    """Unlink ``names``, segments named like the dict ``base``'s whose control
+    segment is gone (layout: "Unlink and cleanup register", orphans); how many.
+
+    The name ``base`` is held meanwhile by an empty segment created
+    exclusively, so that no creator makes a dict under it (and a new stream
+    that these names would then denote) while they are removed; 0 if the name
+    is taken -- a dict lives there now, and they are not orphans.
+    """
+    validate_name(base)
+    try:
+        placeholder = segment.create_empty(base)
+    except FileExistsError:
+        return 0
+    try:
+        removed = 0
+        for name in names:
+            if not name.startswith(base + "@") or not segment.holds(base, placeholder):
+                break
+            removed += segment.unlink(name)
+        return removed
+    finally:
+        if segment.holds(base, placeholder):
+            segment.unlink(base)

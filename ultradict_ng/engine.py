@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
     from .changes import Feed
     from .codec import Codec
     from .lock import SharedLock
+    from .users import User
 
 __all__ = ["Engine", "Options", "open_engine", "unlink_by_name"]
 
@@ -54,8 +55,9 @@ class Options:
     recurse: Optional[bool] = None
     buffer_size: Optional[int] = None
     serializer: Any = None
-    #: None: True for the handle that creates the dict, False for attachers.
-    auto_unlink: Optional[bool] = None
+    #: None: True for the handle that creates the dict, False for attachers;
+    #: "last": unlink when this handle closes if no other process is attached.
+    auto_unlink: Union[bool, str, None] = None
     #: Cap in bytes on a full dump (0 or None: none); UltraDict's full_dump_size.
     dump_limit: Optional[int] = None
     #: Buffers and arrays this large or larger go to blobs (0: never).
@@ -129,6 +131,9 @@ class Engine(Protocol):
 
     def stats(self) -> Dict[str, Any]:
         """Facts about the dict for people and tools: sizes, counters, holders."""
+
+    def users(self) -> "List[User]":
+        """The processes attached to the dict (alive and dead)."""
 
     def close(self) -> None:
         """Detach this process (auto-unlink if this handle was armed to)."""

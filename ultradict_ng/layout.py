@@ -5,7 +5,8 @@ numbers live.  Who follows which part: ``control.py`` (control segment, creation
 and attach), ``record.py`` (the record's kinds and how one is applied),
 ``reader.py`` (Reader), ``writer.py`` (Writer, Stream size, Dump), ``lock.py``
 (Lock), ``waiting.py`` (Waiting and waking), ``changes.py`` (the change feed
-under "Reader"), ``cleanup.py`` (Unlink and cleanup register); the primitives under them
+under "Reader"), ``users.py`` (Users), ``cleanup.py`` (Unlink and cleanup
+register), ``survey.py`` (reading segments from outside); the primitives under them
 come from ``speedups.py`` (the compiled helper or its twins in ``fallback.py``).
 
 Segments
@@ -64,8 +65,14 @@ word  offset  field
               the lock *before* the blob's segment is created
 28    224     BLOB_LOW: every blob id below it is gone (cleanup scans
               ``BLOB_LOW .. BLOB_NEXT``)
+29    232     CLOSING: owner word of a process removing the dict *because it has
+              no live user* (``clean``, ``auto_unlink="last"``), else 0 (see "Users")
+30    240     USER_OVERFLOW: attachments made while every user slot was taken
+              (incremented at attach, decremented at detach; see "Users")
 64-   512-    wait slots (``WAIT_SLOTS`` words): slot i holds the owner word (as
 127   1016    LOCK) of the process that uses bit i of the WAITERS words; 0 = free
+256-  2048-   user slots (``USER_SLOTS`` words): the owner word of each process
+511   4088    attached to the dict (one slot per process, whatever its handles); 0 = free
 ===== ======= ==================================================================
 
 STATE, LOCK and the register sit on separate 64-byte lines so that a lock
@@ -330,6 +337,56 @@ itself was damaged), then every blob (``BLOB_LOW .. BLOB_NEXT``, and every
 ``Unlinked``; a writer that published a dump just as the flag appeared unlinks
 its own dump.
 
+Orphans: a derived segment (``N@s``, ``N@d*``, ``N@b*``) with no ``N`` beside
+it can only be left by a crash (a creator makes ``N`` first, an unlink removes
+it last), and nothing can reach it.  Its remover first creates ``N`` itself,
+exclusively and empty, so that no creator makes a dict under the name while
+the orphans go (an attacher that finds the empty ``N`` waits for it, as for a
+creator); it stops if ``N`` exists, and unlinks ``N`` when done.
+
+Users (attached processes)
+==========================
+Every process that has the dict open holds one user slot: its owner word (as
+LOCK: pid and start time), so that "is anyone still using this dict?" has an
+answer after crashes.  Handles of one process share the slot and count
+themselves in process memory; the slot is freed (CAS own word -> 0) when the
+last of them is closed or collected, or at normal exit.
+
+Attach (after MAGIC is seen and the header read; the creator does 1 before it
+stores MAGIC, so a published dict always has its creator registered):
+
+1. claim a slot: CAS 0 -> own word, starting at ``pid % USER_SLOTS``; if
+   none is free, clear the slots of dead owners (CAS their word -> 0) and try
+   once more; if still none, ``USER_OVERFLOW += 1`` (this attachment is
+   counted but not named; detach subtracts it again);
+2. load CLOSING (seq_cst): while it is not 0 and its owner is alive, wait
+   (up to ``INIT_TIMEOUT``); a dead owner's word is replaced by 0 (CAS);
+3. load STATUS: if unlinked, undo step 1 and treat the name as gone (the
+   open creates a new dict or reports that there is none).
+
+A forked child inherits its parent's open handles and so registers itself
+(step 1) for each dict its parent had open, in the child, before ``fork()``
+returns there.
+
+Removing an unused dict ("close if unused": ``clean``, ``auto_unlink="last"``):
+
+a. CAS CLOSING 0 -> own word (a live owner's word there: someone else is on
+   it, stop; a dead owner's word is taken over by CAS from that word);
+b. load every user slot (seq_cst): if one holds a live owner other than us,
+   or USER_OVERFLOW != 0 and the processes mapping ``N`` cannot be listed
+   (Linux lists them in ``/proc/<pid>/maps``), or any process but us maps
+   ``N``: store CLOSING = 0 and stop -- the dict is in use;
+c. unlink it (see "Unlink"), leaving CLOSING set.
+
+No attacher is missed: the attacher's slot store precedes its load of CLOSING,
+and the remover's CLOSING store precedes its load of the slots, so in the
+single order of seq_cst operations either the remover sees the slot (and
+stops) or the attacher sees CLOSING (and waits until the dict is unlinked,
+then does not use it).  A process that attached without a slot is seen by
+the ``/proc/<pid>/maps`` check (b), and so is any other mapping.  A user that
+dies leaves its slot: it counts as not alive, and the next claim that finds
+no free slot, or a ``clean``, frees it.
+
 Changing the layout
 ===================
 ``LAYOUT_VERSION`` is stored in every control segment, and a process refuses
@@ -388,9 +445,10 @@ def _base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 4  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
+LAYOUT_VERSION = 5  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
 #                    4: waiting and waking (words 10, 11, 17, 18; wait slots 64-127)
-CONTROL_SIZE = 1024
+#                    5: users (words 29, 30; user slots 256-511; CONTROL_SIZE 4096)
+CONTROL_SIZE = 4096  # one page: shared memory is allocated by pages anyway
 
 W_MAGIC = 0
 W_LAYOUT = 1
@@ -413,8 +471,12 @@ W_REG_HIGH = 25
 W_STATUS = 26
 W_BLOB_NEXT = 27
 W_BLOB_LOW = 28
+W_CLOSING = 29
+W_USER_OVERFLOW = 30
 W_WAIT_SLOTS = 64
 WAIT_SLOTS = 64  # one bit each in a WAITERS word
+W_USER_SLOTS = 256
+USER_SLOTS = 256  # processes attached at once with a name in the register
 
 FLAG_RECURSE = 1
 FLAG_GROWS = 2
@@ -480,3 +542,4 @@ WAIT_SLICE = 1.0  # longest single futex sleep: a waiter re-checks at least this
 WAIT_SWEEP_INTERVAL = 1.0  # a process checks the wait slots for dead owners at most this often
 POLL_FIRST = 0.00005  # polling fallback: first sleep between checks
 POLL_MAX = 0.01  # polling fallback: longest sleep between checks
+CLOSING_POLL = 0.001  # an attacher re-checks a dict being removed this often

@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["Segment", "unlink", "exists", "listed", "SUPPORTED"]
+__all__ = ["Segment", "unlink", "exists", "listed", "create_empty", "holds", "SUPPORTED"]
 
 SUPPORTED = _posixshmem is not None
 _MODE = 0o600
@@ -129,6 +129,28 @@ def reserve(name: str, length: int) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def create_empty(name: str) -> int:
+    """Create ``name`` exclusively with size 0 (``FileExistsError`` if it exists);
+    its inode number, to check with :func:`holds` that the name is still it."""
+    _require_posix()
+    fd = _posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE)
+    try:
+        return os.fstat(fd).st_ino
+    finally:
+        os.close(fd)
+
+
+def holds(name: str, inode: int) -> bool:
+    """Whether ``name`` is still the segment of inode ``inode`` (where it can be
+    checked: the listing directory; elsewhere True)."""
+    try:
+        return os.stat(os.path.join(_LISTING, name)).st_ino == inode
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 
 
 def unlink(name: str) -> bool:

@@ -22,6 +22,7 @@ from .codec import IMMUTABLE_TYPES, copy_value
 from .engine import Engine, Options, open_engine, unlink_by_name as _unlink_by_name
 from .lock import SharedLock
 from .speedups import ViewBase, set_immutable_types
+from .users import User
 
 __all__ = ["SharedDict"]
 
@@ -78,7 +79,10 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
       False for attachers): unlink when this handle is closed, garbage-collected,
       or its process exits normally.  Only in the creating process -- never in
       a forked child.  Pass ``auto_unlink=False`` to let the dict outlive its
-      creator, and remove it later with :func:`unlink_by_name`.
+      creator, and remove it later with :func:`unlink_by_name`.  Pass
+      ``auto_unlink="last"`` (creator or attacher) to remove it when this
+      handle closes *and no other process is attached* (:meth:`users`): the
+      last one out removes it, whichever process that is.
 
     Values read back are copies (mutating a returned list does not change the
     dict); with ``recurse`` nested dicts are live views instead.  Iteration
@@ -96,14 +100,14 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     @overload
     def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
-                 serializer: Any = None, auto_unlink: Optional[bool] = None,
+                 serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
                  blob_threshold: Optional[int] = None, **data: Any) -> None: ...
 
     @overload
     def __init__(self, __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
                  name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
-                 serializer: Any = None, auto_unlink: Optional[bool] = None,
+                 serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
                  blob_threshold: Optional[int] = None, **more: Any) -> None: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -178,6 +182,13 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         engine, serializer, generation (full dumps so far), stream use, the
         pid holding the lock, the creator's pid (keys depend on the engine)."""
         return self._store.stats()
+
+    def users(self) -> List[User]:
+        """The processes attached to the dict now: ``User(pid, start_time,
+        alive)`` for each, dead ones included until their slot is reused
+        (a process killed with SIGKILL never detaches).  One entry per
+        process, however many handles it has open."""
+        return self._store.users()
 
     @property
     def lock(self) -> SharedLock:

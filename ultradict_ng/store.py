@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import layout as L
 from . import record as R
@@ -42,6 +42,7 @@ from .reader import INVALID
 from .segment import Segment
 from .waiting import waits_for
 from .writer import Writer
+from . import users
 
 __all__ = ["Store"]
 
@@ -60,11 +61,16 @@ class _ClosedWords:
         raise Closed(f"this handle of shared dict {self._name!r} is closed")
 
 
-def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int) -> None:
-    """Runs when a store is closed, collected, or its process exits (weakref.finalize)."""
+def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int, registered: bool,
+              last: bool) -> None:
+    """Runs when a store is closed, collected, or its process exits (weakref.finalize):
+    leave the user register, unlink if this handle was told to, unmap."""
     try:
+        alone = users.detach((name, token), mapping.atomic) if registered else False
         if unlink_pid == os.getpid():  # auto_unlink, and not in a forked child
             unlink_tree(name, mapping, token)
+        elif last and alone:  # auto_unlink="last": if no other process uses it
+            users.remove_if_unused(name, mapping, token)
     finally:
         mapping.release()
 
@@ -89,7 +95,7 @@ class Store(Writer):
     :class:`~ultradict_ng.reader.Reader`, then :class:`~ultradict_ng.writer.Writer`.
     """
 
-    __slots__ = ("recurse", "token", "created", "_finalizer", "__weakref__")
+    __slots__ = ("recurse", "token", "created", "registered", "_finalizer", "__weakref__")
 
     def __init__(self, mapping: Mapping, name: str, codec: Codec, header: Header,
                  created: bool) -> None:
@@ -109,6 +115,7 @@ class Store(Writer):
         self.blob_threshold = header.blob_threshold
         self.token = header.token
         self.created = created
+        self.registered = False  # counted in the user register (layout: "Users")
         self.lock = SharedLock(mapping.atomic, name, header.token)
         self.waits = waits_for((name, header.token))
         self.mutex = threading.RLock()
@@ -147,6 +154,9 @@ class Store(Writer):
         for threshold in (options.blob_threshold, options.for_create("blob_threshold")):
             if threshold is not None:
                 _blob_threshold(threshold)
+        for auto in (options.auto_unlink, options.for_create("auto_unlink")):
+            if not (auto is None or isinstance(auto, int) or auto == "last"):
+                raise ValueError(f"auto_unlink must be True, False, None or 'last', not {auto!r}")
         codec = codec_for(options.serializer) if options.serializer is not None else None
         # Three attempts at most: a dict can vanish between our failed create
         # and our attach (unlinked by someone else), in which case we create it.
@@ -159,7 +169,7 @@ class Store(Writer):
                         raise AlreadyExists(f"a shared dict named {name!r} already exists") from None
                 else:
                     auto = options.for_create("auto_unlink")
-                    store._arm_finalizer(True if auto is None else bool(auto))
+                    store._arm_finalizer(True if auto is None else auto)
                     return store
             try:
                 store = cls._attach(name, codec, options)
@@ -167,7 +177,7 @@ class Store(Writer):
                 if create is False:
                     raise NotFound(f"no shared dict named {name!r} exists") from None
                 continue
-            store._arm_finalizer(bool(options.auto_unlink))
+            store._arm_finalizer(options.auto_unlink)
             return store
         raise NotFound(f"shared dict {name!r} kept disappearing while attaching to it")
 
@@ -191,6 +201,7 @@ class Store(Writer):
         ctrl = Segment.create(name, L.CONTROL_SIZE)  # FileExistsError: someone else won
         stream: Optional[Segment] = None
         mapping: Optional[Mapping] = None
+        store: Optional[Store] = None
         try:
             sname = L.stream_name(name)
             try:
@@ -204,11 +215,15 @@ class Store(Writer):
             header.write(mapping.words)
             store = cls(mapping, name, codec, header, created=True)
             store.gen, store.pos, store.seen = 0, 0, 0
+            users.register((name, header.token), mapping.atomic)  # before MAGIC: never unowned
+            store.registered = True
             if initial:
                 store.commit(R.update((), [list(kv) for kv in initial]))
             mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)  # ready: published last
             return store
         except BaseException:
+            if store is not None and mapping is not None and store.registered:
+                users.detach((name, header.token), mapping.atomic)
             if mapping is not None:
                 unlink_dumps(name, mapping.words)
                 unlink_blobs(name, mapping.words)
@@ -257,15 +272,21 @@ class Store(Writer):
         words.release()
         store = cls(Mapping(ctrl, stream), name, stored_codec, header, created=False)
         try:
+            users.attach((name, header.token), store._map.atomic)  # FileNotFoundError: removed
+            store.registered = True
             store.sync()
         except BaseException:
             store.close()
             raise
         return store
 
-    def _arm_finalizer(self, auto_unlink: bool) -> None:
-        unlink_pid = os.getpid() if auto_unlink else 0
-        self._finalizer = weakref.finalize(self, _finalize, self._map, self.name, self.token, unlink_pid)
+    def _arm_finalizer(self, auto_unlink: Any) -> None:
+        """``auto_unlink``: truthy -- unlink at close; "last" -- unlink at close if
+        no other process is attached; falsy -- never."""
+        last = auto_unlink == "last"
+        unlink_pid = os.getpid() if auto_unlink and not last else 0
+        self._finalizer = weakref.finalize(self, _finalize, self._map, self.name, self.token,
+                                           unlink_pid, self.registered, last)
 
     # -- reading -------------------------------------------------------------------
 
@@ -355,8 +376,15 @@ class Store(Writer):
             "keys": keys,
             "lock_holder_pid": lock_word & L.PID_MASK if lock_word else None,
             "creator_pid": words[L.W_CREATOR] & L.PID_MASK,
+            "users": sum(1 for u in users.read_users(self._map.atomic) if u.alive),
+            "unregistered_users": words[L.W_USER_OVERFLOW],
             "unlinked": bool(words[L.W_STATUS] & L.STATUS_UNLINKED),
         }
+
+    def users(self) -> List[users.User]:
+        """The processes attached to the dict now, alive and dead (layout: "Users")."""
+        self.words[L.W_STATE]  # Closed on a closed handle
+        return users.read_users(self._map.atomic)
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -375,8 +403,8 @@ class Store(Writer):
             self.seen = INVALID
         if self._finalizer is not None:
             self._finalizer()
-        else:
-            self._map.release()
+        else:  # not fully opened
+            _finalize(self._map, self.name, self.token, 0, self.registered, False)
 
     def unlink(self) -> int:
         """Remove every segment of the dict; this handle stays usable for reads only."""

@@ -1,0 +1,103 @@
+"""The command line: ``python -m ultradict_ng`` and ``ultradict-ng``.
+
+Shared memory is invisible until it goes wrong; these commands answer the
+questions people otherwise answer with ``ls /dev/shm`` and guesswork: which
+dicts exist, who uses them, who holds the lock, what is in them, what
+changes, and what can be removed safely.  Tables for people by default,
+``--json`` for scripts.  Errors are one line on stderr and exit status 1
+(2 for a usage error, as argparse does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from ..errors import SharedDictError
+
+__all__ = ["main", "build_parser"]
+
+_EPILOG = """\
+examples:
+  ultradict-ng ls                    every dict on this machine, its users and its lock
+  ultradict-ng show jobs             the contents of 'jobs' (large values by type and size)
+  ultradict-ng show jobs done 42     only the keys 'done' and 42
+  ultradict-ng stats jobs            sizes, dumps, stream use, blobs, lock and users
+  ultradict-ng watch jobs            changes as they happen (Ctrl-C stops)
+  ultradict-ng clean --dry-run       what clean would remove: dicts no live process uses
+  ultradict-ng rm jobs               remove 'jobs' now, used or not (as unlink_by_name)
+  ultradict-ng doctor                /dev/shm size and free space, compiled helper, platform
+
+Reading never runs code stored in a dict: pickled objects are shown by class,
+never unpickled.  Nothing but rm and clean changes anything.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ultradict-ng",
+        description="Inspect, watch and clean the ultradict_ng shared dicts on this machine.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    p = command("ls", "list every dict on this machine",
+                "List every ultradict_ng dict in /dev/shm: keys, real shared-memory use, "
+                "generation (full dumps so far), stream fill, serializer, creator, attached "
+                "processes (alive and dead), lock holder, and damaged or orphaned segments.")
+    p.add_argument("--all", action="store_true", help="also name the other programs' files in /dev/shm")
+    p = command("show", "print a dict's contents (or some keys)",
+                "Print the contents of dict NAME, or only the given KEYs (a key is matched as a "
+                "string first, then as a Python literal: 42, (1, 2)).  Large values and values "
+                "JSON cannot hold are shown by type and size; nothing is unpickled.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("keys", metavar="KEY", nargs="*")
+    p = command("stats", "layout, sizes, dumps, stream, large values, lock and users of a dict",
+                "Everything about dict NAME that is not its contents.")
+    p.add_argument("name", metavar="NAME")
+    p = command("watch", "print changes to a dict as they happen",
+                "Print every change to dict NAME from now on, in order, through its change feed "
+                "(--json: one JSON object per line).  Stops on Ctrl-C, when the dict is removed, "
+                "after --count changes or after --timeout seconds without one.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--count", type=int, default=0, help="stop after this many changes")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop after this many seconds without a change")
+    p = command("rm", "remove dicts now (as unlink_by_name)",
+                "Remove every segment of each NAME, whether processes still use it or not: they "
+                "keep reading its last state and their writes raise Unlinked.  Exit status 1 if "
+                "a NAME does not exist or is not an ultradict_ng dict.")
+    p.add_argument("names", metavar="NAME", nargs="+")
+    p = command("clean", "remove dicts no live process uses, and orphaned segments",
+                "Remove the dicts that no live process uses any more (every attached process "
+                "is dead, and no process maps it), dicts whose creator died while creating them, "
+                "and orphaned segments of ours.  A dict with a live user -- even one attaching "
+                "right now -- is never removed; other programs' files are never touched.")
+    p.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
+    command("doctor", "check this machine: /dev/shm, compiled helper, platform",
+            "Check /dev/shm's size (warns at container-sized limits) and free space, whether the "
+            "compiled helper and futex waiting are in use, and Python/OS support.  Exit status 1 "
+            "if a check fails.")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from . import cleaning, doctor, inspecting  # (imported late: --help stays fast)
+
+    handlers = {"ls": inspecting.cmd_ls, "show": inspecting.cmd_show, "stats": inspecting.cmd_stats,
+                "watch": inspecting.cmd_watch, "rm": cleaning.cmd_rm, "clean": cleaning.cmd_clean,
+                "doctor": doctor.cmd_doctor}
+    try:
+        return handlers[args.command](args)
+    except BrokenPipeError:  # `| head`
+        return 0
+    except (SharedDictError, OSError) as exc:
+        print(f"ultradict-ng {args.command}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,178 @@
+"""``rm`` and ``clean``: removing dicts, and only the unused ones.
+
+``rm`` is :func:`~ultradict_ng.unlink_by_name` for people: it removes what it
+is told to, live users or not (they keep reading the last state; their writes
+raise ``Unlinked``), and says who was still using it.
+
+``clean`` removes what nobody uses any more, and nothing else: a healthy dict
+only through the register's "close if unused" protocol (layout: "Users"),
+which refuses while any live process is registered or maps the control
+segment, even one attaching at that very moment; a dict whose creator died
+before finishing it, or whose removal was interrupted; and orphaned segments
+(layout: "Unlink and cleanup register", orphans).  It never touches another
+program's files, a dict of another layout version, or one being created.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from argparse import Namespace
+from typing import Any, Dict, List, Optional, Set
+
+from ..cleanup import remove_orphans, unlink_by_name
+from ..control import Header, attach_control
+from ..errors import SharedDictError
+from ..mapping import Mapping
+from ..names import validate_name
+from ..survey import DictReport, listable, report, survey
+from ..users import free_dead, mappers, remove_if_unused
+from . import render
+
+__all__ = ["cmd_rm", "cmd_clean"]
+
+
+def cmd_rm(args: Namespace) -> int:
+    status = 0
+    results = []
+    for name in args.names:
+        entry: Dict[str, Any] = {"name": name}
+        try:
+            validate_name(name)
+            rep = report(name, load_keys=False) if listable() else None
+            removed = unlink_by_name(name)
+        except (SharedDictError, OSError) as exc:
+            entry.update(removed=0, error=str(exc))
+            status = 1
+        else:
+            entry["removed"] = removed
+            entry["bytes"] = rep.bytes if rep is not None else None
+            entry["live_users"] = [p for p in (rep.live_users if rep else []) if p != os.getpid()]
+            if removed == 0:
+                entry["error"] = f"no shared dict named {name!r}"
+                status = 1
+        results.append(entry)
+    if args.json:
+        print(render.dumps(results))
+        return status
+    for e in results:
+        if "error" in e:
+            print(f"{e['name']}: {e['error']}", file=sys.stderr)
+            continue
+        freed = f" ({render.size(e['bytes'])})" if e["bytes"] is not None else ""
+        print(f"removed {e['name']!r}: {e['removed']} segment(s){freed}")
+        if e["live_users"]:
+            print(f"  it was still used by pid {', '.join(map(str, e['live_users']))}: they keep "
+                  "reading its last state, and their writes raise Unlinked")
+    return status
+
+
+def _in_use(rep: DictReport, maps: Optional[Dict[str, Set[int]]]) -> List[int]:
+    me = os.getpid()
+    pids = set(rep.live_users)
+    if maps is not None:
+        pids |= maps.get(rep.name, set())
+    pids.discard(me)
+    return sorted(pids)
+
+
+def _clean_dict(rep: DictReport, maps: Optional[Dict[str, Set[int]]], dry: bool) -> Dict[str, Any]:
+    """What clean does with one dict (see the module docstring)."""
+    entry: Dict[str, Any] = {"name": rep.name, "kind": "dict", "status": rep.status,
+                             "segments": len(rep.segments), "bytes": rep.bytes}
+    if rep.status in ("creating", "incompatible") or rep.layout_version is None and rep.status == "damaged":
+        entry.update(action="kept", reason=rep.problem)
+        return entry
+    if rep.status in ("abandoned", "unlinked"):
+        entry["reason"] = rep.problem
+        if dry:
+            entry["action"] = "would remove"
+        else:
+            entry["removed"] = unlink_by_name(rep.name)
+            entry["action"] = "removed"
+        return entry
+    users = _in_use(rep, maps)
+    dead = len(rep.users) - len(rep.live_users)
+    if dry:
+        if users:
+            entry.update(action="kept", reason="in use", users=users)
+        else:
+            entry.update(action="would remove", reason="no live process uses it")
+        if dead:
+            entry["dead_users"] = dead
+        return entry
+    mapping = Mapping(attach_control(rep.name), None)
+    try:
+        token = Header.read(rep.name, mapping.words).token
+        if dead:
+            entry["dead_users_freed"] = free_dead(mapping.atomic)
+        if users:
+            entry.update(action="kept", reason="in use", users=users)
+            return entry
+        verdict = remove_if_unused(rep.name, mapping, token, maps)
+    finally:
+        mapping.release()
+    if verdict.users:
+        entry.update(action="kept", reason=verdict.reason, users=verdict.users)
+    else:
+        entry.update(action="removed", reason="no live process used it", removed=verdict.removed)
+    return entry
+
+
+def cmd_clean(args: Namespace) -> int:
+    if not listable():
+        print("this platform's shared memory cannot be listed (no /dev/shm): clean needs the "
+              "listing; remove dicts you know with `rm NAME`", file=sys.stderr)
+        return 1
+    found = survey(load_keys=False)
+    maps = mappers()
+    results: List[Dict[str, Any]] = []
+    status = 0
+    for rep in found.dicts:
+        try:
+            results.append(_clean_dict(rep, maps, args.dry_run))
+        except FileNotFoundError:
+            results.append({"name": rep.name, "kind": "dict", "action": "gone",
+                            "reason": "removed meanwhile by another process"})
+        except (SharedDictError, OSError) as exc:
+            results.append({"name": rep.name, "kind": "dict", "action": "error", "reason": str(exc)})
+            status = 1
+    for orphan in found.orphans:
+        entry: Dict[str, Any] = {"name": orphan.base, "kind": "orphans", "segments": len(orphan.segments),
+                                 "bytes": orphan.bytes, "reason": "segments of a dict that no longer exists"}
+        if args.dry_run:
+            entry["action"] = "would remove"
+        else:
+            removed = remove_orphans(orphan.base, orphan.segments)
+            entry.update(action="removed" if removed else "kept", removed=removed)
+            if not removed:
+                entry["reason"] = "a dict was created under that name meanwhile"
+        results.append(entry)
+    if args.json:
+        print(render.dumps(results))
+        return status
+    _print_clean(results, args.dry_run)
+    return status
+
+
+def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
+    if not results:
+        print("nothing to clean: no ultradict_ng segments in /dev/shm")
+        return
+    rows = []
+    freed = 0
+    for e in results:
+        what = e["name"] if e["kind"] == "dict" else f"{e['name']}@* (orphans)"
+        reason = e.get("reason") or ""
+        if e.get("users"):
+            reason += ": pid " + ", ".join(map(str, e["users"]))
+        if e.get("dead_users_freed"):
+            reason += f"; freed {e['dead_users_freed']} dead user slot(s)"
+        elif e.get("dead_users"):
+            reason += f"; {e['dead_users']} dead user slot(s)"
+        rows.append([what, e["action"], render.size(e.get("bytes")), reason])
+        if e["action"] in ("removed", "would remove"):
+            freed += e.get("bytes") or 0
+    print(render.table(["DICT", "ACTION", "SHM", "WHY"], rows))
+    verb = "would free" if dry else "freed"
+    print(f"{verb} {render.size(freed)}")

@@ -1,0 +1,241 @@
+"""``ls``, ``show``, ``stats`` and ``watch``: reading dicts without changing them.
+
+Every one reads through :mod:`ultradict_ng.survey` and
+:class:`~ultradict_ng.peek.Peek`: no lock taken, nothing registered, no code
+from shared memory run.  ``watch`` follows the change feed of a Peek, so it
+reports every change once, in order, and resyncs the same way a feed does.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+import time
+from argparse import Namespace
+from datetime import datetime
+from typing import Any, Dict, List, Optional
+
+from .. import layout as L
+from ..changes import Change, Feed
+from ..errors import CorruptSegment, NotFound, SharedDictError
+from ..names import validate_name
+from ..peek import Peek
+from ..survey import DictReport, Holder, listable, report, survey
+from . import render
+
+__all__ = ["cmd_ls", "cmd_show", "cmd_stats", "cmd_watch"]
+
+
+def _holder(h: Optional[Holder], none: str = "-") -> str:
+    if h is None:
+        return none
+    return f"{h.pid}" + ("" if h.alive else " (dead)")
+
+
+def _users(rep: DictReport) -> str:
+    alive = len(rep.live_users)
+    dead = len(rep.users) - alive
+    text = f"{alive} alive" + (f", {dead} dead" if dead else "")
+    if rep.unregistered_users:
+        text += f", +{rep.unregistered_users} unregistered"
+    return text
+
+
+def _fill(rep: DictReport) -> str:
+    if rep.stream_end is None or not rep.stream_limit:
+        return "-"
+    return f"{100 * rep.stream_end // rep.stream_limit}% of {render.size(rep.stream_limit)}"
+
+
+def cmd_ls(args: Namespace) -> int:
+    if not listable():
+        print("this platform's shared memory cannot be listed (no /dev/shm); use "
+              "`stats NAME` with a name you know", file=sys.stderr)
+        return 1
+    found = survey(load_keys=True)
+    if args.json:
+        print(render.dumps({
+            "dicts": [d.as_json() for d in found.dicts],
+            "orphans": [o.__dict__ for o in found.orphans],
+            "foreign": {"count": len(found.foreign), "bytes": sum(b for _, b in found.foreign),
+                        **({"names": [n for n, _ in found.foreign]} if args.all else {})},
+        }))
+        return 0
+    if not found.dicts and not found.orphans:
+        print("no ultradict_ng dicts in /dev/shm")
+    if found.dicts:
+        rows = []
+        for d in found.dicts:
+            rows.append([
+                d.name, "?" if d.keys is None else f"{d.keys:,}", render.size(d.bytes),
+                "-" if d.generation is None else str(d.generation), _fill(d), d.serializer or "-",
+                _holder(d.creator), _users(d) if d.status != "damaged" else "-",
+                "free" if d.lock is None else "held by " + _holder(d.lock), d.status,
+            ])
+        print(render.table(["NAME", "KEYS", "SHM", "GEN", "STREAM", "SERIALIZER", "CREATOR",
+                            "USERS", "LOCK", "STATUS"], rows))
+        for d in found.dicts:
+            if d.problem:
+                print(f"  {d.name}: {d.status}: {d.problem}")
+    for o in found.orphans:
+        print(f"orphaned segments of {o.base!r} (no control segment): {len(o.segments)} "
+              f"segment(s), {render.size(o.bytes)}; `clean` removes them")
+    if found.foreign:
+        total = sum(b for _, b in found.foreign)
+        names = (": " + ", ".join(n for n, _ in found.foreign)) if args.all else " (--all lists them)"
+        print(f"{len(found.foreign)} other file(s) in /dev/shm, {render.size(total)}, not "
+              f"ultradict_ng's{names}")
+    return 0
+
+
+def _open(name: str) -> Peek:
+    validate_name(name)
+    return Peek.open(name)
+
+
+def _key(data: Dict[Any, Any], text: str) -> Any:
+    """The key a command-line word names: itself as a str, else a Python literal."""
+    if text in data:
+        return text
+    try:
+        literal = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise KeyError(text) from None
+    try:
+        if literal in data:
+            return literal
+    except TypeError:
+        pass
+    raise KeyError(text)
+
+
+def cmd_show(args: Namespace) -> int:
+    with _open(args.name) as peek:
+        data = peek.load()
+        missing = []
+        if args.keys:
+            chosen = {}
+            for text in args.keys:
+                try:
+                    k = _key(data, text)
+                except KeyError:
+                    missing.append(text)
+                    continue
+                chosen[k] = data[k]
+            data = chosen
+        if args.json:
+            print(render.dumps(render.to_json(data)))
+        else:
+            for line in render.text_lines(data):
+                print(line)
+            if not data and not missing:
+                print("(empty)")
+    for text in missing:
+        print(f"no key {text!r} in {args.name!r}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def cmd_stats(args: Namespace) -> int:
+    validate_name(args.name)
+    rep = report(args.name) if listable() else None
+    if rep is None:
+        with _open(args.name):  # NotFound, or CorruptSegment for a foreign segment
+            pass
+        raise CorruptSegment(f"cannot read the segments of {args.name!r} here")
+    if rep.status == "ok":
+        with _open(args.name) as peek:
+            try:
+                peek.load()
+                rep.keys = len(peek.data)
+                blob_refs = peek.blob_bytes()
+            except CorruptSegment as exc:
+                rep.problem = str(exc)
+                blob_refs = None
+    else:
+        blob_refs = None
+    if args.json:
+        out = rep.as_json()
+        out["referenced_blob_bytes"] = blob_refs
+        print(render.dumps(out))
+        return 0
+    lines = [
+        ("name", rep.name),
+        ("status", rep.status + (f" ({rep.problem})" if rep.problem else "")),
+        ("layout", f"version {rep.layout_version}" if rep.layout_version else "-"),
+        ("created", datetime.fromtimestamp(rep.created).isoformat(" ", "seconds") if rep.created else "-"),
+        ("serializer", f"{rep.serializer}" + (", nested dicts (recurse)" if rep.recurse else "")),
+        ("keys", "?" if rep.keys is None else f"{rep.keys:,}"),
+        ("shared memory", f"{render.size(rep.bytes)} in {len(rep.segments)} segment(s)"),
+        ("generation", f"{rep.generation} (full dumps written so far)" if rep.generation is not None else "-"),
+        ("stream", _stream_line(rep)),
+        ("dumps", f"{rep.dumps} segment(s), {render.size(rep.dump_bytes)}"),
+        ("large values", f"{rep.blobs} blob segment(s), {render.size(rep.blob_bytes)}"
+                         + (f"; threshold {render.size(rep.blob_threshold)}" if rep.blob_threshold else
+                            "; never (threshold 0)" if rep.blob_threshold == 0 else "")),
+        ("creator", _holder(rep.creator)),
+        ("users", _users(rep) + (": " + ", ".join(
+            f"{u.pid}" + ("" if u.alive else " (dead)") for u in rep.users) if rep.users else "")),
+        ("lock", "free" if rep.lock is None else "held by " + _holder(rep.lock)),
+        ("waiting", f"{rep.lock_waiters} process(es) for the lock, {rep.change_waiters} for a change"),
+    ]
+    if rep.closing is not None:
+        lines.append(("being removed by", _holder(rep.closing)))
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k + ':':<{width + 1}} {v}")
+    return 0
+
+
+def _stream_line(rep: DictReport) -> str:
+    if rep.stream_end is None:
+        return "-"
+    kind = f"growing, up to {render.size(rep.stream_size)}" if rep.stream_grows else "fixed"
+    return (f"{render.size(rep.stream_end)} of {render.size(rep.stream_limit)} used "
+            f"({_fill(rep).split(' ')[0]}), {kind}; {render.size(rep.stream_bytes)} in memory")
+
+
+def _change_json(change: Change) -> Dict[str, Any]:
+    return {"time": time.time(), "op": change.op, "path": [render.to_json(p) for p in change.path],
+            "key": render.to_json(change.key), "value": render.to_json(change.value),
+            "resync": change.resync}
+
+
+def _change_text(change: Change) -> str:
+    stamp = datetime.now().strftime("%H:%M:%S.%f")[:-3]
+    where = "".join(f"[{p!r}]" for p in change.path)
+    mark = "  (resync)" if change.resync else ""
+    if change.op == "set":
+        return f"{stamp}  set     {where}[{change.key!r}] = {render.short(change.value)}{mark}"
+    if change.op == "delete":
+        return f"{stamp}  delete  {where}[{change.key!r}]{mark}"
+    return f"{stamp}  clear   {where or '(root)'}{mark}"
+
+
+def cmd_watch(args: Namespace) -> int:
+    """Print changes until interrupted, ``--count`` changes, ``--timeout``
+    seconds without one, or the dict's removal."""
+    with _open(args.name) as peek:
+        peek.load()  # start at the current state: report what happens from now on
+        feed = Feed(peek)
+        if not args.json:
+            print(f"watching {args.name!r} (generation {peek.gen}, {len(peek.data):,} keys); "
+                  "Ctrl-C stops", flush=True)
+        seen = 0
+        try:
+            while True:
+                for change in feed.poll():
+                    line = json.dumps(_change_json(change), default=str) if args.json else _change_text(change)
+                    print(line, flush=True)
+                    seen += 1
+                    if args.count and seen >= args.count:
+                        return 0
+                if feed.ended:
+                    if not args.json:
+                        print(f"{args.name!r} was removed", flush=True)
+                    return 0
+                deadline = None if args.timeout is None else time.monotonic() + args.timeout
+                if not feed.wait(deadline):
+                    return 0
+        except KeyboardInterrupt:
+            return 0
