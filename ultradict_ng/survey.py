@@ -26,6 +26,7 @@ from . import layout as L
 from .errors import SharedDictError
 from .owner import owner_alive, pid_of
 from .peek import Peek
+from .segment import Segment
 from .users import User, read_users
 
 __all__ = ["SHM_DIR", "listable", "Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
@@ -180,11 +181,16 @@ def survey(load_keys: bool = True) -> Survey:
 
 
 def _read_head(name: str) -> Optional[bytes]:
+    """The first CONTROL_SIZE bytes of segment ``name`` (through shm_open, so this
+    works where the filesystem cannot be listed), or None if it does not exist."""
     try:
-        with open(os.path.join(SHM_DIR, name), "rb") as f:
-            return f.read(L.CONTROL_SIZE)
+        seg = Segment.attach(name)
     except OSError:
         return None
+    try:
+        return bytes(seg.buf[:L.CONTROL_SIZE]) if seg.buf is not None else b""
+    finally:
+        seg.close()
 
 
 def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = True) -> Optional[DictReport]:
@@ -196,13 +202,13 @@ def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = Tru
             derived = sorted(e for e in os.listdir(SHM_DIR) if e.startswith(prefix))
         except OSError:
             derived = []
-    st = _stat(name)
     head = _read_head(name)
-    if st is None or head is None:
+    if head is None:
         return None
-    rep = DictReport(name=name, segments=[name, *derived], created=st.st_ctime)
+    st = _stat(name)  # None where the filesystem cannot be listed (macOS)
+    rep = DictReport(name=name, segments=[name, *derived], created=st.st_ctime if st else None)
     _count_segments(rep, derived)
-    rep.bytes += real_bytes(st)
+    rep.bytes += real_bytes(st) if st else 0
     words = [int.from_bytes(head[i:i + 8], sys.byteorder)
              for i in range(0, len(head) - 7, 8)]
     magic = words[0] if words else 0
@@ -224,7 +230,7 @@ def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = Tru
     if magic == 0 and (len(head) in (0, L.CONTROL_SIZE) and (derived or len(head) == L.CONTROL_SIZE)):
         creator = words[L.W_CREATOR] if len(words) > L.W_CREATOR else 0
         rep.creator = Holder.of(creator)
-        recent = time.time() - st.st_ctime < L.INIT_TIMEOUT
+        recent = st is None or time.time() - st.st_ctime < L.INIT_TIMEOUT
         if (rep.creator is not None and rep.creator.alive) or (rep.creator is None and recent):
             rep.status, rep.problem = "creating", "its creator has not finished creating it"
         elif rep.creator is None and not derived:

@@ -104,10 +104,10 @@ def _clean_dict(rep: DictReport, maps: Optional[Dict[str, Set[int]]], dry: bool)
     mapping = Mapping(attach_control(rep.name), None)
     try:
         token = Header.read(rep.name, mapping.words).token
-        if dead:
-            entry["dead_users_freed"] = free_dead(mapping.atomic)
-        if users:
+        if users:  # kept: repair its register (slots of dead users)
             entry.update(action="kept", reason="in use", users=users)
+            if dead:
+                entry["dead_users_freed"] = free_dead(mapping.atomic)
             return entry
         verdict = remove_if_unused(rep.name, mapping, token, maps)
     finally:
@@ -173,6 +173,6 @@ def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
         rows.append([what, e["action"], render.size(e.get("bytes")), reason])
         if e["action"] in ("removed", "would remove"):
             freed += e.get("bytes") or 0
-    print(render.table(["DICT", "ACTION", "SHM", "WHY"], rows))
+    print(render.table(["DICT", "ACTION", "SHM", "WHY"], rows, right=(2,)))
     verb = "would free" if dry else "freed"
     print(f"{verb} {render.size(freed)}")

@@ -74,7 +74,7 @@ def cmd_ls(args: Namespace) -> int:
                 "free" if d.lock is None else "held by " + _holder(d.lock), d.status,
             ])
         print(render.table(["NAME", "KEYS", "SHM", "GEN", "STREAM", "SERIALIZER", "CREATOR",
-                            "USERS", "LOCK", "STATUS"], rows))
+                            "USERS", "LOCK", "STATUS"], rows, right=(1, 2, 3)))
         for d in found.dicts:
             if d.problem:
                 print(f"  {d.name}: {d.status}: {d.problem}")
@@ -138,11 +138,11 @@ def cmd_show(args: Namespace) -> int:
 
 def cmd_stats(args: Namespace) -> int:
     validate_name(args.name)
-    rep = report(args.name) if listable() else None
+    rep = report(args.name, None if listable() else [])
     if rep is None:
         with _open(args.name):  # NotFound, or CorruptSegment for a foreign segment
             pass
-        raise CorruptSegment(f"cannot read the segments of {args.name!r} here")
+        raise CorruptSegment(f"{args.name!r} is not an ultradict_ng dict")
     if rep.status == "ok":
         with _open(args.name) as peek:
             try:

@@ -40,16 +40,13 @@ def size(n: Optional[int]) -> str:
     return f"{value:.1f} TiB"  # pragma: no cover - not reached
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Columns aligned on the widest cell; numbers (cells starting with a digit) right-aligned."""
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    """Columns aligned on the widest cell; the columns numbered in ``right`` right-aligned."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
-        cells = []
-        for i, cell in enumerate(row):
-            cell = str(cell)
-            numeric = row is not header and cell[:1].isdigit() and i > 0
-            cells.append(cell.rjust(widths[i]) if numeric else cell.ljust(widths[i]))
+        cells = [str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i])
+                 for i, c in enumerate(row)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
