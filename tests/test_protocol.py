@@ -131,6 +131,7 @@ def test_half_made_dict_of_a_dead_creator(name, monkeypatch):
     monkeypatch.setattr(L, "INIT_TIMEOUT", 0.3)
     ctrl = Segment.create(name, L.CONTROL_SIZE)
     words = memoryview(ctrl.buf).cast("Q")
+    words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)  # the header comes first
     words[L.W_CREATOR] = 0x7FFFFF  # a pid that does not exist
     words.release()
     ctrl.close()
@@ -152,6 +153,7 @@ def test_half_made_dict_of_a_live_creator_is_waited_for(name, monkeypatch):
 
     ctrl = Segment.create(name, L.CONTROL_SIZE)
     words = memoryview(ctrl.buf).cast("Q")
+    words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)
     words[L.W_CREATOR] = owner_word()  # we are the (slow) creator
     words.release()
     ctrl.close()
@@ -164,6 +166,20 @@ def test_half_made_dict_of_a_live_creator_is_waited_for(name, monkeypatch):
         with pytest.raises(CorruptSegment) as info2:
             unlink_by_name(name)
         assert "being created" in str(info2.value)
+    finally:
+        segment.unlink(name)
+
+
+def test_foreign_segment_with_zero_magic_is_never_unlinked(name):
+    """Another program's page whose first word is 0 (and whose 'creator' word holds a
+    dead pid by chance) is not a half-made dict: unlink_by_name refuses it."""
+    with open(f"/dev/shm/{name}", "wb") as f:
+        f.write(bytes(8) + os.urandom(L.CONTROL_SIZE - 8))
+    try:
+        with pytest.raises(CorruptSegment) as info:
+            unlink_by_name(name)
+        assert "not an ultradict_ng control segment" in str(info.value)
+        assert os.path.exists(f"/dev/shm/{name}")
     finally:
         segment.unlink(name)
 

@@ -16,7 +16,7 @@ from typing import List
 from . import layout as L
 from . import segment
 from .blobs import blob_ids
-from .control import check_layout, control_owner
+from .control import check_layout, control_owner, looks_half_created
 from .errors import CorruptSegment, LockTimeout
 from .lock import SharedLock, owner_alive
 from .waiting import wake
@@ -112,6 +112,9 @@ def unlink_by_name(name: str) -> int:
     try:
         magic = words[L.W_MAGIC]
         if magic == 0:
+            if not looks_half_created(words):
+                raise CorruptSegment(
+                    f"segment {name!r} is not an ultradict_ng control segment; not unlinking it")
             creator = words[L.W_CREATOR]
             if creator and owner_alive(creator):
                 raise CorruptSegment(

@@ -12,14 +12,15 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from . import layout as L
 from .errors import CorruptSegment, IncompatibleLayout
 from .lock import owner_alive
 from .segment import Segment
 
-__all__ = ["Header", "read_word", "check_layout", "attach_control", "control_owner"]
+__all__ = ["Header", "read_word", "check_layout", "attach_control", "control_owner",
+           "looks_half_created"]
 
 
 def read_word(buf: Any, index: int) -> int:
@@ -79,6 +80,18 @@ class Header:
                 f"control segment {name!r} records an invalid stream size {header.stream_size}"
             )
         return header
+
+
+def looks_half_created(words: Sequence[int]) -> bool:
+    """Whether control words with MAGIC 0 can be ours, mid-creation: the header
+    not written at all (every word 0) or written by this layout.  Anything
+    else is another program's data, which cleanup must never remove."""
+    if words[L.W_MAGIC] != 0:
+        return False
+    layout = words[L.W_LAYOUT]
+    if layout == 0:
+        return not any(words)
+    return bool(layout == L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32))
 
 
 def check_layout(name: str, words: memoryview) -> None:

@@ -158,9 +158,16 @@ class Store(Writer):
             if not (auto is None or isinstance(auto, int) or auto == "last"):
                 raise ValueError(f"auto_unlink must be True, False, None or 'last', not {auto!r}")
         codec = codec_for(options.serializer) if options.serializer is not None else None
-        # Three attempts at most: a dict can vanish between our failed create
-        # and our attach (unlinked by someone else), in which case we create it.
-        for _ in range(3):
+        # A dict can vanish between our failed create and our attach (unlinked
+        # by someone else), in which case we create it; while its removal is
+        # still under way (STATUS.unlinked, the control not yet gone) creating
+        # fails again, so we retry for up to INIT_TIMEOUT.
+        deadline = time.monotonic() + L.INIT_TIMEOUT
+        attempts = 0
+        while attempts < 3 or time.monotonic() < deadline:
+            if attempts >= 2:
+                time.sleep(L.CLOSING_POLL)
+            attempts += 1
             if create is not False:
                 try:
                     store = cls._create(name, options, initial)

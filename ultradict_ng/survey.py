@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import layout as L
+from .control import looks_half_created
 from .errors import SharedDictError
 from .owner import owner_alive, pid_of
 from .peek import Peek
@@ -227,7 +228,7 @@ def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = Tru
         if load_keys:
             _load(rep)
         return rep
-    if magic == 0 and (len(head) in (0, L.CONTROL_SIZE) and (derived or len(head) == L.CONTROL_SIZE)):
+    if (len(head) == 0 and derived) or (len(head) == L.CONTROL_SIZE and looks_half_created(words)):
         creator = words[L.W_CREATOR] if len(words) > L.W_CREATOR else 0
         rep.creator = Holder.of(creator)
         recent = st is None or time.time() - st.st_ctime < L.INIT_TIMEOUT
