@@ -26,6 +26,7 @@ examples:
   ultradict-ng stats jobs            sizes, dumps, stream use, blobs, lock and users
   ultradict-ng watch jobs            changes as they happen (Ctrl-C stops)
   ultradict-ng clean --dry-run       what clean would remove: dicts no live process uses
+  ultradict-ng clean 'job-*'         clean only the dicts whose names match
   ultradict-ng rm jobs               remove 'jobs' now, used or not (as unlink_by_name)
   ultradict-ng doctor                /dev/shm size and free space, compiled helper, platform
 
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "is dead, and no process maps it), dicts whose creator died while creating them, "
                 "and orphaned segments of ours.  A dict with a live user -- even one attaching "
                 "right now -- is never removed; other programs' files are never touched.")
+    p.add_argument("patterns", metavar="PATTERN", nargs="*",
+                   help="only dicts (and orphans) whose name matches one of these shell-style "
+                        "patterns, e.g. 'job-*' (default: every one)")
     p.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
     command("doctor", "check this machine: /dev/shm, compiled helper, platform",
             "Check /dev/shm's size (warns at container-sized limits) and free space, whether the "

@@ -15,6 +15,7 @@ program's files, a dict of another layout version, or one being created.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import sys
 from argparse import Namespace
@@ -125,6 +126,12 @@ def cmd_clean(args: Namespace) -> int:
               "listing; remove dicts you know with `rm NAME`", file=sys.stderr)
         return 1
     found = survey(load_keys=False)
+    if args.patterns:
+        def chosen(name: str) -> bool:
+            return any(fnmatch.fnmatchcase(name, p) for p in args.patterns)
+
+        found.dicts = [d for d in found.dicts if chosen(d.name)]
+        found.orphans = [o for o in found.orphans if chosen(o.base)]
     maps = mappers()
     results: List[Dict[str, Any]] = []
     status = 0
@@ -157,7 +164,7 @@ def cmd_clean(args: Namespace) -> int:
 
 def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
     if not results:
-        print("nothing to clean: no ultradict_ng segments in /dev/shm")
+        print("nothing to clean: no ultradict_ng segments in /dev/shm match")
         return
     rows = []
     freed = 0
