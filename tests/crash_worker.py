@@ -1,5 +1,6 @@
 """Writer process for crash tests: ``python -m tests.crash_worker NAME START COUNT``.
-(``--follow NAME``: a waiter instead; see :func:`follow`.)
+(``--follow NAME``: a waiter instead; see :func:`follow`.  ``--remove NAME``: a
+remover, see :func:`remove`.)
 
 Writes ``d["k<i % 5>"] = i`` for i in START..START+COUNT-1 (plus a value larger
 than the stream every 4th write, so dumps happen), printing ``ack KEY VALUE``
@@ -45,8 +46,24 @@ def follow(name: str) -> None:
     d.close()
 
 
+def remove(name: str) -> None:
+    """Run the remove protocol ("close if unused", as ``clean`` does) on one dict;
+    print ``removed N``, ``kept REASON`` or ``gone``."""
+    from tests.users_workers import remove_once
+
+    verdict = remove_once(name)
+    if verdict is None:
+        print("gone", flush=True)
+    elif verdict.removed:
+        print(f"removed {verdict.removed}", flush=True)
+    else:
+        print(f"kept {verdict.reason}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--follow":
         follow(sys.argv[2])
+    elif sys.argv[1] == "--remove":
+        remove(sys.argv[2])
     else:
         main()

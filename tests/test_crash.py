@@ -69,11 +69,15 @@ def check_survivors(d: SharedDict, acked: Dict[str, int], attempted_max: int) ->
     return waited
 
 
-#: Every fault point with inline values; and with the worker's 300-byte values in
-#: blobs (threshold 256), which also passes the blob points.
+#: The points of the user register: an attacher or a remover dies there, not a
+#: writer (see the tests at the end of this file).
+USER_POINTS = ("user-registered", "closing-claimed", "closing-checked")
+
+#: Every fault point of the write path with inline values; and with the worker's
+#: 300-byte values in blobs (threshold 256), which also passes the blob points.
 FAULT_CASES = [
     pytest.param(point, threshold, id=f"{point}-{'blobs' if threshold else 'inline'}")
-    for point in faults.POINTS
+    for point in faults.POINTS if point not in USER_POINTS
     for threshold in ((BLOB_THRESHOLD,) if point.startswith("blob") else (0, BLOB_THRESHOLD))
 ]
 
@@ -254,4 +258,103 @@ def test_writer_and_a_sleeping_waiter_die_while_others_wait(name, point):
     assert w[L.W_CHANGE_WAITERS] == 0 and w[L.W_LOCK_WAITERS] == 0
     assert not any(w[L.W_WAIT_SLOTS + i] for i in range(L.WAIT_SLOTS))
     d.close()
+    assert ours(name) == []
+
+
+# -- the user register (layout: "Users") ---------------------------------------------------
+
+
+def start_remover(name: str, fault: str = "") -> subprocess.Popen:
+    env = dict(os.environ)
+    env.pop("ULTRADICT_NG_FAULT", None)
+    if fault:
+        env["ULTRADICT_NG_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-m", "tests.crash_worker", "--remove", name], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_attacher_dies_holding_its_user_slot(name):
+    """An attacher killed right after claiming its slot (CLOSING not yet checked):
+    the dict stays usable, the slot shows a dead user, and the remove protocol
+    removes the dict once nobody alive uses it."""
+    from ultradict_ng.control import Header, attach_control
+    from ultradict_ng.mapping import Mapping
+    from ultradict_ng.users import remove_if_unused
+
+    d = SharedDict({"k0": -1}, name=name, buffer_size=STREAM, auto_unlink=False)
+    p = start_writer(name, 0, 5, "user-registered:kill")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL, err
+    assert acks(out) == {}
+    assert {u.pid: u.alive for u in d.users()} == {os.getpid(): True, p.pid: False}
+    assert d.stats()["users"] == 1
+    check_survivors(d, {}, 0)
+    p2 = start_writer(name, 100, 8)  # another attacher is not bothered by the dead slot
+    out2, err2 = p2.communicate(timeout=60)
+    assert p2.returncode == 0, err2
+    check_survivors(d, acks(out2), 108)
+    # This process keeps the control mapped (another session's ``clean`` then
+    # leaves the dict alone); the protocol run here ignores this process.
+    m = Mapping(attach_control(name), None)
+    try:
+        d.close()
+        verdict = remove_if_unused(name, m, Header.read(name, m.words).token)
+    finally:
+        m.release()
+    assert verdict.users == [] and verdict.removed >= 2, verdict
+    assert ours(name) == []
+
+
+@pytest.mark.parametrize("then", ["attach", "remove", "unlink_by_name"])
+@pytest.mark.parametrize("point", ["closing-claimed", "closing-checked"])
+def test_remover_dies_holding_closing(name, point, then):
+    """A remover killed while it holds CLOSING (before or after its users check):
+    an attacher does not hang (it takes the dead word over and attaches to the
+    intact dict), a later remover takes over and removes it, and unlink_by_name
+    still removes every segment."""
+    from ultradict_ng.control import attach_control
+    from ultradict_ng.mapping import Mapping
+    from ultradict_ng.owner import pid_of
+
+    d = SharedDict({"a": 1}, name=name, buffer_size=STREAM, auto_unlink=False)
+    d["big"] = b"x" * 400  # a dump segment too
+    d.close()
+    p = start_remover(name, f"{point}:kill")
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL, f"the remover did not reach {point}: {err}"
+    m = Mapping(attach_control(name), None)
+    try:
+        assert pid_of(m.words[L.W_CLOSING]) == p.pid  # left behind by the dead remover
+        assert not m.words[L.W_STATUS] & L.STATUS_UNLINKED
+        present = ours(name)
+        assert len(present) >= 3
+        if then == "attach":
+            t0 = time.monotonic()
+            r = SharedDict(name=name, create=None, auto_unlink=False)
+            assert time.monotonic() - t0 < 1.0, "the attacher waited for a dead remover"
+            assert not r._store.created and r["a"] == 1  # the same dict, intact
+            assert m.words[L.W_CLOSING] == 0
+            assert [u.pid for u in r.users() if u.alive] == [os.getpid()]
+            r["b"] = 2
+            r.close()
+            left = ours(name)
+            assert len(left) >= 3 and unlink_by_name(name) == len(left)
+        elif then == "remove":
+            p2 = start_remover(name)
+            out2, err2 = p2.communicate(timeout=60)
+            assert p2.returncode == 0, err2
+            # This process maps the control: the remover must keep the dict ...
+            assert out2.startswith("kept"), out2
+            assert pid_of(m.words[L.W_CLOSING]) == 0  # ... after taking the dead word over
+            m.release()
+            m = None
+            p3 = start_remover(name)
+            out3, err3 = p3.communicate(timeout=60)
+            assert p3.returncode == 0, err3
+            assert out3.split() in (["removed", str(len(present))], ["gone"]), out3
+        else:
+            assert unlink_by_name(name) == len(present)
+    finally:
+        if m is not None:
+            m.release()
     assert ours(name) == []

@@ -21,11 +21,12 @@ import time
 from typing import Any, Callable, Dict, List
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
 from ultradict_ng import SharedDict, SharedDictError, layout as L, segment, unlink_by_name
-from ultradict_ng.owner import owner_word
+from ultradict_ng.owner import owner_alive, owner_word
 from ultradict_ng.segment import Segment
 
 EDITS = st.lists(
@@ -250,3 +251,88 @@ def test_garbage_in_the_wait_register_never_hangs_or_crashes(edits: List[Any], f
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_handler)
     assert not segment.listed(name)
+
+
+#: The words of the user register (layout: "Users"): CLOSING, USER_OVERFLOW, the slots.
+USER_TARGETS = st.one_of(
+    st.sampled_from([L.W_CLOSING, L.W_USER_OVERFLOW]),
+    st.integers(L.W_USER_SLOTS, L.W_USER_SLOTS + L.USER_SLOTS - 1),
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=soak_scaled(30), deadline=None, suppress_health_check=list(HealthCheck))
+@given(edits=st.lists(st.tuples(USER_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
+       fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]))
+def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], fill: Any) -> None:
+    """Whatever CLOSING, USER_OVERFLOW and the user slots hold (every slot taken,
+    ours, dead owners, random bits), an attach works or raises a SharedDictError
+    within INIT_TIMEOUT + 1 s, users() and stats() answer, a working handle reads
+    and writes the dict's real contents, and the remove protocol and cleanup end."""
+    from ultradict_ng.control import Header, attach_control
+    from ultradict_ng.mapping import Mapping
+    from ultradict_ng.users import remove_if_unused
+
+    name = unique_name()
+    init_timeout = L.INIT_TIMEOUT
+    L.INIT_TIMEOUT = 0.5  # a live CLOSING makes attachers wait this long
+    old_handler = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(20)
+    handles: List[SharedDict] = []
+    m = None
+    try:
+        d = SharedDict({"k": 0}, name=name, buffer_size=256, auto_unlink=False)
+        m = Mapping(attach_control(name), None)  # unregistered: the garbage is all there is
+        token = Header.read(name, m.words).token
+        d.close()  # our slot is free again: the next attach claims one
+        if fill is not None:
+            for i in range(L.USER_SLOTS):
+                m.atomic.store(L.W_USER_SLOTS + i, _word(fill))
+        for index, value in edits:
+            m.atomic.store(index, _word(value))
+
+        expected = 0
+        for _ in range(2):
+            t0 = time.monotonic()
+
+            def open_() -> SharedDict:
+                h = SharedDict(name=name, create=False)
+                handles.append(h)
+                return h
+
+            h = attempt(open_)
+            assert time.monotonic() - t0 < L.INIT_TIMEOUT + 1.0, "the attach did not end in time"
+            if isinstance(h, SharedDict):
+                assert m.words[L.W_CLOSING] == 0  # it attached only with nobody removing
+                assert h["k"] == expected
+                expected += 1
+                h["k"] = expected
+                found = h.users()
+                assert all(isinstance(u.pid, int) and isinstance(u.alive, bool) for u in found)
+                # named in a slot, unless every slot looked taken by a live process
+                assert os.getpid() in {u.pid for u in found if u.alive} or (
+                    len(found) == L.USER_SLOTS and all(u.alive for u in found))
+                assert isinstance(h.stats()["users"], int)
+                h.close()
+            else:
+                # only a remover that looks alive keeps an attacher out
+                closing = m.words[L.W_CLOSING]
+                assert closing != 0 and owner_alive(closing), f"attach failed with no live remover: {h!r}"
+                m.atomic.store(L.W_CLOSING, 0)  # the "remover" gave up: the next round attaches
+        verdict = attempt(lambda: remove_if_unused(name, m, token))
+        assert not isinstance(verdict, SharedDictError) or str(verdict)
+    finally:
+        for h in handles:
+            h.close()
+        if m is not None:
+            m.release()
+        try:
+            attempt(lambda: unlink_by_name(name))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old_handler)
+            L.INIT_TIMEOUT = init_timeout
+        leftovers = segment.listed(name)
+        for entry in leftovers:
+            segment.unlink(entry)
+    assert not leftovers, f"unlink_by_name left {leftovers}"
