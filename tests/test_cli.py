@@ -520,6 +520,26 @@ def test_rm_says_who_still_uses_it(name, removed):
         d.close()
 
 
+def test_rm_removes_a_dict_of_another_layout_version(name, removed):
+    """The leftovers of an upgrade: ls flags them, clean keeps them (it cannot read their
+    register), rm removes every segment by name; another program's file stays refused."""
+    removed.append(name)
+    _make_unused(name, big=b"z" * 100_000)  # control, stream and a blob
+    ctrl = Segment.attach(name)
+    words = memoryview(ctrl.buf).cast("Q")
+    words[L.W_LAYOUT] = 4 | (1024 << 32)  # as layout version 4 wrote it
+    words.release()
+    ctrl.close()
+    entry = ls_entry(name)
+    assert entry["status"] == "incompatible" and entry["layout_version"] == 4
+    assert clean_entry(cli_json("clean", name), name)["action"] == "kept"
+    assert len(segments(name)) == 3
+    results = cli_json("rm", name)
+    assert results == [{"name": name, "layout_version": 4, "removed": 3, "bytes": results[0]["bytes"],
+                        "live_users": []}]
+    assert segments(name) == []
+
+
 # -- clean ---------------------------------------------------------------------------------
 
 

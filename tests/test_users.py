@@ -456,15 +456,20 @@ def test_remove_race_never_removes_a_dict_under_an_attacher(name):
     loop; this one runs the remove protocol in a loop.  A dict must never be
     removed while the attacher has it open: its writes never raise Unlinked and
     it never finds its open dict unlinked."""
-    out = spawn.Queue()
-    p = start(spawn, W.churn, name, 3.0, out)
+    out, enough = spawn.Queue(), spawn.Event()
+    p = start(spawn, W.churn, name, 90.0, out, enough)
     removed = kept = gone = 0
     try:
         wait_until(lambda: exists(name), 60, "the attacher created the dict")
-        deadline = time.monotonic() + 60
+        # At least 3 s, and until the race was really run: the pure-Python
+        # paths attach ten times slower than the compiled one.
+        start_time = time.monotonic()
+        deadline = start_time + 90
         result = None
         while result is None:
             assert time.monotonic() < deadline
+            if removed >= 5 and kept >= 5 and time.monotonic() - start_time > 3:
+                enough.set()
             v = remove_once(name)
             if v is None:
                 gone += 1
@@ -479,6 +484,7 @@ def test_remove_race_never_removes_a_dict_under_an_attacher(name):
         p.join(10)
         assert p.exitcode == 0
     finally:
+        enough.set()
         stop(p)
         unlink_by_name(name)
     print(f"\nremove race: {result['attached']} attaches, {result['created']} creates; "

@@ -16,7 +16,7 @@ from typing import List
 from . import layout as L
 from . import segment
 from .blobs import blob_ids
-from .control import check_layout, control_owner, looks_half_created
+from .control import check_layout, control_owner, looks_half_created, read_word
 from .errors import CorruptSegment, LockTimeout
 from .lock import SharedLock, owner_alive
 from .waiting import wake
@@ -24,7 +24,8 @@ from .mapping import Mapping
 from .names import validate_name
 from .segment import Segment
 
-__all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name", "remove_orphans"]
+__all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name", "unlink_other_layout",
+           "remove_orphans"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -142,6 +143,30 @@ def unlink_by_name(name: str) -> int:
         return unlink_tree(name, mapping, token)
     finally:
         mapping.release()
+
+
+def unlink_other_layout(name: str) -> int:
+    """Remove a dict made by another layout version of ultradict_ng (its MAGIC is
+    ours, its version is not: :func:`unlink_by_name` refuses it); how many
+    segments were removed.
+
+    Nothing of its control segment but MAGIC and the version is read (the other
+    words may mean other things there), so there is no lock and no register:
+    every ``NAME@*`` the listing shows goes, then ``NAME`` (where /dev/shm
+    cannot be listed, only the stream and the control).  For people upgrading,
+    through ``ultradict-ng rm``; its users' writes fail afterwards.
+    """
+    validate_name(name)
+    ctrl = Segment.attach(name)  # FileNotFoundError
+    try:
+        if ctrl.buf is None or ctrl.size < 16 or read_word(ctrl.buf, L.W_MAGIC) != L.CONTROL_MAGIC:
+            raise CorruptSegment(f"segment {name!r} is not an ultradict_ng control segment; not unlinking it")
+        if read_word(ctrl.buf, L.W_LAYOUT) & 0xFFFFFFFF == L.LAYOUT_VERSION:
+            raise ValueError(f"shared dict {name!r} has this version's layout: use unlink_by_name")
+    finally:
+        ctrl.close()
+    names = sorted(segment.listed(name + "@")) or [L.stream_name(name)]
+    return sum(segment.unlink(n) for n in names) + int(segment.unlink(name))
 
 
 def remove_orphans(base: str, names: List[str]) -> int:

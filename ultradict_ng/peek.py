@@ -64,6 +64,7 @@ class Peek(Reader):
         try:
             with memoryview(ctrl.buf).cast("Q") as words:  # type: ignore[arg-type]
                 header = Header.read(name, words)  # IncompatibleLayout, CorruptSegment
+            codec = reading_codec(header.serializer_id)  # CorruptSegment for an unknown id
             stream = Segment.attach(L.stream_name(name))
             if stream.size < header.stream_size:
                 raise CorruptSegment(
@@ -79,7 +80,7 @@ class Peek(Reader):
         self.name = name
         self.header = header
         self.serializer_id = header.serializer_id
-        self.codec = reading_codec(header.serializer_id)  # type: ignore[assignment]
+        self.codec = codec  # type: ignore[assignment]
         self.token = header.token
         self.stream_size = header.stream_size
         self.lock = SharedLock(self._map.atomic, name, header.token)

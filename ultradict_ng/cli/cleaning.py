@@ -2,7 +2,9 @@
 
 ``rm`` is :func:`~ultradict_ng.unlink_by_name` for people: it removes what it
 is told to, live users or not (they keep reading the last state; their writes
-raise ``Unlinked``), and says who was still using it.
+raise ``Unlinked``), and says who was still using it.  It also removes a dict
+made by another layout version (``unlink_other_layout``), which nothing of
+this version can otherwise read or remove -- the leftovers of an upgrade.
 
 ``clean`` removes what nobody uses any more, and nothing else: a healthy dict
 only through the register's "close if unused" protocol (layout: "Users"),
@@ -21,9 +23,9 @@ import sys
 from argparse import Namespace
 from typing import Any, Dict, List, Optional, Set
 
-from ..cleanup import remove_orphans, unlink_by_name
+from ..cleanup import remove_orphans, unlink_by_name, unlink_other_layout
 from ..control import Header, attach_control
-from ..errors import SharedDictError
+from ..errors import IncompatibleLayout, SharedDictError
 from ..mapping import Mapping
 from ..names import validate_name
 from ..survey import DictReport, listable, report, survey
@@ -41,7 +43,11 @@ def cmd_rm(args: Namespace) -> int:
         try:
             validate_name(name)
             rep = report(name, load_keys=False) if listable() else None
-            removed = unlink_by_name(name)
+            try:
+                removed = unlink_by_name(name)
+            except IncompatibleLayout:  # made by another version: removed by name
+                removed = unlink_other_layout(name)
+                entry["layout_version"] = rep.layout_version if rep is not None else None
         except (SharedDictError, OSError) as exc:
             entry.update(removed=0, error=str(exc))
             status = 1
