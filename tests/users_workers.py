@@ -96,7 +96,7 @@ def churn(name: str, seconds: float, out: Any, stop: Any) -> None:
         # Unused now and then, for a random while: the remover gets its chances,
         # and its steps meet our next attach at every point.
         if i % 2:
-            time.sleep(rng.uniform(0, 0.01))
+            time.sleep(rng.uniform(0, 0.03))
     out.put(counts)
 
 
