@@ -96,3 +96,20 @@ if __name__ == "__main__":  # used by subprocess tests: python -m tests.helpers 
         increment(dict_name, sys.argv[3], int(sys.argv[4]))
     else:
         raise SystemExit(f"unknown command {cmd}")
+
+
+def make_half_created(name: str, creator: int, stream: bool = False) -> None:
+    """A control segment as a creator leaves it before publishing MAGIC: the
+    header's layout word written (it comes first), ``creator`` as the creator
+    word; with ``stream``, the stream segment too."""
+    from ultradict_ng import layout as L
+    from ultradict_ng.segment import Segment
+
+    ctrl = Segment.create(name, L.CONTROL_SIZE)
+    words = memoryview(ctrl.buf).cast("Q")  # type: ignore[arg-type]
+    words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)
+    words[L.W_CREATOR] = creator
+    words.release()
+    ctrl.close()
+    if stream:
+        Segment.create(L.stream_name(name), 4096).close()

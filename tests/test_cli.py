@@ -8,6 +8,7 @@ listings (other dicts may exist on the machine at the same time).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -26,6 +27,7 @@ from ultradict_ng.segment import Segment
 from ultradict_ng.survey import report
 
 from .conftest import unique_name
+from .helpers import make_half_created
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(ROOT, "tests", "cli_workers.py")
@@ -108,6 +110,19 @@ def removed() -> Iterator[List[str]]:
     for n in names:
         if segments(n):
             cli("rm", n)
+
+
+@contextlib.contextmanager
+def watcher(*args: str, cwd: Any = ROOT) -> Iterator["subprocess.Popen[str]"]:
+    """``ultradict-ng watch ARGS`` running; killed (by its pid) if still running after."""
+    proc = subprocess.Popen([*CLI, "watch", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _make_unused(name: str, **items: Any) -> None:
@@ -325,16 +340,10 @@ def test_show_and_watch_never_unpickle(name, removed, tmp_path):
     assert cli("ls", cwd=str(cli_dir)).returncode == 0
     assert ls_entry(name)["keys"] == 3 and ls_entry(name)["serializer"] == "pickle"
 
-    watch = subprocess.Popen([*CLI, "watch", name, "--count", "2"], cwd=cli_dir, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with watcher(name, "--count", "2", cwd=cli_dir) as watch:
         assert _readline(watch).startswith(f"watching {name!r}")
         write("again")
         out_text, err = watch.communicate(timeout=20)
-    finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.communicate()
     assert watch.returncode == 0, err
     assert "set     ['again'] = <io.open object, not unpickled>" in out_text
     assert "set     ['again-system'] = <posix.system object, not unpickled>" in out_text
@@ -402,18 +411,14 @@ def _wait_for_watcher(name: str, timeout: float = 20) -> None:
 def test_watch_json_count(name):
     d = SharedDict(name=name, recurse=True)
     d["before"] = 0  # the current state is not reported
-    watch = subprocess.Popen([*CLI, "watch", name, "--json", "--count", "3"], cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for_watcher(name)
-        d["x"] = 1
-        d["n"] = {"deep": [1, "two"]}
-        del d["x"]
-        out, err = watch.communicate(timeout=20)
+        with watcher(name, "--json", "--count", "3") as watch:
+            _wait_for_watcher(name)
+            d["x"] = 1
+            d["n"] = {"deep": [1, "two"]}
+            del d["x"]
+            out, err = watch.communicate(timeout=20)
     finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.communicate()
         d.close()
     assert watch.returncode == 0, err
     changes = [json.loads(line) for line in out.splitlines()]
@@ -427,19 +432,15 @@ def test_watch_json_count(name):
 
 def test_watch_text(name):
     d = SharedDict(name=name)
-    watch = subprocess.Popen([*CLI, "watch", name, "--count", "3"], cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert _readline(watch) == f"watching {name!r} (generation 0, 0 keys); Ctrl-C stops\n"
-        _wait_for_watcher(name)
-        d["k"] = b"\0" * 10
-        d.pop("k")
-        d.clear()
-        out, err = watch.communicate(timeout=20)
+        with watcher(name, "--count", "3") as watch:
+            assert _readline(watch) == f"watching {name!r} (generation 0, 0 keys); Ctrl-C stops\n"
+            _wait_for_watcher(name)
+            d["k"] = b"\0" * 10
+            d.pop("k")
+            d.clear()
+            out, err = watch.communicate(timeout=20)
     finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.communicate()
         d.close()
     assert watch.returncode == 0, err
     lines = [line.split("  ", 1)[1] for line in out.splitlines()]  # without the time stamps
@@ -461,17 +462,11 @@ def test_watch_timeout_without_changes(name):
 def test_watch_ends_when_the_dict_is_removed(name, removed):
     removed.append(name)
     _make_unused(name, a=1)
-    watch = subprocess.Popen([*CLI, "watch", name], cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with watcher(name) as watch:
         assert _readline(watch).startswith(f"watching {name!r} (generation 0, 1 keys)")
         _wait_for_watcher(name)
         assert cli("rm", name).returncode == 0
         out, err = watch.communicate(timeout=20)
-    finally:
-        if watch.poll() is None:
-            watch.kill()
-            watch.communicate()
     assert watch.returncode == 0, err
     assert out == f"{name!r} was removed\n"
 
@@ -591,13 +586,7 @@ def test_clean_keeps_dicts_in_use(name, removed):
 def test_clean_removes_a_half_created_dict(name, removed):
     """A control segment whose MAGIC was never stored, by a creator that died."""
     removed.append(name)
-    ctrl = Segment.create(name, L.CONTROL_SIZE)
-    words = memoryview(ctrl.buf).cast("Q")
-    words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)  # the header comes first
-    words[L.W_CREATOR] = 0x7FFFFF  # a pid that does not exist
-    words.release()
-    ctrl.close()
-    Segment.create(L.stream_name(name), 4096).close()
+    make_half_created(name, 0x7FFFFF, stream=True)  # a pid that does not exist
     entry = ls_entry(name)
     assert entry["status"] == "abandoned" and "died while creating" in entry["problem"]
     assert entry["creator"]["alive"] is False
@@ -613,12 +602,7 @@ def test_clean_keeps_a_dict_being_created(name, removed):
     removed.append(name)
     from ultradict_ng.owner import owner_word
 
-    ctrl = Segment.create(name, L.CONTROL_SIZE)
-    words = memoryview(ctrl.buf).cast("Q")
-    words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)  # the header comes first
-    words[L.W_CREATOR] = owner_word()
-    words.release()
-    ctrl.close()
+    make_half_created(name, owner_word())
     try:
         assert ls_entry(name)["status"] == "creating"
         kept = clean_entry(cli_json("clean", name), name)

@@ -129,13 +129,7 @@ def test_half_made_dict_of_a_dead_creator(name, monkeypatch):
     """A creator killed before publishing MAGIC: attachers get a clear error, not a
     hang; unlink_by_name removes what it left."""
     monkeypatch.setattr(L, "INIT_TIMEOUT", 0.3)
-    ctrl = Segment.create(name, L.CONTROL_SIZE)
-    words = memoryview(ctrl.buf).cast("Q")
-    words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)  # the header comes first
-    words[L.W_CREATOR] = 0x7FFFFF  # a pid that does not exist
-    words.release()
-    ctrl.close()
-    Segment.create(L.stream_name(name), 4096).close()
+    helpers.make_half_created(name, 0x7FFFFF, stream=True)  # a pid that does not exist
     t0 = time.monotonic()
     with pytest.raises(CorruptSegment) as info:
         SharedDict(name=name)
@@ -151,12 +145,7 @@ def test_half_made_dict_of_a_live_creator_is_waited_for(name, monkeypatch):
     monkeypatch.setattr(L, "INIT_TIMEOUT", 0.3)
     from ultradict_ng.lock import owner_word
 
-    ctrl = Segment.create(name, L.CONTROL_SIZE)
-    words = memoryview(ctrl.buf).cast("Q")
-    words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)
-    words[L.W_CREATOR] = owner_word()  # we are the (slow) creator
-    words.release()
-    ctrl.close()
+    helpers.make_half_created(name, owner_word())  # we are the (slow) creator
     try:
         t0 = time.monotonic()
         with pytest.raises(CorruptSegment) as info:

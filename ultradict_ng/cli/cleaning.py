@@ -127,9 +127,7 @@ def _clean_dict(rep: DictReport, maps: Optional[Dict[str, Set[int]]], dry: bool)
 
 
 def cmd_clean(args: Namespace) -> int:
-    if not listable():
-        print("this platform's shared memory cannot be listed (no /dev/shm): clean needs the "
-              "listing; remove dicts you know with `rm NAME`", file=sys.stderr)
+    if render.cannot_list("clean", "remove dicts you know with `rm NAME`"):
         return 1
     found = survey(load_keys=False)
     if args.patterns:

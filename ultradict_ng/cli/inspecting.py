@@ -49,9 +49,7 @@ def _fill(rep: DictReport) -> str:
 
 
 def cmd_ls(args: Namespace) -> int:
-    if not listable():
-        print("this platform's shared memory cannot be listed (no /dev/shm); use "
-              "`stats NAME` with a name you know", file=sys.stderr)
+    if render.cannot_list("ls", "use `stats NAME` with a name you know"):
         return 1
     found = survey(load_keys=True)
     if args.json:

@@ -14,13 +14,13 @@ import datetime
 import decimal
 import json
 import math
-import shutil
+import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..blobs import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, InlineArray, PickledBlobs
 from ..safe_pickle import Opaque
 
-__all__ = ["size", "table", "describe", "to_json", "text_lines", "dumps"]
+__all__ = ["size", "table", "describe", "to_json", "text_lines", "dumps", "cannot_list"]
 
 _KIND_NAMES = {KIND_BYTES: "bytes", KIND_BYTEARRAY: "bytearray", KIND_NDARRAY: "ndarray",
                KIND_TENSOR: "tensor"}
@@ -143,5 +143,13 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=str)
 
 
-def terminal_width() -> int:
-    return shutil.get_terminal_size((120, 24)).columns
+def cannot_list(command: str, hint: str) -> bool:
+    """True (after saying so on stderr) where the shared-memory filesystem cannot be
+    listed, which ``command`` needs (macOS)."""
+    from ..survey import listable
+
+    if listable():
+        return False
+    print(f"this platform's shared memory cannot be listed (no /dev/shm): {command} needs "
+          f"the listing; {hint}", file=sys.stderr)
+    return True
