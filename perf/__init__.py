@@ -19,6 +19,11 @@ out-of-band buffers in a segment), ``sharedarray`` (PyPI SharedArray), ``ippo``
 only there, and of the dicts only ultradict_ng and UltraDict(shared_lock=True)
 run there.  Workload 10 adds ``event`` and ``condition`` (multiprocessing.Event and
 Condition) and runs only them, ultradict_ng, ``redis`` (pub/sub) and ``pipe``.
+Workload 11 has contenders of its own, process pools: ``stdlib``
+(``concurrent.futures.ProcessPoolExecutor``), ``npshmex``
+(``npshmex.ProcessPoolExecutor``), ``handwritten`` (the standard pool with
+``multiprocessing.shared_memory.SharedMemory`` managed by hand) and
+``ultradict_ng`` (``ultradict_ng.futures.ProcessPoolExecutor``).
 Peers are imported lazily; a missing one is skipped with a note.
 
 Workloads (``--only``, by name or number): 1 ``read``, 2 ``write``, 3 ``lock``,
@@ -28,16 +33,19 @@ read, the reader's RSS; see :mod:`perf.big`), 10 ``wakeup`` (a write in one proc
 -> a waiter in another returns: ``wait_for_change`` against polling, Event,
 Condition, Pipe and Redis pub/sub; the CPU of 10 idle waiters; ``with d.lock:
 d[k] += 1`` in 1-8 processes; in futex and ``ULTRADICT_NG_WAIT=poll`` modes;
-see :mod:`perf.wake`).
+see :mod:`perf.wake`), 11 ``pool`` (``submit(add_one, np.ones(int(2e7)))`` round
+trip with one worker, and ``list(ex.map(add_one, arrays))`` over 64 arrays of
+10 MiB with two, each contender in a fresh driver process; see :mod:`perf.pool`).
 
 Output: tables on stdout, ``<out>/latest.json`` (machine info and every raw
 repetition) and ``<out>/latest.png`` (one panel per workload).
 
 Cleanup: every process the harness starts (worker pool, attach probes, the
-readers of workload 9, the waiters and lockers of workload 10, the Manager
-server, redis-server) is ended and every segment it creates is
-unlinked, also after an exception, Ctrl-C or SIGTERM; /dev/shm is compared
-before and after and anything left is reported.  Dict names are
+readers of workload 9, the waiters and lockers of workload 10, the drivers of
+workload 11 and their executors' workers, the Manager server, redis-server) is
+ended and every segment it creates is unlinked, also after an exception,
+Ctrl-C or SIGTERM; /dev/shm is compared before and after and anything left is
+reported.  Dict names are
 ``<prefix><12 hex digits>`` (``--name-prefix``, default ``perf_``; the test suite
 uses ``udng_`` so that its leak check sees them).
 
@@ -45,9 +53,10 @@ Modules: :mod:`perf.cli` (options, orchestration, cleanup), :mod:`perf.adapters`
 (one adapter per contender), :mod:`perf.workloads`, :mod:`perf.big` (workload 9
 and its reader process), :mod:`perf.wake`, :mod:`perf.wake_child` and
 :mod:`perf.wake_report` (workload 10: parent side, spawned processes, table and
-targets), :mod:`perf.procs` (code that runs in spawned
-processes), :mod:`perf.report` (tables, targets, JSON, plot),
-:mod:`perf.redis_server`, :mod:`perf.util`.
+targets), :mod:`perf.pool` and :mod:`perf.pool_tasks` (workload 11: parent
+side, table, targets and plot panel; the spawned driver and the task functions),
+:mod:`perf.procs` (code that runs in spawned processes), :mod:`perf.report`
+(tables, targets, JSON, plot), :mod:`perf.redis_server`, :mod:`perf.util`.
 """
 
 __all__ = ["main"]

@@ -13,12 +13,23 @@ import time
 from typing import Any, Dict, List, Optional
 
 from . import adapters as A
+from . import pool as P
 from . import report
 from .run import Run
 from .util import log, shm_entries
 from .wake import PARTS as WAKE_PARTS
 from .workloads import ALIASES as WL_ALIASES
-from .workloads import NUMBERS, RUNNERS, TITLES, WORKLOADS
+from .workloads import NUMBERS as WL_NUMBERS
+from .workloads import RUNNERS, WORKLOADS
+from .workloads import TITLES as WL_TITLES
+
+# Workload 11 (perf.pool) has contenders of its own, which are no adapters.
+ALL_WORKLOADS = WORKLOADS + [P.ENTRY]
+NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER}
+TITLES = {**WL_TITLES, P.WL: P.TITLE}
+ALIASES = {**WL_ALIASES, **P.ALIASES}
+CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS
+CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES}
 
 DEFAULT_OUT = os.path.join("perf", "results")
 
@@ -50,18 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "shared memory, pickle 5 out-of-band buffers, SharedArray, "
                     "InterProcessPyObjects, multiprocessing.Pipe and Queue; and, for wake-ups "
                     "(workload 10), wait_for_change against polling, multiprocessing.Event, "
-                    "Condition, Pipe and Redis pub/sub.")
+                    "Condition, Pipe and Redis pub/sub; and ultradict_ng.futures.ProcessPoolExecutor "
+                    "against the standard pool, npshmex and SharedMemory by hand (workload 11).")
     p.add_argument("--quick", action="store_true",
                    help="short run (about a minute): 0.1 s per measurement, smaller sizes, 3 repetitions "
                         "(workload 9: 1 MiB and 10 MiB values, 1 repetition; workload 10: 200 "
-                        "round trips, 2 s idle window, 1 s per lock round)")
+                        "round trips, 2 s idle window, 1 s per lock round; workload 11: 2e6 "
+                        "elements and 16 arrays of 1 MiB, 3 and 2 repetitions)")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="repetitions of each measurement (default 5; 3 with --quick)")
     p.add_argument("--only", default=None, metavar="WORKLOAD[,..]",
                    help="workloads by name or number: " +
-                        ", ".join(f"{no}={name}" for name, no, _ in WORKLOADS))
+                        ", ".join(f"{no}={name}" for name, no, _ in ALL_WORKLOADS))
     p.add_argument("--contenders", default=None, metavar="NAME[,..]",
-                   help="contenders (default all): " + ", ".join(A.ORDER))
+                   help="contenders (default all): " + ", ".join(A.ORDER) + "; workload 11 "
+                        "only: " + ", ".join(P.OWN_CONTENDERS) + " (and ultradict_ng)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"directory for latest.json and latest.png (default {DEFAULT_OUT}/)")
     p.add_argument("--box", type=float, default=None, metavar="SECONDS",
@@ -91,10 +105,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        only = _parse_list(args.only, [w for w, _, _ in WORKLOADS], WL_ALIASES, "workload", NUMBERS) \
-            if args.only else [w for w, _, _ in WORKLOADS]
-        wanted = _parse_list(args.contenders, A.ORDER, A.ALIASES, "contender") \
-            if args.contenders else list(A.ORDER)
+        only = _parse_list(args.only, [w for w, _, _ in ALL_WORKLOADS], ALIASES, "workload", NUMBERS) \
+            if args.only else [w for w, _, _ in ALL_WORKLOADS]
+        chosen = _parse_list(args.contenders, CONTENDERS, CONTENDER_ALIASES, "contender") \
+            if args.contenders else list(CONTENDERS)
         wake_parts = _parse_list(args.wake_parts, list(WAKE_PARTS), {}, "part of workload 10") \
             if args.wake_parts else None
     except argparse.ArgumentTypeError as exc:
@@ -105,8 +119,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     box = args.box if args.box is not None else (0.1 if args.quick else 0.4)
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,39}", args.name_prefix):
         parser.error("--name-prefix: a letter, then at most 39 letters, digits, '_', '.', '-'")
-    only = [w for w, _, _ in WORKLOADS if w in only]  # always in workload order
-    wanted = [c for c in A.ORDER if c in wanted]
+    only = [w for w, _, _ in ALL_WORKLOADS if w in only]  # always in workload order
+    wanted = [c for c in A.ORDER if c in chosen]
+    pool_wanted = [c for c in P.ORDER if c in chosen] if P.WL in only else []
+    if not any(w != P.WL for w in only):
+        wanted = []  # workload 11 alone: no adapter (server, Manager, peer import) is needed
 
     started = time.perf_counter()
     started_at = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -145,14 +162,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"ultradict_ng measured from {src['path']} (py and c files sha256 "
                   f"{src['sha256_of_py_and_c_files']}, newest modified {src['newest_file_mtime']}; "
                   f"hot path: {src['hot_path_implementation']})")
-        print("contenders:")
+        if wanted:
+            print("contenders:")
         for key in wanted:
             if key in run.adapters:
                 print(f"  {A.ADAPTERS[key].label:<29} {versions.get(A.ADAPTERS[key].label, '')}")
             else:
                 print(f"  {A.ADAPTERS[key].label:<29} SKIPPED: {run.skipped[key]}")
-        if "ultradict_ng" not in run.adapters:
+        if wanted and "ultradict_ng" not in run.adapters:
             print("  (ultradict_ng not selected: no ratios)")
+        if pool_wanted:
+            pool_versions = P.versions()
+            print(f"contenders of workload {P.NUMBER} ({P.WL}):")
+            for key in pool_wanted:
+                print(f"  {P.LABELS[key]:<29} {pool_versions.get(key, '')}")
+                versions[f"{P.LABELS[key]} (workload {P.NUMBER})"] = pool_versions.get(key, "")
         sys.stdout.flush()
         adapters = [run.adapters[k] for k in wanted if k in run.adapters]
 
@@ -163,7 +187,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
             t0 = time.perf_counter()
             log(f"[{NUMBERS[wl]}] {wl}: {TITLES[wl]}")
-            if not any(a.runs(wl) for a in adapters):
+            if wl == P.WL and not pool_wanted:
+                log(f"    (none of the selected contenders takes part in {wl})")
+                done.add(wl)
+                continue
+            if wl != P.WL and not any(a.runs(wl) for a in adapters):
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
@@ -172,6 +200,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
                 w_sized(run, [a for a in adapters if a.runs(wl)], True, True)  # shared seeded dicts
                 group = ["attach", "growth"]
+            elif wl == P.WL:
+                P.w_pool(run, pool_wanted)
+                group = [wl]
             else:
                 RUNNERS[wl](run, [a for a in adapters if a.runs(wl)])
                 group = [wl]
@@ -244,7 +275,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         print(f"  /dev/shm: nothing left by this run (names {run.name_prefix}*; "
               f"{len(shm_before)} entries before, {len(set(shm_entries()))} after, others' are not ours)")
-        print("  processes: worker pool, probes, readers, waiters, Manager server and redis-server ended")
+        print("  processes: worker pool, probes, readers, waiters, pool drivers and their "
+              "executors' workers, Manager server and redis-server ended")
     if run.alerts:
         print("\n== alerts (read these) ==")
         for a in run.alerts:
@@ -268,6 +300,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "wall_time_s": round(wall, 2),
             "mode": "quick" if args.quick else "full",
             "options": {"repeat": repeat, "box_s": box, "only": only, "contenders": wanted,
+                        "pool_contenders": pool_wanted,
                         "wake_parts": wake_parts or list(WAKE_PARTS),
                         "argv": sys.argv[1:] if argv is None else list(argv)},
             "status": interrupted or "complete",
@@ -291,7 +324,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"\nwrote {json_path}")
         if not args.no_plot:
             png_path = os.path.join(args.out, "latest.png")
-            why = report.plot(png_path, run.records, WORKLOADS)
+            why = report.plot(png_path, run.records, ALL_WORKLOADS)
             print(f"wrote {png_path}" if why is None else f"no plot: {why}")
     except Exception as exc:
         print(f"!!! could not write results: {exc!r}")

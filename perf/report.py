@@ -54,6 +54,10 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
         from . import wake_report
 
         return wake_report.section(recs, number, title, notes)
+    if wl == "pool":
+        from . import pool
+
+        return pool.section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -242,6 +246,9 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     from . import wake_report
 
     out.extend(wake_report.targets(records, quick))  # workload 10
+    from . import pool
+
+    out.extend(pool.targets(records, quick))  # workload 11
     return out
 
 
@@ -385,6 +392,13 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
             ax.set_title(f"{no}. {title}", fontsize=9)
             ax.grid(True, axis="y", alpha=0.3)
             continue  # its own y label (µs)
+        elif wl == "pool":
+            from . import pool
+
+            title = pool.plot_panel(ax, recs)
+            ax.set_title(f"{no}. {title}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+            continue  # its own y label and colours (contenders of its own)
         else:
             cases = _cases(recs, wl)
             width = 0.8 / max(1, len(contenders))

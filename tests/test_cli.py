@@ -737,3 +737,56 @@ def test_full_dev_shm(tmp_path):
     assert out["clean"]["rc"] == 0, out["clean"]
     assert [(e["name"], e["action"]) for e in json.loads(out["clean"]["out"])] == [("unused", "removed")]
     assert out["final"] == ["filler"]
+
+
+_POOL_SCRIPT = """
+import sys, time
+import numpy as np
+from ultradict_ng.futures import ProcessPoolExecutor
+ex = ProcessPoolExecutor(1)
+ex.submit(time.sleep, 60)
+ex.submit(np.add, np.ones(100_000), 1)  # its call parcel waits in the call queue
+from ultradict_ng.futures import parcels
+import os
+while not any(p.owner_pid == os.getpid() for p in parcels()):
+    time.sleep(0.01)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_ls_and_clean_parcels_of_a_killed_pool(tmp_path):
+    """A pool whose process is SIGKILLed leaves a parcel: ls shows it abandoned under
+    the dead pid, clean --dry-run lists it, clean removes it; a live pool's parcel stays."""
+    import struct
+
+    from ultradict_ng.owner import owner_word
+
+    proc = subprocess.Popen([sys.executable, "-c", _POOL_SCRIPT], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    live = os.path.join(SHM, f"{L.POOL_PREFIX}{os.getpid():x}cli.1-0")
+    try:
+        assert _readline(proc, timeout=60).strip() == "ready"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        with open(live, "xb") as f:  # a parcel of a live pool: this process
+            f.write(struct.pack(L.PARCEL_FORMAT, L.PARCEL_MAGIC, owner_word(), owner_word(), 0).ljust(64, b"\0"))
+        dead = [p for p in cli_json("ls")["parcels"] if p["owner_pid"] == proc.pid]
+        assert dead and all(p["status"] == "abandoned" for p in dead), dead
+        mine = [p for p in cli_json("ls")["parcels"] if p["name"] == os.path.basename(live)]
+        assert [p["status"] for p in mine] == ["live"]
+        assert f"pool of pid {proc.pid}: {len(dead)} process-pool parcel(s)" in cli("ls").stdout
+        token = dead[0]["name"].split(".")[0]
+        dry = clean_entry(cli_json("clean", "--dry-run", token + "*"), f"pool of pid {proc.pid}")
+        assert dry["action"] == "would remove" and dry["segments"] == len(dead)
+        assert all(os.path.exists(os.path.join(SHM, p["name"])) for p in dead)
+        out = cli("clean", token + "*", os.path.basename(live))
+        assert out.returncode == 0 and f"pool of pid {proc.pid} ({len(dead)} parcels)" in out.stdout, out.stdout
+        assert not any(os.path.exists(os.path.join(SHM, p["name"])) for p in dead)
+        assert os.path.exists(live)  # the live pool's parcel is never touched
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(live)

@@ -28,6 +28,8 @@ blob-written         the blob segment is complete, the record referencing it unp
 user-registered      an attacher holds its user slot, CLOSING not yet checked
 closing-claimed      a remover (clean, auto_unlink="last") holds CLOSING, users not yet checked
 closing-checked      a remover found no user, the dict not yet unlinked
+parcel-created       a pool parcel exists and is reserved, its header not yet written
+parcel-written       a pool parcel is complete, its reference not yet sent
 ==================== ================================================================
 """
 
@@ -52,6 +54,8 @@ POINTS = (
     "user-registered",
     "closing-claimed",
     "closing-checked",
+    "parcel-created",
+    "parcel-written",
 )
 
 

@@ -151,6 +151,8 @@ def survey(load_keys: bool = True) -> Survey:
     plain: List[str] = []
     foreign: List[Tuple[str, int]] = []
     for entry in entries:
+        if entry.startswith(L.POOL_PREFIX):
+            continue  # the process pool's parcels: futures/leftovers.py reports them
         m = _DERIVED.match(entry)
         if m:
             derived.setdefault(m.group("base"), []).append(entry)

@@ -27,6 +27,7 @@ examples:
   ultradict-ng watch jobs            changes as they happen (Ctrl-C stops)
   ultradict-ng clean --dry-run       what clean would remove: dicts no live process uses
   ultradict-ng clean 'job-*'         clean only the dicts whose names match
+  ultradict-ng clean '@udp*'         only the parcels of process pools that died
   ultradict-ng rm jobs               remove 'jobs' now, used or not (as unlink_by_name)
   ultradict-ng doctor                /dev/shm size and free space, compiled helper, platform
 
@@ -75,13 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "keep reading its last state and their writes raise Unlinked.  Exit status 1 if "
                 "a NAME does not exist or is not an ultradict_ng dict.")
     p.add_argument("names", metavar="NAME", nargs="+")
-    p = command("clean", "remove dicts no live process uses, and orphaned segments",
+    p = command("clean", "remove dicts no live process uses, orphaned segments, dead pools' parcels",
                 "Remove the dicts that no live process uses any more (every attached process "
                 "is dead, and no process maps it), dicts whose creator died while creating them, "
-                "and orphaned segments of ours.  A dict with a live user -- even one attaching "
+                "orphaned segments of ours, and the shared-memory parcels of "
+                "ultradict_ng.futures process pools whose process died.  A dict with a live user -- even one attaching "
                 "right now -- is never removed; other programs' files are never touched.")
     p.add_argument("patterns", metavar="PATTERN", nargs="*",
-                   help="only dicts (and orphans) whose name matches one of these shell-style "
+                   help="only dicts (and orphans, and pool parcels) whose name matches one of these shell-style "
                         "patterns, e.g. 'job-*' (default: every one)")
     p.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
     command("doctor", "check this machine: /dev/shm, compiled helper, platform",

@@ -11,7 +11,8 @@ only through the register's "close if unused" protocol (layout: "Users"),
 which refuses while any live process is registered or maps the control
 segment, even one attaching at that very moment; a dict whose creator died
 before finishing it, or whose removal was interrupted; and orphaned segments
-(layout: "Unlink and cleanup register", orphans).  It never touches another
+(layout: "Unlink and cleanup register", orphans); and the parcels of process
+pools whose process died (layout: "Pool parcels").  It never touches another
 program's files, a dict of another layout version, or one being created.
 """
 
@@ -26,6 +27,7 @@ from typing import Any, Dict, List, Optional, Set
 from ..cleanup import remove_orphans, unlink_by_name, unlink_other_layout
 from ..control import Header, attach_control
 from ..errors import IncompatibleLayout, SharedDictError
+from ..futures.leftovers import ParcelReport, remove_leftovers
 from ..mapping import Mapping
 from ..names import validate_name
 from ..survey import DictReport, listable, report, survey
@@ -159,11 +161,28 @@ def cmd_clean(args: Namespace) -> int:
             if not removed:
                 entry["reason"] = "a dict was created under that name meanwhile"
         results.append(entry)
+    results.extend(_clean_parcels(args))
     if args.json:
         print(render.dumps(results))
         return status
     _print_clean(results, args.dry_run)
     return status
+
+
+def _clean_parcels(args: Namespace) -> List[Dict[str, Any]]:
+    """Parcels of dead process pools (``futures/leftovers.py``), one entry per pool
+    process; with patterns, only parcels whose name matches one."""
+    def chosen(name: str) -> bool:
+        return not args.patterns or any(fnmatch.fnmatchcase(name, p) for p in args.patterns)
+
+    groups: Dict[int, List[ParcelReport]] = {}
+    for p in remove_leftovers(dry_run=args.dry_run, chosen=chosen):
+        groups.setdefault(p.owner_pid, []).append(p)
+    return [{"name": f"pool of pid {pid}" if pid else "pool of unknown pid", "kind": "parcels",
+             "segments": len(g), "bytes": sum(p.bytes for p in g),
+             "action": "would remove" if args.dry_run else "removed",
+             "reason": "process-pool parcels whose pool process is gone"}
+            for pid, g in sorted(groups.items())]
 
 
 def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
@@ -173,7 +192,8 @@ def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
     rows = []
     freed = 0
     for e in results:
-        what = e["name"] if e["kind"] == "dict" else f"{e['name']}@* (orphans)"
+        what = {"dict": e["name"], "parcels": f"{e['name']} ({e['segments']} parcels)"}.get(
+            e["kind"], f"{e['name']}@* (orphans)")
         reason = e.get("reason") or ""
         if e.get("users"):
             reason += ": pid " + ", ".join(map(str, e["users"]))

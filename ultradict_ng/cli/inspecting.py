@@ -14,11 +14,12 @@ import sys
 import time
 from argparse import Namespace
 from datetime import datetime
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import layout as L
 from ..changes import Change, Feed
 from ..errors import CorruptSegment, NotFound, SharedDictError
+from ..futures.leftovers import ParcelReport, parcels
 from ..names import validate_name
 from ..peek import Peek
 from ..survey import DictReport, Holder, listable, report, survey
@@ -52,15 +53,17 @@ def cmd_ls(args: Namespace) -> int:
     if render.cannot_list("ls", "use `stats NAME` with a name you know"):
         return 1
     found = survey(load_keys=True)
+    pool = parcels()
     if args.json:
         print(render.dumps({
             "dicts": [d.as_json() for d in found.dicts],
             "orphans": [o.__dict__ for o in found.orphans],
+            "parcels": [p.to_json() for p in pool],
             "foreign": {"count": len(found.foreign), "bytes": sum(b for _, b in found.foreign),
                         **({"names": [n for n, _ in found.foreign]} if args.all else {})},
         }))
         return 0
-    if not found.dicts and not found.orphans:
+    if not found.dicts and not found.orphans and not pool:
         print("no ultradict_ng dicts in /dev/shm")
     if found.dicts:
         rows = []
@@ -79,12 +82,26 @@ def cmd_ls(args: Namespace) -> int:
     for o in found.orphans:
         print(f"orphaned segments of {o.base!r} (no control segment): {len(o.segments)} "
               f"segment(s), {render.size(o.bytes)}; `clean` removes them")
+    _print_parcels(pool)
     if found.foreign:
         total = sum(b for _, b in found.foreign)
         names = (": " + ", ".join(n for n, _ in found.foreign)) if args.all else " (--all lists them)"
         print(f"{len(found.foreign)} other file(s) in /dev/shm, {render.size(total)}, not "
               f"ultradict_ng's{names}")
     return 0
+
+
+def _print_parcels(pool: List[ParcelReport]) -> None:
+    """One line per pool process (and status): its parcels are transient, listing them is noise."""
+    groups: Dict[Tuple[int, str], List[ParcelReport]] = {}
+    for p in pool:
+        groups.setdefault((p.owner_pid, p.status), []).append(p)
+    hint = {"abandoned": "its process is gone; `clean` removes them",
+            "creating": "being written", "live": "in use", "foreign": "not ours; never touched"}
+    for (pid, status), group in sorted(groups.items()):
+        who = f"pool of pid {pid}" if pid else "pool of unknown pid"
+        print(f"{who}: {len(group)} process-pool parcel(s), "
+              f"{render.size(sum(p.bytes for p in group))}, {status} ({hint[status]})")
 
 
 def _open(name: str) -> Peek:

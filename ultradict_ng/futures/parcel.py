@@ -1,0 +1,309 @@
+"""Parcels: a pickle whose large buffers travel in one shared-memory segment.
+
+The standard process pool pickles a call and its result into a pipe; a
+160 MB array then costs a pickle copy and a pipe transfer that runs at
+~0.07 GiB/s here (README, "Performance").  Here the object is pickled with
+protocol 5, where every large numpy array (and any other large buffer pickle
+hands to ``buffer_callback``) is set aside instead of being copied into the
+stream.  Those buffers, and the stream itself when it is large (``bytes`` and
+``bytearray`` values -- the C pickler writes them in-band before any hook can
+see them -- and big lists), are written into one new segment with ``pwrite``
+(no mapping, so no page faults in the maker), and only a :class:`Parcel` (the
+segment's name and where each piece is) goes through the pipe.  The taker maps the segment
+and rebuilds the object with numpy arrays *over the mapping*: zero-copy, and
+writable, as the standard pool's private copies are (nobody else maps a
+parcel once it has been taken).
+
+Layout, naming, and who removes a parcel: ``layout.py``, "Pool parcels".
+Security: the segment holds raw buffer bytes only; what is unpickled is the
+stream, which the taker received from its own pool (in the pipe or in a
+segment the pipe named) -- the standard pool's trust, not a shared dict's.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import errno
+import io
+import itertools
+import mmap
+import os
+import pickle
+import struct
+import sys
+import threading
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from .. import faults
+from .. import layout as L
+from ..blobs import _NO_WRITE  # pwrite's refusals where shm takes only mmap (macOS)
+from ..errors import CorruptSegment, OutOfSpace
+from ..owner import owner_word
+
+try:
+    import _posixshmem  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+__all__ = ["Parcel", "pack", "unpack", "parcel_name", "pool_prefix", "VIEW", "ARRAY", "DATA"]
+
+_header = struct.Struct(L.PARCEL_FORMAT)
+
+#: The spans of a parcel: a buffer pickle asked for (``NEXT_BUFFER``: a
+#: numpy subclass's, a user object's ``PickleBuffer``), a numpy array reduced
+#: by :meth:`_Pickler.reducer_override`, or the pickle stream itself.
+VIEW, ARRAY, DATA = 0, 1, 2
+
+Span = Tuple[int, int, int]  # (offset, length, kind)
+
+
+class Parcel(NamedTuple):
+    """What goes through the pipe: the segment's name ("" if the object had
+    nothing large), the pickle stream if it is small (else ``b""`` and a DATA
+    span says where it is), and the spans of the out-of-band buffers in the
+    order the stream asks for them."""
+
+    name: str
+    data: bytes
+    spans: Tuple[Span, ...]
+
+
+class _Loading(threading.local):
+    #: The ARRAY buffers of the parcel this thread is unpickling.
+    arrays: Optional[List[memoryview]] = None
+
+
+_loading = _Loading()
+
+
+def _array(index: int, dtype: Any, shape: Tuple[int, ...], order: str) -> Any:
+    """Reconstructor of an array :meth:`_Pickler.reducer_override` sent: a
+    writable array over the ``index``-th ARRAY buffer of the parcel being taken."""
+    arrays = _loading.arrays
+    if arrays is None or not 0 <= index < len(arrays):
+        raise CorruptSegment("a pool parcel's pickle names an array buffer it does not carry")
+    np = sys.modules.get("numpy") or __import__("numpy")
+    return np.frombuffer(arrays[index], dtype=dtype).reshape(shape, order=order)
+
+
+_counter = itertools.count()
+
+
+def parcel_name(pool: str) -> str:
+    """A new parcel name of pool ``pool`` made by this process (layout: "Pool parcels")."""
+    return f"{L.POOL_PREFIX}{pool}.{L._base36(os.getpid())}-{L._base36(next(_counter))}"
+
+
+def pool_prefix(pool: str) -> str:
+    """The prefix every parcel name of pool ``pool`` starts with."""
+    return f"{L.POOL_PREFIX}{pool}."
+
+
+_tables: Tuple[int, int, Dict[Any, Any]] = (-1, -1, {})
+
+
+def _dispatch_table() -> Dict[Any, Any]:
+    """copyreg's reducers plus those registered for the standard pool
+    (``ForkingPickler.register``, e.g. torch's), as ``ForkingPickler`` merges
+    them -- but merged again only when either changed: ``ForkingPickler``
+    copies both on every construction, a third of a small task's pickling."""
+    global _tables
+    extra: Dict[Any, Any] = getattr(ForkingPickler, "_extra_reducers", {})
+    n_copyreg, n_extra, table = _tables
+    if n_copyreg != len(copyreg.dispatch_table) or n_extra != len(extra):
+        table = {**copyreg.dispatch_table, **extra}
+        _tables = (len(copyreg.dispatch_table), len(extra), table)
+    return table
+
+
+class _Pickler(pickle.Pickler):
+    """The standard pool's pickling, with large buffers sent out of band."""
+
+    def __init__(self, file: io.BytesIO, threshold: int, taken: "_Buffers") -> None:
+        super().__init__(file, 5, buffer_callback=taken.take)
+        self.dispatch_table = _dispatch_table()
+        self._threshold = threshold
+        self._taken = taken
+
+    def reducer_override(self, obj: Any) -> Any:
+        """A large numpy array (exactly ``ndarray``) travels as raw bytes and is
+        rebuilt by :func:`_array`: writable (numpy's own protocol-5 reduction
+        keeps a read-only array read-only, the standard pool's protocol 4 does
+        not), in its order and shape, also for datetime64/timedelta64 (which
+        export no buffer) and strided arrays (made contiguous once; numpy
+        would pickle them element by element, in-band).  Subclasses keep
+        numpy's reduction, and so their own ``__reduce__``."""
+        np = sys.modules.get("numpy")
+        if np is None or type(obj) is not np.ndarray:
+            return NotImplemented
+        if obj.nbytes < self._threshold or obj.dtype.hasobject:
+            # In-band.  numpy's protocol-5 reduction would rebuild a read-only
+            # array read-only; its protocol-4 one gives what the standard pool gives.
+            return NotImplemented if obj.flags.writeable else obj.__reduce_ex__(4)
+        if obj.flags.f_contiguous and not obj.flags.c_contiguous:
+            arr, order = obj, "F"
+        else:
+            arr, order = (obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)), "C"
+        raw = memoryview(arr.reshape(-1, order="A").view(np.uint8))
+        return _array, (self._taken.add(raw, ARRAY), obj.dtype, obj.shape, order)
+
+
+class _Buffers:
+    """The out-of-band buffers of one pickling, in order, kept alive until written."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.views: List[memoryview] = []
+        self.kinds: List[int] = []
+        self.arrays = 0
+
+    def take(self, pb: pickle.PickleBuffer) -> bool:
+        """``buffer_callback``: a large buffer goes out of band, a small one in-band."""
+        view = pb.raw()
+        if view.nbytes < self.threshold:
+            view.release()
+            return True
+        self.add(view, VIEW)
+        return False
+
+    def add(self, view: memoryview, kind: int) -> int:
+        """Keep ``view`` for the parcel; its index among the buffers of its kind."""
+        self.views.append(view)
+        self.kinds.append(kind)
+        if kind != ARRAY:
+            return -1
+        self.arrays += 1
+        return self.arrays - 1
+
+    def release(self) -> None:
+        for view in self.views:
+            view.release()
+        self.views.clear()
+
+
+def pack(obj: Any, pool: str, owner: int, threshold: int) -> Parcel:
+    """Pickle ``obj`` into a parcel of pool ``pool`` owned by the process of
+    owner word ``owner``.  On any error (unpicklable object, full shared
+    memory) nothing is left behind and the error propagates."""
+    buffers = _Buffers(threshold)
+    stream = io.BytesIO()
+    try:
+        _Pickler(stream, threshold, buffers).dump(obj)
+        data = stream.getbuffer()
+        try:
+            if not buffers.views and data.nbytes < threshold:
+                return Parcel("", bytes(data), ())
+            pieces = list(zip(buffers.views, buffers.kinds))
+            inline = data.nbytes < threshold
+            if not inline:
+                pieces.append((data, DATA))
+            name = parcel_name(pool)
+            spans = _write(name, owner, pieces)
+            return Parcel(name, bytes(data) if inline else b"", spans)
+        finally:
+            data.release()
+    finally:
+        buffers.release()
+
+
+def _write(name: str, owner: int, pieces: List[Tuple[memoryview, int]]) -> Tuple[Span, ...]:
+    """Create parcel ``name`` holding ``pieces`` (layout: "Pool parcels", maker)."""
+    spans: List[Span] = []
+    end = L.PARCEL_HEADER
+    for view, kind in pieces:
+        spans.append((end, view.nbytes, kind))
+        end = -(-(end + view.nbytes) // L.PARCEL_ALIGN) * L.PARCEL_ALIGN
+    if _posixshmem is None:  # pragma: no cover - Windows
+        raise OSError(errno.ENOSYS, "the shared-memory pool needs POSIX shared memory (Linux, macOS)")
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, end)
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, end)
+        if faults.armed is not None:
+            faults.hit("parcel-created")
+        header = _header.pack(L.PARCEL_MAGIC, owner, owner_word(), end - L.PARCEL_HEADER)
+        _fill(fd, header, [(span[0], view) for span, (view, _) in zip(spans, pieces)], end)
+        if faults.armed is not None:
+            faults.hit("parcel-written")
+    except BaseException as exc:
+        os.close(fd)
+        _posixshmem.shm_unlink("/" + name)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise OutOfSpace(
+                f"no room in shared memory for a {end}-byte pool parcel: {exc.strerror}"
+            ) from exc
+        raise
+    os.close(fd)
+    return tuple(spans)
+
+
+def _fill(fd: int, header: bytes, pieces: List[Tuple[int, memoryview]], size: int) -> None:
+    """The header, then each piece at its offset: ``pwrite`` (in the kernel,
+    no page faults here), or through a mapping where shared memory refuses it."""
+    try:
+        os.pwrite(fd, header, 0)
+    except OSError as exc:
+        if exc.errno not in _NO_WRITE:
+            raise
+        with mmap.mmap(fd, size) as mm:
+            mm[0:len(header)] = header
+            for offset, view in pieces:
+                mm[offset:offset + view.nbytes] = view
+        return
+    for offset, view in pieces:
+        done, length = 0, view.nbytes
+        while done < length:
+            n = os.pwrite(fd, view[done:], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "pwrite wrote nothing")
+            done += n
+
+
+def unpack(parcel: Parcel, owner: int) -> Any:
+    """Rebuild the object of ``parcel`` (layout: "Pool parcels", taker); its
+    segment's name is unlinked as soon as the segment is open.
+
+    Raises :class:`CorruptSegment` if the segment is missing or is not the
+    parcel the reference describes (wrong magic, owner or size).
+    """
+    name, data, spans = parcel
+    if not name:
+        return pickle.loads(data)
+    if not name.startswith(L.POOL_PREFIX) or "/" in name or any(
+            kind not in (VIEW, ARRAY, DATA) or off < L.PARCEL_HEADER or length < 0
+            for off, length, kind in spans):
+        raise CorruptSegment(f"not a pool parcel reference: {name!r} {spans!r}")
+    if _posixshmem is None:  # pragma: no cover - Windows
+        raise OSError(errno.ENOSYS, "the shared-memory pool needs POSIX shared memory (Linux, macOS)")
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    except FileNotFoundError:
+        raise CorruptSegment(f"pool parcel {name!r} is gone (removed from outside?)") from None
+    try:
+        _posixshmem.shm_unlink("/" + name)  # the descriptor and the mapping keep it
+        size = os.fstat(fd).st_size
+        need = max((off + length for off, length, _ in spans), default=L.PARCEL_HEADER)
+        head = os.pread(fd, _header.size, 0)
+        magic, powner, _, length = _header.unpack(head) if len(head) == _header.size else (b"", 0, 0, 0)
+        if magic != L.PARCEL_MAGIC or powner != owner or size < need or length + L.PARCEL_HEADER > size:
+            raise CorruptSegment(f"pool parcel {name!r} does not hold what its reference says")
+        mm = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    whole = memoryview(mm)  # the arrays built over its slices keep the mapping alive
+    stream: Any = data
+    buffers: List[memoryview] = []
+    arrays: List[memoryview] = []
+    for off, length, kind in spans:
+        piece = whole[off:off + length]
+        if kind == DATA:
+            stream = piece
+        else:
+            (arrays if kind == ARRAY else buffers).append(piece)
+    _loading.arrays = arrays
+    try:
+        return pickle.loads(stream, buffers=buffers)
+    finally:
+        _loading.arrays = None
