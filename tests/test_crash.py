@@ -72,12 +72,14 @@ def check_survivors(d: SharedDict, acked: Dict[str, int], attempted_max: int) ->
 #: The points of the user register: an attacher or a remover dies there, not a
 #: writer (see the tests at the end of this file).
 USER_POINTS = ("user-registered", "closing-claimed", "closing-checked")
+#: The process pool's points: a pool or a worker dies there (tests/test_futures_leaks.py).
+POOL_POINTS = ("parcel-created", "parcel-written")
 
 #: Every fault point of the write path with inline values; and with the worker's
 #: 300-byte values in blobs (threshold 256), which also passes the blob points.
 FAULT_CASES = [
     pytest.param(point, threshold, id=f"{point}-{'blobs' if threshold else 'inline'}")
-    for point in faults.POINTS if point not in USER_POINTS
+    for point in faults.POINTS if point not in USER_POINTS + POOL_POINTS
     for threshold in ((BLOB_THRESHOLD,) if point.startswith("blob") else (0, BLOB_THRESHOLD))
 ]
 

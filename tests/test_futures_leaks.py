@@ -407,8 +407,8 @@ def test_shutdown_without_waiting_removes_names_once_work_ends(tmp_path, cancel_
     """``shutdown(wait=False)`` with calls queued (packed) and pending: every name is
     gone once the work ends (the idle sweep), without another shutdown.  The worker
     dies at ``parcel-written`` on its 2nd result, leaving a complete parcel that
-    only the sweep removes.  (One worker: with two, the other one may make a parcel
-    after the sweep -- see the xfail test below.)"""
+    only a sweep removes.  (One worker: a second one making a parcel after the
+    futures failed is the next test's case.)"""
     started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
     ex = ProcessPoolExecutor(1, initializer=W.arm_fault, initargs=("parcel-written", "kill", 2))
     with opened_at_exit(gate):
@@ -437,14 +437,17 @@ def test_shutdown_without_waiting_removes_names_once_work_ends(tmp_path, cancel_
     finished.join()
     assert not names_of(ex)
     prefix = prefix_of(ex)
-    # With cancel_futures the standard pool keeps its old work-item dict (and so the
-    # futures and their results) as long as the executor or its call queue lives --
-    # and any future of ours keeps the executor (its done-callback closes over it).
+    # (With cancel_futures the standard pool keeps its old work-item dict, and so its
+    # own futures, as long as the executor or its call queue lives: drop them too.)
     del futures, blocker, done, f, ex, finished
     unmapped("self", prefix)
 
 
 def test_result_parcel_made_after_the_idle_sweep_of_a_broken_pool(tmp_path):
+    """``shutdown(wait=False)``, then the pool breaks while another worker (one that
+    ignores SIGTERM, as a task may make it) still runs and makes its result parcel
+    after the futures failed: the pool still removes that name once its workers are
+    gone (it once swept only as the futures failed: the name stayed until exit)."""
     started, gate = str(tmp_path / "started"), str(tmp_path / "gate")
     ex = ProcessPoolExecutor(2)
     workers = started_workers(ex, 2)
