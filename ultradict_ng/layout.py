@@ -416,7 +416,8 @@ the pool again when the task ends any other way (cancelled, failed, pool
 broken: unlinking an already-taken name does nothing); every name with the
 pool's prefix when the pool shuts down, when it is idle after ``shutdown(wait=False)``,
 and at interpreter exit (all its tasks are done then); and, after a crash,
-``clean``: a parcel whose owner is dead and that no process maps (``/proc``),
+``clean``: a parcel whose owner is dead (nobody will take it; a process that
+still maps it keeps its mapping, and no parcel is opened by name twice),
 or whose header is still zero ``PARCEL_STALE`` seconds after it was made (its
 maker died between creating and writing the header).  A parcel of a live pool
 is never touched from outside.  Workers check every ``POOL_WATCH_INTERVAL``

@@ -281,6 +281,8 @@ def unpack(parcel: Parcel, owner: int) -> Any:
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
     except FileNotFoundError:
         raise CorruptSegment(f"pool parcel {name!r} is gone (removed from outside?)") from None
+    except OSError as exc:  # a name too long for this system, ...
+        raise CorruptSegment(f"pool parcel {name!r} cannot be opened: {exc.strerror}") from None
     try:
         _posixshmem.shm_unlink("/" + name)  # the descriptor and the mapping keep it
         size = os.fstat(fd).st_size
