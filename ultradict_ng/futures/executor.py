@@ -270,10 +270,16 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         super().shutdown(wait=wait, cancel_futures=cancel_futures)
         pool = self._pool
         with pool.lock:
+            joined = wait and not pool.shut  # a first shutdown that waited: workers are gone
             pool.shut = True
             idle = not pool.unsettled and not pool.swept
         if idle:  # else the last task to settle sweeps (a second shutdown may not wait)
             pool.sweep()
+        if joined and not pool.unsettled:
+            # No parcel of this pool can appear any more: the exit sweep can skip it,
+            # and the standard pool's process objects need not be kept.
+            pool.workers = list
+            _live.discard(pool)
 
     shutdown.__doc__ = cf.Executor.shutdown.__doc__
 
