@@ -273,13 +273,16 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
             joined = wait and not pool.shut  # a first shutdown that waited: workers are gone
             pool.shut = True
             idle = not pool.unsettled and not pool.swept
-        if idle:  # else the last task to settle sweeps (a second shutdown may not wait)
-            pool.sweep()
         if joined and not pool.unsettled:
-            # No parcel of this pool can appear any more: the exit sweep can skip it,
-            # and the standard pool's process objects need not be kept.
+            # Every worker is joined and every task settled: no parcel of this pool
+            # can appear any more, so sweep once more whatever swept before (a
+            # broken pool's sweep may have run before a dying worker's last parcel
+            # was visible), and the exit sweep can skip it.
+            pool.sweep()
             pool.workers = list
             _live.discard(pool)
+        elif idle:  # else the last task to settle sweeps (a second shutdown may not wait)
+            pool.sweep()
 
     shutdown.__doc__ = cf.Executor.shutdown.__doc__
 
