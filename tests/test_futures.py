@@ -712,12 +712,12 @@ def test_zero_size_arrays(apool: Any, dtype: str, shape: Any, order: str) -> Non
     assert out.size == 0
 
 
-@pytest.mark.parametrize("which,n", [
-    pytest.param("stdlib", 100, id="stdlib-small"),
-    pytest.param("stdlib", 4000, id="stdlib-big"),
-    pytest.param("ours", 100, id="ours-small"),
-    pytest.param("ours", 4000, id="ours-big"),
-])
+#: Both pools, an array below and above the threshold.
+READ_ONLY_CASES = [pytest.param(which, n, id=f"{which}-{size}")
+                   for which in ("stdlib", "ours") for n, size in ((100, "small"), (4000, "big"))]
+
+
+@pytest.mark.parametrize("which,n", READ_ONLY_CASES)
 def test_read_only_input_arrives_writable(apool: Any, spool: Any, which: str, n: int) -> None:
     a = np.arange(n, dtype=np.float64)
     a.setflags(write=False)
@@ -726,12 +726,7 @@ def test_read_only_input_arrives_writable(apool: Any, spool: Any, which: str, n:
     assert np.array_equal(a, np.arange(n))  # the parent's array is untouched
 
 
-@pytest.mark.parametrize("which,n", [
-    pytest.param("stdlib", 100, id="stdlib-small"),
-    pytest.param("stdlib", 4000, id="stdlib-big"),
-    pytest.param("ours", 100, id="ours-small"),
-    pytest.param("ours", 4000, id="ours-big"),
-])
+@pytest.mark.parametrize("which,n", READ_ONLY_CASES)
 def test_read_only_result_arrives_writable(apool: Any, spool: Any, which: str, n: int) -> None:
     ex = apool if which == "ours" else spool
     out = ex.submit(T.make_readonly, n).result(TIMEOUT)
