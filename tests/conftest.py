@@ -64,15 +64,20 @@ def _shm_entries() -> Set[str]:
     return {e for e in os.listdir(SHM) if OURS.fullmatch(e) or e.startswith(PARCELS)}
 
 
+#: Pids of servers the session keeps running across tests (the Redis fixtures).
+SERVICE_PIDS: Set[int] = set()
+
+
 def _service_pids() -> Set[int]:
-    """multiprocessing's own long-lived helpers (resource tracker, forkserver): not strays."""
+    """multiprocessing's own long-lived helpers (resource tracker, forkserver)
+    and the session's servers: not strays."""
     from multiprocessing import forkserver, resource_tracker
 
     pids = {
         getattr(resource_tracker._resource_tracker, "_pid", None),
         getattr(forkserver._forkserver, "_forkserver_pid", None),
     }
-    return {p for p in pids if p}
+    return {p for p in pids if p} | SERVICE_PIDS
 
 
 def _children() -> Set[int]:
@@ -154,3 +159,71 @@ def mode(request: Any, monkeypatch: Any) -> str:
         pytest.skip("no futex on this platform")
     monkeypatch.setattr(waiting, "MODE", request.param)
     return request.param
+
+
+# -- the Redis backend --------------------------------------------------------------------
+#
+# Suites that hold for every engine run once per backend: a module opts in
+# with ``pytestmark = pytest.mark.usefixtures("each_backend")``; under
+# "redis" ``ULTRADICT_NG_BACKEND`` points every SharedDict (and every child
+# process, which inherits the environment) at a real redis-server this session
+# started.  Tests about one engine's machinery carry ``@pytest.mark.shm_only``
+# and are not collected for "redis".  ``ULTRADICT_NG_TEST_BACKENDS=shm`` runs
+# the shared suites on shared memory only (CI's second and third passes).
+
+BACKENDS = [b for b in os.environ.get("ULTRADICT_NG_TEST_BACKENDS", "shm,redis").split(",") if b]
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "shm_only: the test is about the shared-memory engine")
+
+
+def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:
+    items[:] = [
+        item for item in items
+        if not (getattr(item, "callspec", None) is not None
+                and item.callspec.params.get("each_backend") == "redis"
+                and item.get_closest_marker("shm_only") is not None)
+    ]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Any]:
+    """One redis-server (no persistence) for the session; tests use unique names."""
+    from tests.redis_servers import RedisServer, require_redis
+
+    require_redis()
+    server = RedisServer.start()
+    assert server.proc is not None
+    SERVICE_PIDS.add(server.proc.pid)
+    yield server
+    server.stop()
+    SERVICE_PIDS.discard(server.proc.pid)
+
+
+def _redis_keys(server: Any) -> List[str]:
+    return sorted(k.decode() if isinstance(k, bytes) else str(k) for k in server.execute("KEYS", "*"))
+
+
+@pytest.fixture
+def redis_url(redis_server: Any) -> Iterator[str]:
+    """The session server's URL; the test fails if it leaves keys behind."""
+    before = _redis_keys(redis_server)
+    yield redis_server.url
+    import gc
+
+    gc.collect()  # finalizers of dropped handles (auto_unlink) run now
+    left = [k for k in _redis_keys(redis_server) if k not in before]
+    if left:
+        redis_server.execute("DEL", *left)
+    assert not left, f"test left Redis keys behind: {left}"
+
+
+@pytest.fixture(params=[b for b in ("shm", "redis") if b in BACKENDS])
+def each_backend(request: Any, monkeypatch: Any) -> Iterator[str]:
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        monkeypatch.setenv("ULTRADICT_NG_BACKEND", url)
+    else:
+        monkeypatch.delenv("ULTRADICT_NG_BACKEND", raising=False)
+    yield request.param

@@ -26,6 +26,9 @@ from ultradict_ng import (
     unlink_by_name,
 )
 
+#: Runs on every engine (conftest: each_backend); shm_only tests are about shared memory.
+pytestmark = pytest.mark.usefixtures("each_backend")
+
 
 @pytest.fixture
 def pair(name):
@@ -163,6 +166,7 @@ def test_fromkeys_calls_cls_like_dict_fromkeys(name):
         e.close()
 
 
+@pytest.mark.shm_only
 def test_stats_reports_the_shared_state(name):
     d = SharedDict({"a": 1}, name=name, buffer_size=4096)
     other = SharedDict(name=name)
@@ -401,7 +405,7 @@ def test_closed_handle_raises(name):
     assert d.closed
 
 
-def test_auto_unlink_rules(name):
+def test_auto_unlink_rules(name, each_backend):
     d = SharedDict(name=name)  # creator: auto_unlink defaults to True
     e = SharedDict(name=name)  # attacher: False
     e["a"] = 1
@@ -416,7 +420,7 @@ def test_auto_unlink_rules(name):
     again = SharedDict(name=name, create=False)
     assert again["a"] == 2
     again.close()
-    assert unlink_by_name(name) == 2
+    assert unlink_by_name(name) == (2 if each_backend == "shm" else 3)  # control+stream; meta+snap+log
     assert unlink_by_name(name) == 0
 
 
@@ -429,6 +433,7 @@ def test_garbage_collected_creator_unlinks(name):
         SharedDict(name=name, create=False)
 
 
+@pytest.mark.shm_only
 def test_unlink_then_writes_raise_reads_keep_last_state(name):
     d = SharedDict(name=name)
     e = SharedDict(name=name)
@@ -553,6 +558,7 @@ def test_serializer_object_with_dumps_and_loads(name):
         SharedDict(name=name, serializer=42)
 
 
+@pytest.mark.shm_only
 def test_dump_limit_rejects_oversized_dumps_and_changes_nothing(name):
     from ultradict_ng import OutOfSpace
     from ultradict_ng.engine import Options
@@ -577,6 +583,7 @@ def test_dump_limit_rejects_oversized_dumps_and_changes_nothing(name):
         store.close()
 
 
+@pytest.mark.shm_only
 def test_force_dump_and_reload(name):
     d = SharedDict({"a": 1}, name=name)
     e = SharedDict(name=name)
@@ -591,6 +598,7 @@ def test_force_dump_and_reload(name):
     d.close()
 
 
+@pytest.mark.shm_only
 def test_lock_take_over_from_a_live_holder(name):
     import multiprocessing
 

@@ -107,9 +107,12 @@ class LocalEngine(StoreBase):
         self.lock.release()
 
     def set_root(self, key: Any, value: Any) -> None:
+        self.write(record.set_((), key, value))
+
+    def write(self, rec: List[Any]) -> None:
         self.begin_write()
         try:
-            self.commit(record.set_((), key, value))
+            self.commit(rec)
         finally:
             self.end_write()
 
@@ -129,9 +132,13 @@ class LocalEngine(StoreBase):
 
 
 def test_store_has_every_member_of_the_interface():
+    from ultradict_ng.redis_backend.engine import RedisEngine
+
     members = {n for n in vars(Engine) if not n.startswith("_")} | set(Engine.__annotations__)
     for member in members:
         assert hasattr(Store, member) or member in Store.__slots__ or member in ("seen", "data"), member
+        assert hasattr(RedisEngine, member) or member in (
+            "seen", "data", "name", "recurse", "codec", "mutex", "created", "words", "lock"), member  # (set in __init__)
 
 
 def _pair(recurse: bool = True):

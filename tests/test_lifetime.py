@@ -14,6 +14,9 @@ from ultradict_ng import NotFound, SharedDict, Unlinked, unlink_by_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: Runs on every engine (conftest: each_backend); shm_only tests are about shared memory.
+pytestmark = pytest.mark.usefixtures("each_backend")
+
 
 def ours(name):
     return sorted(e for e in os.listdir("/dev/shm") if e == name or e.startswith(name + "@"))
@@ -49,6 +52,7 @@ def test_thousand_cycles_leak_nothing(name):
     assert end_maps - start_maps <= 10
 
 
+@pytest.mark.shm_only
 def test_creator_exit_unlinks_others_keep_reading(name):
     """README: the creator's auto_unlink removes the dict when its process exits;
     handles elsewhere keep reading the last state, and their writes raise Unlinked."""
@@ -75,6 +79,7 @@ def test_creator_exit_unlinks_others_keep_reading(name):
     d.close()
 
 
+@pytest.mark.shm_only
 def test_creator_with_auto_unlink_false_leaves_it_for_others(name):
     code = (
         "from ultradict_ng import SharedDict\n"

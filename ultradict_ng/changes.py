@@ -29,7 +29,8 @@ from .reader import INVALID, Reader
 from .waiting import Backoff, ProcessWaits
 from .speedups import Words
 
-__all__ = ["Change", "SUPERSEDED", "wait_until_changed", "Feed", "iterate"]
+__all__ = ["Change", "SUPERSEDED", "wait_until_changed", "Feed", "iterate", "changes_of_records",
+           "changes_of_dump", "skeleton"]
 
 _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _W_CHANGE_WAITERS, _W_CHANGE_SEQ = L.W_CHANGE_WAITERS, L.W_CHANGE_SEQ
@@ -105,7 +106,7 @@ def wait_until_changed(atomic: Words, words: Any, waits: ProcessWaits, seen: Cal
             waits.exit(atomic, _W_CHANGE_WAITERS)
 
 
-def _skeleton(node: Dict[Any, Any]) -> Dict[Any, Any]:
+def skeleton(node: Dict[Any, Any]) -> Dict[Any, Any]:
     """A copy of a cache tree's dicts, sharing its leaves.  Enough for a
     private cache: replaying records replaces leaves and mutates only dicts."""
     out: Dict[Any, Any] = {}
@@ -157,7 +158,7 @@ class Feed(Reader):
         self.out: List[Change] = []
         self._mark = 0
         with store.mutex:
-            self.data = _skeleton(store.data)
+            self.data = skeleton(store.data)
             self.gen, self.pos, self.seen = store.gen, store.pos, store.seen
         if self.gen == INVALID:
             self.data = {}
@@ -199,43 +200,50 @@ class Feed(Reader):
     def _feed_records(self, records: List[Any]) -> None:
         """Before ``records`` are applied: their changes, values copied now
         (a later record of the same batch may change a nested dict in place)."""
-        out = self.out
-        self._mark = len(out)
-        export = self._export
-        for rec in records:
-            op, path = rec[0], tuple(rec[1])
-            if op == L.OP_SET:
-                out.append(Change("set", path, rec[2], export(rec[3])))
-            elif op == L.OP_DEL:
-                out.append(Change("delete", path, rec[2]))
-            elif op == L.OP_CLEAR:
-                out.append(Change("clear", path, None))
-            elif op == L.OP_UPDATE:
-                out.extend(Change("set", path, k, export(v)) for k, v in rec[2])
+        self._mark = len(self.out)
+        changes_of_records(self.out, self._export, records)
 
     def _feed_undo(self) -> None:
         del self.out[self._mark:]
 
     def _feed_dump(self, new: Dict[Any, Any]) -> None:
         """Before the cache is replaced by a dump: the difference, as resync changes."""
-        out = self.out
-        export = self._export
-        dumps = self.codec.dumps
-        stack: List[Tuple[Tuple[Any, ...], Dict[Any, Any], Dict[Any, Any]]] = [((), self.data, new)]
-        while stack:
-            path, old_node, new_node = stack.pop()
-            for k in old_node:
-                if k not in new_node:
-                    out.append(Change("delete", path, k, None, True))
-            for k, v in new_node.items():
-                if k in old_node:
-                    ov = old_node[k]
-                    if type(ov) is dict and type(v) is dict:
-                        stack.append((path + (k,), ov, v))
-                        continue
-                    if _same(ov, v, dumps):
-                        continue
-                out.append(Change("set", path, k, export(v), True))
+        changes_of_dump(self.out, self._export, self.codec.dumps, self.data, new)
+
+
+def changes_of_records(out: List[Change], export: Callable[[Any], Any], records: List[Any]) -> None:
+    """Append the changes ``records`` make (before they are applied: a later
+    record of the batch may change a nested dict in place)."""
+    for rec in records:
+        op, path = rec[0], tuple(rec[1])
+        if op == L.OP_SET:
+            out.append(Change("set", path, rec[2], export(rec[3])))
+        elif op == L.OP_DEL:
+            out.append(Change("delete", path, rec[2]))
+        elif op == L.OP_CLEAR:
+            out.append(Change("clear", path, None))
+        elif op == L.OP_UPDATE:
+            out.extend(Change("set", path, k, export(v)) for k, v in rec[2])
+
+
+def changes_of_dump(out: List[Change], export: Callable[[Any], Any], dumps: Callable[[Any], bytes],
+                    old: Dict[Any, Any], new: Dict[Any, Any]) -> None:
+    """Append the difference from tree ``old`` to tree ``new``, as resync changes."""
+    stack: List[Tuple[Tuple[Any, ...], Dict[Any, Any], Dict[Any, Any]]] = [((), old, new)]
+    while stack:
+        path, old_node, new_node = stack.pop()
+        for k in old_node:
+            if k not in new_node:
+                out.append(Change("delete", path, k, None, True))
+        for k, v in new_node.items():
+            if k in old_node:
+                ov = old_node[k]
+                if type(ov) is dict and type(v) is dict:
+                    stack.append((path + (k,), ov, v))
+                    continue
+                if _same(ov, v, dumps):
+                    continue
+            out.append(Change("set", path, k, export(v), True))
 
 
 def iterate(feed: Feed, timeout: Optional[float]) -> Iterator[Change]:

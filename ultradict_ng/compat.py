@@ -143,7 +143,8 @@ def _open_store(name: Optional[str], create: Optional[bool], buffer_size: Any, s
         raise TypeError("full_dump_size must be None or a non-negative int (bytes)")
     options = Options(recurse=recurse, buffer_size=buffer_size, serializer=serializer,
                       dump_limit=full_dump_size or None,  # UltraDict: 0 means "no static size"
-                      blob_threshold=blob_threshold, create_defaults=defaults)
+                      blob_threshold=blob_threshold, create_defaults=defaults,
+                      backend="shm")  # UltraDict's API is shared memory's, whatever the environment says
     store = open_engine(name, create, options, initial)
     assert isinstance(store, Store)
     return store

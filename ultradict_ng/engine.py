@@ -25,6 +25,12 @@ Contract, beyond the signatures:
   the whole record and applies it to ``data`` or raises and changes nothing
   that any process can see.  ``mutex`` guards ``data`` against this process's
   other threads.
+  A commit whose decision rested on a cache another process has since
+  overtaken may raise :class:`Conflict` after refreshing ``data`` (an engine
+  that checks optimistically, as the Redis one does; the shared-memory
+  engine holds the lock and never raises it): the facade runs the operation
+  again.  ``write(record)`` publishes a record whose effect does not depend
+  on the state (a set, update or clear at the root) without the checks.
 * **Errors** are :mod:`ultradict_ng.errors` classes only.
 """
 
@@ -40,7 +46,11 @@ if TYPE_CHECKING:
     from .lock import SharedLock
     from .users import User
 
-__all__ = ["Engine", "Options", "open_engine", "unlink_by_name"]
+__all__ = ["Engine", "Options", "Conflict", "open_engine", "unlink_by_name", "BACKEND_ENV"]
+
+#: The backend a SharedDict opened without ``backend=`` uses: a Redis URL, or
+#: unset / "shm" for shared memory.
+BACKEND_ENV = "ULTRADICT_NG_BACKEND"
 
 Path = Tuple[Any, ...]
 
@@ -62,6 +72,14 @@ class Options:
     dump_limit: Optional[int] = None
     #: Buffers and arrays this large or larger go to blobs (0: never).
     blob_threshold: Optional[int] = None
+    #: Where the dict lives: None (``ULTRADICT_NG_BACKEND``, else shared
+    #: memory), "shm", a redis:// / rediss:// / unix:// URL or a redis client.
+    backend: Any = None
+    #: Redis only: "fresh" (default) or "cached" reads; the lease of the lock
+    #: and the cached mode's staleness bound, in seconds.
+    reads: Optional[str] = None
+    lease: Optional[float] = None
+    staleness: Optional[float] = None
     #: Values a *creating* handle uses for fields given as None.
     create_defaults: Mapping[str, Any] = field(default_factory=dict)
 
@@ -70,19 +88,27 @@ class Options:
         return self.create_defaults.get(name) if value is None else value
 
 
+class Conflict(Exception):
+    """Internal: the engine refreshed its cache because another process wrote
+    first; the facade runs the operation again (never reaches users)."""
+
+
 class Engine(Protocol):
     """One process's attachment to one shared dict tree (see the module docstring)."""
 
     name: str
     recurse: bool
     codec: "Codec"
-    lock: "SharedLock"
     mutex: "threading.RLock"
     #: True for the handle that created the dict.
     created: bool
     words: Any
     seen: int
     data: Dict[Any, Any]
+
+    @property
+    def lock(self) -> "SharedLock":
+        """The tree's lock (a ``SharedLock``, or a subclass with the same face)."""
 
     @property
     def closed(self) -> bool: ...
@@ -111,6 +137,10 @@ class Engine(Protocol):
     def begin_write(self) -> None: ...
 
     def commit(self, record: List[Any]) -> None: ...
+
+    def write(self, record: List[Any]) -> None:
+        """``begin_write``, ``commit(record)``, ``end_write`` for a record that
+        needs no check against the cache."""
 
     def end_write(self) -> None: ...
 
@@ -146,13 +176,42 @@ def open_engine(name: Optional[str], create: Optional[bool], options: Options,
                 initial: Optional[Sequence[Sequence[Any]]] = None) -> Engine:
     """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
     ``initial`` [key, value] pairs are stored only by the process that creates it."""
-    from .store import Store  # the shared-memory engine (imported late: it imports us)
+    backend = resolve_backend(options.backend)
+    if backend is None:
+        if options.lease is not None or options.staleness is not None:
+            raise ValueError("lease= and staleness= are for the Redis backend only")
+        if options.reads not in (None, "fresh", "cached"):
+            raise ValueError(f"reads must be 'fresh' or 'cached', not {options.reads!r}")
+        from .store import Store  # the shared-memory engine (imported late: it imports us)
 
-    return Store.open(name, create, options, initial)
+        return Store.open(name, create, options, initial)
+    from .redis_backend.engine import RedisEngine
+
+    return RedisEngine.open(name, create, options, initial, backend, options.reads,
+                            options.lease, options.staleness)
 
 
-def unlink_by_name(name: str) -> int:
+def resolve_backend(backend: Any) -> Any:
+    """None for shared memory, else the Redis URL or client to use."""
+    import os
+
+    if backend is None:
+        backend = os.environ.get(BACKEND_ENV) or None
+    if backend is None or backend == "shm":
+        return None
+    if isinstance(backend, str) and not backend.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"backend must be 'shm', a redis://, rediss:// or unix:// URL, or a redis "
+                         f"client; not {backend!r}")
+    return backend
+
+
+def unlink_by_name(name: str, backend: Any = None) -> int:
     """Remove every storage object of the dict ``name``; how many (0 if none)."""
+    where = resolve_backend(backend)
+    if where is not None:
+        from .redis_backend.engine import unlink_by_name as unlink_redis
+
+        return unlink_redis(name, where)
     from .cleanup import unlink_by_name as unlink_shm
 
     return unlink_shm(name)

@@ -28,6 +28,8 @@ __all__ = [
     "UnsupportedType",
     "OutOfSpace",
     "PathGone",
+    "BackendUnavailable",
+    "LeaseLost",
 ]
 
 
@@ -109,3 +111,17 @@ class PathGone(SharedDictError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class BackendUnavailable(SharedDictError, ConnectionError):
+    """The Redis server holding the dict cannot be reached or cannot serve it
+    now (refused, cut, timed out, loading, cluster down).  Raised instead of
+    answering from a cache nobody can vouch for; on a write the message says
+    when the write may or may not have been applied."""
+
+
+class LeaseLost(SharedDictError, RuntimeError):
+    """The lock's lease on Redis expired while this thread held it (the
+    process stalled past the lease, or the server could not be reached to
+    renew it): another client may have taken the lock, so the server refused
+    this write (the lease's fencing token is stale) or the release."""

@@ -19,7 +19,7 @@ from . import record as R
 from .blobs import BlobGone, BlobRef, InlineArray, PickledBlobs
 from .changes import Change, iterate
 from .codec import IMMUTABLE_TYPES, copy_value
-from .engine import Engine, Options, open_engine, unlink_by_name as _unlink_by_name
+from .engine import Conflict, Engine, Options, open_engine, unlink_by_name as _unlink_by_name
 from .lock import SharedLock
 from .speedups import ViewBase, set_immutable_types
 from .users import User
@@ -66,6 +66,16 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
       ``"pickle"`` (any picklable value, but every process that can write the
       segments can then run code in every reader: only for mutually trusted
       processes).
+    * ``backend``: where the dict lives.  ``None`` (default): the environment
+      variable ``ULTRADICT_NG_BACKEND`` if set, else shared memory (``"shm"``).
+      ``"redis://host:port/db"`` (``rediss://``, ``unix://``; or a ready
+      ``redis.Redis`` / ``RedisCluster`` client): the same dict on a Redis
+      server or cluster, for processes on several machines -- see the
+      README's "Redis backend" for what each read mode guarantees.
+      Redis only: ``reads="fresh"`` (default; every read validates its cache
+      in one round trip) or ``"cached"`` (no round trip, at most
+      ``staleness`` seconds behind, default 0.5); ``lease``: seconds the lock
+      survives a holder that stopped renewing it (default 3).
     * The configuration is stored with the dict: attachers pass only ``name``;
       a conflicting explicit value raises :class:`ParameterMismatch`.
 
@@ -101,14 +111,18 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
                  serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
-                 blob_threshold: Optional[int] = None, **data: Any) -> None: ...
+                 blob_threshold: Optional[int] = None, backend: Any = None,
+                 reads: Optional[str] = None, lease: Optional[float] = None,
+                 staleness: Optional[float] = None, **data: Any) -> None: ...
 
     @overload
     def __init__(self, __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
                  name: Optional[str] = None, create: Optional[bool] = None, *,
                  recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
                  serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
-                 blob_threshold: Optional[int] = None, **more: Any) -> None: ...
+                 blob_threshold: Optional[int] = None, backend: Any = None,
+                 reads: Optional[str] = None, lease: Optional[float] = None,
+                 staleness: Optional[float] = None, **more: Any) -> None: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The parameters come out of kwargs; what remains is data.
@@ -118,7 +132,11 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
                           buffer_size=kwargs.pop("buffer_size", None),
                           serializer=kwargs.pop("serializer", None),
                           auto_unlink=kwargs.pop("auto_unlink", None),
-                          blob_threshold=kwargs.pop("blob_threshold", None))
+                          blob_threshold=kwargs.pop("blob_threshold", None),
+                          backend=kwargs.pop("backend", None),
+                          reads=kwargs.pop("reads", None),
+                          lease=kwargs.pop("lease", None),
+                          staleness=kwargs.pop("staleness", None))
         data: Any = None
         positional = list(args)
         if positional and not isinstance(positional[0], (str, type(None))):
@@ -374,70 +392,87 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         if not self._path:
             s.set_root(key, value)
             return
-        s.begin_write()
-        try:
-            s.node(self._path)
-            s.commit(R.set_(self._path, key, value))
-        finally:
-            s.end_write()
+        while True:
+            s.begin_write()
+            try:
+                s.node(self._path)
+                s.commit(R.set_(self._path, key, value))
+                return
+            except Conflict:
+                continue  # another process wrote first: check again (engine.Conflict)
+            finally:
+                s.end_write()
 
     def __delitem__(self, key: Any) -> None:
         s = self._store
-        s.begin_write()
-        try:
-            if key not in (s.node(self._path) if self._path else s.data):
-                raise KeyError(key)
-            s.commit(R.delete(self._path, key))
-        finally:
-            s.end_write()
+        while True:
+            s.begin_write()
+            try:
+                if key not in (s.node(self._path) if self._path else s.data):
+                    raise KeyError(key)
+                s.commit(R.delete(self._path, key))
+                return
+            except Conflict:
+                continue
+            finally:
+                s.end_write()
 
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
         s = self._store
-        s.begin_write()
-        try:
-            node = s.node(self._path) if self._path else s.data
-            if key not in node:
-                if default is _MISSING:
-                    raise KeyError(key)
-                return default
-            value = node[key]
-            if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
-                value = copy_value(value, s.materialize)
-            s.commit(R.delete(self._path, key))
-            return value
-        finally:
-            s.end_write()
+        while True:
+            s.begin_write()
+            try:
+                node = s.node(self._path) if self._path else s.data
+                if key not in node:
+                    if default is _MISSING:
+                        raise KeyError(key)
+                    return default
+                value = node[key]
+                if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
+                    value = copy_value(value, s.materialize)
+                s.commit(R.delete(self._path, key))
+                return value
+            except Conflict:
+                continue
+            finally:
+                s.end_write()
 
     def popitem(self) -> Tuple[Any, Any]:
         """Remove and return the most recently inserted item (LIFO, like dict)."""
         s = self._store
-        s.begin_write()
-        try:
-            node = s.node(self._path) if self._path else s.data
-            if not node:
-                raise KeyError("popitem(): shared dict is empty")
-            key = next(reversed(node))
-            value = node[key]
-            if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
-                value = copy_value(value, s.materialize)
-            s.commit(R.delete(self._path, key))
-            return key, value
-        finally:
-            s.end_write()
+        while True:
+            s.begin_write()
+            try:
+                node = s.node(self._path) if self._path else s.data
+                if not node:
+                    raise KeyError("popitem(): shared dict is empty")
+                key = next(reversed(node))
+                value = node[key]
+                if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
+                    value = copy_value(value, s.materialize)
+                s.commit(R.delete(self._path, key))
+                return key, value
+            except Conflict:
+                continue
+            finally:
+                s.end_write()
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         hash(key)
         if isinstance(default, SharedDict):
             default = default.copy()
         s = self._store
-        s.begin_write()
-        try:
-            node = s.node(self._path) if self._path else s.data
-            if key not in node:
-                s.commit(R.set_(self._path, key, default))
-            return self._export(key, node[key])
-        finally:
-            s.end_write()
+        while True:
+            s.begin_write()
+            try:
+                node = s.node(self._path) if self._path else s.data
+                if key not in node:
+                    s.commit(R.set_(self._path, key, default))
+                return self._export(key, node[key])
+            except Conflict:
+                continue
+            finally:
+                s.end_write()
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """Like ``dict.update``, as one atomic record: all items are stored or none."""
@@ -445,24 +480,28 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         if not pairs:
             self._node()  # still: Closed / PathGone like any other call
             return
-        s = self._store
-        s.begin_write()
-        try:
-            if self._path:
-                s.node(self._path)
-            s.commit(R.update(self._path, pairs))
-        finally:
-            s.end_write()
+        self._write(R.update(self._path, pairs))
 
     def clear(self) -> None:
+        self._write(R.clear(self._path))
+
+    def _write(self, rec: List[Any]) -> None:
+        """Publish ``rec``: at the root it needs no check (``Engine.write``);
+        in a nested dict, that the dict still exists."""
         s = self._store
-        s.begin_write()
-        try:
-            if self._path:
+        if not self._path:
+            s.write(rec)
+            return
+        while True:
+            s.begin_write()
+            try:
                 s.node(self._path)
-            s.commit(R.clear(self._path))
-        finally:
-            s.end_write()
+                s.commit(rec)
+                return
+            except Conflict:
+                continue
+            finally:
+                s.end_write()
 
     # -- changes -------------------------------------------------------------------------------
 
@@ -519,20 +558,27 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         return self._store.unlink()
 
     @staticmethod
-    def unlink_by_name(name: str) -> int:
-        """Remove every segment of the dict ``name`` (even if all its users were killed).
+    def unlink_by_name(name: str, backend: Any = None) -> int:
+        """Remove every segment (Redis: every key) of the dict ``name``, even
+        if all its users were killed.  ``backend`` as for ``SharedDict``.
 
-        Returns the number of segments removed, 0 if there was none.
+        Returns the number of segments (keys) removed, 0 if there was none.
         """
-        return _unlink_by_name(name)
+        return _unlink_by_name(name, backend)
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        # A handle travels by name: the receiving process attaches on its own.
-        return (_reattach, (type(self), self.name, self._path))
+        # A handle travels by name: the receiving process attaches on its own
+        # (to the same backend, in the same read mode).
+        backend = getattr(self._store, "backend", None)
+        if backend is None:
+            return (_reattach, (type(self), self.name, self._path))
+        where = {"backend": backend, "reads": self._store.reads}  # type: ignore[attr-defined]
+        return (_reattach, (type(self), self.name, self._path, where))
 
 
-def _reattach(cls: type, name: str, path: Tuple[Any, ...]) -> SharedDict:
-    root: SharedDict = cls(name=name, create=False)
+def _reattach(cls: type, name: str, path: Tuple[Any, ...],
+              where: Optional[Dict[str, Any]] = None) -> SharedDict:
+    root: SharedDict = cls(name=name, create=False, **(where or {"backend": "shm"}))
     return root._view(path) if path else root
 
 

@@ -125,6 +125,14 @@ class Writer(Reader):
         finally:
             self.end_write()
 
+    def write(self, rec: List[Any]) -> None:
+        """``begin_write``, ``commit(rec)``, ``end_write`` (a record that needs no check)."""
+        self.begin_write()
+        try:
+            self.commit(rec)
+        finally:
+            self.end_write()
+
     def commit(self, rec: List[Any]) -> None:
         """Publish and apply one record (writer steps 2-5, with layout "Blobs"
         a-d when its values hold large buffers or arrays); caller is in

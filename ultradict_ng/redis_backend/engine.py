@@ -1,0 +1,575 @@
+"""``RedisEngine``: the engine (``ultradict_ng.engine``) that keeps a dict on
+Redis, with a local cache kept coherent by the protocol of
+``redis_backend/layout.py`` (the sections named below are there).
+
+The facade works on it unchanged: ``data`` is the local cache tree,
+``words[W_STATE]`` a process-local counter the compiled hit path compares with
+``seen``.  In the "fresh" read mode the counter never matches (``seen`` stays
+-1), so every read calls :meth:`sync`, which runs ``SYNC`` -- one round trip --
+unless this process holds the lease with local time left.  In the "cached"
+mode the listener thread bumps the counter when entries arrive and ``sync``
+applies them without a round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import layout as L
+from .. import record as R
+from ..codec import CUSTOM_ID, Codec, codec_by_id, codec_for
+from ..engine import Conflict, Options
+from ..errors import (
+    AlreadyExists, BackendUnavailable, Closed, CorruptSegment, IncompatibleLayout, LeaseLost,
+    NotFound, ParameterMismatch, PathGone, Unlinked,
+)
+from ..names import generate_name, validate_name
+from ..speedups import StoreBase, Words
+from ..users import User
+from . import layout as RL
+from .lease import LeaseLock
+from .link import Link, connect_client, describe
+
+__all__ = ["RedisEngine", "unlink_by_name", "READ_MODES"]
+
+log = logging.getLogger("ultradict_ng")
+READ_MODES = ("fresh", "cached")
+_W_STATE = L.W_STATE
+_HOST = socket.gethostname().replace(" ", "_").replace(":", "_") or "host"
+
+
+class _ClosedWords:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getitem__(self, index: int) -> int:
+        raise Closed(f"this handle of shared dict {self._name!r} is closed")
+
+
+def _start_time() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _finalize(link: Link, epoch: str, unlink_pid: int, listener: Any) -> None:
+    """Runs when an engine is closed, collected, or its process exits."""
+    try:
+        if listener is not None:
+            listener.stop()
+        if unlink_pid == os.getpid():
+            try:
+                link.call("unlink", [epoch])
+            except Exception as exc:  # the server is gone: nothing to remove
+                log.warning("could not remove %s at close: %s", link.keys.meta, exc)
+    finally:
+        link.close()
+
+
+_live: "weakref.WeakSet[RedisEngine]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's sockets are not ours (redis-py closes them without a
+    # shutdown in another pid); threads did not survive the fork.
+    for engine in list(_live):
+        engine._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class RedisEngine(StoreBase):
+    """One process's attachment to one dict on Redis."""
+
+    def __init__(self, link: Link, name: str, codec: Codec, recurse: bool, epoch: str,
+                 created: bool, backend: str, reads: str, lease: float, staleness: float,
+                 minlog: int) -> None:
+        self.link = link
+        self.name = name
+        self.codec = codec
+        self.recurse = recurse
+        self.epoch = epoch
+        self.created = created
+        self.backend = backend
+        self.reads = reads
+        self.staleness = staleness
+        self.minlog = minlog
+        self.keys = link.keys
+        self._buf = bytearray(8 * (_W_STATE + 1))
+        self._atomic = Words(self._buf)
+        self.words: Any = memoryview(self._buf).cast("Q")
+        self.seen = -1
+        self.data = {}
+        #: the sequence number ``data`` reflects (-1: nothing loaded)
+        self.known = -1
+        #: the cache may lag the server for a reason the counter does not show
+        #: (a write with a lost reply, a gap the listener saw): sync remotely
+        self.stale = True
+        self.gone = False
+        self.mutex = threading.RLock()
+        self._gen_guard = threading.Lock()
+        self.lock = LeaseLock(self, lease)
+        self.listener: Any = None
+        self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
+        self._bind_state(self._atomic, _W_STATE)
+        _live.add(self)
+
+    # -- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, name: Optional[str], create: Optional[bool], options: Options,
+             initial: Optional[Sequence[Sequence[Any]]], backend: Any, reads: Optional[str],
+             lease: Optional[float], staleness: Optional[float]) -> "RedisEngine":
+        name = generate_name() if name is None else validate_name(name)
+        reads = reads or "fresh"
+        if reads not in READ_MODES:
+            raise ValueError(f"reads must be one of {READ_MODES}, not {reads!r}")
+        lease = RL.DEFAULT_LEASE if lease is None else float(lease)
+        if not 0.05 <= lease <= 3600:
+            raise ValueError("lease must be between 0.05 and 3600 seconds")
+        staleness = RL.DEFAULT_STALENESS if staleness is None else float(staleness)
+        if not 0.01 <= staleness <= 3600:
+            raise ValueError("staleness must be between 0.01 and 3600 seconds")
+        # (blob_threshold has no effect: values travel inline, arrays too.)
+        minlog = options.buffer_size
+        if minlog is not None and (not isinstance(minlog, int) or isinstance(minlog, bool) or minlog < 1):
+            raise ValueError("buffer_size must be a positive int (bytes of log before a snapshot) or None")
+        codec = codec_for(options.serializer) if options.serializer is not None else None
+        client, url = connect_client(backend)
+        keys = RL.keys_of(name)
+        link = Link(client, keys, f"{RL.CLIENT_PREFIX}{name}:{_HOST}:{os.getpid()}:{_start_time()}")
+        try:
+            created, fields = cls._create_or_find(link, name, create, options, codec, initial, minlog)
+            version, codec_id, recurse, epoch, stored_minlog = fields
+            if version != RL.VERSION:
+                raise IncompatibleLayout(
+                    f"shared dict {name!r} on {describe(url)} has protocol version {version}, "
+                    f"this ultradict_ng speaks {RL.VERSION}")
+            if codec_id == CUSTOM_ID:
+                if codec is None or codec.id != CUSTOM_ID:
+                    raise ParameterMismatch(
+                        f"shared dict {name!r} uses a custom serializer object; pass the same "
+                        "serializer= to attach to it")
+                stored_codec = codec
+            else:
+                stored_codec = codec_by_id(codec_id)
+            if not created:
+                mismatches = []
+                if options.recurse is not None and bool(options.recurse) != recurse:
+                    mismatches.append(f"recurse={recurse}")
+                if codec is not None and codec.id != stored_codec.id:
+                    mismatches.append(f"serializer={stored_codec.name!r}")
+                if minlog is not None and minlog != stored_minlog:
+                    mismatches.append(f"buffer_size={stored_minlog}")
+                if mismatches:
+                    raise ParameterMismatch(
+                        f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the "
+                        "name to attach with its stored configuration")
+            engine = cls(link, name, stored_codec, recurse, epoch, created, url, reads, lease,
+                         staleness, stored_minlog)
+        except BaseException:
+            link.close()
+            raise
+        try:
+            engine.sync_remote()
+            if reads == "cached":
+                from .listener import Listener
+
+                engine.listener = Listener(engine)
+                engine.listener.start()
+            auto = options.auto_unlink
+            if auto is None:
+                auto = created
+            engine._arm_finalizer(auto)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    @staticmethod
+    def _create_or_find(link: Link, name: str, create: Optional[bool], options: Options,
+                        codec: Optional[Codec], initial: Optional[Sequence[Sequence[Any]]],
+                        minlog: Optional[int]) -> Tuple[bool, Tuple[int, int, bool, str, int]]:
+        if create is False:
+            got = link.command("HMGET", link.keys.meta, "version", "codec", "recurse", "epoch", "minlog")
+            if got[3] is None:
+                raise NotFound(f"no shared dict {name!r} on this Redis server")
+            return False, _fields(got)
+        use = codec or codec_for(options.for_create("serializer") or "msgpack")
+        recurse = bool(options.for_create("recurse"))
+        tree: Dict[Any, Any] = {}
+        if initial:
+            _, decoded = use.encode_record(R.update((), [list(p) for p in initial]))
+            R.apply(tree, decoded)
+        snapshot = use.dumps(tree)
+        epoch = secrets.token_hex(8)
+        reply = link.call("create", [epoch, RL.VERSION, use.id, int(recurse),
+                                     minlog or RL.DEFAULT_MINLOG, f"{_HOST}:{os.getpid()}", snapshot])
+        if reply[0] == 1:
+            return True, (RL.VERSION, use.id, recurse, epoch, minlog or RL.DEFAULT_MINLOG)
+        if create:
+            raise AlreadyExists(f"shared dict {name!r} already exists on this Redis server")
+        return False, _fields(reply[1:])
+
+    def _arm_finalizer(self, auto_unlink: Any) -> None:
+        self._last = auto_unlink == "last"
+        unlink_pid = os.getpid() if auto_unlink and not self._last else 0
+        self._finalizer = weakref.finalize(self, _finalize, self.link, self.epoch, unlink_pid,
+                                           self.listener)
+
+    # -- reading -------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return isinstance(self.words, _ClosedWords)
+
+    @property
+    def buffer_size(self) -> int:
+        return self.minlog
+
+    def sync(self) -> None:
+        """Bring ``data`` up to what this read mode promises (module docstring)."""
+        with self.mutex:
+            if self.reads == "fresh":
+                if not self.stale and self.lock.vouches():
+                    return  # holding the lease: nobody else can publish
+                self.sync_remote()
+                return
+            gen = self._atomic.load(_W_STATE)
+            listener = self.listener
+            if listener is None or not listener.vouched or self.stale or not listener.drain(self):
+                if listener is None and not self.closed:
+                    self._restart_listener()
+                self.sync_remote()
+                listener = self.listener
+                if listener is None or not listener.vouched:
+                    self.seen = -1  # not vouched: the next read syncs again
+                    return
+            self.seen = gen
+
+    def sync_remote(self) -> None:
+        """``SYNC``: one round trip; applies what changed since ``known``."""
+        with self.mutex:
+            if self.closed:
+                self.words[_W_STATE]  # raises Closed
+            reply = self.link.call("sync", [self.epoch, self.known])
+            if reply[0] == RL.GONE:
+                self._gone()
+            self.apply_delta(reply[1])
+
+    def apply_delta(self, delta: List[Any]) -> None:
+        """Apply a ``SYNC`` answer (layout: "Reading"); the caller holds the mutex."""
+        seq, kind = delta[0], delta[1]
+        try:
+            if kind == RL.ENTRIES:
+                records = self.codec.loads_many(delta[2:])
+                for rec in records:
+                    R.apply(self.data, rec)
+            elif kind == RL.SNAPSHOT:
+                tree = self.codec.loads(delta[3])
+                if type(tree) is not dict:
+                    raise CorruptSegment(f"the snapshot of {self.keys.snap} is not a dict")
+                for rec in self.codec.loads_many(delta[4:]):
+                    R.apply(tree, rec)
+                self.data = tree
+            elif kind != RL.CURRENT:
+                raise CorruptSegment(f"unexpected SYNC answer kind {kind!r} for {self.keys.meta}")
+        except BaseException:
+            self.known = -1
+            self.stale = True
+            raise
+        self.known = seq
+        self.stale = False
+
+    def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
+        node: Any = self.data
+        for key in path:
+            node = node.get(key) if type(node) is dict else None
+            if type(node) is not dict:
+                raise PathGone(f"no nested dict at {list(path)!r} in shared dict {self.name!r}")
+        found: Dict[Any, Any] = node
+        return found
+
+    def reload(self) -> None:
+        with self.mutex:
+            self.known = -1
+            self.data = {}
+            self.sync_remote()
+
+    def materialize(self, stored: Any) -> Any:
+        return stored.value()  # an InlineArray: this engine keeps no blobs
+
+    def view(self, stored: Any) -> memoryview:
+        return memoryview(stored.data).toreadonly()
+
+    def _gone(self) -> None:
+        self.gone = True
+        raise Unlinked(
+            f"shared dict {self.name!r} no longer exists on {describe(self.backend)} (unlinked, "
+            "re-created, or lost by a server restarted without persistence)")
+
+    # -- writing -------------------------------------------------------------------
+
+    def begin_write(self) -> None:
+        self.words[_W_STATE]  # Closed
+        self.mutex.acquire()
+        try:
+            self.sync()
+        except BaseException:
+            self.mutex.release()
+            raise
+
+    def end_write(self) -> None:
+        self.mutex.release()
+
+    def commit(self, rec: List[Any]) -> None:
+        """A write whose decision used the cache: conditional on ``known``
+        (layout: "Writing", step 3); ``Conflict`` if another client wrote first."""
+        payload, decoded = self.codec.encode_record(rec)
+        self._publish(payload, decoded, self.known)
+
+    def write(self, rec: List[Any]) -> None:
+        """A write whose effect does not depend on the state: never conflicts."""
+        self.words[_W_STATE]  # Closed
+        payload, decoded = self.codec.encode_record(rec)
+        with self.mutex:
+            self._publish(payload, decoded, None)
+
+    def set_root(self, key: Any, value: Any) -> None:
+        self.write(R.set_((), key, value))
+
+    def _publish(self, payload: bytes, decoded: Any, expect: Optional[int]) -> None:
+        lock = self.lock
+        while True:
+            token = lock.token_of_this_thread()
+            try:
+                reply = self.link.call("write", [self.epoch, "" if expect is None else expect, token, payload])
+            except BackendUnavailable:
+                self.stale = True  # the write may have landed: never trust the cache now
+                self.seen = -1
+                raise
+            code = reply[0]
+            if code == RL.OK:
+                seq = reply[1]
+                if seq == self.known + 1 and not self.stale:
+                    try:
+                        R.apply(self.data, decoded)
+                        self.known = seq
+                    except BaseException:
+                        self.stale = True
+                        self.seen = -1
+                        raise
+                else:
+                    self.stale = True
+                    self.seen = -1
+                if reply[2] > max(self.minlog, RL.SNAP_RATIO * reply[3]):
+                    self._snapshot_quietly()
+                return
+            if code == RL.GONE:
+                self._gone()
+            if code == RL.FENCED:
+                lock.fenced()
+                raise LeaseLost(
+                    f"the lease on the lock of shared dict {self.name!r} expired while this thread "
+                    "held it; the server refused the write (another client may hold the lock)")
+            if code == RL.CONFLICT:
+                self.sync_remote()
+                raise Conflict()
+            if code == RL.LOCKED:
+                # Another client (or thread) holds the lock: wait for its release
+                # without the mutex, so that our own holder thread can read.
+                pttl, last = reply[1], reply[2]
+                self.mutex.release()
+                try:
+                    lock.wait_release(last, pttl, None)
+                finally:
+                    self.mutex.acquire()
+                continue
+            raise CorruptSegment(f"unexpected WRITE answer {reply!r} for {self.keys.meta}")
+
+    def _snapshot_quietly(self) -> None:
+        try:
+            self.force_dump()
+        except BackendUnavailable as exc:  # the write stands; a later one will snapshot
+            log.warning("snapshot of %s failed: %s", self.keys.meta, exc)
+
+    def force_dump(self) -> None:
+        """Store the whole dict as the snapshot and trim the log (layout: "Snapshots")."""
+        with self.mutex:
+            if self.stale or self.known < 0:
+                self.sync_remote()
+            blob = self.codec.dumps(self.data)
+            reply = self.link.call("snapshot", [self.epoch, self.known, blob])
+            if reply[0] == RL.GONE:
+                self._gone()
+
+    # -- waiting ----------------------------------------------------------------------
+
+    def wait_for_change(self, timeout: Optional[float]) -> bool:
+        import time
+
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be >= 0 or None")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.mutex:
+            before = self.known
+        while True:
+            with self.mutex:
+                self.sync_remote()
+                if self.known != before:
+                    self.seen = -1 if self.reads == "fresh" else self.seen
+                    return True
+                after = f"{self.known}-1"
+            left = RL.WAIT_SLICE if deadline is None else min(RL.WAIT_SLICE, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self.link.xread(self.keys.log, after, left, left + 5.0)
+
+    def feed(self) -> Any:
+        from .feed import RedisFeed
+
+        return RedisFeed(self)
+
+    # -- facts -------------------------------------------------------------------------
+
+    def stats(self) -> Dict[str, Any]:
+        reply = self.link.call("meta", [])
+        fields = {reply[0][i].decode(): reply[0][i + 1] for i in range(0, len(reply[0]), 2)}
+        if not fields:
+            self._gone()
+        holder = reply[2].decode() if reply[2] else ""
+        return {
+            "name": self.name,
+            "engine": "redis",
+            "backend": describe(self.backend),
+            "reads": self.reads,
+            "serializer": self.codec.name,
+            "recurse": self.recurse,
+            "seq": int(fields.get("seq", 0)),
+            "snapshot_seq": int(fields.get("snap", 0)),
+            "snapshot_bytes": int(fields.get("snapbytes", 0)),
+            "log_entries": int(reply[1]),
+            "log_bytes": int(fields.get("logbytes", 0)),
+            "buffer_size": int(fields.get("minlog", 0)),
+            "lock_holder": holder.split("|", 1)[1] if "|" in holder else None,
+            "lock_ttl": int(reply[3]) / 1000 if holder else None,
+            "lock_pid": _pid_of_holder(holder),
+            "fence": int(fields.get("fence", 0)),
+            "creator": fields.get("creator", b"").decode(),
+            "cached_seq": self.known,
+        }
+
+    def users(self) -> List[User]:
+        listing = self.link.command("CLIENT", "LIST", "TYPE", "normal")
+        prefix = f"{RL.CLIENT_PREFIX}{self.name}:"
+        seen = set()
+        out = []
+        for line in listing.decode(errors="replace").splitlines():
+            for field in line.split(" "):
+                if field.startswith("name=" + prefix):
+                    try:
+                        host, pid, start = field[5 + len(prefix):].rsplit(":", 2)
+                        user = User(int(pid), int(start), True)
+                    except ValueError:
+                        continue
+                    if (host, user) not in seen:
+                        seen.add((host, user))
+                        out.append(user)
+        return out
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self.mutex:
+            if self.closed:
+                return
+            self.words = _ClosedWords(self.name)
+            self._bind_state(None, 0)
+            self.data = {}
+            self.seen = -1
+        self.lock.forget()
+        if getattr(self, "_last", False):
+            try:
+                others = [u for u in self.users() if u.pid != os.getpid()]
+                if not others:
+                    self.link.call("unlink", [self.epoch])
+            except Exception as exc:
+                log.warning("could not check the users of %s at close: %s", self.keys.meta, exc)
+        if self._finalizer is not None:
+            self._finalizer()
+        else:
+            _finalize(self.link, self.epoch, 0, self.listener)
+
+    def unlink(self) -> int:
+        if self.closed:
+            raise Closed(f"this handle of shared dict {self.name!r} is closed")
+        removed: int = self.link.call("unlink", [self.epoch])
+        return removed
+
+    def _restart_listener(self) -> None:
+        from .listener import Listener
+
+        self.listener = Listener(self)
+        self.listener.start()
+
+    def _after_fork(self) -> None:
+        self.mutex = threading.RLock()
+        self._gen_guard = threading.Lock()
+        self.link.after_fork()
+        self.lock.after_fork()
+        self.stale = True
+        self.seen = -1
+        if self.listener is not None:
+            self.listener = None  # restarted by the first read in the child
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the parent's finalizer is the parent's
+            self._finalizer = weakref.finalize(self, _finalize, self.link, self.epoch, 0, None)
+
+    def bump(self) -> None:
+        """The listener saw something: make the next read call :meth:`sync`."""
+        with self._gen_guard:
+            self._atomic.store(_W_STATE, (self._atomic.load(_W_STATE) + 1) & ((1 << 63) - 1))
+
+
+def _fields(got: Sequence[Any]) -> Tuple[int, int, bool, str, int]:
+    version, codec_id, recurse, epoch, minlog = got
+    return int(version), int(codec_id), bool(int(recurse)), epoch.decode(), int(minlog or RL.DEFAULT_MINLOG)
+
+
+def _pid_of_holder(holder: str) -> Optional[int]:
+    """The pid in a lock value ``"<token>|<host>:<pid>:<nonce>"``."""
+    try:
+        return int(holder.split("|", 1)[1].rsplit(":", 2)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def unlink_by_name(name: str, backend: Any) -> int:
+    """Remove every key of the dict ``name`` on ``backend``, whatever its epoch."""
+    validate_name(name)
+    client, _ = connect_client(backend)
+    link = Link(client, RL.keys_of(name), None)
+    try:
+        removed: int = link.call("unlink", [""])
+        return removed
+    finally:
+        link.close()
+
+
+if False:  # pragma: no cover - mypy checks the engine against the Protocol here
+    from ..engine import Engine
+
+    def _implements_the_engine_interface(engine: RedisEngine) -> Engine:
+        return engine
