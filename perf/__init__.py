@@ -24,6 +24,10 @@ Workload 11 has contenders of its own, process pools: ``stdlib``
 (``npshmex.ProcessPoolExecutor``), ``handwritten`` (the standard pool with
 ``multiprocessing.shared_memory.SharedMemory`` managed by hand) and
 ``ultradict_ng`` (``ultradict_ng.futures.ProcessPoolExecutor``).
+Workload 12 compares ultradict_ng's Redis backend (``SharedDict(...,
+backend="redis://...")``, both read modes) with ``redis`` (raw redis-py GET/SET),
+``pottery`` (``RedisDict``, ``Redlock``) and ``redis_dict`` (redis-dict's
+``RedisDict``), on the run's one private redis-server.
 Peers are imported lazily; a missing one is skipped with a note.
 
 Workloads (``--only``, by name or number): 1 ``read``, 2 ``write``, 3 ``lock``,
@@ -35,14 +39,17 @@ Condition, Pipe and Redis pub/sub; the CPU of 10 idle waiters; ``with d.lock:
 d[k] += 1`` in 1-8 processes; in futex and ``ULTRADICT_NG_WAIT=poll`` modes;
 see :mod:`perf.wake`), 11 ``pool`` (``submit(add_one, np.ones(int(2e7)))`` round
 trip with one worker, and ``list(ex.map(add_one, arrays))`` over 64 arrays of
-10 MiB with two, each contender in a fresh driver process; see :mod:`perf.pool`).
+10 MiB with two, each contender in a fresh driver process; see :mod:`perf.pool`), 12
+``redis`` (the Redis backend: hot-key reads, writes, 4-process locked increments,
+dead-holder takeover, cached-read staleness; see :mod:`perf.redis_backend`).
 
 Output: tables on stdout, ``<out>/latest.json`` (machine info and every raw
 repetition) and ``<out>/latest.png`` (one panel per workload).
 
 Cleanup: every process the harness starts (worker pool, attach probes, the
 readers of workload 9, the waiters and lockers of workload 10, the drivers of
-workload 11 and their executors' workers, the Manager server, redis-server) is
+workload 11 and their executors' workers, the children of workload 12, the
+Manager server, redis-server) is
 ended and every segment it creates is unlinked, also after an exception,
 Ctrl-C or SIGTERM; /dev/shm is compared before and after and anything left is
 reported.  Dict names are
@@ -55,6 +62,8 @@ and its reader process), :mod:`perf.wake`, :mod:`perf.wake_child` and
 :mod:`perf.wake_report` (workload 10: parent side, spawned processes, table and
 targets), :mod:`perf.pool` and :mod:`perf.pool_tasks` (workload 11: parent
 side, table, targets and plot panel; the spawned driver and the task functions),
+:mod:`perf.redis_backend` and :mod:`perf.redis_children` (workload 12: parent side,
+table, targets and plot panel; the spawned children),
 :mod:`perf.procs` (code that runs in spawned processes), :mod:`perf.report`
 (tables, targets, JSON, plot), :mod:`perf.redis_server`, :mod:`perf.util`.
 """

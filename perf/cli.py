@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from . import adapters as A
 from . import pool as P
+from . import redis_backend as RB
 from . import report
 from .run import Run
 from .util import log, shm_entries
@@ -23,13 +24,15 @@ from .workloads import NUMBERS as WL_NUMBERS
 from .workloads import RUNNERS, WORKLOADS
 from .workloads import TITLES as WL_TITLES
 
-# Workload 11 (perf.pool) has contenders of its own, which are no adapters.
-ALL_WORKLOADS = WORKLOADS + [P.ENTRY]
-NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER}
-TITLES = {**WL_TITLES, P.WL: P.TITLE}
-ALIASES = {**WL_ALIASES, **P.ALIASES}
-CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS
-CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES}
+# Workloads 11 (perf.pool) and 12 (perf.redis_backend) have contenders of their own,
+# which are no adapters.
+ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY]
+NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER}
+TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE}
+ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES}
+CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS + RB.OWN_CONTENDERS
+CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES, **RB.CONTENDER_ALIASES}
+OWN_RUNNERS = (P.WL, RB.WL)  # workloads that need no adapter
 
 DEFAULT_OUT = os.path.join("perf", "results")
 
@@ -67,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="short run (about a minute): 0.1 s per measurement, smaller sizes, 3 repetitions "
                         "(workload 9: 1 MiB and 10 MiB values, 1 repetition; workload 10: 200 "
                         "round trips, 2 s idle window, 1 s per lock round; workload 11: 2e6 "
-                        "elements and 16 arrays of 1 MiB, 3 and 2 repetitions)")
+                        "elements and 16 arrays of 1 MiB, 3 and 2 repetitions; workload 12: one "
+                        "round, fewer locked increments, one takeover with a 0.5 s lease, 200 "
+                        "staleness writes)")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="repetitions of each measurement (default 5; 3 with --quick)")
     p.add_argument("--only", default=None, metavar="WORKLOAD[,..]",
@@ -75,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                         ", ".join(f"{no}={name}" for name, no, _ in ALL_WORKLOADS))
     p.add_argument("--contenders", default=None, metavar="NAME[,..]",
                    help="contenders (default all): " + ", ".join(A.ORDER) + "; workload 11 "
-                        "only: " + ", ".join(P.OWN_CONTENDERS) + " (and ultradict_ng)")
+                        "only: " + ", ".join(P.OWN_CONTENDERS) + " (and ultradict_ng); workload 12 "
+                        "only: " + ", ".join(RB.OWN_CONTENDERS) + " (and ultradict_ng, redis)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"directory for latest.json and latest.png (default {DEFAULT_OUT}/)")
     p.add_argument("--box", type=float, default=None, metavar="SECONDS",
@@ -122,8 +128,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     only = [w for w, _, _ in ALL_WORKLOADS if w in only]  # always in workload order
     wanted = [c for c in A.ORDER if c in chosen]
     pool_wanted = [c for c in P.ORDER if c in chosen] if P.WL in only else []
-    if not any(w != P.WL for w in only):
-        wanted = []  # workload 11 alone: no adapter (server, Manager, peer import) is needed
+    redis_wanted = [c for c in RB.ORDER if c in chosen] if RB.WL in only else []
+    if not any(w not in OWN_RUNNERS for w in only):
+        wanted = []  # workloads 11/12 alone: no adapter (server, Manager, peer import) is needed
 
     started = time.perf_counter()
     started_at = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -177,6 +184,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             for key in pool_wanted:
                 print(f"  {P.LABELS[key]:<29} {pool_versions.get(key, '')}")
                 versions[f"{P.LABELS[key]} (workload {P.NUMBER})"] = pool_versions.get(key, "")
+        if redis_wanted:
+            rb_versions = RB.versions()
+            print(f"contenders of workload {RB.NUMBER} ({RB.WL}):")
+            for key in redis_wanted:
+                print(f"  {RB.LIST_LABELS[key]:<29} {rb_versions.get(key, '')}")
+                versions[f"{RB.LIST_LABELS[key]} (workload {RB.NUMBER})"] = rb_versions.get(key, "")
         sys.stdout.flush()
         adapters = [run.adapters[k] for k in wanted if k in run.adapters]
 
@@ -191,7 +204,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
-            if wl != P.WL and not any(a.runs(wl) for a in adapters):
+            if wl == RB.WL and not redis_wanted:
+                log(f"    (none of the selected contenders takes part in {wl})")
+                done.add(wl)
+                continue
+            if wl not in OWN_RUNNERS and not any(a.runs(wl) for a in adapters):
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
@@ -202,6 +219,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 group = ["attach", "growth"]
             elif wl == P.WL:
                 P.w_pool(run, pool_wanted)
+                group = [wl]
+            elif wl == RB.WL:
+                RB.w_redis(run, redis_wanted)
                 group = [wl]
             else:
                 RUNNERS[wl](run, [a for a in adapters if a.runs(wl)])
@@ -300,7 +320,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "wall_time_s": round(wall, 2),
             "mode": "quick" if args.quick else "full",
             "options": {"repeat": repeat, "box_s": box, "only": only, "contenders": wanted,
-                        "pool_contenders": pool_wanted,
+                        "pool_contenders": pool_wanted, "redis_contenders": redis_wanted,
                         "wake_parts": wake_parts or list(WAKE_PARTS),
                         "argv": sys.argv[1:] if argv is None else list(argv)},
             "status": interrupted or "complete",

@@ -58,6 +58,10 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
         from . import pool
 
         return pool.section(recs, number, title, notes)
+    if wl == "redis":
+        from . import redis_backend
+
+        return redis_backend.section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -249,6 +253,9 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     from . import pool
 
     out.extend(pool.targets(records, quick))  # workload 11
+    from . import redis_backend
+
+    out.extend(redis_backend.targets(records, quick))  # workload 12
     return out
 
 
@@ -396,6 +403,13 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
             from . import pool
 
             title = pool.plot_panel(ax, recs)
+            ax.set_title(f"{no}. {title}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+            continue  # its own y label and colours (contenders of its own)
+        elif wl == "redis":
+            from . import redis_backend
+
+            title = redis_backend.plot_panel(ax, recs)
             ax.set_title(f"{no}. {title}", fontsize=9)
             ax.grid(True, axis="y", alpha=0.3)
             continue  # its own y label and colours (contenders of its own)

@@ -34,13 +34,15 @@ def ours(name: str):
     return sorted(e for e in os.listdir("/dev/shm") if e == name or e.startswith(name + "@"))
 
 
-def start_writer(name: str, start: int, count: int, fault: str = "") -> subprocess.Popen:
+def start_writer(name: str, start: int, count: int, fault: str = "",
+                 locked: bool = False) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("ULTRADICT_NG_FAULT", None)
     if fault:
         env["ULTRADICT_NG_FAULT"] = fault
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_worker", name, str(start), str(count)],
+        [sys.executable, "-m", "tests.crash_worker", name, str(start), str(count)]
+        + (["locked"] if locked else []),
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -74,12 +76,14 @@ def check_survivors(d: SharedDict, acked: Dict[str, int], attempted_max: int) ->
 USER_POINTS = ("user-registered", "closing-claimed", "closing-checked")
 #: The process pool's points: a pool or a worker dies there (tests/test_futures_leaks.py).
 POOL_POINTS = ("parcel-created", "parcel-written")
+#: The Redis engine's points (test_redis_writer_dies_at_fault_point below).
+REDIS_POINTS = tuple(p for p in faults.POINTS if p.startswith("redis-"))
 
 #: Every fault point of the write path with inline values; and with the worker's
 #: 300-byte values in blobs (threshold 256), which also passes the blob points.
 FAULT_CASES = [
     pytest.param(point, threshold, id=f"{point}-{'blobs' if threshold else 'inline'}")
-    for point in faults.POINTS if point not in USER_POINTS + POOL_POINTS
+    for point in faults.POINTS if point not in USER_POINTS + POOL_POINTS + REDIS_POINTS
     for threshold in ((BLOB_THRESHOLD,) if point.startswith("blob") else (0, BLOB_THRESHOLD))
 ]
 
@@ -360,3 +364,40 @@ def test_remover_dies_holding_closing(name, point, then):
         if m is not None:
             m.release()
     assert ours(name) == []
+
+
+REDIS_CASES = [
+    pytest.param(point, locked, id=f"{point}-{'locked' if locked else 'unlocked'}")
+    for point in REDIS_POINTS for locked in (False, True)
+    if locked or point != "redis-lease-taken"  # (unlocked writes take no lease)
+]
+
+
+@pytest.mark.parametrize("point, locked", REDIS_CASES)
+def test_redis_writer_dies_at_fault_point(name, point, locked, redis_url, monkeypatch):
+    """A writer SIGKILLed between sending a script and reading its reply (or
+    holding a fresh lease): its write landed whole or not at all, every write
+    it saw acknowledged is there, the lock is free again within the lease, and
+    the log never outgrows its bound (snapshots every few writes: 256 bytes)."""
+    from ultradict_ng.redis_backend import layout as RL
+
+    monkeypatch.setenv("ULTRADICT_NG_BACKEND", redis_url)
+    d = SharedDict({"k0": -1}, name=name, buffer_size=256)
+    after = 2 if point == "redis-snapshot-sent" else 5
+    p = start_writer(name, 0, 40, f"{point}:kill:{after}", locked)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL, err
+    acked = acks(out)
+    assert acked, "the writer died before its first write: the fault point was not reached in time"
+    waited = check_survivors(d, acked, 40)
+    assert waited < (RL.DEFAULT_LEASE + 1.0 if locked else 1.0), f"lock free after {waited:.2f}s"
+    if not locked:
+        for key in ("k0", "k1", "k2", "k3", "k4"):
+            assert d.get(key, -1) <= 39
+    p2 = start_writer(name, 100, 20, locked=locked)
+    out2, err2 = p2.communicate(timeout=60)
+    assert p2.returncode == 0, err2
+    check_survivors(d, acks(out2), 120)
+    st = d.stats()
+    assert st["log_bytes"] <= max(256, RL.SNAP_RATIO * st["snapshot_bytes"]) + 400
+    d.close()  # the creator's auto_unlink removes every key (redis_url checks)

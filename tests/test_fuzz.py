@@ -336,3 +336,71 @@ def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], f
         for entry in leftovers:
             segment.unlink(entry)
     assert not leftovers, f"unlink_by_name left {leftovers}"
+
+
+# -- the Redis engine: garbage in its keys ---------------------------------------------------
+
+REDIS_EDITS = st.lists(st.one_of(
+    st.tuples(st.just("meta"), st.sampled_from(["seq", "snap", "epoch", "codec", "version", "logbytes",
+                                                "snapbytes", "recurse"]),
+              st.one_of(st.binary(max_size=12), st.integers(-5, 10**6).map(str))),
+    st.tuples(st.just("snap"), st.binary(max_size=64)),
+    st.tuples(st.just("log"), st.binary(max_size=32)),
+    st.tuples(st.just("wrongtype"), st.sampled_from(["meta", "log", "snap", "lock", "lockev"])),
+), min_size=1, max_size=4)
+
+
+@settings(max_examples=soak_scaled(60), deadline=None, suppress_health_check=list(HealthCheck))
+@given(edits=REDIS_EDITS)
+def test_garbage_in_redis_keys_never_crashes_hangs_or_lies(redis_server: Any, edits: List[Any]) -> None:
+    """Whatever another program writes into a dict's keys, every operation on
+    a handle answers or raises one of our errors (never a raw redis-py or Lua
+    error, never a hang), and a handle never returns a value nobody wrote."""
+    import redis as redis_py
+
+    from ultradict_ng.redis_backend import layout as RL
+
+    name = unique_name()
+    r = redis_py.Redis.from_url(redis_server.url)
+    keys = RL.keys_of(name)
+    a = SharedDict(name=name, backend=redis_server.url, buffer_size=64)
+    b = SharedDict(name=name, backend=redis_server.url)
+    written = {f"k{i}": i for i in range(6)}
+    try:
+        for k, v in written.items():
+            a[k] = v
+        for edit in edits:
+            try:
+                if edit[0] == "meta":
+                    r.hset(keys.meta, edit[1], edit[2])
+                elif edit[0] == "snap":
+                    r.set(keys.snap, edit[1])
+                elif edit[0] == "log":  # a garbage record, published as the next one
+                    seq = int(r.hget(keys.meta, "seq") or b"0")
+                    r.xadd(keys.log, {"r": edit[1]}, id=f"{seq + 1}-1")
+                    r.hset(keys.meta, "seq", seq + 1)
+                else:
+                    key = getattr(keys, edit[1])
+                    r.delete(key)
+                    r.set(key, b"not a stream or hash")
+            except (ValueError, redis_py.ResponseError):
+                pass  # this edit does not apply after an earlier one
+        for handle in (b, a):
+            attempt(handle._store.reload)
+            got = attempt(handle.copy)
+            if isinstance(got, dict):
+                for k, v in got.items():
+                    assert written.get(k, v) == v or k not in written, (k, v)
+            attempt(lambda: handle.__setitem__("after", 1))
+            attempt(lambda: handle.pop("k1", None))
+            attempt(handle.stats)
+            attempt(lambda: handle.wait_for_change(0.01))
+        c = attempt(lambda: SharedDict(name=name, backend=redis_server.url, create=False))
+        if isinstance(c, SharedDict):
+            attempt(c.copy)
+            c.close()
+    finally:
+        b.close()
+        a.close()
+        r.delete(*keys)
+        r.close()

@@ -143,8 +143,14 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
             errors.append(f"{type(exc).__name__}: {exc}")
             if len(errors) > 20:
                 break
-    results.put(("reader", passes, errors, d._store.gen))
+    results.put(("reader", passes, errors, dumps_of(d)))
     d.close()
+
+
+def dumps_of(d: Any) -> int:
+    """Full dumps so far (shared memory) or the snapshot's sequence number (Redis)."""
+    gen = getattr(d._store, "gen", None)
+    return int(gen) if gen is not None else int(d.stats()["snapshot_seq"])
 
 
 def apply_change(replica: Dict[str, Any], ch: Any) -> None:

@@ -30,6 +30,9 @@ closing-claimed      a remover (clean, auto_unlink="last") holds CLOSING, users 
 closing-checked      a remover found no user, the dict not yet unlinked
 parcel-created       a pool parcel exists and is reserved, its header not yet written
 parcel-written       a pool parcel is complete, its reference not yet sent
+redis-write-sent     a WRITE script was sent to Redis, its reply not yet read
+redis-snapshot-sent  a SNAPSHOT script was sent to Redis, its reply not yet read
+redis-lease-taken    the Redis lease was granted, the holder has not used it yet
 ==================== ================================================================
 """
 
@@ -56,6 +59,9 @@ POINTS = (
     "closing-checked",
     "parcel-created",
     "parcel-written",
+    "redis-write-sent",
+    "redis-snapshot-sent",
+    "redis-lease-taken",
 )
 
 

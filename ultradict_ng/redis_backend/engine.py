@@ -271,6 +271,8 @@ class RedisEngine(StoreBase):
 
     def apply_delta(self, delta: List[Any]) -> None:
         """Apply a ``SYNC`` answer (layout: "Reading"); the caller holds the mutex."""
+        if type(delta) is not list or len(delta) < 2 or type(delta[0]) is not int:
+            raise CorruptSegment(f"shared dict {self.name!r}: Redis answered {delta!r} to SYNC")
         seq, kind = delta[0], delta[1]
         try:
             if kind == RL.ENTRIES:
@@ -286,6 +288,10 @@ class RedisEngine(StoreBase):
                 self.data = tree
             elif kind != RL.CURRENT:
                 raise CorruptSegment(f"unexpected SYNC answer kind {kind!r} for {self.keys.meta}")
+        except R.Inconsistent as exc:
+            self.known = -1
+            self.stale = True
+            raise CorruptSegment(f"shared dict {self.name!r}: a record on Redis does not apply: {exc}") from None
         except BaseException:
             self.known = -1
             self.stale = True
@@ -446,10 +452,10 @@ class RedisEngine(StoreBase):
 
     def stats(self) -> Dict[str, Any]:
         reply = self.link.call("meta", [])
-        fields = {reply[0][i].decode(): reply[0][i + 1] for i in range(0, len(reply[0]), 2)}
+        fields = {reply[0][i].decode(errors="replace"): reply[0][i + 1] for i in range(0, len(reply[0]), 2)}
         if not fields:
             self._gone()
-        holder = reply[2].decode() if reply[2] else ""
+        holder = reply[2].decode(errors="replace") if reply[2] else ""
         return {
             "name": self.name,
             "engine": "redis",
@@ -457,37 +463,56 @@ class RedisEngine(StoreBase):
             "reads": self.reads,
             "serializer": self.codec.name,
             "recurse": self.recurse,
-            "seq": int(fields.get("seq", 0)),
-            "snapshot_seq": int(fields.get("snap", 0)),
-            "snapshot_bytes": int(fields.get("snapbytes", 0)),
-            "log_entries": int(reply[1]),
-            "log_bytes": int(fields.get("logbytes", 0)),
-            "buffer_size": int(fields.get("minlog", 0)),
+            "seq": _int(fields.get("seq")),
+            "snapshot_seq": _int(fields.get("snap")),
+            "snapshot_bytes": _int(fields.get("snapbytes")),
+            "log_entries": _int(reply[1]),
+            "log_bytes": _int(fields.get("logbytes")),
+            "buffer_size": _int(fields.get("minlog")),
             "lock_holder": holder.split("|", 1)[1] if "|" in holder else None,
-            "lock_ttl": int(reply[3]) / 1000 if holder else None,
+            "lock_ttl": _int(reply[3]) / 1000 if holder and _int(reply[3]) is not None else None,  # type: ignore[operator]
             "lock_pid": _pid_of_holder(holder),
-            "fence": int(fields.get("fence", 0)),
-            "creator": fields.get("creator", b"").decode(),
+            "fence": _int(fields.get("fence")),
+            "creator": fields.get("creator", b"").decode(errors="replace"),
             "cached_seq": self.known,
         }
 
     def users(self) -> List[User]:
+        out: List[User] = []
+        for _, _, user in self._connections():
+            if user not in out:
+                out.append(user)
+        return out
+
+    def _connections(self) -> List[Tuple[int, str, User]]:
+        """``(client id, host, user)`` of every connection named after this dict,
+        one per process (the first seen); layout: "Creating and removing"."""
         listing = self.link.command("CLIENT", "LIST", "TYPE", "normal")
-        prefix = f"{RL.CLIENT_PREFIX}{self.name}:"
+        prefix = f"name={RL.CLIENT_PREFIX}{self.name}:"
         seen = set()
         out = []
         for line in listing.decode(errors="replace").splitlines():
-            for field in line.split(" "):
-                if field.startswith("name=" + prefix):
-                    try:
-                        host, pid, start = field[5 + len(prefix):].rsplit(":", 2)
-                        user = User(int(pid), int(start), True)
-                    except ValueError:
-                        continue
-                    if (host, user) not in seen:
-                        seen.add((host, user))
-                        out.append(user)
+            fields = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
+            named = "name=" + fields.get("name", "")
+            if not named.startswith(prefix):
+                continue
+            try:
+                host, pid, start = named[len(prefix):].rsplit(":", 2)
+                user = User(int(pid), int(start), True)
+                cid = int(fields.get("id", "0"))
+            except ValueError:
+                continue
+            if (host, user) not in seen:
+                seen.add((host, user))
+                out.append((cid, host, user))
+            elif cid:
+                out.append((cid, host, user))
         return out
+
+    def _others_attached(self) -> bool:
+        """Whether any handle but this one (in any process) is attached."""
+        me = int(self.link.command("CLIENT", "ID"))
+        return any(cid != me for cid, _, _ in self._connections())
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -502,8 +527,7 @@ class RedisEngine(StoreBase):
         self.lock.forget()
         if getattr(self, "_last", False):
             try:
-                others = [u for u in self.users() if u.pid != os.getpid()]
-                if not others:
+                if not self._others_attached():
                     self.link.call("unlink", [self.epoch])
             except Exception as exc:
                 log.warning("could not check the users of %s at close: %s", self.keys.meta, exc)
@@ -544,8 +568,21 @@ class RedisEngine(StoreBase):
 
 
 def _fields(got: Sequence[Any]) -> Tuple[int, int, bool, str, int]:
-    version, codec_id, recurse, epoch, minlog = got
-    return int(version), int(codec_id), bool(int(recurse)), epoch.decode(), int(minlog or RL.DEFAULT_MINLOG)
+    """The stored configuration of a dict (``CREATE``'s answer, or ``HMGET``)."""
+    try:
+        version, codec_id, recurse, epoch, minlog = got
+        return (int(version), int(codec_id), bool(int(recurse)), epoch.decode("ascii"),
+                int(minlog or RL.DEFAULT_MINLOG))
+    except (TypeError, ValueError, AttributeError):
+        raise CorruptSegment(f"the configuration of a dict on Redis is not ultradict_ng's: {list(got)!r}") from None
+
+
+def _int(value: Any) -> Optional[int]:
+    """A counter of ``meta`` for stats(): None if it is not a number (foreign data)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _pid_of_holder(holder: str) -> Optional[int]:

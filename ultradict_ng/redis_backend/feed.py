@@ -57,9 +57,19 @@ class RedisFeed:
             self._ended = True
             return []
         delta = reply[1]
-        seq, kind = delta[0], delta[1]
+        seq = delta[0]
         out: List[Change] = []
+        try:
+            self._apply(delta, out)
+        except R.Inconsistent as exc:
+            raise CorruptSegment(f"shared dict {engine.name!r}: a record on Redis does not apply: {exc}") from None
+        self.known = seq
+        return out
+
+    def _apply(self, delta: List[Any], out: List[Change]) -> None:
+        engine = self._engine
         codec = engine.codec
+        kind = delta[1]
         if kind == RL.ENTRIES:
             for rec in codec.loads_many(delta[2:]):
                 changes_of_records(out, self._export, [rec])
@@ -72,8 +82,6 @@ class RedisFeed:
                 R.apply(tree, rec)
             changes_of_dump(out, self._export, codec.dumps, self.data, tree)
             self.data = skeleton(tree)
-        self.known = seq
-        return out
 
     @property
     def ended(self) -> bool:

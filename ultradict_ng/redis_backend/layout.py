@@ -66,7 +66,10 @@ Writing (``WRITE``)
 ===================
 ``WRITE(epoch, expect, token, record)``, atomically on the server:
 
-1. ``GONE`` if the epoch differs.
+1. ``GONE`` if the epoch differs; ``CORRUPT`` (every script) if ``meta``'s
+   counters are not numbers with ``0 <= snap <= seq``, or (``WRITE``,
+   ``ACQUIRE``) the lock has no expiry -- this protocol never writes either,
+   and a lock without expiry would block everybody forever.
 2. Lease check: with a ``token`` (the writer holds the lease) the lock value
    must equal it, else ``FENCED`` -- the lease expired and maybe passed on:
    the write is refused and the writer gets ``LeaseLost``.  Without a token,
@@ -162,6 +165,7 @@ FENCED = -2
 LOCKED = -3
 CONFLICT = -4
 BAD_VERSION = -5
+CORRUPT = -6  # meta's counters are not numbers, or the lock has no expiry: not ours
 
 # SYNC kinds.
 CURRENT = 0
@@ -189,12 +193,14 @@ _CHECK = """
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'seq', 'snap', 'logbytes', 'snapbytes')
 if meta[1] == false or (ARGV[1] ~= '' and meta[1] ~= ARGV[1]) then return {-1} end
 local seq = tonumber(meta[2])
+local snapseq = tonumber(meta[3])
+if not seq or not snapseq or snapseq < 0 or snapseq > seq or seq ~= math.floor(seq) then return {-6} end
 """
 
 _DELTA = """
 local function delta(seen)
   if seen == seq then return {seq, 0} end
-  local snap = tonumber(meta[3])
+  local snap = snapseq
   local out, from
   if seen >= snap and seen < seq then
     out = {seq, 1}
@@ -221,6 +227,7 @@ return {0, delta(tonumber(ARGV[2]))}
 
 WRITE = _CHECK + _DELTA + """
 local holder = redis.call('GET', KEYS[4])
+if holder and redis.call('PTTL', KEYS[4]) < 0 then return {-6} end
 if ARGV[3] ~= '' then
   if holder ~= ARGV[3] then return {-2} end
 elseif holder then
@@ -236,6 +243,7 @@ return {0, seq, logbytes, tonumber(meta[5])}
 
 ACQUIRE = _CHECK + _DELTA + """
 local holder = redis.call('GET', KEYS[4])
+if holder and redis.call('PTTL', KEYS[4]) < 0 then return {-6} end
 if holder then
   local bar = string.find(holder, '|', 1, true)
   if bar and string.sub(holder, bar + 1) == ARGV[3] then
@@ -290,8 +298,7 @@ return {1}
 """
 
 UNLINK = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if ARGV[1] ~= '' and epoch ~= ARGV[1] then return 0 end
+if ARGV[1] ~= '' and redis.pcall('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 """
 

@@ -21,6 +21,7 @@ import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Optional, Type
 
+from .. import faults
 from ..errors import BackendUnavailable, LeaseLost, LockTimeout, Unlinked
 from ..lock import SharedLock
 from . import layout as RL
@@ -184,6 +185,8 @@ class LeaseLock(SharedLock):
                     self.renewed(sent)
                     engine.apply_delta(reply[2])
                     _keeper.add(self)
+                    if faults.armed is not None:
+                        faults.hit("redis-lease-taken")
                     return True
             if code == RL.GONE:
                 engine._gone()

@@ -26,12 +26,14 @@ import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import BackendUnavailable
+from .. import faults
+from ..errors import BackendUnavailable, CorruptSegment, OutOfSpace
 from . import layout as RL
 
 __all__ = ["Link", "connect_client", "describe"]
 
 _SHAS = {name: hashlib.sha1(body.encode()).hexdigest() for name, body in RL.SCRIPTS.items()}
+_SENT_POINTS = {"write": "redis-write-sent", "snapshot": "redis-snapshot-sent"}
 _SAFE_TO_REPEAT = frozenset({"sync", "acquire", "renew", "release", "meta", "create", "unlink"})
 
 
@@ -207,19 +209,24 @@ class Link:
                     if packed is None:
                         packed = conn.pack_command("EVALSHA", sha, 5, *self.keys, *args)
                     conn.send_packed_command(packed, check_health=False)
-                    return conn.read_response()
+                    if faults.armed is not None and script in _SENT_POINTS:
+                        faults.hit(_SENT_POINTS[script])
+                    reply = conn.read_response()
+                    if type(reply) is list and (not reply or reply[0] == RL.CORRUPT):
+                        raise CorruptSegment(
+                            f"the keys of {self.keys.meta} on Redis do not hold an ultradict_ng dict "
+                            "this version can read (counters that are not numbers, or a lock "
+                            "without expiry)")
+                    return reply
                 except redis.exceptions.NoScriptError:
                     self._load_scripts(conn)
                     continue
                 except redis.ResponseError as exc:
-                    text = str(exc)
-                    if text.startswith(("MOVED", "ASK")) and attempt < 3:
+                    if str(exc).startswith(("MOVED", "ASK")) and attempt < 3:
                         self._drop_locked()
                         self._refresh_slots()
                         continue
-                    if text.startswith(("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "MASTERDOWN")):
-                        raise BackendUnavailable(f"Redis cannot serve {self.keys.meta} now: {text}") from None
-                    raise
+                    raise self._translate(exc) from None
                 except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                     self._drop_locked()
                     if not repeat or attempt >= 1:
@@ -232,6 +239,20 @@ class Link:
                         except Exception:
                             pass
             raise BackendUnavailable(f"Redis kept redirecting {self.keys.meta}")  # pragma: no cover
+
+    def _translate(self, exc: Exception) -> Exception:
+        """Our error for an error reply (module docstring)."""
+        text = str(exc)
+        if text.startswith(("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "MASTERDOWN", "MOVED", "ASK")):
+            return BackendUnavailable(f"Redis cannot serve {self.keys.meta} now: {text}")
+        if text.startswith("OOM") or "OOM command not allowed" in text:
+            return OutOfSpace(f"Redis is out of memory (maxmemory) for {self.keys.meta}; "
+                              f"nothing was changed: {text}")
+        if "WRONGTYPE" in text or "script" in text.lower() or text.startswith("ERR"):
+            # A key of the dict holds something this protocol never writes.
+            return CorruptSegment(f"the keys of {self.keys.meta} on Redis do not hold an ultradict_ng "
+                                  f"dict this version can read: {text}")
+        return BackendUnavailable(f"Redis refused a command for {self.keys.meta}: {text}")
 
     def _drop_locked(self) -> None:
         if self._conn is not None:
@@ -259,6 +280,8 @@ class Link:
                         conn.connect()
                     conn.send_command(*args)
                     return conn.read_response()
+                except redis.ResponseError as exc:
+                    raise self._translate(exc) from None
                 except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                     self._drop_locked()
                     if attempt:
@@ -303,7 +326,7 @@ class Link:
             if str(exc).startswith(("MOVED", "ASK")):
                 self._refresh_slots()
                 raise BackendUnavailable(f"the slot of {stream} moved; try again") from None
-            raise
+            raise self._translate(exc) from None
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise BackendUnavailable(f"lost the connection to Redis for {stream}: {exc}") from None
         if not reply:

@@ -66,10 +66,11 @@ class Listener:
                 return False
             try:
                 R.apply(engine.data, codec.loads(payload))
-            except BaseException:
+            except BaseException:  # (a corrupt entry: SYNC reports it)
                 engine.known = -1
                 engine.stale = True
-                raise
+                pending.clear()
+                return False
             engine.known = seq
         return not self.gone
 
