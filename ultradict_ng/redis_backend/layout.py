@@ -67,7 +67,8 @@ Writing (``WRITE``)
 ``WRITE(epoch, expect, token, record)``, atomically on the server:
 
 1. ``GONE`` if the epoch differs; ``CORRUPT`` (every script) if ``meta``'s
-   counters are not numbers with ``0 <= snap <= seq``, or (``WRITE``,
+   counters are not numbers with ``0 <= snap <= seq`` (checked before any
+   script writes anything: a Lua error does not undo earlier commands), or (``WRITE``,
    ``ACQUIRE``) the lock has no expiry -- this protocol never writes either,
    and a lock without expiry would block everybody forever.
 2. Lease check: with a ``token`` (the writer holds the lease) the lock value
@@ -192,9 +193,14 @@ def keys_of(name: str) -> Keys:
 _CHECK = """
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'seq', 'snap', 'logbytes', 'snapbytes')
 if meta[1] == false or (ARGV[1] ~= '' and meta[1] ~= ARGV[1]) then return {-1} end
-local seq = tonumber(meta[2])
-local snapseq = tonumber(meta[3])
-if not seq or not snapseq or snapseq < 0 or snapseq > seq or seq ~= math.floor(seq) then return {-6} end
+local function int(x)
+  local n = tonumber(x)
+  if n and n == math.floor(n) and n >= 0 and n < 2^53 then return n end
+  return nil
+end
+local seq = int(meta[2])
+local snapseq = int(meta[3])
+if not seq or not snapseq or snapseq > seq or not int(meta[4]) or not int(meta[5]) then return {-6} end
 """
 
 _DELTA = """
