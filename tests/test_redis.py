@@ -414,3 +414,12 @@ def test_large_arrays_and_bytes_travel_inline(open_dict, name):
     got = b["arr"]
     assert got.dtype == arr.dtype and (got == arr).all() and not got.flags.writeable
     assert bytes(b.view("blob")) == b"z" * 1_000_000
+
+
+def test_what_is_shared_memory_only_says_so(open_dict, name, redis_url):
+    from ultradict_ng.aio import AsyncSharedDict
+
+    with pytest.raises(TypeError, match="shared memory only"):
+        AsyncSharedDict(name=name, backend=redis_url)
+    with pytest.raises(TypeError, match="shared memory only"):
+        AsyncSharedDict.wrap(open_dict(name=name))

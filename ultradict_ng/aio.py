@@ -238,7 +238,12 @@ class AsyncSharedDict:
     synchronous handle is ``.dict``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._setup(SharedDict(*args, **kwargs))
+        d = SharedDict(*args, **kwargs)
+        try:
+            self._setup(d)
+        except BaseException:
+            d.close()
+            raise
 
     @classmethod
     def wrap(cls, d: SharedDict) -> "AsyncSharedDict":
@@ -248,6 +253,9 @@ class AsyncSharedDict:
         return self
 
     def _setup(self, d: SharedDict) -> None:
+        if getattr(d._store, "backend", None) is not None:
+            raise TypeError("AsyncSharedDict works on shared memory only; on Redis use the "
+                            "SharedDict (or redis.asyncio) from a thread")
         self.dict = d
         store = d._store
         self._store = store
