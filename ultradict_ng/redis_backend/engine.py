@@ -107,6 +107,8 @@ class RedisEngine(StoreBase):
         self.staleness = staleness
         self.minlog = minlog
         self.keys = link.keys
+        self._epoch = epoch.encode()
+        self._kb_for, self._kb = -1, b"-1"
         self._buf = bytearray(8 * (_W_STATE + 1))
         self._atomic = Words(self._buf)
         self.words: Any = memoryview(self._buf).cast("Q")
@@ -264,10 +266,20 @@ class RedisEngine(StoreBase):
         with self.mutex:
             if self.closed:
                 self.words[_W_STATE]  # raises Closed
+            if not self.stale and self.known >= 0:
+                seq, epoch = self.link.peek()
+                if epoch == self._epoch and seq == self._known_bytes():
+                    return  # nothing published since (the common case of a hot read)
             reply = self.link.call("sync", [self.epoch, self.known])
             if reply[0] == RL.GONE:
                 self._gone()
             self.apply_delta(reply[1])
+
+    def _known_bytes(self) -> bytes:
+        known = self.known
+        if known != self._kb_for:
+            self._kb_for, self._kb = known, str(known).encode()
+        return self._kb
 
     def apply_delta(self, delta: List[Any]) -> None:
         """Apply a ``SYNC`` answer (layout: "Reading"); the caller holds the mutex."""
@@ -361,14 +373,14 @@ class RedisEngine(StoreBase):
         while True:
             token = lock.token_of_this_thread()
             try:
-                reply = self.link.call("write", [self.epoch, "" if expect is None else expect, token, payload])
+                reply = self.link.call("write", [self.epoch, "" if expect is None else expect, token, payload,
+                                                 self.minlog])
             except BackendUnavailable:
                 self.stale = True  # the write may have landed: never trust the cache now
                 self.seen = -1
                 raise
-            code = reply[0]
-            if code == RL.OK:
-                seq = reply[1]
+            if type(reply) is int:  # published (layout: "Writing", step 4)
+                seq = reply >> 1
                 if seq == self.known + 1 and not self.stale:
                     try:
                         R.apply(self.data, decoded)
@@ -380,9 +392,10 @@ class RedisEngine(StoreBase):
                 else:
                     self.stale = True
                     self.seen = -1
-                if reply[2] > max(self.minlog, RL.SNAP_RATIO * reply[3]):
+                if reply & 1:
                     self._snapshot_quietly()
                 return
+            code = reply[0]
             if code == RL.GONE:
                 self._gone()
             if code == RL.FENCED:

@@ -64,7 +64,7 @@ Two read modes (``reads=``):
 
 Writing (``WRITE``)
 ===================
-``WRITE(epoch, expect, token, record)``, atomically on the server:
+``WRITE(epoch, expect, token, record, minlog)``, atomically on the server:
 
 1. ``GONE`` if the epoch differs; ``CORRUPT`` (every script) if ``meta``'s
    counters are not numbers with ``0 <= snap <= seq`` (checked before any
@@ -84,7 +84,10 @@ Writing (``WRITE``)
    Writes whose effect does not depend on the state (a set, update or clear
    at the root) send no ``expect`` and never conflict.
 4. ``seq += 1``, ``XADD log <seq>-1 r <record>``, ``logbytes += len``;
-   answers ``[0, seq, logbytes, snapbytes]``.
+   answers the integer ``2 * seq + due``, ``due`` being 1 when a snapshot is
+   due (``logbytes > max(minlog, SNAP_RATIO * snapbytes)``, "Snapshots") --
+   one integer, the cheapest reply to parse; every other outcome is an array
+   (the codes above).
 
 The writer applies its record to its own cache when it reflected ``seq - 1``;
 otherwise its next read syncs.  A write whose reply is lost (connection cut)
@@ -93,8 +96,7 @@ cache is marked stale.
 
 Snapshots (``SNAPSHOT``)
 ========================
-When a write's reply shows ``logbytes > max(minlog, SNAP_RATIO * snapbytes)``
-the writer, if its cache reflects some ``s > snap``, encodes its cache (the
+When a write's reply says a snapshot is due the writer, if its cache reflects some ``s > snap``, encodes its cache (the
 codec's dump of the tree, as a shared-memory full dump) and sends
 ``SNAPSHOT(epoch, s, blob)``: if ``snap < s <= seq`` the server stores it,
 sets ``snap = s`` and trims ``log`` to the entries after ``s`` (``XTRIM
@@ -231,21 +233,25 @@ SYNC = _CHECK + _DELTA + """
 return {0, delta(tonumber(ARGV[2]))}
 """
 
-WRITE = _CHECK + _DELTA + """
+WRITE = _CHECK + """
 local holder = redis.call('GET', KEYS[4])
-if holder and redis.call('PTTL', KEYS[4]) < 0 then return {-6} end
-if ARGV[3] ~= '' then
-  if holder ~= ARGV[3] then return {-2} end
-elseif holder then
-  return {-3, redis.call('PTTL', KEYS[4]), last_event()}
+if holder then
+  local pttl = redis.call('PTTL', KEYS[4])
+  if pttl < 0 then return {-6} end
+  if ARGV[3] == '' then
+    local ev = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
+    return {-3, pttl, ev[1] and ev[1][1] or '0-0'}
+  end
 end
+if ARGV[3] ~= '' and holder ~= ARGV[3] then return {-2} end
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= seq then return {-4} end
 seq = seq + 1
 redis.call('XADD', KEYS[2], seq .. '-1', 'r', ARGV[4])
-local logbytes = redis.call('HINCRBY', KEYS[1], 'logbytes', #ARGV[4])
-redis.call('HSET', KEYS[1], 'seq', seq)
-return {0, seq, logbytes, tonumber(meta[5])}
-"""
+local logbytes = tonumber(meta[4]) + #ARGV[4]
+redis.call('HSET', KEYS[1], 'seq', seq, 'logbytes', logbytes)
+if logbytes > math.max(tonumber(ARGV[5]), SNAP_RATIO * tonumber(meta[5])) then return seq * 2 + 1 end
+return seq * 2
+""".replace("SNAP_RATIO", str(SNAP_RATIO))
 
 ACQUIRE = _CHECK + _DELTA + """
 local holder = redis.call('GET', KEYS[4])
