@@ -52,9 +52,13 @@ def open_dict(redis_url: str) -> Iterator[Any]:
         d.close()
 
 
-def commands(r: Any) -> int:
-    """Commands the server processed so far (each INFO counts one: callers allow for it)."""
-    return int(r.info("stats")["total_commands_processed"])
+def calls(r: Any, command: str) -> int:
+    """How often the server ran ``command`` so far (also from inside scripts)."""
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def round_trips(r: Any) -> "Dict[str, int]":
+    return {c: calls(r, c) for c in ("evalsha", "hmget", "get", "xread")}
 
 
 def test_fresh_reads_cost_one_round_trip_and_see_every_completed_write(open_dict, name, r):
@@ -63,31 +67,36 @@ def test_fresh_reads_cost_one_round_trip_and_see_every_completed_write(open_dict
     for i in range(200):
         a["k"] = i
         assert b["k"] == i  # a's write completed before b's read began
-    before = commands(r)
+    before = round_trips(r)
     for _ in range(100):
         b["k"]
-    calls = commands(r) - before
-    assert calls == 101  # one round trip per read (and the INFO)
+    after = round_trips(r)
+    # One round trip per read: HMGET of the counter (nothing changed: no script).
+    assert {c: after[c] - before[c] for c in after} == {"evalsha": 0, "hmget": 100, "get": 0, "xread": 0}
 
 
 def test_writes_at_the_root_cost_one_round_trip(open_dict, name, r):
     d = open_dict(name=name)
-    before = commands(r)
+    before = round_trips(r)
     for i in range(100):
         d[i % 7] = i
     d.update({"a": 1, "b": 2})
     d.clear()
-    assert commands(r) - before == 103  # one WRITE each (and the INFO)
+    after = round_trips(r)
+    # One WRITE script each (its own HMGET and GET of the lock run inside it).
+    assert {c: after[c] - before[c] for c in after} == {"evalsha": 102, "hmget": 102, "get": 102, "xread": 0}
 
 
 def test_reads_inside_the_lock_need_no_round_trip(open_dict, name, r):
     d = open_dict(name=name)
     d["n"] = 0
     with d.lock:
-        before = commands(r)
+        before = round_trips(r)
         for _ in range(100):
             d["n"] += 1  # 100 reads (none remote) + 100 writes
-        assert commands(r) - before == 101
+        after = round_trips(r)
+        assert after["evalsha"] - before["evalsha"] == 100
+        assert after["hmget"] - before["hmget"] == 100  # all of them inside the WRITE scripts
     assert d["n"] == 100
 
 
@@ -98,10 +107,11 @@ def test_cached_reads_make_no_round_trip_and_follow_writes(open_dict, name, r):
     deadline = time.monotonic() + 2
     while reader["k"] != 0:
         assert time.monotonic() < deadline
-    before = commands(r)
+    before = round_trips(r)
     for _ in range(10000):
         reader["k"]
-    assert commands(r) - before <= 21  # the listener's heartbeats (2 commands each), no reads
+    after = round_trips(r)
+    assert after["evalsha"] == before["evalsha"] and after["hmget"] == before["hmget"]  # no read went out
     for i in range(1, 50):
         writer["k"] = i
         sent = time.monotonic()

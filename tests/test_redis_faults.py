@@ -96,7 +96,8 @@ def test_kill_with_persistence_loses_no_acknowledged_write(name: str) -> None:
 
             # The writer's write in flight (or the next one) fails with our error.
             wait_until(lambda: (pump(), any(m[0] == "err" for m in writer.messages))[1], 10,
-                       "the writer reporting a failed write while the server is down")
+                       "the writer reporting a failed write while the server is down "
+                       f"(alive: {writer.proc.is_alive()}, last messages: {writer.messages[-3:]})")
             pump()
             assert set(acked) == before_kill, "a write was acknowledged by a dead server"
 
