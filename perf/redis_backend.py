@@ -497,6 +497,7 @@ def _part_rw(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None
             rec["label"] = LABELS[kind][row]
             if state:
                 rec["show"]["failed later"] = state[1].strip().splitlines()[-1][:200]
+                rec["params"]["error_later"] = state[1]
     run.note(f"reads and writes: each contender in a fresh spawned process per round "
              f"({p['rw_rounds']} round(s) of {p['rw_passes']} pass(es) over the contenders, order "
              f"rotated each pass: one repetition of ~{p['rw_box']:g} s per contender and pass; op "

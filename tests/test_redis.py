@@ -434,3 +434,13 @@ def test_what_is_shared_memory_only_says_so(open_dict, name, redis_url):
         AsyncSharedDict(name=name, backend=redis_url)
     with pytest.raises(TypeError, match="shared memory only"):
         AsyncSharedDict.wrap(open_dict(name=name))
+
+
+def test_closing_a_handle_that_holds_the_lock_gives_the_lease_back(open_dict, name):
+    a = SharedDict(name=name, backend=open_dict(name=name).stats()["backend"])
+    b = open_dict(name=name)
+    a.lock.acquire()
+    a.close()
+    started = time.monotonic()
+    with b.lock(timeout=2):
+        assert time.monotonic() - started < 0.5  # not the 3 s lease

@@ -537,7 +537,7 @@ class RedisEngine(StoreBase):
             self._bind_state(None, 0)
             self.data = {}
             self.seen = -1
-        self.lock.forget()
+        self.lock.drop()
         if getattr(self, "_last", False):
             try:
                 if not self._others_attached():

@@ -158,8 +158,24 @@ class LeaseLock(SharedLock):
         self._engine.link.xread(self._engine.keys.lockev, last_id, wait, wait + 5.0)
 
     def forget(self) -> None:
-        """The handle closed: stop renewing (the lease expires on the server)."""
+        """Stop renewing (the lease expires on the server)."""
         _keeper.forget(self)
+
+    def drop(self) -> None:
+        """The handle closed while this process held the lock: give the lease
+        back now rather than make everybody wait for it to expire."""
+        _keeper.forget(self)
+        value, self._value = self._value, ""
+        self._owner, self._count, self._valid_until = None, 0, 0.0
+        if value:
+            try:
+                self._engine.link.call("release", [self._engine.epoch, value, RL.LOCKEV_MAX])
+            except Exception as exc:  # the server is gone: the lease expires there
+                log.warning("could not release the lock of %r at close: %s", self._name, exc)
+            try:
+                self._local.release()
+            except RuntimeError:  # held by another thread: it finds the handle closed
+                pass
 
     def after_fork(self) -> None:
         self._local = threading.Lock()
