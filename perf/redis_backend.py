@@ -107,7 +107,7 @@ def plan(run: Run) -> Dict[str, Any]:
                 "stale": [("ultradict_ng:cached", 0.0, 150), ("ultradict_ng:cached", 1e-4, 150)],
                 "gap": (0.0005, 0.0015), "rw_box": run.box / 2}
     return {"rw_rounds": run.repeat, "rw_passes": 2, "lock_rounds": min(run.repeat, 3),
-            "n": {"ultradict_ng": 500, "pottery": 25},
+            "n": {"ultradict_ng": 500, "pottery": 100},
             "leases": [DEFAULT_LEASE, 1.0], "takeover_reps": min(run.repeat, 3),
             "stale": [("ultradict_ng:cached", 0.0, 2000), ("ultradict_ng:cached", 1e-4, 1000),
                       ("ultradict_ng", 0.0, 500)],
@@ -599,6 +599,10 @@ def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> No
         values = [r["ops"] / r["seconds"] for r in res if r["seconds"] > 0]
         show = {"count": "exact" if exact else "MISMATCH",
                 "n": f"{PROCS} x {res[0]['n_per_process']}"}
+        unfair = [max(r["per_process_seconds"]) / min(r["per_process_seconds"]) for r in res
+                  if min(r["per_process_seconds"]) > 0]
+        if unfair:
+            show["slowest/fastest process"] = f"{max(unfair):.2g}x"
         rec = run.record(WL, case, row, unit="ops/s", better="higher", values=values, raw=res,
                          show=show, ok=exact, params={"case_kind": LOCK, "processes": PROCS,
                                                       "n_per_process": res[0]["n_per_process"]})
@@ -679,6 +683,8 @@ def _part_takeover(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -
         show: Dict[str, str] = {}
         if ttls:
             show["lease left at kill"] = f"{fmt_seconds(min(ttls))}..{fmt_seconds(max(ttls))}"
+            after = [r["seconds"] - r["ttl_at_kill"] for r in raw if r["ttl_at_kill"] is not None]
+            show["in after expiry"] = f"{fmt_seconds(min(after))}..{fmt_seconds(max(after))}"
         if not ok:
             show["value"] = "WRONG"
             run.alert(f"workload {NUMBER}: takeover: the waiter's write inside the lock was not seen")
@@ -1024,8 +1030,9 @@ def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
         bits.append("takeover " + ", ".join(f"{fmt_seconds(r['median'])} (lease {r['params']['lease']:g} s)"
                                             for r in take))
     if stale:
-        prm = stale[0]["params"]
-        bits.append(f"cached staleness p99 {fmt_seconds(prm.get('p99'))}")
+        bits.append("cached staleness p99: " + ", ".join(
+            f"{'busy reader' if not r['params'].get('pause_s') else 'pausing reader'} "
+            f"{fmt_seconds(r['params'].get('p99'))}" for r in stale))
     if bits:
         ax.text(0.99, 0.97, "\n".join(bits), transform=ax.transAxes, fontsize=7, va="top",
                 ha="right")

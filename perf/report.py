@@ -324,12 +324,14 @@ def source_digest() -> Dict[str, Any]:
         root = os.path.dirname(ultradict_ng.__file__)
         h = hashlib.sha256()
         newest = 0.0
-        for name in sorted(os.listdir(root)):
-            if name.endswith((".py", ".c")):
-                path = os.path.join(root, name)
-                with open(path, "rb") as f:
-                    h.update(name.encode() + b"\0" + f.read())
-                newest = max(newest, os.path.getmtime(path))
+        for folder, dirs, files in sorted(os.walk(root)):  # subpackages too (redis_backend, ...)
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith((".py", ".c")):
+                    path = os.path.join(folder, name)
+                    with open(path, "rb") as f:
+                        h.update(os.path.relpath(path, root).encode() + b"\0" + f.read())
+                    newest = max(newest, os.path.getmtime(path))
         import datetime
 
         from ultradict_ng import speedups
