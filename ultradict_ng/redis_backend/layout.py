@@ -30,12 +30,17 @@ missing), ``codec`` (serializer id, as in shared memory), ``recurse`` (0/1),
 
 The log
 =======
-Entry ``<seq>-1`` holds field ``r``: the record of mutation number ``seq``,
-encoded by the dict's codec exactly as a shared-memory stream record
-(``record.py``).  Invariant, kept by every script: ``log`` holds exactly the
-entries ``snap+1 .. seq``, in order -- so a client that reflects a state
-``seen`` with ``snap <= seen <= seq`` catches up from ``log`` alone, and any
-other client loads ``snap`` and the whole ``log``.
+Entry ``<seq>-1`` holds one field, named by the dict's epoch, whose value is
+the record of mutation number ``seq``, encoded by the dict's codec exactly as
+a shared-memory stream record (``record.py``).  (The epoch in every entry lets
+a listener, which reads the stream without a script, tell a re-created
+dict's entries from its own without asking the server.)  Invariant, kept by every script: ``log`` holds the entries ``snap+1 .. seq``,
+in order, and also entry ``snap`` itself once a snapshot was taken -- so a
+client that reflects a state ``seen`` with ``snap <= seen <= seq`` catches up
+from ``log`` alone, and any other client loads ``snap`` and the entries after
+it.  (Entry ``snap`` stays as a marker: a listener that reads the stream with
+``XREAD`` and missed entries the trim removed still receives it, sees the gap
+in the sequence numbers and syncs, even when nothing was written since.)
 
 Reading (``SYNC``)
 ==================
@@ -53,10 +58,15 @@ Two read modes (``reads=``):
   (below), when no other client can publish and the cache is known current.
 * ``"cached"``: a listener thread keeps ``XREAD BLOCK`` open on ``log`` and
   hands new entries to the cache; reads use the cache with no round trip.
+  An entry of another epoch, or an idle period (the request timed out) after
+  which ``HGET meta epoch`` does not answer our epoch, unvouches the cache:
+  reads then run ``SYNC``, which raises ``Unlinked`` if the dict is gone.
   A read may miss a write published less than the listener's delivery
   latency ago (measured in the README), and never one older than
-  ``staleness`` seconds: the listener's request is re-sent at least every
-  ``staleness / 2`` seconds and a reply must come within ``staleness / 2``;
+  ``staleness`` seconds: the listener's request blocks at most
+  ``min(staleness / 2, staleness - 0.12)`` seconds (a server with the
+  default ``hz 10`` answers a timed-out block up to 100 ms late) and its reply
+  must come within ``staleness`` of sending it;
   when none does the cache is marked unvouched and reads run ``SYNC`` (and
   raise ``BackendUnavailable`` if the server cannot answer) until the
   listener is back.  A gap in the entries it sees (trimmed) also makes the
@@ -99,8 +109,8 @@ Snapshots (``SNAPSHOT``)
 When a write's reply says a snapshot is due the writer, if its cache reflects some ``s > snap``, encodes its cache (the
 codec's dump of the tree, as a shared-memory full dump) and sends
 ``SNAPSHOT(epoch, s, blob)``: if ``snap < s <= seq`` the server stores it,
-sets ``snap = s`` and trims ``log`` to the entries after ``s`` (``XTRIM
-MINID``), recomputing ``logbytes``; else it ignores it (another writer's
+sets ``snap = s`` and trims ``log`` to the entries from ``s`` on (``XTRIM
+MINID``; entry ``s`` stays, see "The log"), recomputing ``logbytes``; else it ignores it (another writer's
 newer snapshot won).  Server memory stays below about
 ``(1 + SNAP_RATIO) x`` the dict's encoded size plus ``minlog``.
 
@@ -246,7 +256,7 @@ end
 if ARGV[3] ~= '' and holder ~= ARGV[3] then return {-2} end
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= seq then return {-4} end
 seq = seq + 1
-redis.call('XADD', KEYS[2], seq .. '-1', 'r', ARGV[4])
+redis.call('XADD', KEYS[2], seq .. '-1', ARGV[1], ARGV[4])
 local logbytes = tonumber(meta[4]) + #ARGV[4]
 redis.call('HSET', KEYS[1], 'seq', seq, 'logbytes', logbytes)
 if logbytes > math.max(tonumber(ARGV[5]), SNAP_RATIO * tonumber(meta[5])) then return seq * 2 + 1 end
@@ -287,7 +297,7 @@ SNAPSHOT_SCRIPT = _CHECK + """
 local s = tonumber(ARGV[2])
 if s <= tonumber(meta[3]) or s > seq then return {0, 0} end
 redis.call('SET', KEYS[3], ARGV[3])
-redis.call('XTRIM', KEYS[2], 'MINID', (s + 1) .. '-0')
+redis.call('XTRIM', KEYS[2], 'MINID', s .. '-0')
 local logbytes = 0
 for _, e in ipairs(redis.call('XRANGE', KEYS[2], '-', '+')) do
   logbytes = logbytes + #e[2][2]

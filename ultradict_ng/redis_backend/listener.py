@@ -1,11 +1,11 @@
 """The cached read mode's listener (layout: "Reading", ``reads="cached"``).
 
-One daemon thread per engine keeps ``XREAD BLOCK`` open on the dict's log,
-pipelined after an ``HGET`` of the epoch, and hands the entries it receives to
-the cache through ``pending``; the engine's counter is bumped so that the
+One daemon thread per engine keeps ``XREAD BLOCK`` open on the dict's log
+(after an ``HGET`` of the epoch whenever the last block was idle) and hands
+the entries it receives to the cache through ``pending``; the engine's counter is bumped so that the
 next read applies them (``drain``) without a round trip.  The request is
 re-sent at least every ``staleness / 2`` seconds and its reply must come
-within ``staleness``: when it does not (server gone, connection cut or
+within ``staleness`` (layout: "Reading"): when it does not (server gone, connection cut or
 stalled) the cache is marked unvouched and reads run ``SYNC`` themselves --
 so a cached read never serves a state that nobody confirmed within
 ``staleness`` seconds.
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 import weakref
 from typing import TYPE_CHECKING, Any, Deque, Optional, Tuple
 
 from .. import record as R
-from ..errors import BackendUnavailable
 
 if TYPE_CHECKING:
     from .engine import RedisEngine
@@ -40,7 +38,6 @@ class Listener:
         self.pending: Deque[Tuple[int, bytes]] = collections.deque()
         #: the last request was answered in time (and the dict still exists)
         self.vouched = False
-        self.gone = False
         self._after = f"{max(engine.known, 0)}-1"
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -72,7 +69,7 @@ class Listener:
                 pending.clear()
                 return False
             engine.known = seq
-        return not self.gone
+        return True
 
     def _unvouch(self) -> None:
         self.vouched = False
@@ -82,7 +79,10 @@ class Listener:
 
     def _run(self) -> None:
         backoff = 0.05
-        half = self.staleness / 2
+        # A timed-out block may come back up to 100 ms late (redis-server's
+        # default hz 10): leave that much of the bound for it.
+        block = max(0.001, min(self.staleness / 2, self.staleness - 0.12))
+        check_epoch = True
         while not self._stop.is_set():
             engine = self._engine()
             if engine is None or engine.closed:
@@ -90,40 +90,46 @@ class Listener:
             del engine
             try:
                 with self.link.blocking(self.staleness) as conn:
-                    conn.send_packed_command(conn.pack_commands([
-                        ("HGET", self.keys.meta, "epoch"),
-                        ("XREAD", "COUNT", 10000, "BLOCK", max(1, int(half * 1000)),
-                         "STREAMS", self.keys.log, self._after),
-                    ]), check_health=False)
-                    epoch = conn.read_response()
+                    if check_epoch:  # (only after an idle period: entries carry the epoch)
+                        conn.send_command("HGET", self.keys.meta, "epoch", check_health=False)
+                        if conn.read_response() != self.epoch:
+                            self._unvouch()
+                            self._stop.wait(block)
+                            continue
+                        check_epoch = False
+                    conn.send_command("XREAD", "COUNT", 10000, "BLOCK", max(1, int(block * 1000)),
+                                      "STREAMS", self.keys.log, self._after, check_health=False)
                     reply = conn.read_response()
             except Exception:
                 # BackendUnavailable, redis errors, a closed link: nobody vouches now.
                 self._unvouch()
+                check_epoch = True
                 if self.link.closed:
                     return
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 1.0)
                 continue
             backoff = 0.05
-            if epoch != self.epoch:
-                self.gone = True
-                self._unvouch()
-                self._stop.wait(half)
+            if not reply:
+                self.vouched = True  # nothing new while we waited
+                check_epoch = True
                 continue
-            if reply:
-                for entry_id, fields in reply[0][1]:
-                    seq = int(entry_id.split(b"-", 1)[0])
-                    payload = fields[1] if len(fields) > 1 else b""
-                    self.pending.append((seq, payload))
-                    self._after = entry_id.decode()
-                self.vouched = True
-                engine = self._engine()
-                if engine is not None:
-                    engine.bump()
-                del engine
-            else:
-                self.vouched = True
+            foreign = False
+            for entry_id, fields in reply[0][1]:
+                if not fields or fields[0] != self.epoch:
+                    foreign = True  # another epoch's entry (or garbage): SYNC decides
+                    break
+                self.pending.append((int(entry_id.split(b"-", 1)[0]), fields[1]))
+                self._after = entry_id.decode()
+            if foreign:
+                self._unvouch()
+                check_epoch = True
+                self._stop.wait(block)
+                continue
+            self.vouched = True
+            engine = self._engine()
+            if engine is not None:
+                engine.bump()
+            del engine
 
 
-_ = (time, BackendUnavailable)  # (re-exported names kept for readers of this module)
