@@ -35,15 +35,16 @@ def _spawn() -> Any:
 # ---------------------------------------------------------------------------- test side
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.005) -> Any:
-    """Poll ``pred`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_until(pred: Callable[[], Any], timeout: float, what: Any, step: float = 0.005) -> Any:
+    """Poll ``pred`` until it returns something truthy; fail after ``timeout`` seconds
+    saying ``what`` (a string, or a callable giving one at that moment)."""
     deadline = time.monotonic() + timeout
     while True:
         got = pred()
         if got:
             return got
         if time.monotonic() >= deadline:
-            _fail(f"not within {timeout} s: {what}")
+            _fail(f"not within {timeout} s: {what() if callable(what) else what}")
         time.sleep(step)
 
 

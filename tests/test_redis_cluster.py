@@ -264,10 +264,6 @@ def test_killed_node_fails_its_dicts_only_and_they_come_back(cl: RedisCluster) -
         d.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: link.py Link.xread (wait_for_change, changes(), lock waits) maps only MOVED/ASK "
-    "among redis-py's ResponseErrors, so a blocked wait_for_change / changes() on a "
-    "cluster that goes down gets a raw redis.exceptions.ClusterDownError"))
 def test_cluster_down_is_backend_unavailable(cl: RedisCluster) -> None:
     """With ``cluster-require-full-coverage yes`` one dead master takes the whole cluster
     down: operations on dicts of the live masters -- blocked waiters included -- raise
