@@ -325,13 +325,6 @@ def _migrate_slot(cl: RedisCluster, slot: int, src: int, dst: int) -> None:
         node.execute("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: link.py Link.call tests str(exc).startswith('MOVED'), but redis-py parses a "
-    "MOVED reply into redis.exceptions.MovedError whose text is only '<slot> <host:port>' "
-    "(the same for ASK, CLUSTERDOWN, TRYAGAIN, LOADING, READONLY, MASTERDOWN: the code is "
-    "stripped), so a moved slot is never followed: every operation of the handle fails "
-    "(BackendUnavailable 'Redis refused a command ... <slot> <host:port>') instead of "
-    "refreshing the slot map and sending again"))
 def test_a_moved_slot_is_followed(cl: RedisCluster) -> None:
     """A resharding moves the dict's slot to another master: the handles follow the
     ``MOVED`` redirection (refresh the slot map, send again) and keep working."""

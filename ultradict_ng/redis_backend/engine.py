@@ -208,7 +208,7 @@ class RedisEngine(StoreBase):
             got = link.command("HMGET", link.keys.meta, "version", "codec", "recurse", "epoch", "minlog")
             if got[3] is None:
                 raise NotFound(f"no shared dict {name!r} on this Redis server")
-            return False, _fields(got)
+            return False, _fields(got, link.keys.meta)
         use = codec or codec_for(options.for_create("serializer") or "msgpack")
         recurse = bool(options.for_create("recurse"))
         tree: Dict[Any, Any] = {}
@@ -219,11 +219,12 @@ class RedisEngine(StoreBase):
         epoch = secrets.token_hex(8)
         reply = link.call("create", [epoch, RL.VERSION, use.id, int(recurse),
                                      minlog or RL.DEFAULT_MINLOG, f"{_HOST}:{os.getpid()}", snapshot])
-        if reply[0] == 1:
+        if reply[0] == 1 or (len(reply) > 4 and reply[4] == epoch.encode()):
+            # (The second: our own CREATE, repeated after its reply was lost.)
             return True, (RL.VERSION, use.id, recurse, epoch, minlog or RL.DEFAULT_MINLOG)
         if create:
             raise AlreadyExists(f"shared dict {name!r} already exists on this Redis server")
-        return False, _fields(reply[1:])
+        return False, _fields(reply[1:], link.keys.meta)
 
     def _arm_finalizer(self, auto_unlink: Any) -> None:
         self._last = auto_unlink == "last"
@@ -580,14 +581,17 @@ class RedisEngine(StoreBase):
             self._atomic.store(_W_STATE, (self._atomic.load(_W_STATE) + 1) & ((1 << 63) - 1))
 
 
-def _fields(got: Sequence[Any]) -> Tuple[int, int, bool, str, int]:
+def _fields(got: Sequence[Any], key: str) -> Tuple[int, int, bool, str, int]:
     """The stored configuration of a dict (``CREATE``'s answer, or ``HMGET``)."""
     try:
         version, codec_id, recurse, epoch, minlog = got
         return (int(version), int(codec_id), bool(int(recurse)), epoch.decode("ascii"),
                 int(minlog or RL.DEFAULT_MINLOG))
     except (TypeError, ValueError, AttributeError):
-        raise CorruptSegment(f"the configuration of a dict on Redis is not ultradict_ng's: {list(got)!r}") from None
+        fields = dict(zip(("version", "codec", "recurse", "epoch", "minlog"), got))
+        raise CorruptSegment(
+            f"{key} on Redis is not the configuration of an ultradict_ng dict (version, codec, "
+            f"recurse, epoch, minlog): {fields!r}") from None
 
 
 def _int(value: Any) -> Optional[int]:

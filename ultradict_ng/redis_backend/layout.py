@@ -124,9 +124,13 @@ lock and a current cache in one round trip; if it holds our own ``holder``
 lockev id``.  ``holder`` is ``host:pid:nonce`` (nonce: per attempt).
 A keeper thread renews every held lease each ``lease / 3`` seconds
 (``RENEW``: ``PEXPIRE`` if the value is still ours, else ``FENCED``).
-``RELEASE`` deletes the lock if it is still ours and appends to ``lockev``
-(capped at ``LOCKEV_MAX``) to wake waiters; if it was no longer ours the
-releaser gets ``LeaseLost``.  A holder that dies stops renewing: waiters take
+``RELEASE`` deletes the lock if it is still ours and appends our value to
+``lockev`` (capped at ``LOCKEV_MAX``) to wake waiters; if it was no longer
+ours the releaser gets ``LeaseLost`` -- unless one of the last ``LOCKEV_MAX``
+release events carries our value (a repeat after a lost reply: released).
+Renewals go out on a connection of their own that waits ``lease / 3`` at
+most, so that neither this client's other calls nor a stalled server holding
+another dict delay them.  A holder that dies stops renewing: waiters take
 over ``pttl`` later (at most ``lease``).  A holder that stalls past its lease
 is fenced: every later ``WRITE`` with its token is refused.  Local time left:
 the holder counts its lease from the moment it *sent* the acquire or renewal
@@ -287,7 +291,13 @@ return {0}
 """
 
 RELEASE = _CHECK + """
-if redis.call('GET', KEYS[4]) ~= ARGV[2] then return {-2} end
+if redis.call('GET', KEYS[4]) ~= ARGV[2] then
+  -- Released already (a repeat after a lost reply) if its release event is there.
+  for _, e in ipairs(redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', ARGV[3])) do
+    if e[2][2] == ARGV[2] then return {0} end
+  end
+  return {-2}
+end
 redis.call('DEL', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*', 'r', ARGV[2])
 return {0}

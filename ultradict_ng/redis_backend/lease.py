@@ -271,7 +271,8 @@ class _Keeper:
         engine = lock._engine
         sent = time.monotonic()
         try:
-            reply = engine.link.call("renew", [engine.epoch, value, max(1, int(lock.lease * 1000))])
+            reply = engine.link.call_aside("renew", [engine.epoch, value, max(1, int(lock.lease * 1000))],
+                                           max(0.05, lock.lease / 3))
         except (BackendUnavailable, Unlinked) as exc:
             log.warning("could not renew the lease on %s: %s", engine.keys.lock, exc)
             return

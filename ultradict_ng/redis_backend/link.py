@@ -30,7 +30,10 @@ from .. import faults
 from ..errors import BackendUnavailable, CorruptSegment, OutOfSpace
 from . import layout as RL
 
-__all__ = ["Link", "connect_client", "describe"]
+__all__ = ["Link", "connect_client", "describe", "DEFAULT_TIMEOUT"]
+
+#: Seconds a call waits for its reply unless the client given sets socket_timeout.
+DEFAULT_TIMEOUT = 10.0
 
 
 def _pack_words(words: Sequence[bytes]) -> bytes:
@@ -132,6 +135,10 @@ class Link:
         self.keys = keys
         self.cluster = isinstance(client, RedisCluster)
         self.client_name = client_name
+        #: seconds a call may wait for its reply (the client's socket_timeout if
+        #: it set one): a server that stalls gives BackendUnavailable, not a hang
+        self.timeout = float(self._node_client().connection_pool.connection_kwargs.get("socket_timeout")
+                             or DEFAULT_TIMEOUT)
         self._guard = threading.Lock()  # one command at a time on the dedicated connection
         self._conn: Any = None
         self._spare: List[Any] = []  # blocking connections not in use
@@ -212,8 +219,14 @@ class Link:
             for attempt in range(4):
                 conn = self._conn
                 try:
+                    if conn is not None and not repeat and self._went_away(conn):
+                        # A connection the server closed while idle (CLIENT KILL, a
+                        # restart, its idle timeout) would take the send and then
+                        # lose the reply: a write must go out on a live one.
+                        self._drop_locked()
+                        conn = None
                     if conn is None:
-                        conn = self._conn = self._new_connection(self.client_name, None)
+                        conn = self._conn = self._new_connection(self.client_name, self.timeout)
                         conn.connect()
                     if packed is None:
                         packed = self._pack(script, args)
@@ -231,7 +244,8 @@ class Link:
                     self._load_scripts(conn)
                     continue
                 except redis.ResponseError as exc:
-                    if str(exc).startswith(("MOVED", "ASK")) and attempt < 3:
+                    if isinstance(exc, redis.exceptions.AskError) and attempt < 3:
+                        # (MovedError too.)  The slot moved: the script did not run.
                         self._drop_locked()
                         self._refresh_slots()
                         continue
@@ -249,12 +263,28 @@ class Link:
                             pass
             raise BackendUnavailable(f"Redis kept redirecting {self.keys.meta}")  # pragma: no cover
 
+    @staticmethod
+    def _went_away(conn: Any) -> bool:
+        """The idle connection has something to read: the server closed it
+        (or sent what nobody asked for); either way it is not to be used."""
+        try:
+            return bool(conn.can_read(timeout=0))
+        except Exception:
+            return True
+
     def _translate(self, exc: Exception) -> Exception:
-        """Our error for an error reply (module docstring)."""
+        """Our error for an error reply (module docstring).  redis-py turns
+        some replies into classes and strips their code from the text."""
+        redis = _redis()
+        ex = redis.exceptions
         text = str(exc)
-        if text.startswith(("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "MASTERDOWN", "MOVED", "ASK")):
-            return BackendUnavailable(f"Redis cannot serve {self.keys.meta} now: {text}")
-        if text.startswith("OOM") or "OOM command not allowed" in text:
+        unavailable = (ex.AskError, ex.TryAgainError, ex.ClusterError, ex.BusyLoadingError,
+                       ex.ReadOnlyError, ex.MasterDownError)
+        if isinstance(exc, unavailable) or text.startswith(
+                ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "MASTERDOWN", "MOVED", "ASK")):
+            return BackendUnavailable(f"Redis cannot serve {self.keys.meta} now: "
+                                      f"{type(exc).__name__} {text}")
+        if isinstance(exc, ex.OutOfMemoryError) or text.startswith("OOM") or "OOM command not allowed" in text:
             return OutOfSpace(f"Redis is out of memory (maxmemory) for {self.keys.meta}; "
                               f"nothing was changed: {text}")
         if "WRONGTYPE" in text or "script" in text.lower() or text.startswith("ERR"):
@@ -308,43 +338,63 @@ class Link:
     def peek(self) -> Any:
         """``HMGET meta seq epoch``: the cheapest check that nothing changed (a
         native command costs the server a tenth of a script call)."""
+        return self._plain([self._peek], None)
+
+    def call_aside(self, script: str, args: Sequence[Any], timeout: float) -> Any:
+        """Run a script on a borrowed connection that waits at most ``timeout``
+        for its reply: for the lease keeper, which must neither queue behind
+        this link's other calls nor let one stalled server delay the renewals
+        of leases held on others."""
         redis = _redis()
-        with self._guard:
-            for attempt in range(2):
-                conn = self._conn
+        try:
+            with self.blocking(timeout) as conn:
+                if self._went_away(conn):
+                    raise redis.ConnectionError("the idle connection was closed by the server")
+                conn.send_packed_command(self._pack(script, args), check_health=False)
                 try:
-                    if conn is None:
-                        conn = self._conn = self._new_connection(self.client_name, None)
-                        conn.connect()
-                    conn.send_packed_command([self._peek], check_health=False)
                     return conn.read_response()
-                except redis.ResponseError as exc:
-                    raise self._translate(exc) from None
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                    self._drop_locked()
-                    if attempt:
-                        raise BackendUnavailable(f"lost the connection to Redis for {self.keys.meta}: {exc}") from None
-        raise AssertionError("unreachable")  # pragma: no cover
+                except redis.exceptions.NoScriptError:
+                    self._load_scripts(conn)
+                    conn.send_packed_command(self._pack(script, args), check_health=False)
+                    return conn.read_response()
+        except redis.ResponseError as exc:
+            raise self._translate(exc) from None
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise BackendUnavailable(f"lost the connection to Redis for {self.keys.meta}: {exc}") from None
 
     def command(self, *args: Any) -> Any:
         """A plain command on the dedicated connection (reconnects once)."""
+        return self._plain(None, args)
+
+    def _plain(self, packed: Optional[List[bytes]], args: Optional[Sequence[Any]]) -> Any:
+        """A command that is safe to repeat: once after a lost connection, and
+        after a moved slot (it did not run)."""
         redis = _redis()
         with self._guard:
-            for attempt in range(2):
+            lost = 0
+            for _ in range(4):
                 conn = self._conn
                 try:
                     if conn is None:
-                        conn = self._conn = self._new_connection(self.client_name, None)
+                        conn = self._conn = self._new_connection(self.client_name, self.timeout)
                         conn.connect()
-                    conn.send_command(*args)
+                    if packed is not None:
+                        conn.send_packed_command(packed, check_health=False)
+                    else:
+                        conn.send_command(*(args or ()), check_health=False)
                     return conn.read_response()
                 except redis.ResponseError as exc:
+                    if isinstance(exc, redis.exceptions.AskError):
+                        self._drop_locked()
+                        self._refresh_slots()
+                        continue
                     raise self._translate(exc) from None
                 except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                     self._drop_locked()
-                    if attempt:
-                        raise BackendUnavailable(f"lost the connection to Redis: {exc}") from None
-        raise AssertionError("unreachable")  # pragma: no cover
+                    lost += 1
+                    if lost > 1:
+                        raise BackendUnavailable(f"lost the connection to Redis for {self.keys.meta}: {exc}") from None
+            raise BackendUnavailable(f"Redis kept redirecting {self.keys.meta}")
 
     # -- blocking reads -----------------------------------------------------------------
 
@@ -375,18 +425,22 @@ class Link:
         ``[(id, fields), ...]``, or None when ``block`` seconds passed.
         Connection failures raise ``BackendUnavailable``."""
         redis = _redis()
-        try:
-            with self.blocking(socket_timeout) as conn:
-                conn.send_command("XREAD", "COUNT", 10000, "BLOCK", max(1, int(block * 1000)),
-                                  "STREAMS", stream, after)
-                reply = conn.read_response()
-        except redis.ResponseError as exc:
-            if str(exc).startswith(("MOVED", "ASK")):
-                self._refresh_slots()
-                raise BackendUnavailable(f"the slot of {stream} moved; try again") from None
-            raise self._translate(exc) from None
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            raise BackendUnavailable(f"lost the connection to Redis for {stream}: {exc}") from None
+        for attempt in range(2):  # (reading is safe to repeat: once, on a fresh connection)
+            try:
+                with self.blocking(socket_timeout) as conn:
+                    if self._went_away(conn):
+                        raise redis.ConnectionError("the idle connection was closed by the server")
+                    conn.send_command("XREAD", "COUNT", 10000, "BLOCK", max(1, int(block * 1000)),
+                                      "STREAMS", stream, after, check_health=False)
+                    reply = conn.read_response()
+                break
+            except redis.ResponseError as exc:
+                if isinstance(exc, redis.exceptions.AskError):
+                    self._refresh_slots()
+                raise self._translate(exc) from None
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                if attempt:
+                    raise BackendUnavailable(f"lost the connection to Redis for {stream}: {exc}") from None
         if not reply:
             return None
         entries: List[Any] = reply[0][1]
