@@ -9,6 +9,8 @@ under "Reader"), ``users.py`` (Users), ``cleanup.py`` (Unlink and cleanup
 register), ``survey.py`` (reading segments from outside), ``futures/parcel.py`` and
 ``futures/leftovers.py`` (Pool parcels); the primitives under them
 come from ``speedups.py`` (the compiled helper or its twins in ``fallback.py``).
+The Redis backend's protocol (keys, scripts, read modes, lease) is specified
+the same way in ``redis_backend/layout.py``; nothing below applies to it.
 
 Segments
 ========
