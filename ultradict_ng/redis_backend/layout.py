@@ -4,8 +4,9 @@ This docstring is the specification of the Redis backend, as
 ``ultradict_ng/layout.py`` is that of shared memory; the constants and the Lua
 scripts below are the only place its numbers and steps live.  Who follows
 which part: ``link.py`` (connections, script calls, what a failure means),
-``engine.py`` (Reading, Writing, Snapshots, Creating and removing), ``lease.py``
-(Lock), ``listener.py`` (Cached reads), ``feed.py`` (the change feed).
+``opening.py`` (Creating and removing: create or attach), ``engine.py``
+(Reading, Writing, Snapshots, removing), ``lease.py`` (Lock), ``listener.py``
+(Reading: the cached mode), ``feed.py`` (the change feed).
 
 Keys
 ====

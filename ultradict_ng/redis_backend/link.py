@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import faults
@@ -212,7 +212,6 @@ class Link:
     def call(self, script: str, args: Sequence[Any]) -> Any:
         """Run protocol script ``script`` with ARGV ``args``; its reply."""
         redis = _redis()
-        sha = _SHAS[script]
         packed = None
         repeat = script in _SAFE_TO_REPEAT
         with self._guard:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Deque, Optional, Tuple
+from typing import TYPE_CHECKING, Deque, Optional, Tuple
 
 from .. import record as R
 
