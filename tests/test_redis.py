@@ -136,17 +136,23 @@ def test_cached_handle_reads_its_own_writes(open_dict, name):
 def test_conflicting_pops_give_each_value_to_exactly_one_process(open_dict, name):
     d = open_dict(name=name)
     d.update({i: i for i in range(300)})
+    got = run_children(_pop_all, (name, d.stats()["backend"], 300), 3)
+    popped = [k for part in got for k in part]
+    assert sorted(popped) == list(range(300))  # each exactly once
+    assert len(d) == 0
+
+
+def run_children(target: Any, args: tuple, n: int) -> List[Any]:
+    """``n`` spawned ``target(*args, queue)`` at once; what each put on the queue."""
     out = spawn.Queue()
-    procs = [spawn.Process(target=_pop_all, args=(name, d.stats()["backend"], 300, out)) for _ in range(3)]
+    procs = [spawn.Process(target=target, args=(*args, out)) for _ in range(n)]
     for p in procs:
         p.start()
     got = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    popped = [k for part in got for k in part]
-    assert sorted(popped) == list(range(300))  # each exactly once
-    assert len(d) == 0
+    return got
 
 
 def _pop_all(name: str, backend: str, n: int, out: Any) -> None:
@@ -161,14 +167,7 @@ def _pop_all(name: str, backend: str, n: int, out: Any) -> None:
 
 def test_setdefault_race_agrees_on_one_value(open_dict, name):
     d = open_dict(name=name)
-    out = spawn.Queue()
-    procs = [spawn.Process(target=_setdefault_all, args=(name, d.stats()["backend"], 100, out)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    got = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    got = run_children(_setdefault_all, (name, d.stats()["backend"], 100), 3)
     for i in range(100):
         values = {g[i] for g in got}
         assert len(values) == 1 and values == {d[i]}

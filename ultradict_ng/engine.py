@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .lock import SharedLock
     from .users import User
 
-__all__ = ["Engine", "Options", "Conflict", "open_engine", "unlink_by_name", "BACKEND_ENV"]
+__all__ = ["Engine", "Options", "Conflict", "ClosedWords", "open_engine", "unlink_by_name", "BACKEND_ENV"]
 
 #: The backend a SharedDict opened without ``backend=`` uses: a Redis URL, or
 #: unset / "shm" for shared memory.
@@ -86,6 +86,21 @@ class Options:
     def for_create(self, name: str) -> Any:
         value = getattr(self, name)
         return self.create_defaults.get(name) if value is None else value
+
+
+class ClosedWords:
+    """Stands in for an engine's ``words`` after close, so the hit path needs
+    no extra check: the facade's first load raises ``Closed``."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getitem__(self, index: int) -> int:
+        from .errors import Closed
+
+        raise Closed(f"this handle of shared dict {self._name!r} is closed")
 
 
 class Conflict(Exception):

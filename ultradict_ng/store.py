@@ -31,7 +31,7 @@ from . import segment
 from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
 from .codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .control import Header, attach_control
-from .engine import Engine, Options
+from .engine import ClosedWords, Engine, Options
 from .blobs import BlobGone, BlobMissing, BlobRef, InlineArray
 from .changes import Feed, wait_until_changed
 from .errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
@@ -47,18 +47,6 @@ from . import users
 __all__ = ["Store"]
 
 Path = Tuple[Any, ...]
-
-
-class _ClosedWords:
-    """Stands in for the control words after close, so the hit path needs no extra check."""
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getitem__(self, index: int) -> int:
-        raise Closed(f"this handle of shared dict {self._name!r} is closed")
 
 
 def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int, registered: bool,
@@ -397,14 +385,14 @@ class Store(Writer):
 
     @property
     def closed(self) -> bool:
-        return isinstance(self.words, _ClosedWords)
+        return isinstance(self.words, ClosedWords)
 
     def close(self) -> None:
         """Detach this handle (and unlink the dict if this is the auto-unlinking creator)."""
         with self.mutex:
             if self.closed:
                 return
-            self.words = _ClosedWords(self.name)
+            self.words = ClosedWords(self.name)
             self._bind_state(None, 0)
             self.data = {}
             self.seen = INVALID

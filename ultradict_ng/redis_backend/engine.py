@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .. import layout as L
 from .. import record as R
 from ..codec import Codec
-from ..engine import Conflict, Options
+from ..engine import ClosedWords, Conflict, Options
 from ..errors import (
     BackendUnavailable, Closed, CorruptSegment, LeaseLost,
     PathGone, Unlinked,
@@ -40,16 +40,6 @@ __all__ = ["RedisEngine", "unlink_by_name"]
 log = logging.getLogger("ultradict_ng")
 _W_STATE = L.W_STATE
 _HOST = socket.gethostname().replace(" ", "_").replace(":", "_") or "host"
-
-
-class _ClosedWords:
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getitem__(self, index: int) -> int:
-        raise Closed(f"this handle of shared dict {self._name!r} is closed")
 
 
 def _finalize(link: Link, epoch: str, unlink_pid: int, listener: Any) -> None:
@@ -139,7 +129,7 @@ class RedisEngine(StoreBase):
 
     @property
     def closed(self) -> bool:
-        return isinstance(self.words, _ClosedWords)
+        return isinstance(self.words, ClosedWords)
 
     @property
     def buffer_size(self) -> int:
@@ -437,7 +427,7 @@ class RedisEngine(StoreBase):
         with self.mutex:
             if self.closed:
                 return
-            self.words = _ClosedWords(self.name)
+            self.words = ClosedWords(self.name)
             self._bind_state(None, 0)
             self.data = {}
             self.seen = -1

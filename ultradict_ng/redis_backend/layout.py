@@ -123,7 +123,7 @@ if ``lock`` is free, ``token = HINCRBY meta fence 1``, ``SET lock
 lock and a current cache in one round trip; if it holds our own ``holder``
 (a retry after a lost reply) answer the same; else ``LOCKED, pttl, last
 lockev id``.  ``holder`` is ``host:pid:nonce`` (nonce: per attempt).
-A keeper thread renews every held lease each ``lease / 3`` seconds
+A keeper thread per lock renews a held lease each ``lease / 3`` seconds
 (``RENEW``: ``PEXPIRE`` if the value is still ours, else ``FENCED``).
 ``RELEASE`` deletes the lock if it is still ours and appends our value to
 ``lockev`` (capped at ``LOCKEV_MAX``) to wake waiters; if it was no longer

@@ -39,7 +39,7 @@ class LeaseLock(SharedLock):
     """Cross-process (and cross-host), reentrant, thread-safe lease lock of one dict tree."""
 
     __slots__ = ("_engine", "_local", "_owner", "_count", "_value", "_valid_until", "lease",
-                 "_lost", "__weakref__")
+                 "_lost", "_keeper", "__weakref__")
 
     def __init__(self, engine: "RedisEngine", lease: float) -> None:
         self._name = engine.name
@@ -51,6 +51,7 @@ class LeaseLock(SharedLock):
         self._valid_until = 0.0
         self.lease = lease
         self._lost = False
+        self._keeper = _Keeper()
 
     # -- public API ------------------------------------------------------------------
 
@@ -90,7 +91,7 @@ class LeaseLock(SharedLock):
         if self._count:
             return
         value, lost = self._value, self._lost
-        _keeper.forget(self)
+        self._keeper.forget(self)
         self._owner = None
         self._value = ""
         self._valid_until = 0.0
@@ -159,12 +160,12 @@ class LeaseLock(SharedLock):
 
     def forget(self) -> None:
         """Stop renewing (the lease expires on the server)."""
-        _keeper.forget(self)
+        self._keeper.forget(self)
 
     def drop(self) -> None:
         """The handle closed while this process held the lock: give the lease
         back now rather than make everybody wait for it to expire."""
-        _keeper.forget(self)
+        self._keeper.forget(self)
         value, self._value = self._value, ""
         self._owner, self._count, self._valid_until = None, 0, 0.0
         if value:
@@ -200,7 +201,7 @@ class LeaseLock(SharedLock):
                     self._lost = False
                     self.renewed(sent)
                     engine.apply_delta(reply[2])
-                    _keeper.add(self)
+                    self._keeper.add(self)
                     if faults.armed is not None:
                         faults.hit("redis-lease-taken")
                     return True
@@ -229,7 +230,12 @@ def _host() -> str:
 
 
 class _Keeper:
-    """One thread per process renews every held lease each ``lease / 3`` seconds."""
+    """A thread that renews a held lease each ``lease / 3`` seconds.  One per
+    lock (per handle that took it), so that a stalled server delays only the
+    renewals of its own leases; it ends after ``IDLE_EXIT`` seconds without
+    a lease to renew and starts again with the next one."""
+
+    IDLE_EXIT = 10.0
 
     def __init__(self) -> None:
         self._held: "weakref.WeakSet[LeaseLock]" = weakref.WeakSet()
@@ -256,13 +262,19 @@ class _Keeper:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._held:
-                    self._cond.wait()
+                if not self._held:
+                    self._cond.wait(self.IDLE_EXIT)
+                    if not self._held:
+                        self._thread = None
+                        return
+                leases = [lock.lease for lock in self._held]  # (weak: may be empty now)
+            if not leases:
+                continue
+            time.sleep(min(leases) / 3)  # (a lease was just granted or renewed: renew it a period later)
+            with self._cond:
                 locks = list(self._held)
-                period = min(lock.lease for lock in locks) / 3
             for lock in locks:
                 self._renew(lock)
-            time.sleep(period)
 
     def _renew(self, lock: LeaseLock) -> None:
         value = lock._value
@@ -288,4 +300,3 @@ class _Keeper:
             log.warning("the lease on %s was lost while held", engine.keys.lock)
 
 
-_keeper = _Keeper()

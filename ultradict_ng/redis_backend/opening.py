@@ -133,11 +133,11 @@ def _fields(got: Sequence[Any], key: str) -> Tuple[int, int, bool, str, int]:
 
 
 def _start_time() -> int:
-    try:
-        with open(f"/proc/{os.getpid()}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
+    """This process's start time in clock ticks (0 without /proc), as owner words hold it."""
+    from ..owner import _stat_fields
+
+    fields = _stat_fields(os.getpid())
+    return fields[1] if fields else 0
 
 
 def _host() -> str:
