@@ -1,4 +1,4 @@
-"""Build hook for the optional compiled helper, ``ultradict_ng._native``.
+"""Build hook for the optional compiled helper, ``ultradict_ng._helper._native``.
 
 Everything else is configured in pyproject.toml.  The extension is marked
 ``optional``: where it cannot be compiled (no C compiler, no Python headers)
@@ -10,8 +10,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "ultradict_ng._native",
-            sources=["ultradict_ng/_native.c"],
+            "ultradict_ng._helper._native",
+            sources=["ultradict_ng/_helper/_native.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c99"],
         )

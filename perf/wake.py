@@ -162,7 +162,7 @@ def _end(run: Run, procs: List[Any], grace: float) -> None:
 def _check_mode(run: Run, label: str, wanted: str, infos: Sequence[Dict[str, Any]]) -> str:
     """The waiting mode the children report; an alert if it is not the one the row is about.
 
-    (``ultradict_ng.waiting.MODE``, where the installed version has it: a child
+    (``ultradict_ng._shm.waiting.MODE``, where the installed version has it: a child
     that imported ultradict_ng before the variable was set, or a platform
     without futex, would otherwise be measured under the wrong label.)
     """

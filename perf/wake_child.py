@@ -95,7 +95,7 @@ def wait_mode() -> Optional[str]:
     if "ultradict_ng" not in sys.modules:
         return None
     try:
-        from ultradict_ng import waiting  # type: ignore[attr-defined,unused-ignore]
+        from ultradict_ng._shm import waiting  # type: ignore[attr-defined,unused-ignore]
 
         return str(waiting.MODE)
     except Exception:

@@ -152,7 +152,7 @@ def dicts():
 @pytest.fixture(params=["futex", "poll"])
 def mode(request: Any, monkeypatch: Any) -> str:
     """This process's waiters on the futex or polling (what ULTRADICT_NG_WAIT sets)."""
-    from ultradict_ng import waiting
+    from ultradict_ng._shm import waiting
     from ultradict_ng.speedups import FUTEX
 
     if request.param == "futex" and not FUTEX:

@@ -16,7 +16,7 @@ from ultradict_ng.aio import AsyncSharedDict
 
 
 def waiting_mode() -> str:
-    from ultradict_ng import waiting
+    from ultradict_ng._shm import waiting
 
     return waiting.MODE
 

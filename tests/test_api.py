@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from ultradict_ng import codec
+from ultradict_ng._codec import codec
 from ultradict_ng import (
     AlreadyExists,
     Closed,
@@ -561,8 +561,8 @@ def test_serializer_object_with_dumps_and_loads(name):
 @pytest.mark.shm_only
 def test_dump_limit_rejects_oversized_dumps_and_changes_nothing(name):
     from ultradict_ng import OutOfSpace
-    from ultradict_ng.engine import Options
-    from ultradict_ng.store import Store
+    from ultradict_ng._engine import Options
+    from ultradict_ng._shm.store import Store
 
     store = Store.open(name, None, Options(buffer_size=64, auto_unlink=True, dump_limit=4096))
     try:

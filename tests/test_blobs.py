@@ -21,7 +21,7 @@ import pytest
 
 from ultradict_ng import CorruptSegment, SharedDict, Unlinked, UnsupportedType, unlink_by_name
 from ultradict_ng import layout as L
-from ultradict_ng.blobs import BlobGone, BlobRef, InlineArray
+from ultradict_ng._shm.blobs import BlobGone, BlobRef, InlineArray
 
 np = pytest.importorskip("numpy")
 
@@ -553,7 +553,7 @@ def test_blobs_go_through_mappings_where_pwrite_and_pread_are_refused(name, monk
     mapping instead: same bytes, same values."""
     import errno
 
-    from ultradict_ng import blobs
+    from ultradict_ng._shm import blobs
 
     def refuse(*args):
         raise OSError(errno.ENXIO, "no read or write on shared memory here")

@@ -1,4 +1,4 @@
-"""Property tests of ultradict_ng.codec: exact round-trips, rejection of what
+"""Property tests of ultradict_ng._codec.codec: exact round-trips, rejection of what
 cannot round-trip, robustness of the decoders against arbitrary bytes."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ultradict_ng.codec import (
+from ultradict_ng._codec.codec import (
     MAX_EXT_NESTING,
     MAX_NESTING,
     MSGPACK,
@@ -369,7 +369,7 @@ def test_encoding_is_deterministic() -> None:
 def test_set_encoding_does_not_depend_on_the_hash_seed() -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (
-        "import sys; from ultradict_ng.codec import MSGPACK; "
+        "import sys; from ultradict_ng._codec.codec import MSGPACK; "
         "sys.stdout.write(MSGPACK.dumps({frozenset(map(str, range(40))): {b'a', 'b', ('c', 'd')}}).hex())"
     )
     outputs = set()

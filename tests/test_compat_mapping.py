@@ -19,8 +19,8 @@ import ultradict_ng
 from ultradict_ng import SharedDict, UltraDict
 from ultradict_ng import layout as L
 from ultradict_ng.compat import Exceptions, UltraLock
-from ultradict_ng.compat_errors import NOT_MAPPED, is_mapped, map_errors, mapped
-from ultradict_ng.compat_lock import _LockHold
+from ultradict_ng.compat.errors import NOT_MAPPED, is_mapped, map_errors, mapped
+from ultradict_ng.compat.lock import _LockHold
 
 E = UltraDict.Exceptions
 COMPAT_ERRORS = tuple(v for v in vars(Exceptions).values() if isinstance(v, type))

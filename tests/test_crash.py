@@ -22,7 +22,9 @@ from typing import Dict
 import pytest
 
 from tests.conftest import soak_scaled
-from ultradict_ng import SharedDict, faults, unlink_by_name, waiting
+from ultradict_ng import SharedDict, unlink_by_name
+from ultradict_ng import _faults as faults
+from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -283,9 +285,9 @@ def test_attacher_dies_holding_its_user_slot(name):
     """An attacher killed right after claiming its slot (CLOSING not yet checked):
     the dict stays usable, the slot shows a dead user, and the remove protocol
     removes the dict once nobody alive uses it."""
-    from ultradict_ng.control import Header, attach_control
-    from ultradict_ng.mapping import Mapping
-    from ultradict_ng.users import remove_if_unused
+    from ultradict_ng._shm.control import Header, attach_control
+    from ultradict_ng._shm.mapping import Mapping
+    from ultradict_ng._shm.users import remove_if_unused
 
     d = SharedDict({"k0": -1}, name=name, buffer_size=STREAM, auto_unlink=False)
     p = start_writer(name, 0, 5, "user-registered:kill")
@@ -318,9 +320,9 @@ def test_remover_dies_holding_closing(name, point, then):
     an attacher does not hang (it takes the dead word over and attaches to the
     intact dict), a later remover takes over and removes it, and unlink_by_name
     still removes every segment."""
-    from ultradict_ng.control import attach_control
-    from ultradict_ng.mapping import Mapping
-    from ultradict_ng.owner import pid_of
+    from ultradict_ng._shm.control import attach_control
+    from ultradict_ng._shm.mapping import Mapping
+    from ultradict_ng._owner import pid_of
 
     d = SharedDict({"a": 1}, name=name, buffer_size=STREAM, auto_unlink=False)
     d["big"] = b"x" * 400  # a dump segment too
@@ -379,7 +381,7 @@ def test_redis_writer_dies_at_fault_point(name, point, locked, redis_url, monkey
     holding a fresh lease): its write landed whole or not at all, every write
     it saw acknowledged is there, the lock is free again within the lease, and
     the log never outgrows its bound (snapshots every few writes: 256 bytes)."""
-    from ultradict_ng.redis_backend import layout as RL
+    from ultradict_ng._redis import layout as RL
 
     monkeypatch.setenv("ULTRADICT_NG_BACKEND", redis_url)
     d = SharedDict({"k0": -1}, name=name, buffer_size=256)

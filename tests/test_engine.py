@@ -18,13 +18,14 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ultradict_ng import SharedDict, SharedLock, record
+from ultradict_ng import SharedDict, SharedLock
+from ultradict_ng._codec import records as record
 from ultradict_ng import layout as L
-from ultradict_ng.codec import MSGPACK
-from ultradict_ng.engine import Engine
+from ultradict_ng._codec.codec import MSGPACK
+from ultradict_ng._engine import Engine
 from ultradict_ng.errors import PathGone, Unlinked
 from ultradict_ng.speedups import StoreBase, Words
-from ultradict_ng.store import Store
+from ultradict_ng._shm.store import Store
 
 
 class Server:
@@ -132,7 +133,7 @@ class LocalEngine(StoreBase):
 
 
 def test_store_has_every_member_of_the_interface():
-    from ultradict_ng.redis_backend.engine import RedisEngine
+    from ultradict_ng._redis.engine import RedisEngine
 
     members = {n for n in vars(Engine) if not n.startswith("_")} | set(Engine.__annotations__)
     for member in members:

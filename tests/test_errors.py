@@ -20,7 +20,9 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 import ultradict_ng
-from ultradict_ng import UltraDict, compat, compat_errors, compat_lock, errors
+from ultradict_ng import UltraDict, compat, errors
+from ultradict_ng.compat import errors as compat_errors
+from ultradict_ng.compat import lock as compat_lock
 
 spawn = multiprocessing.get_context("spawn")
 _MISSING = object()
@@ -89,7 +91,7 @@ def raise_it(exc: BaseException) -> None:
 def test_discovery_finds_both_families() -> None:
     names = {c.__qualname__ for c in CLASSES}
     assert set(errors.__all__) <= names
-    compat_names = {c for c in CLASSES if c.__module__ == "ultradict_ng.compat_errors"}
+    compat_names = {c for c in CLASSES if c.__module__ == "ultradict_ng.compat.errors"}
     assert {c.__name__ for c in compat_names} == {
         "AlreadyExists", "CannotAttachSharedMemory", "CannotAcquireLock",
         "CannotAcquireLockTimeout", "ParameterMismatch", "AlreadyClosed",

@@ -45,7 +45,7 @@ from tests import pool_tasks as T  # noqa: E402
 from ultradict_ng import layout as L  # noqa: E402
 from ultradict_ng.errors import CorruptSegment  # noqa: E402
 from ultradict_ng.futures.parcel import ARRAY, DATA, VIEW, pack, unpack  # noqa: E402
-from ultradict_ng.owner import owner_word  # noqa: E402
+from ultradict_ng._owner import owner_word  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),

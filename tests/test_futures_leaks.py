@@ -55,7 +55,7 @@ from ultradict_ng import layout as L
 from ultradict_ng.errors import CorruptSegment
 from ultradict_ng.futures import BrokenProcessPool, ProcessPoolExecutor
 from ultradict_ng.futures.parcel import Parcel, pack, unpack
-from ultradict_ng.owner import owner_alive, owner_word, pid_of
+from ultradict_ng._owner import owner_alive, owner_word, pid_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHM = "/dev/shm"

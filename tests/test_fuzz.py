@@ -25,9 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
-from ultradict_ng import SharedDict, SharedDictError, layout as L, segment, unlink_by_name
-from ultradict_ng.owner import owner_alive, owner_word
-from ultradict_ng.segment import Segment
+from ultradict_ng import SharedDict, SharedDictError, layout as L, unlink_by_name
+from ultradict_ng._shm import segment
+from ultradict_ng._owner import owner_alive, owner_word
+from ultradict_ng._shm.segment import Segment
 
 EDITS = st.lists(
     st.tuples(
@@ -269,9 +270,9 @@ def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], f
     ours, dead owners, random bits), an attach works or raises a SharedDictError
     within INIT_TIMEOUT + 1 s, users() and stats() answer, a working handle reads
     and writes the dict's real contents, and the remove protocol and cleanup end."""
-    from ultradict_ng.control import Header, attach_control
-    from ultradict_ng.mapping import Mapping
-    from ultradict_ng.users import remove_if_unused
+    from ultradict_ng._shm.control import Header, attach_control
+    from ultradict_ng._shm.mapping import Mapping
+    from ultradict_ng._shm.users import remove_if_unused
 
     name = unique_name()
     init_timeout = L.INIT_TIMEOUT
@@ -358,7 +359,7 @@ def test_garbage_in_redis_keys_never_crashes_hangs_or_lies(redis_server: Any, ed
     error, never a hang), and a handle never returns a value nobody wrote."""
     import redis as redis_py
 
-    from ultradict_ng.redis_backend import layout as RL
+    from ultradict_ng._redis import layout as RL
 
     name = unique_name()
     r = redis_py.Redis.from_url(redis_server.url)

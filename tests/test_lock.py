@@ -137,7 +137,7 @@ def test_nonblocking_acquire_recovers_dead_holder(d):
 def test_pid_reuse_is_detected(d):
     """A lock word naming a live pid with another start time belongs to a dead process."""
     from ultradict_ng import layout as L
-    from ultradict_ng.lock import owner_alive, owner_word
+    from ultradict_ng._shm.lock import owner_alive, owner_word
 
     mine = owner_word()
     assert owner_alive(mine)
@@ -205,8 +205,8 @@ def test_a_stale_wake_in_flight_delays_a_sleeping_waiter_by_at_most_a_liveness_c
     import sys
 
     from ultradict_ng import layout as L
-    from ultradict_ng import waiting
-    from ultradict_ng.lock import owner_word
+    from ultradict_ng._shm import waiting
+    from ultradict_ng._shm.lock import owner_word
 
     if stale == "pending":
         flag = 1

@@ -23,12 +23,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ultradict_ng import SharedDict, codec, fallback, record, speedups
+from ultradict_ng import SharedDict, speedups
+from ultradict_ng._codec import codec
+from ultradict_ng._helper import twins as fallback
+from ultradict_ng._codec import records as record
 from ultradict_ng import layout as L
 from ultradict_ng.errors import Closed
 
 native = speedups._compiled
-needs_native = pytest.mark.skipif(native is None, reason="ultradict_ng._native is not compiled")
+needs_native = pytest.mark.skipif(native is None, reason="ultradict_ng._helper._native is not compiled")
 
 MSGPACK = codec.codec_for(None)
 
@@ -76,7 +79,7 @@ def test_helper_is_built_in_ci():
     """CI installs with gcc present: the compiled path must be the one under test there."""
     forced = os.environ.get(speedups.ENV_VAR) or os.environ.get("ULTRADICT_NG_ATOMICS")
     if os.environ.get("CI") and not forced:
-        assert native is not None, "ultradict_ng._native did not compile"
+        assert native is not None, "ultradict_ng._helper._native did not compile"
         assert speedups.IMPLEMENTATION == "native"
 
 

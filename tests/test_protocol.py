@@ -20,10 +20,10 @@ from ultradict_ng import (
     SharedDict,
     SharedDictError,
     layout as L,
-    segment,
     unlink_by_name,
 )
-from ultradict_ng.segment import Segment
+from ultradict_ng._shm import segment
+from ultradict_ng._shm.segment import Segment
 
 spawn = multiprocessing.get_context("spawn")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +143,7 @@ def test_half_made_dict_of_a_live_creator_is_waited_for(name, monkeypatch):
     """MAGIC still 0 but the creator alive: wait up to INIT_TIMEOUT, then a clear error
     -- and unlink_by_name refuses to pull the dict from under its creator."""
     monkeypatch.setattr(L, "INIT_TIMEOUT", 0.3)
-    from ultradict_ng.lock import owner_word
+    from ultradict_ng._shm.lock import owner_word
 
     helpers.make_half_created(name, owner_word())  # we are the (slow) creator
     try:

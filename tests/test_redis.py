@@ -23,7 +23,7 @@ from ultradict_ng import (
     IncompatibleLayout, LockTimeout, NotFound, ParameterMismatch, SharedDict, Unlinked,
     unlink_by_name,
 )
-from ultradict_ng.redis_backend import layout as RL
+from ultradict_ng._redis import layout as RL
 
 spawn = multiprocessing.get_context("spawn")
 
@@ -449,7 +449,7 @@ def test_a_cached_listener_that_missed_trimmed_entries_still_resyncs(open_dict, 
     """The listener reads the log with XREAD, not a script: when a snapshot
     trimmed entries it had not fetched and nothing was written since, the
     snapshot's own entry (kept as a marker) still shows it the gap."""
-    from ultradict_ng.redis_backend.listener import Listener
+    from ultradict_ng._redis.listener import Listener
 
     w = open_dict(name=name, buffer_size=256)
     c = open_dict(name=name, reads="cached", staleness=0.5)

@@ -619,8 +619,8 @@ def test_foreign_data_under_the_dicts_name_is_a_clear_error(name: str, redis_url
 @pytest.fixture
 def proxied(name: str) -> Any:
     """A fresh server behind a proxy that can drop one reply: (server, proxy)."""
-    from ultradict_ng.redis_backend.layout import SCRIPTS
-    from ultradict_ng.redis_backend.link import _SHAS
+    from ultradict_ng._redis.layout import SCRIPTS
+    from ultradict_ng._redis.link import _SHAS
 
     with RedisServer.start() as srv, workers.ReplyDropper(srv.port) as proxy:
         proxy.shas = _SHAS  # type: ignore[attr-defined]

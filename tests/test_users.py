@@ -31,11 +31,12 @@ from hypothesis.stateful import (
 from tests import users_workers as W
 from tests.conftest import unique_name
 from tests.users_workers import alive_pids, remove_once, stop, user_words, wait_until
-from ultradict_ng import SharedDict, unlink_by_name, users
+from ultradict_ng import SharedDict, unlink_by_name
+from ultradict_ng._shm import users
 from ultradict_ng import layout as L
-from ultradict_ng.control import Header, attach_control
-from ultradict_ng.mapping import Mapping
-from ultradict_ng.owner import owner_word
+from ultradict_ng._shm.control import Header, attach_control
+from ultradict_ng._shm.mapping import Mapping
+from ultradict_ng._owner import owner_word
 
 spawn = multiprocessing.get_context("spawn")
 fork = multiprocessing.get_context("fork")
@@ -75,7 +76,7 @@ def test_creator_is_registered_before_magic_is_published(name, monkeypatch):
     has its creator in the register."""
     seen: List[Any] = []
 
-    from ultradict_ng import store as store_mod
+    from ultradict_ng._shm import store as store_mod
 
     real_register = users.register
 

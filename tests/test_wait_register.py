@@ -23,9 +23,10 @@ import pytest
 
 from tests import wait_workers
 from tests.wait_workers import in_thread, registered, slot_of, slots, stop, wait_until, words
-from ultradict_ng import SharedDict, waiting
+from ultradict_ng import SharedDict
+from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
-from ultradict_ng.owner import owner_word
+from ultradict_ng._owner import owner_word
 from ultradict_ng.speedups import FUTEX
 
 spawn = multiprocessing.get_context("spawn")
@@ -325,7 +326,7 @@ def test_change_waiter_killed_asleep_is_swept(dicts, name, futex_children):
 def test_sweep_leaves_live_registrations_alone(dicts, name, futex_children):
     """A sweep frees only dead owners' slots: a live waiter in another process
     keeps its bit and is still woken by the next write."""
-    from ultradict_ng.waiting import sweep
+    from ultradict_ng._shm.waiting import sweep
 
     d = dicts(name=name)
     ready, out = spawn.Queue(), spawn.Queue()

@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from tests import wait_workers
 from tests.conftest import unique_name
 from tests.wait_workers import in_thread, registered, slots, stop, words
-from ultradict_ng import Closed, SharedDict, Unlinked, waiting
+from ultradict_ng import Closed, SharedDict, Unlinked
+from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
 from ultradict_ng.speedups import FUTEX
 
@@ -282,7 +283,8 @@ def test_one_write_wakes_every_waiting_thread(pair, mode, slow_slice, handles):
 
 WAITER = """
 import sys, time
-from ultradict_ng import SharedDict, waiting
+from ultradict_ng import SharedDict
+from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
 L.WAIT_SLICE = 60.0
 d = SharedDict(name=sys.argv[1], create=False)

@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Optional, Set
 
 from ultradict_ng import SharedDict, Unlinked
 from ultradict_ng import layout as L
-from ultradict_ng.control import Header, attach_control
-from ultradict_ng.mapping import Mapping
-from ultradict_ng.users import Verdict, remove_if_unused
+from ultradict_ng._shm.control import Header, attach_control
+from ultradict_ng._shm.mapping import Mapping
+from ultradict_ng._shm.users import Verdict, remove_if_unused
 
 from tests.wait_workers import stop, wait_until  # noqa: F401  (re-exported for test_users)
 

@@ -26,7 +26,7 @@ def _patient_lock() -> None:
 
 def change_waiter(name: str, ready: Any, out: Any, timeout: float, slice_: float = 1.0) -> None:
     """Attach, say ready, wait for one change; report (pid, result, when, d.get("k"), mode)."""
-    from ultradict_ng import waiting
+    from ultradict_ng._shm import waiting
 
     L.WAIT_SLICE = slice_
     d = SharedDict(name=name, create=False)
@@ -67,7 +67,7 @@ def lock_waiter_paused(name: str, registered: Any, go: Any, done: Any, patient: 
     """As :func:`lock_sleeper`, but the waiter stops right after registering (waiter
     step 1) until ``go`` is set, as if descheduled there: a release in between
     sees its bit and wakes nobody.  Then it goes on: takes the lock, ``n += 1``."""
-    from ultradict_ng import waiting
+    from ultradict_ng._shm import waiting
 
     if patient:
         _patient_lock()
@@ -92,7 +92,7 @@ def lock_waiter_paused(name: str, registered: Any, go: Any, done: Any, patient: 
 
 def locked_increments(name: str, times: int, patient: bool, out: Any) -> None:
     """``with d.lock: d["n"] += 1`` ``times`` times; report this process's waiting mode."""
-    from ultradict_ng import waiting
+    from ultradict_ng._shm import waiting
 
     if patient:
         _patient_lock()
@@ -167,7 +167,7 @@ def slots(d: Any) -> List[int]:
 
 def slot_of(d: Any, pid: int) -> Optional[int]:
     """The wait slot holding process ``pid``'s owner word, or None."""
-    from ultradict_ng.owner import pid_of
+    from ultradict_ng._owner import pid_of
 
     for i, word in enumerate(slots(d)):
         if word and pid_of(word) == pid:

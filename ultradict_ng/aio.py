@@ -37,9 +37,9 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Ty
 from . import layout as L
 from .changes import Change
 from .errors import LockTimeout, Unlinked
-from .lock import SharedLock
+from ._shm.lock import SharedLock
 from .shareddict import SharedDict
-from .waiting import Backoff
+from ._shm.waiting import Backoff
 
 __all__ = ["AsyncSharedDict", "AsyncSharedLock"]
 

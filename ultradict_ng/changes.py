@@ -22,11 +22,11 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from . import layout as L
-from .blobs import BlobGone, BlobRef, InlineArray
-from .codec import copy_value
+from ._shm.blobs import BlobGone, BlobRef, InlineArray
+from ._codec.codec import copy_value
 from .errors import Closed
-from .reader import INVALID, Reader
-from .waiting import Backoff, ProcessWaits
+from ._shm.reader import INVALID, Reader
+from ._shm.waiting import Backoff, ProcessWaits
 from .speedups import Words
 
 __all__ = ["Change", "SUPERSEDED", "wait_until_changed", "Feed", "iterate", "changes_of_records",

@@ -433,7 +433,10 @@ Changing the layout
 process of the previous version would misread or miswrite: a control word's
 position or meaning, a flag, ``CONTROL_SIZE``, the record framing or checksum,
 an ``OP_*`` or a record's shape, the dump header, a segment name, the msgpack
-serializer's ext-type table (``codec.py``), or an ordering rule above.  Not
+serializer's ext-type table (``_codec/ext.py``), an ordering rule above, or the
+module path of a type the pickle serializer stores in shared memory (the
+placeholders of large values: a pickle names its classes by module and name,
+so a process of the previous version could not load them).  Not
 for changes that stay inside one process: the cache, the hit path, which
 implementation of the primitives runs (they write the same bytes), timing
 constants, or error messages.
@@ -484,9 +487,10 @@ def _base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 5  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
+LAYOUT_VERSION = 6  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
 #                    4: waiting and waking (words 10, 11, 17, 18; wait slots 64-127)
 #                    5: users (words 29, 30; user slots 256-511; CONTROL_SIZE 4096)
+#                    6: the placeholder types pickle dicts store moved (module paths)
 CONTROL_SIZE = 4096  # one page: shared memory is allocated by pages anyway
 
 W_MAGIC = 0

@@ -15,14 +15,14 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
 
 from . import layout as L
-from . import record as R
-from .blobs import BlobGone, BlobRef, InlineArray, PickledBlobs
+from ._codec import records as R
+from ._shm.blobs import BlobGone, BlobRef, InlineArray, PickledBlobs
 from .changes import Change, iterate
-from .codec import IMMUTABLE_TYPES, copy_value
-from .engine import Conflict, Engine, Options, open_engine, unlink_by_name as _unlink_by_name
-from .lock import SharedLock
+from ._codec.codec import IMMUTABLE_TYPES, copy_value
+from ._engine import Conflict, Engine, Options, open_engine, unlink_by_name as _unlink_by_name
+from ._shm.lock import SharedLock
 from .speedups import ViewBase, set_immutable_types
-from .users import User
+from ._shm.users import User
 
 __all__ = ["SharedDict"]
 
@@ -605,4 +605,4 @@ def _pairs(data: Any) -> List[List[Any]]:
     return items
 
 
-from .views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)
+from ._views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)

@@ -5,8 +5,8 @@ lock's per-process state (``ProcessState``), the bases carrying the read hit
 path (``StoreBase``, ``ViewBase``), the reader's record checks and replay
 (``parse_records``, ``apply_sets``) and the codec's type scans
 (``types_within``, ``contains_type``) -- is imported from here, and only
-from here.  This module takes them from the compiled ``ultradict_ng._native``
-or from :mod:`ultradict_ng.fallback`, its pure-Python twins with identical
+from here.  This module takes them from the compiled ``ultradict_ng._helper._native``
+or from :mod:`ultradict_ng._helper.twins`, its pure-Python twins with identical
 names, signatures and results; ``_native.pyi`` types both.  Nothing else in
 the package branches on which one is in use.
 
@@ -34,11 +34,11 @@ import os
 import zlib
 from typing import Any, Callable, Dict
 
-from . import fallback
+from ._helper import twins as fallback
 from . import layout as L
 
 try:
-    from . import _native as _compiled
+    from ._helper import _native as _compiled
 except ImportError:  # not compiled: no C compiler at install time
     _compiled = None  # type: ignore[assignment]
 
@@ -87,7 +87,7 @@ def _choose() -> str:
         if _compiled is not None and _words_work(_compiled.Words):
             return "native"
         if forced:
-            raise ImportError(f"{ENV_VAR}=native, but ultradict_ng._native is not compiled or "
+            raise ImportError(f"{ENV_VAR}=native, but ultradict_ng._helper._native is not compiled or "
                               "fails its self-test")
     if forced:
         return forced
@@ -99,12 +99,12 @@ IMPLEMENTATION: str = _choose()
 
 if IMPLEMENTATION == "native":
     assert _compiled is not None
-    from ._native import (
+    from ._helper._native import (
         FUTEX, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
         msgpack_length, parse_records, set_immutable_types, types_within,
     )
 else:
-    from .fallback import (  # type: ignore[assignment]
+    from ._helper.twins import (  # type: ignore[assignment]
         FUTEX, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
         msgpack_length, parse_records, set_immutable_types, types_within,
     )

@@ -24,14 +24,14 @@ import sys
 from argparse import Namespace
 from typing import Any, Dict, List, Optional, Set
 
-from ..cleanup import remove_orphans, unlink_by_name, unlink_other_layout
-from ..control import Header, attach_control
+from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
+from .._shm.control import Header, attach_control
 from ..errors import IncompatibleLayout, SharedDictError
 from ..futures.leftovers import ParcelReport, remove_leftovers
-from ..mapping import Mapping
-from ..names import validate_name
-from ..survey import DictReport, listable, report, survey
-from ..users import free_dead, mappers, remove_if_unused
+from .._shm.mapping import Mapping
+from .._names import validate_name
+from .._shm.survey import DictReport, listable, report, survey
+from .._shm.users import free_dead, mappers, remove_if_unused
 from . import render
 
 __all__ = ["cmd_rm", "cmd_clean"]

@@ -15,8 +15,9 @@ from argparse import Namespace
 from typing import List, Tuple
 
 from .. import layout as L
-from .. import speedups, waiting
-from ..survey import SHM_DIR, listable
+from .. import speedups
+from .._shm import waiting
+from .._shm.survey import SHM_DIR, listable
 from . import render
 
 __all__ = ["checks", "cmd_doctor"]

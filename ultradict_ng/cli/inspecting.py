@@ -20,9 +20,9 @@ from .. import layout as L
 from ..changes import Change, Feed
 from ..errors import CorruptSegment, NotFound, SharedDictError
 from ..futures.leftovers import ParcelReport, parcels
-from ..names import validate_name
-from ..peek import Peek
-from ..survey import DictReport, Holder, listable, report, survey
+from .._names import validate_name
+from .._shm.peek import Peek
+from .._shm.survey import DictReport, Holder, listable, report, survey
 from . import render
 
 __all__ = ["cmd_ls", "cmd_show", "cmd_stats", "cmd_watch"]

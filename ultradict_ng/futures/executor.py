@@ -44,8 +44,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import layout as L
-from ..owner import owner_alive, owner_word
-from ..segment import SUPPORTED, listed, unlink
+from .._owner import owner_alive, owner_word
+from .._shm.segment import SUPPORTED, listed, unlink
 from .parcel import Parcel, pack, pool_prefix, unpack
 
 __all__ = ["ProcessPoolExecutor", "Future", "DEFAULT_SHM_THRESHOLD"]

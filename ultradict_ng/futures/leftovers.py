@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import layout as L
-from ..owner import owner_alive, pid_of
-from ..segment import listed, unlink
+from .._owner import owner_alive, pid_of
+from .._shm.segment import listed, unlink
 
 __all__ = ["ParcelReport", "parcels", "remove_leftovers"]
 

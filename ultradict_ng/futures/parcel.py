@@ -35,11 +35,11 @@ import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from .. import faults
+from .. import _faults as faults
 from .. import layout as L
-from ..blobs import _NO_WRITE  # pwrite's refusals where shm takes only mmap (macOS)
+from .._shm.blobs import _NO_WRITE  # pwrite's refusals where shm takes only mmap (macOS)
 from ..errors import CorruptSegment, OutOfSpace
-from ..owner import owner_word
+from .._owner import owner_word
 
 try:
     import _posixshmem  # type: ignore[import-not-found, unused-ignore]

@@ -1,0 +1,509 @@
+"""Serializers: how keys and values are turned into bytes in shared memory.
+
+Why msgpack is the default
+==========================
+
+Every process that attaches to a dict reads bytes that *other* processes
+wrote into a shared-memory segment.  If those bytes were pickles, any process
+able to write the segment (any process of the same user, or anyone the
+segment's permissions let in) could make every reader run code of its choosing,
+because unpickling calls whatever callables the pickle names.  The default
+serializer therefore never unpickles: it is msgpack plus a small, closed set
+of extension types whose decoders only ever build plain data.  A damaged or
+hostile segment can at worst produce a wrong value or :class:`CorruptSegment`.
+
+Pickle stays available as an explicit opt-in (``serializer="pickle"``) for
+applications that trust every process that can write their segments.
+
+The msgpack format (its ext types, what round-trips exactly, the limits)
+is specified in :mod:`ultradict_ng.msgpack_ext`; :mod:`ultradict_ng.msgpack_encode`
+and :mod:`ultradict_ng.msgpack_decode` implement it.  This module holds the
+codecs built on them and on pickle, and the copies the local cache hands out.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import pickle
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from . import decode as msgpack_decode
+from .._shm.blobs import BlobRef, InlineArray, PickledBlobs
+from ..errors import CorruptSegment, UnsupportedType
+from .decode import _ROOT_HOOK, _contains_timestamp, _gc_paused
+from .encode import (
+    _KEEP_BUFFERS_UP_TO,
+    _PACK_EXT_TYPE_RETURNS,
+    _RECORD_SCALARS,
+    _Chain,
+    _new_chain,
+    _prepare,
+    _record_pack,
+    _tls,
+)
+from .ext import (
+    MAX_EXT_NESTING,
+    MAX_NESTING,
+    _LEAF_TYPES,
+    _PICKLE_HINT,
+    _SUPPORTED_TEXT,
+    _TUPLE,
+    _ExtType,
+    _new_ext,
+    _too_deep,
+    _type_name,
+    _unpackb,
+    _Unpacker,
+)
+
+__all__ = [
+    "Codec",
+    "MsgpackCodec",
+    "PickleCodec",
+    "MSGPACK",
+    "PICKLE",
+    "codec_for",
+    "codec_by_id",
+    "ObjectCodec",
+    "CUSTOM_ID",
+    "copy_value",
+    "IMMUTABLE_TYPES",
+    "MAX_NESTING",
+    "MAX_EXT_NESTING",
+]
+
+# Bound by assignment, not imported by name: CPython (3.11+) compiles
+# ``name.method(...)`` on a name bound by an import as an attribute load
+# and a call (it takes the name for a module), slower than a method call.
+_TIMESTAMP_RE = msgpack_decode._TIMESTAMP_RE
+
+_BytesLike = Union[bytes, bytearray, memoryview]
+# Data longer than this (a dump) is decoded with the collector paused, and
+# searched for a Timestamp by the compiled walk without the regex pre-filter.
+_SCAN_WITHOUT_REGEX = 1 << 16
+
+
+def _describe(exc: BaseException) -> str:
+    detail = str(exc)
+    text = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+# --------------------------------------------------------------------------
+# Codecs
+# --------------------------------------------------------------------------
+
+
+class Codec:
+    """Turns keys and values into bytes and back.
+
+    ``id`` is stored in the shared control header so that every process
+    attaching to a dict uses the serializer it was created with.
+    """
+
+    id: int = 0
+    name: str = ""
+
+    def dumps(self, obj: Any) -> bytes:
+        """Encode *obj*; raises :class:`UnsupportedType` and nothing else."""
+        raise NotImplementedError
+
+    def loads(self, data: _BytesLike) -> Any:
+        """Decode *data*; raises :class:`CorruptSegment` and nothing else."""
+        raise NotImplementedError
+
+    def loads_many(self, payloads: List[bytes], framed: bool = False) -> List[Any]:
+        """``[loads(p) for p in payloads]``; raises :class:`CorruptSegment`
+        naming the index of the first payload that cannot be decoded.
+        ``framed``: the caller checked that each payload is exactly one
+        object of the encoding (a hint a codec may use to decode faster)."""
+        out = []
+        for i, payload in enumerate(payloads):
+            try:
+                out.append(self.loads(payload))
+            except CorruptSegment as exc:
+                raise CorruptSegment(f"record {i}: {exc}") from exc
+        return out
+
+    def encode_record(self, record: List[Any]) -> Tuple[bytes, Any]:
+        """``(payload, decoded)``: the encoding of a stream record and what every
+        reader decodes from it -- the writer applies ``decoded`` to its own
+        cache, so that it holds exactly what other processes hold."""
+        payload = self.dumps(record)
+        return payload, self.loads(payload)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} (id {self.id})>"
+
+
+class MsgpackCodec(Codec):
+    """The default, safe serializer: msgpack plus the ext types of :mod:`ultradict_ng.msgpack_ext`.
+
+    Decoding never runs code chosen by the writer of the bytes.  Encoding is
+    thread-safe; it reuses a msgpack Packer per thread.
+    """
+
+    id = 1
+    name = "msgpack"
+
+    def __reduce__(self) -> Any:
+        return (codec_for, (self.name,))
+
+    def dumps(self, obj: Any) -> bytes:
+        tp = type(obj)
+        leaf = _LEAF_TYPES
+        try:
+            try:
+                pool: List[_Chain] = _tls.pool
+            except AttributeError:
+                pool = _tls.pool = []
+            chain = pool.pop() if pool else _new_chain()
+            if tp in leaf:
+                out: bytes = chain[0].pack(obj)
+            elif tp is tuple:
+                # Fast path for the typical composite key: a tuple of scalars
+                # needs neither the walk nor a default() callback for itself.
+                for item in obj:
+                    if type(item) not in leaf:
+                        out = chain[0].pack(_prepare(obj, 0, 0))
+                        break
+                else:
+                    if _PACK_EXT_TYPE_RETURNS:
+                        out = chain[0].pack_ext_type(_TUPLE, chain.fast.pack(obj))
+                    else:  # pragma: no cover - old msgpack
+                        out = chain[0].pack(_new_ext(_ExtType, (_TUPLE, chain.fast.pack(obj))))
+            else:
+                out = chain[0].pack(_prepare(obj, 0, 0))
+        except UnsupportedType:
+            raise
+        except RecursionError as exc:
+            raise _too_deep() from exc
+        except Exception as exc:
+            if isinstance(exc, ValueError) and "recursion limit" in str(exc):
+                raise _too_deep() from exc
+            raise UnsupportedType(
+                f"cannot store this value with the msgpack serializer ({_describe(exc)}); "
+                f"{_SUPPORTED_TEXT}. {_PICKLE_HINT}"
+            ) from exc
+        if len(out) <= _KEEP_BUFFERS_UP_TO:
+            pool.append(chain)
+        return out
+
+    def encode_record(self, record: List[Any]) -> Tuple[bytes, Any]:
+        # Fast path for records whose path, keys and values are all scalars
+        # (``[OP_SET, path, key, value]``, ``[OP_DEL, path, key]``,
+        # ``[OP_CLEAR, path]``): one plain Packer call, no type walk,
+        # and no decode -- a scalar of these exact types decodes to an equal
+        # object of the same type (tests/test_codec.py checks payload and
+        # decoding against the general path).  The shared Packer has no
+        # ``default`` callback, so pack() never runs Python code or releases
+        # the GIL: no other thread can interleave with it.  Anything it cannot
+        # pack (an int beyond 64 bits, a str with lone surrogates) raises and
+        # takes the general path.
+        scalar = _RECORD_SCALARS
+        n = len(record)
+        if (
+            (n == 4 and type(record[3]) in scalar and type(record[2]) in scalar)
+            or (n == 3 and type(record[2]) in scalar)
+            or n == 2
+        ) and (not record[1] or scalar.issuperset(map(type, record[1]))):
+            try:
+                return _record_pack(record), record
+            except Exception:
+                pass
+        payload = self.dumps(record)
+        return payload, self.loads(payload)
+
+    def loads_many(self, payloads: List[bytes], framed: bool = False) -> List[Any]:
+        # A reader replaying a long stream decodes every record.  When the
+        # caller has checked that every payload is exactly one msgpack object
+        # (``framed``: the compiled parse_records does), one Unpacker decodes
+        # them all in one C loop instead of a loads() call per record (~2 µs
+        # each).  Anything unusual takes the per-record path for its error.
+        if not framed or len(payloads) < 8:
+            return super().loads_many(payloads)
+        data = b"".join(payloads)
+        unpacker = _Unpacker(raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK,
+                             max_buffer_size=max(len(data), 1))
+        unpacker.feed(data)
+        try:
+            with _gc_paused():
+                out = list(unpacker)
+        except Exception:
+            return super().loads_many(payloads)
+        if len(out) != len(payloads) or (b"\xff" in data and _contains_timestamp(out)):
+            return super().loads_many(payloads)  # names the record
+        return out
+
+    def loads(self, data: _BytesLike) -> Any:
+        try:
+            if type(data) is not bytes:
+                # One copy: also gives a stable snapshot of a shared buffer.
+                # (memoryview() first: bytes(12) would make 12 zero bytes.)
+                data = bytes(memoryview(data))
+            if len(data) > _SCAN_WITHOUT_REGEX:  # a dump: many containers at once
+                with _gc_paused():
+                    obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
+            else:
+                obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
+            # The regex only pre-filters: on large data (a dump) the walk is
+            # cheaper than the scan (compiled, 1 MB: ~1 ms against ~8 ms).
+            if b"\xff" in data and (
+                len(data) > _SCAN_WITHOUT_REGEX
+                or _TIMESTAMP_RE.search(data) is not None
+            ) and _contains_timestamp(obj):
+                raise CorruptSegment("msgpack Timestamp ext found; this serializer never writes one")
+            return obj
+        except CorruptSegment:
+            raise
+        except Exception as exc:
+            raise CorruptSegment(f"cannot decode msgpack data: {_describe(exc)}") from exc
+
+
+#: Pickle protocol used by :class:`PickleCodec`.
+PICKLE_PROTOCOL = min(pickle.HIGHEST_PROTOCOL, 5)
+
+
+class PickleCodec(Codec):
+    """Opt-in serializer for arbitrary picklable objects.
+
+    WARNING: loading a pickle executes code chosen by whoever wrote the
+    bytes.  With this serializer every process that can write the dict's
+    shared-memory segments can run arbitrary code in every process that
+    reads the dict.  Use it only when all of them are trusted.
+    """
+
+    id = 2
+    name = "pickle"
+
+    def __reduce__(self) -> Any:
+        return (codec_for, (self.name,))
+
+    def dumps(self, obj: Any) -> bytes:
+        try:
+            return pickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+        except RecursionError as exc:
+            raise UnsupportedType(
+                "cannot store this value: it is nested too deeply for the pickle serializer "
+                "(pickling recurses once per level of nesting, up to Python's recursion limit "
+                f"of {sys.getrecursionlimit()} frames)"
+            ) from exc
+        except Exception as exc:
+            raise UnsupportedType(
+                f"cannot store a value of type {_type_name(type(obj))!r} with the pickle "
+                f"serializer ({_describe(exc)})"
+            ) from exc
+
+    def loads(self, data: _BytesLike) -> Any:
+        try:
+            return pickle.loads(data)
+        except Exception as exc:
+            raise CorruptSegment(f"cannot decode pickle data: {_describe(exc)}") from exc
+
+
+MSGPACK = MsgpackCodec()
+PICKLE = PickleCodec()
+
+_BY_NAME: Dict[str, Codec] = {MSGPACK.name: MSGPACK, PICKLE.name: PICKLE}
+class ObjectCodec(Codec):
+    """Any object with ``dumps(obj)`` and ``loads(data)`` (the ``json`` module, say).
+
+    Its header id is :data:`CUSTOM_ID` whatever the object is: shared memory
+    cannot name Python objects, so every process attaching to such a dict must
+    pass the same ``serializer=`` itself.  What round-trips is up to the object
+    (``json`` turns tuples into lists and int keys into strings).  ``dumps`` may
+    return ``str`` (stored as UTF-8) or bytes; ``loads`` receives bytes.
+    """
+
+    id = 3
+
+    def __init__(self, serializer: Any) -> None:
+        self.serializer = serializer
+        self.name = "custom:" + getattr(serializer, "__name__", type(serializer).__name__)
+
+    def dumps(self, obj: Any) -> bytes:
+        try:
+            out = self.serializer.dumps(obj)
+        except Exception as exc:
+            raise UnsupportedType(
+                f"cannot store a value of type {_type_name(type(obj))!r} with the {self.name} "
+                f"serializer ({_describe(exc)})"
+            ) from exc
+        if isinstance(out, str):
+            return out.encode("utf-8")
+        if isinstance(out, (bytes, bytearray, memoryview)):
+            return bytes(out)
+        raise UnsupportedType(f"{self.name}.dumps returned {type(out).__name__}, not bytes or str")
+
+    def loads(self, data: _BytesLike) -> Any:
+        try:
+            return self.serializer.loads(bytes(data))
+        except Exception as exc:
+            raise CorruptSegment(f"{self.name} serializer cannot decode the bytes ({_describe(exc)})") from exc
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectCodec) and other.serializer is self.serializer
+
+    def __hash__(self) -> int:
+        return hash(id(self.serializer))
+
+
+#: Header id of every :class:`ObjectCodec`.
+CUSTOM_ID = ObjectCodec.id
+
+_BY_ID: Dict[int, Codec] = {MSGPACK.id: MSGPACK, PICKLE.id: PICKLE}
+
+
+def codec_for(serializer: Any) -> Codec:
+    """The codec for a ``serializer=`` argument.
+
+    ``None`` or ``"msgpack"`` -> msgpack; ``"pickle"`` or the :mod:`pickle`
+    module -> pickle; a :class:`Codec` -> itself; any other object with
+    callable ``dumps`` and ``loads`` -> an :class:`ObjectCodec` around it.
+    """
+    if serializer is None:
+        return MSGPACK
+    if isinstance(serializer, Codec):
+        return serializer
+    if isinstance(serializer, str):
+        found = _BY_NAME.get(serializer.lower())
+        if found is not None:
+            return found
+    elif serializer is pickle:
+        return PICKLE
+    elif callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None)):
+        return ObjectCodec(serializer)
+    raise ValueError(
+        f"serializer must be 'msgpack' (the default, safe), 'pickle', None, a Codec, or an "
+        f"object with dumps() and loads(); not {serializer!r}"
+    )
+
+
+def codec_by_id(codec_id: int) -> Codec:
+    """The codec whose ``id`` is stored in a segment header."""
+    found = _BY_ID.get(codec_id) if type(codec_id) is int else None
+    if found is None:
+        raise CorruptSegment(f"unknown serializer id {codec_id}")
+    return found
+
+
+# --------------------------------------------------------------------------
+# Copies for the local cache
+# --------------------------------------------------------------------------
+
+#: Types whose values are immutable all the way down: the cache hands them out as they are.
+IMMUTABLE_TYPES: frozenset[type] = _LEAF_TYPES | {frozenset}
+_IMMUTABLE_TYPES = IMMUTABLE_TYPES
+
+
+def _copy(value: Any, stored: Optional[Callable[[Any], Any]]) -> Any:
+    tp = type(value)
+    if tp in _IMMUTABLE_TYPES:
+        return value
+    if tp in _STORED_TYPES:
+        return value if stored is None else stored(value)
+    if tp is list:
+        if _IMMUTABLE_TYPES.issuperset(map(type, value)):
+            return value.copy()
+        return [_copy(item, stored) for item in value]
+    if tp is dict:
+        if _IMMUTABLE_TYPES.issuperset(map(type, value.values())):
+            return value.copy()
+        return {key: _copy(item, stored) for key, item in value.items()}
+    if tp is tuple:
+        if _IMMUTABLE_TYPES.issuperset(map(type, value)):
+            return value
+        items = [_copy(item, stored) for item in value]
+        if all(map(operator.is_, items, value)):
+            return value
+        return tuple(items)
+    if tp is set:
+        return value.copy()
+    if tp is bytearray:
+        return bytearray(value)
+    return copy.deepcopy(value)
+
+
+def copy_value(value: Any, stored: Optional[Callable[[Any], Any]] = None) -> Any:
+    """Return a copy of *value* that shares no mutable object with it.
+
+    Immutable values (and tuples holding only immutable values) are returned
+    as they are.  Lists, dicts, sets and bytearrays are copied, recursively;
+    dict keys and set members are hashable and so are not copied.  Cache
+    placeholders of large values and arrays (``blobs.BlobRef``,
+    ``blobs.InlineArray``) become ``stored(placeholder)`` (they stay as they
+    are without ``stored``).  Any other type (possible only with the pickle
+    serializer) is ``copy.deepcopy``-ed.
+    """
+    if type(value) in _IMMUTABLE_TYPES:
+        return value
+    try:
+        return _copy(value, stored)
+    except RecursionError:  # nested deeper than the stack allows here, or a cycle (pickle)
+        return _copy_without_recursion(value, stored)
+
+
+def _copy_without_recursion(root: Any, stored: Optional[Callable[[Any], Any]]) -> Any:
+    """What ``_copy`` returns, with an explicit stack instead of recursion.
+
+    Why: a value the codec accepts (up to MAX_NESTING levels) must read back
+    from any call depth, and ``_copy`` takes a frame per level.  Lists and
+    dicts are memoized by identity, so a cyclic value (only the pickle
+    serializer can make one) is copied as a cycle; other non-codec types are
+    ``copy.deepcopy``-ed as in ``_copy``.
+    """
+    memo: Dict[int, Any] = {}
+
+    def finished(v: Any) -> Tuple[bool, Any]:
+        tp = type(v)
+        if tp in _IMMUTABLE_TYPES:
+            return True, v
+        if tp is list or tp is dict or tp is tuple:
+            seen = memo.get(id(v), _NOT_SEEN)
+            return (seen is not _NOT_SEEN), seen
+        if tp in _STORED_TYPES:
+            return True, (v if stored is None else stored(v))
+        if tp is set:
+            return True, v.copy()
+        if tp is bytearray:
+            return True, bytearray(v)
+        return True, copy.deepcopy(v)
+
+    def frame(v: Any) -> List[Any]:
+        """[original, children, copies of the children so far, the new container]"""
+        new: Any = None
+        if type(v) is list:
+            new = memo[id(v)] = []
+            return [v, v, [], new]
+        if type(v) is dict:
+            new = memo[id(v)] = {}
+            return [v, list(v.values()), [], new]
+        return [v, list(v), [], new]  # a tuple: built when its items are
+
+    stack = [frame(root)]
+    while True:
+        top = stack[-1]
+        orig, children, copies, new = top
+        if len(copies) < len(children):
+            done, result = finished(children[len(copies)])
+            if done:
+                copies.append(result)
+            else:
+                stack.append(frame(children[len(copies)]))
+            continue
+        if type(orig) is list:
+            new.extend(copies)
+        elif type(orig) is dict:
+            new.update(zip(orig, copies))
+        else:
+            new = orig if all(map(operator.is_, copies, orig)) else tuple(copies)
+        stack.pop()
+        if not stack:
+            return new
+        stack[-1][2].append(new)
+
+
+_NOT_SEEN: Any = object()
+_STORED_TYPES = frozenset({BlobRef, InlineArray, PickledBlobs})

@@ -1,0 +1,1607 @@
+/*
+ * ultradict_ng._helper._native: the optional compiled helper.
+ *
+ * Every entry point has a pure-Python twin of the same name and signature in
+ * fallback.py; speedups.py imports one set or the other and nothing else in
+ * the package knows which.  _native.pyi types both.  The twins must behave
+ * identically, byte for byte in shared memory; tests/test_native.py checks
+ * each against a reference, and CI runs the suite on both
+ * (ULTRADICT_NG_SPEEDUPS=native|bound|public).
+ *
+ * What is here, in file order, and why it is compiled:
+ *
+ *   crc_update          CRC-32 of zlib, slicing by 8 (record checksums).
+ *   Words               seq_cst load/store/cas of the control words (a write
+ *                       takes the lock, publishes STATE and releases: three
+ *                       atomics, ~50 ns each here against ~1-10 us through
+ *                       the atomics package), write_record (header, crc and
+ *                       payload in one call) and write_simple (a root-level
+ *                       scalar set/delete encoded as msgpack straight into
+ *                       the stream: the same bytes as codec + write_record);
+ *                       add (fetch-add), publish (store, then load the word
+ *                       saying whether anyone sleeps), wait/wake (Linux futex
+ *                       on a word's low 32 bits, GIL released while asleep).
+ *   ProcessState        the lock's per-process state (holder thread,
+ *                       reentrancy, competing mutex) with enter/exit as one
+ *                       call each: the fast paths of SharedLock; exit wakes
+ *                       one sleeping lock waiter when the register says
+ *                       there are any (layout.py, "Waiting and waking").
+ *   StoreBase/ViewBase  the bases of Store and SharedDict; ViewBase's
+ *                       __getitem__ slot is the read hit path (one STATE load,
+ *                       a compare, a dict lookup, an immutable-type check) and
+ *                       calls the Python _getitem_slow for everything else.
+ *   types_within        the codec's scan of a container before packing.
+ *   msgpack_length      the length of one msgpack object (framing check).
+ *   parse_records       the reader's validation of copied stream bytes
+ *                       (layout.py, reader step 4) in one call.
+ *   contains_type       the codec's walk for foreign Timestamps after decoding.
+ *   apply_sets          record.apply_all's runs of root-level scalar sets.
+ *   SCALAR_TYPES,       constants mirrored from record.py and layout.py (a
+ *   RECORD_HEADER,      test compares them); FUTEX: 1 where wait/wake are
+ *   FUTEX               the kernel's futex (Linux), else 0 (wait/wake raise).
+ *
+ * Memory model: every atomic operation is sequentially consistent (a store
+ * publishes everything written before it, a load sees everything published
+ * before it); record bytes are plain stores that precede the STATE store.
+ *
+ * Memory safety: a Words object holds a buffer export of the mapping for its
+ * whole life (so the mapping cannot be closed under it) until release(), and
+ * every index and offset is bounds-checked.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __linux__
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#define UDNG_FUTEX 1
+#else
+#define UDNG_FUTEX 0
+#endif
+
+#if !defined(__GNUC__) && !defined(__clang__)
+#error "ultradict_ng._helper._native needs the GCC/Clang __atomic builtins"
+#endif
+
+/* ---- CRC-32 (the zlib / IEEE 802.3 polynomial), slicing by 8 ------------- */
+
+static uint32_t crc_table[8][256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_table[0][n];
+        for (int k = 1; k < 8; k++) {
+            c = crc_table[0][c & 0xff] ^ (c >> 8);
+            crc_table[k][n] = c;
+        }
+    }
+}
+
+static uint32_t
+crc_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        crc = crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        lo = __builtin_bswap32(lo);
+        hi = __builtin_bswap32(hi);
+#endif
+        lo ^= crc;
+        crc = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+              crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
+              crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
+              crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+static void
+put_u32le(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+/* The 16-byte record header (layout.py, "Stream record") in front of the
+ * `length` payload bytes already stored at rec + 16: le32 length, le32 tag,
+ * le32 crc32(payload, crc32(length, tag)), le32 0. */
+static void
+put_header(unsigned char *rec, uint32_t length, uint32_t tag)
+{
+    unsigned char header[16];
+    put_u32le(header, length);
+    put_u32le(header + 4, tag);
+    uint32_t crc = crc_update(0, header, 8);
+    crc = crc_update(crc, rec + 16, length);
+    put_u32le(header + 8, crc);
+    put_u32le(header + 12, 0);
+    memcpy(rec, header, 16);
+}
+
+/* ---- Words ---------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int held;            /* view is a live export */
+    uint64_t *words;     /* view.buf as 64-bit words */
+    Py_ssize_t nwords;
+} WordsObject;
+
+static int
+words_usable(WordsObject *self)
+{
+    if (!self->held) {
+        PyObject *mod = PyImport_ImportModule("ultradict_ng.errors");
+        PyObject *closed = mod ? PyObject_GetAttrString(mod, "Closed") : NULL;
+        Py_XDECREF(mod);
+        if (closed) {
+            PyErr_SetString(closed, "this handle's shared memory was closed");
+            Py_DECREF(closed);
+        }
+        return 0;
+    }
+    return 1;
+}
+
+static int
+word_index(WordsObject *self, PyObject *arg, Py_ssize_t *out)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if (i == -1 && PyErr_Occurred())
+        return 0;
+    if (i < 0 || i >= self->nwords) {
+        PyErr_Format(PyExc_IndexError, "word index %zd outside 0..%zd", i, self->nwords - 1);
+        return 0;
+    }
+    *out = i;
+    return 1;
+}
+
+static int
+u64_arg(PyObject *arg, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+static int
+words_init(WordsObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *buf;
+    static char *kwlist[] = {"buffer", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Words", kwlist, &buf))
+        return -1;
+    if (self->held) {
+        PyErr_SetString(PyExc_RuntimeError, "Words is already initialised");
+        return -1;
+    }
+    if (PyObject_GetBuffer(buf, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    self->held = 1;
+    if (((uintptr_t)self->view.buf & 7) != 0) {
+        PyBuffer_Release(&self->view);
+        self->held = 0;
+        PyErr_SetString(PyExc_ValueError, "buffer is not 8-byte aligned");
+        return -1;
+    }
+    self->words = (uint64_t *)self->view.buf;
+    self->nwords = self->view.len / 8;
+    return 0;
+}
+
+static void
+words_dealloc(WordsObject *self)
+{
+    if (self->held) {
+        PyBuffer_Release(&self->view);
+        self->held = 0;
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+words_load(WordsObject *self, PyObject *arg)
+{
+    Py_ssize_t i;
+    if (!words_usable(self) || !word_index(self, arg, &i))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->words[i], __ATOMIC_SEQ_CST));
+}
+
+static PyObject *
+words_store(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t v;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "store(index, value)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &v))
+        return NULL;
+    __atomic_store_n(&self->words[i], v, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+words_cas(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t expected, desired;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "cas(index, expected, desired)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &expected) ||
+        !u64_arg(args[2], &desired))
+        return NULL;
+    int ok = __atomic_compare_exchange_n(&self->words[i], &expected, desired, 0,
+                                         __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    PyObject *seen = PyLong_FromUnsignedLongLong(expected);
+    if (seen == NULL)
+        return NULL;
+    PyObject *res = PyTuple_Pack(2, ok ? Py_True : Py_False, seen);
+    Py_DECREF(seen);
+    return res;
+}
+
+/* write_record(pos, tag, payload): the record header and payload at byte
+ * offset pos of this buffer (the stream), with the checksum of layout.py:
+ * crc32(payload, crc32(le32 length, le32 tag)).  Plain stores: the caller
+ * publishes them afterwards with a seq_cst store of STATE.  Returns the
+ * offset just past the record. */
+static PyObject *
+words_write_record(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t pos;
+    uint64_t tag;
+    Py_buffer payload;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "write_record(pos, tag, payload)");
+        return NULL;
+    }
+    if (!words_usable(self))
+        return NULL;
+    pos = PyLong_AsSsize_t(args[0]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    if (!u64_arg(args[1], &tag))
+        return NULL;
+    if (tag > 0xffffffffu) {
+        PyErr_SetString(PyExc_OverflowError, "record tag does not fit 32 bits");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &payload, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (payload.len > 0xffffffffLL || pos < 0 || pos > self->view.len ||
+        payload.len + 16 > self->view.len - pos) {
+        PyBuffer_Release(&payload);
+        PyErr_SetString(PyExc_ValueError, "record does not fit the stream at that offset");
+        return NULL;
+    }
+    unsigned char *dst = (unsigned char *)self->view.buf + pos;
+    memcpy(dst + 16, payload.buf, (size_t)payload.len);
+    put_header(dst, (uint32_t)payload.len, (uint32_t)tag);
+    Py_ssize_t end = pos + 16 + payload.len;
+    PyBuffer_Release(&payload);
+    return PyLong_FromSsize_t(end);
+}
+
+
+/* ---- write_simple: a scalar record encoded straight into the stream ------ */
+
+/* The msgpack encoding of one scalar, byte for byte what msgpack-python's
+ * Packer(use_bin_type=True) produces (tests/test_native.py compares them):
+ * None, bool, int within 64 bits, float (as float 64), str (UTF-8), bytes.
+ * Returns the encoded size, or -1 if the value is not such a scalar (no
+ * exception set: the caller takes the general path).  With dst NULL only
+ * measures. */
+static Py_ssize_t
+mp_scalar(PyObject *o, unsigned char *dst)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (o == Py_None) {
+        if (dst) dst[0] = 0xc0;
+        return 1;
+    }
+    if (t == &PyBool_Type) {
+        if (dst) dst[0] = (o == Py_True) ? 0xc3 : 0xc2;
+        return 1;
+    }
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (overflow == 0 && v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (overflow > 0) {
+            unsigned long long u = PyLong_AsUnsignedLongLong(o);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;  /* beyond 64 bits: the codec's big-int ext */
+            }
+            if (dst) {
+                dst[0] = 0xcf;
+                for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)(u >> (56 - 8 * i));
+            }
+            return 9;
+        }
+        if (overflow < 0)
+            return -1;
+        if (v < -(1LL << 5)) {
+            if (v < -(1LL << 15)) {
+                if (v < -(1LL << 31)) {
+                    if (dst) {
+                        dst[0] = 0xd3;
+                        for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)((unsigned long long)v >> (56 - 8 * i));
+                    }
+                    return 9;
+                }
+                if (dst) {
+                    dst[0] = 0xd2;
+                    for (int i = 0; i < 4; i++) dst[1 + i] = (unsigned char)((unsigned long long)v >> (24 - 8 * i));
+                }
+                return 5;
+            }
+            if (v < -(1LL << 7)) {
+                if (dst) {
+                    dst[0] = 0xd1;
+                    dst[1] = (unsigned char)((unsigned long long)v >> 8);
+                    dst[2] = (unsigned char)v;
+                }
+                return 3;
+            }
+            if (dst) {
+                dst[0] = 0xd0;
+                dst[1] = (unsigned char)v;
+            }
+            return 2;
+        }
+        if (v < (1LL << 7)) {
+            if (dst) dst[0] = (unsigned char)v;  /* positive or negative fixint */
+            return 1;
+        }
+        if (v < (1LL << 16)) {
+            if (v < (1LL << 8)) {
+                if (dst) {
+                    dst[0] = 0xcc;
+                    dst[1] = (unsigned char)v;
+                }
+                return 2;
+            }
+            if (dst) {
+                dst[0] = 0xcd;
+                dst[1] = (unsigned char)(v >> 8);
+                dst[2] = (unsigned char)v;
+            }
+            return 3;
+        }
+        if (v < (1LL << 32)) {
+            if (dst) {
+                dst[0] = 0xce;
+                for (int i = 0; i < 4; i++) dst[1 + i] = (unsigned char)(v >> (24 - 8 * i));
+            }
+            return 5;
+        }
+        if (dst) {
+            dst[0] = 0xcf;
+            for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)((unsigned long long)v >> (56 - 8 * i));
+        }
+        return 9;
+    }
+    if (t == &PyFloat_Type) {
+        if (dst) {
+            double d = PyFloat_AS_DOUBLE(o);
+            uint64_t bits;
+            memcpy(&bits, &d, 8);
+            dst[0] = 0xcb;
+            for (int i = 0; i < 8; i++) dst[1 + i] = (unsigned char)(bits >> (56 - 8 * i));
+        }
+        return 9;
+    }
+    const char *data;
+    Py_ssize_t n;
+    int is_str;
+    if (t == &PyUnicode_Type) {
+        data = PyUnicode_AsUTF8AndSize(o, &n);
+        if (data == NULL) {  /* lone surrogates: the codec reports it */
+            PyErr_Clear();
+            return -1;
+        }
+        is_str = 1;
+    } else if (t == &PyBytes_Type) {
+        data = PyBytes_AS_STRING(o);
+        n = PyBytes_GET_SIZE(o);
+        is_str = 0;
+    } else {
+        return -1;
+    }
+    if ((unsigned long long)n > 0xffffffffULL)
+        return -1;
+    Py_ssize_t head;
+    if (is_str && n < 32) head = 1;
+    else if (n < 256) head = 2;
+    else if (n < 65536) head = 3;
+    else head = 5;
+    if (dst) {
+        if (head == 1) dst[0] = (unsigned char)(0xa0 | n);
+        else if (head == 2) { dst[0] = is_str ? 0xd9 : 0xc4; dst[1] = (unsigned char)n; }
+        else if (head == 3) { dst[0] = is_str ? 0xda : 0xc5; dst[1] = (unsigned char)(n >> 8); dst[2] = (unsigned char)n; }
+        else {
+            dst[0] = is_str ? 0xdb : 0xc6;
+            for (int i = 0; i < 4; i++) dst[1 + i] = (unsigned char)((uint64_t)n >> (24 - 8 * i));
+        }
+        memcpy(dst + head, data, (size_t)n);
+    }
+    return head + n;
+}
+
+/* write_simple(pos, tag, limit, op, key[, value]) -> end or None.
+ *
+ * The record [op, [], key] or [op, [], key, value] (a root-level delete or
+ * set) encoded as msgpack directly into this buffer at byte offset pos, with
+ * its header and checksum: the bytes write_record(pos, tag,
+ * codec.dumps(record)) would store.  None (nothing written) when a key or
+ * value is not a plain scalar or the record does not fit below byte offset
+ * `limit` (the stream's LIMIT) and the buffer's end; the caller then
+ * takes the general path.  Like write_record it only stores; the caller
+ * publishes. */
+static PyObject *
+words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, limit, op, key[, value])");
+        return NULL;
+    }
+    if (!words_usable(self))
+        return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[0]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    uint64_t tag;
+    if (!u64_arg(args[1], &tag))
+        return NULL;
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    if (limit > self->view.len)
+        limit = self->view.len;
+    long op = PyLong_AsLong(args[3]);
+    if (op == -1 && PyErr_Occurred())
+        return NULL;
+    if (tag > 0xffffffffu || op < 0 || op > 127) {
+        PyErr_SetString(PyExc_ValueError, "write_simple: tag or op out of range");
+        return NULL;
+    }
+    Py_ssize_t nk = mp_scalar(args[4], NULL);
+    if (nk < 0)
+        Py_RETURN_NONE;
+    Py_ssize_t nv = 0;
+    if (nargs == 6) {
+        nv = mp_scalar(args[5], NULL);
+        if (nv < 0)
+            Py_RETURN_NONE;
+    }
+    Py_ssize_t length = 3 + nk + nv;  /* array header, op fixint, empty path */
+    if (pos < 0 || pos > limit || length + 16 > limit - pos)
+        Py_RETURN_NONE;
+    unsigned char *dst = (unsigned char *)self->view.buf + pos;
+    unsigned char *body = dst + 16;
+    body[0] = (unsigned char)(0x90 | (nargs - 2));  /* op, path, key[, value] */
+    body[1] = (unsigned char)op;
+    body[2] = 0x90;
+    mp_scalar(args[4], body + 3);
+    if (nargs == 6)
+        mp_scalar(args[5], body + 3 + nk);
+    put_header(dst, (uint32_t)length, (uint32_t)tag);
+    return PyLong_FromSsize_t(pos + 16 + length);
+}
+
+/* ---- futex on a word's low 32 bits (layout.py: "Waiting and waking") ----- */
+
+/* The futex word of a 64-bit word: its low 32 bits, wherever the byte order
+ * puts them.  The kernel compares and sleeps on 32 bits; the 64-bit sequence
+ * words only ever grow, so their low halves change with every increment. */
+static uint32_t *
+futex_word(uint64_t *w)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)w + 1;
+#else
+    return (uint32_t *)w;
+#endif
+}
+
+/* Wake up to n processes sleeping on w; the number woken (0 without futex). */
+static long
+futex_wake_n(uint64_t *w, int n)
+{
+#if UDNG_FUTEX
+    long r = syscall(SYS_futex, futex_word(w), FUTEX_WAKE, n, NULL, NULL, 0);
+    return r < 0 ? 0 : r;
+#else
+    (void)w; (void)n;
+    return 0;
+#endif
+}
+
+/* add(index, delta) -> the new value (seq_cst fetch-add, wrapping at 2**64). */
+static PyObject *
+words_add(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t d;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "add(index, delta)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &d))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_add_fetch(&self->words[i], d, __ATOMIC_SEQ_CST));
+}
+
+/* publish(index, value, watch) -> word watch: a seq_cst store of value, then a
+ * seq_cst load of another word.  The writer's half of the no-lost-wake-up
+ * rule: a waiter sets its bit in the watched word before it checks the
+ * published one, so either the waiter sees the store or this load sees the
+ * bit (both sides seq_cst; a plain load could pass the store on ARM). */
+static PyObject *
+words_publish(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i, j;
+    uint64_t v;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "publish(index, value, watch)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &v) ||
+        !word_index(self, args[2], &j))
+        return NULL;
+    __atomic_store_n(&self->words[i], v, __ATOMIC_SEQ_CST);
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->words[j], __ATOMIC_SEQ_CST));
+}
+
+/* wait(index, expected, timeout) -> bool: sleep while the low 32 bits of the
+ * word equal those of expected, at most timeout seconds (None: no limit).
+ * False when the time ran out; True otherwise (woken, the value differed, or
+ * a signal: the caller re-checks what it waits for).  The GIL is released
+ * while asleep; a signal handler that raises (Ctrl-C) propagates. */
+static PyObject *
+words_wait(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    uint64_t expected;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "wait(index, expected, timeout)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i) || !u64_arg(args[1], &expected))
+        return NULL;
+#if UDNG_FUTEX
+    struct timespec ts, *tsp = NULL;
+    if (args[2] != Py_None) {
+        double t = PyFloat_AsDouble(args[2]);
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(t > 0.0))
+            t = 0.0;
+        if (t > 1e9)
+            t = 1e9;
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_nsec = 999999999L;
+        tsp = &ts;
+    }
+    uint32_t *addr = futex_word(&self->words[i]);
+    uint32_t val = (uint32_t)(expected & 0xFFFFFFFFu);
+    long r;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    r = syscall(SYS_futex, addr, FUTEX_WAIT, val, tsp, NULL, 0);
+    err = errno;
+    Py_END_ALLOW_THREADS
+    if (r == 0 || err == EAGAIN)
+        Py_RETURN_TRUE;
+    if (err == ETIMEDOUT)
+        Py_RETURN_FALSE;
+    if (err == EINTR) {
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+        Py_RETURN_TRUE;
+    }
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+#else
+    PyErr_SetString(PyExc_NotImplementedError, "no futex on this platform");
+    return NULL;
+#endif
+}
+
+/* wake(index, count) -> how many sleepers were woken. */
+static PyObject *
+words_wake(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wake(index, count)");
+        return NULL;
+    }
+    if (!words_usable(self) || !word_index(self, args[0], &i))
+        return NULL;
+    long n = PyLong_AsLong(args[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1)
+        n = 1;
+    if (n > INT_MAX)
+        n = INT_MAX;
+#if UDNG_FUTEX
+    return PyLong_FromLong(futex_wake_n(&self->words[i], (int)n));
+#else
+    PyErr_SetString(PyExc_NotImplementedError, "no futex on this platform");
+    return NULL;
+#endif
+}
+
+static PyObject *
+words_release(WordsObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->held) {
+        PyBuffer_Release(&self->view);
+        self->held = 0;
+        self->words = NULL;
+        self->nwords = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef words_methods[] = {
+    {"load", (PyCFunction)words_load, METH_O, "load(index) -> int: seq_cst load of a word."},
+    {"store", (PyCFunction)(void (*)(void))words_store, METH_FASTCALL,
+     "store(index, value): seq_cst store of a word."},
+    {"cas", (PyCFunction)(void (*)(void))words_cas, METH_FASTCALL,
+     "cas(index, expected, desired) -> (swapped, seen): seq_cst compare-and-swap."},
+    {"write_record", (PyCFunction)(void (*)(void))words_write_record, METH_FASTCALL,
+     "write_record(pos, tag, payload) -> end: a stream record at byte offset pos."},
+    {"write_simple", (PyCFunction)(void (*)(void))words_write_simple, METH_FASTCALL,
+     "write_simple(pos, tag, limit, op, key[, value]) -> end or None: a root-level scalar record."},
+    {"add", (PyCFunction)(void (*)(void))words_add, METH_FASTCALL,
+     "add(index, delta) -> new value: seq_cst fetch-add."},
+    {"publish", (PyCFunction)(void (*)(void))words_publish, METH_FASTCALL,
+     "publish(index, value, watch) -> word watch: seq_cst store, then seq_cst load."},
+    {"wait", (PyCFunction)(void (*)(void))words_wait, METH_FASTCALL,
+     "wait(index, expected, timeout) -> False on timeout: futex wait on the word's low 32 bits."},
+    {"wake", (PyCFunction)(void (*)(void))words_wake, METH_FASTCALL,
+     "wake(index, count) -> woken: futex wake on the word's low 32 bits."},
+    {"release", (PyCFunction)words_release, METH_NOARGS,
+     "release(): drop the buffer export; later operations raise Closed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WordsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._helper._native.Words",
+    .tp_basicsize = sizeof(WordsObject),
+    .tp_dealloc = (destructor)words_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Words(buffer): atomic 64-bit operations on the words of a writable buffer.",
+    .tp_methods = words_methods,
+    .tp_init = (initproc)words_init,
+    .tp_new = PyType_GenericNew,
+};
+
+
+/* ---- ProcessState: the lock's per-process state and its fast paths ------- */
+
+/* Mirrors lock._ProcessState (the pure-Python twin, used with the other
+ * implementations): which thread of this process holds the dict's lock and
+ * how often (reentrancy), and `mutex`, a threading.Lock that lets only one
+ * of our threads compete for the shared word.  enter()/exit() are the
+ * common cases of SharedLock.acquire()/release() in one call each; every
+ * other case (waiting for another process, timeouts, recovery) stays in
+ * Python and manipulates the same attributes. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *mutex;
+    unsigned long owner;
+    int owned;
+    long count;
+    PyObject *weakreflist;
+} ProcessStateObject;
+
+static PyObject *str_acquire, *str_release;
+
+static PyObject *
+ps_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    ProcessStateObject *self = (ProcessStateObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    PyObject *threading = PyImport_ImportModule("threading");
+    if (threading == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->mutex = PyObject_CallMethod(threading, "Lock", NULL);
+    Py_DECREF(threading);
+    if (self->mutex == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void
+ps_dealloc(ProcessStateObject *self)
+{
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    Py_XDECREF(self->mutex);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* (words, index, mine) with words a Words object; returns the word pointer. */
+static uint64_t *
+ps_word(PyObject *const *args, Py_ssize_t nargs, uint64_t *mine)
+{
+    if (nargs != 3 || !PyObject_TypeCheck(args[0], &WordsType)) {
+        PyErr_SetString(PyExc_TypeError, "expected (words: Words, index, owner word)");
+        return NULL;
+    }
+    WordsObject *w = (WordsObject *)args[0];
+    Py_ssize_t i;
+    if (!words_usable(w) || !word_index(w, args[1], &i) || !u64_arg(args[2], mine))
+        return NULL;
+    return &w->words[i];
+}
+
+/* enter(words, index, mine) -> bool.  True: the lock is held by the calling
+ * thread (reentered, or the word was free and is now ours).  False: the
+ * mutex is now held by the calling thread but another process holds the
+ * word; the caller waits for it and then sets owner and count. */
+static PyObject *
+ps_enter(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t mine;
+    uint64_t *word = ps_word(args, nargs, &mine);
+    if (word == NULL)
+        return NULL;
+    unsigned long me = PyThread_get_thread_ident();
+    if (self->owned && self->owner == me) {
+        self->count++;
+        Py_RETURN_TRUE;
+    }
+    PyObject *mutex = self->mutex;
+    Py_INCREF(mutex);
+    PyObject *r = PyObject_CallMethodNoArgs(mutex, str_acquire);  /* may wait, may raise */
+    Py_DECREF(mutex);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    uint64_t expected = 0;
+    if (__atomic_compare_exchange_n(word, &expected, mine, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        self->owner = me;
+        self->owned = 1;
+        self->count = 1;
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+/* exit(words, index, mine) -> True, False, 2 or None.  None: the calling
+ * thread does not hold the lock (nothing changed).  Otherwise one level is
+ * released; on the last one the word is swapped from ours to 0 and the
+ * mutex released.  False: the word was no longer ours (taken over).
+ *
+ * After the swap, the word after LOCK (LOCK_WAITERS, layout.py "Waiting and
+ * waking") is loaded: if a process has registered a sleeping waiter, the
+ * word after that (LOCK_SEQ) is incremented and one sleeper woken.  2: that
+ * happened and woke nobody (a waiter about to sleep, or one that died while
+ * registered: the caller may check the register).  An uncontended release
+ * makes no system call. */
+static PyObject *
+ps_exit(ProcessStateObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t mine;
+    uint64_t *word = ps_word(args, nargs, &mine);
+    if (word == NULL)
+        return NULL;
+    if (!self->owned || self->owner != PyThread_get_thread_ident())
+        Py_RETURN_NONE;
+    if (--self->count > 0)
+        Py_RETURN_TRUE;
+    self->owned = 0;
+    self->count = 0;
+    WordsObject *w = (WordsObject *)args[0];
+    int room = (word - w->words) + 3 < w->nwords;
+    uint64_t expected = mine;
+    int ok = __atomic_compare_exchange_n(word, &expected, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    int woke_nobody = 0;
+    if (ok && room && __atomic_load_n(word + 1, __ATOMIC_SEQ_CST) != 0) {
+        /* One wake at a time is in flight (LOCK_WAKING, word + 3); LOCK_SEQ
+         * moves only with a wake, so that sleepers stay asleep meanwhile. */
+        uint64_t idle = 0;
+        if (__atomic_compare_exchange_n(word + 3, &idle, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            __atomic_add_fetch(word + 2, 1, __ATOMIC_SEQ_CST);
+            /* (Woke nobody: a waiter between registering and sleeping will
+             * see LOCK_SEQ moved and claim the wake.) */
+            woke_nobody = futex_wake_n(word + 2, 1) == 0;
+        }
+    }
+    PyObject *mutex = self->mutex;
+    Py_INCREF(mutex);
+    PyObject *r = PyObject_CallMethodNoArgs(mutex, str_release);
+    Py_DECREF(mutex);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    if (!ok)
+        Py_RETURN_FALSE;
+    if (woke_nobody)
+        return PyLong_FromLong(2);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+ps_get_owner(ProcessStateObject *self, void *closure)
+{
+    if (!self->owned)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(self->owner);
+}
+
+static int
+ps_set_owner(ProcessStateObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL || value == Py_None) {
+        self->owned = 0;
+        self->owner = 0;
+        return 0;
+    }
+    unsigned long v = PyLong_AsUnsignedLong(value);
+    if (v == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    self->owner = v;
+    self->owned = 1;
+    return 0;
+}
+
+static PyObject *
+ps_get_count(ProcessStateObject *self, void *closure)
+{
+    return PyLong_FromLong(self->count);
+}
+
+static int
+ps_set_count(ProcessStateObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "count cannot be deleted");
+        return -1;
+    }
+    long v = PyLong_AsLong(value);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    self->count = v;
+    return 0;
+}
+
+static PyObject *
+ps_get_mutex(ProcessStateObject *self, void *closure)
+{
+    Py_INCREF(self->mutex);
+    return self->mutex;
+}
+
+static int
+ps_set_mutex(ProcessStateObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "mutex cannot be deleted");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_SETREF(self->mutex, value);
+    return 0;
+}
+
+static PyGetSetDef ps_getset[] = {
+    {"owner", (getter)ps_get_owner, (setter)ps_set_owner, "thread ident of the holder, or None", NULL},
+    {"count", (getter)ps_get_count, (setter)ps_set_count, "reentrancy depth of the holder", NULL},
+    {"mutex", (getter)ps_get_mutex, (setter)ps_set_mutex, "threading.Lock held by the competing thread", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef ps_methods[] = {
+    {"enter", (PyCFunction)(void (*)(void))ps_enter, METH_FASTCALL,
+     "enter(words, index, mine) -> bool: reenter, or take the mutex and try the word once."},
+    {"exit", (PyCFunction)(void (*)(void))ps_exit, METH_FASTCALL,
+     "exit(words, index, mine) -> True/False/None: release one level (see the source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ProcessStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._helper._native.ProcessState",
+    .tp_basicsize = sizeof(ProcessStateObject),
+    .tp_dealloc = (destructor)ps_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Per-process state of a dict's lock (see lock._ProcessState).",
+    .tp_methods = ps_methods,
+    .tp_getset = ps_getset,
+    .tp_weaklistoffset = offsetof(ProcessStateObject, weakreflist),
+    .tp_new = ps_new,
+};
+
+
+/* ---- StoreBase and ViewBase: the read hit path in C ---------------------- */
+
+/* StoreBase holds what the hit path of a read needs from store.Store: `seen`
+ * (the STATE the local cache reflects, a Python int; -1 forces a reload),
+ * `data` (the cache, a dict) and a pointer to the STATE word, bound with
+ * _bind_state(words, index) to a Words object that keeps the mapping
+ * exported.  ViewBase is the base of SharedDict (members `_store`, `_path`);
+ * its __getitem__ answers from the cache when the view is the root and
+ * STATE == seen -- one 8-byte load, one compare, one dict lookup -- and the
+ * value is of an immutable type; everything else (a changed STATE, a nested
+ * view, a missing key, a mutable value, a closed handle) calls the Python
+ * method `_getitem_slow(key)`, the one implementation of the full rules.
+ * The pure-Python twins are in twins.py. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *seen;
+    PyObject *data;
+    PyObject *state_words;   /* a Words object, or NULL when unbound */
+    Py_ssize_t state_index;
+} StoreBaseObject;
+
+static int
+sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->seen);
+    Py_VISIT(self->data);
+    Py_VISIT(self->state_words);
+    return 0;
+}
+
+static int
+sb_clear(StoreBaseObject *self)
+{
+    Py_CLEAR(self->seen);
+    Py_CLEAR(self->data);
+    Py_CLEAR(self->state_words);
+    return 0;
+}
+
+static void
+sb_dealloc(StoreBaseObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    sb_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+sb_bind_state(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_bind_state(words or None, index)");
+        return NULL;
+    }
+    if (args[0] == Py_None) {
+        Py_CLEAR(self->state_words);
+        Py_RETURN_NONE;
+    }
+    if (!PyObject_TypeCheck(args[0], &WordsType)) {
+        PyErr_SetString(PyExc_TypeError, "_bind_state needs a Words object");
+        return NULL;
+    }
+    Py_ssize_t i;
+    if (!words_usable((WordsObject *)args[0]) || !word_index((WordsObject *)args[0], args[1], &i))
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_XSETREF(self->state_words, args[0]);
+    self->state_index = i;
+    Py_RETURN_NONE;
+}
+
+static PyMemberDef sb_members[] = {
+    {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
+    {"data", T_OBJECT_EX, offsetof(StoreBaseObject, data), 0, "the local cache"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef sb_methods[] = {
+    {"_bind_state", (PyCFunction)(void (*)(void))sb_bind_state, METH_FASTCALL,
+     "_bind_state(words, index): where the read hit path loads STATE (None: nowhere)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StoreBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._helper._native.StoreBase",
+    .tp_basicsize = sizeof(StoreBaseObject),
+    .tp_dealloc = (destructor)sb_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Base of store.Store: the fields the C read hit path uses.",
+    .tp_traverse = (traverseproc)sb_traverse,
+    .tp_clear = (inquiry)sb_clear,
+    .tp_members = sb_members,
+    .tp_methods = sb_methods,
+    .tp_new = PyType_GenericNew,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *store;
+    PyObject *path;
+} ViewObject;
+
+static PyObject *immutable_types;   /* frozenset of types, set by set_immutable_types() */
+static PyObject *str_getitem_slow;
+
+static int
+vb_traverse(ViewObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->store);
+    Py_VISIT(self->path);
+    return 0;
+}
+
+static int
+vb_clear(ViewObject *self)
+{
+    Py_CLEAR(self->store);
+    Py_CLEAR(self->path);
+    return 0;
+}
+
+static void
+vb_dealloc(ViewObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    vb_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+is_immutable(PyObject *v)
+{
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBool_Type ||
+        t == &PyBytes_Type || v == Py_None)
+        return 1;
+    if (immutable_types == NULL)
+        return 0;
+    int r = PySet_Contains(immutable_types, (PyObject *)t);
+    if (r < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return r;
+}
+
+static PyObject *
+vb_subscript(ViewObject *self, PyObject *key)
+{
+    PyObject *store = self->store;
+    if (store != NULL && PyObject_TypeCheck(store, &StoreBaseType) && self->path != NULL &&
+        PyTuple_CheckExact(self->path) && PyTuple_GET_SIZE(self->path) == 0) {
+        StoreBaseObject *s = (StoreBaseObject *)store;
+        WordsObject *w = (WordsObject *)s->state_words;
+        if (w != NULL && w->held && s->seen != NULL && PyLong_CheckExact(s->seen) &&
+            s->data != NULL && PyDict_CheckExact(s->data)) {
+            unsigned long long seen = PyLong_AsUnsignedLongLong(s->seen);
+            if (seen == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();  /* seen == -1: a reload is due */
+            } else if (__atomic_load_n(&w->words[s->state_index], __ATOMIC_ACQUIRE) == seen) {
+                PyObject *v = PyDict_GetItemWithError(s->data, key);  /* borrowed */
+                if (v != NULL) {
+                    if (is_immutable(v)) {
+                        Py_INCREF(v);
+                        return v;
+                    }
+                } else if (PyErr_Occurred()) {
+                    return NULL;  /* unhashable key: dict's TypeError */
+                }
+            }
+        }
+    }
+    return PyObject_CallMethodOneArg((PyObject *)self, str_getitem_slow, key);
+}
+
+static PyMappingMethods vb_as_mapping = {
+    .mp_subscript = (binaryfunc)vb_subscript,
+};
+
+static PyMemberDef vb_members[] = {
+    {"_store", T_OBJECT_EX, offsetof(ViewObject, store), 0, "the store (shared by nested views)"},
+    {"_path", T_OBJECT_EX, offsetof(ViewObject, path), 0, "keys from the root to this view"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ViewBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ultradict_ng._helper._native.ViewBase",
+    .tp_basicsize = sizeof(ViewObject),
+    .tp_dealloc = (destructor)vb_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Base of SharedDict: __getitem__'s hit path (see the source).",
+    .tp_traverse = (traverseproc)vb_traverse,
+    .tp_clear = (inquiry)vb_clear,
+    .tp_as_mapping = &vb_as_mapping,
+    .tp_members = vb_members,
+    .tp_new = PyType_GenericNew,
+};
+
+static PyObject *
+native_set_immutable_types(PyObject *module, PyObject *types)
+{
+    if (!PyFrozenSet_CheckExact(types)) {
+        PyErr_SetString(PyExc_TypeError, "set_immutable_types needs a frozenset of types");
+        return NULL;
+    }
+    Py_INCREF(types);
+    Py_XSETREF(immutable_types, types);
+    Py_RETURN_NONE;
+}
+
+
+/* types_within(container, types) -> bool: whether every member of a dict
+ * (keys and values), list, tuple, set or frozenset has one of the exact
+ * `types` (a frozenset of at most 32 types).  The codec's scan of a whole
+ * dict before a dump, and of a decoded dump for foreign Timestamps, at C
+ * speed: no Python code runs during the loop, so the container cannot
+ * change under it. */
+static int
+type_in(PyTypeObject *t, PyTypeObject **allowed, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (allowed[i] == t)
+            return 1;
+    return 0;
+}
+
+static PyObject *
+native_types_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyFrozenSet_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "types_within(container, frozenset of types)");
+        return NULL;
+    }
+    PyObject *c = args[0];
+    PyTypeObject *allowed[32];
+    Py_ssize_t n = 0;
+    PyObject *it = PyObject_GetIter(args[1]), *t;
+    if (it == NULL)
+        return NULL;
+    while ((t = PyIter_Next(it)) != NULL) {
+        if (!PyType_Check(t) || n == 32) {
+            Py_DECREF(t);
+            Py_DECREF(it);
+            PyErr_SetString(PyExc_TypeError, "types_within: at most 32 types");
+            return NULL;
+        }
+        allowed[n++] = (PyTypeObject *)t;
+        Py_DECREF(t);  /* the frozenset keeps it alive */
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return NULL;
+    /* The most common member types first: the scan is a linear search. */
+    PyTypeObject *common[] = {&PyLong_Type, &PyUnicode_Type, &PyFloat_Type, &PyBytes_Type, &PyBool_Type};
+    Py_ssize_t front = 0;
+    for (size_t j = 0; j < sizeof(common) / sizeof(common[0]); j++)
+        for (Py_ssize_t i = front; i < n; i++)
+            if (allowed[i] == common[j]) {
+                allowed[i] = allowed[front];
+                allowed[front++] = common[j];
+                break;
+            }
+    if (PyDict_CheckExact(c)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(c, &pos, &k, &v))
+            if (!type_in(Py_TYPE(k), allowed, n) || !type_in(Py_TYPE(v), allowed, n))
+                Py_RETURN_FALSE;
+        Py_RETURN_TRUE;
+    }
+    if (PyList_CheckExact(c) || PyTuple_CheckExact(c)) {
+        PyObject **items = PySequence_Fast_ITEMS(c);
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(c);
+        for (Py_ssize_t i = 0; i < len; i++)
+            if (!type_in(Py_TYPE(items[i]), allowed, n))
+                Py_RETURN_FALSE;
+        Py_RETURN_TRUE;
+    }
+    if (PyAnySet_CheckExact(c)) {
+        PyObject *iter = PyObject_GetIter(c), *item;
+        if (iter == NULL)
+            return NULL;
+        int ok = 1;
+        while (ok && (item = PyIter_Next(iter)) != NULL) {
+            ok = type_in(Py_TYPE(item), allowed, n);
+            Py_DECREF(item);
+        }
+        Py_DECREF(iter);
+        if (PyErr_Occurred())
+            return NULL;
+        return PyBool_FromLong(ok);
+    }
+    PyErr_SetString(PyExc_TypeError, "types_within: container must be a dict, list, tuple, set or frozenset");
+    return NULL;
+}
+
+
+
+/* The length of the one msgpack object at p[0:n], or -1 if p does not start
+ * with a complete, well-formed object.  Ext payloads are opaque.  Every
+ * pending item consumes at least one byte, so the loop ends within n bytes
+ * whatever the counts claim. */
+static Py_ssize_t
+mp_skip(const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t pos = 0;
+    uint64_t pending = 1;
+#define NEED(k) do { if ((Py_ssize_t)(k) > n - pos) return -1; } while (0)
+#define BE16(q) (((uint64_t)(q)[0] << 8) | (q)[1])
+#define BE32(q) (((uint64_t)(q)[0] << 24) | ((uint64_t)(q)[1] << 16) | ((uint64_t)(q)[2] << 8) | (q)[3])
+    while (pending) {
+        NEED(1);
+        unsigned char b = p[pos++];
+        uint64_t len;
+        pending--;
+        if (b <= 0x7f || b >= 0xe0)
+            continue;
+        if ((b & 0xf0) == 0x80) { pending += 2 * (uint64_t)(b & 0x0f); continue; }
+        if ((b & 0xf0) == 0x90) { pending += b & 0x0f; continue; }
+        if ((b & 0xe0) == 0xa0) { NEED(b & 0x1f); pos += b & 0x1f; continue; }
+        switch (b) {
+        case 0xc0: case 0xc2: case 0xc3: continue;
+        case 0xc4: case 0xd9: NEED(1); len = p[pos]; pos += 1; break;
+        case 0xc5: case 0xda: NEED(2); len = BE16(p + pos); pos += 2; break;
+        case 0xc6: case 0xdb: NEED(4); len = BE32(p + pos); pos += 4; break;
+        case 0xc7: NEED(2); len = (uint64_t)p[pos] + 1; pos += 1; break;
+        case 0xc8: NEED(3); len = BE16(p + pos) + 1; pos += 2; break;
+        case 0xc9: NEED(5); len = BE32(p + pos) + 1; pos += 4; break;
+        case 0xca: len = 4; break;
+        case 0xcb: len = 8; break;
+        case 0xcc: case 0xd0: len = 1; break;
+        case 0xcd: case 0xd1: len = 2; break;
+        case 0xce: case 0xd2: len = 4; break;
+        case 0xcf: case 0xd3: len = 8; break;
+        case 0xd4: len = 2; break;
+        case 0xd5: len = 3; break;
+        case 0xd6: len = 5; break;
+        case 0xd7: len = 9; break;
+        case 0xd8: len = 17; break;
+        case 0xdc: NEED(2); pending += BE16(p + pos); pos += 2; continue;
+        case 0xdd: NEED(4); pending += BE32(p + pos); pos += 4; continue;
+        case 0xde: NEED(2); pending += 2 * BE16(p + pos); pos += 2; continue;
+        case 0xdf: NEED(4); pending += 2 * BE32(p + pos); pos += 4; continue;
+        default: return -1;  /* 0xc1: never used */
+        }
+        if (len > (uint64_t)(n - pos))
+            return -1;
+        pos += (Py_ssize_t)len;
+    }
+#undef NEED
+#undef BE16
+#undef BE32
+    return pos;
+}
+
+static PyObject *
+native_msgpack_length(PyObject *module, PyObject *arg)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t r = mp_skip((const unsigned char *)b.buf, b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(r);
+}
+
+/* parse_records(chunk, tag, base[, one_msgpack]) -> list of payloads, or a str saying what
+ * is wrong: the validation of a reader's copied stream bytes (layout.py,
+ * reader step 4) -- every header complete, every payload within the chunk,
+ * every generation tag == tag, every crc right and, with one_msgpack,
+ * every payload exactly one msgpack object -- in one call.  `base` is
+ * the stream offset of chunk[0], for the messages, which are the ones of
+ * Store._parse. */
+static uint32_t
+get_u32le(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static PyObject *
+native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if ((nargs != 3 && nargs != 4) || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "parse_records(chunk: bytes, tag, base[, one_msgpack])");
+        return NULL;
+    }
+    int one_msgpack = nargs == 4 ? PyObject_IsTrue(args[3]) : 0;
+    if (one_msgpack < 0)
+        return NULL;
+    uint64_t tag;
+    if (!u64_arg(args[1], &tag))
+        return NULL;
+    Py_ssize_t base = PyLong_AsSsize_t(args[2]);
+    if (base == -1 && PyErr_Occurred())
+        return NULL;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), pos = 0;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    while (pos < n) {
+        const char *problem = NULL;
+        if (n - pos < 16) {
+            Py_DECREF(out);
+            return PyUnicode_FromFormat("truncated record header at stream offset %zd", base + pos);
+        }
+        uint32_t length = get_u32le(p + pos), rtag = get_u32le(p + pos + 4), crc = get_u32le(p + pos + 8);
+        Py_ssize_t start = pos + 16;
+        if ((Py_ssize_t)length > n - start)
+            problem = "overruns the published end";
+        else if (rtag != (uint32_t)tag)
+            problem = "belongs to another generation";
+        else if (crc_update(crc_update(0, p + pos, 8), p + start, length) != crc)
+            problem = "fails its checksum";
+        else if (one_msgpack && mp_skip(p + start, (Py_ssize_t)length) != (Py_ssize_t)length)
+            problem = "is not exactly one msgpack object";
+        if (problem != NULL) {
+            Py_DECREF(out);
+            return PyUnicode_FromFormat("record at stream offset %zd %s", base + pos, problem);
+        }
+        PyObject *body = PyBytes_FromStringAndSize((const char *)p + start, length);
+        if (body == NULL || PyList_Append(out, body) < 0) {
+            Py_XDECREF(body);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(body);
+        pos = start + length;
+    }
+    return out;
+}
+
+
+/* contains_type(obj, type, max_depth) -> bool: whether an object of exactly
+ * `type` is anywhere inside obj (lists, tuples, sets, frozensets, dict keys
+ * and values), or a container nests deeper than max_depth (treated as found:
+ * decoded data of ours never nests that deep).  The codec's check that decoded data
+ * holds no msgpack Timestamp, as one C walk. */
+static int
+contains_type_rec(PyObject *o, PyTypeObject *t, int depth)
+{
+    if (Py_TYPE(o) == t)
+        return 1;
+    if (depth < 0 && (PyList_CheckExact(o) || PyTuple_CheckExact(o) || PyDict_CheckExact(o) ||
+                      PyAnySet_CheckExact(o)))
+        return 1;  /* a container deeper than max_depth */
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+        PyObject **items = PySequence_Fast_ITEMS(o);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyTypeObject *it = Py_TYPE(items[i]);
+            if (it != t && (it == &PyLong_Type || it == &PyUnicode_Type || it == &PyFloat_Type ||
+                            it == &PyBytes_Type))
+                continue;  /* the common scalars: no call */
+            int r = contains_type_rec(items[i], t, depth - 1);
+            if (r)
+                return r;
+        }
+        return 0;
+    }
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            int r = contains_type_rec(k, t, depth - 1);
+            if (!r)
+                r = contains_type_rec(v, t, depth - 1);
+            if (r)
+                return r;
+        }
+        return 0;
+    }
+    if (PyAnySet_CheckExact(o)) {
+        PyObject *iter = PyObject_GetIter(o), *item;
+        if (iter == NULL)
+            return -1;
+        int r = 0;
+        while (!r && (item = PyIter_Next(iter)) != NULL) {
+            r = contains_type_rec(item, t, depth - 1);
+            Py_DECREF(item);
+        }
+        Py_DECREF(iter);
+        if (r == 0 && PyErr_Occurred())
+            return -1;
+        return r;
+    }
+    return 0;
+}
+
+static PyObject *
+native_contains_type(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "contains_type(obj, type, max_depth)");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[2]);
+    if (depth == -1 && PyErr_Occurred())
+        return NULL;
+    int r = contains_type_rec(args[0], (PyTypeObject *)args[1], (int)depth);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* apply_sets(data, records, start, op_set, key_types) -> index.  Applies
+ * records[start:] to the dict `data` while each is a root-level set of a
+ * scalar key -- a list [op_set, [], key, value] with type(key) in key_types
+ * (a frozenset) -- and returns the index of the first record it did not
+ * apply (len(records) when all were).  Store._refresh's inline case of
+ * _apply, one C loop for a replayed stream. */
+static PyObject *
+native_apply_sets(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+        !PyFrozenSet_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "apply_sets(data: dict, records: list, start, op_set, key_types)");
+        return NULL;
+    }
+    PyObject *data = args[0], *records = args[1], *key_types = args[4];
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    long op_set = PyLong_AsLong(args[3]);
+    if (op_set == -1 && PyErr_Occurred())
+        return NULL;
+    for (; i >= 0 && i < PyList_GET_SIZE(records); i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != 4)
+            break;
+        PyObject *op = PyList_GET_ITEM(rec, 0), *path = PyList_GET_ITEM(rec, 1);
+        int overflow = 0;
+        if (!PyLong_CheckExact(op) || PyLong_AsLongAndOverflow(op, &overflow) != op_set || overflow ||
+            !PyList_CheckExact(path) || PyList_GET_SIZE(path) != 0)
+            break;
+        PyObject *key = PyList_GET_ITEM(rec, 2);
+        int ok = PySet_Contains(key_types, (PyObject *)Py_TYPE(key));
+        if (ok < 0)
+            return NULL;
+        if (!ok)
+            break;
+        if (PyDict_SetItem(data, key, PyList_GET_ITEM(rec, 3)) < 0)
+            return NULL;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromSsize_t(i);
+}
+
+static PyObject *
+native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer data;
+    uint64_t start = 0;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32(data, value=0)");
+        return NULL;
+    }
+    if (nargs == 2 && !u64_arg(args[1], &start))
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = crc_update((uint32_t)start, (const unsigned char *)data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef native_methods[] = {
+    {"contains_type", (PyCFunction)(void (*)(void))native_contains_type, METH_FASTCALL,
+     "contains_type(obj, type, max_depth) -> bool: an object of exactly type anywhere inside obj."},
+    {"apply_sets", (PyCFunction)(void (*)(void))native_apply_sets, METH_FASTCALL,
+     "apply_sets(data, records, start, op_set, key_types) -> index of the first record not applied."},
+    {"parse_records", (PyCFunction)(void (*)(void))native_parse_records, METH_FASTCALL,
+     "parse_records(chunk, tag, base[, one_msgpack]) -> [payload, ...] or an error message (str)."},
+    {"msgpack_length", (PyCFunction)native_msgpack_length, METH_O,
+     "msgpack_length(data) -> length of the one msgpack object data starts with, or -1."},
+    {"types_within", (PyCFunction)(void (*)(void))native_types_within, METH_FASTCALL,
+     "types_within(container, types) -> bool: every member (dict: keys and values) of an exact type in types."},
+    {"set_immutable_types", (PyCFunction)native_set_immutable_types, METH_O,
+     "set_immutable_types(frozenset): value types ViewBase returns without copying."},
+    {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,
+     "crc32(data, value=0): the same result as zlib.crc32 (used to test write_record)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "ultradict_ng._helper._native",
+    "The optional compiled helper (see speedups.py and _native.pyi).", -1, native_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    crc_init();
+    str_acquire = PyUnicode_InternFromString("acquire");
+    str_release = PyUnicode_InternFromString("release");
+    if (str_acquire == NULL || str_release == NULL)
+        return NULL;
+    str_getitem_slow = PyUnicode_InternFromString("_getitem_slow");
+    if (str_getitem_slow == NULL)
+        return NULL;
+    if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0 ||
+        PyType_Ready(&StoreBaseType) < 0 || PyType_Ready(&ViewBaseType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL)
+        return NULL;
+    struct { const char *name; PyTypeObject *type; } types[] = {
+        {"Words", &WordsType}, {"ProcessState", &ProcessStateType},
+        {"StoreBase", &StoreBaseType}, {"ViewBase", &ViewBaseType},
+    };
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        Py_INCREF(types[i].type);
+        if (PyModule_AddObject(m, types[i].name, (PyObject *)types[i].type) < 0) {
+            Py_DECREF(types[i].type);
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    /* Constants this file mirrors from record.py / layout.py (a test compares). */
+    PyObject *scalars = PyTuple_Pack(6, (PyObject *)Py_TYPE(Py_None), (PyObject *)&PyBool_Type,
+                                     (PyObject *)&PyLong_Type, (PyObject *)&PyFloat_Type,
+                                     (PyObject *)&PyUnicode_Type, (PyObject *)&PyBytes_Type);
+    if (scalars == NULL || PyModule_AddObject(m, "SCALAR_TYPES", scalars) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_HEADER", 16) < 0 ||
+        PyModule_AddIntConstant(m, "FUTEX", UDNG_FUTEX) < 0) {
+        Py_XDECREF(scalars);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

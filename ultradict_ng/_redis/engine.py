@@ -1,0 +1,509 @@
+"""``RedisEngine``: the engine (``ultradict_ng.engine``) that keeps a dict on
+Redis, with a local cache kept coherent by the protocol of
+``redis_backend/layout.py`` (the sections named below are there).
+
+The facade works on it unchanged: ``data`` is the local cache tree,
+``words[W_STATE]`` a process-local counter the compiled hit path compares with
+``seen``.  In the "fresh" read mode the counter never matches (``seen`` stays
+-1), so every read calls :meth:`sync`, which runs ``SYNC`` -- one round trip --
+unless this process holds the lease with local time left.  In the "cached"
+mode the listener thread bumps the counter when entries arrive and ``sync``
+applies them without a round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import layout as L
+from .._codec import records as R
+from .._codec.codec import Codec
+from .._engine import ClosedWords, Conflict, Options
+from ..errors import (
+    BackendUnavailable, Closed, CorruptSegment, LeaseLost,
+    PathGone, Unlinked,
+)
+from .._names import validate_name
+from ..speedups import StoreBase, Words
+from .._shm.users import User
+from . import layout as RL
+from .lease import LeaseLock
+from .link import Link, connect_client, describe
+
+__all__ = ["RedisEngine", "unlink_by_name"]
+
+log = logging.getLogger("ultradict_ng")
+_W_STATE = L.W_STATE
+_HOST = socket.gethostname().replace(" ", "_").replace(":", "_") or "host"
+
+
+def _finalize(link: Link, epoch: str, unlink_pid: int, listener: Any) -> None:
+    """Runs when an engine is closed, collected, or its process exits."""
+    try:
+        if listener is not None:
+            listener.stop()
+        if unlink_pid == os.getpid():
+            try:
+                link.call("unlink", [epoch])
+            except Exception as exc:  # the server is gone: nothing to remove
+                log.warning("could not remove %s at close: %s", link.keys.meta, exc)
+    finally:
+        link.close()
+
+
+_live: "weakref.WeakSet[RedisEngine]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's sockets are not ours (redis-py closes them without a
+    # shutdown in another pid); threads did not survive the fork.
+    for engine in list(_live):
+        engine._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class RedisEngine(StoreBase):
+    """One process's attachment to one dict on Redis."""
+
+    def __init__(self, link: Link, name: str, codec: Codec, recurse: bool, epoch: str,
+                 created: bool, backend: str, reads: str, lease: float, staleness: float,
+                 minlog: int) -> None:
+        self.link = link
+        self.name = name
+        self.codec = codec
+        self.recurse = recurse
+        self.epoch = epoch
+        self.created = created
+        self.backend = backend
+        self.reads = reads
+        self.staleness = staleness
+        self.minlog = minlog
+        self.keys = link.keys
+        self._epoch = epoch.encode()
+        self._kb_for, self._kb = -1, b"-1"
+        self._buf = bytearray(8 * (_W_STATE + 1))
+        self._atomic = Words(self._buf)
+        self.words: Any = memoryview(self._buf).cast("Q")
+        self.seen = -1
+        self.data = {}
+        #: the sequence number ``data`` reflects (-1: nothing loaded)
+        self.known = -1
+        #: the cache may lag the server for a reason the counter does not show
+        #: (a write with a lost reply, a gap the listener saw): sync remotely
+        self.stale = True
+        self.gone = False
+        self.mutex = threading.RLock()
+        self._gen_guard = threading.Lock()
+        self.lock = LeaseLock(self, lease)
+        self.listener: Any = None
+        self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
+        self._bind_state(self._atomic, _W_STATE)
+        _live.add(self)
+
+    # -- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, name: Optional[str], create: Optional[bool], options: Options,
+             initial: Optional[Sequence[Sequence[Any]]], backend: Any, reads: Optional[str],
+             lease: Optional[float], staleness: Optional[float]) -> "RedisEngine":
+        """Create or attach (``redis_backend/opening.py``)."""
+        from .opening import open_redis
+
+        return open_redis(cls, name, create, options, initial, backend, reads, lease, staleness)
+
+    def _arm_finalizer(self, auto_unlink: Any) -> None:
+        self._last = auto_unlink == "last"
+        unlink_pid = os.getpid() if auto_unlink and not self._last else 0
+        self._finalizer = weakref.finalize(self, _finalize, self.link, self.epoch, unlink_pid,
+                                           self.listener)
+
+    # -- reading -------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return isinstance(self.words, ClosedWords)
+
+    @property
+    def buffer_size(self) -> int:
+        return self.minlog
+
+    def sync(self) -> None:
+        """Bring ``data`` up to what this read mode promises (module docstring)."""
+        with self.mutex:
+            if self.reads == "fresh":
+                if not self.stale and self.lock.vouches():
+                    return  # holding the lease: nobody else can publish
+                self.sync_remote()
+                return
+            gen = self._atomic.load(_W_STATE)
+            listener = self.listener
+            if listener is None or not listener.vouched or self.stale or not listener.drain(self):
+                if listener is None and not self.closed:
+                    self._restart_listener()
+                self.sync_remote()
+                listener = self.listener
+                if listener is None or not listener.vouched:
+                    self.seen = -1  # not vouched: the next read syncs again
+                    return
+            self.seen = gen
+
+    def sync_remote(self) -> None:
+        """``SYNC``: one round trip; applies what changed since ``known``."""
+        with self.mutex:
+            if self.closed:
+                self.words[_W_STATE]  # raises Closed
+            if not self.stale and self.known >= 0:
+                seq, epoch = self.link.peek()
+                if epoch == self._epoch and seq == self._known_bytes():
+                    return  # nothing published since (the common case of a hot read)
+            reply = self.link.call("sync", [self.epoch, self.known])
+            if reply[0] == RL.GONE:
+                self._gone()
+            self.apply_delta(reply[1])
+
+    def _known_bytes(self) -> bytes:
+        known = self.known
+        if known != self._kb_for:
+            self._kb_for, self._kb = known, str(known).encode()
+        return self._kb
+
+    def apply_delta(self, delta: List[Any]) -> None:
+        """Apply a ``SYNC`` answer (layout: "Reading"); the caller holds the mutex."""
+        if type(delta) is not list or len(delta) < 2 or type(delta[0]) is not int:
+            raise CorruptSegment(f"shared dict {self.name!r}: Redis answered {delta!r} to SYNC")
+        seq, kind = delta[0], delta[1]
+        try:
+            if kind == RL.ENTRIES:
+                records = self.codec.loads_many(delta[2:])
+                for rec in records:
+                    R.apply(self.data, rec)
+            elif kind == RL.SNAPSHOT:
+                tree = self.codec.loads(delta[3])
+                if type(tree) is not dict:
+                    raise CorruptSegment(f"the snapshot of {self.keys.snap} is not a dict")
+                for rec in self.codec.loads_many(delta[4:]):
+                    R.apply(tree, rec)
+                self.data = tree
+            elif kind != RL.CURRENT:
+                raise CorruptSegment(f"unexpected SYNC answer kind {kind!r} for {self.keys.meta}")
+        except R.Inconsistent as exc:
+            self.known = -1
+            self.stale = True
+            raise CorruptSegment(f"shared dict {self.name!r}: a record on Redis does not apply: {exc}") from None
+        except BaseException:
+            self.known = -1
+            self.stale = True
+            raise
+        self.known = seq
+        self.stale = False
+
+    def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
+        node: Any = self.data
+        for key in path:
+            node = node.get(key) if type(node) is dict else None
+            if type(node) is not dict:
+                raise PathGone(f"no nested dict at {list(path)!r} in shared dict {self.name!r}")
+        found: Dict[Any, Any] = node
+        return found
+
+    def reload(self) -> None:
+        with self.mutex:
+            self.known = -1
+            self.data = {}
+            self.sync_remote()
+
+    def materialize(self, stored: Any) -> Any:
+        return stored.value()  # an InlineArray: this engine keeps no blobs
+
+    def view(self, stored: Any) -> memoryview:
+        return memoryview(stored.data).toreadonly()
+
+    def _gone(self) -> None:
+        self.gone = True
+        raise Unlinked(
+            f"shared dict {self.name!r} no longer exists on {describe(self.backend)} (unlinked, "
+            "re-created, or lost by a server restarted without persistence)")
+
+    # -- writing -------------------------------------------------------------------
+
+    def begin_write(self) -> None:
+        self.words[_W_STATE]  # Closed
+        self.mutex.acquire()
+        try:
+            self.sync()
+        except BaseException:
+            self.mutex.release()
+            raise
+
+    def end_write(self) -> None:
+        self.mutex.release()
+
+    def commit(self, rec: List[Any]) -> None:
+        """A write whose decision used the cache: conditional on ``known``
+        (layout: "Writing", step 3); ``Conflict`` if another client wrote first."""
+        payload, decoded = self.codec.encode_record(rec)
+        self._publish(payload, decoded, self.known)
+
+    def write(self, rec: List[Any]) -> None:
+        """A write whose effect does not depend on the state: never conflicts."""
+        self.words[_W_STATE]  # Closed
+        payload, decoded = self.codec.encode_record(rec)
+        with self.mutex:
+            self._publish(payload, decoded, None)
+
+    def set_root(self, key: Any, value: Any) -> None:
+        self.write(R.set_((), key, value))
+
+    def _publish(self, payload: bytes, decoded: Any, expect: Optional[int]) -> None:
+        lock = self.lock
+        while True:
+            token = lock.token_of_this_thread()
+            try:
+                reply = self.link.call("write", [self.epoch, "" if expect is None else expect, token, payload,
+                                                 self.minlog])
+            except BackendUnavailable:
+                self.stale = True  # the write may have landed: never trust the cache now
+                self.seen = -1
+                raise
+            if type(reply) is int:  # published (layout: "Writing", step 4)
+                seq = reply >> 1
+                if seq == self.known + 1 and not self.stale:
+                    try:
+                        R.apply(self.data, decoded)
+                        self.known = seq
+                    except BaseException:
+                        self.stale = True
+                        self.seen = -1
+                        raise
+                else:
+                    self.stale = True
+                    self.seen = -1
+                if reply & 1:
+                    self._snapshot_quietly()
+                return
+            code = reply[0]
+            if code == RL.GONE:
+                self._gone()
+            if code == RL.FENCED:
+                lock.fenced()
+                raise LeaseLost(
+                    f"the lease on the lock of shared dict {self.name!r} expired while this thread "
+                    "held it; the server refused the write (another client may hold the lock)")
+            if code == RL.CONFLICT:
+                self.sync_remote()
+                raise Conflict()
+            if code == RL.LOCKED:
+                # Another client (or thread) holds the lock: wait for its release
+                # without the mutex, so that our own holder thread can read.
+                pttl, last = reply[1], reply[2]
+                self.mutex.release()
+                try:
+                    lock.wait_release(last, pttl, None)
+                finally:
+                    self.mutex.acquire()
+                continue
+            raise CorruptSegment(f"unexpected WRITE answer {reply!r} for {self.keys.meta}")
+
+    def _snapshot_quietly(self) -> None:
+        try:
+            self.force_dump()
+        except BackendUnavailable as exc:  # the write stands; a later one will snapshot
+            log.warning("snapshot of %s failed: %s", self.keys.meta, exc)
+
+    def force_dump(self) -> None:
+        """Store the whole dict as the snapshot and trim the log (layout: "Snapshots")."""
+        with self.mutex:
+            if self.stale or self.known < 0:
+                self.sync_remote()
+            blob = self.codec.dumps(self.data)
+            reply = self.link.call("snapshot", [self.epoch, self.known, blob])
+            if reply[0] == RL.GONE:
+                self._gone()
+
+    # -- waiting ----------------------------------------------------------------------
+
+    def wait_for_change(self, timeout: Optional[float]) -> bool:
+        import time
+
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be >= 0 or None")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.mutex:
+            before = self.known
+        while True:
+            with self.mutex:
+                self.sync_remote()
+                if self.known != before:
+                    self.seen = -1 if self.reads == "fresh" else self.seen
+                    return True
+                after = f"{self.known}-1"
+            left = RL.WAIT_SLICE if deadline is None else min(RL.WAIT_SLICE, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self.link.xread(self.keys.log, after, left, left + 5.0)
+
+    def feed(self) -> Any:
+        from .feed import RedisFeed
+
+        return RedisFeed(self)
+
+    # -- facts -------------------------------------------------------------------------
+
+    def stats(self) -> Dict[str, Any]:
+        reply = self.link.call("meta", [])
+        fields = {reply[0][i].decode(errors="replace"): reply[0][i + 1] for i in range(0, len(reply[0]), 2)}
+        if not fields:
+            self._gone()
+        holder = reply[2].decode(errors="replace") if reply[2] else ""
+        return {
+            "name": self.name,
+            "engine": "redis",
+            "backend": describe(self.backend),
+            "reads": self.reads,
+            "serializer": self.codec.name,
+            "recurse": self.recurse,
+            "seq": _int(fields.get("seq")),
+            "snapshot_seq": _int(fields.get("snap")),
+            "snapshot_bytes": _int(fields.get("snapbytes")),
+            "log_entries": _int(reply[1]),
+            "log_bytes": _int(fields.get("logbytes")),
+            "buffer_size": _int(fields.get("minlog")),
+            "lock_holder": holder.split("|", 1)[1] if "|" in holder else None,
+            "lock_ttl": _int(reply[3]) / 1000 if holder and _int(reply[3]) is not None else None,  # type: ignore[operator]
+            "lock_pid": _pid_of_holder(holder),
+            "fence": _int(fields.get("fence")),
+            "creator": fields.get("creator", b"").decode(errors="replace"),
+            "cached_seq": self.known,
+        }
+
+    def users(self) -> List[User]:
+        out: List[User] = []
+        for _, _, user in self._connections():
+            if user not in out:
+                out.append(user)
+        return out
+
+    def _connections(self) -> List[Tuple[int, str, User]]:
+        """``(client id, host, user)`` of every connection named after this dict,
+        one per process (the first seen); layout: "Creating and removing"."""
+        listing = self.link.command("CLIENT", "LIST", "TYPE", "normal")
+        prefix = f"name={RL.CLIENT_PREFIX}{self.name}:"
+        seen = set()
+        out = []
+        for line in listing.decode(errors="replace").splitlines():
+            fields = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
+            named = "name=" + fields.get("name", "")
+            if not named.startswith(prefix):
+                continue
+            try:
+                host, pid, start = named[len(prefix):].rsplit(":", 2)
+                user = User(int(pid), int(start), True)
+                cid = int(fields.get("id", "0"))
+            except ValueError:
+                continue
+            if (host, user) not in seen:
+                seen.add((host, user))
+                out.append((cid, host, user))
+            elif cid:
+                out.append((cid, host, user))
+        return out
+
+    def _others_attached(self) -> bool:
+        """Whether any handle but this one (in any process) is attached."""
+        me = int(self.link.command("CLIENT", "ID"))
+        return any(cid != me for cid, _, _ in self._connections())
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self.mutex:
+            if self.closed:
+                return
+            self.words = ClosedWords(self.name)
+            self._bind_state(None, 0)
+            self.data = {}
+            self.seen = -1
+        self.lock.drop()
+        if getattr(self, "_last", False):
+            try:
+                if not self._others_attached():
+                    self.link.call("unlink", [self.epoch])
+            except Exception as exc:
+                log.warning("could not check the users of %s at close: %s", self.keys.meta, exc)
+        if self._finalizer is not None:
+            self._finalizer()
+        else:
+            _finalize(self.link, self.epoch, 0, self.listener)
+
+    def unlink(self) -> int:
+        if self.closed:
+            raise Closed(f"this handle of shared dict {self.name!r} is closed")
+        removed: int = self.link.call("unlink", [self.epoch])
+        return removed
+
+    def _restart_listener(self) -> None:
+        from .listener import Listener
+
+        self.listener = Listener(self)
+        self.listener.start()
+
+    def _after_fork(self) -> None:
+        self.mutex = threading.RLock()
+        self._gen_guard = threading.Lock()
+        self.link.after_fork()
+        self.lock.after_fork()
+        self.stale = True
+        self.seen = -1
+        if self.listener is not None:
+            self.listener = None  # restarted by the first read in the child
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the parent's finalizer is the parent's
+            self._finalizer = weakref.finalize(self, _finalize, self.link, self.epoch, 0, None)
+
+    def bump(self) -> None:
+        """The listener saw something: make the next read call :meth:`sync`."""
+        with self._gen_guard:
+            self._atomic.store(_W_STATE, (self._atomic.load(_W_STATE) + 1) & ((1 << 63) - 1))
+
+
+def _int(value: Any) -> Optional[int]:
+    """A counter of ``meta`` for stats(): None if it is not a number (foreign data)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _pid_of_holder(holder: str) -> Optional[int]:
+    """The pid in a lock value ``"<token>|<host>:<pid>:<nonce>"``."""
+    try:
+        return int(holder.split("|", 1)[1].rsplit(":", 2)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def unlink_by_name(name: str, backend: Any) -> int:
+    """Remove every key of the dict ``name`` on ``backend``, whatever its epoch."""
+    validate_name(name)
+    client, _ = connect_client(backend)
+    link = Link(client, RL.keys_of(name), None)
+    try:
+        removed: int = link.call("unlink", [""])
+        return removed
+    finally:
+        link.close()
+
+
+if False:  # pragma: no cover - mypy checks the engine against the Protocol here
+    from .._engine import Engine
+
+    def _implements_the_engine_interface(engine: RedisEngine) -> Engine:
+        return engine

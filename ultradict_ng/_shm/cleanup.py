@@ -1,0 +1,195 @@
+"""Removing a dict's segments: by a handle, by name, and after a crash.
+
+Follows layout: "Unlink and cleanup register".  The register (REG_LOW ..
+REG_HIGH, plus the published generation) names every dump generation that
+may exist even after every user was SIGKILLed mid-write; where /dev/shm can
+be listed, derived names are matched too, so a damaged register leaks
+nothing.  Nothing that is provably someone else's is ever removed: a control
+segment with another creation token is a dict re-created under the same name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List
+
+from .. import layout as L
+from . import segment
+from .blobs import blob_ids
+from .control import check_layout, control_owner, looks_half_created, read_word
+from ..errors import CorruptSegment, LockTimeout
+from .lock import SharedLock, owner_alive
+from .waiting import wake
+from .mapping import Mapping
+from .._names import validate_name
+from .segment import Segment
+
+__all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name", "unlink_other_layout",
+           "remove_orphans"]
+
+log = logging.getLogger("ultradict_ng")
+
+
+def unlink_dumps(name: str, words: memoryview) -> int:
+    """Unlink every dump generation the register names, and any other that exists."""
+    low, high = words[L.W_REG_LOW], words[L.W_REG_HIGH]
+    names = {L.dump_name(name, g) for g in range(max(low, high - L.MAX_RECLAIM), high + 1)}
+    names.add(L.dump_name(name, words[L.W_STATE] >> L.GEN_SHIFT))
+    names.discard(L.dump_name(name, 0))
+    names.update(segment.listed(name + L.DUMP_SUFFIX))
+    return sum(segment.unlink(n) for n in sorted(names))
+
+
+def unlink_blobs(name: str, words: memoryview) -> int:
+    """Unlink every blob the register (BLOB_LOW .. BLOB_NEXT) names, and every
+    other ``NAME@b*`` where /dev/shm can be listed."""
+    names = {L.blob_name(name, i) for i in blob_ids(name, words[L.W_BLOB_LOW], words[L.W_BLOB_NEXT])}
+    names.update(segment.listed(name + L.BLOB_SUFFIX))
+    return sum(segment.unlink(n) for n in sorted(names))
+
+
+def unlink_tree(name: str, mapping: Mapping, token: int) -> int:
+    """Layout "Unlink": flag, then dumps, stream, control.  Returns segments removed."""
+    lock = SharedLock(mapping.atomic, name, token)
+    held = False
+    try:
+        held = lock.acquire(timeout=L.UNLINK_LOCK_TIMEOUT)
+    except LockTimeout as exc:
+        log.warning("unlinking shared dict %r without its lock: %s", name, exc)
+    try:
+        atomic = mapping.atomic
+        while True:
+            status = atomic.load(L.W_STATUS)
+            ok, _ = atomic.cas(L.W_STATUS, status, status | L.STATUS_UNLINKED)
+            if ok:
+                break
+        if atomic.load(L.W_CHANGE_WAITERS):  # change waiters see STATUS.unlinked and stop
+            wake(atomic, L.W_CHANGE_SEQ, 0x7FFFFFFF)
+        if mapping.words[L.W_MAGIC] != L.CONTROL_MAGIC:
+            # We only delete what is provably ours (the control could have been
+            # unlinked and its name reused by a foreign segment meanwhile).
+            return 0
+        owner = control_owner(name, token)
+        if owner == "other":
+            # The name was unlinked (by us or anyone) and a new dict now lives
+            # under it: its stream and dumps have our names but are not ours.
+            # (A second unlink of an old handle -- e.g. the auto-unlink of a
+            # creator after unlink() -- must not touch the re-created dict.)
+            return 0
+        # "ours", or "gone": no control under the name, so any stream or dump
+        # left under it is ours (a creator makes its control first).
+        removed = unlink_dumps(name, mapping.words)
+        removed += unlink_blobs(name, mapping.words)
+        removed += segment.unlink(L.stream_name(name))
+        if owner == "ours":
+            removed += segment.unlink(name)
+        return removed
+    finally:
+        if held:
+            lock.release()
+
+
+def unlink_by_name(name: str) -> int:
+    """Remove every segment of the dict ``name``; returns how many were removed (0 if none).
+
+    Works when every process that used the dict is dead (crash cleanup): the
+    control segment's register names every dump generation that may exist.
+    A segment under that name that is not ours raises :class:`CorruptSegment`
+    and nothing is removed.
+    """
+    validate_name(name)
+    try:
+        ctrl = Segment.attach(name)
+    except FileNotFoundError:
+        # No control: at most a stream left by a creator that died very early.
+        return int(segment.unlink(L.stream_name(name)))
+    if ctrl.buf is None or ctrl.size < L.CONTROL_SIZE:
+        size = ctrl.size
+        ctrl.close()
+        if size == 0:  # abandoned between shm_open and ftruncate
+            return int(segment.unlink(name)) + int(segment.unlink(L.stream_name(name)))
+        raise CorruptSegment(f"segment {name!r} is not an ultradict_ng control segment ({size} bytes)")
+    words = memoryview(ctrl.buf).cast("Q")
+    try:
+        magic = words[L.W_MAGIC]
+        if magic == 0:
+            if not looks_half_created(words):
+                raise CorruptSegment(
+                    f"segment {name!r} is not an ultradict_ng control segment; not unlinking it")
+            creator = words[L.W_CREATOR]
+            if creator and owner_alive(creator):
+                raise CorruptSegment(
+                    f"shared dict {name!r} is being created by pid {creator & L.PID_MASK}; "
+                    "not unlinking it"
+                )
+            # Abandoned mid-creation: its register is still valid (zeroed or written).
+            removed = unlink_dumps(name, words)
+            removed += unlink_blobs(name, words)
+            removed += segment.unlink(L.stream_name(name))
+            return removed + int(segment.unlink(name))
+        if magic != L.CONTROL_MAGIC:
+            raise CorruptSegment(
+                f"segment {name!r} is not an ultradict_ng control segment; not unlinking it"
+            )
+        check_layout(name, words)
+        token = words[L.W_TOKEN]
+    except BaseException:
+        words.release()
+        ctrl.close()
+        raise
+    words.release()
+    mapping = Mapping(ctrl, None)
+    try:
+        return unlink_tree(name, mapping, token)
+    finally:
+        mapping.release()
+
+
+def unlink_other_layout(name: str) -> int:
+    """Remove a dict made by another layout version of ultradict_ng (its MAGIC is
+    ours, its version is not: :func:`unlink_by_name` refuses it); how many
+    segments were removed.
+
+    Nothing of its control segment but MAGIC and the version is read (the other
+    words may mean other things there), so there is no lock and no register:
+    every ``NAME@*`` the listing shows goes, then ``NAME`` (where /dev/shm
+    cannot be listed, only the stream and the control).  For people upgrading,
+    through ``ultradict-ng rm``; its users' writes fail afterwards.
+    """
+    validate_name(name)
+    ctrl = Segment.attach(name)  # FileNotFoundError
+    try:
+        if ctrl.buf is None or ctrl.size < 16 or read_word(ctrl.buf, L.W_MAGIC) != L.CONTROL_MAGIC:
+            raise CorruptSegment(f"segment {name!r} is not an ultradict_ng control segment; not unlinking it")
+        if read_word(ctrl.buf, L.W_LAYOUT) & 0xFFFFFFFF == L.LAYOUT_VERSION:
+            raise ValueError(f"shared dict {name!r} has this version's layout: use unlink_by_name")
+    finally:
+        ctrl.close()
+    names = sorted(segment.listed(name + "@")) or [L.stream_name(name)]
+    return sum(segment.unlink(n) for n in names) + int(segment.unlink(name))
+
+
+def remove_orphans(base: str, names: List[str]) -> int:
+    """Unlink ``names``, segments named like the dict ``base``'s whose control
+    segment is gone (layout: "Unlink and cleanup register", orphans); how many.
+
+    The name ``base`` is held meanwhile by an empty segment created
+    exclusively, so that no creator makes a dict under it (and a new stream
+    that these names would then denote) while they are removed; 0 if the name
+    is taken -- a dict lives there now, and they are not orphans.
+    """
+    validate_name(base)
+    try:
+        placeholder = segment.create_empty(base)
+    except FileExistsError:
+        return 0
+    try:
+        removed = 0
+        for name in names:
+            if not name.startswith(base + "@") or not segment.holds(base, placeholder):
+                break
+            removed += segment.unlink(name)
+        return removed
+    finally:
+        if segment.holds(base, placeholder):
+            segment.unlink(base)

@@ -1,0 +1,199 @@
+"""The reader: bringing a process's cache up to the published state, lock-free.
+
+Follows layout: "Reader", step by step (the comments name the steps).  The
+hit path -- STATE unchanged since the cache was filled -- is not here: it is
+one load and one compare in the facade (or in the compiled ``ViewBase``).
+This is everything after a miss: load a new dump, copy and validate the new
+records, apply them, retry on any sign of a concurrent writer, and take the
+lock as a last resort.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .. import layout as L
+from .._codec.codec import Codec, MsgpackCodec
+from ..errors import CorruptSegment, PathGone, Unlinked
+from .lock import SharedLock
+from .mapping import Mapping
+from .._codec.records import Inconsistent, apply_all
+from .segment import Segment
+from ..speedups import StoreBase, parse_records
+
+__all__ = ["Reader", "INVALID"]
+
+#: ``seen``/``gen`` value that forces a reload from the dump.
+INVALID = -1
+_MSGPACK_ID = MsgpackCodec.id
+_dump_header = struct.Struct(L.DUMP_FORMAT)
+
+
+def _pause(attempt: int) -> None:
+    """Back-off between reader rounds: yield first, then sleep briefly."""
+    time.sleep(0 if attempt < 10 else 0.0001 * min(attempt, 50))
+
+
+class Reader(StoreBase):
+    """Base of :class:`~ultradict_ng.store.Store`: the reader algorithm, and
+    the fields it keeps (``seen`` and ``data`` are ``StoreBase``'s)."""
+
+    __slots__ = ("name", "codec", "words", "gen", "pos", "stream_size", "mutex", "lock", "_map")
+
+    name: str
+    codec: Codec
+    words: Any
+    gen: int
+    pos: int
+    stream_size: int
+    mutex: Any
+    lock: SharedLock
+    _map: Mapping
+    #: True for a change feed (changes.Feed), which is told what each refresh
+    #: replays through ``_feed_records`` and ``_feed_dump``.
+    _feeding = False
+
+    def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
+        """The cached dict at ``path`` (caller has synced); PathGone if it is not a dict now."""
+        node = self.data
+        for key in path:
+            try:
+                node = node[key]
+            except (KeyError, TypeError):
+                node = None  # type: ignore[assignment]
+            if type(node) is not dict:
+                raise PathGone(
+                    f"nested dict at path {list(path)!r} of shared dict {self.name!r} no longer exists"
+                )
+        return node
+
+    def sync(self) -> None:
+        """Bring the local cache up to the published STATE."""
+        with self.mutex:
+            if self.words[L.W_STATE] == self.seen or self._refresh(L.READER_RETRIES) is None:
+                return
+        # Step 5, the last resort: under the lock nothing changes.  Order is lock, then mutex.
+        with self.lock:
+            with self.mutex:
+                self._refresh_locked()
+
+    def reload(self) -> None:
+        """Drop the cache and load the shared state again from the current dump."""
+        with self.mutex:
+            self.gen = self.seen = INVALID
+        self.sync()
+
+    def _refresh_locked(self) -> None:
+        problem = self._refresh(1)
+        if problem is None:
+            return
+        if self._map.words[L.W_STATUS] & L.STATUS_UNLINKED:
+            raise Unlinked(f"shared dict {self.name!r} was unlinked")
+        raise CorruptSegment(f"shared dict {self.name!r}: {problem}")
+
+    def _refresh(self, rounds: int) -> Optional[str]:
+        """Up to ``rounds`` rounds of the reader algorithm: None when caught up, else
+        what went wrong in the last round."""
+        words = self.words
+        problem = "no progress"
+        for attempt in range(rounds):
+            st = words[L.W_STATE]  # step 1
+            if st == self.seen:
+                return None
+            gen, end = st >> L.GEN_SHIFT, st & L.END_MASK
+            if gen != self.gen:  # step 2: a new generation
+                data = self._load_dump(gen)
+                if isinstance(data, str):
+                    problem = data
+                    _pause(attempt)
+                    continue
+                if self._feeding:
+                    self._feed_dump(data)
+                self.data, self.gen, self.pos, self.seen = data, gen, 0, gen << L.GEN_SHIFT
+            if end < self.pos or end > self.stream_size:
+                problem = f"STATE end {end} outside 0..{self.stream_size} (cached position {self.pos})"
+                self.gen = self.seen = INVALID
+                _pause(attempt)
+                continue
+            mv = self._map.stream_mv
+            assert mv is not None
+            chunk = bytes(mv[self.pos:end])  # step 3
+            if words[L.W_STATE] >> L.GEN_SHIFT != gen:
+                problem = "stream restarted while it was being read"
+                _pause(attempt)
+                continue
+            records = self._parse(chunk, gen)  # step 4
+            if isinstance(records, str):
+                problem = records
+                _pause(attempt)
+                continue
+            if self._feeding:
+                self._feed_records(records)
+            try:
+                apply_all(self.data, records)
+            except Inconsistent as exc:
+                if self._feeding:
+                    self._feed_undo()
+                problem = str(exc)
+                self.gen = self.seen = INVALID
+                continue
+            except BaseException:  # e.g. KeyboardInterrupt mid-batch: half applied
+                self.gen = self.seen = INVALID
+                raise
+            self.pos, self.seen = end, st
+            return None
+        return problem
+
+    def _feed_dump(self, new: Dict[Any, Any]) -> None:
+        """(A change feed's hook: the cache is about to be replaced by ``new``.)"""
+
+    def _feed_records(self, records: List[Any]) -> None:
+        """(A change feed's hook: ``records`` are about to be applied.)"""
+
+    def _feed_undo(self) -> None:
+        """(A change feed's hook: the records of the last ``_feed_records`` were not applied.)"""
+
+    def _load_dump(self, gen: int) -> Union[Dict[Any, Any], str]:
+        """The decoded dump of ``gen``, or a str saying why it could not be loaded."""
+        if gen == 0:
+            return {}
+        dname = L.dump_name(self.name, gen)
+        try:
+            seg = Segment.attach(dname)
+        except FileNotFoundError:
+            return f"dump {dname!r} does not exist"
+        try:
+            if seg.buf is None or seg.size < L.DUMP_HEADER:
+                return f"dump {dname!r} is too small ({seg.size} bytes)"
+            magic, dgen, length, crc, _ = _dump_header.unpack_from(seg.buf, 0)
+            if magic != L.DUMP_MAGIC or dgen != gen or length > seg.size - L.DUMP_HEADER:
+                return f"dump {dname!r} has an invalid header"
+            with memoryview(seg.buf) as whole, whole[L.DUMP_HEADER:L.DUMP_HEADER + length] as body:
+                if zlib.crc32(body) != crc:
+                    return f"dump {dname!r} fails its checksum"
+                try:
+                    data = self.codec.loads(body)
+                except CorruptSegment as exc:
+                    return f"dump {dname!r} cannot be decoded: {exc}"
+            if type(data) is not dict:
+                return f"dump {dname!r} does not hold a dict"
+            return data
+        finally:
+            seg.close()
+
+    def _parse(self, chunk: bytes, gen: int) -> Union[List[Any], str]:
+        """Decoded records of ``chunk``, or a str saying what is wrong (step 4).
+
+        For msgpack the parser also checks that each payload is exactly one
+        msgpack object, which lets the codec decode them all in one call."""
+        framed = self.codec.id == _MSGPACK_ID
+        payloads = parse_records(chunk, gen & L.GEN_MASK, self.pos, framed)
+        if isinstance(payloads, str):
+            return payloads
+        try:
+            return self.codec.loads_many(payloads, framed)
+        except CorruptSegment as exc:
+            return f"records from stream offset {self.pos} cannot be decoded: {exc}"

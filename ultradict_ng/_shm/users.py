@@ -1,0 +1,253 @@
+"""Who has a dict open: the user register, and removing a dict nobody uses.
+
+Follows layout: "Users".  Shared memory has no reference count a crash
+cannot break: a process killed with SIGKILL never says it left.  So every
+process that has a dict open writes its owner word (pid and start time, as
+the lock does) into a slot of the control segment, and "is anyone still
+using this dict?" becomes a liveness check per slot -- the question the
+command line's ``clean`` and ``auto_unlink="last"`` must answer without ever
+removing a dict under a live user.
+
+One slot per process and dict, shared by all its handles (counted here, in
+process memory), so that 256 slots hold 256 processes however many handles
+each opens.  ``/proc/<pid>/maps`` is the second witness: it also shows a
+process that attached while the register was full, or that maps the segment
+without registering at all (an older version, a raw ``mmap``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
+
+from .. import _faults as faults
+from .. import layout as L
+from .cleanup import unlink_tree
+from ..errors import LockTimeout
+from .mapping import Mapping
+from .._owner import owner_alive, owner_word, pid_of
+from ..speedups import Words
+
+__all__ = ["User", "read_users", "register", "attach", "detach", "free_dead", "mappers",
+           "Verdict", "remove_if_unused"]
+
+Key = Tuple[str, int]  # (name, creation token)
+
+
+class User(NamedTuple):
+    """One attached process: its pid, its start time (clock ticks since boot,
+    0 where there is no /proc) and whether it is alive now."""
+
+    pid: int
+    start_time: int
+    alive: bool
+
+
+def read_users(words: Words) -> List[User]:
+    """Every process in the register (seq_cst loads), alive or dead, by slot order."""
+    out = []
+    for i in range(L.USER_SLOTS):
+        word = words.load(L.W_USER_SLOTS + i)
+        if word:
+            out.append(User(pid_of(word), word >> L.PID_BITS, owner_alive(word)))
+    return out
+
+
+class _Attachment:
+    """This process's registration for one dict: its slot (-1: counted in
+    USER_OVERFLOW instead) and the control words of each open handle (any of
+    them reaches the slot; each stays mapped until its handle detaches)."""
+
+    __slots__ = ("slot", "handles")
+
+    def __init__(self) -> None:
+        self.slot = -1
+        self.handles: List[Words] = []
+
+
+_attached: Dict[Key, _Attachment] = {}
+_guard = threading.Lock()
+
+
+def _claim(atomic: Words) -> int:
+    """Attach step 1: a free slot taken with our owner word, or -1 (overflow counted)."""
+    mine = owner_word()
+    for attempt in range(2):
+        start = os.getpid() % L.USER_SLOTS
+        for k in range(L.USER_SLOTS):
+            i = (start + k) % L.USER_SLOTS
+            if atomic.cas(L.W_USER_SLOTS + i, 0, mine)[0]:
+                return i
+        if attempt == 0 and not free_dead(atomic):
+            break
+    atomic.add(L.W_USER_OVERFLOW, 1)
+    return -1
+
+
+def _release(atomic: Words, slot: int) -> None:
+    if slot >= 0:
+        atomic.cas(L.W_USER_SLOTS + slot, owner_word(), 0)
+    else:
+        atomic.add(L.W_USER_OVERFLOW, -1 & 0xFFFFFFFFFFFFFFFF)
+
+
+def register(key: Key, atomic: Words) -> None:
+    """Count one more open handle of ``key`` in this process (step 1 for the first)."""
+    with _guard:
+        att = _attached.get(key)
+        if att is None:
+            att = _attached[key] = _Attachment()
+            att.slot = _claim(atomic)
+        att.handles.append(atomic)
+
+
+def attach(key: Key, atomic: Words) -> None:
+    """Attach steps 1-3: register, then make sure the dict is not being removed.
+
+    ``FileNotFoundError`` (and nothing registered) if it was removed because it
+    had no users: to the caller the name no longer holds that dict.
+    """
+    register(key, atomic)
+    if faults.armed is not None:
+        faults.hit("user-registered")
+    try:
+        deadline = time.monotonic() + L.INIT_TIMEOUT
+        while True:
+            closing = atomic.load(L.W_CLOSING)  # step 2 (after step 1's CAS: seq_cst)
+            if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
+                raise FileNotFoundError(key[0])
+            if closing == 0:
+                return
+            if not owner_alive(closing):
+                atomic.cas(L.W_CLOSING, closing, 0)
+                continue
+            if time.monotonic() > deadline:
+                raise LockTimeout(
+                    f"shared dict {key[0]!r} is being removed as unused by pid {pid_of(closing)}, "
+                    f"which has not finished within {L.INIT_TIMEOUT} s",
+                    name=key[0], pid=pid_of(closing))
+            time.sleep(L.CLOSING_POLL)
+    except BaseException:
+        detach(key, atomic)
+        raise
+
+
+def detach(key: Key, atomic: Words) -> bool:
+    """The handle with control words ``atomic`` leaves; True if it was this
+    process's last handle of ``key`` (then its slot is free again)."""
+    with _guard:
+        att = _attached.get(key)
+        if att is None:
+            return True
+        att.handles = [h for h in att.handles if h is not atomic]
+        if att.handles:
+            return False
+        del _attached[key]
+        _release(atomic, att.slot)
+        return True
+
+
+def free_dead(atomic: Words) -> int:
+    """Free the slots of dead users (a dead owner never comes back: a reused
+    pid has another start time); how many were freed."""
+    freed = 0
+    for i in range(L.USER_SLOTS):
+        word = atomic.load(L.W_USER_SLOTS + i)
+        if word and not owner_alive(word) and atomic.cas(L.W_USER_SLOTS + i, word, 0)[0]:
+            freed += 1
+    return freed
+
+
+def mappers() -> Optional[Dict[str, Set[int]]]:
+    """Which processes map which shared-memory segment: ``{segment name: {pid}}``
+    from ``/proc/<pid>/maps``, or None where that cannot be listed (no /proc).
+
+    Processes whose maps cannot be read (another user's, without root) are
+    left out: they could not open a segment of mode 0600 either.
+    """
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    if not pids:
+        return None
+    out: Dict[str, Set[int]] = {}
+    marker = " /dev/shm/"
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "r", errors="replace") as f:
+                lines = [line for line in f if marker in line]
+        except OSError:
+            continue
+        for line in lines:
+            path = line[line.index(marker) + len(marker):].rstrip("\n")
+            if path.endswith(" (deleted)"):
+                continue  # unlinked: not the segment now under that name
+            out.setdefault(path, set()).add(pid)
+    return out
+
+
+class Verdict(NamedTuple):
+    """What :func:`remove_if_unused` did: ``removed`` segments (0 if it kept
+    the dict), the pids that use it (when kept because of them), and why."""
+
+    removed: int
+    users: List[int]
+    reason: str
+
+
+def remove_if_unused(name: str, mapping: Mapping, token: int,
+                     maps: Optional[Dict[str, Set[int]]] = None) -> Verdict:
+    """Steps a-c of layout "Users": unlink the dict only if no live process
+    other than this one uses it.  ``maps`` (from :func:`mappers`) may be
+    passed by a caller checking many dicts; it is read again for this one
+    after CLOSING is set either way, so it only saves work when it shows users.
+    """
+    atomic = mapping.atomic
+    me = os.getpid()
+    mine = owner_word()
+    if maps is not None:
+        early = sorted(maps.get(name, set()) - {me})
+        if early:
+            return Verdict(0, early, "mapped by live processes")
+    closing = atomic.load(L.W_CLOSING)
+    while True:  # step a
+        if closing == mine:
+            break
+        if closing and owner_alive(closing):
+            return Verdict(0, [pid_of(closing)], "another process is removing it")
+        ok, closing = atomic.cas(L.W_CLOSING, closing, mine)
+        if ok:
+            break
+    if faults.armed is not None:
+        faults.hit("closing-claimed")
+    users = sorted({u.pid for u in read_users(atomic) if u.alive and u.pid != me})  # step b
+    reason = "registered users are alive"
+    if not users:
+        fresh = mappers()
+        if fresh is None:
+            if atomic.load(L.W_USER_OVERFLOW):
+                users, reason = [0], "unregistered users, and no /proc to see them"
+        else:
+            users = sorted(fresh.get(name, set()) - {me})
+            reason = "mapped by live processes"
+    if users:
+        atomic.cas(L.W_CLOSING, mine, 0)
+        return Verdict(0, users, reason)
+    if faults.armed is not None:
+        faults.hit("closing-checked")
+    return Verdict(unlink_tree(name, mapping, token), [], "unused")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child maps every dict its parent had open: it registers itself."""
+    global _guard
+    _guard = threading.Lock()
+    for att in _attached.values():
+        att.slot = _claim(att.handles[-1])
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

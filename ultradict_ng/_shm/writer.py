@@ -1,0 +1,358 @@
+"""The writer: publishing one mutation under the lock, as a record or a dump.
+
+Follows layout: "Writer", step by step.  Every mutation of the facade is
+``begin_write`` (lock, cache mutex, catch up, checks), then ``commit(record)``
+(encode, write, publish, apply), then ``end_write``.  ``set_root`` is the
+same three for the commonest write, with the root-level scalar record
+encoded straight into the stream by ``Words.write_simple`` (the same bytes
+the codec would make).  The named ``faults`` points are where crash tests kill
+a writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import struct
+import zlib
+from typing import Any, Callable, List, Optional
+
+from .. import _faults as faults
+from .. import layout as L
+from .._codec import records as R
+from . import segment
+from .blobs import (KIND_BYTES, BlobRef, PickledBlobs, blob_ids, extract, may_hold_blobs,
+                    refs_within, write_blob)
+from .._codec.codec import PickleCodec
+from ..errors import OutOfSpace, PathGone, Unlinked
+from .._codec.ext import _too_deep as too_deep
+from .._codec.records import SCALAR_TYPES as _SCALARS
+from .reader import INVALID, Reader
+from .segment import Segment
+from .waiting import ProcessWaits, wake
+
+__all__ = ["Writer"]
+
+log = logging.getLogger("ultradict_ng")
+
+# Hot-path constants as module globals (one dict lookup instead of two).
+_W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
+_GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
+_W_STREAM_LIMIT = L.W_STREAM_LIMIT
+_W_BLOB_NEXT = L.W_BLOB_NEXT
+_W_CHANGE_WAITERS = L.W_CHANGE_WAITERS
+_WAKE_ALL = 0x7FFFFFFF
+_dump_header = struct.Struct(L.DUMP_FORMAT)
+
+
+class Writer(Reader):
+    """Base of :class:`~ultradict_ng.store.Store`: the writer algorithm (a
+    writer is a reader that holds the lock: step 1 is the reader's catch-up)."""
+
+    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold", "waits")
+
+    grows: bool
+    dump_limit: int
+    #: Buffers and arrays this large or larger go to blobs (0: never).
+    blob_threshold: int
+    token: int
+    #: This process's registration in the dict's wait register (layout: "Waiting and waking").
+    waits: ProcessWaits
+    #: ``write_simple`` of the stream when its bytes are msgpack's, else None.
+    write_simple: Optional[Callable[..., Optional[int]]]
+
+    def begin_write(self) -> None:
+        """Take the lock and the cache mutex, and catch up (writer steps 1-2)."""
+        words = self.words
+        words[_W_STATE]  # raises Closed on a closed handle, before touching the lock
+        lock = self.lock
+        lock.acquire()
+        try:
+            if faults.armed is not None:
+                faults.hit("lock-held")
+            self.mutex.acquire()
+        except BaseException:
+            lock.release()
+            raise
+        try:
+            if words[_W_STATE] != self.seen:
+                self._refresh_locked()
+            if words[_W_STATUS] & _UNLINKED:
+                raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
+        except BaseException:
+            self.mutex.release()
+            lock.release()
+            raise
+
+    def end_write(self) -> None:
+        self.mutex.release()
+        self.lock.release()
+
+    def limit(self) -> int:
+        """Bytes of the stream writers may use now (LIMIT, never past the stream);
+        only meaningful under the lock, where it cannot change."""
+        limit: int = self._map.words[_W_STREAM_LIMIT]
+        return limit if limit < self.stream_size else self.stream_size
+
+    def set_root(self, key: Any, value: Any) -> None:
+        """``data[key] = value`` at the root: begin_write, commit, end_write in one.
+
+        With the msgpack codec a scalar key and value are encoded straight
+        into the stream by ``write_simple``; anything else, a record
+        that does not fit, or an armed fault point goes through :meth:`commit`.
+        """
+        self.begin_write()
+        try:
+            simple = self.write_simple
+            if (simple is not None and faults.armed is None
+                    and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
+                    and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
+                # (A large bytes value goes to a blob; an old value that may hold
+                # blobs must be found and dropped: both take commit.)
+                new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
+                if new_end is not None:
+                    state = (self.gen << _GEN_SHIFT) | new_end
+                    if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
+                        self._wake_changes()
+                    try:
+                        self.data[key] = value  # a scalar decodes to an equal object
+                    except BaseException:  # published but not applied here: reload
+                        self.gen = self.seen = INVALID
+                        raise
+                    self.pos, self.seen = new_end, state
+                    return
+            self.commit(R.set_((), key, value))
+        finally:
+            self.end_write()
+
+    def write(self, rec: List[Any]) -> None:
+        """``begin_write``, ``commit(rec)``, ``end_write`` (a record that needs no check)."""
+        self.begin_write()
+        try:
+            self.commit(rec)
+        finally:
+            self.end_write()
+
+    def commit(self, rec: List[Any]) -> None:
+        """Publish and apply one record (writer steps 2-5, with layout "Blobs"
+        a-d when its values hold large buffers or arrays); caller is in
+        begin_write.  Raises and changes nothing, or publishes it all."""
+        created: List[BlobRef] = []
+        threshold = self.blob_threshold
+        if threshold and len(rec) > 2 and (
+            may_hold_blobs(rec[3], threshold) if rec[0] == _OP_SET
+            else rec[0] == L.OP_UPDATE and any(may_hold_blobs(v, threshold) for _, v in rec[2])
+        ):
+            rec = self._extract_blobs(rec, created)
+        dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
+        before = self._map.words[_W_STATE]
+        try:
+            self._commit(rec)
+        except BaseException:
+            if created and self._map.words[_W_STATE] == before:  # nothing was published
+                self._unlink_blobs(created)
+            raise
+        if dropped:
+            self._unlink_blobs(dropped)  # d: no published state references them any more
+
+    def _commit(self, rec: List[Any]) -> None:
+        """Writer steps 2-5 for one record."""
+        # UnsupportedType here changes nothing.  ``decoded`` is what every
+        # reader will decode (the record itself when that is provably equal).
+        payload, decoded = self.codec.encode_record(rec)
+        end = self.pos
+        if end + _RECORD_HEADER + len(payload) <= self.limit():
+            mapping = self._map
+            stream = mapping.stream_words
+            assert stream is not None
+            new_end = stream.write_record(end, self.gen & _GEN_MASK, payload)
+            if faults.armed is not None:
+                faults.hit("record-written")
+            state = (self.gen << _GEN_SHIFT) | new_end
+            if mapping.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
+                self._wake_changes()
+            if faults.armed is not None:
+                faults.hit("record-published")
+            try:
+                R.apply(self.data, decoded)
+            except BaseException:  # published but not applied here: reload
+                self.gen = self.seen = INVALID
+                raise
+            self.pos, self.seen = new_end, state
+            return
+        try:
+            R.apply(self.data, decoded)
+            self._write_dump()
+        except BaseException:
+            self.gen = self.seen = INVALID  # the cache may differ from shared memory: reload
+            raise
+
+    def _wake_changes(self) -> None:
+        """After a publish that saw CHANGE_WAITERS != 0 (layout: "Waiting and waking")."""
+        atomic = self._map.atomic
+        if not wake(atomic, L.W_CHANGE_SEQ, _WAKE_ALL):
+            self.waits.woke_nobody(atomic)
+
+    def force_dump(self) -> None:
+        """Write a full dump now (restarting the stream), under the lock."""
+        self.begin_write()
+        try:
+            self._write_dump()
+        finally:
+            self.end_write()
+
+    def _write_dump(self) -> None:
+        """Writer step 4: snapshot the cache into generation gen+1 and publish it."""
+        payload = self.codec.dumps(self.data)
+        if self.dump_limit and L.DUMP_HEADER + len(payload) > self.dump_limit:
+            raise OutOfSpace(
+                f"shared dict {self.name!r}: a full dump would take {L.DUMP_HEADER + len(payload)} "
+                f"bytes, over the dict's dump size limit of {self.dump_limit}"
+            )
+        gen = self.gen + 1 if self.gen < L.GEN_MASK else 1
+        atomic = self._map.atomic
+        atomic.store(L.W_REG_HIGH, gen)  # 4a
+        if faults.armed is not None:
+            faults.hit("dump-registered")
+        dname = L.dump_name(self.name, gen)
+        size = L.DUMP_HEADER + len(payload)
+        try:
+            seg = Segment.create(dname, size)  # 4b
+        except FileExistsError:
+            segment.unlink(dname)  # unpublished leftover of a writer that died
+            seg = Segment.create(dname, size)
+        try:
+            assert seg.buf is not None
+            if faults.armed is not None:
+                faults.hit("dump-created")
+            seg.buf[L.DUMP_HEADER:size] = payload
+            seg.buf[0:L.DUMP_HEADER] = _dump_header.pack(
+                L.DUMP_MAGIC, gen, len(payload), zlib.crc32(payload), 0
+            )
+        except BaseException:
+            seg.close()
+            segment.unlink(dname)
+            raise
+        seg.close()
+        if faults.armed is not None:
+            faults.hit("dump-written")
+        if self.grows:
+            self._grow_stream(size)
+        state = gen << L.GEN_SHIFT
+        if atomic.publish(L.W_STATE, state, _W_CHANGE_WAITERS):  # 4c: publishes the dump, restarts the stream
+            self._wake_changes()
+        if faults.armed is not None:
+            faults.hit("dump-published")
+        self.gen, self.pos, self.seen = gen, 0, state
+        low = atomic.load(L.W_REG_LOW)  # 4d
+        for old in range(max(low, gen - L.MAX_RECLAIM), gen):
+            segment.unlink(L.dump_name(self.name, old))
+        atomic.store(L.W_REG_LOW, gen)
+        if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
+            segment.unlink(dname)  # unlinked while we were dumping: do not leak ours
+        elif self._map.words[_W_BLOB_NEXT] > self._map.words[L.W_BLOB_LOW]:
+            self._sweep_blobs()
+
+    # -- blobs (layout: "Blobs") ---------------------------------------------------------
+
+    def _extract_blobs(self, rec: List[Any], created: List[BlobRef]) -> List[Any]:
+        """``rec`` with its large buffers and arrays written to blobs (steps a-b)
+        and replaced by references; the blobs made are appended to ``created``."""
+        threshold = self.blob_threshold
+
+        def store_blob(value: Any, kind: int) -> BlobRef:
+            blob_id = self._map.words[_W_BLOB_NEXT]
+            self._map.atomic.store(_W_BLOB_NEXT, blob_id + 1)  # a: before the segment exists
+            if faults.armed is not None:
+                faults.hit("blob-registered")
+            ref = write_blob(self.name, self.token, blob_id, kind, value)  # b
+            created.append(ref)
+            if faults.armed is not None:
+                faults.hit("blob-written")
+            return ref
+
+        def out_of_band(value: Any) -> Any:
+            """Under pickle: the value pickled with protocol 5, its large buffers in blobs."""
+            refs: List[BlobRef] = []
+
+            def callback(buffer: pickle.PickleBuffer) -> bool:
+                try:
+                    raw = buffer.raw()
+                except BufferError:  # not contiguous: it stays in band
+                    return True
+                if raw.nbytes < threshold:
+                    return True
+                refs.append(store_blob(raw, KIND_BYTES))
+                return False
+
+            try:
+                data = pickle.dumps(value, protocol=5, buffer_callback=callback)
+            except Exception:  # the codec reports it, with its own error
+                self._unlink_blobs(refs)
+                del created[len(created) - len(refs):]
+                return value
+            return PickledBlobs(refs, data) if refs else value
+
+        other = out_of_band if self.codec.id == PickleCodec.id else None
+        try:
+            if rec[0] == L.OP_SET:
+                value = extract(rec[3], threshold, store_blob, other)
+                return rec if value is rec[3] else [rec[0], rec[1], rec[2], value]
+            if rec[0] == L.OP_UPDATE:
+                pairs = [[k, extract(v, threshold, store_blob, other)] for k, v in rec[2]]
+                return [rec[0], rec[1], pairs]
+        except RecursionError:
+            self._unlink_blobs(created)
+            raise too_deep() from None
+        except BaseException:
+            self._unlink_blobs(created)
+            raise
+        return rec
+
+    def _dropped(self, rec: List[Any]) -> List[BlobRef]:
+        """The blobs this record removes from the tree (the values it replaces)."""
+        try:
+            node = self.node(tuple(rec[1]))
+        except PathGone:
+            return []
+        op = rec[0]
+        refs: List[BlobRef] = []
+        if op == L.OP_CLEAR:
+            return refs_within(node)
+        keys = [k for k, _ in rec[2]] if op == L.OP_UPDATE else [rec[2]]
+        for key in keys:
+            try:
+                old = node.get(key)
+            except TypeError:  # unhashable: the record fails later, with the real error
+                continue
+            refs_within(old, refs)
+        return refs
+
+    def _unlink_blobs(self, refs: Any) -> None:
+        for ref in refs:
+            segment.unlink(L.blob_name(self.name, ref.id))
+
+    def _sweep_blobs(self) -> None:
+        """At a dump: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that the tree does
+        not reference (left by writers that died), and raise BLOB_LOW."""
+        referenced = {ref.id for ref in refs_within(self.data)}
+        words = self._map.words
+        low, nxt = words[L.W_BLOB_LOW], words[_W_BLOB_NEXT]
+        for blob_id in blob_ids(self.name, low, nxt):
+            if blob_id not in referenced:
+                segment.unlink(L.blob_name(self.name, blob_id))
+        self._map.atomic.store(L.W_BLOB_LOW, min(referenced) if referenced else nxt)
+
+    def _grow_stream(self, dump_size: int) -> None:
+        """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size")."""
+        granule = L.STREAM_GRANULE
+        wanted = -(-L.STREAM_GROWTH * dump_size // granule) * granule
+        wanted = min(wanted, self.stream_size)
+        if wanted <= self.limit():
+            return
+        try:
+            segment.reserve(L.stream_name(self.name), wanted)
+        except (OutOfSpace, FileNotFoundError) as exc:
+            log.info("shared dict %r: stream stays at %d bytes (%s)", self.name, self.limit(), exc)
+            return
+        self._map.atomic.store(_W_STREAM_LIMIT, wanted)

@@ -1,0 +1,15 @@
+"""The UltraDict drop-in: ``from ultradict_ng import UltraDict`` (or
+``from ultradict_ng.compat import UltraDict, UltraLock, Exceptions, ...``).
+
+The class and how it opens a dict are in :mod:`.ultradict`, UltraDict's
+exception classes and the mapping from ours in :mod:`.errors`, its lock API
+in :mod:`.lock`.  ``MIGRATING.md`` says what differs and why.
+"""
+
+from .errors import _rebuild_error  # noqa: F401  (named by exceptions pickled before 0.2)
+from .lock import DEFAULT_SLEEP_TIME
+from .ultradict import *  # noqa: F401,F403
+from .ultradict import _reattach  # noqa: F401  (named by handles pickled before 0.2)
+from .ultradict import __all__ as _all
+
+__all__ = [*_all, "DEFAULT_SLEEP_TIME"]
