@@ -103,7 +103,7 @@ def make_half_created(name: str, creator: int, stream: bool = False) -> None:
     header's layout word written (it comes first), ``creator`` as the creator
     word; with ``stream``, the stream segment too."""
     from ultradict_ng import layout as L
-    from ultradict_ng._shm.segment import Segment
+    from ultradict_ng._segments import Segment
 
     ctrl = Segment.create(name, L.CONTROL_SIZE)
     words = memoryview(ctrl.buf).cast("Q")  # type: ignore[arg-type]

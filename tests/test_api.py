@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import collections.abc
 import datetime
 import os
@@ -12,6 +13,7 @@ from decimal import Decimal
 import pytest
 
 from ultradict_ng._codec import codec
+from ultradict_ng._engine import BlobGone, Conflict
 from ultradict_ng import (
     AlreadyExists,
     Closed,
@@ -164,6 +166,30 @@ def test_fromkeys_calls_cls_like_dict_fromkeys(name):
         assert type(e) is SharedDict and e.copy() == dict.fromkeys("xy")
     finally:
         e.close()
+
+
+def test_fromkeys_sets_each_key_through_the_subclass_setitem(name):
+    """As dict.fromkeys on a dict subclass: cls(), then the made object's own
+    __setitem__ per key -- or whatever mapping the subclass's __new__ returns."""
+    seen = []
+
+    class Logged(SharedDict):
+        def __setitem__(self, key, value):
+            seen.append(key)
+            super().__setitem__(key, value * 2)
+
+    d = Logged.fromkeys(iter("ab"), 1, name=name)
+    try:
+        assert type(d) is Logged and seen == ["a", "b"] and d == {"a": 2, "b": 2}
+    finally:
+        d.close()
+
+    class Elsewhere(SharedDict):
+        def __new__(cls):
+            return collections.UserDict()
+
+    other = Elsewhere.fromkeys("ab")
+    assert type(other) is collections.UserDict and other == {"a": None, "b": None}
 
 
 @pytest.mark.shm_only
@@ -619,3 +645,139 @@ def test_lock_take_over_from_a_live_holder(name):
         p.kill()
         p.join()
     d.close()
+
+
+# -- the facade's two retry loops, and pickling through the engine interface ---------------
+
+
+class _LosesRaces:
+    """An engine (wrapping a real one) that loses the next race it is armed
+    for: its next ``commit`` raises ``Conflict`` (another client committed
+    first), its next ``materialize``/``view`` raises ``BlobGone`` (a newer
+    state freed the blob).  Counts how often each was raised."""
+
+    def __init__(self, engine):
+        self.__dict__.update(engine=engine, lose_commit=False, lose_blob=False, conflicts=0, gone=0)
+
+    def __getattr__(self, attr):
+        return getattr(self.engine, attr)
+
+    def __setattr__(self, attr, value):
+        if attr in self.__dict__:
+            self.__dict__[attr] = value
+        else:
+            setattr(self.engine, attr, value)
+
+    def commit(self, rec):
+        if self.lose_commit:
+            self.__dict__.update(lose_commit=False, conflicts=self.conflicts + 1)
+            raise Conflict("another client committed first")
+        self.engine.commit(rec)
+
+    def _blob(self):
+        if self.lose_blob:
+            self.__dict__.update(lose_blob=False, gone=self.gone + 1)
+            raise BlobGone("a newer state freed it")
+
+    def materialize(self, stored):
+        self._blob()
+        return self.engine.materialize(stored)
+
+    def view(self, stored):
+        self._blob()
+        return self.engine.view(stored)
+
+
+def test_every_checked_write_runs_again_after_a_conflict(name):
+    d = SharedDict(name=name, recurse=True)
+    try:
+        engine = _LosesRaces(d._store)
+        h = SharedDict._on_engine(engine)
+        h.update({"a": 1, "b": [2], "c": 3, "n": {"x": 1}})
+        n = h["n"]
+        assert n._store is engine and n.path == ("n",)
+
+        def lose(call):
+            engine.lose_commit = True
+            result = call()
+            assert not engine.lose_commit, "the method never committed"
+            return result
+
+        lose(lambda: h.__delitem__("a"))
+        assert lose(lambda: h.pop("b")) == [2]
+        assert lose(lambda: h.popitem()) == ("n", {"x": 1})
+        assert lose(lambda: h.setdefault("d", [4])) == [4]
+        h["n"] = {"x": 1}
+        n = h["n"]
+        lose(lambda: n.__setitem__("y", 2))
+        lose(lambda: n.update(z=3))
+        assert d.copy() == {"c": 3, "d": [4], "n": {"x": 1, "y": 2, "z": 3}}
+        lose(lambda: n.clear())
+        assert engine.conflicts == 7
+        assert d.copy() == {"c": 3, "d": [4], "n": {}}  # each write landed exactly once
+    finally:
+        d.close()
+
+
+def test_every_read_of_a_large_value_runs_again_when_its_blob_is_gone(name):
+    np = pytest.importorskip("numpy")
+    arr = np.arange(4096, dtype=np.int64)
+    d = SharedDict({"arr": arr, "more": [arr]}, name=name)
+    try:
+        engine = _LosesRaces(d._store)
+        h = SharedDict._on_engine(engine)
+
+        def lose(call):
+            engine.lose_blob = True
+            result = call()
+            assert not engine.lose_blob, "the read never needed the blob"
+            return result
+
+        assert np.array_equal(lose(lambda: h["arr"]), arr)
+        assert np.array_equal(lose(lambda: h.get("arr")), arr)
+        assert lose(lambda: h.view("arr")).nbytes == arr.nbytes
+        assert np.array_equal(lose(lambda: list(h.values()))[0], arr)
+        assert np.array_equal(lose(lambda: dict(h.items()))["more"][0], arr)
+        assert np.array_equal(lose(lambda: h.copy())["arr"], arr)
+        assert engine.gone == 6
+    finally:
+        d.close()
+
+
+def test_a_pickled_handle_reopens_with_what_its_engine_says(name):
+    """__reduce__ carries the engine's reopen_arguments(), whichever engine it is;
+    a handle pickled before engines said (no arguments: shared memory) still loads."""
+    d = SharedDict({"a": 1}, name=name, recurse=True)
+    d["n"] = {"x": 1}
+    try:
+        where = d._store.reopen_arguments()
+        assert "backend" in where
+        assert d["n"].__reduce__()[1] == (SharedDict, name, ("n",), where)
+        copy = pickle.loads(pickle.dumps(d["n"]))
+        assert copy.path == ("n",) and copy == {"x": 1} and type(copy._store) is type(d._store)
+        copy.close()
+    finally:
+        d.close()
+
+
+class _PickledBefore:
+    """What a shared-memory handle pickled to before engines had reopen_arguments."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        from ultradict_ng import shareddict
+
+        return (getattr(shareddict, "_reattach"), (SharedDict, self.name, ()))
+
+
+@pytest.mark.shm_only
+def test_a_handle_pickled_by_the_previous_version_still_loads(name):
+    d = SharedDict({"a": 1}, name=name)
+    try:
+        old = pickle.loads(pickle.dumps(_PickledBefore(name)))
+        assert type(old) is SharedDict and old == {"a": 1}
+        old.close()
+    finally:
+        d.close()

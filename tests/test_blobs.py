@@ -21,7 +21,8 @@ import pytest
 
 from ultradict_ng import CorruptSegment, SharedDict, Unlinked, UnsupportedType, unlink_by_name
 from ultradict_ng import layout as L
-from ultradict_ng._shm.blobs import BlobGone, BlobRef, InlineArray
+from ultradict_ng._codec.placeholders import BlobRef, InlineArray
+from ultradict_ng._engine import BlobGone
 
 np = pytest.importorskip("numpy")
 
@@ -553,13 +554,13 @@ def test_blobs_go_through_mappings_where_pwrite_and_pread_are_refused(name, monk
     mapping instead: same bytes, same values."""
     import errno
 
-    from ultradict_ng._shm import blobs
+    from ultradict_ng import _segments
 
     def refuse(*args):
         raise OSError(errno.ENXIO, "no read or write on shared memory here")
 
-    monkeypatch.setattr(blobs.os, "pwrite", refuse)
-    monkeypatch.setattr(blobs.os, "pread", refuse)  # ...and reads copy from the mapping
+    monkeypatch.setattr(_segments.os, "pwrite", refuse)
+    monkeypatch.setattr(_segments.os, "pread", refuse)  # ...and reads copy from the mapping
     d, other = pair(name)
     try:
         d["a"] = np.arange(10_000, dtype=np.int32)

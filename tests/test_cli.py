@@ -23,7 +23,8 @@ import pytest
 
 from ultradict_ng import SharedDict
 from ultradict_ng import layout as L
-from ultradict_ng._shm.segment import Segment
+from ultradict_ng.futures import layout as PL
+from ultradict_ng._segments import Segment
 from ultradict_ng._shm.survey import report
 
 from .conftest import unique_name
@@ -765,13 +766,13 @@ def test_ls_and_clean_parcels_of_a_killed_pool(tmp_path):
     pytest.importorskip("numpy")  # (the install without a compiler has no numpy)
     proc = subprocess.Popen([sys.executable, "-c", _POOL_SCRIPT], stdout=subprocess.PIPE, text=True,
                             cwd=ROOT)
-    live = os.path.join(SHM, f"{L.POOL_PREFIX}{os.getpid():x}cli.1-0")
+    live = os.path.join(SHM, f"{PL.POOL_PREFIX}{os.getpid():x}cli.1-0")
     try:
         assert _readline(proc, timeout=60).strip() == "ready"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         with open(live, "xb") as f:  # a parcel of a live pool: this process
-            f.write(struct.pack(L.PARCEL_FORMAT, L.PARCEL_MAGIC, owner_word(), owner_word(), 0).ljust(64, b"\0"))
+            f.write(struct.pack(PL.PARCEL_FORMAT, PL.PARCEL_MAGIC, owner_word(), owner_word(), 0).ljust(64, b"\0"))
         dead = [p for p in cli_json("ls")["parcels"] if p["owner_pid"] == proc.pid]
         assert dead and all(p["status"] == "abandoned" for p in dead), dead
         mine = [p for p in cli_json("ls")["parcels"] if p["name"] == os.path.basename(live)]

@@ -554,7 +554,7 @@ def test_truncated_encodings(value: Any) -> None:
 
 
 def test_unknown_ext_code() -> None:
-    for code in (0, 15, 50, 99, 127):  # 1-14 are ours (msgpack_ext.py)
+    for code in (0, 15, 50, 99, 127):  # 1-14 are ours (_codec/ext.py)
         with pytest.raises(CorruptSegment, match="unknown"):
             MSGPACK.loads(msgpack.packb(msgpack.ExtType(code, b"\x00")))
         with pytest.raises(CorruptSegment):

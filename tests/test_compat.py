@@ -7,10 +7,12 @@ documents, against ``from ultradict_ng import UltraDict``.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import json
 import multiprocessing
 import os
 import pickle
+import pickletools
 import signal
 import subprocess
 import sys
@@ -542,21 +544,173 @@ def test_full_dump_counter(name):
     assert ultra.full_dump_counter == 2  # readable after close, like UltraDict's attribute
 
 
-def test_log_is_the_package_logger(name, caplog):
+def test_log_is_ultradicts_log_module_over_our_logger(name, caplog):
+    """UltraDict's code (its own test module first) calls ``UltraDict.log.set_level(
+    UltraDict.log.Levels.error)``: a module API, not a Logger's.  Here it sets our
+    logger's level, and only ours."""
     import logging
 
-    assert UltraDict.log is logging.getLogger("ultradict_ng")
+    ours, root = logging.getLogger("ultradict_ng"), logging.getLogger()
+    log = UltraDict.log
     ultra = UltraDict(name=name)
-    assert ultra.log is UltraDict.log
-    level = UltraDict.log.level
+    assert ultra.log is log and ultradict_ng.compat.log is log
+    level, root_level = ours.level, root.level
     try:
-        UltraDict.log.setLevel(logging.ERROR)
-        assert logging.getLogger("ultradict_ng").getEffectiveLevel() == logging.ERROR
+        log.set_level(log.Levels.error)
+        assert ours.level == logging.ERROR and root.level == root_level
+        log.set_level("Warning")
+        assert ours.level == logging.WARNING
+        log.set_level(logging.DEBUG)
+        assert ours.level == logging.DEBUG
+        with pytest.raises(ValueError, match="unknown log level 'loud'"):
+            log.set_level("loud")
+        with pytest.raises(TypeError):
+            log.set_level(True)
+        assert [m.name for m in log.Levels] == ["debug", "info", "warning", "error", "critical"]
+        # The rest of the Logger API reaches the same logger (code written for 0.1).
+        log.setLevel(logging.ERROR)
+        assert ours.level == log.level == logging.ERROR
+        # logging's module-level functions act on the whole program: not offered (so
+        # UltraDict's tests take their set_level branch).
+        assert not hasattr(log, "disable") and not hasattr(log, "basicConfig")
         with caplog.at_level(logging.WARNING, logger="ultradict_ng"):
-            ultra.log.warning("from %s", "UltraDict code")
-        assert [r.getMessage() for r in caplog.records] == ["from UltraDict code"]
+            log.warning("from %s", "UltraDict code")
+        [record] = caplog.records
+        assert record.getMessage() == "from UltraDict code" and record.name == "ultradict_ng"
+        assert record.pathname == __file__  # the caller, not the forwarding function
     finally:
-        UltraDict.log.setLevel(level)
+        ours.setLevel(level)
+    ultra.close()
+
+
+# -- not a dict subclass ------------------------------------------------------------------------
+
+
+class _SharedAttributes:
+    """MIGRATING.md's replacement for UltraDict's examples/oop.py: attributes kept in
+    an UltraDict held in an ordinary attribute (kept in step with the document)."""
+
+    link_name = ""
+
+    def __init__(self):
+        object.__setattr__(self, "_shared", UltraDict(name=self.link_name))
+
+    def __getattr__(self, name):
+        if name == "_shared":
+            raise AttributeError(name)
+        try:
+            return self._shared[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self._shared[name] = value
+
+    def __delattr__(self, name):
+        try:
+            del self._shared[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def test_not_a_dict_subclass_and_what_to_write_instead(name):
+    ultra = UltraDict(name=name)
+    assert not isinstance(ultra, dict) and isinstance(ultra, collections.abc.MutableMapping)
+
+    class Holder:
+        pass
+
+    with pytest.raises(TypeError, match="__dict__ must be set to a dictionary, not a 'UltraDict'"):
+        object.__setattr__(Holder(), "__dict__", ultra)
+    with pytest.raises(TypeError, match="instance lay-out conflict"):
+        type("Both", (SharedDict, dict), {})  # why: SharedDict's base has its own layout
+
+    linked = type("Linked", (_SharedAttributes,), {"link_name": name})
+    first, second = linked(), linked()
+    first.something = "some value"
+    assert second.something == "some value" and ultra["something"] == "some value"
+    del second.something
+    with pytest.raises(AttributeError):
+        first.something
+    first._shared.close()
+    second._shared.close()
+    ultra.close()
+
+
+# -- pickles made by the previous version -------------------------------------------------------
+#
+# Made by ultradict_ng 0.1 (before compat/ became a package) with pickle protocol 2, so the
+# module paths they name are plain to read.  The handle is ``ultra["a"]`` of
+# ``UltraDict(name="OLDPICKLENAME15", serializer=json, recurse=True)``; tests swap in a name
+# of the same length.
+
+OLD_HANDLE = (b"\x80\x02cultradict_ng.compat\n_reattach\nq\x00(cultradict_ng.compat\nUltraDict\nq\x01"
+              b"X\x0f\x00\x00\x00OLDPICKLENAME15q\x02X\x01\x00\x00\x00aq\x03\x85q\x04X\x06\x00\x00\x00"
+              b"moduleq\x05X\x04\x00\x00\x00jsonq\x06\x86q\x07tq\x08Rq\t.")
+#: ``CannotAcquireLockTimeout("held", blocking_pid=1234, timestamp=5.0, time_passed=1.5, name="x")``
+#: and ``AlreadyClosed("closed")``, pickled while they lived in ``ultradict_ng.compat_errors``.
+OLD_LOCK_TIMEOUT = (b"\x80\x02cultradict_ng.compat_errors\n_rebuild_error\nq\x00cultradict_ng.compat_errors"
+                    b"\nCannotAcquireLockTimeout\nq\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00"
+                    b"nameq\x04X\x01\x00\x00\x00xq\x05X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00"
+                    b"blocking_pidq\x07M\xd2\x04X\t\x00\x00\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00"
+                    b"X\x0b\x00\x00\x00time_passedq\tG?\xf8\x00\x00\x00\x00\x00\x00u\x87q\nRq\x0b.")
+OLD_CLOSED = b"\x80\x02cultradict_ng.compat_errors\nAlreadyClosed\nq\x00X\x06\x00\x00\x00closedq\x01\x85q\x02Rq\x03."
+#: ``CannotAcquireLock("held", blocking_pid=1234, timestamp=5.0, name="x")`` from when
+#: compat.py held the exceptions too.
+OLDER_LOCK = (b"\x80\x02cultradict_ng.compat\n_rebuild_error\nq\x00cultradict_ng.compat\nCannotAcquireLock\n"
+              b"q\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00nameq\x04X\x01\x00\x00\x00xq\x05"
+              b"X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00blocking_pidq\x07M\xd2\x04X\t\x00\x00"
+              b"\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00u\x87q\tRq\n.")
+
+
+def test_handles_pickled_by_the_previous_version_load(name):
+    assert len(name) == len("OLDPICKLENAME15")
+    ultra = UltraDict(name=name, serializer=json, recurse=True)
+    ultra["a"] = {"b": 1}
+    view = pickle.loads(OLD_HANDLE.replace(b"OLDPICKLENAME15", name.encode()))
+    assert type(view) is UltraDict and view.name == name and view.serializer is json
+    assert view.copy() == {"b": 1}
+    view["c"] = 2
+    assert ultra["a"] == {"b": 1, "c": 2}
+    view.close()
+    ultra.close()
+
+
+def test_exceptions_pickled_by_the_previous_versions_load():
+    exc = pickle.loads(OLD_LOCK_TIMEOUT)
+    assert type(exc) is E.CannotAcquireLockTimeout and isinstance(exc, ultradict_ng.LockTimeout)
+    assert (str(exc), exc.blocking_pid, exc.pid, exc.timestamp, exc.time_passed, exc.name) == (
+        "held", 1234, 1234, 5.0, 1.5, "x")
+    exc = pickle.loads(OLD_CLOSED)
+    assert type(exc) is E.AlreadyClosed and exc.args == ("closed",)
+    exc = pickle.loads(OLDER_LOCK)
+    assert type(exc) is E.CannotAcquireLock and (exc.blocking_pid, exc.timestamp) == (1234, 5.0)
+
+
+def _globals_named(data):
+    """The ``module name`` pairs a protocol-2 pickle imports."""
+    return {arg for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
+
+
+@pytest.mark.parametrize("serializer", ["msgpack", "pickle", "json"])
+def test_a_pickled_handle_names_no_codec_module(name, serializer):
+    """What a handle pickles to travel: its class, ``_reattach``, its name and path, and
+    for a custom serializer the object (a module by its name) -- never one of our codec
+    objects, whose module paths move with the package's layout."""
+    if serializer == "msgpack":
+        SharedDict(name=name, create=True, recurse=True, auto_unlink=False).close()  # UltraDict attaches
+        ultra = UltraDict(name=name, recurse=True)
+    else:
+        ultra = UltraDict(name=name, recurse=True, serializer=json if serializer == "json" else pickle)
+    ultra["nested"] = {"x": 1}
+    for handle in (ultra, ultra["nested"]):
+        data = pickle.dumps(handle, protocol=2)
+        assert _globals_named(data) == {"ultradict_ng.compat.ultradict _reattach",
+                                        "ultradict_ng.compat.ultradict UltraDict"}
+        again = pickle.loads(data)
+        assert again.copy() == handle.copy()
+        again.close()
+    ultra.unlink()
     ultra.close()
 
 

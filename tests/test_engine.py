@@ -25,6 +25,7 @@ from ultradict_ng._codec.codec import MSGPACK
 from ultradict_ng._engine import Engine
 from ultradict_ng.errors import PathGone, Unlinked
 from ultradict_ng.speedups import StoreBase, Words
+from ultradict_ng._shm.lock import ShmLock
 from ultradict_ng._shm.store import Store
 
 
@@ -46,7 +47,7 @@ class LocalEngine(StoreBase):
         self.name = name
         self.recurse = recurse
         self.codec = MSGPACK
-        self.lock = SharedLock(server.words, name, id(server))
+        self.lock = ShmLock(server.words, name, id(server))  # a lock word in the server's buffer
         self.mutex = threading.RLock()
         self.created = True
         self.words = memoryview(server.buf).cast("Q")

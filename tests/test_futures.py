@@ -42,7 +42,7 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 
 import ultradict_ng.futures as uf  # noqa: E402
 from tests import pool_tasks as T  # noqa: E402
-from ultradict_ng import layout as L  # noqa: E402
+from ultradict_ng.futures import layout as PL  # noqa: E402
 from ultradict_ng.errors import CorruptSegment  # noqa: E402
 from ultradict_ng.futures.parcel import ARRAY, DATA, VIEW, pack, unpack  # noqa: E402
 from ultradict_ng._owner import owner_word  # noqa: E402
@@ -998,7 +998,7 @@ def test_pack_large_stream_goes_to_the_segment(token: str) -> None:
     assert [kind for _, _, kind in p.spans] == [DATA]
     assert _ours(token) == [p.name]
     with open(os.path.join(SHM, p.name), "rb") as f:
-        assert f.read(8) == L.PARCEL_MAGIC
+        assert f.read(8) == PL.PARCEL_MAGIC
     out = unpack(p, me)
     assert type(out) is bytes and out == data
     assert _ours(token) == []  # the taker removed the name
@@ -1012,7 +1012,7 @@ def test_pack_buffers_out_of_band(token: str) -> None:
         assert p.name and p.data  # the buffers in the segment, the small stream in the pipe
         assert [kind for _, _, kind in p.spans] == [ARRAY, ARRAY]
         for offset, _, _ in p.spans:
-            assert offset >= L.PARCEL_HEADER and offset % L.PARCEL_ALIGN == 0
+            assert offset >= PL.PARCEL_HEADER and offset % PL.PARCEL_ALIGN == 0
         assert [length for _, length, _ in p.spans] == [arr.nbytes, fortran.nbytes]
         assert os.path.getsize(os.path.join(SHM, p.name)) >= p.spans[-1][0] + p.spans[-1][1]
     finally:

@@ -52,6 +52,7 @@ from tests.conftest import SOAK_SECONDS, soak_scaled
 from tests.pool_workers import mapped, maker_pid, shm_names
 from tests.wait_workers import wait_until
 from ultradict_ng import layout as L
+from ultradict_ng.futures import layout as PL
 from ultradict_ng.errors import CorruptSegment
 from ultradict_ng.futures import BrokenProcessPool, ProcessPoolExecutor
 from ultradict_ng.futures.parcel import Parcel, pack, unpack
@@ -61,7 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHM = "/dev/shm"
 BIG = 1 << 17  # float64 elements: 1 MiB, well over the 64 KiB threshold
 ONE_LINER = "import ultradict_ng.futures as f; f.remove_leftovers()"
-HEADER = struct.Struct(L.PARCEL_FORMAT)
+HEADER = struct.Struct(PL.PARCEL_FORMAT)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM) or not os.path.isdir("/proc/self"),
                                 reason="needs a listable /dev/shm and /proc (Linux)")
@@ -71,7 +72,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(SHM) or not os.path.isdir("/pr
 
 
 def prefix_of(ex: ProcessPoolExecutor) -> str:
-    return f"{L.POOL_PREFIX}{ex._pool.token}."
+    return f"{PL.POOL_PREFIX}{ex._pool.token}."
 
 
 def names_of(ex: ProcessPoolExecutor) -> List[str]:
@@ -202,7 +203,7 @@ def kill_if_alive(words: Dict[int, int]) -> None:
                 pass
 
 
-def age(name: str, seconds: float = L.PARCEL_STALE + 60) -> None:
+def age(name: str, seconds: float = PL.PARCEL_STALE + 60) -> None:
     then = time.time() - seconds
     os.utime(os.path.join(SHM, name), (then, then))
 
@@ -568,7 +569,7 @@ def test_interpreter_exit_without_shutdown_sweeps(tmp_path):
     # (left_before_exit: a parcel made after the pool's sweeps, removed only at exit --
     # see test_result_parcel_made_after_the_idle_sweep_of_a_broken_pool)
     for token in out["tokens"]:
-        assert not shm_names(f"{L.POOL_PREFIX}{token}."), token
+        assert not shm_names(f"{PL.POOL_PREFIX}{token}."), token
 
 
 # -- the pool's process SIGKILLed -----------------------------------------------------------------
@@ -581,7 +582,7 @@ def _leftovers_of_dead_pool(info: Dict[str, Any]) -> Dict[str, F.ParcelReport]:
     words = {int(p): w for p, w in info["workers"].items()}
     took = wait_gone(words, 10)
     assert took < 10
-    prefix = f"{L.POOL_PREFIX}{info['token']}."
+    prefix = f"{PL.POOL_PREFIX}{info['token']}."
     seen = reports(prefix)
     assert set(seen) == set(shm_names(prefix))
     for name, rep in seen.items():
@@ -663,7 +664,7 @@ def test_one_liner_spares_live_pools(tmp_path):
             wait_until(lambda: [r for r in reports(prefix_of(ex)).values() if r.status == "live"], 30,
                        "the queued call is packed (its header written)")
             live = names_of(ex) + [alive.name]
-            seen = reports(L.POOL_PREFIX)
+            seen = reports(PL.POOL_PREFIX)
             assert [seen[n].status for n in live] == ["live", "live"], seen
             assert seen[dead.name].status == "abandoned", seen
             one_liner()
@@ -674,7 +675,7 @@ def test_one_liner_spares_live_pools(tmp_path):
         no_names(ex)
     finally:
         ex.shutdown()
-        for n in shm_names(f"{L.POOL_PREFIX}{token}."):
+        for n in shm_names(f"{PL.POOL_PREFIX}{token}."):
             os.unlink(os.path.join(SHM, n))
     assert not names_of(ex)
 
@@ -696,7 +697,7 @@ def test_every_future_completes_when_a_worker_dies_while_calls_are_pickled(tmp_p
         if words:
             wait_gone(words, 10)  # the watchdog ends a worker the script left behind
         kill_if_alive(words)
-        for n in shm_names(f"{L.POOL_PREFIX}{out['token']}.") if "out" in locals() else []:
+        for n in shm_names(f"{PL.POOL_PREFIX}{out['token']}.") if "out" in locals() else []:
             os.unlink(os.path.join(SHM, n))
     assert out["not_done"] == 0, out
     assert out["exceptions"] == ["BrokenProcessPool"], out
@@ -724,7 +725,7 @@ def test_full_dev_shm(tmp_path):
     for key in ("big_call", "big_result", "big_again"):
         assert out[key].startswith("OutOfSpace/True"), (key, out[key])
     for key in ("after_big_call", "after_big_result", "during", "final"):
-        assert not [n for n in out[key] if n.startswith(L.POOL_PREFIX)], (key, out[key])
+        assert not [n for n in out[key] if n.startswith(PL.POOL_PREFIX)], (key, out[key])
     assert out["medium_ok"] and out["small_ok"], out
     assert out["final"] == [], out
 
@@ -920,7 +921,7 @@ file_spec = st.tuples(
 def _expected(spec: Any) -> Any:
     """(status, removed by remove_leftovers) of the file ``_make`` makes of ``spec``."""
     kind, _, _, tail, _, _ = spec
-    if kind in ("zero", "zero_aged") and HEADER.size + tail < L.PARCEL_HEADER:
+    if kind in ("zero", "zero_aged") and HEADER.size + tail < PL.PARCEL_HEADER:
         return "foreign", False  # too short for a parcel: a maker's is 0 or >= a header long
     return {"live": ("live", False), "dead": ("abandoned", True), "foreign": ("foreign", False),
             "zero": ("creating", False), "zero_aged": ("abandoned", True), "empty": ("creating", False),
@@ -937,16 +938,16 @@ def _make(path: str, spec: Any, target: str) -> None:
         return
     if kind == "symlink":  # to an abandoned-looking parcel elsewhere: never read through, never removed
         with open(target, "wb") as f:
-            f.write(HEADER.pack(L.PARCEL_MAGIC, _dead_words()[which], field, 0) + bytes(64))
+            f.write(HEADER.pack(PL.PARCEL_MAGIC, _dead_words()[which], field, 0) + bytes(64))
         os.symlink(target, path)
         return
     if kind == "live":
-        head = HEADER.pack(L.PARCEL_MAGIC, _LIVE_WORDS[which % 2], field, field ^ 0xFFFF)
+        head = HEADER.pack(PL.PARCEL_MAGIC, _LIVE_WORDS[which % 2], field, field ^ 0xFFFF)
     elif kind == "dead":
-        head = HEADER.pack(L.PARCEL_MAGIC, _dead_words()[which], field, field >> 3)
+        head = HEADER.pack(PL.PARCEL_MAGIC, _dead_words()[which], field, field >> 3)
     elif kind == "foreign":
         head = raw if raw != bytes(len(raw)) else b"\x01" + raw[1:]
-        if head[:8] == L.PARCEL_MAGIC:
+        if head[:8] == PL.PARCEL_MAGIC:
             head = b"X" + head[1:]
     elif kind in ("zero", "zero_aged"):
         head = bytes(HEADER.size)
@@ -957,7 +958,7 @@ def _make(path: str, spec: Any, target: str) -> None:
     with open(path, "xb") as f:
         f.write(head + random.Random(field).randbytes(tail) if head else b"")
     if kind.endswith("_aged") or (aged and kind in ("live", "dead", "foreign", "short")):
-        then = time.time() - L.PARCEL_STALE - 5 - (field % 10_000)
+        then = time.time() - PL.PARCEL_STALE - 5 - (field % 10_000)
         os.utime(path, (then, then))
 
 
@@ -990,7 +991,7 @@ def test_fuzz_parcels_and_remove_leftovers(specs):
     ``parcels()`` never raises nor blocks and classifies each as expected, and
     ``remove_leftovers()`` removes exactly the abandoned ones."""
     token = "fz" + uuid.uuid4().hex[:10]
-    prefix = f"{L.POOL_PREFIX}{token}."
+    prefix = f"{PL.POOL_PREFIX}{token}."
     made = {}
     fd, target = tempfile.mkstemp(prefix="fz-parcel-target-")
     os.close(fd)
@@ -1023,7 +1024,7 @@ def test_fuzz_parcels_and_remove_leftovers(specs):
 
 def test_short_foreign_file_is_never_removed():
     """A file under the prefix too short to be a parcel, not empty: foreign, kept."""
-    name = f"{L.POOL_PREFIX}fz{uuid.uuid4().hex[:10]}.short"
+    name = f"{PL.POOL_PREFIX}fz{uuid.uuid4().hex[:10]}.short"
     path = os.path.join(SHM, name)
     with open(path, "xb") as f:
         f.write(b"not a parcel")
@@ -1039,7 +1040,7 @@ def test_short_foreign_file_is_never_removed():
 
 def test_fifo_under_the_prefix_does_not_hang_parcels():
     """A FIFO under the prefix: reported foreign at once (a blocking open() hung for ever)."""
-    name = f"{L.POOL_PREFIX}fz{uuid.uuid4().hex[:10]}.fifo"
+    name = f"{PL.POOL_PREFIX}fz{uuid.uuid4().hex[:10]}.fifo"
     path = os.path.join(SHM, name)
     os.mkfifo(path, 0o600)
     result: List[Any] = []
@@ -1089,7 +1090,7 @@ def test_fuzz_unpack_corrupted_parcel(obj, corruption, r):
             with open(path, "r+b") as f:
                 i = r.randrange(8)
                 f.seek(i)
-                f.write(bytes([L.PARCEL_MAGIC[i] ^ r.randint(1, 255)]))
+                f.write(bytes([PL.PARCEL_MAGIC[i] ^ r.randint(1, 255)]))
         elif corruption == "owner":
             taker = owner ^ r.randint(1, 2**64 - 1)
         elif corruption == "truncate":
@@ -1099,7 +1100,7 @@ def test_fuzz_unpack_corrupted_parcel(obj, corruption, r):
         elif corruption == "length":
             with open(path, "r+b") as f:
                 f.seek(24)
-                f.write(struct.pack("<Q", r.randint(size - L.PARCEL_HEADER + 1, 2**64 - 1)))
+                f.write(struct.pack("<Q", r.randint(size - PL.PARCEL_HEADER + 1, 2**64 - 1)))
         if corruption == "none":
             got = unpack(parcel, taker)
             assert _same(got, obj)
@@ -1135,9 +1136,9 @@ def test_fuzz_unpack_garbage_descriptor(obj, spans, name):
     path = os.path.join(SHM, parcel.name)
     size = os.path.getsize(path)
     ref_spans = tuple(spans) if spans is not None else parcel.spans
-    ref_name = {"same": parcel.name, "missing": parcel.name + "x", "slash": f"{L.POOL_PREFIX}{token}/x",
-                "no prefix": "udp" + token, "too long": L.POOL_PREFIX + "z" * 300}[name]
-    bad_spans = any(k not in KINDS or off < L.PARCEL_HEADER or n < 0 for off, n, k in ref_spans)
+    ref_name = {"same": parcel.name, "missing": parcel.name + "x", "slash": f"{PL.POOL_PREFIX}{token}/x",
+                "no prefix": "udp" + token, "too long": PL.POOL_PREFIX + "z" * 300}[name]
+    bad_spans = any(k not in KINDS or off < PL.PARCEL_HEADER or n < 0 for off, n, k in ref_spans)
     outside = max((off + n for off, n, _ in ref_spans), default=0) > size
     try:
         try:

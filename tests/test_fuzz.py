@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
 from ultradict_ng import SharedDict, SharedDictError, layout as L, unlink_by_name
-from ultradict_ng._shm import segment
+from ultradict_ng import _segments as segments
 from ultradict_ng._owner import owner_alive, owner_word
-from ultradict_ng._shm.segment import Segment
+from ultradict_ng._segments import Segment
 
 EDITS = st.lists(
     st.tuples(
@@ -75,7 +75,7 @@ def build(name: str) -> List[Dict[Any, Any]]:
 def damage(name: str, target: str, edits: List[Any]) -> None:
     if target == "foreign-blob":
         bname = L.blob_name(name, 2)
-        segment.unlink(bname)
+        segments.unlink(bname)
         foreign = Segment.create(bname, 64 + edits[0][1] % 4096)
         foreign.buf[:8] = edits[0][2].to_bytes(8, "little")
         foreign.close()
@@ -86,7 +86,7 @@ def damage(name: str, target: str, edits: List[Any]) -> None:
         gen = int.from_bytes(seg.buf[8 * L.W_STATE:8 * L.W_STATE + 8], "little") >> 32
         seg.close()
         dname = L.dump_name(name, gen)
-        segment.unlink(dname)
+        segments.unlink(dname)
         foreign = Segment.create(dname, 64 + edits[0][1] % 4096)
         foreign.buf[:8] = edits[0][2].to_bytes(8, "little")
         foreign.close()
@@ -179,11 +179,11 @@ def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -
             L.READER_RETRIES = retries
         if isinstance(outcome, SharedDictError):
             # Refusing to delete what no longer looks like ours is right; the test cleans up.
-            for entry in segment.listed(name):
-                segment.unlink(entry)
-        leftovers = segment.listed(name)
+            for entry in segments.listed(name):
+                segments.unlink(entry)
+        leftovers = segments.listed(name)
         for entry in leftovers:
-            segment.unlink(entry)
+            segments.unlink(entry)
     assert not leftovers, f"unlink_by_name left {leftovers}"
 
 
@@ -251,7 +251,7 @@ def test_garbage_in_the_wait_register_never_hangs_or_crashes(edits: List[Any], f
             h.close()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_handler)
-    assert not segment.listed(name)
+    assert not segments.listed(name)
 
 
 #: The words of the user register (layout: "Users"): CLOSING, USER_OVERFLOW, the slots.
@@ -333,9 +333,9 @@ def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], f
             signal.alarm(0)
             signal.signal(signal.SIGALRM, old_handler)
             L.INIT_TIMEOUT = init_timeout
-        leftovers = segment.listed(name)
+        leftovers = segments.listed(name)
         for entry in leftovers:
-            segment.unlink(entry)
+            segments.unlink(entry)
     assert not leftovers, f"unlink_by_name left {leftovers}"
 
 

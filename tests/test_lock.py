@@ -247,3 +247,99 @@ def test_a_stale_wake_in_flight_delays_a_sleeping_waiter_by_at_most_a_liveness_c
         release.set()
         holder.join(30)
     assert holder.exitcode == 0
+
+
+# -- the front end, on every backend ----------------------------------------------------------
+
+
+@pytest.fixture
+def bd(each_backend, name):
+    """A dict on each backend (conftest: each_backend)."""
+    d = SharedDict({"n": 0}, name=name)
+    yield d
+    d.close()
+
+
+def test_one_front_end_owns_the_policy():
+    """Reentrancy, threads, timeouts and the context managers are written once:
+    no backend class overrides them (each implements only its shared part)."""
+    from ultradict_ng import SharedLock
+    from ultradict_ng._redis.lease import LeaseLock
+    from ultradict_ng._shm.lock import ShmLock
+
+    policy = ["acquire", "try_acquire", "release", "held", "locked", "owner_pid", "wait_until_free",
+              "__call__", "__enter__", "__exit__", "_take_after_enter", "_timeout_error"]
+    for cls in (ShmLock, LeaseLock):
+        assert issubclass(cls, SharedLock)
+        assert [m for m in policy if m in vars(cls)] == [], cls
+
+
+def test_reentrancy_owner_checks_and_locked_on_every_backend(bd):
+    from ultradict_ng import SharedLock
+
+    lock = bd.lock
+    assert isinstance(lock, SharedLock)
+    assert not lock.locked() and lock.owner_pid is None
+    with lock:
+        with lock(timeout=1):
+            assert lock.held() and lock.locked() and lock.owner_pid == os.getpid()
+            bd["n"] += 1
+        assert lock.held()
+    assert not lock.held() and not lock.locked()
+    with pytest.raises(RuntimeError, match="which this thread does not hold"):
+        lock.release()
+    with pytest.raises(ValueError):
+        lock.acquire(timeout=-1)
+    assert lock.try_acquire() and lock.try_acquire()  # (reentrant too)
+    lock.release()
+    lock.release()
+    assert not lock.locked() and bd["n"] == 1
+
+
+def test_another_thread_of_this_process_on_every_backend(bd, each_backend):
+    lock = bd.lock
+    taken, done = threading.Event(), threading.Event()
+
+    def holder():
+        with lock:
+            taken.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert taken.wait(10)
+    try:
+        assert lock.acquire(blocking=False) is False
+        assert lock.try_acquire() is False
+        with pytest.raises(LockTimeout) as info:
+            lock.acquire(timeout=0.1)
+        assert info.value.pid == os.getpid()
+        if each_backend == "shm":  # (the wording each backend always had)
+            assert f"within 0.1s (held by pid {os.getpid()})" in str(info.value)
+        else:
+            assert "within 0.1 s: held by another thread of this process" in str(info.value)
+        assert lock.wait_until_free(0.1) is False
+    finally:
+        done.set()
+        t.join()
+
+
+def test_wait_until_free_wakes_at_the_release_on_every_backend(bd):
+    """What the asyncio face's helper thread sleeps in: it returns at the
+    release, not at its timeout, and takes nothing."""
+    lock = bd.lock
+    lock.acquire()
+    got = []
+
+    def waiter():
+        t0 = time.monotonic()
+        got.append((lock.wait_until_free(5), time.monotonic() - t0))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.3)
+    assert not got  # the lock is held: still waiting
+    lock.release()
+    t.join(10)
+    assert got and got[0][0] is True and 0.25 <= got[0][1] < 1.5, got
+    assert not lock.locked() and lock.wait_until_free(0) is True

@@ -1,6 +1,6 @@
 """The seam (``ultradict_ng.speedups``): the compiled helper and its pure-Python twins.
 
-Every entry point exists in ``_native`` and in ``fallback`` with the same
+Every entry point exists in ``_native`` and in ``twins`` with the same
 name, and each implementation -- the compiled one where it is built, the twin
 with both ``atomics`` flavours -- is checked here against an explicit
 reference (struct + zlib + msgpack-python): the same stream bytes, the same
@@ -92,10 +92,10 @@ def _public(obj):
 
 @needs_native
 def test_twins_have_every_name_of_the_helper():
-    """fallback defines every entry point of _native (and _native.pyi names them all)."""
+    """The twins define every entry point of _native (and _native.pyi names them all)."""
     names = {n for n in vars(native) if not n.startswith("_")}
     assert names == set(fallback.__all__) - {"BoundWords", "PublicWords"}
-    stub = open(os.path.join(os.path.dirname(speedups.__file__), "_native.pyi")).read()
+    stub = open(os.path.join(os.path.dirname(fallback.__file__), "_native.pyi")).read()
     for n in names:
         assert f"{n}" in stub, n
     for cls in ("Words", "ProcessState", "StoreBase", "ViewBase"):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import pickle
+import re
+import secrets
 import stat
 import subprocess
 import sys
@@ -22,8 +25,10 @@ from ultradict_ng import (
     layout as L,
     unlink_by_name,
 )
-from ultradict_ng._shm import segment
-from ultradict_ng._shm.segment import Segment
+from ultradict_ng import _segments as segments
+from ultradict_ng._owner import owner_word
+from ultradict_ng._segments import Segment
+from ultradict_ng.futures import parcel
 
 spawn = multiprocessing.get_context("spawn")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,9 +103,9 @@ def test_foreign_segment_under_our_name(name):
         assert name in str(info.value) and isinstance(info.value, ValueError)
         with pytest.raises(CorruptSegment):
             unlink_by_name(name)
-        assert segment.exists(name)  # a foreign segment is never removed
+        assert segments.exists(name)  # a foreign segment is never removed
     finally:
-        segment.unlink(name)
+        segments.unlink(name)
 
 
 def test_small_foreign_segment(name):
@@ -110,7 +115,7 @@ def test_small_foreign_segment(name):
         with pytest.raises(CorruptSegment):
             SharedDict(name=name)
     finally:
-        segment.unlink(name)
+        segments.unlink(name)
 
 
 def test_other_layout_version(name):
@@ -156,7 +161,7 @@ def test_half_made_dict_of_a_live_creator_is_waited_for(name, monkeypatch):
             unlink_by_name(name)
         assert "being created" in str(info2.value)
     finally:
-        segment.unlink(name)
+        segments.unlink(name)
 
 
 def test_foreign_segment_with_zero_magic_is_never_unlinked(name):
@@ -170,7 +175,7 @@ def test_foreign_segment_with_zero_magic_is_never_unlinked(name):
         assert "not an ultradict_ng control segment" in str(info.value)
         assert os.path.exists(f"/dev/shm/{name}")
     finally:
-        segment.unlink(name)
+        segments.unlink(name)
 
 
 def test_empty_segment_left_before_ftruncate(name, monkeypatch):
@@ -276,6 +281,91 @@ def test_full_shared_memory_at_creation(name, monkeypatch):
     with pytest.raises(OutOfSpace):
         SharedDict(name=name)
     assert ours(name) == []
+
+
+def _parcels(pool):
+    return sorted(e for e in os.listdir("/dev/shm") if e.startswith(parcel.pool_prefix(pool)))
+
+
+def _no_room(*args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_full_shared_memory_is_reported_in_the_words_of_what_was_made(name, monkeypatch):
+    """The dict's segments, a large value and a pool parcel all go through one
+    module, and a full /dev/shm still says which of them found no room; nothing
+    of any of them is left behind."""
+    pool = secrets.token_hex(5)
+    d = SharedDict(name=name, blob_threshold=1024)
+    try:
+        monkeypatch.setattr(os, "posix_fallocate", _no_room)
+        monkeypatch.setattr(os, "pwrite", _no_room)
+        with pytest.raises(OutOfSpace, match=re.escape(f"for a 3000-byte value of shared dict {name!r}: ")):
+            d["big"] = b"x" * 3000
+        with pytest.raises(OutOfSpace, match=r"for a \d+-byte pool parcel: "):
+            parcel.pack(pickle.PickleBuffer(bytearray(20_000)), pool, owner_word(), 4096)
+        other = name + "x"
+        with pytest.raises(OutOfSpace, match=re.escape(f"for segment {other!r} ({L.CONTROL_SIZE} bytes): ")):
+            SharedDict(name=other)
+        monkeypatch.undo()
+        assert ours(name) == [name, L.stream_name(name)] and ours(other) == [] and _parcels(pool) == []
+        assert d.copy() == {}
+    finally:
+        d.close()
+
+
+def test_parcels_go_through_a_mapping_where_pwrite_is_refused(monkeypatch):
+    """Where shared memory cannot be written through its descriptor (macOS), a
+    parcel is written through a mapping: the same bytes as with pwrite."""
+    pool = secrets.token_hex(5)
+    me = owner_word()
+    obj = (pickle.PickleBuffer(bytearray(os.urandom(20_000))), os.urandom(30_000))
+
+    def contents(p):
+        with open(f"/dev/shm/{p.name}", "rb") as f:
+            return f.read()
+
+    def refuse(*args):
+        raise OSError(errno.ENXIO, "no write on shared memory here")
+
+    try:
+        written = parcel.pack(obj, pool, me, 4096)
+        monkeypatch.setattr(os, "pwrite", refuse)
+        mapped = parcel.pack(obj, pool, me, 4096)
+        monkeypatch.undo()
+        assert mapped.spans == written.spans and len(mapped.spans) == 2  # a buffer, and the stream
+        assert contents(mapped) == contents(written)
+        for p in (written, mapped):
+            view, data = parcel.unpack(p, me)
+            assert bytes(view) == bytes(obj[0].raw()) and data == obj[1]
+        assert _parcels(pool) == []
+    finally:
+        for entry in _parcels(pool):
+            segments.unlink(entry)
+
+
+def test_pwrite_refused_after_the_first_byte_is_an_error(monkeypatch):
+    """Only a refusal before anything was written means "write through a
+    mapping"; one in the middle is a real error, and the parcel is removed."""
+    pool = secrets.token_hex(5)
+    real_pwrite, calls = os.pwrite, []
+
+    def refuse_the_second(fd, data, offset):
+        calls.append(offset)
+        if len(calls) > 1:
+            raise OSError(errno.ENXIO, "no write on shared memory here")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", refuse_the_second)
+    try:
+        with pytest.raises(OSError) as info:
+            parcel.pack(pickle.PickleBuffer(bytearray(20_000)), pool, owner_word(), 4096)
+        monkeypatch.undo()
+        assert info.value.errno == errno.ENXIO and len(calls) == 2
+        assert _parcels(pool) == []
+    finally:
+        for entry in _parcels(pool):
+            segments.unlink(entry)
 
 
 def test_unsupported_initial_data_leaves_nothing(name):
@@ -549,7 +639,7 @@ def test_stream_that_cannot_grow_keeps_working(name, monkeypatch):
     def full(seg_name, length):
         raise OutOfSpace(f"no room to grow {seg_name!r}")
 
-    monkeypatch.setattr(segment, "reserve", full)
+    monkeypatch.setattr(segments, "reserve", full)
     big = {i: "v" * 40 for i in range(40_000)}
     d.update(big)
     assert d._store.gen >= 1 and d.buffer_size == L.DEFAULT_STREAM_SIZE

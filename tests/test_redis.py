@@ -1,4 +1,4 @@
-"""The Redis engine's own promises (redis_backend/layout.py), against a real
+"""The Redis engine's own promises (_redis/layout.py), against a real
 redis-server the session starts: what each read mode costs and returns, one
 round trip per write, conflicts redone, snapshots bounding the server's
 memory, the lease lock, removal and re-creation, handles across processes.
@@ -426,13 +426,27 @@ def test_large_arrays_and_bytes_travel_inline(open_dict, name):
     assert bytes(b.view("blob")) == b"z" * 1_000_000
 
 
-def test_what_is_shared_memory_only_says_so(open_dict, name, redis_url):
+def test_the_asyncio_face_sleeps_in_xread_instead_of_polling(open_dict, name, r):
+    """A coroutine waiting for a change costs the server one blocking read per
+    slice of its helper thread, not a SYNC per poll (test_aio runs the whole
+    face on this engine)."""
+    import asyncio
+
+    from ultradict_ng import SharedLock
     from ultradict_ng.aio import AsyncSharedDict
 
-    with pytest.raises(TypeError, match="shared memory only"):
-        AsyncSharedDict(name=name, backend=redis_url)
-    with pytest.raises(TypeError, match="shared memory only"):
-        AsyncSharedDict.wrap(open_dict(name=name))
+    d = open_dict(name=name)
+    assert isinstance(d.lock, SharedLock)  # the one front end, over the lease
+    ad = AsyncSharedDict.wrap(d)
+
+    async def main() -> None:
+        before = round_trips(r)
+        assert await ad.wait_for_change(timeout=1.0) is False
+        used = {k: v - before[k] for k, v in round_trips(r).items()}
+        assert 2 <= used["xread"] <= 8, used  # slices of 0.2 s
+        assert used["evalsha"] <= 1, used  # the catch-up before waiting, at most
+
+    asyncio.run(main())
 
 
 def test_closing_a_handle_that_holds_the_lock_gives_the_lease_back(open_dict, name):

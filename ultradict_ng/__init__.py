@@ -12,10 +12,10 @@ The shared-memory protocol is specified in :mod:`ultradict_ng.layout`.
 from . import errors
 from .errors import *  # noqa: F401,F403  (every exception, listed in errors.__all__)
 from .changes import SUPERSEDED, Change
-from ._shm.lock import SharedLock
+from ._lock import SharedLock
 from .shareddict import SharedDict
 from .compat import UltraDict
-from ._engine import unlink_by_name
+from ._backends import unlink_by_name
 
 __version__ = "0.1.0"
 

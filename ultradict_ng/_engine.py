@@ -3,11 +3,13 @@ machinery that shares its data.
 
 The facade (``shareddict.py``) knows nothing of segments, streams or dumps:
 it talks to an :class:`Engine` -- one process's attachment to one shared
-dict tree -- through the small interface below, and to :func:`open_engine`
-and :func:`unlink_by_name` to make and remove one.  The shared-memory engine
-is :class:`ultradict_ng.store.Store`; a second engine (a Redis backend, say)
-implements the same interface and the facade, its nested views, pickling and
-the UltraDict layer work on it unchanged.
+dict tree -- through the small interface below, and to
+:func:`ultradict_ng._backends.open_engine` and ``unlink_by_name`` (which pick
+the engine) to make and remove one.  The shared-memory engine is
+:class:`ultradict_ng._shm.store.Store`, the Redis one
+:class:`ultradict_ng._redis.engine.RedisEngine`: the facade, its nested views,
+pickling, the UltraDict layer and the asyncio face work on either unchanged.
+This module is only the interface: it imports no engine.
 
 Contract, beyond the signatures:
 
@@ -21,7 +23,7 @@ Contract, beyond the signatures:
   with ``_bind_state``.
 * **Mutations** are ``begin_write()`` (lock held, cache current, the dict
   still exists), checks against ``node(path)``, ``commit(record)`` (records:
-  :mod:`ultradict_ng.record`) and ``end_write()``; ``commit`` either publishes
+  :mod:`ultradict_ng._codec.records`) and ``end_write()``; ``commit`` either publishes
   the whole record and applies it to ``data`` or raises and changes nothing
   that any process can see.  ``mutex`` guards ``data`` against this process's
   other threads.
@@ -31,6 +33,16 @@ Contract, beyond the signatures:
   engine holds the lock and never raises it): the facade runs the operation
   again.  ``write(record)`` publishes a record whose effect does not depend
   on the state (a set, update or clear at the root) without the checks.
+* **Waiting without blocking an event loop** (the asyncio face,
+  ``aio.py``): ``change_mark()`` is the state ``data`` reflects, and
+  ``wait_past(mark, timeout)`` blocks the calling thread -- a helper thread,
+  never the event loop's -- until the published state moves past ``mark``
+  or the dict is removed, touching neither ``data`` nor ``mutex``; the face
+  then catches up with ``wait_for_change(0)``.  A feed's ``wait`` and the
+  lock's ``wait_until_free`` are the same kind of call, and the face takes
+  the lock itself with ``lock.try_acquire()`` in the loop's thread (the
+  lock belongs to a thread).  A caller cancels by passing short timeouts and
+  not calling again.
 * **Errors** are :mod:`ultradict_ng.errors` classes only.
 """
 
@@ -38,19 +50,17 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Tuple, Union
+
+from .errors import Closed
 
 if TYPE_CHECKING:
-    from .changes import Feed
+    from .changes import ChangeSource
     from ._codec.codec import Codec
-    from ._shm.lock import SharedLock
+    from ._lock import SharedLock
     from ._shm.users import User
 
-__all__ = ["Engine", "Options", "Conflict", "ClosedWords", "open_engine", "unlink_by_name", "BACKEND_ENV"]
-
-#: The backend a SharedDict opened without ``backend=`` uses: a Redis URL, or
-#: unset / "shm" for shared memory.
-BACKEND_ENV = "ULTRADICT_NG_BACKEND"
+__all__ = ["Engine", "Options", "Conflict", "BlobGone", "ClosedWords"]
 
 Path = Tuple[Any, ...]
 
@@ -98,14 +108,18 @@ class ClosedWords:
         self._name = name
 
     def __getitem__(self, index: int) -> int:
-        from .errors import Closed
-
         raise Closed(f"this handle of shared dict {self._name!r} is closed")
 
 
 class Conflict(Exception):
     """Internal: the engine refreshed its cache because another process wrote
     first; the facade runs the operation again (never reaches users)."""
+
+
+class BlobGone(Exception):
+    """Internal: a state newer than the one the cache reflects dropped a large
+    value this cache still names (``materialize``/``view`` found it gone); the
+    facade reads again (never reaches users)."""
 
 
 class Engine(Protocol):
@@ -123,7 +137,8 @@ class Engine(Protocol):
 
     @property
     def lock(self) -> "SharedLock":
-        """The tree's lock (a ``SharedLock``, or a subclass with the same face)."""
+        """The tree's lock: the front end ``_lock.SharedLock`` over this engine's
+        shared part (a subclass that implements only that part)."""
 
     @property
     def closed(self) -> bool: ...
@@ -142,9 +157,9 @@ class Engine(Protocol):
         """The cached dict at ``path`` (synced by the caller); PathGone if none."""
 
     def materialize(self, stored: Any) -> Any:
-        """The user's value of a cache placeholder (``blobs.BlobRef``,
-        ``blobs.InlineArray``); ``blobs.BlobGone`` if a newer state dropped it
-        (the caller reads again)."""
+        """The user's value of a cache placeholder (``_codec.placeholders``:
+        ``BlobRef``, ``InlineArray``, ``PickledBlobs``); :class:`BlobGone` if a
+        newer state dropped it (the caller reads again)."""
 
     def view(self, stored: Any) -> memoryview:
         """A read-only memoryview of a placeholder's bytes, without a copy."""
@@ -170,8 +185,19 @@ class Engine(Protocol):
         """Block until the tree changes after the state ``data`` reflects, then
         bring ``data`` up to date (True); False after ``timeout`` seconds."""
 
-    def feed(self) -> "Feed":
-        """A change feed (``changes.Feed``'s ``poll``/``wait``/``ended``) that
+    def change_mark(self) -> int:
+        """The value of the change counter ``data`` reflects, for :meth:`wait_past`
+        (what it counts is the engine's)."""
+
+    def wait_past(self, mark: int, timeout: float) -> bool:
+        """Block the calling thread until the published state moves past
+        ``mark`` or the dict is removed (True; at once if it already has), or
+        ``timeout`` seconds pass (False).  Changes nothing: neither ``data``
+        nor ``mutex``, so a helper thread may wait here while others use the
+        handle (module docstring)."""
+
+    def feed(self) -> "ChangeSource":
+        """A change feed (``changes.ChangeSource``: ``poll``/``wait``/``ended``) that
         starts at the state ``data`` reflects."""
 
     def stats(self) -> Dict[str, Any]:
@@ -186,47 +212,9 @@ class Engine(Protocol):
     def unlink(self) -> int:
         """Remove the dict for everybody; how many storage objects were removed."""
 
+    def reopen_arguments(self) -> Dict[str, Any]:
+        """Keyword arguments, beside ``name`` and ``create``, with which another
+        process opens this same dict (its backend, and the read mode where the
+        engine has one): what a pickled handle carries, so the facade need not
+        know which engine it runs on."""
 
-def open_engine(name: Optional[str], create: Optional[bool], options: Options,
-                initial: Optional[Sequence[Sequence[Any]]] = None) -> Engine:
-    """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
-    ``initial`` [key, value] pairs are stored only by the process that creates it."""
-    backend = resolve_backend(options.backend)
-    if backend is None:
-        if options.lease is not None or options.staleness is not None:
-            raise ValueError("lease= and staleness= are for the Redis backend only")
-        if options.reads not in (None, "fresh", "cached"):
-            raise ValueError(f"reads must be 'fresh' or 'cached', not {options.reads!r}")
-        from ._shm.store import Store  # the shared-memory engine (imported late: it imports us)
-
-        return Store.open(name, create, options, initial)
-    from ._redis.engine import RedisEngine
-
-    return RedisEngine.open(name, create, options, initial, backend, options.reads,
-                            options.lease, options.staleness)
-
-
-def resolve_backend(backend: Any) -> Any:
-    """None for shared memory, else the Redis URL or client to use."""
-    import os
-
-    if backend is None:
-        backend = os.environ.get(BACKEND_ENV) or None
-    if backend is None or backend == "shm":
-        return None
-    if isinstance(backend, str) and not backend.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"backend must be 'shm', a redis://, rediss:// or unix:// URL, or a redis "
-                         f"client; not {backend!r}")
-    return backend
-
-
-def unlink_by_name(name: str, backend: Any = None) -> int:
-    """Remove every storage object of the dict ``name``; how many (0 if none)."""
-    where = resolve_backend(backend)
-    if where is not None:
-        from ._redis.engine import unlink_by_name as unlink_redis
-
-        return unlink_redis(name, where)
-    from ._shm.cleanup import unlink_by_name as unlink_shm
-
-    return unlink_shm(name)

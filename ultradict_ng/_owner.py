@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Tuple
 
+from ._forks import on_fork_in_child
 from . import layout as L
 
 __all__ = ["owner_word", "pid_of", "owner_alive"]
@@ -97,5 +98,4 @@ def _after_fork_in_child() -> None:
     _my_word = 0
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork_in_child("identity", _after_fork_in_child)

@@ -2,28 +2,35 @@
 
 >>> from ultradict_ng.aio import AsyncSharedDict
 >>> d = AsyncSharedDict(name="jobs")          # or AsyncSharedDict.wrap(shared_dict)
->>> d["x"]                                    # reads stay synchronous: they never block
+>>> d["x"]                                    # reads stay synchronous: they never wait
 >>> await d.wait_for_change(timeout=5)        # the event loop runs meanwhile
 >>> async for change in d.changes():          # the change feed
 ...     ...
 >>> async with d.lock:                        # the cross-process lock
 ...     d["n"] = d["n"] + 1
 
-Why a face and not ``async def`` methods on SharedDict: a read is answered
-from the process's cache in well under a microsecond and never waits, so an
+Why a face and not ``async def`` methods on SharedDict: a read never waits
+for another process -- on shared memory it is answered from the process's
+cache in well under a microsecond, on Redis it is one round trip -- so an
 ``await`` would only cost; what can wait -- another process's write, the
 lock -- is awaitable here (the convention of ``redis.asyncio`` and
 filelock's ``AsyncFileLock``).  Writes take the lock: the synchronous ones
 (``d[k] = v``) wait for it like any code that calls ``with d.lock``, the
 awaitable ones (``await d.set(k, v)``) take it without blocking the loop.
 
-How it waits without blocking the loop: one daemon thread per channel and
-dict in this process (a :class:`_Watcher`) sleeps on the futex of that
-channel (layout: "Waiting and waking") on behalf of every coroutine waiting
-on it, and completes their futures through ``call_soon_threadsafe``.  It
-exits when nobody waits.  Cancelling a coroutine removes its future; a
-cancelled ``acquire`` holds nothing: the shared lock is only ever taken by a
-synchronous compare-and-swap in the event loop's thread, between awaits.
+How it waits without blocking the loop, on every backend: whatever can wait
+is a blocking call of the engine interface (``_engine.py``) -- ``wait_past``
+(the change counter moves past a value), a feed's ``wait``, the lock's
+``wait_until_free`` -- made by a daemon helper thread (a :class:`_Wait`) in
+slices of a fraction of a second, which completes the coroutines' futures
+through ``call_soon_threadsafe``.  On shared memory the thread sleeps on the
+channel's futex, on Redis in ``XREAD BLOCK``.  Coroutines that wait for the
+same thing share one thread (every ``wait_for_change`` of a handle from one
+state).  Cancelling a coroutine, or its timeout, removes its future; a
+thread left with none ends after its slice and keeps nothing registered.
+The lock is only ever taken in the event loop's thread, by ``try_acquire``
+between awaits (a lock belongs to a thread, and the coroutine's writes are
+made from that one): a cancelled ``acquire`` holds nothing.
 """
 
 from __future__ import annotations
@@ -32,119 +39,125 @@ import asyncio
 import threading
 import time
 from types import TracebackType
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, AsyncIterator, Callable, Dict, Hashable, List, Optional, Tuple, Type
 
-from . import layout as L
+from ._lock import SharedLock
 from .changes import Change
-from .errors import LockTimeout, Unlinked
-from ._shm.lock import SharedLock
+from .errors import LockTimeout
 from .shareddict import SharedDict
-from ._shm.waiting import Backoff
 
 __all__ = ["AsyncSharedDict", "AsyncSharedLock"]
 
-_W_STATE, _W_STATUS, _UNLINKED, _W_LOCK = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED, L.W_LOCK
+#: Longest blocking call of a helper thread: how long a thread that nobody
+#: waits for any more (cancelled, timed out) may live on.
+_SLICE = 0.2
+#: The lock's: also how soon an acquire re-tries when no release woke it (a
+#: dead holder, or a release whose one wake went to a waiter elsewhere).
+_LOCK_SLICE = 0.05
 
+class _Wait:
+    """A helper thread that calls ``step(slice)`` -- a blocking wait of at most
+    ``slice`` seconds, True once what it waits for happened -- until it
+    returns True, then completes every future that joined; or ends, after a
+    slice, when no future is left.  An exception from ``step`` goes to the
+    futures."""
 
-class _Watcher:
-    """Sleeps on one channel's futex for the coroutines of this process and
-    wakes each whose condition holds (module docstring)."""
-
-    def __init__(self, store: Any, waiters: int, seq: int) -> None:
-        self._store = store
-        self._waiters_index = waiters
-        self._seq = seq
+    def __init__(self, key: Hashable, step: Callable[[float], bool], slice_: float,
+                 ended: Callable[["_Wait"], None]) -> None:
+        self.key = key
+        self._step = step
+        self._slice = slice_
+        self._ended = ended
         self._guard = threading.Lock()
-        self._pending: List[Tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]", Callable[[], bool]]] = []
-        self._thread: Optional[threading.Thread] = None
+        self._futures: List[Tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]] = []
+        self._ending = False
 
-    def add(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], bool]) -> "asyncio.Future[None]":
-        """A future completed once ``ready()`` is true (checked now, and in the
-        watcher after every wake-up)."""
-        fut: "asyncio.Future[None]" = loop.create_future()
+    def join(self, loop: asyncio.AbstractEventLoop) -> "Optional[asyncio.Future[None]]":
+        """A future completed when the wait is over; None if this thread is ending."""
         with self._guard:
-            self._pending.append((loop, fut, ready))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ultradict_ng-aio-watcher",
-                                                daemon=True)
-                self._thread.start()
-        if ready():  # already true: no need for the thread to see a change
-            fut.set_result(None)
-        return fut
+            if self._ending:
+                return None
+            fut: "asyncio.Future[None]" = loop.create_future()
+            self._futures.append((loop, fut))
+            return fut
+
+    def leave(self, fut: "asyncio.Future[None]") -> None:
+        with self._guard:
+            self._futures = [item for item in self._futures if item[1] is not fut]
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="ultradict_ng-aio-wait", daemon=True).start()
 
     def _run(self) -> None:
-        store = self._store
-        atomic = store._map.atomic
-        waiters = self._waiters_index
-        registered = False
-        backoff = Backoff()
+        error: Optional[BaseException] = None
         try:
-            registered = store.waits.enter(atomic, waiters)
-            woken = False
             while True:
-                seq = atomic.load(self._seq) if registered else 0
                 with self._guard:
-                    keep = []
-                    for item in self._pending:
-                        loop, fut, ready = item
-                        if fut.done():
-                            continue
-                        try:
-                            done = ready()
-                        except Exception:  # e.g. Closed: let the coroutine find out
-                            done = True
-                        if done:
-                            loop.call_soon_threadsafe(_complete, fut)
-                        else:
-                            keep.append(item)
-                    self._pending = keep
-                    if not keep:
-                        self._thread = None
-                        return
-                if registered:
-                    if woken and self._seq == L.W_LOCK_SEQ:
-                        # A wake for the lock reached this thread: consume it (the
-                        # coroutines retry), so that the next release may wake again.
-                        atomic.cas(L.W_LOCK_WAKING, 1, 0)
-                    atomic.wait(self._seq, seq, 0.05)
-                    woken = True
-                else:
-                    backoff.sleep(0.05)
-        except BaseException:
-            with self._guard:
-                for loop, fut, _ in self._pending:
-                    loop.call_soon_threadsafe(_complete, fut)
-                self._pending = []
-                self._thread = None
-        finally:
-            if registered:
-                try:
-                    if self._seq == L.W_LOCK_SEQ:
-                        atomic.cas(L.W_LOCK_WAKING, 1, 0)
-                    store.waits.exit(atomic, waiters)
-                except Exception:
-                    pass  # the handle was closed meanwhile
+                    if not self._futures:
+                        break  # nobody waits any more
+                if self._step(self._slice):
+                    break
+        except BaseException as exc:  # Closed, Unlinked, BackendUnavailable: the coroutines get it
+            error = exc
+        with self._guard:
+            self._ending = True
+            futures, self._futures = self._futures, []
+        self._ended(self)
+        for loop, fut in futures:
+            try:
+                loop.call_soon_threadsafe(_settle, fut, error)
+            except RuntimeError:  # that loop was closed meanwhile
+                pass
 
 
-def _complete(fut: "asyncio.Future[None]") -> None:
-    if not fut.done():
+def _settle(fut: "asyncio.Future[None]", error: Optional[BaseException]) -> None:
+    if fut.done():
+        return
+    if error is None:
         fut.set_result(None)
+    else:
+        fut.set_exception(error)
 
 
-async def _await(fut: "asyncio.Future[None]", timeout: Optional[float]) -> bool:
-    """Wait for ``fut`` at most ``timeout`` seconds; False on timeout.  The
-    future is cancelled on the way out whatever happens (so the watcher drops it)."""
-    try:
-        if timeout is None:
-            await fut
+class _Waits:
+    """The helper threads of one handle's face, by what they wait for."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._running: Dict[Hashable, _Wait] = {}
+
+    async def wait(self, key: Hashable, step: Callable[[float], bool], slice_: float,
+                   timeout: Optional[float]) -> bool:
+        """Until ``step`` (see :class:`_Wait`) returned True in a helper thread
+        (True), or ``timeout`` seconds (False; None: no limit).  Joins the
+        thread already waiting for ``key``, if any."""
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            wait = self._running.get(key)
+            fut = wait.join(loop) if wait is not None else None
+            if wait is None or fut is None:
+                wait = self._running[key] = _Wait(key, step, slice_, self._ended)
+                fut = wait.join(loop)
+                assert fut is not None
+                wait.start()
+        try:
+            if timeout is None:
+                await fut
+                return True
+            done, _ = await asyncio.wait((fut,), timeout=max(timeout, 0.0))
+            if not done:
+                return False
+            fut.result()  # (raises what the step raised)
             return True
-        await asyncio.wait_for(asyncio.shield(fut), max(timeout, 0.0))
-        return True
-    except asyncio.TimeoutError:
-        return False
-    finally:
-        if not fut.done():
-            fut.cancel()
+        finally:
+            wait.leave(fut)
+            if not fut.done():
+                fut.cancel()  # (a result the thread settles later is dropped, not left unretrieved)
+
+    def _ended(self, wait: _Wait) -> None:
+        with self._guard:
+            if self._running.get(wait.key) is wait:
+                del self._running[wait.key]
 
 
 class AsyncSharedLock:
@@ -153,12 +166,14 @@ class AsyncSharedLock:
 
     Coroutines of one event loop take turns through an ``asyncio.Lock`` first
     (the shared lock belongs to a thread, and they all run in one), then the
-    shared word is taken by the same compare-and-swap as the synchronous lock,
-    with dead-owner recovery at the same pace."""
+    lock is taken with ``try_acquire`` in the loop's thread -- which recovers
+    a dead holder's lock on shared memory, as the synchronous lock does -- and
+    a helper thread sleeps until it may be free."""
 
-    def __init__(self, lock: SharedLock, watcher: _Watcher) -> None:
+    def __init__(self, lock: SharedLock, name: str, waits: _Waits) -> None:
         self._lock = lock
-        self._watcher = watcher
+        self._name = name
+        self._waits = waits
         self._turns: Dict[int, asyncio.Lock] = {}
 
     def _turn(self) -> asyncio.Lock:
@@ -183,45 +198,38 @@ class AsyncSharedLock:
         except asyncio.TimeoutError:
             raise self._timeout(timeout) from None
         try:
-            loop = asyncio.get_running_loop()
             lock = self._lock
-            words = lock._words
-            next_check = time.monotonic() + L.LOCK_FIRST_CHECK
             while True:
-                now = time.monotonic()
-                check = now >= next_check
-                if lock.try_acquire(recover=check):
+                if lock.try_acquire():
                     return True
-                if check:
-                    next_check = now + L.LOCK_CHECK_INTERVAL
+                now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     raise self._timeout(timeout)
-                limit = next_check - now if deadline is None else min(next_check, deadline) - now
-                fut = self._watcher.add(loop, lambda: words.load(_W_LOCK) == 0)
-                if fut.done():  # free now, but this process's other thread may be taking it
-                    await asyncio.sleep(0.0002)
-                    continue
-                await _await(fut, limit)
+                limit = _LOCK_SLICE if deadline is None else min(_LOCK_SLICE, deadline - now)
+                await self._waits.wait("lock", lock.wait_until_free, _LOCK_SLICE, limit)
         except BaseException:
             turn.release()
             raise
 
     def release(self) -> None:
         """Release the lock (from the coroutine that holds it)."""
-        self._lock.release()
-        turn = self._turns.get(id(asyncio.get_running_loop()))
-        if turn is not None and turn.locked():
-            turn.release()
+        held = self._lock.held()
+        try:
+            self._lock.release()  # (RuntimeError if not held; LeaseLost after giving it back)
+        finally:
+            turn = self._turns.get(id(asyncio.get_running_loop()))
+            if held and turn is not None and turn.locked():
+                turn.release()  # the next coroutine's turn, whatever the release raised
 
     def locked(self) -> bool:
         """True if some process holds the lock now (a snapshot)."""
-        return self._lock.owner_pid is not None
+        return self._lock.locked()
 
     def _timeout(self, timeout: Optional[float]) -> LockTimeout:
         pid = self._lock.owner_pid
-        return LockTimeout(f"could not acquire the lock of shared dict {self._lock._name!r} "
+        return LockTimeout(f"could not acquire the lock of shared dict {self._name!r} "
                            f"within {timeout}s" + (f" (held by pid {pid})" if pid else ""),
-                           name=self._lock._name, pid=pid or 0)
+                           name=self._name, pid=pid or 0)
 
     async def __aenter__(self) -> "AsyncSharedLock":
         await self.acquire()
@@ -233,9 +241,9 @@ class AsyncSharedLock:
 
 
 class AsyncSharedDict:
-    """A shared dict for asyncio code (module docstring).  Takes the arguments
-    of :class:`~ultradict_ng.SharedDict`, or wraps one with :meth:`wrap`; the
-    synchronous handle is ``.dict``."""
+    """A shared dict for asyncio code (module docstring), on any backend.
+    Takes the arguments of :class:`~ultradict_ng.SharedDict`, or wraps one
+    with :meth:`wrap`; the synchronous handle is ``.dict``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         d = SharedDict(*args, **kwargs)
@@ -253,14 +261,10 @@ class AsyncSharedDict:
         return self
 
     def _setup(self, d: SharedDict) -> None:
-        if getattr(d._store, "backend", None) is not None:
-            raise TypeError("AsyncSharedDict works on shared memory only; on Redis use the "
-                            "SharedDict (or redis.asyncio) from a thread")
         self.dict = d
-        store = d._store
-        self._store = store
-        self._changes = _Watcher(store, L.W_CHANGE_WAITERS, L.W_CHANGE_SEQ)
-        self.lock = AsyncSharedLock(store.lock, _Watcher(store, L.W_LOCK_WAITERS, L.W_LOCK_SEQ))
+        self._store = d._store  # the engine (Engine interface)
+        self._waits = _Waits()
+        self.lock = AsyncSharedLock(self._store.lock, d.name, self._waits)
 
     # -- reads: synchronous, as on SharedDict ------------------------------------------------
 
@@ -325,31 +329,36 @@ class AsyncSharedDict:
     # -- changes ------------------------------------------------------------------------------------
 
     async def wait_for_change(self, timeout: Optional[float] = None) -> bool:
-        """``SharedDict.wait_for_change`` without blocking the event loop."""
+        """``SharedDict.wait_for_change`` without blocking the event loop:
+        True once the dict changed after the state this handle's cache
+        reflects (the cache then reflects the change), False after
+        ``timeout`` seconds; :class:`~ultradict_ng.errors.Unlinked` if the
+        dict is removed meanwhile."""
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         store = self._store
-        words = store.words  # Closed on a closed handle
-        seen = store.seen
-        if words[_W_STATE] == seen:
-            if words[_W_STATUS] & _UNLINKED:
-                raise Unlinked(f"shared dict {store.name!r} was unlinked")
-            fut = self._changes.add(asyncio.get_running_loop(),
-                                    lambda: words[_W_STATE] != seen or bool(words[_W_STATUS] & _UNLINKED))
-            if not await _await(fut, timeout):
+        mark = store.change_mark()  # Closed on a closed handle
+        if store.wait_for_change(0):  # changed already: caught up (Unlinked if removed)
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if not await self._waits.wait(("change", mark), lambda t: store.wait_past(mark, t),
+                                          _SLICE, left):
                 return False
-            if words[_W_STATE] == seen:
-                raise Unlinked(f"shared dict {store.name!r} was unlinked")
-        store.sync()
-        return True
+            if store.change_mark() == mark:
+                # What the helper saw is not in the cache yet (no other thread
+                # caught up meanwhile): catch up now; Unlinked if it was a removal.
+                store.wait_for_change(0)
+            if store.change_mark() != mark:
+                return True
 
     async def changes(self, timeout: Optional[float] = None) -> AsyncIterator[Change]:
         """``SharedDict.changes`` as an async iterator: ``async for change in d.changes():``."""
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         feed = self._store.feed()
-        words = feed.words
-        loop = asyncio.get_running_loop()
+        key = object()  # (this feed's own helper thread)
         while True:
             batch = feed.poll()
             if batch:
@@ -358,9 +367,7 @@ class AsyncSharedDict:
                 continue
             if feed.ended:
                 return
-            fut = self._changes.add(loop, lambda: words[_W_STATE] != feed.seen
-                                    or bool(words[_W_STATUS] & _UNLINKED))
-            if not await _await(fut, timeout):
+            if not await self._waits.wait(key, lambda t: feed.wait(time.monotonic() + t), _SLICE, timeout):
                 return
 
     # -- lifetime ---------------------------------------------------------------------------

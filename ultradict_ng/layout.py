@@ -1,16 +1,19 @@
 """The shared-memory protocol of ultradict_ng: segment layouts, offsets and rules.
 
 This docstring is the specification; the constants below are the only place the
-numbers live.  Who follows which part: ``control.py`` (control segment, creation
-and attach), ``record.py`` (the record's kinds and how one is applied),
-``reader.py`` (Reader), ``writer.py`` (Writer, Stream size, Dump), ``lock.py``
-(Lock), ``waiting.py`` (Waiting and waking), ``changes.py`` (the change feed
-under "Reader"), ``users.py`` (Users), ``cleanup.py`` (Unlink and cleanup
-register), ``survey.py`` (reading segments from outside), ``futures/parcel.py`` and
-``futures/leftovers.py`` (Pool parcels); the primitives under them
-come from ``speedups.py`` (the compiled helper or its twins in ``fallback.py``).
-The Redis backend's protocol (keys, scripts, read modes, lease) is specified
-the same way in ``redis_backend/layout.py``; nothing below applies to it.
+numbers live.  Who follows which part (modules of ``_shm/`` unless a path is given):
+``control.py`` (control segment, creation and attach), ``_codec/records.py``
+(the record's kinds and how one is applied), ``reader.py`` (Reader),
+``writer.py`` (Writer, Stream size, Dump), ``lock.py`` (Lock), ``waiting.py``
+(Waiting and waking), ``changes.py`` (the change feed under "Reader"),
+``users.py`` (Users), ``cleanup.py`` (Unlink and cleanup register),
+``blobs.py`` (Blobs; the references themselves are plain data in
+``_codec/placeholders.py``), ``survey.py`` (reading segments from outside).
+Every segment is created, opened, written, mapped, listed and removed through
+``_segments.py`` (which the process pool's parcels use too: their protocol is
+in :mod:`ultradict_ng.futures.layout`); the primitives under them come from
+``speedups.py`` (the compiled helper or its twins in ``_helper/``).  The Redis
+backend's protocol is in ``_redis/layout.py``; nothing below applies to it.
 
 Segments
 ========
@@ -87,7 +90,7 @@ Stream record (in ``N@s``, at offsets ``0 .. end`` of the current generation)
 ``u32 length | u32 generation (low 32 bits) | u32 crc32 | u32 0 | payload``;
 the crc covers the first 8 header bytes and the payload.  The payload is the
 serializer's encoding of the record ``[op, path, *args]``: op is one of
-``OP_*`` below and the kinds and shapes are tabled in ``record.py``, the one
+``OP_*`` below and the kinds and shapes are tabled in ``_codec/records.py``, the one
 definition every writer (codec, ``write_simple``) and reader (``apply``,
 ``apply_sets``) follows.
 
@@ -390,42 +393,6 @@ the ``/proc/<pid>/maps`` check (b), and so is any other mapping.  A user that
 dies leaves its slot: it counts as not alive, and the next claim that finds
 no free slot, or a ``clean``, frees it.
 
-Pool parcels (``@udp<pool>.<maker>-<seq>``; ``ultradict_ng.futures``)
-======================================================================
-The process pool moves a task's call and its result in *parcels*, one segment
-each at most, private to one pool: not a dict, no control segment, no lock,
-and no bump of ``LAYOUT_VERSION`` when it changes (its own magic has a
-version byte).  Names start with ``@`` (no dict or derived name can): ``<pool>``
-is the pool's random token, ``<maker>`` the creating process's pid and
-``<seq>`` its counter (base 36).  Layout: ``8 bytes PARCEL_MAGIC | u64 owner
-word (the pool's process: pid and start time, as LOCK) | u64 maker word |
-u64 payload length | zeros up to PARCEL_HEADER (64)``, then the out-of-band
-buffers of a pickle (protocol 5), each at a multiple of 64, then the pickle
-stream itself when it is as large as the threshold (a smaller stream travels
-in the pipe).  Where each piece is travels in the pipe, never in the segment:
-a parcel holds only raw bytes, and nothing read from it is unpickled except
-what the pipe's own pickle says to rebuild.
-
-Maker: create exclusively, ``ftruncate`` + ``posix_fallocate`` to the full
-size (a full ``/dev/shm`` is ``OutOfSpace`` here, and the segment is unlinked
-again), ``pwrite`` the header, then the payload; only then does the reference
-go into the pipe.  Taker: open, check magic, owner and length, map (read-write,
-shared), **unlink the name at once** (its mapping keeps the memory until the
-last array over it is collected), rebuild.
-
-Who removes a parcel: its taker (a worker its call's, the pool its result's);
-the pool again when the task ends any other way (cancelled, failed, pool
-broken: unlinking an already-taken name does nothing); every name with the
-pool's prefix when the pool shuts down, when it is idle after ``shutdown(wait=False)``,
-and at interpreter exit (all its tasks are done then); and, after a crash,
-``clean``: a parcel whose owner is dead (nobody will take it; a process that
-still maps it keeps its mapping, and no parcel is opened by name twice),
-or whose header is still zero ``PARCEL_STALE`` seconds after it was made (its
-maker died between creating and writing the header).  A parcel of a live pool
-is never touched from outside.  Workers check every ``POOL_WATCH_INTERVAL``
-that the pool's process is alive and exit when it is not, so that no worker
-of a killed pool maps a parcel for ever.
-
 Changing the layout
 ===================
 ``LAYOUT_VERSION`` is stored in every control segment, and a process refuses
@@ -433,11 +400,9 @@ Changing the layout
 process of the previous version would misread or miswrite: a control word's
 position or meaning, a flag, ``CONTROL_SIZE``, the record framing or checksum,
 an ``OP_*`` or a record's shape, the dump header, a segment name, the msgpack
-serializer's ext-type table (``_codec/ext.py``), an ordering rule above, or the
-module path of a type the pickle serializer stores in shared memory (the
-placeholders of large values: a pickle names its classes by module and name,
-so a process of the previous version could not load them).  Not
-for changes that stay inside one process: the cache, the hit path, which
+ext-type table (``_codec/ext.py``), an ordering rule above, or the module path
+of a type the pickle serializer stores (a pickle names classes by module).
+Not for changes that stay inside one process: the cache, the hit path, which
 implementation of the primitives runs (they write the same bytes), timing
 constants, or error messages.
 """
@@ -467,19 +432,19 @@ def stream_name(name: str) -> str:
 
 
 def dump_name(name: str, generation: int) -> str:
-    return name + DUMP_SUFFIX + _base36(generation)
+    return name + DUMP_SUFFIX + base36(generation)
 
 
 def blob_name(name: str, blob_id: int) -> str:
-    return name + BLOB_SUFFIX + _base36(blob_id)
+    return name + BLOB_SUFFIX + base36(blob_id)
 
 
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+def base36(n: int) -> str:
+    """``n`` in lower-case base 36: the short counters in segment names."""
     out = ""
     while True:
         n, r = divmod(n, 36)
-        out = digits[r] + out
+        out = "0123456789abcdefghijklmnopqrstuvwxyz"[r] + out
         if not n:
             return out
 
@@ -550,8 +515,7 @@ OP_UPDATE = 4  # [OP_UPDATE, path, [[key, value], ...]]
 DUMP_MAGIC = b"UDNGdmp\x01"
 DUMP_HEADER = 32  # struct "<8sQQII"
 DUMP_FORMAT = "<8sQQII"
-#: How many stale generations one reclaim pass unlinks at most; a larger
-#: REG_LOW..REG_HIGH gap can only come from a corrupted register.
+#: Stale generations one reclaim pass unlinks at most (a larger gap: a corrupted register).
 MAX_RECLAIM = 64
 
 # -- blobs -------------------------------------------------------------------
@@ -559,23 +523,11 @@ MAX_RECLAIM = 64
 BLOB_MAGIC = b"UDNGblb\x01"
 BLOB_FORMAT = "<8sQQQII"  # magic, token, id, length, kind, 0
 BLOB_HEADER = 64  # payload offset: 64-byte aligned for any dtype and for SIMD loads
-#: Default threshold: values of a blob kind this large or larger go to blobs.
-#: Measured on 2 cores (README "Large values"): below it, inline is cheaper
-#: than a segment's create + map + unlink (~40-60 µs).
+#: Values of a blob kind this large or larger go to blobs: below it, inline is cheaper
+#: than a segment's create + map + unlink (~40-60 µs; README "Large values").
 DEFAULT_BLOB_THRESHOLD = 64 << 10
-#: Where /dev/shm cannot be listed, how many ids of ``BLOB_LOW .. BLOB_NEXT``
-#: a sweep or cleanup tries at most.
+#: Ids of ``BLOB_LOW .. BLOB_NEXT`` a sweep tries at most where /dev/shm cannot be listed.
 MAX_BLOB_SWEEP = 4096
-
-# -- pool parcels ------------------------------------------------------------
-
-POOL_PREFIX = "@udp"
-PARCEL_MAGIC = b"UDNGpcl\x01"
-PARCEL_FORMAT = "<8sQQQ"  # magic, owner word, maker word, payload length
-PARCEL_HEADER = 64
-PARCEL_ALIGN = 64  # every buffer starts at a multiple of it: aligned for any dtype and SIMD
-PARCEL_STALE = 60.0  # seconds after which a parcel with a zero header counts as abandoned
-POOL_WATCH_INTERVAL = 1.0  # workers check this often that the pool's process is alive
 
 # -- lock --------------------------------------------------------------------
 

@@ -1,12 +1,15 @@
 """``SharedDict``: the user-facing dict, a thin layer over an engine
-(:mod:`ultradict_ng.engine`; the shared-memory one is :class:`~ultradict_ng.store.Store`).
+(:mod:`ultradict_ng._engine`; the shared-memory one is ``_shm.store.Store``,
+the Redis one ``_redis.engine.RedisEngine``).  The facade never asks which.
 
 A ``SharedDict`` is a (store, path) pair: the root has path ``()``; with
 ``recurse=True`` a dict stored under a key comes back as a ``SharedDict`` whose
 path is the keys leading to it, sharing the root's store, lock and segments.
 Every method syncs the local cache first (a single counter comparison when
 nothing changed) and every mutation is one record published under the lock,
-so each method is atomic across processes.
+so each method is atomic across processes.  The two races a method can
+lose -- a blob freed under a read, a checked write overtaken by another
+writer -- are retried in one place each (``_handle.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import layout as L
 from ._codec import records as R
-from ._shm.blobs import BlobGone, BlobRef, InlineArray, PickledBlobs
+from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
 from .changes import Change, iterate
 from ._codec.codec import IMMUTABLE_TYPES, copy_value
-from ._engine import Conflict, Engine, Options, open_engine, unlink_by_name as _unlink_by_name
-from ._shm.lock import SharedLock
-from .speedups import ViewBase, set_immutable_types
+from ._arguments import pairs, split_arguments
+from ._backends import open_engine, unlink_by_name as _unlink_by_name
+from ._engine import BlobGone, Engine
+from ._handle import Handle
+from ._lock import SharedLock
+from .speedups import set_immutable_types
 from ._shm.users import User
 
 __all__ = ["SharedDict"]
@@ -32,11 +38,10 @@ _STORED = frozenset({BlobRef, InlineArray, PickledBlobs})  # placeholders of lar
 set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
 _MISSING: Any = object()
 
-T = TypeVar("T")
 SD = TypeVar("SD", bound="SharedDict")
 
 
-class SharedDict(ViewBase, MutableMapping[Any, Any]):
+class SharedDict(Handle, MutableMapping[Any, Any]):
     """A dict shared by every process on the machine that opens it by name.
 
     ``SharedDict(name=None, create=None, *, recurse=None, buffer_size=None,
@@ -100,12 +105,9 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
     they never raise because another process wrote meanwhile.
     """
 
-    # ``_store`` and ``_path`` live in the base class (speedups.ViewBase),
-    # where the compiled read hit path finds them.
+    # The machinery under every method -- the (store, path) pair, the synced
+    # node, the retry loops ``_read`` and ``_locked`` -- is in ``_handle.Handle``.
     __slots__ = ()
-
-    _store: Engine
-    _path: Tuple[Any, ...]
 
     @overload
     def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
@@ -125,44 +127,25 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
                  staleness: Optional[float] = None, **more: Any) -> None: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # The parameters come out of kwargs; what remains is data.
-        name: Optional[str] = kwargs.pop("name", None)
-        create: Optional[bool] = kwargs.pop("create", None)
-        options = Options(recurse=kwargs.pop("recurse", None),
-                          buffer_size=kwargs.pop("buffer_size", None),
-                          serializer=kwargs.pop("serializer", None),
-                          auto_unlink=kwargs.pop("auto_unlink", None),
-                          blob_threshold=kwargs.pop("blob_threshold", None),
-                          backend=kwargs.pop("backend", None),
-                          reads=kwargs.pop("reads", None),
-                          lease=kwargs.pop("lease", None),
-                          staleness=kwargs.pop("staleness", None))
-        data: Any = None
-        positional = list(args)
-        if positional and not isinstance(positional[0], (str, type(None))):
-            data = positional.pop(0)
-        if len(positional) > 2:
-            raise TypeError("SharedDict() takes at most: data, name, create as positional arguments")
-        if positional:
-            if name is not None:
-                raise TypeError("SharedDict() got the name both positionally and by keyword")
-            name = positional.pop(0)
-        if positional:
-            if create is not None:
-                raise TypeError("SharedDict() got create both positionally and by keyword")
-            create = positional.pop(0)
-        # As dict(mapping, **kwargs): keyword items after (and over) the mapping's.
-        initial = (_pairs(data) if data is not None else []) + _pairs(kwargs)
+        # As dict(): parameters by keyword or position, the rest is data (_arguments).
+        name, create, options, initial = split_arguments(args, kwargs)
         self._store = open_engine(name, create, options, initial)
         self._path = ()
 
     @classmethod
     def fromkeys(cls: "type[SD]", iterable: Iterable[Any], value: Any = None, **options: Any) -> SD:
-        """``SharedDict.fromkeys(keys, value, name=...)``: like ``dict.fromkeys``,
-        ``cls(**options)`` then every key set to ``value`` (one atomic update),
-        so it works on subclasses whatever their constructor takes as data."""
+        """``SharedDict.fromkeys(keys, value, name=...)``: as ``dict.fromkeys``
+        on a subclass of dict, ``cls(**options)`` then ``d[key] = value`` for
+        each key, through the made object's own ``__setitem__`` (a subclass
+        that overrides it, or whose ``__new__`` returns another mapping, sees
+        every key).  Where ``__setitem__`` is ours the keys go in as one atomic
+        update instead: the same result, and no process sees half of it."""
         d = cls(**options)
-        d.update(dict.fromkeys(iterable, value))
+        if getattr(type(d), "__setitem__", None) is SharedDict.__setitem__:
+            d.update(dict.fromkeys(iterable, value))
+        else:
+            for key in iterable:
+                d[key] = value
         return d
 
     # -- identity ----------------------------------------------------------------------
@@ -216,31 +199,12 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
 
     # -- reading -----------------------------------------------------------------------
 
-    def _node(self) -> Dict[Any, Any]:
-        s = self._store
-        if s.words[_W_STATE] != s.seen:
-            s.sync()
-        return s.node(self._path) if self._path else s.data
-
-    @classmethod
-    def _on_engine(cls: "type[SD]", engine: Engine, path: Tuple[Any, ...] = ()) -> SD:
-        """A handle on an already open engine: how nested views are made, and
-        how an engine other than the shared-memory one is put behind the facade."""
-        view = ViewBase.__new__(cls)
-        view._store = engine
-        view._path = path
-        return view
-
-    def _view(self: SD, path: Tuple[Any, ...]) -> SD:
-        """A handle of the same class on the nested dict at ``path`` (sharing the store)."""
-        return self._on_engine(self._store, path)
-
     def _export(self, key: Any, value: Any) -> Any:
         """What a reader gets for a cached value: a nested view, the value of a
         large value or array (zero-copy for arrays), or a private copy.
 
         Raises ``BlobGone`` when a newer state dropped a blob this cache still
-        references: the callers read again (they sync first)."""
+        references: callers read again in ``_read``'s loop."""
         tp = type(value)
         if tp is dict and self._store.recurse:
             return self._view(self._path + (key,))
@@ -255,29 +219,37 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         s = self._store
         # The hit path first, in as few bytecodes as possible: one 8-byte load
         # of STATE compared with what the cache reflects, one dict lookup.
-        while True:
-            if s.words[_W_STATE] == s.seen and not self._path:
-                value = s.data[key]
-            else:
-                value = self._node()[key]
-            if type(value) in _IMMUTABLE:
-                return value
-            try:
-                return self._export(key, value)
-            except BlobGone:
-                continue  # a newer state replaced it: read that one
+        if s.words[_W_STATE] == s.seen and not self._path:
+            value = s.data[key]
+        else:
+            value = self._node()[key]
+        if type(value) in _IMMUTABLE:
+            return value
+        try:  # the value at hand first: no loop, no second lookup
+            return self._export(key, value)
+        except BlobGone:  # a writer freed its blob since our sync: read again, in _read's loop
+            return self._read(self._item, key)
+
+    def _item(self, node: Dict[Any, Any], key: Any, default: Any = _MISSING) -> Any:
+        """The user's value of ``node[key]``, for ``_read``: ``default`` if
+        absent (KeyError if no default)."""
+        value = node.get(key, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        return self._export(key, value)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        while True:
-            value = self._node().get(key, _MISSING)
-            if value is _MISSING:
-                return default
-            if type(value) in _IMMUTABLE:
-                return value
-            try:
-                return self._export(key, value)
-            except BlobGone:
-                continue
+        value = self._node().get(key, _MISSING)
+        if value is _MISSING:
+            return default
+        if type(value) in _IMMUTABLE:
+            return value
+        try:  # as in _getitem_slow
+            return self._export(key, value)
+        except BlobGone:
+            return self._read(self._item, key, default)
 
     def view(self, key: Any) -> memoryview:
         """A read-only ``memoryview`` of the value at ``key`` without copying it:
@@ -286,17 +258,17 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         The view maps the shared memory itself and never changes: it stays
         valid, and keeps that memory allocated, until it is released or
         collected -- whatever happens to the key or the dict meanwhile."""
-        while True:
-            value = self._node()[key]
+
+        def read(node: Dict[Any, Any]) -> memoryview:
+            value = node[key]
             tp = type(value)
-            try:
-                if tp is BlobRef or tp is InlineArray:
-                    return self._store.view(value)
-            except BlobGone:
-                continue
+            if tp is BlobRef or tp is InlineArray:
+                return self._store.view(value)
             if tp is bytes:
                 return memoryview(value)
             raise TypeError(f"shared dict value at {key!r} is a {tp.__name__}, not a buffer or array")
+
+        return self._read(read)
 
     def __contains__(self, key: object) -> bool:
         return key in self._node()
@@ -310,14 +282,12 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
             return list(node)
 
     def _snapshot_items(self) -> List[Tuple[Any, Any]]:
-        while True:
-            node = self._node()
+        def read(node: Dict[Any, Any]) -> List[Tuple[Any, Any]]:
             with self._store.mutex:
                 items = list(node.items())
-            try:
-                return [(k, v if type(v) in _IMMUTABLE else self._export(k, v)) for k, v in items]
-            except BlobGone:
-                continue  # the snapshot is older than a blob it needs: take a newer one
+            return [(k, v if type(v) in _IMMUTABLE else self._export(k, v)) for k, v in items]
+
+        return self._read(read)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._snapshot_keys())
@@ -336,14 +306,12 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
 
     def copy(self) -> Dict[Any, Any]:
         """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
-        while True:
-            node = self._node()
-            try:
-                with self._store.mutex:
-                    out: Dict[Any, Any] = copy_value(node, self._store.materialize)
-                return out
-            except BlobGone:
-                continue
+        def read(node: Dict[Any, Any]) -> Dict[Any, Any]:
+            with self._store.mutex:
+                out: Dict[Any, Any] = copy_value(node, self._store.materialize)
+            return out
+
+        return self._read(read)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SharedDict):
@@ -388,120 +356,70 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         hash(key)  # unhashable keys fail here, like dict, before anything is locked
         if type(value) not in _IMMUTABLE and isinstance(value, SharedDict):
             value = value.copy()
-        s = self._store
         if not self._path:
-            s.set_root(key, value)
+            self._store.set_root(key, value)  # needs no check: no loop, no closure
             return
-        while True:
-            s.begin_write()
-            try:
-                s.node(self._path)
-                s.commit(R.set_(self._path, key, value))
-                return
-            except Conflict:
-                continue  # another process wrote first: check again (engine.Conflict)
-            finally:
-                s.end_write()
+        self._write(R.set_(self._path, key, value))
 
     def __delitem__(self, key: Any) -> None:
-        s = self._store
-        while True:
-            s.begin_write()
-            try:
-                if key not in (s.node(self._path) if self._path else s.data):
-                    raise KeyError(key)
-                s.commit(R.delete(self._path, key))
-                return
-            except Conflict:
-                continue
-            finally:
-                s.end_write()
+        def decide(s: Engine, node: Dict[Any, Any]) -> None:
+            if key not in node:
+                raise KeyError(key)
+            s.commit(R.delete(self._path, key))
+
+        self._locked(decide)
 
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
-        s = self._store
-        while True:
-            s.begin_write()
-            try:
-                node = s.node(self._path) if self._path else s.data
-                if key not in node:
-                    if default is _MISSING:
-                        raise KeyError(key)
-                    return default
-                value = node[key]
-                if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
-                    value = copy_value(value, s.materialize)
-                s.commit(R.delete(self._path, key))
-                return value
-            except Conflict:
-                continue
-            finally:
-                s.end_write()
+        def decide(s: Engine, node: Dict[Any, Any]) -> Any:
+            if key not in node:
+                if default is _MISSING:
+                    raise KeyError(key)
+                return default
+            return self._take(s, node, key)
+
+        return self._locked(decide)
 
     def popitem(self) -> Tuple[Any, Any]:
         """Remove and return the most recently inserted item (LIFO, like dict)."""
-        s = self._store
-        while True:
-            s.begin_write()
-            try:
-                node = s.node(self._path) if self._path else s.data
-                if not node:
-                    raise KeyError("popitem(): shared dict is empty")
-                key = next(reversed(node))
-                value = node[key]
-                if type(value) not in _IMMUTABLE:  # blobs are read before the delete drops them
-                    value = copy_value(value, s.materialize)
-                s.commit(R.delete(self._path, key))
-                return key, value
-            except Conflict:
-                continue
-            finally:
-                s.end_write()
+        def decide(s: Engine, node: Dict[Any, Any]) -> Tuple[Any, Any]:
+            if not node:
+                raise KeyError("popitem(): shared dict is empty")
+            key = next(reversed(node))
+            return key, self._take(s, node, key)
+
+        return self._locked(decide)
+
+    def _take(self, s: Engine, node: Dict[Any, Any], key: Any) -> Any:
+        """Delete ``key`` (under the write lock) and return its value, read
+        first: the delete frees the value's blobs."""
+        value = node[key]
+        if type(value) not in _IMMUTABLE:
+            value = copy_value(value, s.materialize)
+        s.commit(R.delete(self._path, key))
+        return value
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         hash(key)
         if isinstance(default, SharedDict):
             default = default.copy()
-        s = self._store
-        while True:
-            s.begin_write()
-            try:
-                node = s.node(self._path) if self._path else s.data
-                if key not in node:
-                    s.commit(R.set_(self._path, key, default))
-                return self._export(key, node[key])
-            except Conflict:
-                continue
-            finally:
-                s.end_write()
+
+        def decide(s: Engine, node: Dict[Any, Any]) -> Any:
+            if key not in node:
+                s.commit(R.set_(self._path, key, default))
+            return self._export(key, node[key])
+
+        return self._locked(decide)
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """Like ``dict.update``, as one atomic record: all items are stored or none."""
-        pairs = _pairs(other) + _pairs(kwargs)
-        if not pairs:
+        items = pairs(other) + pairs(kwargs)
+        if not items:
             self._node()  # still: Closed / PathGone like any other call
             return
-        self._write(R.update(self._path, pairs))
+        self._write(R.update(self._path, items))
 
     def clear(self) -> None:
         self._write(R.clear(self._path))
-
-    def _write(self, rec: List[Any]) -> None:
-        """Publish ``rec``: at the root it needs no check (``Engine.write``);
-        in a nested dict, that the dict still exists."""
-        s = self._store
-        if not self._path:
-            s.write(rec)
-            return
-        while True:
-            s.begin_write()
-            try:
-                s.node(self._path)
-                s.commit(rec)
-                return
-            except Conflict:
-                continue
-            finally:
-                s.end_write()
 
     # -- changes -------------------------------------------------------------------------------
 
@@ -567,42 +485,17 @@ class SharedDict(ViewBase, MutableMapping[Any, Any]):
         return _unlink_by_name(name, backend)
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        # A handle travels by name: the receiving process attaches on its own
-        # (to the same backend, in the same read mode).
-        backend = getattr(self._store, "backend", None)
-        if backend is None:
-            return (_reattach, (type(self), self.name, self._path))
-        where = {"backend": backend, "reads": self._store.reads}  # type: ignore[attr-defined]
-        return (_reattach, (type(self), self.name, self._path, where))
+        # A handle travels by name: the receiving process attaches on its own,
+        # with what the engine says reopens the same dict (backend, read mode).
+        return (_reattach, (type(self), self.name, self._path, self._store.reopen_arguments()))
 
 
 def _reattach(cls: type, name: str, path: Tuple[Any, ...],
               where: Optional[Dict[str, Any]] = None) -> SharedDict:
+    # ``where`` is None in handles pickled before engines said how to reopen them:
+    # those were all in shared memory.
     root: SharedDict = cls(name=name, create=False, **(where or {"backend": "shm"}))
     return root._view(path) if path else root
-
-
-def _pairs(data: Any) -> List[List[Any]]:
-    """``dict(data)``'s items as [key, value] lists, keys checked for hashability."""
-    if isinstance(data, SharedDict):
-        data = data.copy()
-    if isinstance(data, Mapping) or hasattr(data, "keys"):
-        items = [[k, data[k]] for k in data.keys()]
-    else:
-        items = []
-        for i, item in enumerate(data):
-            try:
-                k, v = item
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"update sequence element #{i} is not a (key, value) pair"
-                ) from None
-            items.append([k, v])
-    for item in items:
-        hash(item[0])
-        if isinstance(item[1], SharedDict):
-            item[1] = item[1].copy()
-    return items
 
 
 from ._views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Any, Callable, Dict
+from typing import Any, Callable
 
-from ._helper import twins as fallback
 from . import layout as L
 
 try:
@@ -50,7 +49,15 @@ __all__ = [
 
 ENV_VAR = "ULTRADICT_NG_SPEEDUPS"
 _OLD_ENV_VAR = "ULTRADICT_NG_ATOMICS"
-_FALLBACK_WORDS: Dict[str, type] = {"bound": fallback.BoundWords, "public": fallback.PublicWords}
+#: The twins' flavours of ``Words``.  The twins are imported only when a process
+#: uses them: they import ``atomics`` (~35 ms), which the compiled helper never needs.
+_FLAVOURS = ("bound", "public")
+
+
+def _twin_words(flavour: str) -> Any:
+    from ._helper import words
+
+    return words.BoundWords if flavour == "bound" else words.PublicWords
 
 
 def _words_work(make: Callable[[Any], Any]) -> bool:
@@ -79,7 +86,7 @@ def _words_work(make: Callable[[Any], Any]) -> bool:
 
 def _choose() -> str:
     forced = (os.environ.get(ENV_VAR) or os.environ.get(_OLD_ENV_VAR) or "").strip().lower()
-    choices = ("native", *_FALLBACK_WORDS)
+    choices = ("native", *_FLAVOURS)
     if forced and forced not in choices:
         var = ENV_VAR if os.environ.get(ENV_VAR) else _OLD_ENV_VAR
         raise ImportError(f"{var}={forced!r}: expected one of {', '.join(choices)}")
@@ -91,7 +98,7 @@ def _choose() -> str:
                               "fails its self-test")
     if forced:
         return forced
-    return "bound" if _words_work(fallback.BoundWords) else "public"
+    return "bound" if _words_work(_twin_words("bound")) else "public"
 
 
 #: "native", "bound" or "public": which implementation this process uses.
@@ -109,4 +116,4 @@ else:
         msgpack_length, parse_records, set_immutable_types, types_within,
     )
 
-    Words = _FALLBACK_WORDS[IMPLEMENTATION]  # type: ignore[assignment, misc]
+    Words = _twin_words(IMPLEMENTATION)  # type: ignore[misc]

@@ -16,8 +16,8 @@ Pickle stays available as an explicit opt-in (``serializer="pickle"``) for
 applications that trust every process that can write their segments.
 
 The msgpack format (its ext types, what round-trips exactly, the limits)
-is specified in :mod:`ultradict_ng.msgpack_ext`; :mod:`ultradict_ng.msgpack_encode`
-and :mod:`ultradict_ng.msgpack_decode` implement it.  This module holds the
+is specified in :mod:`ultradict_ng._codec.ext`; :mod:`ultradict_ng._codec.encode`
+and :mod:`ultradict_ng._codec.decode` implement it.  This module holds the
 codecs built on them and on pickle, and the copies the local cache hands out.
 """
 
@@ -30,32 +30,32 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import decode as msgpack_decode
-from .._shm.blobs import BlobRef, InlineArray, PickledBlobs
+from .placeholders import BlobRef, InlineArray, PickledBlobs
 from ..errors import CorruptSegment, UnsupportedType
-from .decode import _ROOT_HOOK, _contains_timestamp, _gc_paused
+from .decode import ROOT_HOOK, contains_timestamp, gc_paused
 from .encode import (
-    _KEEP_BUFFERS_UP_TO,
-    _PACK_EXT_TYPE_RETURNS,
-    _RECORD_SCALARS,
-    _Chain,
-    _new_chain,
-    _prepare,
-    _record_pack,
-    _tls,
+    KEEP_BUFFERS_UP_TO,
+    PACK_EXT_TYPE_RETURNS,
+    RECORD_SCALARS,
+    Chain,
+    new_chain,
+    prepare,
+    record_pack,
+    packers,
 )
 from .ext import (
     MAX_EXT_NESTING,
     MAX_NESTING,
-    _LEAF_TYPES,
-    _PICKLE_HINT,
-    _SUPPORTED_TEXT,
-    _TUPLE,
-    _ExtType,
-    _new_ext,
-    _too_deep,
-    _type_name,
-    _unpackb,
-    _Unpacker,
+    LEAF_TYPES,
+    PICKLE_HINT,
+    SUPPORTED_TEXT,
+    EXT_TUPLE,
+    ExtType,
+    new_ext,
+    too_deep,
+    type_name,
+    unpackb,
+    Unpacker,
 )
 
 __all__ = [
@@ -77,7 +77,7 @@ __all__ = [
 # Bound by assignment, not imported by name: CPython (3.11+) compiles
 # ``name.method(...)`` on a name bound by an import as an attribute load
 # and a call (it takes the name for a module), slower than a method call.
-_TIMESTAMP_RE = msgpack_decode._TIMESTAMP_RE
+TIMESTAMP_RE = msgpack_decode.TIMESTAMP_RE
 
 _BytesLike = Union[bytes, bytearray, memoryview]
 # Data longer than this (a dump) is decoded with the collector paused, and
@@ -85,7 +85,7 @@ _BytesLike = Union[bytes, bytearray, memoryview]
 _SCAN_WITHOUT_REGEX = 1 << 16
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     detail = str(exc)
     text = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
@@ -139,7 +139,7 @@ class Codec:
 
 
 class MsgpackCodec(Codec):
-    """The default, safe serializer: msgpack plus the ext types of :mod:`ultradict_ng.msgpack_ext`.
+    """The default, safe serializer: msgpack plus the ext types of :mod:`ultradict_ng._codec.ext`.
 
     Decoding never runs code chosen by the writer of the bytes.  Encoding is
     thread-safe; it reuses a msgpack Packer per thread.
@@ -153,13 +153,13 @@ class MsgpackCodec(Codec):
 
     def dumps(self, obj: Any) -> bytes:
         tp = type(obj)
-        leaf = _LEAF_TYPES
+        leaf = LEAF_TYPES
         try:
             try:
-                pool: List[_Chain] = _tls.pool
+                pool: List[Chain] = packers.pool
             except AttributeError:
-                pool = _tls.pool = []
-            chain = pool.pop() if pool else _new_chain()
+                pool = packers.pool = []
+            chain = pool.pop() if pool else new_chain()
             if tp in leaf:
                 out: bytes = chain[0].pack(obj)
             elif tp is tuple:
@@ -167,27 +167,27 @@ class MsgpackCodec(Codec):
                 # needs neither the walk nor a default() callback for itself.
                 for item in obj:
                     if type(item) not in leaf:
-                        out = chain[0].pack(_prepare(obj, 0, 0))
+                        out = chain[0].pack(prepare(obj, 0, 0))
                         break
                 else:
-                    if _PACK_EXT_TYPE_RETURNS:
-                        out = chain[0].pack_ext_type(_TUPLE, chain.fast.pack(obj))
+                    if PACK_EXT_TYPE_RETURNS:
+                        out = chain[0].pack_ext_type(EXT_TUPLE, chain.fast.pack(obj))
                     else:  # pragma: no cover - old msgpack
-                        out = chain[0].pack(_new_ext(_ExtType, (_TUPLE, chain.fast.pack(obj))))
+                        out = chain[0].pack(new_ext(ExtType, (EXT_TUPLE, chain.fast.pack(obj))))
             else:
-                out = chain[0].pack(_prepare(obj, 0, 0))
+                out = chain[0].pack(prepare(obj, 0, 0))
         except UnsupportedType:
             raise
         except RecursionError as exc:
-            raise _too_deep() from exc
+            raise too_deep() from exc
         except Exception as exc:
             if isinstance(exc, ValueError) and "recursion limit" in str(exc):
-                raise _too_deep() from exc
+                raise too_deep() from exc
             raise UnsupportedType(
-                f"cannot store this value with the msgpack serializer ({_describe(exc)}); "
-                f"{_SUPPORTED_TEXT}. {_PICKLE_HINT}"
+                f"cannot store this value with the msgpack serializer ({describe_error(exc)}); "
+                f"{SUPPORTED_TEXT}. {PICKLE_HINT}"
             ) from exc
-        if len(out) <= _KEEP_BUFFERS_UP_TO:
+        if len(out) <= KEEP_BUFFERS_UP_TO:
             pool.append(chain)
         return out
 
@@ -202,7 +202,7 @@ class MsgpackCodec(Codec):
         # the GIL: no other thread can interleave with it.  Anything it cannot
         # pack (an int beyond 64 bits, a str with lone surrogates) raises and
         # takes the general path.
-        scalar = _RECORD_SCALARS
+        scalar = RECORD_SCALARS
         n = len(record)
         if (
             (n == 4 and type(record[3]) in scalar and type(record[2]) in scalar)
@@ -210,7 +210,7 @@ class MsgpackCodec(Codec):
             or n == 2
         ) and (not record[1] or scalar.issuperset(map(type, record[1]))):
             try:
-                return _record_pack(record), record
+                return record_pack(record), record
             except Exception:
                 pass
         payload = self.dumps(record)
@@ -225,15 +225,15 @@ class MsgpackCodec(Codec):
         if not framed or len(payloads) < 8:
             return super().loads_many(payloads)
         data = b"".join(payloads)
-        unpacker = _Unpacker(raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK,
+        unpacker = Unpacker(raw=False, strict_map_key=False, ext_hook=ROOT_HOOK,
                              max_buffer_size=max(len(data), 1))
         unpacker.feed(data)
         try:
-            with _gc_paused():
+            with gc_paused():
                 out = list(unpacker)
         except Exception:
             return super().loads_many(payloads)
-        if len(out) != len(payloads) or (b"\xff" in data and _contains_timestamp(out)):
+        if len(out) != len(payloads) or (b"\xff" in data and contains_timestamp(out)):
             return super().loads_many(payloads)  # names the record
         return out
 
@@ -244,22 +244,22 @@ class MsgpackCodec(Codec):
                 # (memoryview() first: bytes(12) would make 12 zero bytes.)
                 data = bytes(memoryview(data))
             if len(data) > _SCAN_WITHOUT_REGEX:  # a dump: many containers at once
-                with _gc_paused():
-                    obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
+                with gc_paused():
+                    obj = unpackb(data, raw=False, strict_map_key=False, ext_hook=ROOT_HOOK)
             else:
-                obj = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_ROOT_HOOK)
+                obj = unpackb(data, raw=False, strict_map_key=False, ext_hook=ROOT_HOOK)
             # The regex only pre-filters: on large data (a dump) the walk is
             # cheaper than the scan (compiled, 1 MB: ~1 ms against ~8 ms).
             if b"\xff" in data and (
                 len(data) > _SCAN_WITHOUT_REGEX
-                or _TIMESTAMP_RE.search(data) is not None
-            ) and _contains_timestamp(obj):
+                or TIMESTAMP_RE.search(data) is not None
+            ) and contains_timestamp(obj):
                 raise CorruptSegment("msgpack Timestamp ext found; this serializer never writes one")
             return obj
         except CorruptSegment:
             raise
         except Exception as exc:
-            raise CorruptSegment(f"cannot decode msgpack data: {_describe(exc)}") from exc
+            raise CorruptSegment(f"cannot decode msgpack data: {describe_error(exc)}") from exc
 
 
 #: Pickle protocol used by :class:`PickleCodec`.
@@ -292,15 +292,15 @@ class PickleCodec(Codec):
             ) from exc
         except Exception as exc:
             raise UnsupportedType(
-                f"cannot store a value of type {_type_name(type(obj))!r} with the pickle "
-                f"serializer ({_describe(exc)})"
+                f"cannot store a value of type {type_name(type(obj))!r} with the pickle "
+                f"serializer ({describe_error(exc)})"
             ) from exc
 
     def loads(self, data: _BytesLike) -> Any:
         try:
             return pickle.loads(data)
         except Exception as exc:
-            raise CorruptSegment(f"cannot decode pickle data: {_describe(exc)}") from exc
+            raise CorruptSegment(f"cannot decode pickle data: {describe_error(exc)}") from exc
 
 
 MSGPACK = MsgpackCodec()
@@ -328,8 +328,8 @@ class ObjectCodec(Codec):
             out = self.serializer.dumps(obj)
         except Exception as exc:
             raise UnsupportedType(
-                f"cannot store a value of type {_type_name(type(obj))!r} with the {self.name} "
-                f"serializer ({_describe(exc)})"
+                f"cannot store a value of type {type_name(type(obj))!r} with the {self.name} "
+                f"serializer ({describe_error(exc)})"
             ) from exc
         if isinstance(out, str):
             return out.encode("utf-8")
@@ -341,7 +341,7 @@ class ObjectCodec(Codec):
         try:
             return self.serializer.loads(bytes(data))
         except Exception as exc:
-            raise CorruptSegment(f"{self.name} serializer cannot decode the bytes ({_describe(exc)})") from exc
+            raise CorruptSegment(f"{self.name} serializer cannot decode the bytes ({describe_error(exc)})") from exc
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectCodec) and other.serializer is self.serializer
@@ -394,7 +394,7 @@ def codec_by_id(codec_id: int) -> Codec:
 # --------------------------------------------------------------------------
 
 #: Types whose values are immutable all the way down: the cache hands them out as they are.
-IMMUTABLE_TYPES: frozenset[type] = _LEAF_TYPES | {frozenset}
+IMMUTABLE_TYPES: frozenset[type] = LEAF_TYPES | {frozenset}
 _IMMUTABLE_TYPES = IMMUTABLE_TYPES
 
 
@@ -432,10 +432,10 @@ def copy_value(value: Any, stored: Optional[Callable[[Any], Any]] = None) -> Any
     Immutable values (and tuples holding only immutable values) are returned
     as they are.  Lists, dicts, sets and bytearrays are copied, recursively;
     dict keys and set members are hashable and so are not copied.  Cache
-    placeholders of large values and arrays (``blobs.BlobRef``,
-    ``blobs.InlineArray``) become ``stored(placeholder)`` (they stay as they
-    are without ``stored``).  Any other type (possible only with the pickle
-    serializer) is ``copy.deepcopy``-ed.
+    placeholders of large values and arrays (``placeholders.BlobRef``,
+    ``placeholders.InlineArray``, ``placeholders.PickledBlobs``) become
+    ``stored(placeholder)`` (they stay as they are without ``stored``).  Any
+    other type (possible only with the pickle serializer) is ``copy.deepcopy``-ed.
     """
     if type(value) in _IMMUTABLE_TYPES:
         return value

@@ -1,6 +1,6 @@
 """Decoding of the msgpack serializer: bytes to values.
 
-The format and its ext types are specified in :mod:`ultradict_ng.msgpack_ext`.
+The format and its ext types are specified in :mod:`ultradict_ng._codec.ext`.
 Decoding never runs code chosen by the writer of the bytes: ext hooks, one
 per ext nesting level, build plain data only, and a msgpack Timestamp (which
 msgpack decodes itself, without calling a hook) is searched for afterwards.
@@ -16,33 +16,33 @@ from decimal import Decimal
 from typing import Any, Callable, Iterator, List, NoReturn, Optional
 
 from . import ext as msgpack_ext
-from .._shm.blobs import BlobRef, InlineArray, KINDS
+from .placeholders import KINDS, BlobRef, InlineArray
 from ..speedups import contains_type as _contains_type
 from ..errors import CorruptSegment
 from .ext import (
     MAX_EXT_NESTING,
-    _BIGINT,
-    _BYTEARRAY,
-    _COMPLEX,
-    _DATE,
-    _DATETIME,
-    _DECIMAL,
-    _FROZENSET,
-    _SET,
-    _TIME,
-    _TIMEDELTA,
-    _TIMEZONE,
-    _BLOB,
-    _NDARRAY,
-    _TUPLE,
-    _Timestamp,
-    _unpackb,
+    EXT_BIGINT,
+    EXT_BYTEARRAY,
+    EXT_COMPLEX,
+    EXT_DATE,
+    EXT_DATETIME,
+    EXT_DECIMAL,
+    EXT_FROZENSET,
+    EXT_SET,
+    EXT_TIME,
+    EXT_TIMEDELTA,
+    EXT_TIMEZONE,
+    EXT_BLOB,
+    EXT_NDARRAY,
+    EXT_TUPLE,
+    Timestamp,
+    unpackb,
 )
 
 # Bound by assignment, not imported by name: CPython (3.11+) compiles
 # ``name.method(...)`` on a name bound by an import as an attribute load
 # and a call (it takes the name for a module), slower than a method call.
-_DOUBLES = msgpack_ext._DOUBLES
+DOUBLES = msgpack_ext.DOUBLES
 
 
 def _no_ext(code: int, data: bytes) -> NoReturn:
@@ -50,7 +50,7 @@ def _no_ext(code: int, data: bytes) -> NoReturn:
 
 
 def _scalar_payload(data: bytes, min_len: int, max_len: int, n_ints: int) -> List[Any]:
-    fields = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
+    fields = unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
     if type(fields) is not list or not min_len <= len(fields) <= max_len:
         raise CorruptSegment("malformed ext payload")
     for i in range(n_ints):
@@ -75,36 +75,36 @@ def _tz_from(fields: List[Any], start: int) -> Optional[timezone]:
 
 
 def _decode_scalar(code: int, data: bytes) -> Any:
-    if code == _BIGINT:
+    if code == EXT_BIGINT:
         return int.from_bytes(data, "big", signed=True)
-    if code == _DATETIME:
+    if code == EXT_DATETIME:
         f = _scalar_payload(data, 8, 10, 8)
         return datetime(f[0], f[1], f[2], f[3], f[4], f[5], f[6], _tz_from(f, 8), fold=f[7])
-    if code == _DECIMAL:
+    if code == EXT_DECIMAL:
         return Decimal(data.decode("ascii"))
-    if code == _COMPLEX:
-        real, imag = _DOUBLES.unpack(data)
+    if code == EXT_COMPLEX:
+        real, imag = DOUBLES.unpack(data)
         return complex(real, imag)
-    if code == _BYTEARRAY:
+    if code == EXT_BYTEARRAY:
         return bytearray(data)
-    if code == _DATE:
+    if code == EXT_DATE:
         f = _scalar_payload(data, 3, 3, 3)
         return date(f[0], f[1], f[2])
-    if code == _TIME:
+    if code == EXT_TIME:
         f = _scalar_payload(data, 5, 7, 5)
         return time(f[0], f[1], f[2], f[3], _tz_from(f, 5), fold=f[4])
-    if code == _TIMEDELTA:
+    if code == EXT_TIMEDELTA:
         f = _scalar_payload(data, 3, 3, 3)
         return timedelta(f[0], f[1], f[2])
-    if code == _TIMEZONE:
+    if code == EXT_TIMEZONE:
         f = _scalar_payload(data, 1, 2, 0)
         return _tz_from(f, 0)
-    if code == _BLOB:
+    if code == EXT_BLOB:
         f = _scalar_payload(data, 4, 4, 3)
         if f[0] < 1 or f[1] not in KINDS or f[2] < 0 or not (f[3] is None or _array_meta_ok(f[3], 2)):
             raise CorruptSegment("malformed blob reference")
         return BlobRef(f[0], f[1], f[2], f[3])
-    if code == _NDARRAY:  # [descr, shape, bytes] or, for a torch tensor, [..., True]
+    if code == EXT_NDARRAY:  # [descr, shape, bytes] or, for a torch tensor, [..., True]
         f = _scalar_payload(data, 3, 4, 0)
         if not _array_meta_ok(f, len(f)) or type(f[2]) is not bytes or f[3:] not in ([], [True]):
             raise CorruptSegment("malformed inline array")
@@ -123,15 +123,15 @@ def _make_hook(level: int) -> Callable[[int, bytes], Any]:
     nxt = level + 1
 
     def ext_hook(code: int, data: bytes) -> Any:
-        if _TUPLE <= code <= _FROZENSET:
+        if EXT_TUPLE <= code <= EXT_FROZENSET:
             if nxt > MAX_EXT_NESTING:
                 raise CorruptSegment("tuple/set/frozenset nested too deeply")
-            items = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_HOOKS[nxt])
+            items = unpackb(data, raw=False, strict_map_key=False, ext_hook=_HOOKS[nxt])
             if type(items) is not list:
                 raise CorruptSegment("malformed container payload")
-            if code == _TUPLE:
+            if code == EXT_TUPLE:
                 return tuple(items)
-            if code == _SET:
+            if code == EXT_SET:
                 return set(items)
             return frozenset(items)
         return _decode_scalar(code, data)
@@ -141,19 +141,19 @@ def _make_hook(level: int) -> Callable[[int, bytes], Any]:
 
 # _HOOKS[n] decodes ext objects found inside n enclosing ext containers.
 _HOOKS = [_make_hook(level) for level in range(MAX_EXT_NESTING + 1)]
-_ROOT_HOOK = _HOOKS[0]
+ROOT_HOOK = _HOOKS[0]
 
 # msgpack decodes its Timestamp ext (-1) itself, without calling ext_hook.
 # These are all the encodings a Timestamp can have (fixext 4/8, ext 8/16/32
 # of length 4, 8 or 12); data without any of them cannot hold a Timestamp,
 # otherwise (rare, e.g. such bytes inside a str) the result is searched.
-_TIMESTAMP_RE = re.compile(
+TIMESTAMP_RE = re.compile(
     rb"[\xd6\xd7]\xff|\xc7[\x04\x08\x0c]\xff|\xc8\x00[\x04\x08\x0c]\xff|\xc9\x00\x00\x00[\x04\x08\x0c]\xff"
 )
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while decoding a large buffer.
 
     Decoding creates containers by the hundred thousand, and each few hundred
@@ -178,7 +178,7 @@ def _gc_paused() -> Iterator[None]:
 _DECODED_DEPTH_LIMIT = 4096
 
 
-def _contains_timestamp(obj: Any) -> bool:
+def contains_timestamp(obj: Any) -> bool:
     """True if a Timestamp is anywhere in the decoded ``obj`` (one walk of
     ``speedups.contains_type``; data nested deeper than any decode is suspect)."""
-    return _contains_type(obj, _Timestamp, _DECODED_DEPTH_LIMIT)
+    return _contains_type(obj, Timestamp, _DECODED_DEPTH_LIMIT)

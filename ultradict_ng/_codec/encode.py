@@ -1,7 +1,7 @@
 """Encoding of the msgpack serializer: values to bytes.
 
-The format and its ext types are specified in :mod:`ultradict_ng.msgpack_ext`.
-:func:`_prepare` checks a value (exact supported types, nesting limits) before
+The format and its ext types are specified in :mod:`ultradict_ng._codec.ext`.
+:func:`prepare` checks a value (exact supported types, nesting limits) before
 it is packed; a chain of msgpack Packers, one per ext nesting level, whose
 ``default`` callbacks turn the ext types into ext objects, packs it.  Each
 thread keeps a small pool of chains.
@@ -17,39 +17,39 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import ext as msgpack_ext
 from .arrays import array_meta, is_ndarray, is_tensor, tensor_as_array
-from .._shm.blobs import BlobRef, InlineArray
+from .placeholders import BlobRef, InlineArray
 from .records import SCALAR_TYPES
 from ..speedups import types_within as _types_within
 from .ext import (
     MAX_EXT_NESTING,
     MAX_NESTING,
-    _BIGINT,
-    _BLOB,
-    _BYTEARRAY,
-    _COMPLEX,
-    _DATE,
-    _DATETIME,
-    _DECIMAL,
-    _FROZENSET,
-    _NDARRAY,
-    _SET,
-    _TIME,
-    _TIMEDELTA,
-    _TIMEZONE,
-    _TUPLE,
-    _ExtType,
-    _new_ext,
-    _Packer,
-    _too_deep,
-    _unsupported,
-    _unsupported_tz,
+    EXT_BIGINT,
+    EXT_BLOB,
+    EXT_BYTEARRAY,
+    EXT_COMPLEX,
+    EXT_DATE,
+    EXT_DATETIME,
+    EXT_DECIMAL,
+    EXT_FROZENSET,
+    EXT_NDARRAY,
+    EXT_SET,
+    EXT_TIME,
+    EXT_TIMEDELTA,
+    EXT_TIMEZONE,
+    EXT_TUPLE,
+    ExtType,
+    new_ext,
+    Packer,
+    too_deep,
+    unsupported_type,
+    unsupported_tz,
 )
 
 # Bound by assignment, not imported by name: CPython (3.11+) compiles
 # ``name.method(...)`` on a name bound by an import as an attribute load
 # and a call (it takes the name for a module), slower than a method call.
-_DOUBLES = msgpack_ext._DOUBLES
-_LEAF_TYPES = msgpack_ext._LEAF_TYPES
+DOUBLES = msgpack_ext.DOUBLES
+LEAF_TYPES = msgpack_ext.LEAF_TYPES
 
 # Options of every Packer we create.  buf_size (msgpack >= 1.1) keeps the
 # per-thread packers small; older versions start with 1 MiB buffers.
@@ -60,24 +60,24 @@ _PACKER_OPTIONS: Dict[str, Any] = {
     "buf_size": 4096,
 }
 try:
-    _Packer(**_PACKER_OPTIONS)
+    Packer(**_PACKER_OPTIONS)
 except TypeError:  # pragma: no cover - msgpack < 1.1
     del _PACKER_OPTIONS["buf_size"]
 # Packer.pack_ext_type returns the bytes (autoreset) only in recent msgpack;
 # older versions leave them in the buffer, to be prepended to the next pack.
-_PACK_EXT_TYPE_RETURNS = _Packer(**_PACKER_OPTIONS).pack_ext_type(1, b"x") == b"\xd4\x01x"
+PACK_EXT_TYPE_RETURNS = Packer(**_PACKER_OPTIONS).pack_ext_type(1, b"x") == b"\xd4\x01x"
 # encode_record's fast path: these types pack natively, exactly, and decode
-# to an equal object of the same type (record.py defines the set).
-_RECORD_SCALARS = SCALAR_TYPES
-_record_pack: Callable[[Any], bytes] = _Packer(**_PACKER_OPTIONS).pack
+# to an equal object of the same type (records.py defines the set).
+RECORD_SCALARS = SCALAR_TYPES
+record_pack: Callable[[Any], bytes] = Packer(**_PACKER_OPTIONS).pack
 
 def _leaf_only(obj: Any) -> bool:
     """Whether every member of a list, tuple, set or dict (keys and values)
     is of a leaf type: the scan before packing (``speedups.types_within``)."""
-    return _types_within(obj, _LEAF_TYPES)
+    return _types_within(obj, LEAF_TYPES)
 
 
-def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
+def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
     """Check a non-leaf value before packing; return it, or a converted copy.
 
     The packer itself handles lists and dicts natively, and it packs a few
@@ -90,15 +90,15 @@ def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
     tp = type(obj)
     depth += 1
     if depth > MAX_NESTING:
-        raise _too_deep()
+        raise too_deep()
     if tp is list:
         if _leaf_only(obj):
             return obj
         out: Optional[List[Any]] = None
         for i, item in enumerate(obj):
-            if type(item) in _LEAF_TYPES:
+            if type(item) in LEAF_TYPES:
                 continue
-            new = _prepare(item, depth, ext_depth)
+            new = prepare(item, depth, ext_depth)
             if new is not item:
                 if out is None:
                     out = list(obj)
@@ -110,43 +110,43 @@ def _prepare(obj: Any, depth: int, ext_depth: int) -> Any:
         changed = False
         items = []
         for key, value in obj.items():
-            new_key = key if type(key) in _LEAF_TYPES else _prepare(key, depth, ext_depth)
-            new_value = value if type(value) in _LEAF_TYPES else _prepare(value, depth, ext_depth)
+            new_key = key if type(key) in LEAF_TYPES else prepare(key, depth, ext_depth)
+            new_value = value if type(value) in LEAF_TYPES else prepare(value, depth, ext_depth)
             changed = changed or new_key is not key or new_value is not value
             items.append((new_key, new_value))
         return dict(items) if changed else obj
     if tp is tuple or tp is set or tp is frozenset:
         ext_depth += 1
         if ext_depth > MAX_EXT_NESTING:
-            raise _too_deep()
+            raise too_deep()
         if _leaf_only(obj):
             return obj
-        new_items = [item if type(item) in _LEAF_TYPES else _prepare(item, depth, ext_depth) for item in obj]
+        new_items = [item if type(item) in LEAF_TYPES else prepare(item, depth, ext_depth) for item in obj]
         if all(map(operator.is_, new_items, obj)):
             return obj
         # Only a bytearray is ever converted, and sets cannot hold one.
         return tuple(new_items) if tp is tuple else tp(new_items)
     if tp is bytearray:
-        return _new_ext(_ExtType, (_BYTEARRAY, bytes(obj)))
-    if tp in _LEAF_TYPES:
+        return new_ext(ExtType, (EXT_BYTEARRAY, bytes(obj)))
+    if tp in LEAF_TYPES:
         return obj
     if tp is BlobRef:
-        return _new_ext(_ExtType, (_BLOB, _plain_pack([obj.id, obj.kind, obj.length, obj.meta])))
+        return new_ext(ExtType, (EXT_BLOB, _plain_pack([obj.id, obj.kind, obj.length, obj.meta])))
     if tp is InlineArray:
         fields = [obj.descr, list(obj.shape), obj.data] + ([True] if obj.tensor else [])
-        return _new_ext(_ExtType, (_NDARRAY, _plain_pack(fields)))
+        return new_ext(ExtType, (EXT_NDARRAY, _plain_pack(fields)))
     tensor = is_tensor(obj)
     if tensor or is_ndarray(obj):
         arr = tensor_as_array(obj) if tensor else obj
         descr, shape = array_meta(arr)
         data = arr.tobytes()  # C order, whatever the array's own layout
         fields = [descr, shape, data] + ([True] if tensor else [])
-        return _new_ext(_ExtType, (_NDARRAY, _plain_pack(fields)))
-    raise _unsupported(obj)
+        return new_ext(ExtType, (EXT_NDARRAY, _plain_pack(fields)))
+    raise unsupported_type(obj)
 
 
 # Packs the payloads of ext 13 and 14: lists of ints, strs, bytes and nil only.
-_plain_pack: Callable[[Any], bytes] = msgpack_ext._Packer(use_bin_type=True, autoreset=True).pack
+_plain_pack: Callable[[Any], bytes] = msgpack_ext.Packer(use_bin_type=True, autoreset=True).pack
 
 
 def _tz_fields(tz: timezone) -> List[Any]:
@@ -156,7 +156,7 @@ def _tz_fields(tz: timezone) -> List[Any]:
     return [micros] if len(args) == 1 else [micros, args[1]]
 
 
-class _Chain(List[Any]):
+class Chain(List[Any]):
     """One msgpack Packer per ext nesting level (``chain[n]`` packs the
     payloads of ext objects nested in ``n`` others), plus ``fast``: a
     non-strict twin of level 1 that packs an all-scalar tuple directly."""
@@ -165,24 +165,24 @@ class _Chain(List[Any]):
     fast: Any
 
 
-def _make_default(chain: _Chain, level: int) -> Callable[[Any], Any]:
+def _make_default(chain: Chain, level: int) -> Callable[[Any], Any]:
     nxt = level + 1
 
     def default(obj: Any) -> Any:
         tp = type(obj)
         payload: Any
         if tp is tuple:
-            code = _TUPLE
+            code = EXT_TUPLE
             payload = list(obj)
         elif tp is int:
-            return _new_ext(_ExtType, (_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True)))
+            return new_ext(ExtType, (EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True)))
         elif tp is datetime:
-            code = _DATETIME
+            code = EXT_DATETIME
             payload = [obj.year, obj.month, obj.day, obj.hour, obj.minute, obj.second, obj.microsecond, obj.fold]
             tz = obj.tzinfo
             if tz is not None:
                 if type(tz) is not timezone:
-                    raise _unsupported_tz(obj, tz)
+                    raise unsupported_tz(obj, tz)
                 payload += _tz_fields(tz)
         elif tp is frozenset or tp is set:
             # Members in the order of their encodings, not in iteration order
@@ -194,61 +194,61 @@ def _make_default(chain: _Chain, level: int) -> Callable[[Any], Any]:
             except IndexError:
                 packer = _add_level(chain)
             members = sorted(map(packer.pack, obj))
-            return _new_ext(
-                _ExtType,
-                (_FROZENSET if tp is frozenset else _SET, packer.pack_array_header(len(members)) + b"".join(members)),
+            return new_ext(
+                ExtType,
+                (EXT_FROZENSET if tp is frozenset else EXT_SET, packer.pack_array_header(len(members)) + b"".join(members)),
             )
         elif tp is Decimal:
-            return _new_ext(_ExtType, (_DECIMAL, str(obj).encode("ascii")))
+            return new_ext(ExtType, (EXT_DECIMAL, str(obj).encode("ascii")))
         elif tp is complex:
-            return _new_ext(_ExtType, (_COMPLEX, _DOUBLES.pack(obj.real, obj.imag)))
+            return new_ext(ExtType, (EXT_COMPLEX, DOUBLES.pack(obj.real, obj.imag)))
         elif tp is date:
-            code = _DATE
+            code = EXT_DATE
             payload = [obj.year, obj.month, obj.day]
         elif tp is time:
-            code = _TIME
+            code = EXT_TIME
             payload = [obj.hour, obj.minute, obj.second, obj.microsecond, obj.fold]
             tz = obj.tzinfo
             if tz is not None:
                 if type(tz) is not timezone:
-                    raise _unsupported_tz(obj, tz)
+                    raise unsupported_tz(obj, tz)
                 payload += _tz_fields(tz)
         elif tp is timedelta:
-            code = _TIMEDELTA
+            code = EXT_TIMEDELTA
             payload = [obj.days, obj.seconds, obj.microseconds]
         elif tp is timezone:
-            code = _TIMEZONE
+            code = EXT_TIMEZONE
             payload = _tz_fields(obj)
         else:
-            raise _unsupported(obj)
+            raise unsupported_type(obj)
         # The packer running this callback is busy: payloads go to the next
         # one (a Packer is not reentrant, its buffer would be clobbered).
         try:
             packer = chain[nxt]
         except IndexError:
             packer = _add_level(chain)
-        return _new_ext(_ExtType, (code, packer.pack(payload)))
+        return new_ext(ExtType, (code, packer.pack(payload)))
 
     return default
 
 
-def _add_level(chain: _Chain) -> Any:
+def _add_level(chain: Chain) -> Any:
     level = len(chain)
-    if level > MAX_EXT_NESTING + 1:  # _prepare guarantees this never happens
-        raise _too_deep()
-    packer = _Packer(default=_make_default(chain, level), strict_types=True, **_PACKER_OPTIONS)
+    if level > MAX_EXT_NESTING + 1:  # prepare guarantees this never happens
+        raise too_deep()
+    packer = Packer(default=_make_default(chain, level), strict_types=True, **_PACKER_OPTIONS)
     chain.append(packer)
     return packer
 
 
-def _new_chain() -> _Chain:
-    chain = _Chain()
+def new_chain() -> Chain:
+    chain = Chain()
     _add_level(chain)
     _add_level(chain)
     # Used only on values whose items were all checked to be exact scalar
     # types, for which non-strict packing is exact too; it packs the tuple
     # itself as an array, saving a list() copy.
-    chain.fast = _Packer(default=_make_default(chain, 1), strict_types=False, **_PACKER_OPTIONS)
+    chain.fast = Packer(default=_make_default(chain, 1), strict_types=False, **_PACKER_OPTIONS)
     return chain
 
 
@@ -256,7 +256,7 @@ def _new_chain() -> _Chain:
 # it is in use, so a reentrant dumps() in the same thread (a __del__ or a
 # signal handler storing something) gets a fresh chain instead of clobbering
 # the buffers of the one in use.
-_tls = threading.local()
+packers = threading.local()
 # A chain whose root output exceeded this is dropped instead of pooled, so a
 # thread that once stored a huge value does not keep huge buffers forever.
-_KEEP_BUFFERS_UP_TO = 1 << 20
+KEEP_BUFFERS_UP_TO = 1 << 20

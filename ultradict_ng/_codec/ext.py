@@ -1,8 +1,8 @@
 """The msgpack serializer's format: its ext types, its limits, what it accepts.
 
 The msgpack serializer (:class:`ultradict_ng.codec.MsgpackCodec`) is this
-format; :mod:`ultradict_ng.msgpack_encode` turns values into it and
-:mod:`ultradict_ng.msgpack_decode` turns it back into values.
+format; :mod:`ultradict_ng._codec.encode` turns values into it and
+:mod:`ultradict_ng._codec.decode` turns it back into values.
 
 What the msgpack serializer stores
 ==================================
@@ -49,7 +49,7 @@ code  Python type                 payload
 12    ``datetime.timezone``       msgpack array of the *tz fields* of the
                                   timezone itself
 13    a large value in a blob     msgpack array ``[id, kind, length, meta]``:
-      (``blobs.BlobRef``)         the reference to segment ``NAME@b<id>``
+      (``placeholders.BlobRef``)  the reference to segment ``NAME@b<id>``
                                   (layout: "Blobs")
 14    ``numpy.ndarray`` below     msgpack array ``[descr, shape, bytes]``:
       the blob threshold          dtype as ``numpy.lib.format`` describes it,
@@ -99,38 +99,38 @@ MAX_NESTING = 500
 MAX_EXT_NESTING = 32
 
 # Ext type codes (see the table in the module docstring).
-_TUPLE = 1
-_SET = 2
-_FROZENSET = 3
-_BIGINT = 4
-_BYTEARRAY = 5
-_COMPLEX = 6
-_DECIMAL = 7
-_DATETIME = 8
-_DATE = 9
-_TIME = 10
-_TIMEDELTA = 11
-_TIMEZONE = 12
-_BLOB = 13
-_NDARRAY = 14
+EXT_TUPLE = 1
+EXT_SET = 2
+EXT_FROZENSET = 3
+EXT_BIGINT = 4
+EXT_BYTEARRAY = 5
+EXT_COMPLEX = 6
+EXT_DECIMAL = 7
+EXT_DATETIME = 8
+EXT_DATE = 9
+EXT_TIME = 10
+EXT_TIMEDELTA = 11
+EXT_TIMEZONE = 12
+EXT_BLOB = 13
+EXT_NDARRAY = 14
 
-_ExtType: Any = msgpack.ExtType
-_Timestamp: Any = msgpack.Timestamp
-_Packer: Any = msgpack.Packer
-_unpackb: Callable[..., Any] = msgpack.unpackb
-_Unpacker: Any = msgpack.Unpacker
+ExtType: Any = msgpack.ExtType
+Timestamp: Any = msgpack.Timestamp
+Packer: Any = msgpack.Packer
+unpackb: Callable[..., Any] = msgpack.unpackb
+Unpacker: Any = msgpack.Unpacker
 # ExtType.__new__ is a Python function that re-validates its arguments;
 # building the namedtuple directly is several times faster and our
 # arguments are always valid.
-_new_ext: Callable[..., Any] = tuple.__new__
+new_ext: Callable[..., Any] = tuple.__new__
 
-_DOUBLES = struct.Struct(">dd")
+DOUBLES = struct.Struct(">dd")
 
 _NoneType = type(None)
 # Types the msgpack packer handles natively and exactly (ints out of range
 # come back to us through ``default``) plus the scalar types our ``default``
 # converts.  Values of these types need no inspection before packing.
-_LEAF_TYPES: frozenset[type] = frozenset(
+LEAF_TYPES: frozenset[type] = frozenset(
     {
         _NoneType,
         bool,
@@ -170,28 +170,28 @@ _SUPPORTED_TYPES = (
     timezone,
 )
 
-_SUPPORTED_TEXT = (
+SUPPORTED_TEXT = (
     "it stores None, bool, int, float, complex, str, bytes, bytearray, list, "
     "tuple, dict, set, frozenset, decimal.Decimal and datetime's datetime, "
     "date, time, timedelta and timezone (exact types, not subclasses; "
     "tzinfo must be None or a datetime.timezone)"
 )
 
-_PICKLE_HINT = (
+PICKLE_HINT = (
     'To store other objects create the dict with SharedDict(..., serializer="pickle"); '
     "pickle trusts every process that can write the dict's segments: any of them "
     "can make every reader run arbitrary code."
 )
 
 
-def _type_name(tp: type) -> str:
+def type_name(tp: type) -> str:
     module = getattr(tp, "__module__", "builtins")
     if module in ("builtins", "datetime", "decimal"):
         return tp.__qualname__
     return f"{module}.{tp.__qualname__}"
 
 
-def _unsupported(obj: Any) -> UnsupportedType:
+def unsupported_type(obj: Any) -> UnsupportedType:
     tp = type(obj)
     hint = ""
     for base in _SUPPORTED_TYPES:
@@ -199,22 +199,22 @@ def _unsupported(obj: Any) -> UnsupportedType:
             hint = f" (a subclass of {base.__qualname__}: convert it to a plain {base.__qualname__} first)"
             break
     return UnsupportedType(
-        f"cannot store a value of type {_type_name(tp)!r}{hint} with the msgpack serializer; "
-        f"{_SUPPORTED_TEXT}. {_PICKLE_HINT}"
+        f"cannot store a value of type {type_name(tp)!r}{hint} with the msgpack serializer; "
+        f"{SUPPORTED_TEXT}. {PICKLE_HINT}"
     )
 
 
-def _unsupported_tz(obj: Any, tz: Any) -> UnsupportedType:
+def unsupported_tz(obj: Any, tz: Any) -> UnsupportedType:
     return UnsupportedType(
-        f"cannot store a {type(obj).__name__} whose tzinfo is of type {_type_name(type(tz))!r} "
+        f"cannot store a {type(obj).__name__} whose tzinfo is of type {type_name(type(tz))!r} "
         "with the msgpack serializer: only tzinfo=None or a datetime.timezone (fixed offset, "
         "e.g. timezone.utc) round-trips exactly; convert it first, e.g. with "
-        f"dt.astimezone(timezone.utc). {_PICKLE_HINT}"
+        f"dt.astimezone(timezone.utc). {PICKLE_HINT}"
     )
 
 
-def _too_deep() -> UnsupportedType:
+def too_deep() -> UnsupportedType:
     return UnsupportedType(
         f"cannot store a value nested more than {MAX_NESTING} containers deep (or more than "
-        f"{MAX_EXT_NESTING} tuple/set/frozenset deep) with the msgpack serializer. {_PICKLE_HINT}"
+        f"{MAX_EXT_NESTING} tuple/set/frozenset deep) with the msgpack serializer. {PICKLE_HINT}"
     )

@@ -20,8 +20,8 @@ import io
 import pickle
 from typing import Any, Dict, Tuple
 
-from .._shm.blobs import BlobRef, PickledBlobs
-from .codec import Codec, PickleCodec, _describe
+from .placeholders import BlobRef, PickledBlobs
+from .codec import Codec, PickleCodec, describe_error
 from ..errors import CorruptSegment
 
 __all__ = ["Opaque", "safe_loads", "SafePickleCodec"]
@@ -101,7 +101,7 @@ class SafePickleCodec(PickleCodec):
         try:
             return safe_loads(bytes(data))
         except Exception as exc:
-            raise CorruptSegment(f"cannot decode pickle data: {_describe(exc)}") from exc
+            raise CorruptSegment(f"cannot decode pickle data: {describe_error(exc)}") from exc
 
     def dumps(self, obj: Any) -> bytes:
         raise TypeError("SafePickleCodec only reads")

@@ -2,7 +2,7 @@
  * ultradict_ng._helper._native: the optional compiled helper.
  *
  * Every entry point has a pure-Python twin of the same name and signature in
- * fallback.py; speedups.py imports one set or the other and nothing else in
+ * twins.py; speedups.py imports one set or the other and nothing else in
  * the package knows which.  _native.pyi types both.  The twins must behave
  * identically, byte for byte in shared memory; tests/test_native.py checks
  * each against a reference, and CI runs the suite on both
@@ -36,7 +36,7 @@
  *                       (layout.py, reader step 4) in one call.
  *   contains_type       the codec's walk for foreign Timestamps after decoding.
  *   apply_sets          record.apply_all's runs of root-level scalar sets.
- *   SCALAR_TYPES,       constants mirrored from record.py and layout.py (a
+ *   SCALAR_TYPES,       constants mirrored from _codec/records.py and layout.py (a
  *   RECORD_HEADER,      test compares them); FUTEX: 1 where wait/wake are
  *   FUTEX               the kernel's futex (Linux), else 0 (wait/wake raise).
  *
@@ -1592,7 +1592,7 @@ PyInit__native(void)
             return NULL;
         }
     }
-    /* Constants this file mirrors from record.py / layout.py (a test compares). */
+    /* Constants this file mirrors from _codec/records.py / layout.py (a test compares). */
     PyObject *scalars = PyTuple_Pack(6, (PyObject *)Py_TYPE(Py_None), (PyObject *)&PyBool_Type,
                                      (PyObject *)&PyLong_Type, (PyObject *)&PyFloat_Type,
                                      (PyObject *)&PyUnicode_Type, (PyObject *)&PyBytes_Type);

@@ -1,5 +1,5 @@
-# Types of the compiled helper ultradict_ng._native (_native.c) -- and of its
-# pure-Python twins in fallback.py, which have the same names and signatures.
+# Types of the compiled helper ultradict_ng._helper._native (_native.c) -- and of its
+# pure-Python twins in twins.py (and words.py), which have the same names and signatures.
 # Callers import these names from ultradict_ng.speedups, never from here.
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple, Union
 

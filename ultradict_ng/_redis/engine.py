@@ -1,6 +1,6 @@
-"""``RedisEngine``: the engine (``ultradict_ng.engine``) that keeps a dict on
+"""``RedisEngine``: the engine (``_engine.Engine``) that keeps a dict on
 Redis, with a local cache kept coherent by the protocol of
-``redis_backend/layout.py`` (the sections named below are there).
+``_redis/layout.py`` (the sections named below are there).
 
 The facade works on it unchanged: ``data`` is the local cache tree,
 ``words[W_STATE]`` a process-local counter the compiled hit path compares with
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
+import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
+from .._forks import on_fork_in_child
 from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import Codec
@@ -32,14 +33,17 @@ from .._names import validate_name
 from ..speedups import StoreBase, Words
 from .._shm.users import User
 from . import layout as RL
+from .feed import RedisFeed
+from .identity import pid_of_holder
 from .lease import LeaseLock
 from .link import Link, connect_client, describe
+from .listener import Listener
+from .opening import open_redis
 
 __all__ = ["RedisEngine", "unlink_by_name"]
 
 log = logging.getLogger("ultradict_ng")
 _W_STATE = L.W_STATE
-_HOST = socket.gethostname().replace(" ", "_").replace(":", "_") or "host"
 
 
 def _finalize(link: Link, epoch: str, unlink_pid: int, listener: Any) -> None:
@@ -66,8 +70,7 @@ def _after_fork_in_child() -> None:
         engine._after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork_in_child("connections", _after_fork_in_child)
 
 
 class RedisEngine(StoreBase):
@@ -114,12 +117,10 @@ class RedisEngine(StoreBase):
     def open(cls, name: Optional[str], create: Optional[bool], options: Options,
              initial: Optional[Sequence[Sequence[Any]]], backend: Any, reads: Optional[str],
              lease: Optional[float], staleness: Optional[float]) -> "RedisEngine":
-        """Create or attach (``redis_backend/opening.py``)."""
-        from .opening import open_redis
-
+        """Create or attach (``opening.py``)."""
         return open_redis(cls, name, create, options, initial, backend, reads, lease, staleness)
 
-    def _arm_finalizer(self, auto_unlink: Any) -> None:
+    def arm_finalizer(self, auto_unlink: Any) -> None:
         self._last = auto_unlink == "last"
         unlink_pid = os.getpid() if auto_unlink and not self._last else 0
         self._finalizer = weakref.finalize(self, _finalize, self.link, self.epoch, unlink_pid,
@@ -166,7 +167,7 @@ class RedisEngine(StoreBase):
                     return  # nothing published since (the common case of a hot read)
             reply = self.link.call("sync", [self.epoch, self.known])
             if reply[0] == RL.GONE:
-                self._gone()
+                self.raise_gone()
             self.apply_delta(reply[1])
 
     def _known_bytes(self) -> bytes:
@@ -226,7 +227,8 @@ class RedisEngine(StoreBase):
     def view(self, stored: Any) -> memoryview:
         return memoryview(stored.data).toreadonly()
 
-    def _gone(self) -> None:
+    def raise_gone(self) -> NoReturn:
+        """The dict is not on the server any more (GONE): Unlinked, now and for every later call."""
         self.gone = True
         raise Unlinked(
             f"shared dict {self.name!r} no longer exists on {describe(self.backend)} (unlinked, "
@@ -291,7 +293,7 @@ class RedisEngine(StoreBase):
                 return
             code = reply[0]
             if code == RL.GONE:
-                self._gone()
+                self.raise_gone()
             if code == RL.FENCED:
                 lock.fenced()
                 raise LeaseLost(
@@ -326,13 +328,11 @@ class RedisEngine(StoreBase):
             blob = self.codec.dumps(self.data)
             reply = self.link.call("snapshot", [self.epoch, self.known, blob])
             if reply[0] == RL.GONE:
-                self._gone()
+                self.raise_gone()
 
     # -- waiting ----------------------------------------------------------------------
 
     def wait_for_change(self, timeout: Optional[float]) -> bool:
-        import time
-
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -350,9 +350,25 @@ class RedisEngine(StoreBase):
                 return False
             self.link.xread(self.keys.log, after, left, left + 5.0)
 
-    def feed(self) -> Any:
-        from .feed import RedisFeed
+    def change_mark(self) -> int:
+        """The sequence number ``data`` reflects (-1: none loaded yet)."""
+        self.words[_W_STATE]  # Closed on a closed handle
+        return self.known
 
+    def wait_past(self, mark: int, timeout: float) -> bool:
+        """``XREAD BLOCK`` on the log after entry ``mark``: True as soon as the
+        server holds a later one (at once if it already does) or the dict is
+        gone; False after ``timeout`` seconds.  Touches neither ``data`` nor
+        the mutex: a helper thread waits here while others use the handle."""
+        self.words[_W_STATE]  # Closed on a closed handle
+        if mark < 0:
+            return True  # nothing loaded: any state is news
+        if self.link.xread(self.keys.log, f"{mark}-1", timeout, timeout + 5.0):
+            return True
+        epoch = self.link.command("HGET", self.keys.meta, "epoch")
+        return epoch is None or epoch.decode() != self.epoch  # removed: the caller's sync says so
+
+    def feed(self) -> Any:
         return RedisFeed(self)
 
     # -- facts -------------------------------------------------------------------------
@@ -361,7 +377,7 @@ class RedisEngine(StoreBase):
         reply = self.link.call("meta", [])
         fields = {reply[0][i].decode(errors="replace"): reply[0][i + 1] for i in range(0, len(reply[0]), 2)}
         if not fields:
-            self._gone()
+            self.raise_gone()
         holder = reply[2].decode(errors="replace") if reply[2] else ""
         return {
             "name": self.name,
@@ -378,7 +394,7 @@ class RedisEngine(StoreBase):
             "buffer_size": _int(fields.get("minlog")),
             "lock_holder": holder.split("|", 1)[1] if "|" in holder else None,
             "lock_ttl": _int(reply[3]) / 1000 if holder and _int(reply[3]) is not None else None,  # type: ignore[operator]
-            "lock_pid": _pid_of_holder(holder),
+            "lock_pid": pid_of_holder(holder),
             "fence": _int(fields.get("fence")),
             "creator": fields.get("creator", b"").decode(errors="replace"),
             "cached_seq": self.known,
@@ -390,6 +406,10 @@ class RedisEngine(StoreBase):
             if user not in out:
                 out.append(user)
         return out
+
+    def reopen_arguments(self) -> Dict[str, Any]:
+        """The same server, in the same read mode (Engine interface)."""
+        return {"backend": self.backend, "reads": self.reads}
 
     def _connections(self) -> List[Tuple[int, str, User]]:
         """``(client id, host, user)`` of every connection named after this dict,
@@ -450,8 +470,6 @@ class RedisEngine(StoreBase):
         return removed
 
     def _restart_listener(self) -> None:
-        from .listener import Listener
-
         self.listener = Listener(self)
         self.listener.start()
 
@@ -479,14 +497,6 @@ def _int(value: Any) -> Optional[int]:
     try:
         return int(value)
     except (TypeError, ValueError):
-        return None
-
-
-def _pid_of_holder(holder: str) -> Optional[int]:
-    """The pid in a lock value ``"<token>|<host>:<pid>:<nonce>"``."""
-    try:
-        return int(holder.split("|", 1)[1].rsplit(":", 2)[1])
-    except (IndexError, ValueError):
         return None
 
 

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .._codec import records as R
-from .._shm.blobs import InlineArray
+from .._codec.placeholders import InlineArray
 from ..changes import Change, changes_of_dump, changes_of_records, skeleton
 from .._codec.codec import copy_value
 from ..errors import Closed, CorruptSegment
@@ -29,7 +29,7 @@ __all__ = ["RedisFeed"]
 
 
 class RedisFeed:
-    """``poll`` / ``wait`` / ``ended``, as ``changes.Feed``."""
+    """``poll`` / ``wait`` / ``ended``: a ``changes.ChangeSource``."""
 
     def __init__(self, engine: "RedisEngine") -> None:
         self._engine = engine

@@ -33,7 +33,7 @@ The log
 =======
 Entry ``<seq>-1`` holds one field, named by the dict's epoch, whose value is
 the record of mutation number ``seq``, encoded by the dict's codec exactly as
-a shared-memory stream record (``record.py``).  (The epoch in every entry lets
+a shared-memory stream record (``_codec/records.py``).  (The epoch in every entry lets
 a listener, which reads the stream without a script, tell a re-created
 dict's entries from its own without asking the server.)  Invariant, kept by every script: ``log`` holds the entries ``snap+1 .. seq``,
 in order, and also entry ``snap`` itself once a snapshot was taken -- so a

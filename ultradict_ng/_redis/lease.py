@@ -1,13 +1,15 @@
-"""The lock of a dict on Redis: a lease with a fencing token (layout: "Lock").
+"""The shared part of a dict's lock on Redis: a lease with a fencing token
+(layout: "Lock").
 
-Same face as the shared-memory :class:`~ultradict_ng.lock.SharedLock`
-(reentrant per thread, ``with d.lock(timeout=2)``, ``LockTimeout`` naming the
-holder's pid), different machinery: the server holds ``"<token>|<holder>"``
-with an expiry, a keeper thread renews every held lease, and the server
-refuses writes that carry a token that is no longer the lock's -- a holder
-that stalled past its lease cannot write afterwards.  Waiters sleep in
-``XREAD BLOCK`` on the release stream, so a release wakes them at once and a
-dead holder's lease is taken over when it expires.
+:class:`LeaseLock` is the Redis backend of the lock front end
+(:class:`ultradict_ng._lock.SharedLock`, which owns reentrancy, threads,
+timeouts and the context managers).  Here is only what the lease needs: the
+server holds ``"<token>|<holder>"`` with an expiry, a keeper thread renews
+every held lease, and the server refuses writes that carry a token that is
+no longer the lock's -- a holder that stalled past its lease cannot write
+afterwards.  Waiters sleep in ``XREAD BLOCK`` on the release stream, so a
+release wakes them at once and a dead holder's lease is taken over when it
+expires.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import secrets
 import threading
 import time
 import weakref
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Optional, Type
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from .. import _faults as faults
-from ..errors import BackendUnavailable, LeaseLost, LockTimeout, Unlinked
-from .._shm.lock import SharedLock
+from .._lock import SharedLock
+from ..errors import BackendUnavailable, LeaseLost, Unlinked
 from . import layout as RL
+from .identity import HOST, pid_of_holder
 
 if TYPE_CHECKING:
     from .engine import RedisEngine
@@ -36,91 +38,22 @@ _get_ident = threading.get_ident
 
 
 class LeaseLock(SharedLock):
-    """Cross-process (and cross-host), reentrant, thread-safe lease lock of one dict tree."""
+    """Cross-process (and cross-host), reentrant, thread-safe lease lock of one
+    dict tree; per handle (two handles of one dict in a process are two
+    clients of the server)."""
 
-    __slots__ = ("_engine", "_local", "_owner", "_count", "_value", "_valid_until", "lease",
-                 "_lost", "_keeper", "__weakref__")
+    __slots__ = ("_engine", "_value", "_valid_until", "lease", "_lost", "_keeper", "__weakref__")
+
+    _MESSAGE = "could not acquire the lock of shared dict {name!r} within {timeout} s: {holder}"
 
     def __init__(self, engine: "RedisEngine", lease: float) -> None:
-        self._name = engine.name
+        super().__init__(engine.name)
         self._engine = engine
-        self._local = threading.Lock()  # only one of our threads competes for the lease
-        self._owner: Optional[int] = None
-        self._count = 0
         self._value = ""  # the lock's value while we hold it: our fencing token
         self._valid_until = 0.0
         self.lease = lease
         self._lost = False
         self._keeper = _Keeper()
-
-    # -- public API ------------------------------------------------------------------
-
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
-        me = _get_ident()
-        if self._owner == me:
-            self._count += 1
-            return True
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be >= 0 or None")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not blocking:
-            if not self._local.acquire(False):
-                return False
-        elif not self._local.acquire(True, -1 if timeout is None else timeout):
-            raise LockTimeout(f"could not acquire the lock of shared dict {self._name!r} within "
-                              f"{timeout} s: held by another thread of this process",
-                              name=self._name, pid=os.getpid())
-        try:
-            if self._take(blocking, deadline, timeout):
-                self._owner = me
-                self._count = 1
-                return True
-        except BaseException:
-            self._local.release()
-            raise
-        self._local.release()
-        return False
-
-    def try_acquire(self, recover: bool = True) -> bool:
-        return self.acquire(blocking=False)
-
-    def release(self) -> None:
-        if self._owner != _get_ident():
-            raise RuntimeError(f"release of the lock of {self._name!r}, which this thread does not hold")
-        self._count -= 1
-        if self._count:
-            return
-        value, lost = self._value, self._lost
-        self._keeper.forget(self)
-        self._owner = None
-        self._value = ""
-        self._valid_until = 0.0
-        try:
-            reply = self._engine.link.call("release", [self._engine.epoch, value, RL.LOCKEV_MAX])
-        finally:
-            self._local.release()
-        if reply[0] == RL.FENCED or lost:
-            raise LeaseLost(
-                f"the lease on the lock of shared dict {self._name!r} expired while this thread held "
-                f"it (lease {self.lease} s): another client may have held the lock meanwhile")
-
-    def held(self) -> bool:
-        return self._owner == _get_ident()
-
-    @property
-    def owner_pid(self) -> Optional[int]:
-        from .engine import _pid_of_holder
-
-        value = self._engine.link.command("GET", self._engine.keys.lock)
-        return _pid_of_holder(value.decode()) if value else None
-
-    def __enter__(self) -> "LeaseLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
-        self.release()
 
     def __repr__(self) -> str:
         return f"<LeaseLock of {self._name!r} (lease {self.lease} s)>"
@@ -128,68 +61,13 @@ class LeaseLock(SharedLock):
     def take_over(self) -> None:
         raise NotImplementedError("the Redis lock cannot be stolen: its lease expires instead")
 
-    # -- for the engine --------------------------------------------------------------------
-
-    def token_of_this_thread(self) -> str:
-        """The fencing token to send with a write: ours if this thread holds the lease."""
-        return self._value if self._owner == _get_ident() else ""
-
-    def vouches(self) -> bool:
-        """This process holds the lease with local time left: no other client can publish."""
-        return self._owner is not None and not self._lost and time.monotonic() < self._valid_until
-
-    def fenced(self) -> None:
-        """The server refused our token: the lease is gone."""
-        self._lost = True
-        self._valid_until = 0.0
-
-    def renewed(self, sent: float) -> None:
-        self._valid_until = sent + self.lease * RL.LEASE_SAFETY
-
-    def wait_release(self, last: Any, pttl: int, deadline: Optional[float]) -> None:
-        """Sleep until the lock is released (an entry after ``last`` on the
-        release stream), its lease runs out (``pttl`` ms; -1: no expiry), or
-        ``deadline``.  A dead holder's lease ends within ``lease``."""
-        wait = RL.WAIT_SLICE if pttl is None or pttl < 0 else min(RL.WAIT_SLICE, pttl / 1000 + 0.002)
-        if deadline is not None:
-            wait = min(wait, deadline - time.monotonic())
-        if wait <= 0:
-            return
-        last_id = last.decode() if isinstance(last, bytes) else str(last)
-        self._engine.link.xread(self._engine.keys.lockev, last_id, wait, wait + 5.0)
-
-    def forget(self) -> None:
-        """Stop renewing (the lease expires on the server)."""
-        self._keeper.forget(self)
-
-    def drop(self) -> None:
-        """The handle closed while this process held the lock: give the lease
-        back now rather than make everybody wait for it to expire."""
-        self._keeper.forget(self)
-        value, self._value = self._value, ""
-        self._owner, self._count, self._valid_until = None, 0, 0.0
-        if value:
-            try:
-                self._engine.link.call("release", [self._engine.epoch, value, RL.LOCKEV_MAX])
-            except Exception as exc:  # the server is gone: the lease expires there
-                log.warning("could not release the lock of %r at close: %s", self._name, exc)
-            try:
-                self._local.release()
-            except RuntimeError:  # held by another thread: it finds the handle closed
-                pass
-
-    def after_fork(self) -> None:
-        self._local = threading.Lock()
-        self._owner = None
-        self._count = 0
-        self._value = ""
-        self._valid_until = 0.0
-
-    # -- internals -------------------------------------------------------------------------
+    # -- the front end's hooks -------------------------------------------------------
 
     def _take(self, blocking: bool, deadline: Optional[float], timeout: Optional[float]) -> bool:
+        """``ACQUIRE`` until granted: it answers the lock and a current cache in
+        one round trip, or ``LOCKED`` with what to wait for (``wait_release``)."""
         engine = self._engine
-        holder = f"{_host()}:{os.getpid()}:{secrets.token_hex(4)}"
+        holder = f"{HOST}:{os.getpid()}:{secrets.token_hex(4)}"
         lease_ms = max(1, int(self.lease * 1000))
         while True:
             with engine.mutex:
@@ -206,27 +84,108 @@ class LeaseLock(SharedLock):
                         faults.hit("redis-lease-taken")
                     return True
             if code == RL.GONE:
-                engine._gone()
+                engine.raise_gone()
             if code != RL.LOCKED:
                 raise BackendUnavailable(f"unexpected ACQUIRE answer {reply!r}")
             if not blocking:
                 return False
             if deadline is not None and time.monotonic() >= deadline:
-                from .engine import _pid_of_holder
-
                 value = engine.link.command("GET", engine.keys.lock)
-                pid = _pid_of_holder(value.decode()) if value else None
-                raise LockTimeout(
-                    f"could not acquire the lock of shared dict {self._name!r} within {timeout} s: "
-                    f"held by {value.decode() if value else 'nobody now'}",
-                    name=self._name, pid=pid if pid is not None else os.getpid())
+                raise self._timeout_error(timeout, f"held by {value.decode() if value else 'nobody now'}",
+                                          pid_of_holder(value.decode()) if value else None)
             self.wait_release(reply[2], reply[1], deadline)
 
+    def _try_take(self, recover: bool) -> bool:
+        return self._take(False, None, None)  # (a dead holder's lease expires on the server)
 
-def _host() -> str:
-    from .engine import _HOST
+    def _give(self) -> None:
+        value, lost = self._value, self._lost
+        self._keeper.forget(self)
+        self._value = ""
+        self._valid_until = 0.0
+        reply = self._engine.link.call("release", [self._engine.epoch, value, RL.LOCKEV_MAX])
+        if reply[0] == RL.FENCED or lost:
+            raise LeaseLost(
+                f"the lease on the lock of shared dict {self._name!r} expired while this thread held "
+                f"it (lease {self.lease} s): another client may have held the lock meanwhile")
 
-    return _HOST
+    def _wait_free(self, timeout: float) -> bool:
+        """The last release event, then the lock's expiry, then ``XREAD BLOCK``
+        after that event: a release after the first read wakes us at once."""
+        engine = self._engine
+        link, keys = engine.link, engine.keys
+        start = time.monotonic()
+        last = link.command("XREVRANGE", keys.lockev, "+", "-", "COUNT", 1)
+        pttl = int(link.command("PTTL", keys.lock))
+        if pttl == -2:  # no lock key: free (or the dict is gone, which the next attempt reports)
+            return True
+        last_id = last[0][0] if last else b"0-0"
+        if self.wait_release(last_id, pttl, start + timeout):
+            return True
+        return pttl >= 0 and time.monotonic() >= start + pttl / 1000  # its lease ran out meanwhile
+
+    def _holder(self) -> Tuple[Optional[str], Optional[int]]:
+        return None, None  # (another thread of ours holds our side of it)
+
+    def _holder_pid(self) -> Optional[int]:
+        value = self._engine.link.command("GET", self._engine.keys.lock)
+        return pid_of_holder(value.decode()) if value else None
+
+    # -- for the engine --------------------------------------------------------------------
+
+    def token_of_this_thread(self) -> str:
+        """The fencing token to send with a write: ours if this thread holds the lease."""
+        return self._value if self.held() else ""
+
+    def vouches(self) -> bool:
+        """This process holds the lease with local time left: no other client can publish."""
+        return self._state.owner is not None and not self._lost and time.monotonic() < self._valid_until
+
+    def fenced(self) -> None:
+        """The server refused our token: the lease is gone."""
+        self._lost = True
+        self._valid_until = 0.0
+
+    def renewed(self, sent: float) -> None:
+        self._valid_until = sent + self.lease * RL.LEASE_SAFETY
+
+    def wait_release(self, last: Any, pttl: int, deadline: Optional[float]) -> bool:
+        """Sleep until the lock is released (an entry after ``last`` on the
+        release stream: True), its lease runs out (``pttl`` ms; -1: no
+        expiry), or ``deadline``.  A dead holder's lease ends within ``lease``."""
+        wait = RL.WAIT_SLICE if pttl is None or pttl < 0 else min(RL.WAIT_SLICE, pttl / 1000 + 0.002)
+        if deadline is not None:
+            wait = min(wait, deadline - time.monotonic())
+        if wait <= 0:
+            return False
+        last_id = last.decode() if isinstance(last, bytes) else str(last)
+        return bool(self._engine.link.xread(self._engine.keys.lockev, last_id, wait, wait + 5.0))
+
+    def forget(self) -> None:
+        """Stop renewing (the lease expires on the server)."""
+        self._keeper.forget(self)
+
+    def drop(self) -> None:
+        """The handle closed while this process held the lock: give the lease
+        back now rather than make everybody wait for it to expire."""
+        self._keeper.forget(self)
+        value, self._value = self._value, ""
+        state = self._state
+        state.owner, state.count, self._valid_until = None, 0, 0.0
+        if value:
+            try:
+                self._engine.link.call("release", [self._engine.epoch, value, RL.LOCKEV_MAX])
+            except Exception as exc:  # the server is gone: the lease expires there
+                log.warning("could not release the lock of %r at close: %s", self._name, exc)
+            try:
+                state.mutex.release()
+            except RuntimeError:  # not held (released meanwhile)
+                pass
+
+    def after_fork(self) -> None:
+        """In a forked child (the front end reset the holder thread and mutex)."""
+        self._value = ""
+        self._valid_until = 0.0
 
 
 class _Keeper:
@@ -298,5 +257,3 @@ class _Keeper:
         else:
             lock.fenced()
             log.warning("the lease on %s was lost while held", engine.keys.lock)
-
-

@@ -13,7 +13,9 @@ from .._engine import Options
 from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotFound, ParameterMismatch
 from .._names import generate_name, validate_name
 from . import layout as RL
+from .identity import HOST, start_time
 from .link import Link, connect_client, describe
+from .listener import Listener
 
 if TYPE_CHECKING:
     from .engine import RedisEngine
@@ -44,7 +46,7 @@ def open_redis(cls: "Type[RedisEngine]", name: Optional[str], create: Optional[b
     codec = codec_for(options.serializer) if options.serializer is not None else None
     client, url = connect_client(backend)
     keys = RL.keys_of(name)
-    link = Link(client, keys, f"{RL.CLIENT_PREFIX}{name}:{_host()}:{os.getpid()}:{_start_time()}")
+    link = Link(client, keys, f"{RL.CLIENT_PREFIX}{name}:{HOST}:{os.getpid()}:{start_time()}")
     try:
         created, fields = _create_or_find(link, name, create, options, codec, initial, minlog)
         version, codec_id, recurse, epoch, stored_minlog = fields
@@ -80,18 +82,17 @@ def open_redis(cls: "Type[RedisEngine]", name: Optional[str], create: Optional[b
     try:
         engine.sync_remote()
         if reads == "cached":
-            from .listener import Listener
-
             engine.listener = Listener(engine)
             engine.listener.start()
         auto = options.auto_unlink
         if auto is None:
             auto = created
-        engine._arm_finalizer(auto)
+        engine.arm_finalizer(auto)
     except BaseException:
         engine.close()
         raise
     return engine
+
 
 def _create_or_find(link: Link, name: str, create: Optional[bool], options: Options,
                     codec: Optional[Codec], initial: Optional[Sequence[Sequence[Any]]],
@@ -110,7 +111,7 @@ def _create_or_find(link: Link, name: str, create: Optional[bool], options: Opti
     snapshot = use.dumps(tree)
     epoch = secrets.token_hex(8)
     reply = link.call("create", [epoch, RL.VERSION, use.id, int(recurse),
-                                 minlog or RL.DEFAULT_MINLOG, f"{_host()}:{os.getpid()}", snapshot])
+                                 minlog or RL.DEFAULT_MINLOG, f"{HOST}:{os.getpid()}", snapshot])
     if reply[0] == 1 or (len(reply) > 4 and reply[4] == epoch.encode()):
         # (The second: our own CREATE, repeated after its reply was lost.)
         return True, (RL.VERSION, use.id, recurse, epoch, minlog or RL.DEFAULT_MINLOG)
@@ -130,17 +131,3 @@ def _fields(got: Sequence[Any], key: str) -> Tuple[int, int, bool, str, int]:
         raise CorruptSegment(
             f"{key} on Redis is not the configuration of an ultradict_ng dict (version, codec, "
             f"recurse, epoch, minlog): {fields!r}") from None
-
-
-def _start_time() -> int:
-    """This process's start time in clock ticks (0 without /proc), as owner words hold it."""
-    from .._owner import _stat_fields
-
-    fields = _stat_fields(os.getpid())
-    return fields[1] if fields else 0
-
-
-def _host() -> str:
-    from .engine import _HOST
-
-    return _HOST

@@ -14,15 +14,15 @@ import logging
 from typing import List
 
 from .. import layout as L
-from . import segment
+from .. import _segments as segments
 from .blobs import blob_ids
 from .control import check_layout, control_owner, looks_half_created, read_word
 from ..errors import CorruptSegment, LockTimeout
-from .lock import SharedLock, owner_alive
+from .lock import ShmLock, owner_alive
 from .waiting import wake
 from .mapping import Mapping
 from .._names import validate_name
-from .segment import Segment
+from .._segments import Segment
 
 __all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name", "unlink_other_layout",
            "remove_orphans"]
@@ -36,21 +36,21 @@ def unlink_dumps(name: str, words: memoryview) -> int:
     names = {L.dump_name(name, g) for g in range(max(low, high - L.MAX_RECLAIM), high + 1)}
     names.add(L.dump_name(name, words[L.W_STATE] >> L.GEN_SHIFT))
     names.discard(L.dump_name(name, 0))
-    names.update(segment.listed(name + L.DUMP_SUFFIX))
-    return sum(segment.unlink(n) for n in sorted(names))
+    names.update(segments.listed(name + L.DUMP_SUFFIX))
+    return sum(segments.unlink(n) for n in sorted(names))
 
 
 def unlink_blobs(name: str, words: memoryview) -> int:
     """Unlink every blob the register (BLOB_LOW .. BLOB_NEXT) names, and every
     other ``NAME@b*`` where /dev/shm can be listed."""
     names = {L.blob_name(name, i) for i in blob_ids(name, words[L.W_BLOB_LOW], words[L.W_BLOB_NEXT])}
-    names.update(segment.listed(name + L.BLOB_SUFFIX))
-    return sum(segment.unlink(n) for n in sorted(names))
+    names.update(segments.listed(name + L.BLOB_SUFFIX))
+    return sum(segments.unlink(n) for n in sorted(names))
 
 
 def unlink_tree(name: str, mapping: Mapping, token: int) -> int:
     """Layout "Unlink": flag, then dumps, stream, control.  Returns segments removed."""
-    lock = SharedLock(mapping.atomic, name, token)
+    lock = ShmLock(mapping.atomic, name, token)
     held = False
     try:
         held = lock.acquire(timeout=L.UNLINK_LOCK_TIMEOUT)
@@ -80,9 +80,9 @@ def unlink_tree(name: str, mapping: Mapping, token: int) -> int:
         # left under it is ours (a creator makes its control first).
         removed = unlink_dumps(name, mapping.words)
         removed += unlink_blobs(name, mapping.words)
-        removed += segment.unlink(L.stream_name(name))
+        removed += segments.unlink(L.stream_name(name))
         if owner == "ours":
-            removed += segment.unlink(name)
+            removed += segments.unlink(name)
         return removed
     finally:
         if held:
@@ -102,12 +102,12 @@ def unlink_by_name(name: str) -> int:
         ctrl = Segment.attach(name)
     except FileNotFoundError:
         # No control: at most a stream left by a creator that died very early.
-        return int(segment.unlink(L.stream_name(name)))
+        return int(segments.unlink(L.stream_name(name)))
     if ctrl.buf is None or ctrl.size < L.CONTROL_SIZE:
         size = ctrl.size
         ctrl.close()
         if size == 0:  # abandoned between shm_open and ftruncate
-            return int(segment.unlink(name)) + int(segment.unlink(L.stream_name(name)))
+            return int(segments.unlink(name)) + int(segments.unlink(L.stream_name(name)))
         raise CorruptSegment(f"segment {name!r} is not an ultradict_ng control segment ({size} bytes)")
     words = memoryview(ctrl.buf).cast("Q")
     try:
@@ -125,8 +125,8 @@ def unlink_by_name(name: str) -> int:
             # Abandoned mid-creation: its register is still valid (zeroed or written).
             removed = unlink_dumps(name, words)
             removed += unlink_blobs(name, words)
-            removed += segment.unlink(L.stream_name(name))
-            return removed + int(segment.unlink(name))
+            removed += segments.unlink(L.stream_name(name))
+            return removed + int(segments.unlink(name))
         if magic != L.CONTROL_MAGIC:
             raise CorruptSegment(
                 f"segment {name!r} is not an ultradict_ng control segment; not unlinking it"
@@ -165,8 +165,8 @@ def unlink_other_layout(name: str) -> int:
             raise ValueError(f"shared dict {name!r} has this version's layout: use unlink_by_name")
     finally:
         ctrl.close()
-    names = sorted(segment.listed(name + "@")) or [L.stream_name(name)]
-    return sum(segment.unlink(n) for n in names) + int(segment.unlink(name))
+    names = sorted(segments.listed(name + "@")) or [L.stream_name(name)]
+    return sum(segments.unlink(n) for n in names) + int(segments.unlink(name))
 
 
 def remove_orphans(base: str, names: List[str]) -> int:
@@ -180,16 +180,16 @@ def remove_orphans(base: str, names: List[str]) -> int:
     """
     validate_name(base)
     try:
-        placeholder = segment.create_empty(base)
+        placeholder = segments.create_empty(base)
     except FileExistsError:
         return 0
     try:
         removed = 0
         for name in names:
-            if not name.startswith(base + "@") or not segment.holds(base, placeholder):
+            if not name.startswith(base + "@") or not segments.holds(base, placeholder):
                 break
-            removed += segment.unlink(name)
+            removed += segments.unlink(name)
         return removed
     finally:
-        if segment.holds(base, placeholder):
-            segment.unlink(base)
+        if segments.holds(base, placeholder):
+            segments.unlink(base)

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from .. import layout as L
 from ..errors import CorruptSegment, IncompatibleLayout
 from .lock import owner_alive
-from .segment import Segment
+from .._segments import Segment
 
 __all__ = ["Header", "read_word", "check_layout", "attach_control", "control_owner",
            "looks_half_created"]

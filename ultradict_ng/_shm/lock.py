@@ -1,255 +1,52 @@
-"""The dict's cross-process lock: one 64-bit word in the control segment.
+"""The shared part of a dict's lock on shared memory: one 64-bit word in the
+control segment.
 
-One class owns every policy: waiting and back-off, timeouts, reentrancy,
-threads, fork, and recovery from a dead owner.  The atomic primitive under it
-(``Words`` from :mod:`ultradict_ng.speedups`) only loads, stores and
-compares-and-swaps.
-The word's format and the recovery rule are specified in
-:mod:`ultradict_ng.layout` ("Lock").
+:class:`ShmLock` is the shared-memory backend of the lock front end
+(:class:`ultradict_ng._lock.SharedLock`, which owns reentrancy, threads,
+timeouts and the context managers; its :class:`~ultradict_ng._lock.WordLock`
+shape, for a shared part that is one word).  This module holds only what the word
+needs: taking it (waiting and waking on the lock channel, back-off) and
+recovering it from a dead owner.  The front end's hot paths run through the
+compiled helper's ``ProcessState.enter``/``exit`` on this word.  The word's
+format and the recovery rule are specified in :mod:`ultradict_ng.layout`
+("Lock"), the sleeping in "Waiting and waking".
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
-import weakref
-from types import TracebackType
-from typing import Optional, Tuple, Type
+from typing import Optional, Tuple
 
 from .. import layout as L
-from ..errors import LockTimeout
+from .._lock import SharedLock, WordLock
 from .._owner import owner_alive, owner_word, pid_of
-from ..speedups import ProcessState, Words
-from .waiting import ProcessWaits, waits_for
+from ..speedups import Words
+from .waiting import Backoff, ProcessWaits, waits_for
 
-__all__ = ["SharedLock", "owner_word", "pid_of", "owner_alive"]
+# SharedLock: the front end, named here too for the modules that type with it.
+__all__ = ["ShmLock", "SharedLock", "owner_word", "pid_of", "owner_alive"]
 
 log = logging.getLogger("ultradict_ng")
-_get_ident = threading.get_ident
 _WAKE_PENDING = 1  # LOCK_WAKING: a release woke a sleeper that has not claimed the role yet
 _W_LOCK, _W_LOCK_WAITERS, _W_LOCK_SEQ, _W_LOCK_WAKING = (
     L.W_LOCK, L.W_LOCK_WAITERS, L.W_LOCK_SEQ, L.W_LOCK_WAKING)
 
-# This process's owner word, cached (owner_word caches it too; this copy is
-# one global load on the write path).  Reset in a forked child.
-_my_word = 0
 
+class ShmLock(WordLock):
+    """The lock of one shared-memory dict: the LOCK word of its control
+    segment (``words``), shared per process by every handle of the dict
+    (keyed by name and creation token)."""
 
-def _mine() -> int:
-    global _my_word
-    _my_word = owner_word()
-    return _my_word
-
-
-# -- per-process lock state ----------------------------------------------------
-#
-# ``speedups.ProcessState`` (compiled, or its twin in fallback.py): which thread
-# of this process holds the lock and how often, and the mutex through which only
-# one of our threads competes for the shared word.  One per dict and process,
-# shared by every handle (keyed by name and creation token).
-
-_states: "weakref.WeakValueDictionary[Tuple[str, int], ProcessState]" = weakref.WeakValueDictionary()
-_states_guard = threading.Lock()
-
-
-def _state_for(key: Tuple[str, int]) -> ProcessState:
-    with _states_guard:
-        state = _states.get(key)
-        if state is None:
-            state = ProcessState()
-            _states[key] = state
-        return state
-
-
-def _after_fork_in_child() -> None:
-    # The child has one thread; whatever the parent's threads held is not the
-    # child's.  The shared word still names the parent, so the child waits for
-    # the parent's release like any other process.
-    global _states_guard, _my_word
-    _states_guard = threading.Lock()
-    _my_word = 0
-    for state in list(_states.values()):
-        state.mutex = threading.Lock()
-        state.owner = None
-        state.count = 0
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# -- the lock ------------------------------------------------------------------
-
-
-class SharedLock:
-    """Cross-process, reentrant, thread-safe lock of one shared dict tree.
-
-    ``with d.lock:`` (or ``with d:``) holds it; ``with d.lock(timeout=2):``
-    gives up after 2 s with :class:`~ultradict_ng.errors.LockTimeout`, whose
-    ``pid`` is the holder.  A holder that died (SIGKILL, crash) is detected
-    while waiting and its lock taken over within about
-    ``LOCK_FIRST_CHECK + LOCK_CHECK_INTERVAL`` seconds, with a warning logged.
-    """
-
-    __slots__ = ("_words", "_name", "_state", "_waits")
+    __slots__ = ("_waits",)
 
     def __init__(self, words: Words, name: str, token: int) -> None:
-        self._words = words
-        self._name = name
-        self._state = _state_for((name, token))
+        super().__init__(name, (name, token), words, _W_LOCK)
         self._waits: ProcessWaits = waits_for((name, token))
 
-    # -- public API ------------------------------------------------------------
+    # -- the front end's hooks -------------------------------------------------------
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
-        """Take the lock.
-
-        Returns True when taken.  ``blocking=False`` returns False at once if
-        another process or thread holds it.  With a ``timeout`` (seconds),
-        raises :class:`LockTimeout` naming the holder's pid when it runs out.
-        """
-        state = self._state
-        if blocking and timeout is None:
-            if not state.enter(self._words, _W_LOCK, _my_word or _mine()):
-                self._wait_for_word()
-            return True
-        me = _get_ident()
-        if state.owner == me:
-            state.count += 1
-            return True
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be >= 0 or None")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        # First wait for our other threads (only one of them competes for
-        # the word), then for other processes.
-        if not blocking:
-            if not state.mutex.acquire(False):
-                return False
-        elif not state.mutex.acquire(True, -1 if timeout is None else timeout):
-            raise self._timeout_error(timeout)
-        try:
-            if self._take_word(blocking, deadline, timeout):
-                state.owner = me
-                state.count = 1
-                return True
-        except BaseException:
-            state.mutex.release()
-            raise
-        state.mutex.release()
-        return False
-
-    def try_acquire(self, recover: bool = True) -> bool:
-        """Take the lock if that needs no waiting: it is free, this thread holds
-        it already, or (with ``recover``) its holder is dead.  Never sleeps;
-        False if another thread or process holds it.  (The asyncio lock's step.)"""
-        state = self._state
-        me = _get_ident()
-        if state.owner == me:
-            state.count += 1
-            return True
-        if not state.mutex.acquire(False):
-            return False
-        try:
-            mine = _my_word or _mine()
-            ok, seen = self._words.cas(_W_LOCK, 0, mine)
-            if not ok and recover:
-                ok = self._recover_if_dead(seen, mine)
-        except BaseException:
-            state.mutex.release()
-            raise
-        if ok:
-            state.owner = me
-            state.count = 1
-            return True
-        state.mutex.release()
-        return False
-
-    def release(self) -> None:
-        """Release one level of ownership; the last release frees the shared word."""
-        done = self._state.exit(self._words, _W_LOCK, _my_word or _mine())
-        if done is True:
-            return
-        if done == 2:  # released; a registered waiter was not asleep (or is dead)
-            self._waits.woke_nobody(self._words)
-            return
-        if done is None:
-            raise RuntimeError(f"release of the lock of {self._name!r}, which this thread does not hold")
-        log.warning(
-            "lock of shared dict %r was taken over by another process while pid %d held it",
-            self._name, os.getpid(),
-        )
-
-    def _wait_for_word(self) -> None:
-        """After ``enter`` returned False: we hold the mutex; wait for the word."""
-        state = self._state
-        try:
-            self._take_word(True, None, None)
-        except BaseException:
-            state.mutex.release()
-            raise
-        state.owner = _get_ident()
-        state.count = 1
-
-    def take_over(self) -> None:
-        """Acquire even if a *live* process holds the lock, replacing its word.
-
-        This breaks mutual exclusion with that process; it exists for
-        UltraDict's ``steal=True`` and is not used by ultradict_ng itself.
-        """
-        me = threading.get_ident()
-        state = self._state
-        if state.owner == me:
-            state.count += 1
-            return
-        state.mutex.acquire()
-        mine = owner_word()
-        while True:
-            seen = self._words.load(L.W_LOCK)
-            ok, _ = self._words.cas(L.W_LOCK, seen, mine)
-            if ok:
-                break
-        state.owner = me
-        state.count = 1
-        if seen and seen != mine:
-            log.warning("lock of shared dict %r taken over from pid %d", self._name, pid_of(seen))
-
-    def held(self) -> bool:
-        """True if the calling thread holds the lock."""
-        return self._state.owner == threading.get_ident()
-
-    @property
-    def owner_pid(self) -> Optional[int]:
-        """Pid of the process holding the lock now, or None (a snapshot: it may change)."""
-        word = self._words.load(L.W_LOCK)
-        return pid_of(word) if word else None
-
-    def __call__(self, timeout: Optional[float] = None) -> "_TimedHold":
-        """``with d.lock(timeout=...):`` — the same lock with a timeout."""
-        return _TimedHold(self, timeout)
-
-    def __enter__(self) -> "SharedLock":
-        # acquire(), blocking without timeout, inlined: ``with d.lock:`` is a hot loop shape.
-        if not self._state.enter(self._words, _W_LOCK, _my_word or _mine()):
-            self._wait_for_word()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        pid = self.owner_pid
-        return f"<SharedLock of {self._name!r} {'held by pid %d' % pid if pid else 'free'}>"
-
-    # -- internals ---------------------------------------------------------------
-
-    def _take_word(self, blocking: bool, deadline: Optional[float], timeout: Optional[float]) -> bool:
+    def _take(self, blocking: bool, deadline: Optional[float], timeout: Optional[float]) -> bool:
         """CAS the shared word from 0 to ours; sleep until a release, recover dead owners.
 
         Waiting follows layout: "Waiting and waking" (lock channel): register,
@@ -286,7 +83,7 @@ class SharedLock:
                         return True
                     next_check = now + L.LOCK_CHECK_INTERVAL
                 if deadline is not None and now >= deadline:
-                    raise self._timeout_error(timeout, seen)
+                    raise self._timeout_error(timeout, *_holder_of(seen))
                 limit = next_check - now if deadline is None else min(next_check, deadline) - now
                 if not registered:
                     # Polling: yield first, then sleep up to 1 ms.
@@ -315,10 +112,70 @@ class SharedLock:
             if registered:
                 waits.exit(words, _W_LOCK_WAITERS)
 
+    def _try_take(self, recover: bool) -> bool:
+        mine = owner_word()
+        ok, seen = self._words.cas(_W_LOCK, 0, mine)
+        if not ok and recover:
+            ok = self._recover_if_dead(seen, mine)
+        return ok
+
+    def _woke_nobody(self) -> None:
+        self._waits.woke_nobody(self._words)
+
+    def _seize(self) -> None:
+        words = self._words
+        mine = owner_word()
+        while True:
+            seen = words.load(_W_LOCK)
+            if words.cas(_W_LOCK, seen, mine)[0]:
+                break
+        if seen and seen != mine:
+            log.warning("lock of shared dict %r taken over from pid %d", self._name, pid_of(seen))
+
+    def _wait_free(self, timeout: float) -> bool:
+        """Sleep on the lock channel until the word is 0 (True) or ``timeout``
+        passes (False), as a registered waiter that never takes the
+        designated role."""
+        words = self._words
+        deadline = time.monotonic() + timeout
+        waits = self._waits
+        if not waits.enter(words, _W_LOCK_WAITERS):
+            backoff = Backoff()
+            while words.load(_W_LOCK) != 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                backoff.sleep(left)
+            return True
+        try:
+            while True:
+                seq = words.load(_W_LOCK_SEQ)
+                if words.load(_W_LOCK) == 0:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                words.wait(_W_LOCK_SEQ, seq, left)
+        finally:
+            # A release that woke this thread left LOCK_WAKING at 1 for it to
+            # claim; it claims nothing (the caller retries elsewhere), so give
+            # the flag back, or releases would stop waking anyone.
+            words.cas(_W_LOCK_WAKING, _WAKE_PENDING, 0)
+            waits.exit(words, _W_LOCK_WAITERS)
+
+    def _holder(self) -> Tuple[Optional[str], Optional[int]]:
+        return _holder_of(self._words.load(_W_LOCK))
+
+    def _holder_pid(self) -> Optional[int]:
+        word = self._words.load(_W_LOCK)
+        return pid_of(word) if word else None
+
+    # -- internals -----------------------------------------------------------------
+
     def _recover_if_dead(self, seen: int, mine: int) -> bool:
         """Take the lock over from ``seen`` if that owner is dead; True if we now hold it."""
         if seen == 0:
-            ok, _ = self._words.cas(L.W_LOCK, 0, mine)
+            ok, _ = self._words.cas(_W_LOCK, 0, mine)
             return ok
         if seen == mine:
             # Our own word, yet no thread of ours holds it: a handle that held
@@ -328,41 +185,13 @@ class SharedLock:
             alive = owner_alive(seen)
         if alive:
             return False
-        ok, _ = self._words.cas(L.W_LOCK, seen, mine)
+        ok, _ = self._words.cas(_W_LOCK, seen, mine)
         if ok:
-            log.warning(
-                "lock of shared dict %r recovered from dead process %d",
-                self._name, pid_of(seen),
-            )
+            log.warning("lock of shared dict %r recovered from dead process %d", self._name, pid_of(seen))
         return ok
 
-    def _timeout_error(self, timeout: Optional[float], seen: Optional[int] = None) -> LockTimeout:
-        if seen is None:
-            seen = self._words.load(L.W_LOCK)
-        pid = pid_of(seen) if seen else None
-        holder = f"held by pid {pid}" if pid else "held by another thread of this process"
-        return LockTimeout(
-            f"could not acquire the lock of shared dict {self._name!r} within {timeout}s ({holder})",
-            name=self._name,
-            pid=pid if pid else os.getpid(),
-        )
 
-
-class _TimedHold:
-    __slots__ = ("_lock", "_timeout")
-
-    def __init__(self, lock: SharedLock, timeout: Optional[float]) -> None:
-        self._lock = lock
-        self._timeout = timeout
-
-    def __enter__(self) -> SharedLock:
-        self._lock.acquire(timeout=self._timeout)
-        return self._lock
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        self._lock.release()
+def _holder_of(word: int) -> Tuple[Optional[str], Optional[int]]:
+    """What a timeout message says about the LOCK word ``word``."""
+    pid = pid_of(word) if word else None
+    return (f"held by pid {pid}", pid) if pid else (None, None)

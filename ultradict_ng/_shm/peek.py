@@ -7,7 +7,7 @@ and without running code stored in it.  A :class:`Peek` is a private reader
 (the reader algorithm of layout "Reader", as the change feed uses it) over
 mappings of the control and stream segments, with a decoder that cannot run
 code: msgpack (the default serializer never does), or pickle through
-:mod:`ultradict_ng.safe_pickle`.  Large values stay placeholders
+:mod:`ultradict_ng._codec.safe_pickle`.  Large values stay placeholders
 (``BlobRef``, ``InlineArray``): their size and type are known without
 mapping them.  A Peek does not register as a user and never writes.
 """
@@ -18,15 +18,15 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from .. import layout as L
-from .blobs import BlobRef
+from .._codec.placeholders import BlobRef
 from .._codec.codec import CUSTOM_ID, MSGPACK, PICKLE, Codec
 from .control import Header, attach_control
 from ..errors import CorruptSegment, NotFound
-from .lock import SharedLock
+from .lock import ShmLock
 from .mapping import Mapping
 from .reader import INVALID, Reader
 from .._codec.safe_pickle import SAFE_PICKLE
-from .segment import Segment
+from .._segments import Segment
 from .waiting import waits_for
 
 __all__ = ["Peek", "reading_codec"]
@@ -52,7 +52,7 @@ class Peek(Reader):
 
     ``header`` is the control header; ``codec`` None when the contents cannot
     be decoded here (custom serializer), and then :meth:`load` raises.
-    It also serves as the store of a :class:`~ultradict_ng.changes.Feed`
+    It also serves as the store of a :class:`~ultradict_ng._shm.feed.Feed`
     (``watch``): the attributes the feed copies are here, and its values
     stay placeholders (``materialize`` is the identity)."""
 
@@ -83,7 +83,7 @@ class Peek(Reader):
         self.codec = codec  # type: ignore[assignment]
         self.token = header.token
         self.stream_size = header.stream_size
-        self.lock = SharedLock(self._map.atomic, name, header.token)
+        self.lock = ShmLock(self._map.atomic, name, header.token)
         self.waits = waits_for((name, header.token))
         self.mutex = threading.RLock()
         self.closed = False

@@ -18,10 +18,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from .. import layout as L
 from .._codec.codec import Codec, MsgpackCodec
 from ..errors import CorruptSegment, PathGone, Unlinked
-from .lock import SharedLock
+from .._lock import SharedLock
 from .mapping import Mapping
 from .._codec.records import Inconsistent, apply_all
-from .segment import Segment
+from .._segments import Segment
 from ..speedups import StoreBase, parse_records
 
 __all__ = ["Reader", "INVALID"]
@@ -52,7 +52,7 @@ class Reader(StoreBase):
     mutex: Any
     lock: SharedLock
     _map: Mapping
-    #: True for a change feed (changes.Feed), which is told what each refresh
+    #: True for a change feed (feed.Feed), which is told what each refresh
     #: replays through ``_feed_records`` and ``_feed_dump``.
     _feeding = False
 

@@ -4,7 +4,7 @@ A :class:`Store` is a process's handle on a dict: its mappings of the control
 and stream segments (:mod:`mapping`), its local cache (``data``, a tree of
 plain dicts) and the position in the shared history that cache reflects
 (``seen``, ``gen``, ``pos``).  It implements the backend interface of
-:mod:`ultradict_ng.engine`.  The algorithms live in their own modules and
+:mod:`ultradict_ng._engine`.  The algorithms live in their own modules and
 follow :mod:`ultradict_ng.layout`, the specification:
 
 * :mod:`reader` -- catching up lock-free (layout: "Reader");
@@ -25,21 +25,24 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from .._forks import on_fork_in_child
 from .. import layout as L
 from .._codec import records as R
-from . import segment
+from .. import _segments as segments
 from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
 from .._codec.codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .control import Header, attach_control
-from .._engine import ClosedWords, Engine, Options
-from .blobs import BlobGone, BlobMissing, BlobRef, InlineArray
-from ..changes import Feed, wait_until_changed
+from .._engine import BlobGone, ClosedWords, Engine, Options
+from . import blobs
+from .blobs import BlobMissing
+from .._codec.placeholders import BlobRef, InlineArray
+from .feed import Feed, wait_until_changed
 from ..errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
-from .lock import SharedLock, owner_word
+from .lock import ShmLock, owner_word
 from .mapping import Mapping
 from .._names import generate_name, validate_name
 from .reader import INVALID
-from .segment import Segment
+from .._segments import Segment
 from .waiting import waits_for
 from .writer import Writer
 from . import users
@@ -71,8 +74,7 @@ def _after_fork_in_child() -> None:
         store.mutex = threading.RLock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork_in_child("threads", _after_fork_in_child)
 
 
 class Store(Writer):
@@ -104,7 +106,7 @@ class Store(Writer):
         self.token = header.token
         self.created = created
         self.registered = False  # counted in the user register (layout: "Users")
-        self.lock = SharedLock(mapping.atomic, name, header.token)
+        self.lock = ShmLock(mapping.atomic, name, header.token)
         self.waits = waits_for((name, header.token))
         self.mutex = threading.RLock()
         self.data = {}
@@ -204,7 +206,7 @@ class Store(Writer):
             except FileExistsError:
                 # Left by a creator that died before its control segment was
                 # ready; we own the control name now, so it is garbage.
-                segment.unlink(sname)
+                segments.unlink(sname)
                 stream = Segment.create(sname, header.stream_size, reserve=header.stream_limit)
             mapping = Mapping(ctrl, stream)
             header.write(mapping.words)
@@ -227,8 +229,8 @@ class Store(Writer):
                 ctrl.close()
                 if stream is not None:
                     stream.close()
-            segment.unlink(L.stream_name(name))
-            segment.unlink(name)
+            segments.unlink(L.stream_name(name))
+            segments.unlink(name)
             raise
 
     @classmethod
@@ -288,7 +290,7 @@ class Store(Writer):
     def materialize(self, stored: Any) -> Any:
         """The user's value of a cache placeholder (see the Engine interface)."""
         try:
-            return stored.value(self.name, self.token)
+            return blobs.materialize(stored, self.name, self.token)
         except BlobMissing as exc:
             self._blob_missing(exc)
             raise  # not reached
@@ -300,8 +302,7 @@ class Store(Writer):
         if type(stored) is not BlobRef:
             raise TypeError(f"a {type(stored).__name__} has no single buffer to view")
         try:
-            view: memoryview = stored.view(self.name, self.token)
-            return view
+            return blobs.blob_view(stored, self.name, self.token)
         except BlobMissing as exc:
             self._blob_missing(exc)
             raise  # not reached
@@ -342,6 +343,18 @@ class Store(Writer):
         self.sync()
         return True
 
+    def change_mark(self) -> int:
+        """The STATE ``data`` reflects (Engine interface: ``wait_past``)."""
+        self.words[L.W_STATE]  # Closed on a closed handle
+        return self.seen
+
+    def wait_past(self, mark: int, timeout: float) -> bool:
+        """Sleep on the change channel until STATE differs from ``mark`` or the
+        dict is unlinked (True), at most ``timeout`` seconds (False); touches
+        neither ``data`` nor the mutex."""
+        return wait_until_changed(self._map.atomic, self.words, self.waits, lambda: mark,
+                                  time.monotonic() + timeout)
+
     def feed(self) -> Feed:
         """A change feed starting at the state this handle's cache reflects."""
         self.words[L.W_STATE]  # Closed on a closed handle
@@ -380,6 +393,10 @@ class Store(Writer):
         """The processes attached to the dict now, alive and dead (layout: "Users")."""
         self.words[L.W_STATE]  # Closed on a closed handle
         return users.read_users(self._map.atomic)
+
+    def reopen_arguments(self) -> Dict[str, Any]:
+        """Another process finds the dict by name in shared memory (Engine interface)."""
+        return {"backend": "shm"}
 
     # -- lifetime ------------------------------------------------------------------------
 

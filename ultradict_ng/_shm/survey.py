@@ -23,29 +23,17 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import layout as L
+from ..futures import layout as PL
 from .control import looks_half_created
 from ..errors import SharedDictError
 from .._owner import owner_alive, pid_of
 from .peek import Peek
-from .segment import Segment
+from .._segments import Segment, entry_stat, listed
 from .users import User, read_users
 
-__all__ = ["SHM_DIR", "listable", "Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
+__all__ = ["Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
 
-SHM_DIR = "/dev/shm"
 _DERIVED = re.compile(r"^(?P<base>[A-Za-z0-9_.\-]+)@(?P<kind>[sdb])(?P<num>[0-9a-z]*)$")
-
-
-def listable() -> bool:
-    """Whether this platform's shared-memory filesystem can be listed."""
-    return os.path.isdir(SHM_DIR)
-
-
-def _stat(name: str) -> Optional[os.stat_result]:
-    try:
-        return os.stat(os.path.join(SHM_DIR, name))
-    except OSError:
-        return None
 
 
 def real_bytes(st: os.stat_result) -> int:
@@ -143,15 +131,12 @@ class Survey:
 
 def survey(load_keys: bool = True) -> Survey:
     """Read every dict on the machine (see the module docstring)."""
-    try:
-        entries = sorted(os.listdir(SHM_DIR))
-    except OSError:
-        return Survey([], [], [])
+    entries = sorted(listed(""))  # (empty where the filesystem cannot be listed)
     derived: Dict[str, List[str]] = {}
     plain: List[str] = []
     foreign: List[Tuple[str, int]] = []
     for entry in entries:
-        if entry.startswith(L.POOL_PREFIX):
+        if entry.startswith(PL.POOL_PREFIX):
             continue  # the process pool's parcels: futures/leftovers.py reports them
         m = _DERIVED.match(entry)
         if m:
@@ -159,13 +144,13 @@ def survey(load_keys: bool = True) -> Survey:
         elif "@" not in entry and L.NAME_PATTERN.fullmatch(entry):
             plain.append(entry)
         else:
-            st = _stat(entry)
+            st = entry_stat(entry)
             foreign.append((entry, real_bytes(st) if st else 0))
     dicts: List[DictReport] = []
     for name in plain:
         rep = report(name, derived.get(name, []), load_keys)
         if rep is None:
-            st = _stat(name)
+            st = entry_stat(name)
             foreign.append((name, real_bytes(st) if st else 0))
         else:
             dicts.append(rep)
@@ -173,7 +158,8 @@ def survey(load_keys: bool = True) -> Survey:
     orphans = []
     for base, names in sorted(derived.items()):
         if base not in known and base not in plain:
-            orphans.append(Orphan(base, names, sum(real_bytes(st) for st in map(_stat, names) if st)))
+            used = sum(real_bytes(st) for st in map(entry_stat, names) if st)
+            orphans.append(Orphan(base, names, used))
         elif base not in known:  # a foreign file under a name whose derived names are ours
             dicts.append(DictReport(
                 name=base, status="damaged", segments=[base, *names],
@@ -200,15 +186,11 @@ def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = Tru
     """The report of the dict ``name``; None if ``name`` is not ours at all (a
     foreign file with no segment named like a dict's beside it)."""
     if derived is None:
-        prefix = name + "@"
-        try:
-            derived = sorted(e for e in os.listdir(SHM_DIR) if e.startswith(prefix))
-        except OSError:
-            derived = []
+        derived = sorted(listed(name + "@"))
     head = _read_head(name)
     if head is None:
         return None
-    st = _stat(name)  # None where the filesystem cannot be listed (macOS)
+    st = entry_stat(name)  # None where the filesystem cannot be listed (macOS)
     rep = DictReport(name=name, segments=[name, *derived], created=st.st_ctime if st else None)
     _count_segments(rep, derived)
     rep.bytes += real_bytes(st) if st else 0
@@ -250,7 +232,7 @@ def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = Tru
 
 def _count_segments(rep: DictReport, derived: List[str]) -> None:
     for seg in derived:
-        st = _stat(seg)
+        st = entry_stat(seg)
         if st is None:
             continue
         used = real_bytes(st)

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
+from .._forks import on_fork_in_child
 from .. import _faults as faults
 from .. import layout as L
 from .cleanup import unlink_tree
@@ -249,5 +250,4 @@ def _after_fork_in_child() -> None:
         att.slot = _claim(att.handles[-1])
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork_in_child("registrations", _after_fork_in_child)

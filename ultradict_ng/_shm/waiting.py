@@ -26,6 +26,7 @@ import time
 import weakref
 from typing import Dict, Optional, Tuple
 
+from .._forks import on_fork_in_child
 from .. import layout as L
 from ..errors import Closed
 from .._owner import owner_alive, owner_word
@@ -203,5 +204,4 @@ def _after_fork_in_child() -> None:
             waits.counts[key] = 0
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork_in_child("threads", _after_fork_in_child)

@@ -20,15 +20,15 @@ from typing import Any, Callable, List, Optional
 from .. import _faults as faults
 from .. import layout as L
 from .._codec import records as R
-from . import segment
-from .blobs import (KIND_BYTES, BlobRef, PickledBlobs, blob_ids, extract, may_hold_blobs,
-                    refs_within, write_blob)
+from .. import _segments as segments
+from .blobs import blob_ids, extract, may_hold_blobs, refs_within, write_blob
+from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
 from .._codec.codec import PickleCodec
 from ..errors import OutOfSpace, PathGone, Unlinked
-from .._codec.ext import _too_deep as too_deep
+from .._codec.ext import too_deep as too_deep
 from .._codec.records import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
-from .segment import Segment
+from .._segments import Segment
 from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
@@ -219,7 +219,7 @@ class Writer(Reader):
         try:
             seg = Segment.create(dname, size)  # 4b
         except FileExistsError:
-            segment.unlink(dname)  # unpublished leftover of a writer that died
+            segments.unlink(dname)  # unpublished leftover of a writer that died
             seg = Segment.create(dname, size)
         try:
             assert seg.buf is not None
@@ -231,7 +231,7 @@ class Writer(Reader):
             )
         except BaseException:
             seg.close()
-            segment.unlink(dname)
+            segments.unlink(dname)
             raise
         seg.close()
         if faults.armed is not None:
@@ -246,10 +246,10 @@ class Writer(Reader):
         self.gen, self.pos, self.seen = gen, 0, state
         low = atomic.load(L.W_REG_LOW)  # 4d
         for old in range(max(low, gen - L.MAX_RECLAIM), gen):
-            segment.unlink(L.dump_name(self.name, old))
+            segments.unlink(L.dump_name(self.name, old))
         atomic.store(L.W_REG_LOW, gen)
         if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
-            segment.unlink(dname)  # unlinked while we were dumping: do not leak ours
+            segments.unlink(dname)  # unlinked while we were dumping: do not leak ours
         elif self._map.words[_W_BLOB_NEXT] > self._map.words[L.W_BLOB_LOW]:
             self._sweep_blobs()
 
@@ -330,7 +330,7 @@ class Writer(Reader):
 
     def _unlink_blobs(self, refs: Any) -> None:
         for ref in refs:
-            segment.unlink(L.blob_name(self.name, ref.id))
+            segments.unlink(L.blob_name(self.name, ref.id))
 
     def _sweep_blobs(self) -> None:
         """At a dump: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that the tree does
@@ -340,7 +340,7 @@ class Writer(Reader):
         low, nxt = words[L.W_BLOB_LOW], words[_W_BLOB_NEXT]
         for blob_id in blob_ids(self.name, low, nxt):
             if blob_id not in referenced:
-                segment.unlink(L.blob_name(self.name, blob_id))
+                segments.unlink(L.blob_name(self.name, blob_id))
         self._map.atomic.store(L.W_BLOB_LOW, min(referenced) if referenced else nxt)
 
     def _grow_stream(self, dump_size: int) -> None:
@@ -351,7 +351,7 @@ class Writer(Reader):
         if wanted <= self.limit():
             return
         try:
-            segment.reserve(L.stream_name(self.name), wanted)
+            segments.reserve(L.stream_name(self.name), wanted)
         except (OutOfSpace, FileNotFoundError) as exc:
             log.info("shared dict %r: stream stays at %d bytes (%s)", self.name, self.limit(), exc)
             return

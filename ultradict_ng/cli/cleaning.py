@@ -30,7 +30,8 @@ from ..errors import IncompatibleLayout, SharedDictError
 from ..futures.leftovers import ParcelReport, remove_leftovers
 from .._shm.mapping import Mapping
 from .._names import validate_name
-from .._shm.survey import DictReport, listable, report, survey
+from .._segments import listable
+from .._shm.survey import DictReport, report, survey
 from .._shm.users import free_dead, mappers, remove_if_unused
 from . import render
 

@@ -17,7 +17,7 @@ from typing import List, Tuple
 from .. import layout as L
 from .. import speedups
 from .._shm import waiting
-from .._shm.survey import SHM_DIR, listable
+from .._segments import SHM_DIR, listable
 from . import render
 
 __all__ = ["checks", "cmd_doctor"]

@@ -1,6 +1,6 @@
 """``ls``, ``show``, ``stats`` and ``watch``: reading dicts without changing them.
 
-Every one reads through :mod:`ultradict_ng.survey` and
+Every one reads through :mod:`ultradict_ng._shm.survey` and
 :class:`~ultradict_ng.peek.Peek`: no lock taken, nothing registered, no code
 from shared memory run.  ``watch`` follows the change feed of a Peek, so it
 reports every change once, in order, and resyncs the same way a feed does.
@@ -16,13 +16,14 @@ from argparse import Namespace
 from datetime import datetime
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import layout as L
-from ..changes import Change, Feed
-from ..errors import CorruptSegment, NotFound, SharedDictError
+from ..changes import Change
+from .._shm.feed import Feed
+from ..errors import CorruptSegment
 from ..futures.leftovers import ParcelReport, parcels
 from .._names import validate_name
 from .._shm.peek import Peek
-from .._shm.survey import DictReport, Holder, listable, report, survey
+from .._segments import listable
+from .._shm.survey import DictReport, Holder, report, survey
 from . import render
 
 __all__ = ["cmd_ls", "cmd_show", "cmd_stats", "cmd_watch"]

@@ -17,7 +17,8 @@ import math
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from .._shm.blobs import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, InlineArray, PickledBlobs
+from .._codec.placeholders import (KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef,
+                                   InlineArray, PickledBlobs)
 from .._codec.safe_pickle import Opaque
 
 __all__ = ["size", "table", "describe", "to_json", "text_lines", "dumps", "cannot_list"]
@@ -146,7 +147,7 @@ def dumps(obj: Any) -> str:
 def cannot_list(command: str, hint: str) -> bool:
     """True (after saying so on stderr) where the shared-memory filesystem cannot be
     listed, which ``command`` needs (macOS)."""
-    from .._shm.survey import listable
+    from .._segments import listable
 
     if listable():
         return False

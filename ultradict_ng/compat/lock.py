@@ -4,7 +4,7 @@ Split out of :mod:`ultradict_ng.compat` because it is a class of its own,
 with its own API (UltraDict's ``SharedLock``: ``block=``, ``timeout=``,
 ``steal=``, ``steal_after_timeout=``, ``sleep_time=``, ``blocking_pid``),
 over the dict's :class:`~ultradict_ng.SharedLock`.  Its methods raise
-UltraDict's exception classes (:func:`~ultradict_ng.compat_errors.map_errors`).
+UltraDict's exception classes (:func:`~ultradict_ng.compat.errors.map_errors`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 from .. import errors
 from .errors import AlreadyClosed, CannotAcquireLock, CannotAcquireLockTimeout, map_errors
-from .._shm.lock import SharedLock
+from .._lock import SharedLock
 from .._shm.store import Store
 
 __all__ = ["UltraLock", "DEFAULT_SLEEP_TIME"]

@@ -30,7 +30,6 @@ is not carried over.
 from __future__ import annotations
 
 import importlib
-import logging
 import pickle
 import pprint
 import sys
@@ -54,8 +53,10 @@ from .errors import (
     map_errors,
 )
 from .lock import DEFAULT_SLEEP_TIME as DEFAULT_SLEEP_TIME, UltraLock
+from . import log as log_module
 from ..shareddict import SharedDict
-from .._engine import Options, open_engine, unlink_by_name as _unlink_by_name
+from .._backends import open_engine, unlink_by_name as _unlink_by_name
+from .._engine import Options
 from .._shm.store import Store
 
 __all__ = [
@@ -228,8 +229,9 @@ class UltraDict(SharedDict):
 
     Exceptions = Exceptions
     SharedLock = UltraLock
-    #: The package's logger (UltraDict's module-level ``log``): ``UltraDict.log.setLevel(...)``.
-    log = logging.getLogger("ultradict_ng")
+    #: UltraDict's log module API (``UltraDict.log.set_level(UltraDict.log.Levels.error)``)
+    #: over the ``ultradict_ng`` logger: :mod:`ultradict_ng.compat.log`.
+    log = log_module
 
     def __init__(self, *args: Any, name: Optional[str] = None, create: Optional[bool] = None,
                  buffer_size: int = _DEFAULT_BUFFER, serializer: Any = _DEFAULT_SERIALIZER,

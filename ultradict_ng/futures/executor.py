@@ -43,9 +43,11 @@ import weakref
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .._forks import on_fork_in_child
 from .. import layout as L
+from . import layout as PL
 from .._owner import owner_alive, owner_word
-from .._shm.segment import SUPPORTED, listed, unlink
+from .._segments import SUPPORTED, listed, unlink
 from .parcel import Parcel, pack, pool_prefix, unpack
 
 __all__ = ["ProcessPoolExecutor", "Future", "DEFAULT_SHM_THRESHOLD"]
@@ -114,8 +116,7 @@ def _sweep_at_exit() -> None:
         pool.sweep()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_live.clear)
+on_fork_in_child("pools", _live.clear)
 
 
 class _Call:
@@ -307,7 +308,7 @@ def _watch(owner: int) -> None:
     """Exit when the pool's process is gone: nobody will take a result, and a
     worker left waiting for a call would keep its last parcel mapped for ever."""
     while True:
-        time.sleep(L.POOL_WATCH_INTERVAL)
+        time.sleep(PL.POOL_WATCH_INTERVAL)
         if not owner_alive(owner):
             os._exit(1)
 

@@ -11,21 +11,18 @@ are never touched, nor a file that only looks like a parcel by its name.
 
 from __future__ import annotations
 
-import os
-import stat
 import struct
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from .. import layout as L
+from . import layout as PL
 from .._owner import owner_alive, pid_of
-from .._shm.segment import listed, unlink
+from .._segments import listed, read_entry, unlink
 
 __all__ = ["ParcelReport", "parcels", "remove_leftovers"]
 
-_header = struct.Struct(L.PARCEL_FORMAT)
-_DIR = "/dev/shm"
+_header = struct.Struct(PL.PARCEL_FORMAT)
 
 
 @dataclass
@@ -46,34 +43,22 @@ class ParcelReport:
 
 
 def _report(name: str, now: float) -> "ParcelReport | None":
-    path = os.path.join(_DIR, name)
     try:
-        # Non-blocking and not following links: a FIFO or a symlink under our
-        # prefix must neither hang this nor be read through.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        st, head = read_entry(name, _header.size)  # (a FIFO or a symlink is not read through)
     except FileNotFoundError:
         return None  # taken meanwhile
-    except OSError:
+    if st is None:
         return ParcelReport(name, 0, "foreign")
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return ParcelReport(name, 0, "foreign")
-        head = os.pread(fd, _header.size, 0)
-    except OSError:
-        return ParcelReport(name, 0, "foreign")
-    finally:
-        os.close(fd)
     used = getattr(st, "st_blocks", 0) * 512 or st.st_size
     # A maker's parcel is empty (before its ftruncate) or at least a header
     # long; only then can a zero header be one that was never written.
-    if st.st_size == 0 or (st.st_size >= L.PARCEL_HEADER and head == bytes(_header.size)):
-        young = now - st.st_mtime < L.PARCEL_STALE
+    if st.st_size == 0 or (st.st_size >= PL.PARCEL_HEADER and head == bytes(_header.size)):
+        young = now - st.st_mtime < PL.PARCEL_STALE
         return ParcelReport(name, used, "creating" if young else "abandoned")
     if len(head) < _header.size:
         return ParcelReport(name, used, "foreign")
     magic, owner, maker, _ = _header.unpack(head)
-    if magic != L.PARCEL_MAGIC:
+    if magic != PL.PARCEL_MAGIC:
         return ParcelReport(name, used, "foreign")
     status = "live" if owner_alive(owner) else "abandoned"
     return ParcelReport(name, used, status, pid_of(owner), pid_of(maker))
@@ -82,7 +67,7 @@ def _report(name: str, now: float) -> "ParcelReport | None":
 def parcels() -> List[ParcelReport]:
     """Every pool parcel on this machine (empty where ``/dev/shm`` cannot be listed)."""
     now = time.time()
-    found = (_report(n, now) for n in sorted(listed(L.POOL_PREFIX)))
+    found = (_report(n, now) for n in sorted(listed(PL.POOL_PREFIX)))
     return [r for r in found if r is not None]
 
 

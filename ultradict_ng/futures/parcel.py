@@ -26,7 +26,6 @@ import copyreg
 import errno
 import io
 import itertools
-import mmap
 import os
 import pickle
 import struct
@@ -36,19 +35,15 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import _faults as faults
+from .. import _segments as segments
 from .. import layout as L
-from .._shm.blobs import _NO_WRITE  # pwrite's refusals where shm takes only mmap (macOS)
-from ..errors import CorruptSegment, OutOfSpace
+from . import layout as PL
+from ..errors import CorruptSegment
 from .._owner import owner_word
-
-try:
-    import _posixshmem  # type: ignore[import-not-found, unused-ignore]
-except ImportError:  # pragma: no cover - Windows
-    _posixshmem = None
 
 __all__ = ["Parcel", "pack", "unpack", "parcel_name", "pool_prefix", "VIEW", "ARRAY", "DATA"]
 
-_header = struct.Struct(L.PARCEL_FORMAT)
+_header = struct.Struct(PL.PARCEL_FORMAT)
 
 #: The spans of a parcel: a buffer pickle asked for (``NEXT_BUFFER``: a
 #: numpy subclass's, a user object's ``PickleBuffer``), a numpy array reduced
@@ -92,12 +87,12 @@ _counter = itertools.count()
 
 def parcel_name(pool: str) -> str:
     """A new parcel name of pool ``pool`` made by this process (layout: "Pool parcels")."""
-    return f"{L.POOL_PREFIX}{pool}.{L._base36(os.getpid())}-{L._base36(next(_counter))}"
+    return f"{PL.POOL_PREFIX}{pool}.{L.base36(os.getpid())}-{L.base36(next(_counter))}"
 
 
 def pool_prefix(pool: str) -> str:
     """The prefix every parcel name of pool ``pool`` starts with."""
-    return f"{L.POOL_PREFIX}{pool}."
+    return f"{PL.POOL_PREFIX}{pool}."
 
 
 _tables: Tuple[int, int, Dict[Any, Any]] = (-1, -1, {})
@@ -208,57 +203,32 @@ def pack(obj: Any, pool: str, owner: int, threshold: int) -> Parcel:
 
 
 def _write(name: str, owner: int, pieces: List[Tuple[memoryview, int]]) -> Tuple[Span, ...]:
-    """Create parcel ``name`` holding ``pieces`` (layout: "Pool parcels", maker)."""
+    """Create parcel ``name`` holding ``pieces`` (layout: "Pool parcels", maker):
+    reserved whole first (a full ``/dev/shm`` is ``OutOfSpace`` before any
+    byte), then the header, then each piece at its offset."""
     spans: List[Span] = []
-    end = L.PARCEL_HEADER
+    end = PL.PARCEL_HEADER
     for view, kind in pieces:
         spans.append((end, view.nbytes, kind))
-        end = -(-(end + view.nbytes) // L.PARCEL_ALIGN) * L.PARCEL_ALIGN
-    if _posixshmem is None:  # pragma: no cover - Windows
-        raise OSError(errno.ENOSYS, "the shared-memory pool needs POSIX shared memory (Linux, macOS)")
-    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
-    try:
-        os.ftruncate(fd, end)
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, end)
-        if faults.armed is not None:
-            faults.hit("parcel-created")
-        header = _header.pack(L.PARCEL_MAGIC, owner, owner_word(), end - L.PARCEL_HEADER)
-        _fill(fd, header, [(span[0], view) for span, (view, _) in zip(spans, pieces)], end)
-        if faults.armed is not None:
-            faults.hit("parcel-written")
-    except BaseException as exc:
-        os.close(fd)
-        _posixshmem.shm_unlink("/" + name)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-            raise OutOfSpace(
-                f"no room in shared memory for a {end}-byte pool parcel: {exc.strerror}"
-            ) from exc
-        raise
-    os.close(fd)
+        end = -(-(end + view.nbytes) // PL.PARCEL_ALIGN) * PL.PARCEL_ALIGN
+    _require_posix()
+    header = _header.pack(PL.PARCEL_MAGIC, owner, owner_word(), end - PL.PARCEL_HEADER)
+    segments.create_written(
+        name, end, [(0, header), *((span[0], view) for span, (view, _) in zip(spans, pieces))],
+        f"no room in shared memory for a {end}-byte pool parcel", reserve=True,
+        created=None if faults.armed is None else _created)
+    if faults.armed is not None:
+        faults.hit("parcel-written")  # (dies with the parcel complete and its name unsent)
     return tuple(spans)
 
 
-def _fill(fd: int, header: bytes, pieces: List[Tuple[int, memoryview]], size: int) -> None:
-    """The header, then each piece at its offset: ``pwrite`` (in the kernel,
-    no page faults here), or through a mapping where shared memory refuses it."""
-    try:
-        os.pwrite(fd, header, 0)
-    except OSError as exc:
-        if exc.errno not in _NO_WRITE:
-            raise
-        with mmap.mmap(fd, size) as mm:
-            mm[0:len(header)] = header
-            for offset, view in pieces:
-                mm[offset:offset + view.nbytes] = view
-        return
-    for offset, view in pieces:
-        done, length = 0, view.nbytes
-        while done < length:
-            n = os.pwrite(fd, view[done:], offset + done)
-            if n <= 0:
-                raise OSError(errno.EIO, "pwrite wrote nothing")
-            done += n
+def _created() -> None:
+    faults.hit("parcel-created")
+
+
+def _require_posix() -> None:
+    if not segments.SUPPORTED:  # pragma: no cover - Windows
+        raise OSError(errno.ENOSYS, "the shared-memory pool needs POSIX shared memory (Linux, macOS)")
 
 
 def unpack(parcel: Parcel, owner: int) -> Any:
@@ -271,29 +241,26 @@ def unpack(parcel: Parcel, owner: int) -> Any:
     name, data, spans = parcel
     if not name:
         return pickle.loads(data)
-    if not name.startswith(L.POOL_PREFIX) or "/" in name or any(
-            kind not in (VIEW, ARRAY, DATA) or off < L.PARCEL_HEADER or length < 0
+    if not name.startswith(PL.POOL_PREFIX) or "/" in name or any(
+            kind not in (VIEW, ARRAY, DATA) or off < PL.PARCEL_HEADER or length < 0
             for off, length, kind in spans):
         raise CorruptSegment(f"not a pool parcel reference: {name!r} {spans!r}")
-    if _posixshmem is None:  # pragma: no cover - Windows
-        raise OSError(errno.ENOSYS, "the shared-memory pool needs POSIX shared memory (Linux, macOS)")
+    _require_posix()
     try:
-        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        opened = segments.Opened(name, writable=True)
     except FileNotFoundError:
         raise CorruptSegment(f"pool parcel {name!r} is gone (removed from outside?)") from None
     except OSError as exc:  # a name too long for this system, ...
         raise CorruptSegment(f"pool parcel {name!r} cannot be opened: {exc.strerror}") from None
-    try:
-        _posixshmem.shm_unlink("/" + name)  # the descriptor and the mapping keep it
-        size = os.fstat(fd).st_size
-        need = max((off + length for off, length, _ in spans), default=L.PARCEL_HEADER)
-        head = os.pread(fd, _header.size, 0)
+    with opened:
+        segments.unlink(name, missing_ok=False)  # the descriptor and the mapping keep it
+        size = opened.size()
+        need = max((off + length for off, length, _ in spans), default=PL.PARCEL_HEADER)
+        head = opened.pread(_header.size, 0)
         magic, powner, _, length = _header.unpack(head) if len(head) == _header.size else (b"", 0, 0, 0)
-        if magic != L.PARCEL_MAGIC or powner != owner or size < need or length + L.PARCEL_HEADER > size:
+        if magic != PL.PARCEL_MAGIC or powner != owner or size < need or length + PL.PARCEL_HEADER > size:
             raise CorruptSegment(f"pool parcel {name!r} does not hold what its reference says")
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
+        mm = opened.map(size)
     whole = memoryview(mm)  # the arrays built over its slices keep the mapping alive
     stream: Any = data
     buffers: List[memoryview] = []

@@ -1,0 +1,85 @@
+"""How ``SharedDict(...)`` and its ``update`` read their arguments, as
+``dict(...)`` and ``dict.update`` do.
+
+``SharedDict`` takes its parameters (name, create, options) and its initial
+data through the same ``*args, **kwargs``: :func:`split_arguments` tells them
+apart, and :func:`pairs` turns data -- a mapping, (key, value) pairs or
+keyword items -- into the [key, value] lists a record carries.  Kept apart
+from ``shareddict.py`` so that the facade reads as the dict's methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._engine import Options
+from .speedups import ViewBase
+
+__all__ = ["split_arguments", "pairs"]
+
+#: ``Options`` fields a caller may give ``SharedDict(...)`` by keyword.
+_OPTION_KEYWORDS = ("recurse", "buffer_size", "serializer", "auto_unlink", "blob_threshold",
+                    "backend", "reads", "lease", "staleness")
+
+
+def split_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                    ) -> Tuple[Optional[str], Optional[bool], Options, List[List[Any]]]:
+    """``(name, create, options, initial pairs)`` of ``SharedDict(*args, **kwargs)``.
+
+    Positionally: an optional data argument first (anything that is not a
+    str or None), then name, then create.  Keyword arguments that are not
+    parameters are data, after (and over) the positional data's items, as
+    in ``dict(mapping, **kwargs)``."""
+    kwargs = dict(kwargs)
+    name: Optional[str] = kwargs.pop("name", None)
+    create: Optional[bool] = kwargs.pop("create", None)
+    options = Options(**{field: kwargs.pop(field, None) for field in _OPTION_KEYWORDS})
+    data: Any = None
+    positional = list(args)
+    if positional and not isinstance(positional[0], (str, type(None))):
+        data = positional.pop(0)
+    if len(positional) > 2:
+        raise TypeError("SharedDict() takes at most: data, name, create as positional arguments")
+    if positional:
+        if name is not None:
+            raise TypeError("SharedDict() got the name both positionally and by keyword")
+        name = positional.pop(0)
+    if positional:
+        if create is not None:
+            raise TypeError("SharedDict() got create both positionally and by keyword")
+        create = positional.pop(0)
+    initial = (pairs(data) if data is not None else []) + pairs(kwargs)
+    return name, create, options, initial
+
+
+def pairs(data: Any) -> List[List[Any]]:
+    """``dict(data)``'s items as [key, value] lists, keys checked for
+    hashability (as ``dict`` refuses an unhashable key before storing
+    anything).  A ``SharedDict`` -- as data or as a value -- is stored as a
+    plain copy of its contents (``ViewBase`` is the base of every handle;
+    this module cannot name ``SharedDict``, which imports it)."""
+    if isinstance(data, ViewBase):
+        data = _copy_of(data)
+    if isinstance(data, Mapping) or hasattr(data, "keys"):
+        items = [[k, data[k]] for k in data.keys()]
+    else:
+        items = []
+        for i, item in enumerate(data):
+            try:
+                k, v = item
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"update sequence element #{i} is not a (key, value) pair"
+                ) from None
+            items.append([k, v])
+    for item in items:
+        hash(item[0])
+        if isinstance(item[1], ViewBase):
+            item[1] = _copy_of(item[1])
+    return items
+
+
+def _copy_of(handle: Any) -> Dict[Any, Any]:
+    copied: Dict[Any, Any] = handle.copy()
+    return copied

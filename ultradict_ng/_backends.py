@@ -1,0 +1,64 @@
+"""Choosing the engine: which backend a dict lives on, and opening or removing
+it there.
+
+The facade and the UltraDict layer call :func:`open_engine` and
+:func:`unlink_by_name`; the backend comes from their ``backend`` argument or,
+when none is given, from the environment (:data:`BACKEND_ENV`).  Kept apart
+from the interface (``_engine.py``) because it imports the engines, which
+import the interface: the dependencies run one way only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence
+
+from ._engine import Engine, Options
+from ._shm import cleanup
+from ._shm.store import Store
+
+__all__ = ["open_engine", "unlink_by_name", "resolve_backend", "BACKEND_ENV"]
+
+#: The backend a SharedDict opened without ``backend=`` uses: a Redis URL, or
+#: unset / "shm" for shared memory.
+BACKEND_ENV = "ULTRADICT_NG_BACKEND"
+
+
+def open_engine(name: Optional[str], create: Optional[bool], options: Options,
+                initial: Optional[Sequence[Sequence[Any]]] = None) -> Engine:
+    """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
+    ``initial`` [key, value] pairs are stored only by the process that creates it."""
+    backend = resolve_backend(options.backend)
+    if backend is None:
+        if options.lease is not None or options.staleness is not None:
+            raise ValueError("lease= and staleness= are for the Redis backend only")
+        if options.reads not in (None, "fresh", "cached"):
+            raise ValueError(f"reads must be 'fresh' or 'cached', not {options.reads!r}")
+        return Store.open(name, create, options, initial)
+    # (Imported on first use: a process that never names a Redis server never loads its engine.)
+    from ._redis.engine import RedisEngine
+
+    return RedisEngine.open(name, create, options, initial, backend, options.reads,
+                            options.lease, options.staleness)
+
+
+def resolve_backend(backend: Any) -> Any:
+    """None for shared memory, else the Redis URL or client to use."""
+    if backend is None:
+        backend = os.environ.get(BACKEND_ENV) or None
+    if backend is None or backend == "shm":
+        return None
+    if isinstance(backend, str) and not backend.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"backend must be 'shm', a redis://, rediss:// or unix:// URL, or a redis "
+                         f"client; not {backend!r}")
+    return backend
+
+
+def unlink_by_name(name: str, backend: Any = None) -> int:
+    """Remove every storage object of the dict ``name``; how many (0 if none)."""
+    where = resolve_backend(backend)
+    if where is not None:
+        from ._redis.engine import unlink_by_name as unlink_redis
+
+        return unlink_redis(name, where)
+    return cleanup.unlink_by_name(name)
