@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple, Union
 
 from .errors import Closed
 
@@ -58,11 +58,20 @@ if TYPE_CHECKING:
     from .changes import ChangeSource
     from ._codec.codec import Codec
     from ._lock import SharedLock
-    from ._shm.users import User
 
-__all__ = ["Engine", "Options", "Conflict", "BlobGone", "ClosedWords"]
+__all__ = ["Engine", "Options", "Conflict", "BlobGone", "ClosedWords", "User"]
 
 Path = Tuple[Any, ...]
+
+
+class User(NamedTuple):
+    """One process using a dict (``SharedDict.users()``): its pid, its start
+    time (clock ticks since boot, 0 where there is no /proc or the engine
+    cannot tell) and whether it is alive now."""
+
+    pid: int
+    start_time: int
+    alive: bool
 
 
 @dataclass(frozen=True)

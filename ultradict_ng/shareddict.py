@@ -24,11 +24,10 @@ from .changes import Change, iterate
 from ._codec.codec import IMMUTABLE_TYPES, copy_value
 from ._arguments import pairs, split_arguments
 from ._backends import open_engine, unlink_by_name as _unlink_by_name
-from ._engine import BlobGone, Engine
+from ._engine import BlobGone, Engine, User
 from ._handle import Handle
 from ._lock import SharedLock
 from .speedups import set_immutable_types
-from ._shm.users import User
 
 __all__ = ["SharedDict"]
 

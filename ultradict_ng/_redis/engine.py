@@ -24,14 +24,13 @@ from .._forks import on_fork_in_child
 from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import Codec
-from .._engine import ClosedWords, Conflict, Options
+from .._engine import ClosedWords, Conflict, Options, User
 from ..errors import (
     BackendUnavailable, Closed, CorruptSegment, LeaseLost,
     PathGone, Unlinked,
 )
 from .._names import validate_name
 from ..speedups import StoreBase, Words
-from .._shm.users import User
 from . import layout as RL
 from .feed import RedisFeed
 from .identity import pid_of_holder

@@ -32,7 +32,7 @@ from .. import _segments as segments
 from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
 from .._codec.codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .control import Header, attach_control
-from .._engine import BlobGone, ClosedWords, Engine, Options
+from .._engine import BlobGone, ClosedWords, Engine, Options, User
 from . import blobs
 from .blobs import BlobMissing
 from .._codec.placeholders import BlobRef, InlineArray
@@ -389,7 +389,7 @@ class Store(Writer):
             "unlinked": bool(words[L.W_STATUS] & L.STATUS_UNLINKED),
         }
 
-    def users(self) -> List[users.User]:
+    def users(self) -> List[User]:
         """The processes attached to the dict now, alive and dead (layout: "Users")."""
         self.words[L.W_STATE]  # Closed on a closed handle
         return users.read_users(self._map.atomic)

@@ -29,7 +29,8 @@ from ..errors import SharedDictError
 from .._owner import owner_alive, pid_of
 from .peek import Peek
 from .._segments import Segment, entry_stat, listed
-from .users import User, read_users
+from .._engine import User
+from .users import read_users
 
 __all__ = ["Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
 

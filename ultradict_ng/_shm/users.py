@@ -28,6 +28,7 @@ from .. import layout as L
 from .cleanup import unlink_tree
 from ..errors import LockTimeout
 from .mapping import Mapping
+from .._engine import User
 from .._owner import owner_alive, owner_word, pid_of
 from ..speedups import Words
 
@@ -35,15 +36,6 @@ __all__ = ["User", "read_users", "register", "attach", "detach", "free_dead", "m
            "Verdict", "remove_if_unused"]
 
 Key = Tuple[str, int]  # (name, creation token)
-
-
-class User(NamedTuple):
-    """One attached process: its pid, its start time (clock ticks since boot,
-    0 where there is no /proc) and whether it is alive now."""
-
-    pid: int
-    start_time: int
-    alive: bool
 
 
 def read_users(words: Words) -> List[User]:
