@@ -39,7 +39,8 @@ Condition, Pipe and Redis pub/sub; the CPU of 10 idle waiters; ``with d.lock:
 d[k] += 1`` in 1-8 processes; in futex and ``ULTRADICT_NG_WAIT=poll`` modes;
 see :mod:`perf.wake`), 11 ``pool`` (``submit(add_one, np.ones(int(2e7)))`` round
 trip with one worker, and ``list(ex.map(add_one, arrays))`` over 64 arrays of
-10 MiB with two, each contender in a fresh driver process; see :mod:`perf.pool`), 12
+10 MiB with two, each contender in a fresh driver process; and small tasks without
+arrays against the standard pool, see :mod:`perf.pool_small`; see :mod:`perf.pool`), 12
 ``redis`` (the Redis backend: hot-key reads, writes, 4-process locked increments,
 dead-holder takeover, cached-read staleness; see :mod:`perf.redis_backend`).
 
@@ -60,8 +61,9 @@ Modules: :mod:`perf.cli` (options, orchestration, cleanup), :mod:`perf.adapters`
 (one adapter per contender), :mod:`perf.workloads`, :mod:`perf.big` (workload 9
 and its reader process), :mod:`perf.wake`, :mod:`perf.wake_child` and
 :mod:`perf.wake_report` (workload 10: parent side, spawned processes, table and
-targets), :mod:`perf.pool` and :mod:`perf.pool_tasks` (workload 11: parent
-side, table, targets and plot panel; the spawned driver and the task functions),
+targets), :mod:`perf.pool`, :mod:`perf.pool_small` and :mod:`perf.pool_tasks`
+(workload 11: parent side, table, targets and plot panel; its small-task rows;
+the spawned driver and the task functions),
 :mod:`perf.redis_backend` and :mod:`perf.redis_children` (workload 12: parent side,
 table, targets and plot panel; the spawned children),
 :mod:`perf.procs` (code that runs in spawned processes), :mod:`perf.report`

@@ -43,9 +43,13 @@ driver ran.  Anything found after a driver that finished normally is an
 alert: the contender leaked it.  The same cleanup is registered with the run
 (``run.own_resource``), so Ctrl-C or SIGTERM anywhere still runs it.
 
+And **(c) small tasks** (no array: ``submit`` of ints, ``map`` with
+``chunksize=100``, ``map`` returning small dicts), the standard pool against
+ultradict_ng only, in the same drivers: see :mod:`perf.pool_small`.
+
 Targets (the report only; nothing here fails on a ratio): (a) >= 4x faster
 than the standard pool and faster than npshmex; (b) >= 3x the standard
-pool's throughput.
+pool's throughput; (c) each row >= 1.0x the standard pool.
 """
 
 from __future__ import annotations
@@ -59,13 +63,15 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import pool_small as S
 from . import pool_tasks as T
 from .run import Run
 from .util import fmt_seconds, log, shm_entries
 
 WL = "pool"
 NUMBER = 11
-TITLE = "process pool: submit(add_one, big array) round trip; map over many 10 MiB arrays"
+TITLE = ("process pool: submit(add_one, big array) round trip; map over many 10 MiB arrays; "
+         "small tasks")
 #: The workload as :data:`perf.workloads.WORKLOADS` lists the others.
 ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"futures": "pool", "executor": "pool", "processpool": "pool",
@@ -325,13 +331,16 @@ def _one(run: Run, contender: str, params: Dict[str, Any], limit: float
 
 def w_pool(run: Run, contenders: List[str]) -> None:
     p = plan(run)
+    small = S.plan(run)
     cases = [(SUBMIT, submit_case(p)), (MAP, map_case(p))]
+    small_cases = S.cases(small)
     todo: List[str] = []
     numpy_missing = importlib.util.find_spec("numpy") is None
     for c in [c for c in ORDER if c in contenders]:
         why = "numpy is not installed" if numpy_missing else _missing(c)
         if why:
-            _skip(run, c, cases, "unavailable: " + why)
+            _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []),
+                  "unavailable: " + why)
             run.note(f"{LABELS[c]} skipped: {why}", WL)
         else:
             todo.append(c)
@@ -339,8 +348,11 @@ def w_pool(run: Run, contenders: List[str]) -> None:
         return
     start_method = mp.get_all_start_methods()[0]  # the platform's default
     base = {k: p[k] for k in ("submit_elements", "map_arrays", "map_bytes")}
+    base.update((k, small[k]) for k in S.KINDS)
     base["start_method"] = start_method
-    raws: Dict[str, Dict[str, List[Dict[str, Any]]]] = {c: {SUBMIT: [], MAP: []} for c in todo}
+    raws: Dict[str, Dict[str, List[Dict[str, Any]]]] = {c: {SUBMIT: [], MAP: [], S.SMALL: []}
+                                                        for c in todo}
+    small_rounds: Dict[str, List[int]] = {c: [] for c in todo}
     info: Dict[str, Dict[str, Any]] = {}
     failed: Dict[str, str] = {}  # given up on (unavailable, or failed MAX_FAILURES times)
     errors: Dict[str, List[str]] = {c: [] for c in todo}
@@ -360,17 +372,20 @@ def w_pool(run: Run, contenders: List[str]) -> None:
             seq += 1
             params = dict(base, submit_reps=reps_a, map_reps=reps_b,
                           stamped_reps=stamped,
+                          small_reps=small["small_reps"] if c in S.CONTENDERS else 0,
                           hand_prefix=f"{run.name_prefix}pool{seq}_")
-            if not (params["submit_reps"] or params["stamped_reps"] or params["map_reps"]):
+            if not (params["submit_reps"] or params["stamped_reps"] or params["map_reps"]
+                    or params["small_reps"]):
                 continue
             log(f"  pool: {LABELS[c]}, round {rnd + 1}/{p['rounds']}")
             limit = (120.0 + 60.0 * (params["submit_reps"] + params["stamped_reps"])
-                     + 120.0 * params["map_reps"])
+                     + 120.0 * params["map_reps"] + 60.0 * params["small_reps"])
             try:
                 res, inf, left = _one(run, c, params, limit)
             except Unavailable as exc:
                 failed[c] = "skipped"
-                _skip(run, c, cases, f"unavailable: {exc}")
+                _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []),
+                      f"unavailable: {exc}")
                 run.note(f"{LABELS[c]} skipped: {exc}", WL)
                 continue
             except Exception as exc:
@@ -391,6 +406,9 @@ def w_pool(run: Run, contenders: List[str]) -> None:
             for case in (SUBMIT, MAP):
                 if case in res:
                     raws[c][case].append(res[case])
+            if S.SMALL in res:
+                raws[c][S.SMALL].append(res[S.SMALL])
+                small_rounds[c].append(rnd + 1)
     for c in todo:
         if failed.get(c) == "skipped":
             continue
@@ -399,8 +417,18 @@ def w_pool(run: Run, contenders: List[str]) -> None:
                 _record(run, c, kind, case, raws[c][kind], p, info.get(c, {}), errors[c])
             elif errors[c]:
                 _fail(run, c, [(kind, case)], errors[c][-1])
+        if c in S.CONTENDERS:
+            if raws[c][S.SMALL]:
+                S.record(run, c, LABELS[c], raws[c][S.SMALL], small, small_rounds[c], errors[c])
+            elif errors[c]:
+                _fail(run, c, small_cases, errors[c][-1])
     ran = [c for c in todo if failed.get(c) != "skipped"]
     _notes(run, p, ran, info, start_method, time.perf_counter() - t_all)
+    if any(c in S.CONTENDERS for c in ran):
+        run.note(f"(c) small tasks: {small['small_reps']} repetition(s) of each row per driver, "
+                 "after the array cases, on the driver's pool of 2 workers; only the standard "
+                 "pool and ultradict_ng.futures (with no array the other two are the standard "
+                 "pool); by round: the ratio of each round's medians", WL)
 
 
 #: A contender that fails this many rounds is not run again.
@@ -614,6 +642,7 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
                                  f"{fmt_seconds(s.get('compute')):>10}"
                                  f"{fmt_seconds(s.get('back')):>10}"
                                  f"{fmt_seconds(s.get('total')):>10}{more}")
+    lines.extend(S.section(recs, LABELS, w))
     for n in notes:
         lines.append(f"   note: {n}")
     return "\n".join(lines)
@@ -657,6 +686,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     row("pool: submit round trip faster than npshmex", SUBMIT, "npshmex", SUBMIT_VS_NPSHMEX, True)
     row("pool: map 64x10 MiB >= 3x stdlib pool's throughput", MAP, "stdlib",
         MAP_VS_STDLIB, False)
+    out.extend(S.targets(recs, quick))
     return out
 
 

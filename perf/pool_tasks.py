@@ -8,7 +8,8 @@ through a pipe.  A fresh process per contender keeps them apart: importing
 for the whole process, and nothing of that may reach the others.
 
 The **task functions** (:func:`add_one`, :func:`add_one_stamped`,
-:func:`hand_add_one`, :func:`tiny`) live here so that a pool worker can
+:func:`hand_add_one`, :func:`tiny`, and :func:`inc` and :func:`small_dict` of
+the small-task rows) live here so that a pool worker can
 import them whatever the start method.
 
 The hand-written contender (:class:`Hand`) is a plain
@@ -79,6 +80,16 @@ def tiny(x: Any) -> Any:
 
 def worker_pid(_: Any = None) -> int:
     return os.getpid()
+
+
+def inc(x: int) -> int:
+    """The small-task rows' task: an int in, an int out."""
+    return x + 1
+
+
+def small_dict(i: int) -> Dict[str, Any]:
+    """The small-task rows' task with a result of a few fields."""
+    return {"i": i, "square": i * i, "name": f"item-{i}", "even": i % 2 == 0}
 
 
 # -- the hand-written SharedMemory contender ----------------------------------------------------
@@ -388,6 +399,48 @@ class Driver:
                 "result_types": sorted(kinds), "arrays": count, "array_bytes": nbytes}
 
 
+    def case_small(self, reps: int) -> Dict[str, Any]:
+        """The small-task rows: three workloads of tasks that carry no array, on
+        two workers, ``reps`` times each (interleaved), every result checked."""
+        n_submit, n_map, n_dicts = (self.p["small_submit"], self.p["small_map"],
+                                    self.p["small_dicts"])
+        self.start(2)
+        ex = self.ex
+        times: Dict[str, List[float]] = {"small_submit": [], "small_map": [], "small_dicts": []}
+        wrong: List[str] = []
+
+        def submit_ints() -> bool:
+            futures = [ex.submit(inc, i) for i in range(n_submit)]
+            return sum(f.result() for f in futures) == n_submit * (n_submit + 1) // 2
+
+        def map_chunks() -> bool:
+            return sum(ex.map(inc, range(n_map), chunksize=100)) == n_map * (n_map + 1) // 2
+
+        def map_dicts() -> bool:
+            out = list(ex.map(small_dict, range(n_dicts)))
+            return len(out) == n_dicts and out[-1]["square"] == (n_dicts - 1) ** 2
+
+        cases = (("small_submit", submit_ints), ("small_map", map_chunks),
+                 ("small_dicts", map_dicts))
+        for _ in range(reps):
+            for kind, fn in cases:
+                gc.collect()
+                gcold = gc.isenabled()
+                gc.disable()
+                try:
+                    t0 = clock()
+                    ok = fn()
+                    t1 = clock()
+                finally:
+                    if gcold:
+                        gc.enable()
+                times[kind].append(t1 - t0)
+                if not ok:
+                    wrong.append(f"{kind}: a wrong result")
+        self.stop()
+        return {"times": times, "wrong": wrong}
+
+
 def driver_main(contender: str, params: Dict[str, Any], conn: Any) -> None:
     """A spawned driver: measure the cases in ``params['cases']`` for one contender, then exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -409,6 +462,8 @@ def driver_main(contender: str, params: Dict[str, Any], conn: Any) -> None:
             out["submit"] = d.case_submit(params["submit_reps"], params.get("stamped_reps", 0))
         if params.get("map_reps"):
             out["map"] = d.case_map(params["map_reps"])
+        if params.get("small_reps"):
+            out["small"] = d.case_small(params["small_reps"])
         conn.send(("result", out))
     except BaseException as exc:
         try:

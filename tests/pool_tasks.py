@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -316,3 +317,53 @@ def arg_mapping(a: Any) -> Optional[str]:
 def fail_with_mapping(a: Any) -> None:
     """Fail while ``a`` is alive in this frame (the traceback holds it)."""
     raise ValueError(mapping_path(data_address(a)))
+
+
+# -- how a task travels ----------------------------------------------------------------------------
+
+def caller() -> str:
+    """The name of the function that called this task in the worker: the standard
+    pool's worker loop, unless something wraps the call."""
+    return sys._getframe(1).f_code.co_name
+
+
+class Counted:
+    """Counts its own picklings; arrives as a :class:`Rebuilt` saying which pickling
+    of it was sent (1: it was pickled once)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __reduce__(self) -> Any:
+        self.n += 1
+        return Rebuilt, (self.n,)
+
+
+@dataclass
+class Rebuilt:
+    n: int
+
+
+def counted(payload: Any = None) -> Any:
+    """A result the worker pickles, beside ``payload``."""
+    return Counted(), payload
+
+
+class ArrivalError(Exception):
+    pass
+
+
+def _refuse() -> None:
+    raise ArrivalError("this object does not load in the pool's process")
+
+
+class RefusesToArrive:
+    """Pickles in the worker; fails to load in the pool's process."""
+
+    def __reduce__(self) -> Any:
+        return _refuse, ()
+
+
+def refusing_result(n: int) -> Any:
+    """A result that cannot be rebuilt by the pool, beside ``n`` float64."""
+    return np.arange(n, dtype=np.float64), RefusesToArrive()

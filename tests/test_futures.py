@@ -182,7 +182,7 @@ def test_reexports_are_the_standard_librarys() -> None:
         assert getattr(uf, name) is getattr(cf, name), name
     assert uf.BrokenProcessPool is BrokenProcessPool
     assert issubclass(uf.ProcessPoolExecutor, cf.ProcessPoolExecutor)
-    assert issubclass(uf.Future, cf.Future)
+    assert uf.Future is cf.Future
     assert uf.DEFAULT_SHM_THRESHOLD == 64 << 10
 
 
@@ -200,9 +200,34 @@ def test_submit_returns_the_result(make_pool: Any) -> None:
         assert np.array_equal(kwargs["x"], a[:3])
         assert f.done() and not f.running() and not f.cancelled()
         assert f.exception(0) is None
-        assert isinstance(f, cf.Future)
-        if make_pool.ours:
-            assert type(f) is uf.Future and type(g) is uf.Future
+        assert type(f) is cf.Future and type(g) is cf.Future  # ours too: the standard futures
+
+
+def test_small_tasks_travel_as_in_the_standard_pool(make_pool: Any) -> None:
+    """A call and a result with nothing large in them travel as the standard pool sends
+    them: the worker loop calls the task itself (nothing wraps it), and every object is
+    pickled once -- also where ours puts large buffers in shared memory (issue 25)."""
+    with make_pool(1) as ex:
+        assert ex.submit(T.caller).result(TIMEOUT) == "_process_worker"
+        arg = T.Counted()
+        assert ex.submit(T.identity, arg).result(TIMEOUT) == T.Rebuilt(1)
+        assert arg.n == 1  # pickled once, in this process (the call queue's feeder thread)
+        assert ex.submit(T.counted).result(TIMEOUT) == (T.Rebuilt(1), None)  # once, in the worker
+        a = big()
+        arg = T.Counted()
+        got, same = ex.submit(T.identity, (arg, a)).result(TIMEOUT)
+        assert got == T.Rebuilt(1) and arg.n == 1
+        got, same = ex.submit(T.counted, a).result(TIMEOUT)
+        assert got == T.Rebuilt(1) and np.array_equal(same, a)
+        assert parcel_backed(same) == make_pool.ours
+
+
+def test_a_result_the_pool_cannot_load_breaks_it_as_the_standard_pool(make_pool: Any) -> None:
+    """A small result travels as in the standard pool, and so fails as there: an
+    object that does not load in the pool's process breaks the pool."""
+    with make_pool(1) as ex:
+        with pytest.raises(BrokenProcessPool):
+            ex.submit(T.refusing_result, 10).result(TIMEOUT)
 
 
 def test_exception_propagates_with_type_message_and_remote_traceback(make_pool: Any) -> None:
@@ -865,6 +890,17 @@ def test_worker_lets_go_of_a_call_when_its_task_ends() -> None:
         assert failed not in ex.submit(T.shm_mappings).result(TIMEOUT)
 
 
+def test_a_large_result_the_pool_cannot_rebuild_fails_its_own_future() -> None:
+    """A result in a parcel is rebuilt in the pool's result thread as it is read;
+    when that fails, its own future fails with the error (the standard pool would
+    break), the pool goes on, and the parcel's name is gone."""
+    with uf.ProcessPoolExecutor(1, mp_context=FORK, shm_threshold=THR) as ex:
+        with pytest.raises(T.ArrivalError):
+            ex.submit(T.refusing_result, 4000).result(TIMEOUT)
+        assert ex.submit(T.square, 3).result(TIMEOUT) == 9
+        assert not [n for n in os.listdir(SHM) if n.startswith(f"@udp{ex._pool.token}.")]
+
+
 def test_small_results_are_not_in_shared_memory(apool: Any) -> None:
     out = apool.submit(T.make_array, 10).result(TIMEOUT)
     assert T.backing(out) != "mmap" and not parcel_backed(out)
@@ -987,6 +1023,40 @@ def test_pack_small_objects_travel_in_the_pipe(token: str) -> None:
     assert p.name == "" and p.spans == () and p.data
     out = unpack(p, me)
     assert out["x"] == [1, 2] and np.array_equal(out["a"], np.arange(4))
+    assert _ours(token) == []
+
+
+class PacksOnPickling:
+    """An object whose pickling packs another object (a pickler in use meanwhile)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def __reduce__(self) -> Any:
+        inner = pack([big(), "inner"], self.token, owner_word(), THR)
+        return tuple, ((inner.name, len(inner.spans)),)
+
+
+def test_one_threads_packs_share_nothing(token: str) -> None:
+    """A thread reuses its pickler from pack to pack: nothing of one pickling (the
+    memo, the buffers set aside, the stream) reaches the next, whatever the
+    threshold, and a pack made while another is under way has a pickler of its own."""
+    me = owner_word()
+    shared = [1, "two", (3,)]
+    first = pack([shared, shared], token, me, THR)
+    again = pack(shared, token, me, THR)  # (a memo left over would refer to the first pickle)
+    assert unpack(again, me) == shared and unpack(first, me) == [shared, shared]
+    large = pack(big(), token, me, THR)
+    assert large.name and len(large.spans) == 1
+    small = pack("after", token, me, THR)
+    assert (small.name, small.spans, unpack(small, me)) == ("", (), "after")
+    assert small.data == pickle.dumps("after", 5)  # (nothing of the longer pickle before)
+    assert_same(big(), unpack(large, me))
+    assert pack(big(), token, me, 1 << 20).name == ""  # another threshold: its own pickler
+    nested = pack([PacksOnPickling(token), big(300)], token, me, THR)
+    (inner_name, inner_spans), arr = unpack(nested, me)
+    assert inner_name and inner_spans == 1 and parcel_backed(arr)
+    os.unlink(os.path.join(SHM, inner_name))
     assert _ours(token) == []
 
 

@@ -1,30 +1,50 @@
 """``ProcessPoolExecutor``: the standard pool, with large buffers in shared memory.
 
 It *is* a :class:`concurrent.futures.ProcessPoolExecutor` (a subclass): workers,
-queues, ``map`` and chunking, shutdown, ``BrokenProcessPool`` are the standard
-library's own.  Only the transport of one task changes:
+queues, ``map`` and chunking, shutdown, ``BrokenProcessPool`` and the futures
+``submit`` returns are the standard library's own.  Only the transport of what
+is large changes, so that a program that swaps the import pays nothing for the
+tasks that carry no array:
 
-* ``submit`` wraps the call in a :class:`_Call`, which the call queue's feeder
-  thread pickles -- just before a worker can take it, so at most
-  ``max_workers + 1`` calls are ever in shared memory, as in the standard
-  pool, and a call that fails to pickle fails its future as it does there --
-  into a parcel (``parcel.py``);
-* the worker rebuilds the call over the mapped parcel (arrays zero-copy),
-  runs it and packs the result into a parcel of its own;
-* the pool rebuilds the result in its result thread and completes the
-  :class:`Future` it returned.  That future is ours, not the inner one the
-  standard pool completes, so nobody can see a result before it is rebuilt.
+* **results**: the workers' result queue is a :class:`_ResultQueue`, whose
+  ``put`` pickles the result item with protocol 5 (``parcel.pack``).  That
+  pickle *is* the check: when it set no buffer aside and is small, it goes into
+  the pipe as it is -- one pickle, as the standard pool sends it.  Otherwise
+  the buffers and the large stream go into a parcel, and the pipe carries a
+  reference whose unpickling -- in the pool's result thread, where the standard
+  pool unpickles every result -- rebuilds the item over the parcel.  So the
+  standard future is completed with the rebuilt result, and nobody can see a
+  result before it is rebuilt;
+* **calls**: ``submit`` hands the standard pool, as it is, a call that its
+  types alone show to hold no buffer (:func:`_plain_call`: a function pickled
+  by its name, or a ``partial`` of one as ``map`` submits; numbers, short
+  strings, small tuples of them -- ``map``'s chunks of a few arguments).
+  Any other call travels as a :class:`_Call`, which the call queue's feeder
+  thread pickles with protocol 5 -- just before a worker can take it, so at
+  most ``max_workers + 1`` calls are ever in shared memory, as in the standard
+  pool, and a call that fails to pickle fails its future as it does there.
+  Small, that pickle travels in the pipe; else it goes into a parcel.  The
+  worker opens it only when the task starts (:class:`_Run`), so that a parcel
+  it cannot take fails that task, not the worker.
+
+No future is wrapped, no callback added, nothing counted per task: what a
+task left in shared memory is found by its name prefix, once the pool can make
+no parcel any more (its result thread has ended, which it does only after
+joining every worker and the feeder thread).  One thing differs from the
+standard pool on purpose: ``shutdown(cancel_futures=True)`` also notifies the
+futures it cancels, so that ``wait`` and ``as_completed`` count them done.
 
 Lifetime of the shared memory, where a user looks for it:
 
 * a result's arrays are views of a segment whose name is already gone: its
   memory is returned when the last array (or the future holding them) is
   collected; nothing needs closing;
-* a call's parcel is removed by the worker as it takes it, or by the pool
-  when the task ends any other way (cancelled, failed, pool broken);
-* at shutdown, when the pool is idle after ``shutdown(wait=False)``, and at
-  interpreter exit, the pool removes every parcel that still has its prefix
-  (left by a worker killed while writing one);
+* a call's parcel is removed by the worker as its task starts; one that no
+  worker took (the pool broke) is removed with the pool's other names;
+* once the pool's result thread has ended (after ``shutdown``, with or
+  without waiting, or after the pool broke), at ``shutdown(wait=True)``, and
+  at interpreter exit, the pool removes every parcel that still has its
+  prefix (left by a worker killed while writing one);
 * after a crash of the pool's own process: ``ultradict-ng clean`` or
   :func:`ultradict_ng.futures.remove_leftovers`; its workers notice within
   ``POOL_WATCH_INTERVAL`` and exit.
@@ -33,22 +53,26 @@ Lifetime of the shared memory, where a user looks for it:
 from __future__ import annotations
 
 import atexit
-import errno
 import concurrent.futures as cf
+import errno
+import functools
 import os
+import pickle
+import queue
 import secrets
 import threading
 import time
-import weakref
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import types
+from multiprocessing.queues import SimpleQueue
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .._forks import on_fork_in_child
 from .. import layout as L
 from . import layout as PL
 from .._owner import owner_alive, owner_word
 from .._segments import SUPPORTED, listed, unlink
-from .parcel import Parcel, pack, pool_prefix, unpack
+from .parcel import Parcel, Span, pack, pool_prefix, unpack
 
 __all__ = ["ProcessPoolExecutor", "Future", "DEFAULT_SHM_THRESHOLD"]
 
@@ -56,11 +80,14 @@ __all__ = ["ProcessPoolExecutor", "Future", "DEFAULT_SHM_THRESHOLD"]
 #: Below it a pipe is cheaper than a segment's create, map and unlink (~50 µs).
 DEFAULT_SHM_THRESHOLD = L.DEFAULT_BLOB_THRESHOLD
 
+#: The future ``submit`` returns: the standard library's own (re-exported so that
+#: ``ultradict_ng.futures`` replaces ``concurrent.futures`` name for name).
+Future = cf.Future
+
 
 class _Pool:
-    """What a pool's tasks share: its parcel prefix, owner word and threshold,
-    the count of tasks not yet settled (for the idle sweep), and how to find
-    its workers (for the sweep after it broke)."""
+    """What a pool's parcels share: the name prefix, the owner word and the
+    threshold; and the sweep of every name with that prefix."""
 
     def __init__(self, threshold: int) -> None:
         self.token = secrets.token_hex(5)
@@ -68,45 +95,36 @@ class _Pool:
         self.pid = os.getpid()
         self.threshold = threshold
         self.lock = threading.Lock()
-        self.unsettled = 0
+        self.watched = False  # the pool's result thread has a sweep waiting for its end
         self.shut = False
-        self.swept = False
-        self.broke = False
-        self.workers: Callable[[], List[int]] = list
 
     def sweep(self) -> int:
         """Unlink every parcel name of this pool (only when no task can still
         make or take one: see "Pool parcels")."""
         if os.getpid() != self.pid:  # a forked child inherited this object
             return 0
-        with self.lock:
-            self.swept = True
         return sum(unlink(n) for n in listed(pool_prefix(self.token)))
 
-    def broken(self) -> None:
-        """The pool broke: every task has failed, but its other workers are
-        being terminated only now, and one still running may yet write a result
-        parcel; sweep once they are all gone (a thread waits for that)."""
-        with self.lock:
-            if self.broke:
-                return
-            self.broke = True
-        words = [owner_word(pid) for pid in self.workers()]
-        threading.Thread(target=self._sweep_when_gone, args=(words,), daemon=True,
+    def last_sweep(self) -> None:
+        """The pool can make no parcel any more: sweep, and not again at exit."""
+        self.sweep()
+        _live.discard(self)
+
+    def watch(self, manager: threading.Thread) -> None:
+        """Sweep once ``manager`` (the pool's result thread) has ended: it ends
+        only after joining every worker and the feeder thread, whether the pool
+        was shut down (waiting or not), broke, or was collected."""
+        threading.Thread(target=self._sweep_after, args=(manager,), daemon=True,
                          name="ultradict_ng pool sweep").start()
 
-    def _sweep_when_gone(self, words: List[int]) -> None:
-        delay = 0.01
-        while any(owner_alive(w) for w in words):
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-        self.sweep()
+    def _sweep_after(self, manager: threading.Thread) -> None:
+        manager.join()
+        self.last_sweep()
 
 
-#: Pools of this process, for the sweep at interpreter exit (each again: a
-#: worker of a broken pool may have written a parcel after the pool's sweep).
-#: That sweep runs after the standard library has joined every pool's threads
-#: (``threading``'s exit hooks run before ``atexit``'s), so no task is left.
+#: Pools of this process not yet swept for the last time, for the sweep at
+#: interpreter exit.  That sweep runs after the standard library has joined
+#: every pool's threads (``threading``'s exit hooks run before ``atexit``'s).
 _live: "set[_Pool]" = set()
 
 
@@ -119,102 +137,171 @@ def _sweep_at_exit() -> None:
 on_fork_in_child("pools", _live.clear)
 
 
+# -- calls -----------------------------------------------------------------------------------------
+
+#: Values whose pickle holds no buffer and stays small: numbers, and functions
+#: (pickled by their name).  ``str`` and ``bytes`` count when short, tuples when
+#: made of such values, two levels deep (``map``'s chunks: tuples of argument tuples).
+_ATOMS = frozenset({int, float, bool, complex, type(None), types.FunctionType})
+_TEXT = frozenset({str, bytes})
+#: At most this many values are surveyed for one call: beyond it (``map``'s
+#: chunks of 100) the survey costs more than the pickle that decides
+#: (measured: a type-set survey of a chunk of 100 one-argument tuples takes
+#: about 10 µs, more than the pickle).
+_SURVEYED = 32
+
+
+def _plain(values: Tuple[Any, ...], limit: int, depth: int, budget: int) -> int:
+    """What is left of ``budget`` after surveying ``values``, or -1 when pickling
+    them could set a buffer aside, a ``str`` or ``bytes`` in them reaches
+    ``limit``, or they are too many to survey.  A loop over the values' types,
+    cheaper than any pickle (a map chunk of one argument: about 0.5 µs)."""
+    budget -= len(values)
+    if budget < 0:
+        return -1
+    for v in values:
+        t = type(v)
+        if t in _ATOMS:
+            continue
+        if t in _TEXT:
+            if len(v) >= limit:
+                return -1
+        elif t is tuple and depth:
+            budget = _plain(v, limit, depth - 1, budget)
+            if budget < 0:
+                return -1
+        else:
+            return -1
+    return budget
+
+
+def _plain_call(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], limit: int) -> bool:
+    """True when ``fn(*args, **kwargs)`` can travel as the standard pool sends it:
+    a function pickled by its name (a plain or a module's builtin function, or a
+    ``partial`` of one with plain arguments -- what ``map`` submits), plain
+    arguments.  Anything else is pickled once, by :class:`_Call`, and that
+    pickle decides."""
+    t = type(fn)
+    budget = _SURVEYED
+    if t is functools.partial:
+        if type(fn.func) is not types.FunctionType or fn.__dict__:
+            return False
+        budget = _plain(fn.args, limit, 0, budget)
+        if fn.keywords and budget >= 0:
+            budget = _plain(tuple(fn.keywords.values()), limit, 0, budget)
+        if budget < 0:
+            return False
+    elif t is not types.FunctionType and not (
+            t is types.BuiltinFunctionType and type(fn.__self__) is types.ModuleType):
+        return False
+    budget = _plain(args, limit, 2, budget)
+    if kwargs and budget >= 0:
+        budget = _plain(tuple(kwargs.values()), limit, 0, budget)
+    return budget >= 0
+
+
 class _Call:
-    """A call, pickled lazily into a parcel; released when its task ends."""
+    """A call the feeder thread pickles into a parcel (large) or the pipe (small)."""
 
-    __slots__ = ("pool", "item", "name", "released", "lock")
+    __slots__ = ("pool", "fn", "args", "kwargs")
 
-    def __init__(self, pool: _Pool, item: Tuple[Any, Tuple[Any, ...], Dict[str, Any]]) -> None:
+    def __init__(self, pool: _Pool, fn: Callable[..., Any], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any]) -> None:
         self.pool = pool
-        self.item: Optional[Tuple[Any, Tuple[Any, ...], Dict[str, Any]]] = item
-        self.name = ""
-        self.released = False
-        self.lock = threading.Lock()
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
 
     def __reduce__(self) -> Any:
-        item = self.item
-        if item is None:
-            # The task already ended (its pool broke while this call waited in
-            # the queue): send nothing.  Raising here would make the feeder
-            # thread fail a work item the broken pool is iterating over.
-            return Parcel, ("", b"", ())
-        parcel = pack(item, self.pool.token, self.pool.owner, self.pool.threshold)
-        with self.lock:
-            self.name = parcel.name
-            late = self.released
-        if late and parcel.name:  # the task ended (pool broken) while we packed
-            unlink(parcel.name)
-        return Parcel, tuple(parcel)
-
-    def release(self) -> None:
-        with self.lock:
-            self.released = True
-            name, self.item = self.name, None
-        if name:
-            unlink(name)  # a no-op if the worker took it
+        pool = self.pool
+        return _Run, tuple(pack((self.fn, self.args, self.kwargs), pool.token, pool.owner,
+                                pool.threshold))
 
 
-class Future(cf.Future):  # type: ignore[type-arg]
-    """The future ``submit`` returns: a :class:`concurrent.futures.Future`
-    completed with the *rebuilt* result; cancelling it cancels the task."""
+class _Run:
+    """In a worker: a call as it arrived, taken (its parcel opened and unlinked,
+    its pickle loaded) only when its task runs, so that whatever fails there
+    fails the task, as an exception of the function would."""
 
-    _inner: "Optional[cf.Future[Any]]" = None
+    __slots__ = ("parcel",)
 
-    def cancel(self) -> bool:
-        inner = self._inner
-        if inner is None:
-            return super().cancel()
-        # A cancelled inner future settles this one (in _settle) before it returns.
-        return inner.cancel() and super().cancel()
+    def __init__(self, name: str, data: bytes, spans: Tuple[Span, ...]) -> None:
+        self.parcel = Parcel(name, data, spans)
 
-    def running(self) -> bool:
-        inner = self._inner
-        return inner.running() if inner is not None and not self.done() else super().running()
+    def __call__(self) -> Any:
+        if _worker is None:
+            raise RuntimeError("ultradict_ng.futures task run outside the pool's workers")
+        fn, args, kwargs = unpack(self.parcel, _worker[1])
+        # (the call's arrays go with this frame: before the worker packs the result)
+        return fn(*args, **kwargs)
 
 
-def _settle(ref: "weakref.ref[Future]", call: _Call, pool: _Pool, inner: "cf.Future[Any]") -> None:
-    """The inner future is done: release the call, rebuild the result.
+# -- results ---------------------------------------------------------------------------------------
 
-    The outer future is reached through a weak reference, so that outer ->
-    inner -> this callback is no cycle: a result's memory goes back when its
-    arrays are dropped, not at the next cyclic collection.  If the caller
-    dropped the outer future, its result parcel is only unlinked."""
-    call.release()
-    outer = ref()
-    try:
-        if inner.cancelled():
-            if outer is not None:
-                cf.Future.cancel(outer)
-                outer.set_running_or_notify_cancel()
-            return
-        exc = inner.exception()
-        if exc is not None:
-            if isinstance(exc, BrokenProcessPool):
-                pool.broken()
-            if outer is not None:
-                outer.set_exception(exc)
-            return
-        parcel = inner.result()
-        if outer is None:
-            if parcel.name:
-                unlink(parcel.name)
-            return
-        try:
-            result = unpack(parcel, pool.owner)
-        except BaseException as exc:
-            outer.set_exception(exc)
+
+class _ResultQueue(SimpleQueue):  # type: ignore[type-arg]
+    """The workers' result queue: the standard one, pickling with protocol 5
+    and putting large buffers in a parcel (see the module docstring)."""
+
+    def put(self, obj: Any) -> None:
+        # Pickled before the lock is taken, as the standard queue does; a failure
+        # (unpicklable result, full /dev/shm) propagates to the standard worker,
+        # which sends the exception instead.
+        data = _result_message(obj)
+        wlock = getattr(self, "_wlock", None)
+        writer = getattr(self, "_writer")
+        if wlock is None:
+            writer.send_bytes(data)
         else:
-            outer.set_result(result)
-    finally:
-        if outer is not None:
-            # Only now: until the outer future is complete, cancel() must ask the
-            # inner one (done: it refuses), not cancel the outer one under us.
-            outer._inner = None
-        with pool.lock:
-            pool.unsettled -= 1
-            idle = pool.shut and not pool.unsettled and not pool.swept
-        if idle:
-            pool.sweep()
+            with wlock:
+                writer.send_bytes(data)
+
+
+def _result_message(obj: Any) -> bytes:
+    """What goes into the result pipe for ``obj`` (a result item, or a worker's
+    pid as it exits): its own pickle when small, else a reference to a parcel."""
+    if _worker is None:  # (not one of our workers: the standard pool's pickle)
+        return bytes(ForkingPickler.dumps(obj))
+    token, owner, threshold = _worker
+    parcel = pack(obj, token, owner, threshold)
+    if not parcel.name:
+        return parcel.data
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None:  # (what a failed rebuild needs to fail this task alone)
+        fields = {k: v for k, v in fields.items() if k not in ("result", "exception")}
+    return pickle.dumps(_Arrival(tuple(parcel), type(obj), fields), 5)
+
+
+class _Arrival:
+    """The pipe's reference to a result item in a parcel: unpickled in the pool's
+    result thread as the item itself (:func:`_arrive`)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+    def __reduce__(self) -> Any:
+        return _arrive, self.args
+
+
+def _arrive(ref: Tuple[str, bytes, Tuple[Span, ...]], cls: Any,
+            fields: Optional[Dict[str, Any]]) -> Any:
+    """Rebuild a result item from its parcel.  If that fails (the parcel was
+    removed from outside, no memory to map it, a class that does not load
+    here), the item fails its own task with the error, rather than the pool's
+    result thread (which would break the pool)."""
+    try:
+        return unpack(Parcel(*ref), owner_word())
+    except Exception as exc:
+        if fields is None:
+            raise
+        item = cls.__new__(cls)
+        item.__dict__.update(fields, result=None, exception=exc)
+        return item
+
+
+# -- the executor ----------------------------------------------------------------------------------
 
 
 class ProcessPoolExecutor(cf.ProcessPoolExecutor):
@@ -227,7 +314,8 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
     Arrays anywhere in arguments and results (in lists, tuples, dicts, objects)
     are found by pickle itself (protocol 5).  Results arrive as writable
     arrays over shared memory, zero-copy (see the module docstring for how
-    long that memory lives).  Linux and macOS (POSIX shared memory).
+    long that memory lives).  Calls and results with nothing large in them
+    travel as in the standard pool.  Linux and macOS (POSIX shared memory).
     """
 
     def __init__(self, max_workers: Optional[int] = None, mp_context: Any = None,
@@ -247,45 +335,75 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         pool = _Pool(shm_threshold)
         config = (pool.token, pool.owner, shm_threshold)
         super().__init__(max_workers, mp_context, _init_worker, (config, initializer, initargs), **extra)
-        # The standard pool's {pid: process} dict, shared with its manager thread;
-        # held here because shutdown(wait=False) drops the executor's reference.
-        processes: Dict[int, Any] = getattr(self, "_processes", {})  # (empty: no "or")
-        pool.workers = lambda: list(processes)
+        # The result queue, before any worker exists to inherit it: ours.
+        standard = getattr(self, "_result_queue")
+        self._result_queue = _ResultQueue(ctx=getattr(self, "_mp_context").get_context())
+        standard.close()
         self._pool = pool
+        self._text_limit = shm_threshold // 4  # (a str pickles to at most 4 bytes a character)
         _live.add(pool)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "cf.Future[Any]":
-        call = _Call(self._pool, (fn, args, kwargs))
-        inner = super().submit(_work, call)  # type: ignore[arg-type]  # pickled into a Parcel
-        outer = Future()
-        outer._inner = inner
-        pool, ref = self._pool, weakref.ref(outer)
-        with pool.lock:
-            pool.unsettled += 1
-        inner.add_done_callback(lambda f: _settle(ref, call, pool, f))
-        return outer
+        pool = self._pool
+        call: Any
+        if _plain_call(fn, args, kwargs, self._text_limit):
+            call, args, kwargs = fn, args, kwargs
+        else:
+            call, args, kwargs = _Call(pool, fn, args, kwargs), (), {}
+        if pool.watched:
+            return super().submit(call, *args, **kwargs)
+        with pool.lock:  # the first task starts the pool's result thread: watch it
+            future = super().submit(call, *args, **kwargs)
+            if not pool.watched:
+                pool.watched = True
+                pool.watch(getattr(self, "_executor_manager_thread"))
+        return future
 
     submit.__doc__ = cf.Executor.submit.__doc__
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        if cancel_futures:
+            self._cancel_pending()
         pool = self._pool
         with pool.lock:
-            joined = wait and not pool.shut  # a first shutdown that waited: workers are gone
-            pool.shut = True
-            idle = not pool.unsettled and not pool.swept
-        if joined and not pool.unsettled:
-            # Every worker is joined and every task settled: no parcel of this pool
-            # can appear any more, so sweep once more whatever swept before (a
-            # broken pool's sweep may have run before a dying worker's last parcel
-            # was visible), and the exit sweep can skip it.
-            pool.sweep()
-            pool.workers = list
-            _live.discard(pool)
-        elif idle:  # else the last task to settle sweeps (a second shutdown may not wait)
-            pool.sweep()
+            first, pool.shut = not pool.shut, True
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        if wait and first:
+            # Every worker is joined, and the result thread: no parcel of this pool
+            # can appear any more (a broken pool's workers may have made one after
+            # its futures failed), so sweep whatever swept before.  (A later
+            # shutdown does not wait: the result thread's end sweeps then.)
+            pool.last_sweep()
 
     shutdown.__doc__ = cf.Executor.shutdown.__doc__
+
+    def _cancel_pending(self) -> None:
+        """Cancel the tasks no worker has taken, as ``cancel_futures`` asks, and
+        notify their futures, so that ``wait`` and ``as_completed`` count them
+        done (the standard pool leaves them CANCELLED, never notified: CPython
+        gh-109934 / gh-87893).  Each work id is taken from the queue the result
+        thread takes them from, so exactly one of the two handles each task; the
+        tasks taken here leave the pending ones at once (a task left there would
+        keep the result thread waiting for it, and one the pool then fails as
+        broken would be failed twice), under the lock ``submit`` adds them with."""
+        ids = getattr(self, "_work_ids", None)
+        items = getattr(self, "_pending_work_items", None)
+        lock = getattr(self, "_shutdown_lock", None)
+        if ids is None or items is None or lock is None:  # pragma: no cover - another stdlib
+            return
+        taken = []
+        with lock:
+            while True:
+                try:
+                    work_id = ids.get_nowait()
+                except queue.Empty:
+                    break
+                item = items.pop(work_id, None)
+                if item is not None:
+                    taken.append(item.future)
+        for future in taken:  # (a task the broken pool failed meanwhile is done: not cancelled)
+            if future.cancel():
+                future.set_running_or_notify_cancel()
 
 
 # -- in the worker -------------------------------------------------------------------------------
@@ -311,16 +429,3 @@ def _watch(owner: int) -> None:
         time.sleep(PL.POOL_WATCH_INTERVAL)
         if not owner_alive(owner):
             os._exit(1)
-
-
-def _work(parcel: Parcel) -> Parcel:
-    """Run one call in a worker: rebuild it, call it, pack the result."""
-    if _worker is None:
-        raise RuntimeError("ultradict_ng.futures task run outside the pool's workers")
-    if not parcel.name and not parcel.data:
-        raise cf.CancelledError("the call was released before it was sent")
-    token, owner, threshold = _worker
-    fn, args, kwargs = unpack(Parcel(*parcel), owner)
-    result = fn(*args, **kwargs)
-    del fn, args, kwargs  # the call's arrays are released before the result is packed
-    return pack(result, token, owner, threshold)

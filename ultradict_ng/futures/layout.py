@@ -2,8 +2,10 @@
 
 Pool parcels (``@udp<pool>.<maker>-<seq>``; ``ultradict_ng.futures``)
 =====================================================================
-The process pool moves a task's call and its result in *parcels*, one segment
-each at most, private to one pool: not a dict, no control segment, no lock,
+The process pool moves what is large in a task's call and its result in
+*parcels*, one segment each at most, private to one pool (a call or result with
+nothing large in it has none: its pickle travels in the pipe, as in the
+standard pool): not a dict, no control segment, no lock,
 and no bump of ``LAYOUT_VERSION`` when it changes (its own magic has a
 version byte).  Names start with ``@`` (no dict or derived name can): ``<pool>``
 is the pool's random token, ``<maker>`` the creating process's pid and
@@ -24,11 +26,12 @@ then the mapping, keep the memory until the last array over it is collected;
 a parcel is never opened by name twice), check magic, owner and length, map
 (read-write, shared), rebuild.
 
-Who removes a parcel: its taker (a worker its call's, the pool its result's);
-the pool again when the task ends any other way (cancelled, failed, pool
-broken: unlinking an already-taken name does nothing); every name with the
-pool's prefix when the pool shuts down, when it is idle after ``shutdown(wait=False)``,
-and at interpreter exit (all its tasks are done then); and, after a crash,
+Who removes a parcel: its taker (a worker its call's, as the task starts; the
+pool its result's, as its result thread reads the reference); the pool, every
+name with its prefix, once it can make no parcel any more -- when its result
+thread has ended (which joins every worker and the feeder thread first: after
+``shutdown``, waiting or not, or after the pool broke, e.g. a call that no
+worker took), at ``shutdown(wait=True)``, and at interpreter exit; and, after a crash,
 ``clean``: a parcel whose owner is dead (nobody will take it; a process that
 still maps it keeps its mapping, and no parcel is opened by name twice),
 or whose header is still zero ``PARCEL_STALE`` seconds after it was made (its

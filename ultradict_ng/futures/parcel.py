@@ -8,8 +8,10 @@ hands to ``buffer_callback``) is set aside instead of being copied into the
 stream.  Those buffers, and the stream itself when it is large (``bytes`` and
 ``bytearray`` values -- the C pickler writes them in-band before any hook can
 see them -- and big lists), are written into one new segment with ``pwrite``
-(no mapping, so no page faults in the maker), and only a :class:`Parcel` (the
-segment's name and where each piece is) goes through the pipe.  The taker maps the segment
+(no mapping, so no page faults in the maker), and only a reference (a
+:class:`Parcel`: the segment's name and where each piece is) goes through the
+pipe.  With nothing large, :func:`pack` makes no segment, and its one pickle
+is what goes through the pipe.  The taker maps the segment
 and rebuilds the object with numpy arrays *over the mapping*: zero-copy, and
 writable, as the standard pool's private copies are (nobody else maps a
 parcel once it has been taken).
@@ -113,35 +115,54 @@ def _dispatch_table() -> Dict[Any, Any]:
 
 
 class _Pickler(pickle.Pickler):
-    """The standard pool's pickling, with large buffers sent out of band."""
+    """The standard pool's pickling, with large buffers sent out of band.
 
-    def __init__(self, file: io.BytesIO, threshold: int, taken: "_Buffers") -> None:
-        super().__init__(file, 5, buffer_callback=taken.take)
-        self.dispatch_table = _dispatch_table()
-        self._threshold = threshold
-        self._taken = taken
+    One per thread, reused by every :func:`pack` of that thread (the call
+    queue's feeder thread, a worker's main thread): making a pickler, its
+    stream and its table costs about as much as pickling a small result, and
+    a pool pickles one or two per task.  Large numpy arrays are found through
+    the dispatch table (exactly ``ndarray``, looked up by the C pickler: no
+    Python call for any other object), not ``reducer_override`` (called for
+    every object that is not a builtin)."""
 
-    def reducer_override(self, obj: Any) -> Any:
-        """A large numpy array (exactly ``ndarray``) travels as raw bytes and is
-        rebuilt by :func:`_array`: writable (numpy's own protocol-5 reduction
-        keeps a read-only array read-only, the standard pool's protocol 4 does
-        not), in its order and shape, also for datetime64/timedelta64 (which
-        export no buffer) and strided arrays (made contiguous once; numpy
-        would pickle them element by element, in-band).  Subclasses keep
-        numpy's reduction, and so their own ``__reduce__``."""
-        np = sys.modules.get("numpy")
-        if np is None or type(obj) is not np.ndarray:
-            return NotImplemented
-        if obj.nbytes < self._threshold or obj.dtype.hasobject:
+    def __init__(self, threshold: int, np: Any) -> None:
+        self.stream = io.BytesIO()
+        self.taken = _Buffers(threshold)
+        super().__init__(self.stream, 5, buffer_callback=self.taken.take)
+        self.threshold = threshold
+        self.np = np
+        self.tables = _dispatch_table()
+        self.dispatch_table = self.tables if np is None else {**self.tables,
+                                                               np.ndarray: self.reduce_array}
+        self.busy = False
+
+    def reduce_array(self, obj: Any) -> Any:
+        """A large numpy array travels as raw bytes and is rebuilt by
+        :func:`_array`: writable (numpy's own protocol-5 reduction keeps a
+        read-only array read-only, the standard pool's protocol 4 does not), in
+        its order and shape, also for datetime64/timedelta64 (which export no
+        buffer) and strided arrays (made contiguous once; numpy would pickle
+        them element by element, in-band).  Subclasses keep numpy's reduction,
+        and so their own ``__reduce__``."""
+        np = self.np
+        if obj.nbytes < self.threshold or obj.dtype.hasobject:
             # In-band.  numpy's protocol-5 reduction would rebuild a read-only
             # array read-only; its protocol-4 one gives what the standard pool gives.
-            return NotImplemented if obj.flags.writeable else obj.__reduce_ex__(4)
+            return obj.__reduce_ex__(5 if obj.flags.writeable else 4)
         if obj.flags.f_contiguous and not obj.flags.c_contiguous:
             arr, order = obj, "F"
         else:
             arr, order = (obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)), "C"
         raw = memoryview(arr.reshape(-1, order="A").view(np.uint8))
-        return _array, (self._taken.add(raw, ARRAY), obj.dtype, obj.shape, order)
+        return _array, (self.taken.add(raw, ARRAY), obj.dtype, obj.shape, order)
+
+    def reset(self) -> None:
+        """Ready for the next :func:`pack`: no buffer, no stream, no memo."""
+        self.taken.release()
+        self.stream.seek(0)
+        self.stream.truncate()  # (also gives a large stream's memory back)
+        self.clear_memo()
+        self.busy = False
 
 
 class _Buffers:
@@ -175,18 +196,45 @@ class _Buffers:
         for view in self.views:
             view.release()
         self.views.clear()
+        self.kinds.clear()
+        self.arrays = 0
+
+
+class _Picklers(threading.local):
+    #: This thread's pickler (None until its first pack).
+    pickler: Optional[_Pickler] = None
+
+
+_picklers = _Picklers()
+
+
+def _pickler(threshold: int) -> _Pickler:
+    """This thread's pickler for ``threshold``, made anew when the threshold,
+    numpy's presence or the reducers registered changed -- or when it is busy:
+    an object whose pickling packs another (nothing of ours does) gets a
+    pickler of its own."""
+    np = sys.modules.get("numpy")
+    p = _picklers.pickler
+    if p is not None and not p.busy and p.threshold == threshold and p.np is np \
+            and p.tables is _dispatch_table():
+        return p
+    fresh = _Pickler(threshold, np)
+    if p is None or not p.busy:
+        _picklers.pickler = fresh
+    return fresh
 
 
 def pack(obj: Any, pool: str, owner: int, threshold: int) -> Parcel:
     """Pickle ``obj`` into a parcel of pool ``pool`` owned by the process of
     owner word ``owner``.  On any error (unpicklable object, full shared
     memory) nothing is left behind and the error propagates."""
-    buffers = _Buffers(threshold)
-    stream = io.BytesIO()
+    p = _pickler(threshold)
+    p.busy = True
     try:
-        _Pickler(stream, threshold, buffers).dump(obj)
-        data = stream.getbuffer()
+        p.dump(obj)
+        data = p.stream.getbuffer()
         try:
+            buffers = p.taken
             if not buffers.views and data.nbytes < threshold:
                 return Parcel("", bytes(data), ())
             pieces = list(zip(buffers.views, buffers.kinds))
@@ -199,7 +247,7 @@ def pack(obj: Any, pool: str, owner: int, threshold: int) -> Parcel:
         finally:
             data.release()
     finally:
-        buffers.release()
+        p.reset()
 
 
 def _write(name: str, owner: int, pieces: List[Tuple[memoryview, int]]) -> Tuple[Span, ...]:
