@@ -8,6 +8,7 @@ values well-formed, no ``seq`` going back in time, iteration never raising.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any, Dict, List
@@ -52,6 +53,8 @@ def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False
     sub = d[f"w{wid}"]
     model: Dict[str, Any] = {}
     seq = ops = increments = 0
+    # (Transactions on the engines that have them: shared memory.)
+    transactions = os.environ.get("ULTRADICT_NG_BACKEND", "shm") in ("", "shm")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         seq += 1
@@ -82,10 +85,24 @@ def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False
                 sub["huge"] = model["huge"] = bytes([seq % 256]) * HUGE
             else:
                 sub["large"] = model["large"] = bytes([seq % 256]) * 3000
-        elif r < 0.90:
+        elif r < 0.86 or (r < 0.90 and not transactions):
             items = {f"u{rng.randrange(4)}": k_value(seq) for _ in range(3)}
             sub.update(items)
             model.update(items)
+        elif r < 0.90:
+            # A transaction: "ta" and "tb" change together (readers check they are
+            # equal in every snapshot), or -- rolled back -- not at all.
+            roll_back = rng.random() < 0.3
+            try:
+                with d.transaction():
+                    sub["ta"] = seq
+                    sub["tb"] = seq
+                    if roll_back:
+                        raise LookupError("roll back")
+            except LookupError:
+                pass
+            if not roll_back:
+                model["ta"] = model["tb"] = seq
         else:
             with d.lock:
                 d["total"] += 1
@@ -112,6 +129,8 @@ def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
             assert value["a"] <= value["b"]["c"], value
         elif key == "arr":
             check_array(value)
+        elif key in ("ta", "tb"):
+            assert sub.get("ta") == sub.get("tb"), ("half a transaction", sub.get("ta"), sub.get("tb"))
         else:
             assert key == "seq", key
 

@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple,
+                    Union, runtime_checkable)
 
 from .errors import Closed
 
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from ._codec.codec import Codec
     from ._lock import SharedLock
 
-__all__ = ["Engine", "Options", "Conflict", "BlobGone", "ClosedWords", "User"]
+__all__ = ["Engine", "Transactional", "Options", "Conflict", "BlobGone", "ClosedWords", "User"]
 
 Path = Tuple[Any, ...]
 
@@ -227,3 +228,25 @@ class Engine(Protocol):
         engine has one): what a pickled handle carries, so the facade need not
         know which engine it runs on."""
 
+
+@runtime_checkable
+class Transactional(Protocol):
+    """An engine that has transactions (``SharedDict.transaction()``): the
+    shared-memory one.  The facade checks for it, so an engine without them
+    refuses a transaction with a clear error instead of running the block
+    unprotected."""
+
+    def begin_transaction(self) -> None:
+        """Take the lock (this thread; reentrant) and start buffering: until the
+        matching :meth:`end_transaction`, ``commit``/``write``/``set_root`` of
+        this thread apply to ``data`` and publish nothing.  A transaction
+        begun while one is open joins it (a level deeper)."""
+
+    def end_transaction(self, publish: bool) -> None:
+        """Leave one level of the transaction, then release the lock.  At the
+        outermost level, ``publish=True`` publishes every buffered write at
+        once -- one publish, all or nothing -- or raises having published
+        nothing (``data`` is then reloaded); ``publish=False`` discards them
+        and reloads ``data``.  A level left with ``publish=False`` dooms the
+        whole transaction: the outermost level then raises
+        :class:`~ultradict_ng.errors.TransactionAborted` instead of publishing."""

@@ -25,6 +25,8 @@ dump-written         the dump is complete, STATE not yet stored (unpublished)
 dump-published       STATE names the new dump, old generations not yet unlinked
 blob-registered      BLOB_NEXT counts a new blob, its segment not yet created
 blob-written         the blob segment is complete, the record referencing it unpublished
+transaction-written  a transaction's records are in the stream (or its cache is whole), nothing published
+transaction-published  a transaction is published, the blobs it dropped not yet unlinked
 user-registered      an attacher holds its user slot, CLOSING not yet checked
 closing-claimed      a remover (clean, auto_unlink="last") holds CLOSING, users not yet checked
 closing-checked      a remover found no user, the dict not yet unlinked
@@ -54,6 +56,8 @@ POINTS = (
     "dump-published",
     "blob-registered",
     "blob-written",
+    "transaction-written",
+    "transaction-published",
     "user-registered",
     "closing-claimed",
     "closing-checked",

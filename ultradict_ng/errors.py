@@ -30,6 +30,7 @@ __all__ = [
     "PathGone",
     "BackendUnavailable",
     "LeaseLost",
+    "TransactionAborted",
 ]
 
 
@@ -125,3 +126,10 @@ class LeaseLost(SharedDictError, RuntimeError):
     process stalled past the lease, or the server could not be reached to
     renew it): another client may have taken the lock, so the server refused
     this write (the lease's fencing token is stale) or the release."""
+
+
+class TransactionAborted(SharedDictError, RuntimeError):
+    """A ``transaction()`` block published nothing although it ended normally:
+    a nested block of it ended with an exception (it joins the outer one, so
+    the whole transaction is rolled back), or its buffered writes were lost
+    to an error inside it (the cache could no longer be trusted)."""

@@ -197,6 +197,18 @@ leftover segment is within ``REG_LOW .. REG_HIGH``.  If a dump cannot be made
 (shared memory full) nothing was published and the error reaches the caller;
 the local cache is reloaded from the shared state on the next access.
 
+Transactions (``with d.transaction():``)
+========================================
+The block holds the lock throughout.  Each write in it does steps 1, 2 and 5
+and writes its record past STATE's end *without* storing STATE (no reader
+looks there); blobs as in a-b, d deferred.  Records that no longer fit are
+only applied to the cache.  Normal end: one STATE store ``gen << 32 | own
+end`` publishes all records at once (a reader copies and applies them all,
+steps 3-4), or step 4's dump of the cache when they did not fit; then d.
+Exception, a nested block's exception, or a cache failure: no store, the
+block's blobs unlinked, the cache reloaded.  A writer dying inside published
+nothing; the next writer overwrites its records, the next dump sweeps its blobs.
+
 Reader (no lock, no atomics call on the hit path)
 =================================================
 Hit path: ``words[STATE] == seen`` (one plain 8-byte load) -> answer from cache.
@@ -292,17 +304,12 @@ was registered but not yet asleep) leaves 1 behind, and unclaimed it would stop
 every later release from waking anyone.  The cost: a release while the
 designated waiter sleeps is noticed up to ``LOCK_HANDOFF_POLL`` late.  Why:
 with more processes than cores, every woken process that fails to take the
-lock is CPU taken from the holder, and a spinning one slows the holder's
-atomics.  Measured with ``with d.lock: d[k] += 1`` on 2 cores (1 s quick runs,
-ratios to the one-process rate; they move by +-0.15 between runs): waking on
-every release, 8 processes ran at 0.14x; one wake in flight, 0.4x; the
-designated waiter, 0.46-0.49x at 8 processes, 0.62-0.65x at 4, 0.79-0.83x at
-2; a 20 us spin before sleeping made 2 processes drop to 0.3-0.5x.
-A designated waiter that dies leaves LOCK_WAKING set: releasers stop
-waking, but the sleepers' own time limit (the next liveness check, at most
-``LOCK_CHECK_INTERVAL``) wakes them, and a sleeper that wakes for any reason
-and finds LOCK_WAKING set takes the designated role (two designated waiters
-are harmless), so it is cleared when that one stops waiting.  No lost wake-up: the waiter's bit
+lock is CPU taken from the holder.  ``with d.lock: d[k] += 1`` by 8 processes
+on 2 cores ran at 0.14x one process's rate waking on every release, 0.4x with
+one wake in flight, 0.46-0.49x with the designated waiter (4: 0.62-0.65x).
+A designated waiter that dies leaves LOCK_WAKING set: releasers stop waking,
+but sleepers wake at their next liveness check and one that finds it set takes
+the role (two designated waiters are harmless), clearing it when it stops.  No lost wake-up: the waiter's bit
 store precedes its condition check and the waker's STATE/LOCK store precedes
 its WAITERS load, so in the single order of seq_cst operations either the
 waiter's check sees the new state or the waker sees the bit; in that case
@@ -402,9 +409,8 @@ position or meaning, a flag, ``CONTROL_SIZE``, the record framing or checksum,
 an ``OP_*`` or a record's shape, the dump header, a segment name, the msgpack
 ext-type table (``_codec/ext.py``), an ordering rule above, or the module path
 of a type the pickle serializer stores (a pickle names classes by module).
-Not for changes that stay inside one process: the cache, the hit path, which
-implementation of the primitives runs (they write the same bytes), timing
-constants, or error messages.
+Not for changes inside one process (the cache, the hit path, the primitives'
+implementation, timing, messages) nor for transactions (published records).
 """
 
 from __future__ import annotations
@@ -422,9 +428,7 @@ MAX_SUFFIX = 10
 MAX_NAME_LENGTH = (30 - MAX_SUFFIX) if sys.platform == "darwin" else 200
 GENERATED_PREFIX = "udng_"
 
-STREAM_SUFFIX = "@s"
-DUMP_SUFFIX = "@d"
-BLOB_SUFFIX = "@b"
+STREAM_SUFFIX, DUMP_SUFFIX, BLOB_SUFFIX = "@s", "@d", "@b"
 
 
 def stream_name(name: str) -> str:
@@ -486,13 +490,11 @@ WAIT_SLOTS = 64  # one bit each in a WAITERS word
 W_USER_SLOTS = 256
 USER_SLOTS = 256  # processes attached at once with a name in the register
 
-FLAG_RECURSE = 1
-FLAG_GROWS = 2
+FLAG_RECURSE, FLAG_GROWS = 1, 2
 STATUS_UNLINKED = 1
 
 GEN_SHIFT = 32
-END_MASK = (1 << 32) - 1
-GEN_MASK = (1 << 32) - 1
+END_MASK = GEN_MASK = (1 << 32) - 1
 
 # -- stream ------------------------------------------------------------------
 
@@ -523,8 +525,7 @@ MAX_RECLAIM = 64
 BLOB_MAGIC = b"UDNGblb\x01"
 BLOB_FORMAT = "<8sQQQII"  # magic, token, id, length, kind, 0
 BLOB_HEADER = 64  # payload offset: 64-byte aligned for any dtype and for SIMD loads
-#: Values of a blob kind this large or larger go to blobs: below it, inline is cheaper
-#: than a segment's create + map + unlink (~40-60 µs; README "Large values").
+#: Blob kinds this large go to blobs: below, inline beats a segment (~40-60 µs; README).
 DEFAULT_BLOB_THRESHOLD = 64 << 10
 #: Ids of ``BLOB_LOW .. BLOB_NEXT`` a sweep tries at most where /dev/shm cannot be listed.
 MAX_BLOB_SWEEP = 4096
@@ -532,8 +533,7 @@ MAX_BLOB_SWEEP = 4096
 # -- lock --------------------------------------------------------------------
 
 PID_BITS = 24
-PID_MASK = (1 << PID_BITS) - 1
-START_MASK = (1 << 40) - 1
+PID_MASK, START_MASK = (1 << PID_BITS) - 1, (1 << 40) - 1
 
 # -- timing ------------------------------------------------------------------
 

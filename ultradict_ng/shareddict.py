@@ -15,6 +15,7 @@ writer -- are retried in one place each (``_handle.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
 
 from . import layout as L
@@ -24,7 +25,7 @@ from .changes import Change, iterate
 from ._codec.codec import IMMUTABLE_TYPES, copy_value
 from ._arguments import pairs, split_arguments
 from ._backends import open_engine, unlink_by_name as _unlink_by_name
-from ._engine import BlobGone, Engine, User
+from ._engine import BlobGone, Engine, Transactional, User
 from ._handle import Handle
 from ._lock import SharedLock
 from .speedups import set_immutable_types
@@ -448,6 +449,37 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         return iterate(self._store.feed(), timeout)
+
+    @contextmanager
+    def transaction(self: SD) -> Iterator[SD]:
+        """``with d.transaction():`` -- the block's writes, to any key of the
+        tree (nested dicts, blobs), are published at once when it exits
+        normally: another process, or another handle, sees all of them or
+        none.  An exception leaving the block discards them and propagates; a
+        process that dies inside it publishes nothing.
+
+        The block holds the dict's lock (``d.lock``, reentrant: a ``with
+        d.lock:`` inside changes nothing).  Reads through this handle see the
+        block's writes -- from any thread of this process, as threads sharing
+        one database connection see its open transaction on shared memory; a
+        thread that must not, opens its own handle.  A nested
+        ``transaction()`` joins this one; an exception leaving it rolls back
+        the whole transaction (the outer block then raises
+        :class:`~ultradict_ng.errors.TransactionAborted` if it ends normally).
+        The change feed and ``wait_for_change`` see one publish: the block's
+        changes, in order, together.  README "Guarantees", layout "Transactions"."""
+        s = self._store
+        s.words[_W_STATE]  # Closed on a closed handle, before the lock
+        if not isinstance(s, Transactional):
+            raise NotImplementedError(f"shared dict {self.name!r}: its backend has no transactions "
+                                      "yet (shared memory has them); nothing was changed")
+        s.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            s.end_transaction(False)
+            raise
+        s.end_transaction(True)
 
     # -- lock, lifetime, pickling ------------------------------------------------------------
 

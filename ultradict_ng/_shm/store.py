@@ -108,6 +108,7 @@ class Store(Writer):
         self.registered = False  # counted in the user register (layout: "Users")
         self.lock = ShmLock(mapping.atomic, name, header.token)
         self.waits = waits_for((name, header.token))
+        self.tx = None
         self.mutex = threading.RLock()
         self.data = {}
         self.gen = INVALID

@@ -24,7 +24,7 @@ from .. import _segments as segments
 from .blobs import blob_ids, extract, may_hold_blobs, refs_within, write_blob
 from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
 from .._codec.codec import PickleCodec
-from ..errors import OutOfSpace, PathGone, Unlinked
+from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from .._codec.ext import too_deep as too_deep
 from .._codec.records import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
@@ -45,11 +45,37 @@ _WAKE_ALL = 0x7FFFFFFF
 _dump_header = struct.Struct(L.DUMP_FORMAT)
 
 
+class Transaction:
+    """An open ``transaction()`` of one handle (layout: "Transactions"): what
+    its end publishes, or discards."""
+
+    __slots__ = ("start", "depth", "dump", "doomed", "broken", "created", "dropped")
+
+    def __init__(self, start: int) -> None:
+        #: The stream end when it began: its records lie in ``start .. pos``.
+        self.start = start
+        #: Levels of nested ``transaction()`` blocks inside the outermost.
+        self.depth = 0
+        #: The records no longer fit in the stream: its end publishes a dump.
+        self.dump = False
+        #: A nested level ended with an exception: its end publishes nothing.
+        self.doomed = False
+        #: The cache may lack one of its writes: its end publishes nothing.
+        self.broken = False
+        #: Blobs its writes made (unlinked if it publishes nothing) ...
+        self.created: List[BlobRef] = []
+        #: ... and blobs they dropped (unlinked only once it is published).
+        self.dropped: List[BlobRef] = []
+
+
 class Writer(Reader):
     """Base of :class:`~ultradict_ng.store.Store`: the writer algorithm (a
     writer is a reader that holds the lock: step 1 is the reader's catch-up)."""
 
-    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold", "waits")
+    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold", "waits", "tx")
+
+    #: The open transaction (only its thread, which holds the lock, writes), or None.
+    tx: Optional[Transaction]
 
     grows: bool
     dump_limit: int
@@ -104,7 +130,7 @@ class Writer(Reader):
         self.begin_write()
         try:
             simple = self.write_simple
-            if (simple is not None and faults.armed is None
+            if (simple is not None and faults.armed is None and self.tx is None
                     and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
                     and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
                 # (A large bytes value goes to a blob; an old value that may hold
@@ -146,13 +172,20 @@ class Writer(Reader):
             rec = self._extract_blobs(rec, created)
         dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
         before = self._map.words[_W_STATE]
+        tx = self.tx
         try:
-            self._commit(rec)
+            if tx is None:
+                self._commit(rec)
+            else:
+                self._buffer(tx, rec)
         except BaseException:
             if created and self._map.words[_W_STATE] == before:  # nothing was published
                 self._unlink_blobs(created)
             raise
-        if dropped:
+        if tx is not None:  # (published, or unlinked, by the transaction's end)
+            tx.created.extend(created)
+            tx.dropped.extend(dropped)
+        elif dropped:
             self._unlink_blobs(dropped)  # d: no published state references them any more
 
     def _commit(self, rec: List[Any]) -> None:
@@ -187,6 +220,96 @@ class Writer(Reader):
             self.gen = self.seen = INVALID  # the cache may differ from shared memory: reload
             raise
 
+    # -- transactions (layout: "Transactions") -------------------------------------------
+
+    def _buffer(self, tx: Transaction, rec: List[Any]) -> None:
+        """A write inside a transaction: its record is written past the
+        published end of the stream (no reader looks there) and applied to the
+        cache, nothing is published.  Once the records no longer fit, they are
+        only applied: the transaction's end publishes a dump of the cache."""
+        payload, decoded = self.codec.encode_record(rec)  # errors here change nothing
+        end = self.pos
+        if not tx.dump:
+            if end + _RECORD_HEADER + len(payload) <= self.limit():
+                stream = self._map.stream_words
+                assert stream is not None
+                self.pos = stream.write_record(end, self.gen & _GEN_MASK, payload)
+            else:
+                tx.dump = True
+        try:
+            R.apply(self.data, decoded)
+        except BaseException:
+            tx.broken = True  # the cache may hold part of the record: never publish it
+            raise
+
+    def begin_transaction(self) -> None:
+        """Take the lock for the transaction (held until its end) and open it,
+        or a level deeper in this thread's open one."""
+        self.begin_write()  # lock, mutex, catch up, Unlinked
+        try:
+            self.lock.acquire()  # (reentrant: the transaction's own hold)
+            if self.tx is None:
+                self.tx = Transaction(self.pos)
+            else:
+                self.tx.depth += 1
+        finally:
+            self.end_write()
+
+    def end_transaction(self, publish: bool) -> None:
+        """Leave a level; at the outermost, publish every buffered write at once
+        or none (see ``Engine.end_transaction``), then give the lock back."""
+        tx = self.tx
+        if tx is None:
+            raise RuntimeError(f"no transaction of shared dict {self.name!r} is open")
+        try:
+            with self.mutex:
+                if tx.depth:
+                    tx.depth -= 1
+                    tx.doomed = tx.doomed or not publish
+                    return
+                self.tx = None
+                if not publish or tx.doomed or tx.broken:
+                    self._discard(tx)
+                    if publish:
+                        raise TransactionAborted(
+                            f"a transaction of shared dict {self.name!r} published nothing: "
+                            + ("a nested transaction() block of it ended with an exception"
+                               if tx.doomed else "a write inside it failed after changing the cache"))
+                    return
+                try:
+                    self._publish_transaction(tx)
+                except BaseException:
+                    self._discard(tx)
+                    raise
+        finally:
+            self.lock.release()
+
+    def _publish_transaction(self, tx: Transaction) -> None:
+        """The one publish of a transaction: its records (one STATE store), or a
+        dump of the cache when they did not fit; then the blobs it dropped."""
+        if self._map.words[_W_STATUS] & _UNLINKED:
+            raise Unlinked(f"shared dict {self.name!r} was unlinked; the transaction published nothing")
+        if faults.armed is not None:
+            faults.hit("transaction-written")
+        if tx.dump:
+            self._write_dump()
+        elif self.pos != tx.start:
+            state = (self.gen << _GEN_SHIFT) | self.pos
+            if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after every record
+                self._wake_changes()
+            self.seen = state
+        if faults.armed is not None:
+            faults.hit("transaction-published")
+        if tx.dropped:
+            self._unlink_blobs(tx.dropped)  # d, for the whole transaction
+
+    def _discard(self, tx: Transaction) -> None:
+        """Nothing of ``tx`` was published: drop its blobs and reload the cache
+        (it holds the discarded writes) on the next access."""
+        if tx.created:
+            self._unlink_blobs(tx.created)
+        self.gen = self.seen = INVALID
+
     def _wake_changes(self) -> None:
         """After a publish that saw CHANGE_WAITERS != 0 (layout: "Waiting and waking")."""
         atomic = self._map.atomic
@@ -194,9 +317,13 @@ class Writer(Reader):
             self.waits.woke_nobody(atomic)
 
     def force_dump(self) -> None:
-        """Write a full dump now (restarting the stream), under the lock."""
+        """Write a full dump now (restarting the stream), under the lock; in a
+        transaction, its end publishes one."""
         self.begin_write()
         try:
+            if self.tx is not None:
+                self.tx.dump = True
+                return
             self._write_dump()
         finally:
             self.end_write()
