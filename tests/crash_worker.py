@@ -2,8 +2,8 @@
 (``--follow NAME``: a waiter instead; see :func:`follow`.  ``--remove NAME``: a
 remover, see :func:`remove`.)
 
-Writes ``d["k<i % 5>"] = i`` (under the lock with a 4th argument ``locked``)
-for i in START..START+COUNT-1 (plus a value larger
+Writes ``d["k<i % 5>"] = i`` (under the lock with a 4th argument ``locked``;
+in a ``with d.transaction()`` block with ``transaction``) for i in START..START+COUNT-1 (plus a value larger
 than the stream every 4th write, so dumps happen), printing ``ack KEY VALUE``
 after each write returns: the parent knows exactly which writes were
 acknowledged before the process died (at an armed fault point or by SIGKILL).
@@ -11,6 +11,7 @@ acknowledged before the process died (at an armed fault point or by SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -20,14 +21,16 @@ from ultradict_ng import SharedDict
 def main() -> None:
     name, start, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     locked = sys.argv[4:] == ["locked"]  # each write under ``with d.lock``
+    transactional = sys.argv[4:] == ["transaction"]  # each write (and "big") in one block
     d = SharedDict(name=name, create=False)
     for i in range(start, start + count):
         key = f"k{i % 5}"
         if locked:
             d.lock.acquire()
-        if i % 4 == 3:
-            d["big"] = bytes([i % 256]) * 300
-        d[key] = i
+        with d.transaction() if transactional else contextlib.nullcontext():
+            if i % 4 == 3:
+                d["big"] = bytes([i % 256]) * 300
+            d[key] = i
         if locked:
             d.lock.release()
         print(f"ack {key} {i}", flush=True)

@@ -37,14 +37,14 @@ def ours(name: str):
 
 
 def start_writer(name: str, start: int, count: int, fault: str = "",
-                 locked: bool = False) -> subprocess.Popen:
+                 locked: bool = False, transaction: bool = False) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("ULTRADICT_NG_FAULT", None)
     if fault:
         env["ULTRADICT_NG_FAULT"] = fault
     return subprocess.Popen(
         [sys.executable, "-m", "tests.crash_worker", name, str(start), str(count)]
-        + (["locked"] if locked else []),
+        + (["locked"] if locked else []) + (["transaction"] if transaction else []),
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -96,7 +96,9 @@ def test_writer_dies_at_fault_point(name, point, threshold, action):
     d = SharedDict({"k0": -1}, name=name, buffer_size=STREAM, blob_threshold=threshold)
     # Dump and blob points are passed once per dump or blob (every ~4 writes): die at the 2nd.
     after = 2 if point.startswith(("dump", "blob")) else 5
-    p = start_writer(name, 0, 40, f"{point}:{action}:{after}")
+    # The transaction points are passed only by a writer whose writes are in blocks.
+    p = start_writer(name, 0, 40, f"{point}:{action}:{after}",
+                     transaction=point.startswith("transaction"))
     out, err = p.communicate(timeout=60)
     assert p.returncode == (-signal.SIGKILL if action == "kill" else 70), err
     acked = acks(out)

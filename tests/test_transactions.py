@@ -23,7 +23,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ultradict_ng import Closed, SharedDict, TransactionAborted, Unlinked, UnsupportedType
+from ultradict_ng import Closed, LockTimeout, SharedDict, TransactionAborted, Unlinked, UnsupportedType
 from tests.conftest import unique_name
 from tests.transaction_workers import ACCOUNTS
 
@@ -456,3 +456,45 @@ def test_transactions_against_a_dict_model(backend):
     state = TransactionMachine.TestCase
     state.settings = settings(max_examples=25 if CI else 100, stateful_step_count=30, deadline=None)
     state().runTest()
+
+
+@pytest.mark.shm_only
+def test_a_child_forked_inside_a_block_starts_outside_it_from_the_published_state(name, dicts):
+    d = dicts(name)
+    d["a"] = 1
+    r, w = os.pipe()
+    with d.transaction():
+        d["a"] = 2
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                os.close(r)
+                seen = d["a"]  # the published state, not the parent's block
+                try:
+                    d.lock.acquire(timeout=0.3)  # the parent's transaction holds the lock
+                    held = "free"
+                except LockTimeout:
+                    held = "held"
+                os.write(w, f"{seen} {held}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+    assert os.read(r, 100).decode() == "1 held" and status == 0
+    os.close(r)
+    assert SharedDict(name)["a"] == 2
+
+
+@pytest.mark.shm_only
+def test_the_pickle_serializer_and_blobs_publish_at_once(name, dicts):
+    d = dicts(name, serializer="pickle", blob_threshold=1024, recurse=True)
+    other = SharedDict(name)
+    with d.transaction():
+        d["when"] = {1, 2}
+        d["big"] = bytearray(b"b" * 5000)
+        d["n"] = {"x": b"y" * 3000}
+        assert other.copy() == {}
+    assert other.copy() == {"when": {1, 2}, "big": bytearray(b"b" * 5000), "n": {"x": b"y" * 3000}}
+    other.close()

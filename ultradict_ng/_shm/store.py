@@ -72,6 +72,12 @@ _live_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for store in list(_live_stores):
         store.mutex = threading.RLock()
+        if store.tx is not None:
+            # Forked inside a transaction: the child does not hold the lock, and its
+            # cache holds the parent's unpublished writes: it starts from the
+            # published state, outside any transaction.
+            store.tx = None
+            store.gen = store.seen = INVALID
 
 
 on_fork_in_child("threads", _after_fork_in_child)

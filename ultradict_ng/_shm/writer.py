@@ -130,13 +130,22 @@ class Writer(Reader):
         self.begin_write()
         try:
             simple = self.write_simple
-            if (simple is not None and faults.armed is None and self.tx is None
+            tx = self.tx
+            if (simple is not None and faults.armed is None and (tx is None or not tx.dump)
                     and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
                     and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
                 # (A large bytes value goes to a blob; an old value that may hold
                 # blobs must be found and dropped: both take commit.)
                 new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
                 if new_end is not None:
+                    if tx is not None:  # written past the published end: the transaction's end publishes
+                        try:
+                            self.data[key] = value
+                        except BaseException:
+                            tx.broken = True
+                            raise
+                        self.pos = new_end
+                        return
                     state = (self.gen << _GEN_SHIFT) | new_end
                     if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
                         self._wake_changes()
