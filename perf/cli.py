@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from . import adapters as A
 from . import pool as P
 from . import redis_backend as RB
+from . import transactions as TX
 from . import report
 from .run import Run
 from .util import log, shm_entries
@@ -25,14 +26,14 @@ from .workloads import RUNNERS, WORKLOADS
 from .workloads import TITLES as WL_TITLES
 
 # Workloads 11 (perf.pool) and 12 (perf.redis_backend) have contenders of their own,
-# which are no adapters.
-ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY]
-NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER}
-TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE}
-ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES}
+# which are no adapters; workload 13 (perf.transactions) compares ultradict_ng with itself.
+ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY]
+NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER, TX.WL: TX.NUMBER}
+TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE, TX.WL: TX.TITLE}
+ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES}
 CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS + RB.OWN_CONTENDERS
 CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES, **RB.CONTENDER_ALIASES}
-OWN_RUNNERS = (P.WL, RB.WL)  # workloads that need no adapter
+OWN_RUNNERS = (P.WL, RB.WL, TX.WL)  # workloads that need no adapter
 
 DEFAULT_OUT = os.path.join("perf", "results")
 
@@ -130,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     pool_wanted = [c for c in P.ORDER if c in chosen] if P.WL in only else []
     redis_wanted = [c for c in RB.ORDER if c in chosen] if RB.WL in only else []
     if not any(w not in OWN_RUNNERS for w in only):
-        wanted = []  # workloads 11/12 alone: no adapter (server, Manager, peer import) is needed
+        wanted = []  # workloads 11-13 alone: no adapter (server, Manager, peer import) is needed
 
     started = time.perf_counter()
     started_at = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -204,6 +205,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
+            if wl == TX.WL and "ultradict_ng" not in chosen:
+                log(f"    (none of the selected contenders takes part in {wl})")
+                done.add(wl)
+                continue
             if wl == RB.WL and not redis_wanted:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
@@ -222,6 +227,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 group = [wl]
             elif wl == RB.WL:
                 RB.w_redis(run, redis_wanted)
+                group = [wl]
+            elif wl == TX.WL:
+                TX.w_transactions(run, ["ultradict_ng"])
                 group = [wl]
             else:
                 RUNNERS[wl](run, [a for a in adapters if a.runs(wl)])

@@ -62,6 +62,10 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
         from . import redis_backend
 
         return redis_backend.section(recs, number, title, notes)
+    if wl == "transactions":
+        from . import transactions
+
+        return transactions.section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -256,6 +260,9 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     from . import redis_backend
 
     out.extend(redis_backend.targets(records, quick))  # workload 12
+    from . import transactions
+
+    out.extend(transactions.targets(records, quick))  # workload 13
     return out
 
 
@@ -415,6 +422,13 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
             ax.set_title(f"{no}. {title}", fontsize=9)
             ax.grid(True, axis="y", alpha=0.3)
             continue  # its own y label and colours (contenders of its own)
+        elif wl == "transactions":
+            from . import transactions
+
+            title = transactions.plot_panel(ax, recs)
+            ax.set_title(f"{no}. {title}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+            continue
         else:
             cases = _cases(recs, wl)
             width = 0.8 / max(1, len(contenders))

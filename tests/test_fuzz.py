@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Dict, List
 
 import hypothesis.strategies as st
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -346,7 +347,13 @@ REDIS_EDITS = st.lists(st.one_of(
                                                 "snapbytes", "recurse"]),
               st.one_of(st.binary(max_size=12), st.integers(-5, 10**6).map(str))),
     st.tuples(st.just("snap"), st.binary(max_size=64)),
-    st.tuples(st.just("log"), st.binary(max_size=32)),
+    st.tuples(st.just("log"), st.one_of(
+        st.binary(max_size=32),
+        # a transaction's bundle (0xC1, then a msgpack array of records): garbage after the
+        # marker, and well-formed arrays of garbage records
+        st.binary(max_size=32).map(lambda b: b"\xc1" + b),
+        st.lists(st.one_of(st.binary(max_size=12), st.integers()), max_size=3).map(
+            lambda items: b"\xc1" + msgpack.packb(items)))),
     st.tuples(st.just("wrongtype"), st.sampled_from(["meta", "log", "snap", "lock", "lockev"])),
 ), min_size=1, max_size=4)
 

@@ -85,3 +85,25 @@ def test_perf_wakeup_quick_smoke(tmp_path: Path) -> None:
     assert rows["ultradict_ng:poll"].get("skipped") or \
         rows["ultradict_ng:poll"]["params"]["waiter"]["env"] == "poll"
     assert "== 10. wake-up" in proc.stdout and "wake-up median <= 50 µs" in proc.stdout
+
+
+@pytest.mark.slow
+def test_perf_transactions_quick_smoke(tmp_path: Path) -> None:
+    """Workload 13 on shared memory (Redis rows: skipped or measured, never failed)."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "transactions", "--name-prefix",
+           "t" + SESSION, "--out", str(out), "--no-plot"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    data = json.loads((out / "latest.json").read_text())
+    assert data["status"] == "complete" and not data["leaks"], data["leaks"]
+    rows = {(r["params"]["backend"], r["params"]["mode"]): r for r in data["records"]
+            if r["workload"] == "transactions"}
+    for mode in ("transaction", "lock", "plain"):
+        rec = rows[("shm", mode)]
+        assert rec["error"] is None and rec["ok"] is True, rec
+        assert len(rec["values"]) == 3 and rec["median"] > 0
+        assert rows[("redis", mode)]["error"] is None
+    assert "== 13. 2,000 writes" in proc.stdout
+    assert "transactions: 2,000 writes in one transaction" in proc.stdout

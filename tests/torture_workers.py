@@ -8,7 +8,6 @@ values well-formed, no ``seq`` going back in time, iteration never raising.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from typing import Any, Dict, List
@@ -53,8 +52,6 @@ def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False
     sub = d[f"w{wid}"]
     model: Dict[str, Any] = {}
     seq = ops = increments = 0
-    # (Transactions on the engines that have them: shared memory.)
-    transactions = os.environ.get("ULTRADICT_NG_BACKEND", "shm") in ("", "shm")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         seq += 1
@@ -85,7 +82,7 @@ def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False
                 sub["huge"] = model["huge"] = bytes([seq % 256]) * HUGE
             else:
                 sub["large"] = model["large"] = bytes([seq % 256]) * 3000
-        elif r < 0.86 or (r < 0.90 and not transactions):
+        elif r < 0.86:
             items = {f"u{rng.randrange(4)}": k_value(seq) for _ in range(3)}
             sub.update(items)
             model.update(items)

@@ -8,10 +8,14 @@
 * ``block NAME FAULT``: opens a transaction, writes ``k0..k9`` (and a blob),
   prints ``inside``, then either waits to be killed (``FAULT`` = ``-``) or
   leaves the block with the fault point armed in the environment.
+
+On Redis (``ULTRADICT_NG_BACKEND``) ``TX_LEASE`` sets the workers' lease:
+a killed worker's lock is free that much later.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -21,8 +25,13 @@ from ultradict_ng import SharedDict
 ACCOUNTS = [f"a{i}" for i in range(10)]
 
 
+def attach(name: str) -> SharedDict:
+    lease = os.environ.get("TX_LEASE")
+    return SharedDict(name=name, create=False, **({"lease": float(lease)} if lease else {}))
+
+
 def mover(name: str, seed: int, seconds: float) -> None:
-    d = SharedDict(name=name, create=False)
+    d = attach(name)
     rnd = random.Random(seed)
     moved = 0
     end = time.monotonic() + seconds
@@ -40,7 +49,7 @@ def mover(name: str, seed: int, seconds: float) -> None:
 
 
 def auditor(name: str, total: int, seconds: float) -> None:
-    d = SharedDict(name=name, create=False)
+    d = attach(name)
     audits = broken = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -53,7 +62,7 @@ def auditor(name: str, total: int, seconds: float) -> None:
 
 
 def block(name: str, fault: str) -> None:
-    d = SharedDict(name=name, create=False)
+    d = attach(name)
     with d.transaction():
         for i in range(10):
             d[f"k{i}"] = i

@@ -231,8 +231,8 @@ class Engine(Protocol):
 
 @runtime_checkable
 class Transactional(Protocol):
-    """An engine that has transactions (``SharedDict.transaction()``): the
-    shared-memory one.  The facade checks for it, so an engine without them
+    """An engine that has transactions (``SharedDict.transaction()``): shared
+    memory and Redis.  The facade checks for it, so an engine without them
     refuses a transaction with a clear error instead of running the block
     unprotected."""
 

@@ -471,8 +471,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         s = self._store
         s.words[_W_STATE]  # Closed on a closed handle, before the lock
         if not isinstance(s, Transactional):
-            raise NotImplementedError(f"shared dict {self.name!r}: its backend has no transactions "
-                                      "yet (shared memory has them); nothing was changed")
+            raise NotImplementedError(f"shared dict {self.name!r}: its backend has no transactions; "
+                                      "nothing was changed")
         s.begin_transaction()
         try:
             yield self

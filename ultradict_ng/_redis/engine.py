@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import weakref
+from threading import get_ident
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from .._forks import on_fork_in_child
@@ -33,10 +34,11 @@ from .._names import validate_name
 from ..speedups import StoreBase, Words
 from . import layout as RL
 from .feed import RedisFeed
-from .identity import pid_of_holder
 from .lease import LeaseLock
 from .link import Link, connect_client, describe
 from .listener import Listener
+from . import census
+from . import transaction as T
 from .opening import open_redis
 
 __all__ = ["RedisEngine", "unlink_by_name"]
@@ -106,6 +108,8 @@ class RedisEngine(StoreBase):
         self._gen_guard = threading.Lock()
         self.lock = LeaseLock(self, lease)
         self.listener: Any = None
+        #: The open transaction (its thread holds the lease), or None.
+        self.tx: Optional[T.RedisTransaction] = None
         self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
         self._bind_state(self._atomic, _W_STATE)
         _live.add(self)
@@ -182,14 +186,14 @@ class RedisEngine(StoreBase):
         seq, kind = delta[0], delta[1]
         try:
             if kind == RL.ENTRIES:
-                records = self.codec.loads_many(delta[2:])
+                records = T.entry_records(self.codec, delta[2:])
                 for rec in records:
                     R.apply(self.data, rec)
             elif kind == RL.SNAPSHOT:
                 tree = self.codec.loads(delta[3])
                 if type(tree) is not dict:
                     raise CorruptSegment(f"the snapshot of {self.keys.snap} is not a dict")
-                for rec in self.codec.loads_many(delta[4:]):
+                for rec in T.entry_records(self.codec, delta[4:]):
                     R.apply(tree, rec)
                 self.data = tree
             elif kind != RL.CURRENT:
@@ -250,18 +254,33 @@ class RedisEngine(StoreBase):
     def commit(self, rec: List[Any]) -> None:
         """A write whose decision used the cache: conditional on ``known``
         (layout: "Writing", step 3); ``Conflict`` if another client wrote first."""
+        tx = self.tx
+        if tx is not None and tx.thread == get_ident():
+            T.buffer(self, tx, rec)  # (the lease makes the decision final)
+            return
         payload, decoded = self.codec.encode_record(rec)
         self._publish(payload, decoded, self.known)
 
     def write(self, rec: List[Any]) -> None:
         """A write whose effect does not depend on the state: never conflicts."""
         self.words[_W_STATE]  # Closed
+        tx = self.tx
+        if tx is not None and tx.thread == get_ident():
+            with self.mutex:
+                T.buffer(self, tx, rec)
+            return
         payload, decoded = self.codec.encode_record(rec)
         with self.mutex:
             self._publish(payload, decoded, None)
 
     def set_root(self, key: Any, value: Any) -> None:
         self.write(R.set_((), key, value))
+
+    def begin_transaction(self) -> None:
+        T.begin(self)
+
+    def end_transaction(self, publish: bool) -> None:
+        T.end(self, publish)
 
     def _publish(self, payload: bytes, decoded: Any, expect: Optional[int]) -> None:
         lock = self.lock
@@ -373,31 +392,7 @@ class RedisEngine(StoreBase):
     # -- facts -------------------------------------------------------------------------
 
     def stats(self) -> Dict[str, Any]:
-        reply = self.link.call("meta", [])
-        fields = {reply[0][i].decode(errors="replace"): reply[0][i + 1] for i in range(0, len(reply[0]), 2)}
-        if not fields:
-            self.raise_gone()
-        holder = reply[2].decode(errors="replace") if reply[2] else ""
-        return {
-            "name": self.name,
-            "engine": "redis",
-            "backend": describe(self.backend),
-            "reads": self.reads,
-            "serializer": self.codec.name,
-            "recurse": self.recurse,
-            "seq": _int(fields.get("seq")),
-            "snapshot_seq": _int(fields.get("snap")),
-            "snapshot_bytes": _int(fields.get("snapbytes")),
-            "log_entries": _int(reply[1]),
-            "log_bytes": _int(fields.get("logbytes")),
-            "buffer_size": _int(fields.get("minlog")),
-            "lock_holder": holder.split("|", 1)[1] if "|" in holder else None,
-            "lock_ttl": _int(reply[3]) / 1000 if holder and _int(reply[3]) is not None else None,  # type: ignore[operator]
-            "lock_pid": pid_of_holder(holder),
-            "fence": _int(fields.get("fence")),
-            "creator": fields.get("creator", b"").decode(errors="replace"),
-            "cached_seq": self.known,
-        }
+        return census.stats(self)
 
     def users(self) -> List[User]:
         out: List[User] = []
@@ -411,29 +406,7 @@ class RedisEngine(StoreBase):
         return {"backend": self.backend, "reads": self.reads}
 
     def _connections(self) -> List[Tuple[int, str, User]]:
-        """``(client id, host, user)`` of every connection named after this dict,
-        one per process (the first seen); layout: "Creating and removing"."""
-        listing = self.link.command("CLIENT", "LIST", "TYPE", "normal")
-        prefix = f"name={RL.CLIENT_PREFIX}{self.name}:"
-        seen = set()
-        out = []
-        for line in listing.decode(errors="replace").splitlines():
-            fields = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
-            named = "name=" + fields.get("name", "")
-            if not named.startswith(prefix):
-                continue
-            try:
-                host, pid, start = named[len(prefix):].rsplit(":", 2)
-                user = User(int(pid), int(start), True)
-                cid = int(fields.get("id", "0"))
-            except ValueError:
-                continue
-            if (host, user) not in seen:
-                seen.add((host, user))
-                out.append((cid, host, user))
-            elif cid:
-                out.append((cid, host, user))
-        return out
+        return census.connections(self)
 
     def _others_attached(self) -> bool:
         """Whether any handle but this one (in any process) is attached."""
@@ -477,6 +450,8 @@ class RedisEngine(StoreBase):
         self._gen_guard = threading.Lock()
         self.link.after_fork()
         self.lock.after_fork()
+        self.tx = None  # (forked inside a block: the child is outside it, and reloads)
+        self.known = -1
         self.stale = True
         self.seen = -1
         if self.listener is not None:
@@ -489,14 +464,6 @@ class RedisEngine(StoreBase):
         """The listener saw something: make the next read call :meth:`sync`."""
         with self._gen_guard:
             self._atomic.store(_W_STATE, (self._atomic.load(_W_STATE) + 1) & ((1 << 63) - 1))
-
-
-def _int(value: Any) -> Optional[int]:
-    """A counter of ``meta`` for stats(): None if it is not a number (foreign data)."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def unlink_by_name(name: str, backend: Any) -> int:
@@ -512,7 +479,10 @@ def unlink_by_name(name: str, backend: Any) -> int:
 
 
 if False:  # pragma: no cover - mypy checks the engine against the Protocol here
-    from .._engine import Engine
+    from .._engine import Engine, Transactional
 
     def _implements_the_engine_interface(engine: RedisEngine) -> Engine:
+        return engine
+
+    def _has_transactions(engine: RedisEngine) -> Transactional:
         return engine

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .._codec import records as R
+from .transaction import entry_records
 from .._codec.placeholders import InlineArray
 from ..changes import Change, changes_of_dump, changes_of_records, skeleton
 from .._codec.codec import copy_value
@@ -71,14 +72,14 @@ class RedisFeed:
         codec = engine.codec
         kind = delta[1]
         if kind == RL.ENTRIES:
-            for rec in codec.loads_many(delta[2:]):
+            for rec in entry_records(codec, delta[2:]):
                 changes_of_records(out, self._export, [rec])
                 R.apply(self.data, rec)
         elif kind == RL.SNAPSHOT:
             tree = codec.loads(delta[3])
             if type(tree) is not dict:
                 raise CorruptSegment(f"the snapshot of {engine.keys.snap} is not a dict")
-            for rec in codec.loads_many(delta[4:]):
+            for rec in entry_records(codec, delta[4:]):
                 R.apply(tree, rec)
             changes_of_dump(out, self._export, codec.dumps, self.data, tree)
             self.data = skeleton(tree)

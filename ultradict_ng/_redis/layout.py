@@ -5,8 +5,9 @@ This docstring is the specification of the Redis backend, as
 scripts below are the only place its numbers and steps live.  Who follows
 which part: ``link.py`` (connections, script calls, what a failure means),
 ``opening.py`` (Creating and removing: create or attach), ``engine.py``
-(Reading, Writing, Snapshots, removing), ``lease.py`` (Lock), ``listener.py``
-(Reading: the cached mode), ``feed.py`` (the change feed).
+(Reading, Writing, Snapshots, removing), ``transaction.py`` (Transactions),
+``lease.py`` (Lock), ``listener.py`` (Reading: the cached mode), ``feed.py``
+(the change feed).
 
 Keys
 ====
@@ -32,8 +33,11 @@ missing), ``codec`` (serializer id, as in shared memory), ``recurse`` (0/1),
 The log
 =======
 Entry ``<seq>-1`` holds one field, named by the dict's epoch, whose value is
-the record of mutation number ``seq``, encoded by the dict's codec exactly as
-a shared-memory stream record (``_codec/records.py``).  (The epoch in every entry lets
+publish number ``seq``: one record, encoded by the dict's codec exactly as
+a shared-memory stream record (``_codec/records.py``), or a transaction's
+*bundle* -- byte 0xC1 followed by one msgpack array of the block's records
+(``bin``, each encoded as above), applied in order.  0xC1 is never the first
+byte of a record (msgpack reserves it; a pickle starts with PROTO, 0x80).  (The epoch in every entry lets
 a listener, which reads the stream without a script, tell a re-created
 dict's entries from its own without asking the server.)  Invariant, kept by every script: ``log`` holds the entries ``snap+1 .. seq``,
 in order, and also entry ``snap`` itself once a snapshot was taken -- so a
@@ -105,6 +109,23 @@ otherwise its next read syncs.  A write whose reply is lost (connection cut)
 raises ``BackendUnavailable``: it may or may not have been applied, and the
 cache is marked stale.
 
+Transactions
+============
+``with d.transaction():`` (``transaction.py``) takes the lease (``ACQUIRE``:
+the cache is current), applies the block's writes to the cache and keeps
+their records; at its end one ``WRITE`` sends them as one bundle with the
+token and ``expect`` = the ``seq`` the block began at: one entry, one
+``seq``, so every reader -- ``SYNC``, a listener's ``XREAD COUNT n``, a feed
+-- applies all of the block or none of it.  ``FENCED`` (the lease lapsed,
+maybe passed on) publishes nothing and raises ``LeaseLost``; ``CONFLICT``
+cannot happen under a live lease and would publish nothing
+(``TransactionAborted``).  An exception leaving the block, a client that
+dies in it, or a bundle larger than the server takes in one call
+(``proto-max-bulk-len``, 512 MiB by default, asked with ``CONFIG GET`` for
+bundles over 1 MiB: ``OutOfSpace``) send nothing.  After any outcome but success the handle's cache is dropped
+and reloaded at the next read.  A lost reply leaves the block entirely
+published or entirely not (one script); the cache is reloaded either way.
+
 Snapshots (``SNAPSHOT``)
 ========================
 When a write's reply says a snapshot is due the writer, if its cache reflects some ``s > snap``, encodes its cache (the
@@ -164,7 +185,7 @@ from typing import NamedTuple
 
 __all__ = ["VERSION", "Keys", "keys_of", "SCRIPTS"]
 
-VERSION = 1
+VERSION = 2  # 2: a log entry may be a transaction's bundle
 KEY_PREFIX = "ud:"
 CLIENT_PREFIX = "ud:"
 

@@ -19,6 +19,7 @@ import weakref
 from typing import TYPE_CHECKING, Deque, Optional, Tuple
 
 from .._codec import records as R
+from .transaction import entry_records
 
 if TYPE_CHECKING:
     from .engine import RedisEngine
@@ -62,7 +63,8 @@ class Listener:
                 pending.clear()
                 return False
             try:
-                R.apply(engine.data, codec.loads(payload))
+                for rec in entry_records(codec, [payload]):
+                    R.apply(engine.data, rec)
             except BaseException:  # (a corrupt entry: SYNC reports it)
                 engine.known = -1
                 engine.stale = True

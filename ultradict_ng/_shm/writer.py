@@ -15,6 +15,7 @@ import logging
 import pickle
 import struct
 import zlib
+from threading import get_ident
 from typing import Any, Callable, List, Optional
 
 from .. import _faults as faults
@@ -49,11 +50,13 @@ class Transaction:
     """An open ``transaction()`` of one handle (layout: "Transactions"): what
     its end publishes, or discards."""
 
-    __slots__ = ("start", "depth", "dump", "doomed", "broken", "created", "dropped")
+    __slots__ = ("start", "thread", "depth", "dump", "doomed", "broken", "created", "dropped")
 
     def __init__(self, start: int) -> None:
         #: The stream end when it began: its records lie in ``start .. pos``.
         self.start = start
+        #: The thread that opened it and holds the lock for it.
+        self.thread = get_ident()
         #: Levels of nested ``transaction()`` blocks inside the outermost.
         self.depth = 0
         #: The records no longer fit in the stream: its end publishes a dump.
@@ -126,39 +129,52 @@ class Writer(Reader):
         With the msgpack codec a scalar key and value are encoded straight
         into the stream by ``write_simple``; anything else, a record
         that does not fit, or an armed fault point goes through :meth:`commit`.
+        In the thread of an open transaction the lock is held and the cache
+        caught up since its start (nobody else publishes): only the mutex is taken.
         """
+        tx = self.tx
+        if tx is not None and tx.thread == get_ident():
+            self.words[_W_STATE]  # raises Closed on a closed handle
+            self.mutex.acquire()
+            try:
+                self._set_root(key, value, tx)
+            finally:
+                self.mutex.release()
+            return
         self.begin_write()
         try:
-            simple = self.write_simple
-            tx = self.tx
-            if (simple is not None and faults.armed is None and (tx is None or not tx.dump)
-                    and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
-                    and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
-                # (A large bytes value goes to a blob; an old value that may hold
-                # blobs must be found and dropped: both take commit.)
-                new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
-                if new_end is not None:
-                    if tx is not None:  # written past the published end: the transaction's end publishes
-                        try:
-                            self.data[key] = value
-                        except BaseException:
-                            tx.broken = True
-                            raise
-                        self.pos = new_end
-                        return
-                    state = (self.gen << _GEN_SHIFT) | new_end
-                    if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
-                        self._wake_changes()
-                    try:
-                        self.data[key] = value  # a scalar decodes to an equal object
-                    except BaseException:  # published but not applied here: reload
-                        self.gen = self.seen = INVALID
-                        raise
-                    self.pos, self.seen = new_end, state
-                    return
-            self.commit(R.set_((), key, value))
+            self._set_root(key, value, self.tx)
         finally:
             self.end_write()
+
+    def _set_root(self, key: Any, value: Any, tx: Optional[Transaction]) -> None:
+        simple = self.write_simple
+        if (simple is not None and faults.armed is None and (tx is None or not tx.dump)
+                and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
+                and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
+            # (A large bytes value goes to a blob; an old value that may hold
+            # blobs must be found and dropped: both take commit.)
+            new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
+            if new_end is not None:
+                if tx is not None:  # written past the published end: the transaction's end publishes
+                    try:
+                        self.data[key] = value
+                    except BaseException:
+                        tx.broken = True
+                        raise
+                    self.pos = new_end
+                    return
+                state = (self.gen << _GEN_SHIFT) | new_end
+                if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
+                    self._wake_changes()
+                try:
+                    self.data[key] = value  # a scalar decodes to an equal object
+                except BaseException:  # published but not applied here: reload
+                    self.gen = self.seen = INVALID
+                    raise
+                self.pos, self.seen = new_end, state
+                return
+        self.commit(R.set_((), key, value))
 
     def write(self, rec: List[Any]) -> None:
         """``begin_write``, ``commit(rec)``, ``end_write`` (a record that needs no check)."""
