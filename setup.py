@@ -11,7 +11,7 @@ setup(
     ext_modules=[
         Extension(
             "ultradict_ng._helper._native",
-            sources=["ultradict_ng/_helper/_native.c"],
+            sources=["ultradict_ng/_helper/_native.c", "ultradict_ng/_helper/keyhash.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c99"],
         )

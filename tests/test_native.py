@@ -43,7 +43,7 @@ class _Impl:
         self.module = module
         self.Words = words
         for name in ("ProcessState", "parse_records", "apply_sets", "types_within",
-                     "contains_type", "msgpack_length", "crc32"):
+                     "contains_type", "msgpack_length", "crc32", "key_hash_common"):
             setattr(self, name, getattr(module, name))
 
 
@@ -132,6 +132,22 @@ def test_speedups_exports_one_implementation():
 def test_crc32_is_zlibs(impl, data, start):
     assert impl.crc32(data, start) == zlib.crc32(data, start)
     assert impl.crc32(data) == zlib.crc32(data)
+
+
+@impls
+@settings(max_examples=300)
+@given(st.one_of(scalars, not_simple, st.text(min_size=100, max_size=400), st.binary(min_size=100, max_size=400)))
+def test_key_hash_common_is_key_hash_or_none(impl, key):
+    """The table's key hash (issue 22): the compiled BLAKE2b and numeric hash give
+    _codec/keyhash.py's values bit for bit (messages across the 128-byte block
+    edges included); other types and lone surrogates are left to key_hash (None)."""
+    from ultradict_ng._codec.keyhash import key_hash
+
+    got = impl.key_hash_common(key)
+    if type(key) in (str, bytes, int, bool, float, type(None)) and key != "\ud800":
+        assert got == key_hash(key)
+    else:
+        assert got is None
 
 
 def _reference_record(pos, tag, payload, size=300_000):

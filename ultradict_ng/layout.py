@@ -11,9 +11,9 @@ numbers live.  Who follows which part (modules of ``_shm/`` unless a path is giv
 ``_codec/placeholders.py``), ``survey.py`` (reading segments from outside).
 Every segment is created, opened, written, mapped, listed and removed through
 ``_segments.py`` (which the process pool's parcels use too: their protocol is
-in :mod:`ultradict_ng.futures.layout`); the primitives under them come from
-``speedups.py`` (the compiled helper or its twins in ``_helper/``).  The Redis
-backend's protocol is in ``_redis/layout.py``; nothing below applies to it.
+in :mod:`ultradict_ng.futures.layout`); primitives from ``speedups.py`` (the
+compiled helper or its twins in ``_helper/``).  A big dict's table (issue 22):
+``table_layout.py``; the Redis backend's: ``_redis/layout.py`` (not below).
 
 Segments
 ========

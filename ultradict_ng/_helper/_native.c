@@ -36,6 +36,7 @@
  *                       (layout.py, reader step 4) in one call.
  *   contains_type       the codec's walk for foreign Timestamps after decoding.
  *   apply_sets          record.apply_all's runs of root-level scalar sets.
+ *   key_hash_common     (keyhash.c) a shared table's key hash for common types.
  *   SCALAR_TYPES,       constants mirrored from _codec/records.py and layout.py (a
  *   RECORD_HEADER,      test compares them); FUTEX: 1 where wait/wake are
  *   FUTEX               the kernel's futex (Linux), else 0 (wait/wake raise).
@@ -1540,6 +1541,9 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* keyhash.c (compiled into this module; setup.py lists both sources). */
+PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
+
 static PyMethodDef native_methods[] = {
     {"contains_type", (PyCFunction)(void (*)(void))native_contains_type, METH_FASTCALL,
      "contains_type(obj, type, max_depth) -> bool: an object of exactly type anywhere inside obj."},
@@ -1555,6 +1559,8 @@ static PyMethodDef native_methods[] = {
      "set_immutable_types(frozenset): value types ViewBase returns without copying."},
     {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,
      "crc32(data, value=0): the same result as zlib.crc32 (used to test write_record)."},
+    {"key_hash_common", (PyCFunction)udng_native_key_hash_common, METH_O,
+     "key_hash_common(key) -> _codec.keyhash.key_hash(key) for str, bytes, int, bool, float, None; else None."},
     {NULL, NULL, 0, NULL},
 };
 

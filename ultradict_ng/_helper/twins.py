@@ -18,12 +18,13 @@ from typing import Any, Dict, FrozenSet, List, Optional, Tuple, Union
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import layout as L
+from .._codec.keyhash import key_hash
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
     "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
+    "crc32", "set_immutable_types", "key_hash_common", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
 ]
 
 _header = struct.Struct(L.RECORD_FORMAT)
@@ -251,3 +252,21 @@ def contains_type(obj: Any, tp: type, max_depth: int) -> bool:
 def crc32(data: Any, value: int = 0) -> int:
     """zlib's CRC-32."""
     return zlib.crc32(data, value)
+
+
+_COMMON_KEY_TYPES = frozenset({str, bytes, int, bool, float, type(None)})
+
+
+def key_hash_common(key: Any) -> Optional[int]:
+    """``key_hash(key)`` for the types the compiled one hashes itself (str,
+    bytes, int, bool, float, None), else None: the caller then calls
+    ``key_hash``.  A str with lone surrogates: None too (``key_hash`` raises)."""
+    t = type(key)
+    if t not in _COMMON_KEY_TYPES:
+        return None
+    if t is str:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return key_hash(key)

@@ -1,0 +1,328 @@
+"""The table: one dict's entries in a hash-indexed form read in place.
+
+Why: a dump (layout: "Dump") is one serializer payload, so a process must
+decode all of it before it can answer one lookup -- at a million keys, a
+second and hundreds of MiB per process (issue 22).  A table is the same data
+laid out so that a process that only *maps* it can answer ``key in d`` and
+``d[key]`` with a hash, a probe and the decoding of one entry, and can walk the
+entries in insertion order without an index of its own.  It never changes once
+written, so readers need no lock and no retry while they hold it.
+
+Layout: "Table" in layout.py is the format (header, index slots, entries);
+this module writes and reads it and does nothing else:
+
+* :func:`table_size` / :func:`write_table` build a table from encoded entries
+  ``(hash, key bytes, value bytes)`` into a caller's buffer (the caller makes
+  the segment, so a table never exists twice in a process's memory);
+* :class:`Table` reads one: header checks at open (O(1): nothing is decoded
+  or summed over the whole table), :meth:`Table.find` to probe, each entry's
+  checksum verified when it is read;
+* :class:`Merge` plans a new table from an old one and the changes since,
+  copying the bytes of every unchanged entry: reorganising costs memory
+  bandwidth and one pass over the entry headers, never a decode or encode of
+  an unchanged key or value.
+
+Keys are hashed with :func:`~ultradict_ng._codec.keyhash.key_hash` (the same in
+every process) by the caller, which also supplies the serializer's ``loads``
+for the key comparison a probe ends with: the table itself never interprets
+a key or a value.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+
+from .. import table_layout as L
+from .._codec.keyhash import key_hash
+from ..errors import CorruptSegment
+from ..speedups import key_hash_common
+
+__all__ = ["Table", "Merge", "table_size", "write_table", "entry_size", "slots_for", "hash_key",
+           "encode_entries"]
+
+_Buffer = Union[bytes, bytearray, memoryview]
+Entry = Tuple[int, _Buffer, _Buffer]
+
+_header = struct.Struct(L.TABLE_FORMAT)
+_entry = struct.Struct(L.TABLE_ENTRY_FORMAT)
+_EH = L.TABLE_ENTRY_HEADER
+_TAG = L.TABLE_TAG_MASK
+_OFF = L.TABLE_OFFSET_MASK
+_M64 = (1 << 64) - 1
+
+
+def hash_key(key: Any) -> int:
+    """The table hash of ``key`` (``_codec/keyhash.py``): compiled for the
+    common key types, the Python definition for the rest and for errors."""
+    h = key_hash_common(key)
+    return key_hash(key) if h is None else h
+
+
+def entry_size(key_len: int, value_len: int) -> int:
+    """Bytes an entry takes, header and padding to 8 included."""
+    return (_EH + key_len + value_len + 7) & ~7
+
+
+def slots_for(count: int) -> int:
+    """Index slots for ``count`` entries: the least power of two keeping the
+    load at most ``TABLE_MAX_LOAD`` (and at least 8)."""
+    slots = 8
+    while count > slots * L.TABLE_MAX_LOAD:
+        slots <<= 1
+    return slots
+
+
+def table_size(count: int, entries_bytes: int) -> int:
+    """Size of a table of ``count`` entries taking ``entries_bytes`` together."""
+    return L.TABLE_HEADER + 8 * slots_for(count) + entries_bytes
+
+
+def _entry_crc(buf: _Buffer, off: int, end: int) -> int:
+    """The entry checksum: its first 16 header bytes, then key and value."""
+    return zlib.crc32(buf[off + _EH:end], zlib.crc32(buf[off:off + 16]))
+
+
+def _put_entry(buf: memoryview, off: int, h: int, key: _Buffer, value: _Buffer) -> int:
+    """Write one entry at ``off``; return the offset after it (padding zeroed)."""
+    kl, vl = len(key), len(value)
+    if kl > 0xFFFFFFFF or vl > 0xFFFFFFFF:
+        raise ValueError("a key or value of 4 GiB or more cannot go in a table entry")
+    body = off + _EH
+    buf[body:body + kl] = key
+    buf[body + kl:body + kl + vl] = value
+    end = body + kl + vl
+    _entry.pack_into(buf, off, h & _M64, kl, vl, 0, 0)
+    _entry.pack_into(buf, off, h & _M64, kl, vl, _entry_crc(buf, off, end), 0)
+    nxt = (end + 7) & ~7
+    buf[end:nxt] = bytes(nxt - end)
+    return nxt
+
+
+def _index(buf: memoryview, slots: int, start: int, end: int, count: int) -> None:
+    """Fill the index of the entries in ``start .. end`` (zeroed first)."""
+    idx = buf[L.TABLE_HEADER:L.TABLE_HEADER + 8 * slots].cast("Q")
+    try:
+        for i in range(slots):
+            idx[i] = 0
+        mask = slots - 1
+        off, seen = start, 0
+        unpack = _entry.unpack_from
+        while off < end:
+            h, kl, vl, _, _ = unpack(buf, off)
+            i = h & mask
+            while idx[i]:
+                i = (i + 1) & mask
+            idx[i] = (h & _TAG) | off
+            off = (off + _EH + kl + vl + 7) & ~7
+            seen += 1
+        if seen != count:
+            raise AssertionError(f"table index: {seen} entries written, {count} expected")
+    finally:
+        idx.release()
+
+
+def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generation: int,
+            token: int) -> None:
+    """Index the entries, then write the header last (its crc covers the rest of it)."""
+    start = L.TABLE_HEADER + 8 * slots
+    if entries_end > _OFF:
+        raise ValueError("a table of 1 TiB or more cannot be indexed")
+    _index(buf, slots, start, entries_end, count)
+    fields = (L.TABLE_MAGIC, generation, count, slots, start, entries_end, token)
+    crc = zlib.crc32(_header.pack(*fields, 0, 0)[:-8])
+    _header.pack_into(buf, 0, *fields, crc, 0)
+
+
+def write_table(buf: memoryview, entries: Sequence[Entry], generation: int, token: int) -> int:
+    """Write a table of ``entries`` (unique keys, in the order they keep) into
+    ``buf``, which holds at least :func:`table_size` bytes; return that size."""
+    slots = slots_for(len(entries))
+    off = L.TABLE_HEADER + 8 * slots
+    for h, key, value in entries:
+        off = _put_entry(buf, off, h, key, value)
+    _finish(buf, len(entries), slots, off, generation, token)
+    return off
+
+
+class Table:
+    """A table mapped by this process (read only; layout: "Table").
+
+    Opening checks the header against the buffer (``CorruptSegment`` when
+    anything is off) and decodes nothing else.  Every entry read is checked
+    (bounds, checksum) before its bytes are handed out, so a damaged table
+    raises ``CorruptSegment`` where it is damaged rather than returning
+    garbage.  The views returned point into the buffer: they stay valid while
+    the table is open.
+    """
+
+    __slots__ = ("buf", "generation", "count", "slots", "start", "end", "token", "_idx", "_mask")
+
+    def __init__(self, buf: memoryview, token: int, where: str = "table") -> None:
+        if len(buf) < L.TABLE_HEADER:
+            raise CorruptSegment(f"{where}: {len(buf)} bytes is too short for a table")
+        (magic, gen, count, slots, start, end, tok, crc, _) = _header.unpack_from(buf, 0)
+        if magic != L.TABLE_MAGIC:
+            raise CorruptSegment(f"{where} is not an ultradict_ng table")
+        if zlib.crc32(bytes(buf[:_header.size - 8])) != crc:
+            raise CorruptSegment(f"{where}: the table header fails its checksum")
+        if tok != token:
+            raise CorruptSegment(f"{where} belongs to another dict (token {tok:#x})")
+        if (slots < 8 or slots & (slots - 1) or count > slots * L.TABLE_MAX_LOAD
+                or start != L.TABLE_HEADER + 8 * slots or not start <= end <= len(buf)
+                or end > _OFF or end - start < count * _EH):
+            raise CorruptSegment(f"{where}: impossible table header "
+                                 f"(count {count}, slots {slots}, entries {start}..{end}, "
+                                 f"{len(buf)} bytes)")
+        self.buf = buf
+        self.generation, self.count, self.slots = gen, count, slots
+        self.start, self.end, self.token = start, end, tok
+        self._idx = buf[L.TABLE_HEADER:start].cast("Q")
+        self._mask = slots - 1
+
+    def close(self) -> None:
+        """Release the index view (the caller releases ``buf`` and its segment)."""
+        self._idx.release()
+
+    def entry(self, off: int) -> Tuple[int, memoryview, memoryview, int]:
+        """``(hash, key bytes, value bytes, next offset)`` of the entry at ``off``."""
+        if off & 7 or not self.start <= off <= self.end - _EH:
+            raise CorruptSegment(f"table entry offset {off} outside {self.start}..{self.end}")
+        h, kl, vl, crc, zero = _entry.unpack_from(self.buf, off)
+        body = off + _EH
+        end = body + kl + vl
+        if end > self.end or zero:
+            raise CorruptSegment(f"table entry at {off} runs past the entries ({end} > {self.end})")
+        if _entry_crc(self.buf, off, end) != crc:
+            raise CorruptSegment(f"table entry at {off} fails its checksum")
+        return h, self.buf[body:body + kl], self.buf[body + kl:end], (end + 7) & ~7
+
+    def find(self, key: Any, h: int, loads: Callable[[Any], Any]) -> int:
+        """Offset of the entry whose key equals ``key`` (hashed ``h``), or 0."""
+        found = self._probe(key, h, loads)
+        return found[0] if found is not None else 0
+
+    def lookup(self, key: Any, h: int, loads: Callable[[Any], Any]) -> Optional[memoryview]:
+        """The value bytes of ``key`` (hashed ``h``), or None: one probe, one
+        entry read and checked, the value left encoded for the caller."""
+        found = self._probe(key, h, loads)
+        return found[1] if found is not None else None
+
+    def _probe(self, key: Any, h: int, loads: Callable[[Any], Any]) -> Optional[Tuple[int, memoryview]]:
+        """A slot whose tag matches leads to an entry; its full hash must
+        match too, and only then is its key decoded and compared (``==``, as
+        a dict compares keys whose hashes agree)."""
+        idx, mask = self._idx, self._mask
+        tag = h & _TAG
+        i = h & mask
+        for _ in range(self.slots):
+            s = idx[i]
+            if not s:
+                return None
+            if s & _TAG == tag:
+                off: int = s & _OFF
+                eh, kb, vb, _ = self.entry(off)
+                if eh == h:
+                    k = loads(kb)
+                    if k is key or k == key:
+                        return off, vb
+            i = (i + 1) & mask
+        raise CorruptSegment("table index has no empty slot")
+
+    def offsets(self) -> Iterator[int]:
+        """Offsets of the entries in their order (headers checked as walked)."""
+        off, seen, end, buf = self.start, 0, self.end, self.buf
+        unpack = _entry.unpack_from
+        while off < end:
+            if off > end - _EH:
+                raise CorruptSegment(f"table entries end inside an entry header at {off}")
+            _, kl, vl, _, _ = unpack(buf, off)
+            nxt = (off + _EH + kl + vl + 7) & ~7
+            if nxt > end:
+                raise CorruptSegment(f"table entry at {off} runs past the entries")
+            yield off
+            seen += 1
+            off = nxt
+        if seen != self.count:
+            raise CorruptSegment(f"table holds {seen} entries, its header says {self.count}")
+
+    def items(self) -> Iterator[Tuple[memoryview, memoryview]]:
+        """``(key bytes, value bytes)`` of every entry in order, each checked."""
+        for off in self.offsets():
+            _, kb, vb, _ = self.entry(off)
+            yield kb, vb
+
+
+class Merge:
+    """A new table planned from an old one and the changes made since.
+
+    The caller says, in the old table's terms, what became of its entries --
+    ``removed`` (offsets of entries deleted, including those deleted and set
+    again, which move to the end as a ``dict`` moves them), ``replaced``
+    (offset -> new value bytes: an overwrite keeps the key's place) -- and
+    lists the ``appended`` entries in insertion order.  Unchanged entries are
+    copied as byte runs, one slice copy per run between two changes; an entry
+    whose value changed keeps its key bytes and gets a new checksum.
+    """
+
+    def __init__(self, old: Table, removed: Set[int], replaced: Dict[int, _Buffer],
+                 appended: Sequence[Entry]) -> None:
+        self.old = old
+        # (source offset, end) for a copied run, or (hash, key, value) for a written entry.
+        self._pieces: List[Tuple[Any, ...]] = []
+        count = size = 0
+        run_start = -1
+        for off in old.offsets():
+            if off in removed or off in replaced:
+                if run_start >= 0:
+                    self._pieces.append(("run", run_start, off))
+                    size += off - run_start
+                    run_start = -1
+                if off in replaced:
+                    h, key, _, _ = old.entry(off)
+                    value = replaced[off]
+                    self._pieces.append(("entry", h, key, value))
+                    size += entry_size(len(key), len(value))
+                    count += 1
+                continue
+            if run_start < 0:
+                run_start = off
+            count += 1
+        if run_start >= 0:
+            self._pieces.append(("run", run_start, old.end))
+            size += old.end - run_start
+        for h, kb, vb in appended:
+            self._pieces.append(("entry", h, kb, vb))
+            size += entry_size(len(kb), len(vb))
+        self.count = count + len(appended)
+        self.entries_bytes = size
+        self.size = table_size(self.count, size)
+
+    def write(self, buf: memoryview, generation: int, token: int) -> int:
+        """Write the new table into ``buf`` (at least ``size`` bytes); return its size.
+
+        Runs are copied as they are: their headers were walked (bounds
+        checked) while planning, and each entry's checksum travels with it,
+        so whoever reads an entry of the new table checks it then.  The
+        index is built afresh by walking the new entries (offsets moved)."""
+        slots = slots_for(self.count)
+        off = L.TABLE_HEADER + 8 * slots
+        src = self.old.buf
+        for piece in self._pieces:
+            if piece[0] == "run":
+                _, a, b = piece
+                n = b - a
+                buf[off:off + n] = src[a:b]
+                off += n
+            else:
+                _, h, kb, vb = piece
+                off = _put_entry(buf, off, h, kb, vb)
+        _finish(buf, self.count, slots, off, generation, token)
+        return off
+
+
+def encode_entries(items: Iterable[Tuple[Any, Any]], dumps: Callable[[Any], bytes]) -> List[Entry]:
+    """``(hash, key bytes, value bytes)`` for each of ``items`` (a dict's, so
+    keys are unique under ``==``), in their order."""
+    return [(hash_key(k), dumps(k), dumps(v)) for k, v in items]

@@ -1,0 +1,64 @@
+"""The table: the form a big dict's entries take in shared memory (issue 22).
+
+Part of the shared-memory protocol (:mod:`ultradict_ng.layout`), apart
+because it is new: ``_shm/table.py`` writes and reads it; no dict is stored
+in this form yet.  The rules of :mod:`ultradict_ng.layout` ("Changing the
+layout") apply: a change a process of the previous version would misread
+bumps ``LAYOUT_VERSION`` there.
+
+A table holds one dict's entries so that a process that has only *mapped* it
+answers a lookup with a hash, a probe and the decoding of one entry.  It is
+written completely, header last, before anything makes it reachable, and never
+changes afterwards.  Little-endian throughout; every offset is from the
+table's first byte::
+
+    header   TABLE_HEADER (64) bytes, struct TABLE_FORMAT:
+             8 bytes TABLE_MAGIC | u64 generation | u64 count | u64 slots |
+             u64 entries start | u64 entries end | u64 creation token |
+             u32 crc32 of the 56 bytes before it | u32 0
+    index    ``slots`` u64 (a power of two >= 8, count <= slots * TABLE_MAX_LOAD):
+             0 = empty, else ``hash & TABLE_TAG_MASK | entry offset``
+             (the top 24 bits of the entry's hash; the offset fits in 40 bits)
+    entries  from ``start = TABLE_HEADER + 8 * slots`` to ``end``, in the
+             dict's insertion order, each 8-byte aligned:
+             u64 hash | u32 key length | u32 value length | u32 crc32 | u32 0 |
+             key | value | zero padding to 8;  the crc covers the first 16
+             header bytes, then key and value
+
+Hash: ``_codec/keyhash.key_hash`` of the key (equal keys hash equal in every
+process, whatever ``PYTHONHASHSEED``).  Key and value: the serializer's
+encoding of each (msgpack only: a pickled key cannot be hashed without being
+decoded).  Keys are unique under ``==``.
+
+Probe: slot ``hash & (slots - 1)``, then the next ones (linear, wrapping)
+until an empty slot (absent).  A slot whose tag matches leads to its entry;
+the entry's full hash must match, then its decoded key must ``==`` the one
+looked for.  The load bound guarantees an empty slot; a probe that meets
+none, an offset outside the entries or not aligned, an entry running past
+``end`` or failing its crc, a header failing its crc or its bounds
+(``start``, ``end`` and the segment's size), or a walk that counts other than
+``count`` entries: ``CorruptSegment``.  Opening checks the header only;
+entries are checked where they are read.
+
+Merge: a new table is the old one's entries in order, minus those deleted
+(an entry deleted and set again moves to the end, as in a ``dict``), with
+overwritten values replaced in place, then the new keys in insertion order.
+Unchanged entries are copied as byte runs with their hashes and crcs; the
+index is rebuilt from the new entries' headers.  Nothing unchanged is decoded.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TABLE_MAGIC", "TABLE_HEADER", "TABLE_FORMAT", "TABLE_ENTRY_FORMAT", "TABLE_ENTRY_HEADER",
+    "TABLE_MAX_LOAD", "TABLE_OFFSET_MASK", "TABLE_TAG_MASK",
+]
+
+TABLE_MAGIC = b"UDNGtbl\x01"
+TABLE_HEADER = 64
+TABLE_FORMAT = "<8sQQQQQQII"  # magic, generation, count, slots, start, end, token, crc, 0
+TABLE_ENTRY_FORMAT = "<QIIII"  # hash, key length, value length, crc, 0
+TABLE_ENTRY_HEADER = 24
+TABLE_MAX_LOAD = 0.7  # linear probing: ~2 probes per hit, ~6 per miss at the bound
+TABLE_OFFSET_MASK = (1 << 40) - 1
+TABLE_TAG_MASK = ((1 << 64) - 1) ^ TABLE_OFFSET_MASK
