@@ -11,7 +11,8 @@ setup(
     ext_modules=[
         Extension(
             "ultradict_ng._helper._native",
-            sources=["ultradict_ng/_helper/_native.c", "ultradict_ng/_helper/keyhash.c"],
+            sources=["ultradict_ng/_helper/_native.c", "ultradict_ng/_helper/keyhash.c",
+                     "ultradict_ng/_helper/table.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c99"],
         )

@@ -43,7 +43,8 @@ class _Impl:
         self.module = module
         self.Words = words
         for name in ("ProcessState", "parse_records", "apply_sets", "types_within",
-                     "contains_type", "msgpack_length", "crc32", "key_hash_common"):
+                     "contains_type", "msgpack_length", "crc32", "key_hash_common", "table_get",
+                     "table_candidates"):
             setattr(self, name, getattr(module, name))
 
 
@@ -138,9 +139,9 @@ def test_crc32_is_zlibs(impl, data, start):
 @settings(max_examples=300)
 @given(st.one_of(scalars, not_simple, st.text(min_size=100, max_size=400), st.binary(min_size=100, max_size=400)))
 def test_key_hash_common_is_key_hash_or_none(impl, key):
-    """The table's key hash (issue 22): the compiled BLAKE2b and numeric hash give
-    _codec/keyhash.py's values bit for bit (messages across the 128-byte block
-    edges included); other types and lone surrogates are left to key_hash (None)."""
+    """The table's key hash (issue 22): the compiled word hash and numeric hash give
+    _codec/keyhash.py's values bit for bit (every tail length of the last word
+    included); other types and lone surrogates are left to key_hash (None)."""
     from ultradict_ng._codec.keyhash import key_hash
 
     got = impl.key_hash_common(key)
@@ -148,6 +149,46 @@ def test_key_hash_common_is_key_hash_or_none(impl, key):
         assert got == key_hash(key)
     else:
         assert got is None
+
+
+@impls
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers()),
+                       st.integers(), max_size=40),
+       st.lists(st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers()), max_size=10))
+def test_table_probe_answers_as_the_dict(impl, model, absent):
+    """table_get (str and bytes keys) and table_candidates (the rest) over a table
+    built from ``model``; the damage messages are the same strings on every impl."""
+    from ultradict_ng._shm.table import encode_entries, hash_key, table_size, write_table
+
+    entries = encode_entries(model.items(), MSGPACK.dumps)
+    size = table_size(len(entries), sum((24 + len(k) + len(v) + 7) & ~7 for _, k, v in entries))
+    buf = bytearray(size)
+    write_table(memoryview(buf), entries, 1, 0)
+    slots = int.from_bytes(buf[24:32], "little")
+    start, end = 64 + 8 * slots, int.from_bytes(buf[40:48], "little")
+    for key in list(model) + absent:
+        if type(key) in (str, bytes):
+            got = impl.table_get(buf, slots, start, end, key)
+            assert (MSGPACK.loads(got) if got is not None else None) == model.get(key)
+        else:
+            pairs = impl.table_candidates(buf, slots, start, end, hash_key(key))
+            values = [MSGPACK.loads(v) for k, v in pairs if MSGPACK.loads(k) == key]
+            assert values == ([model[key]] if key in model else [])
+    if entries:  # damage one entry's value: its probe reports it, the same words on every impl
+        from ultradict_ng._shm.table import Table
+
+        k0 = next(iter(model))
+        t = Table(memoryview(buf), 0)
+        off = t.find(k0, hash_key(k0), MSGPACK.loads)
+        _, _, value, _ = t.entry(off)
+        last = off + 24 + len(t.entry(off)[1]) + len(value) - 1
+        del value
+        t.close()
+        buf[last] ^= 0xFF
+        got = (impl.table_get(buf, slots, start, end, k0) if type(k0) in (str, bytes)
+               else impl.table_candidates(buf, slots, start, end, hash_key(k0)))
+        assert got == "table entry fails its checksum"
 
 
 def _reference_record(pos, tag, payload, size=300_000):

@@ -53,7 +53,7 @@ def has_nan(key: Any) -> bool:
 
 
 def get(table: Table, key: Any) -> Any:
-    value = table.lookup(key, hash_key(key), CODEC.loads)
+    value = table.lookup(key, CODEC.loads)
     if value is None:
         raise KeyError(key)
     return CODEC.loads(value)
@@ -303,3 +303,25 @@ def test_colliding_hashes_are_told_apart_by_the_key() -> None:
     assert t.find("e", tag | 5, CODEC.loads) == 0  # same hash, another key
     assert t.find("a", tag | (1 << 38) | 5, CODEC.loads) == 0  # same slot and tag, another hash
     t.close()
+
+
+def test_long_and_boundary_keys_are_found_by_their_encoding() -> None:
+    """str and bytes keys are compared as their msgpack encoding: every length
+    class of the header (fixstr, str8/16/32, bin8/16/32) and non-ASCII text."""
+    lengths = [0, 1, 31, 32, 255, 256, 65535, 65536, 70000]
+    model: Dict[Any, Any] = {}
+    for n in lengths:
+        model["s" * n] = n
+        model[b"b" * n] = -n
+        model["é" * n] = ("e", n)
+    model[1] = "one"
+    table = build(model)
+    for k, v in model.items():
+        assert get(table, k) == v
+    for n in lengths[1:]:  # the same lengths absent: other text, bytes vs str
+        with pytest.raises(KeyError):
+            get(table, "t" * n)
+        with pytest.raises(KeyError):
+            get(table, b"s" * n)
+    assert get(table, 1.0) == "one" and get(table, True) == "one"
+    table.close()

@@ -18,8 +18,15 @@ values).  How each kind of key is hashed, and why it keeps ``==``:
   numeric hash, which is defined arithmetically (modulo 2**61 - 1), unsalted,
   and equal for equal numbers of any of these types; NaNs (never equal to
   anything, hashed by identity since Python 3.10) hash to one constant;
-* ``str`` and ``bytes``: BLAKE2b with an 8-byte digest, personalised per
-  type (``"a"`` and ``b"a"`` are never equal, and rarely collide);
+* ``str`` (its UTF-8) and ``bytes``: the bytes as little-endian u64 words
+  (the last one zero-padded), each folded in with xxHash64's round
+  (``acc = rotl(acc ^ w * P2, 31) * P1``) from a start that holds a tag per
+  type (``"a"`` and ``b"a"`` are never equal, and rarely collide) and the
+  length (so padding is never ambiguous).  Not BLAKE2b, which this module
+  used first: measured ~0.25 us per short key compiled, most of a lookup's
+  budget, against ~0.03 us for this; neither is keyed, so neither resists
+  keys chosen to collide, and this one spreads the keys of a table as well
+  (the tests check the spread);
 * ``tuple``: the items' hashes combined in order (xxHash's round, as
   CPython's tuple hash); ``frozenset``: the sum of the members' mixed hashes,
   which does not depend on the order the set iterates in;
@@ -41,7 +48,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
-from hashlib import blake2b
+import struct
 from typing import Any, Callable, Dict
 
 from ..errors import UnsupportedType
@@ -62,6 +69,8 @@ _T_TIME = 0xE7037ED1A0B428DB
 _T_AWARE_TIME = 0x8EBC6AF09C88C6E3
 _T_TIMEDELTA = 0x589965CC75374CC3
 _T_TIMEZONE = 0x1D8E4E27C47D124F
+_T_STR = 0x3C6EF372FE94F82B
+_T_BYTES = 0xA54FF53A5F1D36F1
 # xxHash64's primes (the tuple combination).
 _P1 = 0x9E3779B185EBCA87
 _P2 = 0xC2B2AE3D27D4EB4F
@@ -75,6 +84,18 @@ def mix(h: int) -> int:
     h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & M64
     h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & M64
     return h ^ (h >> 31)
+
+
+def _words(data: bytes, tag: int) -> int:
+    """The str/bytes hash (module docstring); ``_helper/keyhash.c`` has its twin."""
+    n = len(data)
+    acc = (tag ^ (n * _P5)) & M64
+    if n:
+        count = (n + 7) >> 3
+        for w in struct.unpack(f"<{count}Q", data + bytes(-n % 8)):
+            acc ^= (w * _P2) & M64
+            acc = (((acc << 31) | (acc >> 33)) & M64) * _P1 & M64
+    return mix(acc)
 
 
 def _number(x: Any) -> int:
@@ -94,11 +115,11 @@ def _str(x: str) -> int:
         data = x.encode("utf-8")
     except UnicodeEncodeError:
         raise UnsupportedType("a str key with lone surrogates cannot be stored") from None
-    return int.from_bytes(blake2b(data, digest_size=8, person=b"udng-str").digest(), "little")
+    return _words(data, _T_STR)
 
 
 def _bytes(x: bytes) -> int:
-    return int.from_bytes(blake2b(x, digest_size=8, person=b"udng-bytes").digest(), "little")
+    return _words(x, _T_BYTES)
 
 
 def _tuple(x: tuple) -> int:  # type: ignore[type-arg]

@@ -37,6 +37,8 @@
  *   contains_type       the codec's walk for foreign Timestamps after decoding.
  *   apply_sets          record.apply_all's runs of root-level scalar sets.
  *   key_hash_common     (keyhash.c) a shared table's key hash for common types.
+ *   table_get,          (table.c) the probe of a shared table: by a str or
+ *   table_candidates    bytes key, or the entries of one full hash.
  *   SCALAR_TYPES,       constants mirrored from _codec/records.py and layout.py (a
  *   RECORD_HEADER,      test compares them); FUTEX: 1 where wait/wake are
  *   FUTEX               the kernel's futex (Linux), else 0 (wait/wake raise).
@@ -1541,8 +1543,13 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLong(crc);
 }
 
-/* keyhash.c (compiled into this module; setup.py lists both sources). */
+/* keyhash.c and table.c (compiled into this module; setup.py lists the sources). */
 PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
+PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* zlib's CRC-32, for table.c. */
+uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n) { return crc_update(crc, p, n); }
 
 static PyMethodDef native_methods[] = {
     {"contains_type", (PyCFunction)(void (*)(void))native_contains_type, METH_FASTCALL,
@@ -1561,6 +1568,10 @@ static PyMethodDef native_methods[] = {
      "crc32(data, value=0): the same result as zlib.crc32 (used to test write_record)."},
     {"key_hash_common", (PyCFunction)udng_native_key_hash_common, METH_O,
      "key_hash_common(key) -> _codec.keyhash.key_hash(key) for str, bytes, int, bool, float, None; else None."},
+    {"table_get", (PyCFunction)(void (*)(void))udng_native_table_get, METH_FASTCALL,
+     "table_get(buf, slots, start, end, key) -> value bytes, None, or a damage message (str)."},
+    {"table_candidates", (PyCFunction)(void (*)(void))udng_native_table_candidates, METH_FASTCALL,
+     "table_candidates(buf, slots, start, end, h) -> [(key bytes, value bytes), ...] or a damage message."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,20 +11,23 @@ The atomic words are in :mod:`.words` (re-exported here).
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 import zlib
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import layout as L
+from .. import table_layout as TL
 from .._codec.keyhash import key_hash
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
     "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types", "key_hash_common", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
+    "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
+    "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
 ]
 
 _header = struct.Struct(L.RECORD_FORMAT)
@@ -270,3 +273,82 @@ def key_hash_common(key: Any) -> Optional[int]:
         except UnicodeEncodeError:
             return None
     return key_hash(key)
+
+
+# -- the probe of a shared table (table_layout.py, "Probe") ------------------------------
+
+_table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
+_TE = TL.TABLE_ENTRY_HEADER
+
+
+def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
+    if slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf):
+        raise ValueError("table bounds do not fit the buffer")
+
+
+def _table_chain(buf: Any, slots: int, start: int, end: int,
+                 h: int) -> Iterator[Union[str, Tuple[int, int, int]]]:
+    """The checked entries on ``h``'s chain whose full hash is ``h``, as
+    ``(offset, key length, value length)``; a damage message (str) ends it."""
+    mask = slots - 1
+    tag = h & TL.TABLE_TAG_MASK
+    i = h & mask
+    for _ in range(slots):
+        s = int.from_bytes(buf[TL.TABLE_HEADER + 8 * i:TL.TABLE_HEADER + 8 * i + 8], sys.byteorder)
+        if not s:
+            return
+        i = (i + 1) & mask
+        if s & TL.TABLE_TAG_MASK != tag:
+            continue
+        off = s & TL.TABLE_OFFSET_MASK
+        if off & 7 or off < start or off + _TE > end:
+            yield "table entry offset outside the entries"
+            return
+        eh, kl, vl, crc, zero = _table_entry.unpack_from(buf, off)
+        if zero:
+            yield "table entry has a nonzero reserved word"
+            return
+        if off + _TE + kl + vl > end:
+            yield "table entry runs past the entries"
+            return
+        if zlib.crc32(buf[off + _TE:off + _TE + kl + vl], zlib.crc32(buf[off:off + 16])) != crc:
+            yield "table entry fails its checksum"
+            return
+        if eh == h:
+            yield off, kl, vl
+    yield "table index has no empty slot"
+
+
+def table_get(buf: Any, slots: int, start: int, end: int, key: Union[str, bytes]) -> Union[bytes, str, None]:
+    """The value bytes of a str or bytes ``key`` (compared as its msgpack
+    encoding, which is exact for these types), None, or a damage message."""
+    if type(key) not in (str, bytes):
+        raise TypeError("table_get takes a str or bytes key")
+    h = key_hash_common(key)
+    if h is None:  # lone surrogates: never a key
+        return None
+    _table_check(buf, slots, start, end)
+    encoded = msgpack.packb(key, use_bin_type=True)
+    with memoryview(buf) as mv:
+        for found in _table_chain(mv, slots, start, end, h):
+            if isinstance(found, str):
+                return found
+            off, kl, vl = found
+            if mv[off + _TE:off + _TE + kl] == encoded:
+                return bytes(mv[off + _TE + kl:off + _TE + kl + vl])
+    return None
+
+
+def table_candidates(buf: Any, slots: int, start: int, end: int,
+                     h: int) -> Union[List[Tuple[bytes, bytes]], str]:
+    """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
+    on its chain, or a damage message."""
+    _table_check(buf, slots, start, end)
+    out: List[Tuple[bytes, bytes]] = []
+    with memoryview(buf) as mv:
+        for found in _table_chain(mv, slots, start, end, h):
+            if isinstance(found, str):
+                return found
+            off, kl, vl = found
+            out.append((bytes(mv[off + _TE:off + _TE + kl]), bytes(mv[off + _TE + kl:off + _TE + kl + vl])))
+    return out

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from .. import table_layout as L
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment
-from ..speedups import key_hash_common
+from ..speedups import key_hash_common, table_candidates, table_get
 
 __all__ = ["Table", "Merge", "table_size", "write_table", "entry_size", "slots_for", "hash_key",
            "encode_entries"]
@@ -203,11 +203,27 @@ class Table:
         found = self._probe(key, h, loads)
         return found[0] if found is not None else 0
 
-    def lookup(self, key: Any, h: int, loads: Callable[[Any], Any]) -> Optional[memoryview]:
-        """The value bytes of ``key`` (hashed ``h``), or None: one probe, one
-        entry read and checked, the value left encoded for the caller."""
-        found = self._probe(key, h, loads)
-        return found[1] if found is not None else None
+    def lookup(self, key: Any, loads: Callable[[Any], Any]) -> Optional[bytes]:
+        """The value bytes of ``key``, or None: a hash, a probe, one entry
+        checked, the value left encoded for the caller -- compiled where
+        the helper is (``speedups.table_get`` / ``table_candidates``).  A
+        str or bytes key is compared as its encoding; any other is decoded
+        from each entry of its full hash (rarely more than one) and compared
+        with ``==``, as a dict compares keys whose hashes agree."""
+        t = type(key)
+        if t is str or t is bytes:
+            got = table_get(self.buf, self.slots, self.start, self.end, key)
+            if isinstance(got, str):
+                raise CorruptSegment(got)
+            return got
+        found = table_candidates(self.buf, self.slots, self.start, self.end, hash_key(key))
+        if isinstance(found, str):
+            raise CorruptSegment(found)
+        for kb, vb in found:
+            k = loads(kb)
+            if k is key or k == key:
+                return vb
+        return None
 
     def _probe(self, key: Any, h: int, loads: Callable[[Any], Any]) -> Optional[Tuple[int, memoryview]]:
         """A slot whose tag matches leads to an entry; its full hash must
