@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from . import adapters as A
+from . import bigdict as BD
 from . import pool as P
 from . import redis_backend as RB
 from . import transactions as TX
@@ -27,13 +28,14 @@ from .workloads import TITLES as WL_TITLES
 
 # Workloads 11 (perf.pool) and 12 (perf.redis_backend) have contenders of their own,
 # which are no adapters; workload 13 (perf.transactions) compares ultradict_ng with itself.
-ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY]
-NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER, TX.WL: TX.NUMBER}
-TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE, TX.WL: TX.TITLE}
-ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES}
+# Workload 14 (perf.bigdict) has its own contenders too (py-lmdb, ultradict_ng's table).
+ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY]
+NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER, TX.WL: TX.NUMBER, BD.WL: BD.NUMBER}
+TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE, TX.WL: TX.TITLE, BD.WL: BD.TITLE}
+ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES, **BD.ALIASES}
 CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS + RB.OWN_CONTENDERS
 CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES, **RB.CONTENDER_ALIASES}
-OWN_RUNNERS = (P.WL, RB.WL, TX.WL)  # workloads that need no adapter
+OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL)  # workloads that need no adapter
 
 DEFAULT_OUT = os.path.join("perf", "results")
 
@@ -205,7 +207,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
-            if wl == TX.WL and "ultradict_ng" not in chosen:
+            if wl in (TX.WL, BD.WL) and "ultradict_ng" not in chosen:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
@@ -230,6 +232,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 group = [wl]
             elif wl == TX.WL:
                 TX.w_transactions(run, ["ultradict_ng"])
+                group = [wl]
+            elif wl == BD.WL:
+                peers = {"ultradict_shared": "UltraDict", "manager": "Manager"}
+                BD.w_bigdict(run, ["ultradict_ng", "table", "lmdb"]
+                             + [peers[c] for c in peers if c in chosen])
                 group = [wl]
             else:
                 RUNNERS[wl](run, [a for a in adapters if a.runs(wl)])
@@ -354,6 +361,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             png_path = os.path.join(args.out, "latest.png")
             why = report.plot(png_path, run.records, ALL_WORKLOADS)
             print(f"wrote {png_path}" if why is None else f"no plot: {why}")
+            if any(r["workload"] == BD.WL for r in run.records):
+                from . import bigdict_report
+
+                bd_path = os.path.join(args.out, "bigdict.png")
+                why = bigdict_report.plot(bd_path, run.records)
+                print(f"wrote {bd_path}" if why is None else f"no plot of workload 14: {why}")
     except Exception as exc:
         print(f"!!! could not write results: {exc!r}")
         status = status or 1

@@ -76,6 +76,14 @@ def _helpers() -> int:
     return sum(1 for t in threading.enumerate() if t.name == "ultradict_ng-aio-wait")
 
 
+async def _helpers_settled() -> int:
+    """The helper threads alive once those of earlier tests have ended (each
+    ends one slice after its last future left): a count taken while one is
+    still ending would make the difference a test checks off by one."""
+    await _until(lambda: _helpers() == 0, lambda: None)
+    return _helpers()
+
+
 async def _until(predicate: Any, poke: Any, seconds: float = 3.0) -> None:
     deadline = time.monotonic() + seconds
     while not predicate() and time.monotonic() < deadline:
@@ -142,7 +150,7 @@ def test_wait_for_change_timeout_and_immediate_return(name):
 def test_coroutines_waiting_for_the_same_change_share_one_helper_thread(name):
     async def main() -> None:
         ad = AsyncSharedDict(name=name, create=True)
-        before = _helpers()
+        before = await _helpers_settled()
         tasks = [asyncio.create_task(ad.wait_for_change(timeout=10)) for _ in range(20)]
         await asyncio.sleep(0.2)
         assert _helpers() - before == 1
@@ -156,7 +164,7 @@ def test_coroutines_waiting_for_the_same_change_share_one_helper_thread(name):
 def test_cancelled_wait_and_feed_leave_nothing_registered_or_running(name, each_backend):
     async def main() -> None:
         ad = AsyncSharedDict(name=name, create=True)
-        before = _helpers()
+        before = await _helpers_settled()
         waiting = asyncio.create_task(ad.wait_for_change())
 
         async def consume() -> None:
@@ -286,7 +294,7 @@ def test_cancelled_lock_acquire_holds_nothing(name):
                 held.set()
                 release.wait(5)
 
-        before = _helpers()
+        before = await _helpers_settled()
         thread = threading.Thread(target=hold)
         thread.start()
         assert held.wait(5)

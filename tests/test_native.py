@@ -44,7 +44,7 @@ class _Impl:
         self.Words = words
         for name in ("ProcessState", "parse_records", "apply_sets", "types_within",
                      "contains_type", "msgpack_length", "crc32", "key_hash_common", "table_get",
-                     "table_candidates"):
+                     "table_candidates", "table_fill", "table_index", "table_chunk"):
             setattr(self, name, getattr(module, name))
 
 
@@ -189,6 +189,41 @@ def test_table_probe_answers_as_the_dict(impl, model, absent):
         got = (impl.table_get(buf, slots, start, end, k0) if type(k0) in (str, bytes)
                else impl.table_candidates(buf, slots, start, end, hash_key(k0)))
         assert got == "table entry fails its checksum"
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.one_of(st.text(max_size=20), st.binary(max_size=20), st.integers(),
+                                 st.tuples(st.integers(), st.text(max_size=3))),
+                       st.one_of(scalars, st.lists(st.integers(), max_size=4)), max_size=60))
+def test_table_writers_write_the_same_bytes_on_every_impl(model):
+    """table_fill and table_index: the compiled helper and the twins write
+    identical tables (entries, padding, crcs, index) from one packed dict."""
+    from ultradict_ng._shm.table import hash_key, slots_for
+
+    packed = MSGPACK.dumps(model)
+    hashes = [hash_key(k) for k in model]
+    slots = slots_for(len(model))
+    start = 64 + 8 * slots
+    tables = []
+    for impl in (native, fallback):
+        end = impl.table_fill(None, start, packed, hashes)
+        buf = bytearray(end)
+        assert impl.table_fill(buf, start, packed, hashes) == end
+        impl.table_index(buf, slots, start, end, len(model))
+        tables.append(bytes(buf))
+    assert tables[0] == tables[1]
+    for most in (1, 5, 1000):  # the walk in chunks: the same packed maps, offsets and pairs
+        walks = []
+        for impl in (native, fallback):
+            off, parts = start, []
+            while off < len(tables[0]):
+                packed, off = impl.table_chunk(tables[0], start, len(tables[0]), off, most)
+                parts.append(packed)
+            walks.append(parts)
+        assert walks[0] == walks[1]
+        pairs = [kv for p in walks[0] for kv in MSGPACK.loads(p).items()]
+        assert repr(pairs) == repr(list(model.items()))  # (repr: a NaN value equals no copy of it)
 
 
 def _reference_record(pos, tag, payload, size=300_000):

@@ -107,3 +107,30 @@ def test_perf_transactions_quick_smoke(tmp_path: Path) -> None:
         assert rows[("redis", mode)]["error"] is None
     assert "== 13. 2,000 writes" in proc.stdout
     assert "transactions: 2,000 writes in one transaction" in proc.stdout
+
+
+def test_perf_bigdict_quick_smoke(tmp_path: Path) -> None:
+    """Workload 14 at 10k keys: SharedDict, the table and py-lmdb each load the
+    dict and a fresh reader reads it back right (no alert), with the table of
+    results, the targets and the figure of its own."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "bigdict", "--name-prefix",
+           "t" + SESSION, "--out", str(out), "--repeat", "1"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    data = json.loads((out / "latest.json").read_text())
+    assert data["status"] == "complete" and not data["leaks"], data["leaks"]
+    assert not data.get("alerts"), data.get("alerts")
+    rows = {(r["params"]["contender"], r["params"]["metric"]): r for r in data["records"]
+            if r["workload"] == "bigdict"}
+    for contender in ("ultradict_ng", "table", "lmdb"):
+        for metric in ("load", "open", "random", "hot", "private", "items"):
+            rec = rows[(contender, metric)]
+            assert rec["error"] is None and rec.get("skipped") is None, rec
+            assert rec["median"] is not None and (rec["median"] > 0 or metric == "private"), rec
+        assert rows[(contender, "hot")]["params"]["dict_hot"]
+    assert "== 14. a big dict" in proc.stdout
+    assert "big dict (10,000 keys): random-key reads" in proc.stdout
+    if "no plot" not in proc.stdout:
+        assert (out / "bigdict.png").stat().st_size > 10_000

@@ -325,3 +325,50 @@ def test_long_and_boundary_keys_are_found_by_their_encoding() -> None:
             get(table, b"s" * n)
     assert get(table, 1.0) == "one" and get(table, True) == "one"
     table.close()
+
+
+@settings(max_examples=100, deadline=None)
+@given(model=st.dictionaries(KEYS, VALUES, max_size=40))
+def test_a_table_from_the_packed_dict_is_the_table_from_its_entries(model: Dict[Any, Any]) -> None:
+    """The bulk path (the whole dict packed in one call, split into entries by
+    the helper) writes the very bytes the entry-by-entry path writes."""
+    from ultradict_ng._shm.table import map_size, write_map
+
+    packed = CODEC.dumps(model)
+    hashes = [hash_key(k) for k in model]
+    size = map_size(packed, hashes)
+    buf = memoryview(bytearray(size))
+    assert write_map(buf, packed, hashes, 1, TOKEN) == size
+    assert bytes(buf) == bytes(build(model).buf)
+
+
+def test_bad_input_to_the_writers_raises_before_writing_past_anything() -> None:
+    from ultradict_ng.speedups import table_fill, table_index
+
+    packed = CODEC.dumps({"a": 1, "b": [1, 2]})
+    hashes = [hash_key("a"), hash_key("b")]
+    end = table_fill(None, 128, packed, hashes)
+    for bad_packed, bad_hashes, match in [
+        (CODEC.dumps([1, 2]), hashes, "not a msgpack map"),
+        (packed, hashes[:1], "pair count"),
+        (packed[:-1], hashes, "malformed"),
+        (packed + b"\x00", hashes, "after the map"),
+    ]:
+        buf = bytearray(end + 64)
+        with pytest.raises(ValueError, match=match):
+            table_fill(buf, 128, bad_packed, bad_hashes)
+    small = bytearray(end - 1)
+    with pytest.raises(ValueError, match="too small"):
+        table_fill(small, 128, packed, hashes)
+    assert small[:128] == bytes(128)  # (the header and index region untouched)
+    with pytest.raises(ValueError, match="offset"):
+        table_fill(bytearray(end), 12, packed, hashes)
+    buf = bytearray(end)
+    assert table_fill(buf, 128, packed, hashes) == end
+    with pytest.raises(ValueError, match="add up"):
+        table_index(buf, 8, 128, end, 3)
+    with pytest.raises(ValueError, match="bounds"):
+        table_index(buf, 8, 128, end + 8, 2)
+    with pytest.raises(ValueError, match="bounds"):
+        table_index(buf, 8, 120, end, 2)
+    table_index(buf, 8, 128, end, 2)

@@ -44,7 +44,8 @@ except ImportError:  # not compiled: no C compiler at install time
 __all__ = [
     "IMPLEMENTATION", "ENV_VAR", "Words", "ProcessState", "StoreBase", "ViewBase",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates", "FUTEX",
+    "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
+    "table_fill", "table_index", "table_chunk", "FUTEX",
 ]
 
 ENV_VAR = "ULTRADICT_NG_SPEEDUPS"
@@ -109,13 +110,13 @@ if IMPLEMENTATION == "native":
     from ._helper._native import (
         FUTEX, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
         key_hash_common, msgpack_length, parse_records, set_immutable_types, table_candidates,
-        table_get, types_within,
+        table_chunk, table_fill, table_get, table_index, types_within,
     )
 else:
     from ._helper.twins import (  # type: ignore[assignment]
         FUTEX, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
         key_hash_common, msgpack_length, parse_records, set_immutable_types, table_candidates,
-        table_get, types_within,
+        table_chunk, table_fill, table_get, table_index, types_within,
     )
 
     Words = _twin_words(IMPLEMENTATION)  # type: ignore[misc]

@@ -9,7 +9,9 @@ bumps ``LAYOUT_VERSION`` there.
 A table holds one dict's entries so that a process that has only *mapped* it
 answers a lookup with a hash, a probe and the decoding of one entry.  It is
 written completely, header last, before anything makes it reachable, and never
-changes afterwards.  Little-endian throughout; every offset is from the
+changes afterwards.  Header and entries are little-endian, the index is in
+the machine's byte order (as the control words: every process reading a
+segment runs on the machine that holds it); every offset is from the
 table's first byte::
 
     header   TABLE_HEADER (64) bytes, struct TABLE_FORMAT:
@@ -32,10 +34,13 @@ decoded).  Keys are unique under ``==``.
 
 Probe: slot ``hash & (slots - 1)``, then the next ones (linear, wrapping)
 until an empty slot (absent).  A slot whose tag matches leads to its entry;
-the entry's full hash must match, then its decoded key must ``==`` the one
-looked for.  The load bound guarantees an empty slot; a probe that meets
-none, an offset outside the entries or not aligned, an entry running past
-``end`` or failing its crc, a header failing its crc or its bounds
+the entry's full hash must match, then its key must equal the one looked
+for: a str or bytes key is compared as its encoding (exact: a str equals
+only a str, and the serializer always writes msgpack's shortest form), any
+other is decoded and compared with ``==``.  The load bound guarantees an
+empty slot; a probe that meets none, an offset outside the entries or not
+aligned, an entry running past ``end``, failing its crc or with a nonzero
+reserved word, a header failing its crc or its bounds
 (``start``, ``end`` and the segment's size), or a walk that counts other than
 ``count`` entries: ``CorruptSegment``.  Opening checks the header only;
 entries are checked where they are read.
@@ -45,6 +50,27 @@ Merge: a new table is the old one's entries in order, minus those deleted
 overwritten values replaced in place, then the new keys in insertion order.
 Unchanged entries are copied as byte runs with their hashes and crcs; the
 index is rebuilt from the new entries' headers.  Nothing unchanged is decoded.
+
+Why this form (and not another engine's)
+----------------------------------------
+* LMDB keeps one copy-on-write B+tree: a write copies the pages on its path,
+  readers are pinned to the snapshot they began in, and freed pages are
+  reused once no reader's slot names an older snapshot.  It orders keys by
+  their bytes; a dict orders them by insertion and never needs a range, and a
+  lookup through a B+tree written in Python costs a page decode per level
+  where a hash probe costs one slot and one entry.
+* LSM trees (LevelDB, RocksDB) write into a small mutable level (memtable and
+  log) and merge it into large immutable sorted runs, reading newest first.
+  The stream already is such a mutable level -- a log every process replays
+  into a small private map -- so one immutable level suffices for dicts that
+  fit in memory, and a merge rewrites it whole, as a major compaction does,
+  copying entries rather than re-encoding them.
+* Bitcask appends values to a log and keeps a hash index of their offsets in
+  each process's memory, merging the live entries into a new file now and
+  then.  The table is that merged file with its index beside it in the same
+  immutable segment, so that no process builds or holds an index of its own.
+Readers are pinned as in LMDB, by the segment itself: a table they mapped
+stays valid after a newer one replaces and unlinks it.
 """
 
 from __future__ import annotations

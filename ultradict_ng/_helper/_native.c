@@ -38,7 +38,10 @@
  *   apply_sets          record.apply_all's runs of root-level scalar sets.
  *   key_hash_common     (keyhash.c) a shared table's key hash for common types.
  *   table_get,          (table.c) the probe of a shared table: by a str or
- *   table_candidates    bytes key, or the entries of one full hash.
+ *   table_candidates    bytes key, or the entries of one full hash;
+ *   table_fill,         writing its entries from a packed msgpack map,
+ *   table_index,        its index from the entries, and walking it a
+ *   table_chunk         chunk of entries at a time (one packed map each).
  *   SCALAR_TYPES,       constants mirrored from _codec/records.py and layout.py (a
  *   RECORD_HEADER,      test compares them); FUTEX: 1 where wait/wake are
  *   FUTEX               the kernel's futex (Linux), else 0 (wait/wake raise).
@@ -1331,6 +1334,9 @@ mp_skip(const unsigned char *p, Py_ssize_t n)
     return pos;
 }
 
+/* For table.c. */
+Py_ssize_t udng_mp_skip(const unsigned char *p, Py_ssize_t n) { return mp_skip(p, n); }
+
 static PyObject *
 native_msgpack_length(PyObject *module, PyObject *arg)
 {
@@ -1547,6 +1553,9 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
 PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* zlib's CRC-32, for table.c. */
 uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n) { return crc_update(crc, p, n); }
@@ -1572,6 +1581,12 @@ static PyMethodDef native_methods[] = {
      "table_get(buf, slots, start, end, key) -> value bytes, None, or a damage message (str)."},
     {"table_candidates", (PyCFunction)(void (*)(void))udng_native_table_candidates, METH_FASTCALL,
      "table_candidates(buf, slots, start, end, h) -> [(key bytes, value bytes), ...] or a damage message."},
+    {"table_fill", (PyCFunction)(void (*)(void))udng_native_table_fill, METH_FASTCALL,
+     "table_fill(buf, off, packed_map, hashes) -> offset after the entries written from the map's pairs."},
+    {"table_index", (PyCFunction)(void (*)(void))udng_native_table_index, METH_FASTCALL,
+     "table_index(buf, slots, start, end, count): write the index of the entries start..end."},
+    {"table_chunk", (PyCFunction)(void (*)(void))udng_native_table_chunk, METH_FASTCALL,
+     "table_chunk(buf, start, end, off, most) -> (msgpack map of up to most entries from off, next offset)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,24 @@
  *       For every other key: the (key bytes, value bytes) of each entry on
  *       h's probe chain whose full hash is h (almost always zero or one), for
  *       the caller to decode and compare with ==; or a str as above.
+ *   table_fill(buf, off, packed, hashes)
+ *       Writes one entry per pair of the msgpack map ``packed`` (a dict
+ *       packed by the codec: each key and value is encoded exactly as alone),
+ *       with hashes[i] for the i-th pair, from ``off``; returns the offset
+ *       after them.  With buf None it writes nothing and returns the same
+ *       offset (how the caller sizes the segment).  Building from one packed map is what makes a bulk load
+ *       cost memory copies: one pack of the whole dict, no object per entry.
+ *   table_index(buf, slots, start, end, count)
+ *       Writes the index of the entries between start and end.
+ *   table_chunk(buf, start, end, off, most)
+ *       (packed, next offset): the entries from ``off`` on -- at most
+ *       ``most`` of them, each checked -- as one msgpack map (a header, then
+ *       the keys' and values' bytes), so that a walk decodes thousands of
+ *       pairs in one serializer call instead of two calls a pair; next
+ *       offset == end when the walk is done.  A damaged entry: ValueError
+ *       whose message starts "table entry" (the caller raises CorruptSegment).
+ *   Both raise ValueError on input that does not fit (a malformed map, a
+ *   count that disagrees, a buffer too small) before writing past anything.
  *
  * Every entry handed out has been checked as Table.entry checks it (aligned,
  * inside the entries, its zero word zero, its crc); the probe gives up with
@@ -33,6 +51,7 @@
 
 int udng_key_hash_common(PyObject *key, uint64_t *out);          /* keyhash.c */
 uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n); /* _native.c */
+Py_ssize_t udng_mp_skip(const unsigned char *p, Py_ssize_t n);       /* _native.c */
 
 static inline uint64_t rd64(const unsigned char *p)
 {
@@ -241,4 +260,251 @@ udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t
         return PyUnicode_FromString(bad);
     }
     return out;
+}
+
+static inline void wr32(unsigned char *p, uint32_t x)
+{
+    p[0] = (unsigned char)x; p[1] = (unsigned char)(x >> 8);
+    p[2] = (unsigned char)(x >> 16); p[3] = (unsigned char)(x >> 24);
+}
+
+static inline void wr64(unsigned char *p, uint64_t x)
+{
+    wr32(p, (uint32_t)x);
+    wr32(p + 4, (uint32_t)(x >> 32));
+}
+
+/* The pair count of the map header at p (n bytes), and its length; -1 if none. */
+static Py_ssize_t
+map_header(const unsigned char *p, Py_ssize_t n, uint64_t *count)
+{
+    if (n >= 1 && (p[0] & 0xf0) == 0x80) {
+        *count = p[0] & 0x0f;
+        return 1;
+    }
+    if (n >= 3 && p[0] == 0xde) {
+        *count = ((uint64_t)p[1] << 8) | p[2];
+        return 3;
+    }
+    if (n >= 5 && p[0] == 0xdf) {
+        *count = ((uint64_t)p[1] << 24) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 8) | p[4];
+        return 5;
+    }
+    return -1;
+}
+
+PyObject *
+udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "table_fill(buf, off, packed, hashes: list)");
+        return NULL;
+    }
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *hashes = args[3];
+    Py_buffer out, in;
+    int dry = args[0] == Py_None;
+    if (dry) {
+        out.buf = NULL;
+        out.len = PY_SSIZE_T_MAX;
+        out.obj = NULL;
+    } else if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &in, PyBUF_SIMPLE) < 0) {
+        if (!dry)
+            PyBuffer_Release(&out);
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)in.buf;
+    unsigned char *b = (unsigned char *)out.buf;
+    Py_ssize_t n = in.len, pos;
+    uint64_t count;
+    const char *bad = NULL;
+    pos = map_header(p, n, &count);
+    if (pos < 0)
+        bad = "table_fill: packed is not a msgpack map";
+    else if (count != (uint64_t)PyList_GET_SIZE(hashes))
+        bad = "table_fill: the map's pair count differs from the hashes'";
+    else if (off < T_HEADER || (off & 7) || off > out.len)
+        bad = "table_fill: offset outside the buffer";
+    for (uint64_t i = 0; bad == NULL && i < count; i++) {
+        Py_ssize_t kl = udng_mp_skip(p + pos, n - pos);
+        Py_ssize_t vl = kl < 0 ? -1 : udng_mp_skip(p + pos + kl, n - pos - kl);
+        if (kl < 0 || vl < 0) {
+            bad = "table_fill: a malformed pair in the map";
+            break;
+        }
+        if ((uint64_t)kl > 0xFFFFFFFFULL || (uint64_t)vl > 0xFFFFFFFFULL) {
+            bad = "a key or value of 4 GiB or more cannot go in a table entry";
+            break;
+        }
+        Py_ssize_t size = (T_ENTRY + kl + vl + 7) & ~(Py_ssize_t)7;
+        if (size > out.len - off) {
+            bad = "table_fill: the buffer is too small";
+            break;
+        }
+        unsigned long long h = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(hashes, (Py_ssize_t)i));
+        if (h == (unsigned long long)-1 && PyErr_Occurred())
+            goto error;
+        if (dry) {
+            pos += kl + vl;
+            off += size;
+            continue;
+        }
+        unsigned char *e = b + off;
+        wr64(e, h);
+        wr32(e + 8, (uint32_t)kl);
+        wr32(e + 12, (uint32_t)vl);
+        wr32(e + 20, 0);
+        memcpy(e + T_ENTRY, p + pos, (size_t)(kl + vl));
+        memset(e + T_ENTRY + kl + vl, 0, (size_t)(size - T_ENTRY - kl - vl));
+        wr32(e + 16, udng_crc32(udng_crc32(0, e, 16), e + T_ENTRY, (size_t)(kl + vl)));
+        pos += kl + vl;
+        off += size;
+    }
+    if (bad == NULL && pos != n)
+        bad = "table_fill: bytes after the map";
+    PyBuffer_Release(&in);
+    if (!dry)
+        PyBuffer_Release(&out);
+    if (bad != NULL) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(off);
+error:
+    PyBuffer_Release(&in);
+    if (!dry)
+        PyBuffer_Release(&out);
+    return NULL;
+}
+
+PyObject *
+udng_native_table_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "table_index(buf, slots, start, end, count)");
+        return NULL;
+    }
+    unsigned long long slots = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long start = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long end = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long count = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer out;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0)
+        return NULL;
+    unsigned char *b = (unsigned char *)out.buf;
+    const char *bad = NULL;
+    if (slots < 8 || (slots & (slots - 1)) || start != T_HEADER + 8 * slots || start > end ||
+        end > (unsigned long long)out.len || end > T_OFFSET_MASK || count >= slots)
+        bad = "table_index: bounds do not fit the buffer";
+    else {
+        memset(b + T_HEADER, 0, 8 * slots);
+        uint64_t mask = slots - 1, off = start, seen = 0;
+        while (off < end) {
+            if (off + T_ENTRY > end || seen == count) {
+                bad = "table_index: the entries do not add up to count";
+                break;
+            }
+            uint64_t h = rd64(b + off), s;
+            uint64_t next = (off + T_ENTRY + rd32(b + off + 8) + (uint64_t)rd32(b + off + 12) + 7) & ~7ULL;
+            if (next > end) {
+                bad = "table_index: an entry runs past the end";
+                break;
+            }
+            uint64_t i = h & mask;
+            for (;;) {
+                memcpy(&s, b + T_HEADER + 8 * i, 8);
+                if (s == 0)
+                    break;
+                i = (i + 1) & mask;
+            }
+            s = (h & T_TAG_MASK) | off;
+            memcpy(b + T_HEADER + 8 * i, &s, 8);
+            off = next;
+            seen++;
+        }
+        if (bad == NULL && seen != count)
+            bad = "table_index: the entries do not add up to count";
+    }
+    PyBuffer_Release(&out);
+    if (bad != NULL) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject *
+udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "table_chunk(buf, start, end, off, most)");
+        return NULL;
+    }
+    unsigned long long start = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long end = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long off = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long most = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer pb;
+    if (PyObject_GetBuffer(args[0], &pb, PyBUF_SIMPLE) < 0)
+        return NULL;
+    table_view t = {(const unsigned char *)pb.buf, 8, start, end, pb.len};
+    const char *bad = NULL;
+    if (start < T_HEADER || start > end || end > (unsigned long long)pb.len || off < start || off > end ||
+        most == 0 || most > 0xFFFFFFFFULL)
+        bad = "table_chunk: bounds do not fit the buffer";
+    /* First pass: how many entries and bytes; each entry checked. */
+    uint64_t n = 0, bytes = 0, pos = off;
+    while (bad == NULL && pos < end && n < most) {
+        uint32_t kl, vl;
+        if ((bad = check_entry(&t, pos, &kl, &vl)) != NULL)
+            break;
+        bytes += (uint64_t)kl + vl;
+        pos = (pos + T_ENTRY + kl + vl + 7) & ~7ULL;
+        n++;
+    }
+    PyObject *out = NULL;
+    if (bad == NULL) {
+        out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(5 + bytes));
+        if (out != NULL) {
+            unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+            size_t hl;
+            if (n < 16) {
+                w[0] = (unsigned char)(0x80 | n);
+                hl = 1;
+            } else if (n < 65536) {
+                w[0] = 0xde; w[1] = (unsigned char)(n >> 8); w[2] = (unsigned char)n;
+                hl = 3;
+            } else {
+                w[0] = 0xdf; w[1] = (unsigned char)(n >> 24); w[2] = (unsigned char)(n >> 16);
+                w[3] = (unsigned char)(n >> 8); w[4] = (unsigned char)n;
+                hl = 5;
+            }
+            unsigned char *q = w + hl;
+            for (uint64_t p = off, i = 0; i < n; i++) {
+                uint32_t kl = rd32(t.b + p + 8), vl = rd32(t.b + p + 12);
+                memcpy(q, t.b + p + T_ENTRY, (size_t)kl + vl);
+                q += (size_t)kl + vl;
+                p = (p + T_ENTRY + kl + vl + 7) & ~7ULL;
+            }
+            if (_PyBytes_Resize(&out, (Py_ssize_t)(q - w)) < 0)
+                out = NULL;
+        }
+    }
+    PyBuffer_Release(&pb);
+    if (bad != NULL) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    if (out == NULL)
+        return NULL;
+    PyObject *r = Py_BuildValue("(NK)", out, (unsigned long long)pos);
+    return r;
 }

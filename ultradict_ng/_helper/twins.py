@@ -27,7 +27,7 @@ __all__ = [
     "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
-    "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
+    "table_fill", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
 ]
 
 _header = struct.Struct(L.RECORD_FORMAT)
@@ -352,3 +352,113 @@ def table_candidates(buf: Any, slots: int, start: int, end: int,
             off, kl, vl = found
             out.append((bytes(mv[off + _TE:off + _TE + kl]), bytes(mv[off + _TE + kl:off + _TE + kl + vl])))
     return out
+
+
+def _map_count(packed: Any) -> Tuple[int, int]:
+    """(pair count, header length) of the msgpack map ``packed`` starts with."""
+    first = packed[0] if len(packed) else -1
+    if first & 0xF0 == 0x80:
+        return first & 0x0F, 1
+    if first == 0xDE and len(packed) >= 3:
+        return int.from_bytes(packed[1:3], "big"), 3
+    if first == 0xDF and len(packed) >= 5:
+        return int.from_bytes(packed[1:5], "big"), 5
+    raise ValueError("table_fill: packed is not a msgpack map")
+
+
+def table_fill(buf: Any, off: int, packed: Any, hashes: List[int]) -> int:
+    """Write an entry per pair of the msgpack map ``packed`` with ``hashes[i]``
+    from ``off`` (``buf`` None: only the resulting offset); return the offset
+    after them (table_layout.py, "entries")."""
+    with memoryview(packed) as raw, raw.cast("B") as p:
+        count, pos = _map_count(p)
+        if count != len(hashes):
+            raise ValueError("table_fill: the map's pair count differs from the hashes'")
+        size_of = len(buf) if buf is not None else 1 << 62
+        if off < TL.TABLE_HEADER or off & 7 or off > size_of:
+            raise ValueError("table_fill: offset outside the buffer")
+        unpacker = msgpack.Unpacker(max_buffer_size=max(len(p), 1))
+        unpacker.feed(p[pos:])
+        base = pos
+        for h in hashes:
+            try:
+                unpacker.skip()
+                kend = base + unpacker.tell()
+                unpacker.skip()
+                vend = base + unpacker.tell()
+            except Exception:
+                raise ValueError("table_fill: a malformed pair in the map") from None
+            kl, vl = kend - pos, vend - kend
+            if kl > 0xFFFFFFFF or vl > 0xFFFFFFFF:
+                raise ValueError("a key or value of 4 GiB or more cannot go in a table entry")
+            size = (_TE + kl + vl + 7) & ~7
+            if size > size_of - off:
+                raise ValueError("table_fill: the buffer is too small")
+            if buf is not None:
+                body = off + _TE
+                buf[body:body + kl + vl] = p[pos:vend]
+                buf[body + kl + vl:off + size] = bytes(size - _TE - kl - vl)
+                _table_entry.pack_into(buf, off, h, kl, vl, 0, 0)
+                crc = zlib.crc32(buf[body:body + kl + vl], zlib.crc32(bytes(buf[off:off + 16])))
+                _table_entry.pack_into(buf, off, h, kl, vl, crc, 0)
+            pos = vend
+            off += size
+        if pos != len(p):
+            raise ValueError("table_fill: bytes after the map")
+    return off
+
+
+def table_index(buf: Any, slots: int, start: int, end: int, count: int) -> None:
+    """Write the index of the entries between ``start`` and ``end`` (table_layout.py, "index")."""
+    if (slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf)
+            or end > TL.TABLE_OFFSET_MASK or count >= slots):
+        raise ValueError("table_index: bounds do not fit the buffer")
+    with memoryview(buf) as mv, mv[TL.TABLE_HEADER:start].cast("Q") as idx:
+        for i in range(slots):
+            idx[i] = 0
+        mask = slots - 1
+        off = seen = 0
+        off = start
+        while off < end:
+            if off + _TE > end or seen == count:
+                raise ValueError("table_index: the entries do not add up to count")
+            h, kl, vl, _, _ = _table_entry.unpack_from(mv, off)
+            nxt = (off + _TE + kl + vl + 7) & ~7
+            if nxt > end:
+                raise ValueError("table_index: an entry runs past the end")
+            i = h & mask
+            while idx[i]:
+                i = (i + 1) & mask
+            idx[i] = (h & TL.TABLE_TAG_MASK) | off
+            off = nxt
+            seen += 1
+        if seen != count:
+            raise ValueError("table_index: the entries do not add up to count")
+
+
+def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[bytes, int]:
+    """Up to ``most`` entries from ``off``, each checked, as one msgpack map
+    of their keys' and values' bytes; and the offset after them."""
+    if (start < TL.TABLE_HEADER or not start <= end <= len(buf) or not start <= off <= end
+            or not 0 < most <= 0xFFFFFFFF):
+        raise ValueError("table_chunk: bounds do not fit the buffer")
+    parts: List[bytes] = []
+    n = 0
+    with memoryview(buf) as mv:
+        while off < end and n < most:
+            if off & 7 or off + _TE > end:
+                raise ValueError("table entry offset outside the entries")
+            _, kl, vl, crc, zero = _table_entry.unpack_from(mv, off)
+            if zero:
+                raise ValueError("table entry has a nonzero reserved word")
+            if off + _TE + kl + vl > end:
+                raise ValueError("table entry runs past the entries")
+            body = mv[off + _TE:off + _TE + kl + vl]
+            if zlib.crc32(body, zlib.crc32(mv[off:off + 16])) != crc:
+                raise ValueError("table entry fails its checksum")
+            parts.append(bytes(body))
+            off = (off + _TE + kl + vl + 7) & ~7
+            n += 1
+    head = bytes([0x80 | n]) if n < 16 else (b"\xde" + n.to_bytes(2, "big") if n < 65536
+                                             else b"\xdf" + n.to_bytes(4, "big"))
+    return head + b"".join(parts), off

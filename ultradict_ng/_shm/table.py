@@ -11,16 +11,18 @@ written, so readers need no lock and no retry while they hold it.
 Layout: "Table" in layout.py is the format (header, index slots, entries);
 this module writes and reads it and does nothing else:
 
-* :func:`table_size` / :func:`write_table` build a table from encoded entries
-  ``(hash, key bytes, value bytes)`` into a caller's buffer (the caller makes
-  the segment, so a table never exists twice in a process's memory);
+* :func:`map_size` / :func:`write_map` build a table from a dict packed whole
+  by the serializer, :func:`table_size` / :func:`write_table` from encoded
+  entries ``(hash, key bytes, value bytes)``, into a caller's buffer (the
+  caller makes the segment); the entries and the index are written by the
+  compiled helper (``speedups.table_fill`` / ``table_index``) or its twins;
 * :class:`Table` reads one: header checks at open (O(1): nothing is decoded
   or summed over the whole table), :meth:`Table.find` to probe, each entry's
   checksum verified when it is read;
 * :class:`Merge` plans a new table from an old one and the changes since,
   copying the bytes of every unchanged entry: reorganising costs memory
-  bandwidth and one pass over the entry headers, never a decode or encode of
-  an unchanged key or value.
+  bandwidth and one compiled pass over the entry headers, never a decode or
+  encode of an unchanged key or value.
 
 Keys are hashed with :func:`~ultradict_ng._codec.keyhash.key_hash` (the same in
 every process) by the caller, which also supplies the serializer's ``loads``
@@ -37,10 +39,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from .. import table_layout as L
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment
-from ..speedups import key_hash_common, table_candidates, table_get
+from ..speedups import key_hash_common, table_candidates, table_chunk, table_fill, table_get, table_index
 
-__all__ = ["Table", "Merge", "table_size", "write_table", "entry_size", "slots_for", "hash_key",
-           "encode_entries"]
+__all__ = ["Table", "Merge", "table_size", "write_table", "write_map", "map_size", "entry_size",
+           "slots_for", "hash_key", "encode_entries", "pack_pairs"]
 
 _Buffer = Union[bytes, bytearray, memoryview]
 Entry = Tuple[int, _Buffer, _Buffer]
@@ -50,7 +52,6 @@ _entry = struct.Struct(L.TABLE_ENTRY_FORMAT)
 _EH = L.TABLE_ENTRY_HEADER
 _TAG = L.TABLE_TAG_MASK
 _OFF = L.TABLE_OFFSET_MASK
-_M64 = (1 << 64) - 1
 
 
 def hash_key(key: Any) -> int:
@@ -84,43 +85,13 @@ def _entry_crc(buf: _Buffer, off: int, end: int) -> int:
     return zlib.crc32(buf[off + _EH:end], zlib.crc32(buf[off:off + 16]))
 
 
-def _put_entry(buf: memoryview, off: int, h: int, key: _Buffer, value: _Buffer) -> int:
-    """Write one entry at ``off``; return the offset after it (padding zeroed)."""
-    kl, vl = len(key), len(value)
-    if kl > 0xFFFFFFFF or vl > 0xFFFFFFFF:
-        raise ValueError("a key or value of 4 GiB or more cannot go in a table entry")
-    body = off + _EH
-    buf[body:body + kl] = key
-    buf[body + kl:body + kl + vl] = value
-    end = body + kl + vl
-    _entry.pack_into(buf, off, h & _M64, kl, vl, 0, 0)
-    _entry.pack_into(buf, off, h & _M64, kl, vl, _entry_crc(buf, off, end), 0)
-    nxt = (end + 7) & ~7
-    buf[end:nxt] = bytes(nxt - end)
-    return nxt
-
-
-def _index(buf: memoryview, slots: int, start: int, end: int, count: int) -> None:
-    """Fill the index of the entries in ``start .. end`` (zeroed first)."""
-    idx = buf[L.TABLE_HEADER:L.TABLE_HEADER + 8 * slots].cast("Q")
-    try:
-        for i in range(slots):
-            idx[i] = 0
-        mask = slots - 1
-        off, seen = start, 0
-        unpack = _entry.unpack_from
-        while off < end:
-            h, kl, vl, _, _ = unpack(buf, off)
-            i = h & mask
-            while idx[i]:
-                i = (i + 1) & mask
-            idx[i] = (h & _TAG) | off
-            off = (off + _EH + kl + vl + 7) & ~7
-            seen += 1
-        if seen != count:
-            raise AssertionError(f"table index: {seen} entries written, {count} expected")
-    finally:
-        idx.release()
+def pack_pairs(entries: Sequence[Entry]) -> bytes:
+    """``entries`` as the msgpack map ``table_fill`` writes entries from: a map
+    header, then each key's and value's encoding as they are."""
+    n = len(entries)
+    head = bytes([0x80 | n]) if n < 16 else (b"\xde" + n.to_bytes(2, "big") if n < 65536
+                                             else b"\xdf" + n.to_bytes(4, "big"))
+    return head + b"".join(bytes(k) + bytes(v) for _, k, v in entries)
 
 
 def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generation: int,
@@ -129,7 +100,7 @@ def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generatio
     start = L.TABLE_HEADER + 8 * slots
     if entries_end > _OFF:
         raise ValueError("a table of 1 TiB or more cannot be indexed")
-    _index(buf, slots, start, entries_end, count)
+    table_index(buf, slots, start, entries_end, count)
     fields = (L.TABLE_MAGIC, generation, count, slots, start, entries_end, token)
     crc = zlib.crc32(_header.pack(*fields, 0, 0)[:-8])
     _header.pack_into(buf, 0, *fields, crc, 0)
@@ -138,12 +109,27 @@ def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generatio
 def write_table(buf: memoryview, entries: Sequence[Entry], generation: int, token: int) -> int:
     """Write a table of ``entries`` (unique keys, in the order they keep) into
     ``buf``, which holds at least :func:`table_size` bytes; return that size."""
-    slots = slots_for(len(entries))
-    off = L.TABLE_HEADER + 8 * slots
-    for h, key, value in entries:
-        off = _put_entry(buf, off, h, key, value)
-    _finish(buf, len(entries), slots, off, generation, token)
-    return off
+    return write_map(buf, pack_pairs(entries), [h for h, _, _ in entries], generation, token)
+
+
+def map_size(packed: _Buffer, hashes: List[int]) -> int:
+    """Size of the table :func:`write_map` makes of ``packed`` (nothing written)."""
+    slots = slots_for(len(hashes))
+    return table_fill(None, L.TABLE_HEADER + 8 * slots, packed, hashes)
+
+
+def write_map(buf: memoryview, packed: _Buffer, hashes: List[int], generation: int, token: int) -> int:
+    """Write the table of a dict packed whole by the serializer (a msgpack map,
+    its keys unique under ``==``) into ``buf`` (at least :func:`map_size`
+    bytes), ``hashes`` being its keys' in order; return its size.
+
+    Why from one packed map: packing a dict in one call and splitting it into
+    entries in compiled code costs memory copies, not an object per entry --
+    how a bulk load of a million keys stays below a second."""
+    slots = slots_for(len(hashes))
+    end = table_fill(buf, L.TABLE_HEADER + 8 * slots, packed, hashes)
+    _finish(buf, len(hashes), slots, end, generation, token)
+    return end
 
 
 class Table:
@@ -263,6 +249,23 @@ class Table:
         if seen != self.count:
             raise CorruptSegment(f"table holds {seen} entries, its header says {self.count}")
 
+    def decoded(self, loads: Callable[[Any], Any], chunk: int = 4096) -> Iterator[Tuple[Any, Any]]:
+        """Every ``(key, value)`` in order, decoded ``chunk`` entries per
+        serializer call (``speedups.table_chunk`` packs them as one map):
+        a walk of a million entries costs a few hundred decoder calls, and
+        holds one chunk decoded at a time."""
+        off, seen = self.start, 0
+        while off < self.end:
+            try:
+                packed, off = table_chunk(self.buf, self.start, self.end, off, chunk)
+            except ValueError as exc:
+                raise CorruptSegment(str(exc)) from None
+            part = loads(packed)
+            seen += len(part)
+            yield from part.items()
+        if seen != self.count:
+            raise CorruptSegment(f"table holds {seen} entries, its header says {self.count}")
+
     def items(self) -> Iterator[Tuple[memoryview, memoryview]]:
         """``(key bytes, value bytes)`` of every entry in order, each checked."""
         for off in self.offsets():
@@ -285,55 +288,55 @@ class Merge:
     def __init__(self, old: Table, removed: Set[int], replaced: Dict[int, _Buffer],
                  appended: Sequence[Entry]) -> None:
         self.old = old
-        # (source offset, end) for a copied run, or (hash, key, value) for a written entry.
+        # ("run", start, end) copied from the old table, or ("entry", hash, key, value) written.
         self._pieces: List[Tuple[Any, ...]] = []
-        count = size = 0
-        run_start = -1
-        for off in old.offsets():
-            if off in removed or off in replaced:
-                if run_start >= 0:
-                    self._pieces.append(("run", run_start, off))
-                    size += off - run_start
-                    run_start = -1
-                if off in replaced:
-                    h, key, _, _ = old.entry(off)
-                    value = replaced[off]
-                    self._pieces.append(("entry", h, key, value))
-                    size += entry_size(len(key), len(value))
-                    count += 1
-                continue
-            if run_start < 0:
-                run_start = off
-            count += 1
-        if run_start >= 0:
-            self._pieces.append(("run", run_start, old.end))
-            size += old.end - run_start
+        size = 0
+        pos = old.start
+        # Only the changed entries are read (and checked); the runs between
+        # them are never walked here: planning costs O(changes), not O(table).
+        for off in sorted(removed | replaced.keys()):
+            if off < pos:
+                raise ValueError(f"merge: offset {off} is not the start of an entry of the old table")
+            h, key, _, nxt = old.entry(off)
+            if off > pos:
+                self._pieces.append(("run", pos, off))
+                size += off - pos
+            if off not in removed:
+                value = replaced[off]
+                self._pieces.append(("entry", h, key, value))
+                size += entry_size(len(key), len(value))
+            pos = nxt
+        if pos < old.end:
+            self._pieces.append(("run", pos, old.end))
+            size += old.end - pos
         for h, kb, vb in appended:
             self._pieces.append(("entry", h, kb, vb))
             size += entry_size(len(kb), len(vb))
-        self.count = count + len(appended)
+        self.count = old.count - len(removed) + len(appended)
         self.entries_bytes = size
         self.size = table_size(self.count, size)
 
     def write(self, buf: memoryview, generation: int, token: int) -> int:
         """Write the new table into ``buf`` (at least ``size`` bytes); return its size.
 
-        Runs are copied as they are: their headers were walked (bounds
-        checked) while planning, and each entry's checksum travels with it,
-        so whoever reads an entry of the new table checks it then.  The
-        index is built afresh by walking the new entries (offsets moved)."""
+        Runs are copied as they are, each entry's checksum with it, so
+        whoever reads an entry of the new table checks it then.  The index
+        is built afresh by walking the new entries' headers in compiled code
+        (offsets moved), which also checks that they add up to ``count``."""
         slots = slots_for(self.count)
         off = L.TABLE_HEADER + 8 * slots
         src = self.old.buf
-        for piece in self._pieces:
-            if piece[0] == "run":
-                _, a, b = piece
-                n = b - a
-                buf[off:off + n] = src[a:b]
-                off += n
-            else:
-                _, h, kb, vb = piece
-                off = _put_entry(buf, off, h, kb, vb)
+        pending: List[Entry] = []
+        for piece in self._pieces + [("run", 0, 0)]:
+            if piece[0] == "entry":
+                pending.append(piece[1:])
+                continue
+            if pending:  # the entries written since the last run, in one call
+                off = table_fill(buf, off, pack_pairs(pending), [h for h, _, _ in pending])
+                pending = []
+            _, a, b = piece
+            buf[off:off + b - a] = src[a:b]
+            off += b - a
         _finish(buf, self.count, slots, off, generation, token)
         return off
 
