@@ -91,8 +91,8 @@ def _load(contender: str, name: str, data: Dict[str, Any], run: Run) -> Tuple[Di
         run.own(name, lambda: unlink_by_name(name), LABELS[contender])
         d = SharedDict(name=name, auto_unlink=False)  # the readers attach after it is closed
         d.update(data)
-        shared = sum(os.stat(os.path.join("/dev/shm", e)).st_size for e in os.listdir("/dev/shm")
-                     if e == name or e.startswith(name + "@"))
+        shared = sum(os.stat(os.path.join("/dev/shm", e)).st_blocks * 512 for e in os.listdir("/dev/shm")
+                     if e == name or e.startswith(name + "@"))  # (pages held: the stream is sparse)
         d.close()
         return {"name": name}, shared, lambda: unlink_by_name(name)
     if contender == "table":
@@ -133,7 +133,7 @@ def _load(contender: str, name: str, data: Dict[str, Any], run: Run) -> Tuple[Di
         with d.lock:
             d.data.update(data)
             d.dump()
-        shared = sum(os.stat(os.path.join("/dev/shm", e)).st_size for e in os.listdir("/dev/shm")
+        shared = sum(os.stat(os.path.join("/dev/shm", e)).st_blocks * 512 for e in os.listdir("/dev/shm")
                      if e.startswith(name))
         dump = _ultra_dump_name(name)
 

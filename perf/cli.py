@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "InterProcessPyObjects, multiprocessing.Pipe and Queue; and, for wake-ups "
                     "(workload 10), wait_for_change against polling, multiprocessing.Event, "
                     "Condition, Pipe and Redis pub/sub; and ultradict_ng.futures.ProcessPoolExecutor "
-                    "against the standard pool, npshmex and SharedMemory by hand (workload 11).")
+                    "against the standard pool, npshmex and SharedMemory by hand (workload 11); "
+                    "and a big dict read by fresh processes against py-lmdb (workload 14).")
     p.add_argument("--quick", action="store_true",
                    help="short run (about a minute): 0.1 s per measurement, smaller sizes, 3 repetitions "
                         "(workload 9: 1 MiB and 10 MiB values, 1 repetition; workload 10: 200 "
