@@ -607,6 +607,40 @@ def test_hit_path_never_answers_from_a_stale_or_closed_cache(name):
     d.close()
 
 
+def test_a_tuple_of_immutable_items_is_handed_out_as_it_is(name, monkeypatch):
+    """A tuple whose items are immutable is as immutable as they are: every
+    read gets the cached tuple itself, answered by the compiled hit path where
+    it is built (no call into the Python slow path); a tuple holding a list,
+    or another tuple, still takes the slow path and a list is still a copy."""
+    d = SharedDict(name=name)
+    d["row"] = (1, "name", 0.5, None, b"x", True)
+    d["mixed"] = (1, [2, 3])
+    d["nested"] = (1, (2, 3))
+    calls = []
+    slow = SharedDict._getitem_slow
+
+    def counting(self, key):
+        calls.append(key)
+        return slow(self, key)
+
+    monkeypatch.setattr(SharedDict, "_getitem_slow", counting)
+    if speedups.IMPLEMENTATION != "native":
+        monkeypatch.setattr(SharedDict, "__getitem__", counting)
+    try:
+        first = d["row"]
+        assert first == (1, "name", 0.5, None, b"x", True) and d["row"] is first
+        if speedups.IMPLEMENTATION == "native":
+            assert calls == []  # answered in C
+        got = d["mixed"]
+        assert got == (1, [2, 3]) and calls[-1] == "mixed"
+        got[1].append(4)
+        assert d["mixed"] == (1, [2, 3])  # the list inside was a copy
+        assert d["nested"] == (1, (2, 3)) and calls[-1] == "nested"
+    finally:
+        d.unlink()
+        d.close()
+
+
 # -- replay: record framing, batch decoding and applying ----------------------------
 
 

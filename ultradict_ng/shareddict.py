@@ -223,8 +223,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
             value = s.data[key]
         else:
             value = self._node()[key]
-        if type(value) in _IMMUTABLE:
-            return value
+        tp = type(value)
+        if tp in _IMMUTABLE or (tp is tuple and _IMMUTABLE.issuperset(map(type, value))):
+            return value  # (as the compiled hit path: a tuple of immutable items is one)
         try:  # the value at hand first: no loop, no second lookup
             return self._export(key, value)
         except BlobGone:  # a writer freed its blob since our sync: read again, in _read's loop

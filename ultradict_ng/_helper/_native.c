@@ -28,7 +28,8 @@
  *                       there are any (layout.py, "Waiting and waking").
  *   StoreBase/ViewBase  the bases of Store and SharedDict; ViewBase's
  *                       __getitem__ slot is the read hit path (one STATE load,
- *                       a compare, a dict lookup, an immutable-type check) and
+ *                       a compare, a dict lookup, an immutable-type check --
+ *                       a tuple of immutable items counts) and
  *                       calls the Python _getitem_slow for everything else.
  *   types_within        the codec's scan of a container before packing.
  *   msgpack_length      the length of one msgpack object (framing check).
@@ -1124,6 +1125,20 @@ is_immutable(PyObject *v)
     return r;
 }
 
+/* A tuple whose items are all of immutable types (one level: a tuple inside
+ * takes the slow path): as immutable as they are, handed out as it is --
+ * the value shape of lookup tables, (int, str, float). */
+static int
+is_immutable_tuple(PyObject *v)
+{
+    if (!PyTuple_CheckExact(v))
+        return 0;
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(v); i < n; i++)
+        if (!is_immutable(PyTuple_GET_ITEM(v, i)))
+            return 0;
+    return 1;
+}
+
 static PyObject *
 vb_subscript(ViewObject *self, PyObject *key)
 {
@@ -1140,7 +1155,7 @@ vb_subscript(ViewObject *self, PyObject *key)
             } else if (__atomic_load_n(&w->words[s->state_index], __ATOMIC_ACQUIRE) == seen) {
                 PyObject *v = PyDict_GetItemWithError(s->data, key);  /* borrowed */
                 if (v != NULL) {
-                    if (is_immutable(v)) {
+                    if (is_immutable(v) || is_immutable_tuple(v)) {
                         Py_INCREF(v);
                         return v;
                     }
