@@ -278,12 +278,28 @@ def key_hash_common(key: Any) -> Optional[int]:
 # -- the probe of a shared table (table_layout.py, "Probe") ------------------------------
 
 _table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
+_map_header = msgpack.Packer().pack_map_header
 _TE = TL.TABLE_ENTRY_HEADER
 
 
 def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
     if slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf):
         raise ValueError("table bounds do not fit the buffer")
+
+
+def _table_entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, Tuple[int, int, int]]:
+    """``(hash, key length, value length)`` of the entry at ``off`` once it is
+    checked (aligned, inside the entries, zero word, crc), or what is wrong."""
+    if off & 7 or off < start or off + _TE > end:
+        return "table entry offset outside the entries"
+    eh, kl, vl, crc, zero = _table_entry.unpack_from(buf, off)
+    if zero:
+        return "table entry has a nonzero reserved word"
+    if off + _TE + kl + vl > end:
+        return "table entry runs past the entries"
+    if zlib.crc32(buf[off + _TE:off + _TE + kl + vl], zlib.crc32(buf[off:off + 16])) != crc:
+        return "table entry fails its checksum"
+    return eh, kl, vl
 
 
 def _table_chain(buf: Any, slots: int, start: int, end: int,
@@ -301,19 +317,11 @@ def _table_chain(buf: Any, slots: int, start: int, end: int,
         if s & TL.TABLE_TAG_MASK != tag:
             continue
         off = s & TL.TABLE_OFFSET_MASK
-        if off & 7 or off < start or off + _TE > end:
-            yield "table entry offset outside the entries"
+        checked = _table_entry_checked(buf, start, end, off)
+        if isinstance(checked, str):
+            yield checked
             return
-        eh, kl, vl, crc, zero = _table_entry.unpack_from(buf, off)
-        if zero:
-            yield "table entry has a nonzero reserved word"
-            return
-        if off + _TE + kl + vl > end:
-            yield "table entry runs past the entries"
-            return
-        if zlib.crc32(buf[off + _TE:off + _TE + kl + vl], zlib.crc32(buf[off:off + 16])) != crc:
-            yield "table entry fails its checksum"
-            return
+        eh, kl, vl = checked
         if eh == h:
             yield off, kl, vl
     yield "table index has no empty slot"
@@ -446,19 +454,12 @@ def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[by
     n = 0
     with memoryview(buf) as mv:
         while off < end and n < most:
-            if off & 7 or off + _TE > end:
-                raise ValueError("table entry offset outside the entries")
-            _, kl, vl, crc, zero = _table_entry.unpack_from(mv, off)
-            if zero:
-                raise ValueError("table entry has a nonzero reserved word")
-            if off + _TE + kl + vl > end:
-                raise ValueError("table entry runs past the entries")
+            checked = _table_entry_checked(mv, start, end, off)
+            if isinstance(checked, str):
+                raise ValueError(checked)
+            _, kl, vl = checked
             body = mv[off + _TE:off + _TE + kl + vl]
-            if zlib.crc32(body, zlib.crc32(mv[off:off + 16])) != crc:
-                raise ValueError("table entry fails its checksum")
             parts.append(bytes(body))
             off = (off + _TE + kl + vl + 7) & ~7
             n += 1
-    head = bytes([0x80 | n]) if n < 16 else (b"\xde" + n.to_bytes(2, "big") if n < 65536
-                                             else b"\xdf" + n.to_bytes(4, "big"))
-    return head + b"".join(parts), off
+    return _map_header(n) + b"".join(parts), off

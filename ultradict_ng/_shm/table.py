@@ -36,6 +36,8 @@ import struct
 import zlib
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
 from .. import table_layout as L
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment
@@ -48,6 +50,7 @@ _Buffer = Union[bytes, bytearray, memoryview]
 Entry = Tuple[int, _Buffer, _Buffer]
 
 _header = struct.Struct(L.TABLE_FORMAT)
+_map_header: Callable[[int], bytes] = msgpack.Packer().pack_map_header
 _entry = struct.Struct(L.TABLE_ENTRY_FORMAT)
 _EH = L.TABLE_ENTRY_HEADER
 _TAG = L.TABLE_TAG_MASK
@@ -88,10 +91,7 @@ def _entry_crc(buf: _Buffer, off: int, end: int) -> int:
 def pack_pairs(entries: Sequence[Entry]) -> bytes:
     """``entries`` as the msgpack map ``table_fill`` writes entries from: a map
     header, then each key's and value's encoding as they are."""
-    n = len(entries)
-    head = bytes([0x80 | n]) if n < 16 else (b"\xde" + n.to_bytes(2, "big") if n < 65536
-                                             else b"\xdf" + n.to_bytes(4, "big"))
-    return head + b"".join(bytes(k) + bytes(v) for _, k, v in entries)
+    return _map_header(len(entries)) + b"".join(bytes(k) + bytes(v) for _, k, v in entries)
 
 
 def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generation: int,
