@@ -45,16 +45,46 @@ def unique_name(prefix: str = "t") -> str:
 PARCELS = "@udp"
 
 
+def _descends_from_us(pid: int) -> bool:
+    """Whether ``pid`` is this process or a live descendant of it (/proc's parent chain)."""
+    me = os.getpid()
+    for _ in range(64):
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _maker_pid(entry: str) -> int:
+    """The maker's pid from a parcel's name (``@udp<pool>.<maker>-<seq>``), 0 if none."""
+    try:
+        return int(entry.rsplit(".", 1)[1].split("-", 1)[0], 36)
+    except (IndexError, ValueError):
+        return 0
+
+
 def _ours_or_abandoned(entry: str) -> bool:
     """A parcel is this session's when its pool is this process; one whose
     pool died (a test killed it), or whose header was never written, counts
-    too.  A live pool of another program
-    -- a benchmark running beside the suite -- is neither, and is never touched."""
+    too -- unless its maker is alive and not this session's: a pool of
+    another program (a benchmark or a second suite running beside this one)
+    making it right now.  Those are never touched."""
     from ultradict_ng.futures.leftovers import parcels
 
     for rep in parcels():
         if rep.name == entry:
-            return rep.owner_pid == os.getpid() or rep.status in ("abandoned", "creating")
+            if rep.owner_pid == os.getpid():
+                return True
+            if rep.status not in ("abandoned", "creating"):
+                return False
+            maker = rep.maker_pid or _maker_pid(entry)
+            return not (maker and os.path.exists(f"/proc/{maker}") and not _descends_from_us(maker))
     return False
 
 

@@ -24,6 +24,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ultradict_ng import Closed, LockTimeout, SharedDict, TransactionAborted, Unlinked, UnsupportedType
+from ultradict_ng import speedups
 from tests.conftest import unique_name
 from tests.transaction_workers import ACCOUNTS
 
@@ -342,6 +343,175 @@ def test_two_thousand_writes_in_a_transaction_are_not_slower_than_under_the_lock
     assert best_tx < 3 * best_lock  # (generous: the machine is noisy; perf/ measures)
     assert d.stats()["generation"] - gen <= 6  # no dump per write
     d.unlink()
+
+
+# -- shared memory: the compiled write path of a transaction (layout "Transactions") ------------
+
+NATIVE = speedups.IMPLEMENTATION == "native"
+
+
+@pytest.fixture
+def slow_calls(monkeypatch):
+    """The keys that went through ``SharedDict._setitem_slow`` (the Python path)."""
+    keys: List[Any] = []
+    slow = SharedDict._setitem_slow
+
+    def counted(self: SharedDict, key: Any, value: Any) -> None:
+        keys.append(key)
+        slow(self, key, value)
+
+    monkeypatch.setattr(SharedDict, "_setitem_slow", counted)
+    if not NATIVE:  # (the twin ViewBase made _setitem_slow SharedDict's __setitem__ itself)
+        monkeypatch.setattr(SharedDict, "__setitem__", counted)
+    return keys
+
+
+@pytest.mark.shm_only
+def test_scalar_writes_of_the_transactions_thread_take_the_compiled_path(name, dicts, slow_calls):
+    """Inside a block, root-level scalar sets of its thread are written by
+    ViewBase itself (with the twins: all by the Python path); everything the
+    compiled path does not cover still goes to the Python rules."""
+    d = dicts(name, recurse=True)
+    d["n"] = {}
+    other = SharedDict(name)
+    del slow_calls[:]
+    with d.transaction():
+        for i in range(50):
+            d[f"k{i}"] = i
+        d["s"], d[b"b"], d[2.5], d[None], d[True] = "x" * 300, b"y", -1.5, None, 2**64 - 1
+        d[(1, 2)] = 1  # a tuple key: not a scalar
+        d["big"] = 2**64  # beyond 64 bits: the codec's ext
+        d["n"]["x"] = 1  # a nested view
+        assert d["k49"] == 49 and d[True] == 2**64 - 1 and d["n"]["x"] == 1  # the block sees its writes
+        assert other.copy() == {"n": {}}
+    python = [(1, 2), "big", "x"]  # the nested view's write too
+    taken = python if NATIVE else [f"k{i}" for i in range(50)] + ["s", b"b", 2.5, None, True] + python
+    assert slow_calls == taken
+    want = {"n": {"x": 1}, **{f"k{i}": i for i in range(50)}, "s": "x" * 300, b"b": b"y", 2.5: -1.5,
+            None: None, True: 2**64 - 1, (1, 2): 1, "big": 2**64}
+    assert other.copy() == want  # read from the stream by another handle
+    later = SharedDict(name)  # and from the dump a new handle decodes, once one is written
+    later._store.force_dump()
+    assert SharedDict(name).copy() == want
+    later.close()
+    other.close()
+
+
+@pytest.mark.shm_only
+def test_the_compiled_path_writes_the_bytes_the_python_path_writes(name, dicts):
+    """The records a block leaves in the stream are byte for byte those of the
+    same writes through ``write_simple`` (the path outside transactions)."""
+    import ultradict_ng.layout as L
+
+    values: List[Any] = [0, -1, 127, 128, -33, 2**31, -(2**63), 2**64 - 1, 1.5, "", "é" * 40, b"", b"z" * 300,
+                         None, True, False]
+    d = dicts(name)
+    s = d._store
+    with d.transaction():
+        start = s.pos
+        for i, v in enumerate(values):
+            d[f"k{i}"] = v
+            d[v] = i
+        end = s.pos
+        stream = bytes(s._map.stream_mv[start:end])
+    expect = bytearray(end - start + 64)
+    words = speedups.Words(expect)
+    try:
+        at = 0
+        for i, v in enumerate(values):
+            for key, value in ((f"k{i}", v), (v, i)):
+                at = words.write_simple(at, s.gen & L.GEN_MASK, len(expect), L.OP_SET, key, value)
+    finally:
+        words.release()
+    assert stream == bytes(expect[:at])
+
+
+@pytest.mark.shm_only
+def test_another_thread_of_the_same_handle_waits_for_the_block(name, dicts):
+    """The compiled path belongs to the block's thread: another thread's write
+    through the same handle waits for the lock, and lands after the block."""
+    d = dicts(name)
+    done: List[Any] = []
+
+    def writer() -> None:
+        d["t"] = 1
+        done.append(True)
+
+    with d.transaction():
+        d["a"] = 1
+        t = threading.Thread(target=writer)
+        t.start()
+        time.sleep(0.3)
+        assert not done and "t" not in d
+        d["b"] = 2
+    t.join(10)
+    assert done and SharedDict(name).copy() == {"a": 1, "b": 2, "t": 1}
+
+
+@pytest.mark.shm_only
+def test_a_scalar_over_a_blob_holding_value_drops_the_blob_at_the_publish(name, dicts):
+    """Once blobs exist, a scalar replacing a value that holds one goes to the
+    Python path, which unlinks the old blob when the block is published."""
+    d = dicts(name, blob_threshold=1024)
+    d["keep"] = [b"k" * 4096, 1]
+    d["plain"] = 0
+    before = ours(name)
+    with d.transaction():
+        d["plain"] = 1  # (old value a scalar: the compiled path)
+        d["keep"] = 2
+        assert ours(name) == before  # dropped only once published
+    assert len(ours(name)) == len(before) - 1
+    assert SharedDict(name).copy() == {"keep": 2, "plain": 1}
+    with d.transaction():
+        d["large"] = b"L" * 2048  # over the threshold: a blob, as outside a block
+        d["small"] = b"s" * 1000
+    assert len(ours(name)) == len(before)
+    assert SharedDict(name).copy() == {"keep": 2, "plain": 1, "large": b"L" * 2048, "small": b"s" * 1000}
+
+
+@pytest.mark.shm_only
+def test_a_block_closed_inside_raises_closed_and_publishes_nothing(name, dicts):
+    d = dicts(name)
+    d["a"] = 0
+    other = SharedDict(name)
+    with pytest.raises(Closed):
+        with d.transaction():
+            d["a"] = 1
+            d.close()
+            d["a"] = 2
+    assert other.copy() == {"a": 0}
+    with other.lock(timeout=1):  # the lock was given back
+        pass
+    other.close()
+
+
+@pytest.mark.shm_only
+def test_a_child_forked_inside_a_block_writes_through_the_lock(name, dicts):
+    """A child forked by the block's thread has the same thread id and the
+    parent's armed state: its writes must wait for the lock and publish,
+    never go past the parent's unpublished records."""
+    d = dicts(name)
+    r, w = os.pipe()
+    with d.transaction():
+        for i in range(20):
+            d[f"p{i}"] = i
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                os.close(r)
+                d["c"] = 3  # waits for the parent's block to end
+                os.write(w, b"written")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        time.sleep(0.3)
+        d["p0"] = -1
+    _, status = os.waitpid(pid, 0)
+    assert os.read(r, 100) == b"written" and status == 0
+    os.close(r)
+    assert SharedDict(name).copy() == {"p0": -1, **{f"p{i}": i for i in range(1, 20)}, "c": 3}
 
 
 # -- processes ---------------------------------------------------------------------------------

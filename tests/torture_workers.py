@@ -89,10 +89,18 @@ def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False
         elif r < 0.90:
             # A transaction: "ta" and "tb" change together (readers check they are
             # equal in every snapshot), or -- rolled back -- not at all.
+            # The root-level pair "ra<wid>"/"rb<wid>" goes the same way (scalars
+            # of the block's thread: the compiled write path), and now and then
+            # a run of root-level scalars long enough to fill the stream.
             roll_back = rng.random() < 0.3
             try:
                 with d.transaction():
                     sub["ta"] = seq
+                    d[f"ra{wid}"] = seq
+                    if rng.random() < 0.1:
+                        for j in range(300):
+                            d[f"rr{wid}_{j}"] = f"{seq}:{j}"
+                    d[f"rb{wid}"] = seq
                     sub["tb"] = seq
                     if roll_back:
                         raise LookupError("roll back")
@@ -144,6 +152,10 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
             snapshot = d.copy()  # deep, consistent
             for wid in range(writers):
                 check_subtree(wid, snapshot[f"w{wid}"], last_seq)
+                pair = (snapshot.get(f"ra{wid}"), snapshot.get(f"rb{wid}"))
+                assert pair[0] == pair[1], ("half a transaction at the root", pair)
+                run = [snapshot[k] for k in snapshot if k.startswith(f"rr{wid}_")]
+                assert len({v.split(":")[0] for v in run}) <= 1, ("half a run", sorted(set(run))[:3])
                 if "arr" in snapshot[f"w{wid}"]:
                     held = (held + [(snapshot[f"w{wid}"]["arr"], int(snapshot[f"w{wid}"]["arr"][0]))])[-20:]
             for arr, first in held:
@@ -152,6 +164,8 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
             for key, value in d.items():  # live views, iterated while writers write
                 if key.startswith("w"):
                     value.copy()
+                elif key.startswith("r"):
+                    assert type(value) in (int, str), (key, value)
                 else:
                     assert key == "total" and type(value) is int
             passes += 1
@@ -235,6 +249,10 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
             snapshot = d.copy()
             for wid in range(writers):
                 check_subtree(wid, snapshot[f"w{wid}"], last_seq)
+                pair = (snapshot.get(f"ra{wid}"), snapshot.get(f"rb{wid}"))
+                assert pair[0] == pair[1], ("half a transaction at the root", pair)
+                run = [snapshot[k] for k in snapshot if k.startswith(f"rr{wid}_")]
+                assert len({v.split(":")[0] for v in run}) <= 1, ("half a run", sorted(set(run))[:3])
         final = d.copy()
         for wid in range(writers):
             if final[f"w{wid}"].get("seq") != last_seq.get(wid):

@@ -353,7 +353,12 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     # -- writing -----------------------------------------------------------------------
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    # ``d[k] = v`` and ``del d[k]`` are ViewBase's slots: compiled, ``__setitem__``
+    # writes a root-level scalar of an open transaction's thread itself (layout
+    # "Transactions") and calls ``_setitem_slow`` for everything else.
+
+    def _setitem_slow(self, key: Any, value: Any) -> None:
+        """``self[key] = value``: all the rules."""
         hash(key)  # unhashable keys fail here, like dict, before anything is locked
         if type(value) not in _IMMUTABLE and isinstance(value, SharedDict):
             value = value.copy()
@@ -362,7 +367,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
             return
         self._write(R.set_(self._path, key, value))
 
-    def __delitem__(self, key: Any) -> None:
+    def _delitem_slow(self, key: Any) -> None:
+        """``del self[key]``."""
         def decide(s: Engine, node: Dict[Any, Any]) -> None:
             if key not in node:
                 raise KeyError(key)

@@ -30,7 +30,10 @@
  *                       __getitem__ slot is the read hit path (one STATE load,
  *                       a compare, a dict lookup, an immutable-type check --
  *                       a tuple of immutable items counts) and
- *                       calls the Python _getitem_slow for everything else.
+ *                       calls the Python _getitem_slow for everything else;
+ *                       its __setitem__ slot writes a scalar set inside an
+ *                       open transaction (a record past the published end,
+ *                       the cache) and calls _setitem_slow otherwise.
  *   types_within        the codec's scan of a container before packing.
  *   msgpack_length      the length of one msgpack object (framing check).
  *   parse_records       the reader's validation of copied stream bytes
@@ -477,16 +480,47 @@ mp_scalar(PyObject *o, unsigned char *dst)
     return head + n;
 }
 
-/* write_simple(pos, tag, limit, op, key[, value]) -> end or None.
- *
- * The record [op, [], key] or [op, [], key, value] (a root-level delete or
- * set) encoded as msgpack directly into this buffer at byte offset pos, with
- * its header and checksum: the bytes write_record(pos, tag,
- * codec.dumps(record)) would store.  None (nothing written) when a key or
- * value is not a plain scalar or the record does not fit below byte offset
- * `limit` (the stream's LIMIT) and the buffer's end; the caller then
- * takes the general path.  Like write_record it only stores; the caller
- * publishes. */
+/* The record [op, [], key] or [op, [], key, value] (a root-level delete or
+ * set; value NULL: a delete) encoded as msgpack into w's buffer at byte
+ * offset pos, with its header and checksum: the bytes write_record(pos, tag,
+ * codec.dumps(record)) would store.  Returns the offset after it, or -1
+ * with nothing written and no exception set when the key or value is not a
+ * plain scalar or the record does not fit below `limit` (the stream's LIMIT)
+ * and the buffer's end.  Only stores; the caller publishes.  Shared by
+ * write_simple and the transaction write path (vb_ass_subscript). */
+static Py_ssize_t
+simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, long op,
+              PyObject *key, PyObject *value)
+{
+    if (limit > w->view.len)
+        limit = w->view.len;
+    Py_ssize_t nk = mp_scalar(key, NULL);
+    if (nk < 0)
+        return -1;
+    Py_ssize_t nv = 0;
+    if (value != NULL) {
+        nv = mp_scalar(value, NULL);
+        if (nv < 0)
+            return -1;
+    }
+    Py_ssize_t length = 3 + nk + nv;  /* array header, op fixint, empty path */
+    if (pos < 0 || pos > limit || length + 16 > limit - pos)
+        return -1;
+    unsigned char *dst = (unsigned char *)w->view.buf + pos;
+    unsigned char *body = dst + 16;
+    body[0] = (unsigned char)(value != NULL ? 0x94 : 0x93);  /* op, path, key[, value] */
+    body[1] = (unsigned char)op;
+    body[2] = 0x90;
+    mp_scalar(key, body + 3);
+    if (value != NULL)
+        mp_scalar(value, body + 3 + nk);
+    put_header(dst, (uint32_t)length, tag);
+    return pos + 16 + length;
+}
+
+/* write_simple(pos, tag, limit, op, key[, value]) -> end or None: the
+ * record of simple_record written into this buffer; None (nothing written)
+ * where simple_record gives -1, and the caller takes the general path. */
 static PyObject *
 words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -505,8 +539,6 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
     if (limit == -1 && PyErr_Occurred())
         return NULL;
-    if (limit > self->view.len)
-        limit = self->view.len;
     long op = PyLong_AsLong(args[3]);
     if (op == -1 && PyErr_Occurred())
         return NULL;
@@ -514,28 +546,10 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "write_simple: tag or op out of range");
         return NULL;
     }
-    Py_ssize_t nk = mp_scalar(args[4], NULL);
-    if (nk < 0)
+    Py_ssize_t end = simple_record(self, pos, (uint32_t)tag, limit, op, args[4], nargs == 6 ? args[5] : NULL);
+    if (end < 0)
         Py_RETURN_NONE;
-    Py_ssize_t nv = 0;
-    if (nargs == 6) {
-        nv = mp_scalar(args[5], NULL);
-        if (nv < 0)
-            Py_RETURN_NONE;
-    }
-    Py_ssize_t length = 3 + nk + nv;  /* array header, op fixint, empty path */
-    if (pos < 0 || pos > limit || length + 16 > limit - pos)
-        Py_RETURN_NONE;
-    unsigned char *dst = (unsigned char *)self->view.buf + pos;
-    unsigned char *body = dst + 16;
-    body[0] = (unsigned char)(0x90 | (nargs - 2));  /* op, path, key[, value] */
-    body[1] = (unsigned char)op;
-    body[2] = 0x90;
-    mp_scalar(args[4], body + 3);
-    if (nargs == 6)
-        mp_scalar(args[5], body + 3 + nk);
-    put_header(dst, (uint32_t)length, (uint32_t)tag);
-    return PyLong_FromSsize_t(pos + 16 + length);
+    return PyLong_FromSsize_t(end);
 }
 
 /* ---- futex on a word's low 32 bits (layout.py: "Waiting and waking") ----- */
@@ -989,7 +1003,21 @@ static PyTypeObject ProcessStateType = {
  * value is of an immutable type; everything else (a changed STATE, a nested
  * view, a missing key, a mutable value, a closed handle) calls the Python
  * method `_getitem_slow(key)`, the one implementation of the full rules.
- * The pure-Python twins are in twins.py. */
+ *
+ * It also holds `pos` (the stream offset the cache has read or written up
+ * to: Reader.pos) and the write path of an open transaction (layout.py,
+ * "Transactions"), armed with _tx_fast(...) by the transaction's thread:
+ * ViewBase's __setitem__ then writes a root-level scalar set of that thread
+ * past the published end itself -- the record encoded into the stream at
+ * `pos`, the cache updated, `pos` advanced -- and calls the Python method
+ * `_setitem_slow(key, value)` for everything else (another thread, a nested
+ * view, a value or key that is not a plain scalar, a large bytes value, an
+ * old value that may hold blobs, a record that no longer fits, a closed
+ * handle).  No Python code runs between its checks and its stores (scalar
+ * keys hash and compare in C), so no other thread of this process sees a
+ * half-made write, as the cache mutex guarantees on the Python path.  The
+ * pure-Python twins are in twins.py (their transaction writes take the
+ * Python path). */
 
 typedef struct {
     PyObject_HEAD
@@ -997,6 +1025,16 @@ typedef struct {
     PyObject *data;
     PyObject *state_words;   /* a Words object, or NULL when unbound */
     Py_ssize_t state_index;
+    PyObject *pos;           /* `pos` while the transaction path is not armed (an int) */
+    /* The armed transaction write path (tx_thread 0: not armed). */
+    unsigned long tx_thread;
+    Py_ssize_t tx_pos;       /* `pos` while it is armed (no int made per write) */
+    PyObject *tx_stream;     /* the stream's Words */
+    uint32_t tx_tag;         /* gen & GEN_MASK */
+    Py_ssize_t tx_limit;     /* LIMIT when armed (fixed while the lock is held) */
+    Py_ssize_t tx_threshold; /* bytes values this long go to blobs (0: never) */
+    Py_ssize_t tx_blob_index;/* index of BLOB_NEXT in state_words */
+    long tx_op_set;
 } StoreBaseObject;
 
 static int
@@ -1005,6 +1043,8 @@ sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
     Py_VISIT(self->seen);
     Py_VISIT(self->data);
     Py_VISIT(self->state_words);
+    Py_VISIT(self->pos);
+    Py_VISIT(self->tx_stream);
     return 0;
 }
 
@@ -1014,6 +1054,9 @@ sb_clear(StoreBaseObject *self)
     Py_CLEAR(self->seen);
     Py_CLEAR(self->data);
     Py_CLEAR(self->state_words);
+    Py_CLEAR(self->pos);
+    self->tx_thread = 0;
+    Py_CLEAR(self->tx_stream);
     return 0;
 }
 
@@ -1049,6 +1092,117 @@ sb_bind_state(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* Disarm the transaction write path, handing `pos` back to the Python int. */
+static int
+tx_disarm(StoreBaseObject *self)
+{
+    if (self->tx_thread != 0) {
+        PyObject *pos = PyLong_FromSsize_t(self->tx_pos);
+        if (pos == NULL)
+            return -1;
+        Py_XSETREF(self->pos, pos);
+        self->tx_thread = 0;
+    }
+    Py_CLEAR(self->tx_stream);
+    return 0;
+}
+
+/* `pos`: one variable for Python and C, held in C while the path is armed. */
+static PyObject *
+sb_get_pos(StoreBaseObject *self, void *closure)
+{
+    if (self->tx_thread != 0)
+        return PyLong_FromSsize_t(self->tx_pos);
+    if (self->pos == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "pos");
+        return NULL;
+    }
+    Py_INCREF(self->pos);
+    return self->pos;
+}
+
+static int
+sb_set_pos(StoreBaseObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL || !PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "pos must be an int");
+        return -1;
+    }
+    if (self->tx_thread != 0) {
+        Py_ssize_t pos = PyLong_AsSsize_t(value);
+        if (pos == -1 && PyErr_Occurred())
+            return -1;
+        self->tx_pos = pos;
+    }
+    Py_INCREF(value);
+    Py_XSETREF(self->pos, value);
+    return 0;
+}
+
+static PyGetSetDef sb_getset[] = {
+    {"pos", (getter)sb_get_pos, (setter)sb_set_pos, "stream offset the cache reflects (written to, in a transaction)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* _tx_fast(stream, tag, limit, threshold, blob_index, op_set): arm the
+ * transaction write path for the calling thread (see above); the state
+ * words must be bound.  _tx_fast(None): disarm. */
+static PyObject *
+sb_tx_fast(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && args[0] == Py_None) {
+        if (tx_disarm(self) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (nargs != 6 || !PyObject_TypeCheck(args[0], &WordsType)) {
+        PyErr_SetString(PyExc_TypeError, "_tx_fast(stream Words, tag, limit, threshold, blob_index, op_set) "
+                                         "or _tx_fast(None)");
+        return NULL;
+    }
+    if (self->state_words == NULL) {
+        PyErr_SetString(PyExc_ValueError, "_tx_fast: no state words bound");
+        return NULL;
+    }
+    uint64_t tag;
+    Py_ssize_t limit, threshold, blob_index;
+    if (!words_usable((WordsObject *)args[0]) || !u64_arg(args[1], &tag) ||
+        !word_index((WordsObject *)self->state_words, args[4], &blob_index))
+        return NULL;
+    limit = PyLong_AsSsize_t(args[2]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    threshold = PyLong_AsSsize_t(args[3]);
+    if (threshold == -1 && PyErr_Occurred())
+        return NULL;
+    long op_set = PyLong_AsLong(args[5]);
+    if (op_set == -1 && PyErr_Occurred())
+        return NULL;
+    if (tag > 0xffffffffu || limit < 0 || threshold < 0 || op_set < 0 || op_set > 127) {
+        PyErr_SetString(PyExc_ValueError, "_tx_fast: tag, limit, threshold or op_set out of range");
+        return NULL;
+    }
+    if (tx_disarm(self) < 0)
+        return NULL;
+    if (self->pos == NULL) {
+        PyErr_SetString(PyExc_ValueError, "_tx_fast: pos is not set");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(self->pos);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    self->tx_pos = pos;
+    Py_INCREF(args[0]);
+    Py_XSETREF(self->tx_stream, args[0]);
+    self->tx_tag = (uint32_t)tag;
+    self->tx_limit = limit;
+    self->tx_threshold = threshold;
+    self->tx_blob_index = blob_index;
+    self->tx_op_set = op_set;
+    self->tx_thread = PyThread_get_thread_ident();
+    Py_RETURN_NONE;
+}
+
 static PyMemberDef sb_members[] = {
     {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
     {"data", T_OBJECT_EX, offsetof(StoreBaseObject, data), 0, "the local cache"},
@@ -1058,6 +1212,9 @@ static PyMemberDef sb_members[] = {
 static PyMethodDef sb_methods[] = {
     {"_bind_state", (PyCFunction)(void (*)(void))sb_bind_state, METH_FASTCALL,
      "_bind_state(words, index): where the read hit path loads STATE (None: nowhere)."},
+    {"_tx_fast", (PyCFunction)(void (*)(void))sb_tx_fast, METH_FASTCALL,
+     "_tx_fast(stream, tag, limit, threshold, blob_index, op_set): arm the transaction write path "
+     "for this thread; _tx_fast(None): disarm."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1072,6 +1229,7 @@ static PyTypeObject StoreBaseType = {
     .tp_clear = (inquiry)sb_clear,
     .tp_members = sb_members,
     .tp_methods = sb_methods,
+    .tp_getset = sb_getset,
     .tp_new = PyType_GenericNew,
 };
 
@@ -1153,23 +1311,130 @@ vb_subscript(ViewObject *self, PyObject *key)
             if (seen == (unsigned long long)-1 && PyErr_Occurred()) {
                 PyErr_Clear();  /* seen == -1: a reload is due */
             } else if (__atomic_load_n(&w->words[s->state_index], __ATOMIC_ACQUIRE) == seen) {
-                PyObject *v = PyDict_GetItemWithError(s->data, key);  /* borrowed */
+                /* (The cache is held: a key's own __eq__ may run Python code,
+                 * and another thread then replace or close the cache.) */
+                PyObject *data = s->data;
+                Py_INCREF(data);
+                PyObject *v = PyDict_GetItemWithError(data, key);  /* borrowed */
                 if (v != NULL) {
                     if (is_immutable(v) || is_immutable_tuple(v)) {
                         Py_INCREF(v);
+                        Py_DECREF(data);
                         return v;
                     }
                 } else if (PyErr_Occurred()) {
+                    Py_DECREF(data);
                     return NULL;  /* unhashable key: dict's TypeError */
                 }
+                Py_DECREF(data);
             }
         }
     }
     return PyObject_CallMethodOneArg((PyObject *)self, str_getitem_slow, key);
 }
 
+/* A scalar type (records.SCALAR_TYPES): a value that holds no blob. */
+static int
+is_scalar(PyObject *v)
+{
+    PyTypeObject *t = Py_TYPE(v);
+    return v == Py_None || t == &PyBool_Type || t == &PyLong_Type || t == &PyFloat_Type ||
+           t == &PyUnicode_Type || t == &PyBytes_Type;
+}
+
+/* The armed transaction write path (see StoreBase): 1 written, 0 not taken
+ * (nothing changed: the caller takes the Python path), -1 error (nothing
+ * changed). */
+static int
+tx_set(ViewObject *self, PyObject *key, PyObject *value)
+{
+    PyObject *store = self->store;
+    if (store == NULL || !PyObject_TypeCheck(store, &StoreBaseType))
+        return 0;
+    StoreBaseObject *s = (StoreBaseObject *)store;
+    if (s->tx_thread == 0 || s->tx_thread != PyThread_get_thread_ident() || self->path == NULL ||
+        !PyTuple_CheckExact(self->path) || PyTuple_GET_SIZE(self->path) != 0)
+        return 0;
+    WordsObject *w = (WordsObject *)s->state_words, *stream = (WordsObject *)s->tx_stream;
+    if (w == NULL || !w->held || stream == NULL || !stream->held || s->data == NULL ||
+        !PyDict_CheckExact(s->data))
+        return 0;  /* closed: the Python path raises Closed */
+    if (!is_scalar(key) || (s->tx_threshold > 0 && PyBytes_CheckExact(value) &&
+                            PyBytes_GET_SIZE(value) >= s->tx_threshold))
+        return 0;  /* a key the stream's fast form does not take; a value for a blob */
+    /* The cache is held from here: comparing the key with a cached key of a
+     * class whose __eq__ is Python code may let another thread run, and
+     * close or reload this handle. */
+    PyObject *data = s->data;
+    Py_INCREF(data);
+    int done = 0;
+    if (__atomic_load_n(&w->words[s->tx_blob_index], __ATOMIC_ACQUIRE) != 1) {
+        /* Blobs were made: an old value that may hold one must be dropped
+         * with it, which the Python path does. */
+        PyObject *old = PyDict_GetItemWithError(data, key);  /* borrowed */
+        if (old == NULL && PyErr_Occurred())
+            done = -1;
+        else if (old != NULL && !is_scalar(old))
+            goto out;
+    }
+    if (done == 0) {
+        Py_ssize_t end = simple_record(stream, s->tx_pos, s->tx_tag, s->tx_limit, s->tx_op_set, key, value);
+        if (end < 0)
+            goto out;  /* not a scalar value, or no room left: the Python path decides */
+        if (PyDict_SetItem(data, key, value) < 0)
+            done = -1;  /* the cache is unchanged and pos not moved: the record is not there */
+        else {
+            s->tx_pos = end;
+            done = 1;
+        }
+    }
+out:
+    Py_DECREF(data);
+    return done;
+}
+
+static PyObject *str_setitem_slow, *str_delitem_slow;
+
+/* self.<name>(*args[1:]) where the method is a plain function of the class
+ * (as _setitem_slow and _delitem_slow are): found through the type's
+ * attribute cache and called directly, skipping the instance lookup a
+ * method call makes (writes outside transactions pay this call). */
+static PyObject *
+call_slow(PyObject *name, PyObject *const *args, size_t nargs)
+{
+    PyObject *func = _PyType_Lookup(Py_TYPE(args[0]), name);  /* borrowed */
+    if (func != NULL && PyFunction_Check(func)) {
+        Py_INCREF(func);
+        PyObject *res = PyObject_Vectorcall(func, args, nargs, NULL);
+        Py_DECREF(func);
+        return res;
+    }
+    return PyObject_VectorcallMethod(name, args, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static int
+vb_ass_subscript(ViewObject *self, PyObject *key, PyObject *value)
+{
+    PyObject *res;
+    if (value == NULL) {
+        PyObject *args[2] = {(PyObject *)self, key};
+        res = call_slow(str_delitem_slow, args, 2);
+    } else {
+        int r = tx_set(self, key, value);
+        if (r != 0)
+            return r < 0 ? -1 : 0;
+        PyObject *args[3] = {(PyObject *)self, key, value};
+        res = call_slow(str_setitem_slow, args, 3);
+    }
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
 static PyMappingMethods vb_as_mapping = {
     .mp_subscript = (binaryfunc)vb_subscript,
+    .mp_ass_subscript = (objobjargproc)vb_ass_subscript,
 };
 
 static PyMemberDef vb_members[] = {
@@ -1184,7 +1449,7 @@ static PyTypeObject ViewBaseType = {
     .tp_basicsize = sizeof(ViewObject),
     .tp_dealloc = (destructor)vb_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Base of SharedDict: __getitem__'s hit path (see the source).",
+    .tp_doc = "Base of SharedDict: __getitem__'s hit path, __setitem__'s transaction path (see the source).",
     .tp_traverse = (traverseproc)vb_traverse,
     .tp_clear = (inquiry)vb_clear,
     .tp_as_mapping = &vb_as_mapping,
@@ -1619,7 +1884,9 @@ PyInit__native(void)
     if (str_acquire == NULL || str_release == NULL)
         return NULL;
     str_getitem_slow = PyUnicode_InternFromString("_getitem_slow");
-    if (str_getitem_slow == NULL)
+    str_setitem_slow = PyUnicode_InternFromString("_setitem_slow");
+    str_delitem_slow = PyUnicode_InternFromString("_delitem_slow");
+    if (str_getitem_slow == NULL || str_setitem_slow == NULL || str_delitem_slow == NULL)
         return NULL;
     if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0 ||
         PyType_Ready(&StoreBaseType) < 0 || PyType_Ready(&ViewBaseType) < 0)

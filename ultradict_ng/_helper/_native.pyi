@@ -37,16 +37,22 @@ class ProcessState:
     def exit(self, words: Words, index: int, mine: int) -> Union[bool, int, None]: ...
 
 class StoreBase:
-    """Carries what the read hit path checks: ``seen``, ``data`` and the bound STATE word."""
+    """Carries what the read hit path checks: ``seen``, ``data`` and the bound STATE word;
+    ``pos``, and the transaction write path ``_tx_fast`` arms."""
     seen: int
     data: Dict[Any, Any]
+    pos: int
     def _bind_state(self, words: Optional[Words], index: int) -> None: ...
+    def _tx_fast(self, *args: Any) -> None: ...
 
 class ViewBase:
-    """Base of SharedDict: ``__getitem__``'s hit path; everything else goes to ``_getitem_slow``."""
+    """Base of SharedDict: ``__getitem__``'s hit path, ``__setitem__``'s transaction path;
+    everything else goes to ``_getitem_slow``, ``_setitem_slow``, ``_delitem_slow``."""
     _store: Any
     _path: Tuple[Any, ...]
     def __getitem__(self, key: Any) -> Any: ...
+    def __setitem__(self, key: Any, value: Any) -> None: ...
+    def __delitem__(self, key: Any) -> None: ...
 
 def parse_records(chunk: bytes, tag: int, base: int,
                   one_msgpack: bool = ...) -> Union[List[bytes], str]: ...

@@ -104,25 +104,34 @@ class ProcessState:
 
 
 class StoreBase:
-    """What the read hit path needs from a store: ``seen`` and ``data``."""
+    """What the read hit path needs from a store (``seen`` and ``data``), and
+    the stream offset the cache reflects (``pos``)."""
 
-    __slots__ = ("seen", "data")
+    __slots__ = ("seen", "data", "pos")
 
     seen: int
     data: Dict[Any, Any]
+    pos: int
 
     def _bind_state(self, words: Optional[Words], index: int) -> None:
         """Where the compiled hit path loads STATE; here the store's own
         memoryview does (see ``SharedDict._getitem_slow``)."""
+
+    def _tx_fast(self, *args: Any) -> None:
+        """Arms the compiled transaction write path; the twins have none: a
+        transaction's writes all take ``SharedDict._setitem_slow``."""
 
 
 class ViewBase:
     """The two fields of a ``SharedDict`` handle: its store and its path.
 
     The compiled ``ViewBase.__getitem__`` answers a hit itself and calls the
-    subclass's ``_getitem_slow`` otherwise.  Its twin: a subclass that defines
-    ``_getitem_slow`` gets it as ``__getitem__`` directly, the same rules at
-    the cost of one call.
+    subclass's ``_getitem_slow`` otherwise; its ``__setitem__`` writes a
+    scalar inside an open transaction itself and calls ``_setitem_slow``
+    otherwise, and its ``__delitem__`` is ``_delitem_slow``.  Their twins: a
+    subclass that defines ``_getitem_slow`` (``_setitem_slow``,
+    ``_delitem_slow``) gets it as ``__getitem__`` (``__setitem__``,
+    ``__delitem__``) directly, the same rules at the cost of one call.
     """
 
     __slots__ = ("_store", "_path")
@@ -132,12 +141,20 @@ class ViewBase:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        slow = cls.__dict__.get("_getitem_slow")
-        if slow is not None:
-            cls.__getitem__ = slow  # type: ignore[method-assign]
+        for slow, dunder in (("_getitem_slow", "__getitem__"), ("_setitem_slow", "__setitem__"),
+                             ("_delitem_slow", "__delitem__")):
+            method = cls.__dict__.get(slow)
+            if method is not None:
+                setattr(cls, dunder, method)
 
     def __getitem__(self, key: Any) -> Any:
         return getattr(self, "_getitem_slow")(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        getattr(self, "_setitem_slow")(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        getattr(self, "_delitem_slow")(key)
 
 
 _immutable_types: FrozenSet[type] = frozenset()

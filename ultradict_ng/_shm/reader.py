@@ -39,15 +39,14 @@ def _pause(attempt: int) -> None:
 
 class Reader(StoreBase):
     """Base of :class:`~ultradict_ng.store.Store`: the reader algorithm, and
-    the fields it keeps (``seen`` and ``data`` are ``StoreBase``'s)."""
+    the fields it keeps (``seen``, ``data`` and ``pos`` are ``StoreBase``'s)."""
 
-    __slots__ = ("name", "codec", "words", "gen", "pos", "stream_size", "mutex", "lock", "_map")
+    __slots__ = ("name", "codec", "words", "gen", "stream_size", "mutex", "lock", "_map")
 
     name: str
     codec: Codec
     words: Any
     gen: int
-    pos: int
     stream_size: int
     mutex: Any
     lock: SharedLock

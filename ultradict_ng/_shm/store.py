@@ -77,6 +77,7 @@ def _after_fork_in_child() -> None:
             # cache holds the parent's unpublished writes: it starts from the
             # published state, outside any transaction.
             store.tx = None
+            store._tx_fast(None)
             store.gen = store.seen = INVALID
 
 
@@ -418,6 +419,7 @@ class Store(Writer):
                 return
             self.words = ClosedWords(self.name)
             self._bind_state(None, 0)
+            self._tx_fast(None)
             self.data = {}
             self.seen = INVALID
         if self._finalizer is not None:

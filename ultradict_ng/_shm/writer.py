@@ -261,6 +261,7 @@ class Writer(Reader):
                 self.pos = stream.write_record(end, self.gen & _GEN_MASK, payload)
             else:
                 tx.dump = True
+                self._tx_fast(None)  # nothing more goes into the stream
         try:
             R.apply(self.data, decoded)
         except BaseException:
@@ -275,10 +276,22 @@ class Writer(Reader):
             self.lock.acquire()  # (reentrant: the transaction's own hold)
             if self.tx is None:
                 self.tx = Transaction(self.pos)
+                self._arm_fast_writes()
             else:
                 self.tx.depth += 1
         finally:
             self.end_write()
+
+    def _arm_fast_writes(self) -> None:
+        """Let ``SharedDict.__setitem__`` (compiled) write this thread's
+        root-level scalar sets of the open transaction itself, as ``_set_root``
+        would: the tag, LIMIT and the stream stay as they are while the lock is
+        held and no dump is due.  Disarmed once a record no longer fits (the
+        transaction then ends with a dump) and at its end."""
+        stream = self._map.stream_words
+        if self.write_simple is not None and stream is not None:
+            self._tx_fast(stream, self.gen & _GEN_MASK, self.limit(), self.blob_threshold,
+                          _W_BLOB_NEXT, _OP_SET)
 
     def end_transaction(self, publish: bool) -> None:
         """Leave a level; at the outermost, publish every buffered write at once
@@ -293,6 +306,7 @@ class Writer(Reader):
                     tx.doomed = tx.doomed or not publish
                     return
                 self.tx = None
+                self._tx_fast(None)
                 if not publish or tx.doomed or tx.broken:
                     self._discard(tx)
                     if publish:
@@ -348,6 +362,7 @@ class Writer(Reader):
         try:
             if self.tx is not None:
                 self.tx.dump = True
+                self._tx_fast(None)
                 return
             self._write_dump()
         finally:
