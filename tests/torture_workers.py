@@ -238,7 +238,11 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
     d.get("done")
     ready.put("wait")
     try:
-        while not d.get("done"):
+        # "done" is read from the snapshot each wake-up shows, never by a read of
+        # its own: such a read would catch up with the writers' last writes and
+        # "done" together, and end the loop without checking the state they made.
+        snapshot: Dict[str, Any] = {}
+        while not snapshot.get("done"):
             t0 = time.monotonic()
             ok = d.wait_for_change(timeout=20)
             waited = time.monotonic() - t0
