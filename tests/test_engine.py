@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ultradict_ng import SharedDict, SharedLock
+from ultradict_ng import SharedDict
 from ultradict_ng._codec import records as record
 from ultradict_ng import layout as L
 from ultradict_ng._codec.codec import MSGPACK

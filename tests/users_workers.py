@@ -59,17 +59,17 @@ def forked_user(out: Any, release: Any) -> None:
     release.wait(60)
 
 
-def churn(name: str, seconds: float, out: Any, stop: Any) -> None:
+def churn(name: str, seconds: float, out: Any, enough: Any) -> None:
     """The attacher side of the remove race: open (creating if the name is gone),
     write, check we are a live user, check the dict was not unlinked under us,
-    close; until ``stop`` is set (at most ``seconds``).  Reports a dict of counts
+    close; until ``enough`` is set (at most ``seconds``).  Reports a dict of counts
     and the violations seen."""
     counts: Dict[str, Any] = {"attached": 0, "created": 0, "errors": []}
     rng = random.Random(os.getpid())
     end = time.monotonic() + seconds
     me = os.getpid()
     i = 0
-    while time.monotonic() < end and not stop.is_set():
+    while time.monotonic() < end and not enough.is_set():
         i += 1
         try:
             d = SharedDict(name=name, create=None, auto_unlink=False)
