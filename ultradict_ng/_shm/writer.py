@@ -153,8 +153,10 @@ class Writer(Reader):
                 and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
                 and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
             # (A large bytes value goes to a blob; an old value that may hold
-            # blobs must be found and dropped: both take commit.)
-            new_end = simple(self.pos, self.gen & _GEN_MASK, self.limit(), _OP_SET, key, value)
+            # blobs must be found and dropped: both take commit.)  The limit
+            # is ``self.limit()``, inlined: this is every root write's path.
+            limit, size = self._map.words[_W_STREAM_LIMIT], self.stream_size
+            new_end = simple(self.pos, self.gen & _GEN_MASK, limit if limit < size else size, _OP_SET, key, value)
             if new_end is not None:
                 if tx is not None:  # written past the published end: the transaction's end publishes
                     try:
