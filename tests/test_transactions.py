@@ -279,6 +279,27 @@ def test_wait_for_change_and_the_feed_see_one_publish(backend, name, dicts):
     d.unlink()
 
 
+def test_a_feed_opened_inside_a_block_reports_it_when_published_and_never_if_discarded(backend, name, dicts):
+    """The handle's cache holds the block's unpublished writes: a feed it opens
+    inside the block starts from the published state all the same."""
+    d = dicts(name)
+    d["a"] = 0
+    with d.transaction():
+        d["a"] = 1
+        feed = d.changes(timeout=0.5)
+        d["b"] = 2
+    d["c"] = 3
+    assert [(c.op, c.key, c.value, c.resync) for c in feed] == [
+        ("set", "a", 1, False), ("set", "b", 2, False), ("set", "c", 3, False)]
+    with pytest.raises(RuntimeError):
+        with d.transaction():
+            d["x"] = 1
+            feed = d.changes(timeout=0.5)
+            raise RuntimeError
+    d["y"] = 2
+    assert [(c.op, c.key, c.value) for c in feed] == [("set", "y", 2)]
+
+
 # -- shared memory: the stream, dumps and blobs ----------------------------------------------
 
 

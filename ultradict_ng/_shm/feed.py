@@ -86,11 +86,22 @@ class Feed(Reader):
         self.mutex = threading.RLock()
         self.out: List[Change] = []
         self._mark = 0
+        in_block = store.tx is not None
         with store.mutex:
-            self.data = skeleton(store.data)
-            self.gen, self.pos, self.seen = store.gen, store.pos, store.seen
+            if in_block:  # (below)
+                self.gen, self.pos, self.seen = INVALID, 0, INVALID
+            else:
+                self.data = skeleton(store.data)
+                self.gen, self.pos, self.seen = store.gen, store.pos, store.seen
         if self.gen == INVALID:
             self.data = {}
+        if in_block:
+            # Made inside an open transaction of its handle: that cache and
+            # position hold the block's unpublished writes, which the feed
+            # must report when they are published (and never, if discarded).
+            # It starts from the published state instead, read silently.
+            self.sync()
+            del self.out[:]
 
     def _check_open(self) -> None:
         if self._owner.closed:
