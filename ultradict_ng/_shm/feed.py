@@ -86,7 +86,7 @@ class Feed(Reader):
         self.mutex = threading.RLock()
         self.out: List[Change] = []
         self._mark = 0
-        in_block = store.tx is not None
+        in_block = getattr(store, "tx", None) is not None  # (a Peek of the command line has none)
         with store.mutex:
             if in_block:  # (below)
                 self.gen, self.pos, self.seen = INVALID, 0, INVALID
