@@ -31,6 +31,7 @@ __all__ = [
     "BackendUnavailable",
     "LeaseLost",
     "TransactionAborted",
+    "BadDumpFile",
 ]
 
 
@@ -133,3 +134,10 @@ class TransactionAborted(SharedDictError, RuntimeError):
     a nested block of it ended with an exception (it joins the outer one, so
     the whole transaction is rolled back), or its buffered writes were lost
     to an error inside it (the cache could no longer be trusted)."""
+
+
+class BadDumpFile(SharedDictError, ValueError):
+    """A file given to ``ultradict-ng load`` is not a whole, valid dump (a
+    header of another format or a newer version, a truncated or damaged entry,
+    a bad JSON line, a value a dump never holds); the message names the line or
+    entry.  Nothing was changed."""

@@ -3,7 +3,8 @@
 Shared memory is invisible until it goes wrong; these commands answer the
 questions people otherwise answer with ``ls /dev/shm`` and guesswork: which
 dicts exist, who uses them, who holds the lock, what is in them, what
-changes, and what can be removed safely.  Tables for people by default,
+changes, and what can be removed safely; ``dump`` and ``load`` back a dict
+up to a file and fill one from a file.  Tables for people by default,
 ``--json`` for scripts.  Errors are one line on stderr and exit status 1
 (2 for a usage error, as argparse does).
 """
@@ -30,16 +31,24 @@ examples:
   ultradict-ng clean '@udp*'         only the parcels of process pools that died
   ultradict-ng rm jobs               remove 'jobs' now, used or not (as unlink_by_name)
   ultradict-ng doctor                /dev/shm size and free space, compiled helper, platform
+  ultradict-ng dump jobs jobs.dump   a consistent snapshot of 'jobs' (msgpack: every type round-trips)
+  ultradict-ng dump jobs jobs.jsonl  the same as JSON lines, [key, value] per line (JSON types only)
+  ultradict-ng load jobs jobs.dump   write the file's entries into 'jobs' (made if missing): all or none
+  ultradict-ng load --replace jobs jobs.dump
+                                     replace the contents of 'jobs' with the file's, at once
+  ultradict-ng dump jobs - --format jsonl | gzip > jobs.jsonl.gz
+                                     '-' is stdout for dump, stdin for load
 
 Reading never runs code stored in a dict: pickled objects are shown by class,
-never unpickled.  Nothing but rm and clean changes anything.
+never unpickled (dump and load refuse pickle dicts).  Nothing but load, rm and
+clean changes anything.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ultradict-ng",
-        description="Inspect, watch and clean the ultradict_ng shared dicts on this machine.",
+        description="Inspect, watch, back up, fill and clean the ultradict_ng shared dicts on this machine.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -90,16 +99,48 @@ def build_parser() -> argparse.ArgumentParser:
             "Check /dev/shm's size (warns at container-sized limits) and free space, whether the "
             "compiled helper and futex waiting are in use, and Python/OS support.  Exit status 1 "
             "if a check fails.")
+    p = command("dump", "write a dict to a file (msgpack or JSON lines)",
+                "Write a consistent snapshot of dict NAME (one atomic read) to FILE ('-': stdout), "
+                "in insertion order.  msgpack (the default; .jsonl and .ndjson files default to "
+                "jsonl): a header, then [key, value] per entry, in the dict's own encoding, so every "
+                "value type it holds round-trips exactly.  jsonl: one JSON array [key, value] per "
+                "line; only what JSON holds exactly (a tuple, bytes, a set ... is refused, naming the "
+                "key).  FILE is written whole or not at all (a temporary file, renamed at the end).  "
+                "Refuses pickle dicts (dumping them would run code stored in shared memory).")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("file", metavar="FILE")
+    _transfer_options(p)
+    p = command("load", "write a file's entries into a dict, all or nothing",
+                "Write the entries of FILE ('-': stdin), a dump of either format, into dict NAME in one "
+                "transaction: all of them, or on a damaged file, a bad line or a value the dict "
+                "cannot hold, none (exit 1, naming the line or entry).  Creates NAME if it does not "
+                "exist (it outlives the command; a recurse dict if --recurse or the dump's header "
+                "says its dict was one).  The dict's lock is held while FILE is read.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("file", metavar="FILE")
+    _transfer_options(p)
+    p.add_argument("--replace", action="store_true", help="clear the dict first, in the same transaction")
+    p.add_argument("--recurse", action=argparse.BooleanOptionalAction, default=None,
+                   help="create NAME as a recurse dict (nested dicts as live views), or not; "
+                        "on an existing dict it must agree")
     return parser
+
+
+def _transfer_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=["msgpack", "jsonl"], default=None,
+                   help="default: by FILE's extension (.jsonl, .ndjson: jsonl; else msgpack)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (shown on stderr only when it is a terminal), and no "
+                        "summary on stderr (where dump to '-' puts it)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from . import cleaning, doctor, inspecting  # (imported late: --help stays fast)
+    from . import cleaning, doctor, inspecting, transfer  # (imported late: --help stays fast)
 
     handlers = {"ls": inspecting.cmd_ls, "show": inspecting.cmd_show, "stats": inspecting.cmd_stats,
                 "watch": inspecting.cmd_watch, "rm": cleaning.cmd_rm, "clean": cleaning.cmd_clean,
-                "doctor": doctor.cmd_doctor}
+                "doctor": doctor.cmd_doctor, "dump": transfer.cmd_dump, "load": transfer.cmd_load}
     try:
         return handlers[args.command](args)
     except BrokenPipeError:  # `| head`
