@@ -100,7 +100,7 @@ def pool_prefix(pool: str) -> str:
 _tables: Tuple[int, int, Dict[Any, Any]] = (-1, -1, {})
 
 
-def _dispatch_table() -> Dict[Any, Any]:
+def dispatch_table() -> Dict[Any, Any]:
     """copyreg's reducers plus those registered for the standard pool
     (``ForkingPickler.register``, e.g. torch's), as ``ForkingPickler`` merges
     them -- but merged again only when either changed: ``ForkingPickler``
@@ -131,7 +131,7 @@ class _Pickler(pickle.Pickler):
         super().__init__(self.stream, 5, buffer_callback=self.taken.take)
         self.threshold = threshold
         self.np = np
-        self.tables = _dispatch_table()
+        self.tables = dispatch_table()
         self.dispatch_table = self.tables if np is None else {**self.tables,
                                                                np.ndarray: self.reduce_array}
         self.busy = False
@@ -216,7 +216,7 @@ def _pickler(threshold: int) -> _Pickler:
     np = sys.modules.get("numpy")
     p = _picklers.pickler
     if p is not None and not p.busy and p.threshold == threshold and p.np is np \
-            and p.tables is _dispatch_table():
+            and p.tables is dispatch_table():
         return p
     fresh = _Pickler(threshold, np)
     if p is None or not p.busy:
