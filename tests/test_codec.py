@@ -352,6 +352,49 @@ def test_nesting_up_to_the_limits_round_trips() -> None:
     roundtrip({nested: [nested]})
 
 
+@settings(FAST, max_examples=150)
+@given(values)
+def test_the_compiled_scan_decides_as_the_walk(value: Any) -> None:
+    """``prepare`` takes a container whose members need no conversion as it is,
+    decided by one scan (``_plain_below``); the walk decides alike: the same
+    bytes, or the same error, with the scan switched off."""
+    from ultradict_ng._codec import encode
+
+    def outcome() -> Any:
+        try:
+            return MSGPACK.dumps([value, {"rows": [[1, value]]}, (value,)])
+        except UnsupportedType as exc:
+            return type(exc)
+
+    fast = outcome()
+    original = encode._plain_below
+    encode._plain_below = lambda obj, depth, ext_depth: False  # type: ignore[assignment]
+    try:
+        assert outcome() == fast
+    finally:
+        encode._plain_below = original
+
+
+def test_the_scan_leaves_conversions_and_limits_to_the_walk() -> None:
+    """What the scan must not pass: a bytearray (converted to its ext), nesting
+    at the limits, a member of another type."""
+    from ultradict_ng._codec import encode
+    from ultradict_ng._codec.ext import LEAF_TYPES
+
+    assert encode._plain_below([[1, (2, "x")], {"a": None}], 1, 0)
+    assert not encode._plain_below([[1, (2, bytearray(b"x"))]], 1, 0)
+    assert not encode._plain_below([[1, (2, 3)]], MAX_NESTING - encode.SCAN_LEVELS + 1, 0)
+    assert not encode._plain_below([[1, (2, 3)]], 1, MAX_EXT_NESTING - encode.SCAN_LEVELS + 1)
+    assert bytearray not in LEAF_TYPES
+    back = MSGPACK.loads(MSGPACK.dumps({"k": [(1, bytearray(b"b"))]}))
+    assert type(back["k"][0][1]) is bytearray  # converted, not packed as bytes
+    too_deep: Any = 1
+    for _ in range(MAX_EXT_NESTING + 1):
+        too_deep = (too_deep,)
+    with pytest.raises(UnsupportedType):
+        MSGPACK.dumps({"rows": [too_deep]})
+
+
 def test_encoding_is_deterministic() -> None:
     small = {"x", "y", "z", "w"}
     grown = set(map(str, range(1000))) | small

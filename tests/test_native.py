@@ -750,6 +750,27 @@ def test_contains_type_is_the_reference_walk(impl, tree, depth):
         assert impl.contains_type(tree, tp, depth) == _reference_contains(tree, tp, depth)
 
 
+def _reference_within(container, allowed, levels):
+    members = [*container.keys(), *container.values()] if type(container) is dict else list(container)
+    return all(type(m) in allowed or (levels > 0 and type(m) in (list, tuple, dict, set, frozenset)
+                                       and _reference_within(m, allowed, levels - 1)) for m in members)
+
+
+@impls
+@settings(max_examples=200)
+@given(container=st.one_of(st.lists(trees, max_size=5), st.dictionaries(st.text(max_size=3), trees, max_size=5),
+                           st.tuples(trees, trees), st.frozensets(st.integers(), max_size=4)),
+       levels=st.integers(0, 4))
+def test_types_within_levels_is_the_reference_scan(impl, container, levels):
+    """With ``levels``, containers among the members are scanned that many levels down."""
+    allowed = frozenset({int, str, type(None), bool})
+    assert impl.types_within(container, allowed, levels) == _reference_within(container, allowed, levels)
+    assert impl.types_within([[1, (2, {3})]], allowed, 2) is False  # (a set one level too deep)
+    assert impl.types_within([[1, (2, frozenset({3}))]], allowed, 3) is True
+    with pytest.raises(ValueError):
+        impl.types_within([], allowed, -1)
+
+
 @impls
 @given(container=st.one_of(st.lists(trees, max_size=5), st.dictionaries(st.text(max_size=3), trees, max_size=5),
                            st.tuples(trees, trees), st.frozensets(st.integers(), max_size=4)))

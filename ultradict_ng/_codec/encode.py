@@ -71,10 +71,21 @@ PACK_EXT_TYPE_RETURNS = Packer(**_PACKER_OPTIONS).pack_ext_type(1, b"x") == b"\x
 RECORD_SCALARS = SCALAR_TYPES
 record_pack: Callable[[Any], bytes] = Packer(**_PACKER_OPTIONS).pack
 
-def _leaf_only(obj: Any) -> bool:
-    """Whether every member of a list, tuple, set or dict (keys and values)
-    is of a leaf type: the scan before packing (``speedups.types_within``)."""
-    return _types_within(obj, LEAF_TYPES)
+#: How many container levels below a container :func:`_plain_below` scans at
+#: once: a lookup table's rows (a dict of tuples) are one, an update record's
+#: pairs with tuple values ([op, path, [[key, (..)], ...]]) three.
+SCAN_LEVELS = 3
+
+
+def _plain_below(obj: Any, depth: int, ext_depth: int) -> bool:
+    """Whether :func:`prepare` would return ``obj`` (a list, tuple, set or dict
+    at ``depth``/``ext_depth``, already counted) as it is, decided by one
+    compiled scan instead of a call per nested container: every member is a
+    leaf, or a plain list, tuple, set or dict of them within ``SCAN_LEVELS``
+    levels -- none needs converting -- and no nesting limit is within reach.
+    False says only that the walk must decide."""
+    return (depth + SCAN_LEVELS <= MAX_NESTING and ext_depth + SCAN_LEVELS <= MAX_EXT_NESTING
+            and _types_within(obj, LEAF_TYPES, SCAN_LEVELS))
 
 
 def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
@@ -92,7 +103,7 @@ def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
     if depth > MAX_NESTING:
         raise too_deep()
     if tp is list:
-        if _leaf_only(obj):
+        if _plain_below(obj, depth, ext_depth):
             return obj
         out: Optional[List[Any]] = None
         for i, item in enumerate(obj):
@@ -105,7 +116,7 @@ def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
                 out[i] = new
         return obj if out is None else out
     if tp is dict:
-        if _leaf_only(obj):
+        if _plain_below(obj, depth, ext_depth):
             return obj
         changed = False
         items = []
@@ -119,7 +130,7 @@ def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
         ext_depth += 1
         if ext_depth > MAX_EXT_NESTING:
             raise too_deep()
-        if _leaf_only(obj):
+        if _plain_below(obj, depth, ext_depth):
             return obj
         new_items = [item if type(item) in LEAF_TYPES else prepare(item, depth, ext_depth) for item in obj]
         if all(map(operator.is_, new_items, obj)):

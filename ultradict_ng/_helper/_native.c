@@ -1470,12 +1470,14 @@ native_set_immutable_types(PyObject *module, PyObject *types)
 }
 
 
-/* types_within(container, types) -> bool: whether every member of a dict
- * (keys and values), list, tuple, set or frozenset has one of the exact
- * `types` (a frozenset of at most 32 types).  The codec's scan of a whole
- * dict before a dump, and of a decoded dump for foreign Timestamps, at C
- * speed: no Python code runs during the loop, so the container cannot
- * change under it. */
+/* types_within(container, types[, levels]) -> bool: whether every member of
+ * a dict (keys and values), list, tuple, set or frozenset has one of the exact
+ * `types` (a frozenset of at most 32 types) -- or, within `levels` more
+ * levels (default 0), is itself an exact dict, list, tuple, set or frozenset
+ * whose members do.  The codec's scan of a whole dict before a dump (a lookup
+ * table's rows are tuples of scalars: levels 1, records of pairs 2), and of a
+ * decoded dump for foreign Timestamps, at C speed: no Python code runs during
+ * the scan, so no container can change under it. */
 static int
 type_in(PyTypeObject *t, PyTypeObject **allowed, Py_ssize_t n)
 {
@@ -1485,12 +1487,72 @@ type_in(PyTypeObject *t, PyTypeObject **allowed, Py_ssize_t n)
     return 0;
 }
 
+static int within(PyObject *c, PyTypeObject **allowed, Py_ssize_t n, int levels);
+
+/* 1 when m is allowed (see above), 0 when not, -1 on error. */
+static int
+member_within(PyObject *m, PyTypeObject **allowed, Py_ssize_t n, int levels)
+{
+    if (type_in(Py_TYPE(m), allowed, n))
+        return 1;
+    if (levels > 0 && (PyDict_CheckExact(m) || PyList_CheckExact(m) || PyTuple_CheckExact(m) ||
+                       PyAnySet_CheckExact(m)))
+        return within(m, allowed, n, levels - 1);
+    return 0;
+}
+
+/* 1, 0 or -1 as member_within for every member of c; -2 if c is not a container. */
+static int
+within(PyObject *c, PyTypeObject **allowed, Py_ssize_t n, int levels)
+{
+    int r;
+    if (PyDict_CheckExact(c)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(c, &pos, &k, &v))
+            if ((r = member_within(k, allowed, n, levels)) != 1 || (r = member_within(v, allowed, n, levels)) != 1)
+                return r;
+        return 1;
+    }
+    if (PyList_CheckExact(c) || PyTuple_CheckExact(c)) {
+        PyObject **items = PySequence_Fast_ITEMS(c);
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(c);
+        for (Py_ssize_t i = 0; i < len; i++)
+            if ((r = member_within(items[i], allowed, n, levels)) != 1)
+                return r;
+        return 1;
+    }
+    if (PyAnySet_CheckExact(c)) {
+        PyObject *iter = PyObject_GetIter(c), *item;
+        if (iter == NULL)
+            return -1;
+        r = 1;
+        while (r == 1 && (item = PyIter_Next(iter)) != NULL) {
+            r = member_within(item, allowed, n, levels);
+            Py_DECREF(item);
+        }
+        Py_DECREF(iter);
+        return PyErr_Occurred() ? -1 : r;
+    }
+    return -2;
+}
+
 static PyObject *
 native_types_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyFrozenSet_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "types_within(container, frozenset of types)");
+    if ((nargs != 2 && nargs != 3) || !PyFrozenSet_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "types_within(container, frozenset of types[, levels])");
         return NULL;
+    }
+    long levels = 0;
+    if (nargs == 3) {
+        levels = PyLong_AsLong(args[2]);
+        if (levels == -1 && PyErr_Occurred())
+            return NULL;
+        if (levels < 0 || levels > 16) {
+            PyErr_SetString(PyExc_ValueError, "types_within: levels must be 0..16");
+            return NULL;
+        }
     }
     PyObject *c = args[0];
     PyTypeObject *allowed[32];
@@ -1521,38 +1583,14 @@ native_types_within(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 allowed[front++] = common[j];
                 break;
             }
-    if (PyDict_CheckExact(c)) {
-        Py_ssize_t pos = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(c, &pos, &k, &v))
-            if (!type_in(Py_TYPE(k), allowed, n) || !type_in(Py_TYPE(v), allowed, n))
-                Py_RETURN_FALSE;
-        Py_RETURN_TRUE;
+    int r = within(c, allowed, n, (int)levels);
+    if (r == -2) {
+        PyErr_SetString(PyExc_TypeError, "types_within: container must be a dict, list, tuple, set or frozenset");
+        return NULL;
     }
-    if (PyList_CheckExact(c) || PyTuple_CheckExact(c)) {
-        PyObject **items = PySequence_Fast_ITEMS(c);
-        Py_ssize_t len = PySequence_Fast_GET_SIZE(c);
-        for (Py_ssize_t i = 0; i < len; i++)
-            if (!type_in(Py_TYPE(items[i]), allowed, n))
-                Py_RETURN_FALSE;
-        Py_RETURN_TRUE;
-    }
-    if (PyAnySet_CheckExact(c)) {
-        PyObject *iter = PyObject_GetIter(c), *item;
-        if (iter == NULL)
-            return NULL;
-        int ok = 1;
-        while (ok && (item = PyIter_Next(iter)) != NULL) {
-            ok = type_in(Py_TYPE(item), allowed, n);
-            Py_DECREF(item);
-        }
-        Py_DECREF(iter);
-        if (PyErr_Occurred())
-            return NULL;
-        return PyBool_FromLong(ok);
-    }
-    PyErr_SetString(PyExc_TypeError, "types_within: container must be a dict, list, tuple, set or frozenset");
-    return NULL;
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
 }
 
 
@@ -1850,7 +1888,8 @@ static PyMethodDef native_methods[] = {
     {"msgpack_length", (PyCFunction)native_msgpack_length, METH_O,
      "msgpack_length(data) -> length of the one msgpack object data starts with, or -1."},
     {"types_within", (PyCFunction)(void (*)(void))native_types_within, METH_FASTCALL,
-     "types_within(container, types) -> bool: every member (dict: keys and values) of an exact type in types."},
+     "types_within(container, types[, levels]) -> bool: every member (dict: keys and values) of an exact "
+     "type in types, or within levels more levels a container whose members are."},
     {"set_immutable_types", (PyCFunction)native_set_immutable_types, METH_O,
      "set_immutable_types(frozenset): value types ViewBase returns without copying."},
     {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,

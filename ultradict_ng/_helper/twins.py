@@ -10,6 +10,8 @@ The atomic words are in :mod:`.words` (re-exported here).
 
 from __future__ import annotations
 
+import itertools
+
 import struct
 import sys
 import threading
@@ -232,16 +234,32 @@ def apply_sets(data: Dict[Any, Any], records: List[Any], start: int, op_set: int
 # -- the codec's type scans ----------------------------------------------------------------
 
 
-def types_within(container: Any, types: FrozenSet[type]) -> bool:
+def types_within(container: Any, types: FrozenSet[type], levels: int = 0) -> bool:
     """Whether every member of a dict (keys and values), list, tuple, set or
-    frozenset is of one of the exact ``types``."""
-    if type(container) is dict:
-        return types.issuperset(map(type, container)) and types.issuperset(map(type, container.values()))
-    if type(container) in (list, tuple, set, frozenset):
-        return types.issuperset(map(type, container))
-    raise TypeError("types_within: container must be a dict, list, tuple, set or frozenset")
+    frozenset is of one of the exact ``types`` -- or, within ``levels`` more
+    levels, is an exact dict, list, tuple, set or frozenset whose members are."""
+    if not 0 <= levels <= 16:
+        raise ValueError("types_within: levels must be 0..16")
+    tp = type(container)
+    if tp is dict:
+        if types.issuperset(map(type, container)) and types.issuperset(map(type, container.values())):
+            return True
+        members: Any = itertools.chain(container, container.values())
+    elif tp in _SEQUENCES:
+        if types.issuperset(map(type, container)):
+            return True
+        members = container
+    else:
+        raise TypeError("types_within: container must be a dict, list, tuple, set or frozenset")
+    if not levels:
+        return False
+    for m in members:
+        if type(m) not in types and not (type(m) in _CONTAINERS and types_within(m, types, levels - 1)):
+            return False
+    return True
 
 
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
 _CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
 
 
