@@ -11,7 +11,6 @@ The atomic words are in :mod:`.words` (re-exported here).
 from __future__ import annotations
 
 import itertools
-
 import struct
 import sys
 import threading
