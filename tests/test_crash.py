@@ -80,12 +80,14 @@ USER_POINTS = ("user-registered", "closing-claimed", "closing-checked")
 POOL_POINTS = ("parcel-created", "parcel-written")
 #: The Redis engine's points (test_redis_writer_dies_at_fault_point below).
 REDIS_POINTS = tuple(p for p in faults.POINTS if p.startswith("redis-"))
+#: The cache's points (tests/test_cache_crash.py).
+CACHE_POINTS = tuple(p for p in faults.POINTS if p.startswith("cache-"))
 
 #: Every fault point of the write path with inline values; and with the worker's
 #: 300-byte values in blobs (threshold 256), which also passes the blob points.
 FAULT_CASES = [
     pytest.param(point, threshold, id=f"{point}-{'blobs' if threshold else 'inline'}")
-    for point in faults.POINTS if point not in USER_POINTS + POOL_POINTS + REDIS_POINTS
+    for point in faults.POINTS if point not in USER_POINTS + POOL_POINTS + REDIS_POINTS + CACHE_POINTS
     for threshold in ((BLOB_THRESHOLD,) if point.startswith("blob") else (0, BLOB_THRESHOLD))
 ]
 

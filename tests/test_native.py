@@ -72,7 +72,8 @@ scalars = st.one_of(
 not_simple = st.one_of(
     st.integers(min_value=2**64, max_value=2**70),
     st.integers(max_value=-(2**63) - 1, min_value=-(2**70)),
-    st.sampled_from(["\ud800", 1j, (1,), [1], {"a": 1}, bytearray(b"x"), frozenset()]),
+    st.sampled_from(["\ud800", 1j, [1], {"a": 1}, bytearray(b"x"), frozenset(), ((1,),),
+                     (2**64,), tuple(range(16)), ("\ud800",)]),
 )
 
 
@@ -266,6 +267,35 @@ def test_write_simple_is_the_general_encoding(impl, key, value, pos, tag):
         assert [type(x) for x in decoded] == [type(x) for x in rec]
         for got, want in zip(decoded, rec):
             assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
+
+
+@impls
+@settings(max_examples=150)
+@given(value=st.tuples() | st.lists(scalars, max_size=15).map(tuple) |
+       st.tuples(st.floats(), st.integers(0, 2**20), st.binary(max_size=70_000)),
+       pos=st.integers(0, 40), tag=st.integers(0, 2**32 - 1))
+def test_write_simple_writes_a_tuple_of_scalars_as_the_codec_does(impl, value, pos, tag):
+    """A value that is a tuple of scalars (a cache entry's shape) takes the
+    scalar path too: the codec's ext 1 bytes, decoding to an equal tuple."""
+    rec = [L.OP_SET, [], "k", value]
+    buf = bytearray(300_000)
+    words = impl.Words(buf)
+    end = words.write_simple(pos, tag, 300_000, L.OP_SET, "k", value)
+    words.release()
+    expected_end, expected = _reference_record(pos, tag, MSGPACK.dumps(rec))
+    assert end == expected_end and buf == expected
+    got = MSGPACK.loads(bytes(buf[pos + 16:end]))[3]
+    assert type(got) is tuple and repr(got) == repr(value)
+
+
+@impls
+def test_write_simple_leaves_a_tuple_holding_a_blob_sized_bytes_to_the_codec(impl):
+    buf = bytearray(8192)
+    words = impl.Words(buf)
+    assert words.write_simple(0, 1, 8192, L.OP_SET, "k", (1.0, b"x" * 100), 100) is None
+    assert words.write_simple(0, 1, 8192, L.OP_SET, "k", (1.0, b"x" * 99), 100) is not None
+    assert words.write_simple(0, 1, 8192, L.OP_SET, (1,), 1) is None  # never a tuple key
+    words.release()
 
 
 @impls

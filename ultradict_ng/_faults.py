@@ -35,6 +35,9 @@ parcel-written       a pool parcel is complete, its reference not yet sent
 redis-write-sent     a WRITE script was sent to Redis, its reply not yet read
 redis-snapshot-sent  a SNAPSHOT script was sent to Redis, its reply not yet read
 redis-lease-taken    the Redis lease was granted, the holder has not used it yet
+cache-slot-taken     a cache writer took a slot for a new key, the entry not yet written
+cache-entry-removed  a cache entry is deleted, its slot not yet pushed back (nor bytes)
+cache-claimed        cached() wrote its claim, the computation not yet started
 ==================== ================================================================
 """
 
@@ -66,6 +69,9 @@ POINTS = (
     "redis-write-sent",
     "redis-snapshot-sent",
     "redis-lease-taken",
+    "cache-slot-taken",
+    "cache-entry-removed",
+    "cache-claimed",
 )
 
 

@@ -12,8 +12,8 @@ numbers live.  Who follows which part (modules of ``_shm/`` unless a path is giv
 Every segment is created, opened, written, mapped, listed and removed through
 ``_segments.py`` (which the process pool's parcels use too: their protocol is
 in :mod:`ultradict_ng.futures.layout`); primitives from ``speedups.py`` (the
-compiled helper or its twins in ``_helper/``).  A big dict's table (issue 22):
-``table_layout.py``; the Redis backend's: ``_redis/layout.py`` (not below).
+compiled helper or its twins in ``_helper/``).  A big dict's table: ``table_layout.py``;
+a cache's side segment: ``cache_layout.py``; Redis: ``_redis/layout.py``.
 
 Segments
 ========
@@ -23,6 +23,7 @@ A dict named ``N`` owns these POSIX shared-memory segments (all mode 0600)::
     N@s           update stream     append-only records of mutations (see "Stream size")
     N@d<gen>      full dump         the whole dict at generation <gen> (base 36)
     N@b<id>       blob              one large value, immutable (see "Blobs"; base 36)
+    N@c           cache side        a SharedCache's settings and recency (cache_layout.py)
 
 User names may only contain ``[A-Za-z0-9_.-]``, so no user name can collide
 with a derived name (they contain ``@``).  Nested dicts own no segments: they
@@ -428,7 +429,7 @@ MAX_SUFFIX = 10
 MAX_NAME_LENGTH = (30 - MAX_SUFFIX) if sys.platform == "darwin" else 200
 GENERATED_PREFIX = "udng_"
 
-STREAM_SUFFIX, DUMP_SUFFIX, BLOB_SUFFIX = "@s", "@d", "@b"
+STREAM_SUFFIX, DUMP_SUFFIX, BLOB_SUFFIX, CACHE_SUFFIX = "@s", "@d", "@b", "@c"
 
 
 def stream_name(name: str) -> str:
@@ -456,10 +457,10 @@ def base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 6  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
+LAYOUT_VERSION = 7  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
 #                    4: waiting and waking (words 10, 11, 17, 18; wait slots 64-127)
 #                    5: users (words 29, 30; user slots 256-511; CONTROL_SIZE 4096)
-#                    6: the placeholder types pickle dicts store moved (module paths)
+#                    6: placeholder types of pickle dicts moved; 7: N@c (cache_layout.py)
 CONTROL_SIZE = 4096  # one page: shared memory is allocated by pages anyway
 
 W_MAGIC = 0
@@ -539,8 +540,7 @@ PID_MASK, START_MASK = (1 << PID_BITS) - 1, (1 << 40) - 1
 
 INIT_TIMEOUT = 5.0  # attachers wait this long for a creator to finish
 READER_RETRIES = 200  # lock-free sync rounds before taking the lock
-LOCK_CHECK_INTERVAL = 0.2  # seconds between owner-liveness checks while waiting
-LOCK_FIRST_CHECK = 0.05  # first liveness check after this much waiting
+LOCK_CHECK_INTERVAL, LOCK_FIRST_CHECK = 0.2, 0.05  # owner-liveness checks while waiting: every, first after
 LOCK_HANDOFF_POLL = 0.001  # the woken lock waiter re-tries this often while the lock stays taken
 UNLINK_LOCK_TIMEOUT = 2.0
 WAIT_SLICE = 1.0  # longest single futex sleep: a waiter re-checks at least this often

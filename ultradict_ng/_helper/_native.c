@@ -480,6 +480,62 @@ mp_scalar(PyObject *o, unsigned char *dst)
     return head + n;
 }
 
+/* A tuple of at most 15 scalars (mp_scalar's types; no bytes item of
+ * `threshold` bytes or more when threshold > 0: those go to blobs) as the
+ * codec encodes it: ext 1 (EXT_TUPLE) whose payload is the msgpack array of
+ * the items -- byte for byte msgpack-python's ExtType encoding (fixext for
+ * payloads of 1, 2, 4, 8 and 16 bytes, else ext 8/16/32).  Returns the
+ * encoded size or -1 (not such a tuple; no exception set).  With dst NULL
+ * only measures.  A cache entry (expires, slot, value) is such a tuple. */
+static Py_ssize_t
+mp_scalar_tuple(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(o);
+    if (n > 15)
+        return -1;
+    Py_ssize_t payload = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(o, i);
+        if (threshold > 0 && PyBytes_CheckExact(item) && PyBytes_GET_SIZE(item) >= threshold)
+            return -1;
+        Py_ssize_t m = mp_scalar(item, NULL);
+        if (m < 0)
+            return -1;
+        payload += m;
+    }
+    if ((unsigned long long)payload > 0xffffffffULL)
+        return -1;
+    Py_ssize_t head;
+    if (payload == 1 || payload == 2 || payload == 4 || payload == 8 || payload == 16) head = 2;
+    else if (payload < 256) head = 3;
+    else if (payload < 65536) head = 4;
+    else head = 6;
+    if (dst) {
+        unsigned char *p = dst;
+        if (head == 2) *p++ = payload == 1 ? 0xd4 : payload == 2 ? 0xd5 : payload == 4 ? 0xd6 : payload == 8 ? 0xd7 : 0xd8;
+        else if (head == 3) { *p++ = 0xc7; *p++ = (unsigned char)payload; }
+        else if (head == 4) { *p++ = 0xc8; *p++ = (unsigned char)(payload >> 8); *p++ = (unsigned char)payload; }
+        else {
+            *p++ = 0xc9;
+            for (int i = 0; i < 4; i++) *p++ = (unsigned char)((uint64_t)payload >> (24 - 8 * i));
+        }
+        *p++ = 1;  /* EXT_TUPLE */
+        *p++ = (unsigned char)(0x90 | n);
+        for (Py_ssize_t i = 0; i < n; i++)
+            p += mp_scalar(PyTuple_GET_ITEM(o, i), p);
+    }
+    return head + payload;
+}
+
+/* A value of write_simple: a scalar, or a tuple of scalars (above). */
+static Py_ssize_t
+mp_value(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
+{
+    if (PyTuple_CheckExact(o))
+        return mp_scalar_tuple(o, dst, threshold);
+    return mp_scalar(o, dst);
+}
+
 /* The record [op, [], key] or [op, [], key, value] (a root-level delete or
  * set; value NULL: a delete) encoded as msgpack into w's buffer at byte
  * offset pos, with its header and checksum: the bytes write_record(pos, tag,
@@ -490,7 +546,7 @@ mp_scalar(PyObject *o, unsigned char *dst)
  * write_simple and the transaction write path (vb_ass_subscript). */
 static Py_ssize_t
 simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, long op,
-              PyObject *key, PyObject *value)
+              PyObject *key, PyObject *value, Py_ssize_t threshold)
 {
     if (limit > w->view.len)
         limit = w->view.len;
@@ -499,7 +555,7 @@ simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, lo
         return -1;
     Py_ssize_t nv = 0;
     if (value != NULL) {
-        nv = mp_scalar(value, NULL);
+        nv = mp_value(value, NULL, threshold);
         if (nv < 0)
             return -1;
     }
@@ -513,7 +569,7 @@ simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, lo
     body[2] = 0x90;
     mp_scalar(key, body + 3);
     if (value != NULL)
-        mp_scalar(value, body + 3 + nk);
+        mp_value(value, body + 3 + nk, threshold);
     put_header(dst, (uint32_t)length, tag);
     return pos + 16 + length;
 }
@@ -524,8 +580,8 @@ simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, lo
 static PyObject *
 words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 && nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, limit, op, key[, value])");
+    if (nargs != 5 && nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, limit, op, key[, value[, threshold]])");
         return NULL;
     }
     if (!words_usable(self))
@@ -546,7 +602,14 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "write_simple: tag or op out of range");
         return NULL;
     }
-    Py_ssize_t end = simple_record(self, pos, (uint32_t)tag, limit, op, args[4], nargs == 6 ? args[5] : NULL);
+    Py_ssize_t threshold = 0;
+    if (nargs == 7) {
+        threshold = PyLong_AsSsize_t(args[6]);
+        if (threshold == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_ssize_t end = simple_record(self, pos, (uint32_t)tag, limit, op, args[4], nargs >= 6 ? args[5] : NULL,
+                                   threshold);
     if (end < 0)
         Py_RETURN_NONE;
     return PyLong_FromSsize_t(end);
@@ -1378,7 +1441,8 @@ tx_set(ViewObject *self, PyObject *key, PyObject *value)
             goto out;
     }
     if (done == 0) {
-        Py_ssize_t end = simple_record(stream, s->tx_pos, s->tx_tag, s->tx_limit, s->tx_op_set, key, value);
+        Py_ssize_t end = simple_record(stream, s->tx_pos, s->tx_tag, s->tx_limit, s->tx_op_set, key, value,
+                                       s->tx_threshold);
         if (end < 0)
             goto out;  /* not a scalar value, or no room left: the Python path decides */
         if (PyDict_SetItem(data, key, value) < 0)

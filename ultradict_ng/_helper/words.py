@@ -196,17 +196,27 @@ class Words:
         return end
 
     def write_simple(self, pos: int, tag: int, limit: int, op: int, key: Any,
-                     value: Any = _MISSING) -> Optional[int]:
+                     value: Any = _MISSING, threshold: int = 0) -> Optional[int]:
         """The record ``[op, [], key]`` or ``[op, [], key, value]`` written at ``pos``
-        when key and value are of :data:`SCALAR_TYPES` and it ends by ``limit``
-        (and the buffer's end); else None and nothing is written."""
+        when key and value are of :data:`SCALAR_TYPES` (the value may also be a
+        tuple of at most 15 of them, none a bytes of ``threshold`` bytes or more
+        when threshold > 0: the codec's ext 1) and it ends by ``limit`` (and the
+        buffer's end); else None and nothing is written."""
         if self._mv is None:
             raise Closed("this handle's shared memory was closed")
         if tag > 0xFFFFFFFF or not 0 <= op <= 127:
             raise ValueError("write_simple: tag or op out of range")
         scalars = SCALAR_TYPES
-        if type(key) not in scalars or (value is not _MISSING and type(value) not in scalars):
+        if type(key) not in scalars:
             return None
+        if value is not _MISSING and type(value) not in scalars:
+            if type(value) is not tuple or len(value) > 15 or any(
+                    type(x) not in scalars or (type(x) is bytes and 0 < threshold <= len(x)) for x in value):
+                return None
+            try:
+                value = msgpack.ExtType(1, _pack(list(value)))
+            except Exception:
+                return None
         try:
             payload = _pack([op, [], key] if value is _MISSING else [op, [], key, value])
         except Exception:  # an int beyond 64 bits, a str with lone surrogates

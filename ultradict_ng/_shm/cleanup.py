@@ -14,6 +14,7 @@ import logging
 from typing import List
 
 from .. import layout as L
+from ..cache_layout import cache_name
 from .. import _segments as segments
 from .blobs import blob_ids
 from .control import check_layout, control_owner, looks_half_created, read_word
@@ -81,6 +82,7 @@ def unlink_tree(name: str, mapping: Mapping, token: int) -> int:
         removed = unlink_dumps(name, mapping.words)
         removed += unlink_blobs(name, mapping.words)
         removed += segments.unlink(L.stream_name(name))
+        removed += segments.unlink(cache_name(name))
         if owner == "ours":
             removed += segments.unlink(name)
         return removed
@@ -102,7 +104,7 @@ def unlink_by_name(name: str) -> int:
         ctrl = Segment.attach(name)
     except FileNotFoundError:
         # No control: at most a stream left by a creator that died very early.
-        return int(segments.unlink(L.stream_name(name)))
+        return int(segments.unlink(L.stream_name(name))) + int(segments.unlink(cache_name(name)))
     if ctrl.buf is None or ctrl.size < L.CONTROL_SIZE:
         size = ctrl.size
         ctrl.close()
@@ -125,7 +127,7 @@ def unlink_by_name(name: str) -> int:
             # Abandoned mid-creation: its register is still valid (zeroed or written).
             removed = unlink_dumps(name, words)
             removed += unlink_blobs(name, words)
-            removed += segments.unlink(L.stream_name(name))
+            removed += segments.unlink(L.stream_name(name)) + segments.unlink(cache_name(name))
             return removed + int(segments.unlink(name))
         if magic != L.CONTROL_MAGIC:
             raise CorruptSegment(

@@ -392,6 +392,7 @@ class Store(Writer):
             "keys": keys,
             "lock_holder_pid": lock_word & L.PID_MASK if lock_word else None,
             "creator_pid": words[L.W_CREATOR] & L.PID_MASK,
+            "token": self.token,
             "users": sum(1 for u in users.read_users(self._map.atomic) if u.alive),
             "unregistered_users": words[L.W_USER_OVERFLOW],
             "unlinked": bool(words[L.W_STATUS] & L.STATUS_UNLINKED),

@@ -152,11 +152,14 @@ class Writer(Reader):
         if (simple is not None and faults.armed is None and (tx is None or not tx.dump)
                 and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
                 and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
+            # (A tuple of scalars is written here too; a bytes item for a blob
+            # in it makes write_simple decline, as the threshold is passed.)
             # (A large bytes value goes to a blob; an old value that may hold
             # blobs must be found and dropped: both take commit.)  The limit
             # is ``self.limit()``, inlined: this is every root write's path.
             limit, size = self._map.words[_W_STREAM_LIMIT], self.stream_size
-            new_end = simple(self.pos, self.gen & _GEN_MASK, limit if limit < size else size, _OP_SET, key, value)
+            new_end = simple(self.pos, self.gen & _GEN_MASK, limit if limit < size else size, _OP_SET, key, value,
+                             self.blob_threshold)
             if new_end is not None:
                 if tx is not None:  # written past the published end: the transaction's end publishes
                     try:

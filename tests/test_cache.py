@@ -1,0 +1,347 @@
+"""SharedCache in one process: the API, expiry, bounds, eviction quality, the
+side segment, bad input; a hypothesis state machine against a dict model
+(two handles: every read goes through the handle that did not write)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import random
+import time
+
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from ultradict_ng import SharedDict, cache_layout as C
+from ultradict_ng._segments import Segment
+from ultradict_ng.cache import DEFAULT_TTL, SharedCache
+from ultradict_ng.errors import CorruptSegment, ParameterMismatch, UnsupportedType
+
+from .conftest import unique_name
+
+
+@pytest.fixture
+def cache(name):
+    c = SharedCache(name, maxsize=100)
+    yield c
+    c.close()
+    SharedCache.unlink_by_name(name)
+
+
+def test_mapping_api(cache):
+    cache["a"] = 1
+    cache.set("b", {"x": [1, 2]})
+    assert cache["a"] == 1 and cache.get("b") == {"x": [1, 2]} and cache.get("zz", 5) == 5
+    assert "a" in cache and "zz" not in cache and len(cache) == 2 and sorted(cache) == ["a", "b"]
+    got = cache["b"]
+    got["x"].append(3)  # a copy: the cache is unchanged
+    assert cache["b"] == {"x": [1, 2]}
+    with pytest.raises(KeyError):
+        cache["zz"]
+    del cache["a"]
+    with pytest.raises(KeyError):
+        del cache["a"]
+    assert cache.delete("b") and not cache.delete("b") and len(cache) == 0
+    assert cache.add("k", 1) and not cache.add("k", 2) and cache["k"] == 1
+    assert cache.incr("k") == 2 and cache.decr("k", 5) == -3 and cache.incr("new", default=10) == 11
+    with pytest.raises(KeyError):
+        cache.incr("missing")
+    cache["s"] = "text"
+    with pytest.raises(TypeError):
+        cache.incr("s")
+    assert cache.setdefault("k", 9) == -3 and cache.setdefault("sd", 9) == 9
+    assert cache.pop("sd") == 9 and cache.pop("sd", None) is None
+    cache.set_many({"m1": 1, "m2": (1, 2)})
+    assert cache.get_many(["m1", "m2", "m3"]) == {"m1": 1, "m2": (1, 2)}
+    assert cache.delete_many(["m1", "m2", "m3"]) == 2
+    cache.clear()
+    assert len(cache) == 0 and list(cache) == []
+    assert cache.stats()["hits"] > 0 and cache.stats()["misses"] > 0
+
+
+def test_expiry_is_data_every_handle_sees(cache):
+    other = SharedCache(cache.name)
+    try:
+        cache.set("short", 1, ttl=0.2)
+        cache.set("long", 2, ttl=None)
+        assert other["short"] == 1 and 0 < other.ttl("short") <= 0.2 and other.ttl("long") is None
+        time.sleep(0.25)
+        assert "short" not in other and other.get("short") is None and list(other) == ["long"]
+        with pytest.raises(KeyError):
+            other.ttl("short")
+        assert len(other) == 1 and other.touch("long", 0.2) and not other.touch("short")
+        assert not other.add("long", 3)  # live
+        assert cache.expire() == 1  # "short" reclaimed: gone from the dict itself
+        assert "short" not in SharedDict(cache.name, create=False).keys()
+        cache.set("gone", 1, ttl=0)  # <= 0: already expired, stores nothing
+        cache.set("gone2", 1, ttl=-1)
+        assert "gone" not in cache and "gone2" not in cache
+        time.sleep(0.25)
+        assert other.add("long", 4) and other["long"] == 4  # expired: add wins
+    finally:
+        other.close()
+
+
+def test_default_ttl_and_reaping(name):
+    c = SharedCache(name, ttl=0.1)
+    try:
+        for i in range(50):
+            c[i] = i
+        c.set("forever", 1, ttl=None)
+        time.sleep(0.15)
+        assert len(c) == 1 and c.get(3) is None
+        for i in range(100, 400):  # writes reclaim expired entries as they go
+            c.set(i, i, ttl=None)
+        raw = SharedDict(name, create=False)
+        assert len(raw) < 350, len(raw)
+        raw.close()
+        assert c.stats()["expirations"] > 0
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_maxsize_evicts_least_recently_used(name):
+    random.seed(5)  # (the sampling's: deterministic)
+    c = SharedCache(name, maxsize=50)
+    try:
+        for i in range(50):
+            c[i] = i
+        for _ in range(3):
+            for i in range(25):  # the hot half
+                assert c[i] == i
+        for i in range(50, 60):
+            c[i] = i
+        assert len(c) == 50
+        hot = sum(1 for i in range(25) if i in c)
+        assert hot >= 24, hot  # sampled LRU keeps the hot half (random eviction: ~20)
+        assert c.stats()["evictions"] == 10
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_maxbytes_bound(name):
+    c = SharedCache(name, maxbytes=20_000)
+    try:
+        for i in range(200):
+            c[i] = "x" * 500
+            assert c.stats()["bytes"] <= 20_000
+        assert 20 <= len(c) < 40
+        c.expire()  # recounts: the running total was right
+        assert c.stats()["bytes"] <= 20_000
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+@pytest.mark.parametrize("frequency, final", [(3, 29), (0, 19)])
+def test_cull_frequency_is_djangos(name, frequency, final):
+    c = SharedCache(name, maxsize=30, cull_frequency=frequency, serializer="pickle")
+    try:
+        for i in range(1, 50):
+            c.set(f"cull{i}", "value", 1000)
+        assert sum(1 for i in range(1, 50) if f"cull{i}" in c) == final
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def _zipf_trace(keys: int, requests: int, a: float, seed: int):
+    rnd = random.Random(seed)
+    weights = [1.0 / (i ** a) for i in range(1, keys + 1)]
+    return rnd.choices(range(keys), weights=weights, k=requests)
+
+
+def test_hit_ratio_on_a_zipf_trace_is_near_exact_lru(name):
+    trace = _zipf_trace(20_000, 60_000, 0.9, 7)
+    size = 1000
+    lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+    exact = 0
+    for k in trace:
+        if k in lru:
+            exact += 1
+            lru.move_to_end(k)
+        else:
+            lru[k] = None
+            if len(lru) > size:
+                lru.popitem(last=False)
+    c = SharedCache(name, maxsize=size)
+    try:
+        ours = 0
+        for k in trace:
+            if c.get(k) is not None:
+                ours += 1
+            else:
+                c[k] = 1
+        assert ours >= 0.95 * exact, (ours, exact)
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_pickle_serializer_and_handles_pickle(name):
+    c = SharedCache(name, serializer="pickle", maxsize=10)
+    try:
+        c["obj"] = collections.Counter("abca")
+        assert c["obj"] == collections.Counter("abca")
+        again = pickle.loads(pickle.dumps(c))
+        assert again["obj"]["a"] == 2 and again.serializer == "pickle"
+        again.close()
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_settings_are_stored_with_the_cache(name):
+    c = SharedCache(name, maxsize=10, ttl=5, serializer="pickle")
+    try:
+        other = SharedCache(name)
+        assert (other.maxsize, other.default_ttl, other.serializer) == (10, 5.0, "pickle")
+        other.close()
+        with pytest.raises(ParameterMismatch):
+            SharedCache(name, maxsize=11)
+        with pytest.raises(ParameterMismatch):
+            SharedCache(name, serializer="msgpack")
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_bad_input_changes_nothing(cache, name):
+    for kwargs in ({"maxsize": 0}, {"maxsize": 1.5}, {"maxbytes": -1}, {"ttl": 0}, {"ttl": "1"},
+                   {"serializer": "json"}, {"cull_frequency": -1}, {"cull_frequency": 2}):
+        with pytest.raises(ValueError):
+            SharedCache(unique_name(), **kwargs)
+    cache["a"] = 1
+    with pytest.raises(UnsupportedType):
+        cache["b"] = object()
+    with pytest.raises(TypeError):
+        cache.set("c", 1, ttl="soon")
+    with pytest.raises(TypeError):
+        cache[[1]] = 1
+    assert dict(cache.get_many(["a", "b", "c"])) == {"a": 1} and len(cache) == 1
+
+
+def test_a_plain_dict_with_keys_is_not_a_cache(name):
+    d = SharedDict(name)
+    d["x"] = 1
+    try:
+        with pytest.raises(ParameterMismatch):
+            SharedCache(name)
+    finally:
+        d.unlink()
+
+
+def test_side_segment_removed_with_the_cache_and_a_stale_one_replaced(name):
+    c = SharedCache(name, maxsize=10, auto_unlink=False)
+    c["a"] = 1
+    side = "/dev/shm/" + C.cache_name(name)
+    assert os.path.exists(side)
+    c.close()
+    assert os.path.exists(side)
+    assert SharedCache.unlink_by_name(name) >= 3
+    assert not os.path.exists(side)
+    # A side segment left by an earlier dict of the same name (a crash between
+    # the dict's removal and its own): another token, so it is replaced.
+    seg = Segment.create(C.cache_name(name), C.side_size(0))
+    words = memoryview(seg.buf).cast("Q")
+    words[C.W_VERSION], words[C.W_TOKEN], words[C.W_MAGIC] = C.SIDE_VERSION, 1, C.SIDE_MAGIC
+    words.release()
+    seg.close()
+    c = SharedCache(name, maxsize=20)
+    assert c.maxsize == 20 and c.stats()["maxsize"] == 20
+    c.close()
+    assert not os.path.exists(side)
+
+
+def test_corrupted_side_segment_is_refused(name):
+    c = SharedCache(name, maxsize=10)
+    try:
+        c._side.words[C.W_MAGIC] = 12345
+        with pytest.raises(CorruptSegment):
+            SharedCache(name)
+        c._side.words[C.W_MAGIC] = C.SIDE_MAGIC
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_default_ttl_sentinel_pickles():
+    assert pickle.loads(pickle.dumps(DEFAULT_TTL)) is DEFAULT_TTL
+
+
+KEYS = st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b", "c"]), st.tuples(st.integers(0, 2)))
+VALUES = st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=3))
+
+
+class CacheModel(RuleBasedStateMachine):
+    """An unbounded cache without expiry behaves as a dict; reads go through another handle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = unique_name()
+        self.w = SharedCache(self.name)
+        self.r = SharedCache(self.name)
+        self.model: dict = {}
+
+    @rule(k=KEYS, v=VALUES)
+    def set(self, k, v):
+        self.w[k] = v
+        self.model[k] = v
+
+    @rule(k=KEYS, v=VALUES)
+    def add(self, k, v):
+        assert self.w.add(k, v) == (k not in self.model)
+        self.model.setdefault(k, v)
+
+    @rule(k=KEYS, delta=st.integers(-5, 5))
+    def incr(self, k, delta):
+        if not isinstance(self.model.get(k, 0), int):
+            return
+        assert self.w.incr(k, delta, default=0) == self.model.get(k, 0) + delta
+        self.model[k] = self.model.get(k, 0) + delta
+
+    @rule(k=KEYS)
+    def delete(self, k):
+        assert self.w.delete(k) == (k in self.model)
+        self.model.pop(k, None)
+
+    @rule(k=KEYS)
+    def pop(self, k):
+        assert self.w.pop(k, "none") == self.model.pop(k, "none")
+
+    @rule(items=st.dictionaries(KEYS, VALUES, max_size=4))
+    def set_many(self, items):
+        self.w.set_many(items)
+        self.model.update(items)
+
+    @rule(keys=st.lists(KEYS, max_size=4))
+    def delete_many(self, keys):
+        assert self.w.delete_many(keys) == len(set(keys) & set(self.model))
+        for k in keys:
+            self.model.pop(k, None)
+
+    @rule()
+    def clear(self):
+        self.w.clear()
+        self.model.clear()
+
+    @invariant()
+    def same(self):
+        assert len(self.r) == len(self.model)
+        assert sorted(map(repr, self.r)) == sorted(map(repr, self.model))
+        for k, v in self.model.items():
+            assert self.r[k] == v
+        assert self.r.get_many(list(self.model)) == self.model
+
+    def teardown(self) -> None:
+        self.r.close()
+        self.w.close()
+        SharedCache.unlink_by_name(self.name)
+
+
+TestCacheModel = CacheModel.TestCase
+TestCacheModel.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)

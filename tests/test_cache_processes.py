@@ -1,0 +1,216 @@
+"""SharedCache and cached() across real processes (unrelated interpreters):
+expiry seen by others, bounds under 4 writers, add races, exact incr,
+stampede protection (also with the computing process SIGKILLed), and the
+cache's crash points."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ultradict_ng import SharedDict
+from ultradict_ng.cache import SharedCache, cached
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+
+
+def start(*args: str, env: dict = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.cache_workers", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def finish(procs, timeout=60.0):
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err
+        outs.append(out)
+    return outs
+
+
+class Grid:
+    computed = 0
+
+    def __init__(self, n):
+        self.n = n
+
+    @cached(name="udng-test-grid-" + str(os.getpid()))
+    def area(self, scale):
+        Grid.computed += 1
+        return self.n * self.n * scale
+
+
+@pytest.fixture
+def owned(name):
+    yield name
+    SharedCache.unlink_by_name(name)
+
+
+def test_expiry_written_by_one_process_is_seen_by_another(owned):
+    c = SharedCache(owned, auto_unlink=False)
+    p = start("expiry", owned)
+    try:
+        assert p.stdout.readline().strip() == "set"
+        assert c["short"] == "s" and c["long"] == "l"
+        time.sleep(0.6)
+        assert "short" not in c and c["long"] == "l"
+        assert c.expire() == 1
+        assert sorted(SharedDict(owned, create=False).keys()) == ["long"]
+    finally:
+        p.kill()
+        p.communicate()
+        c.close()
+
+
+def test_size_bound_holds_under_four_writers(owned):
+    c = SharedCache(owned, maxsize=64, auto_unlink=False)
+    watcher = start("bound", owned, "64", "3")
+    writers = [start("writer", owned, str(w), "400", "-") for w in range(4)]
+    finish(writers)
+    (out,) = finish([watcher])
+    assert int(out.split()[1]) <= 64
+    assert len(c) == 64 and c.stats()["evictions"] == 4 * 400 - 64
+    for key in c:  # every survivor is whole
+        wid, i = c[key]
+        assert key == f"w{wid}-{i}"
+    c.close()
+
+
+def test_add_race_has_exactly_one_winner(owned):
+    c = SharedCache(owned, auto_unlink=False)
+    at = str(time.time() + 1.5)
+    outs = finish([start("adder", owned, at) for _ in range(8)])
+    assert sorted(o.strip() for o in outs) == ["lost"] * 7 + ["won"]
+    c.close()
+
+
+def test_add_races_over_many_keys_each_won_once(owned):
+    c = SharedCache(owned, auto_unlink=False)
+    at = str(time.time() + 1.5)
+    outs = finish([start("adders", owned, "2000", at) for _ in range(4)])
+    assert sum(int(o.split()[1]) for o in outs) == 2000
+    assert all(c[f"k{i}"] for i in range(2000))
+    c.close()
+
+
+def test_incr_from_several_processes_is_exact(owned):
+    c = SharedCache(owned, maxsize=10, auto_unlink=False)
+    finish([start("incr", owned, "300") for _ in range(4)])
+    assert c["n"] == 1200
+    c.close()
+
+
+def test_stampede_eight_processes_one_computation(owned, tmp_path):
+    log = tmp_path / "log"
+    at = str(time.time() + 2.0)
+    outs = finish([start("memo", owned, str(log), "0.5", at) for _ in range(8)])
+    assert [o.strip() for o in outs] == ["result 70"] * 8
+    assert len(log.read_text().split()) == 1
+
+
+def test_stampede_computing_process_killed_hands_over(owned, tmp_path):
+    log = tmp_path / "log"
+    at = str(time.time() + 1.5)
+    first = start("memo", owned, str(log), "30", at)  # computes for 30 s: killed meanwhile
+    deadline = time.monotonic() + 20
+    while not (log.exists() and log.read_text()):
+        assert time.monotonic() < deadline, "the first process never started computing"
+        time.sleep(0.01)
+    waiters = [start("memo", owned, str(log), "0.3", "0") for _ in range(3)]
+    time.sleep(0.5)
+    assert len(log.read_text().split()) == 1  # the waiters wait
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    outs = finish(waiters)
+    assert [o.strip() for o in outs] == ["result 70"] * 3
+    assert len(log.read_text().split()) == 2  # the killed one, and one waiter
+
+
+def test_cached_in_process_features(owned):
+    calls = []
+
+    @cached(name=owned, maxsize=16)
+    def square(x):
+        calls.append(x)
+        if x < 0:
+            raise ValueError("negative")
+        return x * x
+
+    try:
+        assert square(3) == 9 and square(3) == 9 and calls == [3]
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                square(-1)
+        assert calls == [3, -1, -1]  # an exception is not cached
+        info = square.cache_info()
+        assert (info.hits, info.misses, info.maxsize, info.currsize) == (1, 3, 16, 1)
+        assert square.__wrapped__(4) == 16 and square.cache_parameters()["maxsize"] == 16
+        square.cache_clear()
+        assert square.cache_info().currsize == 0
+
+        assert Grid(3).area(2) == 18 and Grid(3).area(2) == 18 and Grid(4).area(2) == 32
+        assert Grid.computed == 2  # keyed by the instance's state
+        Grid.area.cache().unlink()
+
+        class Local:
+            @cached(name=owned + "l")
+            def m(self):
+                return 1
+
+        with pytest.raises(TypeError, match="key="):
+            Local().m()
+        Local.m.cache().unlink()
+
+        @cached(name=owned + "k", key=lambda obj, x: x)
+        def keyed(obj, x):
+            return x + 1
+
+        assert keyed(object(), 1) == 2 and keyed(object(), 1) == 2 and keyed.cache_info().hits == 1
+        keyed.cache().unlink()
+
+        @cached(name=owned + "a")
+        async def fetch(x):
+            calls.append("fetch")
+            await asyncio.sleep(0.01)
+            return [x]
+
+        async def both():
+            return await asyncio.gather(fetch(1), fetch(1))
+
+        assert asyncio.run(both()) == [[1], [1]] and calls.count("fetch") == 1
+        fetch.cache().unlink()
+    finally:
+        square.cache().close()
+
+
+@pytest.mark.parametrize("point", ["cache-slot-taken", "cache-entry-removed"])
+def test_writer_killed_at_a_cache_point_leaves_a_cache_others_use(owned, point):
+    c = SharedCache(owned, maxsize=20, auto_unlink=False)
+    for i in range(20):
+        c[f"pre{i}"] = i
+    p = start("writer", owned, "9", "200", "-", env={"ULTRADICT_NG_FAULT": f"{point}:kill:5"})
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    for i in range(200):  # the survivors write on: lock recovered, bound kept, slots rebuilt
+        c[f"after{i}"] = i
+        assert len(c) <= 20
+    assert len(c) == 20 and c["after199"] == 199
+    assert all(c[k] == int(k[5:]) for k in c if k.startswith("after"))
+    c.close()
+
+
+def test_claimer_killed_at_cache_claimed_hands_over(owned, tmp_path):
+    log = tmp_path / "log"
+    p = start("memo", owned, str(log), "0.1", "0", env={"ULTRADICT_NG_FAULT": "cache-claimed:kill"})
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL and not log.exists()
+    outs = finish([start("memo", owned, str(log), "0.1", "0")])
+    assert outs[0].strip() == "result 70" and len(log.read_text().split()) == 1

@@ -1,0 +1,434 @@
+"""SharedCache: a cache every process shares, with expiry, size bounds and eviction.
+
+The entries live in one shared dict (one publish a change: a value and its
+expiry become visible together), the cache's settings, recency and sizes in
+its side segment (:mod:`ultradict_ng.cache_layout` is the protocol).  Reads
+take no lock: a hit is the dict's cached read, a clock read, a check of the
+expiry and one 8-byte store of recency.  Every change is made under the
+dict's lock, so that ``add``, ``incr`` and eviction are atomic across
+processes, and the bounds hold whoever writes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from time import time as _now
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, MutableMapping, Optional, Tuple
+
+from .. import cache_layout as C
+from .._codec.codec import codec_for
+from ..shareddict import SharedDict
+from .entries import Entries
+from .side import open_side
+
+__all__ = ["SharedCache", "DEFAULT_TTL"]
+
+
+class _DefaultTTL:
+    """The cache's own ttl (what ``set`` uses when given no ttl)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT_TTL"
+
+    def __reduce__(self) -> str:
+        return "DEFAULT_TTL"
+
+
+DEFAULT_TTL: Any = _DefaultTTL()
+_MISSING: Any = object()
+
+
+def _check_settings(maxsize: Any, maxbytes: Any, ttl: Any, serializer: Any,
+                    cull_frequency: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in (("maxsize", maxsize), ("maxbytes", maxbytes)):
+        if value is not None:
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{key} must be a positive int or None, not {value!r}")
+            out[key] = value
+    if ttl is not None:
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+            raise ValueError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+        out["ttl"] = float(ttl)
+    if serializer is not None:
+        if serializer not in C.SERIALIZERS:
+            raise ValueError(f"serializer must be 'msgpack' or 'pickle', not {serializer!r}")
+        out["serializer"] = serializer
+    if cull_frequency is not None:
+        if type(cull_frequency) is not int or cull_frequency < 0:
+            raise ValueError(f"cull_frequency must be an int >= 0 or None, not {cull_frequency!r}")
+        out["cull_frequency"] = cull_frequency
+    return out
+
+
+class SharedCache(Entries, MutableMapping[Any, Any]):
+    """A cache shared by every process that opens ``name``.
+
+    * ``maxsize``: at most this many entries; a new key evicts the least
+      recently used (approximated: the oldest of 8 sampled, see
+      cache_layout).  ``maxbytes``: at most this many stored bytes (keys and
+      values encoded).  ``ttl``: seconds an entry lives unless ``set`` says
+      otherwise (None: forever).
+    * ``cull_frequency`` (needs maxsize): Django's CULL_FREQUENCY -- when full,
+      remove ``len // n`` entries at once in LRU order (0: remove all).
+    * ``serializer``: ``"msgpack"`` (default: the dict's safe codec; values
+      come back as copies) or ``"pickle"`` (any picklable value; unpickling
+      runs code chosen by whoever wrote it: mutually trusted processes only).
+    * ``create``, ``auto_unlink``, ``buffer_size``: as :class:`SharedDict`.
+      The settings are stored with the cache: attachers pass only ``name``;
+      a conflicting explicit value raises :class:`ParameterMismatch`.
+
+    Expiry is data: an entry past its time is absent for every process at
+    once, and the next write that meets it (or :meth:`expire`) removes it.
+    """
+
+    def __init__(self, name: Optional[str] = None, *, maxsize: Optional[int] = None,
+                 maxbytes: Optional[int] = None, ttl: Optional[float] = None,
+                 serializer: Optional[str] = None, cull_frequency: Optional[int] = None,
+                 create: Optional[bool] = None, auto_unlink: Any = None,
+                 buffer_size: Optional[int] = None) -> None:
+        explicit = _check_settings(maxsize, maxbytes, ttl, serializer, cull_frequency)
+        if explicit.get("cull_frequency") is not None and "maxsize" not in explicit:
+            raise ValueError("cull_frequency needs maxsize")
+        wanted = {"maxsize": None, "maxbytes": None, "ttl": None, "serializer": "msgpack",
+                  "cull_frequency": None}
+        wanted.update(explicit)
+        self._d = d = SharedDict(name, create, auto_unlink=auto_unlink, buffer_size=buffer_size,
+                                 backend="shm")
+        try:
+            self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit,
+                                          d.__len__)
+        except BaseException:
+            d.close()
+            raise
+        s = side.settings()
+        self._maxsize: Optional[int] = s["maxsize"]
+        self._maxbytes: Optional[int] = s["maxbytes"]
+        self._ttl: Optional[float] = s["ttl"]
+        self._serializer: str = s["serializer"]
+        self._cull: Optional[int] = s["cull_frequency"]
+        self._loads = pickle.loads if self._serializer == "pickle" else None
+        self._size_codec = codec_for("msgpack") if self._maxbytes else None
+        self._recency = side.recency if side.nslots else None
+        self._dget = d.get
+        self._lock = d.lock
+        self._hits = self._misses = 0
+        self._pool: Optional[List[Any]] = None
+        self._pool_age = 0
+
+    # -- reading: no lock ---------------------------------------------------------------
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key``, or ``default`` if it is absent or expired."""
+        e = self._dget(key)
+        if e is not None:
+            now = _now()
+            exp = e[0]
+            if (not exp or exp > now) and len(e) == 3:
+                rec = self._recency
+                if rec is not None:
+                    rec[e[1]] = now
+                self._hits += 1
+                loads = self._loads
+                return e[2] if loads is None else loads(e[2])
+        self._misses += 1
+        return default
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: Any) -> bool:
+        """Whether ``key`` holds a live value (counts as neither hit nor use)."""
+        e = self._dget(key)
+        return e is not None and len(e) == 3 and (not e[0] or e[0] > _now())
+
+    def get_many(self, keys: Iterable[Any]) -> Dict[Any, Any]:
+        """``{key: value}`` for the keys of ``keys`` that hold live values."""
+        out = {}
+        for key in keys:
+            value = self.get(key, _MISSING)
+            if value is not _MISSING:
+                out[key] = value
+        return out
+
+    def ttl(self, key: Any) -> Optional[float]:
+        """Seconds ``key`` has left, None if it never expires; KeyError if absent."""
+        e = self._live(key, _now())
+        if e is None:
+            raise KeyError(key)
+        return None if not e[0] else e[0] - _now()
+
+    def __iter__(self) -> Iterator[Any]:
+        """The live keys, from a snapshot taken now."""
+        now = _now()
+        return iter([k for k, e in self._d.items() if len(e) == 3 and (not e[0] or e[0] > now)])
+
+    def __len__(self) -> int:
+        """Live entries: O(1) while no entry ever had an expiry or a claim, else a scan."""
+        if not self._side.words[C.W_FLAGS]:
+            return len(self._d)
+        now = _now()
+        return sum(1 for e in self._d.values() if len(e) == 3 and (not e[0] or e[0] > now))
+
+    # -- writing: under the dict's lock -------------------------------------------------
+
+    def set(self, key: Any, value: Any, ttl: Any = DEFAULT_TTL) -> None:
+        """Store ``value`` under ``key``; ``ttl`` seconds (None: never expires;
+        <= 0: already expired -- removes ``key``; default: the cache's ttl)."""
+        now = _now()
+        expires = self._expires(ttl, now)
+        stored = self._stored(value)
+        with self._lock:
+            if expires < 0:
+                self._delete(key, self._dget(key))
+            else:
+                self._put(key, stored, expires, now)
+
+    __setitem__ = set
+
+    def add(self, key: Any, value: Any, ttl: Any = DEFAULT_TTL) -> bool:
+        """Store ``value`` only if ``key`` is absent (or expired): True if it was
+        stored.  Atomic: of N processes adding one key at once, exactly one wins."""
+        now = _now()
+        expires = self._expires(ttl, now)
+        stored = self._stored(value)
+        with self._lock:
+            if self._live(key, now) is not None:
+                return False
+            if expires < 0:
+                self._delete(key, self._dget(key))
+            else:
+                self._put(key, stored, expires, now)
+            return True
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        """The live value of ``key``; if absent, store ``default`` and return it (atomic)."""
+        now = _now()
+        with self._lock:
+            e = self._live(key, now)
+            if e is not None:
+                return self._value(e)
+            self._put(key, self._stored(default), self._expires(DEFAULT_TTL, now), now)
+            return default
+
+    def incr(self, key: Any, delta: int = 1, *, default: Optional[int] = None) -> int:
+        """Add ``delta`` to the int under ``key`` and return the sum (atomic);
+        the expiry is kept.  An absent key raises KeyError, or with
+        ``default`` starts from it (with the cache's ttl)."""
+        now = _now()
+        with self._lock:
+            e = self._live(key, now)
+            if e is None:
+                if default is None:
+                    raise KeyError(key)
+                current, expires = default, self._expires(DEFAULT_TTL, now)
+            else:
+                current, expires = self._value(e), e[0]
+            if isinstance(current, bool) or not isinstance(current, int):
+                raise TypeError(f"incr: the value of {key!r} is a {type(current).__name__}, not an int")
+            new = current + delta
+            self._put(key, self._stored(new), expires, now)
+            return new
+
+    def decr(self, key: Any, delta: int = 1, *, default: Optional[int] = None) -> int:
+        """``incr(key, -delta, default=default)``."""
+        return self.incr(key, -delta, default=default)
+
+    def touch(self, key: Any, ttl: Any = DEFAULT_TTL) -> bool:
+        """Give a live ``key`` a new expiry; False if it is absent."""
+        now = _now()
+        expires = self._expires(ttl, now)
+        with self._lock:
+            e = self._live(key, now)
+            if e is None:
+                return False
+            if expires < 0:
+                self._delete(key, e)
+            else:
+                self._put(key, e[2], expires, now)
+            return True
+
+    def set_many(self, mapping: Mapping[Any, Any], ttl: Any = DEFAULT_TTL) -> None:
+        """Store every item of ``mapping``: one lock, one publish (all or none)."""
+        now = _now()
+        expires = self._expires(ttl, now)
+        items = [(k, self._stored(v)) for k, v in mapping.items()]
+        with self._d.transaction():
+            for key, stored in items:
+                if expires < 0:
+                    self._delete(key, self._dget(key))
+                else:
+                    self._put(key, stored, expires, now)
+
+    def delete(self, key: Any) -> bool:
+        """Remove ``key``; True if it held a live value."""
+        now = _now()
+        with self._lock:
+            e = self._dget(key)
+            live = e is not None and len(e) == 3 and (not e[0] or e[0] > now)
+            self._delete(key, e)
+            return live
+
+    def __delitem__(self, key: Any) -> None:
+        if not self.delete(key):
+            raise KeyError(key)
+
+    def delete_many(self, keys: Iterable[Any]) -> int:
+        """Remove each of ``keys``: one lock, one publish; how many held live values."""
+        now = _now()
+        count = 0
+        with self._d.transaction():
+            for key in keys:
+                e = self._dget(key)
+                count += e is not None and len(e) == 3 and (not e[0] or e[0] > now)
+                self._delete(key, e)
+        return count
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        """Remove ``key`` and return its live value (atomic); ``default`` or KeyError if absent."""
+        now = _now()
+        with self._lock:
+            e = self._live(key, now)
+            if e is None:
+                self._delete(key, self._dget(key))
+                if default is _MISSING:
+                    raise KeyError(key)
+                return default
+            value = self._value(e)
+            self._delete(key, e)
+            return value
+
+    def popitem(self) -> Tuple[Any, Any]:
+        """Remove and return the least recently used live item (approximately)."""
+        now = _now()
+        with self._lock:
+            while True:
+                victim = self._victim(now, _MISSING)
+                if victim is None:
+                    raise KeyError("popitem(): the cache is empty")
+                key, e = victim
+                self._delete(key, e)
+                if len(e) == 3 and (not e[0] or e[0] > now):
+                    return key, self._value(e)
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        with self._lock:
+            self._d.clear()
+            w = self._side.words
+            w[C.W_NEXT] = w[C.W_FREE] = w[C.W_BYTES] = 0
+            self._pool = None
+
+    def expire(self) -> int:
+        """Remove every expired entry now; how many.  (Reads never see them
+        anyway; this reclaims their memory at once, and recounts ``bytes``.)"""
+        now = _now()
+        with self._lock:
+            gone = [(k, e) for k, e in self._d.items() if e[0] and e[0] <= now]
+            for key, e in gone:
+                self._delete(key, e)
+            self._rebuild()
+            return len(gone)
+
+    # -- the rest of the mapping API ----------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._d.name
+
+    @property
+    def maxsize(self) -> Optional[int]:
+        return self._maxsize
+
+    @property
+    def maxbytes(self) -> Optional[int]:
+        return self._maxbytes
+
+    @property
+    def currsize(self) -> int:
+        return len(self)
+
+    @property
+    def default_ttl(self) -> Optional[float]:
+        return self._ttl
+
+    @property
+    def serializer(self) -> str:
+        return self._serializer
+
+    @property
+    def lock(self) -> Any:
+        """The cache's lock (the dict's): hold it to make several calls one atomic step."""
+        return self._lock
+
+    def stats(self) -> Dict[str, Any]:
+        """hits and misses (of this handle), evictions and expirations (of all
+        processes), size (live entries), bytes (stored, with maxbytes) and the bounds."""
+        w = self._side.words
+        return {"hits": self._hits, "misses": self._misses, "evictions": w[C.W_EVICTIONS],
+                "expirations": w[C.W_EXPIRATIONS], "size": len(self), "maxsize": self._maxsize,
+                "bytes": w[C.W_BYTES] if self._maxbytes else None, "maxbytes": self._maxbytes,
+                "ttl": self._ttl}
+
+    def close(self) -> None:
+        """Detach this handle (other processes are unaffected)."""
+        if not self._d.closed:
+            self._d.close()
+            self._recency = None
+            self._side.close()
+
+    def unlink(self) -> int:
+        """Remove the cache for everybody (its dict and side segment); segments removed."""
+        return self._d.unlink()
+
+    @staticmethod
+    def unlink_by_name(name: str) -> int:
+        """Remove the cache ``name`` (works when every user is dead)."""
+        return SharedDict.unlink_by_name(name)
+
+    def __enter__(self) -> "SharedCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_attach, (self.name,))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._d.closed else f"{len(self)} entries"
+        return (f"SharedCache({self.name!r}, maxsize={self._maxsize}, maxbytes={self._maxbytes}, "
+                f"ttl={self._ttl}, serializer={self._serializer!r}: {state})")
+
+    # -- internals (under the lock unless said) -----------------------------------------
+
+    def _expires(self, ttl: Any, now: float) -> float:
+        """The expiry an entry written now with ``ttl`` gets: 0.0 never, < 0 already."""
+        if ttl is DEFAULT_TTL:
+            ttl = self._ttl
+        if ttl is None:
+            return 0.0
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+            raise TypeError(f"ttl must be a number of seconds or None, not {ttl!r}")
+        return -1.0 if ttl <= 0 else now + ttl
+
+    def _stored(self, value: Any) -> Any:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL) if self._loads is not None else value
+
+    def _value(self, e: Any) -> Any:
+        return e[2] if self._loads is None else self._loads(e[2])
+
+    def _live(self, key: Any, now: float) -> Any:
+        """The value entry of ``key`` if live, else None (no lock needed)."""
+        e = self._dget(key)
+        if e is None or len(e) != 3 or (e[0] and e[0] <= now):
+            return None
+        return e
+
+
+def _attach(name: str) -> SharedCache:
+    """Unpickling a SharedCache attaches to it by name."""
+    return SharedCache(name, create=False)

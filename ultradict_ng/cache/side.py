@@ -1,0 +1,162 @@
+"""A cache's side segment ``N@c``: its settings, counters, recency and sizes.
+
+The protocol is in :mod:`ultradict_ng.cache_layout`.  This module creates,
+attaches, checks and replaces the segment; :class:`Side` gives the words
+and arrays as memoryviews.  Why a segment of its own and not keys of the
+dict: readers write recency on every hit, without the lock, and a store of
+8 bytes into shared memory is the only write cheap enough for a read path
+(writing the dict would take the lock and publish).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional
+
+from .. import cache_layout as C
+from .. import _segments as segments
+from .._segments import Segment
+from ..errors import CorruptSegment, ParameterMismatch
+
+__all__ = ["Side", "open_side", "Settings"]
+
+Settings = Dict[str, Any]
+
+
+class Side:
+    """The mapped side segment: ``words`` (u64 header), ``floats`` (the same
+    header as f64, for the ttl word), ``recency``, ``sizes`` and ``free``."""
+
+    __slots__ = ("segment", "words", "floats", "recency", "sizes", "free", "nslots")
+
+    def __init__(self, segment: Segment) -> None:
+        assert segment.buf is not None
+        self.segment = segment
+        mv = memoryview(segment.buf)
+        self.words = mv.cast("Q")
+        self.floats = mv.cast("d")
+        n = self.nslots = self.words[C.W_NSLOTS]
+        h = C.HEADER_WORDS * 8
+        self.recency = mv[h:h + 8 * n].cast("d")
+        self.sizes = mv[h + 8 * n:h + 16 * n].cast("Q")
+        self.free = mv[h + 16 * n:h + 24 * n].cast("Q")
+        mv.release()
+
+    def settings(self) -> Settings:
+        w = self.words
+        cull = w[C.W_CULL]
+        return {
+            "maxsize": w[C.W_MAXSIZE] or None,
+            "maxbytes": w[C.W_MAXBYTES] or None,
+            "ttl": self.floats[C.W_TTL] or None,
+            "serializer": {v: k for k, v in C.SERIALIZERS.items()}.get(w[C.W_SERIALIZER], "?"),
+            "cull_frequency": None if cull == 0 else cull - 1,
+        }
+
+    def close(self) -> None:
+        for view in (self.words, self.floats, self.recency, self.sizes, self.free):
+            view.release()
+        self.segment.close()
+
+
+def _write_new(name: str, token: int, settings: Settings) -> Side:
+    """Create ``name`` exclusively (FileExistsError if it exists), settings
+    first, MAGIC last."""
+    maxsize = settings["maxsize"] or 0
+    maxbytes = settings["maxbytes"] or 0
+    nslots = C.nslots_for(maxsize, maxbytes)
+    seg = Segment.create(name, C.side_size(nslots))
+    try:
+        assert seg.buf is not None
+        words = memoryview(seg.buf).cast("Q")
+        floats = memoryview(seg.buf).cast("d")
+        words[C.W_VERSION] = C.SIDE_VERSION
+        words[C.W_TOKEN] = token
+        words[C.W_NSLOTS] = nslots
+        words[C.W_MAXSIZE] = maxsize
+        words[C.W_MAXBYTES] = maxbytes
+        floats[C.W_TTL] = float(settings["ttl"] or 0.0)
+        words[C.W_SERIALIZER] = C.SERIALIZERS[settings["serializer"]]
+        cull = settings["cull_frequency"]
+        words[C.W_CULL] = 0 if cull is None else cull + 1
+        words[C.W_MAGIC] = C.SIDE_MAGIC
+        words.release()
+        floats.release()
+    except BaseException:
+        seg.close()
+        segments.unlink(name)
+        raise
+    return Side(seg)
+
+
+def _attach(name: str, token: int) -> Optional[Side]:
+    """The side segment if it is whole and belongs to the dict of ``token``;
+    None if it is stale or its creator never finished; FileNotFoundError if absent."""
+    deadline = time.monotonic() + C.INIT_TIMEOUT
+    while True:
+        seg = Segment.attach(name)
+        if seg.buf is not None and seg.size >= C.HEADER_WORDS * 8:
+            words = memoryview(seg.buf).cast("Q")
+            magic, version, owner = words[C.W_MAGIC], words[C.W_VERSION], words[C.W_TOKEN]
+            nslots = words[C.W_NSLOTS]
+            words.release()
+            if magic == C.SIDE_MAGIC:
+                if owner != token:
+                    seg.close()
+                    return None  # an earlier dict's, left by a crash
+                if version != C.SIDE_VERSION or seg.size < C.side_size(nslots):
+                    seg.close()
+                    raise CorruptSegment(f"segment {name!r} is not a cache side segment of this version")
+                return Side(seg)
+            if magic != 0:
+                seg.close()
+                raise CorruptSegment(f"segment {name!r} is not a cache side segment")
+        seg.close()
+        if time.monotonic() > deadline:
+            return None  # its creator died before MAGIC
+        time.sleep(0.001)
+
+
+def open_side(dict_name: str, token: int, lock: Any, wanted: Settings,
+              explicit: Settings, dict_len: Callable[[], int]) -> Side:
+    """Attach the side segment of the dict ``dict_name`` (creation ``token``),
+    creating it with ``wanted`` if there is none (or only a stale one, replaced
+    under the dict's ``lock``).  Settings the caller passed (``explicit``) must
+    match the stored ones, else :class:`ParameterMismatch`; a dict that holds
+    keys but no side segment is not a cache."""
+    name = C.cache_name(dict_name)
+    for _ in range(50):
+        try:
+            side = _attach(name, token)
+        except FileNotFoundError:
+            side = None
+            absent = True
+        else:
+            absent = False
+        if side is None:
+            with lock:
+                if absent and dict_len() > 0:
+                    raise ParameterMismatch(
+                        f"shared dict {dict_name!r} holds keys but is not a SharedCache")
+                if not absent:
+                    try:
+                        again = _attach(name, token)
+                    except FileNotFoundError:
+                        again = None
+                    if again is not None:
+                        side = again
+                    else:
+                        segments.unlink(name)
+                if side is None:
+                    try:
+                        side = _write_new(name, token, wanted)
+                    except FileExistsError:
+                        continue
+        stored = side.settings()
+        for key, value in explicit.items():
+            if stored[key] != value:
+                side.close()
+                raise ParameterMismatch(
+                    f"cache {dict_name!r} was created with {key}={stored[key]!r}, not {value!r}")
+        return side
+    raise CorruptSegment(f"could not open the side segment of cache {dict_name!r}")

@@ -1,0 +1,329 @@
+"""A cachelib cache -- and so a Flask-Caching backend -- shared by every process on the machine.
+
+>>> from ultradict_ng.integrations.cachelib import SharedCache
+>>> cache = SharedCache(name="myapp", threshold=1000, default_timeout=300)
+>>> cache.set("user:1", {"name": "Ada"}); cache.get("user:1")
+{'name': 'Ada'}
+
+Every process that opens ``SharedCache(name="myapp")`` sees the same entries: a
+gunicorn or uwsgi worker's ``set`` is the next request's hit in any other worker.
+It is a thin adapter (``pip install 'ultradict_ng[flask]'``) over
+:class:`ultradict_ng.cache.SharedCache`, which holds the policy -- expiry, the
+size bound, the atomic ``add`` and ``incr`` -- on one shared dict.
+
+Semantics are cachelib's (its ``SimpleCache``, ``FileSystemCache`` and
+``RedisCache`` agree on these):
+
+- **timeouts** in whole seconds or a ``timedelta``: ``None`` is ``default_timeout``,
+  ``0`` never expires, a negative one is already expired.  Expiry is checked at
+  every read, in every process.
+- **threshold** bounds the number of entries: past it, the least recently used go
+  (cachelib's ``SimpleCache`` drops the soonest to expire; both keep the cache at
+  about ``threshold``).  ``0`` means no bound, as in ``FileSystemCache``.
+- **values** go through ``self.serializer`` (pickle, as in every cachelib cache;
+  Flask-Caching's ``CACHE_SERIALIZER`` or an assignment replaces it), except
+  ``int``\\ s, stored as numbers -- as ``RedisCache`` stores them -- so that
+  ``inc``/``dec`` are one atomic step in shared memory.
+- ``add`` is atomic: of several processes adding one key, exactly one wins.
+  ``inc``/``dec`` are atomic and exact; a missing key starts at 0 and gets the
+  default timeout, an existing one keeps its expiry (as with Redis's ``INCRBY``).
+- ``key_prefix`` (a string, or a callable returning one, as in ``RedisCache``) is
+  put before every key, and ``clear()`` then removes only the keys that carry it.
+  Keys are strings; anything else raises ``TypeError`` (as in ``FileSystemCache``).
+
+Lifetime: the cache is removed when the **last process using it** closes it or
+exits (``auto_unlink="last"``): a worker that exits or is recycled never takes
+the cache with it while another one has it open, and a stopped application
+leaves nothing in ``/dev/shm``.  ``auto_unlink=False`` keeps it across full
+restarts too (like a ``FileSystemCache`` directory): remove it with
+``ultradict-ng clean`` or ``SharedCache.unlink_by_name(name)``.
+
+Values are unpickled when read: like a ``FileSystemCache`` directory or a Redis
+server, the shared memory must be writable only by the application's user (it
+is: segments are created mode 0600).
+
+Flask-Caching (tested with 2.5)::
+
+    app.config.update(
+        CACHE_TYPE="ultradict_ng.integrations.cachelib.SharedCache",
+        CACHE_DEFAULT_TIMEOUT=300,
+        CACHE_OPTIONS={"name": "myapp", "threshold": 1000, "key_prefix": "myapp:"},
+    )
+
+Flask-Caching calls a ``CACHE_TYPE`` whose path contains "cachelib" as a plain
+cachelib class: ``SharedCache(*CACHE_ARGS, default_timeout=CACHE_DEFAULT_TIMEOUT,
+ignore_delete_many_errors=CACHE_IGNORE_ERRORS, **CACHE_OPTIONS)`` -- so the name,
+threshold and prefix go in ``CACHE_OPTIONS`` (``CACHE_THRESHOLD`` and
+``CACHE_KEY_PREFIX`` are not passed that way).  :meth:`SharedCache.factory` is the
+``factory(app, config, args, kwargs)`` of Flask-Caching's own backends, which
+reads them, for code that builds a backend from a Flask config itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+from cachelib import BaseCache
+from cachelib.serializers import BaseSerializer
+
+from ..cache import SharedCache as _Core
+from ..errors import AlreadyExists, NotFound
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["SharedCache"]
+
+#: What a timeout may be: whole seconds, a ``timedelta``, or None for the default.
+Timeout = Union[int, float, dt.timedelta, None]
+
+_MISSING = object()
+
+
+class SharedCache(BaseCache):
+    """cachelib's cache interface over one :class:`ultradict_ng.cache.SharedCache`.
+
+    :param name: the shared cache's name: every process that passes it uses the
+        same entries.  ``None`` makes a fresh one (shared with forked children and
+        with whoever is told ``cache.name``).
+    :param threshold: the most entries kept; past it the least recently used are
+        evicted.  ``0``: no bound.  Stored with the cache: a process that attaches
+        with a different value gets ``ParameterMismatch`` (a ``ValueError``) -- give
+        every process the same one (the default 500 counts), or ``None``: whatever
+        the cache has (500 if this call creates it).
+    :param default_timeout: seconds (or a ``timedelta``) an entry lives when
+        ``set`` gets no timeout; ``0``: forever.  Each process's own setting.
+    :param key_prefix: put before every key (a string, or a callable returning one).
+    :param ignore_delete_many_errors: as in cachelib (a shared-memory delete never
+        fails, so ``delete_many`` never raises).
+    :param auto_unlink: ``"last"`` (the default): the cache is removed when the
+        last process using it closes it or exits.  ``False``: it outlives every
+        process until removed.  ``True``: removed when *this* handle closes.
+    :param create: ``None`` attach or create; ``True`` must create; ``False`` must attach.
+    """
+
+    #: The default serializer: pickle (cachelib's).  Flask-Caching's
+    #: ``CACHE_SERIALIZER``, or an assignment to ``cache.serializer``, replaces it.
+    serializer: Any = BaseSerializer()
+
+    def __init__(
+        self,
+        name: str | None = None,
+        threshold: int | None = 500,
+        default_timeout: int | dt.timedelta = 300,
+        key_prefix: str | Callable[[], str] | None = None,
+        ignore_delete_many_errors: bool = True,
+        auto_unlink: bool | str = "last",
+        create: bool | None = None,
+    ) -> None:
+        BaseCache.__init__(self, default_timeout)
+        if isinstance(self.default_timeout, dt.timedelta):  # cachelib < 0.17 keeps timedeltas
+            self.default_timeout = math.ceil(self.default_timeout.total_seconds())
+        self.ignore_delete_many_errors = ignore_delete_many_errors
+        self.key_prefix = key_prefix or ""
+        self._cache = _open(name, threshold, create, auto_unlink)
+
+    @classmethod
+    def factory(cls, app: Any, config: dict[str, Any], args: list[Any],
+                kwargs: dict[str, Any]) -> SharedCache:
+        """Flask-Caching's backend factory: ``kwargs`` holds ``default_timeout``,
+        ``ignore_delete_many_errors`` and ``CACHE_OPTIONS``; ``CACHE_THRESHOLD`` and
+        ``CACHE_KEY_PREFIX`` are read from ``config`` (``CACHE_OPTIONS`` wins)."""
+        if "CACHE_THRESHOLD" in config:
+            kwargs.setdefault("threshold", config["CACHE_THRESHOLD"])
+        if config.get("CACHE_KEY_PREFIX"):
+            kwargs.setdefault("key_prefix", config["CACHE_KEY_PREFIX"])
+        return cls(*args, **kwargs)
+
+    # -- the handle --------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The shared cache's name (pass it to another process to share the entries)."""
+        return str(self._cache.name)
+
+    @property
+    def cache(self) -> _Core:
+        """The :class:`ultradict_ng.cache.SharedCache` underneath (unprefixed keys,
+        stored values: serialized bytes, or ints)."""
+        return self._cache
+
+    def close(self) -> None:
+        """Detach this handle (with ``auto_unlink="last"``: the last one out removes the cache)."""
+        self._cache.close()
+
+    # No ``unlink`` method: Flask-Caching's ``Cache.unlink(*keys)`` calls the
+    # backend's ``unlink`` (Redis's UNLINK: delete those keys) when it has one, and
+    # would remove the whole cache.  Without it, it deletes the keys.  To remove the
+    # cache for everybody: ``backend.cache.unlink()`` or ``unlink_by_name``.
+
+    @staticmethod
+    def unlink_by_name(name: str) -> int:
+        """Remove the cache ``name`` for every process now (also after a crash, or one
+        made with ``auto_unlink=False``); returns the segments removed."""
+        return int(_Core.unlink_by_name(name))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} {self.name!r} threshold={self._cache.maxsize}>"
+
+    # -- keys, values, timeouts ----------------------------------------------------------
+
+    def _prefix(self) -> str:
+        prefix = self.key_prefix
+        return prefix if isinstance(prefix, str) else prefix()
+
+    def _key(self, key: str, prefix: str | None = None) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"cache keys are strings, not {type(key).__name__}: {key!r}")
+        return (self._prefix() if prefix is None else prefix) + key
+
+    def _dump(self, value: Any) -> Any:
+        """What is stored: an ``int`` as itself (``inc`` adds to it in place), anything
+        else as the serializer's bytes; ``_MISSING`` if the serializer failed
+        (cachelib's serializers log that and return None)."""
+        if type(value) is int:  # not bool, not an IntEnum: those round-trip through pickle
+            return value
+        data = self.serializer.dumps(value)
+        return _MISSING if data is None else data
+
+    def _load(self, stored: Any) -> Any:
+        if type(stored) is int:
+            return stored
+        return self.serializer.loads(stored)
+
+    def _ttl(self, timeout: Timeout) -> float | None:
+        """cachelib's timeout as the core's ttl: seconds, ``None`` for never."""
+        seconds: Any = self._normalize_timeout(timeout)  # type: ignore[arg-type]
+        if isinstance(seconds, dt.timedelta):  # cachelib < 0.17
+            seconds = math.ceil(seconds.total_seconds())
+        if seconds == 0:
+            return None
+        return float(seconds)
+
+    # -- cachelib's interface ------------------------------------------------------------
+
+    def get(self, key: str) -> Any:
+        stored = self._cache.get(self._key(key), _MISSING)
+        return None if stored is _MISSING else self._load(stored)
+
+    def get_many(self, *keys: str) -> list[Any]:
+        prefix = self._prefix()
+        wanted = [self._key(k, prefix) for k in keys]
+        found = self._cache.get_many(wanted)
+        return [self._load(found[k]) if k in found else None for k in wanted]
+
+    def has(self, key: str) -> bool:
+        return self._key(key) in self._cache
+
+    def set(self, key: str, value: Any, timeout: Timeout = None) -> bool:
+        stored = self._dump(value)
+        if stored is _MISSING:
+            return False
+        self._cache.set(self._key(key), stored, ttl=self._ttl(timeout))
+        return True
+
+    def add(self, key: str, value: Any, timeout: Timeout = None) -> bool:
+        stored = self._dump(value)
+        if stored is _MISSING:
+            return False
+        return bool(self._cache.add(self._key(key), stored, ttl=self._ttl(timeout)))
+
+    def set_many(self, mapping: dict[str, Any], timeout: Timeout = None) -> list[Any]:
+        prefix = self._prefix()
+        stored: dict[str, Any] = {}
+        done: list[Any] = []
+        for key, value in mapping.items():
+            data = self._dump(value)
+            if data is not _MISSING:
+                stored[self._key(key, prefix)] = data
+                done.append(key)
+        if stored:
+            self._cache.set_many(stored, ttl=self._ttl(timeout))  # one lock for all
+        return done
+
+    def delete(self, key: str) -> bool:
+        return bool(self._cache.delete(self._key(key)))
+
+    def delete_many(self, *keys: str) -> list[Any]:
+        # One locked step removes them all: at its end none of them is present, so
+        # every key counts as deleted (cachelib: "a key that is absent after the
+        # attempt counts as deleted"); nothing is left to raise about.
+        prefix = self._prefix()
+        self._cache.delete_many([self._key(k, prefix) for k in keys])
+        return list(keys)
+
+    def clear(self) -> bool:
+        prefix = self._prefix()
+        if not prefix:
+            self._cache.clear()
+            return True
+        with self._cache.lock:  # only this prefix's keys, as RedisCache does
+            self._cache.delete_many(
+                [k for k in list(self._cache) if isinstance(k, str) and k.startswith(prefix)])
+        return True
+
+    def inc(self, key: str, delta: int = 1) -> Any:
+        return self._add_to(self._key(key), delta)
+
+    def dec(self, key: str, delta: int = 1) -> Any:
+        return self._add_to(self._key(key), -delta)
+
+    def _add_to(self, key: str, delta: int) -> Any:
+        """Atomic and exact from any number of processes (one step under the
+        cache's lock).  An int is added to in place and keeps its expiry; a
+        missing key starts at 0 with the default timeout; another stored value
+        is added to as cachelib's caches do (``value + delta``: a float works, a
+        string raises ``TypeError``) and keeps its expiry."""
+        core = self._cache
+        with core.lock:
+            try:
+                return core.incr(key, delta)
+            except KeyError:
+                core.set(key, delta, ttl=self._ttl(None))
+                return delta
+            except TypeError:  # a serialized value: a float, a bool, a string ...
+                pass
+            new = self._load(core[key]) + delta
+            stored = self._dump(new)
+            if stored is _MISSING:
+                return None
+            core.set(key, stored, ttl=core.ttl(key))
+            return new
+
+
+#: cachelib's default threshold: what ``threshold=None`` creates a cache with.
+DEFAULT_THRESHOLD = 500
+
+
+def _open(name: str | None, threshold: int | None, create: bool | None,
+          auto_unlink: bool | str) -> _Core:
+    """The core cache: bounded by ``threshold`` (checked against a stored bound), or,
+    for ``None``, attached with whatever bound it has, or created with the default."""
+    if threshold is not None or name is None:
+        if threshold is None:
+            threshold = DEFAULT_THRESHOLD
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise ValueError(f"threshold must be an int >= 0 or None, not {threshold!r}")
+        return _Core(name, maxsize=threshold or None, create=create, auto_unlink=auto_unlink)
+    while True:
+        # Attach first: passing a bound would be checked against the stored one.  If
+        # it is absent, create it; if another process created it meanwhile, attach again.
+        if create is not True:
+            try:
+                return _Core(name, create=False, auto_unlink=auto_unlink)
+            except NotFound:
+                if create is False:
+                    raise
+        try:
+            return _Core(name, maxsize=DEFAULT_THRESHOLD, create=True, auto_unlink=auto_unlink)
+        except AlreadyExists:
+            if create is True:
+                raise

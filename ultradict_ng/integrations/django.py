@@ -1,0 +1,260 @@
+"""A Django cache backend: one cache in shared memory for every worker process of the machine.
+
+Django's ``LocMemCache`` keeps one cache per process, so N gunicorn workers hold N
+caches that disagree (a ``delete`` in one worker leaves the others serving the old
+value) and each starts cold; memcached and Redis share one but cost a server and a
+round trip per call.  This backend is a thin adapter over
+:class:`ultradict_ng.cache.SharedCache`: every process that names the same
+``LOCATION`` uses the same cache, reads are served from shared memory without a
+lock, and ``add``, ``incr``/``decr`` and the ``*_many`` calls are atomic across
+processes::
+
+    CACHES = {
+        "default": {
+            "BACKEND": "ultradict_ng.integrations.django.SharedCache",
+            "LOCATION": "mysite-cache",      # the shared cache's name: required
+            "TIMEOUT": 300,                  # Django's: seconds, None = forever
+            "OPTIONS": {"MAX_ENTRIES": 10_000, "MAXBYTES": 256 * 2**20},
+        }
+    }
+
+Settings (``TIMEOUT``, ``KEY_PREFIX``, ``VERSION`` and ``KEY_FUNCTION`` are Django's
+and mean what they mean for every backend; keys are made and checked as by
+``BaseCache``, with the same ``CacheKeyWarning`` for keys memcached would refuse):
+
+- ``LOCATION`` -- the name of the shared cache (letters, digits, ``_ . -``; at most 200
+  characters on Linux, 20 on macOS).  Every alias and process that names it shares it;
+  two sites on one machine need two names.
+- ``OPTIONS["MAX_ENTRIES"]`` (default 300) and ``OPTIONS["CULL_FREQUENCY"]`` (default 3)
+  -- Django's meaning: when an insert finds ``MAX_ENTRIES`` entries, the least recently
+  used ``1/CULL_FREQUENCY`` of them are evicted (``0``: all of them).  They become the
+  cache's ``maxsize`` and ``cull_frequency``.
+- ``OPTIONS["MAXBYTES"]`` (default: no limit) -- a bound on the bytes of the stored
+  (pickled) values; entries are evicted to stay under it.
+- ``OPTIONS["AUTO_UNLINK"]`` (default ``False``) -- when the shared memory is removed.
+  ``False``: never by a worker; it outlives every process and is reused by the next
+  ones.  Remove it with ``ultradict-ng rm LOCATION`` (or
+  ``ultradict_ng.cache.SharedCache.unlink_by_name(LOCATION)``).  ``"last"``: when the
+  last process using it exits normally (good for tests and ``runserver``).  ``True``:
+  when this process exits, whoever else still uses it.
+
+Why ``False`` and not ``"last"``: a cache is worth what it holds when a worker starts.
+Worker processes come and go under a running site -- gunicorn's ``--max-requests``
+recycles them, a timeout kills one, ``runserver``'s reloader restarts its child at
+each edit, a deploy stops every worker before starting the new ones -- and with
+``"last"`` the cache is emptied each time no worker happens to be alive, which with
+one worker is every recycle.  What ``False`` costs is bounded: ``MAX_ENTRIES`` and
+``MAXBYTES`` bound the memory the cache keeps in ``/dev/shm`` (RAM) while nothing
+uses it, until it is removed or the machine reboots.
+
+The settings are stored with the shared cache when the first process creates it.  A
+process whose ``MAX_ENTRIES``, ``CULL_FREQUENCY`` or ``MAXBYTES`` differ from the
+stored ones (a deploy that changed them while the old cache lives on, or two aliases
+naming one ``LOCATION`` with different limits) uses the cache with the stored ones and
+logs a warning on the ``ultradict_ng`` logger saying which differ: a cache that keeps
+serving is worth more than a site that fails at its first cache call.  To apply new
+limits, remove the cache (``ultradict-ng rm LOCATION``) while no worker runs, or name
+a new ``LOCATION``.
+
+Values are pickled (any picklable object, as with Django's other backends; a value
+that cannot be pickled raises the ``pickle`` error from ``set``/``add``).  Timeouts
+follow ``BaseCache.get_backend_timeout``: ``None`` never expires, ``0`` or less
+expires at once (``set`` then stores nothing and removes the key), the default is the
+alias's ``TIMEOUT``; expiry is checked by every process at each read.  ``incr`` and
+``decr`` are atomic, keep the entry's expiry, and raise ``ValueError`` for a missing
+key.  ``close()`` -- which Django calls at the end of every request -- does nothing,
+as for ``LocMemCache``: the process keeps its handle for the next request, and only
+one handle per ``LOCATION`` is opened in a process, shared by its threads and
+aliases.  Shared memory only (not the Redis backend of ``SharedDict``); Linux and
+macOS.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.core.cache.backends.base import (  # type: ignore[import-untyped, unused-ignore]
+    DEFAULT_TIMEOUT,
+    MEMCACHE_MAX_KEY_LENGTH,
+    BaseCache,
+)
+from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped, unused-ignore]
+
+from ..cache import SharedCache as _SharedCache
+from ..errors import InvalidName, NotFound, ParameterMismatch
+
+__all__ = ["SharedCache"]
+
+logger = logging.getLogger("ultradict_ng")
+
+#: ``OPTIONS`` keys: Django's (read by ``BaseCache``) and ours.
+DJANGO_OPTIONS = ("MAX_ENTRIES", "CULL_FREQUENCY")
+OUR_OPTIONS = ("MAXBYTES", "AUTO_UNLINK")
+
+#: One handle per process for each ``LOCATION`` (and settings): Django makes a
+#: backend object per thread and alias (and anew after every settings change in
+#: tests), and a handle costs an attach and a local copy of the cache's index.
+_handles: dict[tuple[Any, ...], _SharedCache] = {}
+_handles_lock = threading.Lock()
+
+
+def _open(location: str, limits: dict[str, Any], auto_unlink: Any) -> _SharedCache:
+    """This process's handle of the shared cache ``location``, opened (and the
+    cache created with ``limits``) on first use."""
+    key = (location, auto_unlink) + tuple(sorted(limits.items()))
+    handle = _handles.get(key)
+    if handle is not None:
+        return handle
+    with _handles_lock:
+        handle = _handles.get(key)
+        if handle is None:
+            try:
+                handle = _handles[key] = _attach_or_create(location, limits, auto_unlink)
+            except InvalidName as e:
+                raise ImproperlyConfigured(f"LOCATION {location!r}: {e}") from e
+    return handle
+
+
+def _attach_or_create(location: str, limits: dict[str, Any], auto_unlink: Any) -> _SharedCache:
+    for _ in range(10):
+        try:
+            return _SharedCache(name=location, serializer="pickle", auto_unlink=auto_unlink,
+                                **limits)
+        except ParameterMismatch as mismatch:
+            try:
+                # It exists with other settings: attach with the stored ones.
+                cache = _SharedCache(name=location, create=False, auto_unlink=auto_unlink)
+            except NotFound:
+                continue  # removed between the two opens: create it with ours
+            if cache.serializer != "pickle":  # not a limit: values would not round-trip
+                cache.close()
+                raise ImproperlyConfigured(
+                    f"LOCATION {location!r} names a shared cache that stores values with "
+                    f"{cache.serializer}; Django's values need pickle: name another LOCATION"
+                ) from mismatch
+            logger.warning(
+                "Django cache %r: %s (configured: MAX_ENTRIES=%s, CULL_FREQUENCY=%s, "
+                "MAXBYTES=%s). Using it with its stored settings (maxsize=%s, maxbytes=%s); "
+                "to apply the configured ones, remove it while no process uses it "
+                "(ultradict-ng rm %s) or name a new LOCATION.",
+                location, mismatch, limits["maxsize"], limits["cull_frequency"],
+                limits["maxbytes"], cache.maxsize, cache.maxbytes, location)
+            return cache
+    raise ImproperlyConfigured(f"cannot open the shared cache {location!r}: it keeps "
+                               "being removed and made with other settings")
+
+
+def _bad_options(options: dict[str, Any], max_entries: int, cull_frequency: int) -> str | None:
+    """What is wrong with an alias's OPTIONS (MAX_ENTRIES and CULL_FREQUENCY as
+    ``BaseCache`` read them), None if nothing; checked before anything is made."""
+    unknown = sorted(set(options) - set(DJANGO_OPTIONS) - set(OUR_OPTIONS))
+    if unknown:
+        return (f"unknown OPTIONS {', '.join(unknown)} "
+                f"(known: {', '.join(DJANGO_OPTIONS + OUR_OPTIONS)})")
+    if max_entries < 1:
+        return f"MAX_ENTRIES must be at least 1, not {max_entries}"
+    if cull_frequency < 0:
+        return f"CULL_FREQUENCY must be 0 or more, not {cull_frequency}"
+    maxbytes = options.get("MAXBYTES")
+    if maxbytes is not None and (type(maxbytes) is not int or maxbytes < 1):
+        return f"MAXBYTES must be a positive int or None, not {maxbytes!r}"
+    auto_unlink = options.get("AUTO_UNLINK", False)
+    if not (auto_unlink is False or auto_unlink is True or auto_unlink == "last"):
+        return f"AUTO_UNLINK must be False, True or 'last', not {auto_unlink!r}"
+    return None
+
+
+class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
+    """Django cache backend over :class:`ultradict_ng.cache.SharedCache` (module
+    docstring: settings, lifetime, semantics)."""
+
+    def __init__(self, location: str, params: dict[str, Any]) -> None:
+        super().__init__(params)
+        if not location:
+            raise ImproperlyConfigured(
+                "ultradict_ng.integrations.django.SharedCache needs a LOCATION: the name of "
+                "the shared cache, the same in every process that shares it")
+        options = params.get("OPTIONS") or {}
+        maxbytes = options.get("MAXBYTES")
+        auto_unlink = options.get("AUTO_UNLINK", False)
+        problem = _bad_options(options, self._max_entries, self._cull_frequency)
+        if problem is not None:
+            raise ImproperlyConfigured(f"the shared cache {location!r}: {problem}")
+        limits = {"maxsize": self._max_entries, "cull_frequency": self._cull_frequency,
+                  "maxbytes": maxbytes}
+        self._cache = _open(location, limits, auto_unlink)
+        self.location = location
+
+    def validate_key(self, key: Any) -> None:
+        """``BaseCache.validate_key`` (its warnings, word for word), after a quick
+        test that lets through the keys it never warns about: its own check costs
+        more than the rest of a ``get``."""
+        if len(key) > MEMCACHE_MAX_KEY_LENGTH or " " in key or not key.isprintable():
+            super().validate_key(key)  # isprintable() is False for every control character
+
+    def _ttl(self, timeout: Any) -> float | None:
+        """Django's timeout as SharedCache's ttl: relative seconds, None for never,
+        <= 0 for expired (``get_backend_timeout`` without the clock)."""
+        return self.default_timeout if timeout is DEFAULT_TIMEOUT else timeout  # type: ignore[no-any-return]
+
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        return self._cache.add(key, value, self._ttl(timeout))
+
+    def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        key = self.make_and_validate_key(key, version=version)
+        return self._cache.get(key, default)
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> None:
+        key = self.make_and_validate_key(key, version=version)
+        self._cache.set(key, value, self._ttl(timeout))
+
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT,
+              version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        return self._cache.touch(key, self._ttl(timeout))
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        return self._cache.delete(key)
+
+    def has_key(self, key: Any, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        return key in self._cache
+
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            return self._cache.incr(key, delta)
+        except KeyError:
+            raise ValueError(f"Key '{key}' not found") from None
+
+    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self.incr(key, -delta, version=version)
+
+    def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        made = {self.make_and_validate_key(k, version=version): k for k in keys}
+        return {made[k]: v for k, v in self._cache.get_many(made).items()}
+
+    def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        if data:
+            self._cache.set_many({self.make_and_validate_key(k, version=version): v
+                                  for k, v in data.items()}, self._ttl(timeout))
+        return []
+
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        made = [self.make_and_validate_key(k, version=version) for k in keys]
+        if made:
+            self._cache.delete_many(made)
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    # close(): BaseCache's, which does nothing (module docstring says why).
+
