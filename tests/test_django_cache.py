@@ -20,10 +20,11 @@ backend.
 
 **Ours.**  Real processes (spawned, configured as a Django project configures its
 cache) share one cache: a value set in one is read in another, an ``add`` race has
-exactly one winner, ``incr`` from several processes and threads is exact, an expiry
-set in one process is seen by another, and the cache outlives the process that made
-it (AUTO_UNLINK's default).  Settings: a LOCATION is required, unknown OPTIONS are
-refused, a cache whose stored limits differ is used with them and a warning.
+exactly one winner, ``incr`` from several processes, threads and forked workers is
+exact, an expiry set in one process is seen by another, and the cache outlives the
+process that made it (AUTO_UNLINK's default).  Settings: a LOCATION is required and
+must be a valid name, bad OPTIONS are refused before anything is made, a cache whose
+stored limits differ is used with them and a warning.
 """
 
 from __future__ import annotations
@@ -32,10 +33,7 @@ import json
 import logging
 import multiprocessing
 import os
-import signal
-import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +44,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from tests.conftest import unique_name
+from tests.sdists import fetch_sdist, run_suite
 from tests.django_suite import workers
 from ultradict_ng.cache import SharedCache as Cache
 from ultradict_ng.integrations import django as backend_module
@@ -62,9 +61,6 @@ DJANGO_52_TESTS = 54
 spawn = multiprocessing.get_context("spawn")
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-
 
 def _shm_with(prefixes: tuple[str, ...]) -> list[str]:
     if not os.path.isdir(SHM):
@@ -79,55 +75,10 @@ def _shm_with(prefixes: tuple[str, ...]) -> list[str]:
 def django_cache_tests(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The directory holding Django's ``cache`` test package, for the installed Django."""
     root = tmp_path_factory.mktemp("django_suite")
-    download = root / "download"
-    version = django.__version__
-    # The sdist only (the tests are not in the wheel); its build requirements as
-    # wheels.  (Order matters: ``--only-binary :all:`` clears an earlier ``--no-binary``.)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary", ":all:", "--no-binary", "django", "--timeout", "30",
-           f"django=={version}", "-d", str(download)]
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=600, check=False)
-        problem = None if proc.returncode == 0 else proc.stdout[-3000:]
-    except subprocess.TimeoutExpired:
-        problem = "pip download timed out"
-    archives = sorted(download.glob("*.tar.gz")) if download.exists() else []
-    if problem is None and len(archives) != 1:
-        problem = f"expected one sdist in {download}, found {archives}"
-    if problem is not None:
-        reason = f"cannot download Django=={version}'s sdist from PyPI: {problem}"
-        if _ci():
-            pytest.fail(reason + "\n(CI=true: CI reaches PyPI, so this is a failure, not a skip)",
-                        pytrace=False)
-        pytest.skip(reason)
-    suite = root / "suite"
-    with tarfile.open(archives[0]) as tar:
-        for member in tar.getmembers():
-            _, _, rel = member.name.partition("/")
-            if not member.isfile() or ".." in rel.split("/") or not rel.startswith(WANTED):
-                continue
-            data = tar.extractfile(member)
-            assert data is not None
-            target = suite / rel[len("tests/"):]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data.read())
+    suite = fetch_sdist("django", django.__version__, root,
+                        lambda rel: rel[len("tests/"):] if rel.startswith(WANTED) else None)
     assert (suite / "cache" / "tests.py").is_file(), sorted(suite.rglob("*"))
     return str(suite)
-
-
-def _run(cmd: list[str], cwd: str, env: dict[str, str],
-         timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` in its own process group; on timeout end that group (only it)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd} ran over {timeout} s\nstdout:\n{out[-5000:]}\nstderr:\n{err[-5000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.mark.skipif(not os.path.isdir(SHM), reason="the leftover check lists /dev/shm (Linux)")
@@ -140,7 +91,7 @@ def test_django_base_cache_tests(django_cache_tests: str) -> None:
     env["ULTRADICT_NG_DJANGO_LOCATIONS"] = ",".join(names)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     try:
-        done = _run([sys.executable, RUNNER], django_cache_tests, env, timeout=300)
+        done = run_suite([sys.executable, RUNNER], django_cache_tests, env, timeout=300)
         # The backend's default (AUTO_UNLINK False): the caches outlive the processes
         # that used them -- until removed, as here.
         left_by_run = _shm_with(names)

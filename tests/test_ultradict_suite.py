@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import tarfile
 import time
 from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
 import ultradict_ng
+from tests.sdists import fetch_sdist, run_suite
 from ultradict_ng import layout as L
 from ultradict_ng._shm.survey import report
 
@@ -76,47 +75,12 @@ print("OUTCOMES " + json.dumps(Result.outcomes), flush=True)
 """
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-
 
 @pytest.fixture(scope="session")
 def ultradict_tree(tmp_path_factory: pytest.TempPathFactory) -> Tuple[str, str]:
     """``(suite, shim)``: the unpacked tests/ and examples/, and the shim's directory."""
     root = tmp_path_factory.mktemp("ultradict_suite")
-    download = root / "download"
-    # The sdist only (its tests are not in a wheel); its build requirements as wheels,
-    # so preparing its metadata never compiles Cython.  (Order matters: pip's
-    # ``--only-binary :all:`` clears any ``--no-binary`` given before it.)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary", ":all:", "--no-binary", "UltraDict", "--timeout", "30",
-           f"UltraDict=={VERSION}", "-d", str(download)]
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=600)
-        problem = None if proc.returncode == 0 else proc.stdout[-3000:]
-    except subprocess.TimeoutExpired:
-        problem = "pip download timed out"
-    archives = sorted(download.glob("*.tar.gz")) if download.exists() else []
-    if problem is None and len(archives) != 1:
-        problem = f"expected one sdist in {download}, found {archives}"
-    if problem is not None:
-        reason = f"cannot download UltraDict=={VERSION} from PyPI: {problem}"
-        if _ci():
-            pytest.fail(reason + "\n(CI=true: CI reaches PyPI, so this is a failure, not a skip)",
-                        pytrace=False)
-        pytest.skip(reason)
-    suite = root / "suite"
-    with tarfile.open(archives[0]) as tar:
-        for member in tar.getmembers():
-            top, _, rel = member.name.partition("/")
-            if not member.isfile() or ".." in rel.split("/") or not rel.startswith(WANTED):
-                continue
-            data = tar.extractfile(member)
-            assert data is not None
-            target = suite / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data.read())
+    suite = fetch_sdist("UltraDict", VERSION, root, lambda rel: rel if rel.startswith(WANTED) else None)
     assert (suite / "tests" / "tests.py").is_file() and (suite / "examples" / "oop.py").is_file()
     shim = root / "shim"
     shim.mkdir()
@@ -134,18 +98,9 @@ def _env(shim: str) -> Dict[str, str]:
 
 
 def _run(cmd: List[str], cwd: str, shim: str, timeout: float) -> "subprocess.CompletedProcess[str]":
-    """Run ``cmd`` in its own process group; on timeout end that group (only it:
-    the process we started and the children it spawned)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=_env(shim), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd} ran over {timeout} s\nstdout:\n{out[-5000:]}\nstderr:\n{err[-5000:]}")
-    # Its spawned workers are gone too (a live one would keep the pipes open above).
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """``cmd`` with the shim on the path, in its own process group (its spawned
+    workers end with it: a live one would keep the pipes open)."""
+    return run_suite(cmd, cwd, _env(shim), timeout)
 
 
 # -- what the run leaves in shared memory -------------------------------------------------

@@ -7,10 +7,13 @@ what it saw; none waits longer than its bounded waits.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import time
 from typing import Any
+
+from cachelib.serializers import BaseSerializer
 
 from ultradict_ng.integrations.cachelib import SharedCache
 
@@ -21,6 +24,16 @@ class Point:
 
     x: int
     y: float
+
+
+class JSONSerializer(BaseSerializer):
+    """JSON, as cachelib's own (which cachelib < 0.10 lacks)."""
+
+    def dumps(self, value: Any, protocol: int = 0) -> bytes:
+        return json.dumps(value).encode()
+
+    def loads(self, bvalue: bytes) -> Any:
+        return json.loads(bvalue)
 
 
 class Unpicklable:

@@ -53,7 +53,7 @@ class Entries:
         w = side.words
         if (expires or claim) and not w[C.W_FLAGS]:
             w[C.W_FLAGS] = C.FLAG_EXPIRING
-        size = self._size(key, stored)
+        size = self._size(key, stored) if self._size_codec is not None else 0
         old = self._dget(key)
         if old is not None:
             slot = old[1]

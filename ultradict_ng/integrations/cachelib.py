@@ -2,7 +2,9 @@
 
 >>> from ultradict_ng.integrations.cachelib import SharedCache
 >>> cache = SharedCache(name="myapp", threshold=1000, default_timeout=300)
->>> cache.set("user:1", {"name": "Ada"}); cache.get("user:1")
+>>> cache.set("user:1", {"name": "Ada"})
+True
+>>> cache.get("user:1")
 {'name': 'Ada'}
 
 Every process that opens ``SharedCache(name="myapp")`` sees the same entries: a
@@ -19,7 +21,9 @@ Semantics are cachelib's (its ``SimpleCache``, ``FileSystemCache`` and
   every read, in every process.
 - **threshold** bounds the number of entries: past it, the least recently used go
   (cachelib's ``SimpleCache`` drops the soonest to expire; both keep the cache at
-  about ``threshold``).  ``0`` means no bound, as in ``FileSystemCache``.
+  about ``threshold``).  ``0`` means no bound, as in ``FileSystemCache``.  The
+  bound is stored with the cache: every process passes the same one (the default
+  500 counts), or ``threshold=None`` to take the stored one.
 - **values** go through ``self.serializer`` (pickle, as in every cachelib cache;
   Flask-Caching's ``CACHE_SERIALIZER`` or an assignment replaces it), except
   ``int``\\ s, stored as numbers -- as ``RedisCache`` stores them -- so that
@@ -35,8 +39,10 @@ Lifetime: the cache is removed when the **last process using it** closes it or
 exits (``auto_unlink="last"``): a worker that exits or is recycled never takes
 the cache with it while another one has it open, and a stopped application
 leaves nothing in ``/dev/shm``.  ``auto_unlink=False`` keeps it across full
-restarts too (like a ``FileSystemCache`` directory): remove it with
-``ultradict-ng clean`` or ``SharedCache.unlink_by_name(name)``.
+restarts too (like a ``FileSystemCache`` directory) -- it is each handle's
+setting, so every process passes it -- remove it with ``ultradict-ng clean`` or
+``SharedCache.unlink_by_name(name)``.  A SIGKILLed last user leaves it behind
+too (``ultradict-ng clean`` finds it).
 
 Values are unpickled when read: like a ``FileSystemCache`` directory or a Redis
 server, the shared memory must be writable only by the application's user (it
