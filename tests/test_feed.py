@@ -388,9 +388,14 @@ def test_several_feeds_in_threads_each_end_equal_to_the_dict(pair):
     d, r = pair
     replicas: List[Any] = []
 
+    # The writer starts once every follower holds its copy: a follower that
+    # copied the dict after "_end" was written would wait for it in vain.
+    ready = threading.Barrier(4, timeout=20)
+
     def follow() -> None:
         h = SharedDict(name=d.name, create=False)
         replica = h.copy()
+        ready.wait()
         for ch in take_until(h.changes(timeout=10), Change("set", (), "_end", True)):
             apply_change(replica, ch)
         replicas.append(replica)
@@ -399,6 +404,7 @@ def test_several_feeds_in_threads_each_end_equal_to_the_dict(pair):
     threads = [threading.Thread(target=follow) for _ in range(3)]
     for t in threads:
         t.start()
+    ready.wait()
     for op in writer_ops(150):
         apply_op(d, op)
         if op[0] == "clear":
