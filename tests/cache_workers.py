@@ -6,6 +6,7 @@ Each is an unrelated interpreter attaching by name.  ``START`` arguments are
 * ``writer NAME WID COUNT TTL``: sets ``w<WID>-<i>`` -> ``[WID, i]`` (ttl TTL, "-": none);
 * ``bound NAME MAXSIZE SECONDS``: polls the cache's entry count, prints the largest seen;
 * ``adder NAME START``: ``add("prize", pid)``, prints ``won`` or ``lost``;
+* ``opener NAME START``: opens (or creates) the cache and writes a key at once;
 * ``adders NAME COUNT START``: ``add("k<i>", pid)`` for i < COUNT, prints ``wins N``;
 * ``incr NAME COUNT``: ``incr("n", default=0)`` COUNT times;
 * ``memo NAME LOG DELAY START``: calls a ``cached`` function whose body appends a
@@ -53,6 +54,14 @@ def adder(name: str, start: str) -> None:
     c = SharedCache(name, create=False)
     _until(float(start))
     print("won" if c.add("prize", os.getpid()) else "lost", flush=True)
+    c.close()
+
+
+def opener(name: str, start: str) -> None:
+    _until(float(start))
+    c = SharedCache(name, maxsize=100, auto_unlink=False)
+    c[os.getpid()] = 1
+    print("opened", flush=True)
     c.close()
 
 

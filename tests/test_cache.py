@@ -257,6 +257,33 @@ def test_side_segment_removed_with_the_cache_and_a_stale_one_replaced(name):
     assert not os.path.exists(side)
 
 
+def test_an_opener_that_finds_no_side_segment_looks_again_under_the_lock(name, monkeypatch):
+    """The creators' race, made deterministic: between this opener's first look
+    (no side segment) and its taking the lock, another opener makes the side
+    segment and writes a key.  The dict holds keys then, and is a cache."""
+    from ultradict_ng.cache import side as side_module
+
+    real = side_module._attach
+    others = []
+
+    def racing(segment: str, token: int):
+        if not others:
+            others.append(None)
+            other = SharedCache(name, maxsize=10)  # (looks with the real _attach: others is set)
+            other["k"] = 1
+            others[0] = other
+            raise FileNotFoundError(segment)
+        return real(segment, token)
+
+    monkeypatch.setattr(side_module, "_attach", racing)
+    c = SharedCache(name, maxsize=10)
+    try:
+        assert c["k"] == 1 and c.maxsize == 10
+    finally:
+        others[0].close()
+        c.close()
+
+
 def test_corrupted_side_segment_is_refused(name):
     c = SharedCache(name, maxsize=10)
     try:

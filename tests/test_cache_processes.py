@@ -17,6 +17,8 @@ import pytest
 from ultradict_ng import SharedDict
 from ultradict_ng.cache import SharedCache, cached
 
+from .conftest import unique_name
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
 
@@ -82,6 +84,22 @@ def test_size_bound_holds_under_four_writers(owned):
         wid, i = c[key]
         assert key == f"w{wid}-{i}"
     c.close()
+
+
+def test_processes_opening_a_new_cache_at_once_all_succeed():
+    """Creators race: each sees no side segment, one makes it and writes a key
+    before another decides (under the lock) whether the dict is a cache."""
+    names = [unique_name() for _ in range(2)]
+    try:
+        for name in names:
+            at = str(time.time() + 1.0)
+            outs = finish([start("opener", name, at) for _ in range(6)])
+            assert [o.strip() for o in outs] == ["opened"] * 6
+            with SharedCache(name) as c:
+                assert len(c) == 6
+    finally:
+        for name in names:
+            SharedCache.unlink_by_name(name)
 
 
 def test_add_race_has_exactly_one_winner(owned):

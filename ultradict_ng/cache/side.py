@@ -130,24 +130,22 @@ def open_side(dict_name: str, token: int, lock: Any, wanted: Settings,
             side = _attach(name, token)
         except FileNotFoundError:
             side = None
-            absent = True
-        else:
-            absent = False
         if side is None:
+            # Decided under the lock, which every creator of a side segment
+            # holds: looked up again there, the segment is whole or absent
+            # (another opener may have made it, and written keys, meanwhile).
             with lock:
-                if absent and dict_len() > 0:
-                    raise ParameterMismatch(
-                        f"shared dict {dict_name!r} holds keys but is not a SharedCache")
-                if not absent:
-                    try:
-                        again = _attach(name, token)
-                    except FileNotFoundError:
-                        again = None
-                    if again is not None:
-                        side = again
-                    else:
-                        segments.unlink(name)
+                try:
+                    side = _attach(name, token)
+                    absent = False
+                except FileNotFoundError:
+                    absent = True
                 if side is None:
+                    if absent and dict_len() > 0:
+                        raise ParameterMismatch(
+                            f"shared dict {dict_name!r} holds keys but is not a SharedCache")
+                    if not absent:
+                        segments.unlink(name)  # stale (an earlier dict's) or never finished
                     try:
                         side = _write_new(name, token, wanted)
                     except FileExistsError:
