@@ -42,7 +42,11 @@ trip with one worker, and ``list(ex.map(add_one, arrays))`` over 64 arrays of
 10 MiB with two, each contender in a fresh driver process; and small tasks without
 arrays against the standard pool, see :mod:`perf.pool_small`; see :mod:`perf.pool`), 12
 ``redis`` (the Redis backend: hot-key reads, writes, 4-process locked increments,
-dead-holder takeover, cached-read staleness; see :mod:`perf.redis_backend`).
+dead-holder takeover, cached-read staleness; see :mod:`perf.redis_backend`), 15
+``cache`` (``ultradict_ng.cache`` and its Django backend against LocMemCache,
+FileBasedCache, diskcache, Django's RedisCache, shared-memory-dict and cachetools;
+hit ratios on Zipf traces; a stampede of 8 processes; own table, targets and
+``<out>/cache/latest.{json,png}``; see :mod:`perf.cache`).
 
 Output: tables on stdout, ``<out>/latest.json`` (machine info and every raw
 repetition) and ``<out>/latest.png`` (one panel per workload).

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from . import adapters as A
 from . import bigdict as BD
+from . import cache as CA
 from . import pool as P
 from . import redis_backend as RB
 from . import transactions as TX
@@ -29,13 +30,13 @@ from .workloads import TITLES as WL_TITLES
 # Workloads 11 (perf.pool) and 12 (perf.redis_backend) have contenders of their own,
 # which are no adapters; workload 13 (perf.transactions) compares ultradict_ng with itself.
 # Workload 14 (perf.bigdict) has its own contenders too (py-lmdb, ultradict_ng's table).
-ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY]
-NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER, TX.WL: TX.NUMBER, BD.WL: BD.NUMBER}
-TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE, TX.WL: TX.TITLE, BD.WL: BD.TITLE}
-ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES, **BD.ALIASES}
+ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY, CA.ENTRY]
+NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER, TX.WL: TX.NUMBER, BD.WL: BD.NUMBER, CA.WL: CA.NUMBER}
+TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE, TX.WL: TX.TITLE, BD.WL: BD.TITLE, CA.WL: CA.TITLE}
+ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES, **BD.ALIASES, **CA.ALIASES}
 CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS + RB.OWN_CONTENDERS
 CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES, **RB.CONTENDER_ALIASES}
-OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL)  # workloads that need no adapter
+OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL, CA.WL)  # workloads that need no adapter
 
 DEFAULT_OUT = os.path.join("perf", "results")
 
@@ -208,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
-            if wl in (TX.WL, BD.WL) and "ultradict_ng" not in chosen:
+            if wl in (TX.WL, BD.WL, CA.WL) and "ultradict_ng" not in chosen:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
@@ -238,6 +239,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 peers = {"ultradict_shared": "UltraDict", "manager": "Manager"}
                 BD.w_bigdict(run, ["ultradict_ng", "table", "lmdb"]
                              + [peers[c] for c in peers if c in chosen])
+                group = [wl]
+            elif wl == CA.WL:
+                CA.w_cache(run, ["ultradict_ng"])  # (its contenders are its own: perf.cache)
                 group = [wl]
             else:
                 RUNNERS[wl](run, [a for a in adapters if a.runs(wl)])
@@ -368,6 +372,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 bd_path = os.path.join(args.out, "bigdict.png")
                 why = bigdict_report.plot(bd_path, run.records)
                 print(f"wrote {bd_path}" if why is None else f"no plot of workload 14: {why}")
+        if any(r["workload"] == CA.WL for r in run.records):  # workload 15: <out>/cache/
+            from . import cache_report
+
+            print("\n".join(cache_report.write(args.out, payload, not args.no_plot)))
     except Exception as exc:
         print(f"!!! could not write results: {exc!r}")
         status = status or 1

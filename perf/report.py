@@ -70,6 +70,10 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
         from . import bigdict_report
 
         return bigdict_report.section(recs, number, title, notes)
+    if wl == "cache":
+        from . import cache_report
+
+        return cache_report.section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -270,6 +274,9 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     from . import bigdict_report
 
     out.extend(bigdict_report.targets(records, quick))  # workload 14
+    from . import cache_report
+
+    out.extend(cache_report.targets(records, quick))  # workload 15
     return out
 
 
@@ -387,8 +394,8 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
         import matplotlib.pyplot as plt
     except Exception as exc:
         return f"matplotlib unavailable ({exc.__class__.__name__}): no plot"
-    present = [(wl, no, title) for wl, no, title in workloads  # (14 has a figure of its own)
-               if wl != "bigdict" and any(r["workload"] == wl and r["median"] for r in records)]
+    present = [(wl, no, title) for wl, no, title in workloads  # (14 and 15 have figures of their own)
+               if wl not in ("bigdict", "cache") and any(r["workload"] == wl and r["median"] for r in records)]
     if not present:
         return "nothing to plot"
     cols = min(4, len(present))

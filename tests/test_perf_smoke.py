@@ -134,3 +134,38 @@ def test_perf_bigdict_quick_smoke(tmp_path: Path) -> None:
     assert "big dict (10,000 keys): random-key reads" in proc.stdout
     if "no plot" not in proc.stdout:
         assert (out / "bigdict.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_perf_cache_quick_smoke(tmp_path: Path) -> None:
+    """Workload 15 in quick mode: ours measured in every part, peers measured or
+    skipped (never failed), the exact LRUs agree, its own JSON (and plot)."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "cache", "--name-prefix", "t" + SESSION,
+           "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    data = json.loads((out / "cache" / "latest.json").read_text())
+    assert data["status"] == "complete" and not data["leaks"], data["leaks"]
+    assert not data["alerts"], data["alerts"]
+    rows = {(r["params"]["part"], r["params"]["contender"], r["case"]): r for r in data["records"]}
+    for rec in rows.values():
+        assert rec["error"] is None, rec
+    ours = [r for (part, c, _), r in rows.items() if c in ("ours", "cached")]
+    assert len(ours) == 9  # 2 Django, 4 plain, 1 hit ratio (quick: a=0.9), 2 stampede
+    for r in ours:
+        if r["params"]["part"] == "django" and importlib.util.find_spec("django") is None:
+            continue
+        assert r.get("skipped") is None and r["median"] is not None and r["median"] > 0, r
+    if importlib.util.find_spec("cachelib") is not None:
+        for op in ("get", "set"):
+            assert rows[("cachelib", "cl_ours", f"cachelib API, dict value: {op}")]["median"] > 0
+    hit = {c: r["median"] for (part, c, _), r in rows.items() if part == "hit"}
+    if hit.get("cachetools") is not None:
+        assert hit["cachetools"] == hit["exact"]  # both exact LRU on the same trace
+    lru = rows[("stampede", "lru_cache", "stampede: computations")]
+    assert lru["values"] == [8.0] * len(lru["values"])  # one per process, the reference
+    assert "== 15. shared cache" in proc.stdout and "cache: stampede" in proc.stdout
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "cache" / "latest.png").stat().st_size > 10_000
