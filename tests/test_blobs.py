@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, strategies as st
 
 from ultradict_ng import CorruptSegment, SharedDict, Unlinked, UnsupportedType, unlink_by_name
 from ultradict_ng import layout as L
@@ -577,5 +578,43 @@ def test_without_blobs_a_buffer_is_refused_as_the_codec_refuses_it(name):
         with pytest.raises(UnsupportedType):
             d["mv"] = memoryview(b"x" * 100_000)
         assert d.copy() == {}
+    finally:
+        d.close()
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=3),
+                  st.binary(max_size=3), st.binary(min_size=64, max_size=64),
+                  st.frozensets(st.integers(), max_size=2))
+_nested = st.recursive(_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+    st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=12)
+
+
+@given(value=_nested)
+def test_the_quick_blob_scan_passes_only_values_extract_leaves_alone(value):
+    """may_hold_blobs is False (the write skips extract) only when extract
+    would store no blob and pass nothing to pickle's out-of-band callback but
+    plain sets -- at any depth its scan looks (a cache entry is 3 levels)."""
+    from ultradict_ng._shm.blobs import extract, may_hold_blobs
+
+    def store_blob(v, kind):
+        raise AssertionError(f"a blob for {v!r}, which the quick scan passed")
+
+    others = []
+
+    def other(v):
+        others.append(v)
+        return v
+
+    if not may_hold_blobs(value, 64):
+        assert extract(value, 64, store_blob, other) is value
+        assert all(type(v) in (set, frozenset) for v in others)
+
+
+def test_a_blob_sized_buffer_deep_in_a_cache_entry_still_goes_to_a_blob(name):
+    d = SharedDict(name=name, blob_threshold=SMALL)
+    try:
+        d["e"] = (0.0, 1, {"tags": [b"z" * 2000], "n": 1})
+        assert len(blobs_of(name)) == 1 and d["e"][2]["tags"][0] == b"z" * 2000
     finally:
         d.close()

@@ -196,10 +196,14 @@ def test_pickle_serializer_and_handles_pickle(name):
 
 
 def test_settings_are_stored_with_the_cache(name):
-    c = SharedCache(name, maxsize=10, ttl=5, serializer="pickle")
+    c = SharedCache(name, maxsize=10, ttl=5, serializer="pickle", cull_frequency=3)
     try:
         other = SharedCache(name)
-        assert (other.maxsize, other.default_ttl, other.serializer) == (10, 5.0, "pickle")
+        assert (other.maxsize, other.default_ttl, other.serializer, other.cull_frequency) == \
+            (10, 5.0, "pickle", 3)
+        with SharedCache(unique_name(), maxsize=2) as plain:
+            assert plain.cull_frequency is None
+            plain.unlink()
         other.close()
         with pytest.raises(ParameterMismatch):
             SharedCache(name, maxsize=11)

@@ -60,6 +60,15 @@ Recency is written by every reader *without the lock* (a plain aligned 8-byte
 store: a race between two readers leaves one of their times, either is
 right); it is advisory only: eviction reads it, nothing else does.
 
+Reading (no lock): the reader looks ``key`` up in its handle of the dict (every
+rule of layout.py for a read: a synced cache, or a sync first); an entry of 3
+items whose ``expires`` is 0.0 or after its clock (``CLOCK_REALTIME``, what
+``time.time()`` reads) is a hit: it stores that time at ``recency[slot]``, then
+returns the value (a private copy of a mutable one; unpickled with "pickle").
+Anything else -- no entry, an expired one, a claim -- is a miss.  The compiled
+helper does all of it in one call (``speedups.CacheGet``); its twin calls the
+Python method, same rules.
+
 Eviction: when a new key would make ``len > maxsize`` (or the bytes exceed
 maxbytes), the writer samples ``SAMPLES`` keys and removes the least
 recently used of them (expired ones first) -- approximated LRU, within 0.5%

@@ -2,7 +2,7 @@
 
 Every hot primitive -- atomic words, record writing and futex waits (``Words``), the
 lock's per-process state (``ProcessState``), the bases carrying the read hit
-path (``StoreBase``, ``ViewBase``), the reader's record checks and replay
+path (``StoreBase``, ``ViewBase``, and ``CacheGet`` for the shared cache), the reader's record checks and replay
 (``parse_records``, ``apply_sets``) and the codec's type scans
 (``types_within``, ``contains_type``) -- is imported from here, and only
 from here.  This module takes them from the compiled ``ultradict_ng._helper._native``
@@ -42,7 +42,7 @@ except ImportError:  # not compiled: no C compiler at install time
     _compiled = None  # type: ignore[assignment]
 
 __all__ = [
-    "IMPLEMENTATION", "ENV_VAR", "Words", "ProcessState", "StoreBase", "ViewBase",
+    "IMPLEMENTATION", "ENV_VAR", "Words", "ProcessState", "StoreBase", "ViewBase", "CacheGet",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
     "table_fill", "table_index", "table_chunk", "FUTEX",
@@ -108,13 +108,13 @@ IMPLEMENTATION: str = _choose()
 if IMPLEMENTATION == "native":
     assert _compiled is not None
     from ._helper._native import (
-        FUTEX, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
+        FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
         key_hash_common, msgpack_length, parse_records, set_immutable_types, table_candidates,
         table_chunk, table_fill, table_get, table_index, types_within,
     )
 else:
     from ._helper.twins import (  # type: ignore[assignment]
-        FUTEX, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
+        FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
         key_hash_common, msgpack_length, parse_records, set_immutable_types, table_candidates,
         table_chunk, table_fill, table_get, table_index, types_within,
     )

@@ -1,7 +1,7 @@
 # Types of the compiled helper ultradict_ng._helper._native (_native.c) -- and of its
 # pure-Python twins in twins.py (and words.py), which have the same names and signatures.
 # Callers import these names from ultradict_ng.speedups, never from here.
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, Union
 
 _Bytes = Union[bytes, bytearray, memoryview]
 
@@ -53,6 +53,17 @@ class ViewBase:
     def __getitem__(self, key: Any) -> Any: ...
     def __setitem__(self, key: Any, value: Any) -> None: ...
     def __delitem__(self, key: Any) -> None: ...
+
+class CacheGet:
+    """A SharedCache handle's ``get(key, default=None)``: the hit path of an
+    entry (expiry, recency, copy) without a Python frame; ``slow(key)`` (value
+    or ``missing``) for the rest."""
+    hits: int
+    misses: int
+    def __init__(self, view: ViewBase, recency: Any, loads: Optional[Callable[[Any], Any]],
+                 slow: Callable[[Any], Any], missing: Any) -> None: ...
+    def __call__(self, key: Any, default: Any = ...) -> Any: ...
+    def release(self) -> None: ...
 
 def parse_records(chunk: bytes, tag: int, base: int,
                   one_msgpack: bool = ...) -> Union[List[bytes], str]: ...

@@ -25,7 +25,7 @@ from .._codec.keyhash import key_hash
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
-    "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase",
+    "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase", "CacheGet",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
     "table_fill", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
@@ -167,6 +167,34 @@ def set_immutable_types(types: FrozenSet[type]) -> None:
     if type(types) is not frozenset:
         raise TypeError("set_immutable_types needs a frozenset of types")
     _immutable_types = types
+
+
+class CacheGet:
+    """A SharedCache handle's ``get(key, default=None)``.  The compiled one
+    answers a hit on a view in sync itself (clock, expiry, recency store,
+    copy); this twin asks ``slow(key)`` -- the Python rules, which return the
+    value or ``missing`` -- every time, and counts the same way (it never
+    reads ``view``, so it takes any handle, compiled or not)."""
+
+    __slots__ = ("hits", "misses", "_slow", "_missing")
+
+    def __init__(self, view: Any, recency: Any, loads: Any, slow: Any, missing: Any) -> None:
+        if not callable(slow) or (loads is not None and not callable(loads)):
+            raise TypeError("CacheGet: slow and loads (unless None) must be callable")
+        self.hits = self.misses = 0
+        self._slow = slow
+        self._missing = missing
+
+    def __call__(self, key: Any, default: Any = None) -> Any:
+        value = self._slow(key)
+        if value is self._missing:
+            self.misses += 1
+            return default
+        self.hits += 1
+        return value
+
+    def release(self) -> None:
+        """(The compiled one gives back its recency buffer here.)"""
 
 
 # -- the reader's checks and replay --------------------------------------------------------

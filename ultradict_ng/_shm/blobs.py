@@ -57,6 +57,10 @@ _header = struct.Struct(L.BLOB_FORMAT)
 _PLAIN = frozenset({type(None), bool, int, float, str, complex})
 #: Types ``extract`` walks or leaves as they are (bytes below the threshold ...).
 _HANDLED = frozenset({list, tuple, dict, bytes, bytearray, memoryview})
+#: Container levels the quick scan looks into: a cache entry (expires, slot,
+#: {"tags": [...]}) is three.  (A set or frozenset of plain members it also
+#: passes holds no buffer either: nothing for a blob or pickle's out-of-band.)
+_LEVELS = 3
 
 
 class BlobMissing(Exception):
@@ -285,7 +289,7 @@ def may_hold_blobs(value: Any, threshold: int) -> bool:
     if tp is bytes or tp is bytearray:
         return len(value) >= threshold
     if tp is list or tp is tuple or tp is dict:
-        return not types_within(value, _PLAIN)
+        return not types_within(value, _PLAIN, _LEVELS)
     return True
 
 
@@ -304,7 +308,7 @@ def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef
         return value.tobytes()
     if other is not None and tp not in _PLAIN and tp not in _HANDLED:
         return other(value)
-    if (tp is list or tp is tuple or tp is dict) and types_within(value, _PLAIN):
+    if (tp is list or tp is tuple or tp is dict) and types_within(value, _PLAIN, _LEVELS):
         return value  # the common case, scanned in C: nothing in it can be a blob
     if tp is list or tp is tuple:
         items = [extract(v, threshold, store_blob, other) for v in value]

@@ -54,7 +54,9 @@ class Entries:
         if (expires or claim) and not w[C.W_FLAGS]:
             w[C.W_FLAGS] = C.FLAG_EXPIRING
         size = self._size(key, stored) if self._size_codec is not None else 0
-        old = self._dget(key)
+        # The entry as the handle caches it, not a copy (only its slot is read):
+        # the dict's get would copy a mutable value for nothing.
+        old = self._d._node().get(key)
         if old is not None:
             slot = old[1]
             if side.nslots:

@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, MutableMapping,
 from .. import cache_layout as C
 from .._codec.codec import codec_for
 from ..shareddict import SharedDict
+from ..speedups import CacheGet
 from .entries import Entries
 from .side import open_side
 
@@ -112,14 +113,24 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         self._recency = side.recency if side.nslots else None
         self._dget = d.get
         self._lock = d.lock
-        self._hits = self._misses = 0
         self._pool: Optional[List[Any]] = None
         self._pool_age = 0
+        # ``get`` is this handle's CacheGet (speedups: compiled, or the twin
+        # calling _lookup): a hit costs no Python frame.
+        self.__dict__["get"] = CacheGet(d, self._recency, self._loads, self._lookup, _MISSING)
 
     # -- reading: no lock ---------------------------------------------------------------
 
     def get(self, key: Any, default: Any = None) -> Any:
-        """The value of ``key``, or ``default`` if it is absent or expired."""
+        """The value of ``key``, or ``default`` if it is absent or expired.
+
+        (Replaced per handle by its CacheGet; this is the class's signature.)"""
+        return self.__dict__["get"](key, default)
+
+    def _lookup(self, key: Any) -> Any:
+        """``get``'s rules in Python (what CacheGet calls when it cannot answer
+        itself): the value of a live entry, after storing the time as its
+        recency, or _MISSING."""
         e = self._dget(key)
         if e is not None:
             now = _now()
@@ -128,11 +139,9 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
                 rec = self._recency
                 if rec is not None:
                     rec[e[1]] = now
-                self._hits += 1
                 loads = self._loads
                 return e[2] if loads is None else loads(e[2])
-        self._misses += 1
-        return default
+        return _MISSING
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _MISSING)
@@ -360,6 +369,11 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         return self._serializer
 
     @property
+    def cull_frequency(self) -> Optional[int]:
+        """Django's CULL_FREQUENCY as stored with the cache (None: evict one at a time)."""
+        return self._cull
+
+    @property
     def lock(self) -> Any:
         """The cache's lock (the dict's): hold it to make several calls one atomic step."""
         return self._lock
@@ -368,7 +382,8 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         """hits and misses (of this handle), evictions and expirations (of all
         processes), size (live entries), bytes (stored, with maxbytes) and the bounds."""
         w = self._side.words
-        return {"hits": self._hits, "misses": self._misses, "evictions": w[C.W_EVICTIONS],
+        g = self.__dict__["get"]
+        return {"hits": g.hits, "misses": g.misses, "evictions": w[C.W_EVICTIONS],
                 "expirations": w[C.W_EXPIRATIONS], "size": len(self), "maxsize": self._maxsize,
                 "bytes": w[C.W_BYTES] if self._maxbytes else None, "maxbytes": self._maxbytes,
                 "ttl": self._ttl}
@@ -378,6 +393,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         if not self._d.closed:
             self._d.close()
             self._recency = None
+            self.__dict__["get"].release()
             self._side.close()
 
     def unlink(self) -> int:

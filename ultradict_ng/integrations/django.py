@@ -137,11 +137,12 @@ def _attach_or_create(location: str, limits: dict[str, Any], auto_unlink: Any) -
                 ) from mismatch
             logger.warning(
                 "Django cache %r: %s (configured: MAX_ENTRIES=%s, CULL_FREQUENCY=%s, "
-                "MAXBYTES=%s). Using it with its stored settings (maxsize=%s, maxbytes=%s); "
+                "MAXBYTES=%s). Using it with its stored settings (maxsize=%s, cull_frequency=%s, "
+                "maxbytes=%s); "
                 "to apply the configured ones, remove it while no process uses it "
                 "(ultradict-ng rm %s) or name a new LOCATION.",
                 location, mismatch, limits["maxsize"], limits["cull_frequency"],
-                limits["maxbytes"], cache.maxsize, cache.maxbytes, location)
+                limits["maxbytes"], cache.maxsize, cache.cull_frequency, cache.maxbytes, location)
             return cache
     raise ImproperlyConfigured(f"cannot open the shared cache {location!r}: it keeps "
                                "being removed and made with other settings")
