@@ -464,26 +464,28 @@ def test_flask_caching_app_shared_by_two_processes(name: str) -> None:
         backend.close()
 
 
-def test_flask_caching_factory(name: str, tmp_path: Any, monkeypatch: Any) -> None:
-    """Flask-Caching calls ``factory(app, config, args, kwargs)`` for a CACHE_TYPE
-    without "cachelib" in its path: CACHE_THRESHOLD, CACHE_KEY_PREFIX and
-    CACHE_SERIALIZER then apply."""
+def test_flask_caching_factory(name: str) -> None:
+    """Flask-Caching calls ``factory(app, config, args, kwargs)`` for the path
+    ``ultradict_ng.integrations.flask.SharedCache`` (no "cachelib" in it):
+    CACHE_THRESHOLD, CACHE_KEY_PREFIX and CACHE_SERIALIZER then apply; without
+    a name it refuses (each worker would get a cache of its own)."""
     pytest.importorskip("flask_caching")
     from flask import Flask
     from flask_caching import Cache
 
-    (tmp_path / "udng_flask_backend.py").write_text(
-        "from ultradict_ng.integrations.cachelib import SharedCache\n"
-        "shared_cache = SharedCache.factory\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    from ultradict_ng.integrations.flask import SharedCache as FlaskSharedCache
+
     app = Flask(__name__)
-    app.config.update(CACHE_TYPE="udng_flask_backend.shared_cache", CACHE_THRESHOLD=50,
-                      CACHE_KEY_PREFIX="p_", CACHE_ARGS=[name], CACHE_DEFAULT_TIMEOUT=30,
-                      CACHE_SERIALIZER=workers.JSONSerializer)
+    app.config.update(CACHE_TYPE="ultradict_ng.integrations.flask.SharedCache", CACHE_THRESHOLD=50,
+                      CACHE_DEFAULT_TIMEOUT=30, CACHE_SERIALIZER=workers.JSONSerializer)
+    with pytest.raises(ValueError, match="needs a name"):
+        Cache(app)
+    app.config.update(CACHE_KEY_PREFIX="p_", CACHE_ARGS=[name])
     cache = Cache(app)
     backend = app.extensions["cache"][cache]
     try:
-        assert type(backend) is SharedCache and backend.name == name
+        assert type(backend) is FlaskSharedCache and isinstance(backend, SharedCache)
+        assert backend.name == name
         assert backend.cache.maxsize == 50 and backend.default_timeout == 30
         assert isinstance(backend.serializer, workers.JSONSerializer)
         with app.app_context():

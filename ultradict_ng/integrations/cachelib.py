@@ -133,10 +133,18 @@ class SharedCache(BaseCache):
 
     @classmethod
     def factory(cls, app: Any, config: dict[str, Any], args: list[Any],
-                kwargs: dict[str, Any]) -> SharedCache:
+                kwargs: dict[str, Any]) -> Self:
         """Flask-Caching's backend factory: ``kwargs`` holds ``default_timeout``,
         ``ignore_delete_many_errors`` and ``CACHE_OPTIONS``; ``CACHE_THRESHOLD`` and
-        ``CACHE_KEY_PREFIX`` are read from ``config`` (``CACHE_OPTIONS`` wins)."""
+        ``CACHE_KEY_PREFIX`` are read from ``config`` (``CACHE_OPTIONS`` wins).
+        Flask-Caching calls it for the path ``ultradict_ng.integrations.flask.SharedCache``.
+
+        A name is required (``CACHE_OPTIONS={"name": ...}`` or ``CACHE_ARGS=[name]``):
+        an app's workers share the cache they open by one name, and a cache
+        made without one would be each worker's own."""
+        if not args and kwargs.get("name") is None:
+            raise ValueError("the shared cache needs a name, the same in every worker: "
+                             "CACHE_OPTIONS={'name': 'myapp-cache'} (or CACHE_ARGS=['myapp-cache'])")
         if "CACHE_THRESHOLD" in config:
             kwargs.setdefault("threshold", config["CACHE_THRESHOLD"])
         if config.get("CACHE_KEY_PREFIX"):
