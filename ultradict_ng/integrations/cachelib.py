@@ -51,18 +51,18 @@ is: segments are created mode 0600).
 Flask-Caching (tested with 2.5)::
 
     app.config.update(
-        CACHE_TYPE="ultradict_ng.integrations.cachelib.SharedCache",
-        CACHE_DEFAULT_TIMEOUT=300,
-        CACHE_OPTIONS={"name": "myapp", "threshold": 1000, "key_prefix": "myapp:"},
+        CACHE_TYPE="ultradict_ng.integrations.flask.SharedCache",
+        CACHE_DEFAULT_TIMEOUT=300, CACHE_THRESHOLD=1000, CACHE_KEY_PREFIX="myapp:",
+        CACHE_OPTIONS={"name": "myapp"},
     )
 
-Flask-Caching calls a ``CACHE_TYPE`` whose path contains "cachelib" as a plain
-cachelib class: ``SharedCache(*CACHE_ARGS, default_timeout=CACHE_DEFAULT_TIMEOUT,
-ignore_delete_many_errors=CACHE_IGNORE_ERRORS, **CACHE_OPTIONS)`` -- so the name,
-threshold and prefix go in ``CACHE_OPTIONS`` (``CACHE_THRESHOLD`` and
-``CACHE_KEY_PREFIX`` are not passed that way).  :meth:`SharedCache.factory` is the
-``factory(app, config, args, kwargs)`` of Flask-Caching's own backends, which
-reads them, for code that builds a backend from a Flask config itself.
+That path (:mod:`ultradict_ng.integrations.flask`: this class as a subclass of
+Flask-Caching's ``BaseCache``) is built through :meth:`SharedCache.factory`,
+which reads ``CACHE_THRESHOLD`` and ``CACHE_KEY_PREFIX`` as Flask-Caching's own
+backends do.  This module's path also works, but Flask-Caching calls a
+``CACHE_TYPE`` whose path contains "cachelib" as a plain cachelib class --
+``SharedCache(*CACHE_ARGS, default_timeout=..., ignore_delete_many_errors=...,
+**CACHE_OPTIONS)`` -- so there the threshold and prefix go in ``CACHE_OPTIONS``.
 """
 
 from __future__ import annotations
