@@ -210,6 +210,28 @@ def test_ls_live_holder_then_killed(name, removed):
     assert ls_entry(name)["lock"] == {"pid": holder.pid, "alive": False}
 
 
+def test_ls_and_stats_show_a_shared_cache_and_its_side_segment(name, removed):
+    """A SharedCache's side segment N@c is the dict's (counted in its bytes, not
+    a foreign file), ls and stats say the dict is a cache and how its values
+    are stored; a side segment left without its dict is an orphan clean removes."""
+    from ultradict_ng.cache import SharedCache
+
+    removed.append(name)
+    with SharedCache(name, maxsize=10, serializer="pickle") as c:
+        c["a"] = 1
+        entry = ls_entry(name)
+        assert entry["cache"] == "pickle" and f"{name}@c" in entry["segments"]
+        assert "cache, pickle" in ls_row(name)
+        assert f"{name}@c" not in cli_json("ls", "--all")["foreign"].get("names", [])
+        assert "a SharedCache, values stored with pickle" in cli("stats", name).stdout
+        c.unlink()
+    assert segments(name) == []
+    Segment.create(f"{name}@c", 4096).close()  # the side segment alone: an orphan
+    found = cli_json("ls")
+    assert {"base": name, "segments": [f"{name}@c"], "bytes": 4096} in found["orphans"]
+    assert cli("clean", name).returncode == 0 and segments(name) == []
+
+
 def test_ls_orphans_and_foreign_files(name, removed):
     """Orphaned segments of ours are reported; other programs' files are counted (and
     flagged when segments named like ours sit beside them) and never removed by clean."""

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import cache_layout as CL
 from .. import layout as L
 from ..futures import layout as PL
 from .control import looks_half_created
@@ -34,7 +35,7 @@ from .users import read_users
 
 __all__ = ["Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
 
-_DERIVED = re.compile(r"^(?P<base>[A-Za-z0-9_.\-]+)@(?P<kind>[sdb])(?P<num>[0-9a-z]*)$")
+_DERIVED = re.compile(r"^(?P<base>[A-Za-z0-9_.\-]+)@(?P<kind>[sdbc])(?P<num>[0-9a-z]*)$")
 
 
 def real_bytes(st: os.stat_result) -> int:
@@ -87,6 +88,9 @@ class DictReport:
     blobs: int = 0
     blob_bytes: int = 0
     blob_threshold: Optional[int] = None
+    #: A SharedCache's value serializer ("msgpack", "pickle"; "?" unreadable)
+    #: when the dict has a side segment ``N@c``; None for a plain dict.
+    cache: Optional[str] = None
     creator: Optional[Holder] = None
     users: List[User] = field(default_factory=list)
     unregistered_users: int = 0
@@ -244,9 +248,28 @@ def _count_segments(rep: DictReport, derived: List[str]) -> None:
         elif kind == "d":
             rep.dumps += 1
             rep.dump_bytes += used
+        elif kind == "c":
+            rep.cache = _cache_serializer(seg)
         else:
             rep.blobs += 1
             rep.blob_bytes += used
+
+
+def _cache_serializer(name: str) -> str:
+    """The value serializer a cache's side segment records (cache_layout.py word 7)."""
+    try:
+        seg = Segment.attach(name)
+    except OSError:
+        return "?"
+    try:
+        head = bytes(seg.buf[:8 * (CL.W_SERIALIZER + 1)]) if seg.buf is not None else b""
+    finally:
+        seg.close()
+    words = [int.from_bytes(head[i:i + 8], sys.byteorder) for i in range(0, len(head) - 7, 8)]
+    if len(words) <= CL.W_SERIALIZER or words[CL.W_MAGIC] != CL.SIDE_MAGIC:
+        return "?"
+    names = {v: k for k, v in CL.SERIALIZERS.items()}
+    return names.get(words[CL.W_SERIALIZER], "?")
 
 
 def _fill_from_words(rep: DictReport, words: List[int]) -> None:

@@ -71,7 +71,8 @@ def cmd_ls(args: Namespace) -> int:
         for d in found.dicts:
             rows.append([
                 d.name, "?" if d.keys is None else f"{d.keys:,}", render.size(d.bytes),
-                "-" if d.generation is None else str(d.generation), _fill(d), d.serializer or "-",
+                "-" if d.generation is None else str(d.generation), _fill(d),
+                f"cache, {d.cache}" if d.cache else d.serializer or "-",
                 _holder(d.creator), _users(d) if d.status != "damaged" else "-",
                 "free" if d.lock is None else "held by " + _holder(d.lock), d.status,
             ])
@@ -180,7 +181,8 @@ def cmd_stats(args: Namespace) -> int:
         ("status", rep.status + (f" ({rep.problem})" if rep.problem else "")),
         ("layout", f"version {rep.layout_version}" if rep.layout_version else "-"),
         ("created", datetime.fromtimestamp(rep.created).isoformat(" ", "seconds") if rep.created else "-"),
-        ("serializer", f"{rep.serializer}" + (", nested dicts (recurse)" if rep.recurse else "")),
+        ("serializer", f"{rep.serializer}" + (", nested dicts (recurse)" if rep.recurse else "")
+         + (f"; a SharedCache, values stored with {rep.cache}" if rep.cache else "")),
         ("keys", "?" if rep.keys is None else f"{rep.keys:,}"),
         ("shared memory", f"{render.size(rep.bytes)} in {len(rep.segments)} segment(s)"),
         ("generation", f"{rep.generation} (full dumps written so far)" if rep.generation is not None else "-"),
