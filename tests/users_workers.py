@@ -139,3 +139,13 @@ def user_words(d: SharedDict) -> List[int]:
 
 def alive_pids(d: SharedDict) -> Set[int]:
     return {u.pid for u in d.users() if u.alive}
+
+
+def close_together(names: Any, barrier: Any) -> None:
+    """For each dict: attach with auto_unlink="last", then close at the same
+    instant as the other workers (a barrier before and after each close)."""
+    for name in names:
+        d = SharedDict(name=name, create=False, auto_unlink="last")
+        barrier.wait(60)
+        d.close()
+        barrier.wait(60)

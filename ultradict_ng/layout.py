@@ -384,12 +384,12 @@ returns there.
 
 Removing an unused dict ("close if unused": ``clean``, ``auto_unlink="last"``):
 
-a. CAS CLOSING 0 -> own word (a live owner's word there: someone else is on
-   it, stop; a dead owner's word is taken over by CAS from that word);
-b. load every user slot (seq_cst): if one holds a live owner other than us,
-   or USER_OVERFLOW != 0 and the processes mapping ``N`` cannot be listed
-   (Linux lists them in ``/proc/<pid>/maps``), or any process but us maps
-   ``N``: store CLOSING = 0 and stop -- the dict is in use;
+a. CAS CLOSING 0 -> own word (a live owner's word: another remover; wait up to
+   0.4 s for it to finish, else stop; a dead owner's is taken over by CAS);
+b. load every user slot (seq_cst): if one holds a live owner other than us, or
+   USER_OVERFLOW != 0 and the processes mapping ``N`` cannot be listed (Linux
+   lists them in ``/proc/<pid>/maps``), or any process but us maps ``N`` (for
+   0.2 s: one that just left the register unmaps right after): store CLOSING = 0, stop;
 c. unlink it (see "Unlink"), leaving CLOSING set.
 
 No attacher is missed: the attacher's slot store precedes its load of CLOSING,

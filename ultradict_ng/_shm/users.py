@@ -191,6 +191,25 @@ class Verdict(NamedTuple):
     reason: str
 
 
+#: Seconds step b waits for processes that map the dict without a user slot to
+#: unmap it or register, before it calls the dict in use.
+SETTLE = 0.2
+_MAPPED = "mapped by live processes"
+
+
+def _users_now(name: str, atomic: Words, me: int) -> Tuple[List[int], str]:
+    """Step b's witnesses: live registered users, else processes mapping ``name``."""
+    users = sorted({u.pid for u in read_users(atomic) if u.alive and u.pid != me})
+    if users:
+        return users, "registered users are alive"
+    fresh = mappers()
+    if fresh is None:
+        if atomic.load(L.W_USER_OVERFLOW):
+            return [0], "unregistered users, and no /proc to see them"
+        return [], ""
+    return sorted(fresh.get(name, set()) - {me}), _MAPPED
+
+
 def remove_if_unused(name: str, mapping: Mapping, token: int,
                      maps: Optional[Dict[str, Set[int]]] = None) -> Verdict:
     """Steps a-c of layout "Users": unlink the dict only if no live process
@@ -206,26 +225,35 @@ def remove_if_unused(name: str, mapping: Mapping, token: int,
         if early:
             return Verdict(0, early, "mapped by live processes")
     closing = atomic.load(L.W_CLOSING)
+    patience = time.monotonic() + 2 * SETTLE
     while True:  # step a
         if closing == mine:
             break
         if closing and owner_alive(closing):
-            return Verdict(0, [pid_of(closing)], "another process is removing it")
+            # Another remover: wait for its verdict (two last users closing at
+            # once each claim CLOSING in turn; the one that sees the other's
+            # slot stops, and the other must still get its turn).
+            if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
+                return Verdict(0, [], "removed by another process")
+            if time.monotonic() >= patience:
+                return Verdict(0, [pid_of(closing)], "another process is removing it")
+            time.sleep(0.001)
+            closing = atomic.load(L.W_CLOSING)
+            continue
         ok, closing = atomic.cas(L.W_CLOSING, closing, mine)
         if ok:
             break
     if faults.armed is not None:
         faults.hit("closing-claimed")
-    users = sorted({u.pid for u in read_users(atomic) if u.alive and u.pid != me})  # step b
-    reason = "registered users are alive"
-    if not users:
-        fresh = mappers()
-        if fresh is None:
-            if atomic.load(L.W_USER_OVERFLOW):
-                users, reason = [0], "unregistered users, and no /proc to see them"
-        else:
-            users = sorted(fresh.get(name, set()) - {me})
-            reason = "mapped by live processes"
+    users, reason = _users_now(name, atomic, me)  # step b
+    settle = time.monotonic() + SETTLE
+    while users and reason == _MAPPED and time.monotonic() < settle:
+        # Mapped, but by no registered user: most often a process that has
+        # just left the register and unmaps right after (two last users
+        # closing at once would otherwise each see the other, and neither
+        # remove the dict), or one attaching (its slot store follows).
+        time.sleep(0.002)
+        users, reason = _users_now(name, atomic, me)
     if users:
         atomic.cas(L.W_CLOSING, mine, 0)
         return Verdict(0, users, reason)
