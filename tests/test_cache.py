@@ -16,8 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ultradict_ng import SharedDict, cache_layout as C
 from ultradict_ng._segments import Segment
-from ultradict_ng.cache import DEFAULT_TTL, SharedCache
-from ultradict_ng.errors import CorruptSegment, ParameterMismatch, UnsupportedType
+from ultradict_ng.cache import DEFAULT_TTL, SharedCache, cached
+from ultradict_ng.errors import CorruptSegment, ParameterMismatch, TooLarge, UnsupportedType
 
 from .conftest import unique_name
 
@@ -132,6 +132,30 @@ def test_maxbytes_bound(name):
         assert 20 <= len(c) < 40
         c.expire()  # recounts: the running total was right
         assert c.stats()["bytes"] <= 20_000
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_an_entry_larger_than_maxbytes_is_refused_and_changes_nothing(name):
+    c = SharedCache(name, maxbytes=2_000)
+    try:
+        c["a"] = "small"
+        for write in (lambda: c.set("a", "x" * 5_000), lambda: c.add("b", "x" * 5_000),
+                      lambda: c.set_many({"c": 1, "d": "x" * 5_000})):
+            with pytest.raises(TooLarge, match="maxbytes=2,000"):
+                write()
+            assert dict(c.items()) == {"a": "small"} and c.stats()["bytes"] <= 2_000
+
+        @cached(name=name, maxsize=None)  # the cache's stored maxbytes applies
+        def make(n):
+            calls.append(n)
+            return "y" * n
+
+        calls = []
+        assert make(10) == make(10) == "y" * 10 and calls == [10]
+        assert make(5_000) == make(5_000) == "y" * 5_000 and calls == [10, 5_000, 5_000]  # not cached
+        assert all(len(e) == 3 for e in c._d.values())  # and no claim left behind
     finally:
         c.close()
         SharedCache.unlink_by_name(name)

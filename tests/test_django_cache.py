@@ -284,6 +284,18 @@ def test_settings_become_the_shared_caches(location: str) -> None:
     assert cache.get("one-more") == 1 and not cache.has_key(0) and cache.has_key(39)
 
 
+def test_a_value_larger_than_maxbytes_is_not_stored(location: str) -> None:
+    """As memcached's too-large items: set stores nothing and drops the old value,
+    add returns False, set_many returns the keys it could not store."""
+    cache = backend(location, OPTIONS={"MAXBYTES": 4_000})
+    cache.set("k", "small")
+    cache.set("k", "x" * 10_000)
+    assert cache.get("k") is None
+    assert cache.add("big", "x" * 10_000) is False and not cache.has_key("big")
+    assert cache.set_many({"a": 1, "b": "x" * 10_000, "c": 3}) == ["b"]
+    assert cache.get_many(["a", "b", "c"]) == {"a": 1, "c": 3}
+
+
 def test_default_timeout_and_django_timeout_rules(location: str) -> None:
     forever = backend(location, TIMEOUT=None)
     forever.set("a", 1)

@@ -32,6 +32,7 @@ __all__ = [
     "LeaseLost",
     "TransactionAborted",
     "BadDumpFile",
+    "TooLarge",
 ]
 
 
@@ -141,3 +142,9 @@ class BadDumpFile(SharedDictError, ValueError):
     header of another format or a newer version, a truncated or damaged entry,
     a bad JSON line, a value a dump never holds); the message names the line or
     entry.  Nothing was changed."""
+
+
+class TooLarge(SharedDictError, ValueError):
+    """A value for a SharedCache whose entry alone would exceed its ``maxbytes``
+    (storing it would break the bound, or evict everything for one entry, as
+    cachetools refuses it too).  Nothing was changed."""

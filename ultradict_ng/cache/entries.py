@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from .. import cache_layout as C
 from .. import _faults as faults
+from ..errors import TooLarge
 from ..shareddict import SharedDict
 from .side import Side
 
@@ -51,9 +52,12 @@ class Entries:
         making room."""
         side = self._side
         w = side.words
+        size = self._size(key, stored) if self._size_codec is not None else 0
+        if self._maxbytes is not None and size > self._maxbytes:
+            raise TooLarge(f"an entry of {size:,} bytes (key {key!r:.60}) cannot fit the cache's "
+                           f"maxbytes={self._maxbytes:,}")
         if (expires or claim) and not w[C.W_FLAGS]:
             w[C.W_FLAGS] = C.FLAG_EXPIRING
-        size = self._size(key, stored) if self._size_codec is not None else 0
         # The entry as the handle caches it, not a copy (only its slot is read):
         # the dict's get would copy a mutable value for nothing.
         old = self._d._node().get(key)

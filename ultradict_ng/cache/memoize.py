@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 from .. import _faults as faults
+from ..errors import TooLarge
 from .._owner import owner_alive, owner_word
 from .sharedcache import DEFAULT_TTL, SharedCache
 
@@ -107,8 +108,13 @@ class _Claims:
         return "mine", token
 
     def fulfil(self, key: Any, token: int, value: Any, ttl: Any) -> None:
-        """Store the computed value (over our claim, or over whatever replaced it)."""
-        self.cache.set(key, value, ttl)
+        """Store the computed value (over our claim, or over whatever replaced it);
+        a value too large for the cache's maxbytes is returned uncached (as a
+        waiter that takes over then computes it again)."""
+        try:
+            self.cache.set(key, value, ttl)
+        except TooLarge:
+            self.abandon(key, token)
 
     def abandon(self, key: Any, token: int) -> None:
         """Remove our claim (the computation raised): a waiter takes over."""

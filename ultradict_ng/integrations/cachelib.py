@@ -75,7 +75,7 @@ from cachelib import BaseCache
 from cachelib.serializers import BaseSerializer
 
 from ..cache import SharedCache as _Core
-from ..errors import AlreadyExists, NotFound
+from ..errors import AlreadyExists, NotFound, TooLarge
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -241,14 +241,21 @@ class SharedCache(BaseCache):
         stored = self._dump(value)
         if stored is _MISSING:
             return False
-        self._cache.set(self._key(key), stored, ttl=self._ttl(timeout))
+        try:
+            self._cache.set(self._key(key), stored, ttl=self._ttl(timeout))
+        except TooLarge:  # not stored; nor is the old value kept (a set replaces it)
+            self._cache.delete(self._key(key))
+            return False
         return True
 
     def add(self, key: str, value: Any, timeout: Timeout = None) -> bool:
         stored = self._dump(value)
         if stored is _MISSING:
             return False
-        return bool(self._cache.add(self._key(key), stored, ttl=self._ttl(timeout)))
+        try:
+            return bool(self._cache.add(self._key(key), stored, ttl=self._ttl(timeout)))
+        except TooLarge:
+            return False
 
     def set_many(self, mapping: dict[str, Any], timeout: Timeout = None) -> list[Any]:
         prefix = self._prefix()
@@ -259,8 +266,11 @@ class SharedCache(BaseCache):
             if data is not _MISSING:
                 stored[self._key(key, prefix)] = data
                 done.append(key)
-        if stored:
-            self._cache.set_many(stored, ttl=self._ttl(timeout))  # one lock for all
+        try:
+            if stored:
+                self._cache.set_many(stored, ttl=self._ttl(timeout))  # one lock for all
+        except TooLarge:  # (nothing was stored) one at a time, leaving out the ones too large
+            done = [k for k in done if self.set(k, mapping[k], timeout)]
         return done
 
     def delete(self, key: str) -> bool:

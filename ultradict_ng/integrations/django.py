@@ -84,7 +84,7 @@ from django.core.cache.backends.base import (  # type: ignore[import-untyped, un
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped, unused-ignore]
 
 from ..cache import SharedCache as _SharedCache
-from ..errors import InvalidName, NotFound, ParameterMismatch
+from ..errors import InvalidName, NotFound, ParameterMismatch, TooLarge
 
 __all__ = ["SharedCache"]
 
@@ -204,7 +204,10 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
-        return self._cache.add(key, value, self._ttl(timeout))
+        try:
+            return self._cache.add(key, value, self._ttl(timeout))
+        except TooLarge:  # larger than MAXBYTES: not stored, as memcached's too-large items
+            return False
 
     def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
         key = self.make_and_validate_key(key, version=version)
@@ -213,7 +216,10 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
         key = self.make_and_validate_key(key, version=version)
-        self._cache.set(key, value, self._ttl(timeout))
+        try:
+            self._cache.set(key, value, self._ttl(timeout))
+        except TooLarge:  # not stored; nor is the old value kept (a set replaces it)
+            self._cache.delete(key)
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT,
               version: int | None = None) -> bool:
@@ -244,10 +250,20 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
                  version: int | None = None) -> list[Any]:
-        if data:
-            self._cache.set_many({self.make_and_validate_key(k, version=version): v
-                                  for k, v in data.items()}, self._ttl(timeout))
-        return []
+        made = {self.make_and_validate_key(k, version=version): (k, v) for k, v in data.items()}
+        try:
+            if made:
+                self._cache.set_many({m: v for m, (_, v) in made.items()}, self._ttl(timeout))
+            return []
+        except TooLarge:  # (nothing was stored) one at a time, returning the keys that failed
+            failed = []
+            for m, (k, v) in made.items():
+                try:
+                    self._cache.set(m, v, self._ttl(timeout))
+                except TooLarge:
+                    self._cache.delete(m)
+                    failed.append(k)
+            return failed
 
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         made = [self.make_and_validate_key(k, version=version) for k in keys]
