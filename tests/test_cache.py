@@ -161,6 +161,47 @@ def test_an_entry_larger_than_maxbytes_is_refused_and_changes_nothing(name):
         SharedCache.unlink_by_name(name)
 
 
+@pytest.mark.parametrize("ttl", [None, 60])
+def test_maxsize_holds_from_the_first_eviction(name, ttl):
+    """With a ttl every write samples for expired entries first: a sample pool
+    taken while the cache was empty must not stop eviction (it did: the bound
+    was exceeded from the 5th of 4 entries on)."""
+    with SharedCache(name, maxsize=4, ttl=ttl) as c:
+        for i in range(40):
+            c[i] = i
+            assert len(c) <= 4
+        c.unlink()
+
+
+def test_popitem_returns_private_values_also_from_blobs(name):
+    with SharedCache(name, maxsize=10) as c:
+        c["d"] = {"a": [1]}
+        c["big"] = b"x" * 100_000  # over the blob threshold: the entry holds a reference
+        popped = dict(c.popitem() for _ in range(2))
+        assert popped == {"d": {"a": [1]}, "big": b"x" * 100_000} and len(c) == 0
+        with pytest.raises(KeyError):
+            c.popitem()
+        c.unlink()
+
+
+def test_eviction_spares_a_live_claim_and_takes_a_dead_one(name):
+    """A claim of cached() whose owner lives is never the victim (its
+    computation would start again in another process); a dead owner's is."""
+    from ultradict_ng import layout as L
+    from ultradict_ng.cache.memoize import _Claims
+
+    with SharedCache(name, maxsize=4) as c:
+        kind, token = _Claims(c).claim("computing")
+        assert kind == "mine"
+        dead = (2**22 - 3) | (12345 << L.PID_BITS)  # no such process
+        with c.lock:
+            c._put("abandoned", None, 0.0, time.time() - 100, claim=(dead, 1))
+        for i in range(40):
+            c[i] = i
+        assert len(c._d["computing"]) == 4 and "abandoned" not in c._d
+        c.unlink()
+
+
 @pytest.mark.parametrize("frequency, final", [(3, 29), (0, 19)])
 def test_cull_frequency_is_djangos(name, frequency, final):
     c = SharedCache(name, maxsize=30, cull_frequency=frequency, serializer="pickle")

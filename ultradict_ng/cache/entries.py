@@ -17,6 +17,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from .. import cache_layout as C
 from .. import _faults as faults
 from ..errors import TooLarge
+from .._owner import owner_alive
 from ..shareddict import SharedDict
 from .side import Side
 
@@ -181,13 +182,14 @@ class Entries:
 
     def _victim(self, now: float, exclude: Any) -> Optional[Tuple[Any, Any]]:
         """The least recently used of ``SAMPLES`` sampled entries (an expired one
-        at once), never ``exclude``; None if the cache holds nothing else."""
+        at once), never ``exclude`` nor a live process's claim (its computation
+        would run twice); None if the cache holds nothing else."""
         rec = self._recency
-        dget = self._dget
+        dget = self._d._node().get  # (the entries as cached, not copies: read-only here)
         for fresh in (False, True):
             pool = self._sample_pool(fresh)
-            if not pool:
-                return None
+            if not pool:  # (a stale pool may be empty: taken when the cache was)
+                continue
             best: Optional[Tuple[Any, Any]] = None
             best_t = float("inf")
             n = len(pool)
@@ -198,6 +200,8 @@ class Entries:
                     continue
                 if e[0] and e[0] <= now:
                     return k, e
+                if len(e) == 4 and owner_alive(e[2]):
+                    continue
                 t = rec[e[1]] if rec is not None and e[1] < len(rec) else 0.0
                 if t < best_t:
                     best, best_t = (k, e), t

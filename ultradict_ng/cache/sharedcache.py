@@ -311,17 +311,21 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
             return value
 
     def popitem(self) -> Tuple[Any, Any]:
-        """Remove and return the least recently used live item (approximately)."""
+        """Remove and return the least recently used live item (approximately:
+        the oldest of 8 sampled; without maxsize no recency is kept, and it is
+        any item)."""
         now = _now()
         with self._lock:
             while True:
                 victim = self._victim(now, _MISSING)
                 if victim is None:
                     raise KeyError("popitem(): the cache is empty")
-                key, e = victim
+                key, e = victim  # (the cached entry: the value is read as get reads it)
+                live = len(e) == 3 and (not e[0] or e[0] > now)
+                value = self._value(self._dget(key)) if live else None
                 self._delete(key, e)
-                if len(e) == 3 and (not e[0] or e[0] > now):
-                    return key, self._value(e)
+                if live:
+                    return key, value
 
     def clear(self) -> None:
         """Remove every entry."""
