@@ -137,8 +137,8 @@ def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Option
 
     Shaped like ``functools.lru_cache``: ``cache_info()`` (hits and misses
     of this process; maxsize; entries of all), ``cache_clear()`` (for every
-    process), ``cache_parameters()``, ``__wrapped__``; plus ``cache``, the
-    :class:`SharedCache`.  ``name`` (default: derived from the function's
+    process), ``cache_parameters()``, ``__wrapped__``; plus ``cache()``,
+    which returns this process's :class:`SharedCache` of it.  ``name`` (default: derived from the function's
     module and qualified name, so every process importing it shares one
     cache) names the cache, which lives while a process uses it
     (``auto_unlink="last"``).  ``ttl``: seconds a result stays.  Arguments are
