@@ -11,7 +11,10 @@ Each is an unrelated interpreter attaching by name.  ``START`` arguments are
 * ``incr NAME COUNT``: ``incr("n", default=0)`` COUNT times;
 * ``memo NAME LOG DELAY START``: calls a ``cached`` function whose body appends a
   line to LOG and sleeps DELAY; prints the result;
-* ``expiry NAME``: sets ``short`` (ttl 0.5) and ``long`` (no ttl), prints ``set``, sleeps.
+* ``expiry NAME``: sets ``short`` (ttl 0.5) and ``long`` (no ttl), prints ``set``, sleeps;
+* ``delete_many NAME``: ``delete_many(["a", "b"])``;
+* ``rebuild_killed NAME``: SIGKILLs itself in the middle of ``expire()``'s rebuild,
+  right after the first cell of the free stack is written.
 """
 
 from __future__ import annotations
@@ -99,6 +102,32 @@ def expiry(name: str) -> None:
     c.set("long", "l", ttl=None)
     print("set", flush=True)
     time.sleep(30)
+
+
+def delete_many(name: str) -> None:
+    c = SharedCache(name, create=False)
+    c.delete_many(["a", "b"])
+    c.close()
+
+
+def rebuild_killed(name: str) -> None:
+    import signal
+
+    c = SharedCache(name, create=False)
+
+    class KillAfterOneWrite:
+        def __init__(self, view: object) -> None:
+            self.view = view
+
+        def __getitem__(self, i: int) -> int:
+            return self.view[i]  # type: ignore[index]
+
+        def __setitem__(self, i: int, v: int) -> None:
+            self.view[i] = v  # type: ignore[index]
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    c._side.free = KillAfterOneWrite(c._side.free)  # type: ignore[assignment]
+    c.expire()
 
 
 if __name__ == "__main__":

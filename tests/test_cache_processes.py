@@ -18,6 +18,7 @@ from ultradict_ng import SharedDict
 from ultradict_ng.cache import SharedCache, cached
 
 from .conftest import unique_name
+from .torture_workers import check_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
@@ -232,3 +233,67 @@ def test_claimer_killed_at_cache_claimed_hands_over(owned, tmp_path):
     assert p.returncode == -signal.SIGKILL and not log.exists()
     outs = finish([start("memo", owned, str(log), "0.1", "0")])
     assert outs[0].strip() == "result 70" and len(log.read_text().split()) == 1
+
+
+def test_writer_killed_between_publish_and_size_leaves_no_under_count(owned):
+    """A writer killed right after its entry is published (before the side segment
+    records its size): a rebuild (``expire()``) must not count that entry as 0
+    bytes, or maxbytes stops holding (regression: the size was recorded after the
+    write)."""
+    c = SharedCache(owned, maxbytes=10_000, auto_unlink=False)
+    c["pre"] = "x" * 100  # the killed writer's key takes a fresh slot: its size cell is 0
+    p = start("writer", owned, "7", "5", "-", env={"ULTRADICT_NG_FAULT": "record-published:kill:1"})
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    assert c.get("w7-0") == [7, 0]  # published
+    c.expire()
+    with c.lock:
+        check_side(c)  # every entry's size cell covers it, bytes covers them all
+    c.close()
+
+
+def test_writer_killed_inside_a_rebuild_double_books_nothing(owned):
+    """A writer killed while ``expire()`` rewrites the free stack (after its first
+    cell): the others must never hand one slot to two keys (regression: the stack
+    was rewritten under the old count, which then held a slot twice)."""
+    c = SharedCache(owned, maxsize=10, auto_unlink=False)
+    for i in range(10):
+        c[f"k{i}"] = i  # slots 0..9
+    del c["k5"], c["k3"]  # the free stack: [5, 3]; a rebuild writes 3 first
+    p = start("rebuild_killed", owned)
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    for i in range(40):
+        c[f"new{i}"] = i
+        with c.lock:
+            check_side(c)
+    c.close()
+
+
+TX_SLOTS = ("sharedcache.py: set_many/delete_many free the slots of the entries they delete "
+            "while their transaction is still open; when it publishes nothing (an exception, "
+            "a death) the entries stay and their slots are on the free stack (reported)")
+
+
+@pytest.mark.xfail(strict=True, reason=TX_SLOTS)
+@pytest.mark.parametrize("how", ["exception", "SIGKILL"])
+def test_a_failed_delete_many_double_books_a_slot(owned, how):
+    """delete_many(["a", "b"]) that ends without publishing -- an unhashable second
+    key, or its process SIGKILLed after deleting "a" -- leaves "a" with its slot and
+    that slot on the free stack: the next new key gets it too."""
+    c = SharedCache(owned, maxsize=10, auto_unlink=False)
+    try:
+        c["a"], c["b"] = 1, 2
+        if how == "exception":
+            with pytest.raises(TypeError):
+                c.delete_many(["a", ["unhashable"]])
+        else:
+            p = start("delete_many", owned, env={"ULTRADICT_NG_FAULT": "cache-entry-removed:kill:2"})
+            p.communicate(timeout=60)
+            assert p.returncode == -signal.SIGKILL
+        assert "a" in c
+        c["new"] = 3
+        with c.lock:
+            check_side(c)  # two entries share a slot
+    finally:
+        c.close()

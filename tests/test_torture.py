@@ -11,14 +11,17 @@ Runs for a few seconds in CI; ``ULTRADICT_NG_SOAK=<seconds>`` makes it a soak.
 from __future__ import annotations
 
 import multiprocessing
+import random
+import signal
 import time
 
 import pytest
 
 from tests import torture_workers
-from tests.conftest import SOAK_SECONDS
+from tests.conftest import SOAK_SECONDS, unique_name
 from ultradict_ng import SharedDict
 from ultradict_ng import layout as L
+from ultradict_ng.cache import SharedCache
 
 spawn = multiprocessing.get_context("spawn")
 SECONDS = SOAK_SECONDS or 4.0
@@ -132,3 +135,96 @@ def test_torture_followers(name, backend, request, monkeypatch):
     print(f"\ntorture followers, {elapsed:.1f}s: {ops} writes, {torture_workers.dumps_of(d)} dumps; feed: "
           f"{follow['feed'][1]} items ({follow['feed'][2]} resync); waiter: {follow['wait'][1]} wake-ups; 0 errors")
     d.close()
+
+
+CACHE_BOUNDS = {"maxsize": {"maxsize": 48}, "maxbytes": {"maxbytes": 3000},
+                "kills": {"maxsize": 40, "maxbytes": 3500}}
+CACHE_SECONDS = SOAK_SECONDS or 3.0
+
+
+@pytest.mark.parametrize("variant", sorted(CACHE_BOUNDS))
+def test_cache_torture(name, variant):
+    """A SharedCache always full (96 keys, bound 48 entries or 3,000 bytes): 3 writer
+    and 2 reader spawned processes (torture_workers: "the shared cache").  Readers
+    check every value (whole, this key's, never read after its expiry nor when
+    written with a ttl <= 0), counters never going back, ``len``/stats within the
+    bounds, and every 64 passes, under the lock, the side segment against the
+    entries (no leaked slot, exact bytes).  ``kills``: meanwhile victim writers are
+    SIGKILLed at random instants; they may leak a slot each until a rebuild, never
+    break a bound.  At the end: exact counters (the writers' own, and the total in a
+    second, unbounded cache that all of them incr), the bounds, the side segment
+    exact after ``expire()`` (a rebuild), every live value whole.
+
+    Victims skip set_many, delete_many and clear: a death inside their transaction
+    pushes slots of entries whose deletion is never published
+    (test_cache_processes.py, ``test_a_failed_delete_many_double_books_a_slot``)."""
+    writers, readers = 3, 2
+    total_name = unique_name()
+    c = SharedCache(name, buffer_size=4096, **CACHE_BOUNDS[variant])
+    totals = SharedCache(total_name)
+    results = spawn.Queue()
+    procs = [spawn.Process(target=torture_workers.cache_writer,
+                           args=(name, total_name, w, CACHE_SECONDS, results)) for w in range(writers)]
+    procs += [spawn.Process(target=torture_workers.cache_reader,
+                            args=(name, total_name, writers, CACHE_SECONDS + 0.5, variant != "kills", results))
+              for _ in range(readers)]
+    victims: list = []
+    kills = 0
+    rng = random.Random()
+    try:
+        t0 = time.monotonic()
+        for p in procs:
+            p.start()
+        while variant == "kills" and time.monotonic() - t0 < CACHE_SECONDS - 0.5:
+            ready = spawn.Event()
+            victims.append(spawn.Process(target=torture_workers.cache_writer,
+                                         args=(name, total_name, 100 + len(victims), 60.0, None, ready)))
+            victims[-1].start()
+            assert ready.wait(60)
+            time.sleep(rng.uniform(0.0, 0.2))
+            victims[-1].kill()
+            victims[-1].join(30)
+            kills += victims[-1].exitcode == -signal.SIGKILL
+        got = [results.get(timeout=CACHE_SECONDS + 120) for _ in procs]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+        elapsed = time.monotonic() - t0
+        writer_results = [g for g in got if g[0] == "writer"]
+        stalls = {tuple(s) for g in writer_results for s in g[5]}
+        reads = [(msg, value) for g in got if g[0] == "reader" for msg, value in g[2]]
+        errors = [e for g in writer_results for e in g[6]]
+        errors += [msg for msg, value in reads if value is None or tuple(value) not in stalls]
+        assert not errors, errors[:5]
+        for _, wid, mine, _, _, _, _ in writer_results:
+            assert c.get(f"n{wid}") in (None, mine), wid  # evicted, or exact
+        assert totals["total"] == sum(g[3] for g in writer_results)
+        maxsize, maxbytes = c.maxsize, c.maxbytes
+        with c.lock:
+            assert maxsize is None or len(c) <= maxsize
+            assert maxbytes is None or c.stats()["bytes"] <= maxbytes
+            leaked, excess = torture_workers.check_side(c)
+            assert variant == "kills" and leaked <= kills or (leaked, excess) == (0, 0), (leaked, excess)
+            c.expire()  # rebuilds the free stack and bytes from the entries
+            assert torture_workers.check_side(c) == (0, 0)
+        now = time.time()
+        for key in c:
+            if key[0] == "k":
+                torture_workers.check_cache_value(key, c.get(key), now, errors)
+        assert not errors, errors[:5]
+        ops = sum(g[4] for g in writer_results)
+        passes = sum(g[1] for g in got if g[0] == "reader")
+        s = c.stats()
+        assert passes > 0 and s["evictions"] > 0 and s["expirations"] > 0
+        print(f"\ncache torture ({variant}), {elapsed:.1f}s: {ops} writes by {writers} writers "
+              f"({ops / elapsed:,.0f}/s), {passes} checked reader passes, {s['evictions']} evictions, "
+              f"{s['expirations']} expirations, {kills} victims SIGKILLed ({leaked} slots leaked), "
+              f"{len(stalls)} stalled writes ({len(reads)} reads excused), 0 errors")
+    finally:
+        for p in procs + victims:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        for cache in (c, totals):
+            cache.unlink()
+            cache.close()

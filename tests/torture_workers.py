@@ -8,9 +8,10 @@ values well-formed, no ``seq`` going back in time, iteration never raising.
 
 from __future__ import annotations
 
+import os
 import random
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 from ultradict_ng import SharedDict
 
@@ -265,3 +266,223 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put(("wait", wakes, 0, errors))
     d.close()
+
+
+# -- the shared cache ---------------------------------------------------------------------
+#
+# Writers set, add, delete, touch, incr, set_many, delete_many, pop, expire and clear
+# on one bounded SharedCache over CACHE_KEYS shared keys (always full: every new key
+# evicts); readers check every read.  A value is ``[key, wid, seq, deadline, pad]``:
+# whole (``pad`` follows from ``seq``), this key's, and -- ``deadline`` being the
+# writer's clock before its write plus the ttl, 0.0 for none, -1.0 for a ttl <= 0
+# (never stored) -- not read after its expiry.
+
+#: Keys shared by the cache writers (about twice what the bound holds).
+CACHE_KEYS = 96
+#: Slack of the expiry check: a read that began CACHE_MARGIN s after a value's
+#: deadline must not return it.  A writer whose write took longer than that
+#: (preempted between its clock read and the cache's) reports the value as a stall.
+CACHE_MARGIN = 0.002
+
+
+def cache_value(key: str, wid: int, seq: int, deadline: float) -> List[Any]:
+    return [key, wid, seq, deadline, "x" * (seq % 37)]
+
+
+def _cache_ttl(rng: random.Random) -> Any:
+    r = rng.random()
+    if r < 0.4:
+        return None
+    if r < 0.75:
+        return rng.uniform(0.001, 0.03)  # expires while readers read
+    if r < 0.92:
+        return rng.uniform(5.0, 60.0)
+    return rng.choice([0, -1.0])  # already expired: removes the key
+
+
+def cache_writer(name: str, total_name: str, wid: int, seconds: float, results: Any,
+                 ready: Any = None) -> None:
+    """Writer ``wid``; with ``results`` None a victim the test SIGKILLs at a random
+    instant: it skips set_many, delete_many and clear (whose death inside a
+    transaction double-books slots, see test_cache_torture) and never touches the
+    total.  Own counter ``n<wid>``: incremented from the exact value this writer
+    keeps (``default`` restores it after an eviction), so it only grows."""
+    from ultradict_ng.cache import SharedCache
+
+    victim = results is None
+    rng = random.Random(os.getpid() if victim else wid)
+    c = SharedCache(name, create=False)
+    totals = SharedCache(total_name, create=False)
+    mine = increments = seq = ops = 0
+    stalls: List[Any] = []  # (wid, seq) of values whose write took longer than CACHE_MARGIN
+    errors: List[str] = []
+    if ready is not None:
+        ready.set()
+
+    def timed(write: Callable[[float], None], ttl: Any) -> None:
+        """``write(deadline)``; with a ttl > 0 under the lock, so that the time it
+        takes is the writer's own (not a wait for the lock)."""
+        if ttl is None or ttl <= 0:
+            write(0.0 if ttl is None else -1.0)
+            return
+        with c.lock:
+            t0 = time.time()
+            write(0.0 if victim else t0 + ttl)  # a victim cannot report its stalls
+            if time.time() - t0 > CACHE_MARGIN:
+                stalls.append((wid, seq))
+
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            seq += 1
+            ops += 1
+            r = rng.random()
+            key = f"k{rng.randrange(CACHE_KEYS)}"
+            ttl = _cache_ttl(rng)
+            if r < 0.30:
+                timed(lambda d: c.set(key, cache_value(key, wid, seq, d), ttl=ttl), ttl)
+            elif r < 0.38:
+                c.delete(key)
+            elif r < 0.46:
+                timed(lambda d: c.add(key, cache_value(key, wid, seq, d), ttl=ttl), ttl)
+            elif r < 0.58:
+                delta = rng.randrange(1, 4)
+                mine += delta
+                got = c.incr(f"n{wid}", delta, default=mine - delta)
+                if got != mine:
+                    errors.append(f"incr of n{wid} returned {got}, not {mine}")
+                    mine = got
+                if not victim:
+                    totals.incr("total", default=0)
+                    increments += 1
+            elif r < 0.64:
+                # touch: only to an earlier expiry than the value's deadline (the value stays)
+                short = rng.choice([rng.uniform(0.001, 0.03), 0])
+                with c.lock:
+                    t0 = time.time()
+                    v = c.get(key)
+                    if v is not None and (v[3] == 0.0 or t0 + short + CACHE_MARGIN <= v[3]):
+                        c.touch(key, short)
+                        if time.time() - t0 > CACHE_MARGIN:
+                            stalls.append((v[1], v[2]))
+            elif r < 0.72 and not victim:
+                keys = [f"k{rng.randrange(CACHE_KEYS)}" for _ in range(3)]
+                timed(lambda d: c.set_many({k: cache_value(k, wid, seq, d) for k in keys}, ttl=ttl), ttl)
+            elif r < 0.78 and not victim:
+                c.delete_many([f"k{rng.randrange(CACHE_KEYS)}" for _ in range(3)])
+            elif r < 0.80:
+                v = c.pop(key, None)
+                if v is not None and (type(v) is not list or v[0] != key):
+                    errors.append(f"pop({key!r}) returned {v!r}")
+            elif r < 0.801:
+                c.expire()
+            elif r < 0.8012 and not victim:
+                c.clear()
+            else:
+                c.get(key)
+    except Exception as exc:  # noqa: BLE001 - reported, the test fails
+        errors.append(f"{type(exc).__name__}: {exc}")
+    if not victim:
+        results.put(("writer", wid, mine, increments, ops, stalls, errors))
+    c.close()
+    totals.close()
+
+
+def check_cache_value(key: str, v: Any, t0: float, errors: List[Any]) -> None:
+    """A value read from the cache at a read that began at ``t0`` (time.time())."""
+    if v is None:
+        return
+    if not (type(v) is list and len(v) == 5 and v[0] == key and type(v[1]) is int
+            and type(v[2]) is int and v[4] == "x" * (v[2] % 37)):
+        errors.append((f"{key!r} read as {v!r}: not a whole value of that key", None))
+    elif v[3] == -1.0:
+        errors.append((f"{key!r} read as {v!r}, written with a ttl <= 0", None))
+    elif v[3] and t0 > v[3] + CACHE_MARGIN:
+        errors.append((f"{key!r} read {t0 - v[3]:.4f}s after its expiry: {v!r}", (v[1], v[2])))
+
+
+def check_side(c: Any) -> Tuple[int, int]:
+    """The side segment agrees with the entries (call it holding ``c.lock``): every
+    entry has its own slot, handed out and not on the free stack, the free stack
+    holds distinct slots, ``bytes`` covers every entry's recorded size and no
+    recorded size is below the entry's.  Returns (slots leaked by crashes, the bytes
+    count's excess over the recorded sizes): both 0 when nobody crashed."""
+    from ultradict_ng import cache_layout as C
+
+    side = c._side
+    w = side.words
+    items = list(c._d.items())
+    if not side.nslots:
+        return 0, 0
+    nxt, free = w[C.W_NEXT], w[C.W_FREE]
+    assert free <= nxt <= side.nslots, ("free, next, nslots", free, nxt, side.nslots)
+    slots = [e[1] for _, e in items]
+    assert len(set(slots)) == len(slots), f"two entries share a slot: {sorted(slots)}"
+    assert all(0 <= s < nxt for s in slots), ("an entry's slot was never handed out", nxt, slots)
+    stack = list(side.free[:free])
+    assert len(set(stack)) == free, f"a slot twice on the free stack: {stack}"
+    assert not set(stack) & set(slots), f"live slots on the free stack: {set(stack) & set(slots)}"
+    assert all(s < nxt for s in stack), ("a free slot never handed out", nxt, stack)
+    held = sum(side.sizes[s] for s in slots)
+    if c.maxbytes:
+        assert w[C.W_BYTES] >= held, ("bytes below the entries' sizes", w[C.W_BYTES], held)
+        for key, e in items:
+            assert side.sizes[e[1]] >= c._size(key, e[2]), ("a size under-counted", key)
+    return nxt - free - len(slots), w[C.W_BYTES] - held
+
+
+def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact: bool,
+                 results: Any) -> None:
+    """Reads all the time; every read checked (``check_cache_value``), counters
+    never go back, ``len`` and stats within the bounds; every 64 passes, under the
+    lock, the bytes bound exactly and ``check_side`` (with ``exact``: no leaks)."""
+    from ultradict_ng.cache import SharedCache
+
+    rng = random.Random()
+    c = SharedCache(name, create=False)
+    totals = SharedCache(total_name, create=False)
+    maxsize, maxbytes = c.maxsize, c.maxbytes
+    last: Dict[str, int] = {}
+    errors: List[Any] = []
+    passes = 0
+
+    def grows(key: str, v: Any) -> None:
+        if v is not None:
+            if type(v) is not int or v < last.get(key, 0):
+                errors.append((f"counter {key} went from {last.get(key)} to {v!r}", None))
+            last[key] = v
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(errors) < 20:
+        try:
+            for _ in range(8):
+                key = f"k{rng.randrange(CACHE_KEYS)}"
+                t0 = time.time()
+                check_cache_value(key, c.get(key), t0, errors)
+            keys = [f"k{rng.randrange(CACHE_KEYS)}" for _ in range(4)]
+            t0 = time.time()
+            for key, v in c.get_many(keys).items():
+                check_cache_value(key, v, t0, errors)
+            for wid in range(writers):
+                grows(f"n{wid}", c.get(f"n{wid}"))
+            grows("total", totals.get("total"))
+            n, s = len(c), c.stats()
+            if maxsize is not None:
+                assert n <= maxsize and s["size"] <= maxsize, ("over maxsize", n, s["size"])
+            if maxbytes is not None:  # lock-free: a writer may hold one entry's bytes in advance
+                assert s["bytes"] <= maxbytes + 200, ("over maxbytes", s["bytes"])
+            if passes % 16 == 0:
+                for key in c:
+                    assert key[0] in "kn", key
+            if passes % 64 == 0:
+                with c.lock:
+                    if maxbytes is not None:
+                        assert c.stats()["bytes"] <= maxbytes, ("over maxbytes", c.stats()["bytes"])
+                    leaked, excess = check_side(c)
+                    assert not exact or (leaked, excess) == (0, 0), ("leaked slots, bytes", leaked, excess)
+            passes += 1
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+            errors.append((f"{type(exc).__name__}: {exc}", None))
+    results.put(("reader", passes, errors))
+    c.close()
+    totals.close()

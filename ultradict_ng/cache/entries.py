@@ -62,15 +62,21 @@ class Entries:
         # The entry as the handle caches it, not a copy (only its slot is read):
         # the dict's get would copy a mutable value for nothing.
         old = self._d._node().get(key)
+        # A size grows (in its cell and in bytes) before the write and shrinks
+        # after it: a writer killed in between leaves both too high, never too
+        # low -- a rebuild sums the cells.
         if old is not None:
             slot = old[1]
             if side.nslots:
-                if size > side.sizes[slot]:  # grow before the write: bytes never under-counts
-                    w[C.W_BYTES] += size - side.sizes[slot]
+                grown = size - side.sizes[slot]
+                if grown > 0:
+                    w[C.W_BYTES] += grown
+                    side.sizes[slot] = size
                     self._fit_bytes(now, key)
             self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
-            if side.nslots and size <= side.sizes[slot]:
-                w[C.W_BYTES] -= side.sizes[slot] - size
+            if side.nslots and grown < 0:
+                w[C.W_BYTES] += grown
+                side.sizes[slot] = size
         else:
             if w[C.W_FLAGS]:
                 self._reap(now, key)
@@ -79,11 +85,11 @@ class Entries:
             if faults.armed is not None:
                 faults.hit("cache-slot-taken")
             if side.nslots:
+                side.sizes[slot] = size
                 w[C.W_BYTES] += size
             self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
             self._pool_age += 1
         if side.nslots:
-            side.sizes[slot] = size
             side.recency[slot] = now
 
     def _delete(self, key: Any, e: Any) -> None:
@@ -116,21 +122,30 @@ class Entries:
             w[C.W_NEXT] = nxt + 1
             return int(nxt)
         self._rebuild()  # slots leaked by crashes: recount from the entries
-        if not w[C.W_FREE]:
+        if not w[C.W_FREE] and w[C.W_NEXT] >= side.nslots:
             raise RuntimeError(f"cache {self.name!r}: no free slot after a rebuild")
         return self._take_slot()
 
     def _rebuild(self) -> None:
-        """The free stack and bytes from the entries (after crashes leaked slots)."""
+        """The free stack and bytes from the entries (after crashes leaked slots).
+
+        The stack is emptied first and ``next`` set past the last slot in use
+        before the stack is rewritten: a writer killed midway leaves slots
+        leaked, never one on the stack twice nor one both on the stack and
+        past ``next``.  Costs O(entries + the highest slot in use), not
+        O(nslots) (a cache bounded by bytes alone has 2**20 slots)."""
         side = self._side
         if not side.nslots:
             return
         used = {e[1] for e in self._d.values()}
         w = side.words
-        free = [s for s in range(side.nslots) if s not in used]
+        top = min(side.nslots, max(used) + 1) if used else 0
+        w[C.W_FREE] = 0
+        w[C.W_NEXT] = top
+        free = [s for s in range(top) if s not in used]
         for i, s in enumerate(free):
             side.free[i] = s
-        w[C.W_FREE], w[C.W_NEXT] = len(free), side.nslots
+        w[C.W_FREE] = len(free)
         w[C.W_BYTES] = sum(side.sizes[s] for s in used if s < side.nslots)
 
     def _make_room(self, now: float, key: Any, size: int) -> None:
@@ -229,7 +244,7 @@ class Entries:
         if self._cull == 0:
             self._d.clear()
             w = self._side.words
-            w[C.W_NEXT] = w[C.W_FREE] = w[C.W_BYTES] = 0
+            w[C.W_FREE] = w[C.W_NEXT] = w[C.W_BYTES] = 0  # FREE first: never a stacked slot past NEXT
             self._pool = None
             return
         rec = self._recency
