@@ -18,7 +18,7 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from ultradict_ng import CorruptSegment, SharedDict, Unlinked, UnsupportedType, unlink_by_name
 from ultradict_ng import layout as L
@@ -617,4 +617,47 @@ def test_a_blob_sized_buffer_deep_in_a_cache_entry_still_goes_to_a_blob(name):
         d["e"] = (0.0, 1, {"tags": [b"z" * 2000], "n": 1})
         assert len(blobs_of(name)) == 1 and d["e"][2]["tags"][0] == b"z" * 2000
     finally:
+        d.close()
+
+
+# -- an update record's pairs: one compiled scan decides "no blob anywhere" ------------------
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3),
+                     st.complex_numbers(allow_nan=False, max_magnitude=10))
+_leaves = st.one_of(_scalars, st.binary(max_size=3), st.sampled_from([b"x" * SMALL, bytearray(b"y" * SMALL)]),
+                    st.just(bytearray(b"z")), st.frozensets(st.integers(), max_size=2),
+                    st.sets(st.integers(), max_size=2))
+_nested = st.recursive(_leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+    st.dictionaries(st.text(max_size=2), inner, max_size=3)), max_leaves=12)
+
+
+@given(st.lists(st.tuples(st.one_of(_scalars, st.binary(max_size=3)), _nested).map(list), max_size=6),
+       st.sampled_from([1, SMALL, 1 << 20]))
+@example([["k", [[[[1]]]]], [1, 2.5]], SMALL)  # plain within the scan's levels
+@example([["k", [[[[[1]]]]]], [1, 2.5]], SMALL)  # one level too deep for may_hold_blobs
+@example([["k", (1, 2)], [2, {1, 2}]], SMALL)  # a set value: never plain to may_hold_blobs
+@example([["k", (1, 2)], [2, frozenset()]], SMALL)
+@example([["k", (1, [2, {"a": b"x" * SMALL}])]], SMALL)
+def test_the_pairs_scan_decides_as_the_per_pair_check(pairs, threshold):
+    from ultradict_ng._shm.blobs import may_hold_blobs, pairs_may_hold_blobs
+
+    # Never skips a record holding something for a blob: the same decision.
+    assert pairs_may_hold_blobs(pairs, threshold) == any(may_hold_blobs(v, threshold) for _, v in pairs)
+
+
+def test_an_update_with_a_blob_deep_inside_still_makes_the_blob(name):
+    d, other = pair(name)
+    try:
+        plain = {f"k{i}": (i, f"v{i}", [i / 2, {"x": (None, True)}]) for i in range(50)}
+        d.update(plain)
+        assert blobs_of(name) == []
+        big = b"b" * SMALL
+        d.update({**plain, "deep": [1, (2, {"x": [big]})]})
+        assert len(blobs_of(name)) == 1
+        assert other["deep"] == [1, (2, {"x": [big]})]
+        assert type(other._store.data["deep"][1][1]["x"][0]) is BlobRef
+        assert other["k3"] == (3, "v3", [1.5, {"x": (None, True)}])
+    finally:
+        other.close()
         d.close()

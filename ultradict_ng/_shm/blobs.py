@@ -44,12 +44,12 @@ from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy
 from .._codec.placeholders import (KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef,
                                    PickledBlobs)
 from ..errors import CorruptSegment
-from ..speedups import types_within
+from ..speedups import contains_type, types_within
 
 __all__ = [
     "BlobMissing", "materialize", "blob_value", "blob_view", "pickled_value", "blob_kind",
     "write_blob", "map_blob", "read_payload", "array_on", "blob_ids", "refs_within",
-    "may_hold_blobs", "extract",
+    "may_hold_blobs", "pairs_may_hold_blobs", "extract",
 ]
 
 _header = struct.Struct(L.BLOB_FORMAT)
@@ -291,6 +291,21 @@ def may_hold_blobs(value: Any, threshold: int) -> bool:
     if tp is list or tp is tuple or tp is dict:
         return not types_within(value, _PLAIN, _LEVELS)
     return True
+
+
+def pairs_may_hold_blobs(pairs: List[Any], threshold: int) -> bool:
+    """``any(may_hold_blobs(v, threshold) for _, v in pairs)`` for an update
+    record's pairs (``[[key, value], ...]``), decided for the common case by
+    compiled scans instead of a call per pair: when every key and value is
+    plain, or a list, tuple or dict of plain members within ``_LEVELS``
+    levels (the pair lists and the values are the two levels above those),
+    and no set or frozenset is anywhere (a set value is never plain to
+    :func:`may_hold_blobs`; nested ones make the scans only more careful),
+    no value holds anything for a blob.  Otherwise the per-pair check."""
+    if (types_within(pairs, _PLAIN, _LEVELS + 2) and not contains_type(pairs, set, _LEVELS + 3)
+            and not contains_type(pairs, frozenset, _LEVELS + 3)):
+        return False
+    return any(may_hold_blobs(v, threshold) for _, v in pairs)
 
 
 def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef],

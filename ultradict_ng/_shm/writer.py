@@ -22,7 +22,7 @@ from .. import _faults as faults
 from .. import layout as L
 from .._codec import records as R
 from .. import _segments as segments
-from .blobs import blob_ids, extract, may_hold_blobs, refs_within, write_blob
+from .blobs import blob_ids, extract, may_hold_blobs, pairs_may_hold_blobs, refs_within, write_blob
 from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
 from .._codec.codec import PickleCodec
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
@@ -197,7 +197,7 @@ class Writer(Reader):
         threshold = self.blob_threshold
         if threshold and len(rec) > 2 and (
             may_hold_blobs(rec[3], threshold) if rec[0] == _OP_SET
-            else rec[0] == L.OP_UPDATE and any(may_hold_blobs(v, threshold) for _, v in rec[2])
+            else rec[0] == L.OP_UPDATE and pairs_may_hold_blobs(rec[2], threshold)
         ):
             rec = self._extract_blobs(rec, created)
         dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
