@@ -900,3 +900,67 @@ def test_dumps_from_threads() -> None:
     for thread in threads:
         thread.join()
     assert not errors, errors
+
+
+# -- a dict of scalar rows (a dump, a bulk load's update record) in one compiled call ------------
+
+_row_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
+                         st.floats(allow_nan=True), st.text(max_size=40), st.binary(max_size=40))
+_row_values = st.one_of(_row_scalars, st.lists(_row_scalars, max_size=15).map(tuple),
+                        st.sampled_from([2**64, {"x": 1}, [1, (2,)], (1, (2,)), tuple(range(16)), 1j]))
+
+
+def _general(obj: Any) -> bytes:
+    """The codec's general path (its Packer chain after the walk)."""
+    from ultradict_ng._codec.encode import new_chain, prepare
+
+    return bytes(new_chain()[0].pack(prepare(obj, 0, 0)))
+
+
+@given(st.dictionaries(_row_scalars, _row_values, max_size=30))
+def test_dumps_of_a_dict_of_rows_is_the_general_encoding(rows: Dict[Any, Any]) -> None:
+    """Scalar keys and scalar or scalar-tuple values are packed by the
+    compiled pack_map; anything else by the general path: the same bytes."""
+    assert MSGPACK.dumps(rows) == _general(rows)
+    assert repr(MSGPACK.loads(MSGPACK.dumps(rows))) == repr(rows)
+
+
+@given(st.lists(st.tuples(_row_scalars, _row_values).map(list), max_size=30),
+       st.lists(_row_scalars, max_size=2))
+def test_encode_record_of_an_update_is_the_general_path(pairs: List[Any], path: List[Any]) -> None:
+    """encode_record's update shortcut gives the general path's bytes, and a
+    decoded record equal to the readers' one, of the same types all the way."""
+    from ultradict_ng.layout import OP_UPDATE
+
+    record = [OP_UPDATE, path, pairs]
+    payload, decoded = MSGPACK.encode_record(record)
+    assert payload == _general(record)
+    assert repr(decoded) == repr(MSGPACK.loads(payload))
+    # Taken exactly when every pair fits (the record itself is what readers decode).
+    fits = all(_row_scalar(k) and (_row_scalar(v) or (
+        type(v) is tuple and len(v) <= 15 and all(map(_row_scalar, v)))) for k, v in pairs)
+    assert (decoded is record) == fits
+
+
+_ROW_TYPES = frozenset({type(None), bool, int, float, str, bytes})
+
+
+def _row_scalar(x: Any) -> bool:
+    return type(x) in _ROW_TYPES and not (type(x) is int and not -(2**63) <= x < 2**64)
+
+
+def test_dumps_of_rows_takes_the_compiled_packer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ultradict_ng._codec import codec as codec_module
+
+    taken: List[Any] = []
+
+    def spy(obj: Any, threshold: int) -> Any:
+        out = real(obj, threshold)
+        taken.append(out)
+        return out
+
+    real = codec_module.pack_map
+    monkeypatch.setattr(codec_module, "pack_map", spy)
+    rows = {f"user:{i:08d}": (i, f"name{i}", i / 2) for i in range(1000)}
+    assert MSGPACK.dumps(rows) == _general(rows) and taken == [_general(rows)]
+    assert MSGPACK.dumps({"a": {"b": 1}}) == _general({"a": {"b": 1}}) and taken[1:] == [None]

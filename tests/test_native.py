@@ -10,6 +10,7 @@ implementations then share a dict (tested at the end).
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import struct
@@ -44,7 +45,8 @@ class _Impl:
         self.Words = words
         for name in ("ProcessState", "parse_records", "apply_sets", "types_within",
                      "contains_type", "msgpack_length", "crc32", "key_hash_common", "table_get",
-                     "table_candidates", "table_fill", "table_index", "table_chunk"):
+                     "table_candidates", "table_fill", "table_index", "table_chunk", "pack_map",
+                     "pack_pairs"):
             setattr(self, name, getattr(module, name))
 
 
@@ -282,7 +284,11 @@ def test_write_simple_writes_a_tuple_of_scalars_as_the_codec_does(impl, value, p
     words = impl.Words(buf)
     end = words.write_simple(pos, tag, 300_000, L.OP_SET, "k", value)
     words.release()
-    expected_end, expected = _reference_record(pos, tag, MSGPACK.dumps(rec))
+    payload = MSGPACK.dumps(rec)
+    if pos + 16 + len(payload) > 300_000:  # (up to 15 strs of 65535 bytes): left to the caller
+        assert end is None and buf == bytearray(300_000)
+        return
+    expected_end, expected = _reference_record(pos, tag, payload)
     assert end == expected_end and buf == expected
     got = MSGPACK.loads(bytes(buf[pos + 16:end]))[3]
     assert type(got) is tuple and repr(got) == repr(value)
@@ -810,3 +816,99 @@ def test_types_within_is_the_reference_scan(impl, container):
     assert impl.types_within(container, allowed) == all(type(m) in allowed for m in members)
     with pytest.raises(TypeError):
         impl.types_within(5, allowed)
+
+
+# -- pack_map, pack_pairs: a big dict of scalar rows in one call ------------------------
+
+
+def _general(obj):
+    """The codec's general path (its Packer chain after the walk), whatever
+    MsgpackCodec.dumps itself takes."""
+    from ultradict_ng._codec.encode import new_chain, prepare
+
+    return new_chain()[0].pack(prepare(obj, 0, 0))
+
+
+row_values = scalars | st.lists(scalars, max_size=15).map(tuple) | st.tuples(
+    st.floats(), st.integers(0, 2**20), st.binary(max_size=70_000))
+
+
+def _holds_bytes_from(obj, threshold):
+    items = obj.items() if type(obj) is dict else obj
+    for k, v in items:
+        for x in (k, *(v if type(v) is tuple else (v,))):
+            if type(x) is bytes and len(x) >= threshold:
+                return True
+    return False
+
+
+@impls
+@settings(max_examples=150)
+@given(rows=st.dictionaries(scalars, row_values, max_size=40), threshold=st.sampled_from([0, 1, 100, 300]))
+def test_pack_map_is_the_codecs_general_encoding(impl, rows, threshold):
+    """pack_map gives the general path's bytes of a dict of scalar keys and
+    scalar or scalar-tuple values; None exactly when a bytes of the
+    threshold's size is in it (it would go to a blob)."""
+    out = impl.pack_map(rows, threshold)
+    if threshold and _holds_bytes_from(rows, threshold):
+        assert out is None
+    else:
+        assert out == _general(rows)
+    pairs = [[k, v] for k, v in rows.items()]
+    out = impl.pack_pairs(pairs, threshold)
+    if threshold and _holds_bytes_from(pairs, threshold):
+        assert out is None
+    else:
+        assert out == _general(pairs)
+
+
+@impls
+@pytest.mark.parametrize("n", [0, 15, 16, 65535, 65536])
+def test_pack_map_headers_of_every_size(impl, n):
+    rows = {i: (i, "r%d" % i, i / 2) if i % 3 else "s" * (i % 40) for i in range(n)}
+    assert impl.pack_map(rows, 0) == _general(rows)
+    pairs = [[k, v] for k, v in rows.items()]
+    assert impl.pack_pairs(pairs, 0) == _general(pairs)
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _List(list):
+    pass
+
+
+@impls
+@given(bad=not_simple)
+def test_pack_map_declines_what_is_not_a_scalar_row(impl, bad):
+    """None for any key or value the general path must encode (or refuse)."""
+    for rows in ({"k": bad, "a": 1}, {1: (1, 2), 2: (3, bad)}):
+        assert impl.pack_map(rows, 0) is None
+        assert impl.pack_pairs([[k, v] for k, v in rows.items()], 0) is None
+    if type(bad) is not list and type(bad) is not dict and type(bad) is not bytearray:
+        assert impl.pack_map({bad: 1}, 0) is None
+        assert impl.pack_pairs([[bad, 1]], 0) is None
+
+
+@impls
+def test_pack_map_declines_other_shapes(impl):
+    for rows in ({"a": {"b": 1}}, {"a": [1]}, {"a": (1, (2,))}, {(1, 2): 1}, {frozenset(): 1},
+                 {"a": 2**64}, {"a": -(2**63) - 1}, {"a": tuple(range(16))}, {_Str("a"): 1},
+                 {"a": _Str("b")}, {_Int(1): 1}, {"a": (_Int(1),)}, {"a": 1.5j}, {"a": "\ud800"}):
+        assert impl.pack_map(rows, 0) is None, rows
+        assert impl.pack_pairs([["x", 1], *([k, v] for k, v in rows.items())], 0) is None, rows
+    assert impl.pack_map({"a": (1, 2)}, 0) is not None
+    assert impl.pack_map(collections.OrderedDict(a=1), 0) is None
+    assert impl.pack_map([["a", 1]], 0) is None and impl.pack_pairs({"a": 1}, 0) is None
+    assert impl.pack_pairs([("a", 1)], 0) is None  # a tuple pair is the codec's ext 1
+    assert impl.pack_pairs([_List(["a", 1])], 0) is None and impl.pack_pairs(_List([["a", 1]]), 0) is None
+    assert impl.pack_pairs([["a", 1, 2]], 0) is None and impl.pack_pairs([["a"]], 0) is None
+    blob = b"x" * 100
+    for rows in ({"a": blob}, {blob: 1}, {"a": (1, blob)}):
+        assert impl.pack_map(rows, 100) is None
+        assert impl.pack_map(rows, 101) == _general(rows) == impl.pack_map(rows, 0)

@@ -4,7 +4,8 @@ Every hot primitive -- atomic words, record writing and futex waits (``Words``),
 lock's per-process state (``ProcessState``), the bases carrying the read hit
 path (``StoreBase``, ``ViewBase``, and ``CacheGet`` for the shared cache), the reader's record checks and replay
 (``parse_records``, ``apply_sets``) and the codec's type scans
-(``types_within``, ``contains_type``) -- is imported from here, and only
+(``types_within``, ``contains_type``) and its packers of big dicts
+(``pack_map``, ``pack_pairs``) -- is imported from here, and only
 from here.  This module takes them from the compiled ``ultradict_ng._helper._native``
 or from :mod:`ultradict_ng._helper.twins`, its pure-Python twins with identical
 names, signatures and results; ``_native.pyi`` types both.  Nothing else in
@@ -45,7 +46,7 @@ __all__ = [
     "IMPLEMENTATION", "ENV_VAR", "Words", "ProcessState", "StoreBase", "ViewBase", "CacheGet",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
-    "table_fill", "table_index", "table_chunk", "FUTEX",
+    "table_fill", "table_index", "table_chunk", "pack_map", "pack_pairs", "FUTEX",
 ]
 
 ENV_VAR = "ULTRADICT_NG_SPEEDUPS"
@@ -109,14 +110,14 @@ if IMPLEMENTATION == "native":
     assert _compiled is not None
     from ._helper._native import (
         FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
-        key_hash_common, msgpack_length, parse_records, set_immutable_types, table_candidates,
-        table_chunk, table_fill, table_get, table_index, types_within,
+        key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types,
+        table_candidates, table_chunk, table_fill, table_get, table_index, types_within,
     )
 else:
     from ._helper.twins import (  # type: ignore[assignment]
         FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
-        key_hash_common, msgpack_length, parse_records, set_immutable_types, table_candidates,
-        table_chunk, table_fill, table_get, table_index, types_within,
+        key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types,
+        table_candidates, table_chunk, table_fill, table_get, table_index, types_within,
     )
 
     Words = _twin_words(IMPLEMENTATION)  # type: ignore[misc]

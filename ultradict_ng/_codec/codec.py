@@ -32,6 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from . import decode as msgpack_decode
 from .placeholders import BlobRef, InlineArray, PickledBlobs
 from ..errors import CorruptSegment, UnsupportedType
+from ..layout import OP_UPDATE
+from ..speedups import pack_map, pack_pairs
 from .decode import ROOT_HOOK, contains_timestamp, gc_paused
 from .encode import (
     KEEP_BUFFERS_UP_TO,
@@ -174,6 +176,12 @@ class MsgpackCodec(Codec):
                         out = chain[0].pack_ext_type(EXT_TUPLE, chain.fast.pack(obj))
                     else:  # pragma: no cover - old msgpack
                         out = chain[0].pack(new_ext(ExtType, (EXT_TUPLE, chain.fast.pack(obj))))
+            elif tp is dict:
+                # A dump, or a lookup table's rows: scalar keys and scalar or
+                # scalar-tuple values are packed by one compiled call, to the
+                # same bytes (None: something else is in it).
+                packed = pack_map(obj, 0)
+                out = chain[0].pack(prepare(obj, 0, 0)) if packed is None else packed
             else:
                 out = chain[0].pack(prepare(obj, 0, 0))
         except UnsupportedType:
@@ -213,6 +221,19 @@ class MsgpackCodec(Codec):
                 return record_pack(record), record
             except Exception:
                 pass
+        elif n == 3 and record[0] == OP_UPDATE and type(record[0]) is int and type(record[1]) is list and (
+                not record[1] or scalar.issuperset(map(type, record[1]))):
+            # ``[OP_UPDATE, path, [[k, v], ...]]`` (an update(), a bulk load)
+            # whose keys are scalars and values scalars or tuples of at most
+            # 15 of them: the pairs are packed by one compiled call, to the
+            # bytes dumps gives, and decode to an equal record of the same
+            # types (ext 1 decodes to a tuple) -- no decode either.
+            pairs = pack_pairs(record[2], 0)
+            if pairs is not None:
+                try:
+                    return b"\x93" + record_pack(record[0]) + record_pack(record[1]) + pairs, record
+                except Exception:  # a path int beyond 64 bits, a str with lone surrogates
+                    pass
         payload = self.dumps(record)
         return payload, self.loads(payload)
 

@@ -39,6 +39,9 @@
  *                       store and the copy, in one call (cache_layout.py,
  *                       "Reading").
  *   types_within        the codec's scan of a container before packing.
+ *   pack_map,           the codec's encoding of a dict (a dump) or an update
+ *   pack_pairs          record's pairs of scalar keys and scalar or
+ *                       scalar-tuple values, in one call.
  *   msgpack_length      the length of one msgpack object (framing check).
  *   parse_records       the reader's validation of copied stream bytes
  *                       (layout.py, reader step 4) in one call.
@@ -538,6 +541,135 @@ mp_value(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
     if (PyTuple_CheckExact(o))
         return mp_scalar_tuple(o, dst, threshold);
     return mp_scalar(o, dst);
+}
+
+/* ---- pack_map, pack_pairs: a big dict of scalar rows packed in one call ------ */
+
+/* A key or value of pack_map/pack_pairs: mp_value's, and no bytes of
+ * `threshold` bytes or more when threshold > 0 (those go to blobs). */
+static Py_ssize_t
+mp_item(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
+{
+    if (threshold > 0 && PyBytes_CheckExact(o) && PyBytes_GET_SIZE(o) >= threshold)
+        return -1;
+    return mp_value(o, dst, threshold);
+}
+
+/* The header of a msgpack map (base 0x80) or array (base 0x90) of n items:
+ * fix, 16 or 32 bits, as msgpack-python writes it.  Its size; -1 if n does
+ * not fit 32 bits.  With dst NULL only measures. */
+static Py_ssize_t
+mp_container_header(Py_ssize_t n, int is_map, unsigned char *dst)
+{
+    if ((unsigned long long)n > 0xffffffffULL)
+        return -1;
+    if (n < 16) {
+        if (dst) dst[0] = (unsigned char)((is_map ? 0x80 : 0x90) | n);
+        return 1;
+    }
+    if (n < 65536) {
+        if (dst) {
+            dst[0] = is_map ? 0xde : 0xdc;
+            dst[1] = (unsigned char)(n >> 8);
+            dst[2] = (unsigned char)n;
+        }
+        return 3;
+    }
+    if (dst) {
+        dst[0] = is_map ? 0xdf : 0xdd;
+        for (int i = 0; i < 4; i++) dst[1 + i] = (unsigned char)((uint64_t)n >> (24 - 8 * i));
+    }
+    return 5;
+}
+
+/* Pairs of a dict (is_map) or of a list of [key, value] lists: the size of
+ * their encoding (header included) -- keys scalars (mp_scalar's types),
+ * values scalars or tuples of at most 15 scalars -- or -1 if one does not
+ * fit.  With dst non-NULL writes them (the caller measured first: no Python
+ * code runs between the two passes, so nothing can change in between). */
+static Py_ssize_t
+mp_pairs(PyObject *c, int is_map, unsigned char *dst, Py_ssize_t threshold)
+{
+    Py_ssize_t n = is_map ? PyDict_GET_SIZE(c) : PyList_GET_SIZE(c);
+    Py_ssize_t total = mp_container_header(n, is_map, dst);
+    if (total < 0)
+        return -1;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *k, *v;
+    for (;;) {
+        if (is_map) {
+            if (!PyDict_Next(c, &pos, &k, &v))
+                break;
+        } else {
+            if (i >= PyList_GET_SIZE(c))
+                break;
+            PyObject *pair = PyList_GET_ITEM(c, i++);
+            if (!PyList_CheckExact(pair) || PyList_GET_SIZE(pair) != 2)
+                return -1;
+            k = PyList_GET_ITEM(pair, 0);
+            v = PyList_GET_ITEM(pair, 1);
+            if (dst) dst[total] = 0x92;
+            total += 1;
+        }
+        if (threshold > 0 && PyBytes_CheckExact(k) && PyBytes_GET_SIZE(k) >= threshold)
+            return -1;
+        Py_ssize_t nk = mp_scalar(k, dst ? dst + total : NULL);
+        if (nk < 0)
+            return -1;
+        total += nk;
+        Py_ssize_t nv = mp_item(v, dst ? dst + total : NULL, threshold);
+        if (nv < 0)
+            return -1;
+        total += nv;
+    }
+    return total;
+}
+
+static PyObject *
+pack_pairs_common(PyObject *const *args, Py_ssize_t nargs, int is_map, const char *usage)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    Py_ssize_t threshold = PyLong_AsSsize_t(args[1]);
+    if (threshold == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *c = args[0];
+    if (is_map ? !PyDict_CheckExact(c) : !PyList_CheckExact(c))
+        Py_RETURN_NONE;
+    Py_ssize_t size = mp_pairs(c, is_map, NULL, threshold);
+    if (size < 0)
+        Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t written = mp_pairs(c, is_map, (unsigned char *)PyBytes_AS_STRING(out), threshold);
+    if (written != size) {  /* cannot happen: nothing ran between the passes */
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_RuntimeError, "pack_map: the container changed while packed");
+        return NULL;
+    }
+    return out;
+}
+
+/* pack_map(obj, threshold) -> bytes or None: codec.dumps(obj) of a dict
+ * whose keys are scalars and values scalars or tuples of at most 15 scalars
+ * (none a bytes of threshold bytes or more when threshold > 0), byte for
+ * byte; None (declined: the caller takes the general path) for anything else. */
+static PyObject *
+native_pack_map(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    return pack_pairs_common(args, nargs, 1, "pack_map(obj, threshold)");
+}
+
+/* pack_pairs(pairs, threshold) -> bytes or None: as pack_map for a list of
+ * [key, value] lists (an update record's pairs), packed as an array of
+ * 2-item arrays. */
+static PyObject *
+native_pack_pairs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    return pack_pairs_common(args, nargs, 0, "pack_pairs(pairs, threshold)");
 }
 
 /* The record [op, [], key] or [op, [], key, value] (a root-level delete or
@@ -2261,6 +2393,12 @@ static PyMethodDef native_methods[] = {
      "parse_records(chunk, tag, base[, one_msgpack]) -> [payload, ...] or an error message (str)."},
     {"msgpack_length", (PyCFunction)native_msgpack_length, METH_O,
      "msgpack_length(data) -> length of the one msgpack object data starts with, or -1."},
+    {"pack_map", (PyCFunction)(void (*)(void))native_pack_map, METH_FASTCALL,
+     "pack_map(obj, threshold) -> the codec's msgpack bytes of a dict of scalar keys and scalar or "
+     "scalar-tuple values, or None (declined)."},
+    {"pack_pairs", (PyCFunction)(void (*)(void))native_pack_pairs, METH_FASTCALL,
+     "pack_pairs(pairs, threshold) -> the codec's msgpack bytes of a list of [key, value] lists "
+     "(pack_map's keys and values), or None (declined)."},
     {"types_within", (PyCFunction)(void (*)(void))native_types_within, METH_FASTCALL,
      "types_within(container, types[, levels]) -> bool: every member (dict: keys and values) of an exact "
      "type in types, or within levels more levels a container whose members are."},
