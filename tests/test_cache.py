@@ -441,3 +441,21 @@ class CacheModel(RuleBasedStateMachine):
 
 TestCacheModel = CacheModel.TestCase
 TestCacheModel.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+def test_a_value_the_codec_refuses_leaks_no_slot(name):
+    """set() of a value the dict cannot store raises and gives its slot back
+    (regression: every such call leaked one, until a rebuild)."""
+    from tests.torture_workers import check_side
+
+    c = SharedCache(name, maxsize=10)
+    try:
+        c["a"] = 1
+        for i in range(30):
+            with pytest.raises(TypeError):
+                c.set(f"k{i}", object())
+        with c.lock:
+            assert check_side(c) == (0, 0)
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)

@@ -352,7 +352,7 @@ REDIS_EDITS = st.lists(st.one_of(
         # a transaction's bundle (0xC1, then a msgpack array of records): garbage after the
         # marker, and well-formed arrays of garbage records
         st.binary(max_size=32).map(lambda b: b"\xc1" + b),
-        st.lists(st.one_of(st.binary(max_size=12), st.integers()), max_size=3).map(
+        st.lists(st.one_of(st.binary(max_size=12), st.integers(-(1 << 63), (1 << 64) - 1)), max_size=3).map(
             lambda items: b"\xc1" + msgpack.packb(items)))),
     st.tuples(st.just("wrongtype"), st.sampled_from(["meta", "log", "snap", "lock", "lockev"])),
 ), min_size=1, max_size=4)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import cache_layout as C
 from .. import _faults as faults
@@ -21,7 +21,31 @@ from .._owner import owner_alive
 from ..shareddict import SharedDict
 from .side import Side
 
-__all__ = ["Entries"]
+__all__ = ["Entries", "slot_of"]
+
+_U64 = (1 << 64) - 1
+_W_FREE, _W_NEXT, _W_EVICTIONS, _W_EXPIRATIONS = C.W_FREE, C.W_NEXT, C.W_EVICTIONS, C.W_EXPIRATIONS
+
+
+def slot_of(e: Any, nslots: int) -> int:
+    """The slot of the entry ``e``, or -1 if ``e`` is not an entry (cache_layout:
+    a tuple of a number of seconds, a slot below nslots, then a value, or an
+    owner and a token (ints)) -- what only another program can have written
+    there; a writer that meets one deletes it (and frees nothing: it names no
+    slot of ours)."""
+    if type(e) is tuple and 3 <= len(e) <= 4 and type(e[1]) is int and isinstance(e[0], (int, float)) \
+            and 0 <= e[1] < (nslots or 1) and (len(e) == 3 or (type(e[2]) is int and type(e[3]) is int)):
+        return e[1]
+    return -1
+
+
+def _add(w: Any, index: int, delta: int) -> None:
+    """``w[index] += delta``, kept within a u64: a damaged word must not fail a
+    write (a counter wraps, bytes sticks at the end it went past)."""
+    try:
+        w[index] += delta
+    except ValueError:
+        w[index] = 0 if index != C.W_BYTES or delta < 0 else _U64
 
 
 
@@ -62,6 +86,8 @@ class Entries:
         # The entry as the handle caches it, not a copy (only its slot is read):
         # the dict's get would copy a mutable value for nothing.
         old = self._d._node().get(key)
+        if old is not None and slot_of(old, side.nslots) < 0:
+            old = None  # not an entry: overwritten as a new key's
         # A size grows (in its cell and in bytes) before the write and shrinks
         # after it: a writer killed in between leaves both too high, never too
         # low -- a rebuild sums the cells.
@@ -70,12 +96,12 @@ class Entries:
             if side.nslots:
                 grown = size - side.sizes[slot]
                 if grown > 0:
-                    w[C.W_BYTES] += grown
+                    _add(w, C.W_BYTES, grown)
                     side.sizes[slot] = size
                     self._fit_bytes(now, key)
             self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
             if side.nslots and grown < 0:
-                w[C.W_BYTES] += grown
+                _add(w, C.W_BYTES, grown)
                 side.sizes[slot] = size
         else:
             if w[C.W_FLAGS]:
@@ -86,8 +112,14 @@ class Entries:
                 faults.hit("cache-slot-taken")
             if side.nslots:
                 side.sizes[slot] = size
-                w[C.W_BYTES] += size
-            self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
+                if size:
+                    _add(w, C.W_BYTES, size)
+            try:
+                self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
+            except BaseException:
+                if side.nslots and self._d._node().get(key, (0, -1))[1:2] != (slot,):
+                    self._free(slot, size)  # not written (a value the codec refuses ...): not leaked
+                raise
             self._pool_age += 1
         if side.nslots:
             side.recency[slot] = now
@@ -99,35 +131,44 @@ class Entries:
         del self._d[key]
         if faults.armed is not None:
             faults.hit("cache-entry-removed")
+        slot = e[1] if type(e) is tuple and len(e) > 2 else -1
+        if self._side.nslots and type(slot) is int and 0 <= slot < self._side.nslots:  # (else: not an entry)
+            self._free(slot, self._side.sizes[slot])
+
+    def _free(self, slot: int, size: int) -> None:
+        """Give back ``slot`` and its ``size`` bytes (its entry is gone)."""
         side = self._side
-        if side.nslots:
-            w = side.words
-            slot = e[1]
-            w[C.W_BYTES] -= min(w[C.W_BYTES], side.sizes[slot])
-            side.sizes[slot] = 0
-            free = w[C.W_FREE]
-            if free < side.nslots:
-                side.free[free] = slot
-                w[C.W_FREE] = free + 1
+        w = side.words
+        w[C.W_BYTES] -= min(w[C.W_BYTES], size)
+        side.sizes[slot] = 0
+        free = w[_W_FREE]
+        if free < side.nslots:
+            side.free[free] = slot
+            w[_W_FREE] = free + 1
 
     def _take_slot(self) -> int:
         side = self._side
         w = side.words
-        free = w[C.W_FREE]
+        free, nxt, nslots = w[_W_FREE], w[_W_NEXT], side.nslots
+        if nxt > nslots or free + len(self._d._store.data) > nxt:  # (synced: under the lock)
+            # More slots free and in use than were ever handed out: damaged words
+            # (or entries sharing a slot) -- handing one out could double-book it.
+            self._rebuild()
+            free, nxt = w[_W_FREE], w[_W_NEXT]
         if free:
-            w[C.W_FREE] = free - 1
+            w[_W_FREE] = free - 1
             return int(side.free[free - 1])
-        nxt = w[C.W_NEXT]
-        if nxt < side.nslots:
-            w[C.W_NEXT] = nxt + 1
+        if nxt < nslots:
+            w[_W_NEXT] = nxt + 1
             return int(nxt)
         self._rebuild()  # slots leaked by crashes: recount from the entries
-        if not w[C.W_FREE] and w[C.W_NEXT] >= side.nslots:
+        if not w[_W_FREE] and w[_W_NEXT] >= nslots:
             raise RuntimeError(f"cache {self.name!r}: no free slot after a rebuild")
         return self._take_slot()
 
     def _rebuild(self) -> None:
-        """The free stack and bytes from the entries (after crashes leaked slots).
+        """The free stack, sizes and bytes from the entries (after crashes leaked
+        slots); entries that are not entries, or share a slot, are removed.
 
         The stack is emptied first and ``next`` set past the last slot in use
         before the stack is rewritten: a writer killed midway leaves slots
@@ -135,18 +176,38 @@ class Entries:
         past ``next``.  Costs O(entries + the highest slot in use), not
         O(nslots) (a cache bounded by bytes alone has 2**20 slots)."""
         side = self._side
-        if not side.nslots:
+        if not side.nslots:  # (nothing to recount: only what is not an entry is removed)
+            for key in [k for k, e in self._d.items() if slot_of(e, 0) < 0]:
+                del self._d[key]
             return
-        used = {e[1] for e in self._d.values()}
+        owners: Dict[int, List[Any]] = {}
+        sizes: Dict[int, int] = {}
+        drop = []
+        for key, e in self._d.items():
+            slot = slot_of(e, side.nslots)
+            if slot < 0:
+                drop.append(key)
+            else:
+                owners.setdefault(slot, []).append(key)
+                if self._size_codec is not None:
+                    sizes[slot] = self._size(key, e[2] if len(e) == 3 else None)
+        for keys in owners.values():
+            if len(keys) > 1:  # (damaged words handed a slot out twice)
+                drop += keys
+        for key in drop:
+            del self._d[key]
+        used = {slot for slot, keys in owners.items() if len(keys) == 1}
         w = side.words
-        top = min(side.nslots, max(used) + 1) if used else 0
+        for slot in used:  # recounted: exact whatever crashes or damage left in the cells
+            side.sizes[slot] = sizes.get(slot, 0)
+        top = max(used) + 1 if used else 0
         w[C.W_FREE] = 0
         w[C.W_NEXT] = top
         free = [s for s in range(top) if s not in used]
         for i, s in enumerate(free):
             side.free[i] = s
         w[C.W_FREE] = len(free)
-        w[C.W_BYTES] = sum(side.sizes[s] for s in used if s < side.nslots)
+        w[C.W_BYTES] = sum(side.sizes[s] for s in used)
 
     def _make_room(self, now: float, key: Any, size: int) -> None:
         """Evict until one more entry of ``size`` bytes fits the bounds."""
@@ -161,21 +222,30 @@ class Entries:
                         if not self._evict_one(now, key):
                             break
         if self._maxbytes is not None:
-            self._side.words[C.W_BYTES] += size
+            w = self._side.words
+            _add(w, C.W_BYTES, size)
             try:
-                self._fit_bytes(now, key)
+                self._fit_bytes(now, key, size)
             finally:
-                self._side.words[C.W_BYTES] -= size
+                _add(w, C.W_BYTES, -size)
         elif self._side.nslots and self._side.words[C.W_FREE] == 0 \
                 and self._side.words[C.W_NEXT] >= self._side.nslots and len(self._d) >= self._side.nslots:
             self._evict_one(now, key)
 
-    def _fit_bytes(self, now: float, key: Any) -> None:
+    def _fit_bytes(self, now: float, key: Any, pending: int = 0) -> None:
+        """Evict until ``bytes`` (counting ``pending`` bytes not in a size cell
+        yet) is within maxbytes.  Over it with nothing left to evict, the count
+        is too high (crashes leave it so; or damage): recounted once."""
         maxbytes = self._maxbytes
         w = self._side.words
+        recounted = False
         while maxbytes is not None and w[C.W_BYTES] > maxbytes:
             if not self._evict_one(now, key):
-                break
+                if recounted:
+                    break
+                self._rebuild()
+                _add(w, C.W_BYTES, pending)
+                recounted = True
 
     def _evict_one(self, now: float, exclude: Any) -> bool:
         victim = self._victim(now, exclude)
@@ -185,7 +255,11 @@ class Entries:
         expired = bool(e[0] and e[0] <= now)
         self._delete(key, e)
         w = self._side.words
-        w[C.W_EXPIRATIONS if expired else C.W_EVICTIONS] += 1
+        index = _W_EXPIRATIONS if expired else _W_EVICTIONS
+        try:
+            w[index] += 1
+        except ValueError:  # (a damaged counter: it wraps)
+            w[index] = 0
         return True
 
     def _sample_pool(self, fresh: bool = False) -> List[Any]:
@@ -213,11 +287,15 @@ class Entries:
                 e = dget(k)
                 if e is None or (k == exclude and type(k) is type(exclude)):
                     continue
-                if e[0] and e[0] <= now:
-                    return k, e
-                if len(e) == 4 and owner_alive(e[2]):
+                try:
+                    if e[0] and e[0] <= now:
+                        return k, e
+                    if len(e) == 4 and owner_alive(e[2]):
+                        continue
+                    t = rec[e[1]] if rec is not None and e[1] < len(rec) else 0.0
+                except (TypeError, IndexError, KeyError):
+                    self._delete(k, e)  # not an entry (another program's): removed, no victim
                     continue
-                t = rec[e[1]] if rec is not None and e[1] < len(rec) else 0.0
                 if t < best_t:
                     best, best_t = (k, e), t
             if best is not None:
@@ -234,9 +312,16 @@ class Entries:
         for _ in range(C.EXPIRE_SAMPLES):
             k = pool[int(random.random() * n)]
             e = self._dget(k)
-            if e is not None and e[0] and e[0] <= now and not (k == exclude and type(k) is type(exclude)):
+            if e is None or (k == exclude and type(k) is type(exclude)):
+                continue
+            try:
+                expired = e[0] and e[0] <= now
+            except (TypeError, IndexError, KeyError):
+                expired = None  # not an entry: removed
+            if expired or expired is None:
                 self._delete(k, e)
-                self._side.words[C.W_EXPIRATIONS] += 1
+                if expired:
+                    _add(self._side.words, C.W_EXPIRATIONS, 1)
 
     def _cull_now(self, now: float, n: int) -> None:
         """Django's cull: ``len // cull_frequency`` entries in LRU order (expired
@@ -249,11 +334,13 @@ class Entries:
             return
         rec = self._recency
         assert rec is not None and self._cull
+        nslots = self._side.nslots
         ranked = heapq.nsmallest(
             max(1, n // self._cull),
-            ((-1.0 if e[0] and e[0] <= now else rec[e[1]], i, k, e)
+            ((-2.0 if slot_of(e, nslots) < 0 else -1.0 if e[0] and e[0] <= now else rec[e[1]], i, k, e)
              for i, (k, e) in enumerate(self._d.items())))
         w = self._side.words
         for t, _, k, e in ranked:
             self._delete(k, e)
-            w[C.W_EXPIRATIONS if t < 0 else C.W_EVICTIONS] += 1
+            if t > -2.0:
+                _add(w, C.W_EXPIRATIONS if t < 0 else C.W_EVICTIONS, 1)

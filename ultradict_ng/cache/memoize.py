@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 from .. import _faults as faults
 from ..errors import TooLarge
 from .._owner import owner_alive, owner_word
+from .entries import slot_of
 from .sharedcache import DEFAULT_TTL, SharedCache
 
 __all__ = ["cached", "CacheInfo"]
@@ -97,6 +98,8 @@ class _Claims:
         now = time.time()
         with c.lock:
             e = c._dget(key)
+            if slot_of(e, c._side.nslots) < 0:
+                e = None  # absent, or not an entry (another program's): overwritten
             if e is not None and len(e) == 3 and (not e[0] or e[0] > now):
                 return "value", c._value(e)
             if e is not None and len(e) == 4 and owner_alive(e[2]):
@@ -121,13 +124,13 @@ class _Claims:
         c = self.cache
         with c.lock:
             e = c._dget(key)
-            if e is not None and len(e) == 4 and e[3] == token:
+            if type(e) is tuple and len(e) == 4 and e[3] == token:
                 c._delete(key, e)
 
     def still_waiting(self, key: Any, claim: Any) -> bool:
         """Whether ``key`` still holds ``claim`` (of a live owner, checked by the caller)."""
         e = self.cache._dget(key)
-        return e is not None and len(e) == 4 and e[3] == claim[3]
+        return type(e) is tuple and len(e) == 4 and e[3] == claim[3]
 
 
 def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Optional[float] = None,

@@ -89,24 +89,48 @@ def _write_new(name: str, token: int, settings: Settings) -> Side:
     return Side(seg)
 
 
+def _check_header(seg: Segment) -> str:
+    """What is wrong with the settings words of a side segment, or ''."""
+    assert seg.buf is not None
+    words, floats = memoryview(seg.buf).cast("Q"), memoryview(seg.buf).cast("d")
+    try:
+        nslots, ttl = words[C.W_NSLOTS], floats[C.W_TTL]
+        if words[C.W_VERSION] != C.SIDE_VERSION:
+            return f"version {words[C.W_VERSION]}"
+        if nslots != C.nslots_for(words[C.W_MAXSIZE], words[C.W_MAXBYTES]) or seg.size < C.side_size(nslots):
+            return f"{nslots} slots for maxsize {words[C.W_MAXSIZE]}, maxbytes {words[C.W_MAXBYTES]}"
+        if words[C.W_SERIALIZER] not in C.SERIALIZERS.values():
+            return f"serializer {words[C.W_SERIALIZER]}"
+        if not (ttl == 0.0 or ttl > 0.0):
+            return f"ttl {ttl}"
+        return ""
+    finally:
+        words.release()
+        floats.release()
+
+
 def _attach(name: str, token: int) -> Optional[Side]:
     """The side segment if it is whole and belongs to the dict of ``token``;
     None if it is stale or its creator never finished; FileNotFoundError if absent."""
     deadline = time.monotonic() + C.INIT_TIMEOUT
     while True:
         seg = Segment.attach(name)
-        if seg.buf is not None and seg.size >= C.HEADER_WORDS * 8:
+        if seg.buf is not None and (seg.size < C.HEADER_WORDS * 8 or seg.size % 8):
+            seg.close()  # (its creator sizes it in one step: never seen part-sized)
+            raise CorruptSegment(f"segment {name!r} is not a cache side segment ({seg.size} bytes)")
+        if seg.buf is not None:
             words = memoryview(seg.buf).cast("Q")
-            magic, version, owner = words[C.W_MAGIC], words[C.W_VERSION], words[C.W_TOKEN]
-            nslots = words[C.W_NSLOTS]
+            magic, owner = words[C.W_MAGIC], words[C.W_TOKEN]
             words.release()
             if magic == C.SIDE_MAGIC:
                 if owner != token:
                     seg.close()
                     return None  # an earlier dict's, left by a crash
-                if version != C.SIDE_VERSION or seg.size < C.side_size(nslots):
+                problem = _check_header(seg)
+                if problem:
                     seg.close()
-                    raise CorruptSegment(f"segment {name!r} is not a cache side segment of this version")
+                    raise CorruptSegment(f"segment {name!r} is not a cache side segment of this "
+                                         f"version, or is damaged: {problem}")
                 return Side(seg)
             if magic != 0:
                 seg.close()
@@ -144,6 +168,10 @@ def open_side(dict_name: str, token: int, lock: Any, wanted: Settings,
                     if absent and dict_len() > 0:
                         raise ParameterMismatch(
                             f"shared dict {dict_name!r} holds keys but is not a SharedCache")
+                    if dict_len() > 0:  # its entries name slots of a segment that is gone
+                        raise CorruptSegment(
+                            f"segment {name!r} is unfinished or an earlier dict's, but the cache "
+                            f"{dict_name!r} holds entries")
                     if not absent:
                         segments.unlink(name)  # stale (an earlier dict's) or never finished
                     try:
