@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from .._forks import on_fork_in_child
 from .. import layout as L
@@ -223,7 +223,8 @@ class Store(Writer):
             users.register((name, header.token), mapping.atomic)  # before MAGIC: never unowned
             store.registered = True
             if initial:
-                store.commit(R.update((), [list(kv) for kv in initial]))
+                # (fresh [key, value] lists, made by _arguments.pairs: no copy)
+                store.commit(R.update((), cast(List[List[Any]], initial)))
             mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)  # ready: published last
             return store
         except BaseException:
