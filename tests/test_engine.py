@@ -206,3 +206,13 @@ def test_closed_and_unlinked_on_another_engine():
     with pytest.raises(Unlinked):
         a["k"] = 2
     assert b["k"] == 1  # reads keep the last state
+
+
+def test_an_update_record_applies_its_pairs_in_order_and_refuses_other_shapes():
+    data = {"a": 0}
+    record.apply(data, record.update((), [["b", 1], ["a", 2], ["b", 3]]))
+    assert data == {"a": 2, "b": 3} and list(data) == ["a", "b"]
+    for pairs in ({"c": 1}, [["c", 1, 2]], [["c"]], [[["unhashable"], 1]], 5):
+        with pytest.raises(record.Inconsistent):
+            record.apply(data, [record.update((), [])[0], [], pairs])
+    assert data == {"a": 2, "b": 3}

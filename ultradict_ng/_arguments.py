@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
 from ._engine import Options
-from .speedups import ViewBase
+from .speedups import ViewBase, types_within
+
+#: Value types that are no handle (nor hold one within a tuple of them).
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes})
 
 __all__ = ["split_arguments", "pairs"]
 
@@ -75,6 +78,8 @@ def pairs(data: Any) -> List[List[Any]]:
                     f"update sequence element #{i} is not a (key, value) pair"
                 ) from None
             items.append([k, v])
+    if type(data) is dict and types_within(data, _PLAIN, 1):
+        return items  # (hashable keys, and no handle among values of plain types: one C scan)
     for item in items:
         hash(item[0])
         if isinstance(item[1], ViewBase):

@@ -88,8 +88,9 @@ def apply(data: Dict[Any, Any], rec: Any) -> None:
         elif op == _OP_CLEAR:
             node.clear()
         elif op == _OP_UPDATE:
-            for key, value in rec[2]:
-                node[key] = value
+            if type(rec[2]) is not list:
+                raise Inconsistent(f"update record pairs are a {type(rec[2]).__name__}, not a list")
+            node.update(rec[2])  # (pairs of [key, value], assigned in order, in C)
         else:
             raise Inconsistent(f"unknown record operation {op!r}")
     except Inconsistent:
