@@ -1851,15 +1851,16 @@ cg_hit(CacheGetObject *self, PyObject *e, double now, int *miss)
         if (out == NULL)
             return NULL;
     }
+    /* The slot: an int below nslots (0 without recency), else no entry of ours. */
+    PyObject *slot = PyTuple_GET_ITEM(e, 1);
+    Py_ssize_t i = PyLong_CheckExact(slot) ? PyLong_AsSsize_t(slot) : -1;
+    if (i == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if (i < 0 || i >= (self->rec_held ? self->rec.len / 8 : 1)) {
+        Py_XDECREF(out);
+        return NULL;
+    }
     if (self->rec_held) {
-        PyObject *slot = PyTuple_GET_ITEM(e, 1);
-        Py_ssize_t i = PyLong_CheckExact(slot) ? PyLong_AsSsize_t(slot) : -1;
-        if (i == -1 && PyErr_Occurred())
-            PyErr_Clear();
-        if (i < 0 || i >= self->rec.len / 8) {
-            Py_XDECREF(out);
-            return NULL;
-        }
         uint64_t bits;
         memcpy(&bits, &now, 8);
         __atomic_store_n((uint64_t *)self->rec.buf + i, bits, __ATOMIC_RELAXED);

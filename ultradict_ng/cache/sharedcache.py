@@ -19,7 +19,7 @@ from .. import cache_layout as C
 from .._codec.codec import codec_for
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
-from .entries import Entries
+from .entries import Entries, slot_of
 from .side import open_side
 
 __all__ = ["SharedCache", "DEFAULT_TTL"]
@@ -60,6 +60,12 @@ def _check_settings(maxsize: Any, maxbytes: Any, ttl: Any, serializer: Any,
             raise ValueError(f"cull_frequency must be an int >= 0 or None, not {cull_frequency!r}")
         out["cull_frequency"] = cull_frequency
     return out
+
+
+def _alive(e: Any, now: float, nslots: int) -> bool:
+    """Whether ``e`` is a value entry (not a claim, nor anything else another
+    program may have written there: cache_layout "Entries") live at ``now``."""
+    return slot_of(e, nslots) >= 0 and len(e) == 3 and (not e[0] or e[0] > now)
 
 
 class SharedCache(Entries, MutableMapping[Any, Any]):
@@ -134,8 +140,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         e = self._dget(key)
         if e is not None:
             now = _now()
-            exp = e[0]
-            if (not exp or exp > now) and len(e) == 3:
+            if _alive(e, now, self._side.nslots):
                 rec = self._recency
                 if rec is not None:
                     rec[e[1]] = now
@@ -152,7 +157,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     def __contains__(self, key: Any) -> bool:
         """Whether ``key`` holds a live value (counts as neither hit nor use)."""
         e = self._dget(key)
-        return e is not None and len(e) == 3 and (not e[0] or e[0] > _now())
+        return _alive(e, _now(), self._side.nslots)
 
     def get_many(self, keys: Iterable[Any]) -> Dict[Any, Any]:
         """``{key: value}`` for the keys of ``keys`` that hold live values."""
@@ -173,14 +178,16 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     def __iter__(self) -> Iterator[Any]:
         """The live keys, from a snapshot taken now."""
         now = _now()
-        return iter([k for k, e in self._d.items() if len(e) == 3 and (not e[0] or e[0] > now)])
+        n = self._side.nslots
+        return iter([k for k, e in self._d.items() if _alive(e, now, n)])
 
     def __len__(self) -> int:
         """Live entries: O(1) while no entry ever had an expiry or a claim, else a scan."""
         if not self._side.words[C.W_FLAGS]:
             return len(self._d)
         now = _now()
-        return sum(1 for e in self._d.values() if len(e) == 3 and (not e[0] or e[0] > now))
+        n = self._side.nslots
+        return sum(1 for e in self._d.values() if _alive(e, now, n))
 
     # -- writing: under the dict's lock -------------------------------------------------
 
@@ -277,7 +284,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         now = _now()
         with self._lock:
             e = self._dget(key)
-            live = e is not None and len(e) == 3 and (not e[0] or e[0] > now)
+            live = _alive(e, now, self._side.nslots)
             self._delete(key, e)
             return live
 
@@ -292,7 +299,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         with self._d.transaction():
             for key in keys:
                 e = self._dget(key)
-                count += e is not None and len(e) == 3 and (not e[0] or e[0] > now)
+                count += _alive(e, now, self._side.nslots)
                 self._delete(key, e)
         return count
 
@@ -321,7 +328,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
                 if victim is None:
                     raise KeyError("popitem(): the cache is empty")
                 key, e = victim  # (the cached entry: the value is read as get reads it)
-                live = len(e) == 3 and (not e[0] or e[0] > now)
+                live = _alive(e, now, self._side.nslots)
                 value = self._value(self._dget(key)) if live else None
                 self._delete(key, e)
                 if live:
@@ -340,7 +347,8 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         anyway; this reclaims their memory at once, and recounts ``bytes``.)"""
         now = _now()
         with self._lock:
-            gone = [(k, e) for k, e in self._d.items() if e[0] and e[0] <= now]
+            n = self._side.nslots  # (and anything that is no entry: cache_layout "Entries")
+            gone = [(k, e) for k, e in self._d.items() if slot_of(e, n) < 0 or (e[0] and e[0] <= now)]
             for key, e in gone:
                 self._delete(key, e)
             self._rebuild()
@@ -444,9 +452,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     def _live(self, key: Any, now: float) -> Any:
         """The value entry of ``key`` if live, else None (no lock needed)."""
         e = self._dget(key)
-        if e is None or len(e) != 3 or (e[0] and e[0] <= now):
-            return None
-        return e
+        return e if _alive(e, now, self._side.nslots) else None
 
 
 def _attach(name: str) -> SharedCache:
