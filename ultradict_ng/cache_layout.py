@@ -48,7 +48,7 @@ word  field
 13    free: how many slots the free stack holds (under the lock)
 14    flags: bit 0 set once an entry with an expiry or a claim was written (until
       then ``len`` is the dict's, else a scan that skips those)
-15    reserved (0)
+15    batch: 1 while a ``set_many``/``delete_many`` transaction is open (under the lock)
 ===== ================================================================================
 Then three arrays of ``nslots`` 8-byte cells: ``recency`` (f64: the
 ``time.time()`` of the entry's last read or write), ``size`` (u64: the
@@ -82,7 +82,14 @@ back after it is deleted: a slot is never given to two live entries) and
 leaves ``bytes`` too high by at most one entry (added before the write,
 subtracted after the delete): the bounds hold, conservatively.  When the
 slots run out (a leak per crash), the next writer rebuilds the free stack and
-``bytes`` from the entries (``rebuild``).  A creator killed before MAGIC
+``bytes`` from the entries (``rebuild``).  ``set_many`` and ``delete_many`` are one
+transaction of the dict: their entries' changes are published at its end, but
+the slots and bytes they free (deletes, evictions) change the side segment as
+they go.  So ``batch`` is set before the first change and cleared after the
+publish; a batch that ends without publishing (an exception) is rebuilt at
+once, and a writer that finds ``batch`` set (its writer died in the batch:
+its entries are all still there, some of their slots on the free stack) rebuilds
+before it changes anything.  A creator killed before MAGIC
 leaves a segment that attachers replace after ``INIT_TIMEOUT``.  The side
 segment is removed with the dict (``unlink_by_name``, the dict's cleanup).
 """
@@ -92,10 +99,10 @@ from __future__ import annotations
 from . import layout as L
 
 SIDE_MAGIC = 0x75646E6763616368  # "udngcach"
-SIDE_VERSION = 1
+SIDE_VERSION = 2  # 2: word 15 is the batch flag
 HEADER_WORDS = 16
 W_MAGIC, W_VERSION, W_TOKEN, W_NSLOTS, W_MAXSIZE, W_MAXBYTES, W_TTL, W_SERIALIZER = range(8)
-W_CULL, W_EVICTIONS, W_EXPIRATIONS, W_BYTES, W_NEXT, W_FREE, W_FLAGS = range(8, 15)
+W_CULL, W_EVICTIONS, W_EXPIRATIONS, W_BYTES, W_NEXT, W_FREE, W_FLAGS, W_BATCH = range(8, 16)
 FLAG_EXPIRING = 1
 SERIALIZERS = {"msgpack": 1, "pickle": 2}
 #: Keys sampled per eviction (8: 0.995x exact LRU's hit ratio on a Zipf 0.9 trace).

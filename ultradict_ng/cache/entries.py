@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import heapq
 import random
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .. import cache_layout as C
 from .. import _faults as faults
@@ -25,6 +26,7 @@ __all__ = ["Entries", "slot_of"]
 
 _U64 = (1 << 64) - 1
 _W_FREE, _W_NEXT, _W_EVICTIONS, _W_EXPIRATIONS = C.W_FREE, C.W_NEXT, C.W_EVICTIONS, C.W_EXPIRATIONS
+_W_BATCH = C.W_BATCH
 
 
 def slot_of(e: Any, nslots: int) -> int:
@@ -62,7 +64,10 @@ class Entries:
     _pool: Optional[List[Any]]
     _pool_age: int
     _size_codec: Any
+    _lock: Any
     name: Any
+    #: Inside this handle's set_many/delete_many (cache_layout, "Crashes").
+    _in_batch = False
 
     def _size(self, key: Any, stored: Any) -> int:
         codec = self._size_codec
@@ -77,6 +82,8 @@ class Entries:
         making room."""
         side = self._side
         w = side.words
+        if w[_W_BATCH] and not self._in_batch:
+            self._after_dead_batch()
         size = self._size(key, stored) if self._size_codec is not None else 0
         if self._maxbytes is not None and size > self._maxbytes:
             raise TooLarge(f"an entry of {size:,} bytes (key {key!r:.60}) cannot fit the cache's "
@@ -128,6 +135,11 @@ class Entries:
         """Remove ``key`` (whose entry is ``e``, None if absent), then free its slot."""
         if e is None:
             return
+        if self._side.words[_W_BATCH] and not self._in_batch:
+            self._after_dead_batch()
+            e = self._d._node().get(key)  # (a rebuild may have removed it)
+            if e is None:
+                return
         del self._d[key]
         if faults.armed is not None:
             faults.hit("cache-entry-removed")
@@ -165,6 +177,32 @@ class Entries:
         if not w[_W_FREE] and w[_W_NEXT] >= nslots:
             raise RuntimeError(f"cache {self.name!r}: no free slot after a rebuild")
         return self._take_slot()
+
+    @contextmanager
+    def _batch(self) -> Iterator[None]:
+        """set_many's and delete_many's one transaction (cache_layout, "Crashes"):
+        the side segment's ``batch`` word is set while it is open; if it ends
+        without publishing, the side segment is rebuilt from the entries."""
+        w = self._side.words
+        with self._lock:
+            if w[_W_BATCH] and not self._in_batch:
+                self._after_dead_batch()
+            w[_W_BATCH] = 1
+            self._in_batch = True
+            try:
+                with self._d.transaction():
+                    yield
+            except BaseException:
+                self._rebuild()  # (the transaction published nothing: the entries are the old ones)
+                raise
+            finally:
+                self._in_batch = False
+                w[_W_BATCH] = 0
+
+    def _after_dead_batch(self) -> None:
+        """A writer died inside a batch: slots of entries still there may be free."""
+        self._rebuild()
+        self._side.words[_W_BATCH] = 0
 
     def _rebuild(self) -> None:
         """The free stack, sizes and bytes from the entries (after crashes leaked

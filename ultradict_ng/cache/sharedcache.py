@@ -272,7 +272,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         now = _now()
         expires = self._expires(ttl, now)
         items = [(k, self._stored(v)) for k, v in mapping.items()]
-        with self._d.transaction():
+        with self._batch():
             for key, stored in items:
                 if expires < 0:
                     self._delete(key, self._dget(key))
@@ -296,7 +296,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         """Remove each of ``keys``: one lock, one publish; how many held live values."""
         now = _now()
         count = 0
-        with self._d.transaction():
+        with self._batch():
             for key in keys:
                 e = self._dget(key)
                 count += _alive(e, now, self._side.nslots)
