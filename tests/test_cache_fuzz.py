@@ -15,15 +15,21 @@ import struct
 from typing import Any, Dict, List
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
 from tests.test_fuzz import _alarm, attempt
 from tests.torture_workers import check_side
-from ultradict_ng import SharedDict, SharedDictError, unlink_by_name
+from ultradict_ng import CorruptSegment, SharedDict, SharedDictError, unlink_by_name
 from ultradict_ng import _segments as segments, cache_layout as C
 from ultradict_ng._segments import Segment
 from ultradict_ng.cache import SharedCache
+
+
+def _f64(f: float) -> int:
+    """The u64 of the bits of ``f`` (how the ttl word holds a float)."""
+    return int.from_bytes(struct.pack("<d", f), "little")
 
 
 CACHE_BOUNDS = st.sampled_from([
@@ -32,7 +38,11 @@ CACHE_BOUNDS = st.sampled_from([
 #: A u64 or the bits of an f64 (the ttl word), with the values that mean something.
 SIDE_VALUES = st.one_of(
     st.integers(0, (1 << 64) - 1), st.sampled_from([0, 1, 2, 3, 16, 20, 36, 1 << 63, (1 << 64) - 1]),
-    st.floats().map(lambda f: int.from_bytes(struct.pack("<d", f), "little")))
+    st.floats().map(lambda f: _f64(f)))
+#: Any header word, half the time one whose damage opens a cache (never MAGIC, VERSION ...).
+SIDE_WORDS = st.one_of(st.integers(0, C.HEADER_WORDS - 1), st.sampled_from(
+    [C.W_MAXBYTES, C.W_TTL, C.W_SERIALIZER, C.W_CULL, C.W_EVICTIONS, C.W_EXPIRATIONS, C.W_BYTES, C.W_NEXT,
+     C.W_FREE, C.W_FLAGS, C.W_BATCH]))
 #: Sizes to truncate the side segment to (mostly none).
 TRUNCATE = st.one_of(st.none(), st.none(), st.none(), st.integers(0, 1 << 16),
                      st.integers(0, 1 << 13).map(lambda n: 8 * n))
@@ -83,7 +93,7 @@ def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) 
 @settings(max_examples=soak_scaled(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(bounds=CACHE_BOUNDS, keys=st.integers(0, 25),
        truncate=TRUNCATE,
-       edits=st.lists(st.tuples(st.integers(0, C.HEADER_WORDS - 1), SIDE_VALUES), max_size=3))
+       edits=st.lists(st.tuples(SIDE_WORDS, SIDE_VALUES), max_size=3))
 def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(bounds: Dict[str, Any], keys: int,
                                                                   truncate: Any, edits: List[Any]) -> None:
     """Garbage in the header words of a cache's side segment (``N@c``) and
@@ -173,10 +183,10 @@ def test_cache_writers_remove_what_is_not_an_entry(bounds: Dict[str, Any], keys:
         bad = [f"k{i}" if over_keys and i < keys else f"bad{i}" for i in range(len(garbage))]
         for key, value in zip(bad, garbage):
             raw[key] = value
-        raw[(1,)] = claim  # where memo(1) claims
         c.set("fresh", 1, ttl=0.001)  # an expiring entry: writes sample for expired ones
         for i in range(3 * (c.maxsize or 20)):
             attempt(lambda: c.set(f"n{i}", [i, "v" * (i % 50)]))
+        raw[(1,)] = claim  # where memo(1) claims
         assert memo(1) == 2 and memo(1) == 2
         for op in (lambda: c.set(bad[0], 0), lambda: c.set_many({bad[-1]: 1, "m": 2}), c.popitem):
             attempt(op)
@@ -234,3 +244,32 @@ def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
             c.unlink()
             c.close()
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("word, value", [
+    (C.W_MAGIC, 0), (C.W_MAGIC, 1), (C.W_VERSION, C.SIDE_VERSION + 1), (C.W_TOKEN, 12345), (C.W_NSLOTS, 35), (C.W_MAXSIZE, 21),
+    (C.W_MAXSIZE, 0), (C.W_SERIALIZER, 0), (C.W_SERIALIZER, 7), (C.W_TTL, _f64(float("nan"))),
+    (C.W_TTL, _f64(-1.0)), ("size", 8 * 40 + 4), ("size", 64)])
+def test_cache_side_header_damage_each_word(word: Any, value: int) -> None:
+    """Each check of the side segment's header (side.py), alone: a pickle cache of
+    maxsize 20 holding entries, one word damaged (or the segment cut to ``value``
+    bytes), opens as CorruptSegment."""
+    name = unique_name()
+    init_timeout, C.INIT_TIMEOUT = C.INIT_TIMEOUT, 0.05
+    try:
+        c = SharedCache(name, maxsize=20, serializer="pickle", auto_unlink=False)
+        c["k"] = [1]
+        c.close()
+        if word == "size":
+            os.truncate(f"/dev/shm/{C.cache_name(name)}", value)
+        else:
+            seg = Segment.attach(C.cache_name(name))
+            words = memoryview(seg.buf).cast("Q")
+            words[word] = value
+            words.release()
+            seg.close()
+        with pytest.raises(CorruptSegment):
+            SharedCache(name).close()
+    finally:
+        C.INIT_TIMEOUT = init_timeout
+        unlink_by_name(name)

@@ -153,11 +153,8 @@ def test_cache_torture(name, variant):
     SIGKILLed at random instants; they may leak a slot each until a rebuild, never
     break a bound.  At the end: exact counters (the writers' own, and the total in a
     second, unbounded cache that all of them incr), the bounds, the side segment
-    exact after ``expire()`` (a rebuild), every live value whole.
-
-    Victims skip set_many, delete_many and clear: a death inside their transaction
-    pushes slots of entries whose deletion is never published
-    (test_cache_processes.py, ``test_a_failed_delete_many_double_books_a_slot``)."""
+    exact after ``expire()`` (a rebuild), every live value whole.  (Victims die
+    inside set_many and delete_many too: 6cbd1d0's batch word; they skip clear.)"""
     writers, readers = 3, 2
     total_name = unique_name()
     c = SharedCache(name, buffer_size=4096, **CACHE_BOUNDS[variant])
