@@ -25,6 +25,7 @@ from ultradict_ng import CorruptSegment, SharedDict, SharedDictError, unlink_by_
 from ultradict_ng import _segments as segments, cache_layout as C
 from ultradict_ng._segments import Segment
 from ultradict_ng.cache import SharedCache
+from ultradict_ng.cache.entries import slot_of
 
 
 def _f64(f: float) -> int:
@@ -190,9 +191,11 @@ def test_cache_writers_remove_what_is_not_an_entry(bounds: Dict[str, Any], keys:
         assert memo(1) == 2 and memo(1) == 2
         for op in (lambda: c.set(bad[0], 0), lambda: c.set_many({bad[-1]: 1, "m": 2}), c.popitem):
             attempt(op)
+        for key, value in zip(bad, garbage):
+            raw[f"late{key}"] = value  # (writes removed the first ones: these meet the rebuild)
         with c.lock:
             c._rebuild()  # (what expire() does after removing expired entries)
-            assert all(type(e) is tuple for e in raw.values()), "a rebuild left garbage"
+            assert all(slot_of(e, c._side.nslots) >= 0 for e in raw.values()), "a rebuild left garbage"
             assert c.maxsize is None or len(raw) <= c.maxsize
             assert c.maxbytes is None or c.stats()["bytes"] <= c.maxbytes
             assert check_side(c) == (0, 0)
@@ -273,3 +276,29 @@ def test_cache_side_header_damage_each_word(word: Any, value: int) -> None:
     finally:
         C.INIT_TIMEOUT = init_timeout
         unlink_by_name(name)
+
+
+def test_cache_rebuild_and_a_full_write_recount_damaged_sizes_and_bytes() -> None:
+    """Size cells zeroed and the bytes word at its end (damage, or crashes
+    between the steps): a write that finds nothing left to evict recounts bytes
+    once instead of evicting everything for good, and expire()'s rebuild recounts
+    every size cell from the entries."""
+    name = unique_name()
+    c = SharedCache(name, maxbytes=2000)
+    try:
+        for i in range(10):
+            c[f"k{i}"] = "v" * 50
+        side = c._side
+        for slot in range(side.nslots and 16):
+            side.sizes[slot] = 0
+        side.words[C.W_BYTES] = (1 << 64) - 1
+        c["new"] = 1
+        assert c.stats()["bytes"] <= 2000 and c["new"] == 1
+        for slot in range(16):
+            side.sizes[slot] = 0
+        c.expire()
+        with c.lock:
+            assert check_side(c) == (0, 0)
+    finally:
+        c.unlink()
+        c.close()
