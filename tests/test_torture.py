@@ -5,6 +5,9 @@ pop, clear, nested updates, update, values larger than the stream) and a shared
 counter under the lock; readers check every snapshot.  Zero errors allowed; at
 the end each subtree equals its writer's model and the counter is exact.
 
+The shared cache gets its own (``test_cache_torture``): writers and readers of a
+full, bounded SharedCache, with victim writers SIGKILLed at random instants.
+
 Runs for a few seconds in CI; ``ULTRADICT_NG_SOAK=<seconds>`` makes it a soak.
 """
 
@@ -154,7 +157,7 @@ def test_cache_torture(name, variant):
     break a bound.  At the end: exact counters (the writers' own, and the total in a
     second, unbounded cache that all of them incr), the bounds, the side segment
     exact after ``expire()`` (a rebuild), every live value whole.  (Victims die
-    inside set_many and delete_many too: 6cbd1d0's batch word; they skip clear.)"""
+    inside set_many and delete_many too: 6cbd1d0's batch word.)"""
     writers, readers = 3, 2
     total_name = unique_name()
     c = SharedCache(name, buffer_size=4096, **CACHE_BOUNDS[variant])
