@@ -289,6 +289,8 @@ def test_bad_input_changes_nothing(cache, name):
         cache["b"] = object()
     with pytest.raises(TypeError):
         cache.set("c", 1, ttl="soon")
+    with pytest.raises(ValueError, match="NaN"):
+        cache.set("c", 1, ttl=float("nan"))
     with pytest.raises(TypeError):
         cache[[1]] = 1
     assert dict(cache.get_many(["a", "b", "c"])) == {"a": 1} and len(cache) == 1

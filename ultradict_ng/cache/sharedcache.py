@@ -339,7 +339,9 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         with self._lock:
             self._d.clear()
             w = self._side.words
-            w[C.W_NEXT] = w[C.W_FREE] = w[C.W_BYTES] = 0
+            w[C.W_FREE] = 0  # (before NEXT: a death between the two leaks, never double-books)
+            w[C.W_NEXT] = 0
+            w[C.W_BYTES] = 0
             self._pool = None
 
     def expire(self) -> int:
@@ -441,6 +443,8 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
             return 0.0
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
             raise TypeError(f"ttl must be a number of seconds or None, not {ttl!r}")
+        if ttl != ttl:  # NaN: an entry no read would see and no expiry would remove
+            raise ValueError("ttl must be a number of seconds, not NaN")
         return -1.0 if ttl <= 0 else now + ttl
 
     def _stored(self, value: Any) -> Any:
