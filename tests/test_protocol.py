@@ -69,7 +69,12 @@ def test_readers_never_fail_while_writers_dump_constantly(name):
             assert p.exitcode == 0
         assert {k: d[k] for k in d if k.startswith("w")} == {f"w{w}": 599 for w in range(3)}
         assert d["total"] == 3 * 120
-        assert len(gens) > 10, f"too few dumps observed ({len(gens)}): the test did not exercise them"
+        # The writers dumped many times while this process read (the final
+        # generation counts the dumps), and it read across several of them.
+        # (How many it catches depends on how fast the writers finish: it was
+        # > 10 before bulk writes got faster, and failed on loaded machines.)
+        assert d._store.gen > 10, f"too few dumps made ({d._store.gen}): the test did not exercise them"
+        assert len(gens) > 3, f"too few dumps observed ({len(gens)}): the test did not exercise them"
     finally:
         d.close()
     assert ours(name) == []
