@@ -82,8 +82,7 @@ class Entries:
         making room."""
         side = self._side
         w = side.words
-        if w[_W_BATCH] and not self._in_batch:
-            self._after_dead_batch()
+        self._after_dead_batch()
         size = self._size(key, stored) if self._size_codec is not None else 0
         if self._maxbytes is not None and size > self._maxbytes:
             raise TooLarge(f"an entry of {size:,} bytes (key {key!r:.60}) cannot fit the cache's "
@@ -135,9 +134,8 @@ class Entries:
         """Remove ``key`` (whose entry is ``e``, None if absent), then free its slot."""
         if e is None:
             return
-        if self._side.words[_W_BATCH] and not self._in_batch:
-            self._after_dead_batch()
-            e = self._d._node().get(key)  # (a rebuild may have removed it)
+        if self._after_dead_batch():
+            e = self._d._node().get(key)  # (the rebuild may have removed it)
             if e is None:
                 return
         del self._d[key]
@@ -185,8 +183,7 @@ class Entries:
         without publishing, the side segment is rebuilt from the entries."""
         w = self._side.words
         with self._lock:
-            if w[_W_BATCH] and not self._in_batch:
-                self._after_dead_batch()
+            self._after_dead_batch()
             w[_W_BATCH] = 1
             self._in_batch = True
             try:
@@ -199,10 +196,16 @@ class Entries:
                 self._in_batch = False
                 w[_W_BATCH] = 0
 
-    def _after_dead_batch(self) -> None:
-        """A writer died inside a batch: slots of entries still there may be free."""
+    def _after_dead_batch(self) -> bool:
+        """If a writer died inside a batch (its flag is set, and it is not this
+        handle's own), rebuild: slots of entries still there may be free.
+        True if it did.  Every write checks this first, under the lock."""
+        w = self._side.words
+        if not w[_W_BATCH] or self._in_batch:
+            return False
         self._rebuild()
-        self._side.words[_W_BATCH] = 0
+        w[_W_BATCH] = 0
+        return True
 
     def _rebuild(self) -> None:
         """The free stack, sizes and bytes from the entries (after crashes leaked
