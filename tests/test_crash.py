@@ -80,7 +80,7 @@ USER_POINTS = ("user-registered", "closing-claimed", "closing-checked")
 POOL_POINTS = ("parcel-created", "parcel-written")
 #: The Redis engine's points (test_redis_writer_dies_at_fault_point below).
 REDIS_POINTS = tuple(p for p in faults.POINTS if p.startswith("redis-"))
-#: The cache's points (tests/test_cache_crash.py).
+#: The cache's points: a writer or a claimer dies there (tests/test_cache_processes.py).
 CACHE_POINTS = tuple(p for p in faults.POINTS if p.startswith("cache-"))
 
 #: Every fault point of the write path with inline values; and with the worker's
