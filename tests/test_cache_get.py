@@ -11,6 +11,7 @@ is what makes it fast).
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 import time
@@ -237,3 +238,45 @@ def test_readers_in_threads_while_another_thread_closes_the_handle(name):
         t.join()
     assert not errors and seen["values"] > 0
     SharedCache.unlink_by_name(name)
+
+
+
+_CYCLE_THROUGH_A_GET = """
+import gc, sys
+from ultradict_ng import SharedDict
+from ultradict_ng.speedups import _compiled as native
+d = SharedDict(name=sys.argv[1])
+ignored = []
+sys.unraisablehook = lambda u: ignored.append(f"{u.err_msg}: {u.exc_value!r}")
+gc.collect()
+recency = memoryview(bytearray(64)).cast("Q")  # tracked first
+holder = type("Holder", (), {"slow": lambda self, *a: None})()
+holder.recency = recency
+holder.get = native.CacheGet(d, recency, None, holder.slow, object())  # the cycle
+del recency, holder
+gc.collect()
+d.close()
+print(ignored, flush=True)
+"""
+
+
+@needs_native
+def test_the_collector_never_clears_the_recency_view_under_its_get(name):
+    """A handle's get (CacheGet) holds the recency memoryview's buffer, and a
+    handle dropped unclosed (cached()'s at exit) is a cycle through it.  If
+    the collector clears that memoryview first it drops the memory under the
+    export (BufferError in tp_clear, then SIGSEGV): the memoryview must count
+    as referenced from outside the cycle.  The cycle is built so that the
+    memoryview is the first of its objects the collector meets; a child
+    interpreter runs it, since the failure is a crash."""
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CYCLE_THROUGH_A_GET, name], capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        if os.path.exists(f"/dev/shm/{name}"):  # the child crashed before closing it
+            SharedDict.unlink_by_name(name)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

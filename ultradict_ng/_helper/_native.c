@@ -1764,8 +1764,13 @@ cg_traverse(CacheGetObject *self, visitproc visit, void *arg)
     Py_VISIT(self->loads);
     Py_VISIT(self->slow);
     Py_VISIT(self->missing);
-    if (self->rec_held)
-        Py_VISIT(self->rec.obj);
+    /* Not rec.obj, the recency memoryview whose buffer we hold: a handle
+     * dropped unclosed is a cycle (the handle's get is this object, whose
+     * `slow` is the handle's method), and a memoryview the collector clears
+     * while we hold its export drops its memory anyway (BufferError, then a
+     * crash when the mapping goes).  Unvisited, it counts as referenced from
+     * outside: the collector clears us, which releases it, and it is freed
+     * by its reference count.  It refers to nothing of ours: no leak. */
     return 0;
 }
 
