@@ -18,7 +18,7 @@ from ultradict_ng import SharedDict
 from ultradict_ng.cache import SharedCache, cached
 
 from .conftest import unique_name
-from .torture_workers import check_side
+from .torture_workers import check_side, dead_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
@@ -297,5 +297,30 @@ def test_a_failed_delete_many_leaves_no_slot_double_booked(owned, how):
         c["new"] = 3
         with c.lock:
             check_side(c)  # no two entries share a slot
+    finally:
+        c.close()
+
+
+def test_a_writer_killed_in_a_batch_leaves_the_side_segment_to_the_next_writer(owned):
+    """Killed inside delete_many after freeing "a"'s slot (size cell 0, slot on
+    the free stack) but before the batch published: "a" is still there, the batch
+    word is set, and until a writer rebuilds, the side segment disagrees with the
+    entries (what a reader checking under the lock may see: dead_batch tells it).
+    expire(), a write like any other, rebuilds first: the word is cleared and the
+    side segment exact."""
+    c = SharedCache(owned, maxsize=10, maxbytes=10_000, auto_unlink=False)
+    try:
+        c["a"], c["b"] = "x" * 50, "y" * 50
+        p = start("delete_many", owned, env={"ULTRADICT_NG_FAULT": "cache-entry-removed:kill:2"})
+        p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGKILL
+        with c.lock:
+            assert "a" in c and dead_batch(c)
+            with pytest.raises(AssertionError):
+                check_side(c)  # "a"'s slot was freed with its entry still there
+            c.expire()
+            assert not dead_batch(c)
+            assert check_side(c) == (0, 0)
+        assert c["a"] == "x" * 50
     finally:
         c.close()

@@ -349,6 +349,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         anyway; this reclaims their memory at once, and recounts ``bytes``.)"""
         now = _now()
         with self._lock:
+            self._after_dead_batch()  # (every write's first step: cache_layout "Crashes")
             n = self._side.nslots  # (and anything that is no entry: cache_layout "Entries")
             gone = [(k, e) for k, e in self._d.items() if slot_of(e, n) < 0 or (e[0] and e[0] <= now)]
             for key, e in gone:
