@@ -1,13 +1,13 @@
 """Workload 14 (``bigdict``): one big read-mostly dict shared by reader processes (issue 22).
 
 The dict: ``"user:%08d" % i -> (i, "name%d" % i, i * 0.5)`` at 10k, 100k and 1M
-keys (10M with ``--bigdict-10m``: py-lmdb and the table only; ``--quick``: 10k),
-loaded once by the harness, then read by fresh spawned processes.  Contenders:
+keys (10M with ``PERF_BIGDICT_10M=1``; ``--quick``: 10k), loaded once by the
+harness, then read by fresh spawned processes.  Contenders:
 
-* ``ultradict_ng``: ``SharedDict`` as it is (every process decodes a replica);
-* ``table``: ultradict_ng's shared table (``_shm/table.py``, the form issue 22
-  moves big dicts to; not yet behind ``SharedDict``), read through its own
-  API, with the serializer's ``loads`` per value -- what ``SharedDict`` will do;
+* ``ultradict_ng``: ``SharedDict``: its dump is a table, which a reader maps
+  and reads in place (from ``PARTIAL_FROM`` = 4,096 keys: ``_shm/tablecache.py``);
+* ``table``: that table read through its own API (``_shm/table.py``), with
+  the serializer's ``loads`` per value: what ``SharedDict`` adds above it;
 * ``lmdb``: py-lmdb, values msgpack-packed, one write transaction to load,
   a read-only environment without locks to read (``get`` + ``unpackb``);
 * ``UltraDict``: UltraDict 0.0.6 (its local dict filled, then one ``dump()``);
@@ -43,10 +43,10 @@ TITLE = "a big dict read by fresh processes: load, open, random and hot reads, m
 ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"big-dict": WL, "bigdicts": WL}
 CONTENDERS = ("ultradict_ng", "table", "lmdb", "UltraDict", "Manager")
-LABELS = {"ultradict_ng": "ultradict_ng SharedDict", "table": "ultradict_ng table (issue 22, internal)",
+LABELS = {"ultradict_ng": "ultradict_ng SharedDict", "table": "ultradict_ng table (its own API)",
           "lmdb": "py-lmdb + msgpack", "UltraDict": "UltraDict 0.0.6", "Manager": "Manager().dict()"}
-#: Largest size each contender is loaded at (the replicas cost ~300 MiB per reader at 1M keys).
-MAX_SIZE = {"ultradict_ng": 1_000_000, "table": 10_000_000, "lmdb": 10_000_000,
+#: Largest size each contender is loaded at (UltraDict's replicas cost ~270 MiB per reader at 1M keys).
+MAX_SIZE = {"ultradict_ng": 10_000_000, "table": 10_000_000, "lmdb": 10_000_000,
             "UltraDict": 1_000_000, "Manager": 10_000}
 READS = 100_000
 METRICS = ("load", "open", "random", "hot", "private", "items")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import errno
 import multiprocessing
 import os
@@ -9,9 +10,11 @@ import pickle
 import re
 import secrets
 import stat
+import struct
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 
@@ -23,11 +26,13 @@ from ultradict_ng import (
     SharedDict,
     SharedDictError,
     layout as L,
+    table_layout as TL,
     unlink_by_name,
 )
 from ultradict_ng import _segments as segments
 from ultradict_ng._owner import owner_word
 from ultradict_ng._segments import Segment
+from ultradict_ng._shm.table import Table
 from ultradict_ng.futures import parcel
 
 spawn = multiprocessing.get_context("spawn")
@@ -230,12 +235,16 @@ def test_stale_generation_records_are_rejected(name):
     d.close()
 
 
+@pytest.mark.parametrize("serializer", ["msgpack", "pickle"])
 @pytest.mark.parametrize("field", ["length", "crc", "magic"])
-def test_corrupted_dump_header(name, field):
-    d = SharedDict(name=name, buffer_size=64)
+def test_corrupted_dump_header(name, field, serializer):
+    """Both dump forms (a msgpack dict's is a table: these bytes are its count,
+    slots and magic; a pickle dict's is the payload form)."""
+    d = SharedDict(name=name, buffer_size=64, serializer=serializer)
     d["k"] = "v" * 100
     dname = L.dump_name(name, d._store.gen)
     seg = Segment.attach(dname)
+    assert bytes(seg.buf[:8]) == (TL.TABLE_MAGIC if serializer == "msgpack" else L.DUMP_MAGIC)
     if field == "length":
         seg.buf[16:24] = (2**60).to_bytes(8, "little")  # must not allocate 2**60 bytes
     elif field == "crc":
@@ -248,6 +257,93 @@ def test_corrupted_dump_header(name, field):
     assert dname in str(info.value)
     d.close()
     assert ours(name) == []
+
+
+def _rewrite_table_header(buf, **fields):
+    """Change fields of the table header at the start of ``buf`` and give it a
+    valid crc again: damage only the checks behind the crc can find."""
+    names = ("magic", "generation", "count", "slots", "start", "end", "token")
+    header = struct.Struct(TL.TABLE_FORMAT)
+    values = dict(zip(names, header.unpack_from(buf, 0)))
+    values.update(fields)
+    head = header.pack(*(values[n] for n in names), 0, 0)[:-8]
+    header.pack_into(buf, 0, *(values[n] for n in names), zlib.crc32(head), 0)
+
+
+@pytest.mark.parametrize("damage", ["entry-value", "entry-length", "token", "generation",
+                                    "count", "end"])
+def test_damaged_table_dump_is_corrupt_never_a_wrong_dict(name, damage):
+    """A table dump (layout: "Dump") is checked where the header's crc cannot
+    vouch for it: each entry's crc and bounds, the token (another dict's
+    table), the generation (another generation's), the count and the end (a
+    table that lost or gained entries).  Each gives CorruptSegment naming the
+    dump -- the value bytes damaged would otherwise decode to another value:
+    at open where the dump is decoded whole, at the read of the damaged part
+    where it is read in place (ULTRADICT_NG_PARTIAL_FROM=0): copy() reads all."""
+    d = SharedDict(name=name, buffer_size=64)
+    d.update({f"key{i}": "value%03d" % i for i in range(20)})
+    d["big"] = "v" * 100  # does not fit the stream: a dump of all 21 keys
+    gen = d._store.gen
+    dname = L.dump_name(name, gen)
+    seg = Segment.attach(dname)
+    with memoryview(seg.buf) as buf:
+        table = Table(buf, d._store.token)
+        first = table.start
+        last_entry = list(table.offsets())[-1]
+        table.close()
+        if damage == "entry-value":
+            buf[first + TL.TABLE_ENTRY_HEADER + 5] ^= 0x01  # inside the first entry's bytes
+        elif damage == "entry-length":
+            buf[first + 12] ^= 0x02  # the value length word: the entries no longer chain
+        elif damage == "token":
+            _rewrite_table_header(buf, token=d._store.token ^ 1)
+        elif damage == "generation":
+            _rewrite_table_header(buf, generation=gen + 1)
+        elif damage == "count":
+            _rewrite_table_header(buf, count=21 - 1)
+        else:  # the last entry falls outside
+            _rewrite_table_header(buf, end=last_entry)
+    seg.close()
+    opened = []
+    with pytest.raises(CorruptSegment) as info:
+        opened.append(SharedDict(name=name, create=False))
+        opened[0].copy()
+    assert dname in str(info.value)
+    for h in opened:
+        h.close()
+    d.close()
+    assert ours(name) == []
+
+
+def test_dump_forms(name):
+    """A msgpack dict's dump is a table indexing every root key (a probe finds
+    each, equal keys of other types included); a pickle dict's is the payload form."""
+    keys = [1, 2.5, "s", b"b", (1, "t"), frozenset({1, 2}), None, True,
+            datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)]
+    d = SharedDict(name=name, buffer_size=64)
+    d.update({k: [i, "x" * 50] for i, k in enumerate(keys)})
+    seg = Segment.attach(L.dump_name(name, d._store.gen))
+    with memoryview(seg.buf) as buf:
+        table = Table(buf, d._store.token)
+        try:
+            assert table.count == len(keys) - 1  # True == 1: one key
+            loads = d._store.codec.loads
+            for k in keys + [1.0, (1.0, "t"), frozenset({2, 1}),
+                             datetime.datetime(2026, 1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))]:
+                assert loads(table.lookup(k, loads)) == d[k]
+        finally:
+            table.close()
+    seg.close()
+    d.close()
+    p = SharedDict(name=name + "p", buffer_size=64, serializer="pickle")
+    p.update({k: "x" * 50 for k in range(5)})
+    seg = Segment.attach(L.dump_name(p.name, p._store.gen))
+    assert bytes(seg.buf[:8]) == L.DUMP_MAGIC
+    seg.close()
+    q = SharedDict(name=p.name)
+    assert q.copy() == p.copy()
+    q.close()
+    p.close()
 
 
 def test_state_end_beyond_stream(name):

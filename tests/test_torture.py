@@ -30,7 +30,11 @@ spawn = multiprocessing.get_context("spawn")
 SECONDS = SOAK_SECONDS or 4.0
 
 
-@pytest.mark.parametrize("stream", ["1KiB", "growing", "blobs", "redis"])
+#: Rows of the big variant (a dict that readers read in place: issue 22).
+BALLAST = 200_000
+
+
+@pytest.mark.parametrize("stream", ["1KiB", "growing", "blobs", "big", "redis"])
 def test_torture(name, stream, request, monkeypatch):
     """``1KiB``: a fixed tiny stream, so dumps are constant.  ``growing``: the
     default stream, with occasional values large enough that dumps outgrow it,
@@ -39,14 +43,18 @@ def test_torture(name, stream, request, monkeypatch):
     arrays of a checksum pattern that readers check, and hold, while writers
     overwrite them.  ``redis``: the same on the Redis engine, with 1 KiB of log
     allowed before a snapshot (a snapshot every few writes, readers catching up
-    through snapshots while writers conflict and redo)."""
+    through snapshots while writers conflict and redo).  ``big``: the same beside
+    200,000 rows that nobody writes, with a 64 KiB stream (a dump every few hundred
+    writes): readers read every dump in place (a TableCache) and check
+    subtrees, random rows, absent keys and ``len``, and a whole copy every 25th pass."""
     writers, readers = 3, 2
     if stream == "redis":
         monkeypatch.setenv("ULTRADICT_NG_BACKEND", request.getfixturevalue("redis_url"))
-    growing, arrays = stream == "growing", stream == "blobs"
+    growing, arrays, big = stream == "growing", stream == "blobs", stream == "big"
     if arrays:
         pytest.importorskip("numpy")
-    d = SharedDict(name=name, recurse=True, buffer_size=None if growing else 1024,
+    d = SharedDict({f"b{i:06d}": torture_workers.ballast_row(i) for i in range(BALLAST)} if big else {},
+                   name=name, recurse=True, buffer_size=None if growing else 64 * 1024 if big else 1024,
                    blob_threshold=1024 if arrays else (0 if growing else None))
     for wid in range(writers):
         d[f"w{wid}"] = {}
@@ -55,8 +63,12 @@ def test_torture(name, stream, request, monkeypatch):
     procs = [spawn.Process(target=torture_workers.writer,
                            args=(name, w, SECONDS, results, growing, arrays))
              for w in range(writers)]
-    procs += [spawn.Process(target=torture_workers.reader, args=(name, writers, SECONDS + 1, results))
-              for _ in range(readers)]
+    if big:
+        procs += [spawn.Process(target=torture_workers.big_reader,
+                                args=(name, writers, SECONDS + 1, BALLAST, results)) for _ in range(readers)]
+    else:
+        procs += [spawn.Process(target=torture_workers.reader, args=(name, writers, SECONDS + 1, results))
+                  for _ in range(readers)]
     t0 = time.monotonic()
     for p in procs:
         p.start()
@@ -80,7 +92,10 @@ def test_torture(name, stream, request, monkeypatch):
     ops = sum(r[3] for r in writer_results)
     passes = sum(r[1] for r in reader_results)
     dumps = torture_workers.dumps_of(d)
-    assert passes > 0 and dumps > (1 if growing else 10)
+    assert passes > 0 and dumps > (1 if growing or big else 10)
+    if big:
+        assert all(r[4] > 0 for r in reader_results), "a reader never read a dump in place"
+        assert [d[f"b{i:06d}"] for i in (0, BALLAST - 1)] == [torture_workers.ballast_row(i) for i in (0, BALLAST - 1)]
     if growing:
         assert d.buffer_size > L.DEFAULT_STREAM_SIZE  # it grew under load
     blobs = d.stats().get("blob_next_id", 1) - 1

@@ -178,6 +178,50 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
     d.close()
 
 
+def ballast_row(i: int) -> Any:
+    """The value of ballast key ``b%06d``: the rows of the big variant (never written again)."""
+    return (i, f"v{i}", i * 0.5)
+
+
+def big_reader(name: str, writers: int, seconds: float, ballast: int, results: Any) -> None:
+    """A reader of a big dict that never copies it whole but every 25th pass:
+    each writer's subtree through its nested view, 200 random ballast rows and
+    absent keys, ``len``; every dump it loads is read in place (a TableCache)."""
+    rng = random.Random()
+    d = SharedDict(name=name, create=False)
+    last_seq: Dict[int, int] = {}
+    passes = in_place = 0
+    errors: List[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            for wid in range(writers):
+                check_subtree(wid, d[f"w{wid}"].copy(), last_seq)
+            for _ in range(200):
+                i = rng.randrange(ballast)
+                row = d[f"b{i:06d}"]
+                assert row == ballast_row(i), (i, row)
+            assert f"b{ballast + rng.randrange(1000):06d}" not in d
+            assert d.get(f"x{rng.randrange(1000)}") is None
+            assert len(d) >= ballast, len(d)
+            if passes % 25 == 0:
+                snapshot = d.copy()
+                rows = [k for k in snapshot if k[0] == "b"]
+                assert len(rows) == ballast and rows[:2] == ["b000000", "b000001"], len(rows)
+                for wid in range(writers):
+                    check_subtree(wid, snapshot[f"w{wid}"], last_seq)
+                    pair = (snapshot.get(f"ra{wid}"), snapshot.get(f"rb{wid}"))
+                    assert pair[0] == pair[1], ("half a transaction at the root", pair)
+            in_place += type(d._store.data).__name__ == "TableCache"
+            passes += 1
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+            errors.append(f"{type(exc).__name__}: {exc}")
+            if len(errors) > 20:
+                break
+    results.put(("reader", passes, errors, dumps_of(d), in_place))
+    d.close()
+
+
 def dumps_of(d: Any) -> int:
     """Full dumps so far (shared memory) or the snapshot's sequence number (Redis)."""
     gen = getattr(d._store, "gen", None)

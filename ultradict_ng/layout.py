@@ -116,10 +116,10 @@ keep within LIMIT and readers check against the stream size.
 
 Dump (``N@d<gen>``)
 -------------------
-``8 bytes DUMP_MAGIC | u64 generation | u64 length | u32 crc32(payload) | u32 0 |
-payload``; payload = the serializer's encoding of the whole tree (nested dicts
-as plain dicts).  A dump is written completely before it is published and never
-changes afterwards.  Generation 0 is the empty dict and has no segment.
+A msgpack dict's: a table (table_layout.py, "As a dump"); a pickle dict's: ``8 bytes
+DUMP_MAGIC | u64 generation | u64 length | u32 crc32(payload) | u32 0 | payload``
+(the serializer's encoding of the whole tree).  Written whole, header last, before
+it is published; never changed after.  Generation 0 (empty) has no segment.
 
 Blobs (``N@b<id>``)
 -------------------
@@ -220,7 +220,7 @@ Otherwise, with the process-local cache mutex held:
    a newer dump replaced it between our load of STATE and the open: go to 1
    (never fails the caller: the race UltraDict reported as
    CannotAttachSharedMemory).  Validate magic, generation, length (against the
-   segment size) and crc, decode, replace the cache, ``pos = 0``.
+   segment size) and crc, decode (or map: table_layout.py), replace the cache, ``pos = 0``.
 3. Copy ``stream[pos:end]``, then load STATE again: if its generation moved, the
    stream may have been restarted while we copied, so the bytes may be torn:
    discard them and go to 1.  (Seqlock rule: the writer stores STATE before it
@@ -457,10 +457,10 @@ def base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 7  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
+LAYOUT_VERSION = 8  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
 #                    4: waiting and waking (words 10, 11, 17, 18; wait slots 64-127)
 #                    5: users (words 29, 30; user slots 256-511; CONTROL_SIZE 4096)
-#                    6: placeholder types of pickle dicts moved; 7: N@c (cache_layout.py)
+#                    6: pickle placeholders moved; 7: N@c (cache_layout.py); 8: table dumps
 CONTROL_SIZE = 4096  # one page: shared memory is allocated by pages anyway
 
 W_MAGIC = 0

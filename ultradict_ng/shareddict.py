@@ -309,6 +309,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
         def read(node: Dict[Any, Any]) -> Dict[Any, Any]:
             with self._store.mutex:
+                if type(node) is not dict:  # a big dict's cache (_shm/tablecache.py): a mapping
+                    node = dict(node.items())
                 out: Dict[Any, Any] = copy_value(node, self._store.materialize)
             return out
 

@@ -1,8 +1,8 @@
 """The table: the form a big dict's entries take in shared memory (issue 22).
 
 Part of the shared-memory protocol (:mod:`ultradict_ng.layout`), apart
-because it is new: ``_shm/table.py`` writes and reads it; no dict is stored
-in this form yet.  The rules of :mod:`ultradict_ng.layout` ("Changing the
+because it is new: ``_shm/table.py`` writes and reads it.  A msgpack dict's
+dump (layout: "Dump") is a table; readers still decode it whole.  The rules of :mod:`ultradict_ng.layout` ("Changing the
 layout") apply: a change a process of the previous version would misread
 bumps ``LAYOUT_VERSION`` there.
 
@@ -43,13 +43,43 @@ aligned, an entry running past ``end``, failing its crc or with a nonzero
 reserved word, a header failing its crc or its bounds
 (``start``, ``end`` and the segment's size), or a walk that counts other than
 ``count`` entries: ``CorruptSegment``.  Opening checks the header only;
-entries are checked where they are read.
+entries are checked where they are read.  The index is not checksummed:
+verifying it would make opening cost O(table), which is what the table is
+for avoiding.  A damaged slot -- only a process that can write the segment
+(mode 0600: one of the dict's own users) can make one -- leads a probe to
+an entry that its hash and key checks reject, or to an empty slot: the key
+reads as absent.  Walks (iteration, a whole decode) never use the index.
 
 Merge: a new table is the old one's entries in order, minus those deleted
 (an entry deleted and set again moves to the end, as in a ``dict``), with
 overwritten values replaced in place, then the new keys in insertion order.
 Unchanged entries are copied as byte runs with their hashes and crcs; the
 index is rebuilt from the new entries' headers.  Nothing unchanged is decoded.
+
+As a dump
+---------
+A msgpack dict's dump ``N@d<gen>`` (layout: "Dump") is a table of its root:
+each key and value encoded by the serializer (nested dicts as plain dicts
+inside values), the table's generation the dump's, its token the dict's
+(W_TOKEN).  The writer packs the root whole and one compiled pass splits it
+into entries (``_shm/table.py``, ``write_map``).  A reader checks the header
+(magic, crc, bounds, token, generation); a failure is a failed dump check
+(layout: "Reader", step 2: retry, ``CorruptSegment`` under the lock).  Then:
+
+* below ``PARTIAL_FROM`` entries (``_shm/tablecache.py``: 4,096, or the
+  process's ``ULTRADICT_NG_PARTIAL_FROM``) it decodes the whole: the entries,
+  each checked, joined into one serializer map (``table_chunk``) and decoded
+  in one call, a count that does not add up being a failed check;
+* at or above it, the segment stays mapped as the base of the process's cache,
+  a ``TableCache``: the table, the keys deleted since (``dead``), the keys
+  added since in order (``fresh``), the values read or written since
+  (``hot``); records apply to those.  A value is decoded, and its entry
+  checked, when first read.  The table never changes and stays valid after
+  its name is unlinked, so nothing read from it can be torn or go missing: an
+  entry failing its check is ``CorruptSegment`` at once (no retry changes it).
+  A process that writes decodes the whole first (writer step 1: checks, old
+  values, blob sweeps and dumps need the whole tree); a change feed and the
+  command line decode whole.
 
 Why this form (and not another engine's)
 ----------------------------------------

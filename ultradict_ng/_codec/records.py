@@ -102,7 +102,13 @@ def apply(data: Dict[Any, Any], rec: Any) -> None:
 def apply_all(data: Dict[Any, Any], records: List[Any]) -> None:
     """Apply decoded records in order: runs of root-level sets of scalar keys
     in one ``apply_sets`` call each, every other record with :func:`apply`.
-    On an exception some records may have been applied (the caller reloads)."""
+    On an exception some records may have been applied (the caller reloads).
+    A cache that is not a ``dict`` (a reader's ``TableCache``) applies each
+    record itself."""
+    if type(data) is not dict:
+        for rec in records:
+            data.apply(rec)  # type: ignore[attr-defined]
+        return
     i, n = 0, len(records)
     while i < n:
         i = apply_sets(data, records, i, _OP_SET, SCALAR_TYPES)

@@ -1440,6 +1440,7 @@ typedef struct {
 
 static PyObject *immutable_types;   /* frozenset of types, set by set_immutable_types() */
 static PyObject *str_getitem_slow;
+static PyObject *str_hot;  /* "hot": a TableCache's dict of decoded values */
 
 static int
 vb_traverse(ViewObject *self, visitproc visit, void *arg)
@@ -1499,7 +1500,10 @@ is_immutable_tuple(PyObject *v)
 /* The cached value of `key` when `view` is a root view whose cache is in
  * sync (one 8-byte load of STATE, a compare): 1 found (*out: a new
  * reference), 0 absent, 2 not answerable here (out of sync, a nested view,
- * a closed handle), -1 error (an unhashable key: dict's TypeError). */
+ * a closed handle, a key a big dict's cache has not decoded), -1 error (an
+ * unhashable key: dict's TypeError).  The cache is a dict, or a big dict's
+ * TableCache (_shm/tablecache.py), whose `hot` dict holds the current value
+ * of every key in it: a hit there is a hit, a miss may be in the table. */
 static int
 view_cached(ViewObject *self, PyObject *key, PyObject **out)
 {
@@ -1509,8 +1513,7 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
         return 2;
     StoreBaseObject *s = (StoreBaseObject *)store;
     WordsObject *w = (WordsObject *)s->state_words;
-    if (w == NULL || !w->held || s->seen == NULL || !PyLong_CheckExact(s->seen) ||
-        s->data == NULL || !PyDict_CheckExact(s->data))
+    if (w == NULL || !w->held || s->seen == NULL || !PyLong_CheckExact(s->seen) || s->data == NULL)
         return 2;
     unsigned long long seen = PyLong_AsUnsignedLongLong(s->seen);
     if (seen == (unsigned long long)-1 && PyErr_Occurred()) {
@@ -1522,7 +1525,17 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
     /* (The cache is held: a key's own __eq__ may run Python code, and
      * another thread then replace or close the cache.) */
     PyObject *data = s->data;
-    Py_INCREF(data);
+    int partial = !PyDict_CheckExact(data);
+    if (partial) {  /* (a TableCache has __slots__ and no __getattr__: no code runs) */
+        data = PyObject_GetAttr(data, str_hot);
+        if (data == NULL || !PyDict_CheckExact(data)) {
+            PyErr_Clear();
+            Py_XDECREF(data);
+            return 2;
+        }
+    } else {
+        Py_INCREF(data);
+    }
     PyObject *v = PyDict_GetItemWithError(data, key);  /* borrowed */
     Py_XINCREF(v);
     Py_DECREF(data);
@@ -1530,7 +1543,7 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
         *out = v;
         return 1;
     }
-    return PyErr_Occurred() ? -1 : 0;
+    return PyErr_Occurred() ? -1 : partial ? 2 : 0;
 }
 
 static PyObject *
@@ -2441,9 +2454,10 @@ PyInit__native(void)
     if (str_acquire == NULL || str_release == NULL)
         return NULL;
     str_getitem_slow = PyUnicode_InternFromString("_getitem_slow");
+    str_hot = PyUnicode_InternFromString("hot");
     str_setitem_slow = PyUnicode_InternFromString("_setitem_slow");
     str_delitem_slow = PyUnicode_InternFromString("_delitem_slow");
-    if (str_getitem_slow == NULL || str_setitem_slow == NULL || str_delitem_slow == NULL)
+    if (str_getitem_slow == NULL || str_setitem_slow == NULL || str_delitem_slow == NULL || str_hot == NULL)
         return NULL;
     if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0 ||
         PyType_Ready(&StoreBaseType) < 0 || PyType_Ready(&ViewBaseType) < 0 ||

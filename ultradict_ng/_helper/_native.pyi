@@ -40,6 +40,8 @@ class StoreBase:
     """Carries what the read hit path checks: ``seen``, ``data`` and the bound STATE word;
     ``pos``, and the transaction write path ``_tx_fast`` arms."""
     seen: int
+    #: The cache: a dict, or for a big dict a reader's ``_shm/tablecache.TableCache``
+    #: (the read API of a dict; a writer turns it into a dict before it writes).
     data: Dict[Any, Any]
     pos: int
     def _bind_state(self, words: Optional[Words], index: int) -> None: ...

@@ -114,6 +114,8 @@ class StoreBase:
     __slots__ = ("seen", "data", "pos")
 
     seen: int
+    #: The cache: a dict, or for a big dict a reader's ``_shm/tablecache.TableCache``
+    #: (the read API of a dict; a writer turns it into a dict before it writes).
     data: Dict[Any, Any]
     pos: int
 

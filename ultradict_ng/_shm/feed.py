@@ -72,11 +72,13 @@ class Feed(Reader):
     __slots__ = ("out", "waits", "_materialize", "_mark", "_owner")
 
     _feeding = True
+    _partial = False
 
     def __init__(self, store: Any) -> None:
         self._map = store._map
         self.words = store.words
         self.name = store.name
+        self.token = store.token
         self.codec = store.codec
         self.stream_size = store.stream_size
         self.lock = store.lock
@@ -91,7 +93,8 @@ class Feed(Reader):
             if in_block:  # (below)
                 self.gen, self.pos, self.seen = INVALID, 0, INVALID
             else:
-                self.data = skeleton(store.data)
+                data = store.data  # (a TableCache: the whole tree, decoded once)
+                self.data = skeleton(data if type(data) is dict else data.full())
                 self.gen, self.pos, self.seen = store.gen, store.pos, store.seen
         if self.gen == INVALID:
             self.data = {}

@@ -56,7 +56,9 @@ class Peek(Reader):
     (``watch``): the attributes the feed copies are here, and its values
     stay placeholders (``materialize`` is the identity)."""
 
-    __slots__ = ("header", "token", "waits", "closed", "serializer_id")
+    __slots__ = ("header", "waits", "closed", "serializer_id")
+
+    _partial = False  # (load() hands out the whole tree: a dict)
 
     def __init__(self, name: str) -> None:
         ctrl = attach_control(name)  # FileNotFoundError, CorruptSegment

@@ -13,9 +13,10 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 from .. import layout as L
+from .. import table_layout as TL
 from .._codec.codec import Codec, MsgpackCodec
 from ..errors import CorruptSegment, PathGone, Unlinked
 from .._lock import SharedLock
@@ -23,6 +24,8 @@ from .mapping import Mapping
 from .._codec.records import Inconsistent, apply_all
 from .._segments import Segment
 from ..speedups import StoreBase, parse_records
+from .table import Table
+from .tablecache import TableCache, partial_from as _partial_from
 
 __all__ = ["Reader", "INVALID"]
 
@@ -30,6 +33,7 @@ __all__ = ["Reader", "INVALID"]
 INVALID = -1
 _MSGPACK_ID = MsgpackCodec.id
 _dump_header = struct.Struct(L.DUMP_FORMAT)
+_TABLE_MAGIC = TL.TABLE_MAGIC
 
 
 def _pause(attempt: int) -> None:
@@ -41,9 +45,10 @@ class Reader(StoreBase):
     """Base of :class:`~ultradict_ng.store.Store`: the reader algorithm, and
     the fields it keeps (``seen``, ``data`` and ``pos`` are ``StoreBase``'s)."""
 
-    __slots__ = ("name", "codec", "words", "gen", "stream_size", "mutex", "lock", "_map")
+    __slots__ = ("name", "token", "codec", "words", "gen", "stream_size", "mutex", "lock", "_map")
 
     name: str
+    token: int
     codec: Codec
     words: Any
     gen: int
@@ -54,6 +59,9 @@ class Reader(StoreBase):
     #: True for a change feed (feed.Feed), which is told what each refresh
     #: replays through ``_feed_records`` and ``_feed_dump``.
     _feeding = False
+    #: Whether a big table dump may be read in place (a TableCache) instead of
+    #: decoded whole: a change feed compares whole states, so it decodes.
+    _partial = True
 
     def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
         """The cached dict at ``path`` (caller has synced); PathGone if it is not a dict now."""
@@ -109,9 +117,11 @@ class Reader(StoreBase):
                     problem = data
                     _pause(attempt)
                     continue
+                data = cast(Dict[Any, Any], data)  # (or a TableCache: the read API of a dict)
                 if self._feeding:
-                    self._feed_dump(data)
-                self.data, self.gen, self.pos, self.seen = data, gen, 0, gen << L.GEN_SHIFT
+                    self._feed_dump(data)  # (a feed decodes whole: _partial is False)
+                self.data = data
+                self.gen, self.pos, self.seen = gen, 0, gen << L.GEN_SHIFT
             if end < self.pos or end > self.stream_size:
                 problem = f"STATE end {end} outside 0..{self.stream_size} (cached position {self.pos})"
                 self.gen = self.seen = INVALID
@@ -155,7 +165,7 @@ class Reader(StoreBase):
     def _feed_undo(self) -> None:
         """(A change feed's hook: the records of the last ``_feed_records`` were not applied.)"""
 
-    def _load_dump(self, gen: int) -> Union[Dict[Any, Any], str]:
+    def _load_dump(self, gen: int) -> Union[Dict[Any, Any], TableCache, str]:
         """The decoded dump of ``gen``, or a str saying why it could not be loaded."""
         if gen == 0:
             return {}
@@ -164,9 +174,14 @@ class Reader(StoreBase):
             seg = Segment.attach(dname)
         except FileNotFoundError:
             return f"dump {dname!r} does not exist"
+        kept = False
         try:
             if seg.buf is None or seg.size < L.DUMP_HEADER:
                 return f"dump {dname!r} is too small ({seg.size} bytes)"
+            if seg.buf[:8] == _TABLE_MAGIC:
+                out = self._load_table(seg, dname, gen)
+                kept = isinstance(out, TableCache)
+                return out
             magic, dgen, length, crc, _ = _dump_header.unpack_from(seg.buf, 0)
             if magic != L.DUMP_MAGIC or dgen != gen or length > seg.size - L.DUMP_HEADER:
                 return f"dump {dname!r} has an invalid header"
@@ -181,7 +196,41 @@ class Reader(StoreBase):
                 return f"dump {dname!r} does not hold a dict"
             return data
         finally:
-            seg.close()
+            if not kept:
+                seg.close()
+
+    def _load_table(self, seg: Segment, dname: str, gen: int) -> Union[Dict[Any, Any], "TableCache", str]:
+        """The cache of a table dump (layout: "Dump"), or why it could not be made.
+
+        A table of at least ``PARTIAL_FROM`` entries stays mapped and becomes a
+        :class:`TableCache`: nothing is decoded until it is read (layout:
+        "Reader", step 2).  A smaller one is decoded whole into a ``dict``: its
+        entries are checked and joined into one map by one compiled pass
+        (``table_chunk``: the copy the payload form makes too) and decoded by
+        one serializer call, so loading it costs what the payload form does."""
+        whole = memoryview(seg.buf)  # type: ignore[arg-type]
+        partial = False
+        try:
+            try:
+                table = Table(whole, self.token, f"dump {dname!r}")
+            except CorruptSegment as exc:
+                return str(exc)
+            try:
+                if table.generation != gen:
+                    return f"dump {dname!r} has an invalid header (generation {table.generation})"
+                if table.count >= _partial_from() and self._partial:
+                    partial = True
+                    return TableCache(table, self.codec.loads, (seg, whole))
+                try:
+                    return table.decode_all(self.codec.loads)
+                except CorruptSegment as exc:
+                    return str(exc)
+            finally:
+                if not partial:
+                    table.close()
+        finally:
+            if not partial:
+                whole.release()
 
     def _parse(self, chunk: bytes, gen: int) -> Union[List[Any], str]:
         """Decoded records of ``chunk``, or a str saying what is wrong (step 4).

@@ -92,7 +92,7 @@ class Store(Writer):
     :class:`~ultradict_ng.reader.Reader`, then :class:`~ultradict_ng.writer.Writer`.
     """
 
-    __slots__ = ("recurse", "token", "created", "registered", "_finalizer", "__weakref__")
+    __slots__ = ("recurse", "created", "registered", "_finalizer", "__weakref__")
 
     def __init__(self, mapping: Mapping, name: str, codec: Codec, header: Header,
                  created: bool) -> None:

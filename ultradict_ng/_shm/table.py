@@ -40,11 +40,11 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import table_layout as L
 from .._codec.keyhash import key_hash
-from ..errors import CorruptSegment
+from ..errors import CorruptSegment, UnsupportedType
 from ..speedups import key_hash_common, table_candidates, table_chunk, table_fill, table_get, table_index
 
 __all__ = ["Table", "Merge", "table_size", "write_table", "write_map", "map_size", "entry_size",
-           "slots_for", "hash_key", "encode_entries", "pack_pairs"]
+           "slots_for", "hash_key", "root_hashes", "encode_entries", "pack_pairs"]
 
 _Buffer = Union[bytes, bytearray, memoryview]
 Entry = Tuple[int, _Buffer, _Buffer]
@@ -62,6 +62,19 @@ def hash_key(key: Any) -> int:
     common key types, the Python definition for the rest and for errors."""
     h = key_hash_common(key)
     return key_hash(key) if h is None else h
+
+
+def root_hashes(data: Dict[Any, Any]) -> Optional[List[int]]:
+    """The table hashes of ``data``'s keys in its order, or None if a key has
+    none (the msgpack serializer stores no such key; a dump of one would take
+    the payload form, which holds any)."""
+    hashes: List[Any] = list(map(key_hash_common, data))  # (compiled; None: not a common key type)
+    if None in hashes:
+        try:
+            hashes = [key_hash(k) if h is None else h for k, h in zip(data, hashes)]
+        except (UnsupportedType, TypeError):
+            return None
+    return hashes
 
 
 def entry_size(key_len: int, value_len: int) -> int:
@@ -143,7 +156,7 @@ class Table:
     the table is open.
     """
 
-    __slots__ = ("buf", "generation", "count", "slots", "start", "end", "token", "_idx", "_mask")
+    __slots__ = ("buf", "generation", "count", "slots", "start", "end", "token", "where", "_idx", "_mask")
 
     def __init__(self, buf: memoryview, token: int, where: str = "table") -> None:
         if len(buf) < L.TABLE_HEADER:
@@ -164,6 +177,7 @@ class Table:
         self.buf = buf
         self.generation, self.count, self.slots = gen, count, slots
         self.start, self.end, self.token = start, end, tok
+        self.where = where  # (names the table in every error: "dump 'N@d3'")
         self._idx = buf[L.TABLE_HEADER:start].cast("Q")
         self._mask = slots - 1
 
@@ -174,14 +188,14 @@ class Table:
     def entry(self, off: int) -> Tuple[int, memoryview, memoryview, int]:
         """``(hash, key bytes, value bytes, next offset)`` of the entry at ``off``."""
         if off & 7 or not self.start <= off <= self.end - _EH:
-            raise CorruptSegment(f"table entry offset {off} outside {self.start}..{self.end}")
+            raise CorruptSegment(f"{self.where}: table entry offset {off} outside {self.start}..{self.end}")
         h, kl, vl, crc, zero = _entry.unpack_from(self.buf, off)
         body = off + _EH
         end = body + kl + vl
         if end > self.end or zero:
-            raise CorruptSegment(f"table entry at {off} runs past the entries ({end} > {self.end})")
+            raise CorruptSegment(f"{self.where}: table entry at {off} runs past the entries ({end} > {self.end})")
         if _entry_crc(self.buf, off, end) != crc:
-            raise CorruptSegment(f"table entry at {off} fails its checksum")
+            raise CorruptSegment(f"{self.where}: table entry at {off} fails its checksum")
         return h, self.buf[body:body + kl], self.buf[body + kl:end], (end + 7) & ~7
 
     def find(self, key: Any, h: int, loads: Callable[[Any], Any]) -> int:
@@ -200,11 +214,11 @@ class Table:
         if t is str or t is bytes:
             got = table_get(self.buf, self.slots, self.start, self.end, key)
             if isinstance(got, str):
-                raise CorruptSegment(got)
+                raise CorruptSegment(f"{self.where}: {got}")
             return got
         found = table_candidates(self.buf, self.slots, self.start, self.end, hash_key(key))
         if isinstance(found, str):
-            raise CorruptSegment(found)
+            raise CorruptSegment(f"{self.where}: {found}")
         for kb, vb in found:
             k = loads(kb)
             if k is key or k == key:
@@ -230,7 +244,7 @@ class Table:
                     if k is key or k == key:
                         return off, vb
             i = (i + 1) & mask
-        raise CorruptSegment("table index has no empty slot")
+        raise CorruptSegment(f"{self.where}: table index has no empty slot")
 
     def offsets(self) -> Iterator[int]:
         """Offsets of the entries in their order (headers checked as walked)."""
@@ -238,16 +252,16 @@ class Table:
         unpack = _entry.unpack_from
         while off < end:
             if off > end - _EH:
-                raise CorruptSegment(f"table entries end inside an entry header at {off}")
+                raise CorruptSegment(f"{self.where}: table entries end inside an entry header at {off}")
             _, kl, vl, _, _ = unpack(buf, off)
             nxt = (off + _EH + kl + vl + 7) & ~7
             if nxt > end:
-                raise CorruptSegment(f"table entry at {off} runs past the entries")
+                raise CorruptSegment(f"{self.where}: table entry at {off} runs past the entries")
             yield off
             seen += 1
             off = nxt
         if seen != self.count:
-            raise CorruptSegment(f"table holds {seen} entries, its header says {self.count}")
+            raise CorruptSegment(f"{self.where}: table holds {seen} entries, its header says {self.count}")
 
     def decoded(self, loads: Callable[[Any], Any], chunk: int = 4096) -> Iterator[Tuple[Any, Any]]:
         """Every ``(key, value)`` in order, decoded ``chunk`` entries per
@@ -259,12 +273,24 @@ class Table:
             try:
                 packed, off = table_chunk(self.buf, self.start, self.end, off, chunk)
             except ValueError as exc:
-                raise CorruptSegment(str(exc)) from None
+                raise CorruptSegment(f"{self.where}: {exc}") from None
             part = loads(packed)
             seen += len(part)
             yield from part.items()
         if seen != self.count:
-            raise CorruptSegment(f"table holds {seen} entries, its header says {self.count}")
+            raise CorruptSegment(f"{self.where}: table holds {seen} entries, its header says {self.count}")
+
+    def decode_all(self, loads: Callable[[Any], Any]) -> Dict[Any, Any]:
+        """Every entry, each checked, decoded as one map by one serializer call."""
+        try:
+            packed, end = table_chunk(self.buf, self.start, self.end, self.start, max(self.count, 1))
+        except ValueError as exc:
+            raise CorruptSegment(f"{self.where}: {exc}") from None
+        data = loads(packed)
+        if end != self.end or type(data) is not dict or len(data) != self.count:
+            raise CorruptSegment(f"{self.where}: its entries do not add up to the {self.count} "
+                                 "its header counts")
+        return data
 
     def items(self) -> Iterator[Tuple[memoryview, memoryview]]:
         """``(key bytes, value bytes)`` of every entry in order, each checked."""

@@ -16,7 +16,7 @@ import pickle
 import struct
 import zlib
 from threading import get_ident
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, cast
 
 from .. import _faults as faults
 from .. import layout as L
@@ -24,12 +24,14 @@ from .._codec import records as R
 from .. import _segments as segments
 from .blobs import blob_ids, extract, may_hold_blobs, pairs_may_hold_blobs, refs_within, write_blob
 from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
-from .._codec.codec import PickleCodec
+from .._codec.codec import MsgpackCodec, PickleCodec
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from .._codec.ext import too_deep as too_deep
 from .._codec.records import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
 from .._segments import Segment
+from .table import map_size, root_hashes, write_map
+from .tablecache import TableCache
 from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
@@ -44,6 +46,7 @@ _W_BLOB_NEXT = L.W_BLOB_NEXT
 _W_CHANGE_WAITERS = L.W_CHANGE_WAITERS
 _WAKE_ALL = 0x7FFFFFFF
 _dump_header = struct.Struct(L.DUMP_FORMAT)
+_MSGPACK_ID = MsgpackCodec.id
 
 
 class Transaction:
@@ -106,6 +109,8 @@ class Writer(Reader):
         try:
             if words[_W_STATE] != self.seen:
                 self._refresh_locked()
+            if type(self.data) is not dict:  # a big dict read in place: steps need the whole tree
+                self.data = cast(TableCache, self.data).full()
             if words[_W_STATUS] & _UNLINKED:
                 raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
         except BaseException:
@@ -374,11 +379,18 @@ class Writer(Reader):
             self.end_write()
 
     def _write_dump(self) -> None:
-        """Writer step 4: snapshot the cache into generation gen+1 and publish it."""
+        """Writer step 4: snapshot the cache into generation gen+1 and publish it.
+
+        The dump is a table (layout: "Dump") when the root keys have table
+        hashes: the dict packed whole by the serializer, as the payload form
+        holds it, split into indexed entries by one compiled pass."""
         payload = self.codec.dumps(self.data)
-        if self.dump_limit and L.DUMP_HEADER + len(payload) > self.dump_limit:
+        # (None: the payload form -- pickled keys cannot be hashed without unpickling them)
+        hashes = root_hashes(self.data) if self.codec.id == _MSGPACK_ID else None
+        size = L.DUMP_HEADER + len(payload) if hashes is None else map_size(payload, hashes)
+        if self.dump_limit and size > self.dump_limit:
             raise OutOfSpace(
-                f"shared dict {self.name!r}: a full dump would take {L.DUMP_HEADER + len(payload)} "
+                f"shared dict {self.name!r}: a full dump would take {size} "
                 f"bytes, over the dict's dump size limit of {self.dump_limit}"
             )
         gen = self.gen + 1 if self.gen < L.GEN_MASK else 1
@@ -387,7 +399,6 @@ class Writer(Reader):
         if faults.armed is not None:
             faults.hit("dump-registered")
         dname = L.dump_name(self.name, gen)
-        size = L.DUMP_HEADER + len(payload)
         try:
             seg = Segment.create(dname, size)  # 4b
         except FileExistsError:
@@ -397,10 +408,14 @@ class Writer(Reader):
             assert seg.buf is not None
             if faults.armed is not None:
                 faults.hit("dump-created")
-            seg.buf[L.DUMP_HEADER:size] = payload
-            seg.buf[0:L.DUMP_HEADER] = _dump_header.pack(
-                L.DUMP_MAGIC, gen, len(payload), zlib.crc32(payload), 0
-            )
+            if hashes is None:
+                seg.buf[L.DUMP_HEADER:size] = payload
+                seg.buf[0:L.DUMP_HEADER] = _dump_header.pack(
+                    L.DUMP_MAGIC, gen, len(payload), zlib.crc32(payload), 0
+                )
+            else:
+                with memoryview(seg.buf) as mv:
+                    write_map(mv, payload, hashes, gen, self.token)  # header last
         except BaseException:
             seg.close()
             segments.unlink(dname)

@@ -1,0 +1,391 @@
+"""Big dicts read in place: a reader's ``TableCache`` (``_shm/tablecache.py``) against a plain dict.
+
+A reader of a table dump of at least ``PARTIAL_FROM`` entries maps it and
+decodes only what it touches; the stream's records after the dump change a
+small private overlay.  Whatever the mix of table entries, overwrites,
+deletes, keys deleted and set again, clears and nested changes, the reader
+must be the ``dict`` a plain replica would be: the same keys in the same order
+(of the same types), the same values, the same answers for equal keys of other
+types (``1``/``1.0``/``True``, ``(1, 2)``/``(1.0, 2)``, an instant in two
+zones) -- in this process and in an unrelated interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import struct
+import subprocess
+import sys
+from decimal import Decimal
+from typing import Any, Dict, List
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ultradict_ng import SharedDict
+from ultradict_ng._codec import records as R
+from ultradict_ng._codec.codec import codec_for
+from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
+from ultradict_ng._shm.tablecache import TableCache
+
+from .conftest import soak_scaled, unique_name
+from .test_keyhash import KEYS, variants
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ABSENT = "<absent>"
+
+#: Few keys, many of them equal across types: overwrites, deletes and re-sets collide.
+POOL = [0, 1, 1.0, True, Decimal(1), 2, 2.0, "a", "b", b"a", (1, 2), (1.0, 2), frozenset({1, 2}),
+        frozenset({2.0, 1}), None, 7, "user:00000001"]
+POOL_KEYS = st.one_of(st.sampled_from(POOL), st.integers(-3, 20))
+LEAVES = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=4), st.binary(max_size=3))
+VALUES = st.one_of(LEAVES, st.lists(LEAVES, max_size=3).map(tuple),
+                   st.dictionaries(st.sampled_from(["x", "y", "z"]), LEAVES, max_size=3))
+
+
+def exact(a: Any, b: Any) -> bool:
+    """``a == b`` with the same types all the way down (a dict keeps the key object
+    it was first given: 1 stays an int when 1.0 overwrites its value)."""
+    if type(a) is not type(b) or a != b:
+        return False
+    if type(a) is tuple:
+        return all(exact(x, y) for x, y in zip(a, b))
+    return True
+
+
+def holds_nan(key: Any) -> bool:
+    """Whether ``key`` holds a NaN anywhere (a copy of it is then not equal to it)."""
+    return pickle.loads(pickle.dumps(key)) != key
+
+
+def same_keys(got: List[Any], want: List[Any]) -> bool:
+    return len(got) == len(want) and all(exact(a, b) for a, b in zip(got, want))
+
+
+def table_cache(data: Dict[Any, Any]) -> TableCache:
+    """A TableCache over a table of ``data`` built in private memory."""
+    codec = codec_for("msgpack")
+    packed = codec.dumps(data)
+    hashes = [hash_key(k) for k in data]
+    buf = bytearray(map_size(packed, hashes))
+    view = memoryview(buf)
+    write_map(view, packed, hashes, 1, 7)
+    return TableCache(Table(view, 7), codec.loads, (buf, view))
+
+
+class TableCacheMachine(RuleBasedStateMachine):
+    """A TableCache made from a table, then changed by records as a reader's is."""
+
+    @initialize(data=st.dictionaries(POOL_KEYS, VALUES, min_size=3, max_size=12))
+    def start(self, data: Dict[Any, Any]) -> None:
+        self.model = dict(data)
+        self.cache = table_cache(data)
+
+    @rule(key=POOL_KEYS, value=VALUES)
+    def set(self, key: Any, value: Any) -> None:
+        self.cache.apply(R.set_((), key, value))
+        self.model[key] = value
+
+    @rule(key=POOL_KEYS)
+    def delete(self, key: Any) -> None:
+        if key in self.model:
+            self.cache.apply(R.delete((), key))
+            del self.model[key]
+            for k in [key] + variants(key):  # (its entry may still be in the table: dead)
+                assert self.cache.get(k, ABSENT) == ABSENT and k not in self.cache, k
+        else:
+            with pytest.raises(R.Inconsistent):
+                self.cache.apply(R.delete((), key))
+
+    @rule(pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=4))
+    def update(self, pairs: List[Any]) -> None:
+        self.cache.apply(R.update((), [list(p) for p in pairs]))
+        self.model.update(pairs)
+
+    @rule()
+    def clear(self) -> None:
+        self.cache.apply(R.clear(()))
+        self.model.clear()
+
+    @rule(data=st.data(), inner=st.sampled_from(["x", "y", "w"]), value=LEAVES)
+    def nested_set(self, data: Any, inner: str, value: Any) -> None:
+        dicts = [k for k, v in self.model.items() if type(v) is dict]
+        if not dicts:
+            return
+        key = data.draw(st.sampled_from(dicts))
+        self.cache.apply(R.set_((key,), inner, value))
+        self.model[key][inner] = value
+
+    @rule(key=POOL_KEYS)
+    def read(self, key: Any) -> None:
+        for k in [key] + variants(key):
+            assert (k in self.cache) == (k in self.model), k
+            assert self.cache.get(k, ABSENT) == self.model.get(k, ABSENT), k
+
+    @invariant()
+    def same_dict(self) -> None:
+        assert len(self.cache) == len(self.model)
+        assert same_keys(list(self.cache), list(self.model))
+        full = self.cache.full()
+        assert full == self.model and same_keys(list(full), list(self.model))
+        assert list(self.cache.items()) == list(self.model.items())
+
+
+TestTableCache = TableCacheMachine.TestCase
+TestTableCache.settings = settings(max_examples=soak_scaled(150), stateful_step_count=30, deadline=None,
+                                   suppress_health_check=list(HealthCheck))
+
+
+class ReaderMachine(RuleBasedStateMachine):
+    """A SharedDict writer dumping often (a 1 KiB stream) and a reader that reads
+    every dump in place (ULTRADICT_NG_PARTIAL_FROM=0), checked against a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._env = os.environ.get("ULTRADICT_NG_PARTIAL_FROM")
+        os.environ["ULTRADICT_NG_PARTIAL_FROM"] = "0"
+        self.name = unique_name()
+        self.w = SharedDict(name=self.name, buffer_size=1024)
+        self.r = SharedDict(name=self.name)
+        self.model: Dict[Any, Any] = {}
+
+    def teardown(self) -> None:
+        self.r.close()
+        self.w.close()
+        if self._env is None:
+            os.environ.pop("ULTRADICT_NG_PARTIAL_FROM", None)
+        else:
+            os.environ["ULTRADICT_NG_PARTIAL_FROM"] = self._env
+
+    @rule(key=POOL_KEYS, value=VALUES)
+    def set(self, key: Any, value: Any) -> None:
+        self.w[key] = value
+        self.model[key] = value
+
+    @rule(key=POOL_KEYS)
+    def pop(self, key: Any) -> None:
+        assert self.w.pop(key, ABSENT) == self.model.pop(key, ABSENT)
+
+    @rule(data=st.dictionaries(POOL_KEYS, VALUES, max_size=30))
+    def update(self, data: Dict[Any, Any]) -> None:
+        self.w.update(data)  # (30 values may not fit the stream: a dump)
+        self.model.update(data)
+
+    @rule()
+    def clear(self) -> None:
+        self.w.clear()
+        self.model.clear()
+
+    @rule()
+    def dump(self) -> None:
+        self.w._store.force_dump()
+
+    @rule(key=POOL_KEYS, value=LEAVES)
+    def reader_writes(self, key: Any, value: Any) -> None:
+        """(A reader that writes decodes the whole dict first: it becomes a writer.)"""
+        self.r[key] = value
+        self.model[key] = value
+
+    @rule(key=POOL_KEYS)
+    def read(self, key: Any) -> None:
+        for k in [key] + variants(key):
+            assert (k in self.r) == (k in self.model), k
+            assert self.r.get(k, ABSENT) == self.model.get(k, ABSENT), k
+
+    @invariant()
+    def same_dict(self) -> None:
+        assert len(self.r) == len(self.model)
+        assert same_keys(list(self.r), list(self.model))
+        assert list(self.r.items()) == list(self.model.items())
+        assert self.r.copy() == self.model
+
+
+TestReader = ReaderMachine.TestCase
+TestReader.settings = settings(max_examples=soak_scaled(40), stateful_step_count=25, deadline=None,
+                               suppress_health_check=list(HealthCheck))
+
+
+def test_a_reader_maps_a_big_dump_and_a_writer_decodes_it(name, monkeypatch):
+    """At the threshold a reader's cache is a TableCache, below it a dict; the
+    reader's first write makes it a dict (a writer's steps need the whole tree),
+    and it reads the same before and after."""
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "100")
+    w = SharedDict({f"k{i}": i for i in range(100)}, name=name, buffer_size=4096)
+    w._store.force_dump()
+    r = SharedDict(name=name)
+    try:
+        assert r["k5"] == 5 and type(r._store.data) is TableCache
+        assert len(r._store.data.hot) == 1  # decoded: the one key read
+        assert type(w._store.data) is dict
+        del w["k0"]
+        w._store.force_dump()  # 99 entries: under the threshold
+        assert r["k5"] == 5 and type(r._store.data) is dict
+        w["k0"] = 0
+        w._store.force_dump()
+        assert r["k0"] == 0 and type(r._store.data) is TableCache
+        before = r.copy()
+        r["new"] = 1
+        assert type(r._store.data) is dict
+        assert r.copy() == {**before, "new": 1} == w.copy()
+    finally:
+        r.close()
+        w.close()
+
+
+_CHILD = r"""
+import os, pickle, struct, sys
+os.environ["ULTRADICT_NG_PARTIAL_FROM"] = "0"
+from ultradict_ng import SharedDict
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+while True:
+    head = inp.read(4)
+    if len(head) < 4:
+        break
+    name, probes = pickle.loads(inp.read(struct.unpack("<I", head)[0]))
+    d = SharedDict(name=name, create=False)
+    kind = type(d._store.data).__name__
+    answer = (kind, [(p in d, d.get(p, "<absent>")) for p in probes], list(d), len(d))
+    d.close()
+    blob = pickle.dumps(answer)
+    out.write(struct.pack("<I", len(blob)) + blob)
+    out.flush()
+"""
+
+
+def test_key_identity_is_dicts_in_another_interpreter() -> None:
+    """An unrelated interpreter (another PYTHONHASHSEED) reads a dump in place and
+    answers like the writer's dict for every key and every equal key of another
+    type: the table's hash and comparison keep dict's key identity."""
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], cwd=ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert child.stdin is not None and child.stdout is not None
+
+    def ask(name: str, probes: List[Any]) -> Any:
+        blob = pickle.dumps((name, probes))
+        child.stdin.write(struct.pack("<I", len(blob)) + blob)  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        size = struct.unpack("<I", child.stdout.read(4))[0]  # type: ignore[union-attr]
+        return pickle.loads(child.stdout.read(size))  # type: ignore[union-attr]
+
+    @settings(max_examples=soak_scaled(60), deadline=None, suppress_health_check=list(HealthCheck))
+    @given(keys=st.lists(KEYS, min_size=1, max_size=10), extra=st.lists(KEYS, max_size=4))
+    def check(keys: List[Any], extra: List[Any]) -> None:
+        keys = [k for k in keys if not holds_nan(k)]  # (found only by identity: not across processes)
+        model = {k: i for i, k in enumerate(keys)}
+        name = unique_name()
+        d = SharedDict(name=name, buffer_size=64)
+        try:
+            d.update(model)
+            d._store.force_dump()
+            probes = [p for k in list(model) + extra if not holds_nan(k) for p in [k] + variants(k)]
+            kind, answers, listed, length = ask(name, probes)
+        finally:
+            d.close()
+        assert kind == "TableCache"
+        assert answers == [(p in model, model.get(p, ABSENT)) for p in probes]
+        assert same_keys(listed, list(model)) and length == len(model)
+
+    try:
+        check()
+    finally:
+        child.stdin.close()
+        child.kill()
+        child.wait()
+
+
+_MEMORY = r"""
+import random, sys
+def anon():
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+from ultradict_ng import SharedDict
+before = anon()
+d = SharedDict(name=sys.argv[1], create=False)
+rng = random.Random(1)
+for _ in range(2000):
+    assert d["user:%08d" % rng.randrange(int(sys.argv[2]))][1].startswith("name")
+print(type(d._store.data).__name__, anon() - before)
+d.close()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux's smaps_rollup")
+def test_a_readers_private_memory_grows_with_what_it_reads_not_with_the_dict(name):
+    """200k rows: a fresh reader that reads 2,000 of them adds under 16 MiB of
+    its own memory (the decoded rows and the overlay), where decoding the whole
+    dump (the threshold raised) adds over 40 MiB."""
+    n = 200_000
+    d = SharedDict({"user:%08d" % i: (i, "name%d" % i, i / 2) for i in range(n)}, name=name)
+    try:
+        d._store.force_dump()
+        grown = {}
+        for env in ("", str(10**9)):
+            out = subprocess.run([sys.executable, "-c", _MEMORY, name, str(n)], capture_output=True, text=True,
+                                 timeout=120, env={**os.environ, "ULTRADICT_NG_PARTIAL_FROM": env})
+            assert out.returncode == 0, out.stderr
+            kind, added = out.stdout.split()
+            grown[kind] = int(added)
+        assert grown["TableCache"] < 16 * 2**20, grown
+        assert grown["dict"] > 40 * 2**20, grown
+    finally:
+        d.close()
+
+
+def test_many_readers_share_one_copy(name):
+    """A mapped table is shared: random reads in place by 3 readers at once give
+    every reader the writer's values (the rows), each holding only what it read."""
+    rows = {i: (i, "r%d" % i) for i in range(60_000)}
+    d = SharedDict(rows, name=name)
+    d._store.force_dump()
+    readers = [SharedDict(name=name) for _ in range(3)]
+    try:
+        rng = random.Random(5)
+        for _ in range(3000):
+            r = rng.choice(readers)
+            k = rng.randrange(60_000)
+            assert r[k] == rows[k]
+        for r in readers:
+            assert type(r._store.data) is TableCache and len(r) == 60_000
+            assert len(r._store.data.hot) < 3000
+    finally:
+        for r in readers:
+            r.close()
+        d.close()
+
+
+@pytest.mark.skipif(__import__("ultradict_ng.speedups", fromlist=["x"]).IMPLEMENTATION != "native",
+                    reason="the compiled hit path")
+def test_the_compiled_hit_path_answers_decoded_keys_of_a_big_dict(name, monkeypatch):
+    """``d[k]`` of a key the TableCache decoded already is answered by the C slot
+    from its ``hot`` dict, without a Python frame (hot reads at dict speed); the
+    first read of a key, and a key absent, go to ``_getitem_slow``."""
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "0")
+    w = SharedDict({f"k{i}": (i, "v") for i in range(50)}, name=name, buffer_size=4096)
+    w._store.force_dump()
+    r = SharedDict(name=name)
+    slow = []
+    original = SharedDict._getitem_slow
+
+    def counting(self: Any, key: Any) -> Any:
+        slow.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(SharedDict, "_getitem_slow", counting)
+    try:
+        assert r["k3"] == (3, "v") and type(r._store.data) is TableCache
+        assert slow == ["k3"]
+        for _ in range(5):
+            assert r["k3"] == (3, "v")
+        assert slow == ["k3"]  # answered compiled
+        with pytest.raises(KeyError):
+            r["absent"]
+        assert r["k4"] == (4, "v")
+        assert slow == ["k3", "absent", "k4"]
+    finally:
+        r.close()
+        w.close()

@@ -1,0 +1,220 @@
+"""A process's cache of a big dict, read in place from its table dump.
+
+Why: a reader that decodes a whole dump into a private ``dict`` pays, at a
+million keys, a second or more to open the dict and hundreds of MiB of its own
+memory -- per process (issue 22).  A dump is a table (layout: "Dump"), which
+answers a lookup with a hash, a probe and one entry's decoding, so a reader
+need not decode what it never touches.  :class:`TableCache` is that reader's
+cache of the root: the mapped table (the dump's entries, shared by every
+process that maps it) and the changes the stream made since, plus the values
+this process decoded.  Its private memory grows with the keys a process
+touches, not with the size of the dict.
+
+State (layout: "Reader", step 2, a table at or above ``PARTIAL_FROM`` entries):
+
+* ``table`` -- the dump's entries, never changed (None once a ``clear``
+  record emptied the dict: its entries no longer count);
+* ``dead`` -- keys of table entries deleted since the dump (their entries
+  no longer count, also when the key was set again: it moved to the end);
+* ``fresh`` -- keys present now that no counted entry holds, in insertion
+  order (set after the dump, or deleted and set again);
+* ``hot`` -- the current value of every ``fresh`` key and of the counted
+  table keys this process read or a record overwrote.
+
+A key is present iff it is in ``fresh`` or a counted entry (an entry of the
+table whose key is not ``dead``) holds it.  Order is ``dict``'s: the counted
+entries in the table's order (an overwrite keeps its place), then ``fresh``.
+``len`` is the count of counted entries plus ``len(fresh)``: O(1).
+
+What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
+and decodes one entry, which stays in ``hot``.  Iteration decodes the entries
+in chunks as it walks (their values are not kept).  Mutations apply the
+stream's records (:meth:`apply`); a process that writes turns the cache into
+a full ``dict`` first (:meth:`full`): the writer's steps need the whole tree.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+
+from .. import layout as L
+from .._codec.records import Inconsistent, apply as apply_record
+from .table import Table
+
+__all__ = ["TableCache", "PARTIAL_FROM", "partial_from"]
+
+#: A table dump of at least this many entries is read in place; a smaller one
+#: is decoded whole into a ``dict``, which costs at most a few milliseconds
+#: (~1 us an entry) and keeps repeated iteration of small dicts at replica
+#: speed.  Above it a dict opens in the same time at any size.
+#: ``ULTRADICT_NG_PARTIAL_FROM`` sets it per process (CI runs the suites once
+#: more with 0: every table dump read in place).
+PARTIAL_FROM = 4096
+
+
+def partial_from() -> int:
+    """The threshold in force: the environment's, else :data:`PARTIAL_FROM`."""
+    value = os.environ.get("ULTRADICT_NG_PARTIAL_FROM")
+    return PARTIAL_FROM if not value else int(value)
+
+_MISSING: Any = object()
+_OP_SET, _OP_DEL, _OP_CLEAR, _OP_UPDATE = L.OP_SET, L.OP_DEL, L.OP_CLEAR, L.OP_UPDATE
+
+
+class TableCache:
+    """The root of a dict as a mapped table plus what changed since (module
+    docstring).  Not thread-safe by itself: the reader's cache mutex guards
+    it, as it guards a ``dict`` cache."""
+
+    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_keep")
+
+    def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any) -> None:
+        self.table: Optional[Table] = table
+        self.hot: Dict[Any, Any] = {}
+        self.dead: Set[Any] = set()
+        self.fresh: Dict[Any, None] = {}
+        self._loads = loads
+        self._keep = keep  # the segment and view the table lives in: mapped while we are
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _probe(self, key: Any) -> Any:
+        """The value of a counted entry of ``key``, decoded, or ``_MISSING``."""
+        table = self.table
+        if table is None or key in self.dead:
+            return _MISSING
+        vb = table.lookup(key, self._loads)
+        return _MISSING if vb is None else self._loads(vb)
+
+    def _counted(self, key: Any) -> bool:
+        """Whether a counted table entry holds ``key`` (its value not decoded)."""
+        table = self.table
+        return table is not None and key not in self.dead and table.lookup(key, self._loads) is not None
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.hot.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._probe(key)
+            if value is _MISSING:
+                raise KeyError(key)
+            self.hot[key] = value
+        return value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = self.hot.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._probe(key)
+            if value is _MISSING:
+                return default
+            self.hot[key] = value
+        return value
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.hot or self._counted(key)
+
+    def __len__(self) -> int:
+        table = self.table
+        return (table.count - len(self.dead) if table is not None else 0) + len(self.fresh)
+
+    def items(self) -> Iterator[Tuple[Any, Any]]:
+        """Every ``(key, value)`` in order; values of entries this process never
+        read are decoded for the walk and not kept."""
+        table, dead, hot = self.table, self.dead, self.hot
+        if table is not None:
+            for k, v in table.decoded(self._loads):
+                if dead and k in dead:
+                    continue
+                yield k, hot.get(k, v) if hot else v
+        for k in self.fresh:
+            yield k, hot[k]
+
+    def __iter__(self) -> Iterator[Any]:
+        for k, _ in self.items():
+            yield k
+
+    def keys(self) -> List[Any]:
+        return list(self)
+
+    def values(self) -> List[Any]:
+        return [v for _, v in self.items()]
+
+    def full(self) -> Dict[Any, Any]:
+        """The whole dict, decoded: what this cache becomes for a writer (and
+        what ``copy()`` walks).  The table is decoded in one serializer call
+        (the cost of decoding a dump whole), then the changes since: deleted
+        keys out, overwritten values in place, fresh keys appended in order."""
+        table = self.table
+        out: Dict[Any, Any] = table.decode_all(self._loads) if table is not None else {}
+        for k in self.dead:
+            out.pop(k, None)
+        fresh, hot = self.fresh, self.hot
+        for k, v in hot.items():
+            if k not in fresh:
+                out[k] = v
+        for k in fresh:
+            out[k] = hot[k]
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TableCache):
+            other = other.full()
+        return self.full() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<TableCache of {len(self)} keys, {len(self.hot)} decoded>"
+
+    # -- records (layout: "Stream record") ------------------------------------------------
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        hot = self.hot
+        if key in hot or self._counted(key):  # fresh keys are in hot: order kept either way
+            hot[key] = value
+            return
+        self.fresh[key] = None
+        hot[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        if key in self.fresh:
+            del self.fresh[key]
+            del self.hot[key]
+        elif key in self.hot or self._counted(key):
+            self.dead.add(key)
+            self.hot.pop(key, None)
+        else:
+            raise KeyError(key)
+
+    def clear(self) -> None:
+        self.table = None
+        self.hot.clear()
+        self.dead.clear()
+        self.fresh.clear()
+
+    def apply(self, rec: Any) -> None:
+        """Apply one decoded record (``records.apply``'s rules, at the root
+        here; a nested path decodes its root key and goes on in plain dicts)."""
+        try:
+            op, path = rec[0], rec[1]
+            if path:
+                root = self[path[0]]  # KeyError: Inconsistent below
+                apply_record({path[0]: root}, rec)
+                return
+            if op == _OP_SET:
+                self[rec[2]] = rec[3]
+            elif op == _OP_DEL:
+                del self[rec[2]]
+            elif op == _OP_CLEAR:
+                self.clear()
+            elif op == _OP_UPDATE:
+                if type(rec[2]) is not list:
+                    raise Inconsistent(f"update record pairs are a {type(rec[2]).__name__}, not a list")
+                for k, v in rec[2]:
+                    self[k] = v
+            else:
+                raise Inconsistent(f"unknown record operation {op!r}")
+        except Inconsistent:
+            raise
+        except Exception as exc:
+            raise Inconsistent(f"record does not apply to the cached dict: {exc!r}") from None
