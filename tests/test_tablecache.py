@@ -86,28 +86,28 @@ class TableCacheMachine(RuleBasedStateMachine):
 
     @rule(key=POOL_KEYS, value=VALUES)
     def set(self, key: Any, value: Any) -> None:
-        self.cache.apply(R.set_((), key, value))
+        R.apply(self.cache, R.set_((), key, value))
         self.model[key] = value
 
     @rule(key=POOL_KEYS)
     def delete(self, key: Any) -> None:
         if key in self.model:
-            self.cache.apply(R.delete((), key))
+            R.apply(self.cache, R.delete((), key))
             del self.model[key]
             for k in [key] + variants(key):  # (its entry may still be in the table: dead)
                 assert self.cache.get(k, ABSENT) == ABSENT and k not in self.cache, k
         else:
             with pytest.raises(R.Inconsistent):
-                self.cache.apply(R.delete((), key))
+                R.apply(self.cache, R.delete((), key))
 
     @rule(pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=4))
     def update(self, pairs: List[Any]) -> None:
-        self.cache.apply(R.update((), [list(p) for p in pairs]))
+        R.apply(self.cache, R.update((), [list(p) for p in pairs]))
         self.model.update(pairs)
 
     @rule()
     def clear(self) -> None:
-        self.cache.apply(R.clear(()))
+        R.apply(self.cache, R.clear(()))
         self.model.clear()
 
     @rule(data=st.data(), inner=st.sampled_from(["x", "y", "w"]), value=LEAVES)
@@ -116,7 +116,7 @@ class TableCacheMachine(RuleBasedStateMachine):
         if not dicts:
             return
         key = data.draw(st.sampled_from(dicts))
-        self.cache.apply(R.set_((key,), inner, value))
+        R.apply(self.cache, R.set_((key,), inner, value))
         self.model[key][inner] = value
 
     @rule(key=POOL_KEYS)
@@ -386,6 +386,28 @@ def test_the_compiled_hit_path_answers_decoded_keys_of_a_big_dict(name, monkeypa
             r["absent"]
         assert r["k4"] == (4, "v")
         assert slow == ["k3", "absent", "k4"]
+    finally:
+        r.close()
+        w.close()
+
+
+def test_a_bulk_load_is_published_as_a_table(name, monkeypatch):
+    """A root update of PARTIAL_FROM pairs or more, at least as many as the dict
+    holds, is published as a dump -- a table readers map -- even where its record
+    would fit the stream; a smaller update, or one of a few keys of a bigger
+    dict, is a record."""
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "1000")
+    w = SharedDict(name=name)  # a 1 MiB stream: all of these records would fit
+    r = SharedDict(name=name)
+    try:
+        w.update({f"k{i}": i for i in range(999)})
+        assert w._store.gen == 0 and r["k5"] == 5 and type(r._store.data) is dict
+        w.update({f"j{i}": i for i in range(1000)})  # 1,000 pairs: more than the 999 held
+        assert w._store.gen == 1 and r["j5"] == 5 and type(r._store.data) is TableCache
+        w.update({f"m{i}": i for i in range(1500)})  # fewer than the 1,999 held: a record
+        assert w._store.gen == 1 and r["m5"] == 5 and len(r) == 3499
+        w.update([(f"n{i}", i) for i in range(4000)])
+        assert w._store.gen == 2 and r.copy() == w.copy()
     finally:
         r.close()
         w.close()

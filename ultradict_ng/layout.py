@@ -171,7 +171,7 @@ Writer (holds the lock for the whole mutation)
    then publish with one atomic (sequentially consistent) store
    ``STATE = gen << 32 | end + len(record)``.  The payload is written before
    the store that makes it reachable.
-4. Otherwise (stream full, or a value larger than the stream) write a dump:
+4. Otherwise (stream full, a value larger than it, a bulk load: _bulk_load) write a dump:
    a. ``REG_HIGH = gen + 1`` (so crash cleanup can find what step b creates);
    b. create ``N@d<gen+1>``; if it exists it is the unpublished leftover of a
       writer that died between b and c (we hold the lock, so nobody else can be

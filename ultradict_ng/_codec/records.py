@@ -72,15 +72,16 @@ def update(path: Sequence[Any], pairs: List[List[Any]]) -> List[Any]:
 
 
 def apply(data: Dict[Any, Any], rec: Any) -> None:
-    """Apply one decoded record to the cache ``data``; :class:`Inconsistent`
-    if it is malformed or does not fit (a missing key, a path that is not a dict)."""
+    """Apply one decoded record to the cache ``data`` (a dict, or a big dict's
+    ``TableCache``: the same mapping methods); :class:`Inconsistent` if it is
+    malformed or does not fit (a missing key, a path that is not a dict)."""
     try:
         op = rec[0]
         node = data
         for key in rec[1]:
             node = node[key]
-        if type(node) is not dict:
-            raise Inconsistent(f"record path {rec[1]!r} does not lead to a dict")
+            if type(node) is not dict:
+                raise Inconsistent(f"record path {rec[1]!r} does not lead to a dict")
         if op == _OP_SET:
             node[rec[2]] = rec[3]
         elif op == _OP_DEL:
@@ -103,11 +104,11 @@ def apply_all(data: Dict[Any, Any], records: List[Any]) -> None:
     """Apply decoded records in order: runs of root-level sets of scalar keys
     in one ``apply_sets`` call each, every other record with :func:`apply`.
     On an exception some records may have been applied (the caller reloads).
-    A cache that is not a ``dict`` (a reader's ``TableCache``) applies each
-    record itself."""
+    A cache that is not a ``dict`` (a reader's ``TableCache``) takes every
+    record through :func:`apply` (``apply_sets`` stores into a dict only)."""
     if type(data) is not dict:
         for rec in records:
-            data.apply(rec)  # type: ignore[attr-defined]
+            apply(data, rec)
         return
     i, n = 0, len(records)
     while i < n:

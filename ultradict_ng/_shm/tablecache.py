@@ -29,8 +29,9 @@ entries in the table's order (an overwrite keeps its place), then ``fresh``.
 What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
 and decodes one entry, which stays in ``hot``.  Iteration decodes the entries
 in chunks as it walks (their values are not kept).  Mutations apply the
-stream's records (:meth:`apply`); a process that writes turns the cache into
-a full ``dict`` first (:meth:`full`): the writer's steps need the whole tree.
+stream's records (``records.apply``, through the mapping methods below); a process that
+writes turns the cache into a full ``dict`` first (:meth:`full`): the writer's
+steps need the whole tree.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from .. import layout as L
-from .._codec.records import Inconsistent, apply as apply_record
 from .table import Table
 
 __all__ = ["TableCache", "PARTIAL_FROM", "partial_from"]
@@ -59,7 +58,6 @@ def partial_from() -> int:
     return PARTIAL_FROM if not value else int(value)
 
 _MISSING: Any = object()
-_OP_SET, _OP_DEL, _OP_CLEAR, _OP_UPDATE = L.OP_SET, L.OP_DEL, L.OP_CLEAR, L.OP_UPDATE
 
 
 class TableCache:
@@ -166,7 +164,7 @@ class TableCache:
     def __repr__(self) -> str:
         return f"<TableCache of {len(self)} keys, {len(self.hot)} decoded>"
 
-    # -- records (layout: "Stream record") ------------------------------------------------
+    # -- what records do (records.apply: the root's set, delete, clear, update) ------------
 
     def __setitem__(self, key: Any, value: Any) -> None:
         hot = self.hot
@@ -192,29 +190,7 @@ class TableCache:
         self.dead.clear()
         self.fresh.clear()
 
-    def apply(self, rec: Any) -> None:
-        """Apply one decoded record (``records.apply``'s rules, at the root
-        here; a nested path decodes its root key and goes on in plain dicts)."""
-        try:
-            op, path = rec[0], rec[1]
-            if path:
-                root = self[path[0]]  # KeyError: Inconsistent below
-                apply_record({path[0]: root}, rec)
-                return
-            if op == _OP_SET:
-                self[rec[2]] = rec[3]
-            elif op == _OP_DEL:
-                del self[rec[2]]
-            elif op == _OP_CLEAR:
-                self.clear()
-            elif op == _OP_UPDATE:
-                if type(rec[2]) is not list:
-                    raise Inconsistent(f"update record pairs are a {type(rec[2]).__name__}, not a list")
-                for k, v in rec[2]:
-                    self[k] = v
-            else:
-                raise Inconsistent(f"unknown record operation {op!r}")
-        except Inconsistent:
-            raise
-        except Exception as exc:
-            raise Inconsistent(f"record does not apply to the cached dict: {exc!r}") from None
+    def update(self, pairs: Any) -> None:
+        """``[[key, value], ...]`` assigned in order (an update record's pairs)."""
+        for k, v in pairs:
+            self[k] = v

@@ -31,7 +31,7 @@ from .._codec.records import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
 from .._segments import Segment
 from .table import map_size, root_hashes, write_map
-from .tablecache import TableCache
+from .tablecache import TableCache, partial_from
 from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
@@ -229,7 +229,7 @@ class Writer(Reader):
         # reader will decode (the record itself when that is provably equal).
         payload, decoded = self.codec.encode_record(rec)
         end = self.pos
-        if end + _RECORD_HEADER + len(payload) <= self.limit():
+        if end + _RECORD_HEADER + len(payload) <= self.limit() and not self._bulk_load(rec):
             mapping = self._map
             stream = mapping.stream_words
             assert stream is not None
@@ -254,6 +254,12 @@ class Writer(Reader):
         except BaseException:
             self.gen = self.seen = INVALID  # the cache may differ from shared memory: reload
             raise
+
+    def _bulk_load(self, rec: List[Any]) -> bool:
+        """A root update of ``PARTIAL_FROM`` pairs or more, no fewer than the dict
+        holds (a load): published as a dump, a table readers map, not a record."""
+        return (rec[0] == L.OP_UPDATE and not rec[1] and self.codec.id == _MSGPACK_ID
+                and len(rec[2]) >= max(partial_from(), len(self.data), 1))
 
     # -- transactions (layout: "Transactions") -------------------------------------------
 
@@ -385,8 +391,7 @@ class Writer(Reader):
         hashes: the dict packed whole by the serializer, as the payload form
         holds it, split into indexed entries by one compiled pass."""
         payload = self.codec.dumps(self.data)
-        # (None: the payload form -- pickled keys cannot be hashed without unpickling them)
-        hashes = root_hashes(self.data) if self.codec.id == _MSGPACK_ID else None
+        hashes = root_hashes(self.data) if self.codec.id == _MSGPACK_ID else None  # (None: payload form)
         size = L.DUMP_HEADER + len(payload) if hashes is None else map_size(payload, hashes)
         if self.dump_limit and size > self.dump_limit:
             raise OutOfSpace(
