@@ -286,7 +286,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         def read(node: Dict[Any, Any]) -> List[Tuple[Any, Any]]:
             with self._store.mutex:
                 items = list(node.items())
-            return [(k, v if type(v) in _IMMUTABLE else self._export(k, v)) for k, v in items]
+            immutable = _IMMUTABLE  # (a tuple of immutable items is one too, as for d[k]: a table row)
+            return [(k, v if type(v) in immutable or (type(v) is tuple and immutable.issuperset(map(type, v)))
+                     else self._export(k, v)) for k, v in items]
 
         return self._read(read)
 

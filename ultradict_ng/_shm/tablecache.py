@@ -27,8 +27,8 @@ entries in the table's order (an overwrite keeps its place), then ``fresh``.
 ``len`` is the count of counted entries plus ``len(fresh)``: O(1).
 
 What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
-and decodes one entry, which stays in ``hot``.  Iteration decodes the entries
-in chunks as it walks (their values are not kept).  Mutations apply the
+and decodes one entry, which stays in ``hot``.  Iteration decodes the whole
+table for the walk (its values are not kept).  Mutations apply the
 stream's records (``records.apply``, through the mapping methods below); a process that
 writes turns the cache into a full ``dict`` first (:meth:`full`): the writer's
 steps need the whole tree.
@@ -116,16 +116,10 @@ class TableCache:
         return (table.count - len(self.dead) if table is not None else 0) + len(self.fresh)
 
     def items(self) -> Iterator[Tuple[Any, Any]]:
-        """Every ``(key, value)`` in order; values of entries this process never
-        read are decoded for the walk and not kept."""
-        table, dead, hot = self.table, self.dead, self.hot
-        if table is not None:
-            for k, v in table.decoded(self._loads):
-                if dead and k in dead:
-                    continue
-                yield k, hot.get(k, v) if hot else v
-        for k in self.fresh:
-            yield k, hot[k]
+        """Every ``(key, value)`` in order, from :meth:`full`: a walk decodes every
+        value anyway, and one serializer call does it fastest; nothing of it is
+        kept (the walk's callers -- snapshots, ``copy()`` -- hold a list of it)."""
+        return iter(self.full().items())
 
     def __iter__(self) -> Iterator[Any]:
         for k, _ in self.items():
