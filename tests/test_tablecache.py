@@ -18,6 +18,7 @@ import random
 import struct
 import subprocess
 import sys
+import threading
 from decimal import Decimal
 from typing import Any, Dict, List
 
@@ -73,7 +74,7 @@ def table_cache(data: Dict[Any, Any]) -> TableCache:
     buf = bytearray(map_size(packed, hashes))
     view = memoryview(buf)
     write_map(view, packed, hashes, 1, 7)
-    return TableCache(Table(view, 7), codec.loads, (buf, view))
+    return TableCache(Table(view, 7), codec.loads, (buf, view), threading.RLock())
 
 
 class TableCacheMachine(RuleBasedStateMachine):
@@ -411,3 +412,31 @@ def test_a_bulk_load_is_published_as_a_table(name, monkeypatch):
     finally:
         r.close()
         w.close()
+
+
+def test_a_delete_applied_during_a_readers_probe_is_not_undone(monkeypatch):
+    """Thread A misses ``hot`` and probes the table; thread B applies a record
+    deleting that key meanwhile (a sync of the same handle, under the reader's
+    mutex).  A must not then store the value it read: the key would read as
+    present ever after.  The interleaving is forced: the probe starts B and
+    gives it 0.3 s to apply the delete (with the probe under the mutex, B waits
+    for A instead, and the delete lands after A's store)."""
+    cache = table_cache({"k": "old", "other": 1})
+    applied = threading.Event()
+    original = Table.lookup
+    prober = threading.current_thread()
+
+    def lookup_while_another_thread_deletes(self: Any, key: Any, loads: Any) -> Any:
+        if key == "k" and threading.current_thread() is prober and not applied.is_set():
+            def delete() -> None:
+                with cache._mutex:
+                    R.apply(cache, R.delete((), "k"))
+                applied.set()
+            threading.Thread(target=delete).start()
+            applied.wait(0.3)
+        return original(self, key, loads)
+
+    monkeypatch.setattr(Table, "lookup", lookup_while_another_thread_deletes)
+    cache.get("k")  # (either "old" or None: the delete is concurrent)
+    assert applied.wait(5)
+    assert cache.get("k", ABSENT) == ABSENT and "k" not in cache and list(cache) == ["other"]

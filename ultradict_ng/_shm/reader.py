@@ -220,7 +220,7 @@ class Reader(StoreBase):
                     return f"dump {dname!r} has an invalid header (generation {table.generation})"
                 if table.count >= _partial_from() and self._partial:
                     partial = True
-                    return TableCache(table, self.codec.loads, (seg, whole))
+                    return TableCache(table, self.codec.loads, (seg, whole), self.mutex)
                 try:
                     return table.decode_all(self.codec.loads)
                 except CorruptSegment as exc:

@@ -62,50 +62,62 @@ _MISSING: Any = object()
 
 class TableCache:
     """The root of a dict as a mapped table plus what changed since (module
-    docstring).  Not thread-safe by itself: the reader's cache mutex guards
-    it, as it guards a ``dict`` cache."""
+    docstring).  Records are applied under the reader's cache ``mutex``, as to
+    a ``dict`` cache; a read that misses ``hot`` probes and fills it under that
+    mutex too, so that a record applied by another thread meanwhile (a delete)
+    cannot be undone by the value it read before.  A hit takes no lock."""
 
-    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_keep")
+    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_keep", "_mutex")
 
-    def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any) -> None:
+    def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any) -> None:
         self.table: Optional[Table] = table
         self.hot: Dict[Any, Any] = {}
         self.dead: Set[Any] = set()
         self.fresh: Dict[Any, None] = {}
         self._loads = loads
         self._keep = keep  # the segment and view the table lives in: mapped while we are
+        self._mutex = mutex  # the reader's (reentrant: records' nested paths read through us)
 
     # -- reading ---------------------------------------------------------------------
 
-    def _probe(self, key: Any) -> Any:
-        """The value of a counted entry of ``key``, decoded, or ``_MISSING``."""
-        table = self.table
-        if table is None or key in self.dead:
-            return _MISSING
-        vb = table.lookup(key, self._loads)
-        return _MISSING if vb is None else self._loads(vb)
+    def _decode(self, key: Any) -> Any:
+        """``key``'s value after a miss in ``hot``: from ``hot`` again (filled
+        meanwhile), else its counted entry's, decoded and kept; or ``_MISSING``.
+        Under the mutex: the check of ``dead``, the probe and the store in
+        ``hot`` are one step against records."""
+        with self._mutex:
+            value = self.hot.get(key, _MISSING)
+            if value is not _MISSING:
+                return value
+            table = self.table
+            if table is None or key in self.dead:
+                return _MISSING
+            vb = table.lookup(key, self._loads)
+            if vb is None:
+                return _MISSING
+            value = self.hot[key] = self._loads(vb)
+            return value
 
     def _counted(self, key: Any) -> bool:
         """Whether a counted table entry holds ``key`` (its value not decoded)."""
-        table = self.table
-        return table is not None and key not in self.dead and table.lookup(key, self._loads) is not None
+        with self._mutex:
+            table = self.table
+            return table is not None and key not in self.dead and table.lookup(key, self._loads) is not None
 
     def __getitem__(self, key: Any) -> Any:
         value = self.hot.get(key, _MISSING)
         if value is _MISSING:
-            value = self._probe(key)
+            value = self._decode(key)
             if value is _MISSING:
                 raise KeyError(key)
-            self.hot[key] = value
         return value
 
     def get(self, key: Any, default: Any = None) -> Any:
         value = self.hot.get(key, _MISSING)
         if value is _MISSING:
-            value = self._probe(key)
+            value = self._decode(key)
             if value is _MISSING:
                 return default
-            self.hot[key] = value
         return value
 
     def __contains__(self, key: Any) -> bool:
