@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
+from ..errors import UnsupportedType
 from .table import Table
 
 __all__ = ["TableCache", "PARTIAL_FROM", "partial_from"]
@@ -56,6 +57,7 @@ def partial_from() -> int:
     """The threshold in force: the environment's, else :data:`PARTIAL_FROM`."""
     value = os.environ.get("ULTRADICT_NG_PARTIAL_FROM")
     return PARTIAL_FROM if not value else int(value)
+
 
 _MISSING: Any = object()
 
@@ -92,7 +94,7 @@ class TableCache:
             table = self.table
             if table is None or key in self.dead:
                 return _MISSING
-            vb = table.lookup(key, self._loads)
+            vb = self._lookup(table, key)
             if vb is None:
                 return _MISSING
             value = self.hot[key] = self._loads(vb)
@@ -102,7 +104,16 @@ class TableCache:
         """Whether a counted table entry holds ``key`` (its value not decoded)."""
         with self._mutex:
             table = self.table
-            return table is not None and key not in self.dead and table.lookup(key, self._loads) is not None
+            return table is not None and key not in self.dead and self._lookup(table, key) is not None
+
+    def _lookup(self, table: Table, key: Any) -> Any:
+        """``table.lookup``, a key of a type no dict of ours holds being absent
+        (as in a ``dict``: the table's hash refuses it; an unhashable key has
+        raised TypeError at ``hot`` already)."""
+        try:
+            return table.lookup(key, self._loads)
+        except UnsupportedType:
+            return None
 
     def __getitem__(self, key: Any) -> Any:
         value = self.hot.get(key, _MISSING)
