@@ -86,8 +86,16 @@ def no_names(ex: ProcessPoolExecutor, timeout: float = 10.0, what: str = "") -> 
 
 
 def unmapped(pid: Any, prefix: str, timeout: float = 10.0) -> None:
-    gc.collect()
-    wait_until(lambda: not mapped(pid, prefix), timeout, f"process {pid} maps no {prefix}*: {mapped(pid, prefix)}")
+    """``pid`` maps nothing of ``prefix`` within ``timeout``: what refers to a
+    mapping may be a cycle that becomes garbage only as the pool's threads end,
+    after a first collection (a full suite's process collects its oldest
+    generation rarely): collect at every look."""
+    def gone() -> bool:
+        if pid == "self":
+            gc.collect()
+        return not mapped(pid, prefix)
+
+    wait_until(gone, timeout, f"process {pid} maps no {prefix}*: {mapped(pid, prefix)}")
 
 
 def workers_of(ex: ProcessPoolExecutor) -> List[int]:
