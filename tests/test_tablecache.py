@@ -30,6 +30,7 @@ from ultradict_ng import SharedDict
 from ultradict_ng._codec import records as R
 from ultradict_ng._codec.codec import codec_for
 from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
+from ultradict_ng._shm import tablecache
 from ultradict_ng._shm.tablecache import TableCache
 
 from .conftest import soak_scaled, unique_name
@@ -407,7 +408,8 @@ def test_a_bulk_load_is_published_as_a_table(name, monkeypatch):
     holds, is published as a dump -- a table readers map -- even where its record
     would fit the stream; a smaller update, or one of a few keys of a bigger
     dict, is a record."""
-    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "1000")
+    monkeypatch.setattr(tablecache, "PARTIAL_FROM", 1000)  # (the writer's rule: not the environment's)
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "1000")  # (the reader's)
     w = SharedDict(name=name)  # a 1 MiB stream: all of these records would fit
     r = SharedDict(name=name)
     try:

@@ -31,7 +31,7 @@ from .._codec.records import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
 from .._segments import Segment
 from .table import map_size, root_hashes, write_map
-from .tablecache import TableCache, partial_from
+from . import tablecache
 from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
@@ -110,7 +110,7 @@ class Writer(Reader):
             if words[_W_STATE] != self.seen:
                 self._refresh_locked()
             if type(self.data) is not dict:  # a big dict read in place: steps need the whole tree
-                self.data = cast(TableCache, self.data).full()
+                self.data = cast(tablecache.TableCache, self.data).full()
             if words[_W_STATUS] & _UNLINKED:
                 raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
         except BaseException:
@@ -256,10 +256,10 @@ class Writer(Reader):
             raise
 
     def _bulk_load(self, rec: List[Any]) -> bool:
-        """A root update of ``PARTIAL_FROM`` pairs or more, no fewer than the dict
-        holds (a load): published as a dump, a table readers map, not a record."""
+        """A load: a root update of ``PARTIAL_FROM`` (the default) pairs or more, no fewer
+        than the dict holds; published as a dump, a table readers map, not a record."""
         return (rec[0] == L.OP_UPDATE and not rec[1] and self.codec.id == _MSGPACK_ID
-                and len(rec[2]) >= max(partial_from(), len(self.data), 1))
+                and len(rec[2]) >= max(tablecache.PARTIAL_FROM, len(self.data)))
 
     # -- transactions (layout: "Transactions") -------------------------------------------
 
