@@ -627,7 +627,10 @@ def test_pool_process_sigkilled_at_random_instants(tmp_path):
         finally:
             end(proc)
             kill_if_alive(words)
-    assert kinds["abandoned"] >= 1, kinds  # a busy pool always has calls in flight
+    # A busy pool always has calls in flight: complete parcels (abandoned) or half-made
+    # ones (creating), by the instant of the kill -- on a slow implementation all three
+    # kills once landed while parcels were being made; each kind is checked above.
+    assert kinds["abandoned"] + kinds["creating"] >= 1, kinds
 
 
 @pytest.mark.slow
