@@ -69,6 +69,18 @@ def same_keys(got: List[Any], want: List[Any]) -> bool:
     return len(got) == len(want) and all(exact(a, b) for a, b in zip(got, want))
 
 
+def check_reads(got: Any, model: Dict[Any, Any], key: Any) -> None:
+    """``got`` answers ``in``, ``get`` and ``[]`` as ``model`` does for ``key``, its
+    equal keys of other types, and keys of types no dict of ours holds (absent)."""
+    for k in [key] + variants(key):
+        assert (k in got) == (k in model), k
+        assert got.get(k, ABSENT) == model.get(k, ABSENT), k
+    for k in UNSUPPORTED:
+        assert k not in got and got.get(k, ABSENT) == ABSENT
+        with pytest.raises(KeyError):
+            got[k]
+
+
 def table_cache(data: Dict[Any, Any]) -> TableCache:
     """A TableCache over a table of ``data`` built in private memory."""
     codec = codec_for("msgpack")
@@ -125,13 +137,7 @@ class TableCacheMachine(RuleBasedStateMachine):
 
     @rule(key=POOL_KEYS)
     def read(self, key: Any) -> None:
-        for k in [key] + variants(key):
-            assert (k in self.cache) == (k in self.model), k
-            assert self.cache.get(k, ABSENT) == self.model.get(k, ABSENT), k
-        for k in UNSUPPORTED:  # (a dict holds none: absent, as in a dict)
-            assert k not in self.cache and self.cache.get(k, ABSENT) == ABSENT
-            with pytest.raises(KeyError):
-                self.cache[k]
+        check_reads(self.cache, self.model, key)
 
     @invariant()
     def same_dict(self) -> None:
@@ -199,13 +205,7 @@ class ReaderMachine(RuleBasedStateMachine):
 
     @rule(key=POOL_KEYS)
     def read(self, key: Any) -> None:
-        for k in [key] + variants(key):
-            assert (k in self.r) == (k in self.model), k
-            assert self.r.get(k, ABSENT) == self.model.get(k, ABSENT), k
-        for k in UNSUPPORTED:
-            assert k not in self.r and self.r.get(k, ABSENT) == ABSENT
-            with pytest.raises(KeyError):
-                self.r[k]
+        check_reads(self.r, self.model, key)
 
     @invariant()
     def same_dict(self) -> None:
