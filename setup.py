@@ -12,7 +12,7 @@ setup(
         Extension(
             "ultradict_ng._helper._native",
             sources=["ultradict_ng/_helper/_native.c", "ultradict_ng/_helper/keyhash.c",
-                     "ultradict_ng/_helper/table.c"],
+                     "ultradict_ng/_helper/table.c", "ultradict_ng/_helper/unpack.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c99"],
         )

@@ -375,7 +375,9 @@ def test_many_readers_share_one_copy(name):
 def test_the_compiled_hit_path_answers_decoded_keys_of_a_big_dict(name, monkeypatch):
     """``d[k]`` of a key the TableCache decoded already is answered by the C slot
     from its ``hot`` dict, without a Python frame (hot reads at dict speed); the
-    first read of a key, and a key absent, go to ``_getitem_slow``."""
+    first read of a key, and a key absent, go to the TableCache's own miss path
+    (``__getitem__``: the probe, no ``_getitem_slow`` frames) while the handle is
+    in sync; a read that must sync, or export a mutable value, takes ``_getitem_slow``."""
     monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "0")
     w = SharedDict({f"k{i}": (i, "v") for i in range(50)}, name=name, buffer_size=4096)
     w._store.force_dump()
@@ -388,16 +390,27 @@ def test_the_compiled_hit_path_answers_decoded_keys_of_a_big_dict(name, monkeypa
         return original(self, key)
 
     monkeypatch.setattr(SharedDict, "_getitem_slow", counting)
+    probed = []
+    original_miss = TableCache.__getitem__
+
+    def counting_miss(self: Any, key: Any) -> Any:
+        probed.append(key)
+        return original_miss(self, key)
+
+    monkeypatch.setattr(TableCache, "__getitem__", counting_miss)
     try:
         assert r["k3"] == (3, "v") and type(r._store.data) is TableCache
-        assert slow == ["k3"]
+        assert slow == [] and probed == ["k3"]  # (the handle synced as it opened)
         for _ in range(5):
             assert r["k3"] == (3, "v")
-        assert slow == ["k3"]  # answered compiled
+        assert slow == [] and probed == ["k3"]  # answered compiled
         with pytest.raises(KeyError):
             r["absent"]
         assert r["k4"] == (4, "v")
-        assert slow == ["k3", "absent", "k4"]
+        assert slow == [] and probed == ["k3", "absent", "k4"]
+        w["k5"] = [5]  # a mutable value: exported (copied) by the slow path
+        assert r["k5"] == [5] and r["k5"] is not r._store.data.hot["k5"]
+        assert slow[-1] == "k5"
     finally:
         r.close()
         w.close()
@@ -435,10 +448,10 @@ def test_a_delete_applied_during_a_readers_probe_is_not_undone(monkeypatch):
     for A instead, and the delete lands after A's store)."""
     cache = table_cache({"k": "old", "other": 1})
     applied = threading.Event()
-    original = Table.lookup
+    original = tablecache.table_get  # (the probe of a str key; Table.lookup's of the others)
     prober = threading.current_thread()
 
-    def lookup_while_another_thread_deletes(self: Any, key: Any, loads: Any) -> Any:
+    def probe_while_another_thread_deletes(buf: Any, slots: int, start: int, end: int, key: Any) -> Any:
         if key == "k" and threading.current_thread() is prober and not applied.is_set():
             def delete() -> None:
                 with cache._mutex:
@@ -446,9 +459,9 @@ def test_a_delete_applied_during_a_readers_probe_is_not_undone(monkeypatch):
                 applied.set()
             threading.Thread(target=delete).start()
             applied.wait(0.3)
-        return original(self, key, loads)
+        return original(buf, slots, start, end, key)
 
-    monkeypatch.setattr(Table, "lookup", lookup_while_another_thread_deletes)
+    monkeypatch.setattr(tablecache, "table_get", probe_while_another_thread_deletes)
     cache.get("k")  # (either "old" or None: the delete is concurrent)
     assert applied.wait(5)
     assert cache.get("k", ABSENT) == ABSENT and "k" not in cache and list(cache) == ["other"]

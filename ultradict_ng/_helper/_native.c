@@ -53,6 +53,8 @@
  *   table_fill,         writing its entries from a packed msgpack map,
  *   table_index,        its index from the entries, and walking it a
  *   table_chunk         chunk of entries at a time (one packed map each).
+ *   unpack_simple,      (unpack.c) decoding a scalar or a tuple of scalars
+ *   tuple_hook          without the codec's Python ext hook.
  *   SCALAR_TYPES,       constants mirrored from _codec/records.py and layout.py (a
  *   RECORD_HEADER,      test compares them); FUTEX: 1 where wait/wake are
  *   FUTEX               the kernel's futex (Linux), else 0 (wait/wake raise).
@@ -1500,10 +1502,11 @@ is_immutable_tuple(PyObject *v)
 /* The cached value of `key` when `view` is a root view whose cache is in
  * sync (one 8-byte load of STATE, a compare): 1 found (*out: a new
  * reference), 0 absent, 2 not answerable here (out of sync, a nested view,
- * a closed handle, a key a big dict's cache has not decoded), -1 error (an
- * unhashable key: dict's TypeError).  The cache is a dict, or a big dict's
- * TableCache (_shm/tablecache.py), whose `hot` dict holds the current value
- * of every key in it: a hit there is a hit, a miss may be in the table. */
+ * a closed handle), 3 a key a big dict's cache has not decoded (*out: a new
+ * reference to that cache, in sync when checked), -1 error (an unhashable
+ * key: dict's TypeError).  The cache is a dict, or a big dict's TableCache
+ * (_shm/tablecache.py), whose `hot` dict holds the current value of every
+ * key in it: a hit there is a hit, a miss may be in the table. */
 static int
 view_cached(ViewObject *self, PyObject *key, PyObject **out)
 {
@@ -1543,7 +1546,14 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
         *out = v;
         return 1;
     }
-    return PyErr_Occurred() ? -1 : partial ? 2 : 0;
+    if (PyErr_Occurred())
+        return -1;
+    if (partial) {  /* the key may be in the table: the TableCache's own miss path */
+        *out = s->data;
+        Py_INCREF(*out);
+        return 3;
+    }
+    return 0;
 }
 
 static PyObject *
@@ -1551,6 +1561,20 @@ vb_subscript(ViewObject *self, PyObject *key)
 {
     PyObject *v;
     int r = view_cached(self, key, &v);
+    if (r == 3) {
+        /* A first read of a big dict's key: TableCache.__getitem__ probes the
+         * table and keeps the value decoded (or raises KeyError), without the
+         * frames of the slow path -- which still exports what is not
+         * immutable, from `hot` now.  (A cache replaced meanwhile still
+         * answers for the state it was in sync with: it is kept mapped while
+         * referenced.) */
+        PyObject *cache = v;
+        v = PyObject_GetItem(cache, key);
+        Py_DECREF(cache);
+        if (v == NULL)
+            return NULL;
+        r = 1;
+    }
     if (r == 1) {
         if (is_immutable(v) || is_immutable_tuple(v))
             return v;
@@ -1912,6 +1936,10 @@ cg_call(CacheGetObject *self, PyObject *const *args, size_t nargsf, PyObject *kw
     int r = view_cached((ViewObject *)self->view, key, &e);
     if (r < 0)
         return NULL;
+    if (r == 3) {  /* (a cache's entries are few: never a big dict's TableCache in practice) */
+        Py_DECREF(e);
+        r = 2;
+    }
     if (r == 0) {
         self->misses++;
         Py_INCREF(dflt);
@@ -2392,13 +2420,15 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLong(crc);
 }
 
-/* keyhash.c and table.c (compiled into this module; setup.py lists the sources). */
+/* keyhash.c, table.c and unpack.c (compiled into this module; setup.py lists the sources). */
 PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
 PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_unpack_simple(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_tuple_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* zlib's CRC-32, for table.c. */
 uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n) { return crc_update(crc, p, n); }
@@ -2437,6 +2467,10 @@ static PyMethodDef native_methods[] = {
      "table_index(buf, slots, start, end, count): write the index of the entries start..end."},
     {"table_chunk", (PyCFunction)(void (*)(void))udng_native_table_chunk, METH_FASTCALL,
      "table_chunk(buf, start, end, off, most) -> (msgpack map of up to most entries from off, next offset)."},
+    {"unpack_simple", (PyCFunction)(void (*)(void))udng_native_unpack_simple, METH_FASTCALL,
+     "unpack_simple(data, default) -> the scalar or tuple of scalars data encodes, else default."},
+    {"tuple_hook", (PyCFunction)(void (*)(void))udng_native_tuple_hook, METH_FASTCALL,
+     "tuple_hook(fallback, code, data) -> a tuple of scalars for ext 1, else fallback(code, data)."},
     {NULL, NULL, 0, NULL},
 };
 

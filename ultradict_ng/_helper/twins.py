@@ -5,8 +5,8 @@ Same names, same signatures, same results, same bytes in shared memory:
 and no other module knows which (the msgpack ``fallback.py`` / py-lmdb
 ``cffi.py`` shape).  ``_native.pyi`` describes both; tests/test_native.py
 compares each pair on generated inputs, and CI runs the whole suite on both.
-The atomic words are in :mod:`.words`, the packers of big dicts in
-:mod:`.packing` (both re-exported here).
+The atomic words are in :mod:`.words`, the packers of big dicts and
+their values' decoder in :mod:`.packing` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 from .. import layout as L
 from .. import table_layout as TL
 from .._codec.keyhash import key_hash
-from .packing import pack_map, pack_pairs
+from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
     "table_fill", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
-    "pack_map", "pack_pairs",
+    "pack_map", "pack_pairs", "unpack_simple", "tuple_hook",
 ]
 
 _header = struct.Struct(L.RECORD_FORMAT)

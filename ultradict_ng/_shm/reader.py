@@ -220,7 +220,8 @@ class Reader(StoreBase):
                     return f"dump {dname!r} has an invalid header (generation {table.generation})"
                 if table.count >= _partial_from() and self._partial:
                     partial = True
-                    return TableCache(table, self.codec.loads, (seg, whole), self.mutex)
+                    return TableCache(table, self.codec.loads, (seg, whole), self.mutex,
+                                      self.codec.id == _MSGPACK_ID)
                 try:
                     return table.decode_all(self.codec.loads)
                 except CorruptSegment as exc:

@@ -39,7 +39,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from ..errors import UnsupportedType
+from ..errors import CorruptSegment, UnsupportedType
+from ..speedups import table_get, unpack_simple
 from .table import Table
 
 __all__ = ["TableCache", "PARTIAL_FROM", "partial_from"]
@@ -62,6 +63,10 @@ def partial_from() -> int:
 _MISSING: Any = object()
 
 
+def _declined(data: Any, default: Any) -> Any:
+    return default
+
+
 class TableCache:
     """The root of a dict as a mapped table plus what changed since (module
     docstring).  Records are applied under the reader's cache ``mutex``, as to
@@ -69,14 +74,18 @@ class TableCache:
     mutex too, so that a record applied by another thread meanwhile (a delete)
     cannot be undone by the value it read before.  A hit takes no lock."""
 
-    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_keep", "_mutex")
+    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_simple", "_keep", "_mutex")
 
-    def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any) -> None:
+    def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any,
+                 msgpack_values: bool = True) -> None:
         self.table: Optional[Table] = table
         self.hot: Dict[Any, Any] = {}
         self.dead: Set[Any] = set()
         self.fresh: Dict[Any, None] = {}
         self._loads = loads
+        # The msgpack serializer's values (every table dump's): a scalar or a
+        # tuple of scalars decodes in one compiled call, the codec's own first step.
+        self._simple: Callable[[Any, Any], Any] = unpack_simple if msgpack_values else _declined
         self._keep = keep  # the segment and view the table lives in: mapped while we are
         self._mutex = mutex  # the reader's (reentrant: records' nested paths read through us)
 
@@ -94,10 +103,18 @@ class TableCache:
             table = self.table
             if table is None or key in self.dead:
                 return _MISSING
-            vb = self._lookup(table, key)
+            if type(key) is str:  # (Table.lookup's first case, without its frame)
+                vb = table_get(table.buf, table.slots, table.start, table.end, key)
+                if type(vb) is str:
+                    raise CorruptSegment(f"{table.where}: {vb}")
+            else:
+                vb = self._lookup(table, key)
             if vb is None:
                 return _MISSING
-            value = self.hot[key] = self._loads(vb)
+            value = self._simple(vb, _MISSING)  # (a row: no codec frame)
+            if value is _MISSING:
+                value = self._loads(vb)
+            self.hot[key] = value
             return value
 
     def _counted(self, key: Any) -> bool:
