@@ -28,7 +28,7 @@ from ._backends import open_engine, unlink_by_name as _unlink_by_name
 from ._engine import BlobGone, Engine, Transactional, User
 from ._handle import Handle
 from ._lock import SharedLock
-from .speedups import set_immutable_types
+from .speedups import first_to_export, set_immutable_types
 
 __all__ = ["SharedDict"]
 
@@ -286,9 +286,15 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         def read(node: Dict[Any, Any]) -> List[Tuple[Any, Any]]:
             with self._store.mutex:
                 items = list(node.items())
-            immutable = _IMMUTABLE  # (a tuple of immutable items is one too, as for d[k]: a table row)
-            return [(k, v if type(v) in immutable or (type(v) is tuple and immutable.issuperset(map(type, v)))
-                     else self._export(k, v)) for k, v in items]
+            # Values handed out as they are, as by d[k] (a tuple of immutable
+            # items is one: a table row), checked in one compiled call; the
+            # rest exported, from the first one on.
+            first = first_to_export(items)
+            if first < len(items):
+                immutable = _IMMUTABLE
+                items[first:] = [(k, v if type(v) in immutable or (type(v) is tuple and immutable.issuperset(
+                    map(type, v))) else self._export(k, v)) for k, v in items[first:]]
+            return items
 
         return self._read(read)
 

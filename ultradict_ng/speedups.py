@@ -6,7 +6,7 @@ path (``StoreBase``, ``ViewBase``, and ``CacheGet`` for the shared cache), the r
 (``parse_records``, ``apply_sets``) and the codec's type scans
 (``types_within``, ``contains_type``) and its packers of big dicts
 (``pack_map``, ``pack_pairs``) and its decoder of their values
-(``unpack_simple``, ``tuple_hook``) -- is imported from here, and only
+(``unpack_simple``, ``tuple_hook``, ``table_rows``) -- is imported from here, and only
 from here.  This module takes them from the compiled ``ultradict_ng._helper._native``
 or from :mod:`ultradict_ng._helper.twins`, its pure-Python twins with identical
 names, signatures and results; ``_native.pyi`` types both.  Nothing else in
@@ -48,7 +48,7 @@ __all__ = [
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
     "table_fill", "table_index", "table_chunk", "pack_map", "pack_pairs", "unpack_simple", "tuple_hook",
-    "FUTEX",
+    "table_rows", "first_to_export", "FUTEX",
 ]
 
 ENV_VAR = "ULTRADICT_NG_SPEEDUPS"
@@ -111,17 +111,17 @@ IMPLEMENTATION: str = _choose()
 if IMPLEMENTATION == "native":
     assert _compiled is not None
     from ._helper._native import (
-        FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32,
+        FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, Words, apply_sets, contains_type, crc32, first_to_export,
         key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types,
-        table_candidates, table_chunk, table_fill, table_get, table_index, tuple_hook, types_within,
-        unpack_simple,
+        table_candidates, table_chunk, table_fill, table_get, table_index, table_rows, tuple_hook,
+        types_within, unpack_simple,
     )
 else:
     from ._helper.twins import (  # type: ignore[assignment]
-        FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32,
+        FUTEX, CacheGet, ProcessState, StoreBase, ViewBase, apply_sets, contains_type, crc32, first_to_export,
         key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types,
-        table_candidates, table_chunk, table_fill, table_get, table_index, tuple_hook, types_within,
-        unpack_simple,
+        table_candidates, table_chunk, table_fill, table_get, table_index, table_rows, tuple_hook,
+        types_within, unpack_simple,
     )
 
     Words = _twin_words(IMPLEMENTATION)  # type: ignore[misc]

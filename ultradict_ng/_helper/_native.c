@@ -52,7 +52,8 @@
  *   table_candidates    bytes key, or the entries of one full hash;
  *   table_fill,         writing its entries from a packed msgpack map,
  *   table_index,        its index from the entries, and walking it a
- *   table_chunk         chunk of entries at a time (one packed map each).
+ *   table_chunk,        chunk of entries at a time (one packed map each),
+ *   table_rows          or decoding its rows into a dict (with unpack.c).
  *   unpack_simple,      (unpack.c) decoding a scalar or a tuple of scalars
  *   tuple_hook          without the codec's Python ext hook.
  *   SCALAR_TYPES,       constants mirrored from _codec/records.py and layout.py (a
@@ -1499,6 +1500,31 @@ is_immutable_tuple(PyObject *v)
     return 1;
 }
 
+/* first_to_export(pairs) -> index of the first (key, value) of the list
+ * whose value the hit path would not hand out as it is (is_immutable,
+ * is_immutable_tuple), or len(pairs): a snapshot of a big dict's items
+ * checks a million values in one call, exporting only from there. */
+static PyObject *
+native_first_to_export(PyObject *module, PyObject *pairs)
+{
+    if (!PyList_CheckExact(pairs)) {
+        PyErr_SetString(PyExc_TypeError, "first_to_export(pairs: list)");
+        return NULL;
+    }
+    Py_ssize_t i = 0, n = PyList_GET_SIZE(pairs);
+    for (; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "first_to_export: pairs must be (key, value) tuples");
+            return NULL;
+        }
+        PyObject *v = PyTuple_GET_ITEM(pair, 1);
+        if (!is_immutable(v) && !is_immutable_tuple(v))
+            break;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 /* The cached value of `key` when `view` is a root view whose cache is in
  * sync (one 8-byte load of STATE, a compare): 1 found (*out: a new
  * reference), 0 absent, 2 not answerable here (out of sync, a nested view,
@@ -2427,6 +2453,7 @@ PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, 
 PyObject *udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_unpack_simple(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_tuple_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
@@ -2451,6 +2478,8 @@ static PyMethodDef native_methods[] = {
     {"types_within", (PyCFunction)(void (*)(void))native_types_within, METH_FASTCALL,
      "types_within(container, types[, levels]) -> bool: every member (dict: keys and values) of an exact "
      "type in types, or within levels more levels a container whose members are."},
+    {"first_to_export", (PyCFunction)native_first_to_export, METH_O,
+     "first_to_export(pairs) -> index of the first (key, value) whose value is not handed out as it is."},
     {"set_immutable_types", (PyCFunction)native_set_immutable_types, METH_O,
      "set_immutable_types(frozenset): value types ViewBase returns without copying."},
     {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,
@@ -2467,6 +2496,8 @@ static PyMethodDef native_methods[] = {
      "table_index(buf, slots, start, end, count): write the index of the entries start..end."},
     {"table_chunk", (PyCFunction)(void (*)(void))udng_native_table_chunk, METH_FASTCALL,
      "table_chunk(buf, start, end, off, most) -> (msgpack map of up to most entries from off, next offset)."},
+    {"table_rows", (PyCFunction)(void (*)(void))udng_native_table_rows, METH_FASTCALL,
+     "table_rows(buf, start, end, off, out) -> offset where it stopped decoding rows into the dict out."},
     {"unpack_simple", (PyCFunction)(void (*)(void))udng_native_unpack_simple, METH_FASTCALL,
      "unpack_simple(data, default) -> the scalar or tuple of scalars data encodes, else default."},
     {"tuple_hook", (PyCFunction)(void (*)(void))udng_native_tuple_hook, METH_FASTCALL,

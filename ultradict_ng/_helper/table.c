@@ -32,7 +32,15 @@
  *       pairs in one serializer call instead of two calls a pair; next
  *       offset == end when the walk is done.  A damaged entry: ValueError
  *       whose message starts "table entry" (the caller raises CorruptSegment).
- *   Both raise ValueError on input that does not fit (a malformed map, a
+ *   table_rows(buf, start, end, off, out)
+ *       Decodes the entries from ``off`` on into the dict ``out`` (out[key] =
+ *       value), each checked, while both key and value are a scalar or a
+ *       tuple of scalars (unpack.c: a lookup table's keys and rows), and
+ *       returns the offset where it stopped: end, or the first entry that is
+ *       not so, for the serializer (table_chunk from there).  A walk of a
+ *       million rows makes no bytes object and calls no serializer.  A
+ *       damaged entry: ValueError, as table_chunk.
+ *   They raise ValueError on input that does not fit (a malformed map, a
  *   count that disagrees, a buffer too small) before writing past anything.
  *
  * Every entry handed out has been checked as Table.entry checks it (aligned,
@@ -52,6 +60,7 @@
 int udng_key_hash_common(PyObject *key, uint64_t *out);          /* keyhash.c */
 uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n); /* _native.c */
 Py_ssize_t udng_mp_skip(const unsigned char *p, Py_ssize_t n);       /* _native.c */
+PyObject *udng_simple_value(const unsigned char *p, Py_ssize_t n);    /* unpack.c */
 
 static inline uint64_t rd64(const unsigned char *p)
 {
@@ -507,4 +516,60 @@ udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return NULL;
     PyObject *r = Py_BuildValue("(NK)", out, (unsigned long long)pos);
     return r;
+}
+
+/* table_rows(buf, start, end, off, out) -> offset where it stopped */
+PyObject *
+udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "table_rows(buf, start, end, off, out: dict)");
+        return NULL;
+    }
+    unsigned long long start = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long end = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long off = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *out = args[4];
+    Py_buffer pb;
+    if (PyObject_GetBuffer(args[0], &pb, PyBUF_SIMPLE) < 0)
+        return NULL;
+    table_view t = {(const unsigned char *)pb.buf, 8, start, end, pb.len};
+    const char *bad = NULL;
+    int failed = 0;
+    if (start < T_HEADER || start > end || end > (unsigned long long)pb.len || off < start || off > end)
+        bad = "table_rows: bounds do not fit the buffer";
+    uint64_t pos = off;
+    while (bad == NULL && pos < end) {
+        uint32_t kl, vl;
+        if ((bad = check_entry(&t, pos, &kl, &vl)) != NULL)
+            break;
+        const unsigned char *body = t.b + pos + T_ENTRY;
+        PyObject *key = udng_simple_value(body, kl);
+        if (key == NULL)
+            break;
+        PyObject *value = udng_simple_value(body + kl, vl);
+        if (value == NULL) {
+            Py_DECREF(key);
+            break;
+        }
+        /* (scalars and tuples of them: their hash and == run no Python code) */
+        int r = PyDict_SetItem(out, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (r < 0) {
+            failed = 1;
+            break;
+        }
+        pos = (pos + T_ENTRY + kl + vl + 7) & ~7ULL;
+    }
+    PyBuffer_Release(&pb);
+    if (bad != NULL) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    if (failed)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(pos);
 }

@@ -6,7 +6,8 @@ and no other module knows which (the msgpack ``fallback.py`` / py-lmdb
 ``cffi.py`` shape).  ``_native.pyi`` describes both; tests/test_native.py
 compares each pair on generated inputs, and CI runs the whole suite on both.
 The atomic words are in :mod:`.words`, the packers of big dicts and
-their values' decoder in :mod:`.packing` (both re-exported here).
+their values' decoder in :mod:`.packing`, the walks over a table's entries
+in :mod:`.tablewalk` (all re-exported here).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .. import layout as L
 from .. import table_layout as TL
 from .._codec.keyhash import key_hash
 from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
+from .tablewalk import entry_checked, table_chunk, table_rows
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
@@ -31,7 +33,7 @@ __all__ = [
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
     "table_fill", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
-    "pack_map", "pack_pairs", "unpack_simple", "tuple_hook",
+    "pack_map", "pack_pairs", "unpack_simple", "tuple_hook", "table_rows", "first_to_export",
 ]
 
 _header = struct.Struct(L.RECORD_FORMAT)
@@ -172,6 +174,17 @@ def set_immutable_types(types: FrozenSet[type]) -> None:
     if type(types) is not frozenset:
         raise TypeError("set_immutable_types needs a frozenset of types")
     _immutable_types = types
+
+
+def first_to_export(pairs: List[Tuple[Any, Any]]) -> int:
+    """Index of the first ``(key, value)`` whose value the hit path would not
+    hand out as it is (not of an immutable type, nor a tuple of such); len if none."""
+    types = _immutable_types
+    for i, (_, v) in enumerate(pairs):
+        tp = type(v)
+        if tp not in types and not (tp is tuple and types.issuperset(map(type, v))):
+            return i
+    return len(pairs)
 
 
 class CacheGet:
@@ -345,28 +358,12 @@ def key_hash_common(key: Any) -> Optional[int]:
 # -- the probe of a shared table (table_layout.py, "Probe") ------------------------------
 
 _table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
-_map_header = msgpack.Packer().pack_map_header
 _TE = TL.TABLE_ENTRY_HEADER
 
 
 def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
     if slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf):
         raise ValueError("table bounds do not fit the buffer")
-
-
-def _table_entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, Tuple[int, int, int]]:
-    """``(hash, key length, value length)`` of the entry at ``off`` once it is
-    checked (aligned, inside the entries, zero word, crc), or what is wrong."""
-    if off & 7 or off < start or off + _TE > end:
-        return "table entry offset outside the entries"
-    eh, kl, vl, crc, zero = _table_entry.unpack_from(buf, off)
-    if zero:
-        return "table entry has a nonzero reserved word"
-    if off + _TE + kl + vl > end:
-        return "table entry runs past the entries"
-    if zlib.crc32(buf[off + _TE:off + _TE + kl + vl], zlib.crc32(buf[off:off + 16])) != crc:
-        return "table entry fails its checksum"
-    return eh, kl, vl
 
 
 def _table_chain(buf: Any, slots: int, start: int, end: int,
@@ -384,7 +381,7 @@ def _table_chain(buf: Any, slots: int, start: int, end: int,
         if s & TL.TABLE_TAG_MASK != tag:
             continue
         off = s & TL.TABLE_OFFSET_MASK
-        checked = _table_entry_checked(buf, start, end, off)
+        checked = entry_checked(buf, start, end, off)
         if isinstance(checked, str):
             yield checked
             return
@@ -509,24 +506,3 @@ def table_index(buf: Any, slots: int, start: int, end: int, count: int) -> None:
             seen += 1
         if seen != count:
             raise ValueError("table_index: the entries do not add up to count")
-
-
-def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[bytes, int]:
-    """Up to ``most`` entries from ``off``, each checked, as one msgpack map
-    of their keys' and values' bytes; and the offset after them."""
-    if (start < TL.TABLE_HEADER or not start <= end <= len(buf) or not start <= off <= end
-            or not 0 < most <= 0xFFFFFFFF):
-        raise ValueError("table_chunk: bounds do not fit the buffer")
-    parts: List[bytes] = []
-    n = 0
-    with memoryview(buf) as mv:
-        while off < end and n < most:
-            checked = _table_entry_checked(mv, start, end, off)
-            if isinstance(checked, str):
-                raise ValueError(checked)
-            _, kl, vl = checked
-            body = mv[off + _TE:off + _TE + kl + vl]
-            parts.append(bytes(body))
-            off = (off + _TE + kl + vl + 7) & ~7
-            n += 1
-    return _map_header(n) + b"".join(parts), off

@@ -223,7 +223,7 @@ class Reader(StoreBase):
                     return TableCache(table, self.codec.loads, (seg, whole), self.mutex,
                                       self.codec.id == _MSGPACK_ID)
                 try:
-                    return table.decode_all(self.codec.loads)
+                    return table.decode_all(self.codec.loads, self.codec.id == _MSGPACK_ID)
                 except CorruptSegment as exc:
                     return str(exc)
             finally:

@@ -41,7 +41,9 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 from .. import table_layout as L
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment, UnsupportedType
-from ..speedups import key_hash_common, table_candidates, table_chunk, table_fill, table_get, table_index
+from .._codec.decode import gc_paused
+from ..speedups import (key_hash_common, table_candidates, table_chunk, table_fill, table_get, table_index,
+                        table_rows)
 
 __all__ = ["Table", "Merge", "table_size", "write_table", "write_map", "map_size", "entry_size",
            "slots_for", "hash_key", "root_hashes", "encode_entries", "pack_pairs"]
@@ -280,14 +282,32 @@ class Table:
         if seen != self.count:
             raise CorruptSegment(f"{self.where}: table holds {seen} entries, its header says {self.count}")
 
-    def decode_all(self, loads: Callable[[Any], Any]) -> Dict[Any, Any]:
-        """Every entry, each checked, decoded as one map by one serializer call."""
+    def decode_all(self, loads: Callable[[Any], Any], rows: bool = True) -> Dict[Any, Any]:
+        """Every entry, each checked, in order.  With ``rows`` (the msgpack
+        serializer's table: every dump's) the compiled ``table_rows``
+        decodes the entries whose key and value are scalars or tuples of
+        them -- a lookup table, whole -- and the serializer the rest, as one
+        map in one call (from the first entry that is not such a row on)."""
+        data: Dict[Any, Any] = {}
+        off = self.start
         try:
-            packed, end = table_chunk(self.buf, self.start, self.end, self.start, max(self.count, 1))
+            if rows:
+                with gc_paused():  # (a million rows are a million tracked tuples)
+                    off = table_rows(self.buf, self.start, self.end, off, data)
+            end = off
+            if off < self.end:
+                packed, end = table_chunk(self.buf, self.start, self.end, off, max(self.count, 1))
         except ValueError as exc:
             raise CorruptSegment(f"{self.where}: {exc}") from None
-        data = loads(packed)
-        if end != self.end or type(data) is not dict or len(data) != self.count:
+        if off < self.end:
+            rest = loads(packed)
+            if type(rest) is not dict:
+                raise CorruptSegment(f"{self.where}: its entries are not a map")
+            if data:
+                data.update(rest)
+            else:
+                data = rest
+        if end != self.end or len(data) != self.count:
             raise CorruptSegment(f"{self.where}: its entries do not add up to the {self.count} "
                                  "its header counts")
         return data

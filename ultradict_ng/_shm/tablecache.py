@@ -177,7 +177,8 @@ class TableCache:
         (the cost of decoding a dump whole), then the changes since: deleted
         keys out, overwritten values in place, fresh keys appended in order."""
         table = self.table
-        out: Dict[Any, Any] = table.decode_all(self._loads) if table is not None else {}
+        out: Dict[Any, Any] = (table.decode_all(self._loads, self._simple is unpack_simple)
+                               if table is not None else {})
         for k in self.dead:
             out.pop(k, None)
         fresh, hot = self.fresh, self.hot
