@@ -407,3 +407,41 @@ def test_redis_writer_dies_at_fault_point(name, point, locked, redis_url, monkey
     st = d.stats()
     assert st["log_bytes"] <= max(256, RL.SNAP_RATIO * st["snapshot_bytes"]) + 400
     d.close()  # the creator's auto_unlink removes every key (redis_url checks)
+
+
+BULK_LOADER = """
+import sys
+from ultradict_ng import SharedDict
+d = SharedDict(name=sys.argv[1], create=False)
+d.update({f"row{i}": (i, "r", i / 2) for i in range(5000)})
+print("loaded", flush=True)
+"""
+
+
+@pytest.mark.parametrize("point", ["lock-held", "dump-registered", "dump-created", "dump-written",
+                                   "dump-published"])
+def test_a_loader_killed_mid_bulk_load(name, point):
+    """A bulk load (update() of a dict of >= PARTIAL_FROM rows: a dump, written
+    by Store.load without a record) SIGKILLed at each point of its dump: the
+    others recover the lock, see the dict before the load or with all of it
+    (from "dump-published" on), never part; a reader that maps it reads every
+    row; later writes work, and cleanup finds every segment."""
+    d = SharedDict({"before": 1}, name=name, buffer_size=1 << 16)
+    env = dict(os.environ, ULTRADICT_NG_FAULT=f"{point}:kill:1", PYTHONPATH=ROOT)
+    p = subprocess.Popen([sys.executable, "-c", BULK_LOADER, name], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL, err
+    assert "loaded" not in out
+    with d.lock(timeout=5):
+        state = d.copy()
+    loaded = {"before": 1, **{f"row{i}": (i, "r", i / 2) for i in range(5000)}}
+    assert state == (loaded if point == "dump-published" else {"before": 1}), sorted(state)[:3]
+    fresh = SharedDict(name=name, create=False)
+    assert fresh.copy() == state and fresh.get("row4999") == state.get("row4999")
+    d["after"] = 2
+    assert fresh["after"] == 2 and len(fresh) == len(state) + 1
+    fresh.close()
+    present = ours(name)
+    assert unlink_by_name(name) == len(present) and ours(name) == []
+    d.close()

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ultradict_ng import SharedDict
+from ultradict_ng import SharedDict, layout as L
 from ultradict_ng._codec import records as R
 from ultradict_ng._codec.codec import codec_for
 from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
@@ -465,3 +465,47 @@ def test_a_delete_applied_during_a_readers_probe_is_not_undone(monkeypatch):
     cache.get("k")  # (either "old" or None: the delete is concurrent)
     assert applied.wait(5)
     assert cache.get("k", ABSENT) == ABSENT and "k" not in cache and list(cache) == ["other"]
+
+
+def test_a_dict_given_whole_is_loaded_without_a_record(name, monkeypatch):
+    """update(dict) and SharedDict(dict, ...) of PARTIAL_FROM rows or more
+    (scalar keys, scalar or scalar-tuple values) are a bulk load straight from
+    the dict (Store.load: no [key, value] lists, no record): the same dict,
+    in the same order, for the loader and its readers; over keys the dict
+    holds, as update() does.  Anything else takes the record path, which
+    publishes the same."""
+    from ultradict_ng._codec import codec as codec_module
+
+    monkeypatch.setattr(tablecache, "PARTIAL_FROM", 1000)
+    encoded: List[Any] = []
+    real = codec_module.MsgpackCodec.encode_record
+    monkeypatch.setattr(codec_module.MsgpackCodec, "encode_record",
+                        lambda self, rec: encoded.append(rec[0]) or real(self, rec))
+    rows = {f"k{i}": (i, f"v{i}", i / 2) for i in range(1500)}
+    w = SharedDict(rows, name=name, blob_threshold=100)
+    r = SharedDict(name=name)
+    try:
+        assert encoded == [] and w._store.gen == 1
+        assert list(r.items()) == list(rows.items()) == list(w.items())
+        again = {**{f"k{i}": -i for i in range(0, 1500, 2)}, **{f"n{i}": None for i in range(600)}}
+        w.update(again)  # 1,350 rows < 1,500 held: a record
+        model = {**rows, **again}
+        assert encoded == [L.OP_UPDATE] and list(r.items()) == list(model.items())
+        bigger = {**{f"k{i}": i for i in range(1000, 1500)}, **{f"z{i}": b"x" for i in range(1700)}}
+        encoded.clear()
+        w.update(bigger)  # over the 2,100 held: loaded, in place
+        model.update(bigger)
+        assert encoded == [] and w._store.gen == 2 and list(r.items()) == list(model.items())
+        for declined in ({f"b{i}": b"y" * 200 for i in range(3000)},  # blobs
+                         {f"d{i}": {"n": i} for i in range(4000)}):  # nested values
+            w.update(declined)
+            model.update(declined)
+            assert encoded[-1] == L.OP_UPDATE and r.copy() == model == w.copy()
+        assert list(r) == list(model)
+        with w.transaction():  # (an open transaction: its records)
+            w.update({f"t{i}": i for i in range(9000)})
+        model.update({f"t{i}": i for i in range(9000)})
+        assert r.copy() == model
+    finally:
+        r.close()
+        w.close()

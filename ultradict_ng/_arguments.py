@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._engine import Options
+from ._engine import Initial, Options
 from ._codec.decode import gc_paused
 from .speedups import ViewBase, types_within
 
@@ -28,13 +28,15 @@ _OPTION_KEYWORDS = ("recurse", "buffer_size", "serializer", "auto_unlink", "blob
 
 
 def split_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]
-                    ) -> Tuple[Optional[str], Optional[bool], Options, List[List[Any]]]:
-    """``(name, create, options, initial pairs)`` of ``SharedDict(*args, **kwargs)``.
+                    ) -> Tuple[Optional[str], Optional[bool], Options, Initial]:
+    """``(name, create, options, initial data)`` of ``SharedDict(*args, **kwargs)``.
 
     Positionally: an optional data argument first (anything that is not a
     str or None), then name, then create.  Keyword arguments that are not
     parameters are data, after (and over) the positional data's items, as
-    in ``dict(mapping, **kwargs)``."""
+    in ``dict(mapping, **kwargs)``.  The initial data is [key, value] lists,
+    or a ``dict`` given alone, as it is: the engine may load it whole
+    (``Engine.load``) without a list per pair."""
     kwargs = dict(kwargs)
     name: Optional[str] = kwargs.pop("name", None)
     create: Optional[bool] = kwargs.pop("create", None)
@@ -53,6 +55,8 @@ def split_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]
         if create is not None:
             raise TypeError("SharedDict() got create both positionally and by keyword")
         create = positional.pop(0)
+    if type(data) is dict and not kwargs:
+        return name, create, options, data
     initial = (pairs(data) if data is not None else []) + pairs(kwargs)
     return name, create, options, initial
 

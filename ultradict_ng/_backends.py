@@ -11,9 +11,10 @@ import the interface: the dependencies run one way only.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from ._engine import Engine, Options
+from ._arguments import pairs
+from ._engine import Engine, Initial, Options
 from ._shm import cleanup
 from ._shm.store import Store
 
@@ -25,9 +26,9 @@ BACKEND_ENV = "ULTRADICT_NG_BACKEND"
 
 
 def open_engine(name: Optional[str], create: Optional[bool], options: Options,
-                initial: Optional[Sequence[Sequence[Any]]] = None) -> Engine:
+                initial: Initial = None) -> Engine:
     """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
-    ``initial`` [key, value] pairs are stored only by the process that creates it."""
+    ``initial`` ([key, value] lists, or a dict) is stored only by the process that creates it."""
     backend = resolve_backend(options.backend)
     if backend is None:
         if options.lease is not None or options.staleness is not None:
@@ -38,6 +39,8 @@ def open_engine(name: Optional[str], create: Optional[bool], options: Options,
     # (Imported on first use: a process that never names a Redis server never loads its engine.)
     from ._redis.engine import RedisEngine
 
+    if isinstance(initial, dict):
+        initial = pairs(initial)
     return RedisEngine.open(name, create, options, initial, backend, options.reads,
                             options.lease, options.staleness)
 

@@ -60,9 +60,12 @@ if TYPE_CHECKING:
     from ._codec.codec import Codec
     from ._lock import SharedLock
 
-__all__ = ["Engine", "Transactional", "Options", "Conflict", "BlobGone", "ClosedWords", "User"]
+__all__ = ["Engine", "Transactional", "Options", "Conflict", "BlobGone", "ClosedWords", "User", "Initial"]
 
 Path = Tuple[Any, ...]
+#: What a created dict starts with: [key, value] lists, or a ``dict`` given whole
+#: (which an engine may load without them: ``Engine.load``).
+Initial = Union[List[List[Any]], Dict[Any, Any], None]
 
 
 class User(NamedTuple):
@@ -183,6 +186,10 @@ class Engine(Protocol):
         needs no check against the cache."""
 
     def end_write(self) -> None: ...
+
+    def load(self, mapping: Dict[Any, Any]) -> bool:
+        """``update(mapping)`` at the root done faster than by a record (a bulk
+        load), True; or False, nothing changed: the caller writes the record."""
 
     def set_root(self, key: Any, value: Any) -> None:
         """``begin_write``, ``commit(record.set_((), key, value))``, ``end_write``."""

@@ -286,9 +286,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         def read(node: Dict[Any, Any]) -> List[Tuple[Any, Any]]:
             with self._store.mutex:
                 items = list(node.items())
-            # Values handed out as they are, as by d[k] (a tuple of immutable
-            # items is one: a table row), checked in one compiled call; the
-            # rest exported, from the first one on.
+            # Values handed out as they are, as by d[k] (a tuple of immutable items is
+            # one: a table row), checked in one compiled call; the rest exported.
             first = first_to_export(items)
             if first < len(items):
                 immutable = _IMMUTABLE
@@ -429,6 +428,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """Like ``dict.update``, as one atomic record: all items are stored or none."""
+        if type(other) is dict and not kwargs and not self._path and self._store.load(other):
+            return  # (a bulk load: a dump, made without a list per pair)
         items = pairs(other) + pairs(kwargs)
         if not items:
             self._node()  # still: Closed / PathGone like any other call

@@ -251,6 +251,10 @@ class RedisEngine(StoreBase):
     def end_write(self) -> None:
         self.mutex.release()
 
+    def load(self, mapping: Dict[Any, Any]) -> bool:
+        """Declined: a load is one update record here, written in one transaction."""
+        return False
+
     def commit(self, rec: List[Any]) -> None:
         """A write whose decision used the cache: conditional on ``known``
         (layout: "Writing", step 3); ``Conflict`` if another client wrote first."""

@@ -384,13 +384,13 @@ class Writer(Reader):
         finally:
             self.end_write()
 
-    def _write_dump(self) -> None:
-        """Writer step 4: snapshot the cache into generation gen+1 and publish it.
+    def _write_dump(self, packed: Optional[bytes] = None) -> None:
+        """Writer step 4: snapshot the cache (packed: by the caller) into generation gen+1 and publish it.
 
         The dump is a table (layout: "Dump") when the root keys have table
         hashes: the dict packed whole by the serializer, as the payload form
         holds it, split into indexed entries by one compiled pass."""
-        payload = self.codec.dumps(self.data)
+        payload = self.codec.dumps(self.data) if packed is None else packed
         hashes = root_hashes(self.data) if self.codec.id == _MSGPACK_ID else None  # (None: payload form)
         size = L.DUMP_HEADER + len(payload) if hashes is None else map_size(payload, hashes)
         if self.dump_limit and size > self.dump_limit:
