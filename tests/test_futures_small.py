@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import pickle
 import secrets
+import time
 from concurrent.futures import process as cfp
 from typing import Any, Iterator
 
@@ -139,6 +140,52 @@ def test_wakeups_coalesce_into_one_message() -> None:
         w.close()
     w.wakeup()  # closed: nothing happens
     w.clear()
+
+
+def test_a_forked_child_never_waits_for_the_wakeups_lock() -> None:
+    """A process forked while a thread of its parent held a wakeup's lock (a
+    pool's worker, forked as the pool's result thread empties the pipe) wakes
+    it at its exit -- the standard library's exit hook wakes every pool -- and
+    must not wait for that lock, which stays held in its copy forever (CI: a
+    script's worker and the pool joining it hung at exit)."""
+    import threading
+
+    w = wakeup.CoalescedWakeup()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with w._coalesce:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(30)
+        pid = os.fork()
+        if pid == 0:  # the child: the lock's copy is held by a thread that does not exist here
+            try:
+                w.wakeup()
+                w.clear()
+                w.close()
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the wakeup's lock")
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not w._reader.poll(0)  # (the child wrote nothing into the parent's pipe)
+    finally:
+        release.set()
+        t.join(30)
+        w.close()
 
 
 def test_the_pool_uses_the_coalesced_wakeup(pool: Any) -> None:

@@ -25,10 +25,19 @@ already holds the change.  The flag and the pipe change together under one
 lock, so a message is in the pipe exactly when the flag is set: emptying never
 blocks on a read, and never leaves a stale message behind (which would make
 the thread spin).
+
+A process forked from the pool's (a worker, with the fork start method)
+inherits the wakeup and, through the standard library's exit hook, wakes
+every pool it knows of as it exits.  Its copy of the lock is whatever the
+lock was at the fork: held forever if a thread of the pool's process held it
+then -- and the worker, and the pool joining it, would hang at exit.  A
+process other than the wakeup's own therefore never takes the lock: it has no
+pool thread to wake (its copies of them do not run), so it does nothing.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import process as _process
 from typing import Any
@@ -46,8 +55,11 @@ class CoalescedWakeup(_process._ThreadWakeup):
         # racing ``close`` must not write into a closed pipe.
         self._coalesce = threading.Lock()
         self._waiting = False
+        self._pid = os.getpid()  # (a forked child's copy never takes the lock: module docstring)
 
     def wakeup(self) -> None:
+        if os.getpid() != self._pid:
+            return
         with self._coalesce:
             if self._closed or self._waiting:
                 return
@@ -56,6 +68,8 @@ class CoalescedWakeup(_process._ThreadWakeup):
             self._waiting = True
 
     def clear(self) -> None:
+        if os.getpid() != self._pid:
+            return
         with self._coalesce:
             if self._closed or not self._waiting:
                 return
@@ -63,6 +77,9 @@ class CoalescedWakeup(_process._ThreadWakeup):
             self._waiting = False
 
     def close(self) -> None:
+        if os.getpid() != self._pid:  # (this process's copies of the pipe's ends only)
+            super().close()
+            return
         with self._coalesce:
             super().close()
 
