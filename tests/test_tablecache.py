@@ -370,6 +370,19 @@ def test_many_readers_share_one_copy(name):
         d.close()
 
 
+def keys_passed_to(monkeypatch: Any, cls: type, method: str) -> List[Any]:
+    """The keys ``cls.method(self, key)`` is called with from now on (the method still runs)."""
+    keys: List[Any] = []
+    original = getattr(cls, method)
+
+    def counting(self: Any, key: Any) -> Any:
+        keys.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(cls, method, counting)
+    return keys
+
+
 @pytest.mark.skipif(__import__("ultradict_ng.speedups", fromlist=["x"]).IMPLEMENTATION != "native",
                     reason="the compiled hit path")
 def test_the_compiled_hit_path_answers_decoded_keys_of_a_big_dict(name, monkeypatch):
@@ -382,22 +395,8 @@ def test_the_compiled_hit_path_answers_decoded_keys_of_a_big_dict(name, monkeypa
     w = SharedDict({f"k{i}": (i, "v") for i in range(50)}, name=name, buffer_size=4096)
     w._store.force_dump()
     r = SharedDict(name=name)
-    slow = []
-    original = SharedDict._getitem_slow
-
-    def counting(self: Any, key: Any) -> Any:
-        slow.append(key)
-        return original(self, key)
-
-    monkeypatch.setattr(SharedDict, "_getitem_slow", counting)
-    probed = []
-    original_miss = TableCache.__getitem__
-
-    def counting_miss(self: Any, key: Any) -> Any:
-        probed.append(key)
-        return original_miss(self, key)
-
-    monkeypatch.setattr(TableCache, "__getitem__", counting_miss)
+    slow = keys_passed_to(monkeypatch, SharedDict, "_getitem_slow")
+    probed = keys_passed_to(monkeypatch, TableCache, "__getitem__")
     try:
         assert r["k3"] == (3, "v") and type(r._store.data) is TableCache
         assert slow == [] and probed == ["k3"]  # (the handle synced as it opened)
