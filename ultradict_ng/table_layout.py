@@ -74,7 +74,12 @@ into entries (``_shm/table.py``, ``write_map``).  A reader checks the header
   a ``TableCache``: the table, the keys deleted since (``dead``), the keys
   added since in order (``fresh``), the values read or written since
   (``hot``); records apply to those.  A value is decoded, and its entry
-  checked, when first read.  The table never changes and stays valid after
+  checked, when first read, and kept in ``hot``: under the process's cache
+  mutex, so that a record applied meanwhile (a delete) is not undone by the
+  value read before it -- or, in the compiled read path of a str key and a
+  row of scalars, with no other thread running between its checks and its
+  store, the checks made again after the decode (whose allocations may run a
+  collection's finalizers).  The table never changes and stays valid after
   its name is unlinked, so nothing read from it can be torn or go missing: an
   entry failing its check is ``CorruptSegment`` at once (no retry changes it).
   A process that writes decodes the whole first (writer step 1: checks, old

@@ -1221,6 +1221,10 @@ static PyTypeObject ProcessStateType = {
  * pure-Python twins are in twins.py (their transaction writes take the
  * Python path). */
 
+static PyObject *str_hot;    /* "hot": a TableCache's dict of decoded values */
+static PyObject *str_dead;   /* "dead": its set of the table's deleted keys */
+static PyObject *str_probe;  /* "_probe": its (buf, slots, start, end), or None */
+
 typedef struct {
     PyObject_HEAD
     PyObject *seen;
@@ -1237,6 +1241,11 @@ typedef struct {
     Py_ssize_t tx_threshold; /* bytes values this long go to blobs (0: never) */
     Py_ssize_t tx_blob_index;/* index of BLOB_NEXT in state_words */
     long tx_op_set;
+    /* A big dict's cache (`data` a TableCache): its `hot` dict and `dead`
+     * set, taken when `data` is set (a TableCache never rebinds them), so
+     * that the read path looks them up without an attribute lookup. */
+    PyObject *hot;
+    PyObject *dead;
 } StoreBaseObject;
 
 static int
@@ -1247,6 +1256,8 @@ sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
     Py_VISIT(self->state_words);
     Py_VISIT(self->pos);
     Py_VISIT(self->tx_stream);
+    Py_VISIT(self->hot);
+    Py_VISIT(self->dead);
     return 0;
 }
 
@@ -1259,6 +1270,8 @@ sb_clear(StoreBaseObject *self)
     Py_CLEAR(self->pos);
     self->tx_thread = 0;
     Py_CLEAR(self->tx_stream);
+    Py_CLEAR(self->hot);
+    Py_CLEAR(self->dead);
     return 0;
 }
 
@@ -1341,8 +1354,43 @@ sb_set_pos(StoreBaseObject *self, PyObject *value, void *closure)
     return 0;
 }
 
+/* `data`: the cache; setting a big dict's TableCache also takes its `hot`
+ * and `dead` (an attribute error leaves them unset: the read path then
+ * answers nothing from it). */
+static PyObject *
+sb_get_data(StoreBaseObject *self, void *closure)
+{
+    if (self->data == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "data");
+        return NULL;
+    }
+    Py_INCREF(self->data);
+    return self->data;
+}
+
+static int
+sb_set_data(StoreBaseObject *self, PyObject *value, void *closure)
+{
+    PyObject *hot = NULL, *dead = NULL;
+    if (value != NULL && !PyDict_CheckExact(value)) {
+        hot = PyObject_GetAttr(value, str_hot);
+        dead = hot == NULL ? NULL : PyObject_GetAttr(value, str_dead);
+        if (hot == NULL || dead == NULL || !PyDict_CheckExact(hot) || !PyAnySet_CheckExact(dead)) {
+            PyErr_Clear();
+            Py_CLEAR(hot);
+            Py_CLEAR(dead);
+        }
+    }
+    Py_XINCREF(value);
+    Py_XSETREF(self->data, value);
+    Py_XSETREF(self->hot, hot);
+    Py_XSETREF(self->dead, dead);
+    return 0;
+}
+
 static PyGetSetDef sb_getset[] = {
     {"pos", (getter)sb_get_pos, (setter)sb_set_pos, "stream offset the cache reflects (written to, in a transaction)", NULL},
+    {"data", (getter)sb_get_data, (setter)sb_set_data, "the local cache", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1407,7 +1455,6 @@ sb_tx_fast(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMemberDef sb_members[] = {
     {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
-    {"data", T_OBJECT_EX, offsetof(StoreBaseObject, data), 0, "the local cache"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1443,7 +1490,6 @@ typedef struct {
 
 static PyObject *immutable_types;   /* frozenset of types, set by set_immutable_types() */
 static PyObject *str_getitem_slow;
-static PyObject *str_hot;  /* "hot": a TableCache's dict of decoded values */
 
 static int
 vb_traverse(ViewObject *self, visitproc visit, void *arg)
@@ -1555,16 +1601,12 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
      * another thread then replace or close the cache.) */
     PyObject *data = s->data;
     int partial = !PyDict_CheckExact(data);
-    if (partial) {  /* (a TableCache has __slots__ and no __getattr__: no code runs) */
-        data = PyObject_GetAttr(data, str_hot);
-        if (data == NULL || !PyDict_CheckExact(data)) {
-            PyErr_Clear();
-            Py_XDECREF(data);
+    if (partial) {  /* (`hot` was taken from the TableCache when it was set) */
+        data = s->hot;
+        if (data == NULL || s->dead == NULL)
             return 2;
-        }
-    } else {
-        Py_INCREF(data);
     }
+    Py_INCREF(data);
     PyObject *v = PyDict_GetItemWithError(data, key);  /* borrowed */
     Py_XINCREF(v);
     Py_DECREF(data);
@@ -1582,24 +1624,106 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
     return 0;
 }
 
+int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out); /* table.c */
+
+/* A first read of a big dict's str key in compiled code, for `cache`, the
+ * store's TableCache just found in sync without the key in `hot`: what
+ * TableCache._decode does, without its frames and mutex.  1 found (*out: a
+ * new reference, kept in `hot`), 0 absent, 2 not decided here (the Python
+ * path decides: a key of another type, a value the serializer decodes, a
+ * damaged entry, a cache changed meanwhile), -1 error.
+ *
+ * Why no mutex: the mutex keeps a record applied by another thread between
+ * a Python read's probe and its store in `hot` from being undone by the
+ * value read before.  Here no other thread runs between the checks and the
+ * store, except while decoding allocates (a collection may run finalizers,
+ * which may release the GIL); so everything that decides is checked again
+ * after the decode: the table still counted (`_probe` the same object:
+ * clear() drops it), the key not put in `hot` (a record's value wins) and
+ * not deleted (`dead`), and only then stored. */
+static int
+table_miss(StoreBaseObject *s, PyObject *cache, PyObject *key, PyObject **out)
+{
+    if (!PyUnicode_CheckExact(key) || s->data != cache || s->hot == NULL || s->dead == NULL)
+        return 2;
+    PyObject *hot = s->hot, *dead = s->dead;
+    Py_INCREF(hot);
+    Py_INCREF(dead);
+    PyObject *probe = PyObject_GetAttr(cache, str_probe), *v = NULL, *again = NULL;
+    int r = 2;
+    if (probe == NULL) {
+        PyErr_Clear();
+        goto done;
+    }
+    int gone = PySet_Contains(dead, key);
+    if (gone != 0) {
+        r = gone < 0 ? -1 : 0;
+        goto done;
+    }
+    r = udng_table_row_simple(probe, key, &v);
+    if (r != 1)
+        goto done;
+    again = PyObject_GetAttr(cache, str_probe);
+    if (again != probe) {  /* (cleared meanwhile, or an error: decided in Python) */
+        PyErr_Clear();
+        r = 2;
+        goto done;
+    }
+    PyObject *set = PyDict_GetItemWithError(hot, key);  /* borrowed */
+    if (set != NULL) {
+        Py_INCREF(set);
+        Py_SETREF(v, set);
+        goto done;
+    }
+    if (PyErr_Occurred() || (gone = PySet_Contains(dead, key)) < 0) {
+        r = -1;
+        goto done;
+    }
+    if (gone) {
+        r = 0;
+        goto done;
+    }
+    if (PyDict_SetItem(hot, key, v) < 0)
+        r = -1;
+done:
+    Py_XDECREF(again);
+    Py_XDECREF(probe);
+    Py_DECREF(hot);
+    Py_DECREF(dead);
+    if (r == 1)
+        *out = v;
+    else
+        Py_XDECREF(v);
+    return r;
+}
+
 static PyObject *
 vb_subscript(ViewObject *self, PyObject *key)
 {
     PyObject *v;
     int r = view_cached(self, key, &v);
     if (r == 3) {
-        /* A first read of a big dict's key: TableCache.__getitem__ probes the
-         * table and keeps the value decoded (or raises KeyError), without the
-         * frames of the slow path -- which still exports what is not
+        /* A first read of a big dict's key: decoded in compiled code when it
+         * can be (table_miss), else by TableCache.__getitem__, which probes
+         * the table and keeps the value decoded (or raises KeyError) without
+         * the frames of the slow path -- which still exports what is not
          * immutable, from `hot` now.  (A cache replaced meanwhile still
          * answers for the state it was in sync with: it is kept mapped while
          * referenced.) */
         PyObject *cache = v;
-        v = PyObject_GetItem(cache, key);
+        r = table_miss((StoreBaseObject *)self->store, cache, key, &v);
+        if (r == 2) {
+            v = PyObject_GetItem(cache, key);
+            r = v == NULL ? -1 : 1;
+        } else if (r == 0) {
+            PyObject *k = PyTuple_Pack(1, key);  /* (KeyError(key), as dict raises it) */
+            if (k != NULL) {
+                PyErr_SetObject(PyExc_KeyError, k);
+                Py_DECREF(k);
+            }
+            r = -1;
+        }
         Py_DECREF(cache);
-        if (v == NULL)
-            return NULL;
-        r = 1;
     }
     if (r == 1) {
         if (is_immutable(v) || is_immutable_tuple(v))
@@ -2520,6 +2644,10 @@ PyInit__native(void)
         return NULL;
     str_getitem_slow = PyUnicode_InternFromString("_getitem_slow");
     str_hot = PyUnicode_InternFromString("hot");
+    str_dead = PyUnicode_InternFromString("dead");
+    str_probe = PyUnicode_InternFromString("_probe");
+    if (str_dead == NULL || str_probe == NULL)
+        return NULL;
     str_setitem_slow = PyUnicode_InternFromString("_setitem_slow");
     str_delitem_slow = PyUnicode_InternFromString("_delitem_slow");
     if (str_getitem_slow == NULL || str_setitem_slow == NULL || str_delitem_slow == NULL || str_hot == NULL)

@@ -40,7 +40,11 @@
  *       not so, for the serializer (table_chunk from there).  A walk of a
  *       million rows makes no bytes object and calls no serializer.  A
  *       damaged entry: ValueError, as table_chunk.
- *   They raise ValueError on input that does not fit (a malformed map, a
+ *   udng_table_row_simple(probe, key, &out)   (C only)
+ *       The first read of a big dict's key in compiled code: the probe of
+ *       table_get, then the value decoded straight from the mapped entry when
+ *       it is a scalar or a tuple of scalars (no bytes copy, no call).
+ *   They raise ValueError on input that does not fit that does not fit (a malformed map, a
  *   count that disagrees, a buffer too small) before writing past anything.
  *
  * Every entry handed out has been checked as Table.entry checks it (aligned,
@@ -152,6 +156,65 @@ msgpack_head(int is_str, size_t n, unsigned char out[5])
     return 5;
 }
 
+/* The str or bytes key's bytes (*data, *n), its msgpack header (head, *hl)
+ * and hash (*h): 1; 0 a str that cannot be a key (lone surrogates); -1 error. */
+static int
+exact_key(PyObject *key, const char **data, Py_ssize_t *n, unsigned char head[5], size_t *hl, uint64_t *h)
+{
+    int is_str = PyUnicode_CheckExact(key);
+    if (is_str) {
+        *data = PyUnicode_AsUTF8AndSize(key, n);
+        if (*data == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+    } else if (PyBytes_CheckExact(key)) {
+        *data = PyBytes_AS_STRING(key);
+        *n = PyBytes_GET_SIZE(key);
+    } else {
+        PyErr_SetString(PyExc_TypeError, "table_get takes a str or bytes key");
+        return -1;
+    }
+    if (udng_key_hash_common(key, h) != 1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "table_get: key not hashable here");
+        return -1;
+    }
+    *hl = msgpack_head(is_str, (size_t)*n, head);
+    return 1;
+}
+
+/* The probe for a key of hash h whose encoding is head[0..hl) + data[0..n):
+ * NULL with *e the checked entry (*kl, *vl its lengths) or *e NULL when
+ * absent; else what is damaged. */
+static const char *
+probe_exact(const table_view *t, uint64_t h, const unsigned char *head, size_t hl, const char *data,
+            Py_ssize_t n, const unsigned char **e, uint32_t *kl, uint32_t *vl)
+{
+    uint64_t mask = t->slots - 1, i = h & mask, tag = h & T_TAG_MASK;
+    *e = NULL;
+    for (uint64_t probes = 0;; probes++, i = (i + 1) & mask) {
+        if (probes == t->slots)
+            return "table index has no empty slot";
+        uint64_t s;
+        memcpy(&s, t->b + T_HEADER + 8 * i, 8); /* native order, as the index is written */
+        if (s == 0)
+            return NULL;
+        if ((s & T_TAG_MASK) != tag)
+            continue;
+        uint64_t off = s & T_OFFSET_MASK;
+        const char *bad = check_entry(t, off, kl, vl);
+        if (bad != NULL)
+            return bad;
+        const unsigned char *at = t->b + off;
+        if (rd64(at) != h || *kl != hl + (size_t)n || memcmp(at + T_ENTRY, head, hl) != 0 ||
+            memcmp(at + T_ENTRY + hl, data, (size_t)n) != 0)
+            continue;
+        *e = at;
+        return NULL;
+    }
+}
+
 PyObject *
 udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -159,67 +222,81 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "table_get(buf, slots, start, end, key)");
         return NULL;
     }
-    PyObject *key = args[4];
     const char *data;
     Py_ssize_t n;
-    int is_str = PyUnicode_CheckExact(key);
-    if (is_str) {
-        data = PyUnicode_AsUTF8AndSize(key, &n);
-        if (data == NULL) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-    } else if (PyBytes_CheckExact(key)) {
-        data = PyBytes_AS_STRING(key);
-        n = PyBytes_GET_SIZE(key);
-    } else {
-        PyErr_SetString(PyExc_TypeError, "table_get takes a str or bytes key");
-        return NULL;
-    }
-    uint64_t h;
-    if (udng_key_hash_common(key, &h) != 1) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "table_get: key not hashable here");
-        return NULL;
-    }
     unsigned char head[5];
-    size_t hl = msgpack_head(is_str, (size_t)n, head);
+    size_t hl;
+    uint64_t h;
+    int k = exact_key(args[4], &data, &n, head, &hl, &h);
+    if (k <= 0) {
+        if (k < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
     Py_buffer pb;
     table_view t;
     if (view_args(args, &pb, &t) < 0)
         return NULL;
+    const unsigned char *e;
+    uint32_t kl, vl;
+    const char *bad = probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl);
     PyObject *result = NULL;
-    const char *bad = NULL;
-    uint64_t mask = t.slots - 1, i = h & mask, tag = h & T_TAG_MASK;
-    for (uint64_t probes = 0;; probes++, i = (i + 1) & mask) {
-        if (probes == t.slots) {
-            bad = "table index has no empty slot";
-            break;
-        }
-        uint64_t s;
-        memcpy(&s, t.b + T_HEADER + 8 * i, 8); /* native order, as the index is written */
-        if (s == 0) {
-            result = Py_None;
-            Py_INCREF(result);
-            break;
-        }
-        if ((s & T_TAG_MASK) != tag)
-            continue;
-        uint64_t off = s & T_OFFSET_MASK;
-        uint32_t kl, vl;
-        if ((bad = check_entry(&t, off, &kl, &vl)) != NULL)
-            break;
-        const unsigned char *e = t.b + off;
-        if (rd64(e) != h || kl != hl + (size_t)n || memcmp(e + T_ENTRY, head, hl) != 0 ||
-            memcmp(e + T_ENTRY + hl, data, (size_t)n) != 0)
-            continue;
+    if (bad != NULL)
+        result = PyUnicode_FromString(bad);
+    else if (e == NULL)
+        { result = Py_None; Py_INCREF(result); }
+    else
         result = PyBytes_FromStringAndSize((const char *)e + T_ENTRY + kl, vl);
-        break;
+    PyBuffer_Release(&pb);
+    return result;
+}
+
+/* The compiled first read of a big dict (_native.c's read path, for a
+ * TableCache's `_probe` = (buf, slots, start, end) and an exact str key):
+ * 1 found, *out the value decoded straight from the mapped entry (a new
+ * reference); 0 absent; 2 not decided here (a value that is not a scalar or
+ * a tuple of them, a damaged entry: the Python path decodes or raises
+ * CorruptSegment); -1 error.  The buffer is held exported while it is read,
+ * so nothing can unmap it meanwhile. */
+int
+udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out)
+{
+    if (!PyTuple_CheckExact(probe) || PyTuple_GET_SIZE(probe) != 4)
+        return 2;
+    const char *data;
+    Py_ssize_t n;
+    unsigned char head[5];
+    size_t hl;
+    uint64_t h;
+    int k = exact_key(key, &data, &n, head, &hl, &h);
+    if (k <= 0) {
+        if (k == 0)
+            return 0;
+        PyErr_Clear();
+        return 2;
+    }
+    Py_buffer pb;
+    table_view t;
+    if (view_args(&PyTuple_GET_ITEM(probe, 0), &pb, &t) < 0) {
+        PyErr_Clear();
+        return 2;
+    }
+    const unsigned char *e;
+    uint32_t kl, vl;
+    int r = 2;
+    if (probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl) == NULL) {
+        if (e == NULL) {
+            r = 0;
+        } else {
+            *out = udng_simple_value(e + T_ENTRY + kl, vl);
+            if (*out != NULL)
+                r = 1;
+            else if (PyErr_Occurred())
+                r = -1;
+        }
     }
     PyBuffer_Release(&pb);
-    if (bad != NULL)
-        return PyUnicode_FromString(bad);
-    return result;
+    return r;
 }
 
 PyObject *

@@ -74,7 +74,7 @@ class TableCache:
     mutex too, so that a record applied by another thread meanwhile (a delete)
     cannot be undone by the value it read before.  A hit takes no lock."""
 
-    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_simple", "_keep", "_mutex")
+    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_simple", "_keep", "_mutex", "_probe")
 
     def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any,
                  msgpack_values: bool = True) -> None:
@@ -88,6 +88,13 @@ class TableCache:
         self._simple: Callable[[Any, Any], Any] = unpack_simple if msgpack_values else _declined
         self._keep = keep  # the segment and view the table lives in: mapped while we are
         self._mutex = mutex  # the reader's (reentrant: records' nested paths read through us)
+        # What the compiled read path (_native.c, table_miss) probes and decodes
+        # a str key's row from, without this class's frames; None when it may
+        # not (another serializer; the table no longer counted).  It takes
+        # ``hot`` and ``dead`` once, when the store's ``data`` is set to us:
+        # neither is ever rebound, only changed in place.
+        self._probe: Optional[Tuple[Any, int, int, int]] = (
+            (table.buf, table.slots, table.start, table.end) if msgpack_values else None)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -220,6 +227,7 @@ class TableCache:
             raise KeyError(key)
 
     def clear(self) -> None:
+        self._probe = None
         self.table = None
         self.hot.clear()
         self.dead.clear()
