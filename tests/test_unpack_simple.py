@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ultradict_ng import speedups
+from ultradict_ng.errors import CorruptSegment
 from ultradict_ng._codec import codec as codec_module
 from ultradict_ng._codec import decode
 from ultradict_ng._helper import packing, twins
@@ -202,6 +203,41 @@ def test_table_rows_decodes_rows_until_the_first_entry_that_is_not_one(impl, mod
     for rows in (True, False):
         whole = table.decode_all(MSGPACK.loads, rows)
         assert MSGPACK.dumps(whole) == MSGPACK.dumps(model)  # (equal encodings: NaN inside lists too)
+
+
+@impls
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(table_keys, values, max_size=25), st.data())
+def test_table_rows_into_a_list_leaves_out_skip_and_takes_subst(impl, model, data):
+    """Into a list: the same rows as pairs, in order, the keys of ``skip``
+    left out and the values of ``subst`` taken (looked up by equal keys: 1.0
+    finds 1); pairs of untracked rows are untracked.  Table.decode_pairs: the
+    serializer's rest alike, and how many leading pairs the compiled walk
+    decoded unchanged; skipped keys count as entries."""
+    import gc
+
+    buf, table = make_table(model)
+    keys = list(model)
+    skip = set(data.draw(st.lists(st.sampled_from(keys), max_size=5))) if keys else set()
+    subst = {k: ("new", i) for i, k in enumerate(data.draw(st.lists(st.sampled_from(keys), max_size=5)))
+             } if keys else {}
+    out: list = []
+    off = impl.table_rows(buf, table.start, table.end, table.start, out, skip, subst or None)
+    items = list(model.items())
+    n = next((i for i, (k, v) in enumerate(items) if not (simple(k) and simple(v))), len(items))
+    want = [(k, subst.get(k, v)) for k, v in items if k not in skip]
+    walked = [(k, subst.get(k, v)) for k, v in items[:n] if k not in skip]
+    assert len(out) == len(walked) and all(same(a, b) for pa, pb in zip(out, walked) for a, b in zip(pa, pb))
+    assert off == (list(table.offsets()) + [table.end])[n]
+    if impl is not twins:
+        assert not any(gc.is_tracked(p) for p in out if not (gc.is_tracked(p[0]) or gc.is_tracked(p[1])))
+    for rows in (True, False):
+        pairs, known = table.decode_pairs(MSGPACK.loads, rows, skip, subst or None)
+        assert MSGPACK.dumps(pairs) == MSGPACK.dumps(want)
+        assert known == (len(walked) if rows and not subst else 0)
+    if keys:  # a count the entries do not add up to: CorruptSegment, as decode_all raises
+        with pytest.raises(CorruptSegment, match="do not add up"):
+            table.decode_pairs(MSGPACK.loads, True, skip | {object()}, None)
 
 
 @impls

@@ -283,12 +283,12 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
             return list(node)
 
     def _snapshot_items(self) -> List[Tuple[Any, Any]]:
-        def read(node: Dict[Any, Any]) -> List[Tuple[Any, Any]]:
+        def read(node: Any) -> List[Tuple[Any, Any]]:  # (a dict, or a big dict's TableCache)
             with self._store.mutex:
-                items = list(node.items())
-            # Values handed out as they are, as by d[k] (a tuple of immutable items is
-            # one: a table row), checked in one compiled call; the rest exported.
-            first = first_to_export(items)
+                items, known = (list(node.items()), 0) if type(node) is dict else node.pairs()
+            # Values handed out as they are, as by d[k] (a tuple of immutable items is one: a
+            # table row; a TableCache's `known` leading rows are), checked in one compiled call.
+            first = known + first_to_export(items[known:]) if known else first_to_export(items)
             if first < len(items):
                 immutable = _IMMUTABLE
                 items[first:] = [(k, v if type(v) in immutable or (type(v) is tuple and immutable.issuperset(

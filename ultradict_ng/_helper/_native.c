@@ -53,7 +53,7 @@
  *   table_fill,         writing its entries from a packed msgpack map,
  *   table_index,        its index from the entries, and walking it a
  *   table_chunk,        chunk of entries at a time (one packed map each),
- *   table_rows          or decoding its rows into a dict (with unpack.c).
+ *   table_rows          or decoding its rows into a dict or a list of pairs (with unpack.c).
  *   unpack_simple,      (unpack.c) decoding a scalar or a tuple of scalars
  *   tuple_hook          without the codec's Python ext hook.
  *   SCALAR_TYPES,       constants mirrored from _codec/records.py and layout.py (a
@@ -2621,7 +2621,8 @@ static PyMethodDef native_methods[] = {
     {"table_chunk", (PyCFunction)(void (*)(void))udng_native_table_chunk, METH_FASTCALL,
      "table_chunk(buf, start, end, off, most) -> (msgpack map of up to most entries from off, next offset)."},
     {"table_rows", (PyCFunction)(void (*)(void))udng_native_table_rows, METH_FASTCALL,
-     "table_rows(buf, start, end, off, out) -> offset where it stopped decoding rows into the dict out."},
+     "table_rows(buf, start, end, off, out, skip=None, subst=None) -> offset where it stopped decoding "
+     "rows into out (a dict, or a list of pairs), skip's keys left out, subst's values taken."},
     {"unpack_simple", (PyCFunction)(void (*)(void))udng_native_unpack_simple, METH_FASTCALL,
      "unpack_simple(data, default) -> the scalar or tuple of scalars data encodes, else default."},
     {"tuple_hook", (PyCFunction)(void (*)(void))udng_native_tuple_hook, METH_FASTCALL,

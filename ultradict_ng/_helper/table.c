@@ -32,9 +32,12 @@
  *       pairs in one serializer call instead of two calls a pair; next
  *       offset == end when the walk is done.  A damaged entry: ValueError
  *       whose message starts "table entry" (the caller raises CorruptSegment).
- *   table_rows(buf, start, end, off, out)
- *       Decodes the entries from ``off`` on into the dict ``out`` (out[key] =
- *       value), each checked, while both key and value are a scalar or a
+ *   table_rows(buf, start, end, off, out, skip=None, subst=None)
+ *       Decodes the entries from ``off`` on into ``out`` -- a dict (out[key] =
+ *       value) or a list ((key, value) appended) -- leaving out the keys in
+ *       the set ``skip`` and taking the values of the keys in the dict
+ *       ``subst`` from it (a big dict's deleted and changed keys), each entry
+ *       checked, while both key and value are a scalar or a
  *       tuple of scalars (unpack.c: a lookup table's keys and rows), and
  *       returns the offset where it stopped: end, or the first entry that is
  *       not so, for the serializer (table_chunk from there).  A walk of a
@@ -596,13 +599,39 @@ udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t narg
 }
 
 /* table_rows(buf, start, end, off, out) -> offset where it stopped */
+/* One decoded row into `out`: out[key] = value (a dict), or a (key, value)
+ * pair appended (a list), left untracked by the collector when both are
+ * (the rows of a lookup table: a million pairs it need not scan).  0, or -1
+ * with an error set. */
+static int
+row_out(PyObject *out, PyObject *key, PyObject *value)
+{
+    if (PyDict_CheckExact(out))
+        return PyDict_SetItem(out, key, value);
+    PyObject *pair = PyTuple_Pack(2, key, value);
+    if (pair == NULL)
+        return -1;
+    if (!PyObject_GC_IsTracked(key) && !PyObject_GC_IsTracked(value))
+        PyObject_GC_UnTrack(pair);
+    int r = PyList_Append(out, pair);
+    Py_DECREF(pair);
+    return r;
+}
+
 PyObject *
 udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyDict_CheckExact(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "table_rows(buf, start, end, off, out: dict)");
+    PyObject *skip = nargs > 5 ? args[5] : Py_None, *subst = nargs > 6 ? args[6] : Py_None;
+    if (nargs < 5 || nargs > 7 || !(PyDict_CheckExact(args[4]) || PyList_CheckExact(args[4])) ||
+        !(skip == Py_None || PyAnySet_CheckExact(skip)) || !(subst == Py_None || PyDict_CheckExact(subst))) {
+        PyErr_SetString(PyExc_TypeError, "table_rows(buf, start, end, off, out: dict | list, "
+                                         "skip: set | None = None, subst: dict | None = None)");
         return NULL;
     }
+    if (skip != Py_None && PySet_GET_SIZE(skip) == 0)
+        skip = Py_None;
+    if (subst != Py_None && PyDict_GET_SIZE(subst) == 0)
+        subst = Py_None;
     unsigned long long start = PyLong_AsUnsignedLongLong(args[1]);
     unsigned long long end = PyLong_AsUnsignedLongLong(args[2]);
     unsigned long long off = PyLong_AsUnsignedLongLong(args[3]);
@@ -632,7 +661,18 @@ udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             break;
         }
         /* (scalars and tuples of them: their hash and == run no Python code) */
-        int r = PyDict_SetItem(out, key, value);
+        int r = skip == Py_None ? 0 : PySet_Contains(skip, key);
+        if (r == 0 && subst != Py_None) {
+            PyObject *now = PyDict_GetItemWithError(subst, key);  /* borrowed */
+            if (now != NULL) {
+                Py_INCREF(now);
+                Py_SETREF(value, now);
+            } else if (PyErr_Occurred()) {
+                r = -1;
+            }
+        }
+        if (r == 0)
+            r = row_out(out, key, value);
         Py_DECREF(key);
         Py_DECREF(value);
         if (r < 0) {

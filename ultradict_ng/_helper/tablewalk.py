@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -62,11 +62,15 @@ def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[by
     return _map_header(n) + b"".join(parts), off
 
 
-def table_rows(buf: Any, start: int, end: int, off: int, out: Dict[Any, Any]) -> int:
-    """Decode the entries from ``off`` into ``out`` while key and value are
-    :func:`unpack_simple`'s; the offset where it stopped."""
-    if type(out) is not dict:
-        raise TypeError("table_rows(buf, start, end, off, out: dict)")
+def table_rows(buf: Any, start: int, end: int, off: int, out: Union[Dict[Any, Any], List[Tuple[Any, Any]]],
+               skip: Optional[Set[Any]] = None, subst: Optional[Dict[Any, Any]] = None) -> int:
+    """Decode the entries from ``off`` into ``out`` (a dict, or a list of
+    pairs) while key and value are :func:`unpack_simple`'s, leaving out the
+    keys in ``skip`` and taking ``subst``'s values; the offset where it stopped."""
+    if type(out) not in (dict, list) or not (skip is None or type(skip) in (set, frozenset)) or not (
+            subst is None or type(subst) is dict):
+        raise TypeError("table_rows(buf, start, end, off, out: dict | list, skip: set | None = None, "
+                        "subst: dict | None = None)")
     if start < TL.TABLE_HEADER or not start <= end <= len(buf) or not start <= off <= end:
         raise ValueError("table_rows: bounds do not fit the buffer")
     with memoryview(buf) as mv:
@@ -79,6 +83,12 @@ def table_rows(buf: Any, start: int, end: int, off: int, out: Dict[Any, Any]) ->
             value = unpack_simple(bytes(mv[off + _TE + kl:off + _TE + kl + vl]), _declined)
             if key is _declined or value is _declined:
                 break
-            out[key] = value
+            if not skip or key not in skip:
+                if subst:
+                    value = subst.get(key, value)
+                if isinstance(out, dict):
+                    out[key] = value
+                else:
+                    out.append((key, value))
             off = (off + _TE + kl + vl + 7) & ~7
     return off

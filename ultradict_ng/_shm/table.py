@@ -312,6 +312,37 @@ class Table:
                                  "its header counts")
         return data
 
+    def decode_pairs(self, loads: Callable[[Any], Any], rows: bool, skip: Set[Any],
+                     subst: Optional[Dict[Any, Any]]) -> Tuple[List[Tuple[Any, Any]], int]:
+        """:meth:`decode_all`'s walk as a list of ``(key, value)`` pairs, the keys
+        in ``skip`` (entries of this table) left out and ``subst``'s values
+        taken: what a walk of a big dict hands out, without the dict that
+        applying those changes would need.  Also how many leading pairs are
+        rows the compiled walk decoded and nothing replaced: scalars or tuples
+        of them, which a snapshot hands out without checking them again."""
+        out: List[Tuple[Any, Any]] = []
+        off = self.start
+        try:
+            if rows:
+                with gc_paused():  # (pairs of untracked rows are left untracked; the rest are not)
+                    off = table_rows(self.buf, self.start, self.end, off, out, skip, subst)
+            known = 0 if subst else len(out)
+            end = off
+            if off < self.end:
+                packed, end = table_chunk(self.buf, self.start, self.end, off, max(self.count, 1))
+        except ValueError as exc:
+            raise CorruptSegment(f"{self.where}: {exc}") from None
+        if off < self.end:
+            rest = loads(packed)
+            if type(rest) is not dict:
+                raise CorruptSegment(f"{self.where}: its entries are not a map")
+            get = (subst or {}).get
+            out.extend([(k, get(k, v)) for k, v in rest.items() if k not in skip])
+        if end != self.end or len(out) + len(skip) != self.count:  # (every key of skip is an entry's)
+            raise CorruptSegment(f"{self.where}: its entries do not add up to the {self.count} "
+                                 "its header counts")
+        return out, known
+
     def items(self) -> Iterator[Tuple[memoryview, memoryview]]:
         """``(key bytes, value bytes)`` of every entry in order, each checked."""
         for off in self.offsets():

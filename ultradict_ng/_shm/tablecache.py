@@ -19,7 +19,11 @@ State (layout: "Reader", step 2, a table at or above ``PARTIAL_FROM`` entries):
 * ``fresh`` -- keys present now that no counted entry holds, in insertion
   order (set after the dump, or deleted and set again);
 * ``hot`` -- the current value of every ``fresh`` key and of the counted
-  table keys this process read or a record overwrote.
+  table keys this process read or a record overwrote;
+* ``changed`` -- the counted table keys whose value in ``hot`` may not be
+  the table's: a record overwrote it, or the serializer decoded it (a value
+  other than a scalar or a tuple of them, which a nested record may change
+  in place).
 
 A key is present iff it is in ``fresh`` or a counted entry (an entry of the
 table whose key is not ``dead``) holds it.  Order is ``dict``'s: the counted
@@ -74,7 +78,7 @@ class TableCache:
     mutex too, so that a record applied by another thread meanwhile (a delete)
     cannot be undone by the value it read before.  A hit takes no lock."""
 
-    __slots__ = ("table", "hot", "dead", "fresh", "_loads", "_simple", "_keep", "_mutex", "_probe")
+    __slots__ = ("table", "hot", "dead", "fresh", "changed", "_loads", "_simple", "_keep", "_mutex", "_probe")
 
     def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any,
                  msgpack_values: bool = True) -> None:
@@ -82,6 +86,7 @@ class TableCache:
         self.hot: Dict[Any, Any] = {}
         self.dead: Set[Any] = set()
         self.fresh: Dict[Any, None] = {}
+        self.changed: Set[Any] = set()
         self._loads = loads
         # The msgpack serializer's values (every table dump's): a scalar or a
         # tuple of scalars decodes in one compiled call, the codec's own first step.
@@ -121,6 +126,7 @@ class TableCache:
             value = self._simple(vb, _MISSING)  # (a row: no codec frame)
             if value is _MISSING:
                 value = self._loads(vb)
+                self.changed.add(key)  # (a nested record may change it in place)
             self.hot[key] = value
             return value
 
@@ -163,10 +169,25 @@ class TableCache:
         return (table.count - len(self.dead) if table is not None else 0) + len(self.fresh)
 
     def items(self) -> Iterator[Tuple[Any, Any]]:
-        """Every ``(key, value)`` in order, from :meth:`full`: a walk decodes every
-        value anyway, and one serializer call does it fastest; nothing of it is
-        kept (the walk's callers -- snapshots, ``copy()`` -- hold a list of it)."""
-        return iter(self.full().items())
+        """Every ``(key, value)`` in order (:meth:`pairs`)."""
+        return iter(self.pairs()[0])
+
+    def pairs(self) -> Tuple[List[Tuple[Any, Any]], int]:
+        """Every ``(key, value)`` in order, as a list, and how many leading pairs
+        are table rows decoded by the compiled walk and not changed since
+        (scalars or tuples of them: a snapshot hands them out unchecked).  The
+        table's rows are walked with the deleted keys left out and the changed
+        values taken from ``hot``, then the fresh keys follow: a list, no dict
+        (nothing of it is kept: the walk's callers hold the list)."""
+        table, hot = self.table, self.hot
+        out: List[Tuple[Any, Any]] = []
+        known = 0
+        if table is not None:
+            subst = {k: hot[k] for k in self.changed} if self.changed else None
+            out, known = table.decode_pairs(self._loads, self._simple is unpack_simple, self.dead, subst)
+        if self.fresh:
+            out.extend([(k, hot[k]) for k in self.fresh])
+        return out, known
 
     def __iter__(self) -> Iterator[Any]:
         for k, _ in self.items():
@@ -212,6 +233,8 @@ class TableCache:
         hot = self.hot
         if key in hot or self._counted(key):  # fresh keys are in hot: order kept either way
             hot[key] = value
+            if key not in self.fresh:
+                self.changed.add(key)
             return
         self.fresh[key] = None
         hot[key] = value
@@ -223,6 +246,7 @@ class TableCache:
         elif key in self.hot or self._counted(key):
             self.dead.add(key)
             self.hot.pop(key, None)
+            self.changed.discard(key)
         else:
             raise KeyError(key)
 
@@ -232,6 +256,7 @@ class TableCache:
         self.hot.clear()
         self.dead.clear()
         self.fresh.clear()
+        self.changed.clear()
 
     def update(self, pairs: Any) -> None:
         """``[[key, value], ...]`` assigned in order (an update record's pairs)."""
