@@ -289,27 +289,13 @@ class Table:
         them -- a lookup table, whole -- and the serializer the rest, as one
         map in one call (from the first entry that is not such a row on)."""
         data: Dict[Any, Any] = {}
-        off = self.start
-        try:
-            if rows:
-                with gc_paused():  # (a million rows are a million tracked tuples)
-                    off = table_rows(self.buf, self.start, self.end, off, data)
-            end = off
-            if off < self.end:
-                packed, end = table_chunk(self.buf, self.start, self.end, off, max(self.count, 1))
-        except ValueError as exc:
-            raise CorruptSegment(f"{self.where}: {exc}") from None
-        if off < self.end:
-            rest = loads(packed)
-            if type(rest) is not dict:
-                raise CorruptSegment(f"{self.where}: its entries are not a map")
+        rest = self._walk(loads, rows, data, None, None)
+        if rest is not None:
             if data:
                 data.update(rest)
             else:
                 data = rest
-        if end != self.end or len(data) != self.count:
-            raise CorruptSegment(f"{self.where}: its entries do not add up to the {self.count} "
-                                 "its header counts")
+        self._added_up(len(data))
         return data
 
     def decode_pairs(self, loads: Callable[[Any], Any], rows: bool, skip: Set[Any],
@@ -321,27 +307,43 @@ class Table:
         rows the compiled walk decoded and nothing replaced: scalars or tuples
         of them, which a snapshot hands out without checking them again."""
         out: List[Tuple[Any, Any]] = []
+        rest = self._walk(loads, rows, out, skip, subst)
+        known = 0 if subst else len(out)
+        if rest is not None:
+            get = (subst or {}).get
+            out.extend([(k, get(k, v)) for k, v in rest.items() if k not in skip])
+        self._added_up(len(out) + len(skip))  # (every key of skip is an entry's)
+        return out, known
+
+    def _walk(self, loads: Callable[[Any], Any], rows: bool, out: Any, skip: Optional[Set[Any]],
+              subst: Optional[Dict[Any, Any]]) -> Optional[Dict[Any, Any]]:
+        """The entries' compiled walk into ``out`` (``table_rows``, with ``rows``),
+        then the rest decoded by the serializer, returned (None: nothing left)."""
         off = self.start
         try:
             if rows:
-                with gc_paused():  # (pairs of untracked rows are left untracked; the rest are not)
+                with gc_paused():  # (a million rows are a million tracked tuples)
                     off = table_rows(self.buf, self.start, self.end, off, out, skip, subst)
-            known = 0 if subst else len(out)
             end = off
             if off < self.end:
                 packed, end = table_chunk(self.buf, self.start, self.end, off, max(self.count, 1))
         except ValueError as exc:
             raise CorruptSegment(f"{self.where}: {exc}") from None
-        if off < self.end:
-            rest = loads(packed)
-            if type(rest) is not dict:
-                raise CorruptSegment(f"{self.where}: its entries are not a map")
-            get = (subst or {}).get
-            out.extend([(k, get(k, v)) for k, v in rest.items() if k not in skip])
-        if end != self.end or len(out) + len(skip) != self.count:  # (every key of skip is an entry's)
-            raise CorruptSegment(f"{self.where}: its entries do not add up to the {self.count} "
-                                 "its header counts")
-        return out, known
+        if end != self.end:  # (the walk ended short of the entries' end)
+            raise self._not_added_up()
+        if off == self.end:
+            return None
+        rest = loads(packed)
+        if type(rest) is not dict:
+            raise CorruptSegment(f"{self.where}: its entries are not a map")
+        return rest
+
+    def _added_up(self, entries: int) -> None:
+        if entries != self.count:
+            raise self._not_added_up()
+
+    def _not_added_up(self) -> CorruptSegment:
+        return CorruptSegment(f"{self.where}: its entries do not add up to the {self.count} its header counts")
 
     def items(self) -> Iterator[Tuple[memoryview, memoryview]]:
         """``(key bytes, value bytes)`` of every entry in order, each checked."""
