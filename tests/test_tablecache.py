@@ -414,12 +414,19 @@ def test_the_compiled_read_path_answers_a_big_dicts_keys(name, monkeypatch):
         assert absent.value.args == ("absent",)
         assert r["k4"] == (4, "v") and slow == [] and probed == []  # all compiled
         assert r[7] == "seven" and probed == [7]  # another key type: the TableCache's path
-        got = r["list"]  # a row the serializer decodes: the TableCache's path, then exported
-        assert got == [1, 2] and got is not r._store.data.hot["list"]
-        assert "list" in probed and slow == ["list"]
-        w["k5"] = [5]  # a mutable value: exported (copied) by the slow path
-        assert r["k5"] == [5] and r["k5"] is not r._store.data.hot["k5"]
-        assert slow[-1] == "k5"
+        w["new"] = [5]  # a new key's mutable value: exported (copied) by the slow path, each read
+        for _ in range(3):
+            got = r["new"]
+            assert got == [5] and got is not r._store.data.hot["new"] and slow[-1] == "new"
+        del w["new"]
+        for _ in range(3):  # a row the serializer decodes: the TableCache's path, then exported
+            got = r["list"]
+            assert got == [1, 2] and got is not r._store.data.hot["list"] and slow[-1] == "list"
+        assert "list" in probed
+        w["k6"] = [6]  # a table key's value changed to a mutable one: the same
+        for _ in range(3):
+            got = r["k6"]
+            assert got == [6] and got is not r._store.data.hot["k6"] and slow[-1] == "k6"
     finally:
         r.close()
         w.close()

@@ -1224,6 +1224,8 @@ static PyTypeObject ProcessStateType = {
 static PyObject *str_hot;    /* "hot": a TableCache's dict of decoded values */
 static PyObject *str_dead;   /* "dead": its set of the table's deleted keys */
 static PyObject *str_probe;  /* "_probe": its (buf, slots, start, end), or None */
+static PyObject *str_fresh;  /* "fresh": its keys set since the dump */
+static PyObject *str_changed;  /* "changed": its table keys whose value may not be the row's */
 
 typedef struct {
     PyObject_HEAD
@@ -1246,6 +1248,11 @@ typedef struct {
      * that the read path looks them up without an attribute lookup. */
     PyObject *hot;
     PyObject *dead;
+    /* Its `fresh` dict and `changed` set: while both are empty, every value
+     * in `hot` is a row the decoder made (a scalar or a tuple of scalars),
+     * handed out without looking at its items. */
+    PyObject *fresh;
+    PyObject *changed;
 } StoreBaseObject;
 
 static int
@@ -1258,6 +1265,8 @@ sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
     Py_VISIT(self->tx_stream);
     Py_VISIT(self->hot);
     Py_VISIT(self->dead);
+    Py_VISIT(self->fresh);
+    Py_VISIT(self->changed);
     return 0;
 }
 
@@ -1272,6 +1281,8 @@ sb_clear(StoreBaseObject *self)
     Py_CLEAR(self->tx_stream);
     Py_CLEAR(self->hot);
     Py_CLEAR(self->dead);
+    Py_CLEAR(self->fresh);
+    Py_CLEAR(self->changed);
     return 0;
 }
 
@@ -1354,9 +1365,9 @@ sb_set_pos(StoreBaseObject *self, PyObject *value, void *closure)
     return 0;
 }
 
-/* `data`: the cache; setting a big dict's TableCache also takes its `hot`
- * and `dead` (an attribute error leaves them unset: the read path then
- * answers nothing from it). */
+/* `data`: the cache; setting a big dict's TableCache also takes its `hot`,
+ * `dead`, `fresh` and `changed` (an attribute missing or of another type
+ * leaves them all unset: the read path then answers nothing from it). */
 static PyObject *
 sb_get_data(StoreBaseObject *self, void *closure)
 {
@@ -1371,20 +1382,27 @@ sb_get_data(StoreBaseObject *self, void *closure)
 static int
 sb_set_data(StoreBaseObject *self, PyObject *value, void *closure)
 {
-    PyObject *hot = NULL, *dead = NULL;
+    PyObject *hot = NULL, *dead = NULL, *fresh = NULL, *changed = NULL;
     if (value != NULL && !PyDict_CheckExact(value)) {
         hot = PyObject_GetAttr(value, str_hot);
         dead = hot == NULL ? NULL : PyObject_GetAttr(value, str_dead);
-        if (hot == NULL || dead == NULL || !PyDict_CheckExact(hot) || !PyAnySet_CheckExact(dead)) {
+        fresh = dead == NULL ? NULL : PyObject_GetAttr(value, str_fresh);
+        changed = fresh == NULL ? NULL : PyObject_GetAttr(value, str_changed);
+        if (changed == NULL || !PyDict_CheckExact(hot) || !PyAnySet_CheckExact(dead) ||
+            !PyDict_CheckExact(fresh) || !PyAnySet_CheckExact(changed)) {
             PyErr_Clear();
             Py_CLEAR(hot);
             Py_CLEAR(dead);
+            Py_CLEAR(fresh);
+            Py_CLEAR(changed);
         }
     }
     Py_XINCREF(value);
     Py_XSETREF(self->data, value);
     Py_XSETREF(self->hot, hot);
     Py_XSETREF(self->dead, dead);
+    Py_XSETREF(self->fresh, fresh);
+    Py_XSETREF(self->changed, changed);
     return 0;
 }
 
@@ -1578,10 +1596,14 @@ native_first_to_export(PyObject *module, PyObject *pairs)
  * reference to that cache, in sync when checked), -1 error (an unhashable
  * key: dict's TypeError).  The cache is a dict, or a big dict's TableCache
  * (_shm/tablecache.py), whose `hot` dict holds the current value of every
- * key in it: a hit there is a hit, a miss may be in the table. */
+ * key in it: a hit there is a hit, a miss may be in the table.  *row (when
+ * not NULL) is set to whether a hit is known to be a decoded row (nothing
+ * in `hot` but rows: no fresh or changed key), handed out unchecked. */
 static int
-view_cached(ViewObject *self, PyObject *key, PyObject **out)
+view_cached(ViewObject *self, PyObject *key, PyObject **out, int *row)
 {
+    if (row != NULL)
+        *row = 0;
     PyObject *store = self->store;
     if (store == NULL || !PyObject_TypeCheck(store, &StoreBaseType) || self->path == NULL ||
         !PyTuple_CheckExact(self->path) || PyTuple_GET_SIZE(self->path) != 0)
@@ -1612,6 +1634,8 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
     Py_DECREF(data);
     if (v != NULL) {
         *out = v;
+        if (partial && row != NULL)  /* (a key's __eq__ may have run code: `hot` is still the store's) */
+            *row = data == s->hot && PyDict_GET_SIZE(s->fresh) == 0 && PySet_GET_SIZE(s->changed) == 0;
         return 1;
     }
     if (PyErr_Occurred())
@@ -1701,7 +1725,10 @@ static PyObject *
 vb_subscript(ViewObject *self, PyObject *key)
 {
     PyObject *v;
-    int r = view_cached(self, key, &v);
+    int row;
+    int r = view_cached(self, key, &v, &row);
+    if (r == 1 && row)
+        return v;  /* (a row: a scalar or a tuple of scalars) */
     if (r == 3) {
         /* A first read of a big dict's key: decoded in compiled code when it
          * can be (table_miss), else by TableCache.__getitem__, which probes
@@ -2083,7 +2110,7 @@ cg_call(CacheGetObject *self, PyObject *const *args, size_t nargsf, PyObject *kw
     }
     PyObject *key = args[0], *dflt = nargs == 2 ? args[1] : Py_None;
     PyObject *e;
-    int r = view_cached((ViewObject *)self->view, key, &e);
+    int r = view_cached((ViewObject *)self->view, key, &e, NULL);
     if (r < 0)
         return NULL;
     if (r == 3) {  /* (a cache's entries are few: never a big dict's TableCache in practice) */
@@ -2647,7 +2674,9 @@ PyInit__native(void)
     str_hot = PyUnicode_InternFromString("hot");
     str_dead = PyUnicode_InternFromString("dead");
     str_probe = PyUnicode_InternFromString("_probe");
-    if (str_dead == NULL || str_probe == NULL)
+    str_fresh = PyUnicode_InternFromString("fresh");
+    str_changed = PyUnicode_InternFromString("changed");
+    if (str_dead == NULL || str_probe == NULL || str_fresh == NULL || str_changed == NULL)
         return NULL;
     str_setitem_slow = PyUnicode_InternFromString("_setitem_slow");
     str_delitem_slow = PyUnicode_InternFromString("_delitem_slow");

@@ -96,8 +96,11 @@ class TableCache:
         # What the compiled read path (_native.c, table_miss) probes and decodes
         # a str key's row from, without this class's frames; None when it may
         # not (another serializer; the table no longer counted).  It takes
-        # ``hot`` and ``dead`` once, when the store's ``data`` is set to us:
-        # neither is ever rebound, only changed in place.
+        # ``hot``, ``dead``, ``fresh`` and ``changed`` once, when the store's
+        # ``data`` is set to us: none is ever rebound, only changed in place.
+        # While ``fresh`` and ``changed`` are empty, every value in ``hot`` is
+        # a row the decoder made, which its hits hand out without a look at
+        # the row's items (at a million keys, each one a likely cache miss).
         self._probe: Optional[Tuple[Any, int, int, int]] = (
             (table.buf, table.slots, table.start, table.end) if msgpack_values else None)
 
