@@ -677,6 +677,63 @@ def test_a_tuple_of_immutable_items_is_handed_out_as_it_is(name, monkeypatch):
         d.close()
 
 
+@pytest.mark.skipif(speedups.IMPLEMENTATION != "native", reason="the compiled write slot")
+def test_a_root_set_of_a_scalar_or_tuple_calls_set_root_without_the_slow_frame(name, monkeypatch):
+    """``d[k] = v`` at the root with a value that cannot be a SharedDict (an
+    immutable scalar, a tuple) is what ``_setitem_slow`` does then -- hash the
+    key, ``set_root`` -- made by the C slot without its frame; every other set
+    (a mutable value, a SharedDict, a nested view, a subclass with its own
+    ``_setitem_slow``) takes ``_setitem_slow``; an unhashable key is dict's
+    TypeError before anything is written or locked."""
+    d = SharedDict(name=name, recurse=True)
+    calls: list = []
+    slow = SharedDict._setitem_slow
+
+    def counting(self, key, value):
+        calls.append(key)
+        return slow(self, key, value)
+
+    try:
+        d["n"] = {}
+        monkeypatch.setattr(SharedDict, "_setitem_slow", counting)
+        d["a"], d["b"], d["c"] = 1, "x", (1, "y", 0.5)
+        assert calls == ["a", "b", "c"]  # (patched: not the registered function, so called)
+        monkeypatch.setattr(SharedDict, "_setitem_slow", slow)
+        frames: list = []
+        sys.setprofile(lambda frame, event, arg: frames.append(frame.f_code.co_name) if event == "call" else None)
+        try:
+            d["a"], d["b"], d["c"] = 2, "z", (2, "y")
+        finally:
+            sys.setprofile(None)
+        assert "set_root" in frames and "_setitem_slow" not in frames
+        assert d.copy() == {"n": {}, "a": 2, "b": "z", "c": (2, "y")}
+        state = d._store.words[L.W_STATE]
+        with pytest.raises(TypeError):
+            d[[1]] = 1
+        assert d._store.words[L.W_STATE] == state and not d.lock.locked()
+
+        class Own(SharedDict):
+            def _setitem_slow(self, key, value):
+                calls.append(("own", key))
+                super()._setitem_slow(key, value)
+
+        own = Own(name=name)
+        try:
+            own["d"] = 4
+            assert calls[-1] == ("own", "d") and d["d"] == 4
+        finally:
+            own.close()
+        monkeypatch.setattr(SharedDict, "_setitem_slow", counting)
+        del calls[:]
+        d["m"] = [1]
+        d["s"] = d["n"]  # a SharedDict value: copied by the slow path
+        d["n"]["x"] = 1  # a nested view
+        assert calls == ["m", "s", "x"]
+    finally:
+        d.unlink()
+        d.close()
+
+
 # -- replay: record framing, batch decoding and applying ----------------------------
 
 

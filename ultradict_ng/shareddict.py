@@ -28,7 +28,7 @@ from ._backends import open_engine, unlink_by_name as _unlink_by_name
 from ._engine import BlobGone, Engine, Transactional, User
 from ._handle import Handle
 from ._lock import SharedLock
-from .speedups import first_to_export, set_immutable_types
+from .speedups import first_to_export, set_immutable_types, set_root_write
 
 __all__ = ["SharedDict"]
 
@@ -362,9 +362,10 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     # -- writing -----------------------------------------------------------------------
 
-    # ``d[k] = v`` and ``del d[k]`` are ViewBase's slots: compiled, ``__setitem__``
-    # writes a root-level scalar of an open transaction's thread itself (layout
-    # "Transactions") and calls ``_setitem_slow`` for everything else.
+    # ``d[k] = v`` and ``del d[k]`` are ViewBase's slots: compiled, ``__setitem__`` writes a
+    # root-level scalar of an open transaction's thread itself (layout "Transactions"), calls
+    # ``set_root`` for another root set of a scalar or tuple (what ``_setitem_slow`` does
+    # then: ``set_root_write``), ``_setitem_slow`` for everything else.
 
     def _setitem_slow(self, key: Any, value: Any) -> None:
         """``self[key] = value``: all the rules."""
@@ -534,17 +535,16 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         return _unlink_by_name(name, backend)
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        # A handle travels by name: the receiving process attaches on its own,
-        # with what the engine says reopens the same dict (backend, read mode).
+        # A handle travels by name: the receiver attaches as the engine says (backend, read mode).
         return (_reattach, (type(self), self.name, self._path, self._store.reopen_arguments()))
 
 
 def _reattach(cls: type, name: str, path: Tuple[Any, ...],
               where: Optional[Dict[str, Any]] = None) -> SharedDict:
-    # ``where`` is None in handles pickled before engines said how to reopen them:
-    # those were all in shared memory.
+    # ``where`` is None in handles pickled before engines said how to reopen them (all in shm).
     root: SharedDict = cls(name=name, create=False, **(where or {"backend": "shm"}))
     return root._view(path) if path else root
 
 
+set_root_write(SharedDict._setitem_slow)  # (its rule for a root set of a scalar or a tuple, compiled)
 from ._views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)

@@ -1589,8 +1589,10 @@ native_first_to_export(PyObject *module, PyObject *pairs)
     return PyLong_FromSsize_t(i);
 }
 
-/* The cached value of `key` when `view` is a root view whose cache is in
- * sync (one 8-byte load of STATE, a compare): 1 found (*out: a new
+/* The store of `view` when it is a root view whose cache is in sync (one
+ * 8-byte load of STATE, a compare), else NULL.
+ *
+ * view_cached: the cached value of `key` when the store is so: 1 found (*out: a new
  * reference), 0 absent, 2 not answerable here (out of sync, a nested view,
  * a closed handle), 3 a key a big dict's cache has not decoded (*out: a new
  * reference to that cache, in sync when checked), -1 error (an unhashable
@@ -1599,25 +1601,34 @@ native_first_to_export(PyObject *module, PyObject *pairs)
  * key in it: a hit there is a hit, a miss may be in the table.  *row (when
  * not NULL) is set to whether a hit is known to be a decoded row (nothing
  * in `hot` but rows: no fresh or changed key), handed out unchecked. */
+static inline StoreBaseObject *
+synced_root(ViewObject *self)
+{
+    PyObject *store = self->store;
+    if (store == NULL || !PyObject_TypeCheck(store, &StoreBaseType) || self->path == NULL ||
+        !PyTuple_CheckExact(self->path) || PyTuple_GET_SIZE(self->path) != 0)
+        return NULL;
+    StoreBaseObject *s = (StoreBaseObject *)store;
+    WordsObject *w = (WordsObject *)s->state_words;
+    if (w == NULL || !w->held || s->seen == NULL || !PyLong_CheckExact(s->seen) || s->data == NULL)
+        return NULL;
+    unsigned long long seen = PyLong_AsUnsignedLongLong(s->seen);
+    if (seen == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();  /* seen == -1: a reload is due */
+        return NULL;
+    }
+    if (__atomic_load_n(&w->words[s->state_index], __ATOMIC_ACQUIRE) != seen)
+        return NULL;
+    return s;
+}
+
 static int
 view_cached(ViewObject *self, PyObject *key, PyObject **out, int *row)
 {
     if (row != NULL)
         *row = 0;
-    PyObject *store = self->store;
-    if (store == NULL || !PyObject_TypeCheck(store, &StoreBaseType) || self->path == NULL ||
-        !PyTuple_CheckExact(self->path) || PyTuple_GET_SIZE(self->path) != 0)
-        return 2;
-    StoreBaseObject *s = (StoreBaseObject *)store;
-    WordsObject *w = (WordsObject *)s->state_words;
-    if (w == NULL || !w->held || s->seen == NULL || !PyLong_CheckExact(s->seen) || s->data == NULL)
-        return 2;
-    unsigned long long seen = PyLong_AsUnsignedLongLong(s->seen);
-    if (seen == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();  /* seen == -1: a reload is due */
-        return 2;
-    }
-    if (__atomic_load_n(&w->words[s->state_index], __ATOMIC_ACQUIRE) != seen)
+    StoreBaseObject *s = synced_root(self);
+    if (s == NULL)
         return 2;
     /* (The cache is held: a key's own __eq__ may run Python code, and
      * another thread then replace or close the cache.) */
@@ -1725,8 +1736,23 @@ static PyObject *
 vb_subscript(ViewObject *self, PyObject *key)
 {
     PyObject *v;
+    StoreBaseObject *s = synced_root(self);
+    if (s != NULL && PyDict_CheckExact(s->data)) {
+        /* A dict cache (every small dict's), written out: a read is ~20 ns,
+         * and each step of the general path below costs a few percent. */
+        v = PyDict_GetItemWithError(s->data, key);  /* borrowed (no code runs until returned) */
+        if (v != NULL) {
+            if (is_immutable(v) || is_immutable_tuple(v)) {
+                Py_INCREF(v);
+                return v;
+            }
+        } else if (PyErr_Occurred()) {
+            return NULL;  /* an unhashable key: dict's TypeError */
+        }
+        return PyObject_CallMethodOneArg((PyObject *)self, str_getitem_slow, key);
+    }
     int row;
-    int r = view_cached(self, key, &v, &row);
+    int r = s == NULL ? 2 : view_cached(self, key, &v, &row);
     if (r == 1 && row)
         return v;  /* (a row: a scalar or a tuple of scalars) */
     if (r == 3) {
@@ -1823,7 +1849,12 @@ out:
     return done;
 }
 
-static PyObject *str_setitem_slow, *str_delitem_slow;
+static PyObject *str_setitem_slow, *str_delitem_slow, *str_set_root;
+/* SharedDict._setitem_slow (set_root_write): when a handle's type has it, a
+ * root view's set of a value that cannot be a SharedDict (an immutable
+ * scalar, a tuple) is what it does after its checks -- hash(key), then
+ * store.set_root(key, value) -- made here without its frame. */
+static PyObject *root_setitem_slow;
 
 /* self.<name>(*args[1:]) where the method is a plain function of the class
  * (as _setitem_slow and _delitem_slow are): found through the type's
@@ -1853,8 +1884,18 @@ vb_ass_subscript(ViewObject *self, PyObject *key, PyObject *value)
         int r = tx_set(self, key, value);
         if (r != 0)
             return r < 0 ? -1 : 0;
-        PyObject *args[3] = {(PyObject *)self, key, value};
-        res = call_slow(str_setitem_slow, args, 3);
+        if (root_setitem_slow != NULL && self->store != NULL && self->path != NULL &&
+            PyTuple_CheckExact(self->path) && PyTuple_GET_SIZE(self->path) == 0 &&
+            (is_immutable(value) || PyTuple_CheckExact(value)) &&
+            _PyType_Lookup(Py_TYPE(self), str_setitem_slow) == root_setitem_slow) {
+            if (PyObject_Hash(key) == -1)  /* (unhashable: dict's TypeError, before any lock) */
+                return -1;
+            PyObject *args[3] = {self->store, key, value};
+            res = PyObject_VectorcallMethod(str_set_root, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        } else {
+            PyObject *args[3] = {(PyObject *)self, key, value};
+            res = call_slow(str_setitem_slow, args, 3);
+        }
     }
     if (res == NULL)
         return -1;
@@ -2186,6 +2227,18 @@ static PyTypeObject CacheGetType = {
     .tp_methods = cg_methods,
     .tp_new = cg_new,
 };
+
+static PyObject *
+native_set_root_write(PyObject *module, PyObject *func)
+{
+    if (!PyFunction_Check(func)) {
+        PyErr_SetString(PyExc_TypeError, "set_root_write needs a function");
+        return NULL;
+    }
+    Py_INCREF(func);
+    Py_XSETREF(root_setitem_slow, func);
+    Py_RETURN_NONE;
+}
 
 static PyObject *
 native_set_immutable_types(PyObject *module, PyObject *types)
@@ -2631,6 +2684,8 @@ static PyMethodDef native_methods[] = {
      "type in types, or within levels more levels a container whose members are."},
     {"first_to_export", (PyCFunction)native_first_to_export, METH_O,
      "first_to_export(pairs) -> index of the first (key, value) whose value is not handed out as it is."},
+    {"set_root_write", (PyCFunction)native_set_root_write, METH_O,
+     "set_root_write(func): SharedDict._setitem_slow, whose root set of an immutable value ViewBase makes itself."},
     {"set_immutable_types", (PyCFunction)native_set_immutable_types, METH_O,
      "set_immutable_types(frozenset): value types ViewBase returns without copying."},
     {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,
@@ -2680,6 +2735,9 @@ PyInit__native(void)
         return NULL;
     str_setitem_slow = PyUnicode_InternFromString("_setitem_slow");
     str_delitem_slow = PyUnicode_InternFromString("_delitem_slow");
+    str_set_root = PyUnicode_InternFromString("set_root");
+    if (str_set_root == NULL)
+        return NULL;
     if (str_getitem_slow == NULL || str_setitem_slow == NULL || str_delitem_slow == NULL || str_hot == NULL)
         return NULL;
     if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0 ||

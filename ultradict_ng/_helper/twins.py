@@ -17,7 +17,7 @@ import struct
 import sys
 import threading
 import zlib
-from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -31,7 +31,7 @@ from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, 
 __all__ = [
     "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase", "CacheGet",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types", "key_hash_common", "table_get", "table_candidates",
+    "crc32", "set_immutable_types", "set_root_write", "key_hash_common", "table_get", "table_candidates",
     "table_fill", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
     "pack_map", "pack_pairs", "unpack_simple", "tuple_hook", "table_rows", "first_to_export",
 ]
@@ -166,6 +166,14 @@ class ViewBase:
 
 
 _immutable_types: FrozenSet[type] = frozenset()
+
+
+def set_root_write(func: Callable[..., None]) -> None:
+    """Registers ``SharedDict._setitem_slow`` with the compiled ``ViewBase``,
+    which makes its root set of an immutable value itself; the twin
+    ``ViewBase`` calls it as ``__setitem__`` already: nothing to do."""
+    if not callable(func):
+        raise TypeError("set_root_write needs a function")
 
 
 def set_immutable_types(types: FrozenSet[type]) -> None:
