@@ -153,11 +153,12 @@ def plot(path: str, recs: List[Dict[str, Any]]) -> Optional[str]:
     scale = {"open": (1e3, "ms"), "random": (1e-6, "M reads/s"), "hot": (1e-6, "M reads/s"),
              "load": (1, "s"), "items": (1, "s"), "private": (1, "MiB"), "readers8": (1, "MiB (8 readers)")}
     for ax, (metric, head) in zip(axes.flat, COLUMNS):
-        for c in CONTENDERS:
+        for i, c in enumerate(CONTENDERS):  # (one colour per contender in every panel, drawn or not)
             pts = [(s, _median(recs, s, c, metric)) for s in sizes]
             pts = [(s, v) for s, v in pts if v]
             if pts:
-                ax.plot([s for s, _ in pts], [v * scale[metric][0] for _, v in pts], marker="o", label=LABELS[c])
+                ax.plot([s for s, _ in pts], [v * scale[metric][0] for _, v in pts], marker="o", label=LABELS[c],
+                        color=f"C{i}")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("keys")
