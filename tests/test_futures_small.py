@@ -111,6 +111,27 @@ def test_large_plain_calls_leave_the_pipe_room_and_keep_their_order(tmp_path: An
         assert list(ex.map(T.identity, texts, chunksize=3)) == texts
 
 
+def test_a_put_never_waits_for_the_feeders_write_lock(pool: Any) -> None:
+    """The feeder holds the call pipe's write lock while its write waits for room
+    (workers busy writing results into a full result pipe).  The result thread,
+    putting a small call, must not wait for that lock: blocked, it would read no
+    result, and pool, workers and feeder would wait for each other forever (seen
+    in the pool torture).  Held here by the test: the call goes to the feeder."""
+    assert pool.submit(T.square, 2).result(TIMEOUT) == 4
+    calls = pool._call_queue
+    assert calls._wlock.acquire(timeout=TIMEOUT)
+    try:
+        f = pool.submit(T.square, 3)
+        deadline = time.monotonic() + 10
+        while calls._fed == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls._fed == 1  # (handed to the feeder: the result thread went on)
+        assert not f.done()
+    finally:
+        calls._wlock.release()
+    assert f.result(TIMEOUT) == 9
+
+
 def test_a_plain_call_that_fails_to_pickle_fails_its_future_only(pool: Any) -> None:
     # (a lambda is a plain function by type; it pickles by name, which fails)
     bad = pool.submit(lambda: 1)

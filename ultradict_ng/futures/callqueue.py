@@ -16,7 +16,8 @@ pool:
 
 * nothing handed to the feeder is still unwritten, so calls reach the pipe in
   the order they were put (a worker's stop sentinel must never overtake a call,
-  nor a call the sentinel before it);
+  nor a call the sentinel before it), and the feeder's write lock is free: it
+  is never waited for (the feeder holds it while its write waits for room);
 * the pipe has room for the message without blocking: its unread bytes
   (``FIONREAD``) plus the message fit in :data:`ROOM`, less than any pipe
   holds -- the thread that puts is the pool's result thread, and blocked in a
@@ -160,7 +161,13 @@ class CallQueue(_process._SafeQueue):
         wlock = self._wlock
         if wlock is None:  # pragma: no cover - Windows
             return False
-        with wlock:  # (the feeder writes under the same lock)
+        # The feeder writes under the same lock, and holds it while a write waits
+        # for room in the pipe: waiting for it here, the result thread would read
+        # no result meanwhile, so workers blocked on a full result pipe could never
+        # drain the call pipe.  Held means the feeder has a call unwritten anyway.
+        if not wlock.acquire(False):
+            return False
+        try:
             if self._fed:
                 return False
             try:
@@ -175,6 +182,8 @@ class CallQueue(_process._SafeQueue):
                 return True
             except OSError as exc:
                 failed = exc
+        finally:
+            wlock.release()
         # As the feeder does: a pipe every worker has closed loses the call (the
         # pool is broken and fails it); any other error fails the call's future.
         if not (self._ignore_epipe and failed.errno == errno.EPIPE):
