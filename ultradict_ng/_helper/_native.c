@@ -1592,15 +1592,16 @@ native_first_to_export(PyObject *module, PyObject *pairs)
 /* The store of `view` when it is a root view whose cache is in sync (one
  * 8-byte load of STATE, a compare), else NULL.
  *
- * view_cached: the cached value of `key` when the store is so: 1 found (*out: a new
+ * view_cached: the cached value of `key` when the store is so (cached_in:
+ * given the store synced_root returned): 1 found (*out: a new
  * reference), 0 absent, 2 not answerable here (out of sync, a nested view,
  * a closed handle), 3 a key a big dict's cache has not decoded (*out: a new
  * reference to that cache, in sync when checked), -1 error (an unhashable
  * key: dict's TypeError).  The cache is a dict, or a big dict's TableCache
  * (_shm/tablecache.py), whose `hot` dict holds the current value of every
- * key in it: a hit there is a hit, a miss may be in the table.  *row (when
- * not NULL) is set to whether a hit is known to be a decoded row (nothing
- * in `hot` but rows: no fresh or changed key), handed out unchecked. */
+ * key in it: a hit there is a hit, a miss may be in the table.  cached_in's
+ * *row (when not NULL) is set to whether a hit is known to be a decoded row
+ * (nothing in `hot` but rows: no fresh or changed key), handed out unchecked. */
 static inline StoreBaseObject *
 synced_root(ViewObject *self)
 {
@@ -1623,13 +1624,10 @@ synced_root(ViewObject *self)
 }
 
 static int
-view_cached(ViewObject *self, PyObject *key, PyObject **out, int *row)
+cached_in(StoreBaseObject *s, PyObject *key, PyObject **out, int *row)
 {
     if (row != NULL)
         *row = 0;
-    StoreBaseObject *s = synced_root(self);
-    if (s == NULL)
-        return 2;
     /* (The cache is held: a key's own __eq__ may run Python code, and
      * another thread then replace or close the cache.) */
     PyObject *data = s->data;
@@ -1657,6 +1655,13 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out, int *row)
         return 3;
     }
     return 0;
+}
+
+static int
+view_cached(ViewObject *self, PyObject *key, PyObject **out)
+{
+    StoreBaseObject *s = synced_root(self);
+    return s == NULL ? 2 : cached_in(s, key, out, NULL);
 }
 
 int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out); /* table.c */
@@ -1751,8 +1756,8 @@ vb_subscript(ViewObject *self, PyObject *key)
         }
         return PyObject_CallMethodOneArg((PyObject *)self, str_getitem_slow, key);
     }
-    int row;
-    int r = s == NULL ? 2 : view_cached(self, key, &v, &row);
+    int row = 0;
+    int r = s == NULL ? 2 : cached_in(s, key, &v, &row);  /* (synced once, above) */
     if (r == 1 && row)
         return v;  /* (a row: a scalar or a tuple of scalars) */
     if (r == 3) {
@@ -1764,7 +1769,7 @@ vb_subscript(ViewObject *self, PyObject *key)
          * answers for the state it was in sync with: it is kept mapped while
          * referenced.) */
         PyObject *cache = v;
-        r = table_miss((StoreBaseObject *)self->store, cache, key, &v);
+        r = table_miss(s, cache, key, &v);
         if (r == 2) {
             v = PyObject_GetItem(cache, key);
             r = v == NULL ? -1 : 1;
@@ -2151,7 +2156,7 @@ cg_call(CacheGetObject *self, PyObject *const *args, size_t nargsf, PyObject *kw
     }
     PyObject *key = args[0], *dflt = nargs == 2 ? args[1] : Py_None;
     PyObject *e;
-    int r = view_cached((ViewObject *)self->view, key, &e, NULL);
+    int r = view_cached((ViewObject *)self->view, key, &e);
     if (r < 0)
         return NULL;
     if (r == 3) {  /* (a cache's entries are few: never a big dict's TableCache in practice) */
