@@ -19,7 +19,10 @@ Measured per contender and size: **load** (harness process, from a built
 **random reads** (100,000 uniformly random keys; 10,000 for Manager),
 **hot reads** (the same keys again), **private memory** (``Anonymous`` of
 ``/proc/self/smaps_rollup`` added by opening and the random reads: what the
-process holds that no other does), **items()** (every pair, decoded).  Once
+process holds that no other does), **items()** (every pair, decoded); then,
+in a fresh writer per repetition, **writes** (20,000 random keys set to the
+value they hold, 2,000 for Manager; from opening on: the rate) and its
+**private memory** (py-lmdb: a write transaction per set).  Once
 per size (not with ``--quick``): **8 readers** at once, each opening and
 reading 100,000 random keys, their private memory summed, beside the dict's
 shared bytes.  Readers check a sample of values; a wrong value is an alert.
@@ -39,7 +42,7 @@ from .util import log
 
 WL = "bigdict"
 NUMBER = 14
-TITLE = "a big dict read by fresh processes: load, open, random and hot reads, memory, items()"
+TITLE = "a big dict read by fresh processes: load, open, random and hot reads, memory, items(), writes"
 ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"big-dict": WL, "bigdicts": WL}
 CONTENDERS = ("ultradict_ng", "table", "lmdb", "UltraDict", "Manager")
@@ -49,10 +52,11 @@ LABELS = {"ultradict_ng": "ultradict_ng SharedDict", "table": "ultradict_ng tabl
 MAX_SIZE = {"ultradict_ng": 10_000_000, "table": 10_000_000, "lmdb": 10_000_000,
             "UltraDict": 1_000_000, "Manager": 10_000}
 READS = 100_000
-METRICS = ("load", "open", "random", "hot", "private", "items")
+WRITES = 20_000
+METRICS = ("load", "open", "random", "hot", "private", "items", "writes", "wprivate")
 UNITS = {"load": ("s", "lower"), "open": ("s", "lower"), "random": ("ops/s", "higher"),
          "hot": ("ops/s", "higher"), "private": ("MiB", "lower"), "items": ("s", "lower"),
-         "readers8": ("MiB", "lower")}
+         "readers8": ("MiB", "lower"), "writes": ("ops/s", "higher"), "wprivate": ("MiB", "lower")}
 
 
 def sizes(run: Run) -> List[int]:
@@ -268,6 +272,79 @@ def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, 
         q.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
+def _open_writable(contender: str, info: Dict[str, Any]) -> Tuple[Callable[[str, Any], None], Callable[[], None]]:
+    """(set one key, close) for a writer of ``contender``; each set is visible
+    to every other process once it returns (py-lmdb: one write transaction)."""
+    if contender == "ultradict_ng":
+        from ultradict_ng import SharedDict
+
+        d = SharedDict(name=info["name"], create=False)
+        return d.__setitem__, d.close
+    if contender == "lmdb":
+        import lmdb
+        import msgpack
+
+        env = lmdb.open(info["path"], map_size=1 << 36, subdir=True)
+        packb = msgpack.packb
+
+        def put(k: str, v: Any) -> None:
+            with env.begin(write=True) as txn:
+                txn.put(k.encode(), packb(v))
+
+        return put, env.close
+    if contender == "UltraDict":
+        from UltraDict import UltraDict
+
+        u = UltraDict(name=info["name"], create=False)
+        return u.__setitem__, u.close
+    if contender == "Manager":
+        return info["proxy"].__setitem__, lambda: None
+    raise ValueError(contender)
+
+
+def writer(contender: str, info: Dict[str, Any], n: int, writes: int, seed: int, q: Any) -> None:
+    """One fresh writer: open, then ``writes`` random keys set to the value
+    they hold (the dict stays the same for whoever reads it next): the rate
+    from opening on, and the private memory it added."""
+    try:
+        import msgpack  # noqa: F401  (imports are not part of the measurement)
+
+        import ultradict_ng  # noqa: F401
+        if contender == "lmdb":
+            import lmdb  # noqa: F401
+        if contender == "UltraDict":
+            import UltraDict  # noqa: F401
+        rng = random.Random(seed)
+        keys = [key(rng.randrange(n)) for _ in range(writes)]
+        pairs = [(k, value(int(k[5:]))) for k in keys]
+        base = _anon_mib()
+        t0 = time.perf_counter()
+        put, close = _open_writable(contender, info)
+        for k, v in pairs:
+            put(k, v)
+        elapsed = time.perf_counter() - t0
+        private = _anon_mib() - base
+        close()
+        q.put({"writes": writes / elapsed, "wprivate": private})
+    except BaseException as exc:
+        q.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _spawn_writer(run: Run, contender: str, info: Dict[str, Any], n: int) -> Dict[str, Any]:
+    writes = 2_000 if contender == "Manager" else WRITES
+    q = run.ctx.Queue()
+    p = run.ctx.Process(target=writer, args=(contender, info, n, writes, random.randrange(1 << 30), q), daemon=True)
+    p.start()
+    try:
+        return q.get(timeout=900)  # type: ignore[no-any-return]
+    finally:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+        q.close()
+
+
 def _spawn_readers(run: Run, contender: str, info: Dict[str, Any], n: int, count: int,
                    walk: bool) -> List[Dict[str, Any]]:
     reads = 10_000 if contender == "Manager" else READS
@@ -347,6 +424,16 @@ def w_bigdict(run: Run, contenders: List[str]) -> None:
                             extra={"shared_mib": shared / 2**20})
                     run.note(f"{LABELS[c]} at {size:,} keys: {shared / 2**20:.1f} MiB of shared memory "
                              "(or page cache)", WL)
+                if c == "table":  # (never written: a table does not change)
+                    for m in ("writes", "wprivate"):
+                        _record(run, size, c, m, [], skipped="read only")
+                else:  # last: the writes' records are replayed by every process that opens it after
+                    wrote = [_spawn_writer(run, c, info, size) for _ in range(reps)]
+                    errors = [r["error"] for r in wrote if "error" in r]
+                    if errors:
+                        raise RuntimeError(errors[0])
+                    for m in ("writes", "wprivate"):
+                        _record(run, size, c, m, [r[m] for r in wrote])
             except Exception as exc:
                 run.alert(f"workload {NUMBER} ({c}, {size:,} keys): {type(exc).__name__}: {exc}")
                 for m in METRICS:

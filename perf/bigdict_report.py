@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from .bigdict import CONTENDERS, LABELS, WL
 
 COLUMNS = [("load", "load s"), ("open", "open+1st ms"), ("random", "random M/s"), ("hot", "hot M/s"),
-           ("private", "private MiB"), ("items", "items() s"), ("readers8", "8 readers MiB")]
+           ("private", "private MiB"), ("items", "items() s"), ("readers8", "8 readers MiB"),
+           ("writes", "writes k/s"), ("wprivate", "writer MiB")]
 
 
 def _find(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) -> Optional[Dict[str, Any]]:
@@ -47,6 +48,8 @@ def _cell(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) ->
         return f"{m * 1e3:.2f}"
     if metric in ("random", "hot"):
         return f"{m / 1e6:.2f}"
+    if metric == "writes":
+        return f"{m / 1e3:.1f}"
     if metric in ("load", "items"):
         return f"{m:.3f}"
     return f"{m:.1f}"
@@ -149,9 +152,10 @@ def plot(path: str, recs: List[Dict[str, Any]]) -> Optional[str]:
         import matplotlib.pyplot as plt
     except Exception as exc:
         return f"matplotlib unavailable ({exc.__class__.__name__})"
-    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5), squeeze=False)
+    fig, axes = plt.subplots(2, 5, figsize=(24, 8.5), squeeze=False)
     scale = {"open": (1e3, "ms"), "random": (1e-6, "M reads/s"), "hot": (1e-6, "M reads/s"),
-             "load": (1, "s"), "items": (1, "s"), "private": (1, "MiB"), "readers8": (1, "MiB (8 readers)")}
+             "load": (1, "s"), "items": (1, "s"), "private": (1, "MiB"), "readers8": (1, "MiB (8 readers)"),
+             "writes": (1e-3, "k writes/s"), "wprivate": (1, "MiB (a writer)")}
     for ax, (metric, head) in zip(axes.flat, COLUMNS):
         for i, c in enumerate(CONTENDERS):  # (one colour per contender in every panel, drawn or not)
             pts = [(s, _median(recs, s, c, metric)) for s in sizes]

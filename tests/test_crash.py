@@ -445,3 +445,67 @@ def test_a_loader_killed_mid_bulk_load(name, point):
     present = ours(name)
     assert unlink_by_name(name) == len(present) and ours(name) == []
     d.close()
+
+
+MERGER = r"""
+import sys
+from ultradict_ng import SharedDict
+from ultradict_ng._shm import dumps
+from ultradict_ng._shm.tablecache import TableCache
+real = dumps._merge
+def merging(*args):
+    print("merging", flush=True)
+    return real(*args)
+dumps._merge = merging
+d = SharedDict(name=sys.argv[1], create=False, buffer_size=1 << 16)
+assert type(d._store.data) is TableCache
+if sys.argv[2] == "records":  # published one by one, then merged into a dump
+    del d["row1"]
+    d["row2"] = "two"
+    d["new"] = 1
+    d._store.force_dump()
+else:  # a transaction too big for the stream: published by its merged dump, or not at all
+    with d.transaction():
+        del d["row1"]
+        for i in range(400):  # (8% of the rows, 80 KiB of records: a merged dump)
+            d[f"row{i + 2}"] = ("changed", i, "x" * 200)
+        d["new"] = 1
+print("merged", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["records", "transaction"])
+@pytest.mark.parametrize("point", ["dump-registered", "dump-created", "dump-written", "dump-published"])
+def test_a_writer_killed_mid_merge(name, point, how):
+    """A writer whose cache is read in place (a big dict: a TableCache) SIGKILLed
+    at each point of its merged dump: the others recover the lock and see the
+    dict as its records left it -- a transaction's writes all (from
+    "dump-published" on) or none; a reader maps the dump and reads every row;
+    later writes work, and cleanup finds every segment."""
+    rows = {f"row{i}": (i, "r", i / 2) for i in range(5000)}
+    d = SharedDict(rows, name=name, buffer_size=1 << 16)
+    env = dict(os.environ, ULTRADICT_NG_FAULT=f"{point}:kill:1", PYTHONPATH=ROOT)
+    p = subprocess.Popen([sys.executable, "-c", MERGER, name, how], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL, err
+    assert "merging" in out and "merged" not in out
+    with d.lock(timeout=5):
+        state = d.copy()
+    changed = dict(rows)
+    del changed["row1"]
+    if how == "records":
+        changed.update({"row2": "two", "new": 1})
+    else:
+        changed.update({f"row{i + 2}": ("changed", i, "x" * 200) for i in range(400)})
+        changed["new"] = 1
+    want = changed if how == "records" or point == "dump-published" else rows
+    assert state == want and list(state) == list(want)
+    fresh = SharedDict(name=name, create=False)
+    assert fresh.copy() == want and fresh.get("row4999") == want["row4999"]
+    d["after"] = 2
+    assert fresh["after"] == 2 and len(fresh) == len(want) + 1
+    fresh.close()
+    present = ours(name)
+    assert unlink_by_name(name) == len(present) and ours(name) == []
+    d.close()

@@ -162,14 +162,9 @@ def test_key_hash_common_is_key_hash_or_none(impl, key):
 def test_table_probe_answers_as_the_dict(impl, model, absent):
     """table_get (str and bytes keys) and table_candidates (the rest) over a table
     built from ``model``; the damage messages are the same strings on every impl."""
-    from ultradict_ng._shm.table import encode_entries, hash_key, table_size, write_table
+    from ultradict_ng._shm.table import hash_key
 
-    entries = encode_entries(model.items(), MSGPACK.dumps)
-    size = table_size(len(entries), sum((24 + len(k) + len(v) + 7) & ~7 for _, k, v in entries))
-    buf = bytearray(size)
-    write_table(memoryview(buf), entries, 1, 0)
-    slots = int.from_bytes(buf[24:32], "little")
-    start, end = 64 + 8 * slots, int.from_bytes(buf[40:48], "little")
+    buf, slots, start, end = table_of(model)
     for key in list(model) + absent:
         if type(key) in (str, bytes):
             got = impl.table_get(buf, slots, start, end, key)
@@ -178,7 +173,7 @@ def test_table_probe_answers_as_the_dict(impl, model, absent):
             pairs = impl.table_candidates(buf, slots, start, end, hash_key(key))
             values = [MSGPACK.loads(v) for k, v in pairs if MSGPACK.loads(k) == key]
             assert values == ([model[key]] if key in model else [])
-    if entries:  # damage one entry's value: its probe reports it, the same words on every impl
+    if model:  # damage one entry's value: its probe reports it, the same words on every impl
         from ultradict_ng._shm.table import Table
 
         k0 = next(iter(model))
@@ -192,6 +187,53 @@ def test_table_probe_answers_as_the_dict(impl, model, absent):
         got = (impl.table_get(buf, slots, start, end, k0) if type(k0) in (str, bytes)
                else impl.table_candidates(buf, slots, start, end, hash_key(k0)))
         assert got == "table entry fails its checksum"
+
+
+def table_of(model):
+    """A table of ``model`` in a bytearray: (buffer, slots, entries start, entries end)."""
+    from ultradict_ng._shm.table import encode_entries, table_size, write_table
+
+    entries = encode_entries(model.items(), MSGPACK.dumps)
+    size = table_size(len(entries), sum((24 + len(k) + len(v) + 7) & ~7 for _, k, v in entries))
+    buf = bytearray(size)
+    write_table(memoryview(buf), entries, 1, 0)
+    slots = int.from_bytes(buf[24:32], "little")
+    return buf, slots, 64 + 8 * slots, int.from_bytes(buf[40:48], "little")
+
+
+#: Ints at every msgpack length boundary, both signs, and past 64 bits.
+BOUNDARY_INTS = sorted({s * b + d for b in (0, 0x1F, 0x20, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000,
+                                            0xFFFFFFFF, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1)
+                        for s in (1, -1) for d in (-1, 0, 1)})
+
+
+@impls
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.one_of(st.text(max_size=10), st.sampled_from(BOUNDARY_INTS), st.integers(),
+                                 st.sampled_from([1.0, True, False, 0.0, 2.0 ** 63, -2.0 ** 63, 7.5])),
+                       st.integers(), max_size=40),
+       st.lists(st.one_of(st.sampled_from(BOUNDARY_INTS), st.integers(), st.text(max_size=10)), max_size=10))
+def test_table_offsets_of_str_and_int_keys_are_the_probes(impl, model, absent):
+    """table_get(..., offset=True): a str key's entry offset, an int key's by its
+    own encoding (every length of msgpack's int forms), or -1 when an entry of
+    its hash holds an equal key of another type (1.0, True) or the int has no
+    64-bit form; then, and for every other answer, Table.find agrees."""
+    from ultradict_ng._shm.table import Table, hash_key
+
+    buf, slots, start, end = table_of(model)
+    t = Table(memoryview(buf), 0)
+    try:
+        for key in [k for k in list(model) + absent if type(k) in (str, int)]:
+            got = impl.table_get(buf, slots, start, end, key, True)
+            want = t.find(key, hash_key(key), MSGPACK.loads)
+            stored = next((k for k in model if k == key), None)
+            if got == -1:
+                assert type(key) is int and (type(stored) is not int or not -(1 << 63) <= key < 1 << 64)
+            else:
+                assert got == want, (key, got, want)
+                assert (got != 0) == (stored is not None)
+    finally:
+        t.close()
 
 
 @needs_native

@@ -31,7 +31,7 @@ from ultradict_ng import SharedDict, layout as L
 from ultradict_ng._codec import records as R
 from ultradict_ng._codec.codec import codec_for
 from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
-from ultradict_ng._shm import tablecache
+from ultradict_ng._shm import dumps, tablecache
 from ultradict_ng._shm.tablecache import TableCache
 
 from .conftest import soak_scaled, unique_name
@@ -93,6 +93,12 @@ def table_cache(data: Dict[Any, Any]) -> TableCache:
     return TableCache(Table(view, 7), codec.loads, (buf, view), threading.RLock())
 
 
+def a_dict_key(data: Any, model: Dict[Any, Any]) -> Any:
+    """A key of ``model`` whose value is a dict, drawn; ABSENT when none is."""
+    dicts = [k for k, v in model.items() if type(v) is dict]
+    return data.draw(st.sampled_from(dicts)) if dicts else ABSENT
+
+
 class TableCacheMachine(RuleBasedStateMachine):
     """A TableCache made from a table, then changed by records as a reader's is."""
 
@@ -129,12 +135,10 @@ class TableCacheMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), inner=st.sampled_from(["x", "y", "w"]), value=LEAVES)
     def nested_set(self, data: Any, inner: str, value: Any) -> None:
-        dicts = [k for k, v in self.model.items() if type(v) is dict]
-        if not dicts:
-            return
-        key = data.draw(st.sampled_from(dicts))
-        R.apply(self.cache, R.set_((key,), inner, value))
-        self.model[key][inner] = value
+        key = a_dict_key(data, self.model)
+        if key is not ABSENT:
+            R.apply(self.cache, R.set_((key,), inner, value))
+            self.model[key][inner] = value
 
     @rule(key=POOL_KEYS)
     def read(self, key: Any) -> None:
@@ -158,18 +162,24 @@ class ReaderMachine(RuleBasedStateMachine):
     """A SharedDict writer dumping often (a 1 KiB stream) and a reader that reads
     every dump in place (ULTRADICT_NG_PARTIAL_FROM=0), checked against a dict."""
 
+    recurse = False  # (the writer's nested dicts shared, or copies)
+    merge_fraction = dumps.MERGE_FRACTION
+
     def __init__(self) -> None:
         super().__init__()
         self._env = os.environ.get("ULTRADICT_NG_PARTIAL_FROM")
         os.environ["ULTRADICT_NG_PARTIAL_FROM"] = "0"
+        self._fraction = dumps.MERGE_FRACTION
+        dumps.MERGE_FRACTION = self.merge_fraction
         self.name = unique_name()
-        self.w = SharedDict(name=self.name, buffer_size=1024)
+        self.w = SharedDict(name=self.name, buffer_size=1024, recurse=self.recurse)
         self.r = SharedDict(name=self.name)
         self.model: Dict[Any, Any] = {}
 
     def teardown(self) -> None:
         self.r.close()
         self.w.close()
+        dumps.MERGE_FRACTION = self._fraction
         if self._env is None:
             os.environ.pop("ULTRADICT_NG_PARTIAL_FROM", None)
         else:
@@ -200,7 +210,7 @@ class ReaderMachine(RuleBasedStateMachine):
 
     @rule(key=POOL_KEYS, value=LEAVES)
     def reader_writes(self, key: Any, value: Any) -> None:
-        """(A reader that writes decodes the whole dict first: it becomes a writer.)"""
+        """(A reader that writes becomes a writer: its cache stays read in place.)"""
         self.r[key] = value
         self.model[key] = value
 
@@ -221,10 +231,109 @@ TestReader.settings = settings(max_examples=soak_scaled(40), stateful_step_count
                                suppress_health_check=list(HealthCheck))
 
 
-def test_a_reader_maps_a_big_dump_and_a_writer_decodes_it(name, monkeypatch):
-    """At the threshold a reader's cache is a TableCache, below it a dict; the
-    reader's first write makes it a dict (a writer's steps need the whole tree),
-    and it reads the same before and after."""
+class WriterMachine(ReaderMachine):
+    """A writer whose cache is read in place (ULTRADICT_NG_PARTIAL_FROM=0),
+    nested dicts shared (``recurse=True``), dumping often (a 1 KiB stream):
+    each dump merges what changed into the last table.  The writer itself and
+    the reader are checked against a dict after every step."""
+
+    recurse = True
+    merge_fraction = 1.0  # (every dump that can merge does; below, the default too)
+
+    @rule()
+    def popitem(self) -> None:
+        if not self.model:
+            with pytest.raises(KeyError):
+                self.w.popitem()
+            return
+        got = self.w.popitem()
+        want = self.model.popitem()
+        assert exact(got[0], want[0]) and got[1] == want[1]
+
+    @rule(data=st.data(), inner=st.sampled_from(["x", "y", "w"]), value=LEAVES)
+    def nested_set(self, data: Any, inner: str, value: Any) -> None:
+        key = a_dict_key(data, self.model)
+        if key is not ABSENT:
+            self.w[key][inner] = value  # (a record on the nested path: the root value changes in place)
+            self.model[key][inner] = value
+
+    @rule(key=POOL_KEYS)
+    def writer_reads(self, key: Any) -> None:
+        check_reads(self.w, self.model, key)
+
+    @invariant()
+    def the_writer_is_the_dict(self) -> None:
+        assert len(self.w) == len(self.model)
+        assert same_keys(list(self.w), list(self.model))
+        assert self.w.copy() == self.model
+
+
+TestWriter = WriterMachine.TestCase
+TestWriter.settings = settings(max_examples=soak_scaled(40), stateful_step_count=25, deadline=None,
+                               suppress_health_check=list(HealthCheck))
+
+
+class RepackingWriterMachine(WriterMachine):
+    """The same with the default MERGE_FRACTION: most of these small dicts'
+    dumps change too many keys to merge, and repack the cache whole."""
+
+    merge_fraction = dumps.MERGE_FRACTION
+
+
+TestRepackingWriter = RepackingWriterMachine.TestCase
+TestRepackingWriter.settings = settings(max_examples=soak_scaled(20), stateful_step_count=25, deadline=None,
+                                        suppress_health_check=list(HealthCheck))
+
+
+def test_a_writers_dump_merges_only_what_changed(name, monkeypatch):
+    """A writer whose cache is read in place decodes only the keys it touches,
+    and its dump encodes only what changed since the table: the overwritten
+    values and the new keys and values.  Everything else is copied as bytes;
+    readers see the dict's order (a key deleted and set again moves to the end)."""
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "100")
+    model = {f"k{i}": (i, f"v{i}", i / 2) for i in range(1000)}
+    w = SharedDict(model, name=name, buffer_size=4096, recurse=True)
+    encoded: List[Any] = []
+    real = dumps._merge
+
+    def counting(cache: Any, dump: Any, loads: Any) -> Any:
+        def spy(obj: Any) -> bytes:
+            encoded.append(obj)
+            return dump(obj)
+        return real(cache, spy, loads)
+
+    monkeypatch.setattr(dumps, "_merge", counting)
+    try:
+        assert type(w._store.data) is TableCache
+        del w["k1"]
+        w["k2"] = "two"
+        w["new"] = {"nested": 1}
+        del w["k3"]
+        w["k3"] = 3
+        assert set(w._store.data.hot) == {"k2", "new", "k3"}  # (deletes probe, decode nothing)
+        w._store.force_dump()
+        assert sorted(map(repr, encoded)) == sorted(map(repr, ["two", "new", {"nested": 1}, "k3", 3]))
+        for k in ("k1", "k3"):
+            del model[k]
+        model.update({"k2": "two", "new": {"nested": 1}, "k3": 3})
+        r = SharedDict(name=name)
+        try:
+            assert list(r.items()) == list(model.items()) == list(w.items())
+            assert r._store.data.table.count == 1000
+        finally:
+            r.close()
+        encoded.clear()
+        w["new"]["more"] = 2  # (a nested change: its root value is encoded again at the next dump)
+        w._store.force_dump()
+        assert encoded == [{"nested": 1, "more": 2}]
+    finally:
+        w.close()
+
+
+def test_a_reader_and_a_writer_read_a_big_dump_in_place(name, monkeypatch):
+    """At the threshold a reader's cache is a TableCache, below it a dict; a
+    writer's too: its dump of a dict at the threshold becomes its cache, and
+    a write decodes only the keys it touches.  Both read the same throughout."""
     monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "100")
     w = SharedDict({f"k{i}": i for i in range(100)}, name=name, buffer_size=4096)
     w._store.force_dump()
@@ -232,17 +341,20 @@ def test_a_reader_maps_a_big_dump_and_a_writer_decodes_it(name, monkeypatch):
     try:
         assert r["k5"] == 5 and type(r._store.data) is TableCache
         assert len(r._store.data.hot) == 1  # decoded: the one key read
-        assert type(w._store.data) is dict
+        assert type(w._store.data) is TableCache and not w._store.data.hot
         del w["k0"]
+        assert not w._store.data.hot  # (a delete probes; it decodes nothing)
         w._store.force_dump()  # 99 entries: under the threshold
-        assert r["k5"] == 5 and type(r._store.data) is dict
+        assert r["k5"] == 5 and type(r._store.data) is dict and type(w._store.data) is dict
         w["k0"] = 0
         w._store.force_dump()
         assert r["k0"] == 0 and type(r._store.data) is TableCache
         before = r.copy()
         r["new"] = 1
-        assert type(r._store.data) is dict
-        assert r.copy() == {**before, "new": 1} == w.copy()
+        r["k7"] = 70
+        assert type(r._store.data) is TableCache and set(r._store.data.hot) == {"new", "k0", "k7"}
+        assert r.copy() == {**before, "new": 1, "k7": 70} == w.copy()
+        assert list(r) == list(w) == list(before) + ["new"]
     finally:
         r.close()
         w.close()

@@ -176,9 +176,9 @@ Writer (holds the lock for the whole mutation)
    b. create ``N@d<gen+1>``; if it exists it is the unpublished leftover of a
       writer that died between b and c (we hold the lock, so nobody else can be
       making it): unlink it and create it again;
-   c. write payload, then header; for a growing stream raise LIMIT (see
-      "Stream size"); publish ``STATE = (gen + 1) << 32 | 0``.  This one store
-      both publishes the dump and restarts the stream;
+   c. write payload, then header (a big dict's writer merges: table_layout.py, "As a
+      dump"); for a growing stream raise LIMIT (see "Stream size"); publish
+      ``STATE = (gen + 1) << 32 | 0``: one store publishes the dump, restarts the stream;
    d. unlink dumps ``REG_LOW .. gen`` and set ``REG_LOW = gen + 1``.
 5. Apply the decoded record to the local cache, so every process holds
    identical data.  (A record of plain scalars -- None, bool, int within 64

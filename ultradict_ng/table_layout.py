@@ -82,9 +82,25 @@ into entries (``_shm/table.py``, ``write_map``).  A reader checks the header
   collection's finalizers).  The table never changes and stays valid after
   its name is unlinked, so nothing read from it can be torn or go missing: an
   entry failing its check is ``CorruptSegment`` at once (no retry changes it).
-  A process that writes decodes the whole first (writer step 1: checks, old
-  values, blob sweeps and dumps need the whole tree); a change feed and the
-  command line decode whole.
+  A process that writes keeps the same cache: its records apply to it as a
+  reader's do, and a check or an old value decodes only the key it is about
+  (a blob sweep, only due while blobs exist, and a root ``clear`` of a dict
+  holding blobs walk every value).  Its dump is a merge (below); a change
+  feed and the command line decode whole.
+
+* A writer's dump of a ``TableCache`` is a merge of its table with the
+  changes: ``dead`` keys' entries removed, ``changed`` keys' entries given
+  their value in ``hot`` anew (an overwrite, or a value the serializer
+  decoded, which a nested record may have changed in place), ``fresh`` keys
+  appended in order; every other entry is copied as bytes.  The new table
+  is written, indexed and checked (its entries add up to its count) before
+  it is published, exactly as any dump (layout: "Writer", step 4): a writer
+  killed during the merge leaves the previous dump and the stream, which
+  the others continue from.  Then the writer's cache becomes the new table
+  at or above ``PARTIAL_FROM`` entries, keeping the values it decoded (each
+  is the new table's; those not scalars or tuples of them stay ``changed``),
+  or a ``dict`` of it below.  A ``TableCache`` that a ``clear`` left without
+  a table is packed whole, as a ``dict`` is.
 
 Why this form (and not another engine's)
 ----------------------------------------

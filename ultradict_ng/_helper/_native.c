@@ -2698,7 +2698,8 @@ static PyMethodDef native_methods[] = {
     {"key_hash_common", (PyCFunction)udng_native_key_hash_common, METH_O,
      "key_hash_common(key) -> _codec.keyhash.key_hash(key) for str, bytes, int, bool, float, None; else None."},
     {"table_get", (PyCFunction)(void (*)(void))udng_native_table_get, METH_FASTCALL,
-     "table_get(buf, slots, start, end, key) -> value bytes, None, or a damage message (str)."},
+     "table_get(buf, slots, start, end, key[, offset]) -> value bytes, None, or a damage message (str); "
+     "with offset true, the checked entry's offset (0: absent) instead of its value."},
     {"table_candidates", (PyCFunction)(void (*)(void))udng_native_table_candidates, METH_FASTCALL,
      "table_candidates(buf, slots, start, end, h) -> [(key bytes, value bytes), ...] or a damage message."},
     {"table_fill", (PyCFunction)(void (*)(void))udng_native_table_fill, METH_FASTCALL,

@@ -77,6 +77,12 @@ static inline uint64_t rd64(const unsigned char *p)
     return x;
 }
 
+static inline void wr64be(unsigned char *p, uint64_t x)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(x >> (56 - 8 * i));
+}
+
 static inline uint32_t rd32(const unsigned char *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -192,7 +198,7 @@ exact_key(PyObject *key, const char **data, Py_ssize_t *n, unsigned char head[5]
  * absent; else what is damaged. */
 static const char *
 probe_exact(const table_view *t, uint64_t h, const unsigned char *head, size_t hl, const char *data,
-            Py_ssize_t n, const unsigned char **e, uint32_t *kl, uint32_t *vl)
+            Py_ssize_t n, const unsigned char **e, uint32_t *kl, uint32_t *vl, int *same_hash)
 {
     uint64_t mask = t->slots - 1, i = h & mask, tag = h & T_TAG_MASK;
     *e = NULL;
@@ -210,21 +216,115 @@ probe_exact(const table_view *t, uint64_t h, const unsigned char *head, size_t h
         if (bad != NULL)
             return bad;
         const unsigned char *at = t->b + off;
-        if (rd64(at) != h || *kl != hl + (size_t)n || memcmp(at + T_ENTRY, head, hl) != 0 ||
-            memcmp(at + T_ENTRY + hl, data, (size_t)n) != 0)
+        if (rd64(at) != h)
             continue;
+        if (*kl != hl + (size_t)n || memcmp(at + T_ENTRY, head, hl) != 0 ||
+            memcmp(at + T_ENTRY + hl, data, (size_t)n) != 0) {
+            if (same_hash != NULL)
+                *same_hash = 1;  /* another key of this hash: equal to ours only by == */
+            continue;
+        }
         *e = at;
         return NULL;
     }
 }
 
+/* An int's msgpack encoding in its shortest form (the serializer's: msgpack's
+ * packer always chooses it) into out[9]: its length, or 0 for an int outside
+ * the 64-bit range (not encoded so). */
+static size_t
+int_encoding(PyObject *key, unsigned char out[9])
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(key);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        out[0] = 0xcf;
+        wr64be(out + 1, u);
+        return 9;
+    }
+    if (overflow < 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v >= 0) {
+        if (v < 0x80) { out[0] = (unsigned char)v; return 1; }
+        if (v <= 0xff) { out[0] = 0xcc; out[1] = (unsigned char)v; return 2; }
+        if (v <= 0xffff) { out[0] = 0xcd; out[1] = (unsigned char)(v >> 8); out[2] = (unsigned char)v; return 3; }
+        if (v <= 0xffffffffLL) {
+            out[0] = 0xce;
+            for (int i = 0; i < 4; i++)
+                out[1 + i] = (unsigned char)(v >> (24 - 8 * i));
+            return 5;
+        }
+        out[0] = 0xcf;
+        wr64be(out + 1, (uint64_t)v);
+        return 9;
+    }
+    if (v >= -32) { out[0] = (unsigned char)(v & 0xff); return 1; }
+    if (v >= -128) { out[0] = 0xd0; out[1] = (unsigned char)(v & 0xff); return 2; }
+    if (v >= -32768) { out[0] = 0xd1; out[1] = (unsigned char)((v >> 8) & 0xff); out[2] = (unsigned char)(v & 0xff); return 3; }
+    if (v >= -2147483648LL) {
+        out[0] = 0xd2;
+        for (int i = 0; i < 4; i++)
+            out[1 + i] = (unsigned char)((v >> (24 - 8 * i)) & 0xff);
+        return 5;
+    }
+    out[0] = 0xd3;
+    wr64be(out + 1, (uint64_t)v);
+    return 9;
+}
+
+/* table_get(..., int key, offset=True): the offset of the entry whose key
+ * is encoded as the int's own encoding, 0 when no entry has its hash, or -1
+ * when it is not decided here -- an entry of its hash holds other bytes (a
+ * key of another type may equal it: 1.0, True), or the int has no 64-bit
+ * encoding; the caller then compares decoded keys. */
+static PyObject *
+int_offset(PyObject *const *args)
+{
+    uint64_t h;
+    if (udng_key_hash_common(args[4], &h) != 1)
+        return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
+    unsigned char enc[9];
+    size_t hl = int_encoding(args[4], enc);
+    if (hl == 0)
+        return PyLong_FromLong(-1);
+    Py_buffer pb;
+    table_view t;
+    if (view_args(args, &pb, &t) < 0)
+        return NULL;
+    const unsigned char *e;
+    uint32_t kl, vl;
+    int same_hash = 0;
+    const char *bad = probe_exact(&t, h, enc, hl, "", 0, &e, &kl, &vl, &same_hash);
+    PyObject *result;
+    if (bad != NULL)
+        result = PyUnicode_FromString(bad);
+    else if (e != NULL)
+        result = PyLong_FromUnsignedLongLong((unsigned long long)(e - t.b));
+    else
+        result = PyLong_FromLong(same_hash ? -1 : 0);
+    PyBuffer_Release(&pb);
+    return result;
+}
+
 PyObject *
 udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "table_get(buf, slots, start, end, key)");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "table_get(buf, slots, start, end, key[, offset])");
         return NULL;
     }
+    int want_offset = 0;
+    if (nargs == 6 && (want_offset = PyObject_IsTrue(args[5])) < 0)
+        return NULL;
+    if (want_offset && PyLong_CheckExact(args[4]))
+        return int_offset(args);
     const char *data;
     Py_ssize_t n;
     unsigned char head[5];
@@ -234,6 +334,8 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (k <= 0) {
         if (k < 0)
             return NULL;
+        if (want_offset)
+            return PyLong_FromLong(0);
         Py_RETURN_NONE;
     }
     Py_buffer pb;
@@ -242,10 +344,12 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const unsigned char *e;
     uint32_t kl, vl;
-    const char *bad = probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl);
+    const char *bad = probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl, NULL);
     PyObject *result = NULL;
     if (bad != NULL)
         result = PyUnicode_FromString(bad);
+    else if (want_offset)
+        result = PyLong_FromUnsignedLongLong(e == NULL ? 0 : (unsigned long long)(e - t.b));
     else if (e == NULL)
         { result = Py_None; Py_INCREF(result); }
     else
@@ -287,7 +391,7 @@ udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out)
     const unsigned char *e;
     uint32_t kl, vl;
     int r = 2;
-    if (probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl) == NULL) {
+    if (probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl, NULL) == NULL) {
         if (e == NULL) {
             r = 0;
         } else {

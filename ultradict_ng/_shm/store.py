@@ -337,6 +337,8 @@ class Store(Writer):
             return False
         try:
             if self.data:  # (a reload over keys it holds: in their places, as update() does)
+                if type(self.data) is not dict:  # (a big dict's: most of it is overwritten)
+                    self.data = cast(Any, self.data).full()
                 self.data.update(mapping)
                 self._write_dump()
             else:

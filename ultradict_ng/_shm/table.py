@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union,
+                    cast)
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -200,10 +201,31 @@ class Table:
             raise CorruptSegment(f"{self.where}: table entry at {off} fails its checksum")
         return h, self.buf[body:body + kl], self.buf[body + kl:end], (end + 7) & ~7
 
+    def key_at(self, off: int) -> Tuple[int, memoryview, int]:
+        """``(hash, key bytes, next offset)`` of the entry at ``off``, which a
+        probe has checked already (bounds and checksum are not checked again)."""
+        h, kl, vl, _, _ = _entry.unpack_from(self.buf, off)
+        body = off + _EH
+        return h, self.buf[body:body + kl], (body + kl + vl + 7) & ~7
+
     def find(self, key: Any, h: int, loads: Callable[[Any], Any]) -> int:
         """Offset of the entry whose key equals ``key`` (hashed ``h``), or 0."""
         found = self._probe(key, h, loads)
         return found[0] if found is not None else 0
+
+    def locate(self, key: Any, loads: Callable[[Any], Any]) -> int:
+        """:meth:`find` hashing ``key`` itself: the offset of its checked
+        entry, or 0.  A str, bytes or int key is probed by its encoding in
+        compiled code, which leaves an int to :meth:`find` only when an entry
+        of its hash holds another encoding (an equal float or bool may)."""
+        t = type(key)
+        if t is str or t is bytes or t is int:
+            got = table_get(self.buf, self.slots, self.start, self.end, key, True)
+            if isinstance(got, str):
+                raise CorruptSegment(f"{self.where}: {got}")
+            if got != -1:
+                return cast(int, got)
+        return self.find(key, hash_key(key), loads)
 
     def lookup(self, key: Any, loads: Callable[[Any], Any]) -> Optional[bytes]:
         """The value bytes of ``key``, or None: a hash, a probe, one entry
@@ -217,7 +239,7 @@ class Table:
             got = table_get(self.buf, self.slots, self.start, self.end, key)
             if isinstance(got, str):
                 raise CorruptSegment(f"{self.where}: {got}")
-            return got
+            return cast(Optional[bytes], got)
         found = table_candidates(self.buf, self.slots, self.start, self.end, hash_key(key))
         if isinstance(found, str):
             raise CorruptSegment(f"{self.where}: {found}")
@@ -364,8 +386,10 @@ class Merge:
     whose value changed keeps its key bytes and gets a new checksum.
     """
 
-    def __init__(self, old: Table, removed: Set[int], replaced: Dict[int, _Buffer],
-                 appended: Sequence[Entry]) -> None:
+    def __init__(self, old: Table, removed: Set[int], replaced: Mapping[int, _Buffer],
+                 appended: Sequence[Entry], checked: bool = False) -> None:
+        """``checked``: the offsets are those of entries a probe checked
+        (:meth:`Table.locate`): their headers are read without checking them again."""
         self.old = old
         # ("run", start, end) copied from the old table, or ("entry", hash, key, value) written.
         self._pieces: List[Tuple[Any, ...]] = []
@@ -376,7 +400,10 @@ class Merge:
         for off in sorted(removed | replaced.keys()):
             if off < pos:
                 raise ValueError(f"merge: offset {off} is not the start of an entry of the old table")
-            h, key, _, nxt = old.entry(off)
+            if checked:
+                h, key, nxt = old.key_at(off)
+            else:
+                h, key, _, nxt = old.entry(off)
             if off > pos:
                 self._pieces.append(("run", pos, off))
                 size += off - pos

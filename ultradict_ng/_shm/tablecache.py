@@ -33,9 +33,9 @@ entries in the table's order (an overwrite keeps its place), then ``fresh``.
 What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
 and decodes one entry, which stays in ``hot``.  Iteration decodes the whole
 table for the walk (its values are not kept).  Mutations apply the
-stream's records (``records.apply``, through the mapping methods below); a process that
-writes turns the cache into a full ``dict`` first (:meth:`full`): the writer's
-steps need the whole tree.
+stream's records (``records.apply``, through the mapping methods below), a
+writer's own too: its next dump merges ``dead``, ``changed`` and ``fresh``
+into a new table (``_shm/dumps.py``), which becomes its cache.
 """
 
 from __future__ import annotations
@@ -196,6 +196,21 @@ class TableCache:
         for k, _ in self.items():
             yield k
 
+    def __reversed__(self) -> Iterator[Any]:
+        """Keys newest first (what ``popitem`` takes): the fresh ones, then the
+        counted entries' from the table's end.  The entries are walked from
+        the start to find their offsets (they differ in size), so reaching
+        the table costs a pass over its entry headers and a key decode per
+        entry yielded -- never a value decode."""
+        yield from reversed(list(self.fresh))
+        table = self.table
+        if table is None:
+            return
+        for off in reversed(list(table.offsets())):
+            key = self._loads(table.entry(off)[1])
+            if key not in self.dead:
+                yield key
+
     def keys(self) -> List[Any]:
         return list(self)
 
@@ -234,7 +249,22 @@ class TableCache:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         hot = self.hot
-        if key in hot or self._counted(key):  # fresh keys are in hot: order kept either way
+        if key in hot:
+            counted = True  # (fresh keys are in hot: order kept either way)
+        elif (type(key) is str or type(key) is int) and self.table is not None:
+            # (_counted's common cases, without its frames: the compiled probe
+            # by the key's encoding, which leaves an int undecided (-1) when an
+            # entry of its hash holds an equal key of another type)
+            with self._mutex:
+                table = self.table
+                at = (0 if table is None or key in self.dead
+                      else table_get(table.buf, table.slots, table.start, table.end, key, True))
+            if type(at) is str:
+                raise CorruptSegment(f"{table.where}: {at}")
+            counted = at != 0 if at != -1 else self._counted(key)
+        else:
+            counted = self._counted(key)
+        if counted:
             hot[key] = value
             if key not in self.fresh:
                 self.changed.add(key)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import logging
 import pickle
-import struct
-import zlib
 from threading import get_ident
-from typing import Any, Callable, List, Optional, cast
+from typing import Any, Callable, List, Optional
 
 from .. import _faults as faults
 from .. import layout as L
@@ -30,8 +28,10 @@ from .._codec.ext import too_deep as too_deep
 from .._codec.records import SCALAR_TYPES as _SCALARS
 from .reader import INVALID, Reader
 from .._segments import Segment
-from .table import map_size, root_hashes, write_map
+from .dumps import Planned, plan, successor
+from .table import Table
 from . import tablecache
+from .transaction import Transaction
 from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
@@ -45,33 +45,7 @@ _W_STREAM_LIMIT = L.W_STREAM_LIMIT
 _W_BLOB_NEXT = L.W_BLOB_NEXT
 _W_CHANGE_WAITERS = L.W_CHANGE_WAITERS
 _WAKE_ALL = 0x7FFFFFFF
-_dump_header = struct.Struct(L.DUMP_FORMAT)
 _MSGPACK_ID = MsgpackCodec.id
-
-
-class Transaction:
-    """An open ``transaction()`` of one handle (layout: "Transactions"): what
-    its end publishes, or discards."""
-
-    __slots__ = ("start", "thread", "depth", "dump", "doomed", "broken", "created", "dropped")
-
-    def __init__(self, start: int) -> None:
-        #: The stream end when it began: its records lie in ``start .. pos``.
-        self.start = start
-        #: The thread that opened it and holds the lock for it.
-        self.thread = get_ident()
-        #: Levels of nested ``transaction()`` blocks inside the outermost.
-        self.depth = 0
-        #: The records no longer fit in the stream: its end publishes a dump.
-        self.dump = False
-        #: A nested level ended with an exception: its end publishes nothing.
-        self.doomed = False
-        #: The cache may lack one of its writes: its end publishes nothing.
-        self.broken = False
-        #: Blobs its writes made (unlinked if it publishes nothing) ...
-        self.created: List[BlobRef] = []
-        #: ... and blobs they dropped (unlinked only once it is published).
-        self.dropped: List[BlobRef] = []
 
 
 class Writer(Reader):
@@ -109,8 +83,6 @@ class Writer(Reader):
         try:
             if words[_W_STATE] != self.seen:
                 self._refresh_locked()
-            if type(self.data) is not dict:  # a big dict read in place: steps need the whole tree
-                self.data = cast(tablecache.TableCache, self.data).full()
             if words[_W_STATUS] & _UNLINKED:
                 raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
         except BaseException:
@@ -387,12 +359,12 @@ class Writer(Reader):
     def _write_dump(self, packed: Optional[bytes] = None) -> None:
         """Writer step 4: snapshot the cache (packed: by the caller) into generation gen+1 and publish it.
 
-        The dump is a table (layout: "Dump") when the root keys have table
-        hashes: the dict packed whole by the serializer, as the payload form
-        holds it, split into indexed entries by one compiled pass."""
-        payload = self.codec.dumps(self.data) if packed is None else packed
-        hashes = root_hashes(self.data) if self.codec.id == _MSGPACK_ID else None  # (None: payload form)
-        size = L.DUMP_HEADER + len(payload) if hashes is None else map_size(payload, hashes)
+        The dump (``dumps.plan``) merges the changes into the last table when
+        the cache is one read in place, else packs the cache whole: a table
+        when the root keys have table hashes.  A table of ``PARTIAL_FROM``
+        entries or more then becomes this writer's cache, read in place."""
+        planned = plan(self.data, self.codec, packed)
+        size = planned.size
         if self.dump_limit and size > self.dump_limit:
             raise OutOfSpace(
                 f"shared dict {self.name!r}: a full dump would take {size} "
@@ -413,19 +385,13 @@ class Writer(Reader):
             assert seg.buf is not None
             if faults.armed is not None:
                 faults.hit("dump-created")
-            if hashes is None:
-                seg.buf[L.DUMP_HEADER:size] = payload
-                seg.buf[0:L.DUMP_HEADER] = _dump_header.pack(
-                    L.DUMP_MAGIC, gen, len(payload), zlib.crc32(payload), 0
-                )
-            else:
-                with memoryview(seg.buf) as mv:
-                    write_map(mv, payload, hashes, gen, self.token)  # header last
+            with memoryview(seg.buf) as mv:
+                planned.write(mv, gen, self.token)  # header last
+            cache = self._read_in_place(seg, dname, planned)
         except BaseException:
             seg.close()
             segments.unlink(dname)
             raise
-        seg.close()
         if faults.armed is not None:
             faults.hit("dump-written")
         if self.grows:
@@ -436,6 +402,8 @@ class Writer(Reader):
         if faults.armed is not None:
             faults.hit("dump-published")
         self.gen, self.pos, self.seen = gen, 0, state
+        if cache is not None:
+            self.data = cache  # (equal to the cache it replaces, which the dump holds)
         low = atomic.load(L.W_REG_LOW)  # 4d
         for old in range(max(low, gen - L.MAX_RECLAIM), gen):
             segments.unlink(L.dump_name(self.name, old))
@@ -444,6 +412,27 @@ class Writer(Reader):
             segments.unlink(dname)  # unlinked while we were dumping: do not leak ours
         elif self._map.words[_W_BLOB_NEXT] > self._map.words[L.W_BLOB_LOW]:
             self._sweep_blobs()
+
+    def _read_in_place(self, seg: Segment, dname: str, planned: Planned) -> Any:
+        """The cache a table dump just written makes, read in place (``seg``
+        then stays mapped by it); else (``seg`` closed) a ``dict`` -- the
+        cache decoded whole, as a reader decodes a dump smaller than
+        ``PARTIAL_FROM`` entries -- or None: the cache stays.  Made before the
+        dump is published: a failure here publishes nothing."""
+        if planned.count is None or planned.count < tablecache.partial_from() or not self._partial:
+            seg.close()
+            data: Any = self.data
+            return data.full() if type(data) is tablecache.TableCache else None
+        whole = memoryview(seg.buf)  # type: ignore[arg-type]
+        table = None
+        try:
+            table = Table(whole, self.token, f"dump {dname!r}")
+            return successor(self.data, table, (seg, whole), self.mutex, self.codec.loads)
+        except BaseException:
+            if table is not None:
+                table.close()
+            whole.release()
+            raise
 
     # -- blobs (layout: "Blobs") ---------------------------------------------------------
 
@@ -510,7 +499,8 @@ class Writer(Reader):
         op = rec[0]
         refs: List[BlobRef] = []
         if op == L.OP_CLEAR:
-            return refs_within(node)
+            tree: Any = node  # (a big dict's root: every value decoded for the walk, none kept)
+            return refs_within(tree.values() if type(tree) is tablecache.TableCache else tree)
         keys = [k for k, _ in rec[2]] if op == L.OP_UPDATE else [rec[2]]
         for key in keys:
             try:
@@ -527,7 +517,8 @@ class Writer(Reader):
     def _sweep_blobs(self) -> None:
         """At a dump: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that the tree does
         not reference (left by writers that died), and raise BLOB_LOW."""
-        referenced = {ref.id for ref in refs_within(self.data)}
+        data: Any = self.data  # (a big dict's: every value decoded for the walk, none kept)
+        referenced = {ref.id for ref in refs_within(data.values() if type(data) is tablecache.TableCache else data)}
         words = self._map.words
         low, nxt = words[L.W_BLOB_LOW], words[_W_BLOB_NEXT]
         for blob_id in blob_ids(self.name, low, nxt):
