@@ -168,7 +168,7 @@ msgpack_head(int is_str, size_t n, unsigned char out[5])
 /* The str or bytes key's bytes (*data, *n), its msgpack header (head, *hl)
  * and hash (*h): 1; 0 a str that cannot be a key (lone surrogates); -1 error. */
 static int
-exact_key(PyObject *key, const char **data, Py_ssize_t *n, unsigned char head[5], size_t *hl, uint64_t *h)
+exact_key(PyObject *key, const char **data, Py_ssize_t *n, unsigned char *head, size_t *hl, uint64_t *h)
 {
     int is_str = PyUnicode_CheckExact(key);
     if (is_str) {
@@ -279,40 +279,12 @@ int_encoding(PyObject *key, unsigned char out[9])
     return 9;
 }
 
-/* table_get(..., int key, offset=True): the offset of the entry whose key
- * is encoded as the int's own encoding, 0 when no entry has its hash, or -1
- * when it is not decided here -- an entry of its hash holds other bytes (a
- * key of another type may equal it: 1.0, True), or the int has no 64-bit
- * encoding; the caller then compares decoded keys. */
-static PyObject *
-int_offset(PyObject *const *args)
-{
-    uint64_t h;
-    if (udng_key_hash_common(args[4], &h) != 1)
-        return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
-    unsigned char enc[9];
-    size_t hl = int_encoding(args[4], enc);
-    if (hl == 0)
-        return PyLong_FromLong(-1);
-    Py_buffer pb;
-    table_view t;
-    if (view_args(args, &pb, &t) < 0)
-        return NULL;
-    const unsigned char *e;
-    uint32_t kl, vl;
-    int same_hash = 0;
-    const char *bad = probe_exact(&t, h, enc, hl, "", 0, &e, &kl, &vl, &same_hash);
-    PyObject *result;
-    if (bad != NULL)
-        result = PyUnicode_FromString(bad);
-    else if (e != NULL)
-        result = PyLong_FromUnsignedLongLong((unsigned long long)(e - t.b));
-    else
-        result = PyLong_FromLong(same_hash ? -1 : 0);
-    PyBuffer_Release(&pb);
-    return result;
-}
-
+/* table_get(buf, slots, start, end, key[, offset]).  With offset true the
+ * answer is the checked entry's offset (0: absent), and an int key is taken
+ * too, probed by its own encoding: -1 when that does not decide -- an entry
+ * of its hash holds other bytes (a key of another type may equal it: 1.0,
+ * True), or the int has no 64-bit encoding; the caller then compares
+ * decoded keys. */
 PyObject *
 udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -323,20 +295,27 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int want_offset = 0;
     if (nargs == 6 && (want_offset = PyObject_IsTrue(args[5])) < 0)
         return NULL;
-    if (want_offset && PyLong_CheckExact(args[4]))
-        return int_offset(args);
-    const char *data;
-    Py_ssize_t n;
-    unsigned char head[5];
+    const char *data = "";
+    Py_ssize_t n = 0;
+    unsigned char head[9];
     size_t hl;
     uint64_t h;
-    int k = exact_key(args[4], &data, &n, head, &hl, &h);
-    if (k <= 0) {
-        if (k < 0)
-            return NULL;
-        if (want_offset)
-            return PyLong_FromLong(0);
-        Py_RETURN_NONE;
+    int is_int = want_offset && PyLong_CheckExact(args[4]);
+    if (is_int) {
+        if (udng_key_hash_common(args[4], &h) != 1)
+            return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
+        hl = int_encoding(args[4], head);
+        if (hl == 0)
+            return PyLong_FromLong(-1);
+    } else {
+        int k = exact_key(args[4], &data, &n, head, &hl, &h);
+        if (k <= 0) {
+            if (k < 0)
+                return NULL;
+            if (want_offset)
+                return PyLong_FromLong(0);
+            Py_RETURN_NONE;
+        }
     }
     Py_buffer pb;
     table_view t;
@@ -344,12 +323,14 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const unsigned char *e;
     uint32_t kl, vl;
-    const char *bad = probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl, NULL);
+    int same_hash = 0;
+    const char *bad = probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl, is_int ? &same_hash : NULL);
     PyObject *result = NULL;
     if (bad != NULL)
         result = PyUnicode_FromString(bad);
     else if (want_offset)
-        result = PyLong_FromUnsignedLongLong(e == NULL ? 0 : (unsigned long long)(e - t.b));
+        result = e != NULL ? PyLong_FromUnsignedLongLong((unsigned long long)(e - t.b))
+                           : PyLong_FromLong(same_hash ? -1 : 0);
     else if (e == NULL)
         { result = Py_None; Py_INCREF(result); }
     else

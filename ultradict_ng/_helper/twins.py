@@ -402,18 +402,23 @@ def _table_chain(buf: Any, slots: int, start: int, end: int,
 def table_get(buf: Any, slots: int, start: int, end: int, key: Union[str, bytes, int],
               offset: bool = False) -> Union[bytes, int, str, None]:
     """The value bytes of a str or bytes ``key`` (compared as its msgpack
-    encoding, which is exact for these types), None, or a damage message;
-    with ``offset``, the checked entry's offset instead (0: absent), and an
-    int key too (-1: not decided, see :func:`_int_offset`)."""
+    encoding, which is exact for these types), None, or a damage message.
+    With ``offset``, the checked entry's offset instead (0: absent), and an
+    int key too, by its own encoding: -1 when that does not decide (an entry
+    of its hash holds other bytes -- an equal key of another type: 1.0,
+    True -- or the int is outside the 64-bit range)."""
+    is_int = offset and type(key) is int
     if offset and type(key) is int:
-        return _int_offset(buf, slots, start, end, key)
-    if type(key) not in (str, bytes):
+        if not -(1 << 63) <= key < (1 << 64):
+            return -1
+    elif type(key) not in (str, bytes):
         raise TypeError("table_get takes a str or bytes key")
     h = key_hash_common(key)
     if h is None:  # lone surrogates: never a key
         return 0 if offset else None
     _table_check(buf, slots, start, end)
     encoded = msgpack.packb(key, use_bin_type=True)
+    same_hash = False
     with memoryview(buf) as mv:
         for found in _table_chain(mv, slots, start, end, h):
             if isinstance(found, str):
@@ -421,30 +426,10 @@ def table_get(buf: Any, slots: int, start: int, end: int, key: Union[str, bytes,
             off, kl, vl = found
             if mv[off + _TE:off + _TE + kl] == encoded:
                 return off if offset else bytes(mv[off + _TE + kl:off + _TE + kl + vl])
-    return 0 if offset else None
-
-
-def _int_offset(buf: Any, slots: int, start: int, end: int, key: int) -> Union[int, str]:
-    """The offset of the entry whose key bytes are ``key``'s own msgpack
-    encoding, 0 when no entry has its hash, or -1 when not decided here: an
-    entry of its hash holds other bytes (an equal key of another type: 1.0,
-    True), or ``key`` is outside the 64-bit range."""
-    if not -(1 << 63) <= key < (1 << 64):
-        return -1
-    h = key_hash_common(key)
-    assert h is not None
-    _table_check(buf, slots, start, end)
-    encoded = msgpack.packb(key)
-    same_hash = False
-    with memoryview(buf) as mv:
-        for found in _table_chain(mv, slots, start, end, h):
-            if isinstance(found, str):
-                return found
-            off, kl, _ = found
-            if mv[off + _TE:off + _TE + kl] == encoded:
-                return off
             same_hash = True
-    return -1 if same_hash else 0
+    if offset:
+        return -1 if is_int and same_hash else 0
+    return None
 
 
 def table_candidates(buf: Any, slots: int, start: int, end: int,

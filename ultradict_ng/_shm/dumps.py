@@ -53,11 +53,6 @@ class Planned:
         self.size, self.count = size, count
         self._merge, self._payload, self._hashes = merge, payload, hashes
 
-    @property
-    def merged(self) -> bool:
-        """Whether this dump is the cache's table with its changes merged in."""
-        return self._merge is not None
-
     def write(self, buf: memoryview, gen: int, token: int) -> None:
         """Fill ``buf`` (``size`` bytes), its header last."""
         if self._merge is not None:

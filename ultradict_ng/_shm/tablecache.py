@@ -134,10 +134,18 @@ class TableCache:
             return value
 
     def _counted(self, key: Any) -> bool:
-        """Whether a counted table entry holds ``key`` (its value not decoded)."""
+        """Whether a counted table entry holds ``key`` (its value not decoded).
+        A str or int key -- every write of a new key asks -- is probed by its
+        encoding in compiled code (``Table.locate``: an offset, no value
+        copied), other keys by ``Table.lookup``."""
         with self._mutex:
             table = self.table
-            return table is not None and key not in self.dead and self._lookup(table, key) is not None
+            if table is None or key in self.dead:
+                return False
+            t = type(key)
+            if t is str or t is int:
+                return table.locate(key, self._loads) != 0
+            return self._lookup(table, key) is not None
 
     def _lookup(self, table: Table, key: Any) -> Any:
         """``table.lookup``, a key of a type no dict of ours holds being absent
@@ -249,21 +257,7 @@ class TableCache:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         hot = self.hot
-        if key in hot:
-            counted = True  # (fresh keys are in hot: order kept either way)
-        elif (type(key) is str or type(key) is int) and self.table is not None:
-            # (_counted's common cases, without its frames: the compiled probe
-            # by the key's encoding, which leaves an int undecided (-1) when an
-            # entry of its hash holds an equal key of another type)
-            with self._mutex:
-                table = self.table
-                at = (0 if table is None or key in self.dead
-                      else table_get(table.buf, table.slots, table.start, table.end, key, True))
-            if type(at) is str:
-                raise CorruptSegment(f"{table.where}: {at}")
-            counted = at != 0 if at != -1 else self._counted(key)
-        else:
-            counted = self._counted(key)
+        counted = key in hot or self._counted(key)  # (fresh keys are in hot: order kept either way)
         if counted:
             hot[key] = value
             if key not in self.fresh:
