@@ -12,7 +12,8 @@ setup(
         Extension(
             "ultradict_ng._helper._native",
             sources=["ultradict_ng/_helper/_native.c", "ultradict_ng/_helper/keyhash.c",
-                     "ultradict_ng/_helper/table.c", "ultradict_ng/_helper/unpack.c"],
+                     "ultradict_ng/_helper/table.c", "ultradict_ng/_helper/unpack.c",
+                     "ultradict_ng/_helper/tablecache.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c99"],
         )

@@ -94,8 +94,8 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         return []
     size = max(s for s in sizes if _median(recs, s, "lmdb", "open") is not None or s == min(sizes))
     out: List[Dict[str, Any]] = []
-    for contender in ("ultradict_ng", "table"):
-        tag = "" if contender == "ultradict_ng" else " [the table through its own API]"
+    for contender in ("ultradict_ng", "uncached", "table"):
+        tag = {"ultradict_ng": "", "uncached": " [max_decoded=0]", "table": " [the table through its own API]"}[contender]
         for metric, text, need, higher in _TARGETS:
             ours, peer = _median(recs, size, contender, metric), _median(recs, size, "lmdb", metric)
             row: Dict[str, Any] = {"target": f"big dict ({size:,} keys): {text}{tag}", "need": need}

@@ -237,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 group = [wl]
             elif wl == BD.WL:
                 peers = {"ultradict_shared": "UltraDict", "manager": "Manager"}
-                BD.w_bigdict(run, ["ultradict_ng", "table", "lmdb"]
+                BD.w_bigdict(run, ["ultradict_ng", "uncached", "table", "lmdb"]
                              + [peers[c] for c in peers if c in chosen])
                 group = [wl]
             elif wl == CA.WL:

@@ -457,8 +457,11 @@ def merging(*args):
     print("merging", flush=True)
     return real(*args)
 dumps._merge = merging
-d = SharedDict(name=sys.argv[1], create=False, buffer_size=1 << 16)
+bound = None if sys.argv[3] == "all" else int(sys.argv[3])  # (max_decoded)
+d = SharedDict(name=sys.argv[1], create=False, buffer_size=1 << 16, max_decoded=bound)
 assert type(d._store.data) is TableCache
+for i in range(0, 5000, 50):  # (rows decoded, and with a bound dropped, before the writes)
+    assert d[f"row{i}"][0] == i
 if sys.argv[2] == "records":  # published one by one, then merged into a dump
     del d["row1"]
     d["row2"] = "two"
@@ -476,16 +479,18 @@ print("merged", flush=True)
 
 @pytest.mark.parametrize("how", ["records", "transaction"])
 @pytest.mark.parametrize("point", ["dump-registered", "dump-created", "dump-written", "dump-published"])
-def test_a_writer_killed_mid_merge(name, point, how):
+@pytest.mark.parametrize("kept", ["all", "8"])
+def test_a_writer_killed_mid_merge(name, point, how, kept):
     """A writer whose cache is read in place (a big dict: a TableCache) SIGKILLed
     at each point of its merged dump: the others recover the lock and see the
     dict as its records left it -- a transaction's writes all (from
     "dump-published" on) or none; a reader maps the dump and reads every row;
-    later writes work, and cleanup finds every segment."""
+    later writes work, and cleanup finds every segment.  The writer keeps
+    every row it decoded, or (``max_decoded=8``) drops all but a few."""
     rows = {f"row{i}": (i, "r", i / 2) for i in range(5000)}
     d = SharedDict(rows, name=name, buffer_size=1 << 16)
     env = dict(os.environ, ULTRADICT_NG_FAULT=f"{point}:kill:1", PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-c", MERGER, name, how], cwd=ROOT, env=env,
+    p = subprocess.Popen([sys.executable, "-c", MERGER, name, how, kept], cwd=ROOT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL, err

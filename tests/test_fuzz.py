@@ -171,11 +171,22 @@ def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -
             reader["w"] = 1
             return reader.copy()
 
+        def bounded_reads() -> Any:
+            """Every key read one by one by a handle keeping 2 rows decoded
+            (max_decoded: a big dict's reads drop and decode rows again)."""
+            h = SharedDict(name=name, create=False, max_decoded=2)
+            handles.append(h)
+            return [(k, h.get(k, None)) for k in sorted({k for s in history for k in s}, key=repr) * 2]
+
+        states = history + [dict(h, w=1) for h in history]
         for op in (fresh_copy, reader.copy, write_then_read, fresh_copy):
             out = attempt(op)
             if isinstance(out, dict):
-                states = history + [dict(h, w=1) for h in history]
                 assert out in states, f"{op.__name__} returned a state the dict never had: {out!r}"
+        out = attempt(bounded_reads)
+        if isinstance(out, list):
+            for k, v in out:
+                assert v in [s.get(k) for s in states], f"read {k!r} as {v!r}, a value it never had"
         attempt(lambda: reader.lock.acquire(timeout=1) and reader.lock.release())
     finally:
         for h in handles:

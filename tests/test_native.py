@@ -102,7 +102,7 @@ def test_twins_have_every_name_of_the_helper():
     stub = open(os.path.join(os.path.dirname(fallback.__file__), "_native.pyi")).read()
     for n in names:
         assert f"{n}" in stub, n
-    for cls in ("Words", "ProcessState", "StoreBase", "ViewBase"):
+    for cls in ("Words", "ProcessState", "StoreBase", "ViewBase", "TableCacheBase"):
         assert _public(getattr(native, cls)) <= _public(getattr(fallback, cls)) | {"_bind_state"}, cls
         assert _public(getattr(fallback, cls)) - {"_check", "_view", "_nwords"} >= _public(getattr(native, cls)), cls
 
@@ -269,6 +269,65 @@ def test_table_writers_write_the_same_bytes_on_every_impl(model):
         assert walks[0] == walks[1]
         pairs = [kv for p in walks[0] for kv in MSGPACK.loads(p).items()]
         assert repr(pairs) == repr(list(model.items()))  # (repr: a NaN value equals no copy of it)
+
+
+@needs_native
+@settings(max_examples=80, deadline=None)
+@given(st.dictionaries(st.one_of(st.text(max_size=12), st.integers()), st.one_of(scalars, st.text(max_size=90)),
+                       min_size=1, max_size=40),
+       st.data())
+def test_table_merge_writes_the_same_bytes_on_every_impl(model, data):
+    """table_merge: an old table's entries with some dropped and some given
+    new values (of other lengths) -- the compiled helper and the twins write
+    identical entries, which decode to the changed dict in its order; a
+    damaged changed entry is reported in the same words; a change out of
+    order, a value that is not bytes or a buffer too small raise ValueError."""
+    buf, _, start, end = table_of(model)
+    offsets = []
+    off = start
+    while off < end:  # (each entry's offset, in order)
+        offsets.append(off)
+        kl, vl = struct.unpack_from("<II", buf, off + 8)
+        off = (off + 24 + kl + vl + 7) & ~7
+    keys = list(model)
+    picked = data.draw(st.lists(st.sampled_from(range(len(keys))), unique=True, max_size=len(keys)))
+    changes, want = [], dict(model)
+    for i in sorted(picked):
+        if data.draw(st.booleans()):
+            changes.append((offsets[i], None))
+            del want[keys[i]]
+        else:
+            new = data.draw(st.one_of(scalars, st.text(max_size=90)))
+            changes.append((offsets[i], MSGPACK.dumps(new)))
+            want[keys[i]] = new
+    out = []
+    for impl in (native, fallback):
+        size = impl.table_merge(None, 8, buf, start, end, changes)
+        dst = bytearray(size)
+        assert impl.table_merge(dst, 8, buf, start, end, changes) == size
+        out.append(bytes(dst))
+        with pytest.raises(ValueError):
+            impl.table_merge(bytearray(size - 8), 8, buf, start, end, changes)
+        if len(changes) > 1:
+            with pytest.raises(ValueError):
+                impl.table_merge(None, 8, buf, start, end, changes[::-1])
+        with pytest.raises(ValueError):
+            impl.table_merge(None, 8, buf, start, end, [(start, "not bytes")])
+    assert out[0] == out[1]
+    got = {}
+    off = 8
+    while off < len(out[0]):
+        kl, vl = struct.unpack_from("<II", out[0], off + 8)
+        got[MSGPACK.loads(out[0][off + 24:off + 24 + kl])] = MSGPACK.loads(out[0][off + 24 + kl:off + 24 + kl + vl])
+        assert fallback.entry_checked(out[0], 8, len(out[0]), off) == (
+            struct.unpack_from("<Q", out[0], off)[0], kl, vl)
+        off = (off + 24 + kl + vl + 7) & ~7
+    assert repr(list(got.items())) == repr(list(want.items()))
+    if changes:  # a changed entry damaged: reported, the same words on every impl
+        at = changes[0][0]
+        buf[at + 24] ^= 0xFF
+        assert {impl.table_merge(None, 8, buf, start, end, changes) for impl in (native, fallback)} == {
+            "table entry fails its checksum"}
 
 
 def _reference_record(pos, tag, payload, size=300_000):

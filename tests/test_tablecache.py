@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 from decimal import Decimal
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -82,7 +82,7 @@ def check_reads(got: Any, model: Dict[Any, Any], key: Any) -> None:
             got[k]
 
 
-def table_cache(data: Dict[Any, Any]) -> TableCache:
+def table_cache(data: Dict[Any, Any], limit: Optional[int] = None) -> TableCache:
     """A TableCache over a table of ``data`` built in private memory."""
     codec = codec_for("msgpack")
     packed = codec.dumps(data)
@@ -90,7 +90,16 @@ def table_cache(data: Dict[Any, Any]) -> TableCache:
     buf = bytearray(map_size(packed, hashes))
     view = memoryview(buf)
     write_map(view, packed, hashes, 1, 7)
-    return TableCache(Table(view, 7), codec.loads, (buf, view), threading.RLock())
+    return TableCache(Table(view, 7), codec.loads, (buf, view), threading.RLock(), limit=limit)
+
+
+def within_bound(cache: Any) -> None:
+    """A bounded TableCache keeps at most its limit of clean rows, and every
+    fresh and changed key's value (those the table does not hold)."""
+    if type(cache) is TableCache:
+        if cache.limit is not None:
+            assert cache.clean_rows() <= cache.limit, (cache.clean_rows(), cache.limit)
+        assert all(k in cache.hot for k in (*cache.fresh, *cache.changed))
 
 
 def a_dict_key(data: Any, model: Dict[Any, Any]) -> Any:
@@ -102,10 +111,12 @@ def a_dict_key(data: Any, model: Dict[Any, Any]) -> Any:
 class TableCacheMachine(RuleBasedStateMachine):
     """A TableCache made from a table, then changed by records as a reader's is."""
 
+    limit: Optional[int] = None  # (max_decoded)
+
     @initialize(data=st.dictionaries(POOL_KEYS, VALUES, min_size=3, max_size=12))
     def start(self, data: Dict[Any, Any]) -> None:
         self.model = dict(data)
-        self.cache = table_cache(data)
+        self.cache = table_cache(data, self.limit)
 
     @rule(key=POOL_KEYS, value=VALUES)
     def set(self, key: Any, value: Any) -> None:
@@ -146,6 +157,7 @@ class TableCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def same_dict(self) -> None:
+        within_bound(self.cache)
         assert len(self.cache) == len(self.model)
         assert same_keys(list(self.cache), list(self.model))
         full = self.cache.full()
@@ -158,12 +170,25 @@ TestTableCache.settings = settings(max_examples=soak_scaled(150), stateful_step_
                                    suppress_health_check=list(HealthCheck))
 
 
+class BoundedTableCacheMachine(TableCacheMachine):
+    """The same, keeping at most one clean row decoded: every read past it
+    drops the older ones, never a value only ``hot`` holds."""
+
+    limit = 1
+
+
+TestBoundedTableCache = BoundedTableCacheMachine.TestCase
+TestBoundedTableCache.settings = settings(max_examples=soak_scaled(60), stateful_step_count=30, deadline=None,
+                                          suppress_health_check=list(HealthCheck))
+
+
 class ReaderMachine(RuleBasedStateMachine):
     """A SharedDict writer dumping often (a 1 KiB stream) and a reader that reads
     every dump in place (ULTRADICT_NG_PARTIAL_FROM=0), checked against a dict."""
 
     recurse = False  # (the writer's nested dicts shared, or copies)
     merge_fraction = dumps.MERGE_FRACTION
+    max_decoded: Optional[int] = None  # (both handles')
 
     def __init__(self) -> None:
         super().__init__()
@@ -172,8 +197,9 @@ class ReaderMachine(RuleBasedStateMachine):
         self._fraction = dumps.MERGE_FRACTION
         dumps.MERGE_FRACTION = self.merge_fraction
         self.name = unique_name()
-        self.w = SharedDict(name=self.name, buffer_size=1024, recurse=self.recurse)
-        self.r = SharedDict(name=self.name)
+        self.w = SharedDict(name=self.name, buffer_size=1024, recurse=self.recurse,
+                            max_decoded=self.max_decoded)
+        self.r = SharedDict(name=self.name, max_decoded=self.max_decoded)
         self.model: Dict[Any, Any] = {}
 
     def teardown(self) -> None:
@@ -220,6 +246,8 @@ class ReaderMachine(RuleBasedStateMachine):
 
     @invariant()
     def same_dict(self) -> None:
+        within_bound(self.r._store.data)
+        within_bound(self.w._store.data)
         assert len(self.r) == len(self.model)
         assert same_keys(list(self.r), list(self.model))
         assert list(self.r.items()) == list(self.model.items())
@@ -283,6 +311,19 @@ class RepackingWriterMachine(WriterMachine):
 TestRepackingWriter = RepackingWriterMachine.TestCase
 TestRepackingWriter.settings = settings(max_examples=soak_scaled(20), stateful_step_count=25, deadline=None,
                                         suppress_health_check=list(HealthCheck))
+
+
+class BoundedWriterMachine(WriterMachine):
+    """The writer machine with both handles keeping at most two clean rows
+    decoded (``max_decoded=2``): reads, records and merged dumps evict
+    constantly, and the overwritten, fresh and nested values stay."""
+
+    max_decoded = 2
+
+
+TestBoundedWriter = BoundedWriterMachine.TestCase
+TestBoundedWriter.settings = settings(max_examples=soak_scaled(30), stateful_step_count=25, deadline=None,
+                                      suppress_health_check=list(HealthCheck))
 
 
 def test_a_writers_dump_merges_only_what_changed(name, monkeypatch):
@@ -542,6 +583,86 @@ def test_the_compiled_read_path_answers_a_big_dicts_keys(name, monkeypatch):
     finally:
         r.close()
         w.close()
+
+
+@pytest.mark.skipif(not NATIVE, reason="the compiled set")
+def test_the_compiled_set_takes_str_and_int_keys_and_leaves_the_rest(monkeypatch):
+    """``cache[key] = value`` of a str or int key is TableCacheBase's, in C:
+    an overwrite of a table key (counted: ``changed``), of a fresh key, a new
+    key (appended to ``fresh``), a deleted one set again (``fresh``).  Every
+    other key goes to ``_setitem``, and so does an int whose hash an entry of
+    other bytes shares (``1.0`` in the table: equal, decided by ``==``)."""
+    cache = table_cache({"a": 1, 7: 2, 1.0: 3, (1, 2): 4, **{f"k{i}": i for i in range(20)}})
+    slow: List[Any] = []
+    original = TableCache._setitem
+    monkeypatch.setattr(TableCache, "_setitem", lambda self, k, v: (slow.append(k), original(self, k, v)))
+    cache["a"] = 10
+    cache[7] = 20
+    cache["new"] = 30
+    cache[8] = 40
+    cache["new"] = 31
+    del cache["k3"]
+    cache["k3"] = 50
+    assert slow == []
+    assert cache.changed == {"a", 7} and list(cache.fresh) == ["new", 8, "k3"] and cache.dead == {"k3"}
+    cache[(1, 2)] = 5
+    cache[1] = 6  # (1 == 1.0: the table's entry, overwritten in its place)
+    assert slow == [(1, 2), 1]
+    model = {"a": 10, 7: 20, 1.0: 6, (1, 2): 5, **{f"k{i}": i for i in range(20) if i != 3},
+             "new": 31, 8: 40, "k3": 50}
+    assert cache.full() == model and same_keys(list(cache), list(model))
+
+
+@pytest.mark.parametrize("limit", [0, 1, 64])
+def test_a_bounded_reader_keeps_at_most_max_decoded_rows(name, monkeypatch, limit):
+    """``max_decoded=N``: a reader of a big dict keeps at most N rows decoded
+    -- through the compiled first read (str keys) and the TableCache's own
+    path (int keys) alike -- and gives every value right while a writer
+    overwrites, adds and deletes keys: the values records set are kept, never
+    dropped for a row the table holds.  0 keeps no row at all."""
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "0")
+    model: Dict[Any, Any] = {**{f"k{i}": (i, "v") for i in range(600)}, **{i: i * 2 for i in range(200)}}
+    w = SharedDict(model, name=name)
+    w._store.force_dump()
+    r = SharedDict(name=name, max_decoded=limit)
+    rng = random.Random(limit)
+    try:
+        keys = list(model)
+        for step in range(3000):
+            k = rng.choice(keys)
+            if step % 50 == 0:  # (a record: the reader's value for k is now only in hot)
+                if k in model and step % 100 == 0:
+                    del w[k]
+                    del model[k]
+                else:
+                    w[k] = model[k] = ("set", step)
+            if k in model and step % 2:
+                assert r[k] == model[k], k  # (the compiled slot)
+            else:
+                assert r.get(k, ABSENT) == model.get(k, ABSENT), k
+            cache = r._store.data
+            assert type(cache) is TableCache
+            within_bound(cache)
+            if limit == 0:
+                assert cache.clean_rows() == 0
+        assert len(r) == len(model) and r.copy() == model
+        if limit:
+            assert cache.clean_rows() > 0  # (the bound keeps rows, it does not stop keeping them)
+    finally:
+        r.close()
+        w.close()
+
+
+def test_max_decoded_must_be_a_count_and_is_for_shared_memory(name):
+    """A bad ``max_decoded`` raises TypeError (not an int) or ValueError
+    (negative) and creates nothing; the Redis backend (which maps no table)
+    refuses it before connecting."""
+    for bad, error in ((-1, ValueError), (2.5, TypeError), ("10", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="max_decoded"):
+            SharedDict(name=name, max_decoded=bad)
+    assert not any(name in f for f in os.listdir("/dev/shm"))
+    with pytest.raises(ValueError, match="max_decoded"):
+        SharedDict(name=name, backend="redis://127.0.0.1:1/0", max_decoded=5)
 
 
 class _Finalizer:

@@ -48,7 +48,8 @@ def test_torture(name, stream, request, monkeypatch):
     through snapshots while writers conflict and redo).  ``big``: the same beside
     200,000 rows (BALLAST) that nobody writes, with a 16 KiB stream (a dump every hundred or so
     writes): readers read every dump in place (a TableCache) and check
-    subtrees, random rows, absent keys and ``len``, and a whole copy every 25th pass."""
+    subtrees, random rows, absent keys and ``len``, and a whole copy every 25th pass;
+    one of them keeps at most 64 rows decoded (``max_decoded``)."""
     writers, readers = 3, 2
     if stream == "redis":
         monkeypatch.setenv("ULTRADICT_NG_BACKEND", request.getfixturevalue("redis_url"))
@@ -66,8 +67,9 @@ def test_torture(name, stream, request, monkeypatch):
                            args=(name, w, SECONDS, results, growing, arrays))
              for w in range(writers)]
     if big:
-        procs += [spawn.Process(target=torture_workers.big_reader,
-                                args=(name, writers, SECONDS + 1, BALLAST, results)) for _ in range(readers)]
+        procs += [spawn.Process(target=torture_workers.big_reader,  # (one keeps every row, one 64)
+                                args=(name, writers, SECONDS + 1, BALLAST, results, [None, 64][i % 2]))
+                  for i in range(readers)]
     else:
         procs += [spawn.Process(target=torture_workers.reader, args=(name, writers, SECONDS + 1, results))
                   for _ in range(readers)]

@@ -61,8 +61,10 @@ def same(a: Any, b: Any) -> bool:
     """Equal, of the same types all the way down (NaN equal to NaN)."""
     if type(a) is not type(b):
         return False
-    if type(a) is tuple:
+    if type(a) in (tuple, list):  # (lists and dicts too: what the hook decodes nested, [nan] != [nan])
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if type(a) is float and math.isnan(a):
         return math.isnan(b)
     return bool(a == b)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ultradict_ng import SharedDict
 
@@ -183,12 +183,15 @@ def ballast_row(i: int) -> Any:
     return (i, f"v{i}", i * 0.5)
 
 
-def big_reader(name: str, writers: int, seconds: float, ballast: int, results: Any) -> None:
+def big_reader(name: str, writers: int, seconds: float, ballast: int, results: Any,
+               max_decoded: Optional[int] = None) -> None:
     """A reader of a big dict that never copies it whole but every 25th pass:
     each writer's subtree through its nested view, 200 random ballast rows and
-    absent keys, ``len``; every dump it loads is read in place (a TableCache)."""
+    absent keys, ``len``; every dump it loads is read in place (a TableCache),
+    keeping at most ``max_decoded`` rows decoded (dropping the older ones
+    while records and dumps arrive)."""
     rng = random.Random()
-    d = SharedDict(name=name, create=False)
+    d = SharedDict(name=name, create=False, max_decoded=max_decoded)
     last_seq: Dict[int, int] = {}
     passes = in_place = 0
     errors: List[str] = []

@@ -24,7 +24,7 @@ __all__ = ["split_arguments", "pairs"]
 
 #: ``Options`` fields a caller may give ``SharedDict(...)`` by keyword.
 _OPTION_KEYWORDS = ("recurse", "buffer_size", "serializer", "auto_unlink", "blob_threshold",
-                    "backend", "reads", "lease", "staleness")
+                    "backend", "reads", "lease", "staleness", "max_decoded")
 
 
 def split_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]

@@ -36,6 +36,8 @@ def open_engine(name: Optional[str], create: Optional[bool], options: Options,
         if options.reads not in (None, "fresh", "cached"):
             raise ValueError(f"reads must be 'fresh' or 'cached', not {options.reads!r}")
         return Store.open(name, create, options, initial)
+    if options.max_decoded is not None:
+        raise ValueError("max_decoded= is for shared memory only (the Redis backend decodes no table)")
     # (Imported on first use: a process that never names a Redis server never loads its engine.)
     from ._redis.engine import RedisEngine
 

@@ -103,6 +103,9 @@ class Options:
     reads: Optional[str] = None
     lease: Optional[float] = None
     staleness: Optional[float] = None
+    #: Shared memory only, this handle's own: the most values of a big dict
+    #: it keeps decoded (None: every one it read).
+    max_decoded: Optional[int] = None
     #: Values a *creating* handle uses for fields given as None.
     create_defaults: Mapping[str, Any] = field(default_factory=dict)
 

@@ -5,11 +5,10 @@ the Redis one ``_redis.engine.RedisEngine``).  The facade never asks which.
 A ``SharedDict`` is a (store, path) pair: the root has path ``()``; with
 ``recurse=True`` a dict stored under a key comes back as a ``SharedDict`` whose
 path is the keys leading to it, sharing the root's store, lock and segments.
-Every method syncs the local cache first (a single counter comparison when
-nothing changed) and every mutation is one record published under the lock,
-so each method is atomic across processes.  The two races a method can
-lose -- a blob freed under a read, a checked write overtaken by another
-writer -- are retried in one place each (``_handle.py``).
+Every method syncs the local cache first (a counter comparison when nothing
+changed) and every mutation is one record published under the lock, so each
+method is atomic across processes.  The two races a method can lose (a blob
+freed under a read, a checked write overtaken) are retried in ``_handle.py``.
 """
 
 from __future__ import annotations
@@ -81,6 +80,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
       in one round trip) or ``"cached"`` (no round trip, at most
       ``staleness`` seconds behind, default 0.5); ``lease``: seconds the lock
       survives a holder that stopped renewing it (default 3).
+    * ``max_decoded``: this handle's own (shared memory): the most values of a
+      big dict (read in place) it keeps decoded; None (default) keeps all.
     * The configuration is stored with the dict: attachers pass only ``name``;
       a conflicting explicit value raises :class:`ParameterMismatch`.
 
@@ -96,8 +97,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
       a forked child.  Pass ``auto_unlink=False`` to let the dict outlive its
       creator, and remove it later with :func:`unlink_by_name`.  Pass
       ``auto_unlink="last"`` (creator or attacher) to remove it when this
-      handle closes *and no other process is attached* (:meth:`users`): the
-      last one out removes it, whichever process that is.
+      handle closes *and no other process is attached* (:meth:`users`).
 
     Values read back are copies (mutating a returned list does not change the
     dict); with ``recurse`` nested dicts are live views instead.  Iteration
@@ -105,9 +105,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     they never raise because another process wrote meanwhile.
     """
 
-    # The machinery under every method -- the (store, path) pair, the synced
-    # node, the retry loops ``_read`` and ``_locked`` -- is in ``_handle.Handle``.
-    __slots__ = ()
+    __slots__ = ()  # (the (store, path) pair, sync and retry loops: _handle.Handle)
 
     @overload
     def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
@@ -115,7 +113,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
                  serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
                  blob_threshold: Optional[int] = None, backend: Any = None,
                  reads: Optional[str] = None, lease: Optional[float] = None,
-                 staleness: Optional[float] = None, **data: Any) -> None: ...
+                 staleness: Optional[float] = None, max_decoded: Optional[int] = None,
+                 **data: Any) -> None: ...
 
     @overload
     def __init__(self, __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
@@ -124,7 +123,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
                  serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
                  blob_threshold: Optional[int] = None, backend: Any = None,
                  reads: Optional[str] = None, lease: Optional[float] = None,
-                 staleness: Optional[float] = None, **more: Any) -> None: ...
+                 staleness: Optional[float] = None, max_decoded: Optional[int] = None,
+                 **more: Any) -> None: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # As dict(): parameters by keyword or position, the rest is data (_arguments).

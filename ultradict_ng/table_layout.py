@@ -79,7 +79,11 @@ into entries (``_shm/table.py``, ``write_map``).  A reader checks the header
   value read before it -- or, in the compiled read path of a str key and a
   row of scalars, with no other thread running between its checks and its
   store, the checks made again after the decode (whose allocations may run a
-  collection's finalizers).  The table never changes and stays valid after
+  collection's finalizers).  A process that bounds its cache
+  (``max_decoded=N``) drops the older half of the clean values (decoded from
+  the table, not ``fresh`` nor changed since) before storing past N, or (0)
+  stores none: the table holds each of them, so a later read decodes it
+  again; nothing shared is involved.  The table never changes and stays valid after
   its name is unlinked, so nothing read from it can be torn or go missing: an
   entry failing its check is ``CorruptSegment`` at once (no retry changes it).
   A process that writes keeps the same cache: its records apply to it as a

@@ -51,6 +51,7 @@
  *   table_get,          (table.c) the probe of a shared table: by a str or
  *   table_candidates    bytes key, or the entries of one full hash;
  *   table_fill,         writing its entries from a packed msgpack map,
+ *   table_merge,        a new one from an old one's entries and changes,
  *   table_index,        its index from the entries, and walking it a
  *   table_chunk,        chunk of entries at a time (one packed map each),
  *   table_rows          or decoding its rows into a dict or a list of pairs (with unpack.c).
@@ -1224,6 +1225,8 @@ static PyTypeObject ProcessStateType = {
 static PyObject *str_hot;    /* "hot": a TableCache's dict of decoded values */
 static PyObject *str_dead;   /* "dead": its set of the table's deleted keys */
 static PyObject *str_probe;  /* "_probe": its (buf, slots, start, end), or None */
+static PyObject *str_limit;  /* "_limit": the most clean rows it keeps, or None */
+static PyObject *str_evict;  /* "evict": drops the older half of them */
 static PyObject *str_fresh;  /* "fresh": its keys set since the dump */
 static PyObject *str_changed;  /* "changed": its table keys whose value may not be the row's */
 
@@ -1253,6 +1256,9 @@ typedef struct {
      * handed out without looking at its items. */
     PyObject *fresh;
     PyObject *changed;
+    /* Its `_limit`: the most clean rows `hot` keeps (-1: no bound), past
+     * which table_miss asks its `evict` first, or (0) keeps none. */
+    Py_ssize_t limit;
 } StoreBaseObject;
 
 static int
@@ -1383,6 +1389,7 @@ static int
 sb_set_data(StoreBaseObject *self, PyObject *value, void *closure)
 {
     PyObject *hot = NULL, *dead = NULL, *fresh = NULL, *changed = NULL;
+    Py_ssize_t limit = -1;
     if (value != NULL && !PyDict_CheckExact(value)) {
         hot = PyObject_GetAttr(value, str_hot);
         dead = hot == NULL ? NULL : PyObject_GetAttr(value, str_dead);
@@ -1396,6 +1403,20 @@ sb_set_data(StoreBaseObject *self, PyObject *value, void *closure)
             Py_CLEAR(fresh);
             Py_CLEAR(changed);
         }
+        PyObject *bound = changed == NULL ? NULL : PyObject_GetAttr(value, str_limit);
+        if (bound != NULL && bound != Py_None) {
+            limit = PyLong_AsSsize_t(bound);
+            if (limit < 0) {  /* (not an int >= 0: the read path leaves the cache to Python) */
+                PyErr_Clear();
+                Py_CLEAR(hot);
+                Py_CLEAR(dead);
+                Py_CLEAR(fresh);
+                Py_CLEAR(changed);
+                limit = -1;
+            }
+        }
+        Py_XDECREF(bound);
+        PyErr_Clear();  /* (no `_limit`: no bound) */
     }
     Py_XINCREF(value);
     Py_XSETREF(self->data, value);
@@ -1403,6 +1424,7 @@ sb_set_data(StoreBaseObject *self, PyObject *value, void *closure)
     Py_XSETREF(self->dead, dead);
     Py_XSETREF(self->fresh, fresh);
     Py_XSETREF(self->changed, changed);
+    self->limit = limit;
     return 0;
 }
 
@@ -1665,6 +1687,7 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
 }
 
 int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out); /* table.c */
+int udng_tablecache_add(PyObject *m); /* tablecache.c */
 
 /* A first read of a big dict's str key in compiled code, for `cache`, the
  * store's TableCache just found in sync without the key in `hot`: what
@@ -1700,6 +1723,17 @@ table_miss(StoreBaseObject *s, PyObject *cache, PyObject *key, PyObject **out)
         r = gone < 0 ? -1 : 0;
         goto done;
     }
+    if (s->limit > 0 && PyDict_GET_SIZE(hot) - PyDict_GET_SIZE(s->fresh) - PySet_GET_SIZE(s->changed)
+                        >= s->limit) {
+        /* (before the probe: evict runs Python code, which may let a record
+         * in; the checks after the decode see what it did) */
+        PyObject *res = PyObject_CallMethodNoArgs(cache, str_evict);
+        if (res == NULL) {
+            r = -1;
+            goto done;
+        }
+        Py_DECREF(res);
+    }
     r = udng_table_row_simple(probe, key, &v);
     if (r != 1)
         goto done;
@@ -1723,7 +1757,7 @@ table_miss(StoreBaseObject *s, PyObject *cache, PyObject *key, PyObject **out)
         r = 0;
         goto done;
     }
-    if (PyDict_SetItem(hot, key, v) < 0)
+    if (s->limit != 0 && PyDict_SetItem(hot, key, v) < 0)
         r = -1;
 done:
     Py_XDECREF(again);
@@ -2660,6 +2694,7 @@ PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
 PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_merge(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -2704,6 +2739,9 @@ static PyMethodDef native_methods[] = {
      "table_candidates(buf, slots, start, end, h) -> [(key bytes, value bytes), ...] or a damage message."},
     {"table_fill", (PyCFunction)(void (*)(void))udng_native_table_fill, METH_FASTCALL,
      "table_fill(buf, off, packed_map, hashes) -> offset after the entries written from the map's pairs."},
+    {"table_merge", (PyCFunction)(void (*)(void))udng_native_table_merge, METH_FASTCALL,
+     "table_merge(dst, off, src, start, end, changes) -> offset after an old table's entries merged with "
+     "the (offset, new value or None) changes; or the reason a changed entry is damaged."},
     {"table_index", (PyCFunction)(void (*)(void))udng_native_table_index, METH_FASTCALL,
      "table_index(buf, slots, start, end, count): write the index of the entries start..end."},
     {"table_chunk", (PyCFunction)(void (*)(void))udng_native_table_chunk, METH_FASTCALL,
@@ -2735,6 +2773,10 @@ PyInit__native(void)
     str_hot = PyUnicode_InternFromString("hot");
     str_dead = PyUnicode_InternFromString("dead");
     str_probe = PyUnicode_InternFromString("_probe");
+    str_limit = PyUnicode_InternFromString("_limit");
+    str_evict = PyUnicode_InternFromString("evict");
+    if (str_limit == NULL || str_evict == NULL)
+        return NULL;
     str_fresh = PyUnicode_InternFromString("fresh");
     str_changed = PyUnicode_InternFromString("changed");
     if (str_dead == NULL || str_probe == NULL || str_fresh == NULL || str_changed == NULL)
@@ -2757,6 +2799,10 @@ PyInit__native(void)
         {"Words", &WordsType}, {"ProcessState", &ProcessStateType},
         {"StoreBase", &StoreBaseType}, {"ViewBase", &ViewBaseType}, {"CacheGet", &CacheGetType},
     };
+    if (udng_tablecache_add(m) < 0) {  /* (tablecache.c) */
+        Py_DECREF(m);
+        return NULL;
+    }
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         Py_INCREF(types[i].type);
         if (PyModule_AddObject(m, types[i].name, (PyObject *)types[i].type) < 0) {

@@ -23,6 +23,10 @@
  *       after them.  With buf None it writes nothing and returns the same
  *       offset (how the caller sizes the segment).  Building from one packed map is what makes a bulk load
  *       cost memory copies: one pack of the whole dict, no object per entry.
+ *   table_merge(dst, off, src, start, end, changes)
+ *       A merged dump's entries (table_layout.py, "Merge"): the old table's
+ *       entries with the (offset, new value bytes or None) changes applied,
+ *       the runs between them copied as bytes; dst None only counts them.
  *   table_index(buf, slots, start, end, count)
  *       Writes the index of the entries between start and end.
  *   table_chunk(buf, start, end, off, most)
@@ -47,7 +51,10 @@
  *       The first read of a big dict's key in compiled code: the probe of
  *       table_get, then the value decoded straight from the mapped entry when
  *       it is a scalar or a tuple of scalars (no bytes copy, no call).
- *   They raise ValueError on input that does not fit that does not fit (a malformed map, a
+ *   udng_table_locate(probe, key)   (C only)
+ *       Whether the table holds a str or int key: the compiled set of a
+ *       record into a big dict's cache (tablecache.c).
+ *   They raise ValueError on input that does not fit (a malformed map, a
  *   count that disagrees, a buffer too small) before writing past anything.
  *
  * Every entry handed out has been checked as Table.entry checks it (aligned,
@@ -339,49 +346,73 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
-/* The compiled first read of a big dict (_native.c's read path, for a
- * TableCache's `_probe` = (buf, slots, start, end) and an exact str key):
- * 1 found, *out the value decoded straight from the mapped entry (a new
- * reference); 0 absent; 2 not decided here (a value that is not a scalar or
- * a tuple of them, a damaged entry: the Python path decodes or raises
- * CorruptSegment); -1 error.  The buffer is held exported while it is read,
- * so nothing can unmap it meanwhile. */
-int
-udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out)
+/* The probe of a TableCache's `_probe` = (buf, slots, start, end) for an
+ * exact str key (or an exact int: ints true) by its encoding, shared by the
+ * compiled first read and the compiled set: 1 probed (*e the checked entry
+ * or NULL when absent, *kl and *vl its lengths; *same_hash set when an
+ * entry of the int's hash holds other bytes; the buffer held in *pb until
+ * the caller releases it), 0 absent without a probe (a str no table key can
+ * be), 2 not decided here (the Python path decides), -1 never: every error
+ * is cleared into 2. */
+static int
+cache_probe(PyObject *probe, PyObject *key, int ints, Py_buffer *pb, table_view *t,
+            const unsigned char **e, uint32_t *kl, uint32_t *vl, int *same_hash)
 {
     if (!PyTuple_CheckExact(probe) || PyTuple_GET_SIZE(probe) != 4)
         return 2;
-    const char *data;
-    Py_ssize_t n;
-    unsigned char head[5];
+    const char *data = "";
+    Py_ssize_t n = 0;
+    unsigned char head[9];
     size_t hl;
     uint64_t h;
-    int k = exact_key(key, &data, &n, head, &hl, &h);
-    if (k <= 0) {
-        if (k == 0)
-            return 0;
+    int is_int = ints && PyLong_CheckExact(key);
+    if (is_int) {
+        if (udng_key_hash_common(key, &h) != 1 || (hl = int_encoding(key, head)) == 0) {
+            PyErr_Clear();
+            return 2;
+        }
+    } else {
+        int k = exact_key(key, &data, &n, head, &hl, &h);
+        if (k <= 0) {
+            if (k < 0)
+                PyErr_Clear();
+            return k == 0 ? 0 : 2;
+        }
+    }
+    if (view_args(&PyTuple_GET_ITEM(probe, 0), pb, t) < 0) {
         PyErr_Clear();
         return 2;
     }
+    *same_hash = 0;
+    if (probe_exact(t, h, head, hl, data, n, e, kl, vl, is_int ? same_hash : NULL) != NULL) {
+        PyBuffer_Release(pb);
+        return 2;  /* (a damaged entry: the Python path raises CorruptSegment) */
+    }
+    return 1;
+}
+
+/* The compiled first read of a big dict (_native.c's read path, for a
+ * TableCache's `_probe` and an exact str key): 1 found, *out the value
+ * decoded straight from the mapped entry (a new reference); 0 absent; 2 not
+ * decided here (a value that is not a scalar or a tuple of them, a damaged
+ * entry: the Python path decodes or raises CorruptSegment); -1 error.  The
+ * buffer is held exported while it is read, so nothing can unmap it
+ * meanwhile. */
+int
+udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out)
+{
     Py_buffer pb;
     table_view t;
-    if (view_args(&PyTuple_GET_ITEM(probe, 0), &pb, &t) < 0) {
-        PyErr_Clear();
-        return 2;
-    }
     const unsigned char *e;
     uint32_t kl, vl;
-    int r = 2;
-    if (probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl, NULL) == NULL) {
-        if (e == NULL) {
-            r = 0;
-        } else {
-            *out = udng_simple_value(e + T_ENTRY + kl, vl);
-            if (*out != NULL)
-                r = 1;
-            else if (PyErr_Occurred())
-                r = -1;
-        }
+    int same_hash, r = cache_probe(probe, key, 0, &pb, &t, &e, &kl, &vl, &same_hash);
+    if (r != 1)
+        return r;
+    if (e == NULL) {
+        r = 0;
+    } else {
+        *out = udng_simple_value(e + T_ENTRY + kl, vl);
+        r = *out != NULL ? 1 : PyErr_Occurred() ? -1 : 2;
     }
     PyBuffer_Release(&pb);
     return r;
@@ -467,6 +498,27 @@ map_header(const unsigned char *p, Py_ssize_t n, uint64_t *count)
     return -1;
 }
 
+/* The buffers of a writer of entries (table_fill, table_merge): `dst`
+ * writable, or None for a dry run that only counts (out: no memory, no
+ * limit), and `src` readable: 0, or -1 with an error set and nothing held. */
+static int
+writer_buffers(PyObject *dst, PyObject *src, Py_buffer *out, Py_buffer *in)
+{
+    if (dst == Py_None) {
+        out->buf = NULL;
+        out->len = PY_SSIZE_T_MAX;
+        out->obj = NULL;
+    } else if (PyObject_GetBuffer(dst, out, PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0) {
+        if (dst != Py_None)
+            PyBuffer_Release(out);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *
 udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -480,17 +532,8 @@ udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     PyObject *hashes = args[3];
     Py_buffer out, in;
     int dry = args[0] == Py_None;
-    if (dry) {
-        out.buf = NULL;
-        out.len = PY_SSIZE_T_MAX;
-        out.obj = NULL;
-    } else if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0)
+    if (writer_buffers(args[0], args[2], &out, &in) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[2], &in, PyBUF_SIMPLE) < 0) {
-        if (!dry)
-            PyBuffer_Release(&out);
-        return NULL;
-    }
     const unsigned char *p = (const unsigned char *)in.buf;
     unsigned char *b = (unsigned char *)out.buf;
     Py_ssize_t n = in.len, pos;
@@ -774,4 +817,132 @@ udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (failed)
         return NULL;
     return PyLong_FromUnsignedLongLong(pos);
+}
+
+/* Whether a counted entry of the table `probe` = (buf, slots, start, end)
+ * holds the exact str or int `key` (TableCache._counted's probe, for the
+ * compiled set of a record: tablecache.c): 1 it does, 0 it does not, 2 not
+ * decided here (a same-hash entry of other bytes, which a key of another
+ * type may equal; an int with no 64-bit encoding; a damaged entry: the
+ * Python path decides, or raises CorruptSegment). */
+int
+udng_table_locate(PyObject *probe, PyObject *key)
+{
+    Py_buffer pb;
+    table_view t;
+    const unsigned char *e;
+    uint32_t kl, vl;
+    int same_hash, r = cache_probe(probe, key, 1, &pb, &t, &e, &kl, &vl, &same_hash);
+    if (r != 1)
+        return r;
+    PyBuffer_Release(&pb);
+    return e != NULL ? 1 : same_hash ? 2 : 0;
+}
+
+/* table_merge(dst, off, src, start, end, changes: list) -> the offset in dst
+ * after the merged entries (dst None: only counted, from off), or the reason
+ * a changed entry is damaged (a str).  `src[start:end]` are an old table's
+ * entries; `changes` are (offset, value) pairs sorted by offset, each the
+ * start of an entry of it (checked here: bounds, checksum): value None drops
+ * the entry, bytes replace its value (hash, key and place kept, a new header
+ * and checksum).  The runs of entries between two changes are copied as
+ * bytes, never walked: a merge costs its changes plus a memcpy of the rest. */
+PyObject *
+udng_native_table_merge(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyList_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "table_merge(dst, off, src, start, end, changes: list)");
+        return NULL;
+    }
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *changes = args[5];
+    int dry = args[0] == Py_None;
+    Py_buffer out, in;
+    if (writer_buffers(args[0], args[2], &out, &in) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    const char *usage = NULL, *bad = NULL;
+    table_view t = {(const unsigned char *)in.buf, 0, (uint64_t)start, (uint64_t)end, in.len};
+    unsigned char *b = (unsigned char *)out.buf;
+    if (off < 0 || (off & 7) || off > out.len || start < T_HEADER || (start & 7) || start > end || end > in.len) {
+        usage = "table_merge: bounds do not fit the buffers";
+        goto done;
+    }
+    Py_ssize_t pos = start;
+    for (Py_ssize_t i = 0; i <= PyList_GET_SIZE(changes); i++) {
+        Py_ssize_t at = end;
+        PyObject *value = Py_None;
+        if (i < PyList_GET_SIZE(changes)) {
+            PyObject *item = PyList_GET_ITEM(changes, i);
+            if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) {
+                usage = "table_merge: a change is not an (offset, value) pair";
+                goto done;
+            }
+            at = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+            if (at == -1 && PyErr_Occurred())
+                goto done;
+            value = PyTuple_GET_ITEM(item, 1);
+            if (value != Py_None && !PyBytes_CheckExact(value)) {
+                usage = "table_merge: a new value is not bytes";
+                goto done;
+            }
+            if (at < pos) {
+                usage = "table_merge: offsets not sorted, or not the start of an entry";
+                goto done;
+            }
+        }
+        Py_ssize_t run = at - pos;  /* the unchanged entries before it */
+        if (run > out.len - off) {
+            usage = "table_merge: the buffer is too small";
+            goto done;
+        }
+        if (!dry)
+            memcpy(b + off, t.b + pos, (size_t)run);
+        off += run;
+        if (i == PyList_GET_SIZE(changes))
+            break;
+        uint32_t kl, vl;
+        if ((bad = check_entry(&t, (uint64_t)at, &kl, &vl)) != NULL)
+            goto done;
+        pos = (at + T_ENTRY + kl + vl + 7) & ~(Py_ssize_t)7;
+        if (value == Py_None)
+            continue;
+        Py_ssize_t nvl = PyBytes_GET_SIZE(value);
+        if ((uint64_t)nvl > 0xFFFFFFFFULL) {
+            usage = "a key or value of 4 GiB or more cannot go in a table entry";
+            goto done;
+        }
+        Py_ssize_t size = (T_ENTRY + kl + nvl + 7) & ~(Py_ssize_t)7;
+        if (size > out.len - off) {
+            usage = "table_merge: the buffer is too small";
+            goto done;
+        }
+        if (!dry) {
+            unsigned char *e = b + off;
+            const unsigned char *old = t.b + at;
+            memcpy(e, old, 8);  /* (the hash, as stored) */
+            wr32(e + 8, kl);
+            wr32(e + 12, (uint32_t)nvl);
+            wr32(e + 20, 0);
+            memcpy(e + T_ENTRY, old + T_ENTRY, kl);
+            memcpy(e + T_ENTRY + kl, PyBytes_AS_STRING(value), (size_t)nvl);
+            memset(e + T_ENTRY + kl + nvl, 0, (size_t)(size - T_ENTRY - kl - nvl));
+            wr32(e + 16, udng_crc32(udng_crc32(0, e, 16), e + T_ENTRY, (size_t)kl + (size_t)nvl));
+        }
+        off += size;
+    }
+    result = PyLong_FromSsize_t(off);
+done:
+    if (bad != NULL)
+        result = PyUnicode_FromString(bad);
+    else if (usage != NULL)
+        PyErr_SetString(PyExc_ValueError, usage);
+    PyBuffer_Release(&in);
+    if (!dry)
+        PyBuffer_Release(&out);
+    return result;
 }

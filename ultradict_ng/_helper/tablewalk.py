@@ -1,7 +1,8 @@
 """Pure-Python twins of the compiled helper's walks over a table's entries
-(table.c): ``table_chunk`` (entries as one packed map, for the serializer)
-and ``table_rows`` (a lookup table's rows decoded into a dict), with the
-entry check they share with the probe's twins.
+(table.c): ``table_chunk`` (entries as one packed map, for the serializer),
+``table_rows`` (a lookup table's rows decoded into a dict) and
+``table_merge`` (an old table's entries with changes, into a new one), with
+the entry check they share with the probe's twins.
 
 Re-exported by :mod:`.twins`; tests/test_native.py and
 tests/test_unpack_simple.py compare them with the compiled ones.
@@ -18,7 +19,7 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 from .. import table_layout as TL
 from .packing import unpack_simple
 
-__all__ = ["table_chunk", "table_rows", "entry_checked"]
+__all__ = ["table_chunk", "table_rows", "table_merge", "entry_checked"]
 
 _table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
 _map_header = msgpack.Packer().pack_map_header
@@ -91,4 +92,56 @@ def table_rows(buf: Any, start: int, end: int, off: int, out: Union[Dict[Any, An
                 else:
                     out.append((key, value))
             off = (off + _TE + kl + vl + 7) & ~7
+    return off
+
+
+def table_merge(dst: Any, off: int, src: Any, start: int, end: int,
+                changes: List[Tuple[int, Optional[bytes]]]) -> Union[int, str]:
+    """The entries ``src[start:end]`` with ``changes`` ((offset, new value
+    bytes, or None to drop the entry), sorted by offset) written to ``dst``
+    from ``off`` (None: only counted); the offset after them, or the reason
+    a changed entry is damaged.  Unchanged runs are copied as bytes."""
+    if (off < 0 or off & 7 or (dst is not None and off > len(dst)) or start < TL.TABLE_HEADER or start & 7
+            or not start <= end <= len(src)):
+        raise ValueError("table_merge: bounds do not fit the buffers")
+    room = len(dst) if dst is not None else None
+    pos = start
+    with memoryview(src) as mv:
+        for i in range(len(changes) + 1):
+            at, value = end, None
+            if i < len(changes):
+                change = changes[i]
+                if type(change) is not tuple or len(change) != 2:
+                    raise ValueError("table_merge: a change is not an (offset, value) pair")
+                at, value = change
+                if value is not None and type(value) is not bytes:
+                    raise ValueError("table_merge: a new value is not bytes")
+                if at < pos:
+                    raise ValueError("table_merge: offsets not sorted, or not the start of an entry")
+            if room is not None and at - pos > room - off:
+                raise ValueError("table_merge: the buffer is too small")
+            if dst is not None:
+                dst[off:off + at - pos] = mv[pos:at]
+            off += at - pos
+            if i == len(changes):
+                break
+            checked = entry_checked(mv, start, end, at)
+            if isinstance(checked, str):
+                return checked
+            eh, kl, vl = checked
+            pos = (at + _TE + kl + vl + 7) & ~7
+            if value is None:
+                continue
+            if len(value) > 0xFFFFFFFF:
+                raise ValueError("a key or value of 4 GiB or more cannot go in a table entry")
+            size = (_TE + kl + len(value) + 7) & ~7
+            if room is not None and size > room - off:
+                raise ValueError("table_merge: the buffer is too small")
+            if dst is not None:
+                body = bytes(mv[at + _TE:at + _TE + kl]) + value
+                head = _table_entry.pack(eh, kl, len(value), 0, 0)[:16]
+                crc = zlib.crc32(body, zlib.crc32(head))
+                dst[off:off + size] = (_table_entry.pack(eh, kl, len(value), crc, 0) + body
+                                       + bytes(size - _TE - len(body)))
+            off += size
     return off

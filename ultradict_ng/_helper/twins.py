@@ -17,7 +17,7 @@ import struct
 import sys
 import threading
 import zlib
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -25,14 +25,14 @@ from .. import layout as L
 from .. import table_layout as TL
 from .._codec.keyhash import key_hash
 from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
-from .tablewalk import entry_checked, table_chunk, table_rows
+from .tablewalk import entry_checked, table_chunk, table_merge, table_rows
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
-    "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "ViewBase", "CacheGet",
+    "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "TableCacheBase", "ViewBase", "CacheGet",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "set_root_write", "key_hash_common", "table_get", "table_candidates",
-    "table_fill", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
+    "table_fill", "table_merge", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
     "pack_map", "pack_pairs", "unpack_simple", "tuple_hook", "table_rows", "first_to_export",
 ]
 
@@ -128,6 +128,26 @@ class StoreBase:
     def _tx_fast(self, *args: Any) -> None:
         """Arms the compiled transaction write path; the twins have none: a
         transaction's writes all take ``SharedDict._setitem_slow``."""
+
+
+class TableCacheBase:
+    """The state of a big dict's cache (``_shm/tablecache.TableCache``); its
+    compiled twin sets str and int keys itself, here every set and delete is
+    the subclass's ``_setitem`` / ``_delitem``: the same rule, one call more."""
+
+    __slots__ = ("hot", "dead", "fresh", "changed", "_probe")
+
+    hot: Dict[Any, Any]
+    dead: Set[Any]
+    fresh: Dict[Any, None]
+    changed: Set[Any]
+    _probe: Optional[Tuple[Any, int, int, int]]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._setitem(key, value)  # type: ignore[attr-defined]
+
+    def __delitem__(self, key: Any) -> None:
+        self._delitem(key)  # type: ignore[attr-defined]
 
 
 class ViewBase:

@@ -62,6 +62,9 @@ class Reader(StoreBase):
     #: Whether a big table dump may be read in place (a TableCache) instead of
     #: decoded whole: a change feed compares whole states, so it decodes.
     _partial = True
+    #: The most decoded rows of a big dict this handle keeps (``SharedDict(
+    #: max_decoded=N)``; None: every row it read, see ``TableCache.evict``).
+    max_decoded: Optional[int] = None
 
     def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
         """The cached dict at ``path`` (caller has synced); PathGone if it is not a dict now."""
@@ -221,7 +224,7 @@ class Reader(StoreBase):
                 if table.count >= _partial_from() and self._partial:
                     partial = True
                     return TableCache(table, self.codec.loads, (seg, whole), self.mutex,
-                                      self.codec.id == _MSGPACK_ID)
+                                      self.codec.id == _MSGPACK_ID, self.max_decoded)
                 try:
                     return table.decode_all(self.codec.loads, self.codec.id == _MSGPACK_ID)
                 except CorruptSegment as exc:

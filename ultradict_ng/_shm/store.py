@@ -95,11 +95,12 @@ class Store(Writer):
     :class:`~ultradict_ng.reader.Reader`, then :class:`~ultradict_ng.writer.Writer`.
     """
 
-    __slots__ = ("recurse", "created", "registered", "_finalizer", "__weakref__")
+    __slots__ = ("recurse", "created", "registered", "max_decoded", "_finalizer", "__weakref__")
 
     def __init__(self, mapping: Mapping, name: str, codec: Codec, header: Header,
-                 created: bool) -> None:
+                 created: bool, max_decoded: Optional[int] = None) -> None:
         self._map = mapping
+        self.max_decoded = max_decoded
         self.words = mapping.words
         stream = mapping.stream_words
         # Root-level scalar sets go straight into the stream when its bytes are msgpack's.
@@ -155,6 +156,11 @@ class Store(Writer):
         for threshold in (options.blob_threshold, options.for_create("blob_threshold")):
             if threshold is not None:
                 _blob_threshold(threshold)
+        limit = options.max_decoded
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+            raise TypeError(f"max_decoded must be an int (a count of values) or None, not {limit!r}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"max_decoded must be 0 or more, not {limit}")
         for auto in (options.auto_unlink, options.for_create("auto_unlink")):
             if not (auto is None or isinstance(auto, int) or auto == "last"):
                 raise ValueError(f"auto_unlink must be True, False, None or 'last', not {auto!r}")
@@ -221,7 +227,7 @@ class Store(Writer):
                 stream = Segment.create(sname, header.stream_size, reserve=header.stream_limit)
             mapping = Mapping(ctrl, stream)
             header.write(mapping.words)
-            store = cls(mapping, name, codec, header, created=True)
+            store = cls(mapping, name, codec, header, created=True, max_decoded=options.max_decoded)
             store.gen, store.pos, store.seen = 0, 0, 0
             users.register((name, header.token), mapping.atomic)  # before MAGIC: never unowned
             store.registered = True
@@ -282,7 +288,8 @@ class Store(Writer):
                 stream.close()
             raise
         words.release()
-        store = cls(Mapping(ctrl, stream), name, stored_codec, header, created=False)
+        store = cls(Mapping(ctrl, stream), name, stored_codec, header, created=False,
+                    max_decoded=options.max_decoded)
         try:
             users.attach((name, header.token), store._map.atomic)  # FileNotFoundError: removed
             store.registered = True

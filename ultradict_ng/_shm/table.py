@@ -44,7 +44,7 @@ from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment, UnsupportedType
 from .._codec.decode import gc_paused
 from ..speedups import (key_hash_common, table_candidates, table_chunk, table_fill, table_get, table_index,
-                        table_rows)
+                        table_merge, table_rows)
 
 __all__ = ["Table", "Merge", "table_size", "write_table", "write_map", "map_size", "entry_size",
            "slots_for", "hash_key", "root_hashes", "encode_entries", "pack_pairs"]
@@ -200,13 +200,6 @@ class Table:
         if _entry_crc(self.buf, off, end) != crc:
             raise CorruptSegment(f"{self.where}: table entry at {off} fails its checksum")
         return h, self.buf[body:body + kl], self.buf[body + kl:end], (end + 7) & ~7
-
-    def key_at(self, off: int) -> Tuple[int, memoryview, int]:
-        """``(hash, key bytes, next offset)`` of the entry at ``off``, which a
-        probe has checked already (bounds and checksum are not checked again)."""
-        h, kl, vl, _, _ = _entry.unpack_from(self.buf, off)
-        body = off + _EH
-        return h, self.buf[body:body + kl], (body + kl + vl + 7) & ~7
 
     def find(self, key: Any, h: int, loads: Callable[[Any], Any]) -> int:
         """Offset of the entry whose key equals ``key`` (hashed ``h``), or 0."""
@@ -381,68 +374,46 @@ class Merge:
     ``removed`` (offsets of entries deleted, including those deleted and set
     again, which move to the end as a ``dict`` moves them), ``replaced``
     (offset -> new value bytes: an overwrite keeps the key's place) -- and
-    lists the ``appended`` entries in insertion order.  Unchanged entries are
-    copied as byte runs, one slice copy per run between two changes; an entry
-    whose value changed keeps its key bytes and gets a new checksum.
+    lists the ``appended`` entries in insertion order.  Both planning and
+    writing are one compiled pass over the changes (``table_merge``): the
+    changed entries are read and checked, the runs of unchanged entries
+    between them copied as bytes, never walked; an entry whose value
+    changed keeps its key bytes and gets a new checksum.
     """
 
     def __init__(self, old: Table, removed: Set[int], replaced: Mapping[int, _Buffer],
-                 appended: Sequence[Entry], checked: bool = False) -> None:
-        """``checked``: the offsets are those of entries a probe checked
-        (:meth:`Table.locate`): their headers are read without checking them again."""
+                 appended: Sequence[Entry]) -> None:
         self.old = old
-        # ("run", start, end) copied from the old table, or ("entry", hash, key, value) written.
-        self._pieces: List[Tuple[Any, ...]] = []
-        size = 0
-        pos = old.start
-        # Only the changed entries are read (and checked); the runs between
-        # them are never walked here: planning costs O(changes), not O(table).
-        for off in sorted(removed | replaced.keys()):
-            if off < pos:
-                raise ValueError(f"merge: offset {off} is not the start of an entry of the old table")
-            if checked:
-                h, key, nxt = old.key_at(off)
-            else:
-                h, key, _, nxt = old.entry(off)
-            if off > pos:
-                self._pieces.append(("run", pos, off))
-                size += off - pos
-            if off not in removed:
-                value = replaced[off]
-                self._pieces.append(("entry", h, key, value))
-                size += entry_size(len(key), len(value))
-            pos = nxt
-        if pos < old.end:
-            self._pieces.append(("run", pos, old.end))
-            size += old.end - pos
-        for h, kb, vb in appended:
-            self._pieces.append(("entry", h, kb, vb))
+        self._changes: List[Tuple[int, Optional[bytes]]] = sorted(
+            [(off, None) for off in removed]
+            + [(off, bytes(v)) for off, v in replaced.items() if off not in removed])
+        self._appended = list(appended)
+        size = self._merged(None, 0)  # (the old entries' bytes after the changes: counted, not written)
+        for _, kb, vb in self._appended:
             size += entry_size(len(kb), len(vb))
         self.count = old.count - len(removed) + len(appended)
         self.entries_bytes = size
         self.size = table_size(self.count, size)
 
+    def _merged(self, buf: Optional[memoryview], off: int) -> int:
+        old = self.old
+        got = table_merge(buf, off, old.buf, old.start, old.end, self._changes)
+        if isinstance(got, str):
+            raise CorruptSegment(f"{old.where}: {got}")
+        return got
+
     def write(self, buf: memoryview, generation: int, token: int) -> int:
         """Write the new table into ``buf`` (at least ``size`` bytes); return its size.
 
-        Runs are copied as they are, each entry's checksum with it, so
-        whoever reads an entry of the new table checks it then.  The index
-        is built afresh by walking the new entries' headers in compiled code
-        (offsets moved), which also checks that they add up to ``count``."""
+        The old entries (merged) first, then the appended ones, each entry's
+        checksum with it, so whoever reads an entry of the new table checks
+        it then.  The index is built afresh by walking the new entries'
+        headers in compiled code (offsets moved), which also checks that
+        they add up to ``count``."""
         slots = slots_for(self.count)
-        off = L.TABLE_HEADER + 8 * slots
-        src = self.old.buf
-        pending: List[Entry] = []
-        for piece in self._pieces + [("run", 0, 0)]:
-            if piece[0] == "entry":
-                pending.append(piece[1:])
-                continue
-            if pending:  # the entries written since the last run, in one call
-                off = table_fill(buf, off, pack_pairs(pending), [h for h, _, _ in pending])
-                pending = []
-            _, a, b = piece
-            buf[off:off + b - a] = src[a:b]
-            off += b - a
+        off = self._merged(buf, L.TABLE_HEADER + 8 * slots)
+        if self._appended:
+            off = table_fill(buf, off, pack_pairs(self._appended), [h for h, _, _ in self._appended])
         _finish(buf, self.count, slots, off, generation, token)
         return off
 

@@ -31,20 +31,29 @@ entries in the table's order (an overwrite keeps its place), then ``fresh``.
 ``len`` is the count of counted entries plus ``len(fresh)``: O(1).
 
 What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
-and decodes one entry, which stays in ``hot``.  Iteration decodes the whole
-table for the walk (its values are not kept).  Mutations apply the
-stream's records (``records.apply``, through the mapping methods below), a
-writer's own too: its next dump merges ``dead``, ``changed`` and ``fresh``
-into a new table (``_shm/dumps.py``), which becomes its cache.
+and decodes one entry, which stays in ``hot`` -- unless the process bounds
+them (``limit``: ``SharedDict(max_decoded=N)``): past ``N`` decoded rows the
+older half of them is dropped (:meth:`TableCache.evict`), and 0 keeps none.
+Why a bound: a row of a few fields is ~200 bytes as Python objects, so a
+reader that touches 100,000 keys of a big dict holds ~20 MiB of them (eight
+such readers more than the dict's shared memory), and storing each one
+makes a first read at a million keys ~1.4x slower than decoding alone; the
+bound trades hot reads (a hit only for the rows still kept) for memory and
+first reads.  Iteration decodes the whole table for the walk (its values are
+not kept).  Mutations apply the stream's records (``records.apply``,
+through the mapping methods below), a writer's own too: its next dump
+merges ``dead``, ``changed`` and ``fresh`` into a new table
+(``_shm/dumps.py``), which becomes its cache.
 """
 
 from __future__ import annotations
 
 import os
+from itertools import filterfalse, islice
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import CorruptSegment, UnsupportedType
-from ..speedups import table_get, unpack_simple
+from ..speedups import TableCacheBase, table_get, unpack_simple
 from .table import Table
 
 __all__ = ["TableCache", "PARTIAL_FROM", "partial_from"]
@@ -71,17 +80,17 @@ def _declined(data: Any, default: Any) -> Any:
     return default
 
 
-class TableCache:
+class TableCache(TableCacheBase):
     """The root of a dict as a mapped table plus what changed since (module
     docstring).  Records are applied under the reader's cache ``mutex``, as to
     a ``dict`` cache; a read that misses ``hot`` probes and fills it under that
     mutex too, so that a record applied by another thread meanwhile (a delete)
     cannot be undone by the value it read before.  A hit takes no lock."""
 
-    __slots__ = ("table", "hot", "dead", "fresh", "changed", "_loads", "_simple", "_keep", "_mutex", "_probe")
+    __slots__ = ("table", "_loads", "_simple", "_keep", "_mutex", "_limit")  # (+ TableCacheBase's)
 
     def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any,
-                 msgpack_values: bool = True) -> None:
+                 msgpack_values: bool = True, limit: Optional[int] = None) -> None:
         self.table: Optional[Table] = table
         self.hot: Dict[Any, Any] = {}
         self.dead: Set[Any] = set()
@@ -93,9 +102,15 @@ class TableCache:
         self._simple: Callable[[Any, Any], Any] = unpack_simple if msgpack_values else _declined
         self._keep = keep  # the segment and view the table lives in: mapped while we are
         self._mutex = mutex  # the reader's (reentrant: records' nested paths read through us)
+        # The most clean rows ``hot`` keeps (None: all): the values decoded
+        # from the table and not changed since, which the table holds too,
+        # so that dropping one loses nothing.  Read once, by the compiled
+        # path as well, when the store's ``data`` is set to us.
+        self._limit = limit
         # What the compiled read path (_native.c, table_miss) probes and decodes
-        # a str key's row from, without this class's frames; None when it may
-        # not (another serializer; the table no longer counted).  It takes
+        # a str key's row from, and the compiled set (TableCacheBase) probes a
+        # key with, without this class's frames; None when they may not
+        # (another serializer; the table no longer counted).  It takes
         # ``hot``, ``dead``, ``fresh`` and ``changed`` once, when the store's
         # ``data`` is set to us: none is ever rebound, only changed in place.
         # While ``fresh`` and ``changed`` are empty, every value in ``hot`` is
@@ -118,6 +133,9 @@ class TableCache:
             table = self.table
             if table is None or key in self.dead:
                 return _MISSING
+            limit = self._limit
+            if limit and self.clean_rows() >= limit:
+                self.evict()
             if type(key) is str:  # (Table.lookup's first case, without its frame)
                 vb = table_get(table.buf, table.slots, table.start, table.end, key)
                 if type(vb) is str:
@@ -130,8 +148,41 @@ class TableCache:
             if value is _MISSING:
                 value = self._loads(vb)
                 self.changed.add(key)  # (a nested record may change it in place)
+            elif limit == 0:
+                return value  # (no row kept)
             self.hot[key] = value
             return value
+
+    def clean_rows(self) -> int:
+        """How many values in ``hot`` are clean rows: neither ``fresh`` nor
+        ``changed`` (disjoint sets, both kept whole in ``hot``)."""
+        return len(self.hot) - len(self.fresh) - len(self.changed)
+
+    def evict(self) -> None:
+        """Drop the older clean rows from ``hot``, so that at most half of
+        ``_limit`` stay: O(len(hot)) once per ``_limit / 2`` reads that miss,
+        against an LRU's bookkeeping on every hit (the hit path stays one
+        dict lookup).  Oldest first, in ``hot``'s insertion order: a key read
+        again since it was decoded is not moved, so a hot key can be dropped
+        and decoded again -- FIFO, which for keys read at random keeps as many
+        hits as LRU does.  Under the mutex: records (which make rows changed)
+        wait; the compiled read path, which adds only clean rows and takes no
+        mutex, may add some meanwhile, so ``hot`` is walked as a copy of its
+        keys."""
+        with self._mutex:
+            limit = self._limit
+            if limit is None:
+                return
+            excess = self.clean_rows() - limit // 2
+            if excess <= 0:
+                return
+            hot, fresh, changed = self.hot, self.fresh, self.changed
+            keys: Iterator[Any] = iter(list(hot))  # (one C call: no thread runs meanwhile)
+            if fresh or changed:
+                keys = filterfalse(changed.union(fresh).__contains__, keys)
+            pop = hot.pop
+            for k in islice(keys, excess):
+                pop(k, None)
 
     def _counted(self, key: Any) -> bool:
         """Whether a counted table entry holds ``key`` (its value not decoded).
@@ -253,9 +304,18 @@ class TableCache:
     def __repr__(self) -> str:
         return f"<TableCache of {len(self)} keys, {len(self.hot)} decoded>"
 
-    # -- what records do (records.apply: the root's set, delete, clear, update) ------------
+    @property
+    def limit(self) -> Optional[int]:
+        """The most clean rows kept decoded (None: no bound)."""
+        return self._limit
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    # -- what records do (records.apply: the root's set, delete, clear, update) ------------
+    # ``cache[key] = value`` and ``del cache[key]`` are TableCacheBase's: a str
+    # or int key is set in compiled code (speedups: the same rule, without
+    # these frames: a writer's every root write at a million keys), the rest
+    # comes here.
+
+    def _setitem(self, key: Any, value: Any) -> None:
         hot = self.hot
         counted = key in hot or self._counted(key)  # (fresh keys are in hot: order kept either way)
         if counted:
@@ -266,7 +326,7 @@ class TableCache:
         self.fresh[key] = None
         hot[key] = value
 
-    def __delitem__(self, key: Any) -> None:
+    def _delitem(self, key: Any) -> None:
         if key in self.fresh:
             del self.fresh[key]
             del self.hot[key]

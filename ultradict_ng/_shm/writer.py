@@ -427,7 +427,7 @@ class Writer(Reader):
         table = None
         try:
             table = Table(whole, self.token, f"dump {dname!r}")
-            return successor(self.data, table, (seg, whole), self.mutex, self.codec.loads)
+            return successor(self.data, table, (seg, whole), self.mutex, self.codec.loads, self.max_decoded)
         except BaseException:
             if table is not None:
                 table.close()
