@@ -323,6 +323,11 @@ def test_table_merge_writes_the_same_bytes_on_every_impl(model, data):
             struct.unpack_from("<Q", out[0], off)[0], kl, vl)
         off = (off + 24 + kl + vl + 7) & ~7
     assert repr(list(got.items())) == repr(list(want.items()))
+    if changes:  # entries that end unaligned (a forged end): the last one's padding runs past it
+        last = changes[-1][0]
+        if last == offsets[-1]:
+            assert {impl.table_merge(None, 8, buf, start, end - 1, changes) for impl in (native, fallback)} == {
+                "table entry runs past the entries"}
     if changes:  # a changed entry damaged: reported, the same words on every impl
         at = changes[0][0]
         buf[at + 24] ^= 0xFF

@@ -896,6 +896,10 @@ udng_native_table_merge(PyObject *module, PyObject *const *args, Py_ssize_t narg
             }
         }
         Py_ssize_t run = at - pos;  /* the unchanged entries before it */
+        if (run < 0) {  /* (the last changed entry's padding past an unaligned end) */
+            bad = "table entry runs past the entries";
+            goto done;
+        }
         if (run > out.len - off) {
             usage = "table_merge: the buffer is too small";
             goto done;

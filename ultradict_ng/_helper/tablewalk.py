@@ -118,6 +118,8 @@ def table_merge(dst: Any, off: int, src: Any, start: int, end: int,
                     raise ValueError("table_merge: a new value is not bytes")
                 if at < pos:
                     raise ValueError("table_merge: offsets not sorted, or not the start of an entry")
+            if at < pos:  # (the last changed entry's padding past an unaligned end)
+                return "table entry runs past the entries"
             if room is not None and at - pos > room - off:
                 raise ValueError("table_merge: the buffer is too small")
             if dst is not None:
