@@ -300,24 +300,24 @@ and tries again, keeping LOCK_WAKING so that releases meanwhile wake nobody;
 it stores LOCK_WAKING = 0 (CAS from its word) when it stops waiting (lock
 taken, timeout, error), and a waiter that stops without being designated
 clears a pending 1 it may have been sent.  A waiter about to sleep that finds
-LOCK_WAKING = 1 claims it first: a release whose wake woke nobody (the waiter
-was registered but not yet asleep) leaves 1 behind, and unclaimed it would stop
-every later release from waking anyone.  The cost: a release while the
-designated waiter sleeps is noticed up to ``LOCK_HANDOFF_POLL`` late.  Why:
-with more processes than cores, every woken process that fails to take the
-lock is CPU taken from the holder.  ``with d.lock: d[k] += 1`` by 8 processes
-on 2 cores ran at 0.14x one process's rate waking on every release, 0.4x with
-one wake in flight, 0.46-0.49x with the designated waiter (4: 0.62-0.65x).
-A designated waiter that dies leaves LOCK_WAKING set: releasers stop waking,
-but sleepers wake at their next liveness check and one that finds it set takes
-the role (two designated waiters are harmless), clearing it when it stops.  No lost wake-up: the waiter's bit
-store precedes its condition check and the waker's STATE/LOCK store precedes
-its WAITERS load, so in the single order of seq_cst operations either the
-waiter's check sees the new state or the waker sees the bit; in that case
+LOCK_WAKING = 1 claims it first: a release whose wake woke nobody (a waiter
+registered but not yet asleep, or one that took the lock, cleared LOCK_WAKING
+and not yet its bit) leaves 1 behind; unclaimed it would stop every later
+release from waking anyone.  The cost: a release while the designated waiter
+sleeps is noticed up to ``LOCK_HANDOFF_POLL`` late.  Why: with more processes
+than cores, every woken process that fails to take the lock is CPU taken from
+the holder.  ``with d.lock: d[k] += 1`` by 8 processes on 2 cores ran at 0.14x
+one process's rate waking on every release, 0.4x with one wake in flight,
+0.46-0.49x with the designated waiter (4: 0.62-0.65x).  A designated waiter
+that dies leaves LOCK_WAKING set: releasers stop waking, but sleepers wake at
+their next liveness check and one that finds it set takes the role (two
+designated waiters are harmless), clearing it when it stops.  No lost wake-up:
+the waiter's bit store precedes its condition check and the waker's STATE/LOCK
+store precedes its WAITERS load, so in the single order of seq_cst operations
+either the waiter's check sees the new state or the waker sees the bit; then
 SEQ moves after the waiter read ``s``, so the futex either refuses to sleep
 (value changed) or is woken.  An uncontended write or release does one load
-more and no system call.  ``unlink`` wakes every change waiter the same way
-(STATUS.unlinked is the condition then).
+more and no system call.  ``unlink`` wakes every change waiter so (on STATUS.unlinked).
 
 A waiter killed while registered leaves its bit and slot set: wakers then make
 a futex call per publish that wakes nobody.  A waker whose wake woke nobody
