@@ -335,6 +335,62 @@ def test_table_merge_writes_the_same_bytes_on_every_impl(model, data):
             "table entry fails its checksum"}
 
 
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.one_of(st.text(max_size=10), st.sampled_from(BOUNDARY_INTS), st.integers(),
+                                 st.sampled_from([1.0, True, 0.0, 2.0 ** 63, 7.5, (1, 2), b"k"])),
+                       st.integers(), max_size=40), st.data())
+def test_table_changes_are_the_probes_and_the_codecs_bytes_on_every_impl(model, data):
+    """table_changes: the entries of the dead and changed keys it decides, at
+    the offsets Table.find gives, with the codec's bytes of the new values; it
+    decides exactly the str and int keys table_get's offset probe finds (for a
+    changed one, with a value pack_value encodes) and lists every other key,
+    the compiled helper and the twins alike.  Keys absent from the table, or
+    from ``hot``, are left to the caller."""
+    from ultradict_ng._helper.packing import pack_value
+    from ultradict_ng._shm.table import Table, hash_key
+
+    buf, slots, start, end = table_of(model)
+    keys = list(model) + data.draw(st.lists(st.one_of(st.text(max_size=5), st.integers(), st.sampled_from(
+        BOUNDARY_INTS)), max_size=5))
+    unique = list({k: None for k in keys})  # (keys equal to another, e.g. 1 and 1.0, once)
+    dead, changed, hot = set(), set(), {}
+    for k in unique:
+        role = data.draw(st.sampled_from(["dead", "changed", "changed-not-hot", "untouched"]))
+        if role == "dead":
+            dead.add(k)
+        elif role.startswith("changed"):
+            changed.add(k)
+            if role == "changed":
+                hot[k] = data.draw(st.one_of(scalars, not_simple, st.tuples(scalars, scalars)))
+    t = Table(memoryview(buf), 0)
+    try:
+        answers = []
+        for impl in (native, fallback):
+            changes, rest_dead, rest_changed = impl.table_changes(buf, slots, start, end, dead, changed, hot)
+            by_offset = {off: v for off, v in changes}
+            assert len(by_offset) == len(changes)
+            for keys_, rest, is_changed in ((dead, rest_dead, False), (changed, rest_changed, True)):
+                assert len(rest) == len(set(rest))
+                for k in keys_:
+                    off = impl.table_get(buf, slots, start, end, k, True) if type(k) in (str, int) else 0
+                    value = pack_value(hot[k]) if is_changed and k in hot else None
+                    decided = isinstance(off, int) and off > 0 and (not is_changed or value is not None)
+                    assert (k in rest) != decided, (k, off, value)
+                    if decided:
+                        assert off == t.find(k, hash_key(k), MSGPACK.loads)
+                        assert by_offset.pop(off) == value
+                        if is_changed:
+                            assert value == MSGPACK.dumps(hot[k])
+            assert not by_offset  # (no change for a key it was not given)
+            answers.append((sorted(changes), sorted(map(repr, rest_dead)), sorted(map(repr, rest_changed))))
+            with pytest.raises(TypeError):
+                impl.table_changes(buf, slots, start, end, list(dead), changed, hot)
+        assert answers[0] == answers[1]
+    finally:
+        t.close()
+
+
 def _reference_record(pos, tag, payload, size=300_000):
     """The stream bytes layout.py's "Stream record" describes, built from the spec."""
     buf = bytearray(size)

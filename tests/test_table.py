@@ -120,8 +120,8 @@ class Changes:
         self.replaced.pop(off, None)
 
     def merge(self, generation: int) -> Table:
-        plan = Merge(self.table, self.removed, self.replaced,
-                     encode_entries(self.appended.items(), CODEC.dumps))
+        changes = [(off, None) for off in self.removed] + list(self.replaced.items())
+        plan = Merge(self.table, changes, encode_entries(self.appended.items(), CODEC.dumps))
         buf = memoryview(bytearray(plan.size))
         assert plan.write(buf, generation, TOKEN) == plan.size
         return Table(buf, TOKEN)

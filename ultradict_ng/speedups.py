@@ -47,7 +47,7 @@ __all__ = [
     "IMPLEMENTATION", "ENV_VAR", "Words", "ProcessState", "StoreBase", "ViewBase", "CacheGet", "TableCacheBase",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "set_root_write", "key_hash_common", "table_get", "table_candidates",
-    "table_fill", "table_merge", "table_index", "table_chunk", "pack_map", "pack_pairs", "unpack_simple", "tuple_hook",
+    "table_fill", "table_merge", "table_changes", "table_index", "table_chunk", "pack_map", "pack_pairs", "unpack_simple", "tuple_hook",
     "table_rows", "first_to_export", "FUTEX",
 ]
 
@@ -113,7 +113,7 @@ if IMPLEMENTATION == "native":
     from ._helper._native import (
         FUTEX, CacheGet, ProcessState, StoreBase, TableCacheBase, ViewBase, Words, apply_sets, contains_type, crc32, first_to_export,
         key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types, set_root_write,
-        table_candidates, table_chunk, table_fill, table_get, table_index, table_merge, table_rows,
+        table_candidates, table_changes, table_chunk, table_fill, table_get, table_index, table_merge, table_rows,
         tuple_hook,
         types_within, unpack_simple,
     )
@@ -121,7 +121,7 @@ else:
     from ._helper.twins import (  # type: ignore[assignment]
         FUTEX, CacheGet, ProcessState, StoreBase, TableCacheBase, ViewBase, apply_sets, contains_type, crc32, first_to_export,
         key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types, set_root_write,
-        table_candidates, table_chunk, table_fill, table_get, table_index, table_merge, table_rows,
+        table_candidates, table_changes, table_chunk, table_fill, table_get, table_index, table_merge, table_rows,
         tuple_hook,
         types_within, unpack_simple,
     )

@@ -52,6 +52,7 @@
  *   table_candidates    bytes key, or the entries of one full hash;
  *   table_fill,         writing its entries from a packed msgpack map,
  *   table_merge,        a new one from an old one's entries and changes,
+ *   table_changes,      those changes for the keys it probes and encodes,
  *   table_index,        its index from the entries, and walking it a
  *   table_chunk,        chunk of entries at a time (one packed map each),
  *   table_rows          or decoding its rows into a dict or a list of pairs (with unpack.c).
@@ -557,6 +558,22 @@ mp_item(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
     if (threshold > 0 && PyBytes_CheckExact(o) && PyBytes_GET_SIZE(o) >= threshold)
         return -1;
     return mp_value(o, dst, threshold);
+}
+
+/* The codec's bytes of a value mp_item takes (a scalar, or a tuple of at most
+ * 15 scalars), as a new bytes object, for table.c's table_changes; NULL with
+ * no error set when it is not such a value (the caller's codec encodes it),
+ * NULL with an error set on failure. */
+PyObject *
+udng_pack_value(PyObject *v)
+{
+    Py_ssize_t n = mp_item(v, NULL, 0);
+    if (n < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out != NULL)
+        mp_item(v, (unsigned char *)PyBytes_AS_STRING(out), 0);
+    return out;
 }
 
 /* The header of a msgpack map (base 0x80) or array (base 0x90) of n items:
@@ -2695,6 +2712,7 @@ PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssiz
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_merge(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -2742,6 +2760,9 @@ static PyMethodDef native_methods[] = {
     {"table_merge", (PyCFunction)(void (*)(void))udng_native_table_merge, METH_FASTCALL,
      "table_merge(dst, off, src, start, end, changes) -> offset after an old table's entries merged with "
      "the (offset, new value or None) changes; or the reason a changed entry is damaged."},
+    {"table_changes", (PyCFunction)(void (*)(void))udng_native_table_changes, METH_FASTCALL,
+     "table_changes(buf, slots, start, end, dead, changed, hot) -> (changes, rest_dead, rest_changed): "
+     "a merge's (offset, new value bytes or None) for the keys the compiled probe and packer decide."},
     {"table_index", (PyCFunction)(void (*)(void))udng_native_table_index, METH_FASTCALL,
      "table_index(buf, slots, start, end, count): write the index of the entries start..end."},
     {"table_chunk", (PyCFunction)(void (*)(void))udng_native_table_chunk, METH_FASTCALL,

@@ -18,7 +18,7 @@ from typing import Any, List, Optional
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["pack_map", "pack_pairs", "unpack_simple", "tuple_hook"]
+__all__ = ["pack_map", "pack_pairs", "pack_value", "unpack_simple", "tuple_hook"]
 
 _SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 _packer = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True)
@@ -45,6 +45,18 @@ def _packed_pair(key: Any, value: Any, threshold: int, out: List[bytes]) -> bool
     out.append(_pack(key))
     out.append(_pack(value))
     return True
+
+
+def pack_value(value: Any) -> Optional[bytes]:
+    """``codec.dumps(value)`` of a scalar or a tuple of at most 15 scalars;
+    None (declined) for anything else (the compiled ``udng_pack_value``)."""
+    out: List[bytes] = []
+    try:
+        if not _packed_pair(None, value, 0, out):
+            return None
+    except (OverflowError, ValueError, UnicodeEncodeError):
+        return None
+    return out[1]
 
 
 def pack_map(obj: Any, threshold: int) -> Optional[bytes]:

@@ -27,6 +27,12 @@
  *       A merged dump's entries (table_layout.py, "Merge"): the old table's
  *       entries with the (offset, new value bytes or None) changes applied,
  *       the runs between them copied as bytes; dst None only counts them.
+ *   table_changes(buf, slots, start, end, dead, changed, hot)
+ *       The changes a merge makes (dumps.py): (offset, None) for each key of
+ *       the set `dead`, (offset, encoded hot[key]) for each of the set
+ *       `changed`, for the exact str and int keys the probe decides and the
+ *       values udng_pack_value encodes; the rest in two lists for the
+ *       caller.  Returns (changes, rest_dead, rest_changed).
  *   table_index(buf, slots, start, end, count)
  *       Writes the index of the entries between start and end.
  *   table_chunk(buf, start, end, off, most)
@@ -72,6 +78,7 @@
 #define T_TAG_MASK (~T_OFFSET_MASK)
 
 int udng_key_hash_common(PyObject *key, uint64_t *out);          /* keyhash.c */
+PyObject *udng_pack_value(PyObject *v);                             /* _native.c */
 uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n); /* _native.c */
 Py_ssize_t udng_mp_skip(const unsigned char *p, Py_ssize_t n);       /* _native.c */
 PyObject *udng_simple_value(const unsigned char *p, Py_ssize_t n);    /* unpack.c */
@@ -948,5 +955,116 @@ done:
     PyBuffer_Release(&in);
     if (!dry)
         PyBuffer_Release(&out);
+    return result;
+}
+
+/* The offset of the checked entry of t holding the exact str or int `key`
+ * (found by its encoding, as table_get's offset probe), or 0 when this probe
+ * does not find it or does not decide (another type, an entry of its hash
+ * holding other bytes, an int beyond 64 bits, a str no key can be, a damaged
+ * entry): the caller's Python path decides then, and raises what it must.
+ * Never leaves an error set. */
+static uint64_t
+view_locate(const table_view *t, PyObject *key)
+{
+    const char *data = "";
+    Py_ssize_t n = 0;
+    unsigned char head[9];
+    size_t hl;
+    uint64_t h;
+    int is_int = PyLong_CheckExact(key);
+    if (is_int) {
+        if (udng_key_hash_common(key, &h) != 1 || (hl = int_encoding(key, head)) == 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    } else if (!PyUnicode_CheckExact(key) || exact_key(key, &data, &n, head, &hl, &h) != 1) {
+        PyErr_Clear();
+        return 0;
+    }
+    const unsigned char *e;
+    uint32_t kl, vl;
+    int same_hash = 0;
+    if (probe_exact(t, h, head, hl, data, n, &e, &kl, &vl, is_int ? &same_hash : NULL) != NULL || e == NULL)
+        return 0;
+    return (uint64_t)(e - t->b);
+}
+
+/* Append (offset, value) -- value NULL: None -- to `changes`: 0, or -1 with an error set. */
+static int
+append_change(PyObject *changes, uint64_t off, PyObject *value)
+{
+    PyObject *item = Py_BuildValue("(KO)", (unsigned long long)off, value != NULL ? value : Py_None);
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(changes, item);
+    Py_DECREF(item);
+    return r;
+}
+
+/* table_changes(buf, slots, start, end, dead, changed, hot) -> (changes,
+ * rest_dead, rest_changed): a merge's changes in one call (dumps._merge),
+ * so that a dump of a big dict does not pay a Python probe and a codec call
+ * per changed key.  `changes` (unsorted) holds (offset, None) for each key of
+ * the set `dead` and (offset, the codec's bytes of hot[key]) for each key of
+ * the set `changed` whose entry view_locate finds and, for a changed key,
+ * whose value udng_pack_value encodes; the keys it leaves are listed in
+ * rest_dead and rest_changed, for the caller's general path (which also
+ * raises for a key with no entry or a damaged one).  Only exact str and int
+ * keys are looked up in `hot`, so no Python code runs while the sets are
+ * iterated. */
+PyObject *
+udng_native_table_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyAnySet_CheckExact(args[4]) || !PyAnySet_CheckExact(args[5]) || !PyDict_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "table_changes(buf, slots, start, end, dead: set, changed: set, hot: dict)");
+        return NULL;
+    }
+    Py_buffer pb;
+    table_view t;
+    if (view_args(args, &pb, &t) < 0)
+        return NULL;
+    PyObject *hot = args[6], *result = NULL, *it = NULL, *key;
+    PyObject *changes = PyList_New(0), *rest_dead = PyList_New(0), *rest_changed = PyList_New(0);
+    if (changes == NULL || rest_dead == NULL || rest_changed == NULL)
+        goto done;
+    for (int pass = 0; pass < 2; pass++) {
+        PyObject *rest = pass == 0 ? rest_dead : rest_changed;
+        Py_XDECREF(it);
+        it = PyObject_GetIter(args[4 + pass]);
+        if (it == NULL)
+            goto done;
+        while ((key = PyIter_Next(it)) != NULL) {
+            uint64_t off = 0;
+            PyObject *value = NULL;
+            int r = 0;
+            if (PyUnicode_CheckExact(key) || PyLong_CheckExact(key)) {
+                if (pass == 1) {
+                    PyObject *v = PyDict_GetItemWithError(hot, key);  /* (borrowed) */
+                    if (v == NULL && PyErr_Occurred())
+                        r = -1;
+                    else if (v != NULL && (value = udng_pack_value(v)) == NULL && PyErr_Occurred())
+                        r = -1;
+                }
+                if (r == 0 && (pass == 0 || value != NULL))
+                    off = view_locate(&t, key);
+            }
+            if (r == 0)
+                r = off ? append_change(changes, off, value) : PyList_Append(rest, key);
+            Py_XDECREF(value);
+            Py_DECREF(key);
+            if (r < 0)
+                goto done;
+        }
+        if (PyErr_Occurred())
+            goto done;
+    }
+    result = PyTuple_Pack(3, changes, rest_dead, rest_changed);
+done:
+    Py_XDECREF(it);
+    Py_XDECREF(changes);
+    Py_XDECREF(rest_dead);
+    Py_XDECREF(rest_changed);
+    PyBuffer_Release(&pb);
     return result;
 }

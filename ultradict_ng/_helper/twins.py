@@ -7,7 +7,8 @@ and no other module knows which (the msgpack ``fallback.py`` / py-lmdb
 compares each pair on generated inputs, and CI runs the whole suite on both.
 The atomic words are in :mod:`.words`, the packers of big dicts and
 their values' decoder in :mod:`.packing`, the walks over a table's entries
-in :mod:`.tablewalk` (all re-exported here).
+in :mod:`.tablewalk`, the probe of a table in :mod:`.tableprobe` (all
+re-exported here).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import layout as L
 from .. import table_layout as TL
-from .._codec.keyhash import key_hash
 from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
+from .tableprobe import key_hash_common, table_candidates, table_changes, table_get
 from .tablewalk import entry_checked, table_chunk, table_merge, table_rows
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
@@ -32,7 +33,7 @@ __all__ = [
     "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "TableCacheBase", "ViewBase", "CacheGet",
     "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
     "crc32", "set_immutable_types", "set_root_write", "key_hash_common", "table_get", "table_candidates",
-    "table_fill", "table_merge", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
+    "table_fill", "table_merge", "table_changes", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
     "pack_map", "pack_pairs", "unpack_simple", "tuple_hook", "table_rows", "first_to_export",
 ]
 
@@ -365,106 +366,8 @@ def crc32(data: Any, value: int = 0) -> int:
     return zlib.crc32(data, value)
 
 
-_COMMON_KEY_TYPES = frozenset({str, bytes, int, bool, float, type(None)})
-
-
-def key_hash_common(key: Any) -> Optional[int]:
-    """``key_hash(key)`` for the types the compiled one hashes itself (str,
-    bytes, int, bool, float, None), else None: the caller then calls
-    ``key_hash``.  A str with lone surrogates: None too (``key_hash`` raises)."""
-    t = type(key)
-    if t not in _COMMON_KEY_TYPES:
-        return None
-    if t is str:
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            return None
-    return key_hash(key)
-
-
-# -- the probe of a shared table (table_layout.py, "Probe") ------------------------------
-
 _table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
 _TE = TL.TABLE_ENTRY_HEADER
-
-
-def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
-    if slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf):
-        raise ValueError("table bounds do not fit the buffer")
-
-
-def _table_chain(buf: Any, slots: int, start: int, end: int,
-                 h: int) -> Iterator[Union[str, Tuple[int, int, int]]]:
-    """The checked entries on ``h``'s chain whose full hash is ``h``, as
-    ``(offset, key length, value length)``; a damage message (str) ends it."""
-    mask = slots - 1
-    tag = h & TL.TABLE_TAG_MASK
-    i = h & mask
-    for _ in range(slots):
-        s = int.from_bytes(buf[TL.TABLE_HEADER + 8 * i:TL.TABLE_HEADER + 8 * i + 8], sys.byteorder)
-        if not s:
-            return
-        i = (i + 1) & mask
-        if s & TL.TABLE_TAG_MASK != tag:
-            continue
-        off = s & TL.TABLE_OFFSET_MASK
-        checked = entry_checked(buf, start, end, off)
-        if isinstance(checked, str):
-            yield checked
-            return
-        eh, kl, vl = checked
-        if eh == h:
-            yield off, kl, vl
-    yield "table index has no empty slot"
-
-
-def table_get(buf: Any, slots: int, start: int, end: int, key: Union[str, bytes, int],
-              offset: bool = False) -> Union[bytes, int, str, None]:
-    """The value bytes of a str or bytes ``key`` (compared as its msgpack
-    encoding, which is exact for these types), None, or a damage message.
-    With ``offset``, the checked entry's offset instead (0: absent), and an
-    int key too, by its own encoding: -1 when that does not decide (an entry
-    of its hash holds other bytes -- an equal key of another type: 1.0,
-    True -- or the int is outside the 64-bit range)."""
-    is_int = offset and type(key) is int
-    if offset and type(key) is int:
-        if not -(1 << 63) <= key < (1 << 64):
-            return -1
-    elif type(key) not in (str, bytes):
-        raise TypeError("table_get takes a str or bytes key")
-    h = key_hash_common(key)
-    if h is None:  # lone surrogates: never a key
-        return 0 if offset else None
-    _table_check(buf, slots, start, end)
-    encoded = msgpack.packb(key, use_bin_type=True)
-    same_hash = False
-    with memoryview(buf) as mv:
-        for found in _table_chain(mv, slots, start, end, h):
-            if isinstance(found, str):
-                return found
-            off, kl, vl = found
-            if mv[off + _TE:off + _TE + kl] == encoded:
-                return off if offset else bytes(mv[off + _TE + kl:off + _TE + kl + vl])
-            same_hash = True
-    if offset:
-        return -1 if is_int and same_hash else 0
-    return None
-
-
-def table_candidates(buf: Any, slots: int, start: int, end: int,
-                     h: int) -> Union[List[Tuple[bytes, bytes]], str]:
-    """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
-    on its chain, or a damage message."""
-    _table_check(buf, slots, start, end)
-    out: List[Tuple[bytes, bytes]] = []
-    with memoryview(buf) as mv:
-        for found in _table_chain(mv, slots, start, end, h):
-            if isinstance(found, str):
-                return found
-            off, kl, vl = found
-            out.append((bytes(mv[off + _TE:off + _TE + kl]), bytes(mv[off + _TE + kl:off + _TE + kl + vl])))
-    return out
 
 
 def _map_count(packed: Any) -> Tuple[int, int]:

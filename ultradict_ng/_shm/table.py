@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union,
-                    cast)
+from operator import itemgetter
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union, cast
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -51,6 +51,7 @@ __all__ = ["Table", "Merge", "table_size", "write_table", "write_map", "map_size
 
 _Buffer = Union[bytes, bytearray, memoryview]
 Entry = Tuple[int, _Buffer, _Buffer]
+_first = itemgetter(0)
 
 _header = struct.Struct(L.TABLE_FORMAT)
 _map_header: Callable[[int], bytes] = msgpack.Packer().pack_map_header
@@ -371,27 +372,28 @@ class Merge:
     """A new table planned from an old one and the changes made since.
 
     The caller says, in the old table's terms, what became of its entries --
-    ``removed`` (offsets of entries deleted, including those deleted and set
-    again, which move to the end as a ``dict`` moves them), ``replaced``
-    (offset -> new value bytes: an overwrite keeps the key's place) -- and
-    lists the ``appended`` entries in insertion order.  Both planning and
+    ``changes``, ``(offset, None)`` for an entry deleted (also one deleted and
+    set again, which moves to the end as a ``dict`` moves it) and ``(offset,
+    new value bytes)`` for one overwritten (it keeps the key's place), in any
+    order, one per entry -- and lists the ``appended`` entries in insertion
+    order.  Both planning and
     writing are one compiled pass over the changes (``table_merge``): the
     changed entries are read and checked, the runs of unchanged entries
     between them copied as bytes, never walked; an entry whose value
     changed keeps its key bytes and gets a new checksum.
     """
 
-    def __init__(self, old: Table, removed: Set[int], replaced: Mapping[int, _Buffer],
+    def __init__(self, old: Table, changes: List[Tuple[int, Optional[bytes]]],
                  appended: Sequence[Entry]) -> None:
         self.old = old
-        self._changes: List[Tuple[int, Optional[bytes]]] = sorted(
-            [(off, None) for off in removed]
-            + [(off, bytes(v)) for off, v in replaced.items() if off not in removed])
+        changes.sort(key=_first)  # (table_merge refuses an entry changed twice)
+        self._changes = changes
+        removed = sum(1 for _, v in changes if v is None)
         self._appended = list(appended)
         size = self._merged(None, 0)  # (the old entries' bytes after the changes: counted, not written)
         for _, kb, vb in self._appended:
             size += entry_size(len(kb), len(vb))
-        self.count = old.count - len(removed) + len(appended)
+        self.count = old.count - removed + len(appended)
         self.entries_bytes = size
         self.size = table_size(self.count, size)
 

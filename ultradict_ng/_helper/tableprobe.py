@@ -1,0 +1,148 @@
+"""Pure-Python twins of the compiled probe of a shared table (table.c;
+table_layout.py, "Probe"): ``key_hash_common`` (keyhash.c), ``table_get``,
+``table_candidates``, and ``table_changes`` (a merge's changes for the keys
+the probe decides).
+
+Re-exported by :mod:`.twins`; tests/test_native.py compares them with the
+compiled ones.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+from .. import table_layout as TL
+from .._codec.keyhash import key_hash
+from .packing import pack_value
+from .tablewalk import entry_checked
+
+__all__ = ["key_hash_common", "table_get", "table_candidates", "table_changes"]
+
+_COMMON_KEY_TYPES = frozenset({str, bytes, int, bool, float, type(None)})
+
+
+def key_hash_common(key: Any) -> Optional[int]:
+    """``key_hash(key)`` for the types the compiled one hashes itself (str,
+    bytes, int, bool, float, None), else None: the caller then calls
+    ``key_hash``.  A str with lone surrogates: None too (``key_hash`` raises)."""
+    t = type(key)
+    if t not in _COMMON_KEY_TYPES:
+        return None
+    if t is str:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return key_hash(key)
+
+
+_TE = TL.TABLE_ENTRY_HEADER
+
+
+def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
+    if slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf):
+        raise ValueError("table bounds do not fit the buffer")
+
+
+def _table_chain(buf: Any, slots: int, start: int, end: int,
+                 h: int) -> Iterator[Union[str, Tuple[int, int, int]]]:
+    """The checked entries on ``h``'s chain whose full hash is ``h``, as
+    ``(offset, key length, value length)``; a damage message (str) ends it."""
+    mask = slots - 1
+    tag = h & TL.TABLE_TAG_MASK
+    i = h & mask
+    for _ in range(slots):
+        s = int.from_bytes(buf[TL.TABLE_HEADER + 8 * i:TL.TABLE_HEADER + 8 * i + 8], sys.byteorder)
+        if not s:
+            return
+        i = (i + 1) & mask
+        if s & TL.TABLE_TAG_MASK != tag:
+            continue
+        off = s & TL.TABLE_OFFSET_MASK
+        checked = entry_checked(buf, start, end, off)
+        if isinstance(checked, str):
+            yield checked
+            return
+        eh, kl, vl = checked
+        if eh == h:
+            yield off, kl, vl
+    yield "table index has no empty slot"
+
+
+def table_get(buf: Any, slots: int, start: int, end: int, key: Union[str, bytes, int],
+              offset: bool = False) -> Union[bytes, int, str, None]:
+    """The value bytes of a str or bytes ``key`` (compared as its msgpack
+    encoding, which is exact for these types), None, or a damage message.
+    With ``offset``, the checked entry's offset instead (0: absent), and an
+    int key too, by its own encoding: -1 when that does not decide (an entry
+    of its hash holds other bytes -- an equal key of another type: 1.0,
+    True -- or the int is outside the 64-bit range)."""
+    is_int = offset and type(key) is int
+    if offset and type(key) is int:
+        if not -(1 << 63) <= key < (1 << 64):
+            return -1
+    elif type(key) not in (str, bytes):
+        raise TypeError("table_get takes a str or bytes key")
+    h = key_hash_common(key)
+    if h is None:  # lone surrogates: never a key
+        return 0 if offset else None
+    _table_check(buf, slots, start, end)
+    encoded = msgpack.packb(key, use_bin_type=True)
+    same_hash = False
+    with memoryview(buf) as mv:
+        for found in _table_chain(mv, slots, start, end, h):
+            if isinstance(found, str):
+                return found
+            off, kl, vl = found
+            if mv[off + _TE:off + _TE + kl] == encoded:
+                return off if offset else bytes(mv[off + _TE + kl:off + _TE + kl + vl])
+            same_hash = True
+    if offset:
+        return -1 if is_int and same_hash else 0
+    return None
+
+
+def table_candidates(buf: Any, slots: int, start: int, end: int,
+                     h: int) -> Union[List[Tuple[bytes, bytes]], str]:
+    """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
+    on its chain, or a damage message."""
+    _table_check(buf, slots, start, end)
+    out: List[Tuple[bytes, bytes]] = []
+    with memoryview(buf) as mv:
+        for found in _table_chain(mv, slots, start, end, h):
+            if isinstance(found, str):
+                return found
+            off, kl, vl = found
+            out.append((bytes(mv[off + _TE:off + _TE + kl]), bytes(mv[off + _TE + kl:off + _TE + kl + vl])))
+    return out
+
+
+def table_changes(buf: Any, slots: int, start: int, end: int, dead: Set[Any], changed: Set[Any],
+                  hot: Dict[Any, Any]) -> Tuple[List[Tuple[int, Optional[bytes]]], List[Any], List[Any]]:
+    """``(changes, rest_dead, rest_changed)``: ``(offset, None)`` for each key
+    of ``dead`` and ``(offset, the codec's bytes of hot[key])`` for each of
+    ``changed`` whose entry the offset probe finds (exact str and int keys)
+    and, for a changed key, whose value :func:`.packing.pack_value` encodes;
+    the keys left over, in two lists, for the caller's general path."""
+    if type(dead) not in (set, frozenset) or type(changed) not in (set, frozenset) or type(hot) is not dict:
+        raise TypeError("table_changes(buf, slots, start, end, dead: set, changed: set, hot: dict)")
+    _table_check(buf, slots, start, end)
+    changes: List[Tuple[int, Optional[bytes]]] = []
+    rests: Tuple[List[Any], List[Any]] = ([], [])
+    for keys, rest, new in ((dead, rests[0], False), (changed, rests[1], True)):
+        for key in keys:
+            off, value = 0, None
+            if type(key) is str or type(key) is int:
+                if new and key in hot:
+                    value = pack_value(hot[key])
+                if not new or value is not None:
+                    got = table_get(buf, slots, start, end, key, True)
+                    off = got if type(got) is int and got > 0 else 0
+            if off:
+                changes.append((off, value))
+            else:
+                rest.append(key)
+    return changes, rests[0], rests[1]
