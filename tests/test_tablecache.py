@@ -302,7 +302,7 @@ TestWriter.settings = settings(max_examples=soak_scaled(40), stateful_step_count
 
 
 class RepackingWriterMachine(WriterMachine):
-    """The same with the default MERGE_FRACTION: most of these small dicts'
+    """The same with the default MERGE_FRACTION: many of these small dicts'
     dumps change too many keys to merge, and repack the cache whole."""
 
     merge_fraction = dumps.MERGE_FRACTION
