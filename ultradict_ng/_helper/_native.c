@@ -1239,13 +1239,7 @@ static PyTypeObject ProcessStateType = {
  * pure-Python twins are in twins.py (their transaction writes take the
  * Python path). */
 
-static PyObject *str_hot;    /* "hot": a TableCache's dict of decoded values */
-static PyObject *str_dead;   /* "dead": its set of the table's deleted keys */
-static PyObject *str_probe;  /* "_probe": its (buf, slots, start, end), or None */
-static PyObject *str_limit;  /* "_limit": the most clean rows it keeps, or None */
-static PyObject *str_evict;  /* "evict": drops the older half of them */
-static PyObject *str_fresh;  /* "fresh": its keys set since the dump */
-static PyObject *str_changed;  /* "changed": its table keys whose value may not be the row's */
+static PyObject *str_evict;  /* "evict": a TableCache's drop of the older half of its clean rows */
 
 typedef struct {
     PyObject_HEAD
@@ -1263,20 +1257,18 @@ typedef struct {
     Py_ssize_t tx_threshold; /* bytes values this long go to blobs (0: never) */
     Py_ssize_t tx_blob_index;/* index of BLOB_NEXT in state_words */
     long tx_op_set;
-    /* A big dict's cache (`data` a TableCache): its `hot` dict and `dead`
-     * set, taken when `data` is set (a TableCache never rebinds them), so
-     * that the read path looks them up without an attribute lookup. */
-    PyObject *hot;
-    PyObject *dead;
-    /* Its `fresh` dict and `changed` set: while both are empty, every value
-     * in `hot` is a row the decoder made (a scalar or a tuple of scalars),
-     * handed out without looking at its items. */
-    PyObject *fresh;
-    PyObject *changed;
-    /* Its `_limit`: the most clean rows `hot` keeps (-1: no bound), past
-     * which table_miss asks its `evict` first, or (0) keeps none. */
-    Py_ssize_t limit;
 } StoreBaseObject;
+
+/* A big dict's cache (`data` a TableCache) is read where its fields lie, in
+ * its compiled base (tablecache.c): `hot` (decoded values), `dead` (the
+ * table's keys deleted since), `fresh` and `changed` (while both are empty,
+ * every value in `hot` is a row the decoder made -- a scalar or a tuple of
+ * scalars -- handed out without looking at its items), `_probe` (its table)
+ * and `_limit` (the most clean rows `hot` keeps, -1 none, past which
+ * table_miss asks its `evict` first, or 0: none kept). */
+int udng_tablecache_state(PyObject *cache, PyObject **hot, PyObject **dead, PyObject **fresh,
+                          PyObject **changed, PyObject **probe, Py_ssize_t *limit); /* tablecache.c */
+#include "tablecache.h"
 
 static int
 sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
@@ -1286,10 +1278,6 @@ sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
     Py_VISIT(self->state_words);
     Py_VISIT(self->pos);
     Py_VISIT(self->tx_stream);
-    Py_VISIT(self->hot);
-    Py_VISIT(self->dead);
-    Py_VISIT(self->fresh);
-    Py_VISIT(self->changed);
     return 0;
 }
 
@@ -1302,10 +1290,6 @@ sb_clear(StoreBaseObject *self)
     Py_CLEAR(self->pos);
     self->tx_thread = 0;
     Py_CLEAR(self->tx_stream);
-    Py_CLEAR(self->hot);
-    Py_CLEAR(self->dead);
-    Py_CLEAR(self->fresh);
-    Py_CLEAR(self->changed);
     return 0;
 }
 
@@ -1388,9 +1372,7 @@ sb_set_pos(StoreBaseObject *self, PyObject *value, void *closure)
     return 0;
 }
 
-/* `data`: the cache; setting a big dict's TableCache also takes its `hot`,
- * `dead`, `fresh` and `changed` (an attribute missing or of another type
- * leaves them all unset: the read path then answers nothing from it). */
+/* `data`: the cache (a dict, or a big dict's TableCache). */
 static PyObject *
 sb_get_data(StoreBaseObject *self, void *closure)
 {
@@ -1405,43 +1387,8 @@ sb_get_data(StoreBaseObject *self, void *closure)
 static int
 sb_set_data(StoreBaseObject *self, PyObject *value, void *closure)
 {
-    PyObject *hot = NULL, *dead = NULL, *fresh = NULL, *changed = NULL;
-    Py_ssize_t limit = -1;
-    if (value != NULL && !PyDict_CheckExact(value)) {
-        hot = PyObject_GetAttr(value, str_hot);
-        dead = hot == NULL ? NULL : PyObject_GetAttr(value, str_dead);
-        fresh = dead == NULL ? NULL : PyObject_GetAttr(value, str_fresh);
-        changed = fresh == NULL ? NULL : PyObject_GetAttr(value, str_changed);
-        if (changed == NULL || !PyDict_CheckExact(hot) || !PyAnySet_CheckExact(dead) ||
-            !PyDict_CheckExact(fresh) || !PyAnySet_CheckExact(changed)) {
-            PyErr_Clear();
-            Py_CLEAR(hot);
-            Py_CLEAR(dead);
-            Py_CLEAR(fresh);
-            Py_CLEAR(changed);
-        }
-        PyObject *bound = changed == NULL ? NULL : PyObject_GetAttr(value, str_limit);
-        if (bound != NULL && bound != Py_None) {
-            limit = PyLong_AsSsize_t(bound);
-            if (limit < 0) {  /* (not an int >= 0: the read path leaves the cache to Python) */
-                PyErr_Clear();
-                Py_CLEAR(hot);
-                Py_CLEAR(dead);
-                Py_CLEAR(fresh);
-                Py_CLEAR(changed);
-                limit = -1;
-            }
-        }
-        Py_XDECREF(bound);
-        PyErr_Clear();  /* (no `_limit`: no bound) */
-    }
     Py_XINCREF(value);
     Py_XSETREF(self->data, value);
-    Py_XSETREF(self->hot, hot);
-    Py_XSETREF(self->dead, dead);
-    Py_XSETREF(self->fresh, fresh);
-    Py_XSETREF(self->changed, changed);
-    self->limit = limit;
     return 0;
 }
 
@@ -1671,10 +1618,11 @@ cached_in(StoreBaseObject *s, PyObject *key, PyObject **out, int *row)
      * another thread then replace or close the cache.) */
     PyObject *data = s->data;
     int partial = !PyDict_CheckExact(data);
-    if (partial) {  /* (`hot` was taken from the TableCache when it was set) */
-        data = s->hot;
-        if (data == NULL || s->dead == NULL)
+    if (partial) {  /* (its `hot`, read in its compiled base) */
+        TableCacheBaseObject *c = udng_as_tablecache(data);
+        if (c == NULL || c->hot == NULL || !PyDict_CheckExact(c->hot) || c->dead == NULL)
             return 2;
+        data = c->hot;
     }
     Py_INCREF(data);
     PyObject *v = PyDict_GetItemWithError(data, key);  /* borrowed */
@@ -1682,8 +1630,12 @@ cached_in(StoreBaseObject *s, PyObject *key, PyObject **out, int *row)
     Py_DECREF(data);
     if (v != NULL) {
         *out = v;
-        if (partial && row != NULL)  /* (a key's __eq__ may have run code: `hot` is still the store's) */
-            *row = data == s->hot && PyDict_GET_SIZE(s->fresh) == 0 && PySet_GET_SIZE(s->changed) == 0;
+        if (partial && row != NULL) {  /* (a key's __eq__ may have run code: `hot` still the store's?) */
+            TableCacheBaseObject *c = udng_as_tablecache(s->data);
+            *row = c != NULL && data == c->hot && c->fresh != NULL && PyDict_CheckExact(c->fresh) &&
+                   PyDict_GET_SIZE(c->fresh) == 0 && c->changed != NULL && PyAnySet_CheckExact(c->changed) &&
+                   PySet_GET_SIZE(c->changed) == 0;
+        }
         return 1;
     }
     if (PyErr_Occurred())
@@ -1724,24 +1676,21 @@ int udng_tablecache_add(PyObject *m); /* tablecache.c */
 static int
 table_miss(StoreBaseObject *s, PyObject *cache, PyObject *key, PyObject **out)
 {
-    if (!PyUnicode_CheckExact(key) || s->data != cache || s->hot == NULL || s->dead == NULL)
+    PyObject *hot, *dead, *fresh, *changed, *probe, *v = NULL;
+    Py_ssize_t limit;
+    if (!PyUnicode_CheckExact(key) || s->data != cache ||
+        !udng_tablecache_state(cache, &hot, &dead, &fresh, &changed, &probe, &limit) || probe == NULL)
         return 2;
-    PyObject *hot = s->hot, *dead = s->dead;
     Py_INCREF(hot);
     Py_INCREF(dead);
-    PyObject *probe = PyObject_GetAttr(cache, str_probe), *v = NULL, *again = NULL;
+    Py_INCREF(probe);  /* (held: the check after the decode compares it by identity) */
     int r = 2;
-    if (probe == NULL) {
-        PyErr_Clear();
-        goto done;
-    }
     int gone = PySet_Contains(dead, key);
     if (gone != 0) {
         r = gone < 0 ? -1 : 0;
         goto done;
     }
-    if (s->limit > 0 && PyDict_GET_SIZE(hot) - PyDict_GET_SIZE(s->fresh) - PySet_GET_SIZE(s->changed)
-                        >= s->limit) {
+    if (limit > 0 && PyDict_GET_SIZE(hot) - PyDict_GET_SIZE(fresh) - PySet_GET_SIZE(changed) >= limit) {
         /* (before the probe: evict runs Python code, which may let a record
          * in; the checks after the decode see what it did) */
         PyObject *res = PyObject_CallMethodNoArgs(cache, str_evict);
@@ -1754,10 +1703,10 @@ table_miss(StoreBaseObject *s, PyObject *cache, PyObject *key, PyObject **out)
     r = udng_table_row_simple(probe, key, &v);
     if (r != 1)
         goto done;
-    again = PyObject_GetAttr(cache, str_probe);
-    if (again != probe) {  /* (cleared meanwhile, or an error: decided in Python) */
-        PyErr_Clear();
-        r = 2;
+    PyObject *h2, *d2, *f2, *c2, *again;
+    Py_ssize_t l2;
+    if (!udng_tablecache_state(cache, &h2, &d2, &f2, &c2, &again, &l2) || again != probe) {
+        r = 2;  /* (the table cleared meanwhile: decided in Python) */
         goto done;
     }
     PyObject *set = PyDict_GetItemWithError(hot, key);  /* borrowed */
@@ -1774,11 +1723,10 @@ table_miss(StoreBaseObject *s, PyObject *cache, PyObject *key, PyObject **out)
         r = 0;
         goto done;
     }
-    if (s->limit != 0 && PyDict_SetItem(hot, key, v) < 0)
+    if (limit != 0 && PyDict_SetItem(hot, key, v) < 0)
         r = -1;
 done:
-    Py_XDECREF(again);
-    Py_XDECREF(probe);
+    Py_DECREF(probe);
     Py_DECREF(hot);
     Py_DECREF(dead);
     if (r == 1)
@@ -2791,23 +2739,15 @@ PyInit__native(void)
     if (str_acquire == NULL || str_release == NULL)
         return NULL;
     str_getitem_slow = PyUnicode_InternFromString("_getitem_slow");
-    str_hot = PyUnicode_InternFromString("hot");
-    str_dead = PyUnicode_InternFromString("dead");
-    str_probe = PyUnicode_InternFromString("_probe");
-    str_limit = PyUnicode_InternFromString("_limit");
     str_evict = PyUnicode_InternFromString("evict");
-    if (str_limit == NULL || str_evict == NULL)
-        return NULL;
-    str_fresh = PyUnicode_InternFromString("fresh");
-    str_changed = PyUnicode_InternFromString("changed");
-    if (str_dead == NULL || str_probe == NULL || str_fresh == NULL || str_changed == NULL)
+    if (str_evict == NULL)
         return NULL;
     str_setitem_slow = PyUnicode_InternFromString("_setitem_slow");
     str_delitem_slow = PyUnicode_InternFromString("_delitem_slow");
     str_set_root = PyUnicode_InternFromString("set_root");
     if (str_set_root == NULL)
         return NULL;
-    if (str_getitem_slow == NULL || str_setitem_slow == NULL || str_delitem_slow == NULL || str_hot == NULL)
+    if (str_getitem_slow == NULL || str_setitem_slow == NULL || str_delitem_slow == NULL)
         return NULL;
     if (PyType_Ready(&WordsType) < 0 || PyType_Ready(&ProcessStateType) < 0 ||
         PyType_Ready(&StoreBaseType) < 0 || PyType_Ready(&ViewBaseType) < 0 ||

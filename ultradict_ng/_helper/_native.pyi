@@ -56,6 +56,7 @@ class TableCacheBase:
     fresh: Dict[Any, None]
     changed: Set[Any]
     _probe: Optional[Tuple[Any, int, int, int]]
+    _limit: Optional[int]
     def __setitem__(self, key: Any, value: Any) -> None: ...
     def __delitem__(self, key: Any) -> None: ...
 

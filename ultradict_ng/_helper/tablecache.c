@@ -9,8 +9,8 @@
  * str and int keys (the keys msgpack tables hold most), and everything else
  * goes to the subclass's `_setitem` / `_delitem`, which hold the rule in
  * full.  The fields are the cache's state (tablecache.py's docstring) that
- * the compiled read path also takes: `hot`, `dead`, `fresh`, `changed` and
- * `_probe`.
+ * the compiled read path reads where they lie (udng_tablecache_state): `hot`,
+ * `dead`, `fresh`, `changed`, `_probe` and `_limit`.
  *
  * The rule (TableCache._setitem): a key in `hot` is counted or fresh: its
  * value is replaced in place (order kept), and a counted one is `changed`.
@@ -25,16 +25,10 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "tablecache.h"
+
 int udng_table_locate(PyObject *probe, PyObject *key); /* table.c */
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *hot;
-    PyObject *dead;
-    PyObject *fresh;
-    PyObject *changed;
-    PyObject *probe;
-} TableCacheBaseObject;
 
 static PyObject *str_setitem, *str_delitem;
 
@@ -46,6 +40,7 @@ tcb_traverse(TableCacheBaseObject *self, visitproc visit, void *arg)
     Py_VISIT(self->fresh);
     Py_VISIT(self->changed);
     Py_VISIT(self->probe);
+    Py_VISIT(self->limit);
     return 0;
 }
 
@@ -57,6 +52,7 @@ tcb_clear(TableCacheBaseObject *self)
     Py_CLEAR(self->fresh);
     Py_CLEAR(self->changed);
     Py_CLEAR(self->probe);
+    Py_CLEAR(self->limit);
     return 0;
 }
 
@@ -148,10 +144,12 @@ static PyMemberDef tcb_members[] = {
      "counted keys whose value in hot may not be the table's"},
     {"_probe", T_OBJECT, offsetof(TableCacheBaseObject, probe), 0,
      "(buf, slots, start, end) of the table the compiled paths probe, or None"},
+    {"_limit", T_OBJECT, offsetof(TableCacheBaseObject, limit), 0,
+     "the most clean rows the cache keeps decoded (max_decoded), or None"},
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject TableCacheBaseType = {
+PyTypeObject udng_TableCacheBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "ultradict_ng._helper._native.TableCacheBase",
     .tp_basicsize = sizeof(TableCacheBaseObject),
@@ -165,17 +163,50 @@ static PyTypeObject TableCacheBaseType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* For _native.c's read path, which reads a big dict's cache where it lies
+ * instead of keeping copies of its fields: 1 when `cache` is a
+ * TableCacheBase whose `hot`, `dead`, `fresh` and `changed` are of their
+ * exact types and whose `_limit` is None or an int >= 0 -- the fields
+ * (borrowed), `_probe` (borrowed; NULL when unset) and the bound (-1: none)
+ * filled in; else 0, nothing filled in, no error set (the Python path
+ * decides). */
+int
+udng_tablecache_state(PyObject *cache, PyObject **hot, PyObject **dead, PyObject **fresh,
+                      PyObject **changed, PyObject **probe, Py_ssize_t *limit)
+{
+    TableCacheBaseObject *c = udng_as_tablecache(cache);
+    if (c == NULL || c->hot == NULL || !PyDict_CheckExact(c->hot) || c->dead == NULL || !PyAnySet_CheckExact(c->dead) ||
+        c->fresh == NULL || !PyDict_CheckExact(c->fresh) || c->changed == NULL ||
+        !PyAnySet_CheckExact(c->changed))
+        return 0;
+    Py_ssize_t bound = -1;
+    if (c->limit != NULL && c->limit != Py_None) {
+        bound = PyLong_CheckExact(c->limit) ? PyLong_AsSsize_t(c->limit) : -1;
+        if (bound < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    *hot = c->hot;
+    *dead = c->dead;
+    *fresh = c->fresh;
+    *changed = c->changed;
+    *probe = c->probe;
+    *limit = bound;
+    return 1;
+}
+
 /* Ready the type and add it to the module `m`: 0, or -1 with an error set. */
 int
 udng_tablecache_add(PyObject *m)
 {
     str_setitem = PyUnicode_InternFromString("_setitem");
     str_delitem = PyUnicode_InternFromString("_delitem");
-    if (str_setitem == NULL || str_delitem == NULL || PyType_Ready(&TableCacheBaseType) < 0)
+    if (str_setitem == NULL || str_delitem == NULL || PyType_Ready(&udng_TableCacheBaseType) < 0)
         return -1;
-    Py_INCREF(&TableCacheBaseType);
-    if (PyModule_AddObject(m, "TableCacheBase", (PyObject *)&TableCacheBaseType) < 0) {
-        Py_DECREF(&TableCacheBaseType);
+    Py_INCREF(&udng_TableCacheBaseType);
+    if (PyModule_AddObject(m, "TableCacheBase", (PyObject *)&udng_TableCacheBaseType) < 0) {
+        Py_DECREF(&udng_TableCacheBaseType);
         return -1;
     }
     return 0;

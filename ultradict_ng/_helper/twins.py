@@ -136,13 +136,14 @@ class TableCacheBase:
     compiled twin sets str and int keys itself, here every set and delete is
     the subclass's ``_setitem`` / ``_delitem``: the same rule, one call more."""
 
-    __slots__ = ("hot", "dead", "fresh", "changed", "_probe")
+    __slots__ = ("hot", "dead", "fresh", "changed", "_probe", "_limit")
 
     hot: Dict[Any, Any]
     dead: Set[Any]
     fresh: Dict[Any, None]
     changed: Set[Any]
     _probe: Optional[Tuple[Any, int, int, int]]
+    _limit: Optional[int]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._setitem(key, value)  # type: ignore[attr-defined]

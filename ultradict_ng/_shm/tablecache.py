@@ -87,7 +87,7 @@ class TableCache(TableCacheBase):
     mutex too, so that a record applied by another thread meanwhile (a delete)
     cannot be undone by the value it read before.  A hit takes no lock."""
 
-    __slots__ = ("table", "_loads", "_simple", "_keep", "_mutex", "_limit")  # (+ TableCacheBase's)
+    __slots__ = ("table", "_loads", "_simple", "_keep", "_mutex")  # (+ TableCacheBase's)
 
     def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any,
                  msgpack_values: bool = True, limit: Optional[int] = None) -> None:
@@ -104,15 +104,13 @@ class TableCache(TableCacheBase):
         self._mutex = mutex  # the reader's (reentrant: records' nested paths read through us)
         # The most clean rows ``hot`` keeps (None: all): the values decoded
         # from the table and not changed since, which the table holds too,
-        # so that dropping one loses nothing.  Read once, by the compiled
-        # path as well, when the store's ``data`` is set to us.
+        # so that dropping one loses nothing.
         self._limit = limit
         # What the compiled read path (_native.c, table_miss) probes and decodes
         # a str key's row from, and the compiled set (TableCacheBase) probes a
         # key with, without this class's frames; None when they may not
-        # (another serializer; the table no longer counted).  It takes
-        # ``hot``, ``dead``, ``fresh`` and ``changed`` once, when the store's
-        # ``data`` is set to us: none is ever rebound, only changed in place.
+        # (another serializer; the table no longer counted).  It reads our
+        # state where it lies, in the compiled base (tablecache.c).
         # While ``fresh`` and ``changed`` are empty, every value in ``hot`` is
         # a row the decoder made, which its hits hand out without a look at
         # the row's items (at a million keys, each one a likely cache miss).
