@@ -1266,8 +1266,6 @@ typedef struct {
  * scalars -- handed out without looking at its items), `_probe` (its table)
  * and `_limit` (the most clean rows `hot` keeps, -1 none, past which
  * table_miss asks its `evict` first, or 0: none kept). */
-int udng_tablecache_state(PyObject *cache, PyObject **hot, PyObject **dead, PyObject **fresh,
-                          PyObject **changed, PyObject **probe, Py_ssize_t *limit); /* tablecache.c */
 #include "tablecache.h"
 
 static int
@@ -1703,9 +1701,7 @@ table_miss(StoreBaseObject *s, PyObject *cache, PyObject *key, PyObject **out)
     r = udng_table_row_simple(probe, key, &v);
     if (r != 1)
         goto done;
-    PyObject *h2, *d2, *f2, *c2, *again;
-    Py_ssize_t l2;
-    if (!udng_tablecache_state(cache, &h2, &d2, &f2, &c2, &again, &l2) || again != probe) {
+    if (((TableCacheBaseObject *)cache)->probe != probe) {  /* (a TableCacheBase: checked above) */
         r = 2;  /* (the table cleared meanwhile: decided in Python) */
         goto done;
     }

@@ -31,4 +31,8 @@ udng_as_tablecache(PyObject *o)
     return NULL;
 }
 
+/* The whole state, checked (tablecache.c): 1 and the fields filled in, or 0. */
+int udng_tablecache_state(PyObject *cache, PyObject **hot, PyObject **dead, PyObject **fresh,
+                          PyObject **changed, PyObject **probe, Py_ssize_t *limit);
+
 #endif
