@@ -11,9 +11,13 @@ setup(
     ext_modules=[
         Extension(
             "ultradict_ng._helper._native",
-            sources=["ultradict_ng/_helper/_native.c", "ultradict_ng/_helper/keyhash.c",
-                     "ultradict_ng/_helper/table.c", "ultradict_ng/_helper/unpack.c",
-                     "ultradict_ng/_helper/tablecache.c"],
+            sources=[
+                "ultradict_ng/_helper/_native.c",
+                "ultradict_ng/_helper/keyhash.c",
+                "ultradict_ng/_helper/table.c",
+                "ultradict_ng/_helper/unpack.c",
+                "ultradict_ng/_helper/tablecache.c",
+            ],
             depends=["ultradict_ng/_helper/tablecache.h"],
             optional=True,
             extra_compile_args=["-O2", "-std=c99"],

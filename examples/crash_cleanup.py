@@ -110,12 +110,13 @@ def main() -> None:
                 raise SystemExit(f"FAILED: the lock holder died first (exit code {holder.exitcode})")
         if d.lock.acquire(blocking=False):
             raise SystemExit("FAILED: took a lock that a live process holds")
-        print(f"pid {holder.pid} holds the lock (a non-blocking acquire here returns False); "
-              "killing it now")
+        print(f"pid {holder.pid} holds the lock (a non-blocking acquire here returns False); killing it now")
         holder.kill()  # SIGKILL while holding d.lock
         holder.join(30)
-        print(f"pid {holder.pid} was SIGKILLed (exit code {holder.exitcode}); "
-              f"the lock word still names pid {d.lock.owner_pid}")
+        print(
+            f"pid {holder.pid} was SIGKILLed (exit code {holder.exitcode}); "
+            f"the lock word still names pid {d.lock.owner_pid}"
+        )
         if d.lock.owner_pid != holder.pid:
             raise SystemExit("FAILED: expected the dead process to still own the lock word")
 
@@ -131,8 +132,9 @@ def main() -> None:
                 if not taker.is_alive():
                     raise SystemExit(f"FAILED: the lock taker exited {taker.exitcode} without reporting")
         taker.join(30)
-        print(f"a fresh process (pid {taker.pid}) took the lock of dead pid {dead} "
-              f"after waiting {waited:.3f}s")
+        print(
+            f"a fresh process (pid {taker.pid}) took the lock of dead pid {dead} after waiting {waited:.3f}s"
+        )
         if taker.exitcode != 0 or waited > 2.0:
             raise SystemExit(f"FAILED: lock recovery took {waited:.3f}s (exit code {taker.exitcode})")
         if d["recovered_by"] != taker.pid or d["last_holder"] != holder.pid:

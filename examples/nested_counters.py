@@ -63,8 +63,10 @@ def main() -> None:
 
         counters = d["counters"].copy()
         expected = {k: KEYS.count(k) * N for k in ("a", "b")}
-        print(f"{len(procs)} spawned processes x {N} locked increments each "
-              f"({KEYS.count('a')} on 'a', {KEYS.count('b')} on 'b') in {elapsed:.2f}s")
+        print(
+            f"{len(procs)} spawned processes x {N} locked increments each "
+            f"({KEYS.count('a')} on 'a', {KEYS.count('b')} on 'b') in {elapsed:.2f}s"
+        )
         print(f"final counters: {counters}  (expected {expected})")
         if counters != expected:
             raise SystemExit(f"FAILED: lost or extra increments: {counters} != {expected}")

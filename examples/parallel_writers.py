@@ -73,8 +73,7 @@ def main() -> None:
     name = f"example-writers-{os.getpid()}"
     d = SharedDict({"counter": 0}, name=name, create=True)  # auto-unlinks on close
     ready, go = spawn.Semaphore(0), spawn.Event()
-    procs = [spawn.Process(target=writer, args=(d, i, KEYS_PER_WRITER, ready, go))
-             for i in range(WRITERS)]
+    procs = [spawn.Process(target=writer, args=(d, i, KEYS_PER_WRITER, ready, go)) for i in range(WRITERS)]
     try:
         for p in procs:
             p.start()
@@ -111,18 +110,26 @@ def main() -> None:
         final = d.copy()
 
         writes = 2 * total  # each step: one key write + one locked increment
-        print(f"{WRITERS} spawned writers x {KEYS_PER_WRITER} keys each, "
-              f"plus a locked shared counter after every key")
-        print(f"writes: {writes} in {elapsed:.2f}s = {writes / elapsed:,.0f} writes/s aggregate "
-              f"({total / elapsed:,.0f} keys/s + as many locked increments)")
-        print(f"parent meanwhile: {iterations} full iterations of d.items() "
-              f"({items_read:,} items read), none raised, every snapshot consistent")
+        print(
+            f"{WRITERS} spawned writers x {KEYS_PER_WRITER} keys each, "
+            f"plus a locked shared counter after every key"
+        )
+        print(
+            f"writes: {writes} in {elapsed:.2f}s = {writes / elapsed:,.0f} writes/s aggregate "
+            f"({total / elapsed:,.0f} keys/s + as many locked increments)"
+        )
+        print(
+            f"parent meanwhile: {iterations} full iterations of d.items() "
+            f"({items_read:,} items read), none raised, every snapshot consistent"
+        )
         print(f"final dict: {len(final)} entries, counter = {final.get('counter')}")
         if final != expected:
             missing = len(expected.keys() - final.keys())
             extra = len(final.keys() - expected.keys())
-            raise SystemExit(f"FAILED: final dict differs ({missing} missing, {extra} unexpected keys, "
-                             f"counter {final.get('counter')} != {total})")
+            raise SystemExit(
+                f"FAILED: final dict differs ({missing} missing, {extra} unexpected keys, "
+                f"counter {final.get('counter')} != {total})"
+            )
         print(f"OK: final content is exactly the {total} keys plus counter == {total}")
     finally:
         for p in procs:

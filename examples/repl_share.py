@@ -71,9 +71,11 @@ def writer(name: str) -> None:
     try:
         d = SharedDict(name=name, create=True)  # the creator: auto_unlink=True by default
     except AlreadyExists:
-        raise SystemExit(f"a shared dict named {name!r} already exists (another writer, or left "
-                         f"over by a killed one).  Pick another name, or remove it with:\n  "
-                         f"{_unlink_hint(name)}") from None
+        raise SystemExit(
+            f"a shared dict named {name!r} already exists (another writer, or left "
+            f"over by a killed one).  Pick another name, or remove it with:\n  "
+            f"{_unlink_hint(name)}"
+        ) from None
     except InvalidName as exc:
         raise SystemExit(str(exc)) from None
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -189,8 +191,9 @@ def demo() -> None:
     try:
         print(f"demo: created {name!r}; starting an unrelated interpreter:")
         print(f"demo:   {os.path.basename(sys.executable)} {os.path.relpath(script)} reader {name}")
-        proc = subprocess.Popen([sys.executable, script, "reader", name],
-                                stdout=subprocess.PIPE, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            [sys.executable, script, "reader", name], stdout=subprocess.PIPE, text=True, bufsize=1
+        )
 
         def relay_output() -> None:
             assert proc is not None and proc.stdout is not None
@@ -233,7 +236,7 @@ def demo() -> None:
         relay.join(10)
         if code != 0:
             raise SystemExit(f"FAILED: the reader exited with code {code}")
-        finals = [line[len(FINAL):] for line in lines if line.startswith(FINAL)]
+        finals = [line[len(FINAL) :] for line in lines if line.startswith(FINAL)]
         if not finals or ast.literal_eval(finals[-1]) != expected:
             raise SystemExit(f"FAILED: the reader's final view {finals} != {expected!r}")
         print(f"demo: the reader's final view equals the writer's dict ({len(expected)} keys)")

@@ -49,7 +49,7 @@ def reader(name: str, part: int, results: "multiprocessing.Queue[tuple]") -> Non
     frame = d["frame"]
     took = time.perf_counter() - t
     grew = rss() - before
-    chunk = frame[part * N // READERS:(part + 1) * N // READERS]
+    chunk = frame[part * N // READERS : (part + 1) * N // READERS]
     results.put((part, took, grew, float(chunk.sum()), frame.flags.writeable))
     d.close()
 
@@ -73,8 +73,10 @@ def main() -> int:
         ok = all(p.exitcode == 0 for p in procs)
         total = 0.0
         for part, took, grew, partial, writeable in got:
-            print(f"reader {part}: d['frame'] in {took * 1e3:.2f} ms, RSS +{grew / 2**20:.2f} MiB "
-                  f"before touching the data, read-only: {not writeable}")
+            print(
+                f"reader {part}: d['frame'] in {took * 1e3:.2f} ms, RSS +{grew / 2**20:.2f} MiB "
+                f"before touching the data, read-only: {not writeable}"
+            )
             ok = ok and took < 0.05 and grew < 16 << 20 and not writeable
             total += partial
         expected = float(arr.sum())

@@ -36,8 +36,7 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
-__all__ = ["ADAPTERS", "ORDER", "ALIASES", "Adapter", "Handle", "Unavailable", "attach_spec",
-           "close_child"]
+__all__ = ["ADAPTERS", "ORDER", "ALIASES", "Adapter", "Handle", "Unavailable", "attach_spec", "close_child"]
 
 PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -89,8 +88,7 @@ class Adapter:
     def version(self) -> str:
         return "-"
 
-    def create(self, initial: Optional[Dict[Any, Any]] = None, *,
-               fit_bytes: int = 0) -> Handle:
+    def create(self, initial: Optional[Dict[Any, Any]] = None, *, fit_bytes: int = 0) -> Handle:
         """A new dict holding ``initial``; ``fit_bytes``: the largest value it must hold."""
         raise NotImplementedError
 
@@ -285,7 +283,7 @@ def _mapped_shm() -> set:
                 for line in f:
                     i = line.find("/dev/shm/")
                     if i >= 0:
-                        names.add(line[i + 9:].split()[0])
+                        names.add(line[i + 9 :].split()[0])
         except OSError:
             continue
     return names
@@ -351,8 +349,7 @@ class UltraAdapter(Adapter):
     #: Set only if a workload cannot run with the defaults (see :meth:`fallback`).
     full_dump_size: Optional[int] = None
 
-    def _new(self, name: str, create: bool, fit_bytes: int = 0,
-             full_dump_size: Optional[int] = None) -> Any:
+    def _new(self, name: str, create: bool, fit_bytes: int = 0, full_dump_size: Optional[int] = None) -> Any:
         if not create:
             return self.UD(name=name, create=False)  # configuration comes from the creator
         kwargs: Dict[str, Any] = {}
@@ -369,14 +366,15 @@ class UltraAdapter(Adapter):
         if self.full_dump_size:
             return None
         self.full_dump_size = int(fit_bytes * 1.25) + (1 << 20)
-        return (f"{self.label}: failed with its defaults for {fit_bytes:,}-byte values; retried with "
-                f"full_dump_size={self.full_dump_size:,}")
+        return (
+            f"{self.label}: failed with its defaults for {fit_bytes:,}-byte values; retried with "
+            f"full_dump_size={self.full_dump_size:,}"
+        )
 
     def create(self, initial=None, *, fit_bytes=0, full_dump_size=None):
         name = self.run.new_name()
         dumps: List[str] = []
-        self.run.own(name, lambda: _ultra_unlink_all(name, dumps + [_ultra_dump_name(name)]),
-                     self.label)
+        self.run.own(name, lambda: _ultra_unlink_all(name, dumps + [_ultra_dump_name(name)]), self.label)
         d = self._new(name, True, fit_bytes, full_dump_size)
         if initial:
             if not UltraAdapter._seed_noted:
@@ -385,7 +383,8 @@ class UltraAdapter(Adapter):
                     "UltraDict: large dicts are seeded by filling its local data and calling its "
                     "dump() once (same end state as UltraDict(initial); that path appends one "
                     "stream record per key and re-dumps the whole dict every ~300 keys with the "
-                    "10 kB default buffer: O(n^2), hours at 1M keys)")
+                    "10 kB default buffer: O(n^2), hours at 1M keys)"
+                )
             with d.lock:
                 d.data.update(initial)
                 d.dump()
@@ -472,8 +471,10 @@ class SmdAdapter(Adapter):
         self.SMD = SharedMemoryDict
         # It has no cross-process lock of its own: the locked workloads use this.
         self.lock = self.run.ctx.Lock()
-        self.run.note("shared-memory-dict: no lock of its own; the locked workloads (3, 4) use a "
-                      "multiprocessing.Lock (spawn context) passed to every process")
+        self.run.note(
+            "shared-memory-dict: no lock of its own; the locked workloads (3, 4) use a "
+            "multiprocessing.Lock (spawn context) passed to every process"
+        )
 
     def version(self) -> str:
         return _version("shared-memory-dict")
@@ -561,8 +562,10 @@ class ManagerAdapter(Adapter):
     def _mgr(self) -> Any:
         if self.manager is None:
             self.manager = self.run.ctx.Manager()
-            self.run.note("Manager().dict(): locked workloads use manager.Lock(); its server "
-                          "process is started once and shut down at the end")
+            self.run.note(
+                "Manager().dict(): locked workloads use manager.Lock(); its server "
+                "process is started once and shut down at the end"
+            )
         return self.manager
 
     def create(self, initial=None, *, fit_bytes=0):
@@ -658,7 +661,8 @@ class RedisAdapter(Adapter):
             f"redis: private redis-server {self.server.version()} on 127.0.0.1:{self.server.port} "
             "(--save '' --appendonly no); m[k] = GET/SET of pickled values; the locked workloads "
             f"use a redis-py Lock around GET+SET with sleep={REDIS_LOCK_SLEEP} (its default polling "
-            "interval is 0.1 s)")
+            "interval is 0.1 s)"
+        )
 
     def version(self) -> str:
         return f"redis-py {_version('redis')}, server {self.server.version() if self.server else '-'}"
@@ -673,22 +677,25 @@ class RedisAdapter(Adapter):
         if initial:
             items = list(initial.items())
             for i in range(0, len(items), 10_000):
-                self.client.mset({prefix + str(k): pickle.dumps(v, PICKLE)
-                                  for k, v in items[i:i + 10_000]})
-        return Handle(RedisMap(self.client, prefix), self._lock(self.client, prefix), name,
-                      {"prefix": prefix})
+                self.client.mset({prefix + str(k): pickle.dumps(v, PICKLE) for k, v in items[i : i + 10_000]})
+        return Handle(
+            RedisMap(self.client, prefix), self._lock(self.client, prefix), name, {"prefix": prefix}
+        )
 
     def open_second(self, h):
         client = self.redis.Redis(host="127.0.0.1", port=self.server.port)
-        return Handle(RedisMap(client, h.extra["prefix"]), self._lock(client, h.extra["prefix"]),
-                      h.name, {"client": client, **h.extra})
+        return Handle(
+            RedisMap(client, h.extra["prefix"]),
+            self._lock(client, h.extra["prefix"]),
+            h.name,
+            {"client": client, **h.extra},
+        )
 
     def close_second(self, h2):
         h2.extra["client"].close()
 
     def child_spec(self, h):
-        return {"adapter": self.key, "name": h.name, "port": self.server.port,
-                "prefix": h.extra["prefix"]}
+        return {"adapter": self.key, "name": h.name, "port": self.server.port, "prefix": h.extra["prefix"]}
 
     def destroy(self, h):
         prefix = h.extra["prefix"]
@@ -736,8 +743,12 @@ class RedisAdapter(Adapter):
 
         client = redis.Redis(host="127.0.0.1", port=spec["port"])
         prefix = spec["prefix"]
-        return Handle(RedisMap(client, prefix), client.lock(prefix + "__lock__", sleep=REDIS_LOCK_SLEEP),
-                      spec["name"], {"client": client})
+        return Handle(
+            RedisMap(client, prefix),
+            client.lock(prefix + "__lock__", sleep=REDIS_LOCK_SLEEP),
+            spec["name"],
+            {"client": client},
+        )
 
     @classmethod
     def child_close(cls, h):
@@ -867,7 +878,7 @@ def _copy_into(buf: Any, offset: int, value: Any) -> Dict[str, Any]:
     """Copy a bytes value or a numpy array into ``buf`` at ``offset``; its description."""
     n = _nbytes(value)
     if _is_bytes(value):
-        buf[offset:offset + n] = value
+        buf[offset : offset + n] = value
         return {"nbytes": n}
     import numpy as np
 
@@ -886,8 +897,8 @@ def _from_buffer(buf: Any, offset: int, spec: Dict[str, Any]) -> Any:
 
         return np.ndarray(tuple(spec["shape"]), np.dtype(spec["dtype"]), buffer=buf, offset=offset)
     if kind == "bytes":
-        return bytes(buf[offset:offset + n])
-    return buf[offset:offset + n].toreadonly()
+        return bytes(buf[offset : offset + n])
+    return buf[offset : offset + n].toreadonly()
 
 
 class _Transport(Adapter):
@@ -922,8 +933,9 @@ class ShmAdapter(_Transport):
     def big_write(self, state, key, value):
         from multiprocessing import shared_memory
 
-        seg = state["seg"] = shared_memory.SharedMemory(name=state["name"], create=True,
-                                                        size=max(1, _nbytes(value)))
+        seg = state["seg"] = shared_memory.SharedMemory(
+            name=state["name"], create=True, size=max(1, _nbytes(value))
+        )
         state["meta"] = _copy_into(seg.buf, 0, value)
 
     def big_spec(self, state):
@@ -986,19 +998,29 @@ class Pickle5Adapter(ShmAdapter):
         seg = state["seg"] = shared_memory.SharedMemory(name=state["name"], create=True, size=end)
         buf = seg.buf
         try:
-            struct.pack_into(f"<QQ{2 * len(layout)}Q", buf, 0, len(stream), len(layout),
-                             *[x for pair in layout for x in pair])
-            buf[head:head + len(stream)] = stream
+            struct.pack_into(
+                f"<QQ{2 * len(layout)}Q",
+                buf,
+                0,
+                len(stream),
+                len(layout),
+                *[x for pair in layout for x in pair],
+            )
+            buf[head : head + len(stream)] = stream
             for (off, n), r in zip(layout, raws):
-                buf[off:off + n] = r
+                buf[off : off + n] = r
         finally:
             del buf
             for r in raws:
                 r.release()
             for b in bufs:
                 b.release()
-        state["meta"] = {"nbytes": _nbytes(value), "segment_bytes": end, "stream_bytes": len(stream),
-                         "buffers": len(layout)}
+        state["meta"] = {
+            "nbytes": _nbytes(value),
+            "segment_bytes": end,
+            "stream_bytes": len(stream),
+            "buffers": len(layout),
+        }
 
     @classmethod
     def big_get(cls, seg, spec, first):
@@ -1006,8 +1028,8 @@ class Pickle5Adapter(ShmAdapter):
         slen, count = struct.unpack_from("<QQ", buf, 0)
         offs = struct.unpack_from(f"<{2 * count}Q", buf, 16)
         head = 16 + 16 * count
-        buffers = [buf[offs[2 * i]:offs[2 * i] + offs[2 * i + 1]] for i in range(count)]
-        obj = pickle.loads(buf[head:head + slen], buffers=buffers)
+        buffers = [buf[offs[2 * i] : offs[2 * i] + offs[2 * i + 1]] for i in range(count)]
+        obj = pickle.loads(buf[head : head + slen], buffers=buffers)
         if spec["kind"] == "bytes":
             return bytes(obj)
         return obj
@@ -1211,8 +1233,10 @@ class IppoAdapter(_Transport):
 
             _import_ippo()
         except Exception as exc:  # a broken cengal_light wheel raises more than ImportError
-            raise Unavailable(f"InterProcessPyObjects does not import ({exc!r}); it needs "
-                              "cengal_light==4.4.0: pip install -e '.[perf]'") from None
+            raise Unavailable(
+                f"InterProcessPyObjects does not import ({exc!r}); it needs "
+                "cengal_light==4.4.0: pip install -e '.[perf]'"
+            ) from None
 
     def version(self) -> str:
         return f"{_version('InterProcessPyObjects')} (cengal_light {_version('cengal_light')})"
@@ -1293,8 +1317,23 @@ class ConditionAdapter(_WaitOnly):
     label = "multiprocessing.Condition"
 
 
-ORDER = ["ultradict_ng", "ultradict_shared", "ultradict", "smd", "manager", "redis", "dict",
-         "shm", "pickle5", "sharedarray", "ippo", "pipe", "queue", "event", "condition"]
+ORDER = [
+    "ultradict_ng",
+    "ultradict_shared",
+    "ultradict",
+    "smd",
+    "manager",
+    "redis",
+    "dict",
+    "shm",
+    "pickle5",
+    "sharedarray",
+    "ippo",
+    "pipe",
+    "queue",
+    "event",
+    "condition",
+]
 ADAPTERS: Dict[str, Type[Adapter]] = {
     "ultradict_ng": NgAdapter,
     "ultradict_shared": UltraSharedAdapter,
@@ -1313,17 +1352,32 @@ ADAPTERS: Dict[str, Type[Adapter]] = {
     "condition": ConditionAdapter,
 }
 ALIASES = {
-    "ng": "ultradict_ng", "ultradict-ng": "ultradict_ng", "shareddict": "ultradict_ng",
-    "ultradict-shared": "ultradict_shared", "ultradict_shared_lock": "ultradict_shared",
-    "ultradict-default": "ultradict", "ultradict_default": "ultradict",
-    "shared-memory-dict": "smd", "shared_memory_dict": "smd",
-    "mp-manager": "manager", "multiprocessing": "manager",
-    "raw-shm": "shm", "shared_memory": "shm", "sharedmemory": "shm",
-    "pickle5-oob": "pickle5", "pickle-oob": "pickle5", "pickle5_oob": "pickle5",
-    "shared-array": "sharedarray", "shared_array": "sharedarray",
-    "interprocesspyobjects": "ippo", "ipc_py_objects": "ippo",
-    "mp-pipe": "pipe", "mp-queue": "queue",
-    "mp-event": "event", "mp-condition": "condition", "cond": "condition",
+    "ng": "ultradict_ng",
+    "ultradict-ng": "ultradict_ng",
+    "shareddict": "ultradict_ng",
+    "ultradict-shared": "ultradict_shared",
+    "ultradict_shared_lock": "ultradict_shared",
+    "ultradict-default": "ultradict",
+    "ultradict_default": "ultradict",
+    "shared-memory-dict": "smd",
+    "shared_memory_dict": "smd",
+    "mp-manager": "manager",
+    "multiprocessing": "manager",
+    "raw-shm": "shm",
+    "shared_memory": "shm",
+    "sharedmemory": "shm",
+    "pickle5-oob": "pickle5",
+    "pickle-oob": "pickle5",
+    "pickle5_oob": "pickle5",
+    "shared-array": "sharedarray",
+    "shared_array": "sharedarray",
+    "interprocesspyobjects": "ippo",
+    "ipc_py_objects": "ippo",
+    "mp-pipe": "pipe",
+    "mp-queue": "queue",
+    "mp-event": "event",
+    "mp-condition": "condition",
+    "cond": "condition",
 }
 
 

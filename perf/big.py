@@ -172,9 +172,11 @@ def _check(v: Any, spec: Dict[str, Any], first: Any, last: Any) -> Optional[str]
     nbytes = v.nbytes if hasattr(v, "nbytes") else len(v)
     if good_type and nbytes == spec["nbytes"] and first == spec["first"] and last == spec["last"]:
         return None
-    return (f"got {type(v).__module__}.{type(v).__name__} of {nbytes} bytes, first {first!r}, "
-            f"last {last!r}; expected {kind} of {spec['nbytes']} bytes, first {spec['first']!r}, "
-            f"last {spec['last']!r}")
+    return (
+        f"got {type(v).__module__}.{type(v).__name__} of {nbytes} bytes, first {first!r}, "
+        f"last {last!r}; expected {kind} of {spec['nbytes']} bytes, first {spec['first']!r}, "
+        f"last {spec['last']!r}"
+    )
 
 
 # -- the reader process -----------------------------------------------------------------------
@@ -228,27 +230,42 @@ def big_reader(key: str, ctl: Any, channel: Any, preload: List[str]) -> None:
         if peak_reset and "VmHWM" in after1 and "VmRSS" in before:
             shared = (_delta(after1, before, "RssShmem") or 0) + (_delta(after1, before, "RssFile") or 0)
             private_peak = max(0, after1["VmHWM"] - before["VmRSS"] - shared)
-        ctl.send(("result", {
-            "pid": os.getpid(),
-            "attach_s": t1 - t0, "first_s": t2 - t0, "second_s": t4 - t3,
-            "rss_before": before, "rss_after_first": after1, "rss_after_second": after2,
-            "rss_added_mib": _mib(_delta(after1, before, "VmRSS")),
-            "rss_anon_added_mib": _mib(_delta(after1, before, "RssAnon")),
-            "rss_shmem_added_mib": _mib(_delta(after1, before, "RssShmem")),
-            "rss_added_second_mib": _mib(_delta(after2, after1, "VmRSS")),
-            "reader_peak_added_mib": _mib(hwm),
-            "reader_private_peak_mib": _mib(private_peak),
-            "value_type": value_type, "readonly": readonly,
-            "wrong": wrong1 or wrong2,
-        }))
+        ctl.send(
+            (
+                "result",
+                {
+                    "pid": os.getpid(),
+                    "attach_s": t1 - t0,
+                    "first_s": t2 - t0,
+                    "second_s": t4 - t3,
+                    "rss_before": before,
+                    "rss_after_first": after1,
+                    "rss_after_second": after2,
+                    "rss_added_mib": _mib(_delta(after1, before, "VmRSS")),
+                    "rss_anon_added_mib": _mib(_delta(after1, before, "RssAnon")),
+                    "rss_shmem_added_mib": _mib(_delta(after1, before, "RssShmem")),
+                    "rss_added_second_mib": _mib(_delta(after2, after1, "VmRSS")),
+                    "reader_peak_added_mib": _mib(hwm),
+                    "reader_private_peak_mib": _mib(private_peak),
+                    "value_type": value_type,
+                    "readonly": readonly,
+                    "wrong": wrong1 or wrong2,
+                },
+            )
+        )
     except BaseException as exc:
         try:
-            ctl.send(("error", {
-                "type": type(exc).__name__,
-                "text": f"{type(exc).__name__}: {exc}"[:600],
-                "traceback": traceback.format_exc(limit=8),
-                "unavailable": isinstance(exc, UNAVAILABLE_ERRORS),
-            }))
+            ctl.send(
+                (
+                    "error",
+                    {
+                        "type": type(exc).__name__,
+                        "text": f"{type(exc).__name__}: {exc}"[:600],
+                        "traceback": traceback.format_exc(limit=8),
+                        "unavailable": isinstance(exc, UNAVAILABLE_ERRORS),
+                    },
+                )
+            )
         except Exception:
             pass
 
@@ -280,8 +297,9 @@ def _expect(ctl: Any, p: Any, kind: str, timeout: float) -> Any:
             try:
                 got, payload = ctl.recv()
             except EOFError:
-                raise ReaderError(f"the reader process ended (exit code {p.exitcode}) before "
-                                  f"sending {kind!r}") from None
+                raise ReaderError(
+                    f"the reader process ended (exit code {p.exitcode}) before sending {kind!r}"
+                ) from None
             if got == kind:
                 return payload
             if got == "error":
@@ -312,8 +330,7 @@ def _write(a: A.Adapter, state: Any, value: Any, limit: float, what: str) -> flo
     return t1 - t0
 
 
-def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any,
-          expect: Dict[str, Any]) -> Dict[str, Any]:
+def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: Dict[str, Any]) -> Dict[str, Any]:
     """One measurement: setup, write, a fresh reader's two accesses, teardown."""
     label = f"{a.label} big {kind} {size_label(size)}"
     limit = 120.0 + 300.0 * size / GiB
@@ -333,10 +350,12 @@ def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any,
         spec = dict(a.big_spec(state), kind=kind, key=KEY, **expect)
         parent_end, child_end = run.ctx.Pipe()
         ctl = parent_end
-        proc = run.ctx.Process(target=big_reader, name="perf-big-reader",
-                               args=(a.key, child_end, a.big_channel(state),
-                                     run.preload_modules if a.uses_mp_shm else []),
-                               daemon=True)
+        proc = run.ctx.Process(
+            target=big_reader,
+            name="perf-big-reader",
+            args=(a.key, child_end, a.big_channel(state), run.preload_modules if a.uses_mp_shm else []),
+            daemon=True,
+        )
         try:
             proc.start()
         finally:
@@ -366,8 +385,10 @@ def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any,
                 with watchdog(120, label + " cleanup"):
                     a.big_destroy(state, ok)
             except Exception as exc:
-                run.alert(f"{a.label}: cleanup after big {kind} {size_label(size)} failed: "
-                          f"{exc!r} (retried at the end)")
+                run.alert(
+                    f"{a.label}: cleanup after big {kind} {size_label(size)} failed: "
+                    f"{exc!r} (retried at the end)"
+                )
     writer_peak = None
     if peak_reset and "VmHWM" in m1 and "VmRSS" in m0:
         writer_peak = max(0, m1["VmHWM"] - m0["VmRSS"])
@@ -430,7 +451,8 @@ def w_big(run: Run, adapters: List[A.Adapter]) -> None:
                             _record_skipped(run, a, kind, size, f"unavailable: {exc}")
                         except Exception as exc:
                             failed[a.key] = compact_error(
-                                "".join(traceback.format_exception_only(type(exc), exc)).strip())
+                                "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                            )
                             _record_failed(run, a, kind, size, exc)
             finally:
                 del value
@@ -444,8 +466,9 @@ def w_big(run: Run, adapters: List[A.Adapter]) -> None:
     _notes(run, adapters, numpy_missing)
 
 
-def _gate(copies_at: Dict[Tuple[str, str, int], Optional[float]], a: A.Adapter, kind: str,
-          sizes: List[int]) -> Optional[str]:
+def _gate(
+    copies_at: Dict[Tuple[str, str, int], Optional[float]], a: A.Adapter, kind: str, sizes: List[int]
+) -> Optional[str]:
     """Why 1 GiB is skipped for this contender and kind (None: run it)."""
     below = [s for s in sizes if s < GiB]
     if not below:
@@ -457,13 +480,15 @@ def _gate(copies_at: Dict[Tuple[str, str, int], Optional[float]], a: A.Adapter, 
     if c is None:
         return None  # no estimate on this system: run it
     if c > COPIES_LIMIT:
-        return (f"not run at 1 GiB: ~{c:.1f} copies of the value at {size_label(ref)} "
-                f"(more than 2; see the note)")
+        return (
+            f"not run at 1 GiB: ~{c:.1f} copies of the value at {size_label(ref)} (more than 2; see the note)"
+        )
     return None
 
 
-def _record(run: Run, a: A.Adapter, kind: str, size: int, raw: List[Dict[str, Any]],
-            copies: Optional[float]) -> None:
+def _record(
+    run: Run, a: A.Adapter, kind: str, size: int, raw: List[Dict[str, Any]], copies: Optional[float]
+) -> None:
     wrong = [r["wrong"] for r in raw if r.get("wrong")]
     if wrong:
         run.alert(f"{a.label}: big {kind} {size_label(size)}: the reader got a wrong value: {wrong[0]}")
@@ -475,20 +500,40 @@ def _record(run: Run, a: A.Adapter, kind: str, size: int, raw: List[Dict[str, An
     types = sorted({r["value_type"] for r in raw})
     for metric, unit, field in METRICS:
         vals = [r[field] for r in raw if r.get(field) is not None]
-        run.record("big", case_name(kind, size, metric), a.key, unit=unit,
-                   better="lower", values=vals, raw=raw if metric == "1st read" else [],
-                   ok=not wrong, show=show,
-                   params={"kind": kind, "value_bytes": size, "metric": metric,
-                           "repetitions": len(raw), "copies_median": copies,
-                           "value_types": types,
-                           "attach_s_median": summarize([r["attach_s"] for r in raw])["median"]})
+        run.record(
+            "big",
+            case_name(kind, size, metric),
+            a.key,
+            unit=unit,
+            better="lower",
+            values=vals,
+            raw=raw if metric == "1st read" else [],
+            ok=not wrong,
+            show=show,
+            params={
+                "kind": kind,
+                "value_bytes": size,
+                "metric": metric,
+                "repetitions": len(raw),
+                "copies_median": copies,
+                "value_types": types,
+                "attach_s_median": summarize([r["attach_s"] for r in raw])["median"],
+            },
+        )
 
 
 def _record_skipped(run: Run, a: A.Adapter, kind: str, size: int, why: str) -> None:
     for metric, unit, _ in METRICS:
-        run.record("big", case_name(kind, size, metric), a.key, unit=unit, better="lower",
-                   values=[], skipped=why,
-                   params={"kind": kind, "value_bytes": size, "metric": metric})
+        run.record(
+            "big",
+            case_name(kind, size, metric),
+            a.key,
+            unit=unit,
+            better="lower",
+            values=[],
+            skipped=why,
+            params={"kind": kind, "value_bytes": size, "metric": metric},
+        )
 
 
 def _record_failed(run: Run, a: A.Adapter, kind: str, size: int, exc: BaseException) -> None:
@@ -498,64 +543,101 @@ def _record_failed(run: Run, a: A.Adapter, kind: str, size: int, exc: BaseExcept
     short = compact_error(text)
     run.alert(f"{a.label} failed in workload big ({kind}, {size_label(size)}): {short}")
     for metric, unit, _ in METRICS:
-        rec = run.record("big", case_name(kind, size, metric), a.key, unit=unit, better="lower",
-                         values=[], error=text,
-                         params={"kind": kind, "value_bytes": size, "metric": metric})
+        rec = run.record(
+            "big",
+            case_name(kind, size, metric),
+            a.key,
+            unit=unit,
+            better="lower",
+            values=[],
+            error=text,
+            params={"kind": kind, "value_bytes": size, "metric": metric},
+        )
         rec["error_short"] = short
 
 
 def _notes(run: Run, adapters: List[A.Adapter], numpy_missing: Optional[str]) -> None:
     n = "big"
-    reps = "1 repetition" if run.quick else \
-        f"{min(run.repeat, 3)} repetitions ({min(run.repeat, 2)} at 1 GiB)"
-    run.note(f"{reps} per cell, each with a fresh spawned reader; the table shows "
-             "median (min..max); 1st read = from the reader's first access (attaching included) to the "
-             "value usable (array: first and last element read; bytes: the bytes object; view: a "
-             "memoryview, first and last byte read); 2nd read = the same access again in that "
-             "process; RSS added = the reader's VmRSS after the 1st read minus before attaching "
-             "(shared pages it touched count too)", n)
-    run.note("copies = (writer's peak RSS added by setup + write, shared-memory pages it wrote "
-             "included, + reader's private peak RSS added by the 1st read) / value size, at that "
-             f"size; 1 GiB runs only where it was <= {COPIES_LIMIT:g} at 100 MiB", n)
+    reps = (
+        "1 repetition" if run.quick else f"{min(run.repeat, 3)} repetitions ({min(run.repeat, 2)} at 1 GiB)"
+    )
+    run.note(
+        f"{reps} per cell, each with a fresh spawned reader; the table shows "
+        "median (min..max); 1st read = from the reader's first access (attaching included) to the "
+        "value usable (array: first and last element read; bytes: the bytes object; view: a "
+        "memoryview, first and last byte read); 2nd read = the same access again in that "
+        "process; RSS added = the reader's VmRSS after the 1st read minus before attaching "
+        "(shared pages it touched count too)",
+        n,
+    )
+    run.note(
+        "copies = (writer's peak RSS added by setup + write, shared-memory pages it wrote "
+        "included, + reader's private peak RSS added by the 1st read) / value size, at that "
+        f"size; 1 GiB runs only where it was <= {COPIES_LIMIT:g} at 100 MiB",
+        n,
+    )
     keys = {a.key for a in adapters}
     if "ultradict_ng" in keys:
-        run.note("ultradict_ng: d[k] = value; the reader d[k] (kinds numpy, bytes) and "
-                 "d.view(k) (kind view), nothing else: whatever its public API refuses is "
-                 "reported as unavailable with the exception", n)
+        run.note(
+            "ultradict_ng: d[k] = value; the reader d[k] (kinds numpy, bytes) and "
+            "d.view(k) (kind view), nothing else: whatever its public API refuses is "
+            "reported as unavailable with the exception",
+            n,
+        )
     if keys & {"ultradict_shared", "ultradict"}:
-        run.note("UltraDict(shared_lock=True): default pickle serializer and buffer_size "
-                 "(10 kB); full_dump_size = value + 1/16 + 1 MiB, so each write is a full dump "
-                 "(a pickle of the whole dict) into that static segment and attaching loads it; "
-                 "UltraDict() differs only in its lock and is not repeated here", n)
+        run.note(
+            "UltraDict(shared_lock=True): default pickle serializer and buffer_size "
+            "(10 kB); full_dump_size = value + 1/16 + 1 MiB, so each write is a full dump "
+            "(a pickle of the whole dict) into that static segment and attaching loads it; "
+            "UltraDict() differs only in its lock and is not repeated here",
+            n,
+        )
     if "pickle5" in keys:
-        run.note("pickle5 out-of-band: pickle.dumps(protocol=5, buffer_callback) with the "
-                 "stream and the buffers in one new segment; the reader unpickles with "
-                 "buffers= views of it (bytes are pickled as PickleBuffer and come back as a "
-                 "memoryview: kind bytes copies it with bytes())", n)
+        run.note(
+            "pickle5 out-of-band: pickle.dumps(protocol=5, buffer_callback) with the "
+            "stream and the buffers in one new segment; the reader unpickles with "
+            "buffers= views of it (bytes are pickled as PickleBuffer and come back as a "
+            "memoryview: kind bytes copies it with bytes())",
+            n,
+        )
     if "shm" in keys:
-        run.note("SharedMemory (raw): write = SharedMemory(create=True, size) + one copy; the "
-                 "reader attaches by name (unregistered from the resource tracker) and views the "
-                 "buffer (np.ndarray(buffer=shm.buf); bytes(...) for kind bytes)", n)
+        run.note(
+            "SharedMemory (raw): write = SharedMemory(create=True, size) + one copy; the "
+            "reader attaches by name (unregistered from the resource tracker) and views the "
+            "buffer (np.ndarray(buffer=shm.buf); bytes(...) for kind bytes)",
+            n,
+        )
     if keys & {"pipe", "queue"}:
-        run.note("Pipe / Queue: the reader is already receiving when the writer starts; "
-                 "Pipe.send blocks until the reader has taken the data (a pipe holds 64 KiB), "
-                 "so its write includes the transfer; Queue.put returns at once (a feeder "
-                 "thread pickles and sends), so its write is only the enqueue; 1st read = from "
-                 "the reader's recv/get call to the value; 2nd read = a second send/put of "
-                 "the value; bytes go through send_bytes/recv_bytes on the Pipe; no view kind", n)
+        run.note(
+            "Pipe / Queue: the reader is already receiving when the writer starts; "
+            "Pipe.send blocks until the reader has taken the data (a pipe holds 64 KiB), "
+            "so its write includes the transfer; Queue.put returns at once (a feeder "
+            "thread pickles and sends), so its write is only the enqueue; 1st read = from "
+            "the reader's recv/get call to the value; 2nd read = a second send/put of "
+            "the value; bytes go through send_bytes/recv_bytes on the Pipe; no view kind",
+            n,
+        )
     if "sharedarray" in keys:
-        run.note("SharedArray: write = sa.create('shm://name', shape, dtype) + one copy; "
-                 "each read = sa.attach (bytes stored as a uint8 array; tobytes() for kind "
-                 "bytes)", n)
+        run.note(
+            "SharedArray: write = sa.create('shm://name', shape, dtype) + one copy; "
+            "each read = sa.attach (bytes stored as a uint8 array; tobytes() for kind "
+            "bytes)",
+            n,
+        )
     if "ippo" in keys:
-        run.note("InterProcessPyObjects: its block (value + 1/8 + 1 MiB) is created and "
-                 "zeroed in the untimed setup (counted in copies); write = put_message_2 inside "
-                 "wait_my_turn; 1st read = init_consumer + take_message; 2nd read = get_obj at "
-                 "the message's offset; view = get_obj_buffer", n)
+        run.note(
+            "InterProcessPyObjects: its block (value + 1/8 + 1 MiB) is created and "
+            "zeroed in the untimed setup (counted in copies); write = put_message_2 inside "
+            "wait_my_turn; 1st read = init_consumer + take_message; 2nd read = get_obj at "
+            "the message's offset; view = get_obj_buffer",
+            n,
+        )
     if numpy_missing:
         run.note(f"numpy kind not measured: {numpy_missing}", n)
-    left_out = [A.ADAPTERS[k].label for k in A.ORDER
-                if k in run.adapters and not run.adapters[k].runs("big")]
+    left_out = [A.ADAPTERS[k].label for k in A.ORDER if k in run.adapters and not run.adapters[k].runs("big")]
     if left_out:
-        run.note(f"not in this workload: {', '.join(left_out)} (dicts of small values: see "
-                 "workload 8 for their large-value cost)", n)
+        run.note(
+            f"not in this workload: {', '.join(left_out)} (dicts of small values: see "
+            "workload 8 for their large-value cost)",
+            n,
+        )

@@ -50,18 +50,37 @@ TITLE = "a big dict read by fresh processes: load, open, random and hot reads, m
 ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"big-dict": WL, "bigdicts": WL}
 CONTENDERS = ("ultradict_ng", "uncached", "table", "lmdb", "UltraDict", "Manager")
-LABELS = {"ultradict_ng": "ultradict_ng SharedDict", "uncached": "ultradict_ng max_decoded=0",
-          "table": "ultradict_ng table (its own API)",
-          "lmdb": "py-lmdb + msgpack", "UltraDict": "UltraDict 0.0.6", "Manager": "Manager().dict()"}
+LABELS = {
+    "ultradict_ng": "ultradict_ng SharedDict",
+    "uncached": "ultradict_ng max_decoded=0",
+    "table": "ultradict_ng table (its own API)",
+    "lmdb": "py-lmdb + msgpack",
+    "UltraDict": "UltraDict 0.0.6",
+    "Manager": "Manager().dict()",
+}
 #: Largest size each contender is loaded at (UltraDict's replicas cost ~270 MiB per reader at 1M keys).
-MAX_SIZE = {"ultradict_ng": 10_000_000, "uncached": 10_000_000, "table": 10_000_000, "lmdb": 10_000_000,
-            "UltraDict": 1_000_000, "Manager": 10_000}
+MAX_SIZE = {
+    "ultradict_ng": 10_000_000,
+    "uncached": 10_000_000,
+    "table": 10_000_000,
+    "lmdb": 10_000_000,
+    "UltraDict": 1_000_000,
+    "Manager": 10_000,
+}
 READS = 100_000
 WRITES = 20_000
 METRICS = ("load", "open", "random", "hot", "private", "items", "writes", "wprivate")
-UNITS = {"load": ("s", "lower"), "open": ("s", "lower"), "random": ("ops/s", "higher"),
-         "hot": ("ops/s", "higher"), "private": ("MiB", "lower"), "items": ("s", "lower"),
-         "readers8": ("MiB", "lower"), "writes": ("ops/s", "higher"), "wprivate": ("MiB", "lower")}
+UNITS = {
+    "load": ("s", "lower"),
+    "open": ("s", "lower"),
+    "random": ("ops/s", "higher"),
+    "hot": ("ops/s", "higher"),
+    "private": ("MiB", "lower"),
+    "items": ("s", "lower"),
+    "readers8": ("MiB", "lower"),
+    "writes": ("ops/s", "higher"),
+    "wprivate": ("MiB", "lower"),
+}
 
 
 def sizes(run: Run) -> List[int]:
@@ -92,7 +111,9 @@ def _anon_mib() -> float:
 # -- loading (harness process) ------------------------------------------------------------------
 
 
-def _load(contender: str, name: str, data: Dict[str, Any], run: Run) -> Tuple[Dict[str, Any], int, Callable[[], None]]:
+def _load(
+    contender: str, name: str, data: Dict[str, Any], run: Run
+) -> Tuple[Dict[str, Any], int, Callable[[], None]]:
     """Load ``data``; return (what a reader needs, shared bytes, destroy)."""
     if contender in ("ultradict_ng", "uncached"):
         from ultradict_ng import SharedDict, unlink_by_name
@@ -100,8 +121,11 @@ def _load(contender: str, name: str, data: Dict[str, Any], run: Run) -> Tuple[Di
         run.own(name, lambda: unlink_by_name(name), LABELS[contender])
         d = SharedDict(name=name, auto_unlink=False)  # the readers attach after it is closed
         d.update(data)
-        shared = sum(os.stat(os.path.join("/dev/shm", e)).st_blocks * 512 for e in os.listdir("/dev/shm")
-                     if e == name or e.startswith(name + "@"))  # (pages held: the stream is sparse)
+        shared = sum(
+            os.stat(os.path.join("/dev/shm", e)).st_blocks * 512
+            for e in os.listdir("/dev/shm")
+            if e == name or e.startswith(name + "@")
+        )  # (pages held: the stream is sparse)
         d.close()
         return {"name": name}, shared, lambda: unlink_by_name(name)
     if contender == "table":
@@ -137,13 +161,15 @@ def _load(contender: str, name: str, data: Dict[str, Any], run: Run) -> Tuple[Di
         from .adapters import _ultra_dump_name, _ultra_unlink_all
 
         run.own(name, lambda: _ultra_unlink_all(name, [_ultra_dump_name(name)]), LABELS[contender])
-        d = UltraDict(name=name, create=True, shared_lock=True,
-                      full_dump_size=len(data) * 96 + (1 << 20))
+        d = UltraDict(name=name, create=True, shared_lock=True, full_dump_size=len(data) * 96 + (1 << 20))
         with d.lock:
             d.data.update(data)
             d.dump()
-        shared = sum(os.stat(os.path.join("/dev/shm", e)).st_blocks * 512 for e in os.listdir("/dev/shm")
-                     if e.startswith(name))
+        shared = sum(
+            os.stat(os.path.join("/dev/shm", e)).st_blocks * 512
+            for e in os.listdir("/dev/shm")
+            if e.startswith(name)
+        )
         dump = _ultra_dump_name(name)
 
         def destroy() -> None:  # (the creator's handle stays open while readers attach)
@@ -165,7 +191,9 @@ def _load(contender: str, name: str, data: Dict[str, Any], run: Run) -> Tuple[Di
 # -- reading (a fresh spawned process) ----------------------------------------------------------
 
 
-def _open(contender: str, info: Dict[str, Any]) -> Tuple[Callable[[str], Any], Callable[[], int], Callable[[], None]]:
+def _open(
+    contender: str, info: Dict[str, Any]
+) -> Tuple[Callable[[str], Any], Callable[[], int], Callable[[], None]]:
     """(get, walk every item and count them, close) for a reader of ``contender``."""
     if contender in ("ultradict_ng", "uncached"):
         from ultradict_ng import SharedDict
@@ -231,6 +259,7 @@ def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, 
         import msgpack  # noqa: F401  (imports are not part of the measurement)
 
         import ultradict_ng  # noqa: F401
+
         if contender == "table":
             import ultradict_ng._codec.codec  # noqa: F401
             import ultradict_ng._segments  # noqa: F401
@@ -263,8 +292,14 @@ def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, 
         wrong = [k for k in keys[:200] if tuple(get(k)) != value(int(k[5:]))]
         if tuple(first) != value(int(keys[0][5:])):
             wrong.append(keys[0])
-        out: Dict[str, Any] = {"open": t1 - t0, "random": reads / (t2 - t1), "hot": reads / (t3 - t2),
-                               "private": private, "wrong": wrong[:3], "dict_hot": dict_hot}
+        out: Dict[str, Any] = {
+            "open": t1 - t0,
+            "random": reads / (t2 - t1),
+            "hot": reads / (t3 - t2),
+            "private": private,
+            "wrong": wrong[:3],
+            "dict_hot": dict_hot,
+        }
         if walk:
             t5 = time.perf_counter()
             count = items()
@@ -277,7 +312,9 @@ def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, 
         q.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _open_writable(contender: str, info: Dict[str, Any]) -> Tuple[Callable[[str, Any], None], Callable[[], None]]:
+def _open_writable(
+    contender: str, info: Dict[str, Any]
+) -> Tuple[Callable[[str, Any], None], Callable[[], None]]:
     """(set one key, close) for a writer of ``contender``; each set is visible
     to every other process once it returns (py-lmdb: one write transaction)."""
     if contender in ("ultradict_ng", "uncached"):
@@ -315,6 +352,7 @@ def writer(contender: str, info: Dict[str, Any], n: int, writes: int, seed: int,
         import msgpack  # noqa: F401  (imports are not part of the measurement)
 
         import ultradict_ng  # noqa: F401
+
         if contender == "lmdb":
             import lmdb  # noqa: F401
         if contender == "UltraDict":
@@ -339,7 +377,9 @@ def writer(contender: str, info: Dict[str, Any], n: int, writes: int, seed: int,
 def _spawn_writer(run: Run, contender: str, info: Dict[str, Any], n: int) -> Dict[str, Any]:
     writes = 2_000 if contender in ("Manager", "UltraDict") else WRITES  # (UltraDict: ~200/s at 1M keys)
     q = run.ctx.Queue()
-    p = run.ctx.Process(target=writer, args=(contender, info, n, writes, random.randrange(1 << 30), q), daemon=True)
+    p = run.ctx.Process(
+        target=writer, args=(contender, info, n, writes, random.randrange(1 << 30), q), daemon=True
+    )
     p.start()
     try:
         return q.get(timeout=900)  # type: ignore[no-any-return]
@@ -351,12 +391,17 @@ def _spawn_writer(run: Run, contender: str, info: Dict[str, Any], n: int) -> Dic
         q.close()
 
 
-def _spawn_readers(run: Run, contender: str, info: Dict[str, Any], n: int, count: int,
-                   walk: bool) -> List[Dict[str, Any]]:
+def _spawn_readers(
+    run: Run, contender: str, info: Dict[str, Any], n: int, count: int, walk: bool
+) -> List[Dict[str, Any]]:
     reads = 10_000 if contender == "Manager" else READS
     q = run.ctx.Queue()
-    procs = [run.ctx.Process(target=reader, args=(contender, info, n, reads, random.randrange(1 << 30), walk, q),
-                             daemon=True) for _ in range(count)]
+    procs = [
+        run.ctx.Process(
+            target=reader, args=(contender, info, n, reads, random.randrange(1 << 30), walk, q), daemon=True
+        )
+        for _ in range(count)
+    ]
     for p in procs:
         p.start()
     try:
@@ -384,12 +429,20 @@ def _available(contender: str) -> Optional[str]:
     return None
 
 
-def _record(run: Run, size: int, contender: str, metric: str, values: List[float],
-            extra: Optional[Dict[str, Any]] = None, **kw: Any) -> None:
+def _record(
+    run: Run,
+    size: int,
+    contender: str,
+    metric: str,
+    values: List[float],
+    extra: Optional[Dict[str, Any]] = None,
+    **kw: Any,
+) -> None:
     unit, better = UNITS[metric]
     params = {"size": size, "metric": metric, "contender": contender, **(extra or {})}
-    rec = run.record(WL, f"{size:,} keys", contender, unit=unit, better=better, values=values,
-                     params=params, **kw)
+    rec = run.record(
+        WL, f"{size:,} keys", contender, unit=unit, better=better, values=values, params=params, **kw
+    )
     rec["label"] = LABELS[contender]
 
 
@@ -399,8 +452,11 @@ def w_bigdict(run: Run, contenders: List[str]) -> None:
         log(f"  big dict: {size:,} keys")
         data = {key(i): value(i) for i in range(size)}
         for c in contenders:
-            why = _available(c) or (None if size <= MAX_SIZE[c] else
-                                    f"not loaded above {MAX_SIZE[c]:,} keys (see the workload's notes)")
+            why = _available(c) or (
+                None
+                if size <= MAX_SIZE[c]
+                else f"not loaded above {MAX_SIZE[c]:,} keys (see the workload's notes)"
+            )
             if why:
                 for m in METRICS + (("readers8",) if not run.quick else ()):
                     _record(run, size, c, m, [], skipped=why)
@@ -422,17 +478,33 @@ def w_bigdict(run: Run, contenders: List[str]) -> None:
                     for w in r["wrong"]:
                         run.alert(f"workload {NUMBER} ({c}, {size:,} keys): wrong read {w}")
                 for m in ("open", "random", "hot", "private", "items"):
-                    _record(run, size, c, m, [r[m] for r in results], ok=not any(r["wrong"] for r in results),
-                            extra={"dict_hot": [r["dict_hot"] for r in results]} if m == "hot" else None)
+                    _record(
+                        run,
+                        size,
+                        c,
+                        m,
+                        [r[m] for r in results],
+                        ok=not any(r["wrong"] for r in results),
+                        extra={"dict_hot": [r["dict_hot"] for r in results]} if m == "hot" else None,
+                    )
                 if not run.quick:
                     eight = _spawn_readers(run, c, info, size, 8, False)
                     errors = [r["error"] for r in eight if "error" in r]
                     if errors:
                         raise RuntimeError(errors[0])
-                    _record(run, size, c, "readers8", [sum(r["private"] for r in eight)],
-                            extra={"shared_mib": shared / 2**20})
-                    run.note(f"{LABELS[c]} at {size:,} keys: {shared / 2**20:.1f} MiB of shared memory "
-                             "(or page cache)", WL)
+                    _record(
+                        run,
+                        size,
+                        c,
+                        "readers8",
+                        [sum(r["private"] for r in eight)],
+                        extra={"shared_mib": shared / 2**20},
+                    )
+                    run.note(
+                        f"{LABELS[c]} at {size:,} keys: {shared / 2**20:.1f} MiB of shared memory "
+                        "(or page cache)",
+                        WL,
+                    )
                 if c == "table":  # (never written: a table does not change)
                     for m in ("writes", "wprivate"):
                         _record(run, size, c, m, [], skipped="read only")
@@ -458,6 +530,9 @@ def w_bigdict(run: Run, contenders: List[str]) -> None:
                 for owned in [n for n in run.owned if n.startswith("/dev/shm/" + name)]:
                     run.disown(owned)
         del data
-    run.note("values (i, 'name<i>', i * 0.5) under 'user:%08d' keys; one fresh spawned reader per "
-             f"repetition; {READS:,} random reads (Manager: 10,000); private memory: Anonymous of "
-             "/proc/self/smaps_rollup added by opening and the random reads", WL)
+    run.note(
+        "values (i, 'name<i>', i * 0.5) under 'user:%08d' keys; one fresh spawned reader per "
+        f"repetition; {READS:,} random reads (Manager: 10,000); private memory: Anonymous of "
+        "/proc/self/smaps_rollup added by opening and the random reads",
+        WL,
+    )

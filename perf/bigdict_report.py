@@ -16,16 +16,28 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .bigdict import CONTENDERS, LABELS, WL
 
-COLUMNS = [("load", "load s"), ("open", "open+1st ms"), ("random", "random M/s"), ("hot", "hot M/s"),
-           ("private", "private MiB"), ("items", "items() s"), ("readers8", "8 readers MiB"),
-           ("writes", "writes k/s"), ("wprivate", "writer MiB")]
+COLUMNS = [
+    ("load", "load s"),
+    ("open", "open+1st ms"),
+    ("random", "random M/s"),
+    ("hot", "hot M/s"),
+    ("private", "private MiB"),
+    ("items", "items() s"),
+    ("readers8", "8 readers MiB"),
+    ("writes", "writes k/s"),
+    ("wprivate", "writer MiB"),
+]
 
 
 def _find(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) -> Optional[Dict[str, Any]]:
     for r in recs:
         p = r.get("params") or {}
-        if r["workload"] == WL and p.get("size") == size and p.get("contender") == contender \
-                and p.get("metric") == metric:
+        if (
+            r["workload"] == WL
+            and p.get("size") == size
+            and p.get("contender") == contender
+            and p.get("metric") == metric
+        ):
             return r
     return None
 
@@ -60,8 +72,11 @@ def sizes_of(recs: List[Dict[str, Any]]) -> List[int]:
 
 
 def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
-    lines = ["", f"== {number}. {title} ==",
-             "   medians; ops/s in millions; private = anonymous memory a reader added"]
+    lines = [
+        "",
+        f"== {number}. {title} ==",
+        "   medians; ops/s in millions; private = anonymous memory a reader added",
+    ]
     for size in sizes_of(recs):
         lines.append(f"  {size:,} keys")
         lines.append("    " + f"{'':<40}" + "".join(f"{h:>15}" for _, h in COLUMNS))
@@ -72,7 +87,9 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
             if skipped and skipped.get("skipped"):
                 lines.append(f"    {LABELS[c]:<40}skipped: {skipped['skipped']}")
                 continue
-            lines.append(f"    {LABELS[c]:<40}" + "".join(f"{_cell(recs, size, c, m):>15}" for m, _ in COLUMNS))
+            lines.append(
+                f"    {LABELS[c]:<40}" + "".join(f"{_cell(recs, size, c, m):>15}" for m, _ in COLUMNS)
+            )
     for n in notes:
         lines.append(f"   note: {n}")
     return "\n".join(lines)
@@ -95,7 +112,11 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     size = max(s for s in sizes if _median(recs, s, "lmdb", "open") is not None or s == min(sizes))
     out: List[Dict[str, Any]] = []
     for contender in ("ultradict_ng", "uncached", "table"):
-        tag = {"ultradict_ng": "", "uncached": " [max_decoded=0]", "table": " [the table through its own API]"}[contender]
+        tag = {
+            "ultradict_ng": "",
+            "uncached": " [max_decoded=0]",
+            "table": " [the table through its own API]",
+        }[contender]
         for metric, text, need, higher in _TARGETS:
             ours, peer = _median(recs, size, contender, metric), _median(recs, size, "lmdb", metric)
             row: Dict[str, Any] = {"target": f"big dict ({size:,} keys): {text}{tag}", "need": need}
@@ -104,38 +125,58 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
             else:
                 q = ours / peer
                 ok = q >= _LIMITS[metric] if higher else q <= _LIMITS[metric]
-                row.update(measured=q, status="PASS" if ok else "MISS",
-                           detail=f"{contender} {ours:.4g} vs py-lmdb {peer:.4g}")
+                row.update(
+                    measured=q,
+                    status="PASS" if ok else "MISS",
+                    detail=f"{contender} {ours:.4g} vs py-lmdb {peer:.4g}",
+                )
             if size != 1_000_000:
                 row["caveat"] = f"measured at {size:,} keys, the issue's targets are at 1M"
             out.append(row)
         hot = _find(recs, size, contender, "hot")
-        row = {"target": f"big dict ({size:,} keys): hot-key reads >= 0.5x a plain dict{tag}", "need": ">= 0.5x"}
+        row = {
+            "target": f"big dict ({size:,} keys): hot-key reads >= 0.5x a plain dict{tag}",
+            "need": ">= 0.5x",
+        }
         if hot is None or hot.get("median") is None:
             row.update(measured=None, status="n/a", detail="not measured")
         else:
             ref = sorted(hot["params"]["dict_hot"])[len(hot["params"]["dict_hot"]) // 2]
             q = float(hot["median"]) / ref
-            row.update(measured=q, status="PASS" if q >= 0.5 else "MISS",
-                       detail=f"{contender} {float(hot['median']) / 1e6:.2f} M/s vs dict {ref / 1e6:.2f} M/s")
+            row.update(
+                measured=q,
+                status="PASS" if q >= 0.5 else "MISS",
+                detail=f"{contender} {float(hot['median']) / 1e6:.2f} M/s vs dict {ref / 1e6:.2f} M/s",
+            )
         out.append(row)
         eight = _find(recs, size, contender, "readers8")
         if eight is not None and eight.get("median") is not None:
             shared = float(eight["params"]["shared_mib"])
-            out.append({"target": f"big dict ({size:,} keys): 8 readers' private memory together <= the dict's "
-                                  f"shared memory{tag}", "need": "<= 1.0x",
-                        "measured": float(eight["median"]) / shared if shared else None,
-                        "status": "PASS" if float(eight["median"]) <= shared else "MISS",
-                        "detail": f"{float(eight['median']):.0f} MiB private vs {shared:.0f} MiB shared"})
+            out.append(
+                {
+                    "target": f"big dict ({size:,} keys): 8 readers' private memory together <= the dict's "
+                    f"shared memory{tag}",
+                    "need": "<= 1.0x",
+                    "measured": float(eight["median"]) / shared if shared else None,
+                    "status": "PASS" if float(eight["median"]) <= shared else "MISS",
+                    "detail": f"{float(eight['median']):.0f} MiB private vs {shared:.0f} MiB shared",
+                }
+            )
         ours, peer = _median(recs, size, contender, "private"), _median(recs, size, "lmdb", "private")
-        row = {"target": f"big dict ({size:,} keys): a reader's private memory after 100k random reads "
-                         f"<= 1.5x py-lmdb's + 16 MiB{tag}", "need": "<= 1.5x + 16 MiB"}
+        row = {
+            "target": f"big dict ({size:,} keys): a reader's private memory after 100k random reads "
+            f"<= 1.5x py-lmdb's + 16 MiB{tag}",
+            "need": "<= 1.5x + 16 MiB",
+        }
         if ours is None or peer is None:
             row.update(measured=None, status="n/a", detail="not measured")
         else:
             ok = ours <= 1.5 * peer + 16
-            row.update(measured=ours, status="PASS" if ok else "MISS",
-                       detail=f"{contender} {ours:.1f} MiB vs py-lmdb {peer:.1f} MiB")
+            row.update(
+                measured=ours,
+                status="PASS" if ok else "MISS",
+                detail=f"{contender} {ours:.1f} MiB vs py-lmdb {peer:.1f} MiB",
+            )
         out.append(row)
     return out
 
@@ -153,16 +194,29 @@ def plot(path: str, recs: List[Dict[str, Any]]) -> Optional[str]:
     except Exception as exc:
         return f"matplotlib unavailable ({exc.__class__.__name__})"
     fig, axes = plt.subplots(2, 5, figsize=(24, 8.5), squeeze=False)
-    scale = {"open": (1e3, "ms"), "random": (1e-6, "M reads/s"), "hot": (1e-6, "M reads/s"),
-             "load": (1, "s"), "items": (1, "s"), "private": (1, "MiB"), "readers8": (1, "MiB (8 readers)"),
-             "writes": (1e-3, "k writes/s"), "wprivate": (1, "MiB (a writer)")}
+    scale = {
+        "open": (1e3, "ms"),
+        "random": (1e-6, "M reads/s"),
+        "hot": (1e-6, "M reads/s"),
+        "load": (1, "s"),
+        "items": (1, "s"),
+        "private": (1, "MiB"),
+        "readers8": (1, "MiB (8 readers)"),
+        "writes": (1e-3, "k writes/s"),
+        "wprivate": (1, "MiB (a writer)"),
+    }
     for ax, (metric, head) in zip(axes.flat, COLUMNS):
         for i, c in enumerate(CONTENDERS):  # (one colour per contender in every panel, drawn or not)
             pts = [(s, _median(recs, s, c, metric)) for s in sizes]
             pts = [(s, v) for s, v in pts if v]
             if pts:
-                ax.plot([s for s, _ in pts], [v * scale[metric][0] for _, v in pts], marker="o", label=LABELS[c],
-                        color=f"C{i}")
+                ax.plot(
+                    [s for s, _ in pts],
+                    [v * scale[metric][0] for _, v in pts],
+                    marker="o",
+                    label=LABELS[c],
+                    color=f"C{i}",
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("keys")

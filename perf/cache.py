@@ -66,15 +66,31 @@ CACHELIB = ["cl_ours", "cl_simple", "cl_fs"]
 HIT = ["exact", "ours", "ours_cull3", "cachetools"]
 STAMPEDE = ["cached", "lru_cache"]
 LABELS: Dict[str, Dict[str, str]] = {
-    "django": {"ours": "ultradict_ng Django backend", "locmem": "Django LocMemCache",
-               "file": "Django FileBasedCache", "diskcache": "diskcache.DjangoCache",
-               "redis": "Django RedisCache (loopback)", "smd": "shared-memory-dict SharedMemoryCache"},
-    "plain": {"ours": "ultradict_ng SharedCache", "diskcache": "diskcache.Cache",
-              "lru": "cachetools.LRUCache (1 process)", "ttl": "cachetools.TTLCache (1 process)"},
-    "cachelib": {"cl_ours": "ultradict_ng cachelib backend", "cl_simple": "cachelib.SimpleCache (1 process)",
-                 "cl_fs": "cachelib.FileSystemCache"},
-    "hit": {"exact": "exact LRU (OrderedDict)", "ours": "ultradict_ng SharedCache",
-            "ours_cull3": "SharedCache(cull_frequency=3)", "cachetools": "cachetools.LRUCache"},
+    "django": {
+        "ours": "ultradict_ng Django backend",
+        "locmem": "Django LocMemCache",
+        "file": "Django FileBasedCache",
+        "diskcache": "diskcache.DjangoCache",
+        "redis": "Django RedisCache (loopback)",
+        "smd": "shared-memory-dict SharedMemoryCache",
+    },
+    "plain": {
+        "ours": "ultradict_ng SharedCache",
+        "diskcache": "diskcache.Cache",
+        "lru": "cachetools.LRUCache (1 process)",
+        "ttl": "cachetools.TTLCache (1 process)",
+    },
+    "cachelib": {
+        "cl_ours": "ultradict_ng cachelib backend",
+        "cl_simple": "cachelib.SimpleCache (1 process)",
+        "cl_fs": "cachelib.FileSystemCache",
+    },
+    "hit": {
+        "exact": "exact LRU (OrderedDict)",
+        "ours": "ultradict_ng SharedCache",
+        "ours_cull3": "SharedCache(cull_frequency=3)",
+        "cachetools": "cachetools.LRUCache",
+    },
     "stampede": {"cached": "ultradict_ng @cached", "lru_cache": "functools.lru_cache per process"},
 }
 ALPHAS = (0.9, 0.7, 1.1)
@@ -102,8 +118,17 @@ def _missing(module: str) -> Optional[str]:
     return None if found else f"{module} is not importable (not installed, or not written yet)"
 
 
-def _record(run: Run, part: str, case: str, c: str, unit: str, better: str, values: List[float],
-            extra: Optional[Dict[str, Any]] = None, **kw: Any) -> Dict[str, Any]:
+def _record(
+    run: Run,
+    part: str,
+    case: str,
+    c: str,
+    unit: str,
+    better: str,
+    values: List[float],
+    extra: Optional[Dict[str, Any]] = None,
+    **kw: Any,
+) -> Dict[str, Any]:
     params = {"part": part, "contender": c, **(extra or {})}
     rec = run.record(WL, case, f"{part}:{c}", unit=unit, better=better, values=values, params=params, **kw)
     rec["label"] = LABELS[part][c]
@@ -174,15 +199,28 @@ def _django(run: Run, reps: int) -> None:
     if missing:
         for c in DJANGO:
             for op in ("get", "set"):
-                _record(run, part, f"Django cache API: {op}", c, "ops/s", "higher", [], {"op": op},
-                        skipped=missing)
+                _record(
+                    run,
+                    part,
+                    f"Django cache API: {op}",
+                    c,
+                    "ops/s",
+                    "higher",
+                    [],
+                    {"op": op},
+                    skipped=missing,
+                )
         return
     names = {"ours": run.new_name(), "smd": run.new_name()}
     for c in ("ours", "smd"):
         n = names[c]
-        run.own(n, (lambda n=n: _unlink_ours(n)) if c == "ours" else
-                (lambda n=n: os.path.exists(f"/dev/shm/sm_{n}") and os.unlink(f"/dev/shm/sm_{n}")),
-                LABELS[part][c])
+        run.own(
+            n,
+            (lambda n=n: _unlink_ours(n))
+            if c == "ours"
+            else (lambda n=n: os.path.exists(f"/dev/shm/sm_{n}") and os.unlink(f"/dev/shm/sm_{n}")),
+            LABELS[part][c],
+        )
     dirs = {"file": _tmpdir(run, "filebased"), "diskcache": _tmpdir(run, "diskcache-django")}
     server = None
     skipped: Dict[str, str] = {}
@@ -196,8 +234,11 @@ def _django(run: Run, reps: int) -> None:
         else:
             server = RedisServer.start()
             run.own_resource(f"redis-server (workload {NUMBER})", server.stop)
-        for c, module in (("ours", "ultradict_ng.integrations.django"), ("diskcache", "diskcache"),
-                          ("smd", "shared_memory_dict")):
+        for c, module in (
+            ("ours", "ultradict_ng.integrations.django"),
+            ("diskcache", "diskcache"),
+            ("smd", "shared_memory_dict"),
+        ):
             why = _missing(module)
             if why:
                 skipped[c] = why
@@ -207,21 +248,37 @@ def _django(run: Run, reps: int) -> None:
             "file": {"LOCATION": dirs["file"], "OPTIONS": {"MAX_ENTRIES": CC.MAX_ENTRIES}},
             "diskcache": {"LOCATION": dirs["diskcache"]},
             "redis": {"LOCATION": f"redis://127.0.0.1:{server.port}/0", "KEY_PREFIX": run.name_prefix}
-            if server else {},
+            if server
+            else {},
             "smd": {"LOCATION": names["smd"], "OPTIONS": {"MEMORY_BLOCK_SIZE": _smd_block(CC.KEYS)}},
         }
         caches = {c: {"BACKEND": _BACKENDS[c], **conf[c]} for c in DJANGO if c not in skipped}
         got = _run_child(run, CC.django_child, {"caches": caches, "reps": reps, "box": run.box}, 600)
-        _emit_rates(run, part, DJANGO, got, skipped, lambda row, op: row.get(op),
-                    lambda op: f"Django cache API: {op}", lambda op: {"op": op, "value": "dict"},
-                    ops=("get",  "set"))
+        _emit_rates(
+            run,
+            part,
+            DJANGO,
+            got,
+            skipped,
+            lambda row, op: row.get(op),
+            lambda op: f"Django cache API: {op}",
+            lambda op: {"op": op, "value": "dict"},
+            ops=("get", "set"),
+        )
         if got.get("versions"):
-            run.note("versions: " + ", ".join(f"{k} {v}" for k, v in got["versions"].items())
-                     + (f", redis-server {server.version()}" if server else ""), WL)
+            run.note(
+                "versions: "
+                + ", ".join(f"{k} {v}" for k, v in got["versions"].items())
+                + (f", redis-server {server.version()}" if server else ""),
+                WL,
+            )
         if "smd" in caches:
-            run.note(f"shared-memory-dict: MEMORY_BLOCK_SIZE {caches['smd']['OPTIONS']['MEMORY_BLOCK_SIZE']:,} "
-                     "(1.5x its pickled table; it copies the whole block on every read) and no lock "
-                     "(its default; SHARED_MEMORY_USE_LOCK=1 adds one)", WL)
+            run.note(
+                f"shared-memory-dict: MEMORY_BLOCK_SIZE {caches['smd']['OPTIONS']['MEMORY_BLOCK_SIZE']:,} "
+                "(1.5x its pickled table; it copies the whole block on every read) and no lock "
+                "(its default; SHARED_MEMORY_USE_LOCK=1 adds one)",
+                WL,
+            )
     finally:
         if server is not None:
             server.stop()
@@ -235,9 +292,17 @@ def _django(run: Run, reps: int) -> None:
             _drop_dir(run, d)
 
 
-def _emit_rates(run: Run, part: str, contenders: List[str], got: Dict[str, Any], skipped: Dict[str, str],
-                cell: Callable[[Dict[str, Any], str], Optional[Dict[str, Any]]], case: Callable[[str], str],
-                extra: Callable[[str], Dict[str, Any]], ops: Tuple[str, ...]) -> None:
+def _emit_rates(
+    run: Run,
+    part: str,
+    contenders: List[str],
+    got: Dict[str, Any],
+    skipped: Dict[str, str],
+    cell: Callable[[Dict[str, Any], str], Optional[Dict[str, Any]]],
+    case: Callable[[str], str],
+    extra: Callable[[str], Dict[str, Any]],
+    ops: Tuple[str, ...],
+) -> None:
     """Records (ops/s) of a throughput part from the child's answer."""
     rows = got.get("rows", {})
     for c in contenders:
@@ -257,8 +322,17 @@ def _emit_rates(run: Run, part: str, contenders: List[str], got: Dict[str, Any],
             wrong = row.get("wrong") or (row.get(extra(op).get("value", ""), {}) or {}).get("wrong")
             if wrong:
                 run.alert(f"workload {NUMBER}: {LABELS[part][c]}: {wrong}")
-            _record(run, part, case(op), c, "ops/s", "higher", res["values"],
-                    {**extra(op), "ops_per_rep": res.get("ops")}, ok=not wrong)
+            _record(
+                run,
+                part,
+                case(op),
+                c,
+                "ops/s",
+                "higher",
+                res["values"],
+                {**extra(op), "ops_per_rep": res.get("ops")},
+                ok=not wrong,
+            )
 
 
 def _plain_cell(row: Dict[str, Any], value: str, op: str) -> Optional[Dict[str, Any]]:
@@ -269,8 +343,15 @@ def _plain_cell(row: Dict[str, Any], value: str, op: str) -> Optional[Dict[str, 
 def _plain(run: Run, reps: int, part: str = "plain") -> None:
     """The plain API part, or (``part="cachelib"``) the cachelib API with the dict value."""
     skipped: Dict[str, str] = {}
-    modules = {"ours": "ultradict_ng.cache", "diskcache": "diskcache", "lru": "cachetools", "ttl": "cachetools",
-               "cl_ours": "ultradict_ng.integrations.cachelib", "cl_simple": "cachelib", "cl_fs": "cachelib"}
+    modules = {
+        "ours": "ultradict_ng.cache",
+        "diskcache": "diskcache",
+        "lru": "cachetools",
+        "ttl": "cachetools",
+        "cl_ours": "ultradict_ng.integrations.cachelib",
+        "cl_simple": "cachelib",
+        "cl_fs": "cachelib",
+    }
     contenders = PLAIN if part == "plain" else CACHELIB
     values = ("dict", "str") if part == "plain" else ("dict",)
     for c in contenders:
@@ -282,14 +363,28 @@ def _plain(run: Run, reps: int, part: str = "plain") -> None:
     run.own(name, lambda: _unlink_ours(name), LABELS[part][ours])
     d = _tmpdir(run, "diskcache" if part == "plain" else "filesystemcache")
     try:
-        spec = {"contenders": [c for c in contenders if c not in skipped], "reps": reps, "box": run.box,
-                "name": name, "dir": d, "values": values}
+        spec = {
+            "contenders": [c for c in contenders if c not in skipped],
+            "reps": reps,
+            "box": run.box,
+            "name": name,
+            "dir": d,
+            "values": values,
+        }
         got = _run_child(run, CC.plain_child, spec, 600)
         api = "plain API" if part == "plain" else "cachelib API"
         for value in values:
-            _emit_rates(run, part, contenders, got, skipped, lambda row, op, v=value: _plain_cell(row, v, op),
-                        lambda op, v=value: f"{api}, {v} value: {op}",
-                        lambda op, v=value: {"op": op, "value": v}, ops=("get", "set"))
+            _emit_rates(
+                run,
+                part,
+                contenders,
+                got,
+                skipped,
+                lambda row, op, v=value: _plain_cell(row, v, op),
+                lambda op, v=value: f"{api}, {v} value: {op}",
+                lambda op, v=value: {"op": op, "value": v},
+                ops=("get", "set"),
+            )
         if got.get("versions"):
             run.note("versions: " + ", ".join(f"{k} {v}" for k, v in got["versions"].items()), WL)
     finally:
@@ -302,8 +397,11 @@ def _hit(run: Run) -> None:
     part = "hit"
     alphas = ALPHAS[:1] if run.quick else ALPHAS
     skipped: Dict[str, str] = {}
-    for c, module in (("ours", "ultradict_ng.cache"), ("ours_cull3", "ultradict_ng.cache"),
-                      ("cachetools", "cachetools")):
+    for c, module in (
+        ("ours", "ultradict_ng.cache"),
+        ("ours_cull3", "ultradict_ng.cache"),
+        ("cachetools", "cachetools"),
+    ):
         why = _missing(module)
         if why:
             skipped[c] = why
@@ -311,14 +409,25 @@ def _hit(run: Run) -> None:
     for n in names.values():
         run.own(n, lambda n=n: _unlink_ours(n), LABELS[part]["ours"])
     try:
-        spec = {"alphas": list(alphas), "nkeys": NKEYS, "requests": REQUESTS, "size": SIZE,
-                "contenders": [c for c in HIT if c not in skipped], "names": names}
+        spec = {
+            "alphas": list(alphas),
+            "nkeys": NKEYS,
+            "requests": REQUESTS,
+            "size": SIZE,
+            "contenders": [c for c in HIT if c not in skipped],
+            "names": names,
+        }
         got = _run_child(run, CC.hit_child, spec, 900)
         for alpha in alphas:
             row = (got.get("alphas") or {}).get(str(alpha), {})
             case = f"hit ratio, Zipf a={alpha:g}"
-            extra = {"alpha": alpha, "nkeys": NKEYS, "requests": REQUESTS, "size": SIZE,
-                     "distinct": row.get("distinct")}
+            extra = {
+                "alpha": alpha,
+                "nkeys": NKEYS,
+                "requests": REQUESTS,
+                "size": SIZE,
+                "distinct": row.get("distinct"),
+            }
             for c in HIT:
                 res = row.get(c, {})
                 why = skipped.get(c) or res.get("skipped")
@@ -329,9 +438,22 @@ def _hit(run: Run) -> None:
                     run.alert(f"workload {NUMBER}: {LABELS[part][c]} failed ({case}): {err}")
                     _record(run, part, case, c, "ratio", "higher", [], extra, error=err)
                 else:
-                    _record(run, part, case, c, "ratio", "higher", [res["ratio"]],
-                            {**extra, "hits": res["hits"], "seconds": res["seconds"], "stats": res.get("stats"),
-                             "requests_per_s": REQUESTS / res["seconds"] if res["seconds"] else None})
+                    _record(
+                        run,
+                        part,
+                        case,
+                        c,
+                        "ratio",
+                        "higher",
+                        [res["ratio"]],
+                        {
+                            **extra,
+                            "hits": res["hits"],
+                            "seconds": res["seconds"],
+                            "stats": res.get("stats"),
+                            "requests_per_s": REQUESTS / res["seconds"] if res["seconds"] else None,
+                        },
+                    )
     finally:
         for n in names.values():
             _unlink_ours(n)
@@ -348,8 +470,15 @@ def _stampede(run: Run, reps: int) -> None:
     spec = {"name": name, "path": path, "seconds": SLEEP, "rounds": rounds}
     barrier = run.ctx.Barrier(PROCS)
     q = run.ctx.Queue()
-    procs = [run.ctx.Process(target=CC.stampede_worker, args=(w, spec, barrier, q), daemon=True,
-                             name=f"perf-cache-stampede-{w}") for w in range(PROCS)]
+    procs = [
+        run.ctx.Process(
+            target=CC.stampede_worker,
+            args=(w, spec, barrier, q),
+            daemon=True,
+            name=f"perf-cache-stampede-{w}",
+        )
+        for w in range(PROCS)
+    ]
     answers: List[Dict[str, Any]] = []
     problem = ""
     try:
@@ -363,8 +492,11 @@ def _stampede(run: Run, reps: int) -> None:
             except queue.Empty:
                 dead = [p for p in procs if not p.is_alive() and p.exitcode != 0]
                 if dead or time.monotonic() > deadline:
-                    problem = (f"{len(dead)} stampede process(es) died (exit codes {[p.exitcode for p in dead]})"
-                               if dead else "the stampede processes did not finish in time")
+                    problem = (
+                        f"{len(dead)} stampede process(es) died (exit codes {[p.exitcode for p in dead]})"
+                        if dead
+                        else "the stampede processes did not finish in time"
+                    )
                     barrier.abort()
                     break
         problem = problem or next((a["error"] for a in answers if "error" in a), "")
@@ -395,8 +527,18 @@ def _stampede(run: Run, reps: int) -> None:
                 for case, unit in ((case_c, "count"), (case_w, "s")):
                     _record(run, part, case, mode, unit, "lower", [], extra, error=err or "not measured")
                 continue
-            _record(run, part, case_c, mode, "count", "lower", [float(x) for x in counts], extra,
-                    ok=not err, error=err or None)
+            _record(
+                run,
+                part,
+                case_c,
+                mode,
+                "count",
+                "lower",
+                [float(x) for x in counts],
+                extra,
+                ok=not err,
+                error=err or None,
+            )
             _record(run, part, case_w, mode, "s", "lower", walls, extra, ok=not err, error=err or None)
     finally:
         for p in procs:
@@ -411,10 +553,16 @@ def _stampede(run: Run, reps: int) -> None:
 
 
 def w_cache(run: Run, contenders: List[str]) -> None:
-    reps = run.repeat if run.quick else max(run.repeat, 7)  # (a noisy machine: 7 in full mode, as workload 13)
-    for what, fn in (("Django cache API", lambda: _django(run, reps)), ("plain API", lambda: _plain(run, reps)),
-                     ("cachelib API", lambda: _plain(run, reps, "cachelib")),
-                     ("hit ratio", lambda: _hit(run)), ("stampede", lambda: _stampede(run, reps))):
+    reps = (
+        run.repeat if run.quick else max(run.repeat, 7)
+    )  # (a noisy machine: 7 in full mode, as workload 13)
+    for what, fn in (
+        ("Django cache API", lambda: _django(run, reps)),
+        ("plain API", lambda: _plain(run, reps)),
+        ("cachelib API", lambda: _plain(run, reps, "cachelib")),
+        ("hit ratio", lambda: _hit(run)),
+        ("stampede", lambda: _stampede(run, reps)),
+    ):
         t0 = time.perf_counter()
         log(f"  shared cache: {what}")
         try:
@@ -422,18 +570,37 @@ def w_cache(run: Run, contenders: List[str]) -> None:
         except Exception as exc:
             err = f"{type(exc).__name__}: {exc}"
             run.alert(f"workload {NUMBER} ({what}): {err}")
-            part = {"Django cache API": "django", "plain API": "plain", "cachelib API": "cachelib",
-                    "hit ratio": "hit"}.get(what, "stampede")
+            part = {
+                "Django cache API": "django",
+                "plain API": "plain",
+                "cachelib API": "cachelib",
+                "hit ratio": "hit",
+            }.get(what, "stampede")
             if not any(r["workload"] == WL and r["params"].get("part") == part for r in run.records):
                 for c in LABELS[part]:  # the table shows the part as failed
-                    _record(run, part, f"{what}: failed", c, "ops/s", "higher", [], {"op": "get", "value": "dict"},
-                            error=err)
+                    _record(
+                        run,
+                        part,
+                        f"{what}: failed",
+                        c,
+                        "ops/s",
+                        "higher",
+                        [],
+                        {"op": "get", "value": "dict"},
+                        error=err,
+                    )
         log(f"    ({what} took {time.perf_counter() - t0:.1f} s)")
-    run.note(f"throughput: {CC.KEYS:,} keys, all present, cycled; value {{'id': i, 'name': 'user%d' % i, "
-             f"'score': 1.5}} (plain API also 'user%d' % i); Django: default timeout, MAX_ENTRIES "
-             f"{CC.MAX_ENTRIES:,}; one spawned child per part; cells calibrated to ~{run.box:g} s, "
-             f"{reps} interleaved repetitions; temporary directories on {tempfile.gettempdir()}", WL)
-    run.note(f"hit ratio: get, and set on a miss, over a Zipf trace ({REQUESTS:,} requests over {NKEYS:,} keys, "
-             f"seed 15), {SIZE:,} entries; stampede: {PROCS} spawned processes released by a barrier call "
-             f"the function on a cold key (sleeps {SLEEP:g} s, one line per execution in a file); wall = first "
-             "release to last return", WL)
+    run.note(
+        f"throughput: {CC.KEYS:,} keys, all present, cycled; value {{'id': i, 'name': 'user%d' % i, "
+        f"'score': 1.5}} (plain API also 'user%d' % i); Django: default timeout, MAX_ENTRIES "
+        f"{CC.MAX_ENTRIES:,}; one spawned child per part; cells calibrated to ~{run.box:g} s, "
+        f"{reps} interleaved repetitions; temporary directories on {tempfile.gettempdir()}",
+        WL,
+    )
+    run.note(
+        f"hit ratio: get, and set on a miss, over a Zipf trace ({REQUESTS:,} requests over {NKEYS:,} keys, "
+        f"seed 15), {SIZE:,} entries; stampede: {PROCS} spawned processes released by a barrier call "
+        f"the function on a cold key (sleeps {SLEEP:g} s, one line per execution in a file); wall = first "
+        "release to last return",
+        WL,
+    )

@@ -63,8 +63,9 @@ def _loop(fn: Callable[..., Any], args: List[Any], star: bool) -> Callable[[int]
     return loop
 
 
-def _interleaved(cells: Dict[Tuple[str, str], Callable[[int], float]], order: List[Tuple[str, str]],
-                 reps: int, box: float) -> Dict[Tuple[str, str], Dict[str, Any]]:
+def _interleaved(
+    cells: Dict[Tuple[str, str], Callable[[int], float]], order: List[Tuple[str, str]], reps: int, box: float
+) -> Dict[Tuple[str, str], Dict[str, Any]]:
     """Calibrate every cell once, then ``reps`` rounds over all cells, order rotated."""
     out: Dict[Tuple[str, str], Dict[str, Any]] = {}
     ops: Dict[Tuple[str, str], int] = {}
@@ -97,8 +98,11 @@ def django_child(spec: Dict[str, Any], q: Any) -> None:
         import django
         from django.conf import settings
 
-        settings.configure(CACHES={"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"},
-                                   **spec["caches"]}, INSTALLED_APPS=[], USE_TZ=True)
+        settings.configure(
+            CACHES={"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}, **spec["caches"]},
+            INSTALLED_APPS=[],
+            USE_TZ=True,
+        )
         django.setup()
         from django.core.cache import caches
 
@@ -189,8 +193,11 @@ def _plain_make(c: str, spec: Dict[str, Any]) -> Tuple[Any, Callable[..., Any], 
     if c in ("cl_simple", "cl_fs"):
         import cachelib
 
-        cache = cachelib.SimpleCache(threshold=MAX_ENTRIES, default_timeout=300) if c == "cl_simple" else \
-            cachelib.FileSystemCache(spec["dir"], threshold=MAX_ENTRIES, default_timeout=300)
+        cache = (
+            cachelib.SimpleCache(threshold=MAX_ENTRIES, default_timeout=300)
+            if c == "cl_simple"
+            else cachelib.FileSystemCache(spec["dir"], threshold=MAX_ENTRIES, default_timeout=300)
+        )
         return cache, cache.get, cache.set
     if c in ("lru", "ttl"):
         import cachetools
@@ -265,7 +272,7 @@ def zipf_trace(alpha: float, nkeys: int, requests: int, seed: int) -> List[int]:
     cum: List[float] = []
     total = 0.0
     for r in range(1, nkeys + 1):
-        total += r ** -alpha
+        total += r**-alpha
         cum.append(total)
     ranks = rng.choices(range(nkeys), cum_weights=cum, k=requests)
     ids = list(range(nkeys))
@@ -273,7 +280,9 @@ def zipf_trace(alpha: float, nkeys: int, requests: int, seed: int) -> List[int]:
     return [ids[r] for r in ranks]
 
 
-def _replay(c: str, trace: List[int], size: int, spec: Dict[str, Any]) -> Tuple[int, Optional[Dict[str, Any]]]:
+def _replay(
+    c: str, trace: List[int], size: int, spec: Dict[str, Any]
+) -> Tuple[int, Optional[Dict[str, Any]]]:
     """Hits of contender ``c`` over ``trace`` (get; on a miss set); and its stats()."""
     hits = 0
     if c == "exact":
@@ -333,8 +342,12 @@ def hit_child(spec: Dict[str, Any], q: Any) -> None:
                 t0 = time.perf_counter()
                 try:
                     hits, stats = _replay(c, trace, spec["size"], spec)
-                    row[c] = {"hits": hits, "ratio": hits / len(trace), "seconds": time.perf_counter() - t0,
-                              "stats": stats}
+                    row[c] = {
+                        "hits": hits,
+                        "ratio": hits / len(trace),
+                        "seconds": time.perf_counter() - t0,
+                        "stats": stats,
+                    }
                 except ImportError as exc:
                     row[c] = {"skipped": f"{type(exc).__name__}: {exc}"}
                 except Exception as exc:

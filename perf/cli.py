@@ -31,7 +31,14 @@ from .workloads import TITLES as WL_TITLES
 # which are no adapters; workload 13 (perf.transactions) compares ultradict_ng with itself.
 # Workload 14 (perf.bigdict) has its own contenders too (py-lmdb, ultradict_ng's table).
 ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY, CA.ENTRY]
-NUMBERS = {**WL_NUMBERS, P.WL: P.NUMBER, RB.WL: RB.NUMBER, TX.WL: TX.NUMBER, BD.WL: BD.NUMBER, CA.WL: CA.NUMBER}
+NUMBERS = {
+    **WL_NUMBERS,
+    P.WL: P.NUMBER,
+    RB.WL: RB.NUMBER,
+    TX.WL: TX.NUMBER,
+    BD.WL: BD.NUMBER,
+    CA.WL: CA.NUMBER,
+}
 TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE, TX.WL: TX.TITLE, BD.WL: BD.TITLE, CA.WL: CA.TITLE}
 ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES, **BD.ALIASES, **CA.ALIASES}
 CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS + RB.OWN_CONTENDERS
@@ -41,8 +48,9 @@ OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL, CA.WL)  # workloads that need no adapt
 DEFAULT_OUT = os.path.join("perf", "results")
 
 
-def _parse_list(text: str, valid: List[str], aliases: Dict[str, str], what: str,
-                numbers: Optional[Dict[str, int]] = None) -> List[str]:
+def _parse_list(
+    text: str, valid: List[str], aliases: Dict[str, str], what: str, numbers: Optional[Dict[str, int]] = None
+) -> List[str]:
     out: List[str] = []
     by_number = {str(v): k for k, v in (numbers or {}).items()}
     for raw in text.split(","):
@@ -63,44 +71,77 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m perf",
         description="Benchmark ultradict_ng against UltraDict, shared-memory-dict, "
-                    "multiprocessing.Manager, Redis and a plain dict, with the same loops; "
-                    "and, for large values between processes (workload 9), against raw "
-                    "shared memory, pickle 5 out-of-band buffers, SharedArray, "
-                    "InterProcessPyObjects, multiprocessing.Pipe and Queue; and, for wake-ups "
-                    "(workload 10), wait_for_change against polling, multiprocessing.Event, "
-                    "Condition, Pipe and Redis pub/sub; and ultradict_ng.futures.ProcessPoolExecutor "
-                    "against the standard pool, npshmex and SharedMemory by hand (workload 11); "
-                    "and a big dict read by fresh processes against py-lmdb (workload 14).")
-    p.add_argument("--quick", action="store_true",
-                   help="short run (about a minute): 0.1 s per measurement, smaller sizes, 3 repetitions "
-                        "(workload 9: 1 MiB and 10 MiB values, 1 repetition; workload 10: 200 "
-                        "round trips, 2 s idle window, 1 s per lock round; workload 11: 2e6 "
-                        "elements and 16 arrays of 1 MiB, 3 and 2 repetitions; workload 12: one "
-                        "round, fewer locked increments, one takeover with a 0.5 s lease, 200 "
-                        "staleness writes)")
-    p.add_argument("--repeat", type=int, default=None, metavar="N",
-                   help="repetitions of each measurement (default 5; 3 with --quick)")
-    p.add_argument("--only", default=None, metavar="WORKLOAD[,..]",
-                   help="workloads by name or number: " +
-                        ", ".join(f"{no}={name}" for name, no, _ in ALL_WORKLOADS))
-    p.add_argument("--contenders", default=None, metavar="NAME[,..]",
-                   help="contenders (default all): " + ", ".join(A.ORDER) + "; workload 11 "
-                        "only: " + ", ".join(P.OWN_CONTENDERS) + " (and ultradict_ng); workload 12 "
-                        "only: " + ", ".join(RB.OWN_CONTENDERS) + " (and ultradict_ng, redis)")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"directory for latest.json and latest.png (default {DEFAULT_OUT}/)")
-    p.add_argument("--box", type=float, default=None, metavar="SECONDS",
-                   help="target loop time of one measurement (default 0.4; 0.1 with --quick)")
-    p.add_argument("--wake-parts", default=None, metavar="PART[,..]",
-                   help="the parts of workload 10 to run (default all): latency (wake-up "
-                        "latency), idle (idle waiters' CPU), lock (locked increments in 1-8 "
-                        "processes)")
+        "multiprocessing.Manager, Redis and a plain dict, with the same loops; "
+        "and, for large values between processes (workload 9), against raw "
+        "shared memory, pickle 5 out-of-band buffers, SharedArray, "
+        "InterProcessPyObjects, multiprocessing.Pipe and Queue; and, for wake-ups "
+        "(workload 10), wait_for_change against polling, multiprocessing.Event, "
+        "Condition, Pipe and Redis pub/sub; and ultradict_ng.futures.ProcessPoolExecutor "
+        "against the standard pool, npshmex and SharedMemory by hand (workload 11); "
+        "and a big dict read by fresh processes against py-lmdb (workload 14).",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="short run (about a minute): 0.1 s per measurement, smaller sizes, 3 repetitions "
+        "(workload 9: 1 MiB and 10 MiB values, 1 repetition; workload 10: 200 "
+        "round trips, 2 s idle window, 1 s per lock round; workload 11: 2e6 "
+        "elements and 16 arrays of 1 MiB, 3 and 2 repetitions; workload 12: one "
+        "round, fewer locked increments, one takeover with a 0.5 s lease, 200 "
+        "staleness writes)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        metavar="N",
+        help="repetitions of each measurement (default 5; 3 with --quick)",
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        metavar="WORKLOAD[,..]",
+        help="workloads by name or number: " + ", ".join(f"{no}={name}" for name, no, _ in ALL_WORKLOADS),
+    )
+    p.add_argument(
+        "--contenders",
+        default=None,
+        metavar="NAME[,..]",
+        help="contenders (default all): " + ", ".join(A.ORDER) + "; workload 11 "
+        "only: " + ", ".join(P.OWN_CONTENDERS) + " (and ultradict_ng); workload 12 "
+        "only: " + ", ".join(RB.OWN_CONTENDERS) + " (and ultradict_ng, redis)",
+    )
+    p.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"directory for latest.json and latest.png (default {DEFAULT_OUT}/)",
+    )
+    p.add_argument(
+        "--box",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="target loop time of one measurement (default 0.4; 0.1 with --quick)",
+    )
+    p.add_argument(
+        "--wake-parts",
+        default=None,
+        metavar="PART[,..]",
+        help="the parts of workload 10 to run (default all): latency (wake-up "
+        "latency), idle (idle waiters' CPU), lock (locked increments in 1-8 "
+        "processes)",
+    )
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--name-prefix", default="perf_", metavar="PREFIX",
-                   help="prefix of every dict name, followed by 12 hex digits (default perf_). "
-                        "The test suite passes udng_ so that its leak check sees them; the default "
-                        "differs because that check also deletes udng_<12 hex> segments that "
-                        "appear while any test runs, including a concurrent benchmark's")
+    p.add_argument(
+        "--name-prefix",
+        default="perf_",
+        metavar="PREFIX",
+        help="prefix of every dict name, followed by 12 hex digits (default perf_). "
+        "The test suite passes udng_ so that its leak check sees them; the default "
+        "differs because that check also deletes udng_<12 hex> segments that "
+        "appear while any test runs, including a concurrent benchmark's",
+    )
     return p
 
 
@@ -116,12 +157,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        only = _parse_list(args.only, [w for w, _, _ in ALL_WORKLOADS], ALIASES, "workload", NUMBERS) \
-            if args.only else [w for w, _, _ in ALL_WORKLOADS]
-        chosen = _parse_list(args.contenders, CONTENDERS, CONTENDER_ALIASES, "contender") \
-            if args.contenders else list(CONTENDERS)
-        wake_parts = _parse_list(args.wake_parts, list(WAKE_PARTS), {}, "part of workload 10") \
-            if args.wake_parts else None
+        only = (
+            _parse_list(args.only, [w for w, _, _ in ALL_WORKLOADS], ALIASES, "workload", NUMBERS)
+            if args.only
+            else [w for w, _, _ in ALL_WORKLOADS]
+        )
+        chosen = (
+            _parse_list(args.contenders, CONTENDERS, CONTENDER_ALIASES, "contender")
+            if args.contenders
+            else list(CONTENDERS)
+        )
+        wake_parts = (
+            _parse_list(args.wake_parts, list(WAKE_PARTS), {}, "part of workload 10")
+            if args.wake_parts
+            else None
+        )
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     repeat = args.repeat if args.repeat is not None else (3 if args.quick else 5)
@@ -141,18 +191,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     started_at = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     shm_before = set(shm_entries())
     load_at_start = os.getloadavg()
-    run = Run(quick=args.quick, repeat=repeat, box=box, out=args.out, name_prefix=args.name_prefix,
-              wake_parts=wake_parts)
+    run = Run(
+        quick=args.quick,
+        repeat=repeat,
+        box=box,
+        out=args.out,
+        name_prefix=args.name_prefix,
+        wake_parts=wake_parts,
+    )
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     status = 0
     interrupted = None
     versions: Dict[str, str] = {}
     target_rows: List[Dict[str, Any]] = []
     printed: List[str] = []
-    print(f"perf: ultradict_ng side-by-side benchmark ({'quick' if args.quick else 'full'} mode, "
-          f"{repeat} repetitions, ~{box:g} s per measurement); started {started_at}")
-    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"load average {', '.join(f'{x:.2f}' for x in load_at_start)} (a shared machine: expect noise)")
+    print(
+        f"perf: ultradict_ng side-by-side benchmark ({'quick' if args.quick else 'full'} mode, "
+        f"{repeat} repetitions, ~{box:g} s per measurement); started {started_at}"
+    )
+    print(
+        f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"load average {', '.join(f'{x:.2f}' for x in load_at_start)} (a shared machine: expect noise)"
+    )
     try:
         # -- contenders ------------------------------------------------------------------
         for key in wanted:
@@ -171,9 +231,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 del run.adapters[key]
         src = report.source_digest()
         if "path" in src:
-            print(f"ultradict_ng measured from {src['path']} (py and c files sha256 "
-                  f"{src['sha256_of_py_and_c_files']}, newest modified {src['newest_file_mtime']}; "
-                  f"hot path: {src['hot_path_implementation']})")
+            print(
+                f"ultradict_ng measured from {src['path']} (py and c files sha256 "
+                f"{src['sha256_of_py_and_c_files']}, newest modified {src['newest_file_mtime']}; "
+                f"hot path: {src['hot_path_implementation']})"
+            )
         if wanted:
             print("contenders:")
         for key in wanted:
@@ -237,8 +299,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 group = [wl]
             elif wl == BD.WL:
                 peers = {"ultradict_shared": "UltraDict", "manager": "Manager"}
-                BD.w_bigdict(run, ["ultradict_ng", "uncached", "table", "lmdb"]
-                             + [peers[c] for c in peers if c in chosen])
+                BD.w_bigdict(
+                    run,
+                    ["ultradict_ng", "uncached", "table", "lmdb"] + [peers[c] for c in peers if c in chosen],
+                )
                 group = [wl]
             elif wl == CA.WL:
                 CA.w_cache(run, ["ultradict_ng"])  # (its contenders are its own: perf.cache)
@@ -284,26 +348,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     leak_lines = []
     if ours:
         leak_lines.append(f"segments of this run left in /dev/shm: {ours}")
-    orphans = A.ultra_orphans(new, run.psm_suspects) if any(
-        k in ("ultradict", "ultradict_shared") for k in wanted if k not in run.skipped) else []
+    orphans = (
+        A.ultra_orphans(new, run.psm_suspects)
+        if any(k in ("ultradict", "ultradict_shared") for k in wanted if k not in run.skipped)
+        else []
+    )
     if orphans:
         for e in orphans:
             A.unlink_segment(e)
-        run.alert(f"UltraDict left {len(orphans)} full-dump segment(s) behind that no close() or "
-                  f"unlink_by_name() of its dicts removes (unnamed, no longer referenced by any "
-                  f"control block): {orphans}; the harness unlinked them")
-        leak_lines.append(f"UltraDict orphaned {len(orphans)} 'psm_*' full-dump segment(s) "
-                          f"(removed by the harness): {orphans}")
-    psm = [e for e in new if e.startswith("psm_") and e not in orphans
-           and os.path.exists(os.path.join("/dev/shm", e))]
+        run.alert(
+            f"UltraDict left {len(orphans)} full-dump segment(s) behind that no close() or "
+            f"unlink_by_name() of its dicts removes (unnamed, no longer referenced by any "
+            f"control block): {orphans}; the harness unlinked them"
+        )
+        leak_lines.append(
+            f"UltraDict orphaned {len(orphans)} 'psm_*' full-dump segment(s) "
+            f"(removed by the harness): {orphans}"
+        )
+    psm = [
+        e
+        for e in new
+        if e.startswith("psm_") and e not in orphans and os.path.exists(os.path.join("/dev/shm", e))
+    ]
     unattributed = []
     if psm:
-        unattributed.append(f"new unnamed 'psm_*' segments appeared during the run, not recognised "
-                            f"as UltraDict dumps (another program's?), left alone: {psm}")
+        unattributed.append(
+            f"new unnamed 'psm_*' segments appeared during the run, not recognised "
+            f"as UltraDict dumps (another program's?), left alone: {psm}"
+        )
     sems = [e for e in new if e.startswith("sem.mp-") and os.path.exists(os.path.join("/dev/shm", e))]
     if sems:
-        unattributed.append(f"new multiprocessing semaphores in /dev/shm (this run releases its "
-                            f"own at exit; another program's?), left alone: {sems}")
+        unattributed.append(
+            f"new multiprocessing semaphores in /dev/shm (this run releases its "
+            f"own at exit; another program's?), left alone: {sems}"
+        )
     for p in problems:
         leak_lines.append("cleanup: " + p)
     print("\n== cleanup ==")
@@ -313,10 +391,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         for line in leak_lines:
             print("  WARNING: " + line)
     else:
-        print(f"  /dev/shm: nothing left by this run (names {run.name_prefix}*; "
-              f"{len(shm_before)} entries before, {len(set(shm_entries()))} after, others' are not ours)")
-        print("  processes: worker pool, probes, readers, waiters, pool drivers and their "
-              "executors' workers, Manager server and redis-server ended")
+        print(
+            f"  /dev/shm: nothing left by this run (names {run.name_prefix}*; "
+            f"{len(shm_before)} entries before, {len(set(shm_entries()))} after, others' are not ours)"
+        )
+        print(
+            "  processes: worker pool, probes, readers, waiters, pool drivers and their "
+            "executors' workers, Manager server and redis-server ended"
+        )
     if run.alerts:
         print("\n== alerts (read these) ==")
         for a in run.alerts:
@@ -339,10 +421,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             "started_at": started_at,
             "wall_time_s": round(wall, 2),
             "mode": "quick" if args.quick else "full",
-            "options": {"repeat": repeat, "box_s": box, "only": only, "contenders": wanted,
-                        "pool_contenders": pool_wanted, "redis_contenders": redis_wanted,
-                        "wake_parts": wake_parts or list(WAKE_PARTS),
-                        "argv": sys.argv[1:] if argv is None else list(argv)},
+            "options": {
+                "repeat": repeat,
+                "box_s": box,
+                "only": only,
+                "contenders": wanted,
+                "pool_contenders": pool_wanted,
+                "redis_contenders": redis_wanted,
+                "wake_parts": wake_parts or list(WAKE_PARTS),
+                "argv": sys.argv[1:] if argv is None else list(argv),
+            },
             "status": interrupted or "complete",
             "machine": meta,
             "skipped_contenders": {A.ADAPTERS[k].label: v for k, v in run.skipped.items()},
@@ -354,7 +442,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "unattributed_new_shm": unattributed,
             "method": {
                 "timed_loops": "gc disabled inside timed loops (as timeit); op counts calibrated to "
-                               "~box seconds; repetitions of contenders interleaved",
+                "~box seconds; repetitions of contenders interleaved",
                 "spread": "min-max of the repetitions (q1/q3 also stored)",
             },
             "records": run.records,

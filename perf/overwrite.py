@@ -73,9 +73,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         d.close()
     reads = [r for r, _ in results]
     torn = sum(t for _, t in results)
-    print(f"{args.times} overwrites of a {args.mib} MiB array in {elapsed:.1f} s "
-          f"({elapsed / args.times * 1e3:.1f} ms each), {args.readers} readers: reads {reads}, "
-          f"torn {torn}; peak /dev/shm use {peak / size:.2f}x the value")
+    print(
+        f"{args.times} overwrites of a {args.mib} MiB array in {elapsed:.1f} s "
+        f"({elapsed / args.times * 1e3:.1f} ms each), {args.readers} readers: reads {reads}, "
+        f"torn {torn}; peak /dev/shm use {peak / size:.2f}x the value"
+    )
     return 1 if torn else 0
 
 

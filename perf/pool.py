@@ -70,12 +70,10 @@ from .util import fmt_seconds, log, shm_entries
 
 WL = "pool"
 NUMBER = 11
-TITLE = ("process pool: submit(add_one, big array) round trip; map over many 10 MiB arrays; "
-         "small tasks")
+TITLE = "process pool: submit(add_one, big array) round trip; map over many 10 MiB arrays; small tasks"
 #: The workload as :data:`perf.workloads.WORKLOADS` lists the others.
 ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
-ALIASES = {"futures": "pool", "executor": "pool", "processpool": "pool",
-           "processpoolexecutor": "pool"}
+ALIASES = {"futures": "pool", "executor": "pool", "processpool": "pool", "processpoolexecutor": "pool"}
 
 ORDER = list(T.CONTENDERS)  # stdlib, npshmex, handwritten, ultradict_ng
 LABELS = {
@@ -86,8 +84,12 @@ LABELS = {
 }
 #: ``--contenders`` names of this workload's contenders that are no adapters.
 CONTENDER_ALIASES = {
-    "std": "stdlib", "concurrent.futures": "stdlib", "concurrent-futures": "stdlib",
-    "hand": "handwritten", "hand-written": "handwritten", "by-hand": "handwritten",
+    "std": "stdlib",
+    "concurrent.futures": "stdlib",
+    "concurrent-futures": "stdlib",
+    "hand": "handwritten",
+    "hand-written": "handwritten",
+    "by-hand": "handwritten",
 }
 OWN_CONTENDERS = [c for c in ORDER if c != "ultradict_ng"]
 
@@ -105,13 +107,25 @@ MiB = 1 << 20
 def plan(run: Run) -> Dict[str, Any]:
     """Sizes, repetitions and rounds for this run."""
     if run.quick:
-        return {"submit_elements": int(2e6), "map_arrays": 16, "map_bytes": MiB,
-                "submit_reps": min(run.repeat, 3), "map_reps": min(run.repeat, 2),
-                "stamped_reps": 1, "rounds": 1}
+        return {
+            "submit_elements": int(2e6),
+            "map_arrays": 16,
+            "map_bytes": MiB,
+            "submit_reps": min(run.repeat, 3),
+            "map_reps": min(run.repeat, 2),
+            "stamped_reps": 1,
+            "rounds": 1,
+        }
     reps_a, reps_b = run.repeat, min(run.repeat, 3)
-    return {"submit_elements": int(2e7), "map_arrays": 64, "map_bytes": 10 * MiB,
-            "submit_reps": reps_a, "map_reps": reps_b, "stamped_reps": 2,
-            "rounds": max(reps_a, reps_b)}
+    return {
+        "submit_elements": int(2e7),
+        "map_arrays": 64,
+        "map_bytes": 10 * MiB,
+        "submit_reps": reps_a,
+        "map_reps": reps_b,
+        "stamped_reps": 2,
+        "rounds": max(reps_a, reps_b),
+    }
 
 
 def _elements(n: int) -> str:
@@ -122,13 +136,11 @@ def _elements(n: int) -> str:
 
 
 def submit_case(p: Dict[str, Any]) -> str:
-    return (f"submit(add_one, np.ones({_elements(p['submit_elements'])})) round trip, "
-            "max_workers=1")
+    return f"submit(add_one, np.ones({_elements(p['submit_elements'])})) round trip, max_workers=1"
 
 
 def map_case(p: Dict[str, Any]) -> str:
-    return (f"list(map(add_one, {p['map_arrays']} arrays of {p['map_bytes'] // MiB} MiB)), "
-            "max_workers=2")
+    return f"list(map(add_one, {p['map_arrays']} arrays of {p['map_bytes'] // MiB} MiB)), max_workers=2"
 
 
 # -- availability -------------------------------------------------------------------------------
@@ -154,8 +166,10 @@ def versions() -> Dict[str, str]:
     import platform
     from importlib.metadata import version
 
-    out = {"stdlib": "stdlib " + platform.python_version(),
-           "handwritten": "stdlib " + platform.python_version()}
+    out = {
+        "stdlib": "stdlib " + platform.python_version(),
+        "handwritten": "stdlib " + platform.python_version(),
+    }
     for key, dist in (("npshmex", "npshmex"), ("ultradict_ng", "ultradict_ng")):
         try:
             out[key] = version(dist)
@@ -216,9 +230,12 @@ class _DriverRun:
         parent_end, child_end = self.run.ctx.Pipe()
         self.conn = parent_end
         self.run.own_resource(self.key, self.cleanup)
-        self.proc = self.run.ctx.Process(target=T.driver_main, name=f"perf-pool-{self.contender}",
-                                         args=(self.contender, self.params, child_end),
-                                         daemon=False)  # (a daemon could not start its pool)
+        self.proc = self.run.ctx.Process(
+            target=T.driver_main,
+            name=f"perf-pool-{self.contender}",
+            args=(self.contender, self.params, child_end),
+            daemon=False,
+        )  # (a daemon could not start its pool)
         try:
             self.proc.start()
         finally:
@@ -231,14 +248,16 @@ class _DriverRun:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise DriverError(f"no result from the {self.contender} driver (pid {p.pid}) "
-                                  f"within {self.limit:.0f} s")
+                raise DriverError(
+                    f"no result from the {self.contender} driver (pid {p.pid}) within {self.limit:.0f} s"
+                )
             if conn.poll(min(1.0, left)):
                 try:
                     msg = conn.recv()
                 except EOFError:
-                    raise DriverError(f"the {self.contender} driver (pid {p.pid}) ended, "
-                                      f"exit code {p.exitcode}") from None
+                    raise DriverError(
+                        f"the {self.contender} driver (pid {p.pid}) ended, exit code {p.exitcode}"
+                    ) from None
                 kind = msg[0]
                 if kind == "pool":
                     self.workers.extend(tuple(w) for w in msg[1]["pids"])
@@ -256,8 +275,7 @@ class _DriverRun:
                 else:
                     raise DriverError(f"the {self.contender} driver sent {kind!r}")
             elif not p.is_alive() and not conn.poll(0):
-                raise DriverError(f"the {self.contender} driver (pid {p.pid}) died, "
-                                  f"exit code {p.exitcode}")
+                raise DriverError(f"the {self.contender} driver (pid {p.pid}) died, exit code {p.exitcode}")
 
     def cleanup(self, ok: bool = False) -> List[str]:
         """End the driver and its workers, remove its segments; what had to be done."""
@@ -299,9 +317,11 @@ class _DriverRun:
         # The segments it can leave.
         gone = []
         for name in shm_entries():
-            if (name.startswith(self.params["hand_prefix"])
-                    or any(name.startswith(px) for px in self.parcel_prefixes)
-                    or (name.startswith("npshmex_") and name not in self.shm_before)):
+            if (
+                name.startswith(self.params["hand_prefix"])
+                or any(name.startswith(px) for px in self.parcel_prefixes)
+                or (name.startswith("npshmex_") and name not in self.shm_before)
+            ):
                 if T.shm_unlink_name(name):
                     gone.append(name)
         if gone:
@@ -311,8 +331,9 @@ class _DriverRun:
         return done
 
 
-def _one(run: Run, contender: str, params: Dict[str, Any], limit: float
-         ) -> Tuple[Dict[str, Any], Dict[str, Any], List[str]]:
+def _one(
+    run: Run, contender: str, params: Dict[str, Any], limit: float
+) -> Tuple[Dict[str, Any], Dict[str, Any], List[str]]:
     """Run one driver; (its result, its ready info, what the cleanup found after a normal end)."""
     d = _DriverRun(run, contender, params, limit)
     try:
@@ -339,8 +360,7 @@ def w_pool(run: Run, contenders: List[str]) -> None:
     for c in [c for c in ORDER if c in contenders]:
         why = "numpy is not installed" if numpy_missing else _missing(c)
         if why:
-            _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []),
-                  "unavailable: " + why)
+            _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []), "unavailable: " + why)
             run.note(f"{LABELS[c]} skipped: {why}", WL)
         else:
             todo.append(c)
@@ -350,8 +370,7 @@ def w_pool(run: Run, contenders: List[str]) -> None:
     base = {k: p[k] for k in ("submit_elements", "map_arrays", "map_bytes")}
     base.update((k, small[k]) for k in S.KINDS)
     base["start_method"] = start_method
-    raws: Dict[str, Dict[str, List[Dict[str, Any]]]] = {c: {SUBMIT: [], MAP: [], S.SMALL: []}
-                                                        for c in todo}
+    raws: Dict[str, Dict[str, List[Dict[str, Any]]]] = {c: {SUBMIT: [], MAP: [], S.SMALL: []} for c in todo}
     small_rounds: Dict[str, List[int]] = {c: [] for c in todo}
     info: Dict[str, Dict[str, Any]] = {}
     failed: Dict[str, str] = {}  # given up on (unavailable, or failed MAX_FAILURES times)
@@ -365,44 +384,58 @@ def w_pool(run: Run, contenders: List[str]) -> None:
         reps_b = p["map_reps"] if p["rounds"] == 1 else int(rnd < p["map_reps"])
         stamped = min(stamped_left, per_round_stamped)
         stamped_left -= stamped
-        order = todo[rnd % len(todo):] + todo[:rnd % len(todo)]
+        order = todo[rnd % len(todo) :] + todo[: rnd % len(todo)]
         for c in order:
             if c in failed:
                 continue
             seq += 1
-            params = dict(base, submit_reps=reps_a, map_reps=reps_b,
-                          stamped_reps=stamped,
-                          small_reps=small["small_reps"] if c in S.CONTENDERS else 0,
-                          hand_prefix=f"{run.name_prefix}pool{seq}_")
-            if not (params["submit_reps"] or params["stamped_reps"] or params["map_reps"]
-                    or params["small_reps"]):
+            params = dict(
+                base,
+                submit_reps=reps_a,
+                map_reps=reps_b,
+                stamped_reps=stamped,
+                small_reps=small["small_reps"] if c in S.CONTENDERS else 0,
+                hand_prefix=f"{run.name_prefix}pool{seq}_",
+            )
+            if not (
+                params["submit_reps"] or params["stamped_reps"] or params["map_reps"] or params["small_reps"]
+            ):
                 continue
             log(f"  pool: {LABELS[c]}, round {rnd + 1}/{p['rounds']}")
-            limit = (120.0 + 60.0 * (params["submit_reps"] + params["stamped_reps"])
-                     + 120.0 * params["map_reps"] + 60.0 * params["small_reps"])
+            limit = (
+                120.0
+                + 60.0 * (params["submit_reps"] + params["stamped_reps"])
+                + 120.0 * params["map_reps"]
+                + 60.0 * params["small_reps"]
+            )
             try:
                 res, inf, left = _one(run, c, params, limit)
             except Unavailable as exc:
                 failed[c] = "skipped"
-                _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []),
-                      f"unavailable: {exc}")
+                _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []), f"unavailable: {exc}")
                 run.note(f"{LABELS[c]} skipped: {exc}", WL)
                 continue
             except Exception as exc:
                 text = str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}"
                 errors[c].append(text)
                 short = _short(text)
-                more = (" (a later round runs it again)" if len(errors[c]) < MAX_FAILURES
-                        else f" ({MAX_FAILURES} failures: not run again)")
-                run.alert(f"{LABELS[c]} failed in workload {WL}, round {rnd + 1}: {short}{more}"
-                          + _hint(text))
+                more = (
+                    " (a later round runs it again)"
+                    if len(errors[c]) < MAX_FAILURES
+                    else f" ({MAX_FAILURES} failures: not run again)"
+                )
+                run.alert(
+                    f"{LABELS[c]} failed in workload {WL}, round {rnd + 1}: {short}{more}" + _hint(text)
+                )
                 if len(errors[c]) >= MAX_FAILURES:
                     failed[c] = text
                 continue
             info[c] = inf
             if left:
-                run.alert(f"{LABELS[c]} (workload {WL}, round {rnd + 1}): after the driver had "
-                          f"shut its executor down: {'; '.join(left)}")
+                run.alert(
+                    f"{LABELS[c]} (workload {WL}, round {rnd + 1}): after the driver had "
+                    f"shut its executor down: {'; '.join(left)}"
+                )
             for case in (SUBMIT, MAP):
                 if case in res:
                     raws[c][case].append(res[case])
@@ -425,10 +458,13 @@ def w_pool(run: Run, contenders: List[str]) -> None:
     ran = [c for c in todo if failed.get(c) != "skipped"]
     _notes(run, p, ran, info, start_method, time.perf_counter() - t_all)
     if any(c in S.CONTENDERS for c in ran):
-        run.note(f"(c) small tasks: {small['small_reps']} repetition(s) of each row per driver, "
-                 "after the array cases, on the driver's pool of 2 workers; only the standard "
-                 "pool and ultradict_ng.futures (with no array the other two are the standard "
-                 "pool); by round: the ratio of each round's medians", WL)
+        run.note(
+            f"(c) small tasks: {small['small_reps']} repetition(s) of each row per driver, "
+            "after the array cases, on the driver's pool of 2 workers; only the standard "
+            "pool and ultradict_ng.futures (with no array the other two are the standard "
+            "pool); by round: the ratio of each round's medians",
+            WL,
+        )
 
 
 #: A contender that fails this many rounds is not run again.
@@ -446,24 +482,28 @@ def _short(text: str) -> str:
 def _hint(text: str) -> str:
     """What a known failure means."""
     if "is gone (removed from outside?)" in text:
-        return ("; another process removed a live parcel: a concurrent pytest run does this "
-                "(tests/conftest.py's no_leftovers unlinks every @udp* entry that appears while "
-                "a test runs, a benchmark's too), as would a buggy 'ultradict-ng clean'")
+        return (
+            "; another process removed a live parcel: a concurrent pytest run does this "
+            "(tests/conftest.py's no_leftovers unlinks every @udp* entry that appears while "
+            "a test runs, a benchmark's too), as would a buggy 'ultradict-ng clean'"
+        )
     return ""
 
 
 def _skip(run: Run, c: str, cases: List[Tuple[str, str]], why: str) -> None:
     for kind, case in cases:
-        rec = run.record(WL, case, c, unit="s", better="lower", values=[], skipped=why,
-                         params={"case_kind": kind})
+        rec = run.record(
+            WL, case, c, unit="s", better="lower", values=[], skipped=why, params={"case_kind": kind}
+        )
         rec["label"] = LABELS[c]
 
 
 def _fail(run: Run, c: str, cases: List[Tuple[str, str]], text: str) -> None:
     short = _short(text)
     for kind, case in cases:
-        rec = run.record(WL, case, c, unit="s", better="lower", values=[], error=text,
-                         params={"case_kind": kind})
+        rec = run.record(
+            WL, case, c, unit="s", better="lower", values=[], error=text, params={"case_kind": kind}
+        )
         rec["label"] = LABELS[c]
         rec["error_short"] = short
 
@@ -472,19 +512,31 @@ def _med(xs: List[float]) -> Optional[float]:
     return statistics.median(xs) if xs else None
 
 
-def _record(run: Run, c: str, kind: str, case: str, raw: List[Dict[str, Any]],
-            p: Dict[str, Any], inf: Dict[str, Any], errors: List[str]) -> None:
+def _record(
+    run: Run,
+    c: str,
+    kind: str,
+    case: str,
+    raw: List[Dict[str, Any]],
+    p: Dict[str, Any],
+    inf: Dict[str, Any],
+    errors: List[str],
+) -> None:
     times = [t for r in raw for t in r["times"]]
     wrong = [w for r in raw for w in r["wrong"]]
     if wrong:
         run.alert(f"{LABELS[c]}: pool {kind}: a wrong result: {wrong[0]}")
     params: Dict[str, Any] = {
-        "case_kind": kind, "repetitions": len(times), "drivers": len(raw),
-        "start_method": inf.get("start_method"), "version": inf.get("version"),
+        "case_kind": kind,
+        "repetitions": len(times),
+        "drivers": len(raw),
+        "start_method": inf.get("start_method"),
+        "version": inf.get("version"),
         "future_class_in_driver": inf.get("future_class"),
         "result_types": sorted({t for r in raw for t in r["result_types"]}),
         "release_s_median": _med([x for r in raw for x in r["release_s"]]),
-        "failed_rounds": len(errors), "errors": errors,
+        "failed_rounds": len(errors),
+        "errors": errors,
     }
     show: Dict[str, Any] = {}
     if errors:
@@ -495,63 +547,85 @@ def _record(run: Run, c: str, kind: str, case: str, raw: List[Dict[str, Any]],
         stages = [s for r in raw for s in r.get("stages", [])]
         params["stages"] = stages
         if stages:
-            params["stages_median"] = {k: _med([s[k] for s in stages if k in s])
-                                       for k in stages[0]}
+            params["stages_median"] = {k: _med([s[k] for s in stages if k in s]) for k in stages[0]}
     else:
         mib = p["map_arrays"] * p["map_bytes"] / MiB
-        params.update(arrays=p["map_arrays"], array_bytes=p["map_bytes"], input_mib=mib,
-                      throughput_mib_s=[mib / t for t in times])
+        params.update(
+            arrays=p["map_arrays"],
+            array_bytes=p["map_bytes"],
+            input_mib=mib,
+            throughput_mib_s=[mib / t for t in times],
+        )
         med = _med(times)
         params["throughput_mib_s_median"] = mib / med if med else None
     if wrong:
         show["value"] = "WRONG"
-    rec = run.record(WL, case, c, unit="s", better="lower", values=times, raw=raw,
-                     show=show, params=params, ok=not wrong)
+    rec = run.record(
+        WL, case, c, unit="s", better="lower", values=times, raw=raw, show=show, params=params, ok=not wrong
+    )
     rec["label"] = LABELS[c]
 
 
-def _notes(run: Run, p: Dict[str, Any], todo: List[str], info: Dict[str, Dict[str, Any]],
-           start_method: str, took: float) -> None:
+def _notes(
+    run: Run,
+    p: Dict[str, Any],
+    todo: List[str],
+    info: Dict[str, Dict[str, Any]],
+    start_method: str,
+    took: float,
+) -> None:
     def note(text: str) -> None:
         run.note(text, WL)
 
     rounds = p["rounds"]
-    note(f"each measurement in a fresh spawned driver process per contender ({rounds} round"
-         f"{'s' if rounds > 1 else ''}, contenders interleaved, order rotated); executors made "
-         f"with mp_context={start_method!r} (this platform's default start method), warmed up "
-         f"by one tiny task per worker; {p['submit_reps']} round trip(s) and {p['map_reps']} "
-         f"map(s) per contender; median (min..max); the workload took {took:.0f} s")
-    note("(a) the clock runs from the submit call to the result's first and last element read "
-         "(the input array is made before); 'to worker / compute / back': "
-         f"{p['stamped_reps']} extra round trip(s) of add_one_stamped (the same add, returning "
-         "the worker's clock around it in a dict, as npshmex ships only arrays and dicts of "
-         "arrays through shared memory), not in the median: to worker = submit -> the add "
-         "starts in the worker, back = the add ends -> the result usable here (the "
-         "hand-written one includes the parent's segment create + copy in 'to worker')")
-    note("(b) wall time from the map call to every result's first and last element read; "
-         "MiB/s = input MiB / wall; speed-up = stdlib's median / the contender's (for (b) "
-         "that is the throughput ratio)")
+    note(
+        f"each measurement in a fresh spawned driver process per contender ({rounds} round"
+        f"{'s' if rounds > 1 else ''}, contenders interleaved, order rotated); executors made "
+        f"with mp_context={start_method!r} (this platform's default start method), warmed up "
+        f"by one tiny task per worker; {p['submit_reps']} round trip(s) and {p['map_reps']} "
+        f"map(s) per contender; median (min..max); the workload took {took:.0f} s"
+    )
+    note(
+        "(a) the clock runs from the submit call to the result's first and last element read "
+        "(the input array is made before); 'to worker / compute / back': "
+        f"{p['stamped_reps']} extra round trip(s) of add_one_stamped (the same add, returning "
+        "the worker's clock around it in a dict, as npshmex ships only arrays and dicts of "
+        "arrays through shared memory), not in the median: to worker = submit -> the add "
+        "starts in the worker, back = the add ends -> the result usable here (the "
+        "hand-written one includes the parent's segment create + copy in 'to worker')"
+    )
+    note(
+        "(b) wall time from the map call to every result's first and last element read; "
+        "MiB/s = input MiB / wall; speed-up = stdlib's median / the contender's (for (b) "
+        "that is the throughput ratio)"
+    )
     if "npshmex" in todo:
         fc = info.get("npshmex", {}).get("future_class")
-        note("npshmex monkeypatches concurrent.futures._base.Future globally when imported "
-             f"(in its driver the class was {fc or '?'}): it runs only in drivers of its own; "
-             "its submit puts array arguments in SharedArray segments and its Future un-shms "
-             "results on arrival; its map sends tuples of arguments (chunks), which it does "
-             "not recognise as arrays: in (b) the arrays travel pickled through the pipe, "
-             "as in the standard pool")
+        note(
+            "npshmex monkeypatches concurrent.futures._base.Future globally when imported "
+            f"(in its driver the class was {fc or '?'}): it runs only in drivers of its own; "
+            "its submit puts array arguments in SharedArray segments and its Future un-shms "
+            "results on arrival; its map sends tuples of arguments (chunks), which it does "
+            "not recognise as arrays: in (b) the arrays travel pickled through the pipe, "
+            "as in the standard pool"
+        )
     if "handwritten" in todo:
-        note("stdlib + SharedMemory by hand: the caller creates a segment per input and copies "
-             "the array in, passes (name, shape, dtype); the worker attaches, creates an output "
-             "segment and computes into it (np.add(x, 1, out=...): no extra copy), returns its "
-             "name; the caller attaches it (zero-copy); closing and unlinking both happens "
-             "after the clock stops (release time in latest.json); no resource-tracker "
-             "registration is left (track=False on 3.13+, else unregister after each "
-             "create/attach and shm_unlink); in (b) map consumes a generator that copies each "
-             "input just before its submit")
+        note(
+            "stdlib + SharedMemory by hand: the caller creates a segment per input and copies "
+            "the array in, passes (name, shape, dtype); the worker attaches, creates an output "
+            "segment and computes into it (np.add(x, 1, out=...): no extra copy), returns its "
+            "name; the caller attaches it (zero-copy); closing and unlinking both happens "
+            "after the clock stops (release time in latest.json); no resource-tracker "
+            "registration is left (track=False on 3.13+, else unregister after each "
+            "create/attach and shm_unlink); in (b) map consumes a generator that copies each "
+            "input just before its submit"
+        )
     if "ultradict_ng" in todo:
-        note("ultradict_ng.futures.ProcessPoolExecutor with its default shm_threshold; its "
-             "result arrays are views of a segment whose name is already removed (freed when "
-             "the array is)")
+        note(
+            "ultradict_ng.futures.ProcessPoolExecutor with its default shm_threshold; its "
+            "result arrays are views of a segment whose name is already removed (freed when "
+            "the array is)"
+        )
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -559,8 +633,7 @@ def _notes(run: Run, p: Dict[str, Any], todo: List[str], info: Dict[str, Dict[st
 
 def _rows(recs: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
     rows = [r for r in recs if r["workload"] == WL and r["params"].get("case_kind") == kind]
-    return sorted(rows, key=lambda r: ORDER.index(r["contender"]) if r["contender"] in ORDER
-                  else len(ORDER))
+    return sorted(rows, key=lambda r: ORDER.index(r["contender"]) if r["contender"] in ORDER else len(ORDER))
 
 
 def _find(recs: List[Dict[str, Any]], kind: str, c: str) -> Optional[Dict[str, Any]]:
@@ -600,8 +673,10 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
         if not rows:
             continue
         better = "lower is better" if kind == SUBMIT else "lower wall / higher MiB/s is better"
-        lines.append(f"  -- ({'a' if kind == SUBMIT else 'b'}) {rows[0]['case']} ({better}; "
-                     "x stdlib / x npshmex: times faster than it) --")
+        lines.append(
+            f"  -- ({'a' if kind == SUBMIT else 'b'}) {rows[0]['case']} ({better}; "
+            "x stdlib / x npshmex: times faster than it) --"
+        )
         head = f"  {'contender':<{w}}{'median':>10}  {'spread (min..max)':<22}{'n':>3}"
         head += f"{'x stdlib':>10}"
         head += f"{'x npshmex':>11}" if kind == SUBMIT else f"{'MiB/s':>9}"
@@ -612,8 +687,10 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
                 lines.append(bad)
                 continue
             vs_std = _speedup(recs, kind, "stdlib", r["contender"])
-            line = (f"  {r['label']:<{w}}{fmt_seconds(r['median']):>10}  {_spread(r):<22}"
-                    f"{r['n']:>3}{'-' if vs_std is None else f'{vs_std:.2f}x':>10}")
+            line = (
+                f"  {r['label']:<{w}}{fmt_seconds(r['median']):>10}  {_spread(r):<22}"
+                f"{r['n']:>3}{'-' if vs_std is None else f'{vs_std:.2f}x':>10}"
+            )
             if kind == SUBMIT:
                 vs_np = _speedup(recs, kind, "npshmex", r["contender"])
                 line += f"{'-' if vs_np is None else f'{vs_np:.2f}x':>11}"
@@ -629,19 +706,25 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
         if kind == SUBMIT:
             staged = [r for r in rows if r["params"].get("stages_median")]
             if staged:
-                lines.append(f"  where the time goes (add_one_stamped, median of "
-                             f"{len(staged[0]['params']['stages'])}):")
-                lines.append(f"  {'':<{w}}{'to worker':>10}{'compute':>10}{'back':>10}"
-                             f"{'total':>10}  (hand-written: put = create + copy, take = attach)")
+                lines.append(
+                    f"  where the time goes (add_one_stamped, median of "
+                    f"{len(staged[0]['params']['stages'])}):"
+                )
+                lines.append(
+                    f"  {'':<{w}}{'to worker':>10}{'compute':>10}{'back':>10}"
+                    f"{'total':>10}  (hand-written: put = create + copy, take = attach)"
+                )
                 for r in staged:
                     s = r["params"]["stages_median"]
                     more = ""
                     if "put" in s:
                         more = f"  put {fmt_seconds(s['put'])}, take {fmt_seconds(s['take'])}"
-                    lines.append(f"  {r['label']:<{w}}{fmt_seconds(s.get('to_worker')):>10}"
-                                 f"{fmt_seconds(s.get('compute')):>10}"
-                                 f"{fmt_seconds(s.get('back')):>10}"
-                                 f"{fmt_seconds(s.get('total')):>10}{more}")
+                    lines.append(
+                        f"  {r['label']:<{w}}{fmt_seconds(s.get('to_worker')):>10}"
+                        f"{fmt_seconds(s.get('compute')):>10}"
+                        f"{fmt_seconds(s.get('back')):>10}"
+                        f"{fmt_seconds(s.get('total')):>10}{more}"
+                    )
     lines.extend(S.section(recs, LABELS, w))
     for n in notes:
         lines.append(f"   note: {n}")
@@ -663,29 +746,30 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         ratio = _speedup(recs, kind, base, "ultradict_ng")
         r: Dict[str, Any] = {"target": name, "need": f"> {need:g}x" if strict else f">= {need:g}x"}
         if ratio is None:
-            missing = "ultradict_ng" if not (_find(recs, kind, "ultradict_ng") or {}).get("median") \
-                else base
+            missing = "ultradict_ng" if not (_find(recs, kind, "ultradict_ng") or {}).get("median") else base
             r.update(measured=None, status="n/a", detail=why(kind, missing))
         else:
             ok = ratio > need if strict else ratio >= need
             ng, b = _find(recs, kind, "ultradict_ng"), _find(recs, kind, base)
             assert ng is not None and b is not None
-            detail = (f"ultradict_ng.futures {fmt_seconds(ng['median'])} vs {LABELS[base]} "
-                      f"{fmt_seconds(b['median'])} (median of {ng['n']} / {b['n']})")
+            detail = (
+                f"ultradict_ng.futures {fmt_seconds(ng['median'])} vs {LABELS[base]} "
+                f"{fmt_seconds(b['median'])} (median of {ng['n']} / {b['n']})"
+            )
             if kind == MAP:
-                detail += (f"; {ng['params'].get('throughput_mib_s_median') or 0:.0f} vs "
-                           f"{b['params'].get('throughput_mib_s_median') or 0:.0f} MiB/s")
+                detail += (
+                    f"; {ng['params'].get('throughput_mib_s_median') or 0:.0f} vs "
+                    f"{b['params'].get('throughput_mib_s_median') or 0:.0f} MiB/s"
+                )
             r.update(measured=ratio, status="PASS" if ok else "MISS", detail=detail)
             case = ng["case"]
             if quick:
                 r["caveat"] = f"--quick sizes ({case}), not the issue's"
         out.append(r)
 
-    row("pool: submit round trip >= 4x faster than stdlib pool", SUBMIT, "stdlib",
-        SUBMIT_VS_STDLIB, False)
+    row("pool: submit round trip >= 4x faster than stdlib pool", SUBMIT, "stdlib", SUBMIT_VS_STDLIB, False)
     row("pool: submit round trip faster than npshmex", SUBMIT, "npshmex", SUBMIT_VS_NPSHMEX, True)
-    row("pool: map 64x10 MiB >= 3x stdlib pool's throughput", MAP, "stdlib",
-        MAP_VS_STDLIB, False)
+    row("pool: map 64x10 MiB >= 3x stdlib pool's throughput", MAP, "stdlib", MAP_VS_STDLIB, False)
     out.extend(S.targets(recs, quick))
     return out
 
@@ -701,8 +785,7 @@ def _minor_label(v: float, _pos: Any) -> str:
 def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
     """Median seconds (whiskers min..max) per case and contender; the speed-up over stdlib on top."""
     # ultradict_ng in its colour of the other panels; the peers in colours no other panel uses
-    colors = {"stdlib": "dimgray", "npshmex": "goldenrod", "handwritten": "teal",
-              "ultradict_ng": "tab:blue"}
+    colors = {"stdlib": "dimgray", "npshmex": "goldenrod", "handwritten": "teal", "ultradict_ng": "tab:blue"}
     width = 0.8 / len(ORDER)
     kinds = [k for k in (SUBMIT, MAP) if any(r["median"] for r in _rows(recs, k))]
     for i, c in enumerate(ORDER):
@@ -724,11 +807,11 @@ def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
     for kind in kinds:
         prm = next(r["params"] for r in _rows(recs, kind) if r["median"])
         if kind == SUBMIT:
-            labels.append(f"(a) submit round trip, 1 worker\n{prm.get('input_bytes', 0) / 1e6:.0f} "
-                          "MB array")
+            labels.append(f"(a) submit round trip, 1 worker\n{prm.get('input_bytes', 0) / 1e6:.0f} MB array")
         else:
-            labels.append(f"(b) map, 2 workers\n{prm.get('arrays')} x "
-                          f"{(prm.get('array_bytes') or 0) // MiB} MiB")
+            labels.append(
+                f"(b) map, 2 workers\n{prm.get('arrays')} x {(prm.get('array_bytes') or 0) // MiB} MiB"
+            )
     ax.set_xticks(range(len(kinds)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_yscale("log")

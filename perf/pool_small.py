@@ -55,8 +55,15 @@ def cases(p: Dict[str, Any]) -> List[Tuple[str, str]]:
     return [(kind, case_text(kind, p)) for kind in KINDS]
 
 
-def record(run: Run, c: str, label: str, raw: List[Dict[str, Any]], p: Dict[str, Any],
-           rounds: List[int], errors: List[str]) -> None:
+def record(
+    run: Run,
+    c: str,
+    label: str,
+    raw: List[Dict[str, Any]],
+    p: Dict[str, Any],
+    rounds: List[int],
+    errors: List[str],
+) -> None:
     """One record per row for contender ``c`` (``raw``: its drivers' results, the
     driver of round ``rounds[i]`` first)."""
     for kind, case in cases(p):
@@ -65,12 +72,27 @@ def record(run: Run, c: str, label: str, raw: List[Dict[str, Any]], p: Dict[str,
         wrong = [w for r in raw for w in r["wrong"] if w.startswith(kind)]
         if wrong:
             run.alert(f"{label}: pool {kind}: {wrong[0]}")
-        params = {"case_kind": kind, "tasks": p[kind], "repetitions": len(times),
-                  "drivers": len(raw), "failed_rounds": len(errors), "errors": errors,
-                  "round_medians": {str(rnd): statistics.median(ts)
-                                    for rnd, ts in zip(rounds, per_round) if ts}}
-        rec = run.record("pool", case, c, unit="s", better="lower", values=times, raw=raw,
-                         show={"value": "WRONG"} if wrong else {}, params=params, ok=not wrong)
+        params = {
+            "case_kind": kind,
+            "tasks": p[kind],
+            "repetitions": len(times),
+            "drivers": len(raw),
+            "failed_rounds": len(errors),
+            "errors": errors,
+            "round_medians": {str(rnd): statistics.median(ts) for rnd, ts in zip(rounds, per_round) if ts},
+        }
+        rec = run.record(
+            "pool",
+            case,
+            c,
+            unit="s",
+            better="lower",
+            values=times,
+            raw=raw,
+            show={"value": "WRONG"} if wrong else {},
+            params=params,
+            ok=not wrong,
+        )
         rec["label"] = label
 
 
@@ -103,14 +125,19 @@ def section(recs: List[Dict[str, Any]], labels: Dict[str, str], w: int) -> List[
     rows = [r for r in recs if r["params"].get("case_kind") in KINDS]
     if not rows:
         return []
-    lines = ["  -- (c) small tasks, no array (lower is better; x stdlib: the standard pool's "
-             "median / this one's, and min..max of that ratio round by round) --",
-             f"  {'contender':<{w}}{'median':>10}  {'spread (min..max)':<22}{'n':>3}"
-             f"{'x stdlib':>10}  {'by round':<13}"]
+    lines = [
+        "  -- (c) small tasks, no array (lower is better; x stdlib: the standard pool's "
+        "median / this one's, and min..max of that ratio round by round) --",
+        f"  {'contender':<{w}}{'median':>10}  {'spread (min..max)':<22}{'n':>3}"
+        f"{'x stdlib':>10}  {'by round':<13}",
+    ]
     for kind in KINDS:
-        krows = sorted((r for r in rows if r["params"]["case_kind"] == kind),
-                       key=lambda r: CONTENDERS.index(r["contender"])
-                       if r["contender"] in CONTENDERS else len(CONTENDERS))
+        krows = sorted(
+            (r for r in rows if r["params"]["case_kind"] == kind),
+            key=lambda r: (
+                CONTENDERS.index(r["contender"]) if r["contender"] in CONTENDERS else len(CONTENDERS)
+            ),
+        )
         if not krows:
             continue
         lines.append(f"  {krows[0]['case']}")
@@ -118,11 +145,9 @@ def section(recs: List[Dict[str, Any]], labels: Dict[str, str], w: int) -> List[
             label = labels.get(r["contender"], r["contender"])
             if r.get("skipped") or (r.get("error") and r["median"] is None):
                 why = r.get("skipped") or r.get("error_short") or r.get("error")
-                lines.append(f"  {label:<{w}}{'skipped' if r.get('skipped') else 'FAILED'}: "
-                             f"{str(why)[:200]}")
+                lines.append(f"  {label:<{w}}{'skipped' if r.get('skipped') else 'FAILED'}: {str(why)[:200]}")
                 continue
-            spread = ("(1 rep)" if r["n"] < 2 else
-                      f"{fmt_seconds(r['min'])} .. {fmt_seconds(r['max'])}")
+            spread = "(1 rep)" if r["n"] < 2 else f"{fmt_seconds(r['min'])} .. {fmt_seconds(r['max'])}"
             x = "-"
             by_round = ""
             if r["contender"] == "stdlib":
@@ -134,8 +159,10 @@ def section(recs: List[Dict[str, Any]], labels: Dict[str, str], w: int) -> List[
                 if len(rr) > 1:
                     by_round = f"{min(rr):.2f}..{max(rr):.2f}"
             extra = "  VALUE WRONG" if r["show"].get("value") else ""
-            lines.append(f"  {label:<{w}}{fmt_seconds(r['median']):>10}  {spread:<22}{r['n']:>3}"
-                         f"{x:>10}  {by_round:<13}{extra}".rstrip())
+            lines.append(
+                f"  {label:<{w}}{fmt_seconds(r['median']):>10}  {spread:<22}{r['n']:>3}"
+                f"{x:>10}  {by_round:<13}{extra}".rstrip()
+            )
     return lines
 
 
@@ -147,15 +174,19 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         if ng is None and std is None:
             continue
         case = (ng or std or {}).get("case", kind)
-        row: Dict[str, Any] = {"target": f"pool, small tasks: {case} >= {TARGET:g}x the "
-                                         "standard pool", "need": f">= {TARGET:g}x"}
+        row: Dict[str, Any] = {
+            "target": f"pool, small tasks: {case} >= {TARGET:g}x the standard pool",
+            "need": f">= {TARGET:g}x",
+        }
         q = ratio(recs, kind)
         if q is None or ng is None or std is None:
             row.update(measured=None, status="n/a", detail="not measured for both pools")
         else:
             rr = round_ratios(recs, kind)
-            detail = (f"ultradict_ng.futures {fmt_seconds(ng['median'])} vs the standard pool "
-                      f"{fmt_seconds(std['median'])} (median of {ng['n']} / {std['n']})")
+            detail = (
+                f"ultradict_ng.futures {fmt_seconds(ng['median'])} vs the standard pool "
+                f"{fmt_seconds(std['median'])} (median of {ng['n']} / {std['n']})"
+            )
             if len(rr) > 1:
                 detail += f"; by round {min(rr):.2f}x..{max(rr):.2f}x"
             row.update(measured=q, status="PASS" if q >= TARGET else "MISS", detail=detail)

@@ -142,8 +142,9 @@ def shm_unlink_name(name: str) -> bool:
             return False
 
 
-def hand_add_one(spec: Tuple[str, Tuple[int, ...], str], prefix: str,
-                 stamped: bool = False) -> Tuple[Any, ...]:
+def hand_add_one(
+    spec: Tuple[str, Tuple[int, ...], str], prefix: str, stamped: bool = False
+) -> Tuple[Any, ...]:
     """In a worker: attach the input, compute ``x + 1`` into a new output segment, return its name."""
     name, shape, dtype = spec
     seg_in = shm_attach(name)
@@ -294,8 +295,11 @@ class Driver:
                 out = r["out"]  # (npshmex's Future has already un-shm'd the dict's arrays)
                 first, last = out[0], out[-1]
                 t1 = clock()
-                stages = {"to_worker": r["t_start"] - t0, "compute": r["t_end"] - r["t_start"],
-                          "back": t_done - r["t_end"]}
+                stages = {
+                    "to_worker": r["t_start"] - t0,
+                    "compute": r["t_end"] - r["t_start"],
+                    "back": t_done - r["t_end"],
+                }
             else:
                 first, last = r[0], r[-1]
                 t1 = clock()
@@ -310,8 +314,13 @@ class Driver:
         first, last = out[0], out[-1]
         t1 = clock()
         if stamped:
-            stages = {"to_worker": ret[3] - t0, "compute": ret[4] - ret[3],
-                      "back": t1 - ret[4], "put": t_put - t0, "take": t1 - t_done}
+            stages = {
+                "to_worker": ret[3] - t0,
+                "compute": ret[4] - ret[3],
+                "back": t1 - ret[4],
+                "put": t_put - t0,
+                "take": t1 - t_done,
+            }
         kind = type(out).__module__ + "." + type(out).__name__
         del out
         return t1 - t0, (first, last, kind), stages
@@ -353,8 +362,14 @@ class Driver:
                 times.append(dt)
         del x
         self.stop()
-        return {"times": times, "release_s": releases, "stages": stages, "wrong": wrong,
-                "result_types": sorted(kinds), "elements": n}
+        return {
+            "times": times,
+            "release_s": releases,
+            "stages": stages,
+            "wrong": wrong,
+            "result_types": sorted(kinds),
+            "elements": n,
+        }
 
     def case_map(self, reps: int) -> Dict[str, Any]:
         count, nbytes = self.p["map_arrays"], self.p["map_bytes"]
@@ -376,8 +391,9 @@ class Driver:
                 else:
                     # (map submits as it consumes the generator: the workers start on
                     # the first arrays while this process still copies the next ones)
-                    rets = list(ex.map(hand_add_one, (hand.put(a) for a in arrays),
-                                       itertools.repeat(hand.prefix)))
+                    rets = list(
+                        ex.map(hand_add_one, (hand.put(a) for a in arrays), itertools.repeat(hand.prefix))
+                    )
                     outs = [hand.take(r) for r in rets]
                 ends = [(o[0], o[-1]) for o in outs]
                 t1 = clock()
@@ -388,22 +404,28 @@ class Driver:
             kinds.update(type(o).__module__ + "." + type(o).__name__ for o in outs)
             for i, (first, last) in enumerate(ends):
                 if first != i + 1 or last != i + 1 or outs[i].nbytes != nbytes:
-                    wrong.append(f"result {i}: [0]={first!r}, [-1]={last!r}, "
-                                 f"{outs[i].nbytes} bytes; expected {i + 1}.0, {nbytes} bytes")
+                    wrong.append(
+                        f"result {i}: [0]={first!r}, [-1]={last!r}, "
+                        f"{outs[i].nbytes} bytes; expected {i + 1}.0, {nbytes} bytes"
+                    )
                     break
             del outs, ends
             releases.append(self.release())
         del arrays
         self.stop()
-        return {"times": times, "release_s": releases, "wrong": wrong,
-                "result_types": sorted(kinds), "arrays": count, "array_bytes": nbytes}
-
+        return {
+            "times": times,
+            "release_s": releases,
+            "wrong": wrong,
+            "result_types": sorted(kinds),
+            "arrays": count,
+            "array_bytes": nbytes,
+        }
 
     def case_small(self, reps: int) -> Dict[str, Any]:
         """The small-task rows: three workloads of tasks that carry no array, on
         two workers, ``reps`` times each (interleaved), every result checked."""
-        n_submit, n_map, n_dicts = (self.p["small_submit"], self.p["small_map"],
-                                    self.p["small_dicts"])
+        n_submit, n_map, n_dicts = (self.p["small_submit"], self.p["small_map"], self.p["small_dicts"])
         self.start(2)
         ex = self.ex
         times: Dict[str, List[float]] = {"small_submit": [], "small_map": [], "small_dicts": []}
@@ -420,8 +442,7 @@ class Driver:
             out = list(ex.map(small_dict, range(n_dicts)))
             return len(out) == n_dicts and out[-1]["square"] == (n_dicts - 1) ** 2
 
-        cases = (("small_submit", submit_ints), ("small_map", map_chunks),
-                 ("small_dicts", map_dicts))
+        cases = (("small_submit", submit_ints), ("small_map", map_chunks), ("small_dicts", map_dicts))
         for _ in range(reps):
             for kind, fn in cases:
                 gc.collect()
@@ -454,9 +475,17 @@ def driver_main(contender: str, params: Dict[str, Any], conn: Any) -> None:
         except ImportError as exc:
             conn.send(("unavailable", f"{type(exc).__name__}: {exc}"))
             return
-        conn.send(("ready", {"pid": os.getpid(), "version": d.version,
-                             "start_method": params["start_method"],
-                             "future_class": _future_class()}))
+        conn.send(
+            (
+                "ready",
+                {
+                    "pid": os.getpid(),
+                    "version": d.version,
+                    "start_method": params["start_method"],
+                    "future_class": _future_class(),
+                },
+            )
+        )
         out: Dict[str, Any] = {}
         if params.get("submit_reps") or params.get("stamped_reps"):
             out["submit"] = d.case_submit(params["submit_reps"], params.get("stamped_reps", 0))
@@ -467,8 +496,7 @@ def driver_main(contender: str, params: Dict[str, Any], conn: Any) -> None:
         conn.send(("result", out))
     except BaseException as exc:
         try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}",
-                       traceback.format_exc(limit=12)))
+            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=12)))
         except Exception:
             pass
         if not isinstance(exc, Exception):

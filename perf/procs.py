@@ -44,8 +44,7 @@ def _sleep_until(start_ns: int) -> None:
             time.sleep((left - 1_000_000) / 1e9)
 
 
-def worker_main(wid: int, cmd_q: Any, res_q: Any, inherit: Dict[str, Any],
-                preload: List[str]) -> None:
+def worker_main(wid: int, cmd_q: Any, res_q: Any, inherit: Dict[str, Any], preload: List[str]) -> None:
     ppid = _child_setup(preload)
     handles: Dict[str, Any] = {}
     specs: Dict[str, Dict[str, Any]] = {}
@@ -107,8 +106,7 @@ def _incr(h: Any, key: Any, n: int, start_ns: int) -> Any:
     return (t0, t1, n)
 
 
-def _poll(wid: int, h: Any, key: Any, stop_value: Any, limit_s: float, res_q: Any,
-          ppid: int) -> None:
+def _poll(wid: int, h: Any, key: Any, stop_value: Any, limit_s: float, res_q: Any, ppid: int) -> None:
     """Workload 5: busy-poll ``m[key]``; record (value, perf_counter_ns when first seen)."""
     m = h.m
     last = m[key]
@@ -141,8 +139,9 @@ def _poll(wid: int, h: Any, key: Any, stop_value: Any, limit_s: float, res_q: An
     res_q.put((wid, "seen", (seen, errors)))
 
 
-def attach_probe(spec: Dict[str, Any], key: Any, expected: Any, inherit: Dict[str, Any],
-                 preload: List[str], res_q: Any) -> None:
+def attach_probe(
+    spec: Dict[str, Any], key: Any, expected: Any, inherit: Dict[str, Any], preload: List[str], res_q: Any
+) -> None:
     """Workload 6 in a fresh process: time from the attach call to the first read."""
     try:
         _child_setup(preload)
@@ -160,7 +159,17 @@ def attach_probe(spec: Dict[str, Any], key: Any, expected: Any, inherit: Dict[st
             A.close_child(spec, h)
         except Exception:
             pass
-        res_q.put(("probe", {"attach": t1 - t0, "first_read": t2 - t1, "total": t2 - t0,
-                             "value_ok": ok, "pid": os.getpid()}))
+        res_q.put(
+            (
+                "probe",
+                {
+                    "attach": t1 - t0,
+                    "first_read": t2 - t1,
+                    "total": t2 - t0,
+                    "value_ok": ok,
+                    "pid": os.getpid(),
+                },
+            )
+        )
     except BaseException:
         res_q.put(("error", traceback.format_exc(limit=8)))

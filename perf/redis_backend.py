@@ -64,8 +64,10 @@ from .util import fmt_rate, fmt_seconds, log, percentile
 
 WL = "redis"
 NUMBER = 12
-TITLE = ("Redis backend vs redis-py, pottery, redis-dict: reads, writes, 4-process locked "
-         "increments, dead-holder takeover, cached-read staleness")
+TITLE = (
+    "Redis backend vs redis-py, pottery, redis-dict: reads, writes, 4-process locked "
+    "increments, dead-holder takeover, cached-read staleness"
+)
 ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"redis-backend": WL, "redis_backend": WL, "backend": WL}
 
@@ -78,15 +80,22 @@ CONTENDER_ALIASES = {"redis-dict": "redis_dict", "redisdict": "redis_dict"}
 ROWS = ["redis", "ultradict_ng", "ultradict_ng:cached", "pottery", "redis_dict"]
 READ, WRITE, LOCK, TAKEOVER, STALE = "read", "write", "lock", "takeover", "staleness"
 LABELS: Dict[str, Dict[str, str]] = {
-    READ: {"redis": "redis-py r.get (raw GET)", "ultradict_ng": "SharedDict reads='fresh'",
-           "ultradict_ng:cached": "SharedDict reads='cached'", "pottery": "pottery RedisDict",
-           "redis_dict": "redis-dict RedisDict"},
-    WRITE: {"redis": "redis-py r.set (raw SET)", "ultradict_ng": "SharedDict (fresh handle)",
-            "pottery": "pottery RedisDict", "redis_dict": "redis-dict RedisDict"},
+    READ: {
+        "redis": "redis-py r.get (raw GET)",
+        "ultradict_ng": "SharedDict reads='fresh'",
+        "ultradict_ng:cached": "SharedDict reads='cached'",
+        "pottery": "pottery RedisDict",
+        "redis_dict": "redis-dict RedisDict",
+    },
+    WRITE: {
+        "redis": "redis-py r.set (raw SET)",
+        "ultradict_ng": "SharedDict (fresh handle)",
+        "pottery": "pottery RedisDict",
+        "redis_dict": "redis-dict RedisDict",
+    },
     LOCK: {"ultradict_ng": "SharedDict, with d.lock", "pottery": "pottery Redlock + RedisDict"},
     TAKEOVER: {"ultradict_ng": "SharedDict d.lock"},
-    STALE: {"ultradict_ng:cached": "SharedDict reads='cached'",
-            "ultradict_ng": "SharedDict reads='fresh'"},
+    STALE: {"ultradict_ng:cached": "SharedDict reads='cached'", "ultradict_ng": "SharedDict reads='fresh'"},
 }
 #: Targets (the report only).
 FRESH_VS_GET = 1.0
@@ -101,17 +110,32 @@ PROCS = 4
 
 def plan(run: Run) -> Dict[str, Any]:
     if run.quick:
-        return {"rw_rounds": 1, "rw_passes": run.repeat, "lock_rounds": 1,
-                "n": {"ultradict_ng": 100, "pottery": 5},
-                "leases": [0.5], "takeover_reps": 1,
-                "stale": [("ultradict_ng:cached", 0.0, 150), ("ultradict_ng:cached", 1e-4, 150)],
-                "gap": (0.0005, 0.0015), "rw_box": run.box / 2}
-    return {"rw_rounds": run.repeat, "rw_passes": 2, "lock_rounds": min(run.repeat, 3),
-            "n": {"ultradict_ng": 500, "pottery": 100},
-            "leases": [DEFAULT_LEASE, 1.0], "takeover_reps": min(run.repeat, 3),
-            "stale": [("ultradict_ng:cached", 0.0, 2000), ("ultradict_ng:cached", 1e-4, 1000),
-                      ("ultradict_ng", 0.0, 500)],
-            "gap": (0.0005, 0.0015), "rw_box": run.box}
+        return {
+            "rw_rounds": 1,
+            "rw_passes": run.repeat,
+            "lock_rounds": 1,
+            "n": {"ultradict_ng": 100, "pottery": 5},
+            "leases": [0.5],
+            "takeover_reps": 1,
+            "stale": [("ultradict_ng:cached", 0.0, 150), ("ultradict_ng:cached", 1e-4, 150)],
+            "gap": (0.0005, 0.0015),
+            "rw_box": run.box / 2,
+        }
+    return {
+        "rw_rounds": run.repeat,
+        "rw_passes": 2,
+        "lock_rounds": min(run.repeat, 3),
+        "n": {"ultradict_ng": 500, "pottery": 100},
+        "leases": [DEFAULT_LEASE, 1.0],
+        "takeover_reps": min(run.repeat, 3),
+        "stale": [
+            ("ultradict_ng:cached", 0.0, 2000),
+            ("ultradict_ng:cached", 1e-4, 1000),
+            ("ultradict_ng", 0.0, 500),
+        ],
+        "gap": (0.0005, 0.0015),
+        "rw_box": run.box,
+    }
 
 
 def read_case() -> str:
@@ -140,7 +164,8 @@ def stale_label(row: str, pause: float) -> str:
 
 def stale_case(row: str, pause: float) -> str:
     return f"staleness: write returned -> visible to a {STALE_MODE[row]} reader, " + (
-        "busy loop" if not pause else f"time.sleep({pause:g}) between reads")
+        "busy loop" if not pause else f"time.sleep({pause:g}) between reads"
+    )
 
 
 # -- availability, versions -----------------------------------------------------------------
@@ -173,12 +198,20 @@ def _dist(dist: str) -> str:
 
 def versions() -> Dict[str, str]:
     """The contenders' versions, for the contenders list (nothing imported)."""
-    return {"redis": "redis-py " + _dist("redis"), "ultradict_ng": "ultradict_ng " + _dist("ultradict_ng"),
-            "pottery": "pottery " + _dist("pottery"), "redis_dict": "redis-dict " + _dist("redis-dict")}
+    return {
+        "redis": "redis-py " + _dist("redis"),
+        "ultradict_ng": "ultradict_ng " + _dist("ultradict_ng"),
+        "pottery": "pottery " + _dist("pottery"),
+        "redis_dict": "redis-dict " + _dist("redis-dict"),
+    }
 
 
-LIST_LABELS = {"redis": "redis-py (raw GET/SET)", "ultradict_ng": "SharedDict(backend='redis://')",
-               "pottery": "pottery", "redis_dict": "redis-dict"}
+LIST_LABELS = {
+    "redis": "redis-py (raw GET/SET)",
+    "ultradict_ng": "SharedDict(backend='redis://')",
+    "pottery": "pottery",
+    "redis_dict": "redis-dict",
+}
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -258,8 +291,9 @@ class _Child:
         self.role = role
         parent_end, child_end = run.ctx.Pipe()
         self.conn = parent_end
-        self.proc = run.ctx.Process(target=C.child_main, name=f"perf-redis-{role}",
-                                    args=(role, params, child_end, start), daemon=True)
+        self.proc = run.ctx.Process(
+            target=C.child_main, name=f"perf-redis-{role}", args=(role, params, child_end, start), daemon=True
+        )
         run.children.append(self.proc)
         try:
             self.proc.start()
@@ -282,15 +316,17 @@ class _Child:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ChildError(f"no {want!r} from the {self.role} process (pid {self.proc.pid}) "
-                                 f"within {timeout:.0f} s")
+                raise ChildError(
+                    f"no {want!r} from the {self.role} process (pid {self.proc.pid}) within {timeout:.0f} s"
+                )
             if self.conn.poll(min(1.0, left)):
                 try:
                     msg = self.conn.recv()
                 except EOFError:
                     self.proc.join(1)
-                    raise ChildError(f"the {self.role} process (pid {self.proc.pid}) ended, exit "
-                                     f"code {self.proc.exitcode}") from None
+                    raise ChildError(
+                        f"the {self.role} process (pid {self.proc.pid}) ended, exit code {self.proc.exitcode}"
+                    ) from None
                 if msg[0] == want:
                     payload: Dict[str, Any] = msg[1]
                     if want == "ready":
@@ -302,8 +338,9 @@ class _Child:
                     raise ChildError(f"in the {self.role} process: {msg[1]}", msg[2])
                 raise ChildError(f"the {self.role} process sent {msg[0]!r}, expected {want!r}")
             elif not self.proc.is_alive() and not self.conn.poll(0):
-                raise ChildError(f"the {self.role} process (pid {self.proc.pid}) died, exit code "
-                                 f"{self.proc.exitcode}")
+                raise ChildError(
+                    f"the {self.role} process (pid {self.proc.pid}) died, exit code {self.proc.exitcode}"
+                )
 
     def stop(self, grace: float = 5.0) -> None:
         p = self.proc
@@ -356,9 +393,12 @@ def w_redis(run: Run, contenders: List[str]) -> None:
     run.own_resource(key, lambda: _remove_keys(srv, pattern) if srv.server.running else 0)
     t_all = time.perf_counter()
     try:
-        run.note(f"one private redis-server {srv.version} on 127.0.0.1:{srv.port} (--save '' "
-                 f"--appendonly no){'' if srv.own else ', the one workloads 1-5 and 10 use'}; "
-                 "every child process spawned; clocks: CLOCK_MONOTONIC", WL)
+        run.note(
+            f"one private redis-server {srv.version} on 127.0.0.1:{srv.port} (--save '' "
+            f"--appendonly no){'' if srv.own else ', the one workloads 1-5 and 10 use'}; "
+            "every child process spawned; clocks: CLOCK_MONOTONIC",
+            WL,
+        )
         for part in (_part_rw, _part_lock, _part_takeover, _part_stale):
             try:
                 part(run, p, srv, rows)
@@ -376,35 +416,48 @@ def w_redis(run: Run, contenders: List[str]) -> None:
     run.note(f"the workload took {time.perf_counter() - t_all:.0f} s", WL)
 
 
-def _all_cells(p: Dict[str, Any], rows: List[str]
-               ) -> List[Tuple[str, str, str, str, Optional[float]]]:
-    out: List[Tuple[str, str, str, str, Optional[float]]] = [
-        (READ, r, read_case(), "", None) for r in rows]
+def _all_cells(p: Dict[str, Any], rows: List[str]) -> List[Tuple[str, str, str, str, Optional[float]]]:
+    out: List[Tuple[str, str, str, str, Optional[float]]] = [(READ, r, read_case(), "", None) for r in rows]
     out += [(WRITE, r, write_case(), "", None) for r in rows if r in LABELS[WRITE]]
     out += [(LOCK, r, lock_case(p), "", None) for r in rows if r in LABELS[LOCK]]
     if "ultradict_ng" in rows:
         out += [(TAKEOVER, "ultradict_ng", takeover_case(lease), "", lease) for lease in p["leases"]]
-        out += [(STALE, r, stale_case(r, pause), stale_label(r, pause), None)
-                for r, pause, _ in p["stale"]]
+        out += [(STALE, r, stale_case(r, pause), stale_label(r, pause), None) for r, pause, _ in p["stale"]]
     return out
 
 
-def _skip(run: Run, kind: str, row: str, case: str, why: str, label: str = "",
-          lease: Optional[float] = None) -> None:
+def _skip(
+    run: Run, kind: str, row: str, case: str, why: str, label: str = "", lease: Optional[float] = None
+) -> None:
     unit = "ops/s" if kind in (READ, WRITE, LOCK) else "s"
     params: Dict[str, Any] = {"case_kind": kind}
     if lease is not None:
         params["lease"] = lease
-    rec = run.record(WL, case, row, unit=unit, better="higher" if unit == "ops/s" else "lower",
-                     values=[], skipped=why, params=params)
+    rec = run.record(
+        WL,
+        case,
+        row,
+        unit=unit,
+        better="higher" if unit == "ops/s" else "lower",
+        values=[],
+        skipped=why,
+        params=params,
+    )
     rec["label"] = label or LABELS[kind][row]
 
 
-def _fail(run: Run, kind: str, row: str, case: str, err: str, text: str = "",
-          label: str = "") -> None:
+def _fail(run: Run, kind: str, row: str, case: str, err: str, text: str = "", label: str = "") -> None:
     unit = "ops/s" if kind in (READ, WRITE, LOCK) else "s"
-    rec = run.record(WL, case, row, unit=unit, better="higher" if unit == "ops/s" else "lower",
-                     values=[], error=text or err, params={"case_kind": kind})
+    rec = run.record(
+        WL,
+        case,
+        row,
+        unit=unit,
+        better="higher" if unit == "ops/s" else "lower",
+        values=[],
+        error=text or err,
+        params={"case_kind": kind},
+    )
     rec["label"] = label or LABELS[kind][row]
     rec["error_short"] = err
 
@@ -438,8 +491,10 @@ def _part_rw(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None
         live = [r for r in todo if r not in gone]
         if not live:
             break
-        log(f"  redis: reads/writes, round {rnd + 1}/{p['rw_rounds']} ({len(live)} processes, "
-            f"{p['rw_passes']} pass(es))")
+        log(
+            f"  redis: reads/writes, round {rnd + 1}/{p['rw_rounds']} ({len(live)} processes, "
+            f"{p['rw_passes']} pass(es))"
+        )
         kids: Dict[str, _Child] = {}
         try:
             for row in live:
@@ -491,20 +546,32 @@ def _part_rw(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None
             show = {} if ok else {"value": "WRONG"}
             if not ok:
                 run.alert(f"{LABELS[kind][row]}: workload {NUMBER} {kind}: read back a wrong value")
-            rec = run.record(WL, case, row, unit="ops/s", better="higher", values=values, raw=raw,
-                             show=show, ok=ok, params={"case_kind": kind, "version": vers.get(row),
-                                                       "fresh_process_per_round": True})
+            rec = run.record(
+                WL,
+                case,
+                row,
+                unit="ops/s",
+                better="higher",
+                values=values,
+                raw=raw,
+                show=show,
+                ok=ok,
+                params={"case_kind": kind, "version": vers.get(row), "fresh_process_per_round": True},
+            )
             rec["label"] = LABELS[kind][row]
             if state:
                 rec["show"]["failed later"] = state[1].strip().splitlines()[-1][:200]
                 rec["params"]["error_later"] = state[1]
-    run.note(f"reads and writes: each contender in a fresh spawned process per round "
-             f"({p['rw_rounds']} round(s) of {p['rw_passes']} pass(es) over the contenders, order "
-             f"rotated each pass: one repetition of ~{p['rw_box']:g} s per contender and pass; op "
-             f"count calibrated once in the process, gc off in the loop); hot key: one "
-             f"small int; writes: d[k] = i over {C.WRITE_KEYS} keys in turn; every contender "
-             "creates its own dict/keys; raw redis-py: redis.Redis(host, port) with its defaults "
-             "(values come back as bytes, undecoded)", WL)
+    run.note(
+        f"reads and writes: each contender in a fresh spawned process per round "
+        f"({p['rw_rounds']} round(s) of {p['rw_passes']} pass(es) over the contenders, order "
+        f"rotated each pass: one repetition of ~{p['rw_box']:g} s per contender and pass; op "
+        f"count calibrated once in the process, gc off in the loop); hot key: one "
+        f"small int; writes: d[k] = i over {C.WRITE_KEYS} keys in turn; every contender "
+        "creates its own dict/keys; raw redis-py: redis.Redis(host, port) with its defaults "
+        "(values come back as bytes, undecoded)",
+        WL,
+    )
 
 
 # -- part 3: locked increments in 4 processes -------------------------------------------------------
@@ -530,7 +597,7 @@ def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> No
         live = [r for r in todo if r not in gone]
         if not live:
             break
-        order = live[rnd % len(live):] + live[:rnd % len(live)]
+        order = live[rnd % len(live) :] + live[: rnd % len(live)]
         log(f"  redis: locked increments, round {rnd + 1}/{p['lock_rounds']}")
         kids: Dict[str, List[_Child]] = {}
         starts: Dict[str, Any] = {}
@@ -544,10 +611,10 @@ def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> No
                     d[C.COUNTER] = 0
                     creators[row] = d
                 starts[row] = run.ctx.Event()
-                base = {"contender": row, "n": p["n"][row], "start_timeout": limit,
-                        **_common(srv, name)}
-                kids[row] = [_Child(run, "locker", {**base, "init": i == 0}, starts[row])
-                             for i in range(PROCS)]
+                base = {"contender": row, "n": p["n"][row], "start_timeout": limit, **_common(srv, name)}
+                kids[row] = [
+                    _Child(run, "locker", {**base, "init": i == 0}, starts[row]) for i in range(PROCS)
+                ]
             for row in order:
                 try:
                     for ch in kids[row]:
@@ -570,9 +637,17 @@ def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> No
                     continue
                 wall = max(g["t1"] for g in got) - min(g["t0"] for g in got)
                 final = _final_count(srv, row, names[row], creators.get(row))
-                results[row].append({"n_per_process": n, "processes": PROCS, "seconds": wall,
-                                     "ops": PROCS * n, "final": final, "expected": PROCS * n,
-                                     "per_process_seconds": [g["t1"] - g["t0"] for g in got]})
+                results[row].append(
+                    {
+                        "n_per_process": n,
+                        "processes": PROCS,
+                        "seconds": wall,
+                        "ops": PROCS * n,
+                        "final": final,
+                        "expected": PROCS * n,
+                        "per_process_seconds": [g["t1"] - g["t0"] for g in got],
+                    }
+                )
         finally:
             for ch_list in kids.values():
                 _stop_all(ch_list)
@@ -594,26 +669,42 @@ def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> No
         exact = all(r["final"] == r["expected"] for r in res)
         if not exact:
             bad = next(r for r in res if r["final"] != r["expected"])
-            run.alert(f"{LABELS[LOCK][row]}: workload {NUMBER}: final count {bad['final']}, expected "
-                      f"{bad['expected']} (lost updates under the lock)")
+            run.alert(
+                f"{LABELS[LOCK][row]}: workload {NUMBER}: final count {bad['final']}, expected "
+                f"{bad['expected']} (lost updates under the lock)"
+            )
         values = [r["ops"] / r["seconds"] for r in res if r["seconds"] > 0]
-        show = {"count": "exact" if exact else "MISMATCH",
-                "n": f"{PROCS} x {res[0]['n_per_process']}"}
-        unfair = [max(r["per_process_seconds"]) / min(r["per_process_seconds"]) for r in res
-                  if min(r["per_process_seconds"]) > 0]
+        show = {"count": "exact" if exact else "MISMATCH", "n": f"{PROCS} x {res[0]['n_per_process']}"}
+        unfair = [
+            max(r["per_process_seconds"]) / min(r["per_process_seconds"])
+            for r in res
+            if min(r["per_process_seconds"]) > 0
+        ]
         if unfair:
             show["slowest/fastest process"] = f"{max(unfair):.2g}x"
-        rec = run.record(WL, case, row, unit="ops/s", better="higher", values=values, raw=res,
-                         show=show, ok=exact, params={"case_kind": LOCK, "processes": PROCS,
-                                                      "n_per_process": res[0]["n_per_process"]})
+        rec = run.record(
+            WL,
+            case,
+            row,
+            unit="ops/s",
+            better="higher",
+            values=values,
+            raw=res,
+            show=show,
+            ok=exact,
+            params={"case_kind": LOCK, "processes": PROCS, "n_per_process": res[0]["n_per_process"]},
+        )
         rec["label"] = LABELS[LOCK][row]
-    run.note(f"locked increments: {PROCS} spawned processes per contender and round "
-             f"({p['lock_rounds']} round(s)), started together by an Event once all had attached; "
-             "ops/s = 4n / (last end - first start); ours: the children attach by name "
-             "(SharedDict(name=..., backend=url)), lock = d.lock (lease 3 s); pottery: each child "
-             "builds its own redis.Redis, Redlock(key=..., masters={r}) with its defaults (retry "
-             "sleeps up to 0.2 s) and RedisDict(redis=r, key=...); n differs per contender (pottery "
-             "is slow): " + ", ".join(f"{LABELS[LOCK][r]} n={p['n'][r]}" for r in todo), WL)
+    run.note(
+        f"locked increments: {PROCS} spawned processes per contender and round "
+        f"({p['lock_rounds']} round(s)), started together by an Event once all had attached; "
+        "ops/s = 4n / (last end - first start); ours: the children attach by name "
+        "(SharedDict(name=..., backend=url)), lock = d.lock (lease 3 s); pottery: each child "
+        "builds its own redis.Redis, Redlock(key=..., masters={r}) with its defaults (retry "
+        "sleeps up to 0.2 s) and RedisDict(redis=r, key=...); n differs per contender (pottery "
+        "is slow): " + ", ".join(f"{LABELS[LOCK][r]} n={p['n'][r]}" for r in todo),
+        WL,
+    )
 
 
 def _final_count(srv: _Server, row: str, name: str, creator: Any) -> Any:
@@ -663,12 +754,14 @@ def _part_takeover(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -
                 res = waiter.recv(lease + 30.0, "result")
                 took = res["t_in"] - t_kill
                 taken_by = d.get("taken_by")
-                raw.append({"seconds": took, "ttl_at_kill": ttl, "lease": lease,
-                            "waiter_ok": taken_by == waiter.pid})
+                raw.append(
+                    {"seconds": took, "ttl_at_kill": ttl, "lease": lease, "waiter_ok": taken_by == waiter.pid}
+                )
             except ChildError as exc:
                 error = exc
-                run.alert(f"{LABELS[TAKEOVER]['ultradict_ng']} takeover (lease {lease:g} s) failed: "
-                          f"{exc.short}")
+                run.alert(
+                    f"{LABELS[TAKEOVER]['ultradict_ng']} takeover (lease {lease:g} s) failed: {exc.short}"
+                )
                 break
             finally:
                 _stop_all(kids)
@@ -688,15 +781,27 @@ def _part_takeover(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -
         if not ok:
             show["value"] = "WRONG"
             run.alert(f"workload {NUMBER}: takeover: the waiter's write inside the lock was not seen")
-        rec = run.record(WL, case, "ultradict_ng", unit="s", better="lower", values=values, raw=raw,
-                         show=show, ok=ok, params={"case_kind": TAKEOVER, "lease": lease,
-                                                   "target_s": lease + TAKEOVER_SLACK})
+        rec = run.record(
+            WL,
+            case,
+            "ultradict_ng",
+            unit="s",
+            better="lower",
+            values=values,
+            raw=raw,
+            show=show,
+            ok=ok,
+            params={"case_kind": TAKEOVER, "lease": lease, "target_s": lease + TAKEOVER_SLACK},
+        )
         rec["label"] = LABELS[TAKEOVER]["ultradict_ng"]
-    run.note("takeover: a spawned child attaches by name with lease=L, takes d.lock and says so; "
-             "a second one is already blocked in 'with d.lock:'; the harness SIGKILLs the holder "
-             "0.2 s + uniform(0, L/3) later (a random phase of the keeper's renewal every L/3; "
-             "'lease left at kill' = the lock's PTTL just before) and measures kill -> the waiter "
-             "inside (its own clock); every handle passes the same lease=", WL)
+    run.note(
+        "takeover: a spawned child attaches by name with lease=L, takes d.lock and says so; "
+        "a second one is already blocked in 'with d.lock:'; the harness SIGKILLs the holder "
+        "0.2 s + uniform(0, L/3) later (a random phase of the keeper's renewal every L/3; "
+        "'lease left at kill' = the lock's PTTL just before) and measures kill -> the waiter "
+        "inside (its own clock); every handle passes the same lease=",
+        WL,
+    )
 
 
 # -- part 5: staleness of cached reads ------------------------------------------------------------
@@ -730,8 +835,10 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
     limit = _limit(run)
     lo, hi = p["gap"]
     sessions = p["stale"]
-    log(f"  redis: staleness, {len(sessions)} reader(s): "
-        + ", ".join(f"{stale_label(row, pause)} ({writes} writes)" for row, pause, writes in sessions))
+    log(
+        f"  redis: staleness, {len(sessions)} reader(s): "
+        + ", ".join(f"{stale_label(row, pause)} ({writes} writes)" for row, pause, writes in sessions)
+    )
     dicts: List[Any] = []
     kids: List[_Child] = []
     try:
@@ -743,17 +850,26 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
             dicts.append(d)
         # One writer for every session, one reader per session: all started at once.
         writer = _Child(run, "writer", _common(srv, ""))
-        pollers = [_Child(run, "poller", {**_common(srv, name), "writes": writes, "pause": pause,
-                                          "reads": "cached" if row.endswith(":cached") else "fresh",
-                                          "limit": writes * hi * 3 + 30.0})
-                   for name, (row, pause, writes) in zip(names, sessions)]
+        pollers = [
+            _Child(
+                run,
+                "poller",
+                {
+                    **_common(srv, name),
+                    "writes": writes,
+                    "pause": pause,
+                    "reads": "cached" if row.endswith(":cached") else "fresh",
+                    "limit": writes * hi * 3 + 30.0,
+                },
+            )
+            for name, (row, pause, writes) in zip(names, sessions)
+        ]
         kids = [writer, *pollers]
         try:
             writer.recv(limit, "ready")
         except ChildError as exc:
             for row, pause, _w in sessions:
-                _fail(run, STALE, row, stale_case(row, pause), exc.short, exc.text,
-                      stale_label(row, pause))
+                _fail(run, STALE, row, stale_case(row, pause), exc.short, exc.text, stale_label(row, pause))
             run.alert(f"workload {NUMBER}: the staleness writer failed: {exc.short}")
             return
         for name, poller, (row, pause, writes) in zip(names, pollers, sessions):
@@ -762,8 +878,12 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
                 poller.recv(limit, "ready")
                 poller.send(("go",))
                 time.sleep(0.05)  # the reader is in its loop
-                writer.send(("go", {"name": name, "writes": writes, "gap": (lo, hi),
-                                    "seed": random.randrange(1 << 30)}))
+                writer.send(
+                    (
+                        "go",
+                        {"name": name, "writes": writes, "gap": (lo, hi), "seed": random.randrange(1 << 30)},
+                    )
+                )
                 done = writer.recv(limit + writes * hi * 3, "result")["done"]
                 got = poller.recv(limit + writes * hi * 3, "result")
             except ChildError as exc:
@@ -777,33 +897,50 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
             seen = [(int(v), float(t)) for v, t in got["seen"]]
             delays, lost, skipped = _delays(done, seen)
             params: Dict[str, Any] = {
-                "case_kind": STALE, "reads": row, "pause_s": pause, "writes": writes,
-                "gap_s": [lo, hi], "reads_in_reader": got["reads"], "never_seen": lost,
-                "skipped_values": skipped, "before_write_returned": sum(1 for x in delays if x < 0),
+                "case_kind": STALE,
+                "reads": row,
+                "pause_s": pause,
+                "writes": writes,
+                "gap_s": [lo, hi],
+                "reads_in_reader": got["reads"],
+                "never_seen": lost,
+                "skipped_values": skipped,
+                "before_write_returned": sum(1 for x in delays if x < 0),
             }
             if delays:
-                params.update(p50=percentile(delays, 50), p90=percentile(delays, 90),
-                              p99=percentile(delays, 99), max=max(delays), min=min(delays))
+                params.update(
+                    p50=percentile(delays, 50),
+                    p90=percentile(delays, 90),
+                    p99=percentile(delays, 99),
+                    max=max(delays),
+                    min=min(delays),
+                )
             show: Dict[str, str] = {}
             if lost:
                 show["value"] = f"{lost} write(s) never seen"
-                run.alert(f"workload {NUMBER}: the {stale_label(row, pause)} never saw {lost} of "
-                          f"{writes} writes within its time limit")
-            rec = run.record(WL, case, row, unit="s", better="lower", values=delays, show=show,
-                             ok=not lost, params=params)
+                run.alert(
+                    f"workload {NUMBER}: the {stale_label(row, pause)} never saw {lost} of "
+                    f"{writes} writes within its time limit"
+                )
+            rec = run.record(
+                WL, case, row, unit="s", better="lower", values=delays, show=show, ok=not lost, params=params
+            )
             rec["label"] = stale_label(row, pause)
     finally:
         _stop_all(kids)
         for d in dicts:
             d.close()
-    run.note(f"staleness: one spawned writer (a fresh handle) writes d['t'] = 1, 2, ... with pauses "
-             f"of {lo * 1e3:g}-{hi * 1e3:g} ms and notes when each write call returned; a reader in "
-             "another spawned process reads d['t'] in a loop (gc off; 'busy': back to back; "
-             "'sleeps': time.sleep(pause) between reads) and notes when each value first showed; "
-             "delay(i) = first sight of a value >= i - write i returned (negative: seen before the "
-             "writer's call returned); cached mode's documented bound is staleness=0.5 s. A busy "
-             "reader thread holds the GIL, so the handle's listener thread waits for "
-             f"sys.getswitchinterval() (5 ms by default) each time it needs it", WL)
+    run.note(
+        f"staleness: one spawned writer (a fresh handle) writes d['t'] = 1, 2, ... with pauses "
+        f"of {lo * 1e3:g}-{hi * 1e3:g} ms and notes when each write call returned; a reader in "
+        "another spawned process reads d['t'] in a loop (gc off; 'busy': back to back; "
+        "'sleeps': time.sleep(pause) between reads) and notes when each value first showed; "
+        "delay(i) = first sight of a value >= i - write i returned (negative: seen before the "
+        "writer's call returned); cached mode's documented bound is staleness=0.5 s. A busy "
+        "reader thread holds the GIL, so the handle's listener thread waits for "
+        f"sys.getswitchinterval() (5 ms by default) each time it needs it",
+        WL,
+    )
 
 
 # -- the report ------------------------------------------------------------------------------------
@@ -813,8 +950,13 @@ def _rows(recs: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
     rows = [r for r in recs if r["workload"] == WL and r["params"].get("case_kind") == kind]
     if kind == STALE:
         return rows  # in the order measured
-    return sorted(rows, key=lambda r: (ROWS.index(r["contender"]) if r["contender"] in ROWS
-                                       else len(ROWS), r["params"].get("lease") or 0))
+    return sorted(
+        rows,
+        key=lambda r: (
+            ROWS.index(r["contender"]) if r["contender"] in ROWS else len(ROWS),
+            r["params"].get("lease") or 0,
+        ),
+    )
 
 
 def _find(recs: List[Dict[str, Any]], kind: str, row: str) -> Optional[Dict[str, Any]]:
@@ -855,8 +997,10 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
             continue
         bl = {READ: "x raw GET", WRITE: "x raw SET"}.get(kind, "")
         lines.append(f"  -- {rows[0]['case']} (ops/s, higher is better) --")
-        lines.append(f"  {'contender':<{w}}{'median':>10}  {'spread (min..max)':<20}{'n':>3}"
-                     f"{bl:>11}{'x pottery':>11}  notes")
+        lines.append(
+            f"  {'contender':<{w}}{'median':>10}  {'spread (min..max)':<20}{'n':>3}"
+            f"{bl:>11}{'x pottery':>11}  notes"
+        )
         for r in rows:
             bad = _bad(r, w)
             if bad:
@@ -865,17 +1009,24 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
             vs_base = _ratio(recs, kind, r["contender"], base) if base else None
             vs_pot = _ratio(recs, kind, r["contender"], "pottery")
             spread = f"{fmt_rate(r['min'])} .. {fmt_rate(r['max'])}" if r["n"] > 1 else "(1 rep)"
-            extra = ", ".join(f"{k}: {v}" if k != "value" else f"VALUE {v}"
-                              for k, v in r["show"].items())
-            lines.append((f"  {r['label']:<{w}}{fmt_rate(r['median']):>10}  {spread:<20}{r['n']:>3}"
-                          f"{(_x(vs_base) if base else ''):>11}"
-                          f"{(_x(vs_pot) if r['contender'] != 'pottery' else ''):>11}  {extra}").rstrip())
+            extra = ", ".join(f"{k}: {v}" if k != "value" else f"VALUE {v}" for k, v in r["show"].items())
+            lines.append(
+                (
+                    f"  {r['label']:<{w}}{fmt_rate(r['median']):>10}  {spread:<20}{r['n']:>3}"
+                    f"{(_x(vs_base) if base else ''):>11}"
+                    f"{(_x(vs_pot) if r['contender'] != 'pottery' else ''):>11}  {extra}"
+                ).rstrip()
+            )
     rows = _rows(recs, TAKEOVER)
     if rows:
-        lines.append("  -- dead lock holder (SIGKILL) -> a waiting process inside 'with d.lock:' "
-                     "(seconds, lower is better) --")
-        lines.append(f"  {'contender':<{w}}{'lease':>7}{'median':>10}  {'spread (min..max)':<20}"
-                     f"{'n':>3}{'target':>9}  notes")
+        lines.append(
+            "  -- dead lock holder (SIGKILL) -> a waiting process inside 'with d.lock:' "
+            "(seconds, lower is better) --"
+        )
+        lines.append(
+            f"  {'contender':<{w}}{'lease':>7}{'median':>10}  {'spread (min..max)':<20}"
+            f"{'n':>3}{'target':>9}  notes"
+        )
         for r in rows:
             bad = _bad(r, w)
             if bad:
@@ -885,16 +1036,23 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
             spread = f"{fmt_seconds(r['min'])} .. {fmt_seconds(r['max'])}" if r["n"] > 1 else "(1 rep)"
             ok = r["max"] <= lease + TAKEOVER_SLACK
             extra = ", ".join(f"{k}: {v}" for k, v in r["show"].items())
-            lines.append((f"  {r['label']:<{w}}{lease:>6g}s{fmt_seconds(r['median']):>10}  "
-                          f"{spread:<20}{r['n']:>3}{'<= ' + format(lease + TAKEOVER_SLACK, 'g') + ' s':>9}"
-                          f"  {'all within' if ok else 'MISSED'}{', ' + extra if extra else ''}").rstrip())
+            lines.append(
+                (
+                    f"  {r['label']:<{w}}{lease:>6g}s{fmt_seconds(r['median']):>10}  "
+                    f"{spread:<20}{r['n']:>3}{'<= ' + format(lease + TAKEOVER_SLACK, 'g') + ' s':>9}"
+                    f"  {'all within' if ok else 'MISSED'}{', ' + extra if extra else ''}"
+                ).rstrip()
+            )
     rows = _rows(recs, STALE)
     if rows:
-        lines.append("  -- staleness: a write returned in one process -> the value visible to a "
-                     "reader in another (seconds per write) --")
+        lines.append(
+            "  -- staleness: a write returned in one process -> the value visible to a "
+            "reader in another (seconds per write) --"
+        )
         ws = max(w, *(len(r["label"]) + 2 for r in rows))
-        lines.append(f"  {'reader':<{ws}}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}{'min':>10}"
-                     f"{'writes':>8}  notes")
+        lines.append(
+            f"  {'reader':<{ws}}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}{'min':>10}{'writes':>8}  notes"
+        )
         for r in rows:
             bad = _bad(r, ws)
             if bad:
@@ -906,10 +1064,12 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
                 notes_.append(f"{prm['before_write_returned']} seen before the write returned")
             if prm.get("never_seen"):
                 notes_.append(f"{prm['never_seen']} NEVER SEEN")
-            lines.append(f"  {r['label']:<{ws}}{fmt_seconds(prm.get('p50')):>10}"
-                         f"{fmt_seconds(prm.get('p90')):>10}{fmt_seconds(prm.get('p99')):>10}"
-                         f"{fmt_seconds(prm.get('max')):>10}{fmt_seconds(prm.get('min')):>10}"
-                         f"{prm['writes']:>8}  {', '.join(notes_)}")
+            lines.append(
+                f"  {r['label']:<{ws}}{fmt_seconds(prm.get('p50')):>10}"
+                f"{fmt_seconds(prm.get('p90')):>10}{fmt_seconds(prm.get('p99')):>10}"
+                f"{fmt_seconds(prm.get('max')):>10}{fmt_seconds(prm.get('min')):>10}"
+                f"{prm['writes']:>8}  {', '.join(notes_)}"
+            )
     for n in notes:
         lines.append(f"   note: {n}")
     return "\n".join(lines)
@@ -917,9 +1077,13 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
 
 def _paired(a: Dict[str, Any], b: Dict[str, Any]) -> List[float]:
     """Sorted ratios a/b of the ops/s measured in the same pass (adjacent in time)."""
+
     def by_pass(rec: Dict[str, Any]) -> Dict[int, float]:
-        return {r["pass_no"]: r["ops"] / r["seconds"] for r in rec.get("raw") or []
-                if isinstance(r, dict) and "pass_no" in r and r.get("seconds")}
+        return {
+            r["pass_no"]: r["ops"] / r["seconds"]
+            for r in rec.get("raw") or []
+            if isinstance(r, dict) and "pass_no" in r and r.get("seconds")
+        }
 
     pa, pb = by_pass(a), by_pass(b)
     return sorted(pa[k] / pb[k] for k in pa if k in pb and pb[k])
@@ -938,8 +1102,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
             return f"{LABELS[kind].get(row, row)}: not measured in this run"
         return f"{r['label']}: " + str(r.get("skipped") or r.get("error_short") or "no value")
 
-    def ratio_row(name: str, kind: str, row: str, base: str, need: float,
-                  exact: bool = False) -> None:
+    def ratio_row(name: str, kind: str, row: str, base: str, need: float, exact: bool = False) -> None:
         ratio = _ratio(recs, kind, row, base)
         t: Dict[str, Any] = {"target": name, "need": f">= {need:g}x"}
         if ratio is None:
@@ -949,12 +1112,16 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
             a, b = _find(recs, kind, row), _find(recs, kind, base)
             assert a is not None and b is not None
             ok = ratio >= need
-            detail = (f"{a['label']} {fmt_rate(a['median'])}/s vs {b['label']} "
-                      f"{fmt_rate(b['median'])}/s (median of {a['n']} / {b['n']})")
+            detail = (
+                f"{a['label']} {fmt_rate(a['median'])}/s vs {b['label']} "
+                f"{fmt_rate(b['median'])}/s (median of {a['n']} / {b['n']})"
+            )
             paired = _paired(a, b)
             if paired:
-                detail += (f"; paired per pass: median {_x(paired[len(paired) // 2])} "
-                           f"({_x(paired[0])}..{_x(paired[-1])}, {len(paired)} passes)")
+                detail += (
+                    f"; paired per pass: median {_x(paired[len(paired) // 2])} "
+                    f"({_x(paired[0])}..{_x(paired[-1])}, {len(paired)} passes)"
+                )
             if exact:
                 ok = ok and bool(a.get("ok"))
                 detail += "; counts " + ("exact" if a.get("ok") else "NOT EXACT")
@@ -964,31 +1131,47 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         out.append(t)
 
     ratio_row("redis: fresh reads >= 1x raw redis-py GET", READ, "ultradict_ng", "redis", FRESH_VS_GET)
-    ratio_row("redis: cached reads >= 100x raw redis-py GET", READ, "ultradict_ng:cached", "redis",
-              CACHED_VS_GET)
+    ratio_row(
+        "redis: cached reads >= 100x raw redis-py GET", READ, "ultradict_ng:cached", "redis", CACHED_VS_GET
+    )
     ratio_row("redis: writes >= 0.8x raw redis-py SET", WRITE, "ultradict_ng", "redis", WRITE_VS_SET)
-    ratio_row("redis: writes >= 2x pottery RedisDict", WRITE, "ultradict_ng", "pottery",
-              WRITE_VS_POTTERY)
-    ratio_row("redis: 4-process locked increments >= 2x pottery, exact", LOCK, "ultradict_ng",
-              "pottery", LOCK_VS_POTTERY, exact=True)
+    ratio_row("redis: writes >= 2x pottery RedisDict", WRITE, "ultradict_ng", "pottery", WRITE_VS_POTTERY)
+    ratio_row(
+        "redis: 4-process locked increments >= 2x pottery, exact",
+        LOCK,
+        "ultradict_ng",
+        "pottery",
+        LOCK_VS_POTTERY,
+        exact=True,
+    )
     for r in _rows(recs, TAKEOVER) or [None]:  # type: ignore[list-item]
         if r is None:
-            out.append({"target": "redis: dead holder taken over within lease + 1 s",
-                        "need": "<= lease + 1 s",
-                        "measured": None, "status": "n/a", "detail": "not measured in this run"})
+            out.append(
+                {
+                    "target": "redis: dead holder taken over within lease + 1 s",
+                    "need": "<= lease + 1 s",
+                    "measured": None,
+                    "status": "n/a",
+                    "detail": "not measured in this run",
+                }
+            )
             continue
         lease = r["params"].get("lease", DEFAULT_LEASE)
         t: Dict[str, Any] = {
             "target": f"redis: dead holder taken over within lease + 1 s (lease {lease:g} s)",
-            "need": f"<= {lease + TAKEOVER_SLACK:g} s"}
+            "need": f"<= {lease + TAKEOVER_SLACK:g} s",
+        }
         if r["median"] is None:
             t.update(measured=None, status="n/a", detail=why(TAKEOVER, "ultradict_ng"))
         else:
             ok = r["max"] <= lease + TAKEOVER_SLACK
-            t.update(measured=r["max"], measured_text=fmt_seconds(r["max"]),
-                     status="PASS" if ok else "MISS",
-                     detail=f"kill -> waiter inside: median {fmt_seconds(r['median'])}, max "
-                            f"{fmt_seconds(r['max'])} over {r['n']} takeover(s)")
+            t.update(
+                measured=r["max"],
+                measured_text=fmt_seconds(r["max"]),
+                status="PASS" if ok else "MISS",
+                detail=f"kill -> waiter inside: median {fmt_seconds(r['median'])}, max "
+                f"{fmt_seconds(r['max'])} over {r['n']} takeover(s)",
+            )
             if lease != DEFAULT_LEASE:
                 t["caveat"] = f"lease {lease:g} s (the default is {DEFAULT_LEASE:g} s)"
         out.append(t)
@@ -997,8 +1180,13 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
 
 def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
     """Median ops/s (whiskers min..max) of reads, writes and locked increments, log scale."""
-    colors = {"redis": "tab:red", "ultradict_ng": "tab:blue", "ultradict_ng:cached": "lightskyblue",
-              "pottery": "tab:brown", "redis_dict": "tab:olive"}
+    colors = {
+        "redis": "tab:red",
+        "ultradict_ng": "tab:blue",
+        "ultradict_ng:cached": "lightskyblue",
+        "pottery": "tab:brown",
+        "redis_dict": "tab:olive",
+    }
     kinds = [k for k in (READ, WRITE, LOCK) if any(r["median"] for r in _rows(recs, k))]
     width = 0.8 / len(ROWS)
     for i, row in enumerate(ROWS):
@@ -1014,9 +1202,13 @@ def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
                 lo.append(r["median"] - r["min"])
                 hi.append(r["max"] - r["median"])
         if xs:
-            label = {"redis": "redis-py (raw)", "ultradict_ng": "SharedDict fresh",
-                     "ultradict_ng:cached": "SharedDict cached", "pottery": "pottery",
-                     "redis_dict": "redis-dict"}[row]
+            label = {
+                "redis": "redis-py (raw)",
+                "ultradict_ng": "SharedDict fresh",
+                "ultradict_ng:cached": "SharedDict cached",
+                "pottery": "pottery",
+                "redis_dict": "redis-dict",
+            }[row]
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[row], label=label)
     names = {READ: "hot-key read", WRITE: "write (1024 keys)", LOCK: f"locked +1, {PROCS} procs"}
     ax.set_xticks(range(len(kinds)))
@@ -1027,14 +1219,19 @@ def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
     stale = [r for r in _rows(recs, STALE) if r["median"] and r["contender"].endswith(":cached")]
     bits = []
     if take:
-        bits.append("takeover " + ", ".join(f"{fmt_seconds(r['median'])} (lease {r['params']['lease']:g} s)"
-                                            for r in take))
+        bits.append(
+            "takeover "
+            + ", ".join(f"{fmt_seconds(r['median'])} (lease {r['params']['lease']:g} s)" for r in take)
+        )
     if stale:
-        bits.append("cached staleness p99: " + ", ".join(
-            f"{'busy reader' if not r['params'].get('pause_s') else 'pausing reader'} "
-            f"{fmt_seconds(r['params'].get('p99'))}" for r in stale))
+        bits.append(
+            "cached staleness p99: "
+            + ", ".join(
+                f"{'busy reader' if not r['params'].get('pause_s') else 'pausing reader'} "
+                f"{fmt_seconds(r['params'].get('p99'))}"
+                for r in stale
+            )
+        )
     if bits:
-        ax.text(0.99, 0.97, "\n".join(bits), transform=ax.transAxes, fontsize=7, va="top",
-                ha="right")
+        ax.text(0.99, 0.97, "\n".join(bits), transform=ax.transAxes, fontsize=7, va="top", ha="right")
     return "Redis backend vs redis-py, pottery, redis-dict (higher is better)"
-

@@ -180,7 +180,7 @@ class _Rotation:
         self.last: Optional[Tuple[Any, int]] = None
 
     def take(self, n: int) -> Any:
-        it = islice(cycle(self.keys[self.pos:] + self.keys[:self.pos]), n)
+        it = islice(cycle(self.keys[self.pos :] + self.keys[: self.pos]), n)
         self.pos = (self.pos + n) % len(self.keys)
         return it
 
@@ -428,4 +428,3 @@ ROLES: Dict[str, Callable[[Dict[str, Any], Any, Any], None]] = {
     "writer": _writer,
     "poller": _poller,
 }
-

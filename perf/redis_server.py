@@ -70,13 +70,32 @@ class RedisServer:
             workdir = tempfile.mkdtemp(prefix="perf-redis-")
             logfile = os.path.join(workdir, "redis.log")
             argv: List[str] = [
-                binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--daemonize", "no", "--dir", workdir,
-                "--logfile", logfile, "--protected-mode", "yes",
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                workdir,
+                "--logfile",
+                logfile,
+                "--protected-mode",
+                "yes",
             ]
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
             server = cls(proc, port, workdir, binary)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
@@ -95,8 +114,7 @@ class RedisServer:
 
     def version(self) -> str:
         try:
-            out = subprocess.run([self.binary, "--version"], capture_output=True, text=True,
-                                 timeout=5).stdout
+            out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=5).stdout
             for tok in out.split():
                 if tok.startswith("v="):
                     return tok[2:]

@@ -41,8 +41,7 @@ def _order_key(r: Dict[str, Any]) -> Tuple[int, str]:
     return (ORDER.index(c) if c in ORDER else len(ORDER), c)
 
 
-def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
-            notes: List[str]) -> str:
+def section(records: List[Dict[str, Any]], wl: str, number: int, title: str, notes: List[str]) -> str:
     """One workload's table: contender, median, spread (min-max), ultradict_ng / peer."""
     recs = [r for r in records if r["workload"] == wl]
     lines: List[str] = []
@@ -80,8 +79,10 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str,
     ahead = ">1" if better == "higher" else "<1"
     lines.append("")
     lines.append(f"== {number}. {title} ==")
-    lines.append(f"   unit: {unit} ({arrow}); ng/peer = ultradict_ng median / peer median "
-                 f"({ahead}: ultradict_ng ahead)")
+    lines.append(
+        f"   unit: {unit} ({arrow}); ng/peer = ultradict_ng median / peer median "
+        f"({ahead}: ultradict_ng ahead)"
+    )
     for case in _cases(recs, wl):
         rows = sorted([r for r in recs if r["case"] == case and not r.get("note_only")], key=_order_key)
         if not rows:
@@ -150,8 +151,11 @@ def _spread_cell(r: Dict[str, Any]) -> str:
 def big_section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
     from .big import KIND_TITLES, METRICS, case_name, size_label
 
-    lines = ["", f"== {number}. {title} ==",
-             "   lower is better; median (min..max) over the repetitions; copies: see the note"]
+    lines = [
+        "",
+        f"== {number}. {title} ==",
+        "   lower is better; median (min..max) over the repetitions; copies: see the note",
+    ]
     blocks: List[Tuple[str, int]] = []
     for r in recs:
         key = (r["params"].get("kind"), r["params"].get("value_bytes"))
@@ -160,11 +164,15 @@ def big_section(recs: List[Dict[str, Any]], number: int, title: str, notes: List
     width = 25
     for kind, size in blocks:
         lines.append(f"  -- {KIND_TITLES.get(kind, kind)}, {size_label(size)} --")
-        lines.append(f"  {'contender':<28}" + "".join(f"{m:<{width}}" for m, _, _ in METRICS)
-                     + "copies")
-        contenders = sorted({r["contender"] for r in recs if (r["params"].get("kind"),
-                                                              r["params"].get("value_bytes")) == (kind, size)},
-                            key=lambda c: (ORDER.index(c) if c in ORDER else len(ORDER), c))
+        lines.append(f"  {'contender':<28}" + "".join(f"{m:<{width}}" for m, _, _ in METRICS) + "copies")
+        contenders = sorted(
+            {
+                r["contender"]
+                for r in recs
+                if (r["params"].get("kind"), r["params"].get("value_bytes")) == (kind, size)
+            },
+            key=lambda c: (ORDER.index(c) if c in ORDER else len(ORDER), c),
+        )
         for c in contenders:
             row = [find(recs, "big", case_name(kind, size, m), c) for m, _, _ in METRICS]
             first = next(x for x in row if x is not None)
@@ -220,8 +228,13 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     ratio_target("4 processes contending >= 10x, exact counts", "contend", "4 processes", 10, True)
 
     # Write cost growth: largest measured size vs 1k keys.
-    sizes = sorted({r["params"].get("size") for r in records
-                    if r["workload"] == "growth" and r["contender"] == NG and r["params"].get("size")})
+    sizes = sorted(
+        {
+            r["params"].get("size")
+            for r in records
+            if r["workload"] == "growth" and r["contender"] == NG and r["params"].get("size")
+        }
+    )
     row: Dict[str, Any] = {"target": "write cost at 1M keys / at 1k keys <= 1.5x", "need": "<= 1.5x"}
     if 1_000 in sizes and len(sizes) > 1:
         big = sizes[-1]
@@ -229,9 +242,12 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         c_big = _median(records, "growth", f"write {_count(big)} keys", NG)
         if c_small and c_big:
             ratio = c_big / c_small
-            row.update(measured=ratio, status="PASS" if ratio <= 1.5 else "MISS",
-                       detail=f"ultradict_ng {fmt_value(c_big, 's/op')} at {_count(big)} vs "
-                              f"{fmt_value(c_small, 's/op')} at 1k")
+            row.update(
+                measured=ratio,
+                status="PASS" if ratio <= 1.5 else "MISS",
+                detail=f"ultradict_ng {fmt_value(c_big, 's/op')} at {_count(big)} vs "
+                f"{fmt_value(c_small, 's/op')} at 1k",
+            )
             if big != 1_000_000:
                 row["caveat"] = f"measured at {_count(big)} keys, not 1M (1M is only in full mode)"
         else:
@@ -248,9 +264,12 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         ng, ud = _median(records, "attach", case, NG), _median(records, "attach", case, UDS)
         if ng and ud:
             ratio = ud / ng
-            row.update(measured=ratio, status="PASS" if ratio > 1 else "MISS",
-                       detail=f"ultradict_ng {fmt_value(ng, 's')} vs UltraDict(shared_lock=True) "
-                              f"{fmt_value(ud, 's')} (ratio = UltraDict time / ultradict_ng time)")
+            row.update(
+                measured=ratio,
+                status="PASS" if ratio > 1 else "MISS",
+                detail=f"ultradict_ng {fmt_value(ng, 's')} vs UltraDict(shared_lock=True) "
+                f"{fmt_value(ud, 's')} (ratio = UltraDict time / ultradict_ng time)",
+            )
             if asizes[0] != 1_000_000:
                 row["caveat"] = f"measured at {_count(asizes[0])} keys, not 1M (1M is only in full mode)"
         else:
@@ -330,8 +349,10 @@ def machine_info(versions: Dict[str, str], load_at_start: Any = None) -> Dict[st
         "platform": platform.platform(),
         "machine": platform.machine(),
         "ultradict_ng_source": source_digest(),
-        "packages": {**versions, **{f"({dist})": _dist_version(dist) for dist in
-                                    ("msgpack", "atomics", "matplotlib", "psutil")}},
+        "packages": {
+            **versions,
+            **{f"({dist})": _dist_version(dist) for dist in ("msgpack", "atomics", "matplotlib", "psutil")},
+        },
     }
 
 
@@ -357,11 +378,15 @@ def source_digest() -> Dict[str, Any]:
 
         from ultradict_ng import speedups
 
-        return {"path": root, "sha256_of_py_and_c_files": h.hexdigest()[:16],
-                # native (compiled helper), bound or public: see speedups.py
-                "hot_path_implementation": speedups.IMPLEMENTATION,
-                "newest_file_mtime": datetime.datetime.fromtimestamp(newest).astimezone()
-                .isoformat(timespec="seconds")}
+        return {
+            "path": root,
+            "sha256_of_py_and_c_files": h.hexdigest()[:16],
+            # native (compiled helper), bound or public: see speedups.py
+            "hot_path_implementation": speedups.IMPLEMENTATION,
+            "newest_file_mtime": datetime.datetime.fromtimestamp(newest)
+            .astimezone()
+            .isoformat(timespec="seconds"),
+        }
     except Exception as exc:
         return {"error": repr(exc)}
 
@@ -394,8 +419,11 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
         import matplotlib.pyplot as plt
     except Exception as exc:
         return f"matplotlib unavailable ({exc.__class__.__name__}): no plot"
-    present = [(wl, no, title) for wl, no, title in workloads  # (14 and 15 have figures of their own)
-               if wl not in ("bigdict", "cache") and any(r["workload"] == wl and r["median"] for r in records)]
+    present = [
+        (wl, no, title)
+        for wl, no, title in workloads  # (14 and 15 have figures of their own)
+        if wl not in ("bigdict", "cache") and any(r["workload"] == wl and r["median"] for r in records)
+    ]
     if not present:
         return "nothing to plot"
     cols = min(4, len(present))
@@ -403,9 +431,8 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.8 * rows), squeeze=False)
     contenders = [c for c in ORDER if any(r["contender"] == c for r in records)]
     # tab10 for the first ten (unchanged colours), then tab20's light shades
-    colors = {c: plt.cm.tab10(i) if i < 10 else plt.cm.tab20(2 * (i - 10) + 1)
-              for i, c in enumerate(ORDER)}
-    for ax in axes.flat[len(present):]:
+    colors = {c: plt.cm.tab10(i) if i < 10 else plt.cm.tab20(2 * (i - 10) + 1) for i, c in enumerate(ORDER)}
+    for ax in axes.flat[len(present) :]:
         ax.axis("off")
     for ax, (wl, no, title) in zip(axes.flat, present):
         recs = [r for r in records if r["workload"] == wl and not r.get("note_only")]
@@ -460,8 +487,12 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
                 if xs:
                     ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[c], label=_label(c))
             ax.set_xticks(range(len(cases)))
-            ax.set_xticklabels(cases, rotation=20 if len(cases) > 2 else 0, fontsize=8, ha="right"
-                               if len(cases) > 2 else "center")
+            ax.set_xticklabels(
+                cases,
+                rotation=20 if len(cases) > 2 else 0,
+                fontsize=8,
+                ha="right" if len(cases) > 2 else "center",
+            )
             if vals and max(vals) / max(min(vals), 1e-30) > 20:
                 ax.set_yscale("log")
         ax.set_title(f"{no}. {title}", fontsize=9)
@@ -503,11 +534,21 @@ def _rescale(ax: Any, unit: str) -> str:
 def _plot_growth(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], colors: Dict[str, Any]) -> None:
     for c in contenders:
         for kind, style in (("write", "-"), ("read", "--")):
-            pts = sorted((r["params"]["size"], r["median"]) for r in recs
-                         if r["contender"] == c and r["params"].get("kind") == kind and r["median"])
+            pts = sorted(
+                (r["params"]["size"], r["median"])
+                for r in recs
+                if r["contender"] == c and r["params"].get("kind") == kind and r["median"]
+            )
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3,
-                        color=colors[c], label=_label(c) if kind == "write" else None)
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    style,
+                    marker="o",
+                    markersize=3,
+                    color=colors[c],
+                    label=_label(c) if kind == "write" else None,
+                )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("keys in the dict (solid: write, dashed: read)")
@@ -517,12 +558,24 @@ def _plot_big(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], colors
     """1st read in the other process vs value size: solid numpy, dashed bytes."""
     for c in contenders:
         for kind, style in (("numpy", "-"), ("bytes", "--")):
-            pts = sorted((r["params"]["value_bytes"], r["median"]) for r in recs
-                         if r["contender"] == c and r["params"].get("kind") == kind
-                         and r["params"].get("metric") == "1st read" and r["median"])
+            pts = sorted(
+                (r["params"]["value_bytes"], r["median"])
+                for r in recs
+                if r["contender"] == c
+                and r["params"].get("kind") == kind
+                and r["params"].get("metric") == "1st read"
+                and r["median"]
+            )
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", markersize=3,
-                        color=colors[c], label=_label(c))
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    style,
+                    marker="o",
+                    markersize=3,
+                    color=colors[c],
+                    label=_label(c),
+                )
     from .big import size_label
 
     sizes = sorted({r["params"]["value_bytes"] for r in recs if r["median"]})

@@ -60,8 +60,12 @@ class Pool:
         for a in run.adapters.values():
             inherit.update(a.inheritables())
         self.procs = [
-            ctx.Process(target=procs.worker_main, name=f"perf-worker-{i}",
-                        args=(i, q, self.res_q, inherit, run.preload_modules), daemon=True)
+            ctx.Process(
+                target=procs.worker_main,
+                name=f"perf-worker-{i}",
+                args=(i, q, self.res_q, inherit, run.preload_modules),
+                daemon=True,
+            )
             for i, q in enumerate(self.cmd_qs)
         ]
         for p in self.procs:
@@ -71,7 +75,9 @@ class Pool:
     def send(self, wid: int, cmd: Tuple[Any, ...]) -> None:
         self.cmd_qs[wid].put(cmd)
 
-    def gather(self, count: int, timeout: float, kinds: Iterable[str] = ("ok",)) -> List[Tuple[int, str, Any]]:
+    def gather(
+        self, count: int, timeout: float, kinds: Iterable[str] = ("ok",)
+    ) -> List[Tuple[int, str, Any]]:
         """``count`` answers of the given kinds; WorkerError on an error, a death or a timeout."""
         kinds = set(kinds)
         out: List[Tuple[int, str, Any]] = []
@@ -80,15 +86,19 @@ class Pool:
         while len(out) + len(errors) < count:  # every worker answers once, result or error
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WorkerError(f"no answer from the worker processes within {timeout:.0f} s"
-                                  + (f"; earlier: {errors[0]}" if errors else ""))
+                raise WorkerError(
+                    f"no answer from the worker processes within {timeout:.0f} s"
+                    + (f"; earlier: {errors[0]}" if errors else "")
+                )
             try:
                 wid, kind, payload = self.res_q.get(timeout=min(left, 1.0))
             except queue.Empty:
                 dead = [p.name for p in self.procs if not p.is_alive()]
                 if dead:
-                    raise WorkerError(f"worker process(es) died: {', '.join(dead)} "
-                                      f"(exit codes {[p.exitcode for p in self.procs]})") from None
+                    raise WorkerError(
+                        f"worker process(es) died: {', '.join(dead)} "
+                        f"(exit codes {[p.exitcode for p in self.procs]})"
+                    ) from None
                 continue
             if kind == "error":
                 errors.append(f"worker {wid}: {payload}")
@@ -97,8 +107,9 @@ class Pool:
             else:
                 out.append((wid, kind, payload))
         if errors:
-            raise WorkerError(f"{len(errors)} of {count} worker(s) failed; the first: {errors[0]}",
-                              fatal=False)
+            raise WorkerError(
+                f"{len(errors)} of {count} worker(s) failed; the first: {errors[0]}", fatal=False
+            )
         return out
 
     def attach(self, wids: Iterable[int], spec: Dict[str, Any], timeout: float = 120.0) -> None:
@@ -145,8 +156,16 @@ class Pool:
 class Run:
     """Options, the adapters in use, the collected records, and the cleanup registry."""
 
-    def __init__(self, *, quick: bool, repeat: int, box: float, out: str,
-                 name_prefix: str = "perf_", wake_parts: Optional[List[str]] = None) -> None:
+    def __init__(
+        self,
+        *,
+        quick: bool,
+        repeat: int,
+        box: float,
+        out: str,
+        name_prefix: str = "perf_",
+        wake_parts: Optional[List[str]] = None,
+    ) -> None:
         self.quick = quick
         #: The parts of workload 10 to run (perf.wake.PARTS; None: all).
         self.wake_parts = wake_parts
@@ -205,23 +224,45 @@ class Run:
         self.alerts.append(text)
         log("!!! " + text)
 
-    def record(self, wl: str, case: str, contender: str, *, unit: str, better: str,
-               values: List[float], raw: Optional[List[Any]] = None, show: Optional[Dict[str, str]] = None,
-               params: Optional[Dict[str, Any]] = None, error: Optional[str] = None,
-               skipped: Optional[str] = None, ok: Optional[bool] = None,
-               note_only: bool = False) -> Dict[str, Any]:
+    def record(
+        self,
+        wl: str,
+        case: str,
+        contender: str,
+        *,
+        unit: str,
+        better: str,
+        values: List[float],
+        raw: Optional[List[Any]] = None,
+        show: Optional[Dict[str, str]] = None,
+        params: Optional[Dict[str, Any]] = None,
+        error: Optional[str] = None,
+        skipped: Optional[str] = None,
+        ok: Optional[bool] = None,
+        note_only: bool = False,
+    ) -> Dict[str, Any]:
         label = self.adapters[contender].label if contender in self.adapters else contender
         rec: Dict[str, Any] = {
-            "workload": wl, "case": case, "contender": contender, "label": label,
-            "unit": unit, "better": better, "values": list(values), "raw": raw or [],
-            **summarize(values), "show": show or {}, "params": params or {},
-            "error": error, "skipped": skipped, "ok": ok, "note_only": note_only,
+            "workload": wl,
+            "case": case,
+            "contender": contender,
+            "label": label,
+            "unit": unit,
+            "better": better,
+            "values": list(values),
+            "raw": raw or [],
+            **summarize(values),
+            "show": show or {},
+            "params": params or {},
+            "error": error,
+            "skipped": skipped,
+            "ok": ok,
+            "note_only": note_only,
         }
         self.records.append(rec)
         return rec
 
-    def fail(self, wl: str, case: str, contender: str, exc: BaseException, *, unit: str,
-             better: str) -> None:
+    def fail(self, wl: str, case: str, contender: str, exc: BaseException, *, unit: str, better: str) -> None:
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         label = self.adapters[contender].label if contender in self.adapters else contender
         self.alert(f"{label} failed in workload {wl} ({case}): {compact_error(text)}")

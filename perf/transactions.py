@@ -34,7 +34,11 @@ CONTENDER_ALIASES: Dict[str, str] = {}
 
 WRITES = 2000
 MODES = ("transaction", "lock", "plain")
-LABELS = {"transaction": "with d.transaction():", "lock": "with d.lock:", "plain": "no lock (each write alone)"}
+LABELS = {
+    "transaction": "with d.transaction():",
+    "lock": "with d.lock:",
+    "plain": "no lock (each write alone)",
+}
 BACKENDS = ("shm", "redis")
 TARGET = 5.0
 
@@ -112,8 +116,16 @@ def w_transactions(run: Run, contenders: List[str]) -> None:
         name = f"{run.name_prefix}{os.urandom(6).hex()}"
         if backend == "redis" and url is None:
             for mode in MODES:
-                run.record(WL, _case(backend), mode, unit="s", better="lower", values=[], skipped=why,
-                           params={"backend": backend, "mode": mode})
+                run.record(
+                    WL,
+                    _case(backend),
+                    mode,
+                    unit="s",
+                    better="lower",
+                    values=[],
+                    skipped=why,
+                    params={"backend": backend, "mode": mode},
+                )
             continue
         try:
             got = _run_child(name, url, reps)
@@ -122,18 +134,36 @@ def w_transactions(run: Run, contenders: List[str]) -> None:
         if "error" in got:
             run.alert(f"workload {NUMBER} ({backend}): {got['error']}")
             for mode in MODES:
-                run.record(WL, _case(backend), mode, unit="s", better="lower", values=[],
-                           error=got["error"], params={"backend": backend, "mode": mode})
+                run.record(
+                    WL,
+                    _case(backend),
+                    mode,
+                    unit="s",
+                    better="lower",
+                    values=[],
+                    error=got["error"],
+                    params={"backend": backend, "mode": mode},
+                )
             continue
         for w in got["wrong"]:
             run.alert(f"workload {NUMBER} ({backend}): {w}")
         for mode in MODES:
-            rec = run.record(WL, _case(backend), mode, unit="s", better="lower", values=got["times"][mode],
-                             params={"backend": backend, "mode": mode, "writes": WRITES},
-                             ok=not got["wrong"])
+            rec = run.record(
+                WL,
+                _case(backend),
+                mode,
+                unit="s",
+                better="lower",
+                values=got["times"][mode],
+                params={"backend": backend, "mode": mode, "writes": WRITES},
+                ok=not got["wrong"],
+            )
             rec["label"] = LABELS[mode]
-    run.note(f"one block = {WRITES:,} writes d[f'k{{i}}'] = i; modes alternate, order rotated; "
-             f"one spawned child per backend; Redis: the run's private server on loopback", WL)
+    run.note(
+        f"one block = {WRITES:,} writes d[f'k{{i}}'] = i; modes alternate, order rotated; "
+        f"one spawned child per backend; Redis: the run's private server on loopback",
+        WL,
+    )
 
 
 def _case(backend: str) -> str:
@@ -156,8 +186,11 @@ def ratio(recs: List[Dict[str, Any]], backend: str, mode: str) -> Optional[float
 
 
 def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
-    lines = ["", f"== {number}. {title} ==",
-             "   unit: s per block (lower is better); x lock = the lock's median / this row's"]
+    lines = [
+        "",
+        f"== {number}. {title} ==",
+        "   unit: s per block (lower is better); x lock = the lock's median / this row's",
+    ]
     for backend in BACKENDS:
         rows = [r for r in (_find(recs, backend, m) for m in MODES) if r is not None]
         if not rows:
@@ -166,14 +199,18 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
         for r in rows:
             mode = r["params"]["mode"]
             if r.get("skipped") or r["median"] is None:
-                lines.append(f"    {LABELS[mode]:<30}{'skipped' if r.get('skipped') else 'FAILED'}: "
-                             f"{str(r.get('skipped') or r.get('error'))[:200]}")
+                lines.append(
+                    f"    {LABELS[mode]:<30}{'skipped' if r.get('skipped') else 'FAILED'}: "
+                    f"{str(r.get('skipped') or r.get('error'))[:200]}"
+                )
                 continue
             q = ratio(recs, backend, mode)
             per = r["median"] / WRITES
-            lines.append(f"    {LABELS[mode]:<30}{fmt_seconds(r['median']):>10}  "
-                         f"{fmt_seconds(r['min'])} .. {fmt_seconds(r['max']):<12}{r['n']:>3}"
-                         f"{'-' if q is None else f'{q:.2f}x':>9}   {fmt_seconds(per)}/write")
+            lines.append(
+                f"    {LABELS[mode]:<30}{fmt_seconds(r['median']):>10}  "
+                f"{fmt_seconds(r['min'])} .. {fmt_seconds(r['max']):<12}{r['n']:>3}"
+                f"{'-' if q is None else f'{q:.2f}x':>9}   {fmt_seconds(per)}/write"
+            )
     for n in notes:
         lines.append(f"   note: {n}")
     return "\n".join(lines)
@@ -185,16 +222,21 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         tx, lock = _find(recs, backend, "transaction"), _find(recs, backend, "lock")
         if tx is None and lock is None:
             continue
-        row: Dict[str, Any] = {"target": f"transactions: {WRITES:,} writes in one transaction "
-                                         f">= {TARGET:g}x faster than under the lock ({backend})",
-                               "need": f">= {TARGET:g}x"}
+        row: Dict[str, Any] = {
+            "target": f"transactions: {WRITES:,} writes in one transaction "
+            f">= {TARGET:g}x faster than under the lock ({backend})",
+            "need": f">= {TARGET:g}x",
+        }
         q = ratio(recs, backend, "transaction")
         if q is None or tx is None or lock is None:
             row.update(measured=None, status="n/a", detail="not measured")
         else:
-            row.update(measured=q, status="PASS" if q >= TARGET else "MISS",
-                       detail=f"transaction {fmt_seconds(tx['median'])} vs lock {fmt_seconds(lock['median'])} "
-                              f"(median of {tx['n']} / {lock['n']})")
+            row.update(
+                measured=q,
+                status="PASS" if q >= TARGET else "MISS",
+                detail=f"transaction {fmt_seconds(tx['median'])} vs lock {fmt_seconds(lock['median'])} "
+                f"(median of {tx['n']} / {lock['n']})",
+            )
             if quick:
                 row["caveat"] = "--quick repetitions"
         out.append(row)

@@ -130,8 +130,7 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def calibrate(loop: Callable[[int], float], box: float, min_ops: int = 1,
-              max_ops: int = 50_000_000) -> int:
+def calibrate(loop: Callable[[int], float], box: float, min_ops: int = 1, max_ops: int = 50_000_000) -> int:
     """Op count for which ``loop(n)`` takes about ``box`` seconds.
 
     ``loop(n)`` runs n operations and returns the seconds they took.  The

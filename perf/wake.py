@@ -169,8 +169,10 @@ def _check_mode(run: Run, label: str, wanted: str, infos: Sequence[Dict[str, Any
     modes = sorted({str(i.get("wait_mode")) for i in infos if i.get("wait_mode")})
     early = sum(1 for i in infos if i.get("imported_before_env"))
     if early:
-        run.alert(f"{label}: {early} child(ren) had imported ultradict_ng before "
-                  f"{C.ENV} was set: their mode may not be the row's")
+        run.alert(
+            f"{label}: {early} child(ren) had imported ultradict_ng before "
+            f"{C.ENV} was set: their mode may not be the row's"
+        )
     if modes and modes != [wanted]:
         run.alert(f"{label}: the children report waiting mode {'/'.join(modes)}, not {wanted}")
     return "/".join(modes) or "?"
@@ -182,12 +184,18 @@ def _record(run: Run, case: str, key: str, label: str, **kw: Any) -> Dict[str, A
     return rec
 
 
-def _fail(run: Run, case: str, key: str, label: str, exc: BaseException, unit: str,
-          better: str) -> None:
+def _fail(run: Run, case: str, key: str, label: str, exc: BaseException, unit: str, better: str) -> None:
     if isinstance(exc, ChildError) and exc.missing:
-        _record(run, case, key, label, unit=unit, better=better, values=[],
-                skipped="unavailable: SharedDict.wait_for_change does not exist in the "
-                        "installed ultradict_ng")
+        _record(
+            run,
+            case,
+            key,
+            label,
+            unit=unit,
+            better=better,
+            values=[],
+            skipped="unavailable: SharedDict.wait_for_change does not exist in the installed ultradict_ng",
+        )
         return
     text = str(exc) if isinstance(exc, ChildError) else f"{type(exc).__name__}: {exc}"
     short = text.strip().splitlines()[-1][:300]
@@ -251,8 +259,12 @@ def _writer(run: Run, row: Row) -> _Writer:
     if row.kind == "redis":
         a = run.adapters["redis"]
         channel = run.new_name()
-        return _Writer({"port": a.server.port, "channel": channel}, None,
-                       lambda i: a.client.publish(channel, i), lambda: None)
+        return _Writer(
+            {"port": a.server.port, "channel": channel},
+            None,
+            lambda i: a.client.publish(channel, i),
+            lambda: None,
+        )
     raise ValueError(row.kind)
 
 
@@ -263,8 +275,12 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
     try:
         w = _writer(run, row)
         ack, child_ack = run.ctx.Pipe(duplex=False)
-        p = _spawn(run, C.waiter_main, f"perf-wake-{row.kind}",
-                   (row.kind, row.mode, w.spec, w.chan, child_ack, WAIT_LIMIT_S))
+        p = _spawn(
+            run,
+            C.waiter_main,
+            f"perf-wake-{row.kind}",
+            (row.kind, row.mode, w.spec, w.chan, child_ack, WAIT_LIMIT_S),
+        )
         child_ack.close()
         info = _expect(ack, p, ("ready",), 120)[1]
         if row.kind == "ng":
@@ -302,21 +318,39 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
                 gc.enable()
         p99 = percentile(lat, 99)
         wmed = statistics.median(wcall) if wcall else None
-        show = {"p99": p99, "max": max(lat) if lat else None, "count": f"{len(lat)}/{n}",
-                "write call": wmed}
+        show = {"p99": p99, "max": max(lat) if lat else None, "count": f"{len(lat)}/{n}", "write call": wmed}
         extra = [f"{k} {v}" for k, v in (("lost", lost), ("spurious", spurious), ("stale", stale)) if v]
         if info.get("imported_before_env"):
             extra.append("ultradict_ng was imported before the env was set!")
         show["notes"] = ", ".join(extra)
-        _record(run, LATENCY, row.key, row.label, unit="s", better="lower", values=lat,
-                ok=lost == 0, show=show,
-                params={"rounds": n, "warmup": WARMUP, "p99_s": p99, "lost": lost,
-                        "spurious": spurious, "stale": stale, "waiter": info,
-                        "waiter_cpu_s": bye.get("cpu_s"), "mode": row.mode,
-                        "write_call_median_s": wmed})
+        _record(
+            run,
+            LATENCY,
+            row.key,
+            row.label,
+            unit="s",
+            better="lower",
+            values=lat,
+            ok=lost == 0,
+            show=show,
+            params={
+                "rounds": n,
+                "warmup": WARMUP,
+                "p99_s": p99,
+                "lost": lost,
+                "spurious": spurious,
+                "stale": stale,
+                "waiter": info,
+                "waiter_cpu_s": bye.get("cpu_s"),
+                "mode": row.mode,
+                "write_call_median_s": wmed,
+            },
+        )
         if lost:
-            run.alert(f"{row.label}: {lost} of {n} wake-ups were lost (the waiter's "
-                      f"{WAIT_LIMIT_S:g} s wait timed out after a write)")
+            run.alert(
+                f"{row.label}: {lost} of {n} wake-ups were lost (the waiter's "
+                f"{WAIT_LIMIT_S:g} s wait timed out after a write)"
+            )
     except Exception as exc:
         _fail(run, LATENCY, row.key, row.label, exc, "s", "lower")
     finally:
@@ -363,13 +397,34 @@ def _idle_one(run: Run, key: str, label: str, mode: str, window: float) -> None:
         wall = sum(r["wall_s"] for r in res) / len(res)
         per10 = total * 10.0 / wall if wall > 0 else None
         calls = sum(r["calls"] for r in res)
-        show = {"wall": wall, "per 10 s": per10, "whole": whole, "calls": calls,
-                "returned True": sum(r["returned_true"] for r in res)}
-        _record(run, IDLE, key, label, unit="CPU-s", better="lower", values=[total], show=show,
-                params={"waiters": IDLE_WAITERS, "window_s": window, "wall_s_mean": wall,
-                        "cpu_s_per_10s_scaled": per10, "whole_processes_cpu_s": whole,
-                        "per_waiter": res, "env": [i.get("env") for i in infos], "mode": mode,
-                        "wait_mode_reported": wait_mode})
+        show = {
+            "wall": wall,
+            "per 10 s": per10,
+            "whole": whole,
+            "calls": calls,
+            "returned True": sum(r["returned_true"] for r in res),
+        }
+        _record(
+            run,
+            IDLE,
+            key,
+            label,
+            unit="CPU-s",
+            better="lower",
+            values=[total],
+            show=show,
+            params={
+                "waiters": IDLE_WAITERS,
+                "window_s": window,
+                "wall_s_mean": wall,
+                "cpu_s_per_10s_scaled": per10,
+                "whole_processes_cpu_s": whole,
+                "per_waiter": res,
+                "env": [i.get("env") for i in infos],
+                "mode": mode,
+                "wait_mode_reported": wait_mode,
+            },
+        )
     except Exception as exc:
         _fail(run, IDLE, key, label, exc, "CPU-s", "lower")
     finally:
@@ -421,16 +476,40 @@ def _locks_one(run: Run, key: str, label: str, mode: str, window: float) -> None
             exact = final == total
             spread = max(counts) / min(counts) if min(counts) > 0 else float("inf")
             if not exact:
-                run.alert(f"{label}: {P} processes: final count {final}, the processes counted "
-                          f"{total} (lost updates)")
-            show = {"vs 1": rate / base if base else None, "count": "exact" if exact else
-                    f"MISMATCH {final} != {total}", "max/min": spread,
-                    "cpu": sum(r["cpu_s"] for r in res), "span": span}
-            _record(run, case, key, label, unit="ops/s", better="higher", values=[rate], ok=exact,
-                    show=show, params={"processes": P, "window_s": window, "counts": counts,
-                                       "final": final, "exact": exact, "ratio_to_1": show["vs 1"],
-                                       "max_over_min": spread, "raw": res, "mode": mode,
-                                       "wait_mode_reported": wait_mode})
+                run.alert(
+                    f"{label}: {P} processes: final count {final}, the processes counted "
+                    f"{total} (lost updates)"
+                )
+            show = {
+                "vs 1": rate / base if base else None,
+                "count": "exact" if exact else f"MISMATCH {final} != {total}",
+                "max/min": spread,
+                "cpu": sum(r["cpu_s"] for r in res),
+                "span": span,
+            }
+            _record(
+                run,
+                case,
+                key,
+                label,
+                unit="ops/s",
+                better="higher",
+                values=[rate],
+                ok=exact,
+                show=show,
+                params={
+                    "processes": P,
+                    "window_s": window,
+                    "counts": counts,
+                    "final": final,
+                    "exact": exact,
+                    "ratio_to_1": show["vs 1"],
+                    "max_over_min": spread,
+                    "raw": res,
+                    "mode": mode,
+                    "wait_mode_reported": wait_mode,
+                },
+            )
     except Exception as exc:
         _fail(run, case, key, label, exc, "ops/s", "higher")
     finally:
@@ -459,8 +538,16 @@ def w_wake(run: Run, adapters: List[Any]) -> None:
                 log(f"  wakeup: latency, {row.label} ({n} round trips)")
                 _latency_one(run, row, n)
             elif row.adapter in run.skipped:
-                _record(run, LATENCY, row.key, row.label, unit="s", better="lower", values=[],
-                        skipped=run.skipped[row.adapter])
+                _record(
+                    run,
+                    LATENCY,
+                    row.key,
+                    row.label,
+                    unit="s",
+                    better="lower",
+                    values=[],
+                    skipped=run.skipped[row.adapter],
+                )
         if "ultradict_ng" in keys:
             _note_sleep0(run)
     if "ultradict_ng" in keys and "idle" in parts:
@@ -486,5 +573,8 @@ def _note_sleep0(run: Run) -> None:
     for _ in range(200):
         time.sleep(0)
     per = (clock() - t0) / 200 / 1e9
-    run.note(f"one time.sleep(0) takes {fmt_seconds(per)} in this process (mean of 200): the "
-             "plain polling row cannot see a change sooner than that on average", WL)
+    run.note(
+        f"one time.sleep(0) takes {fmt_seconds(per)} in this process (mean of 200): the "
+        "plain polling row cannot see a change sooner than that on average",
+        WL,
+    )

@@ -54,8 +54,9 @@ def _pick_clock() -> Tuple[str, Callable[[], int]]:
     impl = time.get_clock_info("perf_counter").implementation
     if "CLOCK_MONOTONIC" in impl:
         return f"perf_counter_ns ({impl})", time.perf_counter_ns
-    return (f"monotonic_ns ({time.get_clock_info('monotonic').implementation}; "
-            f"perf_counter is {impl})"), time.monotonic_ns
+    return (
+        f"monotonic_ns ({time.get_clock_info('monotonic').implementation}; perf_counter is {impl})"
+    ), time.monotonic_ns
 
 
 CLOCK_NAME, now_ns = _pick_clock()
@@ -144,8 +145,10 @@ class _NgWaiter(_Waiter):
         if not hasattr(self.d, "wait_for_change"):
             import ultradict_ng
 
-            raise WaitMissing(f"SharedDict.wait_for_change does not exist in the ultradict_ng "
-                              f"installed at {os.path.dirname(ultradict_ng.__file__)}")
+            raise WaitMissing(
+                f"SharedDict.wait_for_change does not exist in the ultradict_ng "
+                f"installed at {os.path.dirname(ultradict_ng.__file__)}"
+            )
         self.last = self.d[KEY]
 
     def next(self, timeout: float) -> Tuple[int, Any, int]:
@@ -297,8 +300,7 @@ WAITERS: Dict[str, type] = {
 }
 
 
-def waiter_main(kind: str, mode: str, spec: Dict[str, Any], chan: Any, ack: Any,
-                timeout: float) -> None:
+def waiter_main(kind: str, mode: str, spec: Dict[str, Any], chan: Any, ack: Any, timeout: float) -> None:
     """Part 1: wait, stamp, acknowledge (with the stamp), wait again; until STOP.
 
     Messages on ``ack``: ("ready", info), ("woke", value, t1, spurious),
@@ -375,8 +377,18 @@ def idle_main(mode: str, name: str, conn: Any) -> None:
                     early_true += 1
                 returns += 1
         t1, cpu1 = now_ns(), _cpu_s()
-        conn.send(("done", {"cpu_s": cpu1 - cpu0, "wall_s": (t1 - t0) / 1e9,
-                            "calls": returns, "returned_true": early_true, **info}))
+        conn.send(
+            (
+                "done",
+                {
+                    "cpu_s": cpu1 - cpu0,
+                    "wall_s": (t1 - t0) / 1e9,
+                    "calls": returns,
+                    "returned_true": early_true,
+                    **info,
+                },
+            )
+        )
         conn.recv()  # "exit": the parent has read everything
     except EOFError:
         pass

@@ -27,8 +27,7 @@ from .big import w_big
 from .wake import w_wake
 from .procs import attach_probe
 from .run import Run, WorkerError
-from .util import (calibrate, fmt_count, fmt_seconds, log, percentile, shm_entries,
-                   summarize, watchdog)
+from .util import calibrate, fmt_count, fmt_seconds, log, percentile, shm_entries, summarize, watchdog
 
 pc = time.perf_counter
 pc_ns = time.perf_counter_ns
@@ -50,12 +49,27 @@ WORKLOADS: List[Tuple[str, int, str]] = [
 ]
 NUMBERS = {name: no for name, no, _ in WORKLOADS}
 TITLES = {name: title for name, _, title in WORKLOADS}
-ALIASES = {"reads": "read", "writes": "write", "incr": "lock", "increment": "lock",
-           "contention": "contend", "processes": "contend", "visibility": "latency",
-           "load": "attach", "size": "growth", "cost": "growth", "value": "values",
-           "large": "big", "large-values": "big", "numpy": "big",
-           "wake": "wakeup", "wake-up": "wakeup", "wait": "wakeup", "wait_for_change": "wakeup",
-           "futex": "wakeup"}
+ALIASES = {
+    "reads": "read",
+    "writes": "write",
+    "incr": "lock",
+    "increment": "lock",
+    "contention": "contend",
+    "processes": "contend",
+    "visibility": "latency",
+    "load": "attach",
+    "size": "growth",
+    "cost": "growth",
+    "value": "values",
+    "large": "big",
+    "large-values": "big",
+    "numpy": "big",
+    "wake": "wakeup",
+    "wake-up": "wakeup",
+    "wait": "wakeup",
+    "wait_for_change": "wakeup",
+    "futex": "wakeup",
+}
 
 
 def _safe_destroy(run: Run, a: Adapter, h: Optional[Handle]) -> None:
@@ -147,8 +161,15 @@ class Counted:
 # -- 1-3: one process ------------------------------------------------------------------------
 
 
-def _inproc(run: Run, wl: str, adapters: List[Adapter], case: str,
-            make_loop: Callable[[Handle], Callable[[int], float]], *, check_count: bool) -> None:
+def _inproc(
+    run: Run,
+    wl: str,
+    adapters: List[Adapter],
+    case: str,
+    make_loop: Callable[[Handle], Callable[[int], float]],
+    *,
+    check_count: bool,
+) -> None:
     cells: List[Dict[str, Any]] = []
     try:
         for a in adapters:
@@ -188,14 +209,26 @@ def _inproc(run: Run, wl: str, adapters: List[Adapter], case: str,
                     ok = final == c["loop"].total
                     show["count"] = "exact" if ok else f"MISMATCH {final} != {c['loop'].total}"
                     if not ok:
-                        run.alert(f"{a.label}: workload {wl}: final count {final}, expected "
-                                  f"{c['loop'].total} (lost updates in ONE process)")
+                        run.alert(
+                            f"{a.label}: workload {wl}: final count {final}, expected "
+                            f"{c['loop'].total} (lost updates in ONE process)"
+                        )
                 except Exception as exc:
                     show["count"] = f"unreadable: {exc!r}"
                     ok = False
             values = [r["ops"] / r["seconds"] for r in c["raw"] if r["seconds"] > 0]
-            run.record(wl, case, a.key, unit="ops/s", better="higher", values=values, raw=c["raw"],
-                       show=show, ok=ok, params={"ops_per_rep": c["n"]})
+            run.record(
+                wl,
+                case,
+                a.key,
+                unit="ops/s",
+                better="higher",
+                values=values,
+                raw=c["raw"],
+                show=show,
+                ok=ok,
+                params={"ops_per_rep": c["n"]},
+            )
             if wl == "lock" and values:
                 run.single_lock_rate[a.key] = summarize(values)["median"] or 0.0
     finally:
@@ -222,13 +255,24 @@ def w_lock(run: Run, adapters: List[Adapter]) -> None:
             raw = [{"ops": n, "seconds": loop(n)} for _ in range(run.repeat)]
             redis.client.delete(key)
             vals = [r["ops"] / r["seconds"] for r in raw]
-            run.record("lock", "1 process", "redis:INCR", unit="ops/s", better="higher",
-                       values=vals, raw=raw, note_only=True)
+            run.record(
+                "lock",
+                "1 process",
+                "redis:INCR",
+                unit="ops/s",
+                better="higher",
+                values=vals,
+                raw=raw,
+                note_only=True,
+            )
             med = summarize(vals)["median"]
             from .util import fmt_rate
 
-            run.note(f"redis INCR (one atomic server-side command; not the same shape as "
-                     f"lock + GET + SET): {fmt_rate(med)} ops/s median", "lock")
+            run.note(
+                f"redis INCR (one atomic server-side command; not the same shape as "
+                f"lock + GET + SET): {fmt_rate(med)} ops/s median",
+                "lock",
+            )
         except Exception as exc:
             run.note(f"redis INCR measurement failed: {exc!r}", "lock")
 
@@ -286,10 +330,18 @@ def _contend_threads(run: Run, a: Adapter, P: int, case: str) -> None:
             span, exact, final = round_(n)
             exact_all &= exact
             raw.append({"ops": P * n, "seconds": span, "final": final, "exact": exact})
-        run.record("contend", case, a.key, unit="ops/s", better="higher",
-                   values=[r["ops"] / r["seconds"] for r in raw], raw=raw, ok=exact_all,
-                   show={"count": "exact" if exact_all else "MISMATCH", "how": f"{P} threads"},
-                   params={"ops_per_worker": n, "threads": P})
+        run.record(
+            "contend",
+            case,
+            a.key,
+            unit="ops/s",
+            better="higher",
+            values=[r["ops"] / r["seconds"] for r in raw],
+            raw=raw,
+            ok=exact_all,
+            show={"count": "exact" if exact_all else "MISMATCH", "how": f"{P} threads"},
+            params={"ops_per_worker": n, "threads": P},
+        )
     finally:
         a.destroy(h)
 
@@ -336,8 +388,13 @@ def _contend_procs_inner(run: Run, a: Adapter, P: int, case: str) -> None:
             with watchdog(_cell_limit(run), f"{a.label} final count"):
                 final = h.m[KEY]
             span = (t1 - t0) / 1e9
-            return {"ops": P * n, "seconds": span, "final": final, "exact": final == P * n,
-                    "per_worker_s": [round((p[1] - p[0]) / 1e9, 6) for _, _, p in answers]}
+            return {
+                "ops": P * n,
+                "seconds": span,
+                "final": final,
+                "exact": final == P * n,
+                "per_worker_s": [round((p[1] - p[0]) / 1e9, 6) for _, _, p in answers],
+            }
 
         n_cal = max(5, int(base * run.box * 0.15 / P))
         cal = round_(n_cal, timeout=120 + 200 * P * n_cal / max(base, 1.0))
@@ -352,12 +409,22 @@ def _contend_procs_inner(run: Run, a: Adapter, P: int, case: str) -> None:
             bad = [r for r in [cal, *raw] if not r["exact"]]
             lost = [r["ops"] - r["final"] for r in bad]
             show["count"] = f"MISMATCH in {len(bad)}/{len(raw) + 1} rounds (lost {min(lost)}..{max(lost)})"
-            run.alert(f"{a.label}: {case}: final count wrong in {len(bad)} of {len(raw) + 1} rounds, "
-                      f"e.g. {bad[0]['final']} instead of {bad[0]['ops']} (lost updates)")
-        run.record("contend", case, a.key, unit="ops/s", better="higher",
-                   values=[r["ops"] / r["seconds"] for r in raw if r["seconds"] > 0], raw=[cal, *raw],
-                   ok=exact_all, show=show,
-                   params={"ops_per_worker": n, "processes": P, "calibration_round": 0})
+            run.alert(
+                f"{a.label}: {case}: final count wrong in {len(bad)} of {len(raw) + 1} rounds, "
+                f"e.g. {bad[0]['final']} instead of {bad[0]['ops']} (lost updates)"
+            )
+        run.record(
+            "contend",
+            case,
+            a.key,
+            unit="ops/s",
+            better="higher",
+            values=[r["ops"] / r["seconds"] for r in raw if r["seconds"] > 0],
+            raw=[cal, *raw],
+            ok=exact_all,
+            show=show,
+            params={"ops_per_worker": n, "processes": P, "calibration_round": 0},
+        )
     except WorkerError as exc:
         if exc.fatal:
             run.drop_pool()
@@ -386,12 +453,18 @@ def w_contend(run: Run, adapters: List[Adapter]) -> None:
                     _contend_threads(run, a, P, case)
                 except Exception as exc:
                     run.fail("contend", case, a.key, exc, unit="ops/s", better="higher")
-    run.note("aggregate = total increments / (last worker's end - first worker's start); every "
-             "round starts with the counter at 0 and checks the exact final count; the first "
-             "round sizes the op count and is not in the rates (its count is checked)", "contend")
+    run.note(
+        "aggregate = total increments / (last worker's end - first worker's start); every "
+        "round starts with the counter at 0 and checks the exact final count; the first "
+        "round sizes the op count and is not in the rates (its count is checked)",
+        "contend",
+    )
     if any(not a.cross_process for a in adapters):
-        run.note("dict: cannot be shared between processes; its row uses threads in one process "
-                 "(threading.Lock) as the ceiling", "contend")
+        run.note(
+            "dict: cannot be shared between processes; its row uses threads in one process "
+            "(threading.Lock) as the ceiling",
+            "contend",
+        )
 
 
 # -- 5: visibility latency -------------------------------------------------------------------
@@ -403,8 +476,15 @@ def w_latency(run: Run, adapters: List[Adapter]) -> None:
     for a in adapters:
         case = "write -> seen"
         if not a.cross_process:
-            run.record("latency", case, a.key, unit="s", better="lower", values=[],
-                       skipped="cannot be shared between processes")
+            run.record(
+                "latency",
+                case,
+                a.key,
+                unit="s",
+                better="lower",
+                values=[],
+                skipped="cannot be shared between processes",
+            )
             continue
         log(f"  latency: {a.label}")
         psm_before = _psm() if a.uses_mp_shm else None
@@ -413,11 +493,14 @@ def w_latency(run: Run, adapters: List[Adapter]) -> None:
         finally:
             if psm_before is not None:
                 run.psm_suspects |= _psm() - psm_before
-    run.note(f"{samples} writes per repetition, 0.5-1.5 ms apart; latency = reader's "
-             "perf_counter_ns when it first sees the value - the writer's perf_counter_ns taken "
-             "just before the write call (CLOCK_MONOTONIC, common to all processes); median of "
-             "each repetition, p99 over all of them; 'seen' < total means a value was "
-             "overwritten before the reader saw it", "latency")
+    run.note(
+        f"{samples} writes per repetition, 0.5-1.5 ms apart; latency = reader's "
+        "perf_counter_ns when it first sees the value - the writer's perf_counter_ns taken "
+        "just before the write call (CLOCK_MONOTONIC, common to all processes); median of "
+        "each repetition, p99 over all of them; 'seen' < total means a value was "
+        "overwritten before the reader saw it",
+        "latency",
+    )
 
 
 def _latency_one(run: Run, a: Adapter, case: str, samples: int, stop: int) -> None:
@@ -454,21 +537,42 @@ def _latency_one(run: Run, a: Adapter, case: str, samples: int, stop: int) -> No
             lat = [(seen_at[ts] - ts) / 1e9 for ts in batch if ts in seen_at]
             pooled.extend(lat)
             per_rep.append(summarize(lat)["median"])
-            raw.append({"samples": len(batch), "seen": len(lat),
-                        "median_s": summarize(lat)["median"], "p99_s": percentile(lat, 99),
-                        "max_s": max(lat) if lat else None})
+            raw.append(
+                {
+                    "samples": len(batch),
+                    "seen": len(lat),
+                    "median_s": summarize(lat)["median"],
+                    "p99_s": percentile(lat, 99),
+                    "max_s": max(lat) if lat else None,
+                }
+            )
         missed = sum(r["samples"] - r["seen"] for r in raw)
-        show = {"p99": fmt_seconds(percentile(pooled, 99)),
-                "seen": f"{sum(r['seen'] for r in raw)}/{samples * run.repeat}"}
+        show = {
+            "p99": fmt_seconds(percentile(pooled, 99)),
+            "seen": f"{sum(r['seen'] for r in raw)}/{samples * run.repeat}",
+        }
         if read_errors:
             show["read errors"] = str(len(read_errors))
-            run.alert(f"{a.label}: the polling reader got {len(read_errors)} exception(s) while "
-                      f"the parent wrote, e.g. {read_errors[0]}")
-        run.record("latency", case, a.key, unit="s", better="lower",
-                   values=[v for v in per_rep if v is not None], raw=raw, show=show,
-                   params={"samples_per_rep": samples, "missed": missed,
-                           "p99_pooled_s": percentile(pooled, 99),
-                           "read_errors": read_errors[:20]})
+            run.alert(
+                f"{a.label}: the polling reader got {len(read_errors)} exception(s) while "
+                f"the parent wrote, e.g. {read_errors[0]}"
+            )
+        run.record(
+            "latency",
+            case,
+            a.key,
+            unit="s",
+            better="lower",
+            values=[v for v in per_rep if v is not None],
+            raw=raw,
+            show=show,
+            params={
+                "samples_per_rep": samples,
+                "missed": missed,
+                "p99_pooled_s": percentile(pooled, 99),
+                "read_errors": read_errors[:20],
+            },
+        )
     except WorkerError as exc:
         if exc.fatal or attached:  # a reader that failed mid-poll is not reusable
             run.drop_pool()
@@ -551,10 +655,12 @@ def _probe(run: Run, a: Adapter, h: Handle, expected: Any) -> Dict[str, Any]:
     inherit: Dict[str, Any] = {}
     for ad in run.adapters.values():
         inherit.update(ad.inheritables())
-    p = run.ctx.Process(target=attach_probe, name="perf-attach-probe",
-                        args=(a.child_spec(h), KEY, expected, inherit,
-                              run.preload_modules if a.uses_mp_shm else [], q),
-                        daemon=True)
+    p = run.ctx.Process(
+        target=attach_probe,
+        name="perf-attach-probe",
+        args=(a.child_spec(h), KEY, expected, inherit, run.preload_modules if a.uses_mp_shm else [], q),
+        daemon=True,
+    )
     run.children.append(p)
     try:
         p.start()
@@ -588,19 +694,29 @@ def w_sized(run: Run, adapters: List[Adapter], do_attach: bool, do_growth: bool)
                         handles[a.key] = a.create(initial=initial)
                     log(f"    {a.label}: seeded in {pc() - t0:.2f} s")
                     if a.key == "smd":
-                        run.note(f"shared-memory-dict: size={handles[a.key].extra['size']:,} bytes "
-                                 f"for {label} (1.5x its pickled dict + 64 KiB; it needs a fixed "
-                                 "size)", "growth" if do_growth else "attach")
+                        run.note(
+                            f"shared-memory-dict: size={handles[a.key].extra['size']:,} bytes "
+                            f"for {label} (1.5x its pickled dict + 64 KiB; it needs a fixed "
+                            "size)",
+                            "growth" if do_growth else "attach",
+                        )
                 except Exception as exc:
                     for wl, unit in (("attach", "s"), ("growth", "s/op")):
-                        if (wl == "attach" and do_attach and size in attach_sizes(run)) or \
-                           (wl == "growth" and do_growth and size in growth_sizes(run)):
+                        if (wl == "attach" and do_attach and size in attach_sizes(run)) or (
+                            wl == "growth" and do_growth and size in growth_sizes(run)
+                        ):
                             run.fail(wl, label, a.key, exc, unit=unit, better="lower")
             if do_attach and size in attach_sizes(run):
                 _attach(run, [a for a in adapters if a.key in handles], handles, size, label)
             if do_growth and size in growth_sizes(run):
-                _growth(run, [a for a in adapters if a.key in handles], handles, size, label,
-                        size == largest_growth)
+                _growth(
+                    run,
+                    [a for a in adapters if a.key in handles],
+                    handles,
+                    size,
+                    label,
+                    size == largest_growth,
+                )
         finally:
             for a in adapters:
                 _safe_destroy(run, a, handles.pop(a.key, None))
@@ -608,14 +724,20 @@ def w_sized(run: Run, adapters: List[Adapter], do_attach: bool, do_growth: bool)
             gc.collect()
 
 
-def _attach(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int,
-            label: str) -> None:
+def _attach(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int, label: str) -> None:
     raws: Dict[str, List[Dict[str, Any]]] = {a.key: [] for a in adapters}
     failed: Dict[str, str] = {}
     for a in adapters:
         if not a.cross_process:
-            run.record("attach", label, a.key, unit="s", better="lower", values=[],
-                       skipped="cannot be opened from another process")
+            run.record(
+                "attach",
+                label,
+                a.key,
+                unit="s",
+                better="lower",
+                values=[],
+                skipped="cannot be opened from another process",
+            )
             failed[a.key] = "skip"
     for rep in range(run.repeat):
         for a in adapters:
@@ -632,19 +754,31 @@ def _attach(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size:
             continue
         raw = raws[a.key]
         ok = all(r["value_ok"] for r in raw)
-        show = {"attach": fmt_seconds(summarize([r["attach"] for r in raw])["median"]),
-                "1st read": fmt_seconds(summarize([r["first_read"] for r in raw])["median"])}
+        show = {
+            "attach": fmt_seconds(summarize([r["attach"] for r in raw])["median"]),
+            "1st read": fmt_seconds(summarize([r["first_read"] for r in raw])["median"]),
+        }
         if a.server_based:
             show["note"] = "server: nothing loaded"
         if not ok:
             show["value"] = "WRONG VALUE"
             run.alert(f"{a.label}: attach {label}: the first read returned a wrong value")
-        run.record("attach", label, a.key, unit="s", better="lower",
-                   values=[r["total"] for r in raw], raw=raw, ok=ok, show=show)
+        run.record(
+            "attach",
+            label,
+            a.key,
+            unit="s",
+            better="lower",
+            values=[r["total"] for r in raw],
+            raw=raw,
+            ok=ok,
+            show=show,
+        )
 
 
-def _growth(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int,
-            label: str, largest: bool) -> None:
+def _growth(
+    run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int, label: str, largest: bool
+) -> None:
     rnd = random.Random(size)
     L = 65_536
     keys = [rnd.randrange(size) for _ in range(L)]
@@ -684,16 +818,22 @@ def _growth(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size:
             show = {"ops/rep": fmt_count(c["n"]) if c["n"] >= 1000 else str(c["n"])}
             if c["min"] > 1:
                 show["ops/rep"] += f" (>= {c['min']} for dumps)"
-            run.record("growth", f"{kind} {label}", c["a"].key, unit="s/op", better="lower",
-                       values=[r["seconds"] / r["ops"] for r in c["raw"]], raw=c["raw"], show=show,
-                       params={"size": size, "kind": kind, "ops_per_rep": c["n"],
-                               "min_ops_for_dumps": c["min"]})
+            run.record(
+                "growth",
+                f"{kind} {label}",
+                c["a"].key,
+                unit="s/op",
+                better="lower",
+                values=[r["seconds"] / r["ops"] for r in c["raw"]],
+                raw=c["raw"],
+                show=show,
+                params={"size": size, "kind": kind, "ops_per_rep": c["n"], "min_ops_for_dumps": c["min"]},
+            )
     if largest:
         _dump_load(run, adapters, handles, size, label)
 
 
-def _dump_load(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int,
-               label: str) -> None:
+def _dump_load(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int, label: str) -> None:
     for a in adapters:
         h = handles[a.key]
         try:
@@ -707,9 +847,16 @@ def _dump_load(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], si
                         t1 = pc()
                         a.close_second(h2)
                     raw.append({"seconds": t1 - t0})
-                run.record("growth", f"load {label}: fresh handle", a.key, unit="s", better="lower",
-                           values=[r["seconds"] for r in raw], raw=raw,
-                           show={"what": "SharedDict(name) + first read, in-process"})
+                run.record(
+                    "growth",
+                    f"load {label}: fresh handle",
+                    a.key,
+                    unit="s",
+                    better="lower",
+                    values=[r["seconds"] for r in raw],
+                    raw=raw,
+                    show={"what": "SharedDict(name) + first read, in-process"},
+                )
             elif a.key in ("ultradict_shared", "ultradict"):
                 dumps, loads = [], []
                 for _ in range(run.repeat):
@@ -721,17 +868,34 @@ def _dump_load(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], si
                         t2 = pc()
                     dumps.append({"seconds": t1 - t0})
                     loads.append({"seconds": t2 - t1})
-                run.record("growth", f"load {label}: dump()", a.key, unit="s", better="lower",
-                           values=[r["seconds"] for r in dumps], raw=dumps)
-                run.record("growth", f"load {label}: load(force=True)", a.key, unit="s",
-                           better="lower", values=[r["seconds"] for r in loads], raw=loads)
+                run.record(
+                    "growth",
+                    f"load {label}: dump()",
+                    a.key,
+                    unit="s",
+                    better="lower",
+                    values=[r["seconds"] for r in dumps],
+                    raw=dumps,
+                )
+                run.record(
+                    "growth",
+                    f"load {label}: load(force=True)",
+                    a.key,
+                    unit="s",
+                    better="lower",
+                    values=[r["seconds"] for r in loads],
+                    raw=loads,
+                )
         except Exception as exc:
             run.fail("growth", f"load {label}", a.key, exc, unit="s", better="lower")
-    run.note(f"load/dump at {label}: ultradict_ng = a fresh handle attaching and reading once "
-             "(its dump happens inside the write that overflows the stream and is amortized in "
-             "the write cost above); UltraDict = its dump() and load(force=True); "
-             "shared-memory-dict loads/dumps the whole dict on every op (see its read/write "
-             "cost); Manager, redis and dict have no such notion", "growth")
+    run.note(
+        f"load/dump at {label}: ultradict_ng = a fresh handle attaching and reading once "
+        "(its dump happens inside the write that overflows the stream and is amortized in "
+        "the write cost above); UltraDict = its dump() and load(force=True); "
+        "shared-memory-dict loads/dumps the whole dict on every op (see its read/write "
+        "cost); Manager, redis and dict have no such notion",
+        "growth",
+    )
 
 
 def w_attach(run: Run, adapters: List[Adapter]) -> None:
@@ -810,14 +974,26 @@ def w_values(run: Run, adapters: List[Adapter]) -> None:
                                 loop, acc = _values_loop(h, h2, value)
                                 n = calibrate(loop, run.box)
                         if a.key == "smd":
-                            run.note(f"shared-memory-dict: size={h.extra['size']:,} bytes for "
-                                     f"{label} values (it needs a fixed size)", "values")
-                        cells.append({"a": a, "h": h, "h2": h2, "loop": loop, "acc": acc, "n": n,
-                                      "raw": [], "failed": False})
+                            run.note(
+                                f"shared-memory-dict: size={h.extra['size']:,} bytes for "
+                                f"{label} values (it needs a fixed size)",
+                                "values",
+                            )
+                        cells.append(
+                            {
+                                "a": a,
+                                "h": h,
+                                "h2": h2,
+                                "loop": loop,
+                                "acc": acc,
+                                "n": n,
+                                "raw": [],
+                                "failed": False,
+                            }
+                        )
                     except Exception as exc:
                         for kind in ("write", "read"):
-                            run.fail("values", f"{label} {kind}", a.key, exc, unit="GB/s",
-                                     better="higher")
+                            run.fail("values", f"{label} {kind}", a.key, exc, unit="GB/s", better="higher")
                         if h2 is not None and h2 is not h:
                             try:
                                 a.close_second(h2)
@@ -832,13 +1008,15 @@ def w_values(run: Run, adapters: List[Adapter]) -> None:
                         try:
                             with watchdog(_cell_limit(run) * 4, f"{c['a'].label} values {label}"):
                                 c["loop"](c["n"])
-                            c["raw"].append({"ops": c["n"], "bytes": size, "write_s": c["acc"][0],
-                                             "read_s": c["acc"][1]})
+                            c["raw"].append(
+                                {"ops": c["n"], "bytes": size, "write_s": c["acc"][0], "read_s": c["acc"][1]}
+                            )
                         except Exception as exc:
                             c["failed"] = True
                             for kind in ("write", "read"):
-                                run.fail("values", f"{label} {kind}", c["a"].key, exc, unit="GB/s",
-                                         better="higher")
+                                run.fail(
+                                    "values", f"{label} {kind}", c["a"].key, exc, unit="GB/s", better="higher"
+                                )
                 for c in cells:
                     if c["failed"]:
                         continue
@@ -852,12 +1030,21 @@ def w_values(run: Run, adapters: List[Adapter]) -> None:
                     if not ok:
                         run.alert(f"{a.label}: values {label}: the second handle read a wrong value")
                     for kind in ("write", "read"):
-                        vals = [r["ops"] * size / r[f"{kind}_s"] / 1e9 for r in c["raw"]
-                                if r[f"{kind}_s"] > 0]
-                        run.record("values", f"{label} {kind}", a.key, unit="GB/s", better="higher",
-                                   values=vals, raw=c["raw"], ok=ok,
-                                   params={"value_bytes": size, "ops_per_rep": c["n"]},
-                                   show={} if ok else {"value": "WRONG"})
+                        vals = [
+                            r["ops"] * size / r[f"{kind}_s"] / 1e9 for r in c["raw"] if r[f"{kind}_s"] > 0
+                        ]
+                        run.record(
+                            "values",
+                            f"{label} {kind}",
+                            a.key,
+                            unit="GB/s",
+                            better="higher",
+                            values=vals,
+                            raw=c["raw"],
+                            ok=ok,
+                            params={"value_bytes": size, "ops_per_rep": c["n"]},
+                            show={} if ok else {"value": "WRONG"},
+                        )
             finally:
                 for c in cells:
                     a = c["a"]
@@ -871,13 +1058,19 @@ def w_values(run: Run, adapters: List[Adapter]) -> None:
         del value
     for a in adapters:
         if a.key in ("ultradict", "ultradict_shared") and not getattr(a, "full_dump_size", None):
-            run.note(f"{a.label}: ran with its defaults at every value size (buffer_size=10_000, "
-                     "no full_dump_size: values larger than the buffer go to a dynamic full-dump "
-                     "segment, created per write)", "values")
-    run.note("each op: writer handle m[k] = value (timed as write), then a second handle in the "
-             "same process reads it (timed as read: for caching contenders this includes "
-             "fetching the new value); values are random bytes; dict's 'second handle' is the "
-             "same dict (ceiling)", "values")
+            run.note(
+                f"{a.label}: ran with its defaults at every value size (buffer_size=10_000, "
+                "no full_dump_size: values larger than the buffer go to a dynamic full-dump "
+                "segment, created per write)",
+                "values",
+            )
+    run.note(
+        "each op: writer handle m[k] = value (timed as write), then a second handle in the "
+        "same process reads it (timed as read: for caching contenders this includes "
+        "fetching the new value); values are random bytes; dict's 'second handle' is the "
+        "same dict (ceiling)",
+        "values",
+    )
 
 
 RUNNERS: Dict[str, Callable[[Run, List[Adapter]], None]] = {

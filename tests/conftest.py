@@ -139,8 +139,7 @@ def no_leftovers() -> Iterator[None]:
     import gc
 
     gc.collect()  # finalizers of dropped handles (auto_unlink) run now
-    leaked = sorted(e for e in _shm_entries() - before
-                    if not e.startswith(PARCELS) or _ours_or_abandoned(e))
+    leaked = sorted(e for e in _shm_entries() - before if not e.startswith(PARCELS) or _ours_or_abandoned(e))
     stray = sorted(_children() - children_before)
     for pid in stray:  # end only the processes this test started
         try:
@@ -210,10 +209,13 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:
     items[:] = [
-        item for item in items
-        if not (getattr(item, "callspec", None) is not None
-                and item.callspec.params.get("each_backend") == "redis"
-                and item.get_closest_marker("shm_only") is not None)
+        item
+        for item in items
+        if not (
+            getattr(item, "callspec", None) is not None
+            and item.callspec.params.get("each_backend") == "redis"
+            and item.get_closest_marker("shm_only") is not None
+        )
     ]
 
 

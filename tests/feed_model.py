@@ -97,7 +97,8 @@ def strict_equal(a: Any, b: Any) -> bool:
 def same_changes(got: List[Change], expected: List[Change]) -> bool:
     return len(got) == len(expected) and all(
         (g.op, g.path, g.key, g.resync) == (e.op, e.path, e.key, e.resync) and strict_equal(g.value, e.value)
-        for g, e in zip(got, expected))
+        for g, e in zip(got, expected)
+    )
 
 
 def take_until(it: Any, last: Change) -> List[Change]:

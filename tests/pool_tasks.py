@@ -26,6 +26,7 @@ GATE_LIMIT = 60.0
 
 # -- plain tasks -----------------------------------------------------------------------------------
 
+
 def identity(x: Any) -> Any:
     return x
 
@@ -85,6 +86,7 @@ def kill_self() -> None:
 
 # -- gates: a task waits until the test creates a file ---------------------------------------------
 
+
 def wait_for(path: str, limit: float = GATE_LIMIT) -> bool:
     deadline = time.monotonic() + limit
     while not os.path.exists(path):
@@ -124,6 +126,7 @@ def init_fail() -> None:
 
 # -- what a worker sees ----------------------------------------------------------------------------
 
+
 def backing(obj: Any) -> str:
     """Follow ``.base`` / ``memoryview.obj`` from ``obj`` to the object that
     owns the memory: ``"mmap"`` for a mapping, else that object's type name."""
@@ -157,8 +160,11 @@ def mapping_path(address: int) -> Optional[str]:
 def shm_mappings() -> List[str]:
     """The pool-parcel mappings of this process (one line per mapped range)."""
     with open("/proc/self/maps") as f:
-        return [line.split(None, 5)[5].strip() for line in f
-                if len(line.split(None, 5)) > 5 and "/dev/shm/@udp" in line]
+        return [
+            line.split(None, 5)[5].strip()
+            for line in f
+            if len(line.split(None, 5)) > 5 and "/dev/shm/@udp" in line
+        ]
 
 
 def data_address(a: Any) -> int:
@@ -235,6 +241,7 @@ def twice(n: int) -> Any:
 
 # -- results made in the worker --------------------------------------------------------------------
 
+
 def make_array(n: int, dtype: str = "f8") -> Any:
     return np.arange(n).astype(dtype)
 
@@ -268,6 +275,7 @@ def make_bytes(n: int) -> Any:
 
 
 # -- containers ------------------------------------------------------------------------------------
+
 
 @dataclass
 class Box:
@@ -320,6 +328,7 @@ def fail_with_mapping(a: Any) -> None:
 
 
 # -- how a task travels ----------------------------------------------------------------------------
+
 
 def caller() -> str:
     """The name of the function that called this task in the worker: the standard

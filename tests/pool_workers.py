@@ -182,8 +182,13 @@ def parent(seconds: float) -> None:
     ex = ProcessPoolExecutor(2, initializer=disarm)
     workers = {p for p in (f.result() for f in [ex.submit(pid) for _ in range(4)])}
     workers |= set(ex._processes)
-    _say({"pid": os.getpid(), "token": ex._pool.token,
-          "workers": {str(p): owner_word(p) for p in sorted(workers)}})
+    _say(
+        {
+            "pid": os.getpid(),
+            "token": ex._pool.token,
+            "workers": {str(p): owner_word(p) for p in sorted(workers)},
+        }
+    )
     deadline = time.monotonic() + seconds
     rng = np.random.default_rng(os.getpid())
     inflight: List[Any] = []
@@ -310,9 +315,17 @@ def broken_while_feeding() -> None:
     done, not_done = cf.wait(futures, timeout=8)
     kinds = sorted({type(f.exception()).__name__ for f in done if not f.cancelled()})
     manager = ex._executor_manager_thread
-    _say({"pid": os.getpid(), "token": ex._pool.token, "workers": workers, "done": len(done),
-          "not_done": len(not_done), "exceptions": kinds,
-          "manager_alive": bool(manager is not None and manager.is_alive())})
+    _say(
+        {
+            "pid": os.getpid(),
+            "token": ex._pool.token,
+            "workers": workers,
+            "done": len(done),
+            "not_done": len(not_done),
+            "exceptions": kinds,
+            "manager_alive": bool(manager is not None and manager.is_alive()),
+        }
+    )
     os.unlink(gate)
     os.unlink(started)
     os.rmdir(tmp)

@@ -212,8 +212,13 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
 
 def _spawn(argv: List[str]) -> "subprocess.Popen[bytes]":
     return subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+    )
 
 
 class _Spawner:
@@ -226,7 +231,8 @@ class _Spawner:
 
     def __init__(self) -> None:
         self._jobs: "queue.SimpleQueue[Tuple[List[str], Future[subprocess.Popen[bytes]]]]" = (
-            queue.SimpleQueue())
+            queue.SimpleQueue()
+        )
         threading.Thread(target=self._run, name="redis-servers-spawner", daemon=True).start()
 
     def _run(self) -> None:
@@ -320,8 +326,9 @@ class RedisServer:
     write it acknowledged before the kill.  Usable as a context manager (stops on exit).
     """
 
-    def __init__(self, argv: List[str], port: int, workdir: str, binary: str,
-                 bus_port: Optional[int] = None) -> None:
+    def __init__(
+        self, argv: List[str], port: int, workdir: str, binary: str, bus_port: Optional[int] = None
+    ) -> None:
         self._argv = argv
         self.port = port
         #: Cluster bus port (``--cluster-port``) of a cluster node, else None.
@@ -335,9 +342,15 @@ class RedisServer:
     # -- starting ----------------------------------------------------------------
 
     @classmethod
-    def start(cls, *, persistence: bool = False, port: Optional[int] = None,
-              extra: Sequence[str] = (), binary: Optional[str] = None,
-              wait: float = 10.0) -> "RedisServer":
+    def start(
+        cls,
+        *,
+        persistence: bool = False,
+        port: Optional[int] = None,
+        extra: Sequence[str] = (),
+        binary: Optional[str] = None,
+        wait: float = 10.0,
+    ) -> "RedisServer":
         """A running server.
 
         ``persistence=False``: ``--save '' --appendonly no``, a kill loses everything.
@@ -349,12 +362,21 @@ class RedisServer:
         about 1 s); ``extra`` is appended to the command line, so its flags win
         (``["--maxmemory", "1mb"]``).
         """
-        return cls._start(persistence=persistence, port=port, extra=extra, binary=binary,
-                          wait=wait, cluster=False)
+        return cls._start(
+            persistence=persistence, port=port, extra=extra, binary=binary, wait=wait, cluster=False
+        )
 
     @classmethod
-    def _start(cls, *, persistence: bool, port: Optional[int], extra: Sequence[str],
-               binary: Optional[str], wait: float, cluster: bool) -> "RedisServer":
+    def _start(
+        cls,
+        *,
+        persistence: bool,
+        port: Optional[int],
+        extra: Sequence[str],
+        binary: Optional[str],
+        wait: float,
+        cluster: bool,
+    ) -> "RedisServer":
         binary = binary or redis_binary()
         if not binary:
             raise FileNotFoundError(f"redis-server not found on PATH (fix: {_INSTALL_HINT})")
@@ -366,17 +388,37 @@ class RedisServer:
                 ports[0] = port
             workdir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
             argv = [
-                binary, "--port", str(ports[0]), "--bind", HOST, "--protected-mode", "yes",
-                "--daemonize", "no", "--dir", workdir,
-                "--logfile", os.path.join(workdir, "redis.log"), "--save", "",
+                binary,
+                "--port",
+                str(ports[0]),
+                "--bind",
+                HOST,
+                "--protected-mode",
+                "yes",
+                "--daemonize",
+                "no",
+                "--dir",
+                workdir,
+                "--logfile",
+                os.path.join(workdir, "redis.log"),
+                "--save",
+                "",
             ]
             if persistence:
                 argv += ["--appendonly", "yes", "--appendfsync", "always"]
             else:
                 argv += ["--appendonly", "no"]
             if cluster:
-                argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                         "--cluster-port", str(ports[1]), "--cluster-announce-ip", HOST]
+                argv += [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    str(ports[1]),
+                    "--cluster-announce-ip",
+                    HOST,
+                ]
             argv += list(extra)
             server = cls(argv, ports[0], workdir, binary, ports[1] if cluster else None)
             with _LIVE_LOCK:
@@ -409,8 +451,9 @@ class RedisServer:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         self._end(signal.SIGKILL)
-        raise RuntimeError(f"redis-server on port {self.port} did not get ready in {wait} s:"
-                           f" {self.log_tail()}")
+        raise RuntimeError(
+            f"redis-server on port {self.port} did not get ready in {wait} s: {self.log_tail()}"
+        )
 
     def _ready(self) -> bool:
         """Serving, data loaded, and it is *our* process on the port.
@@ -435,8 +478,9 @@ class RedisServer:
         if self.running:
             raise RuntimeError(f"redis-server on port {self.port} is still running")
         if not os.path.isdir(self.workdir):
-            raise RuntimeError(f"work dir {self.workdir} was removed (stop() without "
-                               "keep_workdir=True): nothing to restart")
+            raise RuntimeError(
+                f"work dir {self.workdir} was removed (stop() without keep_workdir=True): nothing to restart"
+            )
         with _LIVE_LOCK:
             _LIVE.add(self)
         deadline = time.monotonic() + wait
@@ -445,8 +489,7 @@ class RedisServer:
                 return self
             self._reap()
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"redis-server did not restart on port {self.port}:"
-                                   f" {self.log_tail()}")
+                raise RuntimeError(f"redis-server did not restart on port {self.port}: {self.log_tail()}")
             time.sleep(0.1)
 
     # -- ending ------------------------------------------------------------------
@@ -503,8 +546,7 @@ class RedisServer:
             self.proc.send_signal(signal.SIGCONT)
         self.paused = False
 
-    def client_kill(self, *, name: Optional[str] = None,
-                    types: Iterable[str] = ("normal", "pubsub")) -> int:
+    def client_kill(self, *, name: Optional[str] = None, types: Iterable[str] = ("normal", "pubsub")) -> int:
         """Cut client connections, the server stays up; returns how many were cut.
 
         ``name=None``: every client of the given types (``CLIENT KILL TYPE t SKIPME yes``:
@@ -577,8 +619,12 @@ class RedisServer:
     def __enter__(self) -> "RedisServer":
         return self
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]],
-                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -620,7 +666,7 @@ def key_slot(key: Union[str, bytes]) -> int:
     if start != -1:
         end = data.find(b"}", start + 1)
         if end > start + 1:
-            data = data[start + 1:end]
+            data = data[start + 1 : end]
     return _crc16(data) % SLOTS
 
 
@@ -645,23 +691,37 @@ class RedisCluster:
         self.ranges = _slot_ranges(len(nodes))
 
     @classmethod
-    def start(cls, n: int = 3, *, persistence: bool = False, node_timeout_ms: int = 2000,
-              extra: Sequence[str] = (), wait: float = 30.0) -> "RedisCluster":
+    def start(
+        cls,
+        n: int = 3,
+        *,
+        persistence: bool = False,
+        node_timeout_ms: int = 2000,
+        extra: Sequence[str] = (),
+        wait: float = 30.0,
+    ) -> "RedisCluster":
         """A cluster in state ok.  A node killed for longer than ``node_timeout_ms`` is
         marked failed and, with no replicas, the whole cluster then refuses commands
         (``CLUSTERDOWN``) until it is back."""
         nodes: List[RedisServer] = []
         try:
             for _ in range(n):
-                nodes.append(RedisServer._start(
-                    persistence=persistence, port=None, binary=None, wait=10.0, cluster=True,
-                    extra=["--cluster-node-timeout", str(node_timeout_ms), *extra]))
+                nodes.append(
+                    RedisServer._start(
+                        persistence=persistence,
+                        port=None,
+                        binary=None,
+                        wait=10.0,
+                        cluster=True,
+                        extra=["--cluster-node-timeout", str(node_timeout_ms), *extra],
+                    )
+                )
             cluster = cls(nodes)
             for epoch, (node, (low, high)) in enumerate(zip(nodes, cluster.ranges), 1):
                 node.execute("CLUSTER", "SET-CONFIG-EPOCH", epoch)
                 node.execute("CLUSTER", "ADDSLOTSRANGE", low, high)
             for i, node in enumerate(nodes):
-                for other in nodes[i + 1:]:
+                for other in nodes[i + 1 :]:
                     assert other.bus_port is not None
                     node.execute("CLUSTER", "MEET", HOST, other.port, other.bus_port)
             cluster.wait_ok(wait)
@@ -680,8 +740,11 @@ class RedisCluster:
             slots = node.execute("CLUSTER", "SLOTS", timeout=1.0)
         except (OSError, RedisReplyError):
             return False
-        if (info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != str(SLOTS)
-                or info.get("cluster_known_nodes") != str(len(self.nodes))):
+        if (
+            info.get("cluster_state") != "ok"
+            or info.get("cluster_slots_ok") != str(SLOTS)
+            or info.get("cluster_known_nodes") != str(len(self.nodes))
+        ):
             return False
         seen = set()
         for entry in slots if isinstance(slots, list) else []:
@@ -715,8 +778,7 @@ class RedisCluster:
     @staticmethod
     def _state(node: RedisServer) -> str:
         try:
-            return _parse_info(node.execute("CLUSTER", "INFO", timeout=1.0)).get(
-                "cluster_state", "?")
+            return _parse_info(node.execute("CLUSTER", "INFO", timeout=1.0)).get("cluster_state", "?")
         except (OSError, RedisReplyError) as e:
             return f"unreachable ({e})"
 
@@ -760,8 +822,12 @@ class RedisCluster:
     def __enter__(self) -> "RedisCluster":
         return self
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]],
-                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         self.stop()
 
     def __repr__(self) -> str:

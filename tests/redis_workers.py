@@ -72,13 +72,17 @@ class Child:
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self.conn.poll(left):
-                _fail(f"child {self.proc.pid} sent no {kind!r} within {timeout} s "
-                      f"(exit code {self.proc.exitcode}; got {self.messages[-5:]})")
+                _fail(
+                    f"child {self.proc.pid} sent no {kind!r} within {timeout} s "
+                    f"(exit code {self.proc.exitcode}; got {self.messages[-5:]})"
+                )
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
-                _fail(f"child {self.proc.pid} exited (code {self.proc.exitcode}) before "
-                      f"sending {kind!r}; got {self.messages[-5:]}")
+                _fail(
+                    f"child {self.proc.pid} exited (code {self.proc.exitcode}) before "
+                    f"sending {kind!r}; got {self.messages[-5:]}"
+                )
             self.messages.append(msg)
             if msg[0] == kind:
                 return msg

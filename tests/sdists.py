@@ -24,8 +24,9 @@ def ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
-def fetch_sdist(project: str, version: str, root: Path, place: Callable[[str], Optional[str]],
-                into: str = "suite") -> Path:
+def fetch_sdist(
+    project: str, version: str, root: Path, place: Callable[[str], Optional[str]], into: str = "suite"
+) -> Path:
     """Download ``project==version``'s sdist into ``root`` and unpack into
     ``root/into`` each file whose path inside the archive (below its top
     directory) ``place`` maps to a relative target (None: not wanted)."""
@@ -33,12 +34,27 @@ def fetch_sdist(project: str, version: str, root: Path, place: Callable[[str], O
     # The sdist only (tests are not in wheels); its build requirements as wheels,
     # so preparing its metadata never compiles anything.  (Order matters: pip's
     # ``--only-binary :all:`` clears any ``--no-binary`` given before it.)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary", ":all:", "--no-binary", project, "--timeout", "30",
-           f"{project}=={version}", "-d", str(download)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--only-binary",
+        ":all:",
+        "--no-binary",
+        project,
+        "--timeout",
+        "30",
+        f"{project}=={version}",
+        "-d",
+        str(download),
+    ]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=600, check=False)
+        proc = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False
+        )
         problem = None if proc.returncode == 0 else proc.stdout[-3000:]
     except subprocess.TimeoutExpired:
         problem = "pip download timed out"
@@ -48,8 +64,9 @@ def fetch_sdist(project: str, version: str, root: Path, place: Callable[[str], O
     if problem is not None:
         reason = f"cannot download {project}=={version}'s sdist from PyPI: {problem}"
         if ci():
-            pytest.fail(reason + "\n(CI=true: CI reaches PyPI, so this is a failure, not a skip)",
-                        pytrace=False)
+            pytest.fail(
+                reason + "\n(CI=true: CI reaches PyPI, so this is a failure, not a skip)", pytrace=False
+            )
         pytest.skip(reason)
     out = root / into
     with tarfile.open(archives[0]) as tar:
@@ -68,12 +85,20 @@ def fetch_sdist(project: str, version: str, root: Path, place: Callable[[str], O
     return out
 
 
-def run_suite(cmd: List[str], cwd: str, env: Dict[str, str],
-              timeout: float) -> "subprocess.CompletedProcess[str]":
+def run_suite(
+    cmd: List[str], cwd: str, env: Dict[str, str], timeout: float
+) -> "subprocess.CompletedProcess[str]":
     """Run a suite's ``cmd`` in its own process group; on timeout end that group
     (only it: its workers too) and fail with what it printed."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -248,13 +248,26 @@ def test_returned_values_are_copies(pair):
 def test_types_roundtrip_exactly(pair):
     a, b = pair
     values = {
-        "none": None, "t": True, "big": 2**100, "neg": -(2**70), "f": 1.5, "s": "ü",
-        "b": b"\x00", "ba": bytearray(b"x"), "tup": (1, (2, 3)), "l": [1, "a"],
-        "set": {1, 2}, "fs": frozenset({3}), "c": 1 + 2j, "dec": Decimal("1.10"),
+        "none": None,
+        "t": True,
+        "big": 2**100,
+        "neg": -(2**70),
+        "f": 1.5,
+        "s": "ü",
+        "b": b"\x00",
+        "ba": bytearray(b"x"),
+        "tup": (1, (2, 3)),
+        "l": [1, "a"],
+        "set": {1, 2},
+        "fs": frozenset({3}),
+        "c": 1 + 2j,
+        "dec": Decimal("1.10"),
         "dt": datetime.datetime(2020, 1, 2, 3, 4, 5, 6),
         "dtz": datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
-        "date": datetime.date(2021, 5, 6), "time": datetime.time(1, 2, 3),
-        "td": datetime.timedelta(days=-1, seconds=5), "tz": datetime.timezone.utc,
+        "date": datetime.date(2021, 5, 6),
+        "time": datetime.time(1, 2, 3),
+        "td": datetime.timedelta(days=-1, seconds=5),
+        "tz": datetime.timezone.utc,
     }
     a.update(values)
     for k, v in values.items():
@@ -424,8 +437,15 @@ def test_closed_handle_raises(name):
     d["a"] = 1
     d.close()
     d.close()  # idempotent
-    for op in (lambda: d["a"], lambda: d.__setitem__("a", 2), lambda: len(d), lambda: list(d),
-               lambda: d.lock, lambda: d.update(a=1), lambda: d.unlink()):
+    for op in (
+        lambda: d["a"],
+        lambda: d.__setitem__("a", 2),
+        lambda: len(d),
+        lambda: list(d),
+        lambda: d.lock,
+        lambda: d.update(a=1),
+        lambda: d.unlink(),
+    ):
         with pytest.raises(Closed):
             op()
     assert d.closed

@@ -40,8 +40,23 @@ def pair(name, **kw):
     return d, SharedDict(name=name)
 
 
-DTYPES = ["u1", "i2", ">i4", "<i8", "f2", "f4", ">f8", "c8", "c16", "?", "U7", "S5", "M8[ns]", "m8[s]",
-          [("x", "<f4"), ("y", ">i2", (3,)), ("name", "S4")]]
+DTYPES = [
+    "u1",
+    "i2",
+    ">i4",
+    "<i8",
+    "f2",
+    "f4",
+    ">f8",
+    "c8",
+    "c16",
+    "?",
+    "U7",
+    "S5",
+    "M8[ns]",
+    "m8[s]",
+    [("x", "<f4"), ("y", ">i2", (3,)), ("name", "S4")],
+]
 
 
 @pytest.mark.parametrize("size", [8, 4096], ids=["inline", "blob"])
@@ -79,7 +94,11 @@ def test_shapes_and_layouts(name, shape):
         for value in (big[::2, ::3], big.T, np.asfortranarray(big)):  # made contiguous once
             d["b"] = value
             got = other["b"]
-            assert got.flags.c_contiguous and np.array_equal(got, value) and type(other._store.data["b"]) is BlobRef
+            assert (
+                got.flags.c_contiguous
+                and np.array_equal(got, value)
+                and type(other._store.data["b"]) is BlobRef
+            )
     finally:
         other.close()
         d.close()
@@ -183,8 +202,14 @@ def test_a_reader_in_another_process_maps_the_array_without_copying(name):
         d["big"] = arr
         outs = []
         for _ in range(2):
-            out = subprocess.run([sys.executable, "-c", READER, name], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+            out = subprocess.run(
+                [sys.executable, "-c", READER, name],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=dict(os.environ, PYTHONPATH=ROOT),
+            )
             assert out.returncode == 0, out.stderr
             outs.append(out.stdout.split())
         for first, last, writeable, mapped, rss_delta, took in outs:
@@ -244,8 +269,9 @@ def test_held_array_survives_the_writers_death(name):
         d["a"] = np.full(300_000, 42, dtype=np.int32)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, timeout=60, env=dict(os.environ, PYTHONPATH=ROOT)
+    )
     assert out.returncode == -9
     held = d["a"]
     d["a"] = 0  # the dead writer's blob is dropped and unlinked
@@ -443,8 +469,14 @@ def test_numpy_is_imported_only_for_arrays(name):
         assert "numpy" not in sys.modules, "numpy was imported"
         d.close()
     """)
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -499,8 +531,9 @@ def test_objects_without_large_buffers_stay_plain_pickles(name):
 
 
 @pytest.mark.parametrize("size", [6, 50_000], ids=["inline", "blob"])
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64", "int8", "uint8", "bool",
-                                   "complex64"])
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float64", "float16", "int64", "int8", "uint8", "bool", "complex64"]
+)
 def test_torch_tensors_round_trip(name, dtype, size):
     torch = pytest.importorskip("torch")
     d, other = pair(name)
@@ -539,8 +572,11 @@ def test_tensors_torch_cannot_share_are_refused(name):
     d, other = pair(name)
     try:
         d["a"] = 1
-        for bad in (torch.ones(3000, dtype=torch.bfloat16), torch.ones(3, device="meta"),
-                    torch.ones(3, 3).to_sparse()):
+        for bad in (
+            torch.ones(3000, dtype=torch.bfloat16),
+            torch.ones(3, device="meta"),
+            torch.ones(3, 3).to_sparse(),
+        ):
             with pytest.raises(UnsupportedType):
                 d["b"] = bad
         assert other.copy() == {"a": 1} and blobs_of(name) == []
@@ -582,12 +618,25 @@ def test_without_blobs_a_buffer_is_refused_as_the_codec_refuses_it(name):
         d.close()
 
 
-_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=3),
-                  st.binary(max_size=3), st.binary(min_size=64, max_size=64),
-                  st.frozensets(st.integers(), max_size=2))
-_nested = st.recursive(_leaf, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
-    st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=12)
+_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=3),
+    st.binary(max_size=3),
+    st.binary(min_size=64, max_size=64),
+    st.frozensets(st.integers(), max_size=2),
+)
+_nested = st.recursive(
+    _leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
 
 
 @given(value=_nested)
@@ -622,18 +671,37 @@ def test_a_blob_sized_buffer_deep_in_a_cache_entry_still_goes_to_a_blob(name):
 
 # -- an update record's pairs: one compiled scan decides "no blob anywhere" ------------------
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3),
-                     st.complex_numbers(allow_nan=False, max_magnitude=10))
-_leaves = st.one_of(_scalars, st.binary(max_size=3), st.sampled_from([b"x" * SMALL, bytearray(b"y" * SMALL)]),
-                    st.just(bytearray(b"z")), st.frozensets(st.integers(), max_size=2),
-                    st.sets(st.integers(), max_size=2))
-_nested = st.recursive(_leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
-    st.dictionaries(st.text(max_size=2), inner, max_size=3)), max_leaves=12)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=3),
+    st.complex_numbers(allow_nan=False, max_magnitude=10),
+)
+_leaves = st.one_of(
+    _scalars,
+    st.binary(max_size=3),
+    st.sampled_from([b"x" * SMALL, bytearray(b"y" * SMALL)]),
+    st.just(bytearray(b"z")),
+    st.frozensets(st.integers(), max_size=2),
+    st.sets(st.integers(), max_size=2),
+)
+_nested = st.recursive(
+    _leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
 
 
-@given(st.lists(st.tuples(st.one_of(_scalars, st.binary(max_size=3)), _nested).map(list), max_size=6),
-       st.sampled_from([1, SMALL, 1 << 20]))
+@given(
+    st.lists(st.tuples(st.one_of(_scalars, st.binary(max_size=3)), _nested).map(list), max_size=6),
+    st.sampled_from([1, SMALL, 1 << 20]),
+)
 @example([["k", [[[[1]]]]], [1, 2.5]], SMALL)  # plain within the scan's levels
 @example([["k", [[[[[1]]]]]], [1, 2.5]], SMALL)  # one level too deep for may_hold_blobs
 @example([["k", (1, 2)], [2, {1, 2}]], SMALL)  # a set value: never plain to may_hold_blobs

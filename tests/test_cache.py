@@ -141,8 +141,11 @@ def test_an_entry_larger_than_maxbytes_is_refused_and_changes_nothing(name):
     c = SharedCache(name, maxbytes=2_000)
     try:
         c["a"] = "small"
-        for write in (lambda: c.set("a", "x" * 5_000), lambda: c.add("b", "x" * 5_000),
-                      lambda: c.set_many({"c": 1, "d": "x" * 5_000})):
+        for write in (
+            lambda: c.set("a", "x" * 5_000),
+            lambda: c.add("b", "x" * 5_000),
+            lambda: c.set_many({"c": 1, "d": "x" * 5_000}),
+        ):
             with pytest.raises(TooLarge, match="maxbytes=2,000"):
                 write()
             assert dict(c.items()) == {"a": "small"} and c.stats()["bytes"] <= 2_000
@@ -216,7 +219,7 @@ def test_cull_frequency_is_djangos(name, frequency, final):
 
 def _zipf_trace(keys: int, requests: int, a: float, seed: int):
     rnd = random.Random(seed)
-    weights = [1.0 / (i ** a) for i in range(1, keys + 1)]
+    weights = [1.0 / (i**a) for i in range(1, keys + 1)]
     return rnd.choices(range(keys), weights=weights, k=requests)
 
 
@@ -264,8 +267,12 @@ def test_settings_are_stored_with_the_cache(name):
     c = SharedCache(name, maxsize=10, ttl=5, serializer="pickle", cull_frequency=3)
     try:
         other = SharedCache(name)
-        assert (other.maxsize, other.default_ttl, other.serializer, other.cull_frequency) == \
-            (10, 5.0, "pickle", 3)
+        assert (other.maxsize, other.default_ttl, other.serializer, other.cull_frequency) == (
+            10,
+            5.0,
+            "pickle",
+            3,
+        )
         with SharedCache(unique_name(), maxsize=2) as plain:
             assert plain.cull_frequency is None
             plain.unlink()
@@ -280,8 +287,16 @@ def test_settings_are_stored_with_the_cache(name):
 
 
 def test_bad_input_changes_nothing(cache, name):
-    for kwargs in ({"maxsize": 0}, {"maxsize": 1.5}, {"maxbytes": -1}, {"ttl": 0}, {"ttl": "1"},
-                   {"serializer": "json"}, {"cull_frequency": -1}, {"cull_frequency": 2}):
+    for kwargs in (
+        {"maxsize": 0},
+        {"maxsize": 1.5},
+        {"maxbytes": -1},
+        {"ttl": 0},
+        {"ttl": "1"},
+        {"serializer": "json"},
+        {"cull_frequency": -1},
+        {"cull_frequency": 2},
+    ):
         with pytest.raises(ValueError):
             SharedCache(unique_name(), **kwargs)
     cache["a"] = 1

@@ -33,20 +33,45 @@ def _f64(f: float) -> int:
     return int.from_bytes(struct.pack("<d", f), "little")
 
 
-CACHE_BOUNDS = st.sampled_from([
-    {}, {"maxsize": 20}, {"maxbytes": 1500}, {"maxsize": 20, "cull_frequency": 3},
-    {"maxsize": 20, "maxbytes": 1200, "ttl": 30.0}, {"maxsize": 20, "serializer": "pickle"}])
+CACHE_BOUNDS = st.sampled_from(
+    [
+        {},
+        {"maxsize": 20},
+        {"maxbytes": 1500},
+        {"maxsize": 20, "cull_frequency": 3},
+        {"maxsize": 20, "maxbytes": 1200, "ttl": 30.0},
+        {"maxsize": 20, "serializer": "pickle"},
+    ]
+)
 #: A u64 or the bits of an f64 (the ttl word), with the values that mean something.
 SIDE_VALUES = st.one_of(
-    st.integers(0, (1 << 64) - 1), st.sampled_from([0, 1, 2, 3, 16, 20, 36, 1 << 63, (1 << 64) - 1]),
-    st.floats().map(lambda f: _f64(f)))
+    st.integers(0, (1 << 64) - 1),
+    st.sampled_from([0, 1, 2, 3, 16, 20, 36, 1 << 63, (1 << 64) - 1]),
+    st.floats().map(lambda f: _f64(f)),
+)
 #: Any header word, half the time one whose damage opens a cache (never MAGIC, VERSION ...).
-SIDE_WORDS = st.one_of(st.integers(0, C.HEADER_WORDS - 1), st.sampled_from(
-    [C.W_MAXBYTES, C.W_TTL, C.W_SERIALIZER, C.W_CULL, C.W_EVICTIONS, C.W_EXPIRATIONS, C.W_BYTES, C.W_NEXT,
-     C.W_FREE, C.W_FLAGS, C.W_BATCH]))
+SIDE_WORDS = st.one_of(
+    st.integers(0, C.HEADER_WORDS - 1),
+    st.sampled_from(
+        [
+            C.W_MAXBYTES,
+            C.W_TTL,
+            C.W_SERIALIZER,
+            C.W_CULL,
+            C.W_EVICTIONS,
+            C.W_EXPIRATIONS,
+            C.W_BYTES,
+            C.W_NEXT,
+            C.W_FREE,
+            C.W_FLAGS,
+            C.W_BATCH,
+        ]
+    ),
+)
 #: Sizes to truncate the side segment to (mostly none).
-TRUNCATE = st.one_of(st.none(), st.none(), st.none(), st.integers(0, 1 << 16),
-                     st.integers(0, 1 << 13).map(lambda n: 8 * n))
+TRUNCATE = st.one_of(
+    st.none(), st.none(), st.none(), st.integers(0, 1 << 16), st.integers(0, 1 << 13).map(lambda n: 8 * n)
+)
 
 
 def _settings(c: Any) -> Any:
@@ -77,14 +102,25 @@ def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) 
         out = attempt(lambda: h.set(f"n{i}", [i, "v" * (i % 50)]))
     if h.maxbytes is not None and not isinstance(out, SharedDictError):
         assert h.stats()["bytes"] <= h.maxbytes  # (a damaged count is recounted)
-    for op in (lambda: h.incr("c", 2, default=1), lambda: h.add("a", 1, ttl=0.001), lambda: h.touch("n1", 60),
-               lambda: h.set_many({"m1": 1, "m2": 2}, ttl=5), lambda: h.delete_many(["m1", "n2"]),
-               lambda: h.pop("n3", None), lambda: h.delete("k0"), lambda: list(h), lambda: len(h), h.stats):
+    for op in (
+        lambda: h.incr("c", 2, default=1),
+        lambda: h.add("a", 1, ttl=0.001),
+        lambda: h.touch("n1", 60),
+        lambda: h.set_many({"m1": 1, "m2": 2}, ttl=5),
+        lambda: h.delete_many(["m1", "n2"]),
+        lambda: h.pop("n3", None),
+        lambda: h.delete("k0"),
+        lambda: list(h),
+        lambda: len(h),
+        h.stats,
+    ):
         attempt(op)
     if one_count:
         _no_slot_twice(h)
     attempt(h.expire)
-    fits = not isinstance(attempt(lambda: h.set("last", 0)), SharedDictError)  # (a damaged maxbytes: TooLarge)
+    fits = not isinstance(
+        attempt(lambda: h.set("last", 0)), SharedDictError
+    )  # (a damaged maxbytes: TooLarge)
     with h.lock:
         assert h.maxsize is None or len(h) <= h.maxsize
         assert h.maxbytes is None or not fits or h.stats()["bytes"] <= h.maxbytes
@@ -92,11 +128,15 @@ def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) 
 
 
 @settings(max_examples=soak_scaled(150), deadline=None, suppress_health_check=list(HealthCheck))
-@given(bounds=CACHE_BOUNDS, keys=st.integers(0, 25),
-       truncate=TRUNCATE,
-       edits=st.lists(st.tuples(SIDE_WORDS, SIDE_VALUES), max_size=3))
-def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(bounds: Dict[str, Any], keys: int,
-                                                                  truncate: Any, edits: List[Any]) -> None:
+@given(
+    bounds=CACHE_BOUNDS,
+    keys=st.integers(0, 25),
+    truncate=TRUNCATE,
+    edits=st.lists(st.tuples(SIDE_WORDS, SIDE_VALUES), max_size=3),
+)
+def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(
+    bounds: Dict[str, Any], keys: int, truncate: Any, edits: List[Any]
+) -> None:
     """Garbage in the header words of a cache's side segment (``N@c``) and
     truncation (nobody maps it): opening the cache gives one of our errors, or a
     cache with the settings it was made with (unless a settings word was hit) that
@@ -117,7 +157,8 @@ def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(bounds: Dict[s
         c.close()
         touched = {index for index, _ in edits}
         if touched & {C.W_MAXSIZE, C.W_MAXBYTES, C.W_TTL, C.W_SERIALIZER, C.W_CULL} or (
-                not keys and (touched & {C.W_MAGIC, C.W_TOKEN} or truncate is not None)):
+            not keys and (touched & {C.W_MAGIC, C.W_TOKEN} or truncate is not None)
+        ):
             made = None  # other settings, or (empty) replaced by the opener's
         seg = Segment.attach(C.cache_name(name))
         words = memoryview(seg.buf).cast("Q")
@@ -148,25 +189,49 @@ def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(bounds: Dict[s
 _NUMBER = st.one_of(st.floats(), st.integers(-2, 10**12))
 #: Values that are not entries (cache_layout: (expires, slot, value) or a claim of 4).
 NOT_ENTRIES = st.one_of(
-    st.integers(), st.text(max_size=3), st.none(), st.binary(max_size=3), st.lists(st.integers(), max_size=4),
-    st.tuples(), st.tuples(_NUMBER), st.tuples(_NUMBER, st.integers(0, 3)),
-    st.tuples(st.one_of(st.text(max_size=2), st.none(), st.binary(max_size=2)), st.integers(0, 3), st.integers()),
-    st.tuples(_NUMBER, st.one_of(st.integers(-3, -1), st.integers(10**6, 1 << 70), st.floats(), st.text(max_size=2)),
-              st.integers()),
-    st.tuples(_NUMBER, st.integers(0, 3), st.integers(), st.integers(), st.integers()))
+    st.integers(),
+    st.text(max_size=3),
+    st.none(),
+    st.binary(max_size=3),
+    st.lists(st.integers(), max_size=4),
+    st.tuples(),
+    st.tuples(_NUMBER),
+    st.tuples(_NUMBER, st.integers(0, 3)),
+    st.tuples(
+        st.one_of(st.text(max_size=2), st.none(), st.binary(max_size=2)), st.integers(0, 3), st.integers()
+    ),
+    st.tuples(
+        _NUMBER,
+        st.one_of(st.integers(-3, -1), st.integers(10**6, 1 << 70), st.floats(), st.text(max_size=2)),
+        st.integers(),
+    ),
+    st.tuples(_NUMBER, st.integers(0, 3), st.integers(), st.integers(), st.integers()),
+)
 #: Not entries that reads take for misses (len != 3): what a ``cached()`` claim is met by.
 CLAIM_LIKE = st.one_of(
-    st.tuples(_NUMBER), st.tuples(_NUMBER, st.integers()),
-    st.tuples(_NUMBER, st.integers(-1, 40), st.one_of(st.integers(), st.text(max_size=2), st.none(), st.floats()),
-              st.one_of(st.integers(), st.none())),
-    st.tuples(_NUMBER, st.integers(), st.integers(), st.integers(), st.integers()))
+    st.tuples(_NUMBER),
+    st.tuples(_NUMBER, st.integers()),
+    st.tuples(
+        _NUMBER,
+        st.integers(-1, 40),
+        st.one_of(st.integers(), st.text(max_size=2), st.none(), st.floats()),
+        st.one_of(st.integers(), st.none()),
+    ),
+    st.tuples(_NUMBER, st.integers(), st.integers(), st.integers(), st.integers()),
+)
 
 
 @settings(max_examples=soak_scaled(100), deadline=None, suppress_health_check=list(HealthCheck))
-@given(bounds=CACHE_BOUNDS, keys=st.integers(0, 25), garbage=st.lists(NOT_ENTRIES, min_size=1, max_size=4),
-       over_keys=st.booleans(), claim=CLAIM_LIKE)
-def test_cache_writers_remove_what_is_not_an_entry(bounds: Dict[str, Any], keys: int, garbage: List[Any],
-                                                   over_keys: bool, claim: Any) -> None:
+@given(
+    bounds=CACHE_BOUNDS,
+    keys=st.integers(0, 25),
+    garbage=st.lists(NOT_ENTRIES, min_size=1, max_size=4),
+    over_keys=st.booleans(),
+    claim=CLAIM_LIKE,
+)
+def test_cache_writers_remove_what_is_not_an_entry(
+    bounds: Dict[str, Any], keys: int, garbage: List[Any], over_keys: bool, claim: Any
+) -> None:
     """Values that are not entries, written into a cache's dict by another program
     (a plain SharedDict of the same name): writes, eviction, active expiry, the cull,
     popitem, ``cached()`` and a rebuild remove them (or raise our errors), never
@@ -208,9 +273,24 @@ def test_cache_writers_remove_what_is_not_an_entry(bounds: Dict[str, Any], keys:
         c.close()
 
 
-NOT_ENTRY_EXAMPLES = [5, "abc", None, [0.0, 0, "v"], (), (1.0,), (0.0, 1), (0.0, 10**6, "v"), (0.0, -1, "v"),
-                      (0.0, "s", "v"), ("x", 0, "v"), (b"x", 0, "v"), (0.0, 1.5, "v"), (0.0, 1 << 70, "v"),
-                      (0.0, 0, "v", 1, 2), (0.0, 0, "not an owner", "token")]
+NOT_ENTRY_EXAMPLES = [
+    5,
+    "abc",
+    None,
+    [0.0, 0, "v"],
+    (),
+    (1.0,),
+    (0.0, 1),
+    (0.0, 10**6, "v"),
+    (0.0, -1, "v"),
+    (0.0, "s", "v"),
+    ("x", 0, "v"),
+    (b"x", 0, "v"),
+    (0.0, 1.5, "v"),
+    (0.0, 1 << 70, "v"),
+    (0.0, 0, "v", 1, 2),
+    (0.0, 0, "not an owner", "token"),
+]
 
 
 def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
@@ -224,17 +304,40 @@ def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
         raw = SharedDict(name=name, create=False)
         try:
             c.set("good", 1)
-            for op in ("get", "contains", "iter", "len", "expire", "delete", "add", "incr", "touch", "pop", "ttl",
-                       "popitem", "delete_many", "setdefault"):
+            for op in (
+                "get",
+                "contains",
+                "iter",
+                "len",
+                "expire",
+                "delete",
+                "add",
+                "incr",
+                "touch",
+                "pop",
+                "ttl",
+                "popitem",
+                "delete_many",
+                "setdefault",
+            ):
                 raw["bad"] = garbage
                 try:
-                    {"get": lambda: c.get("bad"), "contains": lambda: "bad" in c, "iter": lambda: list(c),
-                     "len": lambda: len(c), "expire": c.expire, "delete": lambda: c.delete("bad"),
-                     "add": lambda: c.add("bad", 1), "incr": lambda: c.incr("bad", default=0),
-                     "touch": lambda: c.touch("bad", 5), "pop": lambda: c.pop("bad", None),
-                     "ttl": lambda: c.ttl("bad"), "popitem": lambda: [c.popitem() for _ in range(2)],
-                     "delete_many": lambda: c.delete_many(["bad"]),
-                     "setdefault": lambda: c.setdefault("bad", 1)}[op]()
+                    {
+                        "get": lambda: c.get("bad"),
+                        "contains": lambda: "bad" in c,
+                        "iter": lambda: list(c),
+                        "len": lambda: len(c),
+                        "expire": c.expire,
+                        "delete": lambda: c.delete("bad"),
+                        "add": lambda: c.add("bad", 1),
+                        "incr": lambda: c.incr("bad", default=0),
+                        "touch": lambda: c.touch("bad", 5),
+                        "pop": lambda: c.pop("bad", None),
+                        "ttl": lambda: c.ttl("bad"),
+                        "popitem": lambda: [c.popitem() for _ in range(2)],
+                        "delete_many": lambda: c.delete_many(["bad"]),
+                        "setdefault": lambda: c.setdefault("bad", 1),
+                    }[op]()
                 except (SharedDictError, KeyError):
                     pass
                 except TypeError as exc:
@@ -249,10 +352,24 @@ def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("word, value", [
-    (C.W_MAGIC, 0), (C.W_MAGIC, 1), (C.W_VERSION, C.SIDE_VERSION + 1), (C.W_TOKEN, 12345), (C.W_NSLOTS, 35), (C.W_MAXSIZE, 21),
-    (C.W_MAXSIZE, 0), (C.W_SERIALIZER, 0), (C.W_SERIALIZER, 7), (C.W_TTL, _f64(float("nan"))),
-    (C.W_TTL, _f64(-1.0)), ("size", 8 * 40 + 4), ("size", 64)])
+@pytest.mark.parametrize(
+    "word, value",
+    [
+        (C.W_MAGIC, 0),
+        (C.W_MAGIC, 1),
+        (C.W_VERSION, C.SIDE_VERSION + 1),
+        (C.W_TOKEN, 12345),
+        (C.W_NSLOTS, 35),
+        (C.W_MAXSIZE, 21),
+        (C.W_MAXSIZE, 0),
+        (C.W_SERIALIZER, 0),
+        (C.W_SERIALIZER, 7),
+        (C.W_TTL, _f64(float("nan"))),
+        (C.W_TTL, _f64(-1.0)),
+        ("size", 8 * 40 + 4),
+        ("size", 64),
+    ],
+)
 def test_cache_side_header_damage_each_word(word: Any, value: int) -> None:
     """Each check of the side segment's header (side.py), alone: a pickle cache of
     maxsize 20 holding entries, one word damaged (or the segment cut to ``value``

@@ -33,8 +33,14 @@ native = speedups._compiled if speedups.IMPLEMENTATION == "native" else None
 needs_native = pytest.mark.skipif(native is None, reason="the compiled helper is not in use")
 
 NSLOTS = 8
-scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=False),
-                   st.text(max_size=8), st.binary(max_size=8))
+scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
 value = st.one_of(
     scalar,
     st.lists(scalar, max_size=4).map(tuple),
@@ -50,7 +56,10 @@ entry = st.one_of(
     st.tuples(st.sampled_from([0.0, 1e12]), st.integers(0, NSLOTS - 1), value),  # hits, mostly
     st.tuples(expires, slot, value),
     st.tuples(expires, slot, st.integers(), st.integers()),  # a claim
-    st.tuples(expires, slot), st.tuples(), st.just(7), st.just([0.0, 0, 1]),  # damaged
+    st.tuples(expires, slot),
+    st.tuples(),
+    st.just(7),
+    st.just([0.0, 0, 1]),  # damaged
 )
 
 
@@ -112,8 +121,15 @@ def test_compiled_get_answers_every_entry_as_its_twin(shared, e):
     # hit; anything else -- absent, expired, a claim, not an entry -- a miss.
     got, hits, misses, _ = results[native.__name__]
     nslots = len(c._side.recency)
-    live = (type(e) is tuple and len(e) == 3 and type(e[0]) in (int, float) and e[0] == e[0]
-            and (not e[0] or e[0] > time.time()) and type(e[1]) is int and 0 <= e[1] < nslots)
+    live = (
+        type(e) is tuple
+        and len(e) == 3
+        and type(e[0]) in (int, float)
+        and e[0] == e[0]
+        and (not e[0] or e[0] > time.time())
+        and type(e[1]) is int
+        and 0 <= e[1] < nslots
+    )
     assert (got, hits, misses) == ((("value", e[2]), 1, 0) if live else (("value", "DEFAULT"), 0, 1))
 
 
@@ -130,8 +146,13 @@ def test_compiled_get_answers_plain_hits_and_misses_without_the_python_rules(sha
     calls = []
     get = native.CacheGet(c._d, c._side.recency, None, lambda k: calls.append(k) or c._lookup(k), sc._MISSING)
     try:
-        assert [get("s"), get("d"), get("t"), get("old", 0), get("absent", 0)] == \
-            ["text", {"id": 1, "name": "x"}, (1, "a", 1.5), 0, 0]
+        assert [get("s"), get("d"), get("t"), get("old", 0), get("absent", 0)] == [
+            "text",
+            {"id": 1, "name": "x"},
+            (1, "a", 1.5),
+            0,
+            0,
+        ]
         assert calls == [] and (get.hits, get.misses) == (3, 2)
         got = get("d")
         got["id"] = 2  # a private copy: the cache is unchanged
@@ -240,7 +261,6 @@ def test_readers_in_threads_while_another_thread_closes_the_handle(name):
     SharedCache.unlink_by_name(name)
 
 
-
 _CYCLE_THROUGH_A_GET = """
 import gc, sys
 from ultradict_ng import SharedDict
@@ -273,8 +293,9 @@ def test_the_collector_never_clears_the_recency_view_under_its_get(name):
     import sys
 
     try:
-        proc = subprocess.run([sys.executable, "-c", _CYCLE_THROUGH_A_GET, name], capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CYCLE_THROUGH_A_GET, name], capture_output=True, text=True, timeout=60
+        )
     finally:
         if os.path.exists(f"/dev/shm/{name}"):  # the child crashed before closing it
             SharedDict.unlink_by_name(name)

@@ -25,9 +25,14 @@ pytestmark = pytest.mark.slow
 
 
 def start(*args: str, env: dict = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.cache_workers", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.cache_workers", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def finish(procs, timeout=60.0):

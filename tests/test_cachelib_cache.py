@@ -63,14 +63,14 @@ VERSION = cachelib.__version__
 #: The mixins and tests a cachelib version ships (each runs in 3 variants: 63
 #: tests for 0.17.0, 33 for 0.9.0, the oldest pyproject allows).  Another version
 #: runs whatever mixins it ships, all of which must pass.
-EXPECTED = {"0.17.0": (["ClearTests", "CommonTests", "DeleteManyWithPrefixTests", "HasTests",
-                        "SerializerTests"], 21),
-            "0.9.0": (["ClearTests", "CommonTests", "HasTests"], 11)}
+EXPECTED = {
+    "0.17.0": (["ClearTests", "CommonTests", "DeleteManyWithPrefixTests", "HasTests", "SerializerTests"], 21),
+    "0.9.0": (["ClearTests", "CommonTests", "HasTests"], 11),
+}
 VARIANTS = ["plain", "key_prefix", "own_serializer"]
 #: cachelib >= 0.17 checks a timeout's type, and its serializer returns None for a
 #: value pickle refuses (0.9 raises UnboundLocalError from its own code there).
 MODERN = tuple(int(p) for p in VERSION.split(".")[:2]) >= (0, 17)
-
 
 
 def _segments(name: str) -> list[str]:
@@ -82,8 +82,7 @@ def run_workers(calls: list[tuple[str, tuple[Any, ...]]], timeout: float = 120) 
     """Run each ``(worker, args)`` of tests/cachelib_suite/workers.py in a spawned
     process at once; their results (in the order they finished)."""
     out = spawn.Queue()
-    procs = [spawn.Process(target=workers.report, args=(out, worker, *args))
-             for worker, args in calls]
+    procs = [spawn.Process(target=workers.report, args=(out, worker, *args)) for worker, args in calls]
     for p in procs:
         p.start()
     try:
@@ -123,19 +122,28 @@ def cachelib_tests(tmp_path_factory: pytest.TempPathFactory) -> str:
     """cachelib's unpacked ``tests/`` directory, ready to run against the backend."""
     root = tmp_path_factory.mktemp("cachelib_suite")
     # Its tests/*.py only (one level): the mixins, their conftest, its own modules.
-    tests = fetch_sdist("cachelib", VERSION, root, lambda rel: rel[len("tests/"):] if (
-        rel.startswith("tests/") and rel.count("/") == 1 and rel.endswith(".py")) else None, "tests")
+    tests = fetch_sdist(
+        "cachelib",
+        VERSION,
+        root,
+        lambda rel: (
+            rel[len("tests/") :]
+            if (rel.startswith("tests/") and rel.count("/") == 1 and rel.endswith(".py"))
+            else None
+        ),
+        "tests",
+    )
     assert (tests / "common.py").is_file() and (tests / "conftest.py").is_file()
     # Only the mixins run: cachelib's own test modules (its backends) are not ours to run.
     for module in tests.glob("test_*.py"):
         module.unlink()
-    shutil.copy(os.path.join(HERE, "cachelib_suite", "suite_module.py"),
-                tests / "test_ultradict_ng_cache.py")
+    shutil.copy(os.path.join(HERE, "cachelib_suite", "suite_module.py"), tests / "test_ultradict_ng_cache.py")
     # cachelib's conftest imports pytest-xprocess (for its server fixtures, unused here).
     if subprocess.run([sys.executable, "-c", "import xprocess"], capture_output=True, check=False).returncode:
         (tests / "xprocess.py").write_text("class ProcessStarter:  # stand-in\n    pass\n")
-    (tests / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers\n"
-                                      "markers =\n    network: needs a server\n")
+    (tests / "pytest.ini").write_text(
+        "[pytest]\naddopts = --strict-markers\nmarkers =\n    network: needs a server\n"
+    )
     return str(tests)
 
 
@@ -155,11 +163,26 @@ def test_cachelib_mixins_as_shipped(cachelib_tests: str, tmp_path: Any) -> None:
         env = _env()
         env["UDNG_VARIANT"] = variant
         env["UDNG_MIXINS_OUT"] = str(tmp_path / f"mixins-{variant}.json")
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
-               f"--junitxml={tmp_path / f'junit-{variant}.xml'}", "test_ultradict_ng_cache.py"]
-        procs[variant] = subprocess.Popen(cmd, cwd=cachelib_tests, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True,
-                                          start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rfE",
+            f"--junitxml={tmp_path / f'junit-{variant}.xml'}",
+            "test_ultradict_ng_cache.py",
+        ]
+        procs[variant] = subprocess.Popen(
+            cmd,
+            cwd=cachelib_tests,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
     outs: dict[str, str] = {}
     for variant, proc in procs.items():
         try:
@@ -188,7 +211,8 @@ def test_cachelib_mixins_as_shipped(cachelib_tests: str, tmp_path: Any) -> None:
     assert set(outcomes) == expected, (sorted(set(outcomes) ^ expected), out)
     assert len(passed) == len(expected), (
         f"{len(passed)} of {len(expected)} passed: "
-        f"{ {t: o for t, o in outcomes.items() if o != 'passed'} }\n{out}")
+        f"{ {t: o for t, o in outcomes.items() if o != 'passed'} }\n{out}"
+    )
     assert all(p.returncode == 0 for p in procs.values()), out
     if VERSION in EXPECTED:
         assert len(passed) == EXPECTED[VERSION][1] * len(VARIANTS)
@@ -210,8 +234,12 @@ def test_two_processes_share_values(caches: Any, name: str) -> None:
     assert cache.get_many("m1", "m2", "nope") == [b"\x00bytes", "text", None]
     assert cache.get("added") == [1, 2] and not cache.add("added", "again")
     [seen] = run_workers([("read_values", (name, ["from_parent", "parent_int", "count", "x"]))])
-    assert seen == {"from_parent": ({"nested": [1, 2.5, None]}, True), "parent_int": (7, True),
-                    "count": (42, True), "x": (None, False)}
+    assert seen == {
+        "from_parent": ({"nested": [1, 2.5, None]}, True),
+        "parent_int": (7, True),
+        "count": (42, True),
+        "x": (None, False),
+    }
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
@@ -236,8 +264,10 @@ def test_inc_and_dec_exact_from_several_processes(caches: Any, name: str) -> Non
     cache = caches(name)
     n = 300
     start = spawn.Barrier(6)
-    results = run_workers([("incrementer", (name, "up", n, 1, start)) for _ in range(4)]
-                          + [("incrementer", (name, "down", n, -3, start)) for _ in range(2)])
+    results = run_workers(
+        [("incrementer", (name, "up", n, 1, start)) for _ in range(4)]
+        + [("incrementer", (name, "down", n, -3, start)) for _ in range(2)]
+    )
     ups = [v for r in results if r[0] > 0 for v in r]
     # Both keys were missing: each process's first call raced to create them.  Every
     # increment returned a value nobody else got, and none was lost.
@@ -281,8 +311,7 @@ def test_expiry_set_by_one_process_is_seen_by_another(caches: Any, name: str) ->
 def test_cache_outlives_the_worker_that_made_it(name: str) -> None:
     attached, release = spawn.Event(), spawn.Event()
     out = spawn.Queue()
-    worker = spawn.Process(target=workers.report,
-                           args=(out, "create_and_fill", name, attached, release))
+    worker = spawn.Process(target=workers.report, args=(out, "create_and_fill", name, attached, release))
     worker.start()
     try:
         assert attached.wait(60)
@@ -360,7 +389,7 @@ def test_inc_dec_semantics(caches: Any, name: str) -> None:
     with pytest.raises(TypeError):
         cache.inc("text")
     assert cache.get("text") == "spam"
-    assert cache.inc("big", 2 ** 70) == 2 ** 70 and cache.inc("big") == 2 ** 70 + 1
+    assert cache.inc("big", 2**70) == 2**70 and cache.inc("big") == 2**70 + 1
 
 
 def test_values_keys_and_serializers(caches: Any, name: str) -> None:
@@ -452,8 +481,12 @@ def test_flask_caching_app_shared_by_two_processes(name: str) -> None:
         [child] = run_workers([("flask_requests", (config,))])
         # The other process got the view and the memoized value this one computed.
         assert child["pid"] != os.getpid()
-        assert child == {"pid": child["pid"], "view": str(os.getpid()),
-                         "square": (144, os.getpid()), "counter": 2}
+        assert child == {
+            "pid": child["pid"],
+            "view": str(os.getpid()),
+            "square": (144, os.getpid()),
+            "counter": 2,
+        }
         assert all(k.startswith("app:") for k in backend.cache)
         with app.app_context():
             cache.delete_memoized(app.slow_square)
@@ -476,8 +509,12 @@ def test_flask_caching_factory(name: str) -> None:
     from ultradict_ng.integrations.flask import SharedCache as FlaskSharedCache
 
     app = Flask(__name__)
-    app.config.update(CACHE_TYPE="ultradict_ng.integrations.flask.SharedCache", CACHE_THRESHOLD=50,
-                      CACHE_DEFAULT_TIMEOUT=30, CACHE_SERIALIZER=workers.JSONSerializer)
+    app.config.update(
+        CACHE_TYPE="ultradict_ng.integrations.flask.SharedCache",
+        CACHE_THRESHOLD=50,
+        CACHE_DEFAULT_TIMEOUT=30,
+        CACHE_SERIALIZER=workers.JSONSerializer,
+    )
     with pytest.raises(ValueError, match="needs a name"):
         Cache(app)
     app.config.update(CACHE_KEY_PREFIX="p_", CACHE_ARGS=[name])

@@ -82,8 +82,13 @@ class Worker:
     """A tests/cli_workers.py child that says ``ready <pid>``, then waits to be killed."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, WORKERS, *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, WORKERS, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         line = _readline(self.proc)
         assert line.startswith("ready"), line + self.proc.stderr.read()  # type: ignore[union-attr]
         self.pid = self.proc.pid
@@ -116,8 +121,9 @@ def removed() -> Iterator[List[str]]:
 @contextlib.contextmanager
 def watcher(*args: str, cwd: Any = ROOT) -> Iterator["subprocess.Popen[str]"]:
     """``ultradict-ng watch ARGS`` running; killed (by its pid) if still running after."""
-    proc = subprocess.Popen([*CLI, "watch", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*CLI, "watch", *args], cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         yield proc
     finally:
@@ -161,7 +167,9 @@ def test_usage_errors_exit_2():
 
 
 def test_console_script(name, removed):
-    script = shutil.which("ultradict-ng") or shutil.which("ultradict-ng", path=os.path.dirname(sys.executable))
+    script = shutil.which("ultradict-ng") or shutil.which(
+        "ultradict-ng", path=os.path.dirname(sys.executable)
+    )
     if script is None:
         pytest.skip("the ultradict-ng script is not installed (pip install -e .)")
     removed.append(name)
@@ -261,9 +269,14 @@ def test_ls_orphans_and_foreign_files(name, removed):
         assert foreign in cli("ls", "--all").stdout
 
         dry = cli_json("clean", "--dry-run", name, lookalike, foreign)
-        assert clean_entry(dry, name) == {"name": name, "kind": "orphans", "segments": 1, "bytes": 4096,
-                                          "reason": "segments of a dict that no longer exists",
-                                          "action": "would remove"}
+        assert clean_entry(dry, name) == {
+            "name": name,
+            "kind": "orphans",
+            "segments": 1,
+            "bytes": 4096,
+            "reason": "segments of a dict that no longer exists",
+            "action": "would remove",
+        }
         assert segments(name) == [f"{name}@s"]
         done = cli_json("clean", name, lookalike, foreign)
         assert clean_entry(done, name)["action"] == "removed" and segments(name) == []
@@ -305,7 +318,13 @@ def test_show(name, removed):
         data = cli_json("show", name, "raw", "arr", "nested")
         assert data == {
             "raw": {"type": "bytes", "size": 100},
-            "arr": {"type": "ndarray", "size": 480000, "storage": "blob", "dtype": "<f4", "shape": [300, 400]},
+            "arr": {
+                "type": "ndarray",
+                "size": 480000,
+                "storage": "blob",
+                "dtype": "<f4",
+                "shape": [300, 400],
+            },
             "nested": {"x": {"y": 2}},
         }
         # a non-str key: the JSON form says so
@@ -344,8 +363,9 @@ def test_show_and_watch_never_unpickle(name, removed, tmp_path):
     marker = "UNPICKLED"
 
     def write(key: str) -> None:
-        subprocess.run([sys.executable, WORKERS, "evil", name, marker, key], cwd=writer_dir,
-                       check=True, timeout=30)
+        subprocess.run(
+            [sys.executable, WORKERS, "evil", name, marker, key], cwd=writer_dir, check=True, timeout=30
+        )
 
     write("evil")
     assert (writer_dir / marker).exists(), "the trap does not fire when really unpickled"
@@ -389,7 +409,9 @@ def test_stats(name, removed):
         me = os.getpid()
         assert info["layout_version"] == L.LAYOUT_VERSION and info["status"] == "ok"
         assert info["keys"] == 2 and info["generation"] == 0 and info["dumps"] == 0
-        assert info["blobs"] == 1 and info["blob_bytes"] >= 100_000 and info["referenced_blob_bytes"] == 100_000
+        assert (
+            info["blobs"] == 1 and info["blob_bytes"] >= 100_000 and info["referenced_blob_bytes"] == 100_000
+        )
         assert 0 < info["stream_end"] <= info["stream_limit"] == info["stream_size"] == 4096
         assert info["stream_grows"] is False and info["serializer"] == "msgpack"
         assert info["lock"] == {"pid": me, "alive": True} and info["creator"] == {"pid": me, "alive": True}
@@ -497,7 +519,9 @@ def test_watch_ends_when_the_dict_is_removed(name, removed):
 def test_watch_missing_dict():
     missing = unique_name()
     out = cli("watch", missing, "--timeout", "0.1")
-    assert out.returncode == 1 and out.stderr == f"ultradict-ng watch: no shared dict named {missing!r} exists\n"
+    assert (
+        out.returncode == 1 and out.stderr == f"ultradict-ng watch: no shared dict named {missing!r} exists\n"
+    )
 
 
 # -- rm ------------------------------------------------------------------------------------
@@ -553,8 +577,9 @@ def test_rm_removes_a_dict_of_another_layout_version(name, removed):
     assert clean_entry(cli_json("clean", name), name)["action"] == "kept"
     assert len(segments(name)) == 3
     results = cli_json("rm", name)
-    assert results == [{"name": name, "layout_version": 4, "removed": 3, "bytes": results[0]["bytes"],
-                        "live_users": []}]
+    assert results == [
+        {"name": name, "layout_version": 4, "removed": 3, "bytes": results[0]["bytes"], "live_users": []}
+    ]
     assert segments(name) == []
 
 
@@ -640,8 +665,13 @@ def test_clean_races_a_process_that_opens_and_closes(name, removed, tmp_path):
     the child never loses the dict while it holds a handle (layout: "Users")."""
     removed.append(name)
     stop = tmp_path / "stop"
-    child = subprocess.Popen([sys.executable, WORKERS, "churn", name, str(stop)], cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, WORKERS, "churn", name, str(stop)],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert _readline(child).startswith("ready")
         actions = []
@@ -663,7 +693,9 @@ def test_clean_races_a_process_that_opens_and_closes(name, removed, tmp_path):
     # clean kept the dict while the child used it; between handles it may have removed
     # it (then the child made it again: "created" > 1) -- usually, not always
     assert "kept" in actions, actions
-    assert actions.count("removed") == summary["created"] - 1 or actions.count("removed") == summary["created"]
+    assert (
+        actions.count("removed") == summary["created"] - 1 or actions.count("removed") == summary["created"]
+    )
 
 
 # -- doctor --------------------------------------------------------------------------------
@@ -675,7 +707,9 @@ def test_doctor():
     assert "/dev/shm size" in out.stdout and "/dev/shm free" in out.stdout
     assert "compiled helper" in out.stdout
     checks = {c["check"]: c for c in cli_json("doctor")}
-    assert {"/dev/shm size", "/dev/shm free", "compiled helper", "waiting", "python", "os", "layout"} <= set(checks)
+    assert {"/dev/shm size", "/dev/shm free", "compiled helper", "waiting", "python", "os", "layout"} <= set(
+        checks
+    )
     assert all(c["level"] in ("ok", "warn") for c in checks.values())
     from ultradict_ng import speedups
 
@@ -722,23 +756,37 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
-                    reason="needs root and unshare to mount a private, tiny /dev/shm")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
+    reason="needs root and unshare to mount a private, tiny /dev/shm",
+)
 def test_full_dev_shm(tmp_path):
     """A private 2 MiB /dev/shm: doctor warns (container-sized), then fails when it is
     full; creating a dict raises OutOfSpace and leaves nothing; ls and clean still work."""
     script = tmp_path / "full.py"
     script.write_text(FULL_SHM_SCRIPT)
     proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c",
-         f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} {script}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} {script}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
 
     assert out["empty"]["rc"] == 0, out["empty"]
     empty = {c["check"]: c for c in json.loads(out["empty"]["out"])}
-    assert empty["/dev/shm size"]["level"] == "warn" and "container-sized" in empty["/dev/shm size"]["message"]
+    assert (
+        empty["/dev/shm size"]["level"] == "warn" and "container-sized" in empty["/dev/shm size"]["message"]
+    )
     assert empty["/dev/shm size"]["message"].startswith("2.0 MiB")
     assert "WARN  /dev/shm size" in out["empty_text"]["out"]
 
@@ -786,15 +834,16 @@ def test_ls_and_clean_parcels_of_a_killed_pool(tmp_path):
     from ultradict_ng._owner import owner_word
 
     pytest.importorskip("numpy")  # (the install without a compiler has no numpy)
-    proc = subprocess.Popen([sys.executable, "-c", _POOL_SCRIPT], stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", _POOL_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     live = os.path.join(SHM, f"{PL.POOL_PREFIX}{os.getpid():x}cli.1-0")
     try:
         assert _readline(proc, timeout=60).strip() == "ready"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         with open(live, "xb") as f:  # a parcel of a live pool: this process
-            f.write(struct.pack(PL.PARCEL_FORMAT, PL.PARCEL_MAGIC, owner_word(), owner_word(), 0).ljust(64, b"\0"))
+            f.write(
+                struct.pack(PL.PARCEL_FORMAT, PL.PARCEL_MAGIC, owner_word(), owner_word(), 0).ljust(64, b"\0")
+            )
         dead = [p for p in cli_json("ls")["parcels"] if p["owner_pid"] == proc.pid]
         assert dead and all(p["status"] == "abandoned" for p in dead), dead
         mine = [p for p in cli_json("ls")["parcels"] if p["name"] == os.path.basename(live)]
@@ -805,7 +854,9 @@ def test_ls_and_clean_parcels_of_a_killed_pool(tmp_path):
         assert dry["action"] == "would remove" and dry["segments"] == len(dead)
         assert all(os.path.exists(os.path.join(SHM, p["name"])) for p in dead)
         out = cli("clean", token + "*", os.path.basename(live))
-        assert out.returncode == 0 and f"pool of pid {proc.pid} ({len(dead)} parcels)" in out.stdout, out.stdout
+        assert out.returncode == 0 and f"pool of pid {proc.pid} ({len(dead)} parcels)" in out.stdout, (
+            out.stdout
+        )
         assert not any(os.path.exists(os.path.join(SHM, p["name"])) for p in dead)
         assert os.path.exists(live)  # the live pool's parcel is never touched
     finally:

@@ -38,7 +38,9 @@ WORKERS = os.path.join(ROOT, "tests", "cli_workers.py")
 CLI = [sys.executable, "-m", "ultradict_ng"]
 
 
-def cli(*args: str, input: Any = None, cwd: Any = ROOT, text: bool = True) -> "subprocess.CompletedProcess[Any]":
+def cli(
+    *args: str, input: Any = None, cwd: Any = ROOT, text: bool = True
+) -> "subprocess.CompletedProcess[Any]":
     return subprocess.run([*CLI, *args], capture_output=True, text=text, timeout=120, cwd=cwd, input=input)
 
 
@@ -69,7 +71,7 @@ def run(capsys: Any, *args: str) -> "tuple[int, str, str]":
 
 def header(path: Any) -> Any:
     with open(path, "rb") as f:
-        return MSGPACK.loads(f.read(200)[:_header_length(path)])
+        return MSGPACK.loads(f.read(200)[: _header_length(path)])
 
 
 def _header_length(path: Any) -> int:
@@ -86,7 +88,9 @@ def _header_length(path: Any) -> int:
 
 def test_help_lists_dump_and_load():
     out = cli("--help")
-    assert "ultradict-ng dump jobs jobs.dump" in out.stdout and "ultradict-ng load jobs jobs.dump" in out.stdout
+    assert (
+        "ultradict-ng dump jobs jobs.dump" in out.stdout and "ultradict-ng load jobs jobs.dump" in out.stdout
+    )
     for command in ("dump", "load"):
         sub = cli(command, "--help")
         assert sub.returncode == 0 and f"usage: ultradict-ng {command}" in sub.stdout
@@ -114,8 +118,11 @@ def _has_nan(value: Any) -> bool:
 keys = hashables.filter(lambda k: not _has_nan(k))  # NaN keys are never found again, in any dict
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(model=st.dictionaries(keys, values, max_size=6), recurse=st.booleans())
 def test_msgpack_round_trip_of_every_codec_type(tmp_path, capsys, model, recurse):
     path = str(tmp_path / "d.dump")
@@ -127,7 +134,10 @@ def test_msgpack_round_trip_of_every_codec_type(tmp_path, capsys, model, recurse
         assert header(path)["entries"] == len(model) and header(path)["recurse"] is recurse
         status, out, err = run(capsys, "load", dst, path)
         assert status == 0, err
-        assert out == f"loaded {len(model):,} entries into {dst!r} in {out.split(' in ')[-1].split()[0]} s (created it)\n"
+        assert (
+            out
+            == f"loaded {len(model):,} entries into {dst!r} in {out.split(' in ')[-1].split()[0]} s (created it)\n"
+        )
         back = SharedDict(name=dst, create=False)
         try:
             assert back.recurse is recurse  # from the dump's header
@@ -142,17 +152,35 @@ def test_msgpack_round_trip_of_every_codec_type(tmp_path, capsys, model, recurse
 
 def _everything() -> dict:
     value = {
-        "int": 1, "big": 2**200, "neg-big": -(2**70), "float": -0.0, "nan": float("nan"),
-        "str": "ünïcödé", "bytes": b"\x00\xff" * 10, "blob": bytes(range(256)) * 1000,  # a blob segment
-        "bytearray": bytearray(b"ba"), "complex": 1 + 2j, "decimal": Decimal("1.10"),
-        "set": {1, "a", (2, 3)}, "frozenset": frozenset({b"x"}), "tuple": (1, [2, {"k": (3,)}]),
+        "int": 1,
+        "big": 2**200,
+        "neg-big": -(2**70),
+        "float": -0.0,
+        "nan": float("nan"),
+        "str": "ünïcödé",
+        "bytes": b"\x00\xff" * 10,
+        "blob": bytes(range(256)) * 1000,  # a blob segment
+        "bytearray": bytearray(b"ba"),
+        "complex": 1 + 2j,
+        "decimal": Decimal("1.10"),
+        "set": {1, "a", (2, 3)},
+        "frozenset": frozenset({b"x"}),
+        "tuple": (1, [2, {"k": (3,)}]),
         "aware": datetime(2024, 3, 31, 1, 59, tzinfo=timezone(timedelta(hours=2), "CEST"), fold=1),
-        "utc": datetime(2020, 1, 1, tzinfo=timezone.utc), "naive": datetime(1999, 12, 31, 23, 59),
-        "date": date(2000, 2, 29), "time": time(12, 0, tzinfo=timezone(-timedelta(hours=5))),
-        "timedelta": timedelta(days=-1, microseconds=5), "tz": timezone(timedelta(minutes=90), "odd"),
+        "utc": datetime(2020, 1, 1, tzinfo=timezone.utc),
+        "naive": datetime(1999, 12, 31, 23, 59),
+        "date": date(2000, 2, 29),
+        "time": time(12, 0, tzinfo=timezone(-timedelta(hours=5))),
+        "timedelta": timedelta(days=-1, microseconds=5),
+        "tz": timezone(timedelta(minutes=90), "odd"),
         "nested": {"a": {"b": {"c": [1, 2, {3: "three"}]}}, 7: {}},
-        (1, "tuple", (2,)): "a tuple key", 42: "an int key", None: "a None key", 2.5: "a float key",
-        frozenset({1, 2}): "a frozenset key", b"bk": "a bytes key", Decimal("3"): "a Decimal key",
+        (1, "tuple", (2,)): "a tuple key",
+        42: "an int key",
+        None: "a None key",
+        2.5: "a float key",
+        frozenset({1, 2}): "a frozenset key",
+        b"bk": "a bytes key",
+        Decimal("3"): "a Decimal key",
         datetime(2001, 1, 1, tzinfo=timezone.utc): "a datetime key",
     }
     try:
@@ -170,7 +198,9 @@ def _same(a: Any, b: Any) -> bool:
     """exact_equal, arrays compared by dtype, shape and bytes."""
     np = sys.modules.get("numpy")
     if np is not None and type(a) is np.ndarray:
-        return type(b) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        return (
+            type(b) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        )
     if type(a) in (list, tuple) and type(b) is type(a) and len(a) == len(b):
         return all(_same(x, y) for x, y in zip(a, b))
     if type(a) is dict and type(b) is dict and len(a) == len(b):
@@ -209,8 +239,15 @@ def test_msgpack_round_trip_explicit(dicts, name, made, tmp_path, capsys, recurs
 
 
 def test_jsonl_round_trip(dicts, name, made, tmp_path, capsys):
-    value = {"s": "x\ny\u2028", 1: [1, 2.5, None, True, {"k": ["v", {}]}], 2.5: -0.0, False: "bool key",
-             None: {"a": {"b": 10**30}}, "empty": [], "e": ""}
+    value = {
+        "s": "x\ny\u2028",
+        1: [1, 2.5, None, True, {"k": ["v", {}]}],
+        2.5: -0.0,
+        False: "bool key",
+        None: {"a": {"b": 10**30}},
+        "empty": [],
+        "e": "",
+    }
     dicts(name=name).update(value)
     path = tmp_path / "d.jsonl"
     assert run(capsys, "dump", name, str(path))[0] == 0
@@ -228,15 +265,18 @@ def test_jsonl_round_trip(dicts, name, made, tmp_path, capsys):
         back.close()
 
 
-@pytest.mark.parametrize("bad, says", [
-    ((1, 2), "key 'bad': the value is a tuple, which JSON would turn into a list"),
-    ({"x": [1, (2,)]}, "key 'bad': the value at ['x'][1] is a tuple"),
-    (b"raw", "key 'bad': the value is a bytes"),
-    ({1, 2}, "the value is a set"),
-    ({"n": {3: "x"}}, "the value at ['n'] is a dict with the int key 3"),
-    (float("inf"), "the float inf has no JSON form"),
-    (Decimal("1"), "the value is a Decimal"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ((1, 2), "key 'bad': the value is a tuple, which JSON would turn into a list"),
+        ({"x": [1, (2,)]}, "key 'bad': the value at ['x'][1] is a tuple"),
+        (b"raw", "key 'bad': the value is a bytes"),
+        ({1, 2}, "the value is a set"),
+        ({"n": {3: "x"}}, "the value at ['n'] is a dict with the int key 3"),
+        (float("inf"), "the float inf has no JSON form"),
+        (Decimal("1"), "the value is a Decimal"),
+    ],
+)
 def test_jsonl_refuses_what_json_cannot_hold(dicts, name, tmp_path, capsys, bad, says):
     d = dicts(name=name)
     d.update({"fine": 1, "bad": bad, "after": 2})
@@ -254,7 +294,10 @@ def test_jsonl_refuses_a_tuple_key_and_stdout_gets_nothing(dicts, name):
     dicts(name=name).update({"a": 1, (1, 2): "t"})
     out = cli("dump", name, "-", "--format", "jsonl")
     assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr == "ultradict-ng dump: key (1, 2): a tuple key has no exact JSON form; use --format msgpack\n"
+    assert (
+        out.stderr
+        == "ultradict-ng dump: key (1, 2): a tuple key has no exact JSON form; use --format msgpack\n"
+    )
 
 
 # -- load: all or nothing ---------------------------------------------------------------
@@ -277,7 +320,7 @@ def test_load_of_a_truncated_msgpack_file_changes_nothing(dicts, name, tmp_path,
     path = _dump_file(tmp_path, capsys, {f"k{i}": "v" * 100 for i in range(20_000)})
     data = path.read_bytes()
     entry = len(b"\x92" + MSGPACK.dumps("k19999") + MSGPACK.dumps("v" * 100))
-    path.write_bytes(data[:-entry - 30] if cut == "inside an entry" else data[:-entry])
+    path.write_bytes(data[: -entry - 30] if cut == "inside an entry" else data[:-entry])
     target = dicts(name=name)
     target.update({"old": 1, "k5": "old"})
     watcher = SharedDict(name=name, create=False)  # another handle
@@ -309,9 +352,13 @@ def test_load_of_a_jsonl_file_with_a_bad_line_changes_nothing(dicts, name, tmp_p
         assert status == 1 and err.startswith("ultradict-ng load: line 11001, column 8: Expecting ','"), err
         assert err.endswith("; nothing was changed\n")
         assert watcher.copy() == {"old": 1}
-        for bad, says in [('{"a": 1}', "not a [key, value] array"), ('[[1], 2]', "the key is a JSON array"),
-                          ('["a", NaN]', "NaN is not JSON"), ('["a", 1e999]', "does not fit a float"),
-                          ('[1, 2, 3]', "not a [key, value] array")]:
+        for bad, says in [
+            ('{"a": 1}', "not a [key, value] array"),
+            ("[[1], 2]", "the key is a JSON array"),
+            ('["a", NaN]', "NaN is not JSON"),
+            ('["a", 1e999]', "does not fit a float"),
+            ("[1, 2, 3]", "not a [key, value] array"),
+        ]:
             path.write_text(f'["a", 1]\n\n{bad}\n')
             status, _, err = run(capsys, "load", name, str(path), "--replace")
             assert status == 1 and err.startswith("ultradict-ng load: line 3: ") and says in err, err
@@ -342,23 +389,44 @@ def test_a_failed_load_leaves_no_new_dict(name, tmp_path, capsys):
     assert not os.path.exists(f"/dev/shm/{name}")
 
 
-@pytest.mark.parametrize("content, says", [
-    (b"", "is empty: not an ultradict-ng dump"),
-    (b'["a", 1]\n', "does not start with the 'ultradict-ng dump' header; a JSON lines file? use --format jsonl"),
-    (MSGPACK.dumps({"format": "other", "version": 1}), "does not start with the 'ultradict-ng dump' header"),
-    (MSGPACK.dumps({"format": MARKER, "version": 2, "entries": 0, "recurse": False}), "format version 2"),
-    (MSGPACK.dumps({"format": MARKER, "version": 1, "entries": "3", "recurse": False}), "damaged header"),
-    (MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False}) + b"\x91\x01",
-     "entry 1: not a [key, value] pair"),
-    (MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False}) + b"\x92\x91\x01\x01",
-     "entry 1: its key, a list, is not hashable"),
-    (MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False}) + b"\x92\x01\xc1",
-     "entry 1: cannot decode"),
-    (MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False}) + b"\x92\x01\xd6\xff\0\0\0\0",
-     "entry 1: a msgpack Timestamp"),
-    (MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 0, "recurse": False}) + b"\x92\x01\x01",
-     "entry 1: more entries than the header's 0"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"", "is empty: not an ultradict-ng dump"),
+        (
+            b'["a", 1]\n',
+            "does not start with the 'ultradict-ng dump' header; a JSON lines file? use --format jsonl",
+        ),
+        (
+            MSGPACK.dumps({"format": "other", "version": 1}),
+            "does not start with the 'ultradict-ng dump' header",
+        ),
+        (MSGPACK.dumps({"format": MARKER, "version": 2, "entries": 0, "recurse": False}), "format version 2"),
+        (MSGPACK.dumps({"format": MARKER, "version": 1, "entries": "3", "recurse": False}), "damaged header"),
+        (
+            MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False}) + b"\x91\x01",
+            "entry 1: not a [key, value] pair",
+        ),
+        (
+            MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False})
+            + b"\x92\x91\x01\x01",
+            "entry 1: its key, a list, is not hashable",
+        ),
+        (
+            MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False}) + b"\x92\x01\xc1",
+            "entry 1: cannot decode",
+        ),
+        (
+            MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False})
+            + b"\x92\x01\xd6\xff\0\0\0\0",
+            "entry 1: a msgpack Timestamp",
+        ),
+        (
+            MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 0, "recurse": False}) + b"\x92\x01\x01",
+            "entry 1: more entries than the header's 0",
+        ),
+    ],
+)
 def test_load_refuses_files_that_are_not_dumps(dicts, name, tmp_path, capsys, content, says):
     path = tmp_path / "in.dump"
     path.write_bytes(content)
@@ -375,8 +443,12 @@ def test_load_refuses_a_blob_reference(dicts, name, tmp_path, capsys):
     from ultradict_ng._codec.placeholders import BlobRef
 
     path = tmp_path / "in.dump"
-    path.write_bytes(MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False})
-                     + b"\x92" + MSGPACK.dumps("k") + MSGPACK.dumps([BlobRef(1, 1, 10, None)]))
+    path.write_bytes(
+        MSGPACK.dumps({"format": MARKER, "version": 1, "entries": 1, "recurse": False})
+        + b"\x92"
+        + MSGPACK.dumps("k")
+        + MSGPACK.dumps([BlobRef(1, 1, 10, None)])
+    )
     dicts(name=name)
     status, _, err = run(capsys, "load", name, str(path))
     assert status == 1 and "entry 1: a reference to a dict's blob" in err
@@ -404,7 +476,9 @@ def test_load_creates_a_dict_that_outlives_the_command(name, made, tmp_path):
     path.write_text('["a", 1]\n[2, {"x": [1]}]\n')
     out = cli("load", name, str(path), "--recurse")
     assert out.returncode == 0 and out.stderr == "", out.stderr
-    assert out.stdout.startswith(f"loaded 2 entries into {name!r} in ") and out.stdout.endswith("s (created it)\n")
+    assert out.stdout.startswith(f"loaded 2 entries into {name!r} in ") and out.stdout.endswith(
+        "s (created it)\n"
+    )
     d = SharedDict(name=name, create=False)  # the command's process has ended
     try:
         assert d.copy() == {"a": 1, 2: {"x": [1]}} and d.recurse is True
@@ -420,8 +494,10 @@ def test_stdin_and_stdout(dicts, name, made):
     made.append(other)
     dumped = cli("dump", name, "-", text=False)
     assert dumped.returncode == 0, dumped.stderr
-    assert dumped.stderr.decode().startswith(f"dumped 3 entries of {name!r} to stdout (")  # the summary: stderr
-    assert MSGPACK.loads(dumped.stdout[:_length(dumped.stdout)])["entries"] == 3
+    assert dumped.stderr.decode().startswith(
+        f"dumped 3 entries of {name!r} to stdout ("
+    )  # the summary: stderr
+    assert MSGPACK.loads(dumped.stdout[: _length(dumped.stdout)])["entries"] == 3
     loaded = cli("load", other, "-", input=dumped.stdout, text=False)
     assert loaded.returncode == 0 and loaded.stdout.decode().startswith(f"loaded 3 entries into {other!r}")
     with attached(other) as back:
@@ -451,14 +527,19 @@ def test_missing_dict_and_missing_file(name, tmp_path):
     assert out.returncode == 1 and out.stderr == f"ultradict-ng dump: no shared dict named {name!r} exists\n"
     assert os.listdir(tmp_path) == []
     out = cli("load", name, str(tmp_path / "missing.dump"))
-    assert out.returncode == 1 and "No such file or directory" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert (
+        out.returncode == 1
+        and "No such file or directory" in out.stderr
+        and len(out.stderr.splitlines()) == 1
+    )
     assert not os.path.exists(f"/dev/shm/{name}")
     d = SharedDict(name=name)
     try:
         missing_dir = tmp_path / "no" / "x.dump"
         out = cli("dump", name, str(missing_dir))
         assert out.returncode == 1 and out.stderr == (
-            f"ultradict-ng dump: [Errno 2] No such file or directory: '{missing_dir}'\n")
+            f"ultradict-ng dump: [Errno 2] No such file or directory: '{missing_dir}'\n"
+        )
         out = cli("dump", name, str(tmp_path))
         assert out.returncode == 1 and out.stderr.endswith(f"Is a directory: '{tmp_path}'\n")
     finally:
@@ -474,13 +555,15 @@ def test_pickle_dicts_are_refused_and_never_unpickled(name, made, tmp_path):
     writer_dir, cli_dir = tmp_path / "writer", tmp_path / "cli"
     writer_dir.mkdir()
     cli_dir.mkdir()
-    subprocess.run([sys.executable, WORKERS, "evil", name, "UNPICKLED", "evil"], cwd=writer_dir, check=True,
-                   timeout=30)
+    subprocess.run(
+        [sys.executable, WORKERS, "evil", name, "UNPICKLED", "evil"], cwd=writer_dir, check=True, timeout=30
+    )
     assert (writer_dir / "UNPICKLED").exists(), "the trap does not fire when really unpickled"
     out = cli("dump", name, "out.dump", cwd=cli_dir)
     assert out.returncode == 1 and out.stderr == (
         f"ultradict-ng dump: shared dict {name!r} uses the pickle serializer: attaching would unpickle "
-        "its contents, i.e. run code stored in shared memory, which the command line never does\n")
+        "its contents, i.e. run code stored in shared memory, which the command line never does\n"
+    )
     (cli_dir / "in.jsonl").write_text('["a", 1]\n')
     out = cli("load", name, "in.jsonl", cwd=cli_dir)
     assert out.returncode == 1 and "uses the pickle serializer" in out.stderr
@@ -589,15 +672,20 @@ def test_ctrl_c_during_a_load_changes_nothing(dicts, name, tmp_path, capsys):
     data = path.read_bytes()
     d = dicts(name=name)
     d["old"] = 1
-    proc = subprocess.Popen([*CLI, "load", name, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(
+        [*CLI, "load", name, "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
     try:
         assert proc.stdin is not None
         proc.stdin.write(data[: len(data) // 2])
         proc.stdin.flush()
         deadline = clock.monotonic() + 30
         while not (d.lock.owner_pid == proc.pid and _reading_stdin(proc.pid)):  # in the transaction,
-            assert clock.monotonic() < deadline and proc.poll() is None        # waiting for more input
+            assert clock.monotonic() < deadline and proc.poll() is None  # waiting for more input
             clock.sleep(0.01)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)

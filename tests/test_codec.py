@@ -144,9 +144,14 @@ def roundtrip(value: Any) -> Any:
 # --------------------------------------------------------------------------
 
 SPECIAL_INTS = [0, 1, -1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**100, -(10**100)]
-SPECIAL_DECIMALS = [Decimal(s) for s in ("NaN", "-NaN", "NaN123", "Infinity", "-Infinity", "-0", "0E-30", "1E+999999", "-1.2345E-999999")]
+SPECIAL_DECIMALS = [
+    Decimal(s)
+    for s in ("NaN", "-NaN", "NaN123", "Infinity", "-Infinity", "-0", "0E-30", "1E+999999", "-1.2345E-999999")
+]
 
-ints = st.one_of(st.integers(), st.integers(min_value=-(2**200), max_value=2**200), st.sampled_from(SPECIAL_INTS))
+ints = st.one_of(
+    st.integers(), st.integers(min_value=-(2**200), max_value=2**200), st.sampled_from(SPECIAL_INTS)
+)
 floats = st.floats(allow_nan=True, allow_infinity=True)
 offsets = st.timedeltas(
     min_value=-timedelta(hours=23, minutes=59, seconds=59, microseconds=999999),
@@ -160,7 +165,9 @@ tzs = st.one_of(
 datetimes = st.builds(
     lambda dt, tz, fold: dt.replace(tzinfo=tz, fold=fold), st.datetimes(), st.none() | tzs, st.integers(0, 1)
 )
-times = st.builds(lambda t, tz, fold: t.replace(tzinfo=tz, fold=fold), st.times(), st.none() | tzs, st.integers(0, 1))
+times = st.builds(
+    lambda t, tz, fold: t.replace(tzinfo=tz, fold=fold), st.times(), st.none() | tzs, st.integers(0, 1)
+)
 decimals = st.one_of(st.decimals(allow_nan=True, allow_infinity=True), st.sampled_from(SPECIAL_DECIMALS))
 
 hashable_scalars = st.one_of(
@@ -418,7 +425,9 @@ def test_set_encoding_does_not_depend_on_the_hash_seed() -> None:
     outputs = set()
     for seed in ("1", "2", "3"):
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=root)
-        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
         outputs.add(done.stdout)
     assert len(outputs) == 1
@@ -564,7 +573,16 @@ def _ext_bytes(code: int, payload: bytes) -> bytes:
 
 
 @settings(max_examples=200, deadline=None)
-@given(ext_codes, st.one_of(st.binary(max_size=40), values.map(MSGPACK.dumps), st.builds(msgpack.packb, st.lists(st.integers(-(2**63), 2**64 - 1) | st.text(max_size=3), max_size=12))))
+@given(
+    ext_codes,
+    st.one_of(
+        st.binary(max_size=40),
+        values.map(MSGPACK.dumps),
+        st.builds(
+            msgpack.packb, st.lists(st.integers(-(2**63), 2**64 - 1) | st.text(max_size=3), max_size=12)
+        ),
+    ),
+)
 def test_ext_with_arbitrary_payload(code: int, payload: bytes) -> None:
     data = _ext_bytes(code, payload)
     _loads_or_corrupt(data)
@@ -799,7 +817,22 @@ def test_copy_value_shares_no_mutable_object(value: Any) -> None:
 
 
 def test_copy_value_returns_immutables_as_is() -> None:
-    immutables: List[Any] = [None, True, 7, 2**100, 1.5, "s", b"b", 1j, Decimal("1.5"), date.min, datetime.max, time(), timedelta(1), IST]
+    immutables: List[Any] = [
+        None,
+        True,
+        7,
+        2**100,
+        1.5,
+        "s",
+        b"b",
+        1j,
+        Decimal("1.5"),
+        date.min,
+        datetime.max,
+        time(),
+        timedelta(1),
+        IST,
+    ]
     immutables += [frozenset({(1, 2)}), (1, ("a", (b"b",))), ()]
     for value in immutables:
         assert copy_value(value) is value
@@ -807,7 +840,13 @@ def test_copy_value_returns_immutables_as_is() -> None:
 
 def test_copy_value_copies_mutables() -> None:
     inner = [1, 2]
-    value: Dict[str, Any] = {"a": inner, "b": (inner, 3), "c": {1, 2}, "d": bytearray(b"x"), "e": ((1,), [{"f": [inner]}])}
+    value: Dict[str, Any] = {
+        "a": inner,
+        "b": (inner, 3),
+        "c": {1, 2},
+        "d": bytearray(b"x"),
+        "e": ((1,), [{"f": [inner]}]),
+    }
     copied = check_copy(value)
     copied["a"].append(3)
     copied["b"][0].append(4)
@@ -872,9 +911,14 @@ def test_codec_ids_and_names() -> None:
 
 
 def test_dumps_from_threads() -> None:
-    samples = list(EDGE_CASES) + [
-        (True, "key", i) for i in range(20)
-    ] + [{"i": i, "t": (i, datetime(2000, 1, 1, tzinfo=IST), [bytearray(b"x")] * (i % 3))} for i in range(20)]
+    samples = (
+        list(EDGE_CASES)
+        + [(True, "key", i) for i in range(20)]
+        + [
+            {"i": i, "t": (i, datetime(2000, 1, 1, tzinfo=IST), [bytearray(b"x")] * (i % 3))}
+            for i in range(20)
+        ]
+    )
     expected = [MSGPACK.dumps(v) for v in samples]
     barrier = threading.Barrier(4)
     errors: List[BaseException] = []
@@ -904,10 +948,19 @@ def test_dumps_from_threads() -> None:
 
 # -- a dict of scalar rows (a dump, a bulk load's update record) in one compiled call ------------
 
-_row_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1),
-                         st.floats(allow_nan=True), st.text(max_size=40), st.binary(max_size=40))
-_row_values = st.one_of(_row_scalars, st.lists(_row_scalars, max_size=15).map(tuple),
-                        st.sampled_from([2**64, {"x": 1}, [1, (2,)], (1, (2,)), tuple(range(16)), 1j]))
+_row_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=40),
+    st.binary(max_size=40),
+)
+_row_values = st.one_of(
+    _row_scalars,
+    st.lists(_row_scalars, max_size=15).map(tuple),
+    st.sampled_from([2**64, {"x": 1}, [1, (2,)], (1, (2,)), tuple(range(16)), 1j]),
+)
 
 
 def _general(obj: Any) -> bytes:
@@ -925,8 +978,9 @@ def test_dumps_of_a_dict_of_rows_is_the_general_encoding(rows: Dict[Any, Any]) -
     assert repr(MSGPACK.loads(MSGPACK.dumps(rows))) == repr(rows)
 
 
-@given(st.lists(st.tuples(_row_scalars, _row_values).map(list), max_size=30),
-       st.lists(_row_scalars, max_size=2))
+@given(
+    st.lists(st.tuples(_row_scalars, _row_values).map(list), max_size=30), st.lists(_row_scalars, max_size=2)
+)
 def test_encode_record_of_an_update_is_the_general_path(pairs: List[Any], path: List[Any]) -> None:
     """encode_record's update shortcut gives the general path's bytes, and a
     decoded record equal to the readers' one, of the same types all the way."""
@@ -937,8 +991,11 @@ def test_encode_record_of_an_update_is_the_general_path(pairs: List[Any], path: 
     assert payload == _general(record)
     assert repr(decoded) == repr(MSGPACK.loads(payload))
     # Taken exactly when every pair fits (the record itself is what readers decode).
-    fits = all(_row_scalar(k) and (_row_scalar(v) or (
-        type(v) is tuple and len(v) <= 15 and all(map(_row_scalar, v)))) for k, v in pairs)
+    fits = all(
+        _row_scalar(k)
+        and (_row_scalar(v) or (type(v) is tuple and len(v) <= 15 and all(map(_row_scalar, v))))
+        for k, v in pairs
+    )
     assert (decoded is record) == fits
 
 

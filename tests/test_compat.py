@@ -114,8 +114,7 @@ def test_lock_recovered_from_dead_holder_while_counting(name, mode):
     # examples/recover_from_stale_lock*.py: one worker is SIGKILLed holding the lock.
     ultra = UltraDict(buffer_size=10_000, shared_lock=True, name=name)
     ultra["counter"] = 0
-    procs = [spawn.Process(target=workers.count_with_crash, args=(ultra, 30, 10, mode))
-             for _ in range(3)]
+    procs = [spawn.Process(target=workers.count_with_crash, args=(ultra, 30, 10, mode)) for _ in range(3)]
     for p in procs:
         p.start()
     for p in procs:
@@ -392,9 +391,15 @@ def test_exceptions_raised_where_ultradict_raises_them(name):
     ultra["k"] = 1
     view_owner = UltraDict(name=name)
     view_owner.close()
-    for action in (lambda: view_owner["k"], lambda: view_owner.__setitem__("k", 2),
-                   lambda: len(view_owner), lambda: list(view_owner.items()),
-                   lambda: view_owner.lock, view_owner.apply_update, view_owner.status):
+    for action in (
+        lambda: view_owner["k"],
+        lambda: view_owner.__setitem__("k", 2),
+        lambda: len(view_owner),
+        lambda: list(view_owner.items()),
+        lambda: view_owner.lock,
+        view_owner.apply_update,
+        view_owner.status,
+    ):
         with pytest.raises(E.AlreadyClosed):
             action()
         with pytest.raises(ultradict_ng.Closed):
@@ -465,11 +470,29 @@ def test_pickled_handles_reattach_in_spawned_process(name):
 # -- status, data, dump/load ------------------------------------------------------------------
 
 ULTRADICT_STATUS_KEYS = {
-    "name", "control", "buffer", "buffer_size", "lock", "shared_lock", "update_stream_position",
-    "update_stream_position_remote", "full_dump_counter", "full_dump_memory", "full_dump_size",
-    "serializer", "lock_pid_remote", "lock_remote", "full_dump_counter_remote",
-    "full_dump_static_size_remote", "shared_lock_remote", "recurse", "recurse_remote",
-    "recurse_register", "full_dump_memory_name_remote", "closed", "auto_unlink",
+    "name",
+    "control",
+    "buffer",
+    "buffer_size",
+    "lock",
+    "shared_lock",
+    "update_stream_position",
+    "update_stream_position_remote",
+    "full_dump_counter",
+    "full_dump_memory",
+    "full_dump_size",
+    "serializer",
+    "lock_pid_remote",
+    "lock_remote",
+    "full_dump_counter_remote",
+    "full_dump_static_size_remote",
+    "shared_lock_remote",
+    "recurse",
+    "recurse_remote",
+    "recurse_register",
+    "full_dump_memory_name_remote",
+    "closed",
+    "auto_unlink",
 }
 
 
@@ -644,23 +667,31 @@ def test_not_a_dict_subclass_and_what_to_write_instead(name):
 # ``UltraDict(name="OLDPICKLENAME15", serializer=json, recurse=True)``; tests swap in a name
 # of the same length.
 
-OLD_HANDLE = (b"\x80\x02cultradict_ng.compat\n_reattach\nq\x00(cultradict_ng.compat\nUltraDict\nq\x01"
-              b"X\x0f\x00\x00\x00OLDPICKLENAME15q\x02X\x01\x00\x00\x00aq\x03\x85q\x04X\x06\x00\x00\x00"
-              b"moduleq\x05X\x04\x00\x00\x00jsonq\x06\x86q\x07tq\x08Rq\t.")
+OLD_HANDLE = (
+    b"\x80\x02cultradict_ng.compat\n_reattach\nq\x00(cultradict_ng.compat\nUltraDict\nq\x01"
+    b"X\x0f\x00\x00\x00OLDPICKLENAME15q\x02X\x01\x00\x00\x00aq\x03\x85q\x04X\x06\x00\x00\x00"
+    b"moduleq\x05X\x04\x00\x00\x00jsonq\x06\x86q\x07tq\x08Rq\t."
+)
 #: ``CannotAcquireLockTimeout("held", blocking_pid=1234, timestamp=5.0, time_passed=1.5, name="x")``
 #: and ``AlreadyClosed("closed")``, pickled while they lived in ``ultradict_ng.compat_errors``.
-OLD_LOCK_TIMEOUT = (b"\x80\x02cultradict_ng.compat_errors\n_rebuild_error\nq\x00cultradict_ng.compat_errors"
-                    b"\nCannotAcquireLockTimeout\nq\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00"
-                    b"nameq\x04X\x01\x00\x00\x00xq\x05X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00"
-                    b"blocking_pidq\x07M\xd2\x04X\t\x00\x00\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00"
-                    b"X\x0b\x00\x00\x00time_passedq\tG?\xf8\x00\x00\x00\x00\x00\x00u\x87q\nRq\x0b.")
-OLD_CLOSED = b"\x80\x02cultradict_ng.compat_errors\nAlreadyClosed\nq\x00X\x06\x00\x00\x00closedq\x01\x85q\x02Rq\x03."
+OLD_LOCK_TIMEOUT = (
+    b"\x80\x02cultradict_ng.compat_errors\n_rebuild_error\nq\x00cultradict_ng.compat_errors"
+    b"\nCannotAcquireLockTimeout\nq\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00"
+    b"nameq\x04X\x01\x00\x00\x00xq\x05X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00"
+    b"blocking_pidq\x07M\xd2\x04X\t\x00\x00\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00"
+    b"X\x0b\x00\x00\x00time_passedq\tG?\xf8\x00\x00\x00\x00\x00\x00u\x87q\nRq\x0b."
+)
+OLD_CLOSED = (
+    b"\x80\x02cultradict_ng.compat_errors\nAlreadyClosed\nq\x00X\x06\x00\x00\x00closedq\x01\x85q\x02Rq\x03."
+)
 #: ``CannotAcquireLock("held", blocking_pid=1234, timestamp=5.0, name="x")`` from when
 #: compat.py held the exceptions too.
-OLDER_LOCK = (b"\x80\x02cultradict_ng.compat\n_rebuild_error\nq\x00cultradict_ng.compat\nCannotAcquireLock\n"
-              b"q\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00nameq\x04X\x01\x00\x00\x00xq\x05"
-              b"X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00blocking_pidq\x07M\xd2\x04X\t\x00\x00"
-              b"\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00u\x87q\tRq\n.")
+OLDER_LOCK = (
+    b"\x80\x02cultradict_ng.compat\n_rebuild_error\nq\x00cultradict_ng.compat\nCannotAcquireLock\n"
+    b"q\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00nameq\x04X\x01\x00\x00\x00xq\x05"
+    b"X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00blocking_pidq\x07M\xd2\x04X\t\x00\x00"
+    b"\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00u\x87q\tRq\n."
+)
 
 
 def test_handles_pickled_by_the_previous_version_load(name):
@@ -680,7 +711,13 @@ def test_exceptions_pickled_by_the_previous_versions_load():
     exc = pickle.loads(OLD_LOCK_TIMEOUT)
     assert type(exc) is E.CannotAcquireLockTimeout and isinstance(exc, ultradict_ng.LockTimeout)
     assert (str(exc), exc.blocking_pid, exc.pid, exc.timestamp, exc.time_passed, exc.name) == (
-        "held", 1234, 1234, 5.0, 1.5, "x")
+        "held",
+        1234,
+        1234,
+        5.0,
+        1.5,
+        "x",
+    )
     exc = pickle.loads(OLD_CLOSED)
     assert type(exc) is E.AlreadyClosed and exc.args == ("closed",)
     exc = pickle.loads(OLDER_LOCK)
@@ -705,8 +742,10 @@ def test_a_pickled_handle_names_no_codec_module(name, serializer):
     ultra["nested"] = {"x": 1}
     for handle in (ultra, ultra["nested"]):
         data = pickle.dumps(handle, protocol=2)
-        assert _globals_named(data) == {"ultradict_ng.compat.ultradict _reattach",
-                                        "ultradict_ng.compat.ultradict UltraDict"}
+        assert _globals_named(data) == {
+            "ultradict_ng.compat.ultradict _reattach",
+            "ultradict_ng.compat.ultradict UltraDict",
+        }
         again = pickle.loads(data)
         assert again.copy() == handle.copy()
         again.close()
@@ -716,7 +755,7 @@ def test_a_pickled_handle_names_no_codec_module(name, serializer):
 
 # -- a script written for UltraDict, with the import swapped -----------------------------------
 
-README_SCRIPT = '''
+README_SCRIPT = """
 import marshal, multiprocessing, sys
 from UltraDict import UltraDict
 
@@ -797,7 +836,7 @@ if __name__ == '__main__':
     UltraDict.unlink_by_name(sys.argv[1], ignore_errors=True)
     UltraDict.unlink_by_name(f'{sys.argv[1]}_memory', ignore_errors=True)
     print(' '.join(names))
-'''
+"""
 
 README_OUTPUT = """\
 {1: 1, 'some_key': 'some_value'}
@@ -821,8 +860,14 @@ def test_script_written_for_ultradict_runs_with_the_import_swapped(name, tmp_pat
     path = tmp_path / "readme_script.py"
     path.write_text(textwrap.dedent(script))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, str(path), name], cwd=str(tmp_path), env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(path), name],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     *lines, names = out.stdout.splitlines()
     assert "\n".join(lines) + "\n" == README_OUTPUT

@@ -25,8 +25,12 @@ from ultradict_ng.compat.lock import _LockHold
 E = UltraDict.Exceptions
 COMPAT_ERRORS = tuple(v for v in vars(Exceptions).values() if isinstance(v, type))
 
-_C_CALLABLES = (types.WrapperDescriptorType, types.MethodDescriptorType,
-                types.ClassMethodDescriptorType, types.BuiltinFunctionType)
+_C_CALLABLES = (
+    types.WrapperDescriptorType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.BuiltinFunctionType,
+)
 
 
 def owner_of(cls: type, name: str) -> type:
@@ -59,8 +63,11 @@ def method_names(cls: type) -> List[str]:
 
 
 def unmapped(cls: type) -> List[str]:
-    return [name for name in method_names(cls)
-            if not all(is_mapped(f) for f in callables_of(vars(owner_of(cls, name))[name]))]
+    return [
+        name
+        for name in method_names(cls)
+        if not all(is_mapped(f) for f in callables_of(vars(owner_of(cls, name))[name]))
+    ]
 
 
 # -- (a) structure ------------------------------------------------------------------------
@@ -75,9 +82,26 @@ def test_the_walk_sees_inherited_c_and_private_methods() -> None:
     names = set(method_names(UltraDict))
     # a C slot of the compiled base, SharedDict's methods and the abc mixins' ones,
     # the helpers views call later, a classmethod, a staticmethod, properties
-    assert {"__getitem__", "__setitem__", "get", "keys", "items", "values", "__iter__",
-            "_node", "_snapshot_keys", "_snapshot_items", "fromkeys", "unlink_by_name",
-            "lock", "closed", "name", "status", "__init__", "__eq__"} <= names
+    assert {
+        "__getitem__",
+        "__setitem__",
+        "get",
+        "keys",
+        "items",
+        "values",
+        "__iter__",
+        "_node",
+        "_snapshot_keys",
+        "_snapshot_items",
+        "fromkeys",
+        "unlink_by_name",
+        "lock",
+        "closed",
+        "name",
+        "status",
+        "__init__",
+        "__eq__",
+    } <= names
     assert len(names) > 45
 
 
@@ -136,16 +160,22 @@ def default_args(fn: Any) -> Tuple[Any, ...]:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return ()
-    required = [p for p in params if p.default is p.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [
+        p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     return tuple("k" for _ in required)
 
 
-PUBLIC_METHODS = sorted(n for n in method_names(UltraDict)
-                        if not n.startswith("_")
-                        and not isinstance(vars(owner_of(UltraDict, n))[n], property))
-PUBLIC_PROPERTIES = sorted(n for n in dir(UltraDict) if not n.startswith("_")
-                           and isinstance(vars(owner_of(UltraDict, n))[n], property))
+PUBLIC_METHODS = sorted(
+    n
+    for n in method_names(UltraDict)
+    if not n.startswith("_") and not isinstance(vars(owner_of(UltraDict, n))[n], property)
+)
+PUBLIC_PROPERTIES = sorted(
+    n
+    for n in dir(UltraDict)
+    if not n.startswith("_") and isinstance(vars(owner_of(UltraDict, n))[n], property)
+)
 
 
 def call_closed(fn: Callable[[], Any]) -> Any:
@@ -166,8 +196,9 @@ def closed(name: str) -> UltraDict:
 
 
 @pytest.mark.parametrize("method", PUBLIC_METHODS)
-def test_closed_handle_methods_raise_already_closed_or_return(closed: UltraDict, name: str,
-                                                              method: str) -> None:
+def test_closed_handle_methods_raise_already_closed_or_return(
+    closed: UltraDict, name: str, method: str
+) -> None:
     bound = getattr(closed, method)
     args = PLAUSIBLE[method](closed, name) if method in PLAUSIBLE else default_args(bound)
     result = call_closed(lambda: bound(*args))

@@ -36,16 +36,22 @@ def ours(name: str):
     return sorted(e for e in os.listdir("/dev/shm") if e == name or e.startswith(name + "@"))
 
 
-def start_writer(name: str, start: int, count: int, fault: str = "",
-                 locked: bool = False, transaction: bool = False) -> subprocess.Popen:
+def start_writer(
+    name: str, start: int, count: int, fault: str = "", locked: bool = False, transaction: bool = False
+) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("ULTRADICT_NG_FAULT", None)
     if fault:
         env["ULTRADICT_NG_FAULT"] = fault
     return subprocess.Popen(
         [sys.executable, "-m", "tests.crash_worker", name, str(start), str(count)]
-        + (["locked"] if locked else []) + (["transaction"] if transaction else []),
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        + (["locked"] if locked else [])
+        + (["transaction"] if transaction else []),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -87,7 +93,8 @@ CACHE_POINTS = tuple(p for p in faults.POINTS if p.startswith("cache-"))
 #: 300-byte values in blobs (threshold 256), which also passes the blob points.
 FAULT_CASES = [
     pytest.param(point, threshold, id=f"{point}-{'blobs' if threshold else 'inline'}")
-    for point in faults.POINTS if point not in USER_POINTS + POOL_POINTS + REDIS_POINTS + CACHE_POINTS
+    for point in faults.POINTS
+    if point not in USER_POINTS + POOL_POINTS + REDIS_POINTS + CACHE_POINTS
     for threshold in ((BLOB_THRESHOLD,) if point.startswith("blob") else (0, BLOB_THRESHOLD))
 ]
 
@@ -99,8 +106,7 @@ def test_writer_dies_at_fault_point(name, point, threshold, action):
     # Dump and blob points are passed once per dump or blob (every ~4 writes): die at the 2nd.
     after = 2 if point.startswith(("dump", "blob")) else 5
     # The transaction points are passed only by a writer whose writes are in blocks.
-    p = start_writer(name, 0, 40, f"{point}:{action}:{after}",
-                     transaction=point.startswith("transaction"))
+    p = start_writer(name, 0, 40, f"{point}:{action}:{after}", transaction=point.startswith("transaction"))
     out, err = p.communicate(timeout=60)
     assert p.returncode == (-signal.SIGKILL if action == "kill" else 70), err
     acked = acks(out)
@@ -120,8 +126,9 @@ def test_writer_dies_at_fault_point(name, point, threshold, action):
     assert len(present) >= 2
 
 
-@pytest.mark.parametrize("point", ["dump-created", "dump-written", "dump-registered",
-                                   "blob-registered", "blob-written"])
+@pytest.mark.parametrize(
+    "point", ["dump-created", "dump-written", "dump-registered", "blob-registered", "blob-written"]
+)
 def test_unlink_by_name_after_death_mid_dump(name, point):
     """The last user dies mid-dump or mid-blob: unlink_by_name removes the orphan too."""
     d = SharedDict(name=name, buffer_size=STREAM, auto_unlink=False, blob_threshold=BLOB_THRESHOLD)
@@ -157,8 +164,10 @@ def test_random_sigkills_of_writers(name, threshold):
     assert max(waits) < 1.5, waits
     assert d["survivor"] == target
     waits.sort()
-    print(f"\nrandom SIGKILLs: {kills} writers killed, {start // 100_000} runs; lock recovered "
-          f"in median {waits[len(waits) // 2]:.3f}s, max {waits[-1]:.3f}s")
+    print(
+        f"\nrandom SIGKILLs: {kills} writers killed, {start // 100_000} runs; lock recovered "
+        f"in median {waits[len(waits) // 2]:.3f}s, max {waits[-1]:.3f}s"
+    )
     d.close()
     assert ours(name) == []
 
@@ -187,8 +196,13 @@ def test_writer_killed_in_a_loop_writing_10mb_arrays(name):
     d["arr"] = np.full(10 << 17, -1, dtype=np.int64)
     start, kills = 0, 0
     while kills < soak_scaled(6):
-        p = subprocess.Popen([sys.executable, "-c", ARRAY_WRITER, name, str(start)], cwd=ROOT,
-                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+        p = subprocess.Popen(
+            [sys.executable, "-c", ARRAY_WRITER, name, str(start)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
         time.sleep(rng.uniform(0.3, 0.9))
         p.send_signal(signal.SIGKILL)
         out, _ = p.communicate(timeout=60)
@@ -209,16 +223,24 @@ def test_writer_killed_in_a_loop_writing_10mb_arrays(name):
 
 
 def start_follower(name: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "tests.crash_worker", "--follow", name], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_worker", "--follow", name],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert select.select([p.stdout], [], [], 60)[0] and p.stdout.readline() == "ready\n"
     return p
 
 
 def registered_pids(d: SharedDict) -> set:
     w = d._store._map.words
-    return {w[L.W_WAIT_SLOTS + i] & L.PID_MASK for i in range(L.WAIT_SLOTS)
-            if w[L.W_WAIT_SLOTS + i] and w[L.W_CHANGE_WAITERS] >> i & 1}
+    return {
+        w[L.W_WAIT_SLOTS + i] & L.PID_MASK
+        for i in range(L.WAIT_SLOTS)
+        if w[L.W_WAIT_SLOTS + i] and w[L.W_CHANGE_WAITERS] >> i & 1
+    }
 
 
 @pytest.mark.parametrize("point", ["lock-held", "record-written", "dump-published"])
@@ -281,8 +303,14 @@ def start_remover(name: str, fault: str = "") -> subprocess.Popen:
     env.pop("ULTRADICT_NG_FAULT", None)
     if fault:
         env["ULTRADICT_NG_FAULT"] = fault
-    return subprocess.Popen([sys.executable, "-m", "tests.crash_worker", "--remove", name], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_worker", "--remove", name],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_attacher_dies_holding_its_user_slot(name):
@@ -374,7 +402,8 @@ def test_remover_dies_holding_closing(name, point, then):
 
 REDIS_CASES = [
     pytest.param(point, locked, id=f"{point}-{'locked' if locked else 'unlocked'}")
-    for point in REDIS_POINTS for locked in (False, True)
+    for point in REDIS_POINTS
+    for locked in (False, True)
     if locked or point != "redis-lease-taken"  # (unlocked writes take no lease)
 ]
 
@@ -418,8 +447,9 @@ print("loaded", flush=True)
 """
 
 
-@pytest.mark.parametrize("point", ["lock-held", "dump-registered", "dump-created", "dump-written",
-                                   "dump-published"])
+@pytest.mark.parametrize(
+    "point", ["lock-held", "dump-registered", "dump-created", "dump-written", "dump-published"]
+)
 def test_a_loader_killed_mid_bulk_load(name, point):
     """A bulk load (update() of a dict of >= PARTIAL_FROM rows: a dump, written
     by Store.load without a record) SIGKILLed at each point of its dump: the
@@ -428,8 +458,14 @@ def test_a_loader_killed_mid_bulk_load(name, point):
     row; later writes work, and cleanup finds every segment."""
     d = SharedDict({"before": 1}, name=name, buffer_size=1 << 16)
     env = dict(os.environ, ULTRADICT_NG_FAULT=f"{point}:kill:1", PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-c", BULK_LOADER, name], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", BULK_LOADER, name],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL, err
     assert "loaded" not in out
@@ -490,8 +526,14 @@ def test_a_writer_killed_mid_merge(name, point, how, kept):
     rows = {f"row{i}": (i, "r", i / 2) for i in range(5000)}
     d = SharedDict(rows, name=name, buffer_size=1 << 16)
     env = dict(os.environ, ULTRADICT_NG_FAULT=f"{point}:kill:1", PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-c", MERGER, name, how, kept], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", MERGER, name, how, kept],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL, err
     assert "merging" in out and "merged" not in out

@@ -61,7 +61,6 @@ DJANGO_52_TESTS = 54
 spawn = multiprocessing.get_context("spawn")
 
 
-
 def _shm_with(prefixes: tuple[str, ...]) -> list[str]:
     if not os.path.isdir(SHM):
         return []
@@ -75,8 +74,12 @@ def _shm_with(prefixes: tuple[str, ...]) -> list[str]:
 def django_cache_tests(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The directory holding Django's ``cache`` test package, for the installed Django."""
     root = tmp_path_factory.mktemp("django_suite")
-    suite = fetch_sdist("django", django.__version__, root,
-                        lambda rel: rel[len("tests/"):] if rel.startswith(WANTED) else None)
+    suite = fetch_sdist(
+        "django",
+        django.__version__,
+        root,
+        lambda rel: rel[len("tests/") :] if rel.startswith(WANTED) else None,
+    )
     assert (suite / "cache" / "tests.py").is_file(), sorted(suite.rglob("*"))
     return str(suite)
 
@@ -86,8 +89,7 @@ def test_django_base_cache_tests(django_cache_tests: str) -> None:
     # The cache every alias shares, and the culling aliases' own (run_cache_suite.py).
     names = (unique_name(), unique_name(), unique_name())
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (django_cache_tests, REPO, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (django_cache_tests, REPO, env.get("PYTHONPATH", "")) if p)
     env["ULTRADICT_NG_DJANGO_LOCATIONS"] = ",".join(names)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     try:
@@ -103,14 +105,13 @@ def test_django_base_cache_tests(django_cache_tests: str) -> None:
     outcomes = {}
     for line in done.stdout.splitlines():
         if line.startswith("OUTCOME "):
-            entry = json.loads(line[len("OUTCOME "):])
+            entry = json.loads(line[len("OUTCOME ") :])
             outcomes[entry["test"]] = entry
     finished = [ln for ln in done.stdout.splitlines() if ln.startswith("DONE ")]
     assert finished, f"Django's cache suite did not finish (exit {done.returncode})\n{report}"
-    summary = json.loads(finished[-1][len("DONE "):])
+    summary = json.loads(finished[-1][len("DONE ") :])
     expected = summary["expected"]
-    failing = {t: e["status"] + "\n" + e["detail"] for t, e in outcomes.items()
-               if e["status"] != "ok"}
+    failing = {t: e["status"] + "\n" + e["detail"] for t, e in outcomes.items() if e["status"] != "ok"}
     assert not failing, "\n\n".join(f"{t}: {d}" for t, d in failing.items()) + "\n" + report
     # Every test of BaseCacheTests ran and passed; none was skipped.
     assert sorted(outcomes) == expected, (sorted(set(expected) ^ set(outcomes)), report)
@@ -175,8 +176,9 @@ def test_add_race_has_exactly_one_winner(location: str) -> None:
     backend(location)  # created here: the racers only attach
     start = spawn.Barrier(n)
     results = spawn.Queue()
-    procs = [spawn.Process(target=workers.add_race, args=(location, start, results, rounds))
-             for _ in range(n)]
+    procs = [
+        spawn.Process(target=workers.add_race, args=(location, start, results, rounds)) for _ in range(n)
+    ]
     for p in procs:
         p.start()
     reports = [results.get(timeout=120) for _ in procs]
@@ -273,10 +275,8 @@ def test_auto_unlink_last_removes_it_with_the_last_process(location: str) -> Non
 
 
 def test_settings_become_the_shared_caches(location: str) -> None:
-    cache = backend(location, OPTIONS={"MAX_ENTRIES": 40, "CULL_FREQUENCY": 4,
-                                       "MAXBYTES": 1 << 20})
-    assert (cache._cache.maxsize, cache._cache.maxbytes, cache._cache.serializer) == (
-        40, 1 << 20, "pickle")
+    cache = backend(location, OPTIONS={"MAX_ENTRIES": 40, "CULL_FREQUENCY": 4, "MAXBYTES": 1 << 20})
+    assert (cache._cache.maxsize, cache._cache.maxbytes, cache._cache.serializer) == (40, 1 << 20, "pickle")
     for i in range(40):
         cache.set(i, i)
     cache.set("one-more", 1)  # a full cache culls 40 // 4 entries, the least recently used
@@ -323,13 +323,16 @@ def test_location_is_required() -> None:
         SharedCache("", {})
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"MAX_ENTRY": 10}, "unknown OPTIONS MAX_ENTRY"),
-    ({"MAX_ENTRIES": 0}, "MAX_ENTRIES must be at least 1"),
-    ({"CULL_FREQUENCY": -1}, "CULL_FREQUENCY must be 0 or more"),
-    ({"MAXBYTES": "1M"}, "MAXBYTES must be a positive int"),
-    ({"AUTO_UNLINK": "first"}, "AUTO_UNLINK must be"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"MAX_ENTRY": 10}, "unknown OPTIONS MAX_ENTRY"),
+        ({"MAX_ENTRIES": 0}, "MAX_ENTRIES must be at least 1"),
+        ({"CULL_FREQUENCY": -1}, "CULL_FREQUENCY must be 0 or more"),
+        ({"MAXBYTES": "1M"}, "MAXBYTES must be a positive int"),
+        ({"AUTO_UNLINK": "first"}, "AUTO_UNLINK must be"),
+    ],
+)
 def test_bad_options_are_refused(location: str, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=message):
         backend(location, OPTIONS=options)
@@ -357,4 +360,3 @@ def test_a_cache_of_another_serializer_is_refused(location: str) -> None:
             backend(location)
     finally:
         other.close()
-

@@ -140,7 +140,16 @@ def test_store_has_every_member_of_the_interface():
     for member in members:
         assert hasattr(Store, member) or member in Store.__slots__ or member in ("seen", "data"), member
         assert hasattr(RedisEngine, member) or member in (
-            "seen", "data", "name", "recurse", "codec", "mutex", "created", "words", "lock"), member  # (set in __init__)
+            "seen",
+            "data",
+            "name",
+            "recurse",
+            "codec",
+            "mutex",
+            "created",
+            "words",
+            "lock",
+        ), member  # (set in __init__)
 
 
 def _pair(recurse: bool = True):

@@ -31,8 +31,7 @@ _MISSING = object()
 def _package_exceptions() -> List[type]:
     found = {getattr(errors, name) for name in errors.__all__}
     for module in (ultradict_ng, compat, compat_errors, compat_lock):
-        found |= {v for v in vars(module).values()
-                  if isinstance(v, type) and issubclass(v, BaseException)}
+        found |= {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, BaseException)}
     found |= {v for v in vars(UltraDict.Exceptions).values() if isinstance(v, type)}
     stack = [errors.SharedDictError]
     while stack:  # subclasses defined anywhere in the package
@@ -48,7 +47,11 @@ IDS = [f"{c.__module__.rsplit('.', 1)[-1]}.{c.__qualname__}" for c in CLASSES]
 
 #: Values for the keyword-only constructor parameters of the classes.
 SAMPLE_KWARGS: Dict[str, Any] = {
-    "name": "tdict", "pid": 4242, "blocking_pid": 4242, "timestamp": 12.5, "time_passed": 0.25,
+    "name": "tdict",
+    "pid": 4242,
+    "blocking_pid": 4242,
+    "timestamp": 12.5,
+    "time_passed": 0.25,
 }
 
 
@@ -93,9 +96,14 @@ def test_discovery_finds_both_families() -> None:
     assert set(errors.__all__) <= names
     compat_names = {c for c in CLASSES if c.__module__ == "ultradict_ng.compat.errors"}
     assert {c.__name__ for c in compat_names} == {
-        "AlreadyExists", "CannotAttachSharedMemory", "CannotAcquireLock",
-        "CannotAcquireLockTimeout", "ParameterMismatch", "AlreadyClosed",
-        "FullDumpMemoryFull", "MissingDependency",
+        "AlreadyExists",
+        "CannotAttachSharedMemory",
+        "CannotAcquireLock",
+        "CannotAcquireLockTimeout",
+        "ParameterMismatch",
+        "AlreadyClosed",
+        "FullDumpMemoryFull",
+        "MissingDependency",
     }
     assert len(CLASSES) == len(errors.__all__) + len(compat_names)
 
@@ -128,7 +136,12 @@ def test_sample_attributes_are_the_interesting_ones() -> None:
     assert oos.errno == 28 and "sample message" in oos.strerror  # type: ignore[attr-defined]
     t = sample(compat.CannotAcquireLockTimeout)
     assert (t.blocking_pid, t.timestamp, t.time_passed, t.pid, t.name) == (  # type: ignore[attr-defined]
-        4242, 12.5, 0.25, 4242, "tdict")
+        4242,
+        12.5,
+        0.25,
+        4242,
+        "tdict",
+    )
 
 
 def test_cross_a_spawned_process_both_ways() -> None:

@@ -16,15 +16,21 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = ["repl_share.py", "nested_counters.py", "crash_cleanup.py", "parallel_writers.py",
-            "shared_arrays.py"]
+EXAMPLES = [
+    "repl_share.py",
+    "nested_counters.py",
+    "crash_cleanup.py",
+    "parallel_writers.py",
+    "shared_arrays.py",
+]
 
 
 @pytest.mark.parametrize("script", EXAMPLES)
 def test_example_runs(script: str) -> None:
     path = os.path.join(ROOT, "examples", script)
-    proc = subprocess.Popen([sys.executable, path], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, path], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         stdout, stderr = proc.communicate(timeout=120)
     finally:

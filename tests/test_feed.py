@@ -27,8 +27,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from tests import wait_workers
 from tests.conftest import unique_name
-from tests.feed_model import (apply_change, apply_op, changes_of, node_at, same_changes, strict_equal,
-                              take_until)
+from tests.feed_model import (
+    apply_change,
+    apply_op,
+    changes_of,
+    node_at,
+    same_changes,
+    strict_equal,
+    take_until,
+)
 from tests.wait_workers import in_thread, stop
 from ultradict_ng import Change, Closed, SharedDict
 from ultradict_ng.changes import SUPERSEDED
@@ -111,16 +118,21 @@ def test_arrays_and_large_values_come_through(dicts, name):
     r = SharedDict(name=name, create=False)
     r.get("x")
     it = r.changes(timeout=0.3)
-    values = {"small": np.arange(3, dtype=np.int16), "arr": np.arange(1000, dtype=np.float64).reshape(10, 100),
-              "big": b"x" * 5000, "ba": bytearray(b"y" * 2000), "mv": memoryview(b"z" * 3000),
-              "nested": [np.ones(400, dtype=np.int32), b"w" * 1500]}
+    values = {
+        "small": np.arange(3, dtype=np.int16),
+        "arr": np.arange(1000, dtype=np.float64).reshape(10, 100),
+        "big": b"x" * 5000,
+        "ba": bytearray(b"y" * 2000),
+        "mv": memoryview(b"z" * 3000),
+        "nested": [np.ones(400, dtype=np.int32), b"w" * 1500],
+    }
     for k, v in values.items():
         d[k] = v
     d["gone"] = b"1" * 5000
     d["gone"] = b"2" * 5000  # drops the first blob before the feed reads it
     got = list(it)
     assert [(c.op, c.key) for c in got] == [("set", k) for k in values] + [("set", "gone")] * 2
-    by_key = {c.key: c.value for c in got[:len(values)]}
+    by_key = {c.key: c.value for c in got[: len(values)]}
     for k in ("small", "arr"):
         assert type(by_key[k]) is np.ndarray and by_key[k].dtype == values[k].dtype
         assert np.array_equal(by_key[k], values[k])
@@ -147,9 +159,11 @@ def resync_after(d: SharedDict, before: Dict[Any, Any], after: Dict[Any, Any]) -
     return feed.poll()
 
 
-@pytest.mark.parametrize("old, new", [([1], [True]), ([True], [1.0]), (0.0, -0.0), ((1,), (1.0,)),
-                                      ({"x": [0]}, {"x": [False]})],
-                         ids=["1-True", "True-1.0", "zero-sign", "tuple-1.0", "nested-0-False"])
+@pytest.mark.parametrize(
+    "old, new",
+    [([1], [True]), ([True], [1.0]), (0.0, -0.0), ((1,), (1.0,)), ({"x": [0]}, {"x": [False]})],
+    ids=["1-True", "True-1.0", "zero-sign", "tuple-1.0", "nested-0-False"],
+)
 def test_resync_reports_type_exact_differences(name, old, new):
     """A value that changed into an equal-comparing value of other types while the
     feed was behind a dump is a difference: the replica must end as the dict is."""
@@ -168,8 +182,11 @@ def test_resync_reports_type_exact_differences(name, old, new):
 @pytest.mark.parametrize("unchanged", ["inline-array", "nan", "blob-array"])
 def test_resync_never_reports_an_unchanged_value(name, unchanged):
     np = pytest.importorskip("numpy")
-    value = {"inline-array": lambda: np.arange(4), "nan": lambda: [math.nan],
-             "blob-array": lambda: np.arange(2000)}[unchanged]()
+    value = {
+        "inline-array": lambda: np.arange(4),
+        "nan": lambda: [math.nan],
+        "blob-array": lambda: np.arange(2000),
+    }[unchanged]()
     d = SharedDict(name=name, buffer_size=4096, blob_threshold=8000)
     try:
         d["v"] = value
@@ -204,8 +221,14 @@ LEAVES = st.one_of(SCALARS, st.lists(SCALARS, max_size=2), st.lists(SCALARS, max
 VALUES = st.one_of(LEAVES, LEAVES, st.dictionaries(KEYS, LEAVES, max_size=2))
 
 
-_TWIN = {(bool, True): 1, (int, 1): 1.0, (float, 1.0): True,
-         (bool, False): 0, (int, 0): 0.0, (float, 0.0): -0.0}
+_TWIN = {
+    (bool, True): 1,
+    (int, 1): 1.0,
+    (float, 1.0): True,
+    (bool, False): 0,
+    (int, 0): 0.0,
+    (float, 0.0): -0.0,
+}
 
 
 def twin(value: Any) -> Any:
@@ -301,8 +324,12 @@ class Checker:
 
 # No shrinking: a failure's draws are long, but the assertion shows the replica and the
 # dump side by side, and shrinking these examples takes minutes.
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck),
-          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
 @given(data=st.data(), buffer_size=st.sampled_from([64, 256, 4096]), steps=st.integers(5, 40))
 def test_feed_replays_exactly_what_was_published(data, buffer_size, steps):
     d = SharedDict(name=unique_name(), recurse=True, buffer_size=buffer_size)

@@ -177,8 +177,17 @@ def big(n: int = 4000, fill: Any = None) -> Any:
 
 
 def test_reexports_are_the_standard_librarys() -> None:
-    for name in ("wait", "as_completed", "TimeoutError", "CancelledError", "ALL_COMPLETED",
-                 "FIRST_COMPLETED", "FIRST_EXCEPTION", "Executor", "ThreadPoolExecutor"):
+    for name in (
+        "wait",
+        "as_completed",
+        "TimeoutError",
+        "CancelledError",
+        "ALL_COMPLETED",
+        "FIRST_COMPLETED",
+        "FIRST_EXCEPTION",
+        "Executor",
+        "ThreadPoolExecutor",
+    ):
         assert getattr(uf, name) is getattr(cf, name), name
     assert uf.BrokenProcessPool is BrokenProcessPool
     assert issubclass(uf.ProcessPoolExecutor, cf.ProcessPoolExecutor)
@@ -270,7 +279,8 @@ def test_map_preserves_order(make_pool: Any) -> None:
         # several iterables, zipped (the shortest ends it)
         assert list(ex.map(T.add, range(10), range(100, 130))) == [i + 100 + i for i in range(10)]
         assert list(ex.map(T.add, range(10), range(100, 130), chunksize=3)) == [
-            i + 100 + i for i in range(10)]
+            i + 100 + i for i in range(10)
+        ]
         assert list(ex.map(T.square, [])) == []
         arrays = [big(300 + i, i) for i in range(7)]
         for chunksize in (1, 3):
@@ -480,8 +490,7 @@ def test_start_methods_round_trip_arrays(method: str) -> None:
     if method not in multiprocessing.get_all_start_methods():
         pytest.skip(f"no {method} here")
     a = np.arange(6000, dtype=np.float64).reshape(60, 100)
-    with uf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method),
-                                shm_threshold=THR) as ex:
+    with uf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method), shm_threshold=THR) as ex:
         seen = ex.submit(T.describe, a).result(TIMEOUT)
         out = ex.submit(T.add, a, 1).result(TIMEOUT)
     assert seen["parcel"] and seen["writeable"] and seen["shape"] == (60, 100)
@@ -652,8 +661,9 @@ def _array_cases() -> Iterator[Any]:
             for order in ("C", "F"):
                 if order == "F" and len(shape) < 2:
                     continue  # the same array as C
-                yield pytest.param(dtype, shape, order,
-                                   id=f"{dtype}-{'x'.join(map(str, shape)) or '0d'}-{order}")
+                yield pytest.param(
+                    dtype, shape, order, id=f"{dtype}-{'x'.join(map(str, shape)) or '0d'}-{order}"
+                )
 
 
 @pytest.mark.parametrize("dtype,shape,order", list(_array_cases()))
@@ -692,13 +702,13 @@ def _strided_inputs() -> Iterator[Any]:
     cube = np.arange(30 * 20 * 12, dtype=np.int32).reshape(30, 20, 12)
     dt = (np.arange(4000) * 3600).astype("<M8[s]")
     for size, scale in (("big", 1), ("small", 8)):
-        yield pytest.param(m[::3 * scale, 1], id=f"step-{size}")
-        yield pytest.param(m[:: scale].T, id=f"transpose-{size}")
+        yield pytest.param(m[:: 3 * scale, 1], id=f"step-{size}")
+        yield pytest.param(m[::scale].T, id=f"transpose-{size}")
         yield pytest.param(m[::scale, ::2], id=f"columns-{size}")
         yield pytest.param(m[::-scale], id=f"reversed-{size}")
         yield pytest.param(cube[1::scale, ::2, ::3], id=f"cube-{size}")
         yield pytest.param(dt[:: 2 * scale], id=f"datetime-step-{size}")
-        yield pytest.param(STRUCT_ARRAY[::scale * 2], id=f"struct-step-{size}")
+        yield pytest.param(STRUCT_ARRAY[:: scale * 2], id=f"struct-step-{size}")
 
 
 @pytest.mark.parametrize("a", list(_strided_inputs()))
@@ -738,8 +748,11 @@ def test_zero_size_arrays(apool: Any, dtype: str, shape: Any, order: str) -> Non
 
 
 #: Both pools, an array below and above the threshold.
-READ_ONLY_CASES = [pytest.param(which, n, id=f"{which}-{size}")
-                   for which in ("stdlib", "ours") for n, size in ((100, "small"), (4000, "big"))]
+READ_ONLY_CASES = [
+    pytest.param(which, n, id=f"{which}-{size}")
+    for which in ("stdlib", "ours")
+    for n, size in ((100, "small"), (4000, "big"))
+]
 
 
 @pytest.mark.parametrize("which,n", READ_ONLY_CASES)
@@ -818,19 +831,22 @@ def test_arrays_in_containers(apool: Any) -> None:
     assert_same(T.Holder(value["holder"].second, value["holder"].first), h)
 
 
-@pytest.mark.parametrize("a", [
-    pytest.param(big(), id="big"),
-    pytest.param(np.arange(10.0), id="small"),
-    pytest.param(big(12000)[::3], id="strided"),
-    pytest.param(sample("<M8[s]", (600,)), id="datetime"),
-    pytest.param(np.asfortranarray(big().reshape(40, 100)), id="fortran"),
-    pytest.param(bytearray(5000), id="bytearray"),
-])
+@pytest.mark.parametrize(
+    "a",
+    [
+        pytest.param(big(), id="big"),
+        pytest.param(np.arange(10.0), id="small"),
+        pytest.param(big(12000)[::3], id="strided"),
+        pytest.param(sample("<M8[s]", (600,)), id="datetime"),
+        pytest.param(np.asfortranarray(big().reshape(40, 100)), id="fortran"),
+        pytest.param(bytearray(5000), id="bytearray"),
+    ],
+)
 def test_same_object_twice_arrives_as_one(apool: Any, a: Any) -> None:
     assert apool.submit(T.is_same, a, a).result(TIMEOUT) is True
-    assert apool.submit(T.same_in_nest, {"x": a, "y": [a, a[:] if not isinstance(a, bytearray)
-                                                       else bytearray(a)], "z": (a,)}
-                        ).result(TIMEOUT) == [True, False, True]
+    assert apool.submit(
+        T.same_in_nest, {"x": a, "y": [a, a[:] if not isinstance(a, bytearray) else bytearray(a)], "z": (a,)}
+    ).result(TIMEOUT) == [True, False, True]
     assert apool.submit(T.is_same, a, a.copy()).result(TIMEOUT) is False
 
 
@@ -864,7 +880,7 @@ def test_results_are_mappings_of_a_removed_parcel(apool: Any) -> None:
     assert path is not None and path.startswith("/dev/shm/@udp") and path.endswith("(deleted)")
     assert T.mapping_path(T.data_address(b)) == path  # one segment for the whole result
     assert T.backing(a) == "mmap" and T.backing(b) == "mmap"
-    name = path[len("/dev/shm/"):].split()[0]
+    name = path[len("/dev/shm/") :].split()[0]
     assert not os.path.exists(os.path.join(SHM, name))  # taken: the name is gone
     assert a.flags.writeable and b.flags.writeable
     assert np.array_equal(a, np.arange(5000)) and np.array_equal(b, np.arange(5000))
@@ -907,13 +923,16 @@ def test_small_results_are_not_in_shared_memory(apool: Any) -> None:
     assert out.flags.writeable
 
 
-@pytest.mark.parametrize("a", [
-    pytest.param(big(), id="big"),
-    pytest.param(np.arange(10.0), id="small"),
-    pytest.param(big(12000)[::3], id="strided"),
-    pytest.param(np.asfortranarray(big().reshape(40, 100)), id="fortran"),
-    pytest.param(sample("<M8[s]", (600,)), id="datetime"),
-])
+@pytest.mark.parametrize(
+    "a",
+    [
+        pytest.param(big(), id="big"),
+        pytest.param(np.arange(10.0), id="small"),
+        pytest.param(big(12000)[::3], id="strided"),
+        pytest.param(np.asfortranarray(big().reshape(40, 100)), id="fortran"),
+        pytest.param(sample("<M8[s]", (600,)), id="datetime"),
+    ],
+)
 def test_worker_writes_do_not_reach_the_parent(apool: Any, a: Any) -> None:
     before = a.copy()
     value = before.flat[1]
@@ -940,9 +959,24 @@ def test_object_arrays_still_work(apool: Any) -> None:
 # 3. Property: any nest of arrays and buffers comes back as it was sent
 # ================================================================================================
 
-_H_DTYPES = [np.dtype(d) for d in (
-    "<f8", "<f4", "<f2", "|i1", "<u2", ">i4", "<i8", "|b1", "<c16", "<M8[ns]", "<m8[s]",
-    "<U3", "|S4")] + [np.dtype([("a", "<i4"), ("b", "<f8")])]
+_H_DTYPES = [
+    np.dtype(d)
+    for d in (
+        "<f8",
+        "<f4",
+        "<f2",
+        "|i1",
+        "<u2",
+        ">i4",
+        "<i8",
+        "|b1",
+        "<c16",
+        "<M8[ns]",
+        "<m8[s]",
+        "<U3",
+        "|S4",
+    )
+] + [np.dtype([("a", "<i4"), ("b", "<f8")])]
 
 
 @st.composite
@@ -969,13 +1003,23 @@ def _arrays(draw: Any) -> Any:
 
 #: bytes of 0 to 6000 bytes (a short random pattern repeated: sizes around THR are common)
 _blobs = st.tuples(st.integers(0, 6000), st.binary(min_size=1, max_size=8)).map(
-    lambda t: (t[1] * (t[0] // len(t[1]) + 1))[:t[0]])
-_leaves = st.one_of(_arrays(), _arrays(), _arrays(), _blobs, _blobs.map(bytearray),
-                    st.integers() | st.none() | st.text(max_size=5))
+    lambda t: (t[1] * (t[0] // len(t[1]) + 1))[: t[0]]
+)
+_leaves = st.one_of(
+    _arrays(),
+    _arrays(),
+    _arrays(),
+    _blobs,
+    _blobs.map(bytearray),
+    st.integers() | st.none() | st.text(max_size=5),
+)
 _nests = st.recursive(
     _leaves,
-    lambda inner: (st.lists(inner, max_size=4) | st.lists(inner, max_size=4).map(tuple)
-                   | st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
     max_leaves=8,
 )
 
@@ -991,9 +1035,16 @@ def _result_arrays(obj: Any) -> Iterator[Any]:
             yield from _result_arrays(v)
 
 
-@settings(max_examples=150, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 @given(value=_nests)
 def test_any_nest_comes_back_as_sent(apool: Any, value: Any) -> None:
     out = apool.submit(T.identity, value).result(TIMEOUT)
@@ -1221,9 +1272,14 @@ def test_workers_of_a_killed_pool_exit_and_its_parcels_are_removable(tmp_path: A
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     gate = os.path.join(str(tmp_path), "never")
-    proc = subprocess.Popen([sys.executable, "-c", _CRASHING_POOL, str(tmp_path), gate],
-                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CRASHING_POOL, str(tmp_path), gate],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=120)
     finally:

@@ -64,8 +64,10 @@ BIG = 1 << 17  # float64 elements: 1 MiB, well over the 64 KiB threshold
 ONE_LINER = "import ultradict_ng.futures as f; f.remove_leftovers()"
 HEADER = struct.Struct(PL.PARCEL_FORMAT)
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(SHM) or not os.path.isdir("/proc/self"),
-                                reason="needs a listable /dev/shm and /proc (Linux)")
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir(SHM) or not os.path.isdir("/proc/self"),
+    reason="needs a listable /dev/shm and /proc (Linux)",
+)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -90,6 +92,7 @@ def unmapped(pid: Any, prefix: str, timeout: float = 10.0) -> None:
     mapping may be a cycle that becomes garbage only as the pool's threads end,
     after a first collection (a full suite's process collects its oldest
     generation rarely): collect at every look."""
+
     def gone() -> bool:
         if pid == "self":
             gc.collect()
@@ -153,7 +156,9 @@ def read_line(proc: subprocess.Popen, timeout: float, err: Any = None) -> Dict[s
         if ready:
             chunk = os.read(fd, 65536)
             if not chunk:
-                raise AssertionError(f"{proc.pid} ended (rc {proc.wait()}) before a line: {buf!r} {_text(err)}")
+                raise AssertionError(
+                    f"{proc.pid} ended (rc {proc.wait()}) before a line: {buf!r} {_text(err)}"
+                )
             buf += chunk
     return json.loads(buf.split(b"\n", 1)[0])
 
@@ -174,8 +179,13 @@ def script(tmp_path: Any, *args: str, fault: str = "") -> subprocess.Popen:
         env["ULTRADICT_NG_FAULT"] = fault
     err = open(tmp_path / f"stderr-{uuid.uuid4().hex[:6]}", "wb")
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.pool_workers", *args], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.pool_workers", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
     finally:
         err.close()
     proc.err_path = err.name  # type: ignore[attr-defined]
@@ -195,8 +205,11 @@ def wait_gone(words: Dict[int, int], timeout: float) -> float:
     """Wait until none of the processes (pid -> owner word) is alive; the time it took.
     They are not our children: /proc tells (a zombie counts as gone)."""
     t0 = time.monotonic()
-    wait_until(lambda: not [p for p, w in words.items() if owner_alive(w)], timeout,
-               f"workers {sorted(p for p, w in words.items() if owner_alive(w))} exited")
+    wait_until(
+        lambda: not [p for p, w in words.items() if owner_alive(w)],
+        timeout,
+        f"workers {sorted(p for p, w in words.items() if owner_alive(w))} exited",
+    )
     return time.monotonic() - t0
 
 
@@ -223,8 +236,14 @@ def header_of(name: str) -> bytes:
 
 def one_liner() -> None:
     """The documented one-liner, as a user runs it after a crash."""
-    r = subprocess.run([sys.executable, "-c", ONE_LINER], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    r = subprocess.run(
+        [sys.executable, "-c", ONE_LINER],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -246,14 +265,21 @@ def test_consumed_result_leaves_no_name_and_its_memory_goes_with_its_arrays(meth
         prefix = prefix_of(ex)
         (worker,) = started_workers(ex, 1)
         a = np.arange(BIG, dtype=np.float64)
-        payload = {"a": a, "f": np.asfortranarray(a.reshape(512, -1)), "strided": a[::2],
-                   "ba": bytearray(b"x" * (200 << 10)), "bytes": b"y" * (300 << 10)}
+        payload = {
+            "a": a,
+            "f": np.asfortranarray(a.reshape(512, -1)),
+            "strided": a[::2],
+            "ba": bytearray(b"x" * (200 << 10)),
+            "bytes": b"y" * (300 << 10),
+        }
         for round_ in range(3):
             r = ex.submit(W.transform, payload).result(timeout=60)
             assert not names_of(ex), f"round {round_}: parcels left after result(): {names_of(ex)}"
             assert np.array_equal(r["a"], a * 3 + 1) and np.array_equal(r["strided"], a[::2] * 3 + 1)
             assert np.array_equal(r["f"], payload["f"] * 3 + 1) and r["f"].flags.f_contiguous
-            assert r["ba"] == bytearray(b"!" + b"x" * ((200 << 10) - 1)) and r["bytes"] == payload["bytes"][::-1]
+            assert (
+                r["ba"] == bytearray(b"!" + b"x" * ((200 << 10) - 1)) and r["bytes"] == payload["bytes"][::-1]
+            )
             assert r["a"].flags.writeable  # writable, as the standard pool's private copies are
             r["a"][0] = -1.0
             assert mapped("self", prefix), "the result's arrays are over a (deleted) parcel mapping"
@@ -379,8 +405,9 @@ class _Errors(logging.Handler):
         self.messages: List[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(f"{record.getMessage()}: {record.exc_info[1]!r}" if record.exc_info
-                             else record.getMessage())
+        self.messages.append(
+            f"{record.getMessage()}: {record.exc_info[1]!r}" if record.exc_info else record.getMessage()
+        )
 
 
 @contextlib.contextmanager
@@ -428,7 +455,9 @@ def test_shutdown_without_waiting_removes_names_once_work_ends(tmp_path, cancel_
         finished = Finished(ex)
         ex.shutdown(wait=False, cancel_futures=cancel_futures)
         if cancel_futures:  # the pool's thread cancels them
-            wait_until(lambda fs=futures: sum(f.cancelled() for f in fs) == 6, 30, "the pending six cancelled")
+            wait_until(
+                lambda fs=futures: sum(f.cancelled() for f in fs) == 6, 30, "the pending six cancelled"
+            )
     done, not_done = cf.wait([blocker, *futures], timeout=60)
     assert not not_done
     outcomes: Counter = Counter()
@@ -527,8 +556,11 @@ def test_worker_killed_at_fault_point(point):
         for rep in reports(prefix_of(ex)).values():  # whatever is still there is not abandoned
             assert rep.status in ("live", "creating"), rep
         assert not [r for r in F.remove_leftovers() if r.name.startswith(prefix_of(ex))]
-        wait_until(lambda: not owner_alive(owner_word(worker)) or not os.path.exists(f"/proc/{worker}"),
-                   10, "the worker is gone")
+        wait_until(
+            lambda: not owner_alive(owner_word(worker)) or not os.path.exists(f"/proc/{worker}"),
+            10,
+            "the worker is gone",
+        )
     finally:
         ex.shutdown()
     assert not names_of(ex), "shutdown() left the killed worker's parcel"
@@ -653,8 +685,10 @@ def test_pool_process_killed_at_fault_point(tmp_path, point):
     if point == "parcel-created":
         assert [r.status for r in own.values()].count("creating") == 1, seen
     else:
-        assert any((r.status, r.owner_pid, r.maker_pid) == ("abandoned", info["pid"], info["pid"])
-                   for r in own.values()), seen
+        assert any(
+            (r.status, r.owner_pid, r.maker_pid) == ("abandoned", info["pid"], info["pid"])
+            for r in own.values()
+        ), seen
 
 
 def test_one_liner_spares_live_pools(tmp_path):
@@ -672,8 +706,11 @@ def test_one_liner_spares_live_pools(tmp_path):
             blocker = ex.submit(W.wait_for_file, started, gate)
             wait_until(lambda: os.path.exists(started), 30, "the blocking task started")
             queued = ex.submit(W.double, array(BIG, 7.0))
-            wait_until(lambda: [r for r in reports(prefix_of(ex)).values() if r.status == "live"], 30,
-                       "the queued call is packed (its header written)")
+            wait_until(
+                lambda: [r for r in reports(prefix_of(ex)).values() if r.status == "live"],
+                30,
+                "the queued call is packed (its header written)",
+            )
             live = names_of(ex) + [alive.name]
             seen = reports(PL.POOL_PREFIX)
             assert [seen[n].status for n in live] == ["live", "live"], seen
@@ -726,9 +763,19 @@ def test_full_dev_shm(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("ULTRADICT_NG_FAULT", None)
     proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c",
-         f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} -m tests.pool_workers full"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} -m tests.pool_workers full",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     if proc.returncode != 0 and "mount" in proc.stderr and "tests.pool_workers" not in proc.stderr:
         pytest.skip(f"SKIPPED LOUDLY: cannot mount a private /dev/shm here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -803,6 +850,7 @@ def test_torture_submit_cancel_consume_concurrently():
                 errors.append(f"{fn.__name__}: {exc!r}")
                 stop.set()
                 drained.set()
+
         return threading.Thread(target=run, name=fn.__name__)
 
     def submitter(rng: random.Random) -> None:
@@ -907,17 +955,30 @@ _NOT_A_PID = (1 << 22) + 12345  # above Linux's largest pid_max
 
 def _dead_words() -> List[int]:
     if not _DEAD_WORDS:
-        _DEAD_WORDS.extend([
-            _dead_child_word(),
-            owner_word() ^ (1 << L.PID_BITS),  # our pid, another start time: pid reused
-            _NOT_A_PID | (5 << L.PID_BITS),
-            0,
-        ])
+        _DEAD_WORDS.extend(
+            [
+                _dead_child_word(),
+                owner_word() ^ (1 << L.PID_BITS),  # our pid, another start time: pid reused
+                _NOT_A_PID | (5 << L.PID_BITS),
+                0,
+            ]
+        )
     return _DEAD_WORDS
 
 
-KINDS_OF_FILES = ["live", "dead", "foreign", "zero", "zero_aged", "empty", "empty_aged", "short", "dir",
-                  "fifo", "symlink"]
+KINDS_OF_FILES = [
+    "live",
+    "dead",
+    "foreign",
+    "zero",
+    "zero_aged",
+    "empty",
+    "empty_aged",
+    "short",
+    "dir",
+    "fifo",
+    "symlink",
+]
 
 file_spec = st.tuples(
     st.sampled_from(KINDS_OF_FILES),
@@ -934,9 +995,15 @@ def _expected(spec: Any) -> Any:
     kind, _, _, tail, _, _ = spec
     if kind in ("zero", "zero_aged") and HEADER.size + tail < PL.PARCEL_HEADER:
         return "foreign", False  # too short for a parcel: a maker's is 0 or >= a header long
-    return {"live": ("live", False), "dead": ("abandoned", True), "foreign": ("foreign", False),
-            "zero": ("creating", False), "zero_aged": ("abandoned", True), "empty": ("creating", False),
-            "empty_aged": ("abandoned", True)}.get(kind, ("foreign", False))
+    return {
+        "live": ("live", False),
+        "dead": ("abandoned", True),
+        "foreign": ("foreign", False),
+        "zero": ("creating", False),
+        "zero_aged": ("abandoned", True),
+        "empty": ("creating", False),
+        "empty_aged": ("abandoned", True),
+    }.get(kind, ("foreign", False))
 
 
 def _make(path: str, spec: Any, target: str) -> None:
@@ -963,7 +1030,7 @@ def _make(path: str, spec: Any, target: str) -> None:
     elif kind in ("zero", "zero_aged"):
         head = bytes(HEADER.size)
     elif kind == "short":  # shorter than a header, not all zeros
-        head, tail = (raw[:1 + field % (HEADER.size - 1)].rstrip(b"\0") or b"\x07"), 0
+        head, tail = (raw[: 1 + field % (HEADER.size - 1)].rstrip(b"\0") or b"\x07"), 0
     else:
         head, tail = b"", 0
     with open(path, "xb") as f:
@@ -992,8 +1059,11 @@ def within(fn: Any, fifos: List[str], timeout: float = 5.0) -> Any:
     return out[0]
 
 
-@settings(max_examples=soak_scaled(60), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=soak_scaled(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(file_spec, min_size=1, max_size=8))
 def test_fuzz_parcels_and_remove_leftovers(specs):
     """Entries under the prefix with random headers (ours with live and dead owners,
@@ -1078,12 +1148,16 @@ def _fds() -> int:
 
 
 obj_spec = st.lists(st.integers(128, 40_000), min_size=1, max_size=3).map(  # 1 KiB+: out of band
-    lambda ns: [np.arange(n, dtype=np.float64) for n in ns] + [bytearray(ns[0] * 8), b"s" * (ns[-1] * 8)])
+    lambda ns: [np.arange(n, dtype=np.float64) for n in ns] + [bytearray(ns[0] * 8), b"s" * (ns[-1] * 8)]
+)
 
 
 @settings(max_examples=soak_scaled(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(obj=obj_spec, corruption=st.sampled_from(["none", "magic", "owner", "truncate", "missing", "length"]),
-       r=st.randoms(use_true_random=False))
+@given(
+    obj=obj_spec,
+    corruption=st.sampled_from(["none", "magic", "owner", "truncate", "missing", "length"]),
+    r=st.randoms(use_true_random=False),
+)
 def test_fuzz_unpack_corrupted_parcel(obj, corruption, r):
     """A real parcel, then a wrong magic, owner or length, a truncated file or no
     file: ``unpack`` raises CorruptSegment (a ValueError), leaves no name, no
@@ -1132,8 +1206,11 @@ KINDS = range(3)  # VIEW, ARRAY, DATA (parcel.py)
 
 
 @settings(max_examples=soak_scaled(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(obj=obj_spec, spans=st.one_of(st.none(), st.lists(span, max_size=6)),
-       name=st.sampled_from(["same", "missing", "slash", "no prefix", "too long"]))
+@given(
+    obj=obj_spec,
+    spans=st.one_of(st.none(), st.lists(span, max_size=6)),
+    name=st.sampled_from(["same", "missing", "slash", "no prefix", "too long"]),
+)
 def test_fuzz_unpack_garbage_descriptor(obj, spans, name):
     """A reference with random spans (offsets and lengths anywhere, unknown kinds)
     or a garbage name: ``unpack`` raises CorruptSegment for what it can tell is
@@ -1147,8 +1224,13 @@ def test_fuzz_unpack_garbage_descriptor(obj, spans, name):
     path = os.path.join(SHM, parcel.name)
     size = os.path.getsize(path)
     ref_spans = tuple(spans) if spans is not None else parcel.spans
-    ref_name = {"same": parcel.name, "missing": parcel.name + "x", "slash": f"{PL.POOL_PREFIX}{token}/x",
-                "no prefix": "udp" + token, "too long": PL.POOL_PREFIX + "z" * 300}[name]
+    ref_name = {
+        "same": parcel.name,
+        "missing": parcel.name + "x",
+        "slash": f"{PL.POOL_PREFIX}{token}/x",
+        "no prefix": "udp" + token,
+        "too long": PL.POOL_PREFIX + "z" * 300,
+    }[name]
     bad_spans = any(k not in KINDS or off < PL.PARCEL_HEADER or n < 0 for off, n, k in ref_spans)
     outside = max((off + n for off, n, _ in ref_spans), default=0) > size
     try:

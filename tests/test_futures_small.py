@@ -65,14 +65,11 @@ def test_small_calls_skip_the_feeder_thread(pool: Any) -> None:
 
 
 def test_map_chunks_of_plain_values_skip_the_feeder_thread(pool: Any) -> None:
-    assert sum(pool.map(T.square, range(5000), chunksize=100)) == sum(
-        i * i for i in range(5000))
-    assert list(pool.map(T.add, range(300), range(300), chunksize=50)) == [
-        2 * i for i in range(300)]
+    assert sum(pool.map(T.square, range(5000), chunksize=100)) == sum(i * i for i in range(5000))
+    assert list(pool.map(T.add, range(300), range(300), chunksize=50)) == [2 * i for i in range(300)]
     # (chunks of 40: ~700-byte pickles, so that the max_workers + 1 = 3 the pipe
     # may hold unread fit in callqueue.ROOM whatever the workers' pace)
-    out = list(pool.map(T.kwargs_echo, range(400), ["s"] * 400, [None, 1.5] * 200,
-                        chunksize=40))
+    out = list(pool.map(T.kwargs_echo, range(400), ["s"] * 400, [None, 1.5] * 200, chunksize=40))
     assert out == [((i, "s", (None, 1.5)[i % 2]), {}) for i in range(400)]
     assert _feeder(pool) is None
 

@@ -90,7 +90,7 @@ def damage(name: str, target: str, edits: List[Any]) -> None:
     if target == "foreign-dump":
         # A foreign segment in place of the published dump.
         seg = Segment.attach(name)
-        gen = int.from_bytes(seg.buf[8 * L.W_STATE:8 * L.W_STATE + 8], "little") >> 32
+        gen = int.from_bytes(seg.buf[8 * L.W_STATE : 8 * L.W_STATE + 8], "little") >> 32
         seg.close()
         dname = L.dump_name(name, gen)
         segments.unlink(dname)
@@ -106,7 +106,7 @@ def damage(name: str, target: str, edits: List[Any]) -> None:
         seg_name = L.blob_name(name, 1 + edits[0][2] % 2)
     else:
         ctrl = Segment.attach(name)
-        gen = int.from_bytes(ctrl.buf[8 * L.W_STATE:8 * L.W_STATE + 8], "little") >> 32
+        gen = int.from_bytes(ctrl.buf[8 * L.W_STATE : 8 * L.W_STATE + 8], "little") >> 32
         ctrl.close()
         seg_name = L.dump_name(name, gen)
     seg = Segment.attach(seg_name)
@@ -122,7 +122,7 @@ def damage(name: str, target: str, edits: List[Any]) -> None:
             elif kind == "word":
                 at = offset - offset % 8
                 if at + 8 <= seg.size:
-                    seg.buf[at:at + 8] = value.to_bytes(8, "little")
+                    seg.buf[at : at + 8] = value.to_bytes(8, "little")
             elif kind == "zero":
                 end = min(limit, offset + 1 + value % 64)
                 seg.buf[offset:end] = bytes(end - offset)
@@ -147,8 +147,9 @@ def attempt(fn: Callable[[], Any]) -> Any:
 
 
 @settings(max_examples=soak_scaled(120), deadline=None, suppress_health_check=list(HealthCheck))
-@given(target=st.sampled_from(["control", "stream", "dump", "foreign-dump", "blob", "foreign-blob"]),
-       edits=EDITS)
+@given(
+    target=st.sampled_from(["control", "stream", "dump", "foreign-dump", "blob", "foreign-blob"]), edits=EDITS
+)
 def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -> None:
     name = unique_name()
     retries = L.READER_RETRIES
@@ -213,8 +214,9 @@ WAIT_TARGETS = st.one_of(
     st.integers(L.W_WAIT_SLOTS, L.W_WAIT_SLOTS + L.WAIT_SLOTS - 1),
 )
 #: Garbage, and the owner words that mean something: ours, a dead process's, a live one's.
-WAIT_VALUES = st.one_of(st.integers(0, (1 << 64) - 1),
-                        st.sampled_from(["mine", "dead", "live", 0, 1, (1 << 64) - 1, 0xFFFFFFFF]))
+WAIT_VALUES = st.one_of(
+    st.integers(0, (1 << 64) - 1), st.sampled_from(["mine", "dead", "live", 0, 1, (1 << 64) - 1, 0xFFFFFFFF])
+)
 
 
 def _word(value: Any) -> int:
@@ -228,8 +230,10 @@ def _word(value: Any) -> int:
 
 
 @settings(max_examples=soak_scaled(30), deadline=None, suppress_health_check=list(HealthCheck))
-@given(edits=st.lists(st.tuples(WAIT_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
-       fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]))
+@given(
+    edits=st.lists(st.tuples(WAIT_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
+    fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]),
+)
 def test_garbage_in_the_wait_register_never_hangs_or_crashes(edits: List[Any], fill: Any) -> None:
     """Whatever the WAITERS, SEQ and WAKING words and the slots hold (every slot
     taken, ours, dead owners, random bits), waits end at their timeout or at a
@@ -283,8 +287,10 @@ USER_TARGETS = st.one_of(
 
 @pytest.mark.slow
 @settings(max_examples=soak_scaled(30), deadline=None, suppress_health_check=list(HealthCheck))
-@given(edits=st.lists(st.tuples(USER_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
-       fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]))
+@given(
+    edits=st.lists(st.tuples(USER_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
+    fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]),
+)
 def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], fill: Any) -> None:
     """Whatever CLOSING, USER_OVERFLOW and the user slots hold (every slot taken,
     ours, dead owners, random bits), an attach works or raises a SharedDictError
@@ -332,7 +338,8 @@ def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], f
                 assert all(isinstance(u.pid, int) and isinstance(u.alive, bool) for u in found)
                 # named in a slot, unless every slot looked taken by a live process
                 assert os.getpid() in {u.pid for u in found if u.alive} or (
-                    len(found) == L.USER_SLOTS and all(u.alive for u in found))
+                    len(found) == L.USER_SLOTS and all(u.alive for u in found)
+                )
                 assert isinstance(h.stats()["users"], int)
                 h.close()
             else:
@@ -361,20 +368,31 @@ def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], f
 
 # -- the Redis engine: garbage in its keys ---------------------------------------------------
 
-REDIS_EDITS = st.lists(st.one_of(
-    st.tuples(st.just("meta"), st.sampled_from(["seq", "snap", "epoch", "codec", "version", "logbytes",
-                                                "snapbytes", "recurse"]),
-              st.one_of(st.binary(max_size=12), st.integers(-5, 10**6).map(str))),
-    st.tuples(st.just("snap"), st.binary(max_size=64)),
-    st.tuples(st.just("log"), st.one_of(
-        st.binary(max_size=32),
-        # a transaction's bundle (0xC1, then a msgpack array of records): garbage after the
-        # marker, and well-formed arrays of garbage records
-        st.binary(max_size=32).map(lambda b: b"\xc1" + b),
-        st.lists(st.one_of(st.binary(max_size=12), st.integers(-(1 << 63), (1 << 64) - 1)), max_size=3).map(
-            lambda items: b"\xc1" + msgpack.packb(items)))),
-    st.tuples(st.just("wrongtype"), st.sampled_from(["meta", "log", "snap", "lock", "lockev"])),
-), min_size=1, max_size=4)
+REDIS_EDITS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("meta"),
+            st.sampled_from(["seq", "snap", "epoch", "codec", "version", "logbytes", "snapbytes", "recurse"]),
+            st.one_of(st.binary(max_size=12), st.integers(-5, 10**6).map(str)),
+        ),
+        st.tuples(st.just("snap"), st.binary(max_size=64)),
+        st.tuples(
+            st.just("log"),
+            st.one_of(
+                st.binary(max_size=32),
+                # a transaction's bundle (0xC1, then a msgpack array of records): garbage after the
+                # marker, and well-formed arrays of garbage records
+                st.binary(max_size=32).map(lambda b: b"\xc1" + b),
+                st.lists(
+                    st.one_of(st.binary(max_size=12), st.integers(-(1 << 63), (1 << 64) - 1)), max_size=3
+                ).map(lambda items: b"\xc1" + msgpack.packb(items)),
+            ),
+        ),
+        st.tuples(st.just("wrongtype"), st.sampled_from(["meta", "log", "snap", "lock", "lockev"])),
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=soak_scaled(60), deadline=None, suppress_health_check=list(HealthCheck))

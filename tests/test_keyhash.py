@@ -27,18 +27,38 @@ from ultradict_ng._codec.keyhash import key_hash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-ZONES = st.builds(lambda minutes, named: dt.timezone(dt.timedelta(minutes=minutes), "Z" if named else None)
-                  if named else dt.timezone(dt.timedelta(minutes=minutes)),
-                  st.integers(-23 * 60, 23 * 60), st.booleans())
-SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(-10**30, 10**30),
-    st.floats(allow_nan=True), st.complex_numbers(allow_nan=True),
-    st.decimals(allow_nan=False), st.text(max_size=12), st.binary(max_size=12),
-    st.datetimes(), st.datetimes(timezones=ZONES), st.dates(), st.times(), st.times(timezones=ZONES),
-    st.timedeltas(), ZONES,
+ZONES = st.builds(
+    lambda minutes, named: (
+        dt.timezone(dt.timedelta(minutes=minutes), "Z" if named else None)
+        if named
+        else dt.timezone(dt.timedelta(minutes=minutes))
+    ),
+    st.integers(-23 * 60, 23 * 60),
+    st.booleans(),
 )
-KEYS = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=4).map(tuple), st.frozensets(inner, max_size=4)), max_leaves=12)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(10**30), 10**30),
+    st.floats(allow_nan=True),
+    st.complex_numbers(allow_nan=True),
+    st.decimals(allow_nan=False),
+    st.text(max_size=12),
+    st.binary(max_size=12),
+    st.datetimes(),
+    st.datetimes(timezones=ZONES),
+    st.dates(),
+    st.times(),
+    st.times(timezones=ZONES),
+    st.timedeltas(),
+    ZONES,
+)
+KEYS = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4).map(tuple), st.frozensets(inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def variants(key: Any) -> List[Any]:
@@ -99,14 +119,29 @@ def test_the_equalities_dict_has_and_hash_does_not_show() -> None:
         assert len({key_hash(k) for k in group}) == 1, group
         assert len(dict.fromkeys(group)) == 1  # (dict agrees they are one key)
     # Never equal, and (here) hashed apart: naive vs aware, str vs bytes, date vs datetime.
-    apart = [dt.datetime(2026, 1, 1), dt.datetime(2026, 1, 1, tzinfo=utc), dt.date(2026, 1, 1),
-             "a", b"a", (), frozenset(), None, 0, dt.time(0), dt.timedelta(0)]
+    apart = [
+        dt.datetime(2026, 1, 1),
+        dt.datetime(2026, 1, 1, tzinfo=utc),
+        dt.date(2026, 1, 1),
+        "a",
+        b"a",
+        (),
+        frozenset(),
+        None,
+        0,
+        dt.time(0),
+        dt.timedelta(0),
+    ]
     assert len({key_hash(k) for k in apart}) == len(apart)
 
 
 def test_distinct_keys_spread() -> None:
-    keys: List[Any] = list(range(20_000)) + [f"user:{i:08d}" for i in range(20_000)] \
-        + [(i, i + 1) for i in range(5_000)] + [str(i).encode() for i in range(5_000)]
+    keys: List[Any] = (
+        list(range(20_000))
+        + [f"user:{i:08d}" for i in range(20_000)]
+        + [(i, i + 1) for i in range(5_000)]
+        + [str(i).encode() for i in range(5_000)]
+    )
     hashes = [key_hash(k) for k in keys]
     assert len(set(hashes)) == len(keys)  # no collision in 50,000 keys (64 bits)
     for bits in (0, 20, 40, 56):  # every part of the hash is used: a 256-slot table fills evenly
@@ -120,20 +155,41 @@ def test_every_process_and_seed_computes_the_same_hashes() -> None:
     """Unrelated interpreters with other hash seeds: the keys travel encoded
     (the codec's bytes), the hashes come back as JSON."""
     codec = MsgpackCodec()
-    keys = ["", "é", "user:00000042", b"\x00\xff", (1, "a", b"b"), frozenset({"x", "y", "z", 3}),
-            dt.datetime(2026, 11, 24, 10, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
-            dt.date(2000, 2, 29), 2**100, -1.5, Decimal("3.14"), None, (frozenset({"p", "q"}), "r")]
+    keys = [
+        "",
+        "é",
+        "user:00000042",
+        b"\x00\xff",
+        (1, "a", b"b"),
+        frozenset({"x", "y", "z", 3}),
+        dt.datetime(2026, 11, 24, 10, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+        dt.date(2000, 2, 29),
+        2**100,
+        -1.5,
+        Decimal("3.14"),
+        None,
+        (frozenset({"p", "q"}), "r"),
+    ]
     payload = codec.dumps(keys).hex()
-    script = ("import sys, json\n"
-              "from ultradict_ng._codec.codec import MsgpackCodec\n"
-              "from ultradict_ng._codec.keyhash import key_hash\n"
-              "keys = MsgpackCodec().loads(bytes.fromhex(sys.argv[1]))\n"
-              "print(json.dumps([key_hash(k) for k in keys]))\n")
+    script = (
+        "import sys, json\n"
+        "from ultradict_ng._codec.codec import MsgpackCodec\n"
+        "from ultradict_ng._codec.keyhash import key_hash\n"
+        "keys = MsgpackCodec().loads(bytes.fromhex(sys.argv[1]))\n"
+        "print(json.dumps([key_hash(k) for k in keys]))\n"
+    )
     here = [key_hash(k) for k in keys]
     for seed in ("0", "1", "4242", "random"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        out = subprocess.run([sys.executable, "-c", script, payload], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", script, payload],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
         assert json.loads(out) == here, seed
 
 
@@ -146,28 +202,45 @@ def test_pinned_values_keep_the_format() -> None:
     assert got == PINNED, {k: v for k, v in got.items() if PINNED.get(k) != v}
 
 
-PINNED_KEYS = [0, 1, -1, 2**64, 1.5, None, "", "a", b"a", (1, 2), frozenset({1, 2}),
-               dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), dt.date(2026, 1, 1), dt.timedelta(1),
-               float("nan"), "user:00012345", "é€", b"0123456789abcdefg"]
+PINNED_KEYS = [
+    0,
+    1,
+    -1,
+    2**64,
+    1.5,
+    None,
+    "",
+    "a",
+    b"a",
+    (1, 2),
+    frozenset({1, 2}),
+    dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    dt.date(2026, 1, 1),
+    dt.timedelta(1),
+    float("nan"),
+    "user:00012345",
+    "é€",
+    b"0123456789abcdefg",
+]
 PINNED: Dict[str, int] = {
-    "0": 0xe220a8397b1dcdaf,
-    "1": 0xe4d971771b652c20,
-    "-1": 0x336503c6b835bec0,
-    "18446744073709551616": 0x9e5651b0ef953636,
-    "1.5": 0x3b7a8ead0dad174f,
-    "None": 0xbc1242f19d31d401,
-    "''": 0xbeeb8da1658eec67,
-    "'a'": 0xd45de3a6347e677d,
-    "b'a'": 0x3565bfcac20f07c,
-    "(1, 2)": 0x5d3b8f59b9e71cc6,
-    "frozenset({1, 2})": 0xa4b3bbfcccf0ae91,
-    "datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc)": 0x6fbb3090f4172d97,
-    "datetime.date(2026, 1, 1)": 0x9284916e9e284a5a,
-    "datetime.timedelta(days=1)": 0x482cfdd2a56da1f5,
-    "nan": 0x6db6ca64564daeaa,
-    "b'0123456789abcdefg'": 0xd0b64390e4bbc556,
-    "'é€'": 0x3f7f32229186d503,
-    "'user:00012345'": 0x1c56ae5a85ef4ee7,
+    "0": 0xE220A8397B1DCDAF,
+    "1": 0xE4D971771B652C20,
+    "-1": 0x336503C6B835BEC0,
+    "18446744073709551616": 0x9E5651B0EF953636,
+    "1.5": 0x3B7A8EAD0DAD174F,
+    "None": 0xBC1242F19D31D401,
+    "''": 0xBEEB8DA1658EEC67,
+    "'a'": 0xD45DE3A6347E677D,
+    "b'a'": 0x3565BFCAC20F07C,
+    "(1, 2)": 0x5D3B8F59B9E71CC6,
+    "frozenset({1, 2})": 0xA4B3BBFCCCF0AE91,
+    "datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc)": 0x6FBB3090F4172D97,
+    "datetime.date(2026, 1, 1)": 0x9284916E9E284A5A,
+    "datetime.timedelta(days=1)": 0x482CFDD2A56DA1F5,
+    "nan": 0x6DB6CA64564DAEAA,
+    "b'0123456789abcdefg'": 0xD0B64390E4BBC556,
+    "'é€'": 0x3F7F32229186D503,
+    "'user:00012345'": 0x1C56AE5A85EF4EE7,
 }
 
 

@@ -63,8 +63,9 @@ def test_creator_exit_unlinks_others_keep_reading(name):
         "print('ready', flush=True)\n"
         "sys.stdin.readline()\n"  # exits normally when told to
     )
-    creator = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    creator = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     assert creator.stdout.readline().strip() == "ready"
     d = SharedDict(name=name, create=False)
     d["mine"] = 1

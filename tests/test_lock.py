@@ -165,9 +165,11 @@ def test_fork_child_does_not_inherit_holding(d):
 def test_fork_child_handle_works(d):
     ctx = multiprocessing.get_context("fork")
     d["n"] = 10
+
     def child():
         with d.lock:
             d["n"] += 1
+
     p = ctx.Process(target=child)
     p.start()
     p.join(30)
@@ -186,8 +188,9 @@ def test_contention_between_spawned_processes_is_exact(d):
     assert d["n"] == 4 * per
 
 
-def _hold_then_release(name: str, held: "multiprocessing.synchronize.Event",
-                       release: "multiprocessing.synchronize.Event") -> None:
+def _hold_then_release(
+    name: str, held: "multiprocessing.synchronize.Event", release: "multiprocessing.synchronize.Event"
+) -> None:
     d = SharedDict(name=name)
     with d.lock:
         held.set()
@@ -267,8 +270,20 @@ def test_one_front_end_owns_the_policy():
     from ultradict_ng._redis.lease import LeaseLock
     from ultradict_ng._shm.lock import ShmLock
 
-    policy = ["acquire", "try_acquire", "release", "held", "locked", "owner_pid", "wait_until_free",
-              "__call__", "__enter__", "__exit__", "_take_after_enter", "_timeout_error"]
+    policy = [
+        "acquire",
+        "try_acquire",
+        "release",
+        "held",
+        "locked",
+        "owner_pid",
+        "wait_until_free",
+        "__call__",
+        "__enter__",
+        "__exit__",
+        "_take_after_enter",
+        "_timeout_error",
+    ]
     for cls in (ShmLock, LeaseLock):
         assert issubclass(cls, SharedLock)
         assert [m for m in policy if m in vars(cls)] == [], cls

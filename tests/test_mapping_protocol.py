@@ -37,7 +37,9 @@ try:
     from test import mapping_tests
 except ImportError as exc:  # an interpreter installed without its test package
     mapping_tests = None
-    MISSING = f"CPython's test.mapping_tests is not importable ({exc}): install the interpreter's test package"
+    MISSING = (
+        f"CPython's test.mapping_tests is not importable ({exc}): install the interpreter's test package"
+    )
 else:
     MISSING = ""
 
@@ -76,31 +78,47 @@ def _close_made() -> None:
             d.close()
 
 
-_COPIES = ("values read back are copies, not the stored objects (documented on SharedDict): "
-           "d.setdefault(k, []).append(3) changes the returned list, not the dict")
-_KEYS = ("keys must be storable by the dict's serializer, and these are classes local to a "
-         "test (BadEq, BadHash, BadCmp): neither msgpack types nor picklable -- storing one "
-         "raises UnsupportedType, so the checks of keys whose __eq__/__hash__ raise never run")
+_COPIES = (
+    "values read back are copies, not the stored objects (documented on SharedDict): "
+    "d.setdefault(k, []).append(3) changes the returned list, not the dict"
+)
+_KEYS = (
+    "keys must be storable by the dict's serializer, and these are classes local to a "
+    "test (BadEq, BadHash, BadCmp): neither msgpack types nor picklable -- storing one "
+    "raises UnsupportedType, so the checks of keys whose __eq__/__hash__ raise never run"
+)
 
 #: test name -> (the suite class that adds the failing check: it and its
 #: subclasses fail; the exception the check fails with; why SharedDict
 #: differs from dict there, by design).  A failure with another exception
 #: is a real failure (xfail's ``raises``).
 BY_DESIGN: Dict[str, Tuple[str, type, str]] = {
-    "test_copy": ("TestMappingProtocol", AssertionError,
-                  "copy() returns a plain dict, a snapshot -- not another shared dict, which "
-                  "would need a name and shared memory of its own (documented on copy())"),
-    "test_setdefault": ("TestMappingProtocol", IndexError,
-                        _COPIES + "; in TestHashMappingProtocol also: " + _KEYS),
+    "test_copy": (
+        "TestMappingProtocol",
+        AssertionError,
+        "copy() returns a plain dict, a snapshot -- not another shared dict, which "
+        "would need a name and shared memory of its own (documented on copy())",
+    ),
+    "test_setdefault": (
+        "TestMappingProtocol",
+        IndexError,
+        _COPIES + "; in TestHashMappingProtocol also: " + _KEYS,
+    ),
     "test_getitem": ("TestHashMappingProtocol", UnsupportedType, _KEYS),
     "test_pop": ("TestHashMappingProtocol", UnsupportedType, _KEYS),
     "test_eq": ("TestHashMappingProtocol", UnsupportedType, _KEYS),
-    "test_repr": ("TestHashMappingProtocol", AssertionError,
-                  "repr names the dict, SharedDict({...}, name='...'), not a plain {...}; and "
-                  "d[1] = d stores a copy of d's contents, so there is no cycle to print as {...}"),
-    "test_repr_deep": ("TestHashMappingProtocol", UnsupportedType,
-                       "a value nested more than 500 containers deep is refused with UnsupportedType "
-                       "(the codec's limit, _codec/ext.py MAX_NESTING), before repr could recurse"),
+    "test_repr": (
+        "TestHashMappingProtocol",
+        AssertionError,
+        "repr names the dict, SharedDict({...}, name='...'), not a plain {...}; and "
+        "d[1] = d stores a copy of d's contents, so there is no cycle to print as {...}",
+    ),
+    "test_repr_deep": (
+        "TestHashMappingProtocol",
+        UnsupportedType,
+        "a value nested more than 500 containers deep is refused with UnsupportedType "
+        "(the codec's limit, _codec/ext.py MAX_NESTING), before repr could recurse",
+    ),
 }
 
 
@@ -141,8 +159,11 @@ def _suites() -> Dict[str, type]:
     if mapping_tests is None:
         return {}
     out: Dict[str, type] = {}
-    for base in (mapping_tests.BasicTestMappingProtocol, mapping_tests.TestMappingProtocol,
-                 mapping_tests.TestHashMappingProtocol):
+    for base in (
+        mapping_tests.BasicTestMappingProtocol,
+        mapping_tests.TestMappingProtocol,
+        mapping_tests.TestHashMappingProtocol,
+    ):
         for backend in [b for b in ("shm", "redis") if b in BACKENDS]:
             name = f"TestSharedDict_{base.__name__}_{backend}"
             cls = type(name, (_OnSharedDict, base), {"backend": backend, "__module__": __name__})

@@ -24,7 +24,10 @@ pytestmark = pytest.mark.usefixtures("each_backend")
 def run_helper(*args: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "tests.helpers", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -135,14 +138,19 @@ def test_crash_cleanup_after_sigkill_of_every_user(name):
 def test_reader_process_sees_writes_promptly(name):
     d = SharedDict({"v": -1}, name=name)
     out = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time\n"
-         "from ultradict_ng import SharedDict\n"
-         f"d = SharedDict(name={name!r}, create=False)\n"
-         "deadline = time.time() + 30\n"
-         "while d['v'] != 99 and time.time() < deadline: pass\n"
-         "print(d['v']); d.close()"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from ultradict_ng import SharedDict\n"
+            f"d = SharedDict(name={name!r}, create=False)\n"
+            "deadline = time.time() + 30\n"
+            "while d['v'] != 99 and time.time() < deadline: pass\n"
+            "print(d['v']); d.close()",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     time.sleep(0.5)
     for i in range(100):

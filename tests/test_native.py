@@ -43,16 +43,31 @@ class _Impl:
     def __init__(self, module, words):
         self.module = module
         self.Words = words
-        for name in ("ProcessState", "parse_records", "apply_sets", "types_within",
-                     "contains_type", "msgpack_length", "crc32", "key_hash_common", "table_get",
-                     "table_candidates", "table_fill", "table_index", "table_chunk", "pack_map",
-                     "pack_pairs"):
+        for name in (
+            "ProcessState",
+            "parse_records",
+            "apply_sets",
+            "types_within",
+            "contains_type",
+            "msgpack_length",
+            "crc32",
+            "key_hash_common",
+            "table_get",
+            "table_candidates",
+            "table_fill",
+            "table_index",
+            "table_chunk",
+            "pack_map",
+            "pack_pairs",
+        ):
             setattr(self, name, getattr(module, name))
 
 
 def _impls():
-    out = [pytest.param(_Impl(fallback, fallback.BoundWords), id="bound"),
-           pytest.param(_Impl(fallback, fallback.PublicWords), id="public")]
+    out = [
+        pytest.param(_Impl(fallback, fallback.BoundWords), id="bound"),
+        pytest.param(_Impl(fallback, fallback.PublicWords), id="public"),
+    ]
     if native is not None:
         out.append(pytest.param(_Impl(native, native.Words), id="native"))
     return out
@@ -64,8 +79,28 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**63), max_value=2**64 - 1),
-    st.sampled_from([0, 127, 128, -32, -33, -128, -129, 255, 256, 2**15, -(2**15) - 1, 2**16,
-                     2**31, -(2**31) - 1, 2**32, 2**63 - 1, 2**63, -(2**63)]),
+    st.sampled_from(
+        [
+            0,
+            127,
+            128,
+            -32,
+            -33,
+            -128,
+            -129,
+            255,
+            256,
+            2**15,
+            -(2**15) - 1,
+            2**16,
+            2**31,
+            -(2**31) - 1,
+            2**32,
+            2**63 - 1,
+            2**63,
+            -(2**63),
+        ]
+    ),
     st.floats(allow_nan=True),
     st.text(max_size=300),
     st.binary(max_size=300),
@@ -74,8 +109,20 @@ scalars = st.one_of(
 not_simple = st.one_of(
     st.integers(min_value=2**64, max_value=2**70),
     st.integers(max_value=-(2**63) - 1, min_value=-(2**70)),
-    st.sampled_from(["\ud800", 1j, [1], {"a": 1}, bytearray(b"x"), frozenset(), ((1,),),
-                     (2**64,), tuple(range(16)), ("\ud800",)]),
+    st.sampled_from(
+        [
+            "\ud800",
+            1j,
+            [1],
+            {"a": 1},
+            bytearray(b"x"),
+            frozenset(),
+            ((1,),),
+            (2**64,),
+            tuple(range(16)),
+            ("\ud800",),
+        ]
+    ),
 )
 
 
@@ -104,7 +151,9 @@ def test_twins_have_every_name_of_the_helper():
         assert f"{n}" in stub, n
     for cls in ("Words", "ProcessState", "StoreBase", "ViewBase", "TableCacheBase"):
         assert _public(getattr(native, cls)) <= _public(getattr(fallback, cls)) | {"_bind_state"}, cls
-        assert _public(getattr(fallback, cls)) - {"_check", "_view", "_nwords"} >= _public(getattr(native, cls)), cls
+        assert _public(getattr(fallback, cls)) - {"_check", "_view", "_nwords"} >= _public(
+            getattr(native, cls)
+        ), cls
 
 
 def test_mirrored_constants_agree():
@@ -120,11 +169,23 @@ def test_mirrored_constants_agree():
 
 def test_speedups_exports_one_implementation():
     source = fallback if speedups.IMPLEMENTATION != "native" else native
-    for name in ("ProcessState", "StoreBase", "ViewBase", "parse_records", "apply_sets",
-                 "types_within", "contains_type", "msgpack_length", "crc32"):
+    for name in (
+        "ProcessState",
+        "StoreBase",
+        "ViewBase",
+        "parse_records",
+        "apply_sets",
+        "types_within",
+        "contains_type",
+        "msgpack_length",
+        "crc32",
+    ):
         assert getattr(speedups, name) is getattr(source, name), name
-    expected_words = {"native": getattr(native, "Words", None), "bound": fallback.BoundWords,
-                      "public": fallback.PublicWords}[speedups.IMPLEMENTATION]
+    expected_words = {
+        "native": getattr(native, "Words", None),
+        "bound": fallback.BoundWords,
+        "public": fallback.PublicWords,
+    }[speedups.IMPLEMENTATION]
     assert speedups.Words is expected_words
 
 
@@ -140,7 +201,9 @@ def test_crc32_is_zlibs(impl, data, start):
 
 @impls
 @settings(max_examples=300)
-@given(st.one_of(scalars, not_simple, st.text(min_size=100, max_size=400), st.binary(min_size=100, max_size=400)))
+@given(
+    st.one_of(scalars, not_simple, st.text(min_size=100, max_size=400), st.binary(min_size=100, max_size=400))
+)
 def test_key_hash_common_is_key_hash_or_none(impl, key):
     """The table's key hash (issue 22): the compiled word hash and numeric hash give
     _codec/keyhash.py's values bit for bit (every tail length of the last word
@@ -156,9 +219,12 @@ def test_key_hash_common_is_key_hash_or_none(impl, key):
 
 @impls
 @settings(max_examples=50, deadline=None)
-@given(st.dictionaries(st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers()),
-                       st.integers(), max_size=40),
-       st.lists(st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers()), max_size=10))
+@given(
+    st.dictionaries(
+        st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers()), st.integers(), max_size=40
+    ),
+    st.lists(st.one_of(st.text(max_size=40), st.binary(max_size=40), st.integers()), max_size=10),
+)
 def test_table_probe_answers_as_the_dict(impl, model, absent):
     """table_get (str and bytes keys) and table_candidates (the rest) over a table
     built from ``model``; the damage messages are the same strings on every impl."""
@@ -184,8 +250,11 @@ def test_table_probe_answers_as_the_dict(impl, model, absent):
         del value
         t.close()
         buf[last] ^= 0xFF
-        got = (impl.table_get(buf, slots, start, end, k0) if type(k0) in (str, bytes)
-               else impl.table_candidates(buf, slots, start, end, hash_key(k0)))
+        got = (
+            impl.table_get(buf, slots, start, end, k0)
+            if type(k0) in (str, bytes)
+            else impl.table_candidates(buf, slots, start, end, hash_key(k0))
+        )
         assert got == "table entry fails its checksum"
 
 
@@ -202,17 +271,46 @@ def table_of(model):
 
 
 #: Ints at every msgpack length boundary, both signs, and past 64 bits.
-BOUNDARY_INTS = sorted({s * b + d for b in (0, 0x1F, 0x20, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000,
-                                            0xFFFFFFFF, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1)
-                        for s in (1, -1) for d in (-1, 0, 1)})
+BOUNDARY_INTS = sorted(
+    {
+        s * b + d
+        for b in (
+            0,
+            0x1F,
+            0x20,
+            0x7F,
+            0x80,
+            0xFF,
+            0x100,
+            0xFFFF,
+            0x10000,
+            0xFFFFFFFF,
+            1 << 32,
+            (1 << 63) - 1,
+            1 << 63,
+            (1 << 64) - 1,
+        )
+        for s in (1, -1)
+        for d in (-1, 0, 1)
+    }
+)
 
 
 @impls
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.one_of(st.text(max_size=10), st.sampled_from(BOUNDARY_INTS), st.integers(),
-                                 st.sampled_from([1.0, True, False, 0.0, 2.0 ** 63, -2.0 ** 63, 7.5])),
-                       st.integers(), max_size=40),
-       st.lists(st.one_of(st.sampled_from(BOUNDARY_INTS), st.integers(), st.text(max_size=10)), max_size=10))
+@given(
+    st.dictionaries(
+        st.one_of(
+            st.text(max_size=10),
+            st.sampled_from(BOUNDARY_INTS),
+            st.integers(),
+            st.sampled_from([1.0, True, False, 0.0, 2.0**63, -(2.0**63), 7.5]),
+        ),
+        st.integers(),
+        max_size=40,
+    ),
+    st.lists(st.one_of(st.sampled_from(BOUNDARY_INTS), st.integers(), st.text(max_size=10)), max_size=10),
+)
 def test_table_offsets_of_str_and_int_keys_are_the_probes(impl, model, absent):
     """table_get(..., offset=True): a str key's entry offset, an int key's by its
     own encoding (every length of msgpack's int forms), or -1 when an entry of
@@ -238,9 +336,18 @@ def test_table_offsets_of_str_and_int_keys_are_the_probes(impl, model, absent):
 
 @needs_native
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.one_of(st.text(max_size=20), st.binary(max_size=20), st.integers(),
-                                 st.tuples(st.integers(), st.text(max_size=3))),
-                       st.one_of(scalars, st.lists(st.integers(), max_size=4)), max_size=60))
+@given(
+    st.dictionaries(
+        st.one_of(
+            st.text(max_size=20),
+            st.binary(max_size=20),
+            st.integers(),
+            st.tuples(st.integers(), st.text(max_size=3)),
+        ),
+        st.one_of(scalars, st.lists(st.integers(), max_size=4)),
+        max_size=60,
+    )
+)
 def test_table_writers_write_the_same_bytes_on_every_impl(model):
     """table_fill and table_index: the compiled helper and the twins write
     identical tables (entries, padding, crcs, index) from one packed dict."""
@@ -273,9 +380,15 @@ def test_table_writers_write_the_same_bytes_on_every_impl(model):
 
 @needs_native
 @settings(max_examples=80, deadline=None)
-@given(st.dictionaries(st.one_of(st.text(max_size=12), st.integers()), st.one_of(scalars, st.text(max_size=90)),
-                       min_size=1, max_size=40),
-       st.data())
+@given(
+    st.dictionaries(
+        st.one_of(st.text(max_size=12), st.integers()),
+        st.one_of(scalars, st.text(max_size=90)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.data(),
+)
 def test_table_merge_writes_the_same_bytes_on_every_impl(model, data):
     """table_merge: an old table's entries with some dropped and some given
     new values (of other lengths) -- the compiled helper and the twins write
@@ -318,28 +431,45 @@ def test_table_merge_writes_the_same_bytes_on_every_impl(model, data):
     off = 8
     while off < len(out[0]):
         kl, vl = struct.unpack_from("<II", out[0], off + 8)
-        got[MSGPACK.loads(out[0][off + 24:off + 24 + kl])] = MSGPACK.loads(out[0][off + 24 + kl:off + 24 + kl + vl])
+        got[MSGPACK.loads(out[0][off + 24 : off + 24 + kl])] = MSGPACK.loads(
+            out[0][off + 24 + kl : off + 24 + kl + vl]
+        )
         assert fallback.entry_checked(out[0], 8, len(out[0]), off) == (
-            struct.unpack_from("<Q", out[0], off)[0], kl, vl)
+            struct.unpack_from("<Q", out[0], off)[0],
+            kl,
+            vl,
+        )
         off = (off + 24 + kl + vl + 7) & ~7
     assert repr(list(got.items())) == repr(list(want.items()))
     if changes:  # entries that end unaligned (a forged end): the last one's padding runs past it
         last = changes[-1][0]
         if last == offsets[-1]:
-            assert {impl.table_merge(None, 8, buf, start, end - 1, changes) for impl in (native, fallback)} == {
-                "table entry runs past the entries"}
+            assert {
+                impl.table_merge(None, 8, buf, start, end - 1, changes) for impl in (native, fallback)
+            } == {"table entry runs past the entries"}
     if changes:  # a changed entry damaged: reported, the same words on every impl
         at = changes[0][0]
         buf[at + 24] ^= 0xFF
         assert {impl.table_merge(None, 8, buf, start, end, changes) for impl in (native, fallback)} == {
-            "table entry fails its checksum"}
+            "table entry fails its checksum"
+        }
 
 
 @needs_native
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.one_of(st.text(max_size=10), st.sampled_from(BOUNDARY_INTS), st.integers(),
-                                 st.sampled_from([1.0, True, 0.0, 2.0 ** 63, 7.5, (1, 2), b"k"])),
-                       st.integers(), max_size=40), st.data())
+@given(
+    st.dictionaries(
+        st.one_of(
+            st.text(max_size=10),
+            st.sampled_from(BOUNDARY_INTS),
+            st.integers(),
+            st.sampled_from([1.0, True, 0.0, 2.0**63, 7.5, (1, 2), b"k"]),
+        ),
+        st.integers(),
+        max_size=40,
+    ),
+    st.data(),
+)
 def test_table_changes_are_the_probes_and_the_codecs_bytes_on_every_impl(model, data):
     """table_changes: the entries of the dead and changed keys it decides, at
     the offsets Table.find gives, with the codec's bytes of the new values; it
@@ -351,8 +481,9 @@ def test_table_changes_are_the_probes_and_the_codecs_bytes_on_every_impl(model, 
     from ultradict_ng._shm.table import Table, hash_key
 
     buf, slots, start, end = table_of(model)
-    keys = list(model) + data.draw(st.lists(st.one_of(st.text(max_size=5), st.integers(), st.sampled_from(
-        BOUNDARY_INTS)), max_size=5))
+    keys = list(model) + data.draw(
+        st.lists(st.one_of(st.text(max_size=5), st.integers(), st.sampled_from(BOUNDARY_INTS)), max_size=5)
+    )
     unique = list({k: None for k in keys})  # (keys equal to another, e.g. 1 and 1.0, once)
     dead, changed, hot = set(), set(), {}
     for k in unique:
@@ -396,8 +527,8 @@ def _reference_record(pos, tag, payload, size=300_000):
     buf = bytearray(size)
     length = len(payload)
     crc = zlib.crc32(payload, zlib.crc32(struct.pack("<II", length, tag)))
-    buf[pos:pos + 16] = struct.pack(L.RECORD_FORMAT, length, tag, crc, 0)
-    buf[pos + 16:pos + 16 + length] = payload
+    buf[pos : pos + 16] = struct.pack(L.RECORD_FORMAT, length, tag, crc, 0)
+    buf[pos + 16 : pos + 16 + length] = payload
     return pos + 16 + length, buf
 
 
@@ -417,8 +548,10 @@ def test_write_record_matches_the_spec(impl, payload, pos, tag):
 @given(key=scalars, value=scalars, pos=st.integers(0, 40), tag=st.integers(0, 2**32 - 1))
 def test_write_simple_is_the_general_encoding(impl, key, value, pos, tag):
     """write_simple stores the bytes of a record of codec.dumps(record)."""
-    for args, rec in (((L.OP_SET, key, value), [L.OP_SET, [], key, value]),
-                      ((L.OP_DEL, key), [L.OP_DEL, [], key])):
+    for args, rec in (
+        ((L.OP_SET, key, value), [L.OP_SET, [], key, value]),
+        ((L.OP_DEL, key), [L.OP_DEL, [], key]),
+    ):
         buf = bytearray(300_000)
         words = impl.Words(buf)
         end = words.write_simple(pos, tag, 300_000, *args)
@@ -427,7 +560,7 @@ def test_write_simple_is_the_general_encoding(impl, key, value, pos, tag):
         assert end == expected_end
         assert buf == expected
         # ...which decodes to an equal record of the same types (what the writer applies).
-        decoded = MSGPACK.loads(bytes(buf[pos + 16:end]))
+        decoded = MSGPACK.loads(bytes(buf[pos + 16 : end]))
         assert [type(x) for x in decoded] == [type(x) for x in rec]
         for got, want in zip(decoded, rec):
             assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got))
@@ -435,9 +568,13 @@ def test_write_simple_is_the_general_encoding(impl, key, value, pos, tag):
 
 @impls
 @settings(max_examples=150)
-@given(value=st.tuples() | st.lists(scalars, max_size=15).map(tuple) |
-       st.tuples(st.floats(), st.integers(0, 2**20), st.binary(max_size=70_000)),
-       pos=st.integers(0, 40), tag=st.integers(0, 2**32 - 1))
+@given(
+    value=st.tuples()
+    | st.lists(scalars, max_size=15).map(tuple)
+    | st.tuples(st.floats(), st.integers(0, 2**20), st.binary(max_size=70_000)),
+    pos=st.integers(0, 40),
+    tag=st.integers(0, 2**32 - 1),
+)
 def test_write_simple_writes_a_tuple_of_scalars_as_the_codec_does(impl, value, pos, tag):
     """A value that is a tuple of scalars (a cache entry's shape) takes the
     scalar path too: the codec's ext 1 bytes, decoding to an equal tuple."""
@@ -452,7 +589,7 @@ def test_write_simple_writes_a_tuple_of_scalars_as_the_codec_does(impl, value, p
         return
     expected_end, expected = _reference_record(pos, tag, payload)
     assert end == expected_end and buf == expected
-    got = MSGPACK.loads(bytes(buf[pos + 16:end]))[3]
+    got = MSGPACK.loads(bytes(buf[pos + 16 : end]))[3]
     assert type(got) is tuple and repr(got) == repr(value)
 
 
@@ -657,7 +794,7 @@ def test_release_wakes_only_when_a_waiter_is_registered(impl):
     buf = bytearray(48)
     words = impl.Words(buf)
     state = impl.ProcessState()
-    word = lambda i: int.from_bytes(buf[8 * i:8 * i + 8], sys.byteorder)  # noqa: E731
+    word = lambda i: int.from_bytes(buf[8 * i : 8 * i + 8], sys.byteorder)  # noqa: E731
     assert state.enter(words, 1, 5) is True
     assert state.exit(words, 1, 5) is True
     assert (word(2), word(3), word(4)) == (0, 0, 0)  # no waiter: no SEQ, no wake
@@ -712,7 +849,10 @@ def _implementation_in_child(value, var=speedups.ENV_VAR):
     env[var] = value
     return subprocess.run(
         [sys.executable, "-c", "import ultradict_ng.speedups as s; print(s.IMPLEMENTATION)"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -751,8 +891,7 @@ def test_native_and_fallback_processes_share_one_dict(name, other):
             d["last-" + str(i % 7)] = i
         d.close()
     """)
-    child = subprocess.Popen([sys.executable, "-c", script],
-                             env={**os.environ, speedups.ENV_VAR: other})
+    child = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, speedups.ENV_VAR: other})
     try:
         for _ in range(1500):
             with d.lock:
@@ -862,7 +1001,9 @@ def test_a_root_set_of_a_scalar_or_tuple_calls_set_root_without_the_slow_frame(n
         assert calls == ["a", "b", "c"]  # (patched: not the registered function, so called)
         monkeypatch.setattr(SharedDict, "_setitem_slow", slow)
         frames: list = []
-        sys.setprofile(lambda frame, event, arg: frames.append(frame.f_code.co_name) if event == "call" else None)
+        sys.setprofile(
+            lambda frame, event, arg: frames.append(frame.f_code.co_name) if event == "call" else None
+        )
         try:
             d["a"], d["b"], d["c"] = 2, "z", (2, "y")
         finally:
@@ -901,9 +1042,17 @@ def test_a_root_set_of_a_scalar_or_tuple_calls_set_root_without_the_slow_frame(n
 
 @impls
 @settings(max_examples=100)
-@given(st.lists(st.one_of(scalars, st.lists(scalars, max_size=5),
-                          st.dictionaries(st.text(max_size=5), scalars, max_size=5),
-                          st.tuples(scalars, scalars)), max_size=6))
+@given(
+    st.lists(
+        st.one_of(
+            scalars,
+            st.lists(scalars, max_size=5),
+            st.dictionaries(st.text(max_size=5), scalars, max_size=5),
+            st.tuples(scalars, scalars),
+        ),
+        max_size=6,
+    )
+)
 def test_msgpack_length_is_the_encoded_length(impl, values):
     """The framing check measures exactly one object, never more or less."""
     payload = MSGPACK.dumps([L.OP_UPDATE, [], [[i, v] for i, v in enumerate(values)]])
@@ -931,7 +1080,7 @@ def test_parse_records_checks_every_record(impl):
     assert "another generation" in impl.parse_records(chunk[:end], 4, 0)
     assert impl.parse_records(chunk[:end], 3 + 2**32, 0) == [one]  # the tag's low 32 bits
     assert "truncated record header at stream offset 100" == impl.parse_records(chunk[:10], 3, 100)
-    assert "overruns" in impl.parse_records(chunk[:end - 1], 3, 0)
+    assert "overruns" in impl.parse_records(chunk[: end - 1], 3, 0)
     damaged = bytearray(chunk[:end])
     damaged[20] ^= 1
     assert "checksum" in impl.parse_records(bytes(damaged), 3, 0)
@@ -961,12 +1110,17 @@ def test_loads_many_names_the_bad_record():
             MSGPACK.loads_many(payloads, framed)
 
 
-
 @impls
 def test_apply_sets_applies_the_leading_simple_sets(impl):
     data = {}
-    records = [[L.OP_SET, [], "a", 1], [L.OP_SET, [], 2, [1]], [L.OP_SET, ["n"], "x", 1],
-               [L.OP_SET, [], (1,), 2], [L.OP_DEL, [], "a"], [L.OP_SET, [], "b", 2]]
+    records = [
+        [L.OP_SET, [], "a", 1],
+        [L.OP_SET, [], 2, [1]],
+        [L.OP_SET, ["n"], "x", 1],
+        [L.OP_SET, [], (1,), 2],
+        [L.OP_DEL, [], "a"],
+        [L.OP_SET, [], "b", 2],
+    ]
     keys = record.SCALAR_TYPES
     assert impl.apply_sets(data, records, 0, L.OP_SET, keys) == 2
     assert data == {"a": 1, 2: [1]}
@@ -980,10 +1134,16 @@ def test_apply_sets_applies_the_leading_simple_sets(impl):
 # -- the codec's type scans ----------------------------------------------------------
 
 leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3))
-trees = st.recursive(leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.tuples(inner, inner),
-    st.dictionaries(st.text(max_size=3), inner, max_size=4),
-    st.frozensets(st.integers(), max_size=3)), max_leaves=30)
+trees = st.recursive(
+    leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner),
+        st.dictionaries(st.text(max_size=3), inner, max_size=4),
+        st.frozensets(st.integers(), max_size=3),
+    ),
+    max_leaves=30,
+)
 
 
 def _reference_contains(obj, tp, depth):
@@ -1007,15 +1167,28 @@ def test_contains_type_is_the_reference_walk(impl, tree, depth):
 
 def _reference_within(container, allowed, levels):
     members = [*container.keys(), *container.values()] if type(container) is dict else list(container)
-    return all(type(m) in allowed or (levels > 0 and type(m) in (list, tuple, dict, set, frozenset)
-                                       and _reference_within(m, allowed, levels - 1)) for m in members)
+    return all(
+        type(m) in allowed
+        or (
+            levels > 0
+            and type(m) in (list, tuple, dict, set, frozenset)
+            and _reference_within(m, allowed, levels - 1)
+        )
+        for m in members
+    )
 
 
 @impls
 @settings(max_examples=200)
-@given(container=st.one_of(st.lists(trees, max_size=5), st.dictionaries(st.text(max_size=3), trees, max_size=5),
-                           st.tuples(trees, trees), st.frozensets(st.integers(), max_size=4)),
-       levels=st.integers(0, 4))
+@given(
+    container=st.one_of(
+        st.lists(trees, max_size=5),
+        st.dictionaries(st.text(max_size=3), trees, max_size=5),
+        st.tuples(trees, trees),
+        st.frozensets(st.integers(), max_size=4),
+    ),
+    levels=st.integers(0, 4),
+)
 def test_types_within_levels_is_the_reference_scan(impl, container, levels):
     """With ``levels``, containers among the members are scanned that many levels down."""
     allowed = frozenset({int, str, type(None), bool})
@@ -1027,8 +1200,14 @@ def test_types_within_levels_is_the_reference_scan(impl, container, levels):
 
 
 @impls
-@given(container=st.one_of(st.lists(trees, max_size=5), st.dictionaries(st.text(max_size=3), trees, max_size=5),
-                           st.tuples(trees, trees), st.frozensets(st.integers(), max_size=4)))
+@given(
+    container=st.one_of(
+        st.lists(trees, max_size=5),
+        st.dictionaries(st.text(max_size=3), trees, max_size=5),
+        st.tuples(trees, trees),
+        st.frozensets(st.integers(), max_size=4),
+    )
+)
 def test_types_within_is_the_reference_scan(impl, container):
     allowed = frozenset({int, str, type(None)})
     members = [*container.keys(), *container.values()] if type(container) is dict else list(container)
@@ -1048,8 +1227,11 @@ def _general(obj):
     return new_chain()[0].pack(prepare(obj, 0, 0))
 
 
-row_values = scalars | st.lists(scalars, max_size=15).map(tuple) | st.tuples(
-    st.floats(), st.integers(0, 2**20), st.binary(max_size=70_000))
+row_values = (
+    scalars
+    | st.lists(scalars, max_size=15).map(tuple)
+    | st.tuples(st.floats(), st.integers(0, 2**20), st.binary(max_size=70_000))
+)
 
 
 def _holds_bytes_from(obj, threshold):
@@ -1116,9 +1298,22 @@ def test_pack_map_declines_what_is_not_a_scalar_row(impl, bad):
 
 @impls
 def test_pack_map_declines_other_shapes(impl):
-    for rows in ({"a": {"b": 1}}, {"a": [1]}, {"a": (1, (2,))}, {(1, 2): 1}, {frozenset(): 1},
-                 {"a": 2**64}, {"a": -(2**63) - 1}, {"a": tuple(range(16))}, {_Str("a"): 1},
-                 {"a": _Str("b")}, {_Int(1): 1}, {"a": (_Int(1),)}, {"a": 1.5j}, {"a": "\ud800"}):
+    for rows in (
+        {"a": {"b": 1}},
+        {"a": [1]},
+        {"a": (1, (2,))},
+        {(1, 2): 1},
+        {frozenset(): 1},
+        {"a": 2**64},
+        {"a": -(2**63) - 1},
+        {"a": tuple(range(16))},
+        {_Str("a"): 1},
+        {"a": _Str("b")},
+        {_Int(1): 1},
+        {"a": (_Int(1),)},
+        {"a": 1.5j},
+        {"a": "\ud800"},
+    ):
         assert impl.pack_map(rows, 0) is None, rows
         assert impl.pack_pairs([["x", 1], *([k, v] for k, v in rows.items())], 0) is None, rows
     assert impl.pack_map({"a": (1, 2)}, 0) is not None

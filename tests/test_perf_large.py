@@ -33,8 +33,21 @@ METRICS = ["write", "1st read", "2nd read", "RSS added"]
 @pytest.mark.slow
 def test_perf_big_quick(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "big", "--contenders",
-           ",".join(CONTENDERS), "--name-prefix", "t" + SESSION, "--out", str(out), "--no-plot"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perf",
+        "--quick",
+        "--only",
+        "big",
+        "--contenders",
+        ",".join(CONTENDERS),
+        "--name-prefix",
+        "t" + SESSION,
+        "--out",
+        str(out),
+        "--no-plot",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -49,8 +62,11 @@ def test_perf_big_quick(tmp_path: Path) -> None:
         assert bad not in proc.stderr, proc.stderr
     numpy_here = importlib.util.find_spec("numpy") is not None
 
-    recs = {(r["contender"], r["params"]["kind"], r["params"]["value_bytes"], r["params"]["metric"]): r
-            for r in data["records"] if r["workload"] == "big"}
+    recs = {
+        (r["contender"], r["params"]["kind"], r["params"]["value_bytes"], r["params"]["metric"]): r
+        for r in data["records"]
+        if r["workload"] == "big"
+    }
     for c in CONTENDERS:
         for kind in KINDS:
             for size in SIZES:

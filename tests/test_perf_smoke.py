@@ -25,8 +25,20 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_perf_quick_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "read,write,lock",
-           "--contenders", "ultradict_ng,dict", "--name-prefix", "t" + SESSION, "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perf",
+        "--quick",
+        "--only",
+        "read,write,lock",
+        "--contenders",
+        "ultradict_ng,dict",
+        "--name-prefix",
+        "t" + SESSION,
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -58,9 +70,23 @@ def test_perf_wakeup_quick_smoke(tmp_path: Path) -> None:
     from ultradict_ng import SharedDict
 
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "wakeup", "--wake-parts", "latency",
-           "--contenders", "ultradict_ng,event", "--name-prefix", "t" + SESSION, "--out", str(out),
-           "--no-plot"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perf",
+        "--quick",
+        "--only",
+        "wakeup",
+        "--wake-parts",
+        "latency",
+        "--contenders",
+        "ultradict_ng,event",
+        "--name-prefix",
+        "t" + SESSION,
+        "--out",
+        str(out),
+        "--no-plot",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -82,8 +108,10 @@ def test_perf_wakeup_quick_smoke(tmp_path: Path) -> None:
         assert all(0 < v < 5 for v in rec["values"]), key
         assert rec["params"]["lost"] == 0 and rec["ok"] is True, key
         assert not rec["params"]["waiter"]["imported_before_env"], key
-    assert rows["ultradict_ng:poll"].get("skipped") or \
-        rows["ultradict_ng:poll"]["params"]["waiter"]["env"] == "poll"
+    assert (
+        rows["ultradict_ng:poll"].get("skipped")
+        or rows["ultradict_ng:poll"]["params"]["waiter"]["env"] == "poll"
+    )
     assert "== 10. wake-up" in proc.stdout and "wake-up median <= 50 µs" in proc.stdout
 
 
@@ -91,15 +119,29 @@ def test_perf_wakeup_quick_smoke(tmp_path: Path) -> None:
 def test_perf_transactions_quick_smoke(tmp_path: Path) -> None:
     """Workload 13 on shared memory (Redis rows: skipped or measured, never failed)."""
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "transactions", "--name-prefix",
-           "t" + SESSION, "--out", str(out), "--no-plot"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perf",
+        "--quick",
+        "--only",
+        "transactions",
+        "--name-prefix",
+        "t" + SESSION,
+        "--out",
+        str(out),
+        "--no-plot",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     data = json.loads((out / "latest.json").read_text())
     assert data["status"] == "complete" and not data["leaks"], data["leaks"]
-    rows = {(r["params"]["backend"], r["params"]["mode"]): r for r in data["records"]
-            if r["workload"] == "transactions"}
+    rows = {
+        (r["params"]["backend"], r["params"]["mode"]): r
+        for r in data["records"]
+        if r["workload"] == "transactions"
+    }
     for mode in ("transaction", "lock", "plain"):
         rec = rows[("shm", mode)]
         assert rec["error"] is None and rec["ok"] is True, rec
@@ -114,16 +156,31 @@ def test_perf_bigdict_quick_smoke(tmp_path: Path) -> None:
     dict and a fresh reader reads it back right (no alert), with the table of
     results, the targets and the figure of its own."""
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "bigdict", "--name-prefix",
-           "t" + SESSION, "--out", str(out), "--repeat", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perf",
+        "--quick",
+        "--only",
+        "bigdict",
+        "--name-prefix",
+        "t" + SESSION,
+        "--out",
+        str(out),
+        "--repeat",
+        "1",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     data = json.loads((out / "latest.json").read_text())
     assert data["status"] == "complete" and not data["leaks"], data["leaks"]
     assert not data.get("alerts"), data.get("alerts")
-    rows = {(r["params"]["contender"], r["params"]["metric"]): r for r in data["records"]
-            if r["workload"] == "bigdict"}
+    rows = {
+        (r["params"]["contender"], r["params"]["metric"]): r
+        for r in data["records"]
+        if r["workload"] == "bigdict"
+    }
     for contender in ("ultradict_ng", "table", "lmdb"):
         for metric in ("load", "open", "random", "hot", "private", "items"):
             rec = rows[(contender, metric)]
@@ -141,8 +198,18 @@ def test_perf_cache_quick_smoke(tmp_path: Path) -> None:
     """Workload 15 in quick mode: ours measured in every part, peers measured or
     skipped (never failed), the exact LRUs agree, its own JSON (and plot)."""
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "perf", "--quick", "--only", "cache", "--name-prefix", "t" + SESSION,
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perf",
+        "--quick",
+        "--only",
+        "cache",
+        "--name-prefix",
+        "t" + SESSION,
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"

@@ -65,7 +65,7 @@ def test_readers_never_fail_while_writers_dump_constantly(name):
                 assert type(value) is list and value[1] == str(value[0])
         gens.add(d._store.gen)
         for _ in range(20):  # (cheap reads in between: the generations seen do not depend
-            d.get("total")   # on how many full passes a loaded machine allows)
+            d.get("total")  # on how many full passes a loaded machine allows)
             gens.add(d._store.gen)
         passes += 1
     try:
@@ -270,8 +270,7 @@ def _rewrite_table_header(buf, **fields):
     header.pack_into(buf, 0, *(values[n] for n in names), zlib.crc32(head), 0)
 
 
-@pytest.mark.parametrize("damage", ["entry-value", "entry-length", "token", "generation",
-                                    "count", "end"])
+@pytest.mark.parametrize("damage", ["entry-value", "entry-length", "token", "generation", "count", "end"])
 def test_damaged_table_dump_is_corrupt_never_a_wrong_dict(name, damage):
     """A table dump (layout: "Dump") is checked where the header's crc cannot
     vouch for it: each entry's crc and bounds, the token (another dict's
@@ -318,8 +317,17 @@ def test_damaged_table_dump_is_corrupt_never_a_wrong_dict(name, damage):
 def test_dump_forms(name):
     """A msgpack dict's dump is a table indexing every root key (a probe finds
     each, equal keys of other types included); a pickle dict's is the payload form."""
-    keys = [1, 2.5, "s", b"b", (1, "t"), frozenset({1, 2}), None, True,
-            datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)]
+    keys = [
+        1,
+        2.5,
+        "s",
+        b"b",
+        (1, "t"),
+        frozenset({1, 2}),
+        None,
+        True,
+        datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
+    ]
     d = SharedDict(name=name, buffer_size=64)
     d.update({k: [i, "x" * 50] for i, k in enumerate(keys)})
     seg = Segment.attach(L.dump_name(name, d._store.gen))
@@ -328,8 +336,12 @@ def test_dump_forms(name):
         try:
             assert table.count == len(keys) - 1  # True == 1: one key
             loads = d._store.codec.loads
-            for k in keys + [1.0, (1.0, "t"), frozenset({2, 1}),
-                             datetime.datetime(2026, 1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))]:
+            for k in keys + [
+                1.0,
+                (1.0, "t"),
+                frozenset({2, 1}),
+                datetime.datetime(2026, 1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=1))),
+            ]:
                 assert loads(table.lookup(k, loads)) == d[k]
         finally:
             table.close()
@@ -492,11 +504,7 @@ def test_attaching_process_exit_neither_unlinks_nor_warns(name):
     """Python < 3.13's resource tracker would unlink (and warn about) segments a
     process attached; ours are not registered with it."""
     d = SharedDict({"a": 1}, name=name)
-    code = (
-        "from ultradict_ng import SharedDict\n"
-        f"d = SharedDict(name={name!r}, create=False)\n"
-        "d['b'] = 2\n"
-    )
+    code = f"from ultradict_ng import SharedDict\nd = SharedDict(name={name!r}, create=False)\nd['b'] = 2\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "leaked" not in out.stderr and "resource_tracker" not in out.stderr
@@ -666,8 +674,10 @@ print("filled after", len(good), "writes")
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
-                    reason="needs root and unshare to mount a private, tiny /dev/shm")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
+    reason="needs root and unshare to mount a private, tiny /dev/shm",
+)
 @pytest.mark.parametrize("threshold", [0, 1024], ids=["dumps", "blobs"])
 def test_really_full_dev_shm(tmp_path, threshold):
     """/dev/shm really full (a private 2 MiB tmpfs): OutOfSpace, nothing changed, no
@@ -676,9 +686,17 @@ def test_really_full_dev_shm(tmp_path, threshold):
     script = tmp_path / "fill.py"
     script.write_text(FILL_SCRIPT)
     out = subprocess.run(
-        ["unshare", "-m", "sh", "-c",
-         f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} {script} {threshold}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=2m tmpfs /dev/shm && exec {sys.executable} {script} {threshold}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=dict(os.environ, PYTHONPATH=ROOT),
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -800,17 +818,27 @@ print("filled after", len(good), "writes; stream", d.buffer_size)
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
-                    reason="needs root and unshare to mount a private, tiny /dev/shm")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
+    reason="needs root and unshare to mount a private, tiny /dev/shm",
+)
 def test_really_full_dev_shm_with_a_growing_stream(tmp_path):
     """A growing stream in a private 4 MiB tmpfs: writes succeed or raise OutOfSpace
     with nothing changed, and never hit an unreserved page (SIGBUS, exit -7)."""
     script = tmp_path / "growfill.py"
     script.write_text(GROW_FILL_SCRIPT)
     out = subprocess.run(
-        ["unshare", "-m", "sh", "-c",
-         f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} {script}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} {script}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env=dict(os.environ, PYTHONPATH=ROOT),
     )
     assert out.returncode == 0, out.stdout + out.stderr

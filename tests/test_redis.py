@@ -20,7 +20,12 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from ultradict_ng import (
-    IncompatibleLayout, LockTimeout, NotFound, ParameterMismatch, SharedDict, Unlinked,
+    IncompatibleLayout,
+    LockTimeout,
+    NotFound,
+    ParameterMismatch,
+    SharedDict,
+    Unlinked,
     unlink_by_name,
 )
 from ultradict_ng._redis import layout as RL

@@ -180,12 +180,19 @@ def test_two_processes_share_a_dict_on_the_cluster(cl: RedisCluster) -> None:
 
         # wait_for_change wakes on another process's write.
         woke: Dict[str, Any] = {}
-        waiter = threading.Thread(target=lambda: woke.update(
-            r=outcome(lambda: d.wait_for_change(timeout=20)), at=time.monotonic()), name="waiter")
+        waiter = threading.Thread(
+            target=lambda: woke.update(r=outcome(lambda: d.wait_for_change(timeout=20)), at=time.monotonic()),
+            name="waiter",
+        )
         waiter.start()
-        wait_until(lambda: any(b"cmd=xread" in line and b"flags=b" in line
-                               for line in (cl.nodes[1].execute("CLIENT", "LIST") or b"").splitlines()),
-                   5, "the waiter blocked on node 1")
+        wait_until(
+            lambda: any(
+                b"cmd=xread" in line and b"flags=b" in line
+                for line in (cl.nodes[1].execute("CLIENT", "LIST") or b"").splitlines()
+            ),
+            5,
+            "the waiter blocked on node 1",
+        )
         setter = Child(workers.set_and_report, cl.url, name, "from-child", 7)
         children.append(setter)
         setter.expect("set")
@@ -221,17 +228,24 @@ def test_killed_node_fails_its_dicts_only_and_they_come_back(cl: RedisCluster) -
         cl.kill_node(0)
         t_kill = time.monotonic()
         ops = {
-            "read": lambda: d["a"], "copy": d.copy, "write": lambda: d.__setitem__("b", 2),
-            "update": lambda: d.update(c=3), "lock": lambda: d.lock.acquire(timeout=2),
-            "wait": lambda: d.wait_for_change(timeout=2), "stats": d.stats,
+            "read": lambda: d["a"],
+            "copy": d.copy,
+            "write": lambda: d.__setitem__("b", 2),
+            "update": lambda: d.update(c=3),
+            "lock": lambda: d.lock.acquire(timeout=2),
+            "wait": lambda: d.wait_for_change(timeout=2),
+            "stats": d.stats,
         }
         for what, op in ops.items():
             t0 = time.monotonic()
             kind, got = outcome(op)
             assert kind == "raised" and isinstance(got, BackendUnavailable), (what, got)
             assert time.monotonic() - t0 < 3.0, what
-        wait_until(lambda: isinstance(outcome(lambda: cached["a"])[1], BackendUnavailable),
-                   0.3 + MARGIN, "the cached handle raising BackendUnavailable")
+        wait_until(
+            lambda: isinstance(outcome(lambda: cached["a"])[1], BackendUnavailable),
+            0.3 + MARGIN,
+            "the cached handle raising BackendUnavailable",
+        )
         assert time.monotonic() - t_kill < 10
 
         # The other masters serve on, also past the node timeout (2 s) when the rest of
@@ -253,8 +267,11 @@ def test_killed_node_fails_its_dicts_only_and_they_come_back(cl: RedisCluster) -
         wait_until(lambda: outcome(lambda: d["a"]) == ("ok", 1), 5, "the dict back after the restart")
         d["b"] = 2
         assert d.copy() == {"a": 1, "b": 2}
-        wait_until(lambda: outcome(cached.copy) == ("ok", {"a": 1, "b": 2}), 0.3 + 5,
-                   "the cached handle back after the restart")
+        wait_until(
+            lambda: outcome(cached.copy) == ("ok", {"a": 1, "b": 2}),
+            0.3 + 5,
+            "the cached handle back after the restart",
+        )
         with d.lock:
             d["c"] = 3
         assert other["a"] == 1
@@ -272,10 +289,12 @@ def test_cluster_down_is_backend_unavailable(cl: RedisCluster) -> None:
     d = SharedDict(name, backend=cl.url)
     results: Dict[str, Any] = {}
     threads = [
-        threading.Thread(target=lambda: results.update(wait=outcome(lambda: d.wait_for_change(20))),
-                         name="down-wait"),
-        threading.Thread(target=lambda: results.update(changes=outcome(lambda: list(d.changes(20)))),
-                         name="down-changes"),
+        threading.Thread(
+            target=lambda: results.update(wait=outcome(lambda: d.wait_for_change(20))), name="down-wait"
+        ),
+        threading.Thread(
+            target=lambda: results.update(changes=outcome(lambda: list(d.changes(20)))), name="down-changes"
+        ),
     ]
     for node in cl.nodes:
         node.execute("CONFIG", "SET", "cluster-require-full-coverage", "yes")
@@ -283,9 +302,17 @@ def test_cluster_down_is_backend_unavailable(cl: RedisCluster) -> None:
         d["a"] = 1
         for t in threads:
             t.start()
-        wait_until(lambda: sum(b"cmd=xread" in line and b"flags=b" in line
-                               for line in (cl.nodes[1].execute("CLIENT", "LIST") or b"").splitlines()) >= 2,
-                   5, "both waiters blocked")
+        wait_until(
+            lambda: (
+                sum(
+                    b"cmd=xread" in line and b"flags=b" in line
+                    for line in (cl.nodes[1].execute("CLIENT", "LIST") or b"").splitlines()
+                )
+                >= 2
+            ),
+            5,
+            "both waiters blocked",
+        )
         cl.kill_node(0)
         cl.wait_down(15)
         for t in threads:
@@ -344,8 +371,11 @@ def test_a_moved_slot_is_followed(cl: RedisCluster) -> None:
         with d.lock:
             d["c"] = 3
         assert d.copy() == {"a": 1, "b": 2, "c": 3}
-        wait_until(lambda: outcome(cached.copy) == ("ok", {"a": 1, "b": 2, "c": 3}), 0.3 + 2,
-                   "the cached handle following the slot")
+        wait_until(
+            lambda: outcome(cached.copy) == ("ok", {"a": 1, "b": 2, "c": 3}),
+            0.3 + 2,
+            "the cached handle following the slot",
+        )
     finally:
         if moved:
             _migrate_slot(cl, slot, 1, 0)

@@ -98,8 +98,14 @@ def test_kill_with_persistence_loses_no_acknowledged_write(name: str) -> None:
                 pump()
                 return any(m[0] == "err" for m in writer.messages)
 
-            wait_until(failed, 10, lambda: "the writer reporting a failed write while the server "
-                       f"is down (alive: {writer.proc.is_alive()}, last: {writer.messages[-3:]})")
+            wait_until(
+                failed,
+                10,
+                lambda: (
+                    "the writer reporting a failed write while the server "
+                    f"is down (alive: {writer.proc.is_alive()}, last: {writer.messages[-3:]})"
+                ),
+            )
             first_err = next(i for i, m in enumerate(writer.messages) if m[0] == "err")
             before_kill = {m[1] for m in writer.messages[:first_err] if m[0] == "ack"}
             assert acked == list(range(len(acked))), "acks out of order"
@@ -112,8 +118,11 @@ def test_kill_with_persistence_loses_no_acknowledged_write(name: str) -> None:
             assert kind == "raised" and isinstance(exc, BackendUnavailable), exc
             assert time.monotonic() - t0 < 5
             # The cached handle stops answering from its cache within its bound.
-            wait_until(lambda: isinstance(outcome(lambda: cached["k0"])[1], BackendUnavailable),
-                       staleness + MARGIN, "a cached read raising BackendUnavailable")
+            wait_until(
+                lambda: isinstance(outcome(lambda: cached["k0"])[1], BackendUnavailable),
+                staleness + MARGIN,
+                "a cached read raising BackendUnavailable",
+            )
             assert time.monotonic() - t_kill < staleness + MARGIN + 1.0
 
             pump()
@@ -137,8 +146,11 @@ def test_kill_with_persistence_loses_no_acknowledged_write(name: str) -> None:
 
             # The writer gets going again.
             last = max(before_kill)
-            wait_until(lambda: (pump(), len(acked) > last + 20)[1], 20,
-                       "20 more acknowledged writes after the restart")
+            wait_until(
+                lambda: (pump(), len(acked) > last + 20)[1],
+                20,
+                "20 more acknowledged writes after the restart",
+            )
             writer.conn.send("stop")
             done = writer.expect("done")
             writer.proc.join(15)
@@ -156,8 +168,11 @@ def test_kill_with_persistence_loses_no_acknowledged_write(name: str) -> None:
             assert acked == list(range(done[1]))
             assert fresh.copy() == expected  # every acknowledged write, nothing else
             assert d.copy() == expected
-            wait_until(lambda: cached.copy() == expected, staleness + MARGIN,
-                       "the cached handle converging on the latest state")
+            wait_until(
+                lambda: cached.copy() == expected,
+                staleness + MARGIN,
+                "the cached handle converging on the latest state",
+            )
             assert fresh.stats()["seq"] >= done[1]
             assert time.monotonic() - t_restart < 60
         finally:
@@ -188,9 +203,16 @@ def test_kill_without_persistence_makes_every_handle_unlinked(name: str) -> None
             srv.restart()
             t_restart = time.monotonic()
 
-            for op in (lambda: d["a"], lambda: other["a"], lambda: d.copy(), lambda: len(other),
-                       lambda: d.__setitem__("b", 2), lambda: other.update(c=3),
-                       lambda: d.lock.acquire(timeout=1), lambda: other.wait_for_change(1)):
+            for op in (
+                lambda: d["a"],
+                lambda: other["a"],
+                lambda: d.copy(),
+                lambda: len(other),
+                lambda: d.__setitem__("b", 2),
+                lambda: other.update(c=3),
+                lambda: d.lock.acquire(timeout=1),
+                lambda: other.wait_for_change(1),
+            ):
                 with pytest.raises(Unlinked, match="without persistence"):
                     op()
 
@@ -239,8 +261,9 @@ def test_kill_without_persistence_makes_every_handle_unlinked(name: str) -> None
 # ---------------------------------------------------------------------------- 3. CLIENT KILL
 
 
-def test_client_kill_reads_reconnect_and_return_current_data(name: str, redis_url: str,
-                                                            redis_server: RedisServer) -> None:
+def test_client_kill_reads_reconnect_and_return_current_data(
+    name: str, redis_url: str, redis_server: RedisServer
+) -> None:
     """Every connection cut, three times over (the server stays up): fresh and cached
     reads keep working without an error and return the current data."""
     staleness = 0.3
@@ -260,8 +283,11 @@ def test_client_kill_reads_reconnect_and_return_current_data(name: str, redis_ur
             assert fresh["v"] == round_  # reconnects, no error, current
             assert d.get("v") == round_
             seen: List[Any] = []
-            wait_until(lambda: (seen.append(cached["v"]), seen[-1] == round_)[1],
-                       staleness + MARGIN, f"the cached handle seeing v={round_}")
+            wait_until(
+                lambda: (seen.append(cached["v"]), seen[-1] == round_)[1],
+                staleness + MARGIN,
+                f"the cached handle seeing v={round_}",
+            )
             assert set(seen) <= {round_ - 1, round_}
             assert fresh.copy() == cached.copy() == {"v": round_}
     finally:
@@ -271,7 +297,8 @@ def test_client_kill_reads_reconnect_and_return_current_data(name: str, redis_ur
 
 
 def test_client_kill_under_blocked_waiters_they_reconnect_and_wake(
-        name: str, redis_url: str, redis_server: RedisServer) -> None:
+    name: str, redis_url: str, redis_server: RedisServer
+) -> None:
     """A ``wait_for_change`` and a ``changes()`` iterator blocked in ``XREAD`` when their
     connection is cut: reading is safe to repeat, so they block again on a new
     connection, and a write made afterwards wakes both -- with the new value, never a
@@ -294,11 +321,13 @@ def test_client_kill_under_blocked_waiters_they_reconnect_and_wake(
         threads = [threading.Thread(target=wait, name="wait"), threading.Thread(target=watch, name="watch")]
         for t in threads:
             t.start()
-        wait_until(lambda: blocked_clients(redis_server, "xread") >= 2, 5,
-                   "both waiters blocked in XREAD")
+        wait_until(lambda: blocked_clients(redis_server, "xread") >= 2, 5, "both waiters blocked in XREAD")
         redis_server.client_kill()
-        wait_until(lambda: blocked_clients(redis_server, "xread") >= 2, 5,
-                   "both waiters blocked again on new connections")
+        wait_until(
+            lambda: blocked_clients(redis_server, "xread") >= 2,
+            5,
+            "both waiters blocked again on new connections",
+        )
         assert all(t.is_alive() for t in threads), results
         d["v"] = 1  # (d's connection was cut too: the write reconnects first)
         for t in threads:
@@ -372,9 +401,12 @@ def test_paused_server_cached_reads_stop_within_staleness(name: str) -> None:
             srv.pause()
             t_pause = time.monotonic()
 
-            f = threading.Thread(target=lambda: fresh_result.update(
-                r=outcome(lambda: fresh["v"]), at=time.monotonic()), name="fresh-reader")
+            f = threading.Thread(
+                target=lambda: fresh_result.update(r=outcome(lambda: fresh["v"]), at=time.monotonic()),
+                name="fresh-reader",
+            )
             f.start()
+
             # Wait until the cached reader is stuck (or failing): it must get there
             # within the bound.
             def stuck() -> bool:
@@ -382,6 +414,7 @@ def test_paused_server_cached_reads_stop_within_staleness(name: str) -> None:
                     return False
                 last = log[-1]
                 return last[2] == "raised" or time.monotonic() - last[1] > 0.2
+
             wait_until(stuck, staleness + MARGIN + 1.0, "cached reads stopping during the pause")
             # Stay paused for a while longer: reads must not come back on their own.
             hold_until = time.monotonic() + 2 * staleness
@@ -394,8 +427,11 @@ def test_paused_server_cached_reads_stop_within_staleness(name: str) -> None:
             assert not f.is_alive(), "a fresh read still blocked after the resume"
 
             d["v"] = 2
-            wait_until(lambda: log and log[-1][2] == "ok" and log[-1][3] == 2, staleness + MARGIN + 1,
-                       "the cached reader seeing the write made after the resume")
+            wait_until(
+                lambda: log and log[-1][2] == "ok" and log[-1][3] == 2,
+                staleness + MARGIN + 1,
+                "the cached reader seeing the write made after the resume",
+            )
             stop.set()
             t.join(10)
 
@@ -403,7 +439,8 @@ def test_paused_server_cached_reads_stop_within_staleness(name: str) -> None:
             served_late = [e for e in during if e[2] == "ok" and e[0] > t_pause + staleness + 0.2]
             assert not served_late, (
                 f"cached reads begun {served_late[0][0] - t_pause:.3f} s after the pause "
-                "answered from the cache while the server was stopped")
+                "answered from the cache while the server was stopped"
+            )
             errors = [e[3] for e in log if e[2] == "raised"]
             assert all(isinstance(e, BackendUnavailable) for e in errors), errors[:3]
             blocked = [e for e in log if e[0] < t_resume <= e[1]]
@@ -458,9 +495,9 @@ def test_a_stalled_server_does_not_cost_the_leases_held_on_another(name: str) ->
 
 
 @pytest.mark.parametrize("lease, bound", [(1.0, 2.0), (None, 4.0)], ids=["lease1", "default-lease"])
-def test_killed_lock_holder_is_taken_over_within_its_lease(name: str, redis_url: str,
-                                                           redis_server: RedisServer,
-                                                           lease: Optional[float], bound: float) -> None:
+def test_killed_lock_holder_is_taken_over_within_its_lease(
+    name: str, redis_url: str, redis_server: RedisServer, lease: Optional[float], bound: float
+) -> None:
     """A child holding ``with d.lock:`` is SIGKILLed: another handle gets the lock within
     the lease (plus scheduling slack), and a write that was waiting for the lock lands."""
     kwargs: Dict[str, Any] = {} if lease is None else {"lease": lease}
@@ -481,8 +518,9 @@ def test_killed_lock_holder_is_taken_over_within_its_lease(name: str, redis_url:
         w = threading.Thread(target=blocked_write, name="blocked-write")
         w.start()
         # The write waits for the lock (it cannot land while the holder lives).
-        wait_until(lambda: blocked_clients(redis_server, "xread") >= 1, 5,
-                   "the write waiting for the release")
+        wait_until(
+            lambda: blocked_clients(redis_server, "xread") >= 1, 5, "the write waiting for the release"
+        )
         assert "r" not in done and d["x"] == 0
         holder.proc.kill()
         t_kill = time.monotonic()
@@ -568,10 +606,16 @@ def test_unreachable_server_at_open_raises_quickly_and_leaves_nothing(name: str)
     assert threading.active_count() == threads
 
 
-@pytest.mark.parametrize("url", [
-    "redis://127.0.0.1:notaport/0", "redis://127.0.0.1:99999/0", "redis://[::1", "http://127.0.0.1:6379/0",
-    "127.0.0.1:6379",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:notaport/0",
+        "redis://127.0.0.1:99999/0",
+        "redis://[::1",
+        "http://127.0.0.1:6379/0",
+        "127.0.0.1:6379",
+    ],
+)
 def test_bad_url_is_a_value_error(name: str, url: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(ValueError):
@@ -585,20 +629,40 @@ def _foreign(kind: str, key: str, srv: RedisServer) -> None:
     elif kind == "meta-missing-fields":
         srv.execute("HSET", key, "epoch", "0123456789abcdef", "owner", "another program")
     else:
-        srv.execute("HSET", key, "version", 99, "epoch", "0123456789abcdef", "codec", 1,
-                    "recurse", 0, "minlog", 1024, "seq", 0, "snap", 0)
+        srv.execute(
+            "HSET",
+            key,
+            "version",
+            99,
+            "epoch",
+            "0123456789abcdef",
+            "codec",
+            1,
+            "recurse",
+            0,
+            "minlog",
+            1024,
+            "seq",
+            0,
+            "snap",
+            0,
+        )
 
 
-@pytest.mark.parametrize("kind, create", [
-    pytest.param("string-meta", None),
-    pytest.param("string-meta", False),
-    pytest.param("meta-missing-fields", None),
-    pytest.param("meta-missing-fields", False),
-    pytest.param("other-version", None),
-    pytest.param("other-version", False),
-])
-def test_foreign_data_under_the_dicts_name_is_a_clear_error(name: str, redis_url: str, redis_server: RedisServer,
-                                                            kind: str, create: Optional[bool]) -> None:
+@pytest.mark.parametrize(
+    "kind, create",
+    [
+        pytest.param("string-meta", None),
+        pytest.param("string-meta", False),
+        pytest.param("meta-missing-fields", None),
+        pytest.param("meta-missing-fields", False),
+        pytest.param("other-version", None),
+        pytest.param("other-version", False),
+    ],
+)
+def test_foreign_data_under_the_dicts_name_is_a_clear_error(
+    name: str, redis_url: str, redis_server: RedisServer, kind: str, create: Optional[bool]
+) -> None:
     """``{ud:NAME}:meta`` holding something this protocol did not write: opening the dict
     (creating or attaching) raises one of our errors, naming the key, and leaves the
     foreign data alone."""

@@ -66,8 +66,7 @@ def accepts(port: int) -> bool:
 # ---------------------------------------------------------------------------- require_redis
 
 
-def test_require_redis_skips_loudly_without_a_server(monkeypatch: pytest.MonkeyPatch,
-                                                     tmp_path: Any) -> None:
+def test_require_redis_skips_loudly_without_a_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty dir: no redis-server on PATH
     monkeypatch.delenv("CI", raising=False)
     assert redis_servers.redis_binary() is None
@@ -77,8 +76,7 @@ def test_require_redis_skips_loudly_without_a_server(monkeypatch: pytest.MonkeyP
     assert "REDIS TESTS NOT RUN" in str(info.value)
 
 
-def test_require_redis_fails_in_ci_without_a_server(monkeypatch: pytest.MonkeyPatch,
-                                                    tmp_path: Any) -> None:
+def test_require_redis_fails_in_ci_without_a_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception) as info:
@@ -255,8 +253,7 @@ def test_client_kill_cuts_every_connection(redis_py: Any) -> None:
 
 def test_client_kill_by_name(redis_py: Any) -> None:
     with RedisServer.start() as srv:
-        victim = no_retry_client(redis_py, srv.url, single_connection_client=True,
-                                 client_name="victim")
+        victim = no_retry_client(redis_py, srv.url, single_connection_client=True, client_name="victim")
         bystander = no_retry_client(redis_py, srv.url, single_connection_client=True)
         victim.ping()
         bystander.ping()
@@ -282,10 +279,12 @@ def test_flushall_and_info(redis_py: Any) -> None:
 def _child(body: str) -> "subprocess.Popen[str]":
     """A Python process that starts a server, runs ``body`` (which prints the server's
     pid and work dir) and ends -- the way a test session ends."""
-    script = (f"import os, signal, sys; sys.path.insert(0, {TESTS!r})\n"
-              "from redis_servers import RedisServer\n"
-              "srv = RedisServer.start()\n"
-              "def report(): print(srv.pid, srv.workdir, flush=True)\n" + body)
+    script = (
+        f"import os, signal, sys; sys.path.insert(0, {TESTS!r})\n"
+        "from redis_servers import RedisServer\n"
+        "srv = RedisServer.start()\n"
+        "def report(): print(srv.pid, srv.workdir, flush=True)\n" + body
+    )
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
 
 
@@ -319,10 +318,23 @@ def test_servers_die_with_their_process(redis_py: Any) -> None:
 # ---------------------------------------------------------------------------- cluster
 
 
-@pytest.mark.parametrize("key", [
-    "foo", "", "{user1000}.following", "{user1000}.followers", "foo{}{bar}", "foo{{bar}}zap",
-    "foo{bar}{zap}", "{}", "a{", "}{a}", "\u00e9t\u00e9", b"\xff\x00{\x01}",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "foo",
+        "",
+        "{user1000}.following",
+        "{user1000}.followers",
+        "foo{}{bar}",
+        "foo{{bar}}zap",
+        "foo{bar}{zap}",
+        "{}",
+        "a{",
+        "}{a}",
+        "\u00e9t\u00e9",
+        b"\xff\x00{\x01}",
+    ],
+)
 def test_key_slot_matches_redis_py(redis_py: Any, key: Any) -> None:
     from redis.crc import key_slot as redis_py_key_slot
 
@@ -343,9 +355,12 @@ def test_cluster_spreads_keys_over_three_masters(redis_py: Any) -> None:
         assert len(cluster.nodes) == 3 and started < 10
         assert cluster.startup_nodes == [(HOST, node.port) for node in cluster.nodes]
         assert cluster.url == cluster.nodes[0].url
-        client = ClusterClient(startup_nodes=[
-            ClusterNode(h, p)  # type: ignore[no-untyped-call]
-            for h, p in cluster.startup_nodes])
+        client = ClusterClient(
+            startup_nodes=[
+                ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                for h, p in cluster.startup_nodes
+            ]
+        )
         keys = [f"key{i}" for i in range(30)]
         for key in keys:
             client.set(key, key.upper())

@@ -12,14 +12,25 @@ from typing import Any, Dict, List, Tuple
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    run_state_machine_as_test,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from tests.conftest import unique_name
 from ultradict_ng import SharedDict
 
 keys = st.one_of(st.integers(-3, 8), st.sampled_from(["a", "b", "c", ""]), st.tuples(st.integers(0, 2)))
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.binary(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
     st.floats(allow_nan=False),
 )
 values = st.recursive(
@@ -27,8 +38,9 @@ values = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner, inner)),
     max_leaves=6,
 )
-big_values = st.one_of(st.binary(min_size=300, max_size=3000),
-                       st.binary(min_size=300, max_size=3000).map(bytearray))
+big_values = st.one_of(
+    st.binary(min_size=300, max_size=3000), st.binary(min_size=300, max_size=3000).map(bytearray)
+)
 
 
 class TwoHandles(RuleBasedStateMachine):
@@ -40,8 +52,9 @@ class TwoHandles(RuleBasedStateMachine):
         that large go to blobs."""
         self.name = unique_name("sm")
         self.threshold = threshold
-        self.a = SharedDict(name=self.name, create=True, recurse=True, buffer_size=buffer_size,
-                            blob_threshold=threshold)
+        self.a = SharedDict(
+            name=self.name, create=True, recurse=True, buffer_size=buffer_size, blob_threshold=threshold
+        )
         self.b = SharedDict(name=self.name, create=False)
         self.model: Dict[Any, Any] = {}
 
@@ -81,9 +94,16 @@ class TwoHandles(RuleBasedStateMachine):
         shared[key] = value
         node[key] = value
 
-    @rule(which=st.booleans(), data=st.data(), key=keys,
-          value=st.one_of(st.lists(big_values, max_size=3), st.tuples(big_values, values),
-                          st.dictionaries(keys, big_values, max_size=3)))
+    @rule(
+        which=st.booleans(),
+        data=st.data(),
+        key=keys,
+        value=st.one_of(
+            st.lists(big_values, max_size=3),
+            st.tuples(big_values, values),
+            st.dictionaries(keys, big_values, max_size=3),
+        ),
+    )
     def set_big_inside(self, which: bool, data: st.DataObject, key: Any, value: Any) -> None:
         """Big values inside lists, tuples and (nested, with recurse) dicts."""
         shared, node = self.target(which, data)
@@ -170,6 +190,7 @@ class TwoHandles(RuleBasedStateMachine):
     def one_blob_per_big_value(self) -> None:
         """Blobs are reclaimed at once: exactly the model's big values have one.
         (Shared memory only: the Redis engine keeps every value inline.)"""
+
         def big(value: Any) -> int:
             if type(value) in (bytes, bytearray):
                 return int(0 < self.threshold <= len(value))
@@ -190,5 +211,9 @@ class TwoHandles(RuleBasedStateMachine):
 
 def test_two_handles(each_backend: str) -> None:
     """The machine on every engine (conftest: each_backend)."""
-    run_state_machine_as_test(TwoHandles, settings=settings(
-        max_examples=60 if each_backend == "shm" else 30, stateful_step_count=40, deadline=None))
+    run_state_machine_as_test(
+        TwoHandles,
+        settings=settings(
+            max_examples=60 if each_backend == "shm" else 30, stateful_step_count=40, deadline=None
+        ),
+    )

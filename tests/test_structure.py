@@ -22,10 +22,16 @@ PKG = os.path.join(ROOT, "ultradict_ng")
 #: Private names imported across modules on purpose, each with its reason.
 #: (importer, source module, name)
 PRIVATE_IMPORTS_ALLOWED: Dict[Tuple[str, str, str], str] = {
-    ("ultradict_ng.compat", "ultradict_ng.compat.errors", "_rebuild_error"):
-        "exceptions pickled by 0.1 name ultradict_ng.compat._rebuild_error",
-    ("ultradict_ng.compat", "ultradict_ng.compat.ultradict", "_reattach"):
-        "handles pickled by 0.1 name ultradict_ng.compat._reattach",
+    (
+        "ultradict_ng.compat",
+        "ultradict_ng.compat.errors",
+        "_rebuild_error",
+    ): "exceptions pickled by 0.1 name ultradict_ng.compat._rebuild_error",
+    (
+        "ultradict_ng.compat",
+        "ultradict_ng.compat.ultradict",
+        "_reattach",
+    ): "handles pickled by 0.1 name ultradict_ng.compat._reattach",
 }
 #: At most this many private names imported across modules (issue 21's bound).
 MAX_PRIVATE_IMPORTS = 15
@@ -45,8 +51,12 @@ def module_files() -> Iterator[Tuple[str, str]]:
 
 MODULES: Dict[str, str] = dict(module_files())
 #: Compiled extension modules (their C source sits where the module would).
-EXTENSIONS = {os.path.relpath(os.path.join(dp, fn), ROOT)[:-2].replace(os.sep, ".")
-              for dp, _, fns in os.walk(PKG) for fn in fns if fn.endswith(".c")}
+EXTENSIONS = {
+    os.path.relpath(os.path.join(dp, fn), ROOT)[:-2].replace(os.sep, ".")
+    for dp, _, fns in os.walk(PKG)
+    for fn in fns
+    if fn.endswith(".c")
+}
 
 
 def is_package(mod: str) -> bool:
@@ -110,9 +120,13 @@ def private_attribute_uses(mod: str) -> List[Tuple[str, str]]:
                     aliases[a.asname] = a.name
     out = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and node.attr.startswith("_")
-                and not node.attr.startswith("__")):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             out.append((aliases[node.value.id], node.attr))
     return out
 
@@ -141,7 +155,7 @@ def find_cycle(edges: Dict[str, Set[str]]) -> Optional[List[str]]:
         stack.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -166,8 +180,9 @@ def test_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     """The check above can fail: a cycle through a function-level import is found."""
     edges = graph()
-    edges["ultradict_ng._shm.segment" if "ultradict_ng._shm.segment" in edges
-          else "ultradict_ng.errors"].add("ultradict_ng.shareddict")
+    edges["ultradict_ng._shm.segment" if "ultradict_ng._shm.segment" in edges else "ultradict_ng.errors"].add(
+        "ultradict_ng.shareddict"
+    )
     assert find_cycle(edges) is not None
 
 
@@ -189,8 +204,11 @@ def test_private_names_stay_private() -> None:
 
 
 def test_one_module_calls_shm_open() -> None:
-    callers = sorted(mod for mod, path in MODULES.items()
-                     if re.search(r"\bshm_open\s*\(|\bshm_unlink\s*\(", open(path).read()))
+    callers = sorted(
+        mod
+        for mod, path in MODULES.items()
+        if re.search(r"\bshm_open\s*\(|\bshm_unlink\s*\(", open(path).read())
+    )
     assert len(callers) == 1, f"modules that call shm_open/shm_unlink: {callers}"
 
 
@@ -209,15 +227,28 @@ def test_the_code_map_names_every_module() -> None:
         if not parts:
             continue
         leaf = parts[-1]
-        if f"`{leaf}" not in section and f"{leaf}`" not in section and f"{leaf}." not in section \
-                and f"{leaf}," not in section:
+        if (
+            f"`{leaf}" not in section
+            and f"{leaf}`" not in section
+            and f"{leaf}." not in section
+            and f"{leaf}," not in section
+        ):
             missing.append(mod)
     assert not missing, f"modules the code map does not name: {missing}"
 
 
-@pytest.mark.parametrize("public", ["ultradict_ng", "ultradict_ng.aio", "ultradict_ng.futures",
-                                    "ultradict_ng.layout", "ultradict_ng.errors",
-                                    "ultradict_ng.speedups", "ultradict_ng.compat",
-                                    "ultradict_ng.shareddict"])
+@pytest.mark.parametrize(
+    "public",
+    [
+        "ultradict_ng",
+        "ultradict_ng.aio",
+        "ultradict_ng.futures",
+        "ultradict_ng.layout",
+        "ultradict_ng.errors",
+        "ultradict_ng.speedups",
+        "ultradict_ng.compat",
+        "ultradict_ng.shareddict",
+    ],
+)
 def test_public_modules_keep_their_paths(public: str) -> None:
     assert public in MODULES

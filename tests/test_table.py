@@ -33,8 +33,14 @@ from tests.test_keyhash import KEYS, variants
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODEC = MsgpackCodec()
 TOKEN = 0x5EED
-VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=20), st.binary(max_size=40),
-                   st.lists(st.integers(), max_size=5), st.floats(allow_nan=False))
+VALUES = st.one_of(
+    st.none(),
+    st.integers(),
+    st.text(max_size=20),
+    st.binary(max_size=40),
+    st.lists(st.integers(), max_size=5),
+    st.floats(allow_nan=False),
+)
 
 
 def build(model: Dict[Any, Any], generation: int = 1) -> Table:
@@ -133,8 +139,9 @@ OPS = st.lists(st.tuples(st.booleans(), SMALL_KEYS, st.integers()), max_size=60)
 
 @settings(max_examples=200, deadline=None)
 @given(start=st.dictionaries(SMALL_KEYS, st.integers(), max_size=20), ops=OPS, rounds=st.integers(1, 3))
-def test_a_merge_equals_the_dict_the_operations_leave(start: Dict[Any, Any], ops: List[Tuple[bool, Any, int]],
-                                                     rounds: int) -> None:
+def test_a_merge_equals_the_dict_the_operations_leave(
+    start: Dict[Any, Any], ops: List[Tuple[bool, Any, int]], rounds: int
+) -> None:
     model = dict(start)
     table = build(model)
     for r in range(rounds):
@@ -167,7 +174,9 @@ def test_a_merge_copies_unchanged_entries_as_bytes() -> None:
     changes.set(3, "back")  # deleted then set: moves to the end
     changes.set(5000, "appended")
     new = changes.merge(2)
-    old_bytes = {CODEC.loads(k): bytes(table.entry(off)[2]) for off, (k, _) in zip(table.offsets(), table.items())}
+    old_bytes = {
+        CODEC.loads(k): bytes(table.entry(off)[2]) for off, (k, _) in zip(table.offsets(), table.items())
+    }
     for off in new.offsets():
         _, kb, vb, _ = new.entry(off)
         k = CODEC.loads(kb)
@@ -208,7 +217,7 @@ def test_damage_raises_corrupt_segment_where_it_is_read() -> None:
     for xor in (0x01, 0x80):
         buf = damaged(model, 0)
         buf[0] ^= 0x40
-        idx = buf[L.TABLE_HEADER:start].cast("Q")
+        idx = buf[L.TABLE_HEADER : start].cast("Q")
         used = [i for i in range(slots) if idx[i]]
         idx[used[0]] ^= xor if xor == 1 else (1 << 39)
         idx.release()
@@ -225,7 +234,7 @@ def test_an_index_without_an_empty_slot_raises_instead_of_probing_forever() -> N
     buf = memoryview(bytearray(t.buf))
     start, slots = t.start, t.slots
     t.close()
-    idx = buf[L.TABLE_HEADER:start].cast("Q")
+    idx = buf[L.TABLE_HEADER : start].cast("Q")
     for i in range(slots):
         idx[i] = ((1 << 64) - 1) ^ L.TABLE_OFFSET_MASK | start  # tags that match no key
     idx.release()
@@ -262,10 +271,18 @@ print(json.dumps([out, n]))
 def test_an_unrelated_interpreter_reads_the_table_from_shared_memory(seed: str) -> None:
     import datetime as dt
     from decimal import Decimal
+
     utc, plus2 = dt.timezone.utc, dt.timezone(dt.timedelta(hours=2))
     model: Dict[Any, Any] = {f"user:{i:05d}": i for i in range(2000)}
-    model.update({b"raw": "bytes", (1, 2): "tuple", frozenset({1, "a"}): "set",
-                  dt.datetime(2026, 11, 24, 10, tzinfo=utc): "instant", 7: "int"})
+    model.update(
+        {
+            b"raw": "bytes",
+            (1, 2): "tuple",
+            frozenset({1, "a"}): "set",
+            dt.datetime(2026, 11, 24, 10, tzinfo=utc): "instant",
+            7: "int",
+        }
+    )
     entries = encode_entries(model.items(), CODEC.dumps)
     size = table_size(len(entries), sum((24 + len(k) + len(v) + 7) & ~7 for _, k, v in entries))
     buf = bytearray(size)
@@ -273,12 +290,34 @@ def test_an_unrelated_interpreter_reads_the_table_from_shared_memory(seed: str) 
     name = unique_name("tbl") + "@t1"
     _segments.create_written(name, size, [(0, buf)], "no room for the test table")
     try:
-        probes = ["user:00000", "user:01999", (1.0, 2), frozenset({"a", True}), b"raw", 7.0, Decimal(7),
-                  dt.datetime(2026, 11, 24, 12, tzinfo=plus2), "user:02000", 8]
+        probes = [
+            "user:00000",
+            "user:01999",
+            (1.0, 2),
+            frozenset({"a", True}),
+            b"raw",
+            7.0,
+            Decimal(7),
+            dt.datetime(2026, 11, 24, 12, tzinfo=plus2),
+            "user:02000",
+            8,
+        ]
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=ROOT)
-        out = subprocess.run([sys.executable, "-c", CHILD, name, str(TOKEN),
-                              json.dumps([CODEC.dumps(p).hex() for p in probes])],
-                             env=env, capture_output=True, text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                name,
+                str(TOKEN),
+                json.dumps([CODEC.dumps(p).hex() for p in probes]),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         found, n = json.loads(out.stdout)
         assert found == [0, 1999, "tuple", "set", "bytes", "int", "int", "instant", None, None]
         assert n == len(model)

@@ -41,14 +41,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABSENT = "<absent>"
 
 #: Few keys, many of them equal across types: overwrites, deletes and re-sets collide.
-POOL = [0, 1, 1.0, True, Decimal(1), 2, 2.0, "a", "b", b"a", (1, 2), (1.0, 2), frozenset({1, 2}),
-        frozenset({2.0, 1}), None, 7, "user:00000001"]
+POOL = [
+    0,
+    1,
+    1.0,
+    True,
+    Decimal(1),
+    2,
+    2.0,
+    "a",
+    "b",
+    b"a",
+    (1, 2),
+    (1.0, 2),
+    frozenset({1, 2}),
+    frozenset({2.0, 1}),
+    None,
+    7,
+    "user:00000001",
+]
 POOL_KEYS = st.one_of(st.sampled_from(POOL), st.integers(-3, 20))
 #: Hashable keys of types the serializer refuses: absent from every dict of ours.
 UNSUPPORTED = [object(), range(3), (1, object())]
 LEAVES = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=4), st.binary(max_size=3))
-VALUES = st.one_of(LEAVES, st.lists(LEAVES, max_size=3).map(tuple),
-                   st.dictionaries(st.sampled_from(["x", "y", "z"]), LEAVES, max_size=3))
+VALUES = st.one_of(
+    LEAVES,
+    st.lists(LEAVES, max_size=3).map(tuple),
+    st.dictionaries(st.sampled_from(["x", "y", "z"]), LEAVES, max_size=3),
+)
 
 
 def exact(a: Any, b: Any) -> bool:
@@ -166,8 +186,12 @@ class TableCacheMachine(RuleBasedStateMachine):
 
 
 TestTableCache = TableCacheMachine.TestCase
-TestTableCache.settings = settings(max_examples=soak_scaled(150), stateful_step_count=30, deadline=None,
-                                   suppress_health_check=list(HealthCheck))
+TestTableCache.settings = settings(
+    max_examples=soak_scaled(150),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 class BoundedTableCacheMachine(TableCacheMachine):
@@ -178,8 +202,12 @@ class BoundedTableCacheMachine(TableCacheMachine):
 
 
 TestBoundedTableCache = BoundedTableCacheMachine.TestCase
-TestBoundedTableCache.settings = settings(max_examples=soak_scaled(60), stateful_step_count=30, deadline=None,
-                                          suppress_health_check=list(HealthCheck))
+TestBoundedTableCache.settings = settings(
+    max_examples=soak_scaled(60),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 class ReaderMachine(RuleBasedStateMachine):
@@ -197,8 +225,9 @@ class ReaderMachine(RuleBasedStateMachine):
         self._fraction = dumps.MERGE_FRACTION
         dumps.MERGE_FRACTION = self.merge_fraction
         self.name = unique_name()
-        self.w = SharedDict(name=self.name, buffer_size=1024, recurse=self.recurse,
-                            max_decoded=self.max_decoded)
+        self.w = SharedDict(
+            name=self.name, buffer_size=1024, recurse=self.recurse, max_decoded=self.max_decoded
+        )
         self.r = SharedDict(name=self.name, max_decoded=self.max_decoded)
         self.model: Dict[Any, Any] = {}
 
@@ -255,8 +284,12 @@ class ReaderMachine(RuleBasedStateMachine):
 
 
 TestReader = ReaderMachine.TestCase
-TestReader.settings = settings(max_examples=soak_scaled(40), stateful_step_count=25, deadline=None,
-                               suppress_health_check=list(HealthCheck))
+TestReader.settings = settings(
+    max_examples=soak_scaled(40),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 class WriterMachine(ReaderMachine):
@@ -297,8 +330,12 @@ class WriterMachine(ReaderMachine):
 
 
 TestWriter = WriterMachine.TestCase
-TestWriter.settings = settings(max_examples=soak_scaled(40), stateful_step_count=25, deadline=None,
-                               suppress_health_check=list(HealthCheck))
+TestWriter.settings = settings(
+    max_examples=soak_scaled(40),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 class RepackingWriterMachine(WriterMachine):
@@ -309,8 +346,12 @@ class RepackingWriterMachine(WriterMachine):
 
 
 TestRepackingWriter = RepackingWriterMachine.TestCase
-TestRepackingWriter.settings = settings(max_examples=soak_scaled(20), stateful_step_count=25, deadline=None,
-                                        suppress_health_check=list(HealthCheck))
+TestRepackingWriter.settings = settings(
+    max_examples=soak_scaled(20),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 class BoundedWriterMachine(WriterMachine):
@@ -322,8 +363,12 @@ class BoundedWriterMachine(WriterMachine):
 
 
 TestBoundedWriter = BoundedWriterMachine.TestCase
-TestBoundedWriter.settings = settings(max_examples=soak_scaled(30), stateful_step_count=25, deadline=None,
-                                      suppress_health_check=list(HealthCheck))
+TestBoundedWriter.settings = settings(
+    max_examples=soak_scaled(30),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def test_a_writers_dump_merges_only_what_changed(name, monkeypatch):
@@ -341,6 +386,7 @@ def test_a_writers_dump_merges_only_what_changed(name, monkeypatch):
         def spy(obj: Any) -> bytes:
             encoded.append(obj)
             return dump(obj)
+
         return real(cache, spy, loads)
 
     monkeypatch.setattr(dumps, "_merge", counting)
@@ -433,8 +479,13 @@ def test_key_identity_is_dicts_in_another_interpreter() -> None:
     """An unrelated interpreter (another PYTHONHASHSEED) reads a dump in place and
     answers like the writer's dict for every key and every equal key of another
     type: the table's hash and comparison keep dict's key identity."""
-    child = subprocess.Popen([sys.executable, "-c", _CHILD], cwd=ROOT, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": "12345"})
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
     assert child.stdin is not None and child.stdout is not None
 
     def ask(name: str, probes: List[Any]) -> Any:
@@ -499,8 +550,13 @@ def test_a_readers_private_memory_grows_with_what_it_reads_not_with_the_dict(nam
         d._store.force_dump()
         grown = {}
         for env in ("", str(10**9)):
-            out = subprocess.run([sys.executable, "-c", _MEMORY, name, str(n)], capture_output=True, text=True,
-                                 timeout=120, env={**os.environ, "ULTRADICT_NG_PARTIAL_FROM": env})
+            out = subprocess.run(
+                [sys.executable, "-c", _MEMORY, name, str(n)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**os.environ, "ULTRADICT_NG_PARTIAL_FROM": env},
+            )
             assert out.returncode == 0, out.stderr
             kind, added = out.stdout.split()
             grown[kind] = int(added)
@@ -558,8 +614,9 @@ def test_the_compiled_read_path_answers_a_big_dicts_keys(name, monkeypatch):
     own miss path (``__getitem__``: no ``_getitem_slow`` frames); a read that
     must sync, or export a mutable value, takes ``_getitem_slow``."""
     monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "0")
-    w = SharedDict({**{f"k{i}": (i, "v") for i in range(50)}, 7: "seven", "list": [1, 2]},
-                   name=name, buffer_size=4096)
+    w = SharedDict(
+        {**{f"k{i}": (i, "v") for i in range(50)}, 7: "seven", "list": [1, 2]}, name=name, buffer_size=4096
+    )
     w._store.force_dump()
     r = SharedDict(name=name)
     slow = keys_passed_to(monkeypatch, SharedDict, "_getitem_slow")
@@ -616,8 +673,16 @@ def test_the_compiled_set_takes_str_and_int_keys_and_leaves_the_rest(monkeypatch
     cache[(1, 2)] = 5
     cache[1] = 6  # (1 == 1.0: the table's entry, overwritten in its place)
     assert slow == [(1, 2), 1]
-    model = {"a": 10, 7: 20, 1.0: 6, (1, 2): 5, **{f"k{i}": i for i in range(20) if i != 3},
-             "new": 31, 8: 40, "k3": 50}
+    model = {
+        "a": 10,
+        7: 20,
+        1.0: 6,
+        (1, 2): 5,
+        **{f"k{i}": i for i in range(20) if i != 3},
+        "new": 31,
+        8: 40,
+        "k3": 50,
+    }
     assert cache.full() == model and same_keys(list(cache), list(model))
 
 
@@ -703,9 +768,11 @@ def test_a_record_applied_while_a_compiled_first_read_decodes_wins(name, monkeyp
         assert r["k1"] == row
         cache = r._store.data
         assert type(cache) is TableCache
-        apply = {"delete": lambda: R.apply(cache, R.delete((), "k3")),
-                 "clear": lambda: R.apply(cache, R.clear(())),
-                 "set": lambda: R.apply(cache, R.set_((), "k3", "new"))}[record]
+        apply = {
+            "delete": lambda: R.apply(cache, R.delete((), "k3")),
+            "clear": lambda: R.apply(cache, R.clear(())),
+            "set": lambda: R.apply(cache, R.set_((), "k3", "new")),
+        }[record]
         threshold = gc.get_threshold()
         gc.disable()
         try:
@@ -764,10 +831,12 @@ def test_a_delete_applied_during_a_readers_probe_is_not_undone(monkeypatch):
 
     def probe_while_another_thread_deletes(buf: Any, slots: int, start: int, end: int, key: Any) -> Any:
         if key == "k" and threading.current_thread() is prober and not applied.is_set():
+
             def delete() -> None:
                 with cache._mutex:
                     R.apply(cache, R.delete((), "k"))
                 applied.set()
+
             threading.Thread(target=delete).start()
             applied.wait(0.3)
         return original(buf, slots, start, end, key)
@@ -790,8 +859,11 @@ def test_a_dict_given_whole_is_loaded_without_a_record(name, monkeypatch):
     monkeypatch.setattr(tablecache, "PARTIAL_FROM", 1000)
     encoded: List[Any] = []
     real = codec_module.MsgpackCodec.encode_record
-    monkeypatch.setattr(codec_module.MsgpackCodec, "encode_record",
-                        lambda self, rec: encoded.append(rec[0]) or real(self, rec))
+    monkeypatch.setattr(
+        codec_module.MsgpackCodec,
+        "encode_record",
+        lambda self, rec: encoded.append(rec[0]) or real(self, rec),
+    )
     rows = {f"k{i}": (i, f"v{i}", i / 2) for i in range(1500)}
     w = SharedDict(rows, name=name, blob_threshold=100)
     r = SharedDict(name=name)
@@ -807,8 +879,10 @@ def test_a_dict_given_whole_is_loaded_without_a_record(name, monkeypatch):
         w.update(bigger)  # over the 2,100 held: loaded, in place
         model.update(bigger)
         assert encoded == [] and w._store.gen == 2 and list(r.items()) == list(model.items())
-        for declined in ({f"b{i}": b"y" * 200 for i in range(3000)},  # blobs
-                         {f"d{i}": {"n": i} for i in range(4000)}):  # nested values
+        for declined in (
+            {f"b{i}": b"y" * 200 for i in range(3000)},  # blobs
+            {f"d{i}": {"n": i} for i in range(4000)},
+        ):  # nested values
             w.update(declined)
             model.update(declined)
             assert encoded[-1] == L.OP_UPDATE and r.copy() == model == w.copy()

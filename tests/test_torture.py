@@ -56,23 +56,34 @@ def test_torture(name, stream, request, monkeypatch):
     growing, arrays, big = stream == "growing", stream == "blobs", stream == "big"
     if arrays:
         pytest.importorskip("numpy")
-    d = SharedDict({f"b{i:06d}": torture_workers.ballast_row(i) for i in range(BALLAST)} if big else {},
-                   name=name, recurse=True, buffer_size=None if growing else 16 * 1024 if big else 1024,
-                   blob_threshold=1024 if arrays else (0 if growing else None))
+    d = SharedDict(
+        {f"b{i:06d}": torture_workers.ballast_row(i) for i in range(BALLAST)} if big else {},
+        name=name,
+        recurse=True,
+        buffer_size=None if growing else 16 * 1024 if big else 1024,
+        blob_threshold=1024 if arrays else (0 if growing else None),
+    )
     for wid in range(writers):
         d[f"w{wid}"] = {}
     d["total"] = 0
     results = spawn.Queue()
-    procs = [spawn.Process(target=torture_workers.writer,
-                           args=(name, w, SECONDS, results, growing, arrays))
-             for w in range(writers)]
+    procs = [
+        spawn.Process(target=torture_workers.writer, args=(name, w, SECONDS, results, growing, arrays))
+        for w in range(writers)
+    ]
     if big:
-        procs += [spawn.Process(target=torture_workers.big_reader,  # (one keeps every row, one 64)
-                                args=(name, writers, SECONDS + 1, BALLAST, results, [None, 64][i % 2]))
-                  for i in range(readers)]
+        procs += [
+            spawn.Process(
+                target=torture_workers.big_reader,  # (one keeps every row, one 64)
+                args=(name, writers, SECONDS + 1, BALLAST, results, [None, 64][i % 2]),
+            )
+            for i in range(readers)
+        ]
     else:
-        procs += [spawn.Process(target=torture_workers.reader, args=(name, writers, SECONDS + 1, results))
-                  for _ in range(readers)]
+        procs += [
+            spawn.Process(target=torture_workers.reader, args=(name, writers, SECONDS + 1, results))
+            for _ in range(readers)
+        ]
     t0 = time.monotonic()
     for p in procs:
         p.start()
@@ -99,13 +110,17 @@ def test_torture(name, stream, request, monkeypatch):
     assert passes > 0 and dumps > (1 if growing or big else 10)
     if big:
         assert all(r[4] > 0 for r in reader_results), "a reader never read a dump in place"
-        assert [d[f"b{i:06d}"] for i in (0, BALLAST - 1)] == [torture_workers.ballast_row(i) for i in (0, BALLAST - 1)]
+        assert [d[f"b{i:06d}"] for i in (0, BALLAST - 1)] == [
+            torture_workers.ballast_row(i) for i in (0, BALLAST - 1)
+        ]
     if growing:
         assert d.buffer_size > L.DEFAULT_STREAM_SIZE  # it grew under load
     blobs = d.stats().get("blob_next_id", 1) - 1
-    print(f"\ntorture ({stream} stream, now {d.buffer_size:,} bytes, {blobs} blobs written): {writers} writers, "
-          f"{readers} readers, {elapsed:.1f}s: {ops} writes ({ops / elapsed:,.0f}/s), "
-          f"{passes} checked reader passes, {dumps} dumps, 0 errors")
+    print(
+        f"\ntorture ({stream} stream, now {d.buffer_size:,} bytes, {blobs} blobs written): {writers} writers, "
+        f"{readers} readers, {elapsed:.1f}s: {ops} writes ({ops / elapsed:,.0f}/s), "
+        f"{passes} checked reader passes, {dumps} dumps, 0 errors"
+    )
     d.close()
 
 
@@ -124,10 +139,13 @@ def test_torture_followers(name, backend, request, monkeypatch):
         d[f"w{wid}"] = {}
     d["total"] = 0
     results, ready = spawn.Queue(), spawn.Queue()
-    followers = [spawn.Process(target=torture_workers.feed_follower, args=(name, ready, results)),
-                 spawn.Process(target=torture_workers.wait_follower, args=(name, writers, ready, results))]
-    procs = [spawn.Process(target=torture_workers.writer, args=(name, w, SECONDS, results))
-             for w in range(writers)]
+    followers = [
+        spawn.Process(target=torture_workers.feed_follower, args=(name, ready, results)),
+        spawn.Process(target=torture_workers.wait_follower, args=(name, writers, ready, results)),
+    ]
+    procs = [
+        spawn.Process(target=torture_workers.writer, args=(name, w, SECONDS, results)) for w in range(writers)
+    ]
     try:
         for p in followers:
             p.start()
@@ -154,13 +172,18 @@ def test_torture_followers(name, backend, request, monkeypatch):
         assert d[f"w{wid}"].copy() == model, wid
     ops = sum(g[3] for g in got if g[0] == "writer")
     assert follow["feed"][2] > 0 and follow["wait"][1] > 0
-    print(f"\ntorture followers, {elapsed:.1f}s: {ops} writes, {torture_workers.dumps_of(d)} dumps; feed: "
-          f"{follow['feed'][1]} items ({follow['feed'][2]} resync); waiter: {follow['wait'][1]} wake-ups; 0 errors")
+    print(
+        f"\ntorture followers, {elapsed:.1f}s: {ops} writes, {torture_workers.dumps_of(d)} dumps; feed: "
+        f"{follow['feed'][1]} items ({follow['feed'][2]} resync); waiter: {follow['wait'][1]} wake-ups; 0 errors"
+    )
     d.close()
 
 
-CACHE_BOUNDS = {"maxsize": {"maxsize": 48}, "maxbytes": {"maxbytes": 3000},
-                "kills": {"maxsize": 40, "maxbytes": 3500}}
+CACHE_BOUNDS = {
+    "maxsize": {"maxsize": 48},
+    "maxbytes": {"maxbytes": 3000},
+    "kills": {"maxsize": 40, "maxbytes": 3500},
+}
 CACHE_SECONDS = SOAK_SECONDS or 3.0
 
 
@@ -182,11 +205,17 @@ def test_cache_torture(name, variant):
     c = SharedCache(name, buffer_size=4096, **CACHE_BOUNDS[variant])
     totals = SharedCache(total_name)
     results = spawn.Queue()
-    procs = [spawn.Process(target=torture_workers.cache_writer,
-                           args=(name, total_name, w, CACHE_SECONDS, results)) for w in range(writers)]
-    procs += [spawn.Process(target=torture_workers.cache_reader,
-                            args=(name, total_name, writers, CACHE_SECONDS + 0.5, variant != "kills", results))
-              for _ in range(readers)]
+    procs = [
+        spawn.Process(target=torture_workers.cache_writer, args=(name, total_name, w, CACHE_SECONDS, results))
+        for w in range(writers)
+    ]
+    procs += [
+        spawn.Process(
+            target=torture_workers.cache_reader,
+            args=(name, total_name, writers, CACHE_SECONDS + 0.5, variant != "kills", results),
+        )
+        for _ in range(readers)
+    ]
     victims: list = []
     kills = 0
     rng = random.Random()
@@ -196,8 +225,12 @@ def test_cache_torture(name, variant):
             p.start()
         while variant == "kills" and time.monotonic() - t0 < CACHE_SECONDS - 0.5:
             ready = spawn.Event()
-            victims.append(spawn.Process(target=torture_workers.cache_writer,
-                                         args=(name, total_name, 100 + len(victims), 60.0, None, ready)))
+            victims.append(
+                spawn.Process(
+                    target=torture_workers.cache_writer,
+                    args=(name, total_name, 100 + len(victims), 60.0, None, ready),
+                )
+            )
             victims[-1].start()
             assert ready.wait(60)
             time.sleep(rng.uniform(0.0, 0.2))
@@ -239,10 +272,12 @@ def test_cache_torture(name, variant):
         passes = sum(g[1] for g in got if g[0] == "reader")
         s = c.stats()
         assert passes > 0 and s["evictions"] > 0 and s["expirations"] > 0
-        print(f"\ncache torture ({variant}), {elapsed:.1f}s: {ops} writes by {writers} writers "
-              f"({ops / elapsed:,.0f}/s), {passes} checked reader passes, {s['evictions']} evictions, "
-              f"{s['expirations']} expirations, {kills} victims SIGKILLed ({leaked} slots leaked), "
-              f"{len(stalls)} stalled writes ({len(reads)} reads excused), 0 errors")
+        print(
+            f"\ncache torture ({variant}), {elapsed:.1f}s: {ops} writes by {writers} writers "
+            f"({ops / elapsed:,.0f}/s), {passes} checked reader passes, {s['evictions']} evictions, "
+            f"{s['expirations']} expirations, {kills} victims SIGKILLed ({leaked} slots leaked), "
+            f"{len(stalls)} stalled writes ({len(reads)} reads excused), 0 errors"
+        )
     finally:
         for p in procs + victims:
             if p.is_alive():

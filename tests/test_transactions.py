@@ -40,8 +40,14 @@ def worker(*args: str, env: Dict[str, str] = None) -> subprocess.Popen:  # type:
     e = dict(os.environ)
     e.pop("ULTRADICT_NG_FAULT", None)
     e.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "tests.transaction_workers", *args], cwd=ROOT,
-                            env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.transaction_workers", *args],
+        cwd=ROOT,
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture
@@ -120,8 +126,9 @@ def test_redis_a_block_whose_lease_lapsed_publishes_nothing(redis_url, redis_ser
     d.unlink()
 
 
-def test_redis_a_block_larger_than_the_server_takes_is_refused_and_changes_nothing(redis_url, redis_server,
-                                                                                  name, dicts):
+def test_redis_a_block_larger_than_the_server_takes_is_refused_and_changes_nothing(
+    redis_url, redis_server, name, dicts
+):
     from ultradict_ng import OutOfSpace
 
     d = dicts(name, backend=redis_url)
@@ -290,7 +297,10 @@ def test_a_feed_opened_inside_a_block_reports_it_when_published_and_never_if_dis
         d["b"] = 2
     d["c"] = 3
     assert [(c.op, c.key, c.value, c.resync) for c in feed] == [
-        ("set", "a", 1, False), ("set", "b", 2, False), ("set", "c", 3, False)]
+        ("set", "a", 1, False),
+        ("set", "b", 2, False),
+        ("set", "c", 3, False),
+    ]
     with pytest.raises(RuntimeError):
         with d.transaction():
             d["x"] = 1
@@ -344,6 +354,7 @@ def test_two_thousand_writes_in_a_transaction_are_not_slower_than_under_the_lock
     (the publish is one atomic store either way); a regression that publishes or
     dumps per write inside a transaction would make it far slower."""
     d = dicts(name)
+
     def locked() -> float:
         t = time.perf_counter()
         with d.lock:
@@ -408,8 +419,17 @@ def test_scalar_writes_of_the_transactions_thread_take_the_compiled_path(name, d
     python = [(1, 2), "big", "x"]  # the nested view's write too
     taken = python if NATIVE else [f"k{i}" for i in range(50)] + ["s", b"b", 2.5, None, True] + python
     assert slow_calls == taken
-    want = {"n": {"x": 1}, **{f"k{i}": i for i in range(50)}, "s": "x" * 300, b"b": b"y", 2.5: -1.5,
-            None: None, True: 2**64 - 1, (1, 2): 1, "big": 2**64}
+    want = {
+        "n": {"x": 1},
+        **{f"k{i}": i for i in range(50)},
+        "s": "x" * 300,
+        b"b": b"y",
+        2.5: -1.5,
+        None: None,
+        True: 2**64 - 1,
+        (1, 2): 1,
+        "big": 2**64,
+    }
     assert other.copy() == want  # read from the stream by another handle
     later = SharedDict(name)  # and from the dump a new handle decodes, once one is written
     later._store.force_dump()
@@ -424,8 +444,24 @@ def test_the_compiled_path_writes_the_bytes_the_python_path_writes(name, dicts):
     same writes through ``write_simple`` (the path outside transactions)."""
     import ultradict_ng.layout as L
 
-    values: List[Any] = [0, -1, 127, 128, -33, 2**31, -(2**63), 2**64 - 1, 1.5, "", "é" * 40, b"", b"z" * 300,
-                         None, True, False]
+    values: List[Any] = [
+        0,
+        -1,
+        127,
+        128,
+        -33,
+        2**31,
+        -(2**63),
+        2**64 - 1,
+        1.5,
+        "",
+        "é" * 40,
+        b"",
+        b"z" * 300,
+        None,
+        True,
+        False,
+    ]
     d = dicts(name)
     s = d._store
     with d.transaction():
@@ -634,8 +670,7 @@ def test_bank_auditors_never_see_a_broken_total_with_movers_sigkilled(backend, n
 # -- the model --------------------------------------------------------------------------------
 
 KEYS = st.sampled_from(["a", "b", "c", 1, 2.5, (1, 2)])
-VALUES = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none(),
-                   st.binary(min_size=0, max_size=8))
+VALUES = st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none(), st.binary(min_size=0, max_size=8))
 
 
 class TransactionMachine(RuleBasedStateMachine):
@@ -726,8 +761,9 @@ def test_transactions_against_a_dict_model(backend, monkeypatch):
     monkeypatch.setattr(TransactionMachine, "options", {"buffer_size": 2048} if backend == "shm" else {})
     state = TransactionMachine.TestCase
     runs = 25 if CI else 100
-    state.settings = settings(max_examples=runs if backend == "shm" else runs // 2, stateful_step_count=30,
-                              deadline=None)
+    state.settings = settings(
+        max_examples=runs if backend == "shm" else runs // 2, stateful_step_count=30, deadline=None
+    )
     state().runTest()
 
 

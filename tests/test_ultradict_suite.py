@@ -75,7 +75,6 @@ print("OUTCOMES " + json.dumps(Result.outcomes), flush=True)
 """
 
 
-
 @pytest.fixture(scope="session")
 def ultradict_tree(tmp_path_factory: pytest.TempPathFactory) -> Tuple[str, str]:
     """``(suite, shim)``: the unpacked tests/ and examples/, and the shim's directory."""
@@ -92,8 +91,7 @@ def _env(shim: str) -> Dict[str, str]:
     """The shim first on the path, then the ultradict_ng under test (children inherit it)."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(ultradict_ng.__file__)))
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (shim, package_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, package_root, env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -160,7 +158,7 @@ def test_ultradict_test_module_as_shipped(ultradict_tree: Tuple[str, str], shm_g
     report_text = f"stdout:\n{done.stdout[-8000:]}\nstderr:\n{done.stderr[-8000:]}"
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("OUTCOMES ")]
     assert lines, f"UltraDict's test module did not finish (exit {done.returncode})\n{report_text}"
-    outcomes: Dict[str, List[str]] = json.loads(lines[-1][len("OUTCOMES "):])
+    outcomes: Dict[str, List[str]] = json.loads(lines[-1][len("OUTCOMES ") :])
     assert len(outcomes) == 14, sorted(outcomes)
     passed = sorted(t for t, (status, _) in outcomes.items() if status == "ok")
     others = {t: o for t, o in outcomes.items() if o[0] != "ok"}
@@ -169,7 +167,8 @@ def test_ultradict_test_module_as_shipped(ultradict_tree: Tuple[str, str], shm_g
     status, detail = others[KNOWN_FAILURE]
     # It counts open files with psutil; where psutil is not installed it fails on the import.
     assert (status == "FAIL" and "file handle count" in detail) or (
-        status == "ERROR" and "No module named 'psutil'" in detail), detail
+        status == "ERROR" and "No module named 'psutil'" in detail
+    ), detail
 
 
 @pytest.mark.skipif(not os.path.isdir(SHM), reason="the leftover check lists /dev/shm (Linux)")
@@ -180,4 +179,5 @@ def test_oop_example_fails_as_documented(ultradict_tree: Tuple[str, str], shm_gu
     done = _run([sys.executable, "examples/oop.py"], suite, shim, timeout=120)
     assert done.returncode == 1, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     assert done.stderr.splitlines()[-1] == (
-        "TypeError: __dict__ must be set to a dictionary, not a 'UltraDict'"), done.stderr
+        "TypeError: __dict__ must be set to a dictionary, not a 'UltraDict'"
+    ), done.stderr

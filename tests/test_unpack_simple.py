@@ -28,22 +28,57 @@ from ultradict_ng._helper import packing, twins
 MSGPACK = codec_module.codec_for(None)
 DECLINED: Any = object()
 
-impls = pytest.mark.parametrize("impl", [
-    pytest.param(twins, id="twin"),
-    pytest.param(speedups._compiled, id="native", marks=pytest.mark.skipif(
-        speedups._compiled is None, reason="the compiled helper is not built")),
-])
+impls = pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param(twins, id="twin"),
+        pytest.param(
+            speedups._compiled,
+            id="native",
+            marks=pytest.mark.skipif(speedups._compiled is None, reason="the compiled helper is not built"),
+        ),
+    ],
+)
 
 SCALAR_TYPES = (type(None), bool, int, float, str, bytes)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True),
-    st.text(max_size=70), st.binary(max_size=70),
-    st.sampled_from([0, 127, 128, 255, 256, -32, -33, -128, -129, 2**16, 2**31, -(2**31) - 1,
-                     2**32, 2**63, -(2**63), "x" * 31, "x" * 32, "é" * 200, b"z" * 256, "y" * 65536]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=70),
+    st.binary(max_size=70),
+    st.sampled_from(
+        [
+            0,
+            127,
+            128,
+            255,
+            256,
+            -32,
+            -33,
+            -128,
+            -129,
+            2**16,
+            2**31,
+            -(2**31) - 1,
+            2**32,
+            2**63,
+            -(2**63),
+            "x" * 31,
+            "x" * 32,
+            "é" * 200,
+            b"z" * 256,
+            "y" * 65536,
+        ]
+    ),
 )
 others = st.one_of(
-    st.integers(2**64, 2**70), st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=3), scalars, max_size=3),
-    st.frozensets(st.integers(), max_size=3), st.sets(st.integers(), max_size=3),
+    st.integers(2**64, 2**70),
+    st.lists(scalars, max_size=3),
+    st.dictionaries(st.text(max_size=3), scalars, max_size=3),
+    st.frozensets(st.integers(), max_size=3),
+    st.sets(st.integers(), max_size=3),
     st.sampled_from([1j, bytearray(b"ab"), ((1,),), (2**64,), ([1],), ((),), ("a", frozenset({1}))]),
 )
 values = st.one_of(scalars, st.lists(scalars, max_size=20).map(tuple), others)
@@ -92,8 +127,11 @@ def test_a_scalar_or_tuple_of_scalars_decodes_as_the_codec_and_nothing_else(impl
 
 @impls
 @settings(max_examples=400, deadline=None)
-@given(values, st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), min_size=1, max_size=3),
-       st.integers(-3, 3))
+@given(
+    values,
+    st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), min_size=1, max_size=3),
+    st.integers(-3, 3),
+)
 def test_damaged_bytes_decode_as_msgpack_does_or_are_declined(impl, value, edits, resize):
     """Bytes changed, cut short or extended: whatever is decoded is what the
     general path decodes, and both implementations agree."""
@@ -101,7 +139,7 @@ def test_damaged_bytes_decode_as_msgpack_does_or_are_declined(impl, value, edits
     for at, byte in edits:
         if data:
             data[at % len(data)] = byte
-    data = bytes(data[:len(data) + resize] if resize < 0 else data + b"\x00" * resize)
+    data = bytes(data[: len(data) + resize] if resize < 0 else data + b"\x00" * resize)
     out = impl.unpack_simple(data, DECLINED)
     if out is not DECLINED:
         ref = general(data)
@@ -123,21 +161,44 @@ def test_random_bytes_decode_as_msgpack_does_or_are_declined(impl, data):
 def test_every_scalar_format_is_decoded(impl):
     """The formats the codec never writes but msgpack reads (float 32, the
     wide forms of small numbers) are decoded too, as msgpack decodes them."""
-    for data in (b"\xca\x3f\xc0\x00\x00", b"\xcd\x00\x01", b"\xce\x00\x00\x00\x01", b"\xcf" + bytes(7) + b"\x01",
-                 b"\xd1\xff\xff", b"\xd2\xff\xff\xff\xff", b"\xd3" + b"\xff" * 8, b"\xda\x00\x01a",
-                 b"\xdb\x00\x00\x00\x01a", b"\xc5\x00\x01a", b"\xc6\x00\x00\x00\x01a",
-                 b"\xc8\x00\x02\x01\x91\x01", b"\xc9\x00\x00\x00\x02\x01\x91\x01", b"\xc7\x03\x01\xdc\x00\x00"):
+    for data in (
+        b"\xca\x3f\xc0\x00\x00",
+        b"\xcd\x00\x01",
+        b"\xce\x00\x00\x00\x01",
+        b"\xcf" + bytes(7) + b"\x01",
+        b"\xd1\xff\xff",
+        b"\xd2\xff\xff\xff\xff",
+        b"\xd3" + b"\xff" * 8,
+        b"\xda\x00\x01a",
+        b"\xdb\x00\x00\x00\x01a",
+        b"\xc5\x00\x01a",
+        b"\xc6\x00\x00\x00\x01a",
+        b"\xc8\x00\x02\x01\x91\x01",
+        b"\xc9\x00\x00\x00\x02\x01\x91\x01",
+        b"\xc7\x03\x01\xdc\x00\x00",
+    ):
         out = impl.unpack_simple(data, DECLINED)
         assert out is not DECLINED and same(out, general(data)), data
-    for data in (b"", b"\xc1", b"\xa1\xff", b"\x91\x01", b"\xd4\x02\x01", b"\xd6\xff\x00\x00\x00\x00",
-                 b"\xd5\x01\x91", b"\x01\x01", b"\xd7\x01\x93\x01\x02\x03\x04\x05"):
+    for data in (
+        b"",
+        b"\xc1",
+        b"\xa1\xff",
+        b"\x91\x01",
+        b"\xd4\x02\x01",
+        b"\xd6\xff\x00\x00\x00\x00",
+        b"\xd5\x01\x91",
+        b"\x01\x01",
+        b"\xd7\x01\x93\x01\x02\x03\x04\x05",
+    ):
         assert impl.unpack_simple(data, DECLINED) is DECLINED, data
 
 
 @impls
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.just(1), st.integers(-128, 127)),
-       st.one_of(st.binary(max_size=30), st.lists(values, max_size=4).map(MSGPACK.dumps)))
+@given(
+    st.one_of(st.just(1), st.integers(-128, 127)),
+    st.one_of(st.binary(max_size=30), st.lists(values, max_size=4).map(MSGPACK.dumps)),
+)
 def test_tuple_hook_is_the_python_hook(impl, code, payload):
     """The root ext hook gives the Python hook's result (or its exception) for
     every code and payload; ext 1 of scalars without calling it."""
@@ -156,8 +217,11 @@ def test_tuple_hook_is_the_python_hook(impl, code, payload):
     except Exception as exc:
         got = type(exc)
     assert got == expected if isinstance(expected, type) else same(got, expected)
-    if code == 1 and packing.unpack_simple(b"\xc9" + len(payload).to_bytes(4, "big") + b"\x01" + payload,
-                                           DECLINED) is not DECLINED:
+    if (
+        code == 1
+        and packing.unpack_simple(b"\xc9" + len(payload).to_bytes(4, "big") + b"\x01" + payload, DECLINED)
+        is not DECLINED
+    ):
         assert not calls, "a tuple of scalars went through the Python hook"
 
 
@@ -167,7 +231,9 @@ def test_the_codec_takes_the_compiled_paths(monkeypatch):
     assert decode.ROOT_HOOK.func is speedups.tuple_hook and decode.ROOT_HOOK.args == (decode._HOOKS[0],)
     seen = []
     real = codec_module.unpack_simple
-    monkeypatch.setattr(codec_module, "unpack_simple", lambda d, default: seen.append(real(d, default)) or seen[-1])
+    monkeypatch.setattr(
+        codec_module, "unpack_simple", lambda d, default: seen.append(real(d, default)) or seen[-1]
+    )
     assert MSGPACK.loads(MSGPACK.dumps((1, "a", 2.5))) == (1, "a", 2.5)
     assert seen == [(1, "a", 2.5)]
     assert MSGPACK.loads(MSGPACK.dumps({"k": (1, (2,))})) == {"k": (1, (2,))}
@@ -175,8 +241,13 @@ def test_the_codec_takes_the_compiled_paths(monkeypatch):
 
 # -- table_rows: a table's rows into a dict, the rest left to the serializer --------
 
-table_keys = st.one_of(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1), st.binary(max_size=4),
-                       st.tuples(st.integers(0, 9), st.text(max_size=2)), st.just(frozenset({1})))
+table_keys = st.one_of(
+    st.text(max_size=8),
+    st.integers(-(2**63), 2**64 - 1),
+    st.binary(max_size=4),
+    st.tuples(st.integers(0, 9), st.text(max_size=2)),
+    st.just(frozenset({1})),
+)
 
 
 def make_table(data: Any) -> Any:
@@ -221,8 +292,11 @@ def test_table_rows_into_a_list_leaves_out_skip_and_takes_subst(impl, model, dat
     buf, table = make_table(model)
     keys = list(model)
     skip = set(data.draw(st.lists(st.sampled_from(keys), max_size=5))) if keys else set()
-    subst = {k: ("new", i) for i, k in enumerate(data.draw(st.lists(st.sampled_from(keys), max_size=5)))
-             } if keys else {}
+    subst = (
+        {k: ("new", i) for i, k in enumerate(data.draw(st.lists(st.sampled_from(keys), max_size=5)))}
+        if keys
+        else {}
+    )
     out: list = []
     off = impl.table_rows(buf, table.start, table.end, table.start, out, skip, subst or None)
     items = list(model.items())
@@ -233,8 +307,11 @@ def test_table_rows_into_a_list_leaves_out_skip_and_takes_subst(impl, model, dat
     assert off == (list(table.offsets()) + [table.end])[n]
     if impl is not twins:
         # (a decoded row's pair; a subst value may be untracked by a collection after its pair was made)
-        assert not any(gc.is_tracked(p) for p in out if p[0] not in subst and not (
-            gc.is_tracked(p[0]) or gc.is_tracked(p[1])))
+        assert not any(
+            gc.is_tracked(p)
+            for p in out
+            if p[0] not in subst and not (gc.is_tracked(p[0]) or gc.is_tracked(p[1]))
+        )
     for rows in (True, False):
         pairs, known = table.decode_pairs(MSGPACK.loads, rows, skip, subst or None)
         assert MSGPACK.dumps(pairs) == MSGPACK.dumps(want)
@@ -278,18 +355,30 @@ def test_decoded_rows_are_not_tracked_by_the_cycle_collector(impl):
 
 # -- first_to_export: a snapshot's values checked in one call ------------------------
 
-@pytest.mark.parametrize("impl", [
-    pytest.param(twins, id="twin"),
-    pytest.param(speedups._compiled, id="native", marks=pytest.mark.skipif(
-        speedups._compiled is None, reason="the compiled helper is not built")),
-])
+
+@pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param(twins, id="twin"),
+        pytest.param(
+            speedups._compiled,
+            id="native",
+            marks=pytest.mark.skipif(speedups._compiled is None, reason="the compiled helper is not built"),
+        ),
+    ],
+)
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(), values), max_size=12))
 def test_first_to_export_finds_the_first_value_that_is_not_handed_out_as_it_is(impl, pairs):
     from ultradict_ng.shareddict import _IMMUTABLE
 
     impl.set_immutable_types(_IMMUTABLE)
-    expected = next((i for i, (_, v) in enumerate(pairs)
-                     if not (type(v) in _IMMUTABLE or (type(v) is tuple and _IMMUTABLE.issuperset(map(type, v))))),
-                    len(pairs))
+    expected = next(
+        (
+            i
+            for i, (_, v) in enumerate(pairs)
+            if not (type(v) in _IMMUTABLE or (type(v) is tuple and _IMMUTABLE.issuperset(map(type, v))))
+        ),
+        len(pairs),
+    )
     assert impl.first_to_export(pairs) == expected

@@ -171,8 +171,14 @@ def test_unrelated_interpreter_is_seen_and_normal_exit_frees_its_slot(dicts, nam
         sys.stdin.readline()
         # exits without d.close()
     """)
-    p = subprocess.Popen([sys.executable, "-c", code, name], cwd=ROOT, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, name],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     try:
         line = p.stdout.readline().split(maxsplit=1)
         pid = int(line[0])
@@ -510,8 +516,10 @@ def test_remove_race_never_removes_a_dict_under_an_attacher(name):
         enough.set()
         stop(p)
         unlink_by_name(name)
-    print(f"\nremove race: {result['attached']} attaches, {result['created']} creates; "
-          f"{removed} removals, {kept} refusals, {gone} gone")
+    print(
+        f"\nremove race: {result['attached']} attaches, {result['created']} creates; "
+        f"{removed} removals, {kept} refusals, {gone} gone"
+    )
     assert result["errors"] == []
     assert removed >= 3, "the remover never removed the dict: the race was not exercised"
     assert result["attached"] >= 3 and result["created"] >= 3
@@ -608,8 +616,13 @@ class UserRegister(RuleBasedStateMachine):
         unlink_by_name(self.name)
 
 
-UserRegister.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None, derandomize=True,
-                                          suppress_health_check=list(HealthCheck))
+UserRegister.TestCase.settings = settings(
+    max_examples=25,
+    stateful_step_count=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @pytest.mark.slow

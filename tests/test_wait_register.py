@@ -70,8 +70,9 @@ def assert_register_empty(d: SharedDict) -> None:
     assert w[L.W_LOCK_WAKING] in (0, 1), f"LOCK_WAKING left at {w[L.W_LOCK_WAKING]:#x}"
 
 
-@pytest.mark.parametrize("modes", [("futex",) * 4, ("poll",) * 4, ("futex", "poll") * 2],
-                         ids=["futex", "poll", "mixed"])
+@pytest.mark.parametrize(
+    "modes", [("futex",) * 4, ("poll",) * 4, ("futex", "poll") * 2], ids=["futex", "poll", "mixed"]
+)
 def test_lock_contention_is_exact_in_every_wait_mode(dicts, name, monkeypatch, modes):
     """Four spawned processes, ``with d.lock: d["n"] += 1``; the futex sleepers are
     patient, so only wake-ups hand the lock over in time."""
@@ -217,8 +218,10 @@ def test_a_release_that_woke_nobody_does_not_strand_later_sleepers(dicts, name, 
         try:
             _, when = done.get(timeout=5)
         except queue.Empty:
-            pytest.fail(f"the sleeper was not woken by the release (LOCK_WAKING = "
-                        f"{words(d)[L.W_LOCK_WAKING]:#x}, left set by the release that woke nobody)")
+            pytest.fail(
+                f"the sleeper was not woken by the release (LOCK_WAKING = "
+                f"{words(d)[L.W_LOCK_WAKING]:#x}, left set by the release that woke nobody)"
+            )
         bound = 2.0 if patient else L.LOCK_CHECK_INTERVAL + 0.5
         assert when - t0 < bound, f"the sleeper took the lock {when - t0:.2f}s after the release"
         p.join(10)
@@ -251,8 +254,10 @@ def test_a_waiter_registered_before_a_wake_for_nobody_is_not_stranded(dicts, nam
         try:
             _, when = done.get(timeout=5)
         except queue.Empty:
-            pytest.fail(f"the waiter was not woken by the release (LOCK_WAKING = "
-                        f"{words(d)[L.W_LOCK_WAKING]:#x}: a wake for nobody still counts as in flight)")
+            pytest.fail(
+                f"the waiter was not woken by the release (LOCK_WAKING = "
+                f"{words(d)[L.W_LOCK_WAKING]:#x}: a wake for nobody still counts as in flight)"
+            )
         assert when - t0 < 2.0
         p.join(10)
         assert p.exitcode == 0

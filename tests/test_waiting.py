@@ -88,9 +88,14 @@ def test_write_between_last_read_and_wait(pair, mode, slow_slice, between):
     d, r = pair
     d.update({"k": 0, "n": {"x": 0}})
     assert r["k"] == 0  # the last read
-    {"set": lambda: d.__setitem__("k", 1), "dump": d._store.force_dump,
-     "update": lambda: d.update({"k": 2, "j": 3}), "nested": lambda: d["n"].__setitem__("x", 1),
-     "delete": lambda: d.__delitem__("k"), "clear": d["n"].clear}[between]()
+    {
+        "set": lambda: d.__setitem__("k", 1),
+        "dump": d._store.force_dump,
+        "update": lambda: d.update({"k": 2, "j": 3}),
+        "nested": lambda: d["n"].__setitem__("x", 1),
+        "delete": lambda: d.__delitem__("k"),
+        "clear": d["n"].clear,
+    }[between]()
     t0 = time.monotonic()
     assert in_thread(lambda: r.wait_for_change(timeout=None), 5) is True
     assert time.monotonic() - t0 < 1.0
@@ -136,7 +141,9 @@ def follow_until(r: SharedDict, last: int, pause: float, failures: List[Any]) ->
         ok = r.wait_for_change(timeout=3)
         waited = time.monotonic() - t0
         if not ok or waited > 1.0:
-            failures.append(f"a wait at seq {seen} of {last} returned {ok} after {waited:.2f}s: a lost wake-up")
+            failures.append(
+                f"a wait at seq {seen} of {last} returned {ok} after {waited:.2f}s: a lost wake-up"
+            )
             return
         now = r.get("seq", 0)
         if now < seen:
@@ -185,6 +192,7 @@ def test_no_lost_wakeups_from_a_writer_process(mode, slow_slice):
     server = spawn.Process(target=wait_workers.script_server, args=(there,))
     server.start()
     try:
+
         @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
         @given(script=SCRIPTS, pause=DELAYS)
         def examples(script: List[Any], pause: float) -> None:
@@ -192,9 +200,11 @@ def test_no_lost_wakeups_from_a_writer_process(mode, slow_slice):
             d = SharedDict(name=name, buffer_size=256)
             failures: List[Any] = []
             try:
-                ops = [(delay, "update", {"seq": i, "x": i}) if op == "update" else (delay, "seq", i)
-                       for i, (delay, op) in enumerate(script, 1)]
-                ops[len(ops) // 2:len(ops) // 2] = [(0.0, "dump", None)]
+                ops = [
+                    (delay, "update", {"seq": i, "x": i}) if op == "update" else (delay, "seq", i)
+                    for i, (delay, op) in enumerate(script, 1)
+                ]
+                ops[len(ops) // 2 : len(ops) // 2] = [(0.0, "dump", None)]
                 here.send((name, ops))
                 follow_until(d, len(script), pause, failures)
                 assert here.poll(10), "the writer did not finish"
@@ -219,8 +229,10 @@ def test_no_lost_wakeups_from_a_writer_process(mode, slow_slice):
 def test_one_write_wakes_every_waiting_process(dicts, name):
     d = dicts(name=name)
     ready, out = spawn.Queue(), spawn.Queue()
-    procs = [spawn.Process(target=wait_workers.change_waiter, args=(name, ready, out, 20.0, 60.0))
-             for _ in range(6)]
+    procs = [
+        spawn.Process(target=wait_workers.change_waiter, args=(name, ready, out, 20.0, 60.0))
+        for _ in range(6)
+    ]
     try:
         for p in procs:
             p.start()
@@ -249,8 +261,7 @@ def test_one_write_wakes_every_waiting_thread(pair, mode, slow_slice, handles):
     """Eight threads wait, on handles of their own or on one shared handle: one write
     made after they all started waiting wakes every one of them."""
     d, r = pair
-    mine = [SharedDict(name=d.name, create=False) if handles == "one-handle-each" else r
-            for _ in range(8)]
+    mine = [SharedDict(name=d.name, create=False) if handles == "one-handle-each" else r for _ in range(8)]
     for h in mine:
         h.get("k")
     results: List[Any] = []
@@ -309,8 +320,14 @@ def test_waiter_in_an_unrelated_interpreter(dicts, name, child_mode):
     if child_mode == "futex" and not FUTEX:
         pytest.skip("no futex on this platform")
     d = dicts(name=name)
-    p = subprocess.Popen([sys.executable, "-c", WAITER, name, "20"], cwd=ROOT, env=env_with(child_mode),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", WAITER, name, "20"],
+        cwd=ROOT,
+        env=env_with(child_mode),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert select.select([p.stdout], [], [], 30)[0], "the waiter did not start"
         assert p.stdout.readline().split() == ["ready", child_mode]
@@ -344,8 +361,14 @@ def test_a_polling_writer_wakes_sleeping_waiters(dicts, name, slow_slice, monkey
     t = threading.Thread(target=lambda: box.append(d.wait_for_change(timeout=20)))
     t.start()
     registered(d, os.getpid(), L.W_CHANGE_WAITERS)
-    out = subprocess.run([sys.executable, "-m", "tests.helpers", "set", name, "k", "v"], cwd=ROOT,
-                         env=env_with("poll"), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.helpers", "set", name, "k", "v"],
+        cwd=ROOT,
+        env=env_with("poll"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     t0 = time.monotonic()
     t.join(10)
@@ -440,8 +463,12 @@ def test_closed_handle_raises_closed(pair):
     d["n"] = {}
     view = r["n"]
     r.close()
-    for call in (lambda: r.wait_for_change(timeout=0), lambda: r.wait_for_change(timeout=None),
-                 lambda: view.wait_for_change(timeout=1), lambda: r.changes(timeout=1)):
+    for call in (
+        lambda: r.wait_for_change(timeout=0),
+        lambda: r.wait_for_change(timeout=None),
+        lambda: view.wait_for_change(timeout=1),
+        lambda: r.changes(timeout=1),
+    ):
         with pytest.raises(Closed):
             in_thread(call, 5)
 

@@ -46,8 +46,9 @@ def check_array(value: Any) -> None:
     assert value[0] == value[-1] and int(value.min()) == int(value.max()), "torn array"
 
 
-def writer(name: str, wid: int, seconds: float, results: Any, huge: bool = False,
-           arrays: bool = False) -> None:
+def writer(
+    name: str, wid: int, seconds: float, results: Any, huge: bool = False, arrays: bool = False
+) -> None:
     rng = random.Random(wid)
     d = SharedDict(name=name, create=False)
     sub = d[f"w{wid}"]
@@ -183,8 +184,9 @@ def ballast_row(i: int) -> Any:
     return (i, f"v{i}", i * 0.5)
 
 
-def big_reader(name: str, writers: int, seconds: float, ballast: int, results: Any,
-               max_decoded: Optional[int] = None) -> None:
+def big_reader(
+    name: str, writers: int, seconds: float, ballast: int, results: Any, max_decoded: Optional[int] = None
+) -> None:
     """A reader of a big dict that never copies it whole but every 25th pass:
     each writer's subtree through its nested view, 200 random ballast rows and
     absent keys, ``len``; every dump it loads is read in place (a TableCache),
@@ -308,7 +310,9 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
         final = d.copy()
         for wid in range(writers):
             if final[f"w{wid}"].get("seq") != last_seq.get(wid):
-                errors.append(f"writer {wid}: last seq seen {last_seq.get(wid)}, final {final[f'w{wid}'].get('seq')}")
+                errors.append(
+                    f"writer {wid}: last seq seen {last_seq.get(wid)}, final {final[f'w{wid}'].get('seq')}"
+                )
     except Exception as exc:  # noqa: BLE001 - every failure is reported
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put(("wait", wakes, 0, errors))
@@ -347,8 +351,9 @@ def _cache_ttl(rng: random.Random) -> Any:
     return rng.choice([0, -1.0])  # already expired: removes the key
 
 
-def cache_writer(name: str, total_name: str, wid: int, seconds: float, results: Any,
-                 ready: Any = None) -> None:
+def cache_writer(
+    name: str, total_name: str, wid: int, seconds: float, results: Any, ready: Any = None
+) -> None:
     """Writer ``wid``; with ``results`` None a victim the test SIGKILLs at a random
     instant (it never touches the total).  Own counter ``n<wid>``: incremented from the exact value this writer
     keeps (``default`` restores it after an eviction), so it only grows."""
@@ -437,8 +442,14 @@ def check_cache_value(key: str, v: Any, t0: float, errors: List[Any]) -> None:
     """A value read from the cache at a read that began at ``t0`` (time.time())."""
     if v is None:
         return
-    if not (type(v) is list and len(v) == 5 and v[0] == key and type(v[1]) is int
-            and type(v[2]) is int and v[4] == "x" * (v[2] % 37)):
+    if not (
+        type(v) is list
+        and len(v) == 5
+        and v[0] == key
+        and type(v[1]) is int
+        and type(v[2]) is int
+        and v[4] == "x" * (v[2] % 37)
+    ):
         errors.append((f"{key!r} read as {v!r}: not a whole value of that key", None))
     elif v[3] == -1.0:
         errors.append((f"{key!r} read as {v!r}, written with a ttl <= 0", None))
@@ -486,8 +497,7 @@ def check_side(c: Any) -> Tuple[int, int]:
     return nxt - free - len(slots), w[C.W_BYTES] - held
 
 
-def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact: bool,
-                 results: Any) -> None:
+def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact: bool, results: Any) -> None:
     """Reads all the time; every read checked (``check_cache_value``), counters
     never go back, ``len`` and stats within the bounds; every 64 passes, under the
     lock, the bytes bound exactly and ``check_side`` (with ``exact``: no leaks)."""
@@ -537,7 +547,11 @@ def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact
                         assert not exact, "a batch left open with nobody killed"
                     else:
                         leaked, excess = check_side(c)
-                        assert not exact or (leaked, excess) == (0, 0), ("leaked slots, bytes", leaked, excess)
+                        assert not exact or (leaked, excess) == (0, 0), (
+                            "leaked slots, bytes",
+                            leaked,
+                            excess,
+                        )
             passes += 1
         except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
             errors.append((f"{type(exc).__name__}: {exc}", None))

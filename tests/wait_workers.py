@@ -188,9 +188,11 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def registered(d: Any, pid: int, waiters_word: int, timeout: float = 20) -> int:
     """Wait until process ``pid`` holds a slot with its bit set in ``waiters_word``; the slot."""
+
     def check() -> Optional[int]:
         i = slot_of(d, pid)
         return i + 1 if i is not None and words(d)[waiters_word] >> i & 1 else None
+
     return wait_until(check, timeout, f"pid {pid} registered in word {waiters_word}") - 1
 
 

@@ -17,7 +17,15 @@ from .shareddict import SharedDict
 from .compat import UltraDict
 from ._backends import unlink_by_name
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["SharedDict", "SharedLock", "UltraDict", "Change", "SUPERSEDED", "unlink_by_name",
-           "__version__", *errors.__all__]
+__all__ = [
+    "SharedDict",
+    "SharedLock",
+    "UltraDict",
+    "Change",
+    "SUPERSEDED",
+    "unlink_by_name",
+    "__version__",
+    *errors.__all__,
+]

@@ -23,12 +23,23 @@ _PLAIN = frozenset({type(None), bool, int, float, str, bytes})
 __all__ = ["split_arguments", "pairs"]
 
 #: ``Options`` fields a caller may give ``SharedDict(...)`` by keyword.
-_OPTION_KEYWORDS = ("recurse", "buffer_size", "serializer", "auto_unlink", "blob_threshold",
-                    "backend", "reads", "lease", "staleness", "max_decoded")
+_OPTION_KEYWORDS = (
+    "recurse",
+    "buffer_size",
+    "serializer",
+    "auto_unlink",
+    "blob_threshold",
+    "backend",
+    "reads",
+    "lease",
+    "staleness",
+    "max_decoded",
+)
 
 
-def split_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]
-                    ) -> Tuple[Optional[str], Optional[bool], Options, Initial]:
+def split_arguments(
+    args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Tuple[Optional[str], Optional[bool], Options, Initial]:
     """``(name, create, options, initial data)`` of ``SharedDict(*args, **kwargs)``.
 
     Positionally: an optional data argument first (anything that is not a
@@ -81,9 +92,7 @@ def pairs(data: Any) -> List[List[Any]]:
             try:
                 k, v = item
             except (TypeError, ValueError):
-                raise ValueError(
-                    f"update sequence element #{i} is not a (key, value) pair"
-                ) from None
+                raise ValueError(f"update sequence element #{i} is not a (key, value) pair") from None
             items.append([k, v])
     if type(data) is dict and types_within(data, _PLAIN, 1):
         return items  # (hashable keys, and no handle among values of plain types: one C scan)

@@ -25,8 +25,9 @@ __all__ = ["open_engine", "unlink_by_name", "resolve_backend", "BACKEND_ENV"]
 BACKEND_ENV = "ULTRADICT_NG_BACKEND"
 
 
-def open_engine(name: Optional[str], create: Optional[bool], options: Options,
-                initial: Initial = None) -> Engine:
+def open_engine(
+    name: Optional[str], create: Optional[bool], options: Options, initial: Initial = None
+) -> Engine:
     """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
     ``initial`` ([key, value] lists, or a dict) is stored only by the process that creates it."""
     backend = resolve_backend(options.backend)
@@ -43,8 +44,9 @@ def open_engine(name: Optional[str], create: Optional[bool], options: Options,
 
     if isinstance(initial, dict):
         initial = pairs(initial)
-    return RedisEngine.open(name, create, options, initial, backend, options.reads,
-                            options.lease, options.staleness)
+    return RedisEngine.open(
+        name, create, options, initial, backend, options.reads, options.lease, options.staleness
+    )
 
 
 def resolve_backend(backend: Any) -> Any:
@@ -54,8 +56,9 @@ def resolve_backend(backend: Any) -> Any:
     if backend is None or backend == "shm":
         return None
     if isinstance(backend, str) and not backend.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"backend must be 'shm', a redis://, rediss:// or unix:// URL, or a redis "
-                         f"client; not {backend!r}")
+        raise ValueError(
+            f"backend must be 'shm', a redis://, rediss:// or unix:// URL, or a redis client; not {backend!r}"
+        )
     return backend
 
 

@@ -24,11 +24,11 @@ __all__ = ["STAGES", "on_fork_in_child"]
 
 #: The stages, run in this order in the child.
 STAGES = (
-    "identity",       # this process's identity word (pid + start time): read by every stage below
-    "threads",        # mutexes, guards and per-thread lock state the parent's threads may hold
-    "connections",    # sockets shared with the parent (the Redis engine's connections)
+    "identity",  # this process's identity word (pid + start time): read by every stage below
+    "threads",  # mutexes, guards and per-thread lock state the parent's threads may hold
+    "connections",  # sockets shared with the parent (the Redis engine's connections)
     "registrations",  # the child registers in the dicts it maps (needs identity and guards)
-    "pools",          # the parent's process pools are not the child's
+    "pools",  # the parent's process pools are not the child's
 )
 
 _hooks: Dict[str, List[Callable[[], None]]] = {stage: [] for stage in STAGES}

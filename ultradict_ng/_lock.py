@@ -291,8 +291,12 @@ class SharedLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         self.release()
 
     def __repr__(self) -> str:
@@ -304,12 +308,16 @@ class SharedLock:
     def _not_held(self) -> RuntimeError:
         return RuntimeError(f"release of the lock of {self._name!r}, which this thread does not hold")
 
-    def _timeout_error(self, timeout: Optional[float], holder: Optional[str],
-                       pid: Optional[int]) -> LockTimeout:
+    def _timeout_error(
+        self, timeout: Optional[float], holder: Optional[str], pid: Optional[int]
+    ) -> LockTimeout:
         """The LockTimeout for ``timeout``: ``holder`` as ``_holder`` answers."""
         text = holder or "held by another thread of this process"
-        return LockTimeout(self._MESSAGE.format(name=self._name, timeout=timeout, holder=text),
-                           name=self._name, pid=pid if pid else os.getpid())
+        return LockTimeout(
+            self._MESSAGE.format(name=self._name, timeout=timeout, holder=text),
+            name=self._name,
+            pid=pid if pid else os.getpid(),
+        )
 
 
 class WordLock(SharedLock):
@@ -348,8 +356,11 @@ class WordLock(SharedLock):
             return
         if done is None:
             raise self._not_held()
-        log.warning("lock of shared dict %r was taken over by another process while pid %d held it",
-                    self._name, os.getpid())
+        log.warning(
+            "lock of shared dict %r was taken over by another process while pid %d held it",
+            self._name,
+            os.getpid(),
+        )
 
     def __enter__(self) -> "WordLock":
         # acquire(), blocking without timeout, inlined: ``with d.lock:`` is a hot loop shape.
@@ -381,6 +392,10 @@ class _TimedHold:
         self._lock.acquire(timeout=self._timeout)
         return self._lock
 
-    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         self._lock.release()

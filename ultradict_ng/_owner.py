@@ -91,8 +91,6 @@ def owner_alive(word: int) -> bool:
     return True
 
 
-
-
 def _after_fork_in_child() -> None:
     global _my_word
     _my_word = 0

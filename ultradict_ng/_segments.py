@@ -42,9 +42,23 @@ try:
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["Segment", "Opened", "create_written", "reserve", "unlink", "exists", "listed",
-           "listable", "entry_stat", "read_entry", "create_empty", "holds", "SUPPORTED",
-           "LISTABLE", "SHM_DIR"]
+__all__ = [
+    "Segment",
+    "Opened",
+    "create_written",
+    "reserve",
+    "unlink",
+    "exists",
+    "listed",
+    "listable",
+    "entry_stat",
+    "read_entry",
+    "create_empty",
+    "holds",
+    "SUPPORTED",
+    "LISTABLE",
+    "SHM_DIR",
+]
 
 SUPPORTED = _posixshmem is not None
 _MODE = 0o600
@@ -145,8 +159,14 @@ class Segment:
             self.buf = None
 
 
-def create_written(name: str, size: int, pieces: Sequence[Tuple[int, Any]], no_room: str,
-                   reserve: bool = False, created: Optional[Callable[[], None]] = None) -> None:
+def create_written(
+    name: str,
+    size: int,
+    pieces: Sequence[Tuple[int, Any]],
+    no_room: str,
+    reserve: bool = False,
+    created: Optional[Callable[[], None]] = None,
+) -> None:
     """Create ``name`` exclusively with ``size`` bytes and write ``pieces``
     (``(offset, bytes-like)``, in that order) into it; nothing is mapped here.
 
@@ -199,7 +219,7 @@ def _write_pieces(fd: int, size: int, pieces: Sequence[Tuple[int, Any]], reserve
         with mmap.mmap(fd, size) as mm:
             for offset, piece in pieces:
                 with memoryview(piece) as raw, raw.cast("B") as data:
-                    mm[offset:offset + data.nbytes] = data
+                    mm[offset : offset + data.nbytes] = data
 
 
 class Opened:
@@ -216,8 +236,7 @@ class Opened:
     def __init__(self, name: str, writable: bool = False) -> None:
         _require_posix()
         self.name = name
-        self._fd: int = _posixshmem.shm_open(_path(name), os.O_RDWR if writable else os.O_RDONLY,
-                                             mode=_MODE)
+        self._fd: int = _posixshmem.shm_open(_path(name), os.O_RDWR if writable else os.O_RDONLY, mode=_MODE)
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size

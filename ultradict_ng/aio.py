@@ -55,6 +55,7 @@ _SLICE = 0.2
 #: dead holder, or a release whose one wake went to a waiter elsewhere).
 _LOCK_SLICE = 0.05
 
+
 class _Wait:
     """A helper thread that calls ``step(slice)`` -- a blocking wait of at most
     ``slice`` seconds, True once what it waits for happened -- until it
@@ -62,8 +63,9 @@ class _Wait:
     slice, when no future is left.  An exception from ``step`` goes to the
     futures."""
 
-    def __init__(self, key: Hashable, step: Callable[[float], bool], slice_: float,
-                 ended: Callable[["_Wait"], None]) -> None:
+    def __init__(
+        self, key: Hashable, step: Callable[[float], bool], slice_: float, ended: Callable[["_Wait"], None]
+    ) -> None:
         self.key = key
         self._step = step
         self._slice = slice_
@@ -126,8 +128,9 @@ class _Waits:
         self._guard = threading.Lock()
         self._running: Dict[Hashable, _Wait] = {}
 
-    async def wait(self, key: Hashable, step: Callable[[float], bool], slice_: float,
-                   timeout: Optional[float]) -> bool:
+    async def wait(
+        self, key: Hashable, step: Callable[[float], bool], slice_: float, timeout: Optional[float]
+    ) -> bool:
         """Until ``step`` (see :class:`_Wait`) returned True in a helper thread
         (True), or ``timeout`` seconds (False; None: no limit).  Joins the
         thread already waiting for ``key``, if any."""
@@ -227,16 +230,23 @@ class AsyncSharedLock:
 
     def _timeout(self, timeout: Optional[float]) -> LockTimeout:
         pid = self._lock.owner_pid
-        return LockTimeout(f"could not acquire the lock of shared dict {self._name!r} "
-                           f"within {timeout}s" + (f" (held by pid {pid})" if pid else ""),
-                           name=self._name, pid=pid or 0)
+        return LockTimeout(
+            f"could not acquire the lock of shared dict {self._name!r} "
+            f"within {timeout}s" + (f" (held by pid {pid})" if pid else ""),
+            name=self._name,
+            pid=pid or 0,
+        )
 
     async def __aenter__(self) -> "AsyncSharedLock":
         await self.acquire()
         return self
 
-    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                        tb: Optional[TracebackType]) -> None:
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         self.release()
 
 
@@ -343,8 +353,7 @@ class AsyncSharedDict:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else deadline - time.monotonic()
-            if not await self._waits.wait(("change", mark), lambda t: store.wait_past(mark, t),
-                                          _SLICE, left):
+            if not await self._waits.wait(("change", mark), lambda t: store.wait_past(mark, t), _SLICE, left):
                 return False
             if store.change_mark() == mark:
                 # What the helper saw is not in the cache yet (no other thread

@@ -16,8 +16,15 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Pr
 
 from . import layout as L
 
-__all__ = ["Change", "SUPERSEDED", "ChangeSource", "iterate", "changes_of_records",
-           "changes_of_dump", "skeleton"]
+__all__ = [
+    "Change",
+    "SUPERSEDED",
+    "ChangeSource",
+    "iterate",
+    "changes_of_records",
+    "changes_of_dump",
+    "skeleton",
+]
 
 
 class _Superseded:
@@ -121,8 +128,13 @@ def changes_of_records(out: List[Change], export: Callable[[Any], Any], records:
             out.extend(Change("set", path, k, export(v)) for k, v in rec[2])
 
 
-def changes_of_dump(out: List[Change], export: Callable[[Any], Any], dumps: Callable[[Any], bytes],
-                    old: Dict[Any, Any], new: Dict[Any, Any]) -> None:
+def changes_of_dump(
+    out: List[Change],
+    export: Callable[[Any], Any],
+    dumps: Callable[[Any], bytes],
+    old: Dict[Any, Any],
+    new: Dict[Any, Any],
+) -> None:
     """Append the difference from tree ``old`` to tree ``new``, as resync changes."""
     stack: List[Tuple[Tuple[Any, ...], Dict[Any, Any], Dict[Any, Any]]] = [((), old, new)]
     while stack:

@@ -108,23 +108,43 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     __slots__ = ()  # (the (store, path) pair, sync and retry loops: _handle.Handle)
 
     @overload
-    def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, *,
-                 recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
-                 serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
-                 blob_threshold: Optional[int] = None, backend: Any = None,
-                 reads: Optional[str] = None, lease: Optional[float] = None,
-                 staleness: Optional[float] = None, max_decoded: Optional[int] = None,
-                 **data: Any) -> None: ...
+    def __init__(
+        self,
+        name: Optional[str] = None,
+        create: Optional[bool] = None,
+        *,
+        recurse: Optional[bool] = None,
+        buffer_size: Optional[int] = None,
+        serializer: Any = None,
+        auto_unlink: Union[bool, str, None] = None,
+        blob_threshold: Optional[int] = None,
+        backend: Any = None,
+        reads: Optional[str] = None,
+        lease: Optional[float] = None,
+        staleness: Optional[float] = None,
+        max_decoded: Optional[int] = None,
+        **data: Any,
+    ) -> None: ...
 
     @overload
-    def __init__(self, __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
-                 name: Optional[str] = None, create: Optional[bool] = None, *,
-                 recurse: Optional[bool] = None, buffer_size: Optional[int] = None,
-                 serializer: Any = None, auto_unlink: Union[bool, str, None] = None,
-                 blob_threshold: Optional[int] = None, backend: Any = None,
-                 reads: Optional[str] = None, lease: Optional[float] = None,
-                 staleness: Optional[float] = None, max_decoded: Optional[int] = None,
-                 **more: Any) -> None: ...
+    def __init__(
+        self,
+        __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
+        name: Optional[str] = None,
+        create: Optional[bool] = None,
+        *,
+        recurse: Optional[bool] = None,
+        buffer_size: Optional[int] = None,
+        serializer: Any = None,
+        auto_unlink: Union[bool, str, None] = None,
+        blob_threshold: Optional[int] = None,
+        backend: Any = None,
+        reads: Optional[str] = None,
+        lease: Optional[float] = None,
+        staleness: Optional[float] = None,
+        max_decoded: Optional[int] = None,
+        **more: Any,
+    ) -> None: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # As dict(): parameters by keyword or position, the rest is data (_arguments).
@@ -291,8 +311,15 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
             first = known + first_to_export(items[known:]) if known else first_to_export(items)
             if first < len(items):
                 immutable = _IMMUTABLE
-                items[first:] = [(k, v if type(v) in immutable or (type(v) is tuple and immutable.issuperset(
-                    map(type, v))) else self._export(k, v)) for k, v in items[first:]]
+                items[first:] = [
+                    (
+                        k,
+                        v
+                        if type(v) in immutable or (type(v) is tuple and immutable.issuperset(map(type, v)))
+                        else self._export(k, v),
+                    )
+                    for k, v in items[first:]
+                ]
             return items
 
         return self._read(read)
@@ -314,6 +341,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     def copy(self) -> Dict[Any, Any]:
         """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
+
         def read(node: Dict[Any, Any]) -> Dict[Any, Any]:
             with self._store.mutex:
                 if type(node) is not dict:  # a big dict's cache (_shm/tablecache.py): a mapping
@@ -379,6 +407,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     def _delitem_slow(self, key: Any) -> None:
         """``del self[key]``."""
+
         def decide(s: Engine, node: Dict[Any, Any]) -> None:
             if key not in node:
                 raise KeyError(key)
@@ -398,6 +427,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     def popitem(self) -> Tuple[Any, Any]:
         """Remove and return the most recently inserted item (LIFO, like dict)."""
+
         def decide(s: Engine, node: Dict[Any, Any]) -> Tuple[Any, Any]:
             if not node:
                 raise KeyError("popitem(): shared dict is empty")
@@ -490,8 +520,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         s = self._store
         s.words[_W_STATE]  # Closed on a closed handle, before the lock
         if not isinstance(s, Transactional):
-            raise NotImplementedError(f"shared dict {self.name!r}: its backend has no transactions; "
-                                      "nothing was changed")
+            raise NotImplementedError(
+                f"shared dict {self.name!r}: its backend has no transactions; nothing was changed"
+            )
         s.begin_transaction()
         try:
             yield self
@@ -539,8 +570,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         return (_reattach, (type(self), self.name, self._path, self._store.reopen_arguments()))
 
 
-def _reattach(cls: type, name: str, path: Tuple[Any, ...],
-              where: Optional[Dict[str, Any]] = None) -> SharedDict:
+def _reattach(
+    cls: type, name: str, path: Tuple[Any, ...], where: Optional[Dict[str, Any]] = None
+) -> SharedDict:
     # ``where`` is None in handles pickled before engines said how to reopen them (all in shm).
     root: SharedDict = cls(name=name, create=False, **(where or {"backend": "shm"}))
     return root._view(path) if path else root

@@ -44,11 +44,37 @@ except ImportError:  # not compiled: no C compiler at install time
     _compiled = None  # type: ignore[assignment]
 
 __all__ = [
-    "IMPLEMENTATION", "ENV_VAR", "Words", "ProcessState", "StoreBase", "ViewBase", "CacheGet", "TableCacheBase",
-    "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types", "set_root_write", "key_hash_common", "table_get", "table_candidates",
-    "table_fill", "table_merge", "table_changes", "table_index", "table_chunk", "pack_map", "pack_pairs", "unpack_simple", "tuple_hook",
-    "table_rows", "first_to_export", "FUTEX",
+    "IMPLEMENTATION",
+    "ENV_VAR",
+    "Words",
+    "ProcessState",
+    "StoreBase",
+    "ViewBase",
+    "CacheGet",
+    "TableCacheBase",
+    "parse_records",
+    "apply_sets",
+    "types_within",
+    "contains_type",
+    "msgpack_length",
+    "crc32",
+    "set_immutable_types",
+    "set_root_write",
+    "key_hash_common",
+    "table_get",
+    "table_candidates",
+    "table_fill",
+    "table_merge",
+    "table_changes",
+    "table_index",
+    "table_chunk",
+    "pack_map",
+    "pack_pairs",
+    "unpack_simple",
+    "tuple_hook",
+    "table_rows",
+    "first_to_export",
+    "FUTEX",
 ]
 
 ENV_VAR = "ULTRADICT_NG_SPEEDUPS"
@@ -75,15 +101,26 @@ def _words_work(make: Callable[[Any], Any]) -> bool:
             ok1, seen1 = words.cas(1, 7, 2**64 - 1)
             ok2, seen2 = words.cas(1, 7, 3)
             good = (ok1, seen1, ok2, seen2, words.load(1), words.load(0)) == (
-                True, 7, False, 2**64 - 1, 2**64 - 1, 0,
+                True,
+                7,
+                False,
+                2**64 - 1,
+                2**64 - 1,
+                0,
             )
             end = words.write_record(16, 0xDEADBEEF, b"payload")
         finally:
             words.release()
-        crc = zlib.crc32(b"payload", zlib.crc32((7).to_bytes(4, "little") + (0xDEADBEEF).to_bytes(4, "little")))
+        crc = zlib.crc32(
+            b"payload", zlib.crc32((7).to_bytes(4, "little") + (0xDEADBEEF).to_bytes(4, "little"))
+        )
         record = (7).to_bytes(4, "little") + (0xDEADBEEF).to_bytes(4, "little") + crc.to_bytes(4, "little")
-        return (good and buf[8:16] == b"\xff" * 8 and end == 16 + L.RECORD_HEADER + 7
-                and bytes(buf[16:39]) == record + bytes(4) + b"payload")
+        return (
+            good
+            and buf[8:16] == b"\xff" * 8
+            and end == 16 + L.RECORD_HEADER + 7
+            and bytes(buf[16:39]) == record + bytes(4) + b"payload"
+        )
     except Exception:
         return False
 
@@ -98,8 +135,9 @@ def _choose() -> str:
         if _compiled is not None and _words_work(_compiled.Words):
             return "native"
         if forced:
-            raise ImportError(f"{ENV_VAR}=native, but ultradict_ng._helper._native is not compiled or "
-                              "fails its self-test")
+            raise ImportError(
+                f"{ENV_VAR}=native, but ultradict_ng._helper._native is not compiled or fails its self-test"
+            )
     if forced:
         return forced
     return "bound" if _words_work(_twin_words("bound")) else "public"
@@ -111,19 +149,66 @@ IMPLEMENTATION: str = _choose()
 if IMPLEMENTATION == "native":
     assert _compiled is not None
     from ._helper._native import (
-        FUTEX, CacheGet, ProcessState, StoreBase, TableCacheBase, ViewBase, Words, apply_sets, contains_type, crc32, first_to_export,
-        key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types, set_root_write,
-        table_candidates, table_changes, table_chunk, table_fill, table_get, table_index, table_merge, table_rows,
+        FUTEX,
+        CacheGet,
+        ProcessState,
+        StoreBase,
+        TableCacheBase,
+        ViewBase,
+        Words,
+        apply_sets,
+        contains_type,
+        crc32,
+        first_to_export,
+        key_hash_common,
+        msgpack_length,
+        pack_map,
+        pack_pairs,
+        parse_records,
+        set_immutable_types,
+        set_root_write,
+        table_candidates,
+        table_changes,
+        table_chunk,
+        table_fill,
+        table_get,
+        table_index,
+        table_merge,
+        table_rows,
         tuple_hook,
-        types_within, unpack_simple,
+        types_within,
+        unpack_simple,
     )
 else:
     from ._helper.twins import (  # type: ignore[assignment]
-        FUTEX, CacheGet, ProcessState, StoreBase, TableCacheBase, ViewBase, apply_sets, contains_type, crc32, first_to_export,
-        key_hash_common, msgpack_length, pack_map, pack_pairs, parse_records, set_immutable_types, set_root_write,
-        table_candidates, table_changes, table_chunk, table_fill, table_get, table_index, table_merge, table_rows,
+        FUTEX,
+        CacheGet,
+        ProcessState,
+        StoreBase,
+        TableCacheBase,
+        ViewBase,
+        apply_sets,
+        contains_type,
+        crc32,
+        first_to_export,
+        key_hash_common,
+        msgpack_length,
+        pack_map,
+        pack_pairs,
+        parse_records,
+        set_immutable_types,
+        set_root_write,
+        table_candidates,
+        table_changes,
+        table_chunk,
+        table_fill,
+        table_get,
+        table_index,
+        table_merge,
+        table_rows,
         tuple_hook,
-        types_within, unpack_simple,
+        types_within,
+        unpack_simple,
     )
 
     Words = _twin_words(IMPLEMENTATION)  # type: ignore[misc]

@@ -131,8 +131,14 @@ stays valid after a newer one replaces and unlinks it.
 from __future__ import annotations
 
 __all__ = [
-    "TABLE_MAGIC", "TABLE_HEADER", "TABLE_FORMAT", "TABLE_ENTRY_FORMAT", "TABLE_ENTRY_HEADER",
-    "TABLE_MAX_LOAD", "TABLE_OFFSET_MASK", "TABLE_TAG_MASK",
+    "TABLE_MAGIC",
+    "TABLE_HEADER",
+    "TABLE_FORMAT",
+    "TABLE_ENTRY_FORMAT",
+    "TABLE_ENTRY_HEADER",
+    "TABLE_MAX_LOAD",
+    "TABLE_OFFSET_MASK",
+    "TABLE_TAG_MASK",
 ]
 
 TABLE_MAGIC = b"UDNGtbl\x01"

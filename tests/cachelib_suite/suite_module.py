@@ -90,7 +90,6 @@ def cache_factory(request: Any) -> Iterator[None]:
 # What the parent checks the run against: these mixins, these tests, each variant.
 if os.environ.get("UDNG_MIXINS_OUT"):
     with open(os.environ["UDNG_MIXINS_OUT"], "w") as f:
-        json.dump({"mixins": [cls.__name__ for cls in MIXINS], "tests": MIXIN_TESTS,
-                   "variants": VARIANTS}, f)
+        json.dump({"mixins": [cls.__name__ for cls in MIXINS], "tests": MIXIN_TESTS, "variants": VARIANTS}, f)
 
 TestUltradictNgSharedCache = type("TestUltradictNgSharedCache", tuple(MIXINS), {})

@@ -155,8 +155,12 @@ def flask_requests(config: dict[str, Any]) -> dict[str, Any]:
     app, cache = flask_app(config)
     with app.app_context():
         client = app.test_client()
-        out = {"pid": os.getpid(), "view": client.get("/pid").get_data(as_text=True),
-               "square": app.slow_square(12), "counter": cache.cache.inc("requests")}
+        out = {
+            "pid": os.getpid(),
+            "view": client.get("/pid").get_data(as_text=True),
+            "square": app.slow_square(12),
+            "counter": cache.cache.inc("requests"),
+        }
         backend = app.extensions["cache"][cache]
         backend.close()
     return out

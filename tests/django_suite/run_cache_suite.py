@@ -32,10 +32,8 @@ def caches_setting(caches_setting_for_tests: Any) -> dict[str, dict[str, Any]]:
     which lets its culling aliases share ``default``'s store.  (Naming it
     anyway, they would use ``default``'s 300 entries, with a warning, and
     test_cull would find all 49 keys.)"""
-    location, cull_location, zero_cull_location = (
-        os.environ["ULTRADICT_NG_DJANGO_LOCATIONS"].split(","))
-    setting: dict[str, dict[str, Any]] = caches_setting_for_tests(BACKEND=BACKEND,
-                                                                   LOCATION=location)
+    location, cull_location, zero_cull_location = os.environ["ULTRADICT_NG_DJANGO_LOCATIONS"].split(",")
+    setting: dict[str, dict[str, Any]] = caches_setting_for_tests(BACKEND=BACKEND, LOCATION=location)
     setting["cull"]["LOCATION"] = cull_location
     setting["zero_cull"]["LOCATION"] = zero_cull_location
     return setting
@@ -67,8 +65,10 @@ class Result(unittest.TextTestResult):
         name = test._testMethodName
         started = getattr(self, "_started", {}).pop(name, None)
         seconds = round(time.monotonic() - started, 3) if started is not None else None
-        print("OUTCOME " + json.dumps({"test": name, "status": status, "detail": detail,
-                                       "seconds": seconds}), flush=True)
+        print(
+            "OUTCOME " + json.dumps({"test": name, "status": status, "detail": detail, "seconds": seconds}),
+            flush=True,
+        )
 
     def startTest(self, test: Any) -> None:
         self.__dict__.setdefault("_started", {})[test._testMethodName] = time.monotonic()
@@ -88,7 +88,9 @@ class Result(unittest.TextTestResult):
         if err is not None:
             status = "FAIL" if issubclass(err[0], test.failureException) else "ERROR"
             self._subfailed[test._testMethodName] = (
-                status, f"{subtest}: {self._exc_info_to_string(err, test)}")
+                status,
+                f"{subtest}: {self._exc_info_to_string(err, test)}",
+            )
 
     def addFailure(self, test: Any, err: Any) -> None:
         super().addFailure(test, err)
@@ -97,9 +99,13 @@ class Result(unittest.TextTestResult):
     def addError(self, test: Any, err: Any) -> None:
         super().addError(test, err)
         if not hasattr(test, "_testMethodName"):  # a class or module fixture failed
-            print("OUTCOME " + json.dumps({"test": str(test), "status": "ERROR",
-                                           "detail": self._exc_info_to_string(err, test)}),
-                  flush=True)
+            print(
+                "OUTCOME "
+                + json.dumps(
+                    {"test": str(test), "status": "ERROR", "detail": self._exc_info_to_string(err, test)}
+                ),
+                flush=True,
+            )
             return
         self._emit(test, "ERROR", self._exc_info_to_string(err, test))
 
@@ -130,14 +136,16 @@ def main() -> int:
     started = time.monotonic()
     try:
         suite = unittest.defaultTestLoader.loadTestsFromTestCase(case)
-        result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1,
-                                         resultclass=Result).run(suite)
+        result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1, resultclass=Result).run(suite)
     finally:
         seconds = time.monotonic() - started
         runner.teardown_databases(old_config)
         runner.teardown_test_environment()
-    print("DONE " + json.dumps({"expected": expected, "seconds": round(seconds, 2),
-                                "django": django.__version__}), flush=True)
+    print(
+        "DONE "
+        + json.dumps({"expected": expected, "seconds": round(seconds, 2), "django": django.__version__}),
+        flush=True,
+    )
     return 0 if result.wasSuccessful() else 1
 
 

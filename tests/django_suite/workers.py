@@ -15,8 +15,9 @@ def django_cache(location: str, options: dict[str, Any] | None = None) -> Any:
     """This process's ``django.core.cache.cache``, configured on ``location``."""
     from django.conf import settings
 
-    settings.configure(CACHES={"default": {"BACKEND": BACKEND, "LOCATION": location,
-                                           "OPTIONS": options or {}}})
+    settings.configure(
+        CACHES={"default": {"BACKEND": BACKEND, "LOCATION": location, "OPTIONS": options or {}}}
+    )
     from django.core.cache import cache
 
     return cache

@@ -16,8 +16,7 @@ from typing import Any, List, Tuple
 
 from ..errors import CorruptSegment, UnsupportedType
 
-__all__ = ["is_ndarray", "is_tensor", "array_meta", "dtype_from", "tensor_as_array", "numpy",
-           "torch"]
+__all__ = ["is_ndarray", "is_tensor", "array_meta", "dtype_from", "tensor_as_array", "numpy", "torch"]
 
 
 def numpy() -> Any:
@@ -58,8 +57,12 @@ def _listify(descr: Any) -> Any:
 def _tuplify_fields(descr: Any) -> Any:
     """The inverse of ``_listify`` for a structured descr: fields are tuples."""
     if isinstance(descr, list):
-        return [tuple(_tuplify_fields(x) if isinstance(x, list) else x for x in field)
-                if isinstance(field, list) else field for field in descr]
+        return [
+            tuple(_tuplify_fields(x) if isinstance(x, list) else x for x in field)
+            if isinstance(field, list)
+            else field
+            for field in descr
+        ]
     return descr
 
 
@@ -87,8 +90,9 @@ def torch() -> Any:
     try:
         import torch as torch_module
     except ImportError:
-        raise CorruptSegment("this shared dict holds a torch tensor, and torch is not installed "
-                             "in this process") from None
+        raise CorruptSegment(
+            "this shared dict holds a torch tensor, and torch is not installed in this process"
+        ) from None
     return torch_module
 
 
@@ -103,5 +107,6 @@ def tensor_as_array(tensor: Any) -> Any:
     try:
         return tensor.detach().contiguous().numpy()
     except (TypeError, RuntimeError) as exc:
-        raise UnsupportedType(f"cannot store a torch tensor of dtype {tensor.dtype}: {exc} "
-                              "(convert it, e.g. .float())") from None
+        raise UnsupportedType(
+            f"cannot store a torch tensor of dtype {tensor.dtype}: {exc} (convert it, e.g. .float())"
+        ) from None

@@ -223,8 +223,13 @@ class MsgpackCodec(Codec):
                 return record_pack(record), record
             except Exception:
                 pass
-        elif n == 3 and record[0] == OP_UPDATE and type(record[0]) is int and type(record[1]) is list and (
-                not record[1] or scalar.issuperset(map(type, record[1]))):
+        elif (
+            n == 3
+            and record[0] == OP_UPDATE
+            and type(record[0]) is int
+            and type(record[1]) is list
+            and (not record[1] or scalar.issuperset(map(type, record[1])))
+        ):
             # ``[OP_UPDATE, path, [[k, v], ...]]`` (an update(), a bulk load)
             # whose keys are scalars and values scalars or tuples of at most
             # 15 of them: the pairs are packed by one compiled call, to the
@@ -248,8 +253,9 @@ class MsgpackCodec(Codec):
         if not framed or len(payloads) < 8:
             return super().loads_many(payloads)
         data = b"".join(payloads)
-        unpacker = Unpacker(raw=False, strict_map_key=False, ext_hook=ROOT_HOOK,
-                             max_buffer_size=max(len(data), 1))
+        unpacker = Unpacker(
+            raw=False, strict_map_key=False, ext_hook=ROOT_HOOK, max_buffer_size=max(len(data), 1)
+        )
         unpacker.feed(data)
         try:
             with gc_paused():
@@ -279,10 +285,11 @@ class MsgpackCodec(Codec):
                 obj = unpackb(data, raw=False, strict_map_key=False, ext_hook=ROOT_HOOK)
             # The regex only pre-filters: on large data (a dump) the walk is
             # cheaper than the scan (compiled, 1 MB: ~1 ms against ~8 ms).
-            if b"\xff" in data and (
-                len(data) > _SCAN_WITHOUT_REGEX
-                or TIMESTAMP_RE.search(data) is not None
-            ) and contains_timestamp(obj):
+            if (
+                b"\xff" in data
+                and (len(data) > _SCAN_WITHOUT_REGEX or TIMESTAMP_RE.search(data) is not None)
+                and contains_timestamp(obj)
+            ):
                 raise CorruptSegment("msgpack Timestamp ext found; this serializer never writes one")
             return obj
         except CorruptSegment:
@@ -336,6 +343,8 @@ MSGPACK = MsgpackCodec()
 PICKLE = PickleCodec()
 
 _BY_NAME: Dict[str, Codec] = {MSGPACK.name: MSGPACK, PICKLE.name: PICKLE}
+
+
 class ObjectCodec(Codec):
     """Any object with ``dumps(obj)`` and ``loads(data)`` (the ``json`` module, say).
 
@@ -370,7 +379,9 @@ class ObjectCodec(Codec):
         try:
             return self.serializer.loads(bytes(data))
         except Exception as exc:
-            raise CorruptSegment(f"{self.name} serializer cannot decode the bytes ({describe_error(exc)})") from exc
+            raise CorruptSegment(
+                f"{self.name} serializer cannot decode the bytes ({describe_error(exc)})"
+            ) from exc
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectCodec) and other.serializer is self.serializer

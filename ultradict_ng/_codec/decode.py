@@ -116,8 +116,13 @@ def _decode_scalar(code: int, data: bytes) -> Any:
 def _array_meta_ok(meta: Any, n: int) -> bool:
     """``[descr, shape, ...]`` of n items, shape a list of non-negative ints (the
     descr itself is checked by numpy when the array is made)."""
-    return (type(meta) is list and len(meta) == n and type(meta[0]) in (str, list)
-            and type(meta[1]) is list and all(type(d) is int and d >= 0 for d in meta[1]))
+    return (
+        type(meta) is list
+        and len(meta) == n
+        and type(meta[0]) in (str, list)
+        and type(meta[1]) is list
+        and all(type(d) is int and d >= 0 for d in meta[1])
+    )
 
 
 def _make_hook(level: int) -> Callable[[int, bytes], Any]:

@@ -84,8 +84,11 @@ def _plain_below(obj: Any, depth: int, ext_depth: int) -> bool:
     leaf, or a plain list, tuple, set or dict of them within ``SCAN_LEVELS``
     levels -- none needs converting -- and no nesting limit is within reach.
     False says only that the walk must decide."""
-    return (depth + SCAN_LEVELS <= MAX_NESTING and ext_depth + SCAN_LEVELS <= MAX_EXT_NESTING
-            and _types_within(obj, LEAF_TYPES, SCAN_LEVELS))
+    return (
+        depth + SCAN_LEVELS <= MAX_NESTING
+        and ext_depth + SCAN_LEVELS <= MAX_EXT_NESTING
+        and _types_within(obj, LEAF_TYPES, SCAN_LEVELS)
+    )
 
 
 def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
@@ -186,10 +189,21 @@ def _make_default(chain: Chain, level: int) -> Callable[[Any], Any]:
             code = EXT_TUPLE
             payload = list(obj)
         elif tp is int:
-            return new_ext(ExtType, (EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True)))
+            return new_ext(
+                ExtType, (EXT_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True))
+            )
         elif tp is datetime:
             code = EXT_DATETIME
-            payload = [obj.year, obj.month, obj.day, obj.hour, obj.minute, obj.second, obj.microsecond, obj.fold]
+            payload = [
+                obj.year,
+                obj.month,
+                obj.day,
+                obj.hour,
+                obj.minute,
+                obj.second,
+                obj.microsecond,
+                obj.fold,
+            ]
             tz = obj.tzinfo
             if tz is not None:
                 if type(tz) is not timezone:
@@ -207,7 +221,10 @@ def _make_default(chain: Chain, level: int) -> Callable[[Any], Any]:
             members = sorted(map(packer.pack, obj))
             return new_ext(
                 ExtType,
-                (EXT_FROZENSET if tp is frozenset else EXT_SET, packer.pack_array_header(len(members)) + b"".join(members)),
+                (
+                    EXT_FROZENSET if tp is frozenset else EXT_SET,
+                    packer.pack_array_header(len(members)) + b"".join(members),
+                ),
             )
         elif tp is Decimal:
             return new_ext(ExtType, (EXT_DECIMAL, str(obj).encode("ascii")))

@@ -146,8 +146,7 @@ def _offset_us(tz: Any, value: Any) -> int:
 
 
 def _datetime(x: _dt.datetime) -> int:
-    us = (x.toordinal() * _DAY_US + ((x.hour * 60 + x.minute) * 60 + x.second) * 1_000_000
-          + x.microsecond)
+    us = x.toordinal() * _DAY_US + ((x.hour * 60 + x.minute) * 60 + x.second) * 1_000_000 + x.microsecond
     if x.tzinfo is None:
         return mix(us ^ _T_NAIVE)
     return mix((us - _offset_us(x.tzinfo, x)) ^ _T_AWARE)
@@ -173,10 +172,21 @@ def _timezone(x: _dt.timezone) -> int:
 
 
 _BY_TYPE: Dict[type, Callable[[Any], int]] = {
-    int: _number, bool: _number, float: _number, complex: _number,
-    decimal.Decimal: _decimal, str: _str, bytes: _bytes, tuple: _tuple, frozenset: _frozenset,
-    _dt.datetime: _datetime, _dt.date: _date, _dt.time: _time, _dt.timedelta: _timedelta,
-    _dt.timezone: _timezone, type(None): lambda _: mix(_T_NONE),
+    int: _number,
+    bool: _number,
+    float: _number,
+    complex: _number,
+    decimal.Decimal: _decimal,
+    str: _str,
+    bytes: _bytes,
+    tuple: _tuple,
+    frozenset: _frozenset,
+    _dt.datetime: _datetime,
+    _dt.date: _date,
+    _dt.time: _time,
+    _dt.timedelta: _timedelta,
+    _dt.timezone: _timezone,
+    type(None): lambda _: mix(_T_NONE),
 }
 
 

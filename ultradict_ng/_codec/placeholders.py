@@ -24,8 +24,16 @@ from typing import Any, List, Optional, Tuple
 
 from .arrays import dtype_from, numpy, torch
 
-__all__ = ["BlobRef", "InlineArray", "PickledBlobs", "KINDS", "KIND_BYTES", "KIND_BYTEARRAY",
-           "KIND_NDARRAY", "KIND_TENSOR"]
+__all__ = [
+    "BlobRef",
+    "InlineArray",
+    "PickledBlobs",
+    "KINDS",
+    "KIND_BYTES",
+    "KIND_BYTEARRAY",
+    "KIND_NDARRAY",
+    "KIND_TENSOR",
+]
 
 #: What a blob's payload is, as its header and its reference say (layout: "Blobs").
 KIND_BYTES = 1

@@ -38,7 +38,14 @@ from .. import layout as L
 from ..speedups import apply_sets
 
 __all__ = [
-    "SCALAR_TYPES", "Inconsistent", "set_", "delete", "clear", "update", "apply", "apply_all",
+    "SCALAR_TYPES",
+    "Inconsistent",
+    "set_",
+    "delete",
+    "clear",
+    "update",
+    "apply",
+    "apply_all",
 ]
 
 #: Types whose values the msgpack serializer encodes natively and exactly and

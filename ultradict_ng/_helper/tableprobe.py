@@ -43,19 +43,25 @@ _TE = TL.TABLE_ENTRY_HEADER
 
 
 def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
-    if slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf):
+    if (
+        slots < 8
+        or slots & (slots - 1)
+        or start != TL.TABLE_HEADER + 8 * slots
+        or not start <= end <= len(buf)
+    ):
         raise ValueError("table bounds do not fit the buffer")
 
 
-def _table_chain(buf: Any, slots: int, start: int, end: int,
-                 h: int) -> Iterator[Union[str, Tuple[int, int, int]]]:
+def _table_chain(
+    buf: Any, slots: int, start: int, end: int, h: int
+) -> Iterator[Union[str, Tuple[int, int, int]]]:
     """The checked entries on ``h``'s chain whose full hash is ``h``, as
     ``(offset, key length, value length)``; a damage message (str) ends it."""
     mask = slots - 1
     tag = h & TL.TABLE_TAG_MASK
     i = h & mask
     for _ in range(slots):
-        s = int.from_bytes(buf[TL.TABLE_HEADER + 8 * i:TL.TABLE_HEADER + 8 * i + 8], sys.byteorder)
+        s = int.from_bytes(buf[TL.TABLE_HEADER + 8 * i : TL.TABLE_HEADER + 8 * i + 8], sys.byteorder)
         if not s:
             return
         i = (i + 1) & mask
@@ -72,8 +78,9 @@ def _table_chain(buf: Any, slots: int, start: int, end: int,
     yield "table index has no empty slot"
 
 
-def table_get(buf: Any, slots: int, start: int, end: int, key: Union[str, bytes, int],
-              offset: bool = False) -> Union[bytes, int, str, None]:
+def table_get(
+    buf: Any, slots: int, start: int, end: int, key: Union[str, bytes, int], offset: bool = False
+) -> Union[bytes, int, str, None]:
     """The value bytes of a str or bytes ``key`` (compared as its msgpack
     encoding, which is exact for these types), None, or a damage message.
     With ``offset``, the checked entry's offset instead (0: absent), and an
@@ -97,16 +104,17 @@ def table_get(buf: Any, slots: int, start: int, end: int, key: Union[str, bytes,
             if isinstance(found, str):
                 return found
             off, kl, vl = found
-            if mv[off + _TE:off + _TE + kl] == encoded:
-                return off if offset else bytes(mv[off + _TE + kl:off + _TE + kl + vl])
+            if mv[off + _TE : off + _TE + kl] == encoded:
+                return off if offset else bytes(mv[off + _TE + kl : off + _TE + kl + vl])
             same_hash = True
     if offset:
         return -1 if is_int and same_hash else 0
     return None
 
 
-def table_candidates(buf: Any, slots: int, start: int, end: int,
-                     h: int) -> Union[List[Tuple[bytes, bytes]], str]:
+def table_candidates(
+    buf: Any, slots: int, start: int, end: int, h: int
+) -> Union[List[Tuple[bytes, bytes]], str]:
     """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
     on its chain, or a damage message."""
     _table_check(buf, slots, start, end)
@@ -116,12 +124,15 @@ def table_candidates(buf: Any, slots: int, start: int, end: int,
             if isinstance(found, str):
                 return found
             off, kl, vl = found
-            out.append((bytes(mv[off + _TE:off + _TE + kl]), bytes(mv[off + _TE + kl:off + _TE + kl + vl])))
+            out.append(
+                (bytes(mv[off + _TE : off + _TE + kl]), bytes(mv[off + _TE + kl : off + _TE + kl + vl]))
+            )
     return out
 
 
-def table_changes(buf: Any, slots: int, start: int, end: int, dead: Set[Any], changed: Set[Any],
-                  hot: Dict[Any, Any]) -> Tuple[List[Tuple[int, Optional[bytes]]], List[Any], List[Any]]:
+def table_changes(
+    buf: Any, slots: int, start: int, end: int, dead: Set[Any], changed: Set[Any], hot: Dict[Any, Any]
+) -> Tuple[List[Tuple[int, Optional[bytes]]], List[Any], List[Any]]:
     """``(changes, rest_dead, rest_changed)``: ``(offset, None)`` for each key
     of ``dead`` and ``(offset, the codec's bytes of hot[key])`` for each of
     ``changed`` whose entry the offset probe finds (exact str and int keys)

@@ -37,7 +37,7 @@ def entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, Tuple[
         return "table entry has a nonzero reserved word"
     if off + _TE + kl + vl > end:
         return "table entry runs past the entries"
-    if zlib.crc32(buf[off + _TE:off + _TE + kl + vl], zlib.crc32(buf[off:off + 16])) != crc:
+    if zlib.crc32(buf[off + _TE : off + _TE + kl + vl], zlib.crc32(buf[off : off + 16])) != crc:
         return "table entry fails its checksum"
     return eh, kl, vl
 
@@ -45,8 +45,12 @@ def entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, Tuple[
 def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[bytes, int]:
     """Up to ``most`` entries from ``off``, each checked, as one msgpack map
     of their keys' and values' bytes; and the offset after them."""
-    if (start < TL.TABLE_HEADER or not start <= end <= len(buf) or not start <= off <= end
-            or not 0 < most <= 0xFFFFFFFF):
+    if (
+        start < TL.TABLE_HEADER
+        or not start <= end <= len(buf)
+        or not start <= off <= end
+        or not 0 < most <= 0xFFFFFFFF
+    ):
         raise ValueError("table_chunk: bounds do not fit the buffer")
     parts: List[bytes] = []
     n = 0
@@ -56,22 +60,34 @@ def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[by
             if isinstance(checked, str):
                 raise ValueError(checked)
             _, kl, vl = checked
-            body = mv[off + _TE:off + _TE + kl + vl]
+            body = mv[off + _TE : off + _TE + kl + vl]
             parts.append(bytes(body))
             off = (off + _TE + kl + vl + 7) & ~7
             n += 1
     return _map_header(n) + b"".join(parts), off
 
 
-def table_rows(buf: Any, start: int, end: int, off: int, out: Union[Dict[Any, Any], List[Tuple[Any, Any]]],
-               skip: Optional[Set[Any]] = None, subst: Optional[Dict[Any, Any]] = None) -> int:
+def table_rows(
+    buf: Any,
+    start: int,
+    end: int,
+    off: int,
+    out: Union[Dict[Any, Any], List[Tuple[Any, Any]]],
+    skip: Optional[Set[Any]] = None,
+    subst: Optional[Dict[Any, Any]] = None,
+) -> int:
     """Decode the entries from ``off`` into ``out`` (a dict, or a list of
     pairs) while key and value are :func:`unpack_simple`'s, leaving out the
     keys in ``skip`` and taking ``subst``'s values; the offset where it stopped."""
-    if type(out) not in (dict, list) or not (skip is None or type(skip) in (set, frozenset)) or not (
-            subst is None or type(subst) is dict):
-        raise TypeError("table_rows(buf, start, end, off, out: dict | list, skip: set | None = None, "
-                        "subst: dict | None = None)")
+    if (
+        type(out) not in (dict, list)
+        or not (skip is None or type(skip) in (set, frozenset))
+        or not (subst is None or type(subst) is dict)
+    ):
+        raise TypeError(
+            "table_rows(buf, start, end, off, out: dict | list, skip: set | None = None, "
+            "subst: dict | None = None)"
+        )
     if start < TL.TABLE_HEADER or not start <= end <= len(buf) or not start <= off <= end:
         raise ValueError("table_rows: bounds do not fit the buffer")
     with memoryview(buf) as mv:
@@ -80,8 +96,8 @@ def table_rows(buf: Any, start: int, end: int, off: int, out: Union[Dict[Any, An
             if isinstance(checked, str):
                 raise ValueError(checked)
             _, kl, vl = checked
-            key = unpack_simple(bytes(mv[off + _TE:off + _TE + kl]), _declined)
-            value = unpack_simple(bytes(mv[off + _TE + kl:off + _TE + kl + vl]), _declined)
+            key = unpack_simple(bytes(mv[off + _TE : off + _TE + kl]), _declined)
+            value = unpack_simple(bytes(mv[off + _TE + kl : off + _TE + kl + vl]), _declined)
             if key is _declined or value is _declined:
                 break
             if not skip or key not in skip:
@@ -95,14 +111,21 @@ def table_rows(buf: Any, start: int, end: int, off: int, out: Union[Dict[Any, An
     return off
 
 
-def table_merge(dst: Any, off: int, src: Any, start: int, end: int,
-                changes: List[Tuple[int, Optional[bytes]]]) -> Union[int, str]:
+def table_merge(
+    dst: Any, off: int, src: Any, start: int, end: int, changes: List[Tuple[int, Optional[bytes]]]
+) -> Union[int, str]:
     """The entries ``src[start:end]`` with ``changes`` ((offset, new value
     bytes, or None to drop the entry), sorted by offset) written to ``dst``
     from ``off`` (None: only counted); the offset after them, or the reason
     a changed entry is damaged.  Unchanged runs are copied as bytes."""
-    if (off < 0 or off & 7 or (dst is not None and off > len(dst)) or start < TL.TABLE_HEADER or start & 7
-            or not start <= end <= len(src)):
+    if (
+        off < 0
+        or off & 7
+        or (dst is not None and off > len(dst))
+        or start < TL.TABLE_HEADER
+        or start & 7
+        or not start <= end <= len(src)
+    ):
         raise ValueError("table_merge: bounds do not fit the buffers")
     room = len(dst) if dst is not None else None
     pos = start
@@ -123,7 +146,7 @@ def table_merge(dst: Any, off: int, src: Any, start: int, end: int,
             if room is not None and at - pos > room - off:
                 raise ValueError("table_merge: the buffer is too small")
             if dst is not None:
-                dst[off:off + at - pos] = mv[pos:at]
+                dst[off : off + at - pos] = mv[pos:at]
             off += at - pos
             if i == len(changes):
                 break
@@ -140,10 +163,11 @@ def table_merge(dst: Any, off: int, src: Any, start: int, end: int,
             if room is not None and size > room - off:
                 raise ValueError("table_merge: the buffer is too small")
             if dst is not None:
-                body = bytes(mv[at + _TE:at + _TE + kl]) + value
+                body = bytes(mv[at + _TE : at + _TE + kl]) + value
                 head = _table_entry.pack(eh, kl, len(value), 0, 0)[:16]
                 crc = zlib.crc32(body, zlib.crc32(head))
-                dst[off:off + size] = (_table_entry.pack(eh, kl, len(value), crc, 0) + body
-                                       + bytes(size - _TE - len(body)))
+                dst[off : off + size] = (
+                    _table_entry.pack(eh, kl, len(value), crc, 0) + body + bytes(size - _TE - len(body))
+                )
             off += size
     return off

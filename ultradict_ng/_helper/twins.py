@@ -30,11 +30,39 @@ from .tablewalk import entry_checked, table_chunk, table_merge, table_rows
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
-    "Words", "BoundWords", "PublicWords", "ProcessState", "StoreBase", "TableCacheBase", "ViewBase", "CacheGet",
-    "parse_records", "apply_sets", "types_within", "contains_type", "msgpack_length",
-    "crc32", "set_immutable_types", "set_root_write", "key_hash_common", "table_get", "table_candidates",
-    "table_fill", "table_merge", "table_changes", "table_index", "table_chunk", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX",
-    "pack_map", "pack_pairs", "unpack_simple", "tuple_hook", "table_rows", "first_to_export",
+    "Words",
+    "BoundWords",
+    "PublicWords",
+    "ProcessState",
+    "StoreBase",
+    "TableCacheBase",
+    "ViewBase",
+    "CacheGet",
+    "parse_records",
+    "apply_sets",
+    "types_within",
+    "contains_type",
+    "msgpack_length",
+    "crc32",
+    "set_immutable_types",
+    "set_root_write",
+    "key_hash_common",
+    "table_get",
+    "table_candidates",
+    "table_fill",
+    "table_merge",
+    "table_changes",
+    "table_index",
+    "table_chunk",
+    "SCALAR_TYPES",
+    "RECORD_HEADER",
+    "FUTEX",
+    "pack_map",
+    "pack_pairs",
+    "unpack_simple",
+    "tuple_hook",
+    "table_rows",
+    "first_to_export",
 ]
 
 _header = struct.Struct(L.RECORD_FORMAT)
@@ -171,8 +199,11 @@ class ViewBase:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for slow, dunder in (("_getitem_slow", "__getitem__"), ("_setitem_slow", "__setitem__"),
-                             ("_delitem_slow", "__delitem__")):
+        for slow, dunder in (
+            ("_getitem_slow", "__getitem__"),
+            ("_setitem_slow", "__setitem__"),
+            ("_delitem_slow", "__delitem__"),
+        ):
             method = cls.__dict__.get(slow)
             if method is not None:
                 setattr(cls, dunder, method)
@@ -266,8 +297,8 @@ def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) 
                 return f"record at stream offset {base + pos} overruns the published end"
             if rtag != tag & 0xFFFFFFFF:
                 return f"record at stream offset {base + pos} belongs to another generation"
-            body = mv[start:start + length]
-            if zlib.crc32(body, zlib.crc32(mv[pos:pos + 8])) != crc:
+            body = mv[start : start + length]
+            if zlib.crc32(body, zlib.crc32(mv[pos : pos + 8])) != crc:
                 return f"record at stream offset {base + pos} fails its checksum"
             if one_msgpack and msgpack_length(body) != length:
                 return f"record at stream offset {base + pos} is not exactly one msgpack object"
@@ -290,16 +321,24 @@ def msgpack_length(data: Any) -> int:
     return end
 
 
-def apply_sets(data: Dict[Any, Any], records: List[Any], start: int, op_set: int,
-               key_types: FrozenSet[type]) -> int:
+def apply_sets(
+    data: Dict[Any, Any], records: List[Any], start: int, op_set: int, key_types: FrozenSet[type]
+) -> int:
     """Apply ``records[start:]`` to ``data`` while each is a root-level set of a
     key of ``key_types`` (``[op_set, [], key, value]``); the index of the first
     record not applied."""
     i, n = start, len(records)
     while 0 <= i < n:
         rec = records[i]
-        if (type(rec) is not list or len(rec) != 4 or type(rec[0]) is not int or rec[0] != op_set
-                or type(rec[1]) is not list or rec[1] or type(rec[2]) not in key_types):
+        if (
+            type(rec) is not list
+            or len(rec) != 4
+            or type(rec[0]) is not int
+            or rec[0] != op_set
+            or type(rec[1]) is not list
+            or rec[1]
+            or type(rec[2]) not in key_types
+        ):
             break
         data[rec[2]] = rec[3]
         i += 1
@@ -413,10 +452,10 @@ def table_fill(buf: Any, off: int, packed: Any, hashes: List[int]) -> int:
                 raise ValueError("table_fill: the buffer is too small")
             if buf is not None:
                 body = off + _TE
-                buf[body:body + kl + vl] = p[pos:vend]
-                buf[body + kl + vl:off + size] = bytes(size - _TE - kl - vl)
+                buf[body : body + kl + vl] = p[pos:vend]
+                buf[body + kl + vl : off + size] = bytes(size - _TE - kl - vl)
                 _table_entry.pack_into(buf, off, h, kl, vl, 0, 0)
-                crc = zlib.crc32(buf[body:body + kl + vl], zlib.crc32(bytes(buf[off:off + 16])))
+                crc = zlib.crc32(buf[body : body + kl + vl], zlib.crc32(bytes(buf[off : off + 16])))
                 _table_entry.pack_into(buf, off, h, kl, vl, crc, 0)
             pos = vend
             off += size
@@ -427,10 +466,16 @@ def table_fill(buf: Any, off: int, packed: Any, hashes: List[int]) -> int:
 
 def table_index(buf: Any, slots: int, start: int, end: int, count: int) -> None:
     """Write the index of the entries between ``start`` and ``end`` (table_layout.py, "index")."""
-    if (slots < 8 or slots & (slots - 1) or start != TL.TABLE_HEADER + 8 * slots or not start <= end <= len(buf)
-            or end > TL.TABLE_OFFSET_MASK or count >= slots):
+    if (
+        slots < 8
+        or slots & (slots - 1)
+        or start != TL.TABLE_HEADER + 8 * slots
+        or not start <= end <= len(buf)
+        or end > TL.TABLE_OFFSET_MASK
+        or count >= slots
+    ):
         raise ValueError("table_index: bounds do not fit the buffer")
-    with memoryview(buf) as mv, mv[TL.TABLE_HEADER:start].cast("Q") as idx:
+    with memoryview(buf) as mv, mv[TL.TABLE_HEADER : start].cast("Q") as idx:
         for i in range(slots):
             idx[i] = 0
         mask = slots - 1

@@ -43,7 +43,6 @@ RECORD_HEADER = L.RECORD_HEADER
 _pack = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True).pack
 
 
-
 # -- futex through ctypes ------------------------------------------------------------------
 #
 # The twin of the compiled helper's futex calls: libc's syscall(2) through
@@ -51,9 +50,20 @@ _pack = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True).pack
 # elsewhere (another OS, an architecture not listed) FUTEX is 0 and callers
 # poll instead (layout: "Waiting and waking").
 
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98,
-              "ppc64le": 221, "ppc64": 221, "s390x": 238, "i686": 240, "i386": 240,
-              "armv7l": 240, "armv6l": 240}
+_SYS_FUTEX = {
+    "x86_64": 202,
+    "amd64": 202,
+    "aarch64": 98,
+    "arm64": 98,
+    "riscv64": 98,
+    "ppc64le": 221,
+    "ppc64": 221,
+    "s390x": 238,
+    "i686": 240,
+    "i386": 240,
+    "armv7l": 240,
+    "armv6l": 240,
+}
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _EAGAIN, _EINTR, _ETIMEDOUT = 11, 4, 110
 _LOW_HALF = 4 if sys.byteorder == "big" else 0  # byte offset of a word's low 32 bits
@@ -74,8 +84,15 @@ def _futex_syscall() -> Any:
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+    fn.argtypes = [
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_uint,
+    ]
     return lambda addr, op, val, ts: fn(number, addr, op, val, ts, None, 0)
 
 
@@ -157,8 +174,12 @@ class Words:
         if timeout is not None:
             t = min(max(float(timeout), 0.0), 1e9)
             ts = _Timespec(int(t), min(int((t - int(t)) * 1e9), 999_999_999))
-        r = _futex(self._address + 8 * index + _LOW_HALF, _FUTEX_WAIT, expected & 0xFFFFFFFF,
-                   ctypes.byref(ts) if ts is not None else None)
+        r = _futex(
+            self._address + 8 * index + _LOW_HALF,
+            _FUTEX_WAIT,
+            expected & 0xFFFFFFFF,
+            ctypes.byref(ts) if ts is not None else None,
+        )
         if r == 0:
             return True
         err = ctypes.get_errno()
@@ -173,8 +194,9 @@ class Words:
         self._check(index)
         if _futex is None:
             raise NotImplementedError("no futex on this platform")
-        r = _futex(self._address + 8 * index + _LOW_HALF, _FUTEX_WAKE,
-                   min(max(int(count), 1), 0x7FFFFFFF), None)
+        r = _futex(
+            self._address + 8 * index + _LOW_HALF, _FUTEX_WAKE, min(max(int(count), 1), 0x7FFFFFFF), None
+        )
         return int(r) if r > 0 else 0
 
     def write_record(self, pos: int, tag: int, payload: Union[bytes, bytearray, memoryview]) -> int:
@@ -191,12 +213,13 @@ class Words:
         if length > 0xFFFFFFFF or pos < 0 or end > len(mv):
             raise ValueError("record does not fit the stream at that offset")
         crc = zlib.crc32(payload, zlib.crc32(_prefix.pack(length, tag)))
-        mv[pos + L.RECORD_HEADER:end] = payload
-        mv[pos:pos + L.RECORD_HEADER] = _header.pack(length, tag, crc, 0)
+        mv[pos + L.RECORD_HEADER : end] = payload
+        mv[pos : pos + L.RECORD_HEADER] = _header.pack(length, tag, crc, 0)
         return end
 
-    def write_simple(self, pos: int, tag: int, limit: int, op: int, key: Any,
-                     value: Any = _MISSING, threshold: int = 0) -> Optional[int]:
+    def write_simple(
+        self, pos: int, tag: int, limit: int, op: int, key: Any, value: Any = _MISSING, threshold: int = 0
+    ) -> Optional[int]:
         """The record ``[op, [], key]`` or ``[op, [], key, value]`` written at ``pos``
         when key and value are of :data:`SCALAR_TYPES` (the value may also be a
         tuple of at most 15 of them, none a bytes of ``threshold`` bytes or more
@@ -210,8 +233,13 @@ class Words:
         if type(key) not in scalars:
             return None
         if value is not _MISSING and type(value) not in scalars:
-            if type(value) is not tuple or len(value) > 15 or any(
-                    type(x) not in scalars or (type(x) is bytes and 0 < threshold <= len(x)) for x in value):
+            if (
+                type(value) is not tuple
+                or len(value) > 15
+                or any(
+                    type(x) not in scalars or (type(x) is bytes and 0 < threshold <= len(x)) for x in value
+                )
+            ):
                 return None
             try:
                 value = msgpack.ExtType(1, _pack(list(value)))
@@ -279,8 +307,9 @@ class BoundWords(Words):
             raise OverflowError("cas: a value does not fit an unsigned 64-bit word")
         exp = ctypes.c_uint64(expected)
         des = ctypes.c_uint64(desired)
-        ok = self._cmpxchg(self._base + 8 * index, ctypes.addressof(exp),
-                           ctypes.addressof(des), _SEQ_CST, _SEQ_CST)
+        ok = self._cmpxchg(
+            self._base + 8 * index, ctypes.addressof(exp), ctypes.addressof(des), _SEQ_CST, _SEQ_CST
+        )
         return bool(ok), exp.value
 
     def _refuse(self, index: int) -> None:
@@ -305,7 +334,7 @@ class PublicWords(Words):
         if view is None:
             mv = self._mv
             assert mv is not None
-            ctx = atomics.atomicview(buffer=mv[8 * index:8 * index + 8], atype=atomics.UINT)
+            ctx = atomics.atomicview(buffer=mv[8 * index : 8 * index + 8], atype=atomics.UINT)
             view = self._views[index] = ctx.__enter__()
             self._ctx[index] = ctx
         return view
@@ -317,8 +346,7 @@ class PublicWords(Words):
         self._view(self._check(index)).store(_u64(value))
 
     def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
-        res = self._view(self._check(index)).cmpxchg_strong(expected=_u64(expected),
-                                                            desired=_u64(desired))
+        res = self._view(self._check(index)).cmpxchg_strong(expected=_u64(expected), desired=_u64(desired))
         return bool(res.success), int(res.expected)
 
     def release(self) -> None:

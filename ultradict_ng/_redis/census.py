@@ -67,7 +67,7 @@ def connections(engine: "RedisEngine") -> List[Tuple[int, str, User]]:
         if not named.startswith(prefix):
             continue
         try:
-            host, pid, start = named[len(prefix):].rsplit(":", 2)
+            host, pid, start = named[len(prefix) :].rsplit(":", 2)
             user = User(int(pid), int(start), True)
             cid = int(fields.get("id", "0"))
         except ValueError:

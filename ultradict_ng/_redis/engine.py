@@ -27,8 +27,12 @@ from .._codec import records as R
 from .._codec.codec import Codec
 from .._engine import ClosedWords, Conflict, Options, User
 from ..errors import (
-    BackendUnavailable, Closed, CorruptSegment, LeaseLost,
-    PathGone, Unlinked,
+    BackendUnavailable,
+    Closed,
+    CorruptSegment,
+    LeaseLost,
+    PathGone,
+    Unlinked,
 )
 from .._names import validate_name
 from ..speedups import StoreBase, Words
@@ -77,9 +81,20 @@ on_fork_in_child("connections", _after_fork_in_child)
 class RedisEngine(StoreBase):
     """One process's attachment to one dict on Redis."""
 
-    def __init__(self, link: Link, name: str, codec: Codec, recurse: bool, epoch: str,
-                 created: bool, backend: str, reads: str, lease: float, staleness: float,
-                 minlog: int) -> None:
+    def __init__(
+        self,
+        link: Link,
+        name: str,
+        codec: Codec,
+        recurse: bool,
+        epoch: str,
+        created: bool,
+        backend: str,
+        reads: str,
+        lease: float,
+        staleness: float,
+        minlog: int,
+    ) -> None:
         self.link = link
         self.name = name
         self.codec = codec
@@ -117,17 +132,24 @@ class RedisEngine(StoreBase):
     # -- opening -------------------------------------------------------------------
 
     @classmethod
-    def open(cls, name: Optional[str], create: Optional[bool], options: Options,
-             initial: Optional[Sequence[Sequence[Any]]], backend: Any, reads: Optional[str],
-             lease: Optional[float], staleness: Optional[float]) -> "RedisEngine":
+    def open(
+        cls,
+        name: Optional[str],
+        create: Optional[bool],
+        options: Options,
+        initial: Optional[Sequence[Sequence[Any]]],
+        backend: Any,
+        reads: Optional[str],
+        lease: Optional[float],
+        staleness: Optional[float],
+    ) -> "RedisEngine":
         """Create or attach (``opening.py``)."""
         return open_redis(cls, name, create, options, initial, backend, reads, lease, staleness)
 
     def arm_finalizer(self, auto_unlink: Any) -> None:
         self._last = auto_unlink == "last"
         unlink_pid = os.getpid() if auto_unlink and not self._last else 0
-        self._finalizer = weakref.finalize(self, _finalize, self.link, self.epoch, unlink_pid,
-                                           self.listener)
+        self._finalizer = weakref.finalize(self, _finalize, self.link, self.epoch, unlink_pid, self.listener)
 
     # -- reading -------------------------------------------------------------------
 
@@ -201,7 +223,9 @@ class RedisEngine(StoreBase):
         except R.Inconsistent as exc:
             self.known = -1
             self.stale = True
-            raise CorruptSegment(f"shared dict {self.name!r}: a record on Redis does not apply: {exc}") from None
+            raise CorruptSegment(
+                f"shared dict {self.name!r}: a record on Redis does not apply: {exc}"
+            ) from None
         except BaseException:
             self.known = -1
             self.stale = True
@@ -235,7 +259,8 @@ class RedisEngine(StoreBase):
         self.gone = True
         raise Unlinked(
             f"shared dict {self.name!r} no longer exists on {describe(self.backend)} (unlinked, "
-            "re-created, or lost by a server restarted without persistence)")
+            "re-created, or lost by a server restarted without persistence)"
+        )
 
     # -- writing -------------------------------------------------------------------
 
@@ -291,8 +316,9 @@ class RedisEngine(StoreBase):
         while True:
             token = lock.token_of_this_thread()
             try:
-                reply = self.link.call("write", [self.epoch, "" if expect is None else expect, token, payload,
-                                                 self.minlog])
+                reply = self.link.call(
+                    "write", [self.epoch, "" if expect is None else expect, token, payload, self.minlog]
+                )
             except BackendUnavailable:
                 self.stale = True  # the write may have landed: never trust the cache now
                 self.seen = -1
@@ -320,7 +346,8 @@ class RedisEngine(StoreBase):
                 lock.fenced()
                 raise LeaseLost(
                     f"the lease on the lock of shared dict {self.name!r} expired while this thread "
-                    "held it; the server refused the write (another client may hold the lock)")
+                    "held it; the server refused the write (another client may hold the lock)"
+                )
             if code == RL.CONFLICT:
                 self.sync_remote()
                 raise Conflict()

@@ -41,7 +41,9 @@ class RedisFeed:
 
     def _check_open(self) -> None:
         if self._engine.closed:
-            raise Closed(f"the handle of shared dict {self._engine.name!r} this feed reads through was closed")
+            raise Closed(
+                f"the handle of shared dict {self._engine.name!r} this feed reads through was closed"
+            )
 
     def _export(self, value: Any) -> Any:
         if type(value) is InlineArray:
@@ -63,7 +65,9 @@ class RedisFeed:
         try:
             self._apply(delta, out)
         except R.Inconsistent as exc:
-            raise CorruptSegment(f"shared dict {engine.name!r}: a record on Redis does not apply: {exc}") from None
+            raise CorruptSegment(
+                f"shared dict {engine.name!r}: a record on Redis does not apply: {exc}"
+            ) from None
         self.known = seq
         return out
 

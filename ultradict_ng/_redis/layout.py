@@ -265,11 +265,17 @@ local function last_event()
 end
 """
 
-SYNC = _CHECK + _DELTA + """
+SYNC = (
+    _CHECK
+    + _DELTA
+    + """
 return {0, delta(tonumber(ARGV[2]))}
 """
+)
 
-WRITE = _CHECK + """
+WRITE = (
+    _CHECK
+    + """
 local holder = redis.call('GET', KEYS[4])
 if holder then
   local pttl = redis.call('PTTL', KEYS[4])
@@ -288,8 +294,12 @@ redis.call('HSET', KEYS[1], 'seq', seq, 'logbytes', logbytes)
 if logbytes > math.max(tonumber(ARGV[5]), SNAP_RATIO * tonumber(meta[5])) then return seq * 2 + 1 end
 return seq * 2
 """.replace("SNAP_RATIO", str(SNAP_RATIO))
+)
 
-ACQUIRE = _CHECK + _DELTA + """
+ACQUIRE = (
+    _CHECK
+    + _DELTA
+    + """
 local holder = redis.call('GET', KEYS[4])
 if holder and redis.call('PTTL', KEYS[4]) < 0 then return {-6} end
 if holder then
@@ -305,14 +315,20 @@ local value = token .. '|' .. ARGV[3]
 redis.call('SET', KEYS[4], value, 'PX', ARGV[4])
 return {0, value, delta(tonumber(ARGV[2]))}
 """
+)
 
-RENEW = _CHECK + """
+RENEW = (
+    _CHECK
+    + """
 if redis.call('GET', KEYS[4]) ~= ARGV[2] then return {-2} end
 redis.call('PEXPIRE', KEYS[4], ARGV[3])
 return {0}
 """
+)
 
-RELEASE = _CHECK + """
+RELEASE = (
+    _CHECK
+    + """
 if redis.call('GET', KEYS[4]) ~= ARGV[2] then
   -- Released already (a repeat after a lost reply) if its release event is there.
   for _, e in ipairs(redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', ARGV[3])) do
@@ -324,8 +340,11 @@ redis.call('DEL', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*', 'r', ARGV[2])
 return {0}
 """
+)
 
-SNAPSHOT_SCRIPT = _CHECK + """
+SNAPSHOT_SCRIPT = (
+    _CHECK
+    + """
 local s = tonumber(ARGV[2])
 if s <= tonumber(meta[3]) or s > seq then return {0, 0} end
 redis.call('SET', KEYS[3], ARGV[3])
@@ -337,6 +356,7 @@ end
 redis.call('HSET', KEYS[1], 'snap', s, 'snapbytes', #ARGV[3], 'logbytes', logbytes)
 return {0, 1}
 """
+)
 
 # CREATE: ARGV = epoch, version, codec, recurse, minlog, creator, snapshot.
 CREATE = """
@@ -363,6 +383,13 @@ return {m, redis.call('XLEN', KEYS[2]), redis.call('GET', KEYS[4]) or '', redis.
 """
 
 SCRIPTS = {
-    "sync": SYNC, "write": WRITE, "acquire": ACQUIRE, "renew": RENEW, "release": RELEASE,
-    "snapshot": SNAPSHOT_SCRIPT, "create": CREATE, "unlink": UNLINK, "meta": META,
+    "sync": SYNC,
+    "write": WRITE,
+    "acquire": ACQUIRE,
+    "renew": RENEW,
+    "release": RELEASE,
+    "snapshot": SNAPSHOT_SCRIPT,
+    "create": CREATE,
+    "unlink": UNLINK,
+    "meta": META,
 }

@@ -91,8 +91,11 @@ class LeaseLock(SharedLock):
                 return False
             if deadline is not None and time.monotonic() >= deadline:
                 value = engine.link.command("GET", engine.keys.lock)
-                raise self._timeout_error(timeout, f"held by {value.decode() if value else 'nobody now'}",
-                                          pid_of_holder(value.decode()) if value else None)
+                raise self._timeout_error(
+                    timeout,
+                    f"held by {value.decode() if value else 'nobody now'}",
+                    pid_of_holder(value.decode()) if value else None,
+                )
             self.wait_release(reply[2], reply[1], deadline)
 
     def _try_take(self, recover: bool) -> bool:
@@ -107,7 +110,8 @@ class LeaseLock(SharedLock):
         if reply[0] == RL.FENCED or lost:
             raise LeaseLost(
                 f"the lease on the lock of shared dict {self._name!r} expired while this thread held "
-                f"it (lease {self.lease} s): another client may have held the lock meanwhile")
+                f"it (lease {self.lease} s): another client may have held the lock meanwhile"
+            )
 
     def _wait_free(self, timeout: float) -> bool:
         """The last release event, then the lock's expiry, then ``XREAD BLOCK``
@@ -209,8 +213,9 @@ class _Keeper:
                 self._held = weakref.WeakSet()
             self._held.add(lock)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="ultradict_ng-lease-keeper",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="ultradict_ng-lease-keeper", daemon=True
+                )
                 self._thread.start()
             self._cond.notify()
 
@@ -242,8 +247,9 @@ class _Keeper:
         engine = lock._engine
         sent = time.monotonic()
         try:
-            reply = engine.link.call_aside("renew", [engine.epoch, value, max(1, int(lock.lease * 1000))],
-                                           max(0.05, lock.lease / 3))
+            reply = engine.link.call_aside(
+                "renew", [engine.epoch, value, max(1, int(lock.lease * 1000))], max(0.05, lock.lease / 3)
+            )
         except (BackendUnavailable, Unlinked) as exc:
             log.warning("could not renew the lease on %s: %s", engine.keys.lock, exc)
             return

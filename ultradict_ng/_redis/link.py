@@ -40,6 +40,7 @@ def _pack_words(words: Sequence[bytes]) -> bytes:
     """RESP bulk strings for ``words`` (without the array header)."""
     return b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
 
+
 _SHAS = {name: hashlib.sha1(body.encode()).hexdigest() for name, body in RL.SCRIPTS.items()}
 _SENT_POINTS = {"write": "redis-write-sent", "snapshot": "redis-snapshot-sent"}
 _SAFE_TO_REPEAT = frozenset({"sync", "acquire", "renew", "release", "meta", "create", "unlink"})
@@ -49,8 +50,7 @@ def _redis() -> Any:
     try:
         import redis
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "the Redis backend needs redis-py: pip install 'ultradict-ng[redis]'") from exc
+        raise ImportError("the Redis backend needs redis-py: pip install 'ultradict-ng[redis]'") from exc
     return redis
 
 
@@ -137,15 +137,18 @@ class Link:
         self.client_name = client_name
         #: seconds a call may wait for its reply (the client's socket_timeout if
         #: it set one): a server that stalls gives BackendUnavailable, not a hang
-        self.timeout = float(self._node_client().connection_pool.connection_kwargs.get("socket_timeout")
-                             or DEFAULT_TIMEOUT)
+        self.timeout = float(
+            self._node_client().connection_pool.connection_kwargs.get("socket_timeout") or DEFAULT_TIMEOUT
+        )
         self._guard = threading.Lock()  # one command at a time on the dedicated connection
         self._conn: Any = None
         self._spare: List[Any] = []  # blocking connections not in use
         self._spare_guard = threading.Lock()
         # The RESP bytes of "EVALSHA <sha> 5 <keys>" per script, packed once.
-        self._prefix = {name: _pack_words([b"EVALSHA", sha.encode(), b"5", *(k.encode() for k in keys)])
-                        for name, sha in _SHAS.items()}
+        self._prefix = {
+            name: _pack_words([b"EVALSHA", sha.encode(), b"5", *(k.encode() for k in keys)])
+            for name, sha in _SHAS.items()
+        }
         self._last_sync: Tuple[Any, Any] = (None, None)  # (args, packed): fresh reads repeat them
         self._peek = b"*4\r\n" + _pack_words([b"HMGET", keys.meta.encode(), b"seq", b"epoch"])
         self.closed = False
@@ -237,7 +240,8 @@ class Link:
                         raise CorruptSegment(
                             f"the keys of {self.keys.meta} on Redis do not hold an ultradict_ng dict "
                             "this version can read (counters that are not numbers, or a lock "
-                            "without expiry)")
+                            "without expiry)"
+                        )
                     return reply
                 except redis.exceptions.NoScriptError:
                     self._load_scripts(conn)
@@ -254,7 +258,8 @@ class Link:
                     if not repeat or attempt >= 1:
                         outcome = "" if repeat else " (the write may or may not have been applied)"
                         raise BackendUnavailable(
-                            f"lost the connection to Redis for {self.keys.meta}{outcome}: {exc}") from None
+                            f"lost the connection to Redis for {self.keys.meta}{outcome}: {exc}"
+                        ) from None
                     if self.cluster:
                         try:
                             self._refresh_slots()
@@ -277,19 +282,32 @@ class Link:
         redis = _redis()
         ex = redis.exceptions
         text = str(exc)
-        unavailable = (ex.AskError, ex.TryAgainError, ex.ClusterError, ex.BusyLoadingError,
-                       ex.ReadOnlyError, ex.MasterDownError)
+        unavailable = (
+            ex.AskError,
+            ex.TryAgainError,
+            ex.ClusterError,
+            ex.BusyLoadingError,
+            ex.ReadOnlyError,
+            ex.MasterDownError,
+        )
         if isinstance(exc, unavailable) or text.startswith(
-                ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "MASTERDOWN", "MOVED", "ASK")):
-            return BackendUnavailable(f"Redis cannot serve {self.keys.meta} now: "
-                                      f"{type(exc).__name__} {text}")
-        if isinstance(exc, ex.OutOfMemoryError) or text.startswith("OOM") or "OOM command not allowed" in text:
-            return OutOfSpace(f"Redis is out of memory (maxmemory) for {self.keys.meta}; "
-                              f"nothing was changed: {text}")
+            ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "MASTERDOWN", "MOVED", "ASK")
+        ):
+            return BackendUnavailable(f"Redis cannot serve {self.keys.meta} now: {type(exc).__name__} {text}")
+        if (
+            isinstance(exc, ex.OutOfMemoryError)
+            or text.startswith("OOM")
+            or "OOM command not allowed" in text
+        ):
+            return OutOfSpace(
+                f"Redis is out of memory (maxmemory) for {self.keys.meta}; nothing was changed: {text}"
+            )
         if "WRONGTYPE" in text or "script" in text.lower() or text.startswith("ERR"):
             # A key of the dict holds something this protocol never writes.
-            return CorruptSegment(f"the keys of {self.keys.meta} on Redis do not hold an ultradict_ng "
-                                  f"dict this version can read: {text}")
+            return CorruptSegment(
+                f"the keys of {self.keys.meta} on Redis do not hold an ultradict_ng "
+                f"dict this version can read: {text}"
+            )
         return BackendUnavailable(f"Redis refused a command for {self.keys.meta}: {text}")
 
     def _pack(self, script: str, args: Sequence[Any]) -> List[bytes]:
@@ -392,7 +410,9 @@ class Link:
                     self._drop_locked()
                     lost += 1
                     if lost > 1:
-                        raise BackendUnavailable(f"lost the connection to Redis for {self.keys.meta}: {exc}") from None
+                        raise BackendUnavailable(
+                            f"lost the connection to Redis for {self.keys.meta}: {exc}"
+                        ) from None
             raise BackendUnavailable(f"Redis kept redirecting {self.keys.meta}")
 
     # -- blocking reads -----------------------------------------------------------------
@@ -429,8 +449,17 @@ class Link:
                 with self.blocking(socket_timeout) as conn:
                     if self._went_away(conn):
                         raise redis.ConnectionError("the idle connection was closed by the server")
-                    conn.send_command("XREAD", "COUNT", 10000, "BLOCK", max(1, int(block * 1000)),
-                                      "STREAMS", stream, after, check_health=False)
+                    conn.send_command(
+                        "XREAD",
+                        "COUNT",
+                        10000,
+                        "BLOCK",
+                        max(1, int(block * 1000)),
+                        "STREAMS",
+                        stream,
+                        after,
+                        check_health=False,
+                    )
                     reply = conn.read_response()
                 break
             except redis.ResponseError as exc:

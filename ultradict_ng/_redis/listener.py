@@ -44,8 +44,9 @@ class Listener:
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"ultradict_ng-listener-{self.keys.meta}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"ultradict_ng-listener-{self.keys.meta}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -99,8 +100,17 @@ class Listener:
                             self._stop.wait(block)
                             continue
                         check_epoch = False
-                    conn.send_command("XREAD", "COUNT", 10000, "BLOCK", max(1, int(block * 1000)),
-                                      "STREAMS", self.keys.log, self._after, check_health=False)
+                    conn.send_command(
+                        "XREAD",
+                        "COUNT",
+                        10000,
+                        "BLOCK",
+                        max(1, int(block * 1000)),
+                        "STREAMS",
+                        self.keys.log,
+                        self._after,
+                        check_health=False,
+                    )
                     reply = conn.read_response()
             except Exception:
                 # BackendUnavailable, redis errors, a closed link: nobody vouches now.
@@ -133,5 +143,3 @@ class Listener:
             if engine is not None:
                 engine.bump()
             del engine
-
-

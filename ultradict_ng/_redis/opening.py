@@ -25,9 +25,17 @@ __all__ = ["open_redis"]
 READ_MODES = ("fresh", "cached")
 
 
-def open_redis(cls: "Type[RedisEngine]", name: Optional[str], create: Optional[bool], options: Options,
-               initial: Optional[Sequence[Sequence[Any]]], backend: Any, reads: Optional[str],
-               lease: Optional[float], staleness: Optional[float]) -> "RedisEngine":
+def open_redis(
+    cls: "Type[RedisEngine]",
+    name: Optional[str],
+    create: Optional[bool],
+    options: Options,
+    initial: Optional[Sequence[Sequence[Any]]],
+    backend: Any,
+    reads: Optional[str],
+    lease: Optional[float],
+    staleness: Optional[float],
+) -> "RedisEngine":
     """Create or attach to the dict ``name`` on ``backend`` (as ``SharedDict``)."""
     name = generate_name() if name is None else validate_name(name)
     reads = reads or "fresh"
@@ -53,12 +61,14 @@ def open_redis(cls: "Type[RedisEngine]", name: Optional[str], create: Optional[b
         if version != RL.VERSION:
             raise IncompatibleLayout(
                 f"shared dict {name!r} on {describe(url)} has protocol version {version}, "
-                f"this ultradict_ng speaks {RL.VERSION}")
+                f"this ultradict_ng speaks {RL.VERSION}"
+            )
         if codec_id == CUSTOM_ID:
             if codec is None or codec.id != CUSTOM_ID:
                 raise ParameterMismatch(
                     f"shared dict {name!r} uses a custom serializer object; pass the same "
-                    "serializer= to attach to it")
+                    "serializer= to attach to it"
+                )
             stored_codec = codec
         else:
             stored_codec = codec_by_id(codec_id)
@@ -73,9 +83,11 @@ def open_redis(cls: "Type[RedisEngine]", name: Optional[str], create: Optional[b
             if mismatches:
                 raise ParameterMismatch(
                     f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the "
-                    "name to attach with its stored configuration")
-        engine = cls(link, name, stored_codec, recurse, epoch, created, url, reads, lease,
-                     staleness, stored_minlog)
+                    "name to attach with its stored configuration"
+                )
+        engine = cls(
+            link, name, stored_codec, recurse, epoch, created, url, reads, lease, staleness, stored_minlog
+        )
     except BaseException:
         link.close()
         raise
@@ -94,9 +106,15 @@ def open_redis(cls: "Type[RedisEngine]", name: Optional[str], create: Optional[b
     return engine
 
 
-def _create_or_find(link: Link, name: str, create: Optional[bool], options: Options,
-                    codec: Optional[Codec], initial: Optional[Sequence[Sequence[Any]]],
-                    minlog: Optional[int]) -> Tuple[bool, Tuple[int, int, bool, str, int]]:
+def _create_or_find(
+    link: Link,
+    name: str,
+    create: Optional[bool],
+    options: Options,
+    codec: Optional[Codec],
+    initial: Optional[Sequence[Sequence[Any]]],
+    minlog: Optional[int],
+) -> Tuple[bool, Tuple[int, int, bool, str, int]]:
     if create is False:
         got = link.command("HMGET", link.keys.meta, "version", "codec", "recurse", "epoch", "minlog")
         if got[3] is None:
@@ -110,8 +128,18 @@ def _create_or_find(link: Link, name: str, create: Optional[bool], options: Opti
         R.apply(tree, decoded)
     snapshot = use.dumps(tree)
     epoch = secrets.token_hex(8)
-    reply = link.call("create", [epoch, RL.VERSION, use.id, int(recurse),
-                                 minlog or RL.DEFAULT_MINLOG, f"{HOST}:{os.getpid()}", snapshot])
+    reply = link.call(
+        "create",
+        [
+            epoch,
+            RL.VERSION,
+            use.id,
+            int(recurse),
+            minlog or RL.DEFAULT_MINLOG,
+            f"{HOST}:{os.getpid()}",
+            snapshot,
+        ],
+    )
     if reply[0] == 1 or (len(reply) > 4 and reply[4] == epoch.encode()):
         # (The second: our own CREATE, repeated after its reply was lost.)
         return True, (RL.VERSION, use.id, recurse, epoch, minlog or RL.DEFAULT_MINLOG)
@@ -124,10 +152,16 @@ def _fields(got: Sequence[Any], key: str) -> Tuple[int, int, bool, str, int]:
     """The stored configuration of a dict (``CREATE``'s answer, or ``HMGET``)."""
     try:
         version, codec_id, recurse, epoch, minlog = got
-        return (int(version), int(codec_id), bool(int(recurse)), epoch.decode("ascii"),
-                int(minlog or RL.DEFAULT_MINLOG))
+        return (
+            int(version),
+            int(codec_id),
+            bool(int(recurse)),
+            epoch.decode("ascii"),
+            int(minlog or RL.DEFAULT_MINLOG),
+        )
     except (TypeError, ValueError, AttributeError):
         fields = dict(zip(("version", "codec", "recurse", "epoch", "minlog"), got))
         raise CorruptSegment(
             f"{key} on Redis is not the configuration of an ultradict_ng dict (version, codec, "
-            f"recurse, epoch, minlog): {fields!r}") from None
+            f"recurse, epoch, minlog): {fields!r}"
+        ) from None

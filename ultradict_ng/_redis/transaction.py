@@ -143,8 +143,12 @@ def end(engine: "RedisEngine", publish: bool) -> None:
             if publish:
                 raise TransactionAborted(
                     f"a transaction of shared dict {engine.name!r} published nothing: "
-                    + ("a nested transaction() ended with an exception" if tx.doomed
-                       else "a write inside it failed half-way"))
+                    + (
+                        "a nested transaction() ended with an exception"
+                        if tx.doomed
+                        else "a write inside it failed half-way"
+                    )
+                )
         elif tx.payloads:
             _publish(engine, tx)
         failed = False
@@ -182,9 +186,11 @@ def _publish(engine: "RedisEngine", tx: RedisTransaction) -> None:
         largest = _largest_value(engine) - 4096  # (the other arguments of the call)
         if len(value) > largest:
             _discard(engine)
-            raise OutOfSpace(f"a transaction of shared dict {engine.name!r} is {len(value)} bytes encoded; "
-                             f"the Redis server takes at most {largest} in one call (proto-max-bulk-len): "
-                             "nothing was published")
+            raise OutOfSpace(
+                f"a transaction of shared dict {engine.name!r} is {len(value)} bytes encoded; "
+                f"the Redis server takes at most {largest} in one call (proto-max-bulk-len): "
+                "nothing was published"
+            )
     lock = engine.lock
     with engine.mutex:
         token = lock.token_of_this_thread()
@@ -211,10 +217,11 @@ def _publish(engine: "RedisEngine", tx: RedisTransaction) -> None:
             lock.fenced()
             raise LeaseLost(
                 f"the lease on the lock of shared dict {engine.name!r} expired inside a transaction; "
-                "the server refused its publish: nothing of the block was published")
+                "the server refused its publish: nothing of the block was published"
+            )
         if code == RL.CONFLICT:
             raise TransactionAborted(
                 f"a transaction of shared dict {engine.name!r} published nothing: another client "
-                "published while it held the lease")
+                "published while it held the lease"
+            )
         raise CorruptSegment(f"unexpected WRITE answer {reply!r} for {engine.keys.meta}")
-

@@ -41,15 +41,26 @@ from typing import Any, Callable, List, Optional
 from .. import _segments as segments
 from .. import layout as L
 from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy, tensor_as_array, torch
-from .._codec.placeholders import (KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef,
-                                   PickledBlobs)
+from .._codec.placeholders import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, PickledBlobs
 from ..errors import CorruptSegment
 from ..speedups import contains_type, types_within
 
 __all__ = [
-    "BlobMissing", "materialize", "blob_value", "blob_view", "pickled_value", "blob_kind",
-    "write_blob", "map_blob", "read_payload", "array_on", "blob_ids", "refs_within",
-    "may_hold_blobs", "pairs_may_hold_blobs", "extract",
+    "BlobMissing",
+    "materialize",
+    "blob_value",
+    "blob_view",
+    "pickled_value",
+    "blob_kind",
+    "write_blob",
+    "map_blob",
+    "read_payload",
+    "array_on",
+    "blob_ids",
+    "refs_within",
+    "may_hold_blobs",
+    "pairs_may_hold_blobs",
+    "extract",
 ]
 
 _header = struct.Struct(L.BLOB_FORMAT)
@@ -115,13 +126,13 @@ def blob_value(ref: BlobRef, name: str, token: int) -> Any:
     except (BlobMissing, OSError):
         # Unlinked since we mapped it, or not readable through a descriptor
         # (macOS): the mapping holds it.
-        with memoryview(mm) as whole, whole[L.BLOB_HEADER:L.BLOB_HEADER + ref.length] as body:
+        with memoryview(mm) as whole, whole[L.BLOB_HEADER : L.BLOB_HEADER + ref.length] as body:
             return bytearray(body) if ref.kind == KIND_BYTEARRAY else body.tobytes()
 
 
 def blob_view(ref: BlobRef, name: str, token: int) -> memoryview:
     """A read-only memoryview of a blob's payload: no copy."""
-    return memoryview(_mapping(ref, name, token))[L.BLOB_HEADER:L.BLOB_HEADER + ref.length]
+    return memoryview(_mapping(ref, name, token))[L.BLOB_HEADER : L.BLOB_HEADER + ref.length]
 
 
 def pickled_value(stored: PickledBlobs, name: str, token: int) -> Any:
@@ -152,12 +163,12 @@ def blob_kind(value: Any, threshold: int) -> int:
 
 def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> BlobRef:
     """Create the segment of blob ``blob_id`` holding ``value`` (layout: "Blobs",
-    writer steps b-c) and return its reference; nothing is left on failure.
+        writer steps b-c) and return its reference; nothing is left on failure.
 
-    The payload goes in first, then the header, with ``pwrite`` (see
-    :func:`ultradict_ng._segments.create_written`: no page faults in the
-    writer, and a full filesystem is
-:class:`~ultradict_ng.errors.OutOfSpace`, never SIGBUS).
+        The payload goes in first, then the header, with ``pwrite`` (see
+        :func:`ultradict_ng._segments.create_written`: no page faults in the
+        writer, and a full filesystem is
+    :class:`~ultradict_ng.errors.OutOfSpace`, never SIGBUS).
     """
     meta = None
     if kind == KIND_TENSOR:
@@ -173,8 +184,11 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
         length = data.nbytes
         header = _header.pack(L.BLOB_MAGIC, token, blob_id, length, kind, 0)
         segments.create_written(
-            L.blob_name(name, blob_id), L.BLOB_HEADER + length, [(L.BLOB_HEADER, data), (0, header)],
-            f"no room in shared memory for a {length}-byte value of shared dict {name!r}")
+            L.blob_name(name, blob_id),
+            L.BLOB_HEADER + length,
+            [(L.BLOB_HEADER, data), (0, header)],
+            f"no room in shared memory for a {length}-byte value of shared dict {name!r}",
+        )
     return BlobRef(blob_id, kind, length, meta)
 
 
@@ -191,8 +205,9 @@ def map_blob(name: str, token: int, ref: BlobRef, access: int = mmap.ACCESS_READ
     with opened:
         size = opened.size()
         if size < L.BLOB_HEADER + ref.length:
-            raise CorruptSegment(f"blob {seg!r} holds {size} bytes, its reference says "
-                                 f"{L.BLOB_HEADER + ref.length}")
+            raise CorruptSegment(
+                f"blob {seg!r} holds {size} bytes, its reference says {L.BLOB_HEADER + ref.length}"
+            )
         mm = opened.map(size, access)
     magic, btoken, bid, length, kind, _ = _header.unpack_from(mm, 0)
     if (magic, btoken, bid, length, kind) != (L.BLOB_MAGIC, token, ref.id, ref.length, ref.kind):
@@ -253,7 +268,7 @@ def blob_ids(name: str, low: int, nxt: int) -> List[int]:
         ids = []
         for entry in segments.listed(prefix):
             try:
-                blob_id = int(entry[len(prefix):], 36)
+                blob_id = int(entry[len(prefix) :], 36)
             except ValueError:
                 continue
             if low <= blob_id < nxt:
@@ -302,14 +317,21 @@ def pairs_may_hold_blobs(pairs: List[Any], threshold: int) -> bool:
     and no set or frozenset is anywhere (a set value is never plain to
     :func:`may_hold_blobs`; nested ones make the scans only more careful),
     no value holds anything for a blob.  Otherwise the per-pair check."""
-    if (types_within(pairs, _PLAIN, _LEVELS + 2) and not contains_type(pairs, set, _LEVELS + 3)
-            and not contains_type(pairs, frozenset, _LEVELS + 3)):
+    if (
+        types_within(pairs, _PLAIN, _LEVELS + 2)
+        and not contains_type(pairs, set, _LEVELS + 3)
+        and not contains_type(pairs, frozenset, _LEVELS + 3)
+    ):
         return False
     return any(may_hold_blobs(v, threshold) for _, v in pairs)
 
 
-def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef],
-            other: Optional[Callable[[Any], Any]] = None) -> Any:
+def extract(
+    value: Any,
+    threshold: int,
+    store_blob: Callable[[Any, int], BlobRef],
+    other: Optional[Callable[[Any], Any]] = None,
+) -> Any:
     """``value`` with every buffer, array or tensor at or above ``threshold``
     (at the top, or inside lists, tuples and dict values) replaced by the
     BlobRef that ``store_blob(buffer, kind)`` returns, and every other kind of
@@ -334,4 +356,3 @@ def extract(value: Any, threshold: int, store_blob: Callable[[Any, int], BlobRef
         new = {k: extract(v, threshold, store_blob, other) for k, v in value.items()}
         return value if all(new[k] is v for k, v in value.items()) else new
     return value
-

@@ -25,8 +25,14 @@ from .mapping import Mapping
 from .._names import validate_name
 from .._segments import Segment
 
-__all__ = ["unlink_dumps", "unlink_blobs", "unlink_tree", "unlink_by_name", "unlink_other_layout",
-           "remove_orphans"]
+__all__ = [
+    "unlink_dumps",
+    "unlink_blobs",
+    "unlink_tree",
+    "unlink_by_name",
+    "unlink_other_layout",
+    "remove_orphans",
+]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -117,12 +123,12 @@ def unlink_by_name(name: str) -> int:
         if magic == 0:
             if not looks_half_created(words):
                 raise CorruptSegment(
-                    f"segment {name!r} is not an ultradict_ng control segment; not unlinking it")
+                    f"segment {name!r} is not an ultradict_ng control segment; not unlinking it"
+                )
             creator = words[L.W_CREATOR]
             if creator and owner_alive(creator):
                 raise CorruptSegment(
-                    f"shared dict {name!r} is being created by pid {creator & L.PID_MASK}; "
-                    "not unlinking it"
+                    f"shared dict {name!r} is being created by pid {creator & L.PID_MASK}; not unlinking it"
                 )
             # Abandoned mid-creation: its register is still valid (zeroed or written).
             removed = unlink_dumps(name, words)
@@ -130,9 +136,7 @@ def unlink_by_name(name: str) -> int:
             removed += segments.unlink(L.stream_name(name)) + segments.unlink(cache_name(name))
             return removed + int(segments.unlink(name))
         if magic != L.CONTROL_MAGIC:
-            raise CorruptSegment(
-                f"segment {name!r} is not an ultradict_ng control segment; not unlinking it"
-            )
+            raise CorruptSegment(f"segment {name!r} is not an ultradict_ng control segment; not unlinking it")
         check_layout(name, words)
         token = words[L.W_TOKEN]
     except BaseException:

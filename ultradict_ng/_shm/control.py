@@ -19,14 +19,13 @@ from ..errors import CorruptSegment, IncompatibleLayout
 from .lock import owner_alive
 from .._segments import Segment
 
-__all__ = ["Header", "read_word", "check_layout", "attach_control", "control_owner",
-           "looks_half_created"]
+__all__ = ["Header", "read_word", "check_layout", "attach_control", "control_owner", "looks_half_created"]
 
 
 def read_word(buf: Any, index: int) -> int:
     """Word ``index`` of a mapped control segment (a plain load: for the fields
     written once at creation, and for checks that tolerate a stale value)."""
-    return int.from_bytes(buf[8 * index:8 * index + 8], sys.byteorder)
+    return int.from_bytes(buf[8 * index : 8 * index + 8], sys.byteorder)
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,8 @@ class Header:
         """Store every field but MAGIC (the creator publishes that last)."""
         words[L.W_LAYOUT] = L.LAYOUT_VERSION | (L.CONTROL_SIZE << 32)
         words[L.W_CONFIG] = (
-            (L.FLAG_RECURSE if self.recurse else 0) | (L.FLAG_GROWS if self.grows else 0)
+            (L.FLAG_RECURSE if self.recurse else 0)
+            | (L.FLAG_GROWS if self.grows else 0)
             | (self.serializer_id << 32)
         )
         words[L.W_STREAM_SIZE] = self.stream_size
@@ -135,8 +135,7 @@ def attach_control(name: str) -> Segment:
         elif ctrl.size != 0:
             ctrl.close()
             raise CorruptSegment(
-                f"segment {name!r} exists but is not an ultradict_ng control segment "
-                f"({ctrl.size} bytes)"
+                f"segment {name!r} exists but is not an ultradict_ng control segment ({ctrl.size} bytes)"
             )
         ctrl.close()
         if time.monotonic() > deadline:

@@ -53,8 +53,14 @@ class Planned:
 
     __slots__ = ("size", "count", "_merge", "_payload", "_hashes")
 
-    def __init__(self, size: int, count: Optional[int], merge: Optional[Merge], payload: Optional[bytes],
-                 hashes: Optional[List[int]]) -> None:
+    def __init__(
+        self,
+        size: int,
+        count: Optional[int],
+        merge: Optional[Merge],
+        payload: Optional[bytes],
+        hashes: Optional[List[int]],
+    ) -> None:
         self.size, self.count = size, count
         self._merge, self._payload, self._hashes = merge, payload, hashes
 
@@ -66,8 +72,10 @@ class Planned:
         payload = self._payload
         assert payload is not None
         if self._hashes is None:
-            buf[L.DUMP_HEADER:self.size] = payload
-            buf[0:L.DUMP_HEADER] = _dump_header.pack(L.DUMP_MAGIC, gen, len(payload), zlib.crc32(payload), 0)
+            buf[L.DUMP_HEADER : self.size] = payload
+            buf[0 : L.DUMP_HEADER] = _dump_header.pack(
+                L.DUMP_MAGIC, gen, len(payload), zlib.crc32(payload), 0
+            )
         else:
             write_map(buf, payload, self._hashes, gen, token)
 
@@ -81,8 +89,11 @@ def plan(data: Any, codec: Any, packed: Optional[bytes] = None) -> Planned:
     since, which is packed as a ``dict``."""
     if type(data) is TableCache:
         table = data.table
-        if (table is not None and codec.id == _MSGPACK_ID
-                and len(data.dead) + len(data.changed) + len(data.fresh) <= MERGE_FRACTION * table.count):
+        if (
+            table is not None
+            and codec.id == _MSGPACK_ID
+            and len(data.dead) + len(data.changed) + len(data.fresh) <= MERGE_FRACTION * table.count
+        ):
             merge = _merge(data, codec.dumps, codec.loads)
             return Planned(merge.size, merge.count, merge, None, None)
         data = data.full()
@@ -110,8 +121,9 @@ def _merge(cache: TableCache, dumps: Callable[[Any], bytes], loads: Callable[[An
             raise CorruptSegment(f"{table.where}: key {key!r} of the cache has no entry to merge")
         return off
 
-    changes, dead, changed = table_changes(table.buf, table.slots, table.start, table.end,
-                                           cache.dead, cache.changed, hot)
+    changes, dead, changed = table_changes(
+        table.buf, table.slots, table.start, table.end, cache.dead, cache.changed, hot
+    )
     changes += [(offset(k), None) for k in dead]
     changes += [(offset(k), dumps(hot[k])) for k in changed]
     appended: List[Tuple[int, bytes, bytes]] = [(hash_key(k), dumps(k), dumps(hot[k])) for k in cache.fresh]
@@ -124,8 +136,9 @@ def _is_row(value: Any) -> bool:
     return t in SCALAR_TYPES or (t is tuple and all(type(v) in SCALAR_TYPES for v in value))
 
 
-def successor(old: Any, table: Table, keep: Any, mutex: Any, loads: Callable[[Any], Any],
-              limit: Optional[int] = None) -> TableCache:
+def successor(
+    old: Any, table: Table, keep: Any, mutex: Any, loads: Callable[[Any], Any], limit: Optional[int] = None
+) -> TableCache:
     """The writer's cache after a table dump of ``PARTIAL_FROM`` entries or
     more: the new ``table`` read in place, as every reader reads it.  After a
     merge (``old`` a :class:`TableCache` of the table it was merged from)

@@ -37,8 +37,9 @@ _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _W_CHANGE_WAITERS, _W_CHANGE_SEQ = L.W_CHANGE_WAITERS, L.W_CHANGE_SEQ
 
 
-def wait_until_changed(atomic: Words, words: Any, waits: ProcessWaits, seen: Callable[[], int],
-                       deadline: Optional[float]) -> bool:
+def wait_until_changed(
+    atomic: Words, words: Any, waits: ProcessWaits, seen: Callable[[], int], deadline: Optional[float]
+) -> bool:
     """Sleep until STATE != ``seen()`` or the dict is unlinked (True), or until
     ``deadline`` (time.monotonic; None: no limit) passes (False).
 
@@ -147,7 +148,7 @@ class Feed(Reader):
         changes_of_records(self.out, self._export, records)
 
     def _feed_undo(self) -> None:
-        del self.out[self._mark:]
+        del self.out[self._mark :]
 
     def _feed_dump(self, new: Dict[Any, Any]) -> None:
         """Before the cache is replaced by a dump: the difference, as resync changes."""

@@ -30,7 +30,11 @@ __all__ = ["ShmLock", "SharedLock", "owner_word", "pid_of", "owner_alive"]
 log = logging.getLogger("ultradict_ng")
 _WAKE_PENDING = 1  # LOCK_WAKING: a release woke a sleeper that has not claimed the role yet
 _W_LOCK, _W_LOCK_WAITERS, _W_LOCK_SEQ, _W_LOCK_WAKING = (
-    L.W_LOCK, L.W_LOCK_WAITERS, L.W_LOCK_SEQ, L.W_LOCK_WAKING)
+    L.W_LOCK,
+    L.W_LOCK_WAITERS,
+    L.W_LOCK_SEQ,
+    L.W_LOCK_WAKING,
+)
 
 
 class ShmLock(WordLock):
@@ -92,8 +96,10 @@ class ShmLock(WordLock):
                 elif designated:
                     words.wait(_W_LOCK_SEQ, seq, max(min(limit, L.LOCK_HANDOFF_POLL), 0.0))
                 else:
-                    if words.load(_W_LOCK_WAKING) == _WAKE_PENDING and words.cas(
-                            _W_LOCK_WAKING, _WAKE_PENDING, mine)[0]:
+                    if (
+                        words.load(_W_LOCK_WAKING) == _WAKE_PENDING
+                        and words.cas(_W_LOCK_WAKING, _WAKE_PENDING, mine)[0]
+                    ):
                         # A release woke nobody (or someone about to find it):
                         # take the role now, or nobody would, and releases
                         # would stop waking anyone.

@@ -71,7 +71,8 @@ class Peek(Reader):
             if stream.size < header.stream_size:
                 raise CorruptSegment(
                     f"stream segment {L.stream_name(name)!r} holds {stream.size} bytes, its "
-                    f"header says {header.stream_size}")
+                    f"header says {header.stream_size}"
+                )
         except BaseException:
             ctrl.close()
             if stream is not None:
@@ -104,7 +105,8 @@ class Peek(Reader):
     @property
     def serializer(self) -> str:
         return {MSGPACK.id: "msgpack", PICKLE.id: "pickle", CUSTOM_ID: "custom"}.get(
-            self.serializer_id, f"unknown ({self.serializer_id})")
+            self.serializer_id, f"unknown ({self.serializer_id})"
+        )
 
     def load(self) -> Dict[Any, Any]:
         """The whole tree as published now (placeholders for large values).
@@ -114,7 +116,8 @@ class Peek(Reader):
         if self.codec is None:
             raise CorruptSegment(
                 f"shared dict {self.name!r} uses a custom serializer; only a process that "
-                "passes it can decode the contents")
+                "passes it can decode the contents"
+            )
         with self.mutex:
             problem = self._refresh(PEEK_ROUNDS)
         if problem is not None:
@@ -150,4 +153,3 @@ class Peek(Reader):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-

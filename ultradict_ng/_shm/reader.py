@@ -132,7 +132,7 @@ class Reader(StoreBase):
                 continue
             mv = self._map.stream_mv
             assert mv is not None
-            chunk = bytes(mv[self.pos:end])  # step 3
+            chunk = bytes(mv[self.pos : end])  # step 3
             if words[L.W_STATE] >> L.GEN_SHIFT != gen:
                 problem = "stream restarted while it was being read"
                 _pause(attempt)
@@ -188,7 +188,7 @@ class Reader(StoreBase):
             magic, dgen, length, crc, _ = _dump_header.unpack_from(seg.buf, 0)
             if magic != L.DUMP_MAGIC or dgen != gen or length > seg.size - L.DUMP_HEADER:
                 return f"dump {dname!r} has an invalid header"
-            with memoryview(seg.buf) as whole, whole[L.DUMP_HEADER:L.DUMP_HEADER + length] as body:
+            with memoryview(seg.buf) as whole, whole[L.DUMP_HEADER : L.DUMP_HEADER + length] as body:
                 if zlib.crc32(body) != crc:
                     return f"dump {dname!r} fails its checksum"
                 try:
@@ -223,8 +223,14 @@ class Reader(StoreBase):
                     return f"dump {dname!r} has an invalid header (generation {table.generation})"
                 if table.count >= _partial_from() and self._partial:
                     partial = True
-                    return TableCache(table, self.codec.loads, (seg, whole), self.mutex,
-                                      self.codec.id == _MSGPACK_ID, self.max_decoded)
+                    return TableCache(
+                        table,
+                        self.codec.loads,
+                        (seg, whole),
+                        self.mutex,
+                        self.codec.id == _MSGPACK_ID,
+                        self.max_decoded,
+                    )
                 try:
                     return table.decode_all(self.codec.loads, self.codec.id == _MSGPACK_ID)
                 except CorruptSegment as exc:

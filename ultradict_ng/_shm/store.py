@@ -55,8 +55,7 @@ __all__ = ["Store"]
 Path = Tuple[Any, ...]
 
 
-def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int, registered: bool,
-              last: bool) -> None:
+def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int, registered: bool, last: bool) -> None:
     """Runs when a store is closed, collected, or its process exits (weakref.finalize):
     leave the user register, unlink if this handle was told to, unmap."""
     try:
@@ -97,8 +96,15 @@ class Store(Writer):
 
     __slots__ = ("recurse", "created", "registered", "max_decoded", "_finalizer", "__weakref__")
 
-    def __init__(self, mapping: Mapping, name: str, codec: Codec, header: Header,
-                 created: bool, max_decoded: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        mapping: Mapping,
+        name: str,
+        codec: Codec,
+        header: Header,
+        created: bool,
+        max_decoded: Optional[int] = None,
+    ) -> None:
         self._map = mapping
         self.max_decoded = max_decoded
         self.words = mapping.words
@@ -132,8 +138,9 @@ class Store(Writer):
     # -- opening -----------------------------------------------------------------
 
     @classmethod
-    def open(cls, name: Optional[str], create: Optional[bool], options: Options,
-             initial: "Initial" = None) -> "Store":
+    def open(
+        cls, name: Optional[str], create: Optional[bool], options: Options, initial: "Initial" = None
+    ) -> "Store":
         """Create or attach (see :class:`~ultradict_ng.SharedDict` and :class:`Options`)."""
         if create not in (None, True, False):
             raise TypeError("create must be None, True or False")
@@ -196,8 +203,7 @@ class Store(Writer):
         raise NotFound(f"shared dict {name!r} kept disappearing while attaching to it")
 
     @classmethod
-    def _create(cls, name: str, options: Options,
-                initial: "Initial") -> "Store":
+    def _create(cls, name: str, options: Options, initial: "Initial") -> "Store":
         """Create the dict; no buffer_size makes a growing stream (layout: "Stream size")."""
         codec = codec_for(options.for_create("serializer"))
         buffer_size = options.for_create("buffer_size")
@@ -288,8 +294,9 @@ class Store(Writer):
                 stream.close()
             raise
         words.release()
-        store = cls(Mapping(ctrl, stream), name, stored_codec, header, created=False,
-                    max_decoded=options.max_decoded)
+        store = cls(
+            Mapping(ctrl, stream), name, stored_codec, header, created=False, max_decoded=options.max_decoded
+        )
         try:
             users.attach((name, header.token), store._map.atomic)  # FileNotFoundError: removed
             store.registered = True
@@ -304,8 +311,9 @@ class Store(Writer):
         no other process is attached; falsy -- never."""
         last = auto_unlink == "last"
         unlink_pid = os.getpid() if auto_unlink and not last else 0
-        self._finalizer = weakref.finalize(self, _finalize, self._map, self.name, self.token,
-                                           unlink_pid, self.registered, last)
+        self._finalizer = weakref.finalize(
+            self, _finalize, self._map, self.name, self.token, unlink_pid, self.registered, last
+        )
 
     # -- reading -------------------------------------------------------------------
 
@@ -332,8 +340,11 @@ class Store(Writer):
             self.end_write()
 
     def _loadable(self, mapping: Any) -> bool:
-        return (type(mapping) is dict and len(mapping) >= tablecache.PARTIAL_FROM
-                and self.codec.id == MsgpackCodec.id)
+        return (
+            type(mapping) is dict
+            and len(mapping) >= tablecache.PARTIAL_FROM
+            and self.codec.id == MsgpackCodec.id
+        )
 
     def _load(self, mapping: Dict[Any, Any]) -> bool:
         """:meth:`load`'s work, in ``begin_write`` (or creating the dict)."""
@@ -421,8 +432,9 @@ class Store(Writer):
         """Sleep on the change channel until STATE differs from ``mark`` or the
         dict is unlinked (True), at most ``timeout`` seconds (False); touches
         neither ``data`` nor the mutex."""
-        return wait_until_changed(self._map.atomic, self.words, self.waits, lambda: mark,
-                                  time.monotonic() + timeout)
+        return wait_until_changed(
+            self._map.atomic, self.words, self.waits, lambda: mark, time.monotonic() + timeout
+        )
 
     def feed(self) -> Feed:
         """A change feed starting at the state this handle's cache reflects."""
@@ -505,8 +517,9 @@ def _blob_threshold(value: Any) -> int:
     return value
 
 
-def _check_options(name: str, header: Header, stored: Codec, codec: Optional[Codec],
-                   options: Options) -> None:
+def _check_options(
+    name: str, header: Header, stored: Codec, codec: Optional[Codec], options: Options
+) -> None:
     """ParameterMismatch if an attacher gave a value that differs from the stored one."""
     mismatches = []
     if options.recurse is not None and bool(options.recurse) != header.recurse:
@@ -514,8 +527,9 @@ def _check_options(name: str, header: Header, stored: Codec, codec: Optional[Cod
     if codec is not None and codec.id != stored.id:
         mismatches.append(f"serializer={stored.name!r}")
     if options.buffer_size is not None and (header.grows or options.buffer_size != header.stream_size):
-        mismatches.append("buffer_size=None (a growing stream)" if header.grows
-                          else f"buffer_size={header.stream_size}")
+        mismatches.append(
+            "buffer_size=None (a growing stream)" if header.grows else f"buffer_size={header.stream_size}"
+        )
     if options.dump_limit is not None and options.dump_limit != header.dump_limit:
         mismatches.append(f"dump_limit={header.dump_limit}")
     if options.blob_threshold is not None and options.blob_threshold != header.blob_threshold:
@@ -528,5 +542,6 @@ def _check_options(name: str, header: Header, stored: Codec, codec: Optional[Cod
 
 
 if TYPE_CHECKING:
+
     def _implements_the_engine_interface(store: Store) -> Engine:
         return store  # mypy checks Store against the Protocol here

@@ -166,10 +166,15 @@ def survey(load_keys: bool = True) -> Survey:
             used = sum(real_bytes(st) for st in map(entry_stat, names) if st)
             orphans.append(Orphan(base, names, used))
         elif base not in known:  # a foreign file under a name whose derived names are ours
-            dicts.append(DictReport(
-                name=base, status="damaged", segments=[base, *names],
-                problem=f"{base!r} is not an ultradict_ng control segment, yet segments named "
-                        f"like a dict's exist beside it ({', '.join(names[:3])})"))
+            dicts.append(
+                DictReport(
+                    name=base,
+                    status="damaged",
+                    segments=[base, *names],
+                    problem=f"{base!r} is not an ultradict_ng control segment, yet segments named "
+                    f"like a dict's exist beside it ({', '.join(names[:3])})",
+                )
+            )
     foreign.sort()
     return Survey(sorted(dicts, key=lambda d: d.name), orphans, foreign)
 
@@ -182,7 +187,7 @@ def _read_head(name: str) -> Optional[bytes]:
     except OSError:
         return None
     try:
-        return bytes(seg.buf[:L.CONTROL_SIZE]) if seg.buf is not None else b""
+        return bytes(seg.buf[: L.CONTROL_SIZE]) if seg.buf is not None else b""
     finally:
         seg.close()
 
@@ -199,15 +204,16 @@ def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = Tru
     rep = DictReport(name=name, segments=[name, *derived], created=st.st_ctime if st else None)
     _count_segments(rep, derived)
     rep.bytes += real_bytes(st) if st else 0
-    words = [int.from_bytes(head[i:i + 8], sys.byteorder)
-             for i in range(0, len(head) - 7, 8)]
+    words = [int.from_bytes(head[i : i + 8], sys.byteorder) for i in range(0, len(head) - 7, 8)]
     magic = words[0] if words else 0
     if magic == L.CONTROL_MAGIC:
         rep.layout_version = words[L.W_LAYOUT] & 0xFFFFFFFF
         if rep.layout_version != L.LAYOUT_VERSION:
             rep.status = "incompatible"
-            rep.problem = (f"layout version {rep.layout_version}; this ultradict_ng reads version "
-                           f"{L.LAYOUT_VERSION} (remove it with the version that made it)")
+            rep.problem = (
+                f"layout version {rep.layout_version}; this ultradict_ng reads version "
+                f"{L.LAYOUT_VERSION} (remove it with the version that made it)"
+            )
             return rep
         _fill_from_words(rep, words)
         if words[L.W_STATUS] & L.STATUS_UNLINKED:
@@ -262,10 +268,10 @@ def _cache_serializer(name: str) -> str:
     except OSError:
         return "?"
     try:
-        head = bytes(seg.buf[:8 * (CL.W_SERIALIZER + 1)]) if seg.buf is not None else b""
+        head = bytes(seg.buf[: 8 * (CL.W_SERIALIZER + 1)]) if seg.buf is not None else b""
     finally:
         seg.close()
-    words = [int.from_bytes(head[i:i + 8], sys.byteorder) for i in range(0, len(head) - 7, 8)]
+    words = [int.from_bytes(head[i : i + 8], sys.byteorder) for i in range(0, len(head) - 7, 8)]
     if len(words) <= CL.W_SERIALIZER or words[CL.W_MAGIC] != CL.SIDE_MAGIC:
         return "?"
     names = {v: k for k, v in CL.SERIALIZERS.items()}
@@ -289,8 +295,11 @@ def _fill_from_words(rep: DictReport, words: List[int]) -> None:
     rep.change_waiters = bin(words[L.W_CHANGE_WAITERS]).count("1")
     rep.closing = Holder.of(words[L.W_CLOSING])
     rep.unregistered_users = words[L.W_USER_OVERFLOW]
-    rep.users = [User(pid_of(w), w >> L.PID_BITS, owner_alive(w))
-                 for w in words[L.W_USER_SLOTS:L.W_USER_SLOTS + L.USER_SLOTS] if w]
+    rep.users = [
+        User(pid_of(w), w >> L.PID_BITS, owner_alive(w))
+        for w in words[L.W_USER_SLOTS : L.W_USER_SLOTS + L.USER_SLOTS]
+        if w
+    ]
 
 
 def _load(rep: DictReport) -> None:

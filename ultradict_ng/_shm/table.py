@@ -43,11 +43,31 @@ from .. import table_layout as L
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment, UnsupportedType
 from .._codec.decode import gc_paused
-from ..speedups import (key_hash_common, table_candidates, table_chunk, table_fill, table_get, table_index,
-                        table_merge, table_rows)
+from ..speedups import (
+    key_hash_common,
+    table_candidates,
+    table_chunk,
+    table_fill,
+    table_get,
+    table_index,
+    table_merge,
+    table_rows,
+)
 
-__all__ = ["Table", "Merge", "table_size", "write_table", "write_map", "map_size", "entry_size",
-           "slots_for", "hash_key", "root_hashes", "encode_entries", "pack_pairs"]
+__all__ = [
+    "Table",
+    "Merge",
+    "table_size",
+    "write_table",
+    "write_map",
+    "map_size",
+    "entry_size",
+    "slots_for",
+    "hash_key",
+    "root_hashes",
+    "encode_entries",
+    "pack_pairs",
+]
 
 _Buffer = Union[bytes, bytearray, memoryview]
 Entry = Tuple[int, _Buffer, _Buffer]
@@ -102,7 +122,7 @@ def table_size(count: int, entries_bytes: int) -> int:
 
 def _entry_crc(buf: _Buffer, off: int, end: int) -> int:
     """The entry checksum: its first 16 header bytes, then key and value."""
-    return zlib.crc32(buf[off + _EH:end], zlib.crc32(buf[off:off + 16]))
+    return zlib.crc32(buf[off + _EH : end], zlib.crc32(buf[off : off + 16]))
 
 
 def pack_pairs(entries: Sequence[Entry]) -> bytes:
@@ -111,8 +131,7 @@ def pack_pairs(entries: Sequence[Entry]) -> bytes:
     return _map_header(len(entries)) + b"".join(bytes(k) + bytes(v) for _, k, v in entries)
 
 
-def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generation: int,
-            token: int) -> None:
+def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generation: int, token: int) -> None:
     """Index the entries, then write the header last (its crc covers the rest of it)."""
     start = L.TABLE_HEADER + 8 * slots
     if entries_end > _OFF:
@@ -168,21 +187,29 @@ class Table:
         (magic, gen, count, slots, start, end, tok, crc, _) = _header.unpack_from(buf, 0)
         if magic != L.TABLE_MAGIC:
             raise CorruptSegment(f"{where} is not an ultradict_ng table")
-        if zlib.crc32(bytes(buf[:_header.size - 8])) != crc:
+        if zlib.crc32(bytes(buf[: _header.size - 8])) != crc:
             raise CorruptSegment(f"{where}: the table header fails its checksum")
         if tok != token:
             raise CorruptSegment(f"{where} belongs to another dict (token {tok:#x})")
-        if (slots < 8 or slots & (slots - 1) or count > slots * L.TABLE_MAX_LOAD
-                or start != L.TABLE_HEADER + 8 * slots or not start <= end <= len(buf)
-                or end > _OFF or end - start < count * _EH):
-            raise CorruptSegment(f"{where}: impossible table header "
-                                 f"(count {count}, slots {slots}, entries {start}..{end}, "
-                                 f"{len(buf)} bytes)")
+        if (
+            slots < 8
+            or slots & (slots - 1)
+            or count > slots * L.TABLE_MAX_LOAD
+            or start != L.TABLE_HEADER + 8 * slots
+            or not start <= end <= len(buf)
+            or end > _OFF
+            or end - start < count * _EH
+        ):
+            raise CorruptSegment(
+                f"{where}: impossible table header "
+                f"(count {count}, slots {slots}, entries {start}..{end}, "
+                f"{len(buf)} bytes)"
+            )
         self.buf = buf
         self.generation, self.count, self.slots = gen, count, slots
         self.start, self.end, self.token = start, end, tok
         self.where = where  # (names the table in every error: "dump 'N@d3'")
-        self._idx = buf[L.TABLE_HEADER:start].cast("Q")
+        self._idx = buf[L.TABLE_HEADER : start].cast("Q")
         self._mask = slots - 1
 
     def close(self) -> None:
@@ -197,10 +224,12 @@ class Table:
         body = off + _EH
         end = body + kl + vl
         if end > self.end or zero:
-            raise CorruptSegment(f"{self.where}: table entry at {off} runs past the entries ({end} > {self.end})")
+            raise CorruptSegment(
+                f"{self.where}: table entry at {off} runs past the entries ({end} > {self.end})"
+            )
         if _entry_crc(self.buf, off, end) != crc:
             raise CorruptSegment(f"{self.where}: table entry at {off} fails its checksum")
-        return h, self.buf[body:body + kl], self.buf[body + kl:end], (end + 7) & ~7
+        return h, self.buf[body : body + kl], self.buf[body + kl : end], (end + 7) & ~7
 
     def find(self, key: Any, h: int, loads: Callable[[Any], Any]) -> int:
         """Offset of the entry whose key equals ``key`` (hashed ``h``), or 0."""
@@ -314,8 +343,9 @@ class Table:
         self._added_up(len(data))
         return data
 
-    def decode_pairs(self, loads: Callable[[Any], Any], rows: bool, skip: Set[Any],
-                     subst: Optional[Dict[Any, Any]]) -> Tuple[List[Tuple[Any, Any]], int]:
+    def decode_pairs(
+        self, loads: Callable[[Any], Any], rows: bool, skip: Set[Any], subst: Optional[Dict[Any, Any]]
+    ) -> Tuple[List[Tuple[Any, Any]], int]:
         """:meth:`decode_all`'s walk as a list of ``(key, value)`` pairs, the keys
         in ``skip`` (entries of this table) left out and ``subst``'s values
         taken: what a walk of a big dict hands out, without the dict that
@@ -331,8 +361,14 @@ class Table:
         self._added_up(len(out) + len(skip))  # (every key of skip is an entry's)
         return out, known
 
-    def _walk(self, loads: Callable[[Any], Any], rows: bool, out: Any, skip: Optional[Set[Any]],
-              subst: Optional[Dict[Any, Any]]) -> Optional[Dict[Any, Any]]:
+    def _walk(
+        self,
+        loads: Callable[[Any], Any],
+        rows: bool,
+        out: Any,
+        skip: Optional[Set[Any]],
+        subst: Optional[Dict[Any, Any]],
+    ) -> Optional[Dict[Any, Any]]:
         """The entries' compiled walk into ``out`` (``table_rows``, with ``rows``),
         then the rest decoded by the serializer, returned (None: nothing left)."""
         off = self.start
@@ -359,7 +395,9 @@ class Table:
             raise self._not_added_up()
 
     def _not_added_up(self) -> CorruptSegment:
-        return CorruptSegment(f"{self.where}: its entries do not add up to the {self.count} its header counts")
+        return CorruptSegment(
+            f"{self.where}: its entries do not add up to the {self.count} its header counts"
+        )
 
     def items(self) -> Iterator[Tuple[memoryview, memoryview]]:
         """``(key bytes, value bytes)`` of every entry in order, each checked."""
@@ -383,8 +421,9 @@ class Merge:
     changed keeps its key bytes and gets a new checksum.
     """
 
-    def __init__(self, old: Table, changes: List[Tuple[int, Optional[bytes]]],
-                 appended: Sequence[Entry]) -> None:
+    def __init__(
+        self, old: Table, changes: List[Tuple[int, Optional[bytes]]], appended: Sequence[Entry]
+    ) -> None:
         self.old = old
         changes.sort(key=_first)  # (table_merge refuses an entry changed twice)
         self._changes = changes

@@ -89,8 +89,15 @@ class TableCache(TableCacheBase):
 
     __slots__ = ("table", "_loads", "_simple", "_keep", "_mutex")  # (+ TableCacheBase's)
 
-    def __init__(self, table: Table, loads: Callable[[Any], Any], keep: Any, mutex: Any,
-                 msgpack_values: bool = True, limit: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        table: Table,
+        loads: Callable[[Any], Any],
+        keep: Any,
+        mutex: Any,
+        msgpack_values: bool = True,
+        limit: Optional[int] = None,
+    ) -> None:
         self.table: Optional[Table] = table
         self.hot: Dict[Any, Any] = {}
         self.dead: Set[Any] = set()
@@ -115,7 +122,8 @@ class TableCache(TableCacheBase):
         # a row the decoder made, which its hits hand out without a look at
         # the row's items (at a million keys, each one a likely cache miss).
         self._probe: Optional[Tuple[Any, int, int, int]] = (
-            (table.buf, table.slots, table.start, table.end) if msgpack_values else None)
+            (table.buf, table.slots, table.start, table.end) if msgpack_values else None
+        )
 
     # -- reading ---------------------------------------------------------------------
 
@@ -280,8 +288,9 @@ class TableCache(TableCacheBase):
         (the cost of decoding a dump whole), then the changes since: deleted
         keys out, overwritten values in place, fresh keys appended in order."""
         table = self.table
-        out: Dict[Any, Any] = (table.decode_all(self._loads, self._simple is unpack_simple)
-                               if table is not None else {})
+        out: Dict[Any, Any] = (
+            table.decode_all(self._loads, self._simple is unpack_simple) if table is not None else {}
+        )
         for k in self.dead:
             out.pop(k, None)
         fresh, hot = self.fresh, self.hot

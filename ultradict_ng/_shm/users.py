@@ -32,8 +32,17 @@ from .._engine import User
 from .._owner import owner_alive, owner_word, pid_of
 from ..speedups import Words
 
-__all__ = ["User", "read_users", "register", "attach", "detach", "free_dead", "mappers",
-           "Verdict", "remove_if_unused"]
+__all__ = [
+    "User",
+    "read_users",
+    "register",
+    "attach",
+    "detach",
+    "free_dead",
+    "mappers",
+    "Verdict",
+    "remove_if_unused",
+]
 
 Key = Tuple[str, int]  # (name, creation token)
 
@@ -120,7 +129,9 @@ def attach(key: Key, atomic: Words) -> None:
                 raise LockTimeout(
                     f"shared dict {key[0]!r} is being removed as unused by pid {pid_of(closing)}, "
                     f"which has not finished within {L.INIT_TIMEOUT} s",
-                    name=key[0], pid=pid_of(closing))
+                    name=key[0],
+                    pid=pid_of(closing),
+                )
             time.sleep(L.CLOSING_POLL)
     except BaseException:
         detach(key, atomic)
@@ -175,7 +186,7 @@ def mappers() -> Optional[Dict[str, Set[int]]]:
         except OSError:
             continue
         for line in lines:
-            path = line[line.index(marker) + len(marker):].rstrip("\n")
+            path = line[line.index(marker) + len(marker) :].rstrip("\n")
             if path.endswith(" (deleted)"):
                 continue  # unlinked: not the segment now under that name
             out.setdefault(path, set()).add(pid)
@@ -210,8 +221,9 @@ def _users_now(name: str, atomic: Words, me: int) -> Tuple[List[int], str]:
     return sorted(fresh.get(name, set()) - {me}), _MAPPED
 
 
-def remove_if_unused(name: str, mapping: Mapping, token: int,
-                     maps: Optional[Dict[str, Set[int]]] = None) -> Verdict:
+def remove_if_unused(
+    name: str, mapping: Mapping, token: int, maps: Optional[Dict[str, Set[int]]] = None
+) -> Verdict:
     """Steps a-c of layout "Users": unlink the dict only if no live process
     other than this one uses it.  ``maps`` (from :func:`mappers`) may be
     passed by a caller checking many dicts; it is read again for this one

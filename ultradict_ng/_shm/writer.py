@@ -126,17 +126,28 @@ class Writer(Reader):
 
     def _set_root(self, key: Any, value: Any, tx: Optional[Transaction]) -> None:
         simple = self.write_simple
-        if (simple is not None and faults.armed is None and (tx is None or not tx.dump)
-                and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
-                and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)):
+        if (
+            simple is not None
+            and faults.armed is None
+            and (tx is None or not tx.dump)
+            and (type(value) is not bytes or not 0 < self.blob_threshold <= len(value))
+            and (self._map.words[_W_BLOB_NEXT] == 1 or type(self.data.get(key)) in _SCALARS)
+        ):
             # (A tuple of scalars is written here too; a bytes item for a blob
             # in it makes write_simple decline, as the threshold is passed.)
             # (A large bytes value goes to a blob; an old value that may hold
             # blobs must be found and dropped: both take commit.)  The limit
             # is ``self.limit()``, inlined: this is every root write's path.
             limit, size = self._map.words[_W_STREAM_LIMIT], self.stream_size
-            new_end = simple(self.pos, self.gen & _GEN_MASK, limit if limit < size else size, _OP_SET, key, value,
-                             self.blob_threshold)
+            new_end = simple(
+                self.pos,
+                self.gen & _GEN_MASK,
+                limit if limit < size else size,
+                _OP_SET,
+                key,
+                value,
+                self.blob_threshold,
+            )
             if new_end is not None:
                 if tx is not None:  # written past the published end: the transaction's end publishes
                     try:
@@ -172,9 +183,14 @@ class Writer(Reader):
         begin_write.  Raises and changes nothing, or publishes it all."""
         created: List[BlobRef] = []
         threshold = self.blob_threshold
-        if threshold and len(rec) > 2 and (
-            may_hold_blobs(rec[3], threshold) if rec[0] == _OP_SET
-            else rec[0] == L.OP_UPDATE and pairs_may_hold_blobs(rec[2], threshold)
+        if (
+            threshold
+            and len(rec) > 2
+            and (
+                may_hold_blobs(rec[3], threshold)
+                if rec[0] == _OP_SET
+                else rec[0] == L.OP_UPDATE and pairs_may_hold_blobs(rec[2], threshold)
+            )
         ):
             rec = self._extract_blobs(rec, created)
         dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
@@ -230,8 +246,12 @@ class Writer(Reader):
     def _bulk_load(self, rec: List[Any]) -> bool:
         """A load: a root update of ``PARTIAL_FROM`` (the default) pairs or more, no fewer
         than the dict holds; published as a dump, a table readers map, not a record."""
-        return (rec[0] == L.OP_UPDATE and not rec[1] and self.codec.id == _MSGPACK_ID
-                and len(rec[2]) >= max(tablecache.PARTIAL_FROM, len(self.data)))
+        return (
+            rec[0] == L.OP_UPDATE
+            and not rec[1]
+            and self.codec.id == _MSGPACK_ID
+            and len(rec[2]) >= max(tablecache.PARTIAL_FROM, len(self.data))
+        )
 
     # -- transactions (layout: "Transactions") -------------------------------------------
 
@@ -278,8 +298,9 @@ class Writer(Reader):
         transaction then ends with a dump) and at its end."""
         stream = self._map.stream_words
         if self.write_simple is not None and stream is not None:
-            self._tx_fast(stream, self.gen & _GEN_MASK, self.limit(), self.blob_threshold,
-                          _W_BLOB_NEXT, _OP_SET)
+            self._tx_fast(
+                stream, self.gen & _GEN_MASK, self.limit(), self.blob_threshold, _W_BLOB_NEXT, _OP_SET
+            )
 
     def end_transaction(self, publish: bool) -> None:
         """Leave a level; at the outermost, publish every buffered write at once
@@ -300,8 +321,12 @@ class Writer(Reader):
                     if publish:
                         raise TransactionAborted(
                             f"a transaction of shared dict {self.name!r} published nothing: "
-                            + ("a nested transaction() block of it ended with an exception"
-                               if tx.doomed else "a write inside it failed after changing the cache"))
+                            + (
+                                "a nested transaction() block of it ended with an exception"
+                                if tx.doomed
+                                else "a write inside it failed after changing the cache"
+                            )
+                        )
                     return
                 try:
                     self._publish_transaction(tx)
@@ -470,7 +495,7 @@ class Writer(Reader):
                 data = pickle.dumps(value, protocol=5, buffer_callback=callback)
             except Exception:  # the codec reports it, with its own error
                 self._unlink_blobs(refs)
-                del created[len(created) - len(refs):]
+                del created[len(created) - len(refs) :]
                 return value
             return PickledBlobs(refs, data) if refs else value
 
@@ -518,7 +543,9 @@ class Writer(Reader):
         """At a dump: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that the tree does
         not reference (left by writers that died), and raise BLOB_LOW."""
         data: Any = self.data  # (a big dict's: every value decoded for the walk, none kept)
-        referenced = {ref.id for ref in refs_within(data.values() if type(data) is tablecache.TableCache else data)}
+        referenced = {
+            ref.id for ref in refs_within(data.values() if type(data) is tablecache.TableCache else data)
+        }
         words = self._map.words
         low, nxt = words[L.W_BLOB_LOW], words[_W_BLOB_NEXT]
         for blob_id in blob_ids(self.name, low, nxt):

@@ -35,8 +35,14 @@ def slot_of(e: Any, nslots: int) -> int:
     owner and a token (ints)) -- what only another program can have written
     there; a writer that meets one deletes it (and frees nothing: it names no
     slot of ours)."""
-    if type(e) is tuple and 3 <= len(e) <= 4 and type(e[1]) is int and isinstance(e[0], (int, float)) \
-            and 0 <= e[1] < (nslots or 1) and (len(e) == 3 or (type(e[2]) is int and type(e[3]) is int)):
+    if (
+        type(e) is tuple
+        and 3 <= len(e) <= 4
+        and type(e[1]) is int
+        and isinstance(e[0], (int, float))
+        and 0 <= e[1] < (nslots or 1)
+        and (len(e) == 3 or (type(e[2]) is int and type(e[3]) is int))
+    ):
         return e[1]
     return -1
 
@@ -48,7 +54,6 @@ def _add(w: Any, index: int, delta: int) -> None:
         w[index] += delta
     except ValueError:
         w[index] = 0 if index != C.W_BYTES or delta < 0 else _U64
-
 
 
 class Entries:
@@ -75,8 +80,9 @@ class Entries:
             return 0
         return len(codec.dumps(key)) + len(stored if type(stored) is bytes else codec.dumps(stored)) + 32
 
-    def _put(self, key: Any, stored: Any, expires: float, now: float,
-             claim: Optional[Tuple[int, int]] = None) -> None:
+    def _put(
+        self, key: Any, stored: Any, expires: float, now: float, claim: Optional[Tuple[int, int]] = None
+    ) -> None:
         """``key`` -> the entry (expires, slot, stored), or with ``claim`` the
         claim (expires, slot, owner, token): its old slot, or a new one after
         making room."""
@@ -85,8 +91,10 @@ class Entries:
         self._after_dead_batch()
         size = self._size(key, stored) if self._size_codec is not None else 0
         if self._maxbytes is not None and size > self._maxbytes:
-            raise TooLarge(f"an entry of {size:,} bytes (key {key!r:.60}) cannot fit the cache's "
-                           f"maxbytes={self._maxbytes:,}")
+            raise TooLarge(
+                f"an entry of {size:,} bytes (key {key!r:.60}) cannot fit the cache's "
+                f"maxbytes={self._maxbytes:,}"
+            )
         if (expires or claim) and not w[C.W_FLAGS]:
             w[C.W_FLAGS] = C.FLAG_EXPIRING
         # The entry as the handle caches it, not a copy (only its slot is read):
@@ -269,8 +277,12 @@ class Entries:
                 self._fit_bytes(now, key, size)
             finally:
                 _add(w, C.W_BYTES, -size)
-        elif self._side.nslots and self._side.words[C.W_FREE] == 0 \
-                and self._side.words[C.W_NEXT] >= self._side.nslots and len(self._d) >= self._side.nslots:
+        elif (
+            self._side.nslots
+            and self._side.words[C.W_FREE] == 0
+            and self._side.words[C.W_NEXT] >= self._side.nslots
+            and len(self._d) >= self._side.nslots
+        ):
             self._evict_one(now, key)
 
     def _fit_bytes(self, now: float, key: Any, pending: int = 0) -> None:
@@ -378,8 +390,11 @@ class Entries:
         nslots = self._side.nslots
         ranked = heapq.nsmallest(
             max(1, n // self._cull),
-            ((-2.0 if slot_of(e, nslots) < 0 else -1.0 if e[0] and e[0] <= now else rec[e[1]], i, k, e)
-             for i, (k, e) in enumerate(self._d.items())))
+            (
+                (-2.0 if slot_of(e, nslots) < 0 else -1.0 if e[0] and e[0] <= now else rec[e[1]], i, k, e)
+                for i, (k, e) in enumerate(self._d.items())
+            ),
+        )
         w = self._side.words
         for t, _, k, e in ranked:
             self._delete(k, e)

@@ -71,8 +71,10 @@ def _keyable(arg: Any) -> Any:
     try:
         return (_PICKLED, pickle.dumps(arg, pickle.HIGHEST_PROTOCOL))
     except Exception as exc:
-        raise TypeError(f"cached: the argument {arg!r} is neither a key the codec stores nor "
-                        f"picklable ({exc}); pass cached(key=...) to key calls yourself") from exc
+        raise TypeError(
+            f"cached: the argument {arg!r} is neither a key the codec stores nor "
+            f"picklable ({exc}); pass cached(key=...) to key calls yourself"
+        ) from exc
 
 
 def _make_key(args: Tuple[Any, ...], kwargs: Dict[str, Any], typed: bool) -> Any:
@@ -80,8 +82,7 @@ def _make_key(args: Tuple[Any, ...], kwargs: Dict[str, Any], typed: bool) -> Any
     if kwargs:
         key += (_PICKLED,) + tuple(x for k, v in kwargs.items() for x in (k, _keyable(v)))
     if typed:
-        key += tuple(f"{type(v).__module__}.{type(v).__qualname__}"
-                     for v in (*args, *kwargs.values()))
+        key += tuple(f"{type(v).__module__}.{type(v).__qualname__}" for v in (*args, *kwargs.values()))
     return key
 
 
@@ -133,9 +134,15 @@ class _Claims:
         return type(e) is tuple and len(e) == 4 and e[3] == claim[3]
 
 
-def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Optional[float] = None,
-           typed: bool = False, *, serializer: str = "msgpack",
-           key: Optional[Callable[..., Any]] = None) -> Callable[[Callable[..., Any]], Any]:
+def cached(
+    name: Optional[str] = None,
+    maxsize: Optional[int] = 128,
+    ttl: Optional[float] = None,
+    typed: bool = False,
+    *,
+    serializer: str = "msgpack",
+    key: Optional[Callable[..., Any]] = None,
+) -> Callable[[Callable[..., Any]], Any]:
     """Decorator: memoize a function in a cache every process shares.
 
     Shaped like ``functools.lru_cache``: ``cache_info()`` (hits and misses
@@ -168,8 +175,9 @@ def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Option
                 with guard:
                     c = opened.get("cache")
                     if c is None or opened.get("pid") != os.getpid():
-                        c = SharedCache(cache_name, maxsize=maxsize, ttl=ttl, serializer=serializer,
-                                        auto_unlink="last")
+                        c = SharedCache(
+                            cache_name, maxsize=maxsize, ttl=ttl, serializer=serializer, auto_unlink="last"
+                        )
                         opened["cache"], opened["pid"] = c, os.getpid()
                         opened["claims"] = _Claims(c)
             return c
@@ -196,6 +204,7 @@ def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Option
             return True, last_check
 
         if inspect.iscoroutinefunction(func):
+
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 key, value = lookup(args, kwargs)
                 if value is not _MISSING:
@@ -220,8 +229,10 @@ def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Option
                             break
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, WAIT_SLICE)
+
             wrapper: Any = async_wrapper
         else:
+
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
                 key, value = lookup(args, kwargs)
                 if value is not _MISSING:
@@ -246,6 +257,7 @@ def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Option
                         if not waiting:
                             break
                         d.wait_for_change(timeout=WAIT_SLICE)
+
             wrapper = sync_wrapper
 
         def cache_info() -> CacheInfo:
@@ -258,8 +270,12 @@ def cached(name: Optional[str] = None, maxsize: Optional[int] = 128, ttl: Option
         functools.update_wrapper(wrapper, func)
         wrapper.cache_info = cache_info
         wrapper.cache_clear = cache_clear
-        wrapper.cache_parameters = lambda: {"maxsize": maxsize, "typed": typed, "ttl": ttl,
-                                            "name": cache_name}
+        wrapper.cache_parameters = lambda: {
+            "maxsize": maxsize,
+            "typed": typed,
+            "ttl": ttl,
+            "name": cache_name,
+        }
         wrapper.cache = cache
         return wrapper
 

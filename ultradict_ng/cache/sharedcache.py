@@ -39,8 +39,9 @@ DEFAULT_TTL: Any = _DefaultTTL()
 _MISSING: Any = object()
 
 
-def _check_settings(maxsize: Any, maxbytes: Any, ttl: Any, serializer: Any,
-                    cull_frequency: Any) -> Dict[str, Any]:
+def _check_settings(
+    maxsize: Any, maxbytes: Any, ttl: Any, serializer: Any, cull_frequency: Any
+) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key, value in (("maxsize", maxsize), ("maxbytes", maxbytes)):
         if value is not None:
@@ -89,22 +90,35 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     once, and the next write that meets it (or :meth:`expire`) removes it.
     """
 
-    def __init__(self, name: Optional[str] = None, *, maxsize: Optional[int] = None,
-                 maxbytes: Optional[int] = None, ttl: Optional[float] = None,
-                 serializer: Optional[str] = None, cull_frequency: Optional[int] = None,
-                 create: Optional[bool] = None, auto_unlink: Any = None,
-                 buffer_size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        name: Optional[str] = None,
+        *,
+        maxsize: Optional[int] = None,
+        maxbytes: Optional[int] = None,
+        ttl: Optional[float] = None,
+        serializer: Optional[str] = None,
+        cull_frequency: Optional[int] = None,
+        create: Optional[bool] = None,
+        auto_unlink: Any = None,
+        buffer_size: Optional[int] = None,
+    ) -> None:
         explicit = _check_settings(maxsize, maxbytes, ttl, serializer, cull_frequency)
         if explicit.get("cull_frequency") is not None and "maxsize" not in explicit:
             raise ValueError("cull_frequency needs maxsize")
-        wanted = {"maxsize": None, "maxbytes": None, "ttl": None, "serializer": "msgpack",
-                  "cull_frequency": None}
+        wanted = {
+            "maxsize": None,
+            "maxbytes": None,
+            "ttl": None,
+            "serializer": "msgpack",
+            "cull_frequency": None,
+        }
         wanted.update(explicit)
-        self._d = d = SharedDict(name, create, auto_unlink=auto_unlink, buffer_size=buffer_size,
-                                 backend="shm")
+        self._d = d = SharedDict(
+            name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm"
+        )
         try:
-            self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit,
-                                          d.__len__)
+            self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
         except BaseException:
             d.close()
             raise
@@ -398,10 +412,17 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         processes), size (live entries), bytes (stored, with maxbytes) and the bounds."""
         w = self._side.words
         g = self.__dict__["get"]
-        return {"hits": g.hits, "misses": g.misses, "evictions": w[C.W_EVICTIONS],
-                "expirations": w[C.W_EXPIRATIONS], "size": len(self), "maxsize": self._maxsize,
-                "bytes": w[C.W_BYTES] if self._maxbytes else None, "maxbytes": self._maxbytes,
-                "ttl": self._ttl}
+        return {
+            "hits": g.hits,
+            "misses": g.misses,
+            "evictions": w[C.W_EVICTIONS],
+            "expirations": w[C.W_EXPIRATIONS],
+            "size": len(self),
+            "maxsize": self._maxsize,
+            "bytes": w[C.W_BYTES] if self._maxbytes else None,
+            "maxbytes": self._maxbytes,
+            "ttl": self._ttl,
+        }
 
     def close(self) -> None:
         """Detach this handle (other processes are unaffected)."""
@@ -431,8 +452,10 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
 
     def __repr__(self) -> str:
         state = "closed" if self._d.closed else f"{len(self)} entries"
-        return (f"SharedCache({self.name!r}, maxsize={self._maxsize}, maxbytes={self._maxbytes}, "
-                f"ttl={self._ttl}, serializer={self._serializer!r}: {state})")
+        return (
+            f"SharedCache({self.name!r}, maxsize={self._maxsize}, maxbytes={self._maxbytes}, "
+            f"ttl={self._ttl}, serializer={self._serializer!r}: {state})"
+        )
 
     # -- internals (under the lock unless said) -----------------------------------------
 

@@ -37,9 +37,9 @@ class Side:
         self.floats = mv.cast("d")
         n = self.nslots = self.words[C.W_NSLOTS]
         h = C.HEADER_WORDS * 8
-        self.recency = mv[h:h + 8 * n].cast("d")
-        self.sizes = mv[h + 8 * n:h + 16 * n].cast("Q")
-        self.free = mv[h + 16 * n:h + 24 * n].cast("Q")
+        self.recency = mv[h : h + 8 * n].cast("d")
+        self.sizes = mv[h + 8 * n : h + 16 * n].cast("Q")
+        self.free = mv[h + 16 * n : h + 24 * n].cast("Q")
         mv.release()
 
     def settings(self) -> Settings:
@@ -129,8 +129,10 @@ def _attach(name: str, token: int) -> Optional[Side]:
                 problem = _check_header(seg)
                 if problem:
                     seg.close()
-                    raise CorruptSegment(f"segment {name!r} is not a cache side segment of this "
-                                         f"version, or is damaged: {problem}")
+                    raise CorruptSegment(
+                        f"segment {name!r} is not a cache side segment of this "
+                        f"version, or is damaged: {problem}"
+                    )
                 return Side(seg)
             if magic != 0:
                 seg.close()
@@ -141,8 +143,9 @@ def _attach(name: str, token: int) -> Optional[Side]:
         time.sleep(0.001)
 
 
-def open_side(dict_name: str, token: int, lock: Any, wanted: Settings,
-              explicit: Settings, dict_len: Callable[[], int]) -> Side:
+def open_side(
+    dict_name: str, token: int, lock: Any, wanted: Settings, explicit: Settings, dict_len: Callable[[], int]
+) -> Side:
     """Attach the side segment of the dict ``dict_name`` (creation ``token``),
     creating it with ``wanted`` if there is none (or only a stale one, replaced
     under the dict's ``lock``).  Settings the caller passed (``explicit``) must
@@ -167,11 +170,13 @@ def open_side(dict_name: str, token: int, lock: Any, wanted: Settings,
                 if side is None:
                     if absent and dict_len() > 0:
                         raise ParameterMismatch(
-                            f"shared dict {dict_name!r} holds keys but is not a SharedCache")
+                            f"shared dict {dict_name!r} holds keys but is not a SharedCache"
+                        )
                     if dict_len() > 0:  # its entries name slots of a segment that is gone
                         raise CorruptSegment(
                             f"segment {name!r} is unfinished or an earlier dict's, but the cache "
-                            f"{dict_name!r} holds entries")
+                            f"{dict_name!r} holds entries"
+                        )
                     if not absent:
                         segments.unlink(name)  # stale (an earlier dict's) or never finished
                     try:
@@ -183,6 +188,7 @@ def open_side(dict_name: str, token: int, lock: Any, wanted: Settings,
             if stored[key] != value:
                 side.close()
                 raise ParameterMismatch(
-                    f"cache {dict_name!r} was created with {key}={stored[key]!r}, not {value!r}")
+                    f"cache {dict_name!r} was created with {key}={stored[key]!r}, not {value!r}"
+                )
         return side
     raise CorruptSegment(f"could not open the side segment of cache {dict_name!r}")

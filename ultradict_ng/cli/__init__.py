@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ultradict-ng",
         description="Inspect, watch, back up, fill and clean the ultradict_ng shared dicts on this machine.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -58,89 +60,141 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    p = command("ls", "list every dict on this machine",
-                "List every ultradict_ng dict in /dev/shm: keys, real shared-memory use, "
-                "generation (full dumps so far), stream fill, serializer, creator, attached "
-                "processes (alive and dead), lock holder, and damaged or orphaned segments.")
+    p = command(
+        "ls",
+        "list every dict on this machine",
+        "List every ultradict_ng dict in /dev/shm: keys, real shared-memory use, "
+        "generation (full dumps so far), stream fill, serializer, creator, attached "
+        "processes (alive and dead), lock holder, and damaged or orphaned segments.",
+    )
     p.add_argument("--all", action="store_true", help="also name the other programs' files in /dev/shm")
-    p = command("show", "print a dict's contents (or some keys)",
-                "Print the contents of dict NAME, or only the given KEYs (a key is matched as a "
-                "string first, then as a Python literal: 42, (1, 2)).  Large values and values "
-                "JSON cannot hold are shown by type and size; nothing is unpickled.")
+    p = command(
+        "show",
+        "print a dict's contents (or some keys)",
+        "Print the contents of dict NAME, or only the given KEYs (a key is matched as a "
+        "string first, then as a Python literal: 42, (1, 2)).  Large values and values "
+        "JSON cannot hold are shown by type and size; nothing is unpickled.",
+    )
     p.add_argument("name", metavar="NAME")
     p.add_argument("keys", metavar="KEY", nargs="*")
-    p = command("stats", "layout, sizes, dumps, stream, large values, lock and users of a dict",
-                "Everything about dict NAME that is not its contents.")
+    p = command(
+        "stats",
+        "layout, sizes, dumps, stream, large values, lock and users of a dict",
+        "Everything about dict NAME that is not its contents.",
+    )
     p.add_argument("name", metavar="NAME")
-    p = command("watch", "print changes to a dict as they happen",
-                "Print every change to dict NAME from now on, in order, through its change feed "
-                "(--json: one JSON object per line).  Stops on Ctrl-C, when the dict is removed, "
-                "after --count changes or after --timeout seconds without one.")
+    p = command(
+        "watch",
+        "print changes to a dict as they happen",
+        "Print every change to dict NAME from now on, in order, through its change feed "
+        "(--json: one JSON object per line).  Stops on Ctrl-C, when the dict is removed, "
+        "after --count changes or after --timeout seconds without one.",
+    )
     p.add_argument("name", metavar="NAME")
     p.add_argument("--count", type=int, default=0, help="stop after this many changes")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="stop after this many seconds without a change")
-    p = command("rm", "remove dicts now (as unlink_by_name)",
-                "Remove every segment of each NAME, whether processes still use it or not: they "
-                "keep reading its last state and their writes raise Unlinked.  Exit status 1 if "
-                "a NAME does not exist or is not an ultradict_ng dict.")
+    p.add_argument(
+        "--timeout", type=float, default=None, help="stop after this many seconds without a change"
+    )
+    p = command(
+        "rm",
+        "remove dicts now (as unlink_by_name)",
+        "Remove every segment of each NAME, whether processes still use it or not: they "
+        "keep reading its last state and their writes raise Unlinked.  Exit status 1 if "
+        "a NAME does not exist or is not an ultradict_ng dict.",
+    )
     p.add_argument("names", metavar="NAME", nargs="+")
-    p = command("clean", "remove dicts no live process uses, orphaned segments, dead pools' parcels",
-                "Remove the dicts that no live process uses any more (every attached process "
-                "is dead, and no process maps it), dicts whose creator died while creating them, "
-                "orphaned segments of ours, and the shared-memory parcels of "
-                "ultradict_ng.futures process pools whose process died.  A dict with a live user -- even one attaching "
-                "right now -- is never removed; other programs' files are never touched.")
-    p.add_argument("patterns", metavar="PATTERN", nargs="*",
-                   help="only dicts (and orphans, and pool parcels) whose name matches one of these shell-style "
-                        "patterns, e.g. 'job-*' (default: every one)")
+    p = command(
+        "clean",
+        "remove dicts no live process uses, orphaned segments, dead pools' parcels",
+        "Remove the dicts that no live process uses any more (every attached process "
+        "is dead, and no process maps it), dicts whose creator died while creating them, "
+        "orphaned segments of ours, and the shared-memory parcels of "
+        "ultradict_ng.futures process pools whose process died.  A dict with a live user -- even one attaching "
+        "right now -- is never removed; other programs' files are never touched.",
+    )
+    p.add_argument(
+        "patterns",
+        metavar="PATTERN",
+        nargs="*",
+        help="only dicts (and orphans, and pool parcels) whose name matches one of these shell-style "
+        "patterns, e.g. 'job-*' (default: every one)",
+    )
     p.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
-    command("doctor", "check this machine: /dev/shm, compiled helper, platform",
-            "Check /dev/shm's size (warns at container-sized limits) and free space, whether the "
-            "compiled helper and futex waiting are in use, and Python/OS support.  Exit status 1 "
-            "if a check fails.")
-    p = command("dump", "write a dict to a file (msgpack or JSON lines)",
-                "Write a consistent snapshot of dict NAME (one atomic read) to FILE ('-': stdout), "
-                "in insertion order.  msgpack (the default; .jsonl and .ndjson files default to "
-                "jsonl): a header, then [key, value] per entry, in the dict's own encoding, so every "
-                "value type it holds round-trips exactly.  jsonl: one JSON array [key, value] per "
-                "line; only what JSON holds exactly (a tuple, bytes, a set ... is refused, naming the "
-                "key).  FILE is written whole or not at all (a temporary file, renamed at the end).  "
-                "Refuses pickle dicts (dumping them would run code stored in shared memory).")
+    command(
+        "doctor",
+        "check this machine: /dev/shm, compiled helper, platform",
+        "Check /dev/shm's size (warns at container-sized limits) and free space, whether the "
+        "compiled helper and futex waiting are in use, and Python/OS support.  Exit status 1 "
+        "if a check fails.",
+    )
+    p = command(
+        "dump",
+        "write a dict to a file (msgpack or JSON lines)",
+        "Write a consistent snapshot of dict NAME (one atomic read) to FILE ('-': stdout), "
+        "in insertion order.  msgpack (the default; .jsonl and .ndjson files default to "
+        "jsonl): a header, then [key, value] per entry, in the dict's own encoding, so every "
+        "value type it holds round-trips exactly.  jsonl: one JSON array [key, value] per "
+        "line; only what JSON holds exactly (a tuple, bytes, a set ... is refused, naming the "
+        "key).  FILE is written whole or not at all (a temporary file, renamed at the end).  "
+        "Refuses pickle dicts (dumping them would run code stored in shared memory).",
+    )
     p.add_argument("name", metavar="NAME")
     p.add_argument("file", metavar="FILE")
     _transfer_options(p)
-    p = command("load", "write a file's entries into a dict, all or nothing",
-                "Write the entries of FILE ('-': stdin), a dump of either format, into dict NAME in one "
-                "transaction: all of them, or on a damaged file, a bad line or a value the dict "
-                "cannot hold, none (exit 1, naming the line or entry).  Creates NAME if it does not "
-                "exist (it outlives the command; a recurse dict if --recurse or the dump's header "
-                "says its dict was one).  The dict's lock is held while FILE is read.")
+    p = command(
+        "load",
+        "write a file's entries into a dict, all or nothing",
+        "Write the entries of FILE ('-': stdin), a dump of either format, into dict NAME in one "
+        "transaction: all of them, or on a damaged file, a bad line or a value the dict "
+        "cannot hold, none (exit 1, naming the line or entry).  Creates NAME if it does not "
+        "exist (it outlives the command; a recurse dict if --recurse or the dump's header "
+        "says its dict was one).  The dict's lock is held while FILE is read.",
+    )
     p.add_argument("name", metavar="NAME")
     p.add_argument("file", metavar="FILE")
     _transfer_options(p)
     p.add_argument("--replace", action="store_true", help="clear the dict first, in the same transaction")
-    p.add_argument("--recurse", action=argparse.BooleanOptionalAction, default=None,
-                   help="create NAME as a recurse dict (nested dicts as live views), or not; "
-                        "on an existing dict it must agree")
+    p.add_argument(
+        "--recurse",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="create NAME as a recurse dict (nested dicts as live views), or not; "
+        "on an existing dict it must agree",
+    )
     return parser
 
 
 def _transfer_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=["msgpack", "jsonl"], default=None,
-                   help="default: by FILE's extension (.jsonl, .ndjson: jsonl; else msgpack)")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress bar (shown on stderr only when it is a terminal), and no "
-                        "summary on stderr (where dump to '-' puts it)")
+    p.add_argument(
+        "--format",
+        choices=["msgpack", "jsonl"],
+        default=None,
+        help="default: by FILE's extension (.jsonl, .ndjson: jsonl; else msgpack)",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar (shown on stderr only when it is a terminal), and no "
+        "summary on stderr (where dump to '-' puts it)",
+    )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from . import cleaning, doctor, inspecting, transfer  # (imported late: --help stays fast)
 
-    handlers = {"ls": inspecting.cmd_ls, "show": inspecting.cmd_show, "stats": inspecting.cmd_stats,
-                "watch": inspecting.cmd_watch, "rm": cleaning.cmd_rm, "clean": cleaning.cmd_clean,
-                "doctor": doctor.cmd_doctor, "dump": transfer.cmd_dump, "load": transfer.cmd_load}
+    handlers = {
+        "ls": inspecting.cmd_ls,
+        "show": inspecting.cmd_show,
+        "stats": inspecting.cmd_stats,
+        "watch": inspecting.cmd_watch,
+        "rm": cleaning.cmd_rm,
+        "clean": cleaning.cmd_clean,
+        "doctor": doctor.cmd_doctor,
+        "dump": transfer.cmd_dump,
+        "load": transfer.cmd_load,
+    }
     try:
         return handlers[args.command](args)
     except BrokenPipeError:  # `| head`

@@ -72,8 +72,10 @@ def cmd_rm(args: Namespace) -> int:
         freed = f" ({render.size(e['bytes'])})" if e["bytes"] is not None else ""
         print(f"removed {e['name']!r}: {e['removed']} segment(s){freed}")
         if e["live_users"]:
-            print(f"  it was still used by pid {', '.join(map(str, e['live_users']))}: they keep "
-                  "reading its last state, and their writes raise Unlinked")
+            print(
+                f"  it was still used by pid {', '.join(map(str, e['live_users']))}: they keep "
+                "reading its last state, and their writes raise Unlinked"
+            )
     return status
 
 
@@ -88,8 +90,13 @@ def _in_use(rep: DictReport, maps: Optional[Dict[str, Set[int]]]) -> List[int]:
 
 def _clean_dict(rep: DictReport, maps: Optional[Dict[str, Set[int]]], dry: bool) -> Dict[str, Any]:
     """What clean does with one dict (see the module docstring)."""
-    entry: Dict[str, Any] = {"name": rep.name, "kind": "dict", "status": rep.status,
-                             "segments": len(rep.segments), "bytes": rep.bytes}
+    entry: Dict[str, Any] = {
+        "name": rep.name,
+        "kind": "dict",
+        "status": rep.status,
+        "segments": len(rep.segments),
+        "bytes": rep.bytes,
+    }
     if rep.status in ("creating", "incompatible") or rep.layout_version is None and rep.status == "damaged":
         entry.update(action="kept", reason=rep.problem)
         return entry
@@ -134,6 +141,7 @@ def cmd_clean(args: Namespace) -> int:
         return 1
     found = survey(load_keys=False)
     if args.patterns:
+
         def chosen(name: str) -> bool:
             return any(fnmatch.fnmatchcase(name, p) for p in args.patterns)
 
@@ -146,14 +154,25 @@ def cmd_clean(args: Namespace) -> int:
         try:
             results.append(_clean_dict(rep, maps, args.dry_run))
         except FileNotFoundError:
-            results.append({"name": rep.name, "kind": "dict", "action": "gone",
-                            "reason": "removed meanwhile by another process"})
+            results.append(
+                {
+                    "name": rep.name,
+                    "kind": "dict",
+                    "action": "gone",
+                    "reason": "removed meanwhile by another process",
+                }
+            )
         except (SharedDictError, OSError) as exc:
             results.append({"name": rep.name, "kind": "dict", "action": "error", "reason": str(exc)})
             status = 1
     for orphan in found.orphans:
-        entry: Dict[str, Any] = {"name": orphan.base, "kind": "orphans", "segments": len(orphan.segments),
-                                 "bytes": orphan.bytes, "reason": "segments of a dict that no longer exists"}
+        entry: Dict[str, Any] = {
+            "name": orphan.base,
+            "kind": "orphans",
+            "segments": len(orphan.segments),
+            "bytes": orphan.bytes,
+            "reason": "segments of a dict that no longer exists",
+        }
         if args.dry_run:
             entry["action"] = "would remove"
         else:
@@ -173,17 +192,24 @@ def cmd_clean(args: Namespace) -> int:
 def _clean_parcels(args: Namespace) -> List[Dict[str, Any]]:
     """Parcels of dead process pools (``futures/leftovers.py``), one entry per pool
     process; with patterns, only parcels whose name matches one."""
+
     def chosen(name: str) -> bool:
         return not args.patterns or any(fnmatch.fnmatchcase(name, p) for p in args.patterns)
 
     groups: Dict[int, List[ParcelReport]] = {}
     for p in remove_leftovers(dry_run=args.dry_run, chosen=chosen):
         groups.setdefault(p.owner_pid, []).append(p)
-    return [{"name": f"pool of pid {pid}" if pid else "pool of unknown pid", "kind": "parcels",
-             "segments": len(g), "bytes": sum(p.bytes for p in g),
-             "action": "would remove" if args.dry_run else "removed",
-             "reason": "process-pool parcels whose pool process is gone"}
-            for pid, g in sorted(groups.items())]
+    return [
+        {
+            "name": f"pool of pid {pid}" if pid else "pool of unknown pid",
+            "kind": "parcels",
+            "segments": len(g),
+            "bytes": sum(p.bytes for p in g),
+            "action": "would remove" if args.dry_run else "removed",
+            "reason": "process-pool parcels whose pool process is gone",
+        }
+        for pid, g in sorted(groups.items())
+    ]
 
 
 def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
@@ -194,7 +220,8 @@ def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
     freed = 0
     for e in results:
         what = {"dict": e["name"], "parcels": f"{e['name']} ({e['segments']} parcels)"}.get(
-            e["kind"], f"{e['name']}@* (orphans)")
+            e["kind"], f"{e['name']}@* (orphans)"
+        )
         reason = e.get("reason") or ""
         if e.get("users"):
             reason += ": pid " + ", ".join(map(str, e["users"]))

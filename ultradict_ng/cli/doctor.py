@@ -32,22 +32,39 @@ LOW_FREE = 64 << 20
 def _shm_checks() -> List[Check]:
     if not listable():
         if sys.platform == "darwin":
-            return [("shared memory", "warn", "macOS: no /dev/shm to list, so `ls` and `clean` cannot "
-                     "work; names are limited to 20 characters; waiters poll (no futex)")]
+            return [
+                (
+                    "shared memory",
+                    "warn",
+                    "macOS: no /dev/shm to list, so `ls` and `clean` cannot "
+                    "work; names are limited to 20 characters; waiters poll (no futex)",
+                )
+            ]
         return [("shared memory", "fail", f"{SHM_DIR} does not exist here")]
     st = os.statvfs(SHM_DIR)
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     out: List[Check] = []
     if total < SMALL_SHM:
-        out.append(("/dev/shm size", "warn",
-                    f"{render.size(total)}: container-sized (Docker's default is 64 MiB); large "
-                    "values and dumps need room -- `docker run --shm-size=2g` or mount a bigger tmpfs"))
+        out.append(
+            (
+                "/dev/shm size",
+                "warn",
+                f"{render.size(total)}: container-sized (Docker's default is 64 MiB); large "
+                "values and dumps need room -- `docker run --shm-size=2g` or mount a bigger tmpfs",
+            )
+        )
     else:
         out.append(("/dev/shm size", "ok", render.size(total)))
     if free == 0:
-        out.append(("/dev/shm free", "fail", "full: every write that needs a page raises OutOfSpace; "
-                    "`ultradict-ng clean` removes what no live process uses"))
+        out.append(
+            (
+                "/dev/shm free",
+                "fail",
+                "full: every write that needs a page raises OutOfSpace; "
+                "`ultradict-ng clean` removes what no live process uses",
+            )
+        )
     elif free < LOW_FREE or free < total // 10:
         out.append(("/dev/shm free", "warn", f"{render.size(free)} of {render.size(total)}: nearly full"))
     else:
@@ -61,14 +78,25 @@ def checks() -> List[Check]:
     if impl == "native":
         out.append(("compiled helper", "ok", "in use (_native)"))
     else:
-        out.append(("compiled helper", "warn",
-                    f"not in use: the {impl!r} fallback runs (reads are the same, writes and the lock "
-                    "are slower); reinstall with a C compiler present to build it"))
+        out.append(
+            (
+                "compiled helper",
+                "warn",
+                f"not in use: the {impl!r} fallback runs (reads are the same, writes and the lock "
+                "are slower); reinstall with a C compiler present to build it",
+            )
+        )
     if waiting.MODE == "futex":
         out.append(("waiting", "ok", "futex: waiters sleep in the kernel"))
     else:
-        out.append(("waiting", "warn", "polling with back-off (no futex here, or ULTRADICT_NG_WAIT=poll): "
-                    "wake-ups are slower and idle waiters cost some CPU"))
+        out.append(
+            (
+                "waiting",
+                "warn",
+                "polling with back-off (no futex here, or ULTRADICT_NG_WAIT=poll): "
+                "wake-ups are slower and idle waiters cost some CPU",
+            )
+        )
     version = sys.version_info
     if version >= (3, 9):
         out.append(("python", "ok", platform.python_version()))
@@ -76,9 +104,16 @@ def checks() -> List[Check]:
         out.append(("python", "fail", f"{platform.python_version()}: ultradict_ng needs 3.9 or newer"))
     if sys.platform.startswith("linux"):
         proc = os.path.exists(f"/proc/{os.getpid()}/stat")
-        out.append(("os", "ok" if proc else "warn",
-                    f"Linux {platform.release()}" + ("" if proc else ": no /proc, so dead lock holders "
-                                                     "and users cannot be told from live ones")))
+        out.append(
+            (
+                "os",
+                "ok" if proc else "warn",
+                f"Linux {platform.release()}"
+                + (
+                    "" if proc else ": no /proc, so dead lock holders and users cannot be told from live ones"
+                ),
+            )
+        )
     elif sys.platform == "darwin":
         out.append(("os", "warn", "macOS: should work, not tested in CI (see README, Platforms)"))
     else:

@@ -31,8 +31,17 @@ from ..errors import BadDumpFile, UnsupportedType
 from ..speedups import contains_type
 from .progress import Progress
 
-__all__ = ["MARKER", "VERSION", "file_format", "check_json", "jsonl_line", "read_jsonl",
-           "msgpack_entry", "MsgpackReader", "read_msgpack"]
+__all__ = [
+    "MARKER",
+    "VERSION",
+    "file_format",
+    "check_json",
+    "jsonl_line",
+    "read_jsonl",
+    "msgpack_entry",
+    "MsgpackReader",
+    "read_msgpack",
+]
 
 MARKER = "ultradict-ng dump"  #: the header's ``format``
 VERSION = 1  #: the header's ``version``; a reader refuses a newer one
@@ -80,8 +89,9 @@ def json_problem(value: Any) -> Optional[Tuple[str, str]]:
 def check_json(key: Any, value: Any) -> None:
     """UnsupportedType naming the key unless the entry survives JSON exactly."""
     if type(key) not in _JSON_KEYS or (type(key) is float and not math.isfinite(key)):
-        raise UnsupportedType(f"key {key!r}: a {type_name(type(key))} key has no exact JSON form; "
-                              "use --format msgpack")
+        raise UnsupportedType(
+            f"key {key!r}: a {type_name(type(key))} key has no exact JSON form; use --format msgpack"
+        )
     found = json_problem(value)
     if found is not None:
         where = f" at {found[0]}" if found[0] else ""
@@ -109,7 +119,9 @@ def _no_constant(text: str) -> Any:
     raise ValueError(f"{text} is not JSON")
 
 
-def read_jsonl(stream: IO[bytes], progress: Progress, size: Optional[int]) -> Iterator[Tuple[str, Any, Any, int]]:
+def read_jsonl(
+    stream: IO[bytes], progress: Progress, size: Optional[int]
+) -> Iterator[Tuple[str, Any, Any, int]]:
     """``(where, key, value, bytes)`` per entry; BadDumpFile naming the line."""
     done = read = 0
     for lineno, raw in enumerate(stream, 1):
@@ -151,8 +163,9 @@ class MsgpackReader:
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.read1: Callable[[int], bytes] = getattr(stream, "read1", stream.read)
-        self.unpacker = Unpacker(raw=False, strict_map_key=False, ext_hook=ROOT_HOOK,
-                                 max_buffer_size=sys.maxsize)
+        self.unpacker = Unpacker(
+            raw=False, strict_map_key=False, ext_hook=ROOT_HOOK, max_buffer_size=sys.maxsize
+        )
         self.fed = 0
         self.eof = False
 
@@ -165,8 +178,10 @@ class MsgpackReader:
                 pending = self.fed - self.unpacker.tell()
                 if self.eof:
                     if pending:
-                        raise BadDumpFile(f"{where}: the file is truncated ({pending} bytes of "
-                                         "an incomplete entry at its end)") from None
+                        raise BadDumpFile(
+                            f"{where}: the file is truncated ({pending} bytes of "
+                            "an incomplete entry at its end)"
+                        ) from None
                     raise EOFError from None
                 # What has arrived (read1: a pipe need not fill a whole read first),
                 # but at least as much again as is pending: each attempt decodes the
@@ -193,13 +208,20 @@ class MsgpackReader:
             raise BadDumpFile(f"{label} is not an ultradict-ng dump ({exc})") from None
         if type(head) is not dict or head.get("format") != MARKER:
             hint = "; a JSON lines file? use --format jsonl" if head == ord("[") else ""
-            raise BadDumpFile(f"{label} is not an ultradict-ng dump: it does not start with the "
-                             f"{MARKER!r} header{hint}")
+            raise BadDumpFile(
+                f"{label} is not an ultradict-ng dump: it does not start with the {MARKER!r} header{hint}"
+            )
         version = head.get("version")
         if type(version) is not int or version != VERSION:
-            raise BadDumpFile(f"{label} is an ultradict-ng dump of format version {version!r}; "
-                             f"this version reads version {VERSION} only")
-        if type(head.get("entries")) is not int or head["entries"] < 0 or type(head.get("recurse")) is not bool:
+            raise BadDumpFile(
+                f"{label} is an ultradict-ng dump of format version {version!r}; "
+                f"this version reads version {VERSION} only"
+            )
+        if (
+            type(head.get("entries")) is not int
+            or head["entries"] < 0
+            or type(head.get("recurse")) is not bool
+        ):
             raise BadDumpFile(f"{label}: damaged header {head!r}")
         return head
 
@@ -219,7 +241,9 @@ def _arrays(value: Any) -> Any:
     return value
 
 
-def read_msgpack(reader: MsgpackReader, total: int, progress: Progress) -> Iterator[Tuple[str, Any, Any, int]]:
+def read_msgpack(
+    reader: MsgpackReader, total: int, progress: Progress
+) -> Iterator[Tuple[str, Any, Any, int]]:
     done = 0
     while True:
         where = f"entry {done + 1}"

@@ -56,40 +56,62 @@ def cmd_ls(args: Namespace) -> int:
     found = survey(load_keys=True)
     pool = parcels()
     if args.json:
-        print(render.dumps({
-            "dicts": [d.as_json() for d in found.dicts],
-            "orphans": [o.__dict__ for o in found.orphans],
-            "parcels": [p.to_json() for p in pool],
-            "foreign": {"count": len(found.foreign), "bytes": sum(b for _, b in found.foreign),
-                        **({"names": [n for n, _ in found.foreign]} if args.all else {})},
-        }))
+        print(
+            render.dumps(
+                {
+                    "dicts": [d.as_json() for d in found.dicts],
+                    "orphans": [o.__dict__ for o in found.orphans],
+                    "parcels": [p.to_json() for p in pool],
+                    "foreign": {
+                        "count": len(found.foreign),
+                        "bytes": sum(b for _, b in found.foreign),
+                        **({"names": [n for n, _ in found.foreign]} if args.all else {}),
+                    },
+                }
+            )
+        )
         return 0
     if not found.dicts and not found.orphans and not pool:
         print("no ultradict_ng dicts in /dev/shm")
     if found.dicts:
         rows = []
         for d in found.dicts:
-            rows.append([
-                d.name, "?" if d.keys is None else f"{d.keys:,}", render.size(d.bytes),
-                "-" if d.generation is None else str(d.generation), _fill(d),
-                f"cache, {d.cache}" if d.cache else d.serializer or "-",
-                _holder(d.creator), _users(d) if d.status != "damaged" else "-",
-                "free" if d.lock is None else "held by " + _holder(d.lock), d.status,
-            ])
-        print(render.table(["NAME", "KEYS", "SHM", "GEN", "STREAM", "SERIALIZER", "CREATOR",
-                            "USERS", "LOCK", "STATUS"], rows, right=(1, 2, 3)))
+            rows.append(
+                [
+                    d.name,
+                    "?" if d.keys is None else f"{d.keys:,}",
+                    render.size(d.bytes),
+                    "-" if d.generation is None else str(d.generation),
+                    _fill(d),
+                    f"cache, {d.cache}" if d.cache else d.serializer or "-",
+                    _holder(d.creator),
+                    _users(d) if d.status != "damaged" else "-",
+                    "free" if d.lock is None else "held by " + _holder(d.lock),
+                    d.status,
+                ]
+            )
+        print(
+            render.table(
+                ["NAME", "KEYS", "SHM", "GEN", "STREAM", "SERIALIZER", "CREATOR", "USERS", "LOCK", "STATUS"],
+                rows,
+                right=(1, 2, 3),
+            )
+        )
         for d in found.dicts:
             if d.problem:
                 print(f"  {d.name}: {d.status}: {d.problem}")
     for o in found.orphans:
-        print(f"orphaned segments of {o.base!r} (no control segment): {len(o.segments)} "
-              f"segment(s), {render.size(o.bytes)}; `clean` removes them")
+        print(
+            f"orphaned segments of {o.base!r} (no control segment): {len(o.segments)} "
+            f"segment(s), {render.size(o.bytes)}; `clean` removes them"
+        )
     _print_parcels(pool)
     if found.foreign:
         total = sum(b for _, b in found.foreign)
         names = (": " + ", ".join(n for n, _ in found.foreign)) if args.all else " (--all lists them)"
-        print(f"{len(found.foreign)} other file(s) in /dev/shm, {render.size(total)}, not "
-              f"ultradict_ng's{names}")
+        print(
+            f"{len(found.foreign)} other file(s) in /dev/shm, {render.size(total)}, not ultradict_ng's{names}"
+        )
     return 0
 
 
@@ -98,12 +120,18 @@ def _print_parcels(pool: List[ParcelReport]) -> None:
     groups: Dict[Tuple[int, str], List[ParcelReport]] = {}
     for p in pool:
         groups.setdefault((p.owner_pid, p.status), []).append(p)
-    hint = {"abandoned": "its process is gone; `clean` removes them",
-            "creating": "being written", "live": "in use", "foreign": "not ours; never touched"}
+    hint = {
+        "abandoned": "its process is gone; `clean` removes them",
+        "creating": "being written",
+        "live": "in use",
+        "foreign": "not ours; never touched",
+    }
     for (pid, status), group in sorted(groups.items()):
         who = f"pool of pid {pid}" if pid else "pool of unknown pid"
-        print(f"{who}: {len(group)} process-pool parcel(s), "
-              f"{render.size(sum(p.bytes for p in group))}, {status} ({hint[status]})")
+        print(
+            f"{who}: {len(group)} process-pool parcel(s), "
+            f"{render.size(sum(p.bytes for p in group))}, {status} ({hint[status]})"
+        )
 
 
 def _open(name: str) -> Peek:
@@ -181,19 +209,41 @@ def cmd_stats(args: Namespace) -> int:
         ("status", rep.status + (f" ({rep.problem})" if rep.problem else "")),
         ("layout", f"version {rep.layout_version}" if rep.layout_version else "-"),
         ("created", datetime.fromtimestamp(rep.created).isoformat(" ", "seconds") if rep.created else "-"),
-        ("serializer", f"{rep.serializer}" + (", nested dicts (recurse)" if rep.recurse else "")
-         + (f"; a SharedCache, values stored with {rep.cache}" if rep.cache else "")),
+        (
+            "serializer",
+            f"{rep.serializer}"
+            + (", nested dicts (recurse)" if rep.recurse else "")
+            + (f"; a SharedCache, values stored with {rep.cache}" if rep.cache else ""),
+        ),
         ("keys", "?" if rep.keys is None else f"{rep.keys:,}"),
         ("shared memory", f"{render.size(rep.bytes)} in {len(rep.segments)} segment(s)"),
-        ("generation", f"{rep.generation} (full dumps written so far)" if rep.generation is not None else "-"),
+        (
+            "generation",
+            f"{rep.generation} (full dumps written so far)" if rep.generation is not None else "-",
+        ),
         ("stream", _stream_line(rep)),
         ("dumps", f"{rep.dumps} segment(s), {render.size(rep.dump_bytes)}"),
-        ("large values", f"{rep.blobs} blob segment(s), {render.size(rep.blob_bytes)}"
-                         + (f"; threshold {render.size(rep.blob_threshold)}" if rep.blob_threshold else
-                            "; never (threshold 0)" if rep.blob_threshold == 0 else "")),
+        (
+            "large values",
+            f"{rep.blobs} blob segment(s), {render.size(rep.blob_bytes)}"
+            + (
+                f"; threshold {render.size(rep.blob_threshold)}"
+                if rep.blob_threshold
+                else "; never (threshold 0)"
+                if rep.blob_threshold == 0
+                else ""
+            ),
+        ),
         ("creator", _holder(rep.creator)),
-        ("users", _users(rep) + (": " + ", ".join(
-            f"{u.pid}" + ("" if u.alive else " (dead)") for u in rep.users) if rep.users else "")),
+        (
+            "users",
+            _users(rep)
+            + (
+                ": " + ", ".join(f"{u.pid}" + ("" if u.alive else " (dead)") for u in rep.users)
+                if rep.users
+                else ""
+            ),
+        ),
         ("lock", "free" if rep.lock is None else "held by " + _holder(rep.lock)),
         ("waiting", f"{rep.lock_waiters} process(es) for the lock, {rep.change_waiters} for a change"),
     ]
@@ -209,14 +259,21 @@ def _stream_line(rep: DictReport) -> str:
     if rep.stream_end is None:
         return "-"
     kind = f"growing, up to {render.size(rep.stream_size)}" if rep.stream_grows else "fixed"
-    return (f"{render.size(rep.stream_end)} of {render.size(rep.stream_limit)} used "
-            f"({_fill(rep).split(' ')[0]}), {kind}; {render.size(rep.stream_bytes)} in memory")
+    return (
+        f"{render.size(rep.stream_end)} of {render.size(rep.stream_limit)} used "
+        f"({_fill(rep).split(' ')[0]}), {kind}; {render.size(rep.stream_bytes)} in memory"
+    )
 
 
 def _change_json(change: Change) -> Dict[str, Any]:
-    return {"time": time.time(), "op": change.op, "path": [render.to_json(p) for p in change.path],
-            "key": render.to_json(change.key), "value": render.to_json(change.value),
-            "resync": change.resync}
+    return {
+        "time": time.time(),
+        "op": change.op,
+        "path": [render.to_json(p) for p in change.path],
+        "key": render.to_json(change.key),
+        "value": render.to_json(change.value),
+        "resync": change.resync,
+    }
 
 
 def _change_text(change: Change) -> str:
@@ -237,13 +294,17 @@ def cmd_watch(args: Namespace) -> int:
         peek.load()  # start at the current state: report what happens from now on
         feed = Feed(peek)
         if not args.json:
-            print(f"watching {args.name!r} (generation {peek.gen}, {len(peek.data):,} keys); "
-                  "Ctrl-C stops", flush=True)
+            print(
+                f"watching {args.name!r} (generation {peek.gen}, {len(peek.data):,} keys); Ctrl-C stops",
+                flush=True,
+            )
         seen = 0
         try:
             while True:
                 for change in feed.poll():
-                    line = json.dumps(_change_json(change), default=str) if args.json else _change_text(change)
+                    line = (
+                        json.dumps(_change_json(change), default=str) if args.json else _change_text(change)
+                    )
                     print(line, flush=True)
                     seen += 1
                     if args.count and seen >= args.count:

@@ -43,7 +43,7 @@ class Progress:
             width = max(10, min(40, cols - len(line) - 10))
             filled = int(width * fraction)
             line = f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {100 * fraction:3.0f}%  {text}"
-        sys.stderr.write("\r" + line[:max(cols - 1, 1)] + "\x1b[K")
+        sys.stderr.write("\r" + line[: max(cols - 1, 1)] + "\x1b[K")
         sys.stderr.flush()
         self.shown = True
 

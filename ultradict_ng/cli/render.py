@@ -17,14 +17,25 @@ import math
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from .._codec.placeholders import (KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef,
-                                   InlineArray, PickledBlobs)
+from .._codec.placeholders import (
+    KIND_BYTEARRAY,
+    KIND_BYTES,
+    KIND_NDARRAY,
+    KIND_TENSOR,
+    BlobRef,
+    InlineArray,
+    PickledBlobs,
+)
 from .._codec.safe_pickle import Opaque
 
 __all__ = ["size", "table", "describe", "to_json", "text_lines", "dumps", "cannot_list"]
 
-_KIND_NAMES = {KIND_BYTES: "bytes", KIND_BYTEARRAY: "bytearray", KIND_NDARRAY: "ndarray",
-               KIND_TENSOR: "tensor"}
+_KIND_NAMES = {
+    KIND_BYTES: "bytes",
+    KIND_BYTEARRAY: "bytearray",
+    KIND_NDARRAY: "ndarray",
+    KIND_TENSOR: "tensor",
+}
 #: Longest repr the text form prints of one value before cutting it.
 MAX_REPR = 200
 
@@ -46,8 +57,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
-        cells = [str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i])
-                 for i, c in enumerate(row)]
+        cells = [
+            str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i]) for i, c in enumerate(row)
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
@@ -61,17 +73,27 @@ def describe(value: Any) -> Optional[Dict[str, Any]]:
     (or is a container to walk)."""
     tp = type(value)
     if tp is BlobRef:
-        out: Dict[str, Any] = {"type": _KIND_NAMES.get(value.kind, f"kind {value.kind}"),
-                               "size": value.length, "storage": "blob"}
+        out: Dict[str, Any] = {
+            "type": _KIND_NAMES.get(value.kind, f"kind {value.kind}"),
+            "size": value.length,
+            "storage": "blob",
+        }
         if value.meta is not None:
             out["dtype"], out["shape"] = _descr(value.meta[0]), list(value.meta[1])
         return out
     if tp is InlineArray:
-        return {"type": "tensor" if value.tensor else "ndarray", "dtype": _descr(value.descr),
-                "shape": list(value.shape), "size": len(value.data)}
+        return {
+            "type": "tensor" if value.tensor else "ndarray",
+            "dtype": _descr(value.descr),
+            "shape": list(value.shape),
+            "size": len(value.data),
+        }
     if tp is PickledBlobs:
-        return {"type": "pickled value", "size": len(value.data) + sum(r.length for r in value.refs),
-                "blobs": len(value.refs)}
+        return {
+            "type": "pickled value",
+            "size": len(value.data) + sum(r.length for r in value.refs),
+            "blobs": len(value.refs),
+        }
     if isinstance(value, Opaque):
         return {"type": value.qualname, "loaded": False}
     if tp in (bytes, bytearray):
@@ -106,7 +128,7 @@ def to_json(value: Any) -> Any:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= MAX_REPR else text[:MAX_REPR - 3] + "..."
+    return text if len(text) <= MAX_REPR else text[: MAX_REPR - 3] + "..."
 
 
 def short(value: Any) -> str:
@@ -151,6 +173,8 @@ def cannot_list(command: str, hint: str) -> bool:
 
     if listable():
         return False
-    print(f"this platform's shared memory cannot be listed (no /dev/shm): {command} needs "
-          f"the listing; {hint}", file=sys.stderr)
+    print(
+        f"this platform's shared memory cannot be listed (no /dev/shm): {command} needs the listing; {hint}",
+        file=sys.stderr,
+    )
     return True

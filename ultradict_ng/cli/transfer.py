@@ -43,8 +43,17 @@ from .._names import validate_name
 from .._shm.peek import Peek
 from ..errors import AlreadyExists, BadDumpFile, NotFound, ParameterMismatch, UnsupportedType
 from . import render
-from .dumpfile import (MARKER, VERSION, MsgpackReader, check_json, file_format, jsonl_line, msgpack_entry,
-                       read_jsonl, read_msgpack)
+from .dumpfile import (
+    MARKER,
+    VERSION,
+    MsgpackReader,
+    check_json,
+    file_format,
+    jsonl_line,
+    msgpack_entry,
+    read_jsonl,
+    read_msgpack,
+)
 from .progress import Progress
 
 __all__ = ["cmd_dump", "cmd_load", "MARKER", "VERSION"]
@@ -61,9 +70,12 @@ def _check_serializer(name: str) -> bool:
     attach to; NotFound if it does not exist."""
     with Peek.open(validate_name(name)) as peek:
         if peek.serializer != "msgpack":
-            why = ("attaching would unpickle its contents, i.e. run code stored in shared memory, "
-                   "which the command line never does" if peek.serializer == "pickle"
-                   else "only a process that passes that serializer can decode it")
+            why = (
+                "attaching would unpickle its contents, i.e. run code stored in shared memory, "
+                "which the command line never does"
+                if peek.serializer == "pickle"
+                else "only a process that passes that serializer can decode it"
+            )
             raise ValueError(f"shared dict {name!r} uses the {peek.serializer} serializer: {why}")
         return bool(peek.header.recurse)
 
@@ -76,13 +88,16 @@ def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) ->
         except NotFound:
             try:
                 made = recurse if recurse is not None else default_recurse
-                return SharedDict(name, create=True, recurse=made, serializer="msgpack",
-                                  auto_unlink=False, backend="shm"), True
+                return SharedDict(
+                    name, create=True, recurse=made, serializer="msgpack", auto_unlink=False, backend="shm"
+                ), True
             except AlreadyExists:
                 continue
         if recurse is not None and recurse != stored:
-            raise ParameterMismatch(f"shared dict {name!r} exists and is {'' if stored else 'not '}a "
-                             f"recurse dict: --{'' if recurse else 'no-'}recurse disagrees (omit it)")
+            raise ParameterMismatch(
+                f"shared dict {name!r} exists and is {'' if stored else 'not '}a "
+                f"recurse dict: --{'' if recurse else 'no-'}recurse disagrees (omit it)"
+            )
         try:
             return SharedDict(name, create=False, serializer="msgpack", backend="shm"), False
         except NotFound:
@@ -103,8 +118,9 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     try:
         if os.path.isdir(target):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.",
-                                   suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(
+            dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp"
+        )
     except OSError as exc:  # named after FILE, not the temporary file
         raise type(exc)(exc.errno, exc.strerror, path) from None
     try:
@@ -125,8 +141,12 @@ def _output(path: str) -> Iterator[IO[bytes]]:
         raise
 
 
-def _guarded(command: str, run: Callable[[List[Progress]], Dict[str, Any]], args: Namespace,
-             text: Callable[[Dict[str, Any]], str]) -> int:
+def _guarded(
+    command: str,
+    run: Callable[[List[Progress]], Dict[str, Any]],
+    args: Namespace,
+    text: Callable[[Dict[str, Any]], str],
+) -> int:
     """Run a command: its own refusals (ValueError) as one line on stderr, exit 1
     (main reports the package's errors alike); Ctrl-C, exit 130; else the summary
     on stdout -- on stderr when stdout carries the dump itself."""
@@ -147,8 +167,13 @@ def _guarded(command: str, run: Callable[[List[Progress]], Dict[str, Any]], args
     finally:
         for bar in progress:
             bar.close()
-    result = {"command": command, "name": args.name, "file": args.file, **result,
-              "seconds": round(time.monotonic() - t0, 3)}
+    result = {
+        "command": command,
+        "name": args.name,
+        "file": args.file,
+        **result,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
     out = sys.stderr if command == "dump" and args.file == "-" else sys.stdout
     if out is sys.stderr and args.quiet:
         return 0
@@ -179,17 +204,33 @@ def cmd_dump(args: Namespace) -> int:
         size = 0
         with _output(args.file) as out:
             if fmt == "msgpack":
-                size += out.write(MSGPACK.dumps({"format": MARKER, "version": VERSION, "entries": len(snapshot),
-                                                 "recurse": recurse, "name": args.name, "time": time.time()}))
+                size += out.write(
+                    MSGPACK.dumps(
+                        {
+                            "format": MARKER,
+                            "version": VERSION,
+                            "entries": len(snapshot),
+                            "recurse": recurse,
+                            "name": args.name,
+                            "time": time.time(),
+                        }
+                    )
+                )
             encode = msgpack_entry if fmt == "msgpack" else jsonl_line
             for done, (key, value) in enumerate(snapshot.items(), 1):
                 size += out.write(encode(key, value))
                 bars[0].tick(done)
         return {"format": fmt, "entries": len(snapshot), "bytes": size, "recurse": recurse}
 
-    return _guarded("dump", run, args, lambda r: (
-        f"dumped {r['entries']:,} entries of {args.name!r} to {'stdout' if args.file == '-' else args.file} "
-        f"({render.size(r['bytes'])}, {fmt}) in {r['seconds']:.2f} s"))
+    return _guarded(
+        "dump",
+        run,
+        args,
+        lambda r: (
+            f"dumped {r['entries']:,} entries of {args.name!r} to {'stdout' if args.file == '-' else args.file} "
+            f"({render.size(r['bytes'])}, {fmt}) in {r['seconds']:.2f} s"
+        ),
+    )
 
 
 def cmd_load(args: Namespace) -> int:
@@ -224,9 +265,15 @@ def cmd_load(args: Namespace) -> int:
         return {"format": fmt, "entries": done, "keys": keys, "created": created, "replaced": args.replace}
 
     try:
-        return _guarded("load", run, args, lambda r: (
-            f"loaded {r['entries']:,} entries into {args.name!r} in {r['seconds']:.2f} s"
-            + (" (created it)" if r["created"] else " (replaced its contents)" if r["replaced"] else "")))
+        return _guarded(
+            "load",
+            run,
+            args,
+            lambda r: (
+                f"loaded {r['entries']:,} entries into {args.name!r} in {r['seconds']:.2f} s"
+                + (" (created it)" if r["created"] else " (replaced its contents)" if r["replaced"] else "")
+            ),
+        )
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

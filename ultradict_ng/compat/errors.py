@@ -63,8 +63,14 @@ class CannotAcquireLock(errors.LockTimeout):
     :class:`ultradict_ng.LockTimeout` (a ``TimeoutError``) with ``pid`` set too.
     """
 
-    def __init__(self, *args: Any, blocking_pid: int = 0, timestamp: Optional[float] = None,
-                 name: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        blocking_pid: int = 0,
+        timestamp: Optional[float] = None,
+        name: str = "",
+        **kwargs: Any,
+    ) -> None:
         message = str(args[0]) if args else "Cannot acquire lock"
         super().__init__(message, name=name, pid=blocking_pid or None)
         self.blocking_pid = blocking_pid
@@ -188,12 +194,27 @@ def mapped(fn: F) -> F:
 #: mapped ``__init__``), hashing and introspection.  None of them reaches the
 #: store.  Attributes that only ``object`` defines (``__str__``, ``__lt__`` ...)
 #: are skipped too: they are the same protocol, and delegate to mapped methods.
-NOT_MAPPED = frozenset({
-    "__new__", "__init_subclass__", "__class_getitem__", "__subclasshook__",
-    "__getattribute__", "__setattr__", "__delattr__",
-    "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__",
-    "__sizeof__", "__dir__", "__format__", "__hash__", "__class__", "__del__",
-})
+NOT_MAPPED = frozenset(
+    {
+        "__new__",
+        "__init_subclass__",
+        "__class_getitem__",
+        "__subclasshook__",
+        "__getattribute__",
+        "__setattr__",
+        "__delattr__",
+        "__reduce__",
+        "__reduce_ex__",
+        "__getstate__",
+        "__setstate__",
+        "__sizeof__",
+        "__dir__",
+        "__format__",
+        "__hash__",
+        "__class__",
+        "__del__",
+    }
+)
 
 _FIELD_TYPES = (types.MemberDescriptorType, types.GetSetDescriptorType)  # __slots__, __weakref__
 
@@ -212,8 +233,7 @@ def _mapped_attribute(owner: type, name: str, attr: Any) -> Any:
     ``attr`` itself if there is nothing to map or it is mapped already."""
     if isinstance(attr, type) or isinstance(attr, _FIELD_TYPES):
         return attr  # nested classes (``Exceptions``), slot fields
-    if isinstance(attr, (types.FunctionType, types.WrapperDescriptorType,
-                         types.MethodDescriptorType)):
+    if isinstance(attr, (types.FunctionType, types.WrapperDescriptorType, types.MethodDescriptorType)):
         return mapped(attr)  # Python methods; C methods and slots (``ViewBase.__getitem__``)
     if isinstance(attr, staticmethod):
         return attr if is_mapped(attr.__func__) else staticmethod(mapped(attr.__func__))

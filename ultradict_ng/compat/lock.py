@@ -53,9 +53,14 @@ class UltraLock:
             raise AlreadyClosed(f"UltraDict {self._name!r} already closed")
         return self._lock
 
-    def acquire(self, block: bool = True, sleep_time: float = DEFAULT_SLEEP_TIME,
-                timeout: Optional[float] = None, steal_after_timeout: bool = False,
-                steal: bool = False) -> bool:
+    def acquire(
+        self,
+        block: bool = True,
+        sleep_time: float = DEFAULT_SLEEP_TIME,
+        timeout: Optional[float] = None,
+        steal_after_timeout: bool = False,
+        steal: bool = False,
+    ) -> bool:
         """Take the lock; returns True (or raises).
 
         * ``block=False``: :class:`CannotAcquireLock` (with ``blocking_pid``)
@@ -85,7 +90,10 @@ class UltraLock:
                 if steal_after_timeout and lock.acquire(blocking=False):
                     return True
                 raise CannotAcquireLockTimeout(
-                    str(exc), blocking_pid=exc.pid or 0, timestamp=start, name=exc.name,
+                    str(exc),
+                    blocking_pid=exc.pid or 0,
+                    timestamp=start,
+                    name=exc.name,
                     time_passed=time.monotonic() - start,
                 ) from None
         if block:
@@ -99,7 +107,8 @@ class UltraLock:
                 break
         raise CannotAcquireLock(
             f"cannot acquire the lock of {self._name!r}: held by pid {pid}",
-            blocking_pid=pid, name=self._name,
+            blocking_pid=pid,
+            name=self._name,
         )
 
     def release(self, *args: Any) -> bool:
@@ -110,12 +119,25 @@ class UltraLock:
         lock.release()
         return True
 
-    def __call__(self, block: bool = True, timeout: Optional[float] = None,
-                 sleep_time: float = DEFAULT_SLEEP_TIME, steal_after_timeout: bool = False,
-                 steal: bool = False) -> "_LockHold":
+    def __call__(
+        self,
+        block: bool = True,
+        timeout: Optional[float] = None,
+        sleep_time: float = DEFAULT_SLEEP_TIME,
+        steal_after_timeout: bool = False,
+        steal: bool = False,
+    ) -> "_LockHold":
         """``with ultra.lock(timeout=1.5, ...):`` -- the keywords of :meth:`acquire`."""
-        return _LockHold(self, dict(block=block, timeout=timeout, sleep_time=sleep_time,
-                                    steal_after_timeout=steal_after_timeout, steal=steal))
+        return _LockHold(
+            self,
+            dict(
+                block=block,
+                timeout=timeout,
+                sleep_time=sleep_time,
+                steal_after_timeout=steal_after_timeout,
+                steal=steal,
+            ),
+        )
 
     def __enter__(self) -> "UltraLock":
         self.acquire()
@@ -179,7 +201,8 @@ class UltraLock:
         if not lock.acquire(blocking=False):  # recovers the lock only from a dead holder
             raise CannotAcquireLock(
                 f"not stealing the lock of {self._name!r}: pid {owner} is alive",
-                blocking_pid=owner, name=self._name,
+                blocking_pid=owner,
+                name=self._name,
             )
         if release:
             lock.release()
@@ -187,8 +210,12 @@ class UltraLock:
 
     def status(self) -> Dict[str, Any]:
         pid = self.get_remote_pid()
-        return {"has_lock": self.has_lock, "lock_remote": 1 if pid else 0,
-                "pid": os.getpid(), "pid_remote": pid}
+        return {
+            "has_lock": self.has_lock,
+            "lock_remote": 1 if pid else 0,
+            "pid": os.getpid(),
+            "pid_remote": pid,
+        }
 
     def print_status(self, status: Optional[Dict[str, Any]] = None) -> None:
         pprint.pprint(status or self.status())

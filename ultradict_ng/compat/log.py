@@ -22,8 +22,7 @@ import enum
 import logging
 from typing import Any, Union
 
-__all__ = ["Levels", "set_level", "logger", "debug", "info", "warning", "error", "exception",
-           "critical"]
+__all__ = ["Levels", "set_level", "logger", "debug", "info", "warning", "error", "exception", "critical"]
 
 #: The logger this module speaks for: where every ultradict_ng warning goes.
 logger = logging.getLogger("ultradict_ng")

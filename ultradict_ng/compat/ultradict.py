@@ -118,10 +118,17 @@ _DEFAULT_SERIALIZER: Any = _Default(pickle)
 _DEFAULT_BUFFER: Any = _Default(DEFAULT_BUFFER_SIZE)
 
 
-def _open_store(name: Optional[str], create: Optional[bool], buffer_size: Any, serializer: Any,
-                auto_unlink: Optional[bool], recurse: Optional[bool],
-                full_dump_size: Optional[int], initial: Optional[List[List[Any]]],
-                blob_threshold: Optional[int] = None) -> Store:
+def _open_store(
+    name: Optional[str],
+    create: Optional[bool],
+    buffer_size: Any,
+    serializer: Any,
+    auto_unlink: Optional[bool],
+    recurse: Optional[bool],
+    full_dump_size: Optional[int],
+    initial: Optional[List[List[Any]]],
+    blob_threshold: Optional[int] = None,
+) -> Store:
     """Create or attach like UltraDict.
 
     Parameters the caller did not pass take UltraDict's defaults when creating
@@ -139,13 +146,19 @@ def _open_store(name: Optional[str], create: Optional[bool], buffer_size: Any, s
         defaults["serializer"], serializer = serializer.value, None
     if isinstance(buffer_size, _Default):
         defaults["buffer_size"], buffer_size = buffer_size.value, None
-    if full_dump_size is not None and (not isinstance(full_dump_size, int)
-                                       or isinstance(full_dump_size, bool) or full_dump_size < 0):
+    if full_dump_size is not None and (
+        not isinstance(full_dump_size, int) or isinstance(full_dump_size, bool) or full_dump_size < 0
+    ):
         raise TypeError("full_dump_size must be None or a non-negative int (bytes)")
-    options = Options(recurse=recurse, buffer_size=buffer_size, serializer=serializer,
-                      dump_limit=full_dump_size or None,  # UltraDict: 0 means "no static size"
-                      blob_threshold=blob_threshold, create_defaults=defaults,
-                      backend="shm")  # UltraDict's API is shared memory's, whatever the environment says
+    options = Options(
+        recurse=recurse,
+        buffer_size=buffer_size,
+        serializer=serializer,
+        dump_limit=full_dump_size or None,  # UltraDict: 0 means "no static size"
+        blob_threshold=blob_threshold,
+        create_defaults=defaults,
+        backend="shm",
+    )  # UltraDict's API is shared memory's, whatever the environment says
     store = open_engine(name, create, options, initial)
     assert isinstance(store, Store)
     return store
@@ -233,15 +246,33 @@ class UltraDict(SharedDict):
     #: over the ``ultradict_ng`` logger: :mod:`ultradict_ng.compat.log`.
     log = log_module
 
-    def __init__(self, *args: Any, name: Optional[str] = None, create: Optional[bool] = None,
-                 buffer_size: int = _DEFAULT_BUFFER, serializer: Any = _DEFAULT_SERIALIZER,
-                 shared_lock: Optional[bool] = None, full_dump_size: Optional[int] = None,
-                 auto_unlink: Optional[bool] = None, recurse: Optional[bool] = None,
-                 recurse_register: Any = None, blob_threshold: Optional[int] = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        name: Optional[str] = None,
+        create: Optional[bool] = None,
+        buffer_size: int = _DEFAULT_BUFFER,
+        serializer: Any = _DEFAULT_SERIALIZER,
+        shared_lock: Optional[bool] = None,
+        full_dump_size: Optional[int] = None,
+        auto_unlink: Optional[bool] = None,
+        recurse: Optional[bool] = None,
+        recurse_register: Any = None,
+        blob_threshold: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
         initial = _initial(args, kwargs)
-        store = _open_store(name, create, buffer_size, serializer, auto_unlink, recurse,
-                            full_dump_size, initial, blob_threshold)
+        store = _open_store(
+            name,
+            create,
+            buffer_size,
+            serializer,
+            auto_unlink,
+            recurse,
+            full_dump_size,
+            initial,
+            blob_threshold,
+        )
         self._store = store
         self._path = ()
         _infos.setdefault(store, _Info(store, store.created and auto_unlink is not False))

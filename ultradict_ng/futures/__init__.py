@@ -31,8 +31,20 @@ from .executor import DEFAULT_SHM_THRESHOLD, Future, ProcessPoolExecutor
 from .leftovers import ParcelReport, parcels, remove_leftovers
 
 __all__ = [
-    "ProcessPoolExecutor", "Future", "DEFAULT_SHM_THRESHOLD", "parcels", "ParcelReport",
-    "remove_leftovers", "BrokenProcessPool", "ALL_COMPLETED", "FIRST_COMPLETED",
-    "FIRST_EXCEPTION", "CancelledError", "Executor", "ThreadPoolExecutor", "TimeoutError",
-    "as_completed", "wait",
+    "ProcessPoolExecutor",
+    "Future",
+    "DEFAULT_SHM_THRESHOLD",
+    "parcels",
+    "ParcelReport",
+    "remove_leftovers",
+    "BrokenProcessPool",
+    "ALL_COMPLETED",
+    "FIRST_COMPLETED",
+    "FIRST_EXCEPTION",
+    "CancelledError",
+    "Executor",
+    "ThreadPoolExecutor",
+    "TimeoutError",
+    "as_completed",
+    "wait",
 ]

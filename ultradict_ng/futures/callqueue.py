@@ -171,8 +171,9 @@ class CallQueue(_process._SafeQueue):
             if self._fed:
                 return False
             try:
-                unread = _unread.unpack(fcntl.ioctl(self._reader.fileno(), termios.FIONREAD,
-                                                    b"\0" * _unread.size))[0]
+                unread = _unread.unpack(
+                    fcntl.ioctl(self._reader.fileno(), termios.FIONREAD, b"\0" * _unread.size)
+                )[0]
             except (OSError, ValueError):  # (a reader closed: the pool broke)
                 return False
             if unread + len(data) + 4 > ROOM:
@@ -197,8 +198,11 @@ def install(executor: Any, needs_feeder: Callable[[Any], bool]) -> None:
     put) a :class:`CallQueue`; ``needs_feeder(fn)`` says which calls must go
     through the feeder.  A pool of another standard library is left as it is."""
     calls: Any = getattr(executor, "_call_queue", None)
-    standard = (type(calls) is _process._SafeQueue and getattr(calls, "_thread", 0) is None
-                and hasattr(calls, "_send_bytes"))
+    standard = (
+        type(calls) is _process._SafeQueue
+        and getattr(calls, "_thread", 0) is None
+        and hasattr(calls, "_send_bytes")
+    )
     if not standard:
         return
     calls.__class__ = CallQueue

@@ -125,8 +125,9 @@ class _Pool:
         """Sweep once ``manager`` (the pool's result thread) has ended: it ends
         only after joining every worker and the feeder thread, whether the pool
         was shut down (waiting or not), broke, or was collected."""
-        threading.Thread(target=self._sweep_after, args=(manager,), daemon=True,
-                         name="ultradict_ng pool sweep").start()
+        threading.Thread(
+            target=self._sweep_after, args=(manager,), daemon=True, name="ultradict_ng pool sweep"
+        ).start()
 
     def _sweep_after(self, manager: threading.Thread) -> None:
         manager.join()
@@ -219,7 +220,8 @@ def _plain_call(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], limit: i
         if budget < 0:
             return False
     elif t is not types.FunctionType and not (
-            t is types.BuiltinFunctionType and type(fn.__self__) is types.ModuleType):
+        t is types.BuiltinFunctionType and type(fn.__self__) is types.ModuleType
+    ):
         return False
     budget = _plain(args, limit, 2, budget)
     if kwargs and budget >= 0:
@@ -234,8 +236,9 @@ class _Call:
 
     __slots__ = ("pool", "fn", "args", "kwargs")
 
-    def __init__(self, pool: _Pool, fn: Callable[..., Any], args: Tuple[Any, ...],
-                 kwargs: Dict[str, Any]) -> None:
+    def __init__(
+        self, pool: _Pool, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> None:
         self.pool = pool
         self.fn = fn
         self.args = args
@@ -243,8 +246,7 @@ class _Call:
 
     def __reduce__(self) -> Any:
         pool = self.pool
-        return _Run, tuple(pack((self.fn, self.args, self.kwargs), pool.token, pool.owner,
-                                pool.threshold))
+        return _Run, tuple(pack((self.fn, self.args, self.kwargs), pool.token, pool.owner, pool.threshold))
 
 
 def _needs_feeder(fn: Any) -> bool:
@@ -319,8 +321,7 @@ class _Arrival:
         return _arrive, self.args
 
 
-def _arrive(ref: Tuple[str, bytes, Tuple[Span, ...]], cls: Any,
-            fields: Optional[Dict[str, Any]]) -> Any:
+def _arrive(ref: Tuple[str, bytes, Tuple[Span, ...]], cls: Any, fields: Optional[Dict[str, Any]]) -> Any:
     """Rebuild a result item from its parcel.  If that fails (the parcel was
     removed from outside, no memory to map it, a class that does not load
     here), the item fails its own task with the error, rather than the pool's
@@ -352,13 +353,22 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
     travel as in the standard pool.  Linux and macOS (POSIX shared memory).
     """
 
-    def __init__(self, max_workers: Optional[int] = None, mp_context: Any = None,
-                 initializer: Optional[Callable[..., object]] = None, initargs: Tuple[Any, ...] = (),
-                 *, max_tasks_per_child: Optional[int] = None,
-                 shm_threshold: int = DEFAULT_SHM_THRESHOLD) -> None:
+    def __init__(
+        self,
+        max_workers: Optional[int] = None,
+        mp_context: Any = None,
+        initializer: Optional[Callable[..., object]] = None,
+        initargs: Tuple[Any, ...] = (),
+        *,
+        max_tasks_per_child: Optional[int] = None,
+        shm_threshold: int = DEFAULT_SHM_THRESHOLD,
+    ) -> None:
         if not SUPPORTED:  # pragma: no cover - Windows
-            raise OSError(errno.ENOSYS, "ultradict_ng.futures needs POSIX shared memory (Linux, "
-                          "macOS); use concurrent.futures.ProcessPoolExecutor here")
+            raise OSError(
+                errno.ENOSYS,
+                "ultradict_ng.futures needs POSIX shared memory (Linux, "
+                "macOS); use concurrent.futures.ProcessPoolExecutor here",
+            )
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         if not isinstance(shm_threshold, int) or shm_threshold < 1:
@@ -447,12 +457,12 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
 _worker: Optional[Tuple[str, int, int]] = None  # (pool token, owner word, threshold)
 
 
-def _init_worker(config: Tuple[str, int, int], initializer: Optional[Callable[..., object]],
-                 initargs: Tuple[Any, ...]) -> None:
+def _init_worker(
+    config: Tuple[str, int, int], initializer: Optional[Callable[..., object]], initargs: Tuple[Any, ...]
+) -> None:
     global _worker
     _worker = config
-    watch = threading.Thread(target=_watch, args=(config[1],), name="ultradict_ng pool watch",
-                             daemon=True)
+    watch = threading.Thread(target=_watch, args=(config[1],), name="ultradict_ng pool watch", daemon=True)
     watch.start()
     if initializer is not None:
         initializer(*initargs)

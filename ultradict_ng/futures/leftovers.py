@@ -71,8 +71,9 @@ def parcels() -> List[ParcelReport]:
     return [r for r in found if r is not None]
 
 
-def remove_leftovers(dry_run: bool = False,
-                     chosen: Optional[Callable[[str], bool]] = None) -> List[ParcelReport]:
+def remove_leftovers(
+    dry_run: bool = False, chosen: Optional[Callable[[str], bool]] = None
+) -> List[ParcelReport]:
     """Remove the parcels of pools whose process died (see the module
     docstring) and return them; ``dry_run`` only lists them, ``chosen`` (a
     test on the name) narrows them.

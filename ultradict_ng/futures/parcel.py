@@ -132,8 +132,7 @@ class _Pickler(pickle.Pickler):
         self.threshold = threshold
         self.np = np
         self.tables = dispatch_table()
-        self.dispatch_table = self.tables if np is None else {**self.tables,
-                                                               np.ndarray: self.reduce_array}
+        self.dispatch_table = self.tables if np is None else {**self.tables, np.ndarray: self.reduce_array}
         self.busy = False
 
     def reduce_array(self, obj: Any) -> Any:
@@ -215,8 +214,13 @@ def _pickler(threshold: int) -> _Pickler:
     pickler of its own."""
     np = sys.modules.get("numpy")
     p = _picklers.pickler
-    if p is not None and not p.busy and p.threshold == threshold and p.np is np \
-            and p.tables is dispatch_table():
+    if (
+        p is not None
+        and not p.busy
+        and p.threshold == threshold
+        and p.np is np
+        and p.tables is dispatch_table()
+    ):
         return p
     fresh = _Pickler(threshold, np)
     if p is None or not p.busy:
@@ -262,9 +266,13 @@ def _write(name: str, owner: int, pieces: List[Tuple[memoryview, int]]) -> Tuple
     _require_posix()
     header = _header.pack(PL.PARCEL_MAGIC, owner, owner_word(), end - PL.PARCEL_HEADER)
     segments.create_written(
-        name, end, [(0, header), *((span[0], view) for span, (view, _) in zip(spans, pieces))],
-        f"no room in shared memory for a {end}-byte pool parcel", reserve=True,
-        created=None if faults.armed is None else _created)
+        name,
+        end,
+        [(0, header), *((span[0], view) for span, (view, _) in zip(spans, pieces))],
+        f"no room in shared memory for a {end}-byte pool parcel",
+        reserve=True,
+        created=None if faults.armed is None else _created,
+    )
     if faults.armed is not None:
         faults.hit("parcel-written")  # (dies with the parcel complete and its name unsent)
     return tuple(spans)
@@ -289,9 +297,14 @@ def unpack(parcel: Parcel, owner: int) -> Any:
     name, data, spans = parcel
     if not name:
         return pickle.loads(data)
-    if not name.startswith(PL.POOL_PREFIX) or "/" in name or any(
+    if (
+        not name.startswith(PL.POOL_PREFIX)
+        or "/" in name
+        or any(
             kind not in (VIEW, ARRAY, DATA) or off < PL.PARCEL_HEADER or length < 0
-            for off, length, kind in spans):
+            for off, length, kind in spans
+        )
+    ):
         raise CorruptSegment(f"not a pool parcel reference: {name!r} {spans!r}")
     _require_posix()
     try:
@@ -314,7 +327,7 @@ def unpack(parcel: Parcel, owner: int) -> Any:
     buffers: List[memoryview] = []
     arrays: List[memoryview] = []
     for off, length, kind in spans:
-        piece = whole[off:off + length]
+        piece = whole[off : off + length]
         if kind == DATA:
             stream = piece
         else:

@@ -91,9 +91,12 @@ def install(executor: Any) -> None:
     whose internals differ, as it is."""
     old: Any = getattr(executor, "_executor_manager_thread_wakeup", None)
     calls: Any = getattr(executor, "_call_queue", None)
-    standard = (type(old) is _process._ThreadWakeup and calls is not None
-                and getattr(calls, "thread_wakeup", None) is old
-                and getattr(executor, "_executor_manager_thread", None) is None)
+    standard = (
+        type(old) is _process._ThreadWakeup
+        and calls is not None
+        and getattr(calls, "thread_wakeup", None) is old
+        and getattr(executor, "_executor_manager_thread", None) is None
+    )
     if not standard:
         return
     new = CoalescedWakeup()

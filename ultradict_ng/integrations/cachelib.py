@@ -132,8 +132,7 @@ class SharedCache(BaseCache):
         self._cache = _open(name, threshold, create, auto_unlink)
 
     @classmethod
-    def factory(cls, app: Any, config: dict[str, Any], args: list[Any],
-                kwargs: dict[str, Any]) -> Self:
+    def factory(cls, app: Any, config: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> Self:
         """Flask-Caching's backend factory: ``kwargs`` holds ``default_timeout``,
         ``ignore_delete_many_errors`` and ``CACHE_OPTIONS``; ``CACHE_THRESHOLD`` and
         ``CACHE_KEY_PREFIX`` are read from ``config`` (``CACHE_OPTIONS`` wins).
@@ -143,8 +142,10 @@ class SharedCache(BaseCache):
         an app's workers share the cache they open by one name, and a cache
         made without one would be each worker's own."""
         if not args and kwargs.get("name") is None:
-            raise ValueError("the shared cache needs a name, the same in every worker: "
-                             "CACHE_OPTIONS={'name': 'myapp-cache'} (or CACHE_ARGS=['myapp-cache'])")
+            raise ValueError(
+                "the shared cache needs a name, the same in every worker: "
+                "CACHE_OPTIONS={'name': 'myapp-cache'} (or CACHE_ARGS=['myapp-cache'])"
+            )
         if "CACHE_THRESHOLD" in config:
             kwargs.setdefault("threshold", config["CACHE_THRESHOLD"])
         if config.get("CACHE_KEY_PREFIX"):
@@ -291,7 +292,8 @@ class SharedCache(BaseCache):
             return True
         with self._cache.lock:  # only this prefix's keys, as RedisCache does
             self._cache.delete_many(
-                [k for k in list(self._cache) if isinstance(k, str) and k.startswith(prefix)])
+                [k for k in list(self._cache) if isinstance(k, str) and k.startswith(prefix)]
+            )
         return True
 
     def inc(self, key: str, delta: int = 1) -> Any:
@@ -327,8 +329,7 @@ class SharedCache(BaseCache):
 DEFAULT_THRESHOLD = 500
 
 
-def _open(name: str | None, threshold: int | None, create: bool | None,
-          auto_unlink: bool | str) -> _Core:
+def _open(name: str | None, threshold: int | None, create: bool | None, auto_unlink: bool | str) -> _Core:
     """The core cache: bounded by ``threshold`` (checked against a stored bound), or,
     for ``None``, attached with whatever bound it has, or created with the default."""
     if threshold is not None or name is None:

@@ -121,8 +121,7 @@ def _open(location: str, limits: dict[str, Any], auto_unlink: Any) -> _SharedCac
 def _attach_or_create(location: str, limits: dict[str, Any], auto_unlink: Any) -> _SharedCache:
     for _ in range(10):
         try:
-            return _SharedCache(name=location, serializer="pickle", auto_unlink=auto_unlink,
-                                **limits)
+            return _SharedCache(name=location, serializer="pickle", auto_unlink=auto_unlink, **limits)
         except ParameterMismatch as mismatch:
             try:
                 # It exists with other settings: attach with the stored ones.
@@ -141,11 +140,20 @@ def _attach_or_create(location: str, limits: dict[str, Any], auto_unlink: Any) -
                 "maxbytes=%s); "
                 "to apply the configured ones, remove it while no process uses it "
                 "(ultradict-ng rm %s) or name a new LOCATION.",
-                location, mismatch, limits["maxsize"], limits["cull_frequency"],
-                limits["maxbytes"], cache.maxsize, cache.cull_frequency, cache.maxbytes, location)
+                location,
+                mismatch,
+                limits["maxsize"],
+                limits["cull_frequency"],
+                limits["maxbytes"],
+                cache.maxsize,
+                cache.cull_frequency,
+                cache.maxbytes,
+                location,
+            )
             return cache
-    raise ImproperlyConfigured(f"cannot open the shared cache {location!r}: it keeps "
-                               "being removed and made with other settings")
+    raise ImproperlyConfigured(
+        f"cannot open the shared cache {location!r}: it keeps being removed and made with other settings"
+    )
 
 
 def _bad_options(options: dict[str, Any], max_entries: int, cull_frequency: int) -> str | None:
@@ -153,8 +161,7 @@ def _bad_options(options: dict[str, Any], max_entries: int, cull_frequency: int)
     ``BaseCache`` read them), None if nothing; checked before anything is made."""
     unknown = sorted(set(options) - set(DJANGO_OPTIONS) - set(OUR_OPTIONS))
     if unknown:
-        return (f"unknown OPTIONS {', '.join(unknown)} "
-                f"(known: {', '.join(DJANGO_OPTIONS + OUR_OPTIONS)})")
+        return f"unknown OPTIONS {', '.join(unknown)} (known: {', '.join(DJANGO_OPTIONS + OUR_OPTIONS)})"
     if max_entries < 1:
         return f"MAX_ENTRIES must be at least 1, not {max_entries}"
     if cull_frequency < 0:
@@ -177,15 +184,15 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         if not location:
             raise ImproperlyConfigured(
                 "ultradict_ng.integrations.django.SharedCache needs a LOCATION: the name of "
-                "the shared cache, the same in every process that shares it")
+                "the shared cache, the same in every process that shares it"
+            )
         options = params.get("OPTIONS") or {}
         maxbytes = options.get("MAXBYTES")
         auto_unlink = options.get("AUTO_UNLINK", False)
         problem = _bad_options(options, self._max_entries, self._cull_frequency)
         if problem is not None:
             raise ImproperlyConfigured(f"the shared cache {location!r}: {problem}")
-        limits = {"maxsize": self._max_entries, "cull_frequency": self._cull_frequency,
-                  "maxbytes": maxbytes}
+        limits = {"maxsize": self._max_entries, "cull_frequency": self._cull_frequency, "maxbytes": maxbytes}
         self._cache = _open(location, limits, auto_unlink)
         self.location = location
 
@@ -201,8 +208,7 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         <= 0 for expired (``get_backend_timeout`` without the clock)."""
         return self.default_timeout if timeout is DEFAULT_TIMEOUT else timeout  # type: ignore[no-any-return]
 
-    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: int | None = None) -> bool:
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
         try:
             return self._cache.add(key, value, self._ttl(timeout))
@@ -213,16 +219,14 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         key = self.make_and_validate_key(key, version=version)
         return self._cache.get(key, default)
 
-    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: int | None = None) -> None:
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> None:
         key = self.make_and_validate_key(key, version=version)
         try:
             self._cache.set(key, value, self._ttl(timeout))
         except TooLarge:  # not stored; nor is the old value kept (a set replaces it)
             self._cache.delete(key)
 
-    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT,
-              version: int | None = None) -> bool:
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
         return self._cache.touch(key, self._ttl(timeout))
 
@@ -248,8 +252,9 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         made = {self.make_and_validate_key(k, version=version): k for k in keys}
         return {made[k]: v for k, v in self._cache.get_many(made).items()}
 
-    def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
-                 version: int | None = None) -> list[Any]:
+    def set_many(
+        self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT, version: int | None = None
+    ) -> list[Any]:
         made = {self.make_and_validate_key(k, version=version): (k, v) for k, v in data.items()}
         try:
             if made:
@@ -274,4 +279,3 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         self._cache.clear()
 
     # close(): BaseCache's, which does nothing (module docstring says why).
-
