@@ -280,75 +280,83 @@ def fmt(value: Optional[float], unit: str) -> str:
 
 
 def _cell(r: Dict[str, Any]) -> str:
+    """The median; the spread (min - max) as the cell's tooltip."""
     if r.get("skipped"):
-        return f"skipped: {r['skipped']}" if len(str(r["skipped"])) < 40 else "skipped"
+        return "skipped"
     if r.get("median") is None:
         return "failed" if r.get("error") else "–"
     text = fmt(r["median"], r["unit"])
+    if _ours(r["contender"]):
+        text = f"<b>{text}</b>"
     if (r.get("n") or 0) > 1 and r.get("min") is not None and r.get("max") is not None:
         lo, hi = fmt(r["min"], r["unit"]), fmt(r["max"], r["unit"])
         if lo != hi:
-            text += f" <small>({lo} – {hi})</small>"
-    if _ours(r["contender"]):
-        text = f"**{text}**"
+            text = f'<span title="{lo} – {hi} over {r["n"]} repetitions">{text}</span>'
     return text
 
 
-def _blocks(wl: str, recs: List[Dict[str, Any]]) -> List[Tuple[str, str, str]]:
-    """(block, row, contender) keys of each record, in the harness's order."""
-    out = []
-    for r in recs:
-        p = r.get("params") or {}
-        if wl == "big":
-            block, row = r["case"].split(":", 1)[0], p.get("metric", r["case"])
-        elif wl == "bigdict":
-            block, row = r["case"], BIGDICT_METRICS.get(p.get("metric", ""), p.get("metric", r["case"]))
-        elif wl == "cache":
-            block, row = CACHE_PARTS.get(p.get("part", ""), p.get("part", "")), r["case"]
-            if ":" in row and p.get("part") not in ("hit",):
-                row = row.split(":", 1)[1].strip()
-        else:
-            block, row = "", r["case"]
-        out.append((block, row, r["contender"]))
-    return out
+def _keys(wl: str, r: Dict[str, Any]) -> Tuple[str, str, str, str]:
+    """(block, row, column, column label) of a record: a table per block."""
+    p = r.get("params") or {}
+    label = r.get("label") or r["contender"]
+    if wl == "big":  # a block per kind and size: a row per contender, a column per metric
+        return r["case"].split(":", 1)[0], r["contender"], p.get("metric", r["case"]), p.get("metric", "")
+    if wl == "bigdict":
+        metric = p.get("metric", "")
+        return r["case"], BIGDICT_METRICS.get(metric, metric or r["case"]), r["contender"], label
+    if wl == "cache":
+        row = r["case"]
+        if ":" in row and p.get("part") != "hit":
+            row = row.split(":", 1)[1].strip()
+        return CACHE_PARTS.get(p.get("part", ""), p.get("part", "")), row, r["contender"], label
+    return "", r["case"], r["contender"], label
 
 
 def workload_tables(wl: str, recs: List[Dict[str, Any]]) -> str:
-    """One table per block: a row per case or metric, a column per contender."""
-    keys = _blocks(wl, recs)
+    """One table per block, contenders side by side (as columns, or as rows for workload 9)."""
     blocks: List[str] = []
-    for block, _, _ in keys:
-        if block not in blocks:
-            blocks.append(block)
+    for r in recs:
+        if _keys(wl, r)[0] not in blocks:
+            blocks.append(_keys(wl, r)[0])
     out = []
     for block in blocks:
         rows: List[str] = []
+        row_labels: Dict[str, str] = {}
         cols: List[str] = []
-        labels: Dict[str, str] = {}
+        col_labels: Dict[str, str] = {}
         cells: Dict[Tuple[str, str], Dict[str, Any]] = {}
-        for (b, row, con), r in zip(keys, recs):
+        for r in recs:
+            b, row, col, col_label = _keys(wl, r)
             if b != block or r.get("note_only"):
                 continue
             if row not in rows:
                 rows.append(row)
-            if con not in cols:
-                cols.append(con)
-                labels[con] = r.get("label") or con
-            cells[(row, con)] = r
-        # A contender with nothing measured in the block (never ran here) takes no column.
-        cols = [c for c in cols if any(cells.get((row, c), {}).get("median") is not None for row in rows)]
+                row_labels[row] = (r.get("label") or row) if wl == "big" else row
+            if col not in cols:
+                cols.append(col)
+                col_labels[col] = col_label
+            cells[(row, col)] = r
+        # A column or row with nothing measured (a contender that never ran here) is left out.
+        def measured(key: Tuple[str, str]) -> bool:
+            return cells.get(key, {}).get("median") is not None
+
+        cols = [c for c in cols if any(measured((row, c)) for row in rows)]
+        rows = [row for row in rows if any(measured((row, c)) for c in cols)]
         if not cols:
             continue
         if block:
             out.append(f"**{block}**\n")
-        head = "| | " + " | ".join(_label_md(labels[c], c) for c in cols) + " |"
-        out.append(head)
+        if wl == "big":
+            head = [""] + [_esc(col_labels[c]) for c in cols]
+        else:
+            head = [""] + [_label_md(col_labels[c], c) for c in cols]
+        out.append("| " + " | ".join(head) + " |")
         out.append("|---" * (len(cols) + 1) + "|")
         for row in rows:
-            line = [_inline_rst(row).replace("|", "\\|")]
-            for c in cols:
-                r = cells.get((row, c))
-                line.append(_cell(r) if r else "")
+            first = _inline_rst(row_labels[row]).replace("|", "\\|")
+            if wl == "big" and _ours(row):
+                first = f"**{first}**"
+            line = [first] + [_cell(cells[(row, c)]) if (row, c) in cells else "" for c in cols]
             out.append("| " + " | ".join(line) + " |")
         out.append("")
     return "\n".join(out)

@@ -49,8 +49,11 @@ FENCE = re.compile(
 SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<why>[^)]+)\)\s*-->")
 #: Names given to dicts, caches and pools in the examples.
 NAMED = re.compile(
-    r"""(?:\bname\s*=\s*|\bLOCATION["']\s*:\s*|\b(?:SharedDict|SharedCache|AsyncSharedDict)\(\s*)["']([\w.-]+)["']"""
+    r"""(?:\bname\s*=\s*|["'](?:name|LOCATION)["']\s*:\s*|\b(?:SharedDict|SharedCache|AsyncSharedDict)\(\s*)"""
+    r"""["']([\w.-]+)["']"""
 )
+#: Any string literal that could name a segment: what leftovers are recognised by.
+LITERAL = re.compile(r"""["']([\w.-]+)["']""")
 
 
 class Block(NamedTuple):
@@ -108,7 +111,13 @@ def script_of(page_blocks: List[Block]) -> "tuple[str, List[tuple[int, Block]]]"
 
 
 def names_in(page_blocks: List[Block]) -> Set[str]:
+    """The names the page gives to dicts and caches."""
     return {n for b in page_blocks for n in NAMED.findall(b.code)}
+
+
+def literals_in(page_blocks: List[Block]) -> Set[str]:
+    """Every string literal of the page that could be a segment's name."""
+    return {n for b in page_blocks for n in LITERAL.findall(b.code)}
 
 
 def shm_entries() -> Set[str]:
@@ -156,7 +165,7 @@ def test_pages_use_distinct_names() -> None:
 
 @pytest.mark.parametrize("page", RUNNABLE)
 def test_examples_run(page: str, tmp_path: Path) -> None:
-    names = names_in(PAGES[page])
+    names = literals_in(PAGES[page])
     for number, program in enumerate(programs(PAGES[page])):
         run_program(page, program, names, tmp_path / f"run{number}")
 
