@@ -56,7 +56,7 @@ def _inline_rst(text: str) -> str:
 
 
 def _strip_tracker_refs(text: str) -> str:
-    """Drop parenthesised references to the tracker, such as "(issue 7)", from generated text."""
+    """Drop parenthesised references to tracker issue numbers from generated text."""
     text = re.sub(r"\s*\((?:[^()]*?,\s*)?issue ?#?\d+(?:,[^()]*)?\)", "", text)
     return re.sub(r"issue ?#?\d+'s ", "", text)
 
