@@ -18,6 +18,9 @@ they stand for is ever typed by hand and left to go stale:
     A table of every module of the package with the first paragraph of its own
     docstring.  ``tests/test_structure.py`` checks that it names every module.
 
+The API reference's docstrings use Sphinx roles (``:class:`X```), which
+mkdocstrings passes through as text: they are dropped from the rendered page.
+
 Nothing here imports MkDocs at module level: the tests import this file to
 check the code map without MkDocs installed.
 """
@@ -31,7 +34,8 @@ import logging
 import math
 import os
 import re
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "ultradict_ng")
@@ -64,7 +68,7 @@ def _strip_tracker_refs(text: str) -> str:
 # -- the code map -----------------------------------------------------------------------------
 
 
-def iter_modules() -> Iterator[Tuple[str, str]]:
+def iter_modules() -> Iterator[tuple[str, str]]:
     """(dotted module name, path) of every module of the package, packages first, sorted."""
     for dirpath, dirnames, filenames in os.walk(PKG):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -87,7 +91,7 @@ def module_summary(path: str) -> str:
     return _strip_tracker_refs(_inline_rst(first)).replace("|", "\\|")
 
 
-def code_map() -> List[Tuple[str, str]]:
+def code_map() -> list[tuple[str, str]]:
     """(module, summary) for every module: what the code map page shows."""
     return [(mod, module_summary(path)) for mod, path in iter_modules()]
 
@@ -110,7 +114,7 @@ def _is_package(mod: str) -> bool:
 _SECTION_RULE = re.compile(r"^(=+)\s*$")
 
 
-def _split_sections(doc: str) -> List[Tuple[Optional[str], str]]:
+def _split_sections(doc: str) -> list[tuple[str | None, str]]:
     """Split a reST docstring at its top-level (``====``-underlined) titles.
 
     Returns (title, body) pairs; the text before the first title has title None.
@@ -118,7 +122,7 @@ def _split_sections(doc: str) -> List[Tuple[Optional[str], str]]:
     a table's ``===== =====`` rules contain spaces and are left alone.
     """
     lines = doc.splitlines()
-    out: List[Tuple[Optional[str], List[str]]] = [(None, [])]
+    out: list[tuple[str | None, list[str]]] = [(None, [])]
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -176,7 +180,7 @@ def _rst_to_html(text: str, source: str) -> str:
     return body
 
 
-def protocol_markdown(module: str, chunks: Dict[str, str]) -> str:
+def protocol_markdown(module: str, chunks: dict[str, str]) -> str:
     """The module's docstring as Markdown headings and placeholders for HTML (in ``chunks``)."""
     import importlib
 
@@ -251,7 +255,7 @@ def _num(x: float) -> str:
     return f"{x:.{digits}f}"
 
 
-def fmt(value: Optional[float], unit: str) -> str:
+def fmt(value: float | None, unit: str) -> str:
     """A measured value with a unit people read at a glance."""
     if value is None:
         return "–"
@@ -279,7 +283,7 @@ def fmt(value: Optional[float], unit: str) -> str:
     return f"{_num(v)} {unit}".strip()
 
 
-def _cell(r: Dict[str, Any]) -> str:
+def _cell(r: dict[str, Any]) -> str:
     """The median; the spread (min - max) as the cell's tooltip."""
     if r.get("skipped"):
         return "skipped"
@@ -295,7 +299,7 @@ def _cell(r: Dict[str, Any]) -> str:
     return text
 
 
-def _keys(wl: str, r: Dict[str, Any]) -> Tuple[str, str, str, str]:
+def _keys(wl: str, r: dict[str, Any]) -> tuple[str, str, str, str]:
     """(block, row, column, column label) of a record: a table per block."""
     p = r.get("params") or {}
     label = r.get("label") or r["contender"]
@@ -312,19 +316,19 @@ def _keys(wl: str, r: Dict[str, Any]) -> Tuple[str, str, str, str]:
     return "", r["case"], r["contender"], label
 
 
-def workload_tables(wl: str, recs: List[Dict[str, Any]]) -> str:
+def workload_tables(wl: str, recs: list[dict[str, Any]]) -> str:
     """One table per block, contenders side by side (as columns, or as rows for workload 9)."""
-    blocks: List[str] = []
+    blocks: list[str] = []
     for r in recs:
         if _keys(wl, r)[0] not in blocks:
             blocks.append(_keys(wl, r)[0])
     out = []
     for block in blocks:
-        rows: List[str] = []
-        row_labels: Dict[str, str] = {}
-        cols: List[str] = []
-        col_labels: Dict[str, str] = {}
-        cells: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        rows: list[str] = []
+        row_labels: dict[str, str] = {}
+        cols: list[str] = []
+        col_labels: dict[str, str] = {}
+        cells: dict[tuple[str, str], dict[str, Any]] = {}
         for r in recs:
             b, row, col, col_label = _keys(wl, r)
             if b != block or r.get("note_only"):
@@ -336,8 +340,9 @@ def workload_tables(wl: str, recs: List[Dict[str, Any]]) -> str:
                 cols.append(col)
                 col_labels[col] = col_label
             cells[(row, col)] = r
+
         # A column or row with nothing measured (a contender that never ran here) is left out.
-        def measured(key: Tuple[str, str]) -> bool:
+        def measured(key: tuple[str, str], cells: dict[tuple[str, str], dict[str, Any]] = cells) -> bool:
             return cells.get(key, {}).get("median") is not None
 
         cols = [c for c in cols if any(measured((row, c)) for row in rows)]
@@ -367,7 +372,7 @@ def _label_md(label: str, contender: str) -> str:
     return f"**{label}**" if _ours(contender) else label
 
 
-def targets_markdown(targets: List[Dict[str, Any]]) -> str:
+def targets_markdown(targets: list[dict[str, Any]]) -> str:
     rows = [t for t in targets if t.get("status") not in (None, "n/a")]
     if not rows:
         return ""
@@ -387,7 +392,7 @@ def _esc(text: str) -> str:
     return html.escape(str(text), quote=False).replace("|", "\\|")
 
 
-def _machine(payload: Dict[str, Any]) -> str:
+def _machine(payload: dict[str, Any]) -> str:
     m = payload.get("machine") or {}
     python = str(m.get("python", "")).split(" ", 1)[0]
     started = str(payload.get("started_at", ""))[:10]
@@ -403,7 +408,7 @@ def _machine(payload: Dict[str, Any]) -> str:
     return f"*{text}; `python -m perf {argv}`*" if argv else f"*{text}*"
 
 
-def perf_markdown(name: str, plots: List[Tuple[str, str]]) -> str:
+def perf_markdown(name: str, plots: list[tuple[str, str]]) -> str:
     """The results of one directory under perf/results as Markdown (``plots`` collects PNGs)."""
     folder = RESULTS if name in (".", "") else os.path.join(RESULTS, name)
     path = os.path.join(folder, "latest.json")
@@ -413,7 +418,7 @@ def perf_markdown(name: str, plots: List[Tuple[str, str]]) -> str:
     with open(path, encoding="utf-8") as f:
         payload = json.load(f)
     recs = payload.get("records") or []
-    workloads: List[str] = []
+    workloads: list[str] = []
     for r in recs:
         if r["workload"] not in workloads:
             workloads.append(r["workload"])
@@ -447,16 +452,16 @@ def perf_markdown(name: str, plots: List[Tuple[str, str]]) -> str:
 
 # -- MkDocs events ----------------------------------------------------------------------------
 
-_chunks: Dict[str, str] = {}
-_plots: Dict[str, str] = {}
+_chunks: dict[str, str] = {}
+_plots: dict[str, str] = {}
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     depth = page.file.src_uri.count("/")
     prefix = "../" * depth
 
-    def perf(m: "re.Match[str]") -> str:
-        plots: List[Tuple[str, str]] = []
+    def perf(m: re.Match[str]) -> str:
+        plots: list[tuple[str, str]] = []
         text = perf_markdown(m.group(1), plots)
         for src, dest in plots:
             _plots[dest] = src
@@ -469,11 +474,16 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return markdown
 
 
+#: A Sphinx role before inline code in a rendered docstring (``:class:`X``` reaches the
+#: page as ``:class:<code>X</code>``): the role is dropped, and so is a leading ``~``.
+SPHINX_ROLE = re.compile(r":(?:class|mod|meth|func|attr|data|exc|obj|const):(<code>)~?")
+
+
 def on_page_content(html_text: str, page: Any, config: Any, files: Any) -> str:
     for key, chunk in _chunks.items():
         if key in html_text:
             html_text = html_text.replace(key, chunk)
-    return html_text
+    return SPHINX_ROLE.sub(r"\1", html_text)
 
 
 def on_files(files: Any, config: Any) -> Any:

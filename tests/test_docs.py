@@ -34,7 +34,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Set
+from typing import NamedTuple
 
 import pytest
 
@@ -63,12 +63,12 @@ class Block(NamedTuple):
     skip: str  # why it is not run ('' when it is)
 
 
-def pages() -> List[Path]:
+def pages() -> list[Path]:
     found = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
     return [p for p in found if p.is_file()]
 
 
-def blocks(path: Path) -> List[Block]:
+def blocks(path: Path) -> list[Block]:
     text = path.read_text(encoding="utf-8")
     out = []
     for m in FENCE.finditer(text):
@@ -89,16 +89,16 @@ RUNNABLE = sorted(name for name, bs in PAGES.items() if any(not b.skip for b in 
 MAIN_GUARD = re.compile(r"^if __name__ == .__main__.:", re.M)
 
 
-def programs(page_blocks: List[Block]) -> List[List[Block]]:
+def programs(page_blocks: list[Block]) -> list[list[Block]]:
     """What runs, in order: the page's unguarded blocks as one script, then each guarded block."""
     runnable = [b for b in page_blocks if not b.skip]
     plain = [b for b in runnable if not MAIN_GUARD.search(b.code)]
     return ([plain] if plain else []) + [[b] for b in runnable if MAIN_GUARD.search(b.code)]
 
 
-def script_of(page_blocks: List[Block]) -> "tuple[str, List[tuple[int, Block]]]":
+def script_of(page_blocks: list[Block]) -> tuple[str, list[tuple[int, Block]]]:
     """Blocks as one script, and where each block starts in it."""
-    lines: List[str] = []
+    lines: list[str] = []
     starts = []
     for b in page_blocks:
         if b.skip:
@@ -110,21 +110,21 @@ def script_of(page_blocks: List[Block]) -> "tuple[str, List[tuple[int, Block]]]"
     return "\n".join(lines) + "\n", starts
 
 
-def names_in(page_blocks: List[Block]) -> Set[str]:
+def names_in(page_blocks: list[Block]) -> set[str]:
     """The names the page gives to dicts and caches."""
     return {n for b in page_blocks for n in NAMED.findall(b.code)}
 
 
-def literals_in(page_blocks: List[Block]) -> Set[str]:
+def literals_in(page_blocks: list[Block]) -> set[str]:
     """Every string literal of the page that could be a segment's name."""
     return {n for b in page_blocks for n in LITERAL.findall(b.code)}
 
 
-def shm_entries() -> Set[str]:
+def shm_entries() -> set[str]:
     return set(os.listdir(SHM)) if SHM.is_dir() else set()
 
 
-def where(stderr: str, script: Path, starts: "List[tuple[int, Block]]") -> str:
+def where(stderr: str, script: Path, starts: list[tuple[int, Block]]) -> str:
     """The page line of the last frame of the script in a traceback."""
     hits = re.findall(rf'File "{re.escape(str(script))}", line (\d+)', stderr)
     if not hits:
@@ -153,7 +153,7 @@ def test_skips_are_rare_and_say_why() -> None:
 
 def test_pages_use_distinct_names() -> None:
     """Two pages that ran at once (pytest -n 2) must not open each other's dicts."""
-    owner: Dict[str, str] = {}
+    owner: dict[str, str] = {}
     clashes = []
     for page, bs in PAGES.items():
         for name in names_in([b for b in bs if not b.skip]):
@@ -170,7 +170,7 @@ def test_examples_run(page: str, tmp_path: Path) -> None:
         run_program(page, program, names, tmp_path / f"run{number}")
 
 
-def run_program(page: str, program: List[Block], names: Set[str], workdir: Path) -> None:
+def run_program(page: str, program: list[Block], names: set[str], workdir: Path) -> None:
     source, starts = script_of(program)
     workdir.mkdir()
     script = workdir / "page_examples.py"
