@@ -1,6 +1,6 @@
 """UltraDict raises UltraDict's exceptions from every method, by construction.
 
-The compat classes are built with ``compat_errors.map_errors``, which wraps
+The compat classes are built with ``ultradict_ng.compat.errors.map_errors``, which wraps
 every method-like attribute they have or inherit.  These tests check that
 structurally (every method reachable on the class is a mapped wrapper),
 by behaviour (every public method of a closed handle raises ``AlreadyClosed``

@@ -570,11 +570,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         return (_reattach, (type(self), self.name, self._path, self._store.reopen_arguments()))
 
 
-def _reattach(
-    cls: type, name: str, path: Tuple[Any, ...], where: Optional[Dict[str, Any]] = None
-) -> SharedDict:
-    # ``where`` is None in handles pickled before engines said how to reopen them (all in shm).
-    root: SharedDict = cls(name=name, create=False, **(where or {"backend": "shm"}))
+def _reattach(cls: type, name: str, path: Tuple[Any, ...], where: Dict[str, Any]) -> SharedDict:
+    root: SharedDict = cls(name=name, create=False, **where)
     return root._view(path) if path else root
 
 
