@@ -1,4 +1,4 @@
-"""Workload 14 (``bigdict``): one big read-mostly dict shared by reader processes (issue 22).
+"""Workload 14 (``bigdict``): one big read-mostly dict shared by reader processes.
 
 The dict: ``"user:%08d" % i -> (i, "name%d" % i, i * 0.5)`` at 10k, 100k and 1M
 keys (10M with ``PERF_BIGDICT_10M=1``; ``--quick``: 10k), loaded once by the

@@ -1,9 +1,9 @@
-"""Workload 14's table, its targets (issue 22's, against py-lmdb) and its plots.
+"""Workload 14's table, its targets (against py-lmdb) and its plots.
 
 The section prints one block per dict size (rows: contenders; columns: the
 metrics of :mod:`perf.bigdict`).  The targets compare ultradict_ng's
-``SharedDict`` with py-lmdb at the largest size measured (issue 22 sets them
-at 1M keys; smaller runs are marked), and list the table's own figures beside
+``SharedDict`` with py-lmdb at the largest size measured (the targets are
+set at 1M keys; smaller runs are marked), and list the table's own figures beside
 them (what SharedDict reads in place, without SharedDict around it).  The plot is
 a figure of its own, ``bigdict.png`` next to ``latest.png``: each metric
 against dict size, log-log, one line per contender.

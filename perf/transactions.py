@@ -1,6 +1,6 @@
 """Workload 13 (``transactions``): 2,000 writes in one ``transaction()`` against
 the same writes under ``with d.lock:`` and without either, on shared memory and
-on Redis (issue 24's target: the transaction >= 5x faster than the lock).
+on Redis (the target: the transaction >= 5x faster than the lock).
 
 One block of 2,000 ``d[f"k{i}"] = i`` is one repetition; the three modes are
 timed alternately (order rotated per repetition) on one dict per backend, in

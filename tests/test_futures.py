@@ -215,7 +215,7 @@ def test_submit_returns_the_result(make_pool: Any) -> None:
 def test_small_tasks_travel_as_in_the_standard_pool(make_pool: Any) -> None:
     """A call and a result with nothing large in them travel as the standard pool sends
     them: the worker loop calls the task itself (nothing wraps it), and every object is
-    pickled once -- also where ours puts large buffers in shared memory (issue 25)."""
+    pickled once -- also where ours puts large buffers in shared memory."""
     with make_pool(1) as ex:
         assert ex.submit(T.caller).result(TIMEOUT) == "_process_worker"
         arg = T.Counted()

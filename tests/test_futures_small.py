@@ -1,4 +1,4 @@
-"""``ultradict_ng.futures``: what a small task costs (issue 25).
+"""``ultradict_ng.futures``: what a small task costs.
 
 Calls and results that carry nothing large must travel as the standard pool
 sends them, and the pool's own process must do no more per task than the

@@ -1,4 +1,4 @@
-"""``_codec.keyhash.key_hash``: the hash a shared key index will use (issue 22).
+"""``_codec.keyhash.key_hash``: the hash a big dict's table is indexed by.
 
 It must agree with ``dict``'s key identity (equal keys hash equal, whatever
 their types, time zones or set orders) and with itself in every process,

@@ -205,7 +205,7 @@ def test_crc32_is_zlibs(impl, data, start):
     st.one_of(scalars, not_simple, st.text(min_size=100, max_size=400), st.binary(min_size=100, max_size=400))
 )
 def test_key_hash_common_is_key_hash_or_none(impl, key):
-    """The table's key hash (issue 22): the compiled word hash and numeric hash give
+    """The table's key hash: the compiled word hash and numeric hash give
     _codec/keyhash.py's values bit for bit (every tail length of the last word
     included); other types and lone surrogates are left to key_hash (None)."""
     from ultradict_ng._codec.keyhash import key_hash

@@ -1,4 +1,4 @@
-"""``_shm/table.py``: the hash-indexed table a big dict will live in (issue 22).
+"""``_shm/table.py``: the hash-indexed table a big dict lives in.
 
 A plain ``dict`` is the model: a table built from it must find every key
 (and every key equal to one, of another type or zone), miss every other, and

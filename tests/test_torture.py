@@ -30,7 +30,7 @@ spawn = multiprocessing.get_context("spawn")
 SECONDS = SOAK_SECONDS or 4.0
 
 
-#: Rows of the big variant (a dict that readers read in place: issue 22); with the
+#: Rows of the big variant (a dict that readers read in place); with the
 #: pure-Python twins, whose table building walks every entry in Python, 20,000
 #: (still read in place: over PARTIAL_FROM), so that writers dump within the run.
 BALLAST = 200_000 if speedups.IMPLEMENTATION == "native" else 20_000

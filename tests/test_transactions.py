@@ -1,4 +1,4 @@
-"""``with d.transaction():`` -- all of a block's writes or none (issue 24).
+"""``with d.transaction():`` -- all of a block's writes or none.
 
 Backend-neutral tests take the ``backend`` fixture (shared memory and Redis);
 those about the shared-memory engine's machinery (the stream, dumps, blobs,

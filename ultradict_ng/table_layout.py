@@ -1,4 +1,4 @@
-"""The table: the form a big dict's entries take in shared memory (issue 22).
+"""The table: the form a big dict's entries take in shared memory.
 
 Part of the shared-memory protocol (:mod:`ultradict_ng.layout`), apart
 because it is new: ``_shm/table.py`` writes and reads it.  A msgpack dict's

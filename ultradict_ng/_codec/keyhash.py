@@ -1,6 +1,6 @@
 """A key hash every process agrees on, with ``dict``'s key identity.
 
-Why: an index of keys that lives in shared memory (issue 22, big dicts) is
+Why: an index of keys that lives in shared memory (a big dict's table) is
 probed by processes that did not build it, so it cannot use ``hash()``:
 ``str``, ``bytes`` and ``datetime`` hashes are salted per process
 (``PYTHONHASHSEED``).  Nor can it hash the encoded key: ``1``, ``1.0``,

@@ -7,7 +7,7 @@ table, mapped, plus what changed since), and its next dump is that table
 with the changes merged in -- unchanged entries copied as bytes, only the
 changed and new ones encoded (``table_layout``: "Merge").  That keeps a
 writer's work and memory O(the keys it touched), never a decode and an
-encode of the whole dict (issue 22).  The other two forms pack a ``dict``
+encode of the whole dict.  The other two forms pack a ``dict``
 cache whole: a table when its keys have table hashes, else the payload form.
 
 :func:`plan` decides and sizes; :meth:`Planned.write` fills the segment the

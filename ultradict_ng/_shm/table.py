@@ -2,7 +2,7 @@
 
 Why: a dump (layout: "Dump") is one serializer payload, so a process must
 decode all of it before it can answer one lookup -- at a million keys, a
-second and hundreds of MiB per process (issue 22).  A table is the same data
+second and hundreds of MiB per process.  A table is the same data
 laid out so that a process that only *maps* it can answer ``key in d`` and
 ``d[key]`` with a hash, a probe and the decoding of one entry, and can walk the
 entries in insertion order without an index of its own.  It never changes once

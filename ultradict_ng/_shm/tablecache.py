@@ -2,7 +2,7 @@
 
 Why: a reader that decodes a whole dump into a private ``dict`` pays, at a
 million keys, a second or more to open the dict and hundreds of MiB of its own
-memory -- per process (issue 22).  A dump is a table (layout: "Dump"), which
+memory -- per process.  A dump is a table (layout: "Dump"), which
 answers a lookup with a hash, a probe and one entry's decoding, so a reader
 need not decode what it never touches.  :class:`TableCache` is that reader's
 cache of the root: the mapped table (the dump's entries, shared by every

@@ -426,12 +426,14 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
     def _cancel_pending(self) -> None:
         """Cancel the tasks no worker has taken, as ``cancel_futures`` asks, and
         notify their futures, so that ``wait`` and ``as_completed`` count them
-        done (the standard pool leaves them CANCELLED, never notified: CPython
-        gh-109934 / gh-87893).  Each work id is taken from the queue the result
-        thread takes them from, so exactly one of the two handles each task; the
-        tasks taken here leave the pending ones at once (a task left there would
-        keep the result thread waiting for it, and one the pool then fails as
-        broken would be failed twice), under the lock ``submit`` adds them with."""
+        done (the standard pool leaves them CANCELLED, never notified: see
+        https://github.com/python/cpython/issues/109934 and
+        https://github.com/python/cpython/issues/87893).  Each work id is taken
+        from the queue the result thread takes them from, so exactly one of the
+        two handles each task; the tasks taken here leave the pending ones at
+        once (a task left there would keep the result thread waiting for it, and
+        one the pool then fails as broken would be failed twice), under the lock
+        ``submit`` adds them with."""
         ids = getattr(self, "_work_ids", None)
         items = getattr(self, "_pending_work_items", None)
         lock = getattr(self, "_shutdown_lock", None)
