@@ -258,11 +258,11 @@ def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, 
     try:
         import msgpack  # noqa: F401  (imports are not part of the measurement)
 
-        import ultradict_ng  # noqa: F401
+        import ultradict_ng
 
         if contender == "table":
-            import ultradict_ng._codec.codec  # noqa: F401
-            import ultradict_ng._segments  # noqa: F401
+            import ultradict_ng._codec.codec
+            import ultradict_ng._segments
             import ultradict_ng._shm.table  # noqa: F401
         if contender == "lmdb":
             import lmdb  # noqa: F401

@@ -288,7 +288,7 @@ def _replay(
     if c == "exact":
         from collections import OrderedDict
 
-        od: "OrderedDict[int, int]" = OrderedDict()
+        od: OrderedDict[int, int] = OrderedDict()
         move, pop = od.move_to_end, od.popitem
         for k in trace:
             if k in od:

@@ -17,8 +17,8 @@ from . import bigdict as BD
 from . import cache as CA
 from . import pool as P
 from . import redis_backend as RB
-from . import transactions as TX
 from . import report
+from . import transactions as TX
 from .run import Run
 from .util import log, shm_entries
 from .wake import PARTS as WAKE_PARTS

@@ -60,7 +60,7 @@ class RedisServer:
         self.binary = binary
 
     @classmethod
-    def start(cls, binary: Optional[str] = None, wait: float = 10.0) -> "RedisServer":
+    def start(cls, binary: Optional[str] = None, wait: float = 10.0) -> RedisServer:
         binary = binary or redis_binary()
         if not binary:
             raise FileNotFoundError("redis-server not found on PATH")

@@ -52,7 +52,7 @@ class Pool:
     every adapter's ``inheritables()`` are passed then.
     """
 
-    def __init__(self, run: "Run", size: int) -> None:
+    def __init__(self, run: Run, size: int) -> None:
         ctx = run.ctx
         self.res_q = ctx.Queue()
         self.cmd_qs = [ctx.Queue() for _ in range(size)]

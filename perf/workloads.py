@@ -24,10 +24,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .adapters import Adapter, Handle
 from .big import w_big
-from .wake import w_wake
 from .procs import attach_probe
 from .run import Run, WorkerError
 from .util import calibrate, fmt_count, fmt_seconds, log, percentile, shm_entries, summarize, watchdog
+from .wake import w_wake
 
 pc = time.perf_counter
 pc_ns = time.perf_counter_ns

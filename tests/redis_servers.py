@@ -161,7 +161,7 @@ class _Conn:
         self._rfile.close()
         self.sock.close()
 
-    def __enter__(self) -> "_Conn":
+    def __enter__(self) -> _Conn:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -183,12 +183,12 @@ def _parse_info(text: Reply) -> Dict[str, str]:
 # ---------------------------------------------------------------------------- processes
 
 #: Servers whose process may run or whose work dir exists: what the atexit hook ends.
-_LIVE: Set["RedisServer"] = set()
+_LIVE: Set[RedisServer] = set()
 _LIVE_LOCK = threading.Lock()
 _swept = False
 
 
-def _load_prctl() -> Optional["ctypes._NamedFuncPointer"]:
+def _load_prctl() -> Optional[ctypes._NamedFuncPointer]:
     """libc's prctl, looked up in the parent: the child between fork and exec only calls it."""
     if not sys.platform.startswith("linux"):
         return None  # no parent-death signal there: the atexit hook is the only net
@@ -210,7 +210,7 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _spawn(argv: List[str]) -> "subprocess.Popen[bytes]":
+def _spawn(argv: List[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -230,9 +230,7 @@ class _Spawner:
     """
 
     def __init__(self) -> None:
-        self._jobs: "queue.SimpleQueue[Tuple[List[str], Future[subprocess.Popen[bytes]]]]" = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[Tuple[List[str], Future[subprocess.Popen[bytes]]]] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="redis-servers-spawner", daemon=True).start()
 
     def _run(self) -> None:
@@ -243,8 +241,8 @@ class _Spawner:
             except BaseException as e:  # handed to the waiting thread, which raises it
                 future.set_exception(e)
 
-    def spawn(self, argv: List[str]) -> "subprocess.Popen[bytes]":
-        future: "Future[subprocess.Popen[bytes]]" = Future()
+    def spawn(self, argv: List[str]) -> subprocess.Popen[bytes]:
+        future: Future[subprocess.Popen[bytes]] = Future()
         self._jobs.put((argv, future))
         return future.result()
 
@@ -252,7 +250,7 @@ class _Spawner:
 _spawner: Optional[_Spawner] = None
 
 
-def _start_process(argv: List[str]) -> "subprocess.Popen[bytes]":
+def _start_process(argv: List[str]) -> subprocess.Popen[bytes]:
     """Fork a server from a thread that lives as long as the process (see _Spawner)."""
     global _spawner
     if threading.current_thread() is threading.main_thread():
@@ -336,7 +334,7 @@ class RedisServer:
         self.workdir = workdir
         self.binary = binary
         self.logfile = os.path.join(workdir, "redis.log")
-        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.proc: Optional[subprocess.Popen[bytes]] = None
         self.paused = False
 
     # -- starting ----------------------------------------------------------------
@@ -350,7 +348,7 @@ class RedisServer:
         extra: Sequence[str] = (),
         binary: Optional[str] = None,
         wait: float = 10.0,
-    ) -> "RedisServer":
+    ) -> RedisServer:
         """A running server.
 
         ``persistence=False``: ``--save '' --appendonly no``, a kill loses everything.
@@ -376,7 +374,7 @@ class RedisServer:
         binary: Optional[str],
         wait: float,
         cluster: bool,
-    ) -> "RedisServer":
+    ) -> RedisServer:
         binary = binary or redis_binary()
         if not binary:
             raise FileNotFoundError(f"redis-server not found on PATH (fix: {_INSTALL_HINT})")
@@ -469,7 +467,7 @@ class RedisServer:
             return False
         return info.get("process_id") == str(self.proc.pid) and info.get("loading") == "0"
 
-    def restart(self, wait: float = 10.0) -> "RedisServer":
+    def restart(self, wait: float = 10.0) -> RedisServer:
         """Start again on the same port with the same work dir (and AOF) after kill()/stop().
 
         Redis binds with SO_REUSEADDR, so the old connections in TIME_WAIT do not block
@@ -616,7 +614,7 @@ class RedisServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self
 
     def __exit__(
@@ -699,7 +697,7 @@ class RedisCluster:
         node_timeout_ms: int = 2000,
         extra: Sequence[str] = (),
         wait: float = 30.0,
-    ) -> "RedisCluster":
+    ) -> RedisCluster:
         """A cluster in state ok.  A node killed for longer than ``node_timeout_ms`` is
         marked failed and, with no replicas, the whole cluster then refuses commands
         (``CLUSTERDOWN``) until it is back."""
@@ -819,7 +817,7 @@ class RedisCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> "RedisCluster":
+    def __enter__(self) -> RedisCluster:
         return self
 
     def __exit__(

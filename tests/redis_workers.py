@@ -348,7 +348,7 @@ class ReplyDropper:
         for t in self._threads:
             t.join(5)
 
-    def __enter__(self) -> "ReplyDropper":
+    def __enter__(self) -> ReplyDropper:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -87,7 +87,7 @@ def fetch_sdist(
 
 def run_suite(
     cmd: List[str], cwd: str, env: Dict[str, str], timeout: float
-) -> "subprocess.CompletedProcess[str]":
+) -> subprocess.CompletedProcess[str]:
     """Run a suite's ``cmd`` in its own process group; on timeout end that group
     (only it: its workers too) and fail with what it printed."""
     proc = subprocess.Popen(

@@ -6,14 +6,12 @@ import collections
 import collections.abc
 import datetime
 import os
-import sys
 import pickle
+import sys
 from decimal import Decimal
 
 import pytest
 
-from ultradict_ng._codec import codec
-from ultradict_ng._engine import BlobGone, Conflict
 from ultradict_ng import (
     AlreadyExists,
     Closed,
@@ -27,6 +25,8 @@ from ultradict_ng import (
     UnsupportedType,
     unlink_by_name,
 )
+from ultradict_ng._codec import codec
+from ultradict_ng._engine import BlobGone, Conflict
 
 #: Runs on every engine (conftest: each_backend); shm_only tests are about shared memory.
 pytestmark = pytest.mark.usefixtures("each_backend")

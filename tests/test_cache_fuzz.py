@@ -22,7 +22,8 @@ from tests.conftest import soak_scaled, unique_name
 from tests.test_fuzz import _alarm, attempt
 from tests.torture_workers import check_side
 from ultradict_ng import CorruptSegment, SharedDict, SharedDictError, unlink_by_name
-from ultradict_ng import _segments as segments, cache_layout as C
+from ultradict_ng import _segments as segments
+from ultradict_ng import cache_layout as C
 from ultradict_ng._segments import Segment
 from ultradict_ng.cache import SharedCache
 from ultradict_ng.cache.entries import slot_of
@@ -343,7 +344,7 @@ def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
                 except TypeError as exc:
                     if not str(exc).startswith("incr: the value"):  # (a value that is not an int)
                         failures.append(f"{op} of {garbage!r}: TypeError: {exc}")
-                except Exception as exc:  # noqa: BLE001 - collected, the test fails
+                except Exception as exc:  # collected, the test fails
                     failures.append(f"{op} of {garbage!r}: {type(exc).__name__}: {exc}")
         finally:
             raw.close()

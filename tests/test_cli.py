@@ -23,9 +23,9 @@ import pytest
 
 from ultradict_ng import SharedDict
 from ultradict_ng import layout as L
-from ultradict_ng.futures import layout as PL
 from ultradict_ng._segments import Segment
 from ultradict_ng._shm.survey import report
+from ultradict_ng.futures import layout as PL
 
 from .conftest import unique_name
 from .helpers import make_half_created
@@ -37,7 +37,7 @@ SHM = "/dev/shm"
 COMMANDS = ["ls", "show", "stats", "watch", "rm", "clean", "doctor"]
 
 
-def cli(*args: str, timeout: float = 30, cwd: Optional[str] = None) -> "subprocess.CompletedProcess[str]":
+def cli(*args: str, timeout: float = 30, cwd: Optional[str] = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT)
 
 
@@ -71,7 +71,7 @@ def segments(name: str) -> List[str]:
     return sorted(e for e in os.listdir(SHM) if e == name or e.startswith(name + "@"))
 
 
-def _readline(proc: "subprocess.Popen[str]", timeout: float = 20) -> str:
+def _readline(proc: subprocess.Popen[str], timeout: float = 20) -> str:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     assert ready, "no line from the child in time"
@@ -101,7 +101,7 @@ class Worker:
             if f is not None:
                 f.close()
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -119,7 +119,7 @@ def removed() -> Iterator[List[str]]:
 
 
 @contextlib.contextmanager
-def watcher(*args: str, cwd: Any = ROOT) -> Iterator["subprocess.Popen[str]"]:
+def watcher(*args: str, cwd: Any = ROOT) -> Iterator[subprocess.Popen[str]]:
     """``ultradict-ng watch ARGS`` running; killed (by its pid) if still running after."""
     proc = subprocess.Popen(
         [*CLI, "watch", *args], cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE

@@ -40,7 +40,7 @@ CLI = [sys.executable, "-m", "ultradict_ng"]
 
 def cli(
     *args: str, input: Any = None, cwd: Any = ROOT, text: bool = True
-) -> "subprocess.CompletedProcess[Any]":
+) -> subprocess.CompletedProcess[Any]:
     return subprocess.run([*CLI, *args], capture_output=True, text=text, timeout=120, cwd=cwd, input=input)
 
 
@@ -63,7 +63,7 @@ def attached(name: str) -> Iterator[SharedDict]:
         d.close()
 
 
-def run(capsys: Any, *args: str) -> "tuple[int, str, str]":
+def run(capsys: Any, *args: str) -> tuple[int, str, str]:
     status = main(list(args))
     out, err = capsys.readouterr()
     return status, out, err
@@ -573,7 +573,7 @@ def test_pickle_dicts_are_refused_and_never_unpickled(name, made, tmp_path):
 # -- the progress bar --------------------------------------------------------------------------
 
 
-def _on_a_terminal(*args: str) -> "tuple[int, str, str]":
+def _on_a_terminal(*args: str) -> tuple[int, str, str]:
     """Run the command with stderr on a pseudo-terminal: (status, stdout, what the terminal got)."""
     master, slave = pty.openpty()
     proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=slave, cwd=ROOT)

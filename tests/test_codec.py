@@ -935,7 +935,7 @@ def test_dumps_from_threads() -> None:
                     if k % 10 == 0:
                         with pytest.raises(UnsupportedType):
                             MSGPACK.dumps([1, (2, {"k": MyClass()})])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]

@@ -42,10 +42,10 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 
 import ultradict_ng.futures as uf  # noqa: E402
 from tests import pool_tasks as T  # noqa: E402
-from ultradict_ng.futures import layout as PL  # noqa: E402
-from ultradict_ng.errors import CorruptSegment  # noqa: E402
-from ultradict_ng.futures.parcel import ARRAY, DATA, VIEW, pack, unpack  # noqa: E402
 from ultradict_ng._owner import owner_word  # noqa: E402
+from ultradict_ng.errors import CorruptSegment  # noqa: E402
+from ultradict_ng.futures import layout as PL  # noqa: E402
+from ultradict_ng.futures.parcel import ARRAY, DATA, VIEW, pack, unpack  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
@@ -90,7 +90,7 @@ class Gate:
         with open(self.path, "w"):
             pass
 
-    def __enter__(self) -> "Gate":
+    def __enter__(self) -> Gate:
         return self
 
     def __exit__(self, *exc: Any) -> None:

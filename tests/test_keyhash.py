@@ -19,7 +19,8 @@ from decimal import Decimal
 from typing import Any, Dict, List
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ultradict_ng import UnsupportedType
 from ultradict_ng._codec.codec import MsgpackCodec

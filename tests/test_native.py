@@ -25,10 +25,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ultradict_ng import SharedDict, speedups
-from ultradict_ng._codec import codec
-from ultradict_ng._helper import twins as fallback
-from ultradict_ng._codec import records as record
 from ultradict_ng import layout as L
+from ultradict_ng._codec import codec
+from ultradict_ng._codec import records as record
+from ultradict_ng._helper import tablewalk
+from ultradict_ng._helper import twins as fallback
 from ultradict_ng.errors import Closed
 
 native = speedups._compiled
@@ -434,7 +435,7 @@ def test_table_merge_writes_the_same_bytes_on_every_impl(model, data):
         got[MSGPACK.loads(out[0][off + 24 : off + 24 + kl])] = MSGPACK.loads(
             out[0][off + 24 + kl : off + 24 + kl + vl]
         )
-        assert fallback.entry_checked(out[0], 8, len(out[0]), off) == (
+        assert tablewalk.entry_checked(out[0], 8, len(out[0]), off) == (
             struct.unpack_from("<Q", out[0], off)[0],
             kl,
             vl,

@@ -25,11 +25,15 @@ from ultradict_ng import (
     OutOfSpace,
     SharedDict,
     SharedDictError,
-    layout as L,
-    table_layout as TL,
     unlink_by_name,
 )
 from ultradict_ng import _segments as segments
+from ultradict_ng import (
+    layout as L,
+)
+from ultradict_ng import (
+    table_layout as TL,
+)
 from ultradict_ng._owner import owner_word
 from ultradict_ng._segments import Segment
 from ultradict_ng._shm.table import Table

@@ -62,7 +62,7 @@ def calls(r: Any, command: str) -> int:
     return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-def round_trips(r: Any) -> "Dict[str, int]":
+def round_trips(r: Any) -> Dict[str, int]:
     return {c: calls(r, c) for c in ("evalsha", "hmget", "get", "xread")}
 
 

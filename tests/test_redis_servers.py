@@ -276,7 +276,7 @@ def test_flushall_and_info(redis_py: Any) -> None:
             srv.execute("NOSUCHCOMMAND")
 
 
-def _child(body: str) -> "subprocess.Popen[str]":
+def _child(body: str) -> subprocess.Popen[str]:
     """A Python process that starts a server, runs ``body`` (which prints the server's
     pid and work dir) and ends -- the way a test session ends."""
     script = (
@@ -288,7 +288,7 @@ def _child(body: str) -> "subprocess.Popen[str]":
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
 
 
-def _reported(child: "subprocess.Popen[str]") -> List[str]:
+def _reported(child: subprocess.Popen[str]) -> List[str]:
     assert child.stdout is not None
     line = child.stdout.readline().split()
     child.stdout.read()

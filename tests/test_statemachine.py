@@ -14,11 +14,11 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
-    run_state_machine_as_test,
     initialize,
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from tests.conftest import unique_name

@@ -18,17 +18,16 @@ import sys
 from typing import Any, Dict, List, Set, Tuple
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from ultradict_ng import CorruptSegment
-from ultradict_ng import table_layout as L
-from ultradict_ng import _segments
-from ultradict_ng._codec.codec import MsgpackCodec
-from ultradict_ng._codec.keyhash import key_hash
-from ultradict_ng._shm.table import Merge, Table, encode_entries, hash_key, table_size, write_table
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import unique_name
 from tests.test_keyhash import KEYS, variants
+from ultradict_ng import CorruptSegment, _segments
+from ultradict_ng import table_layout as L
+from ultradict_ng._codec.codec import MsgpackCodec
+from ultradict_ng._codec.keyhash import key_hash
+from ultradict_ng._shm.table import Merge, Table, encode_entries, hash_key, table_size, write_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODEC = MsgpackCodec()

@@ -24,14 +24,16 @@ from decimal import Decimal
 from typing import Any, Dict, List, Optional
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ultradict_ng import SharedDict, layout as L
+from ultradict_ng import SharedDict
+from ultradict_ng import layout as L
 from ultradict_ng._codec import records as R
 from ultradict_ng._codec.codec import codec_for
-from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
 from ultradict_ng._shm import dumps, tablecache
+from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
 from ultradict_ng._shm.tablecache import TableCache
 
 from .conftest import soak_scaled, unique_name

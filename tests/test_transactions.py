@@ -20,13 +20,21 @@ import time
 from typing import Any, Dict, List
 
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ultradict_ng import Closed, LockTimeout, SharedDict, TransactionAborted, Unlinked, UnsupportedType
-from ultradict_ng import speedups
 from tests.conftest import unique_name
 from tests.transaction_workers import ACCOUNTS
+from ultradict_ng import (
+    Closed,
+    LockTimeout,
+    SharedDict,
+    TransactionAborted,
+    Unlinked,
+    UnsupportedType,
+    speedups,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CI = bool(os.environ.get("CI"))

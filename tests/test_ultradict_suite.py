@@ -95,7 +95,7 @@ def _env(shim: str) -> Dict[str, str]:
     return env
 
 
-def _run(cmd: List[str], cwd: str, shim: str, timeout: float) -> "subprocess.CompletedProcess[str]":
+def _run(cmd: List[str], cwd: str, shim: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """``cmd`` with the shim on the path, in its own process group (its spawned
     workers end with it: a live one would keep the pipes open)."""
     return run_suite(cmd, cwd, _env(shim), timeout)

@@ -32,11 +32,11 @@ from tests import users_workers as W
 from tests.conftest import unique_name
 from tests.users_workers import alive_pids, remove_once, stop, user_words, wait_until
 from ultradict_ng import SharedDict, unlink_by_name
-from ultradict_ng._shm import users
 from ultradict_ng import layout as L
+from ultradict_ng._owner import owner_word
+from ultradict_ng._shm import users
 from ultradict_ng._shm.control import Header, attach_control
 from ultradict_ng._shm.mapping import Mapping
-from ultradict_ng._owner import owner_word
 
 spawn = multiprocessing.get_context("spawn")
 fork = multiprocessing.get_context("fork")
@@ -529,7 +529,7 @@ def test_remove_race_never_removes_a_dict_under_an_attacher(name):
 
 
 #: What the state machine did, over all its runs (so the test can check it did it).
-STEPS: "Counter[str]" = Counter()
+STEPS: Counter[str] = Counter()
 
 
 class UserRegister(RuleBasedStateMachine):

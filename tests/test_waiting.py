@@ -34,8 +34,8 @@ from tests import wait_workers
 from tests.conftest import unique_name
 from tests.wait_workers import in_thread, registered, slots, stop, words
 from ultradict_ng import Closed, SharedDict, Unlinked
-from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
+from ultradict_ng._shm import waiting
 from ultradict_ng.speedups import FUTEX
 
 spawn = multiprocessing.get_context("spawn")

@@ -171,7 +171,7 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
                 else:
                     assert key == "total" and type(value) is int
             passes += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+        except Exception as exc:  # every failure is reported, none ignored
             errors.append(f"{type(exc).__name__}: {exc}")
             if len(errors) > 20:
                 break
@@ -219,7 +219,7 @@ def big_reader(
                     assert pair[0] == pair[1], ("half a transaction at the root", pair)
             in_place += type(d._store.data).__name__ == "TableCache"
             passes += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+        except Exception as exc:  # every failure is reported, none ignored
             errors.append(f"{type(exc).__name__}: {exc}")
             if len(errors) > 20:
                 break
@@ -268,7 +268,7 @@ def feed_follower(name: str, ready: Any, results: Any) -> None:
         if replica != final:
             diff = sorted(k for k in set(final) | set(replica) if final.get(k) != replica.get(k))
             errors.append(f"the replica differs from the dict at {diff}")
-    except Exception as exc:  # noqa: BLE001 - every failure is reported
+    except Exception as exc:  # every failure is reported
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put(("feed", items, resyncs, errors))
     d.close()
@@ -313,7 +313,7 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
                 errors.append(
                     f"writer {wid}: last seq seen {last_seq.get(wid)}, final {final[f'w{wid}'].get('seq')}"
                 )
-    except Exception as exc:  # noqa: BLE001 - every failure is reported
+    except Exception as exc:  # every failure is reported
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put(("wait", wakes, 0, errors))
     d.close()
@@ -430,7 +430,7 @@ def cache_writer(
                 c.clear()
             else:
                 c.get(key)
-    except Exception as exc:  # noqa: BLE001 - reported, the test fails
+    except Exception as exc:  # reported, the test fails
         errors.append(f"{type(exc).__name__}: {exc}")
     if not victim:
         results.put(("writer", wid, mine, increments, ops, stalls, errors))
@@ -553,7 +553,7 @@ def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact
                             excess,
                         )
             passes += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+        except Exception as exc:  # every failure is reported, none ignored
             errors.append((f"{type(exc).__name__}: {exc}", None))
     results.put(("reader", passes, errors))
     c.close()

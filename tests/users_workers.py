@@ -13,13 +13,12 @@ import random
 import time
 from typing import Any, Dict, List, Optional, Set
 
+from tests.wait_workers import stop, wait_until  # noqa: F401  (re-exported for test_users)
 from ultradict_ng import SharedDict, Unlinked
 from ultradict_ng import layout as L
 from ultradict_ng._shm.control import Header, attach_control
 from ultradict_ng._shm.mapping import Mapping
 from ultradict_ng._shm.users import Verdict, remove_if_unused
-
-from tests.wait_workers import stop, wait_until  # noqa: F401  (re-exported for test_users)
 
 
 def attach_and_wait(name: str, out: Any, release: Any, auto_unlink: Any = None) -> None:
@@ -73,7 +72,7 @@ def churn(name: str, seconds: float, out: Any, enough: Any) -> None:
         i += 1
         try:
             d = SharedDict(name=name, create=None, auto_unlink=False)
-        except Exception as exc:  # noqa: BLE001 - reported to the test
+        except Exception as exc:  # reported to the test
             counts["errors"].append(f"open failed: {type(exc).__name__}: {exc}")
             continue
         try:

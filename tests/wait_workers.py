@@ -203,7 +203,7 @@ def in_thread(fn: Callable[[], Any], timeout: float) -> Any:
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+        except BaseException as exc:  # handed to the caller
             box["error"] = exc
 
     t = threading.Thread(target=run, daemon=True)

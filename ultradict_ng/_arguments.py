@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._engine import Initial, Options
 from ._codec.decode import gc_paused
+from ._engine import Initial, Options
 from .speedups import ViewBase, types_within
 
 #: Value types that are no handle (nor hold one within a tuple of them).

@@ -67,9 +67,9 @@ from typing import (
 from .errors import Closed
 
 if TYPE_CHECKING:
-    from .changes import ChangeSource
     from ._codec.codec import Codec
     from ._lock import SharedLock
+    from .changes import ChangeSource
 
 __all__ = ["Engine", "Transactional", "Options", "Conflict", "BlobGone", "ClosedWords", "User", "Initial"]
 
@@ -154,8 +154,8 @@ class Engine(Protocol):
 
     name: str
     recurse: bool
-    codec: "Codec"
-    mutex: "threading.RLock"
+    codec: Codec
+    mutex: threading.RLock
     #: True for the handle that created the dict.
     created: bool
     words: Any
@@ -163,7 +163,7 @@ class Engine(Protocol):
     data: Dict[Any, Any]
 
     @property
-    def lock(self) -> "SharedLock":
+    def lock(self) -> SharedLock:
         """The tree's lock: the front end ``_lock.SharedLock`` over this engine's
         shared part (a subclass that implements only that part)."""
 
@@ -227,14 +227,14 @@ class Engine(Protocol):
         nor ``mutex``, so a helper thread may wait here while others use the
         handle (module docstring)."""
 
-    def feed(self) -> "ChangeSource":
+    def feed(self) -> ChangeSource:
         """A change feed (``changes.ChangeSource``: ``poll``/``wait``/``ended``) that
         starts at the state ``data`` reflects."""
 
     def stats(self) -> Dict[str, Any]:
         """Facts about the dict for people and tools: sizes, counters, holders."""
 
-    def users(self) -> "List[User]":
+    def users(self) -> List[User]:
         """The processes attached to the dict (alive and dead)."""
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ class Handle(ViewBase):
     _path: Tuple[Any, ...]
 
     @classmethod
-    def _on_engine(cls: "type[H]", engine: Engine, path: Tuple[Any, ...] = ()) -> H:
+    def _on_engine(cls: type[H], engine: Engine, path: Tuple[Any, ...] = ()) -> H:
         """A handle on an already open engine: how nested views are made, and
         how an engine other than the shared-memory one is put behind the facade."""
         view = ViewBase.__new__(cls)

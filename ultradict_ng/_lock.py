@@ -46,8 +46,8 @@ from types import TracebackType
 from typing import Hashable, Optional, Tuple, Type
 
 from ._forks import on_fork_in_child
-from .errors import LockTimeout
 from ._owner import owner_word
+from .errors import LockTimeout
 from .speedups import ProcessState, Words
 
 __all__ = ["SharedLock", "WordLock"]
@@ -73,8 +73,8 @@ def _mine() -> int:
 # shared part.  Locks made with the same ``share`` key (the handles of one
 # shared-memory dict) share one.
 
-_shared: "weakref.WeakValueDictionary[Hashable, ProcessState]" = weakref.WeakValueDictionary()
-_every: "weakref.WeakSet[ProcessState]" = weakref.WeakSet()
+_shared: weakref.WeakValueDictionary[Hashable, ProcessState] = weakref.WeakValueDictionary()
+_every: weakref.WeakSet[ProcessState] = weakref.WeakSet()
 _guard = threading.Lock()
 
 
@@ -283,11 +283,11 @@ class SharedLock:
         """Pid of the process holding the lock now, or None (a snapshot: it may change)."""
         return self._holder_pid()
 
-    def __call__(self, timeout: Optional[float] = None) -> "_TimedHold":
+    def __call__(self, timeout: Optional[float] = None) -> _TimedHold:
         """``with d.lock(timeout=...):`` -- the same lock with a timeout."""
         return _TimedHold(self, timeout)
 
-    def __enter__(self) -> "SharedLock":
+    def __enter__(self) -> SharedLock:
         self.acquire()
         return self
 
@@ -362,7 +362,7 @@ class WordLock(SharedLock):
             os.getpid(),
         )
 
-    def __enter__(self) -> "WordLock":
+    def __enter__(self) -> WordLock:
         # acquire(), blocking without timeout, inlined: ``with d.lock:`` is a hot loop shape.
         if not self._state.enter(self._words, self._index, _my_word or _mine()):
             self._take_after_enter()

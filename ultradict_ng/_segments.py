@@ -113,7 +113,7 @@ class Segment:
         self.buf = buf
 
     @classmethod
-    def create(cls, name: str, size: int, reserve: Optional[int] = None) -> "Segment":
+    def create(cls, name: str, size: int, reserve: Optional[int] = None) -> Segment:
         """Create ``name`` exclusively with ``size`` bytes, zero-filled, the first
         ``reserve`` of them (default: all) reserved, and map it.
 
@@ -137,7 +137,7 @@ class Segment:
         return cls(name, size, buf)
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
+    def attach(cls, name: str) -> Segment:
         """Map an existing segment read-write; ``FileNotFoundError`` if it does not exist.
 
         A segment whose size is still 0 (its creator is between ``shm_open``
@@ -256,7 +256,7 @@ class Opened:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "Opened":
+    def __enter__(self) -> Opened:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -64,26 +64,26 @@ class _Wait:
     futures."""
 
     def __init__(
-        self, key: Hashable, step: Callable[[float], bool], slice_: float, ended: Callable[["_Wait"], None]
+        self, key: Hashable, step: Callable[[float], bool], slice_: float, ended: Callable[[_Wait], None]
     ) -> None:
         self.key = key
         self._step = step
         self._slice = slice_
         self._ended = ended
         self._guard = threading.Lock()
-        self._futures: List[Tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]] = []
+        self._futures: List[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._ending = False
 
-    def join(self, loop: asyncio.AbstractEventLoop) -> "Optional[asyncio.Future[None]]":
+    def join(self, loop: asyncio.AbstractEventLoop) -> Optional[asyncio.Future[None]]:
         """A future completed when the wait is over; None if this thread is ending."""
         with self._guard:
             if self._ending:
                 return None
-            fut: "asyncio.Future[None]" = loop.create_future()
+            fut: asyncio.Future[None] = loop.create_future()
             self._futures.append((loop, fut))
             return fut
 
-    def leave(self, fut: "asyncio.Future[None]") -> None:
+    def leave(self, fut: asyncio.Future[None]) -> None:
         with self._guard:
             self._futures = [item for item in self._futures if item[1] is not fut]
 
@@ -112,7 +112,7 @@ class _Wait:
                 pass
 
 
-def _settle(fut: "asyncio.Future[None]", error: Optional[BaseException]) -> None:
+def _settle(fut: asyncio.Future[None], error: Optional[BaseException]) -> None:
     if fut.done():
         return
     if error is None:
@@ -237,7 +237,7 @@ class AsyncSharedLock:
             pid=pid or 0,
         )
 
-    async def __aenter__(self) -> "AsyncSharedLock":
+    async def __aenter__(self) -> AsyncSharedLock:
         await self.acquire()
         return self
 
@@ -264,7 +264,7 @@ class AsyncSharedDict:
             raise
 
     @classmethod
-    def wrap(cls, d: SharedDict) -> "AsyncSharedDict":
+    def wrap(cls, d: SharedDict) -> AsyncSharedDict:
         """The asyncio face of an open :class:`~ultradict_ng.SharedDict` (same handle)."""
         self = cls.__new__(cls)
         self._setup(d)
@@ -387,7 +387,7 @@ class AsyncSharedDict:
     def unlink(self) -> int:
         return self.dict.unlink()
 
-    async def __aenter__(self) -> "AsyncSharedDict":
+    async def __aenter__(self) -> AsyncSharedDict:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

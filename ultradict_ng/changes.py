@@ -31,9 +31,9 @@ class _Superseded:
     """The value of a change to a large value that a later write has already
     replaced and removed from shared memory (its bytes are gone)."""
 
-    _instance: Optional["_Superseded"] = None
+    _instance: Optional[_Superseded] = None
 
-    def __new__(cls) -> "_Superseded":
+    def __new__(cls) -> _Superseded:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance

@@ -18,15 +18,16 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
 
 from . import layout as L
-from ._codec import records as R
-from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
-from .changes import Change, iterate
-from ._codec.codec import IMMUTABLE_TYPES, copy_value
 from ._arguments import pairs, split_arguments
-from ._backends import open_engine, unlink_by_name as _unlink_by_name
+from ._backends import open_engine
+from ._backends import unlink_by_name as _unlink_by_name
+from ._codec import records as R
+from ._codec.codec import IMMUTABLE_TYPES, copy_value
+from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
 from ._engine import BlobGone, Engine, Transactional, User
 from ._handle import Handle
 from ._lock import SharedLock
+from .changes import Change, iterate
 from .speedups import first_to_export, set_immutable_types, set_root_write
 
 __all__ = ["SharedDict"]
@@ -153,7 +154,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         self._path = ()
 
     @classmethod
-    def fromkeys(cls: "type[SD]", iterable: Iterable[Any], value: Any = None, **options: Any) -> SD:
+    def fromkeys(cls: type[SD], iterable: Iterable[Any], value: Any = None, **options: Any) -> SD:
         """``SharedDict.fromkeys(keys, value, name=...)``: as ``dict.fromkeys``
         on a subclass of dict, ``cls(**options)`` then ``d[key] = value`` for
         each key, through the made object's own ``__setitem__`` (a subclass
@@ -330,13 +331,13 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def __reversed__(self) -> Iterator[Any]:
         return iter(self._snapshot_keys()[::-1])
 
-    def keys(self) -> "SharedKeysView":
+    def keys(self) -> SharedKeysView:
         return SharedKeysView(self)
 
-    def values(self) -> "SharedValuesView":
+    def values(self) -> SharedValuesView:
         return SharedValuesView(self)
 
-    def items(self) -> "SharedItemsView":
+    def items(self) -> SharedItemsView:
         return SharedItemsView(self)
 
     def copy(self) -> Dict[Any, Any]:

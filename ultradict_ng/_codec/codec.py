@@ -29,11 +29,10 @@ import pickle
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from . import decode as msgpack_decode
-from .placeholders import BlobRef, InlineArray, PickledBlobs
 from ..errors import CorruptSegment, UnsupportedType
 from ..layout import OP_UPDATE
 from ..speedups import pack_map, pack_pairs, unpack_simple
+from . import decode as msgpack_decode
 from .decode import ROOT_HOOK, contains_timestamp, gc_paused
 from .encode import (
     KEEP_BUFFERS_UP_TO,
@@ -41,24 +40,25 @@ from .encode import (
     RECORD_SCALARS,
     Chain,
     new_chain,
+    packers,
     prepare,
     record_pack,
-    packers,
 )
 from .ext import (
+    EXT_TUPLE,
+    LEAF_TYPES,
     MAX_EXT_NESTING,
     MAX_NESTING,
-    LEAF_TYPES,
     PICKLE_HINT,
     SUPPORTED_TEXT,
-    EXT_TUPLE,
     ExtType,
+    Unpacker,
     new_ext,
     too_deep,
     type_name,
     unpackb,
-    Unpacker,
 )
+from .placeholders import BlobRef, InlineArray, PickledBlobs
 
 __all__ = [
     "Codec",

@@ -16,29 +16,30 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Callable, Iterator, List, NoReturn, Optional
 
-from . import ext as msgpack_ext
-from .placeholders import KINDS, BlobRef, InlineArray
-from ..speedups import contains_type as _contains_type, tuple_hook
 from ..errors import CorruptSegment
+from ..speedups import contains_type as _contains_type
+from ..speedups import tuple_hook
+from . import ext as msgpack_ext
 from .ext import (
-    MAX_EXT_NESTING,
     EXT_BIGINT,
+    EXT_BLOB,
     EXT_BYTEARRAY,
     EXT_COMPLEX,
     EXT_DATE,
     EXT_DATETIME,
     EXT_DECIMAL,
     EXT_FROZENSET,
+    EXT_NDARRAY,
     EXT_SET,
     EXT_TIME,
     EXT_TIMEDELTA,
     EXT_TIMEZONE,
-    EXT_BLOB,
-    EXT_NDARRAY,
     EXT_TUPLE,
+    MAX_EXT_NESTING,
     Timestamp,
     unpackb,
 )
+from .placeholders import KINDS, BlobRef, InlineArray
 
 # Bound by assignment, not imported by name: CPython (3.11+) compiles
 # ``name.method(...)`` on a name bound by an import as an attribute load

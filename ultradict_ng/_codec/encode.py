@@ -15,14 +15,10 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Callable, Dict, List, Optional
 
+from ..speedups import types_within as _types_within
 from . import ext as msgpack_ext
 from .arrays import array_meta, is_ndarray, is_tensor, tensor_as_array
-from .placeholders import BlobRef, InlineArray
-from .records import SCALAR_TYPES
-from ..speedups import types_within as _types_within
 from .ext import (
-    MAX_EXT_NESTING,
-    MAX_NESTING,
     EXT_BIGINT,
     EXT_BLOB,
     EXT_BYTEARRAY,
@@ -37,13 +33,17 @@ from .ext import (
     EXT_TIMEDELTA,
     EXT_TIMEZONE,
     EXT_TUPLE,
+    MAX_EXT_NESTING,
+    MAX_NESTING,
     ExtType,
-    new_ext,
     Packer,
+    new_ext,
     too_deep,
     unsupported_type,
     unsupported_tz,
 )
+from .placeholders import BlobRef, InlineArray
+from .records import SCALAR_TYPES
 
 # Bound by assignment, not imported by name: CPython (3.11+) compiles
 # ``name.method(...)`` on a name bound by an import as an attribute load

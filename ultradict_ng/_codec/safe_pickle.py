@@ -20,9 +20,9 @@ import io
 import pickle
 from typing import Any, Dict, Tuple
 
-from .placeholders import BlobRef, PickledBlobs
-from .codec import Codec, PickleCodec, describe_error
 from ..errors import CorruptSegment
+from .codec import Codec, PickleCodec, describe_error
+from .placeholders import BlobRef, PickledBlobs
 
 __all__ = ["Opaque", "safe_loads", "SafePickleCodec"]
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import itertools
 import struct
-import sys
 import threading
 import zlib
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -26,7 +25,7 @@ from .. import layout as L
 from .. import table_layout as TL
 from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
 from .tableprobe import key_hash_common, table_candidates, table_changes, table_get
-from .tablewalk import entry_checked, table_chunk, table_merge, table_rows
+from .tablewalk import table_chunk, table_merge, table_rows
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [

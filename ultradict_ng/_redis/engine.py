@@ -21,11 +21,12 @@ import weakref
 from threading import get_ident
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from .._forks import on_fork_in_child
 from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import Codec
 from .._engine import ClosedWords, Conflict, Options, User
+from .._forks import on_fork_in_child
+from .._names import validate_name
 from ..errors import (
     BackendUnavailable,
     Closed,
@@ -34,15 +35,14 @@ from ..errors import (
     PathGone,
     Unlinked,
 )
-from .._names import validate_name
 from ..speedups import StoreBase, Words
+from . import census
 from . import layout as RL
+from . import transaction as T
 from .feed import RedisFeed
 from .lease import LeaseLock
 from .link import Link, connect_client, describe
 from .listener import Listener
-from . import census
-from . import transaction as T
 from .opening import open_redis
 
 __all__ = ["RedisEngine", "unlink_by_name"]
@@ -65,7 +65,7 @@ def _finalize(link: Link, epoch: str, unlink_pid: int, listener: Any) -> None:
         link.close()
 
 
-_live: "weakref.WeakSet[RedisEngine]" = weakref.WeakSet()
+_live: weakref.WeakSet[RedisEngine] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -125,7 +125,7 @@ class RedisEngine(StoreBase):
         self.listener: Any = None
         #: The open transaction (its thread holds the lease), or None.
         self.tx: Optional[T.RedisTransaction] = None
-        self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
+        self._finalizer: Optional[weakref.finalize[Any, Any]] = None
         self._bind_state(self._atomic, _W_STATE)
         _live.add(self)
 
@@ -142,7 +142,7 @@ class RedisEngine(StoreBase):
         reads: Optional[str],
         lease: Optional[float],
         staleness: Optional[float],
-    ) -> "RedisEngine":
+    ) -> RedisEngine:
         """Create or attach (``opening.py``)."""
         return open_redis(cls, name, create, options, initial, backend, reads, lease, staleness)
 

@@ -16,12 +16,12 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .._codec import records as R
-from .transaction import entry_records
+from .._codec.codec import copy_value
 from .._codec.placeholders import InlineArray
 from ..changes import Change, changes_of_dump, changes_of_records, skeleton
-from .._codec.codec import copy_value
 from ..errors import Closed, CorruptSegment
 from . import layout as RL
+from .transaction import entry_records
 
 if TYPE_CHECKING:
     from .engine import RedisEngine
@@ -32,7 +32,7 @@ __all__ = ["RedisFeed"]
 class RedisFeed:
     """``poll`` / ``wait`` / ``ended``: a ``changes.ChangeSource``."""
 
-    def __init__(self, engine: "RedisEngine") -> None:
+    def __init__(self, engine: RedisEngine) -> None:
         self._engine = engine
         with engine.mutex:
             self.data: Dict[Any, Any] = skeleton(engine.data)

@@ -46,7 +46,7 @@ class LeaseLock(SharedLock):
 
     _MESSAGE = "could not acquire the lock of shared dict {name!r} within {timeout} s: {holder}"
 
-    def __init__(self, engine: "RedisEngine", lease: float) -> None:
+    def __init__(self, engine: RedisEngine, lease: float) -> None:
         super().__init__(engine.name)
         self._engine = engine
         self._value = ""  # the lock's value while we hold it: our fencing token
@@ -201,7 +201,7 @@ class _Keeper:
     IDLE_EXIT = 10.0
 
     def __init__(self) -> None:
-        self._held: "weakref.WeakSet[LeaseLock]" = weakref.WeakSet()
+        self._held: weakref.WeakSet[LeaseLock] = weakref.WeakSet()
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()

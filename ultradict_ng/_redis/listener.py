@@ -30,7 +30,7 @@ __all__ = ["Listener"]
 class Listener:
     """Feeds one engine's cache from the server's log."""
 
-    def __init__(self, engine: "RedisEngine") -> None:
+    def __init__(self, engine: RedisEngine) -> None:
         self._engine = weakref.ref(engine)
         self.link = engine.link
         self.keys = engine.keys
@@ -52,7 +52,7 @@ class Listener:
     def stop(self) -> None:
         self._stop.set()
 
-    def drain(self, engine: "RedisEngine") -> bool:
+    def drain(self, engine: RedisEngine) -> bool:
         """Apply pending entries (caller holds the mutex); False on a gap."""
         pending = self.pending
         codec = engine.codec

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Type
 from .._codec import records as R
 from .._codec.codec import CUSTOM_ID, Codec, codec_by_id, codec_for
 from .._engine import Options
-from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotFound, ParameterMismatch
 from .._names import generate_name, validate_name
+from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotFound, ParameterMismatch
 from . import layout as RL
 from .identity import HOST, start_time
 from .link import Link, connect_client, describe
@@ -26,7 +26,7 @@ READ_MODES = ("fresh", "cached")
 
 
 def open_redis(
-    cls: "Type[RedisEngine]",
+    cls: Type[RedisEngine],
     name: Optional[str],
     create: Optional[bool],
     options: Options,
@@ -35,7 +35,7 @@ def open_redis(
     reads: Optional[str],
     lease: Optional[float],
     staleness: Optional[float],
-) -> "RedisEngine":
+) -> RedisEngine:
     """Create or attach to the dict ``name`` on ``backend`` (as ``SharedDict``)."""
     name = generate_name() if name is None else validate_name(name)
     reads = reads or "fresh"

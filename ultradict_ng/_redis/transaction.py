@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, List
 import msgpack
 
 from .. import layout as L
-from . import layout as RL
 from .._codec import records as R
 from ..errors import CorruptSegment, LeaseLost, OutOfSpace, TransactionAborted
+from . import layout as RL
 
 if TYPE_CHECKING:
     from .._codec.codec import Codec
@@ -78,7 +78,7 @@ def _unbundle(value: bytes) -> List[bytes]:
     return payloads
 
 
-def entry_records(codec: "Codec", values: List[bytes]) -> List[Any]:
+def entry_records(codec: Codec, values: List[bytes]) -> List[Any]:
     """The decoded records of log entries, in order (a bundle gives its records)."""
     if not any(v[:1] == BUNDLE for v in values):
         return codec.loads_many(values)
@@ -91,7 +91,7 @@ def entry_records(codec: "Codec", values: List[bytes]) -> List[Any]:
     return codec.loads_many(flat)
 
 
-def begin(engine: "RedisEngine") -> None:
+def begin(engine: RedisEngine) -> None:
     """Take the lease (reentrant; it brings the cache up to date) and open the
     transaction, or a level deeper in this thread's open one."""
     engine.words[L.W_STATE]  # Closed
@@ -110,7 +110,7 @@ def begin(engine: "RedisEngine") -> None:
         raise
 
 
-def buffer(engine: "RedisEngine", tx: RedisTransaction, rec: List[Any]) -> None:
+def buffer(engine: RedisEngine, tx: RedisTransaction, rec: List[Any]) -> None:
     """A write of the transaction's thread: applied to the cache, kept for the end.
     A record that cannot be encoded raises and changes nothing."""
     payload, decoded = engine.codec.encode_record(rec)
@@ -123,7 +123,7 @@ def buffer(engine: "RedisEngine", tx: RedisTransaction, rec: List[Any]) -> None:
     tx.size += len(payload)
 
 
-def end(engine: "RedisEngine", publish: bool) -> None:
+def end(engine: RedisEngine, publish: bool) -> None:
     """Leave one level; at the outermost publish the block (one ``WRITE``) or
     discard it, then give the lease back."""
     tx = engine.tx
@@ -161,7 +161,7 @@ def end(engine: "RedisEngine", publish: bool) -> None:
             # (already raising: the block published nothing)
 
 
-def _discard(engine: "RedisEngine") -> None:
+def _discard(engine: RedisEngine) -> None:
     """The cache holds writes nobody else will see: reload it at the next read."""
     with engine.mutex:
         engine.known = -1
@@ -170,7 +170,7 @@ def _discard(engine: "RedisEngine") -> None:
         engine.data = {}
 
 
-def _largest_value(engine: "RedisEngine") -> int:
+def _largest_value(engine: RedisEngine) -> int:
     """The server's ``proto-max-bulk-len`` (a larger value makes it drop the
     connection); 512 MiB where ``CONFIG`` is not allowed."""
     try:
@@ -180,7 +180,7 @@ def _largest_value(engine: "RedisEngine") -> int:
         return MAX_BUNDLE
 
 
-def _publish(engine: "RedisEngine", tx: RedisTransaction) -> None:
+def _publish(engine: RedisEngine, tx: RedisTransaction) -> None:
     value = bundle(tx.payloads)
     if len(value) > 1 << 20:  # (asked only for large blocks: one more round trip)
         largest = _largest_value(engine) - 4096  # (the other arguments of the call)

@@ -13,17 +13,17 @@ from __future__ import annotations
 import logging
 from typing import List
 
-from .. import layout as L
-from ..cache_layout import cache_name
 from .. import _segments as segments
-from .blobs import blob_ids
-from .control import check_layout, control_owner, looks_half_created, read_word
-from ..errors import CorruptSegment, LockTimeout
-from .lock import ShmLock, owner_alive
-from .waiting import wake
-from .mapping import Mapping
+from .. import layout as L
 from .._names import validate_name
 from .._segments import Segment
+from ..cache_layout import cache_name
+from ..errors import CorruptSegment, LockTimeout
+from .blobs import blob_ids
+from .control import check_layout, control_owner, looks_half_created, read_word
+from .lock import ShmLock, owner_alive
+from .mapping import Mapping
+from .waiting import wake
 
 __all__ = [
     "unlink_dumps",

@@ -22,14 +22,14 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import layout as L
+from .._codec.codec import copy_value
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone
-from .._codec.codec import copy_value
 from ..changes import SUPERSEDED, Change, changes_of_dump, changes_of_records, skeleton
 from ..errors import Closed
+from ..speedups import Words
 from .reader import INVALID, Reader
 from .waiting import Backoff, ProcessWaits
-from ..speedups import Words
 
 __all__ = ["wait_until_changed", "Feed"]
 

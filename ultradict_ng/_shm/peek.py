@@ -18,15 +18,15 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from .. import layout as L
-from .._codec.placeholders import BlobRef
 from .._codec.codec import CUSTOM_ID, MSGPACK, PICKLE, Codec
-from .control import Header, attach_control
+from .._codec.placeholders import BlobRef
+from .._codec.safe_pickle import SAFE_PICKLE
+from .._segments import Segment
 from ..errors import CorruptSegment, NotFound
+from .control import Header, attach_control
 from .lock import ShmLock
 from .mapping import Mapping
 from .reader import INVALID, Reader
-from .._codec.safe_pickle import SAFE_PICKLE
-from .._segments import Segment
 from .waiting import waits_for
 
 __all__ = ["Peek", "reading_codec"]
@@ -95,7 +95,7 @@ class Peek(Reader):
         self.pos = 0
 
     @classmethod
-    def open(cls, name: str) -> "Peek":
+    def open(cls, name: str) -> Peek:
         """:class:`NotFound` rather than FileNotFoundError for a missing dict."""
         try:
             return cls(name)
@@ -148,7 +148,7 @@ class Peek(Reader):
             self.data = {}
             self._map.release()
 
-    def __enter__(self) -> "Peek":
+    def __enter__(self) -> Peek:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -18,14 +18,15 @@ from typing import Any, Dict, List, Optional, Tuple, Union, cast
 from .. import layout as L
 from .. import table_layout as TL
 from .._codec.codec import Codec, MsgpackCodec
-from ..errors import CorruptSegment, PathGone, Unlinked
-from .._lock import SharedLock
-from .mapping import Mapping
 from .._codec.records import Inconsistent, apply_all
+from .._lock import SharedLock
 from .._segments import Segment
+from ..errors import CorruptSegment, PathGone, Unlinked
 from ..speedups import StoreBase, parse_records
+from .mapping import Mapping
 from .table import Table
-from .tablecache import TableCache, partial_from as _partial_from
+from .tablecache import TableCache
+from .tablecache import partial_from as _partial_from
 
 __all__ = ["Reader", "INVALID"]
 
@@ -202,7 +203,7 @@ class Reader(StoreBase):
             if not kept:
                 seg.close()
 
-    def _load_table(self, seg: Segment, dname: str, gen: int) -> Union[Dict[Any, Any], "TableCache", str]:
+    def _load_table(self, seg: Segment, dname: str, gen: int) -> Union[Dict[Any, Any], TableCache, str]:
         """The cache of a table dump (layout: "Dump"), or why it could not be made.
 
         A table of at least ``PARTIAL_FROM`` entries stays mapped and becomes a

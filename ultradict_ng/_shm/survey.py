@@ -24,13 +24,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import cache_layout as CL
 from .. import layout as L
+from .._engine import User
+from .._owner import owner_alive, pid_of
+from .._segments import Segment, entry_stat, listed
+from ..errors import SharedDictError
 from ..futures import layout as PL
 from .control import looks_half_created
-from ..errors import SharedDictError
-from .._owner import owner_alive, pid_of
 from .peek import Peek
-from .._segments import Segment, entry_stat, listed
-from .._engine import User
 from .users import read_users
 
 __all__ = ["Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
@@ -52,7 +52,7 @@ class Holder:
     alive: bool
 
     @classmethod
-    def of(cls, word: int) -> Optional["Holder"]:
+    def of(cls, word: int) -> Optional[Holder]:
         return cls(pid_of(word), owner_alive(word)) if word else None
 
 

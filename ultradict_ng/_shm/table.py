@@ -40,9 +40,9 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import table_layout as L
+from .._codec.decode import gc_paused
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment, UnsupportedType
-from .._codec.decode import gc_paused
 from ..speedups import (
     key_hash_common,
     table_candidates,

@@ -22,15 +22,15 @@ import threading
 import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-from .._forks import on_fork_in_child
 from .. import _faults as faults
 from .. import layout as L
-from .cleanup import unlink_tree
-from ..errors import LockTimeout
-from .mapping import Mapping
 from .._engine import User
+from .._forks import on_fork_in_child
 from .._owner import owner_alive, owner_word, pid_of
+from ..errors import LockTimeout
 from ..speedups import Words
+from .cleanup import unlink_tree
+from .mapping import Mapping
 
 __all__ = [
     "User",
@@ -181,7 +181,7 @@ def mappers() -> Optional[Dict[str, Set[int]]]:
     marker = " /dev/shm/"
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/maps", "r", errors="replace") as f:
+            with open(f"/proc/{pid}/maps", errors="replace") as f:
                 lines = [line for line in f if marker in line]
         except OSError:
             continue

@@ -26,10 +26,10 @@ import time
 import weakref
 from typing import Dict, Optional, Tuple
 
-from .._forks import on_fork_in_child
 from .. import layout as L
-from ..errors import Closed
+from .._forks import on_fork_in_child
 from .._owner import owner_alive, owner_word
+from ..errors import Closed
 from ..speedups import FUTEX, Words
 
 __all__ = ["MODE", "ENV_VAR", "ProcessWaits", "waits_for", "Backoff", "wake"]
@@ -180,7 +180,7 @@ def sweep(words: Words) -> int:
     return freed
 
 
-_registry: "weakref.WeakValueDictionary[Tuple[str, int], ProcessWaits]" = weakref.WeakValueDictionary()
+_registry: weakref.WeakValueDictionary[Tuple[str, int], ProcessWaits] = weakref.WeakValueDictionary()
 _registry_guard = threading.Lock()
 
 

@@ -17,20 +17,20 @@ from threading import get_ident
 from typing import Any, Callable, List, Optional
 
 from .. import _faults as faults
+from .. import _segments as segments
 from .. import layout as L
 from .._codec import records as R
-from .. import _segments as segments
-from .blobs import blob_ids, extract, may_hold_blobs, pairs_may_hold_blobs, refs_within, write_blob
-from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
 from .._codec.codec import MsgpackCodec, PickleCodec
-from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from .._codec.ext import too_deep as too_deep
+from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
 from .._codec.records import SCALAR_TYPES as _SCALARS
-from .reader import INVALID, Reader
 from .._segments import Segment
-from .dumps import Planned, plan, successor
-from .table import Table
+from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from . import tablecache
+from .blobs import blob_ids, extract, may_hold_blobs, pairs_may_hold_blobs, refs_within, write_blob
+from .dumps import Planned, plan, successor
+from .reader import INVALID, Reader
+from .table import Table
 from .transaction import Transaction
 from .waiting import ProcessWaits, wake
 

@@ -15,10 +15,10 @@ import random
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .. import cache_layout as C
 from .. import _faults as faults
-from ..errors import TooLarge
+from .. import cache_layout as C
 from .._owner import owner_alive
+from ..errors import TooLarge
 from ..shareddict import SharedDict
 from .side import Side
 

@@ -25,8 +25,8 @@ import time
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 from .. import _faults as faults
-from ..errors import TooLarge
 from .._owner import owner_alive, owner_word
+from ..errors import TooLarge
 from .entries import slot_of
 from .sharedcache import DEFAULT_TTL, SharedCache
 

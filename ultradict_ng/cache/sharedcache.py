@@ -441,7 +441,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         """Remove the cache ``name`` (works when every user is dead)."""
         return SharedDict.unlink_by_name(name)
 
-    def __enter__(self) -> "SharedCache":
+    def __enter__(self) -> SharedCache:
         return self
 
     def __exit__(self, *exc: Any) -> None:

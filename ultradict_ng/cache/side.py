@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional
 
-from .. import cache_layout as C
 from .. import _segments as segments
+from .. import cache_layout as C
 from .._segments import Segment
 from ..errors import CorruptSegment, ParameterMismatch
 

@@ -24,15 +24,15 @@ import sys
 from argparse import Namespace
 from typing import Any, Dict, List, Optional, Set
 
-from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
-from .._shm.control import Header, attach_control
-from ..errors import IncompatibleLayout, SharedDictError
-from ..futures.leftovers import ParcelReport, remove_leftovers
-from .._shm.mapping import Mapping
 from .._names import validate_name
 from .._segments import listable
+from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
+from .._shm.control import Header, attach_control
+from .._shm.mapping import Mapping
 from .._shm.survey import DictReport, report, survey
 from .._shm.users import free_dead, mappers, remove_if_unused
+from ..errors import IncompatibleLayout, SharedDictError
+from ..futures.leftovers import ParcelReport, remove_leftovers
 from . import render
 
 __all__ = ["cmd_rm", "cmd_clean"]

@@ -16,8 +16,8 @@ from typing import List, Tuple
 
 from .. import layout as L
 from .. import speedups
-from .._shm import waiting
 from .._segments import SHM_DIR, listable
+from .._shm import waiting
 from . import render
 
 __all__ = ["checks", "cmd_doctor"]

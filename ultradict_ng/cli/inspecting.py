@@ -16,14 +16,14 @@ from argparse import Namespace
 from datetime import datetime
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..changes import Change
+from .._names import validate_name
+from .._segments import listable
 from .._shm.feed import Feed
+from .._shm.peek import Peek
+from .._shm.survey import DictReport, Holder, report, survey
+from ..changes import Change
 from ..errors import CorruptSegment
 from ..futures.leftovers import ParcelReport, parcels
-from .._names import validate_name
-from .._shm.peek import Peek
-from .._segments import listable
-from .._shm.survey import DictReport, Holder, report, survey
 from . import render
 
 __all__ = ["cmd_ls", "cmd_show", "cmd_stats", "cmd_watch"]

@@ -36,12 +36,12 @@ from argparse import Namespace
 from contextlib import contextmanager
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ..shareddict import SharedDict
 from .._codec.codec import MSGPACK
 from .._codec.ext import type_name
 from .._names import validate_name
 from .._shm.peek import Peek
 from ..errors import AlreadyExists, BadDumpFile, NotFound, ParameterMismatch, UnsupportedType
+from ..shareddict import SharedDict
 from . import render
 from .dumpfile import (
     MARKER,

@@ -8,7 +8,7 @@ in :mod:`.lock`, its log module API (``UltraDict.log``) in :mod:`.log`.
 """
 
 from .lock import DEFAULT_SLEEP_TIME
-from .ultradict import *  # noqa: F401,F403
+from .ultradict import *  # noqa: F403
 from .ultradict import __all__ as _all
 
 __all__ = [*_all, "DEFAULT_SLEEP_TIME"]

@@ -16,9 +16,9 @@ import weakref
 from typing import Any, Dict, Optional
 
 from .. import errors
-from .errors import AlreadyClosed, CannotAcquireLock, CannotAcquireLockTimeout, map_errors
 from .._lock import SharedLock
 from .._shm.store import Store
+from .errors import AlreadyClosed, CannotAcquireLock, CannotAcquireLockTimeout, map_errors
 
 __all__ = ["UltraLock", "DEFAULT_SLEEP_TIME"]
 
@@ -45,7 +45,7 @@ class UltraLock:
         self._lock: SharedLock = store.lock
         self._name: str = store.name
         # Weak: the store's finalizer (auto_unlink on GC) must not wait for lock objects.
-        self._store: "weakref.ref[Store]" = weakref.ref(store)
+        self._store: weakref.ref[Store] = weakref.ref(store)
 
     def _shared(self) -> SharedLock:
         store = self._store()
@@ -126,7 +126,7 @@ class UltraLock:
         sleep_time: float = DEFAULT_SLEEP_TIME,
         steal_after_timeout: bool = False,
         steal: bool = False,
-    ) -> "_LockHold":
+    ) -> _LockHold:
         """``with ultra.lock(timeout=1.5, ...):`` -- the keywords of :meth:`acquire`."""
         return _LockHold(
             self,
@@ -139,7 +139,7 @@ class UltraLock:
             ),
         )
 
-    def __enter__(self) -> "UltraLock":
+    def __enter__(self) -> UltraLock:
         self.acquire()
         return self
 

@@ -39,7 +39,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import errors
 from .. import layout as L
+from .._backends import open_engine
+from .._backends import unlink_by_name as _unlink_by_name
 from .._codec.codec import ObjectCodec, PickleCodec
+from .._engine import Options
+from .._shm.store import Store
+from ..shareddict import SharedDict
+from . import log as log_module
 from .errors import (
     AlreadyClosed,
     AlreadyExists,
@@ -52,12 +58,8 @@ from .errors import (
     ParameterMismatch,
     map_errors,
 )
-from .lock import DEFAULT_SLEEP_TIME as DEFAULT_SLEEP_TIME, UltraLock
-from . import log as log_module
-from ..shareddict import SharedDict
-from .._backends import open_engine, unlink_by_name as _unlink_by_name
-from .._engine import Options
-from .._shm.store import Store
+from .lock import DEFAULT_SLEEP_TIME as DEFAULT_SLEEP_TIME
+from .lock import UltraLock
 
 __all__ = [
     "UltraDict",
@@ -94,7 +96,7 @@ class _Info:
         self.auto_unlink = auto_unlink
 
 
-_infos: "weakref.WeakKeyDictionary[Store, _Info]" = weakref.WeakKeyDictionary()
+_infos: weakref.WeakKeyDictionary[Store, _Info] = weakref.WeakKeyDictionary()
 
 
 def _info(store: Store) -> _Info:
@@ -188,7 +190,7 @@ def _serializer_spec(store: Store) -> Any:
     return ("object", obj)
 
 
-def _reattach(cls: type, name: str, path: Tuple[Any, ...], spec: Any) -> "UltraDict":
+def _reattach(cls: type, name: str, path: Tuple[Any, ...], spec: Any) -> UltraDict:
     if spec is None:
         serializer: Any = _DEFAULT_SERIALIZER
     elif spec[0] == "module":

@@ -76,13 +76,13 @@ from multiprocessing.queues import SimpleQueue
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .._forks import on_fork_in_child
 from .. import layout as L
-from . import layout as PL
+from .._forks import on_fork_in_child
 from .._owner import owner_alive, owner_word
 from .._segments import SUPPORTED, listed, unlink
-from .parcel import Parcel, Span, pack, pool_prefix, unpack
+from . import layout as PL
 from .callqueue import install as install_call_queue
+from .parcel import Parcel, Span, pack, pool_prefix, unpack
 from .wakeup import install as install_wakeup
 
 __all__ = ["ProcessPoolExecutor", "Future", "DEFAULT_SHM_THRESHOLD"]
@@ -137,7 +137,7 @@ class _Pool:
 #: Pools of this process not yet swept for the last time, for the sweep at
 #: interpreter exit.  That sweep runs after the standard library has joined
 #: every pool's threads (``threading``'s exit hooks run before ``atexit``'s).
-_live: "set[_Pool]" = set()
+_live: set[_Pool] = set()
 
 
 @atexit.register
@@ -389,7 +389,7 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         self._text_limit = shm_threshold // 4  # (a str pickles to at most 4 bytes a character)
         _live.add(pool)
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "cf.Future[Any]":
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         pool = self._pool
         call: Any
         if _plain_call(fn, args, kwargs, self._text_limit):

@@ -16,9 +16,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from . import layout as PL
 from .._owner import owner_alive, pid_of
 from .._segments import listed, read_entry, unlink
+from . import layout as PL
 
 __all__ = ["ParcelReport", "parcels", "remove_leftovers"]
 
@@ -42,7 +42,7 @@ class ParcelReport:
         return asdict(self)
 
 
-def _report(name: str, now: float) -> "ParcelReport | None":
+def _report(name: str, now: float) -> ParcelReport | None:
     try:
         st, head = read_entry(name, _header.size)  # (a FIFO or a symlink is not read through)
     except FileNotFoundError:

@@ -39,9 +39,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 from .. import _faults as faults
 from .. import _segments as segments
 from .. import layout as L
-from . import layout as PL
-from ..errors import CorruptSegment
 from .._owner import owner_word
+from ..errors import CorruptSegment
+from . import layout as PL
 
 __all__ = ["Parcel", "pack", "unpack", "parcel_name", "pool_prefix", "VIEW", "ARRAY", "DATA"]
 
