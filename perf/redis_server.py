@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import List, Optional
+from typing import Optional
 
 __all__ = ["RedisServer", "redis_binary"]
 
@@ -69,7 +69,7 @@ class RedisServer:
             port = _free_port()
             workdir = tempfile.mkdtemp(prefix="perf-redis-")
             logfile = os.path.join(workdir, "redis.log")
-            argv: List[str] = [
+            argv: list[str] = [
                 binary,
                 "--port",
                 str(port),

@@ -41,9 +41,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Optional, Union
 
 import pytest
 
@@ -66,7 +67,7 @@ _DIR_PREFIX = "ultradict-redis-"
 _INSTALL_HINT = "apt-get install redis-server"
 
 #: A RESP2 reply as the raw client returns it (errors are raised, not returned).
-Reply = Union[None, int, str, bytes, List["Reply"]]
+Reply = Union[None, int, str, bytes, list["Reply"]]
 
 
 class RedisReplyError(Exception):
@@ -168,7 +169,7 @@ class _Conn:
         self.close()
 
 
-def _parse_info(text: Reply) -> Dict[str, str]:
+def _parse_info(text: Reply) -> dict[str, str]:
     """``INFO`` / ``CLUSTER INFO`` text -> {field: value} (section headers dropped)."""
     if not isinstance(text, bytes):
         raise RedisReplyError(f"INFO answered {text!r}")
@@ -183,7 +184,7 @@ def _parse_info(text: Reply) -> Dict[str, str]:
 # ---------------------------------------------------------------------------- processes
 
 #: Servers whose process may run or whose work dir exists: what the atexit hook ends.
-_LIVE: Set[RedisServer] = set()
+_LIVE: set[RedisServer] = set()
 _LIVE_LOCK = threading.Lock()
 _swept = False
 
@@ -210,7 +211,7 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _spawn(argv: List[str]) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -230,7 +231,7 @@ class _Spawner:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Tuple[List[str], Future[subprocess.Popen[bytes]]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[list[str], Future[subprocess.Popen[bytes]]]] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="redis-servers-spawner", daemon=True).start()
 
     def _run(self) -> None:
@@ -241,7 +242,7 @@ class _Spawner:
             except BaseException as e:  # handed to the waiting thread, which raises it
                 future.set_exception(e)
 
-    def spawn(self, argv: List[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         future: Future[subprocess.Popen[bytes]] = Future()
         self._jobs.put((argv, future))
         return future.result()
@@ -250,7 +251,7 @@ class _Spawner:
 _spawner: Optional[_Spawner] = None
 
 
-def _start_process(argv: List[str]) -> subprocess.Popen[bytes]:
+def _start_process(argv: list[str]) -> subprocess.Popen[bytes]:
     """Fork a server from a thread that lives as long as the process (see _Spawner)."""
     global _spawner
     if threading.current_thread() is threading.main_thread():
@@ -261,7 +262,7 @@ def _start_process(argv: List[str]) -> subprocess.Popen[bytes]:
     return _spawner.spawn(argv)
 
 
-def _free_ports(count: int) -> List[int]:
+def _free_ports(count: int) -> list[int]:
     """``count`` distinct ports free right now.  All are bound at once, so none repeats;
     another program may still take one before redis binds it -- start() retries then."""
     socks = []
@@ -325,7 +326,7 @@ class RedisServer:
     """
 
     def __init__(
-        self, argv: List[str], port: int, workdir: str, binary: str, bus_port: Optional[int] = None
+        self, argv: list[str], port: int, workdir: str, binary: str, bus_port: Optional[int] = None
     ) -> None:
         self._argv = argv
         self.port = port
@@ -586,7 +587,7 @@ class RedisServer:
     def flushall(self) -> None:
         self.execute("FLUSHALL", "SYNC")
 
-    def info(self, *sections: str) -> Dict[str, str]:
+    def info(self, *sections: str) -> dict[str, str]:
         """``INFO [section ...]`` as a dict of fields."""
         return _parse_info(self.execute("INFO", *sections))
 
@@ -619,7 +620,7 @@ class RedisServer:
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
@@ -668,7 +669,7 @@ def key_slot(key: Union[str, bytes]) -> int:
     return _crc16(data) % SLOTS
 
 
-def _slot_ranges(n: int) -> List[Tuple[int, int]]:
+def _slot_ranges(n: int) -> list[tuple[int, int]]:
     """The even split redis-cli --cluster create makes: 0-5460, 5461-10922, 10923-16383."""
     step = SLOTS / n
     return [(round(i * step), round((i + 1) * step) - 1) for i in range(n)]
@@ -684,7 +685,7 @@ class RedisCluster:
     joining, is most of the ~2 s ``start()`` takes.  Node ``i`` owns ``ranges[i]``.
     """
 
-    def __init__(self, nodes: List[RedisServer]) -> None:
+    def __init__(self, nodes: list[RedisServer]) -> None:
         self.nodes = nodes
         self.ranges = _slot_ranges(len(nodes))
 
@@ -701,7 +702,7 @@ class RedisCluster:
         """A cluster in state ok.  A node killed for longer than ``node_timeout_ms`` is
         marked failed and, with no replicas, the whole cluster then refuses commands
         (``CLUSTERDOWN``) until it is back."""
-        nodes: List[RedisServer] = []
+        nodes: list[RedisServer] = []
         try:
             for _ in range(n):
                 nodes.append(
@@ -729,7 +730,7 @@ class RedisCluster:
                 node.stop()
             raise
 
-    def _expected_map(self) -> Set[Tuple[int, int, int]]:
+    def _expected_map(self) -> set[tuple[int, int, int]]:
         return {(low, high, node.port) for node, (low, high) in zip(self.nodes, self.ranges)}
 
     def _node_ok(self, node: RedisServer) -> bool:
@@ -805,7 +806,7 @@ class RedisCluster:
         self.wait_ok(wait)
 
     @property
-    def startup_nodes(self) -> List[Tuple[str, int]]:
+    def startup_nodes(self) -> list[tuple[str, int]]:
         return [(HOST, node.port) for node in self.nodes]
 
     @property
@@ -822,7 +823,7 @@ class RedisCluster:
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:

@@ -20,7 +20,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 #: Every worker gives up after this long, so a lost test never leaves a child running.
 WORKER_DEADLINE = 60.0
@@ -48,7 +48,7 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: Any, step: float =
         time.sleep(step)
 
 
-def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
     """``("ok", value)`` or ``("raised", exception)``."""
     try:
         return "ok", fn()
@@ -64,9 +64,9 @@ class Child:
         self.proc = _spawn().Process(target=target, args=(*args, child_end), daemon=True)
         self.proc.start()
         child_end.close()
-        self.messages: List[Tuple[Any, ...]] = []
+        self.messages: list[tuple[Any, ...]] = []
 
-    def expect(self, kind: str, timeout: float = 30.0) -> Tuple[Any, ...]:
+    def expect(self, kind: str, timeout: float = 30.0) -> tuple[Any, ...]:
         """The next message of ``kind`` (earlier ones are kept in ``messages``)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -117,7 +117,7 @@ def _fail(message: str) -> None:
 # ---------------------------------------------------------------------------- workers
 
 
-def _err(exc: BaseException) -> Tuple[str, str, str]:
+def _err(exc: BaseException) -> tuple[str, str, str]:
     return (type(exc).__module__, type(exc).__name__, str(exc))
 
 
@@ -254,9 +254,9 @@ class ReplyDropper:
         self._marker: Optional[bytes] = None
         self._guard = threading.Lock()
         self.dropped = threading.Event()
-        self._socks: List[socket.socket] = []
+        self._socks: list[socket.socket] = []
         self._closed = False
-        self._threads: List[threading.Thread] = []
+        self._threads: list[threading.Thread] = []
         self._spawn(self._accept)
 
     @property

@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import struct
-from typing import Any, Dict, List
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -87,7 +87,7 @@ def _no_slot_twice(h: Any) -> None:
             assert len(set(slots)) == len(slots), "a slot given twice"
 
 
-def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) -> None:
+def _use_cache(h: Any, written: dict[str, Any], settings: Any, one_count: bool) -> None:
     """Settings as made (``settings``, unless None), reads give what was written or
     nothing, a value set is read back (unless expired at once), writes (evicting)
     work and keep the bytes bound, and -- with at most one of FREE and NEXT damaged (``one_count``) -- never
@@ -136,7 +136,7 @@ def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) 
     edits=st.lists(st.tuples(SIDE_WORDS, SIDE_VALUES), max_size=3),
 )
 def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(
-    bounds: Dict[str, Any], keys: int, truncate: Any, edits: List[Any]
+    bounds: dict[str, Any], keys: int, truncate: Any, edits: list[Any]
 ) -> None:
     """Garbage in the header words of a cache's side segment (``N@c``) and
     truncation (nobody maps it): opening the cache gives one of our errors, or a
@@ -231,7 +231,7 @@ CLAIM_LIKE = st.one_of(
     claim=CLAIM_LIKE,
 )
 def test_cache_writers_remove_what_is_not_an_entry(
-    bounds: Dict[str, Any], keys: int, garbage: List[Any], over_keys: bool, claim: Any
+    bounds: dict[str, Any], keys: int, garbage: list[Any], over_keys: bool, claim: Any
 ) -> None:
     """Values that are not entries, written into a cache's dict by another program
     (a plain SharedDict of the same name): writes, eviction, active expiry, the cull,

@@ -17,7 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import pytest
 
@@ -47,7 +48,7 @@ def cli_json(*args: str, status: int = 0) -> Any:
     return json.loads(out.stdout)
 
 
-def ls_entry(name: str) -> Dict[str, Any]:
+def ls_entry(name: str) -> dict[str, Any]:
     found = [d for d in cli_json("ls")["dicts"] if d["name"] == name]
     assert len(found) == 1, found
     return found[0]
@@ -61,13 +62,13 @@ def ls_row(name: str) -> str:
     return rows[0]
 
 
-def clean_entry(results: List[Dict[str, Any]], name: str) -> Dict[str, Any]:
+def clean_entry(results: list[dict[str, Any]], name: str) -> dict[str, Any]:
     found = [e for e in results if e["name"] == name]
     assert len(found) == 1, results
     return found[0]
 
 
-def segments(name: str) -> List[str]:
+def segments(name: str) -> list[str]:
     return sorted(e for e in os.listdir(SHM) if e == name or e.startswith(name + "@"))
 
 
@@ -109,9 +110,9 @@ class Worker:
 
 
 @pytest.fixture
-def removed() -> Iterator[List[str]]:
+def removed() -> Iterator[list[str]]:
     """Names to remove (``rm``) after the test, whatever happened."""
-    names: List[str] = []
+    names: list[str] = []
     yield names
     for n in names:
         if segments(n):

@@ -17,9 +17,10 @@ import select
 import subprocess
 import sys
 import time as clock
+from collections.abc import Iterator
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Iterator, List
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -45,9 +46,9 @@ def cli(
 
 
 @pytest.fixture
-def made() -> Iterator[List[str]]:
+def made() -> Iterator[list[str]]:
     """Names of dicts a command created (they outlive it): removed after the test."""
-    names: List[str] = []
+    names: list[str] = []
     yield names
     for n in names:
         SharedDict.unlink_by_name(n)
@@ -646,7 +647,7 @@ def test_load_writes_in_chunks(dicts, name, tmp_path, capsys, monkeypatch):
     from ultradict_ng.cli import transfer
 
     path = _dump_file(tmp_path, capsys, {i: i for i in range(12_345)})
-    sizes: List[int] = []
+    sizes: list[int] = []
     real = SharedDict.update
 
     def update(self: Any, other: Any = (), **kwargs: Any) -> None:

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict
 
 import pytest
 
@@ -55,8 +54,8 @@ def start_writer(
     )
 
 
-def acks(output: str) -> Dict[str, int]:
-    last: Dict[str, int] = {}
+def acks(output: str) -> dict[str, int]:
+    last: dict[str, int] = {}
     for line in output.splitlines():
         if line.startswith("ack "):
             _, key, value = line.split()
@@ -64,7 +63,7 @@ def acks(output: str) -> Dict[str, int]:
     return last
 
 
-def check_survivors(d: SharedDict, acked: Dict[str, int], attempted_max: int) -> float:
+def check_survivors(d: SharedDict, acked: dict[str, int], attempted_max: int) -> float:
     """Lock recovered fast, acknowledged writes present, state consistent. Returns the wait."""
     t0 = time.monotonic()
     with d.lock(timeout=5):

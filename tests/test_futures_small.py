@@ -23,8 +23,9 @@ import os
 import pickle
 import secrets
 import time
+from collections.abc import Iterator
 from concurrent.futures import process as cfp
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

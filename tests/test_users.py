@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from typing import Any, Dict, List
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -74,7 +74,7 @@ def kept(name: str):
 def test_creator_is_registered_before_magic_is_published(name, monkeypatch):
     """The creator's slot is taken before MAGIC is stored: a published dict always
     has its creator in the register."""
-    seen: List[Any] = []
+    seen: list[Any] = []
 
     from ultradict_ng._shm import store as store_mod
 
@@ -540,9 +540,9 @@ class UserRegister(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.name = unique_name()
-        self.handles: List[SharedDict] = []
-        self.children: Dict[int, Any] = {}  # pid -> (process, release event)
-        self.dead: List[int] = []
+        self.handles: list[SharedDict] = []
+        self.children: dict[int, Any] = {}  # pid -> (process, release event)
+        self.dead: list[int] = []
 
     @initialize()
     def make(self) -> None:

@@ -17,7 +17,7 @@ import queue
 import signal
 import threading
 import time
-from typing import Any, List
+from typing import Any
 
 import pytest
 
@@ -276,7 +276,7 @@ def test_dead_holder_recovered_while_waiters_sleep(dicts, name):
     ready, release = spawn.Event(), spawn.Event()
     started, done = spawn.Queue(), spawn.Queue()
     holder = start(wait_workers.lock_holder, name, ready, release)
-    sleepers: List[Any] = []
+    sleepers: list[Any] = []
     try:
         assert ready.wait(60)
         sleepers = [start(wait_workers.lock_sleeper, name, started, done) for _ in range(2)]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from ultradict_ng import SharedDict
 
 
-def k_value(i: int) -> List[Any]:
+def k_value(i: int) -> list[Any]:
     return [i, "v" * (i % 7)]
 
 
@@ -52,7 +52,7 @@ def writer(
     rng = random.Random(wid)
     d = SharedDict(name=name, create=False)
     sub = d[f"w{wid}"]
-    model: Dict[str, Any] = {}
+    model: dict[str, Any] = {}
     seq = ops = increments = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -120,7 +120,7 @@ def writer(
     d.close()
 
 
-def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
+def check_subtree(wid: int, sub: Any, last_seq: dict[int, int]) -> None:
     if "seq" in sub:
         seq = sub["seq"]
         assert type(seq) is int and seq >= last_seq.get(wid, 0), (wid, seq, last_seq.get(wid))
@@ -144,10 +144,10 @@ def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
 
 def reader(name: str, writers: int, seconds: float, results: Any) -> None:
     d = SharedDict(name=name, create=False)
-    last_seq: Dict[int, int] = {}
+    last_seq: dict[int, int] = {}
     passes = 0
-    errors: List[str] = []
-    held: List[Any] = []  # arrays read earlier: they must never change
+    errors: list[str] = []
+    held: list[Any] = []  # arrays read earlier: they must never change
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -194,9 +194,9 @@ def big_reader(
     while records and dumps arrive)."""
     rng = random.Random()
     d = SharedDict(name=name, create=False, max_decoded=max_decoded)
-    last_seq: Dict[int, int] = {}
+    last_seq: dict[int, int] = {}
     passes = in_place = 0
-    errors: List[str] = []
+    errors: list[str] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -233,7 +233,7 @@ def dumps_of(d: Any) -> int:
     return int(gen) if gen is not None else int(d.stats()["snapshot_seq"])
 
 
-def apply_change(replica: Dict[str, Any], ch: Any) -> None:
+def apply_change(replica: dict[str, Any], ch: Any) -> None:
     """A change-feed item applied to a plain replica of the dict."""
     node: Any = replica
     for key in ch.path:
@@ -254,7 +254,7 @@ def feed_follower(name: str, ready: Any, results: Any) -> None:
     it = d.changes(timeout=60)
     ready.put("feed")
     items = resyncs = 0
-    errors: List[str] = []
+    errors: list[str] = []
     try:
         for ch in it:
             apply_change(replica, ch)
@@ -282,16 +282,16 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
 
     L.WAIT_SLICE = 60.0  # only a wake-up ends a sleep in time
     d = SharedDict(name=name, create=False)
-    last_seq: Dict[int, int] = {}
+    last_seq: dict[int, int] = {}
     wakes = 0
-    errors: List[str] = []
+    errors: list[str] = []
     d.get("done")
     ready.put("wait")
     try:
         # "done" is read from the snapshot each wake-up shows, never by a read of
         # its own: such a read would catch up with the writers' last writes and
         # "done" together, and end the loop without checking the state they made.
-        snapshot: Dict[str, Any] = {}
+        snapshot: dict[str, Any] = {}
         while not snapshot.get("done"):
             t0 = time.monotonic()
             ok = d.wait_for_change(timeout=20)
@@ -336,7 +336,7 @@ CACHE_KEYS = 96
 CACHE_MARGIN = 0.002
 
 
-def cache_value(key: str, wid: int, seq: int, deadline: float) -> List[Any]:
+def cache_value(key: str, wid: int, seq: int, deadline: float) -> list[Any]:
     return [key, wid, seq, deadline, "x" * (seq % 37)]
 
 
@@ -364,8 +364,8 @@ def cache_writer(
     c = SharedCache(name, create=False)
     totals = SharedCache(total_name, create=False)
     mine = increments = seq = ops = 0
-    stalls: List[Any] = []  # (wid, seq) of values whose write took longer than CACHE_MARGIN
-    errors: List[str] = []
+    stalls: list[Any] = []  # (wid, seq) of values whose write took longer than CACHE_MARGIN
+    errors: list[str] = []
     if ready is not None:
         ready.set()
 
@@ -438,7 +438,7 @@ def cache_writer(
     totals.close()
 
 
-def check_cache_value(key: str, v: Any, t0: float, errors: List[Any]) -> None:
+def check_cache_value(key: str, v: Any, t0: float, errors: list[Any]) -> None:
     """A value read from the cache at a read that began at ``t0`` (time.time())."""
     if v is None:
         return
@@ -467,7 +467,7 @@ def dead_batch(c: Any) -> bool:
     return bool(c._side.words[C.W_BATCH])
 
 
-def check_side(c: Any) -> Tuple[int, int]:
+def check_side(c: Any) -> tuple[int, int]:
     """The side segment agrees with the entries (call it holding ``c.lock``): every
     entry has its own slot, handed out and not on the free stack, the free stack
     holds distinct slots, ``bytes`` covers every entry's recorded size and no
@@ -507,8 +507,8 @@ def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact
     c = SharedCache(name, create=False)
     totals = SharedCache(total_name, create=False)
     maxsize, maxbytes = c.maxsize, c.maxbytes
-    last: Dict[str, int] = {}
-    errors: List[Any] = []
+    last: dict[str, int] = {}
+    errors: list[Any] = []
     passes = 0
 
     def grows(key: str, v: Any) -> None:

@@ -49,17 +49,14 @@ Contract, beyond the signatures:
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
     Any,
-    Dict,
-    List,
-    Mapping,
     NamedTuple,
     Optional,
     Protocol,
-    Tuple,
     Union,
     runtime_checkable,
 )
@@ -73,10 +70,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "Transactional", "Options", "Conflict", "BlobGone", "ClosedWords", "User", "Initial"]
 
-Path = Tuple[Any, ...]
+Path = tuple[Any, ...]
 #: What a created dict starts with: [key, value] lists, or a ``dict`` given whole
 #: (which an engine may load without them: ``Engine.load``).
-Initial = Union[List[List[Any]], Dict[Any, Any], None]
+Initial = Union[list[list[Any]], dict[Any, Any], None]
 
 
 class User(NamedTuple):
@@ -160,7 +157,7 @@ class Engine(Protocol):
     created: bool
     words: Any
     seen: int
-    data: Dict[Any, Any]
+    data: dict[Any, Any]
 
     @property
     def lock(self) -> SharedLock:
@@ -180,7 +177,7 @@ class Engine(Protocol):
     def reload(self) -> None:
         """Drop ``data`` and load the whole published state again."""
 
-    def node(self, path: Path) -> Dict[Any, Any]:
+    def node(self, path: Path) -> dict[Any, Any]:
         """The cached dict at ``path`` (synced by the caller); PathGone if none."""
 
     def materialize(self, stored: Any) -> Any:
@@ -193,15 +190,15 @@ class Engine(Protocol):
 
     def begin_write(self) -> None: ...
 
-    def commit(self, record: List[Any]) -> None: ...
+    def commit(self, record: list[Any]) -> None: ...
 
-    def write(self, record: List[Any]) -> None:
+    def write(self, record: list[Any]) -> None:
         """``begin_write``, ``commit(record)``, ``end_write`` for a record that
         needs no check against the cache."""
 
     def end_write(self) -> None: ...
 
-    def load(self, mapping: Dict[Any, Any]) -> bool:
+    def load(self, mapping: dict[Any, Any]) -> bool:
         """``update(mapping)`` at the root done faster than by a record (a bulk
         load), True; or False, nothing changed: the caller writes the record."""
 
@@ -231,10 +228,10 @@ class Engine(Protocol):
         """A change feed (``changes.ChangeSource``: ``poll``/``wait``/``ended``) that
         starts at the state ``data`` reflects."""
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Facts about the dict for people and tools: sizes, counters, holders."""
 
-    def users(self) -> List[User]:
+    def users(self) -> list[User]:
         """The processes attached to the dict (alive and dead)."""
 
     def close(self) -> None:
@@ -243,7 +240,7 @@ class Engine(Protocol):
     def unlink(self) -> int:
         """Remove the dict for everybody; how many storage objects were removed."""
 
-    def reopen_arguments(self) -> Dict[str, Any]:
+    def reopen_arguments(self) -> dict[str, Any]:
         """Keyword arguments, beside ``name`` and ``create``, with which another
         process opens this same dict (its backend, and the read mode where the
         engine has one): what a pickled handle carries, so the facade need not

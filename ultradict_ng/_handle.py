@@ -16,7 +16,7 @@ node, and hands it to one of these loops.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple, TypeVar
+from typing import Any, Callable, TypeVar
 
 from . import layout as L
 from ._engine import BlobGone, Conflict, Engine
@@ -38,10 +38,10 @@ class Handle(ViewBase):
     __slots__ = ()
 
     _store: Engine
-    _path: Tuple[Any, ...]
+    _path: tuple[Any, ...]
 
     @classmethod
-    def _on_engine(cls: type[H], engine: Engine, path: Tuple[Any, ...] = ()) -> H:
+    def _on_engine(cls: type[H], engine: Engine, path: tuple[Any, ...] = ()) -> H:
         """A handle on an already open engine: how nested views are made, and
         how an engine other than the shared-memory one is put behind the facade."""
         view = ViewBase.__new__(cls)
@@ -49,11 +49,11 @@ class Handle(ViewBase):
         view._path = path
         return view
 
-    def _view(self: H, path: Tuple[Any, ...]) -> H:
+    def _view(self: H, path: tuple[Any, ...]) -> H:
         """A handle of the same class on the nested dict at ``path`` (sharing the store)."""
         return self._on_engine(self._store, path)
 
-    def _node(self) -> Dict[Any, Any]:
+    def _node(self) -> dict[Any, Any]:
         """This handle's dict in the cache, synced first (one counter
         comparison when nothing changed); PathGone if it no longer exists."""
         s = self._store
@@ -79,7 +79,7 @@ class Handle(ViewBase):
             except BlobGone:
                 continue
 
-    def _locked(self, decide: Callable[[Engine, Dict[Any, Any]], T]) -> T:
+    def _locked(self, decide: Callable[[Engine, dict[Any, Any]], T]) -> T:
         """``decide(store, node)`` under the write lock, on a current cache: the
         loop of every mutation that checks the state.  ``decide`` commits at
         most one record, so the method is one atomic step.
@@ -99,7 +99,7 @@ class Handle(ViewBase):
             finally:
                 s.end_write()
 
-    def _write(self, rec: List[Any]) -> None:
+    def _write(self, rec: list[Any]) -> None:
         """Publish ``rec``, a record whose effect does not depend on the state:
         at the root with no check at all (``Engine.write``, no loop); in a
         nested dict after checking that it still exists (``node`` raises

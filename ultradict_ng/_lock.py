@@ -42,8 +42,9 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Hashable
 from types import TracebackType
-from typing import Hashable, Optional, Tuple, Type
+from typing import Optional
 
 from ._forks import on_fork_in_child
 from ._owner import owner_word
@@ -158,7 +159,7 @@ class SharedLock:
         ``timeout`` seconds (False); take nothing."""
         raise NotImplementedError
 
-    def _holder(self) -> Tuple[Optional[str], Optional[int]]:
+    def _holder(self) -> tuple[Optional[str], Optional[int]]:
         """``("held by ...", pid)`` for a timeout message, or ``(None, None)``
         when the holder is another thread of this process or unknown."""
         raise NotImplementedError
@@ -293,7 +294,7 @@ class SharedLock:
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
@@ -394,7 +395,7 @@ class _TimedHold:
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:

@@ -33,7 +33,8 @@ import errno
 import mmap
 import os
 import stat
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 from .errors import OutOfSpace
 
@@ -162,7 +163,7 @@ class Segment:
 def create_written(
     name: str,
     size: int,
-    pieces: Sequence[Tuple[int, Any]],
+    pieces: Sequence[tuple[int, Any]],
     no_room: str,
     reserve: bool = False,
     created: Optional[Callable[[], None]] = None,
@@ -198,7 +199,7 @@ def create_written(
     os.close(fd)
 
 
-def _write_pieces(fd: int, size: int, pieces: Sequence[Tuple[int, Any]], reserved: bool) -> None:
+def _write_pieces(fd: int, size: int, pieces: Sequence[tuple[int, Any]], reserved: bool) -> None:
     written = False  # whether any byte went in: a refusal after that is a real error
     try:
         for offset, piece in pieces:
@@ -333,7 +334,7 @@ def listable() -> bool:
     return os.path.isdir(SHM_DIR)
 
 
-def listed(prefix: str) -> List[str]:
+def listed(prefix: str) -> list[str]:
     """Names starting with ``prefix`` in the shared-memory filesystem, where it can be
     listed (Linux); an empty list elsewhere (macOS has no such directory)."""
     try:
@@ -352,7 +353,7 @@ def entry_stat(name: str) -> Optional[os.stat_result]:
         return None
 
 
-def read_entry(name: str, length: int) -> Tuple[Optional[os.stat_result], bytes]:
+def read_entry(name: str, length: int) -> tuple[Optional[os.stat_result], bytes]:
     """The ``stat`` and first ``length`` bytes of the listed entry ``name``, for
     tools that judge files they did not make: ``FileNotFoundError`` if it is
     gone; ``(None, b"")`` if it is not a regular file or cannot be read.

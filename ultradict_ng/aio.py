@@ -38,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator, Hashable
 from types import TracebackType
-from typing import Any, AsyncIterator, Callable, Dict, Hashable, List, Optional, Tuple, Type
+from typing import Any, Callable, Optional
 
 from ._lock import SharedLock
 from .changes import Change
@@ -71,7 +72,7 @@ class _Wait:
         self._slice = slice_
         self._ended = ended
         self._guard = threading.Lock()
-        self._futures: List[Tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._ending = False
 
     def join(self, loop: asyncio.AbstractEventLoop) -> Optional[asyncio.Future[None]]:
@@ -126,7 +127,7 @@ class _Waits:
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._running: Dict[Hashable, _Wait] = {}
+        self._running: dict[Hashable, _Wait] = {}
 
     async def wait(
         self, key: Hashable, step: Callable[[float], bool], slice_: float, timeout: Optional[float]
@@ -177,7 +178,7 @@ class AsyncSharedLock:
         self._lock = lock
         self._name = name
         self._waits = waits
-        self._turns: Dict[int, asyncio.Lock] = {}
+        self._turns: dict[int, asyncio.Lock] = {}
 
     def _turn(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -243,7 +244,7 @@ class AsyncSharedLock:
 
     async def __aexit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
@@ -302,7 +303,7 @@ class AsyncSharedDict:
     def items(self) -> Any:
         return self.dict.items()
 
-    def copy(self) -> Dict[Any, Any]:
+    def copy(self) -> dict[Any, Any]:
         return self.dict.copy()
 
     def __setitem__(self, key: Any, value: Any) -> None:

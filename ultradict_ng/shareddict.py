@@ -13,9 +13,9 @@ freed under a read, a checked write overtaken) are retried in ``_handle.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
+from typing import Any, Optional, TypeVar, Union, overload
 
 from . import layout as L
 from ._arguments import pairs, split_arguments
@@ -130,7 +130,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     @overload
     def __init__(
         self,
-        __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
+        __data: Union[Mapping[Any, Any], Iterable[tuple[Any, Any]]],
         name: Optional[str] = None,
         create: Optional[bool] = None,
         *,
@@ -177,7 +177,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         return self._store.name
 
     @property
-    def path(self) -> Tuple[Any, ...]:
+    def path(self) -> tuple[Any, ...]:
         """Keys from the root to this nested dict; ``()`` for the root."""
         return self._path
 
@@ -199,13 +199,13 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         current size of the growing stream (it follows the dict's size)."""
         return self._store.buffer_size
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Facts about the dict now, for people and tools (a snapshot): its
         engine, serializer, generation (full dumps so far), stream use, the
         pid holding the lock, the creator's pid (keys depend on the engine)."""
         return self._store.stats()
 
-    def users(self) -> List[User]:
+    def users(self) -> list[User]:
         """The processes attached to the dict now: ``User(pid, start_time,
         alive)`` for each, dead ones included until their slot is reused
         (a process killed with SIGKILL never detaches).  One entry per
@@ -252,7 +252,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         except BlobGone:  # a writer freed its blob since our sync: read again, in _read's loop
             return self._read(self._item, key)
 
-    def _item(self, node: Dict[Any, Any], key: Any, default: Any = _MISSING) -> Any:
+    def _item(self, node: dict[Any, Any], key: Any, default: Any = _MISSING) -> Any:
         """The user's value of ``node[key]``, for ``_read``: ``default`` if
         absent (KeyError if no default)."""
         value = node.get(key, _MISSING)
@@ -281,7 +281,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         valid, and keeps that memory allocated, until it is released or
         collected -- whatever happens to the key or the dict meanwhile."""
 
-        def read(node: Dict[Any, Any]) -> memoryview:
+        def read(node: dict[Any, Any]) -> memoryview:
             value = node[key]
             tp = type(value)
             if tp is BlobRef or tp is InlineArray:
@@ -298,13 +298,13 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def __len__(self) -> int:
         return len(self._node())
 
-    def _snapshot_keys(self) -> List[Any]:
+    def _snapshot_keys(self) -> list[Any]:
         node = self._node()
         with self._store.mutex:
             return list(node)
 
-    def _snapshot_items(self) -> List[Tuple[Any, Any]]:
-        def read(node: Any) -> List[Tuple[Any, Any]]:  # (a dict, or a big dict's TableCache)
+    def _snapshot_items(self) -> list[tuple[Any, Any]]:
+        def read(node: Any) -> list[tuple[Any, Any]]:  # (a dict, or a big dict's TableCache)
             with self._store.mutex:
                 items, known = (list(node.items()), 0) if type(node) is dict else node.pairs()
             # Values handed out as they are, as by d[k] (a tuple of immutable items is one: a
@@ -340,14 +340,14 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def items(self) -> SharedItemsView:
         return SharedItemsView(self)
 
-    def copy(self) -> Dict[Any, Any]:
+    def copy(self) -> dict[Any, Any]:
         """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
 
-        def read(node: Dict[Any, Any]) -> Dict[Any, Any]:
+        def read(node: dict[Any, Any]) -> dict[Any, Any]:
             with self._store.mutex:
                 if type(node) is not dict:  # a big dict's cache (_shm/tablecache.py): a mapping
                     node = dict(node.items())
-                out: Dict[Any, Any] = copy_value(node, self._store.materialize)
+                out: dict[Any, Any] = copy_value(node, self._store.materialize)
             return out
 
         return self._read(read)
@@ -371,14 +371,14 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         path = f", path={list(self._path)!r}" if self._path else ""
         return f"{type(self).__name__}({self.copy()!r}, name={self.name!r}{path})"
 
-    def __or__(self, other: Any) -> Dict[Any, Any]:
+    def __or__(self, other: Any) -> dict[Any, Any]:
         if not isinstance(other, Mapping):
             return NotImplemented
         out = self.copy()
         out.update(other.copy() if isinstance(other, SharedDict) else other)
         return out
 
-    def __ror__(self, other: Any) -> Dict[Any, Any]:
+    def __ror__(self, other: Any) -> dict[Any, Any]:
         if not isinstance(other, Mapping):
             return NotImplemented
         out = dict(other)
@@ -409,7 +409,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def _delitem_slow(self, key: Any) -> None:
         """``del self[key]``."""
 
-        def decide(s: Engine, node: Dict[Any, Any]) -> None:
+        def decide(s: Engine, node: dict[Any, Any]) -> None:
             if key not in node:
                 raise KeyError(key)
             s.commit(R.delete(self._path, key))
@@ -417,7 +417,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         self._locked(decide)
 
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
-        def decide(s: Engine, node: Dict[Any, Any]) -> Any:
+        def decide(s: Engine, node: dict[Any, Any]) -> Any:
             if key not in node:
                 if default is _MISSING:
                     raise KeyError(key)
@@ -426,10 +426,10 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
         return self._locked(decide)
 
-    def popitem(self) -> Tuple[Any, Any]:
+    def popitem(self) -> tuple[Any, Any]:
         """Remove and return the most recently inserted item (LIFO, like dict)."""
 
-        def decide(s: Engine, node: Dict[Any, Any]) -> Tuple[Any, Any]:
+        def decide(s: Engine, node: dict[Any, Any]) -> tuple[Any, Any]:
             if not node:
                 raise KeyError("popitem(): shared dict is empty")
             key = next(reversed(node))
@@ -437,7 +437,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
         return self._locked(decide)
 
-    def _take(self, s: Engine, node: Dict[Any, Any], key: Any) -> Any:
+    def _take(self, s: Engine, node: dict[Any, Any], key: Any) -> Any:
         """Delete ``key`` (under the write lock) and return its value, read
         first: the delete frees the value's blobs."""
         value = node[key]
@@ -451,7 +451,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         if isinstance(default, SharedDict):
             default = default.copy()
 
-        def decide(s: Engine, node: Dict[Any, Any]) -> Any:
+        def decide(s: Engine, node: dict[Any, Any]) -> Any:
             if key not in node:
                 s.commit(R.set_(self._path, key, default))
             return self._export(key, node[key])
@@ -566,12 +566,12 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         """
         return _unlink_by_name(name, backend)
 
-    def __reduce__(self) -> Tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # A handle travels by name: the receiver attaches as the engine says (backend, read mode).
         return (_reattach, (type(self), self.name, self._path, self._store.reopen_arguments()))
 
 
-def _reattach(cls: type, name: str, path: Tuple[Any, ...], where: Dict[str, Any]) -> SharedDict:
+def _reattach(cls: type, name: str, path: tuple[Any, ...], where: dict[str, Any]) -> SharedDict:
     root: SharedDict = cls(name=name, create=False, **where)
     return root._view(path) if path else root
 

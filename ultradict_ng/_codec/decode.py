@@ -12,9 +12,10 @@ import contextlib
 import functools
 import gc
 import re
+from collections.abc import Iterator
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable, Iterator, List, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from ..errors import CorruptSegment
 from ..speedups import contains_type as _contains_type
@@ -51,7 +52,7 @@ def _no_ext(code: int, data: bytes) -> NoReturn:
     raise CorruptSegment(f"unexpected msgpack ext type {code} inside a scalar payload")
 
 
-def _scalar_payload(data: bytes, min_len: int, max_len: int, n_ints: int) -> List[Any]:
+def _scalar_payload(data: bytes, min_len: int, max_len: int, n_ints: int) -> list[Any]:
     fields = unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
     if type(fields) is not list or not min_len <= len(fields) <= max_len:
         raise CorruptSegment("malformed ext payload")
@@ -61,7 +62,7 @@ def _scalar_payload(data: bytes, min_len: int, max_len: int, n_ints: int) -> Lis
     return fields
 
 
-def _tz_from(fields: List[Any], start: int) -> Optional[timezone]:
+def _tz_from(fields: list[Any], start: int) -> Optional[timezone]:
     n = len(fields) - start
     if n == 0:
         return None

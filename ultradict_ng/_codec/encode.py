@@ -13,7 +13,7 @@ import operator
 import threading
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
 from ..speedups import types_within as _types_within
 from . import ext as msgpack_ext
@@ -53,7 +53,7 @@ LEAF_TYPES = msgpack_ext.LEAF_TYPES
 
 # Options of every Packer we create.  buf_size (msgpack >= 1.1) keeps the
 # per-thread packers small; older versions start with 1 MiB buffers.
-_PACKER_OPTIONS: Dict[str, Any] = {
+_PACKER_OPTIONS: dict[str, Any] = {
     "use_bin_type": True,
     "datetime": False,
     "autoreset": True,
@@ -108,7 +108,7 @@ def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
     if tp is list:
         if _plain_below(obj, depth, ext_depth):
             return obj
-        out: Optional[List[Any]] = None
+        out: Optional[list[Any]] = None
         for i, item in enumerate(obj):
             if type(item) in LEAF_TYPES:
                 continue
@@ -163,14 +163,14 @@ def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
 _plain_pack: Callable[[Any], bytes] = msgpack_ext.Packer(use_bin_type=True, autoreset=True).pack
 
 
-def _tz_fields(tz: timezone) -> List[Any]:
+def _tz_fields(tz: timezone) -> list[Any]:
     args = getattr(tz, "__getinitargs__")()  # (offset,) or (offset, name)
     offset: timedelta = args[0]
     micros = (offset.days * 86400 + offset.seconds) * 1_000_000 + offset.microseconds
     return [micros] if len(args) == 1 else [micros, args[1]]
 
 
-class Chain(List[Any]):
+class Chain(list[Any]):
     """One msgpack Packer per ext nesting level (``chain[n]`` packs the
     payloads of ext objects nested in ``n`` others), plus ``fast``: a
     non-strict twin of level 1 that packs an all-scalar tuple directly."""

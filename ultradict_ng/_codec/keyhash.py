@@ -49,7 +49,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import struct
-from typing import Any, Callable, Dict
+from typing import Any, Callable
 
 from ..errors import UnsupportedType
 
@@ -171,7 +171,7 @@ def _timezone(x: _dt.timezone) -> int:
     return mix(_offset_us(x, None) ^ _T_TIMEZONE)
 
 
-_BY_TYPE: Dict[type, Callable[[Any], int]] = {
+_BY_TYPE: dict[type, Callable[[Any], int]] = {
     int: _number,
     bool: _number,
     float: _number,

@@ -17,7 +17,7 @@ import itertools
 import struct
 import threading
 import zlib
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Optional, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -146,7 +146,7 @@ class StoreBase:
     seen: int
     #: The cache: a dict, or for a big dict a reader's ``_shm/tablecache.TableCache``
     #: (the read API of a dict; a writer turns it into a dict before it writes).
-    data: Dict[Any, Any]
+    data: dict[Any, Any]
     pos: int
 
     def _bind_state(self, words: Optional[Words], index: int) -> None:
@@ -165,11 +165,11 @@ class TableCacheBase:
 
     __slots__ = ("hot", "dead", "fresh", "changed", "_probe", "_limit")
 
-    hot: Dict[Any, Any]
-    dead: Set[Any]
-    fresh: Dict[Any, None]
-    changed: Set[Any]
-    _probe: Optional[Tuple[Any, int, int, int]]
+    hot: dict[Any, Any]
+    dead: set[Any]
+    fresh: dict[Any, None]
+    changed: set[Any]
+    _probe: Optional[tuple[Any, int, int, int]]
     _limit: Optional[int]
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -194,7 +194,7 @@ class ViewBase:
     __slots__ = ("_store", "_path")
 
     _store: Any
-    _path: Tuple[Any, ...]
+    _path: tuple[Any, ...]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -217,7 +217,7 @@ class ViewBase:
         getattr(self, "_delitem_slow")(key)
 
 
-_immutable_types: FrozenSet[type] = frozenset()
+_immutable_types: frozenset[type] = frozenset()
 
 
 def set_root_write(func: Callable[..., None]) -> None:
@@ -228,7 +228,7 @@ def set_root_write(func: Callable[..., None]) -> None:
         raise TypeError("set_root_write needs a function")
 
 
-def set_immutable_types(types: FrozenSet[type]) -> None:
+def set_immutable_types(types: frozenset[type]) -> None:
     """The types whose values the hit path may hand out without a copy."""
     global _immutable_types
     if type(types) is not frozenset:
@@ -236,7 +236,7 @@ def set_immutable_types(types: FrozenSet[type]) -> None:
     _immutable_types = types
 
 
-def first_to_export(pairs: List[Tuple[Any, Any]]) -> int:
+def first_to_export(pairs: list[tuple[Any, Any]]) -> int:
     """Index of the first ``(key, value)`` whose value the hit path would not
     hand out as it is (not of an immutable type, nor a tuple of such); len if none."""
     types = _immutable_types
@@ -278,12 +278,12 @@ class CacheGet:
 # -- the reader's checks and replay --------------------------------------------------------
 
 
-def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> Union[List[bytes], str]:
+def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> Union[list[bytes], str]:
     """The payloads of the records in ``chunk`` (stream bytes from offset
     ``base``), or a str saying what is wrong: reader step 4's checks (header
     complete, payload within the chunk, generation tag, crc and, with
     ``one_msgpack``, each payload exactly one msgpack object)."""
-    out: List[bytes] = []
+    out: list[bytes] = []
     pos, n = 0, len(chunk)
     size = L.RECORD_HEADER
     with memoryview(chunk) as mv:
@@ -321,7 +321,7 @@ def msgpack_length(data: Any) -> int:
 
 
 def apply_sets(
-    data: Dict[Any, Any], records: List[Any], start: int, op_set: int, key_types: FrozenSet[type]
+    data: dict[Any, Any], records: list[Any], start: int, op_set: int, key_types: frozenset[type]
 ) -> int:
     """Apply ``records[start:]`` to ``data`` while each is a root-level set of a
     key of ``key_types`` (``[op_set, [], key, value]``); the index of the first
@@ -347,7 +347,7 @@ def apply_sets(
 # -- the codec's type scans ----------------------------------------------------------------
 
 
-def types_within(container: Any, types: FrozenSet[type], levels: int = 0) -> bool:
+def types_within(container: Any, types: frozenset[type], levels: int = 0) -> bool:
     """Whether every member of a dict (keys and values), list, tuple, set or
     frozenset is of one of the exact ``types`` -- or, within ``levels`` more
     levels, is an exact dict, list, tuple, set or frozenset whose members are."""
@@ -409,7 +409,7 @@ _table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
 _TE = TL.TABLE_ENTRY_HEADER
 
 
-def _map_count(packed: Any) -> Tuple[int, int]:
+def _map_count(packed: Any) -> tuple[int, int]:
     """(pair count, header length) of the msgpack map ``packed`` starts with."""
     first = packed[0] if len(packed) else -1
     if first & 0xF0 == 0x80:
@@ -421,7 +421,7 @@ def _map_count(packed: Any) -> Tuple[int, int]:
     raise ValueError("table_fill: packed is not a msgpack map")
 
 
-def table_fill(buf: Any, off: int, packed: Any, hashes: List[int]) -> int:
+def table_fill(buf: Any, off: int, packed: Any, hashes: list[int]) -> int:
     """Write an entry per pair of the msgpack map ``packed`` with ``hashes[i]``
     from ``off`` (``buf`` None: only the resulting offset); return the offset
     after them (table_layout.py, "entries")."""

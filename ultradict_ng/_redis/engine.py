@@ -18,8 +18,9 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from threading import get_ident
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, NoReturn, Optional
 
 from .. import layout as L
 from .._codec import records as R
@@ -201,7 +202,7 @@ class RedisEngine(StoreBase):
             self._kb_for, self._kb = known, str(known).encode()
         return self._kb
 
-    def apply_delta(self, delta: List[Any]) -> None:
+    def apply_delta(self, delta: list[Any]) -> None:
         """Apply a ``SYNC`` answer (layout: "Reading"); the caller holds the mutex."""
         if type(delta) is not list or len(delta) < 2 or type(delta[0]) is not int:
             raise CorruptSegment(f"shared dict {self.name!r}: Redis answered {delta!r} to SYNC")
@@ -233,13 +234,13 @@ class RedisEngine(StoreBase):
         self.known = seq
         self.stale = False
 
-    def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
+    def node(self, path: tuple[Any, ...]) -> dict[Any, Any]:
         node: Any = self.data
         for key in path:
             node = node.get(key) if type(node) is dict else None
             if type(node) is not dict:
                 raise PathGone(f"no nested dict at {list(path)!r} in shared dict {self.name!r}")
-        found: Dict[Any, Any] = node
+        found: dict[Any, Any] = node
         return found
 
     def reload(self) -> None:
@@ -276,11 +277,11 @@ class RedisEngine(StoreBase):
     def end_write(self) -> None:
         self.mutex.release()
 
-    def load(self, mapping: Dict[Any, Any]) -> bool:
+    def load(self, mapping: dict[Any, Any]) -> bool:
         """Declined: a load is one update record here, written in one transaction."""
         return False
 
-    def commit(self, rec: List[Any]) -> None:
+    def commit(self, rec: list[Any]) -> None:
         """A write whose decision used the cache: conditional on ``known``
         (layout: "Writing", step 3); ``Conflict`` if another client wrote first."""
         tx = self.tx
@@ -290,7 +291,7 @@ class RedisEngine(StoreBase):
         payload, decoded = self.codec.encode_record(rec)
         self._publish(payload, decoded, self.known)
 
-    def write(self, rec: List[Any]) -> None:
+    def write(self, rec: list[Any]) -> None:
         """A write whose effect does not depend on the state: never conflicts."""
         self.words[_W_STATE]  # Closed
         tx = self.tx
@@ -422,21 +423,21 @@ class RedisEngine(StoreBase):
 
     # -- facts -------------------------------------------------------------------------
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return census.stats(self)
 
-    def users(self) -> List[User]:
-        out: List[User] = []
+    def users(self) -> list[User]:
+        out: list[User] = []
         for _, _, user in self._connections():
             if user not in out:
                 out.append(user)
         return out
 
-    def reopen_arguments(self) -> Dict[str, Any]:
+    def reopen_arguments(self) -> dict[str, Any]:
         """The same server, in the same read mode (Engine interface)."""
         return {"backend": self.backend, "reads": self.reads}
 
-    def _connections(self) -> List[Tuple[int, str, User]]:
+    def _connections(self) -> list[tuple[int, str, User]]:
         return census.connections(self)
 
     def _others_attached(self) -> bool:

@@ -13,7 +13,7 @@ removed dict (the feed then ends).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .._codec import records as R
 from .._codec.codec import copy_value
@@ -35,7 +35,7 @@ class RedisFeed:
     def __init__(self, engine: RedisEngine) -> None:
         self._engine = engine
         with engine.mutex:
-            self.data: Dict[Any, Any] = skeleton(engine.data)
+            self.data: dict[Any, Any] = skeleton(engine.data)
             self.known = engine.known
         self._ended = False
 
@@ -50,7 +50,7 @@ class RedisFeed:
             return value.value()
         return copy_value(value, lambda stored: stored.value())
 
-    def poll(self) -> List[Change]:
+    def poll(self) -> list[Change]:
         self._check_open()
         if self._ended:
             return []
@@ -61,7 +61,7 @@ class RedisFeed:
             return []
         delta = reply[1]
         seq = delta[0]
-        out: List[Change] = []
+        out: list[Change] = []
         try:
             self._apply(delta, out)
         except R.Inconsistent as exc:
@@ -71,7 +71,7 @@ class RedisFeed:
         self.known = seq
         return out
 
-    def _apply(self, delta: List[Any], out: List[Change]) -> None:
+    def _apply(self, delta: list[Any], out: list[Change]) -> None:
         engine = self._engine
         codec = engine.codec
         kind = delta[1]

@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import _faults as faults
 from .._lock import SharedLock
@@ -128,7 +128,7 @@ class LeaseLock(SharedLock):
             return True
         return pttl >= 0 and time.monotonic() >= start + pttl / 1000  # its lease ran out meanwhile
 
-    def _holder(self) -> Tuple[Optional[str], Optional[int]]:
+    def _holder(self) -> tuple[Optional[str], Optional[int]]:
         return None, None  # (another thread of ours holds our side of it)
 
     def _holder_pid(self) -> Optional[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import TYPE_CHECKING, Deque, Optional, Tuple
+from typing import TYPE_CHECKING, Optional
 
 from .._codec import records as R
 from .transaction import entry_records
@@ -36,7 +36,7 @@ class Listener:
         self.keys = engine.keys
         self.epoch = engine.epoch.encode()
         self.staleness = engine.staleness
-        self.pending: Deque[Tuple[int, bytes]] = collections.deque()
+        self.pending: collections.deque[tuple[int, bytes]] = collections.deque()
         #: the last request was answered in time (and the dict still exists)
         self.vouched = False
         self._after = f"{max(engine.known, 0)}-1"

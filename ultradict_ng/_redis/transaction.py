@@ -20,7 +20,7 @@ server answers ``FENCED`` and nothing of the block is published
 from __future__ import annotations
 
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -56,11 +56,11 @@ class RedisTransaction:
         #: The cache may lack one of its writes: its end publishes nothing.
         self.broken = False
         #: The block's encoded records, in order, and their size.
-        self.payloads: List[bytes] = []
+        self.payloads: list[bytes] = []
         self.size = 0
 
 
-def bundle(payloads: List[bytes]) -> bytes:
+def bundle(payloads: list[bytes]) -> bytes:
     """The log entry value of a block (module docstring)."""
     if len(payloads) == 1:
         return payloads[0]
@@ -68,7 +68,7 @@ def bundle(payloads: List[bytes]) -> bytes:
     return BUNDLE + packed
 
 
-def _unbundle(value: bytes) -> List[bytes]:
+def _unbundle(value: bytes) -> list[bytes]:
     try:
         payloads = msgpack.unpackb(value[1:], raw=False)
     except Exception as exc:
@@ -78,11 +78,11 @@ def _unbundle(value: bytes) -> List[bytes]:
     return payloads
 
 
-def entry_records(codec: Codec, values: List[bytes]) -> List[Any]:
+def entry_records(codec: Codec, values: list[bytes]) -> list[Any]:
     """The decoded records of log entries, in order (a bundle gives its records)."""
     if not any(v[:1] == BUNDLE for v in values):
         return codec.loads_many(values)
-    flat: List[bytes] = []
+    flat: list[bytes] = []
     for v in values:
         if v[:1] == BUNDLE:
             flat.extend(_unbundle(v))
@@ -110,7 +110,7 @@ def begin(engine: RedisEngine) -> None:
         raise
 
 
-def buffer(engine: RedisEngine, tx: RedisTransaction, rec: List[Any]) -> None:
+def buffer(engine: RedisEngine, tx: RedisTransaction, rec: list[Any]) -> None:
     """A write of the transaction's thread: applied to the cache, kept for the end.
     A record that cannot be encoded raises and changes nothing."""
     payload, decoded = engine.codec.encode_record(rec)

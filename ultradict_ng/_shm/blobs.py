@@ -36,7 +36,7 @@ import operator
 import pickle
 import struct
 import sys
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 from .. import _segments as segments
 from .. import layout as L
@@ -259,7 +259,7 @@ def array_on(ref: BlobRef, mm: mmap.mmap) -> Any:
         raise CorruptSegment(f"blob {ref.id} has an invalid array description: {exc}") from None
 
 
-def blob_ids(name: str, low: int, nxt: int) -> List[int]:
+def blob_ids(name: str, low: int, nxt: int) -> list[int]:
     """Ids of ``low .. nxt`` whose blob segments may exist: those listed in
     /dev/shm where it can be listed, else the range itself (at most
     ``MAX_BLOB_SWEEP`` of them)."""
@@ -277,9 +277,9 @@ def blob_ids(name: str, low: int, nxt: int) -> List[int]:
     return list(range(low, min(nxt, low + L.MAX_BLOB_SWEEP)))
 
 
-def refs_within(value: Any, out: Optional[List[BlobRef]] = None) -> List[BlobRef]:
+def refs_within(value: Any, out: Optional[list[BlobRef]] = None) -> list[BlobRef]:
     """Every BlobRef inside ``value`` (lists, tuples, dict values; iterative)."""
-    found: List[BlobRef] = [] if out is None else out
+    found: list[BlobRef] = [] if out is None else out
     stack = [value]
     while stack:
         item = stack.pop()
@@ -308,7 +308,7 @@ def may_hold_blobs(value: Any, threshold: int) -> bool:
     return True
 
 
-def pairs_may_hold_blobs(pairs: List[Any], threshold: int) -> bool:
+def pairs_may_hold_blobs(pairs: list[Any], threshold: int) -> bool:
     """``any(may_hold_blobs(v, threshold) for _, v in pairs)`` for an update
     record's pairs (``[[key, value], ...]``), decided for the common case by
     compiled scans instead of a call per pair: when every key and value is

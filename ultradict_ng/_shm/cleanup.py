@@ -11,7 +11,6 @@ segment with another creation token is a dict re-created under the same name.
 from __future__ import annotations
 
 import logging
-from typing import List
 
 from .. import _segments as segments
 from .. import layout as L
@@ -175,7 +174,7 @@ def unlink_other_layout(name: str) -> int:
     return sum(segments.unlink(n) for n in names) + int(segments.unlink(name))
 
 
-def remove_orphans(base: str, names: List[str]) -> int:
+def remove_orphans(base: str, names: list[str]) -> int:
     """Unlink ``names``, segments named like the dict ``base``'s whose control
     segment is gone (layout: "Unlink and cleanup register", orphans); how many.
 

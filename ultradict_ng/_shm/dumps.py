@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from .. import layout as L
 from .._codec.codec import MsgpackCodec
@@ -59,7 +59,7 @@ class Planned:
         count: Optional[int],
         merge: Optional[Merge],
         payload: Optional[bytes],
-        hashes: Optional[List[int]],
+        hashes: Optional[list[int]],
     ) -> None:
         self.size, self.count = size, count
         self._merge, self._payload, self._hashes = merge, payload, hashes
@@ -126,7 +126,7 @@ def _merge(cache: TableCache, dumps: Callable[[Any], bytes], loads: Callable[[An
     )
     changes += [(offset(k), None) for k in dead]
     changes += [(offset(k), dumps(hot[k])) for k in changed]
-    appended: List[Tuple[int, bytes, bytes]] = [(hash_key(k), dumps(k), dumps(hot[k])) for k in cache.fresh]
+    appended: list[tuple[int, bytes, bytes]] = [(hash_key(k), dumps(k), dumps(hot[k])) for k in cache.fresh]
     return Merge(table, changes, appended)
 
 

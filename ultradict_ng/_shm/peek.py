@@ -15,7 +15,7 @@ mapping them.  A Peek does not register as a user and never writes.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from .. import layout as L
 from .._codec.codec import CUSTOM_ID, MSGPACK, PICKLE, Codec
@@ -108,7 +108,7 @@ class Peek(Reader):
             self.serializer_id, f"unknown ({self.serializer_id})"
         )
 
-    def load(self) -> Dict[Any, Any]:
+    def load(self) -> dict[Any, Any]:
         """The whole tree as published now (placeholders for large values).
 
         :class:`CorruptSegment` if it cannot be read consistently within
@@ -131,7 +131,7 @@ class Peek(Reader):
     def blob_bytes(self) -> int:
         """Payload bytes of the large values the loaded tree references."""
         total = 0
-        stack: List[Any] = [self.data]
+        stack: list[Any] = [self.data]
         while stack:
             node = stack.pop()
             items = node.values() if isinstance(node, dict) else node

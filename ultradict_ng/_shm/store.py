@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from .. import _segments as segments
 from .. import layout as L
@@ -50,7 +50,7 @@ from .writer import Writer
 
 __all__ = ["Store"]
 
-Path = Tuple[Any, ...]
+Path = tuple[Any, ...]
 
 
 def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int, registered: bool, last: bool) -> None:
@@ -240,7 +240,7 @@ class Store(Writer):
                     store.commit(R.update((), pairs(initial)))
             elif initial:
                 # (fresh [key, value] lists, made by _arguments.pairs: no copy)
-                store.commit(R.update((), cast(List[List[Any]], initial)))
+                store.commit(R.update((), cast(list[list[Any]], initial)))
             mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)  # ready: published last
             return store
         except BaseException:
@@ -315,7 +315,7 @@ class Store(Writer):
 
     # -- reading -------------------------------------------------------------------
 
-    def load(self, mapping: Dict[Any, Any]) -> bool:
+    def load(self, mapping: dict[Any, Any]) -> bool:
         """``update(mapping)`` at the root as a bulk load straight from a ``dict``:
         published as a dump (layout: "Writer", step 4: a load of ``PARTIAL_FROM``
         pairs or more, no fewer than the dict holds), True; or False, nothing
@@ -344,7 +344,7 @@ class Store(Writer):
             and self.codec.id == MsgpackCodec.id
         )
 
-    def _load(self, mapping: Dict[Any, Any]) -> bool:
+    def _load(self, mapping: dict[Any, Any]) -> bool:
         """:meth:`load`'s work, in ``begin_write`` (or creating the dict)."""
         if self.tx is not None or len(mapping) < len(self.data):
             return False
@@ -439,7 +439,7 @@ class Store(Writer):
         self.words[L.W_STATE]  # Closed on a closed handle
         return Feed(self)
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """The dict's shared state as this handle sees it now (a snapshot)."""
         words = self.words
         state = words[L.W_STATE]  # Closed on a closed handle
@@ -469,12 +469,12 @@ class Store(Writer):
             "unlinked": bool(words[L.W_STATUS] & L.STATUS_UNLINKED),
         }
 
-    def users(self) -> List[User]:
+    def users(self) -> list[User]:
         """The processes attached to the dict now, alive and dead (layout: "Users")."""
         self.words[L.W_STATE]  # Closed on a closed handle
         return users.read_users(self._map.atomic)
 
-    def reopen_arguments(self) -> Dict[str, Any]:
+    def reopen_arguments(self) -> dict[str, Any]:
         """Another process finds the dict by name in shared memory (Engine interface)."""
         return {"backend": "shm"}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import pickle
 from threading import get_ident
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 from .. import _faults as faults
 from .. import _segments as segments
@@ -169,7 +169,7 @@ class Writer(Reader):
                 return
         self.commit(R.set_((), key, value))
 
-    def write(self, rec: List[Any]) -> None:
+    def write(self, rec: list[Any]) -> None:
         """``begin_write``, ``commit(rec)``, ``end_write`` (a record that needs no check)."""
         self.begin_write()
         try:
@@ -177,11 +177,11 @@ class Writer(Reader):
         finally:
             self.end_write()
 
-    def commit(self, rec: List[Any]) -> None:
+    def commit(self, rec: list[Any]) -> None:
         """Publish and apply one record (writer steps 2-5, with layout "Blobs"
         a-d when its values hold large buffers or arrays); caller is in
         begin_write.  Raises and changes nothing, or publishes it all."""
-        created: List[BlobRef] = []
+        created: list[BlobRef] = []
         threshold = self.blob_threshold
         if (
             threshold
@@ -211,7 +211,7 @@ class Writer(Reader):
         elif dropped:
             self._unlink_blobs(dropped)  # d: no published state references them any more
 
-    def _commit(self, rec: List[Any]) -> None:
+    def _commit(self, rec: list[Any]) -> None:
         """Writer steps 2-5 for one record."""
         # UnsupportedType here changes nothing.  ``decoded`` is what every
         # reader will decode (the record itself when that is provably equal).
@@ -243,7 +243,7 @@ class Writer(Reader):
             self.gen = self.seen = INVALID  # the cache may differ from shared memory: reload
             raise
 
-    def _bulk_load(self, rec: List[Any]) -> bool:
+    def _bulk_load(self, rec: list[Any]) -> bool:
         """A load: a root update of ``PARTIAL_FROM`` (the default) pairs or more, no fewer
         than the dict holds; published as a dump, a table readers map, not a record."""
         return (
@@ -255,7 +255,7 @@ class Writer(Reader):
 
     # -- transactions (layout: "Transactions") -------------------------------------------
 
-    def _buffer(self, tx: Transaction, rec: List[Any]) -> None:
+    def _buffer(self, tx: Transaction, rec: list[Any]) -> None:
         """A write inside a transaction: its record is written past the
         published end of the stream (no reader looks there) and applied to the
         cache, nothing is published.  Once the records no longer fit, they are
@@ -461,7 +461,7 @@ class Writer(Reader):
 
     # -- blobs (layout: "Blobs") ---------------------------------------------------------
 
-    def _extract_blobs(self, rec: List[Any], created: List[BlobRef]) -> List[Any]:
+    def _extract_blobs(self, rec: list[Any], created: list[BlobRef]) -> list[Any]:
         """``rec`` with its large buffers and arrays written to blobs (steps a-b)
         and replaced by references; the blobs made are appended to ``created``."""
         threshold = self.blob_threshold
@@ -479,7 +479,7 @@ class Writer(Reader):
 
         def out_of_band(value: Any) -> Any:
             """Under pickle: the value pickled with protocol 5, its large buffers in blobs."""
-            refs: List[BlobRef] = []
+            refs: list[BlobRef] = []
 
             def callback(buffer: pickle.PickleBuffer) -> bool:
                 try:
@@ -515,14 +515,14 @@ class Writer(Reader):
             raise
         return rec
 
-    def _dropped(self, rec: List[Any]) -> List[BlobRef]:
+    def _dropped(self, rec: list[Any]) -> list[BlobRef]:
         """The blobs this record removes from the tree (the values it replaces)."""
         try:
             node = self.node(tuple(rec[1]))
         except PathGone:
             return []
         op = rec[0]
-        refs: List[BlobRef] = []
+        refs: list[BlobRef] = []
         if op == L.OP_CLEAR:
             tree: Any = node  # (a big dict's root: every value decoded for the walk, none kept)
             return refs_within(tree.values() if type(tree) is tablecache.TableCache else tree)

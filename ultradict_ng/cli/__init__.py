@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import Optional
 
 from ..errors import SharedDictError
 
@@ -180,7 +180,7 @@ def _transfer_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from . import cleaning, doctor, inspecting, transfer  # (imported late: --help stays fast)
 

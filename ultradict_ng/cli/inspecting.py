@@ -14,7 +14,7 @@ import sys
 import time
 from argparse import Namespace
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .._names import validate_name
 from .._segments import listable
@@ -115,9 +115,9 @@ def cmd_ls(args: Namespace) -> int:
     return 0
 
 
-def _print_parcels(pool: List[ParcelReport]) -> None:
+def _print_parcels(pool: list[ParcelReport]) -> None:
     """One line per pool process (and status): its parcels are transient, listing them is noise."""
-    groups: Dict[Tuple[int, str], List[ParcelReport]] = {}
+    groups: dict[tuple[int, str], list[ParcelReport]] = {}
     for p in pool:
         groups.setdefault((p.owner_pid, p.status), []).append(p)
     hint = {
@@ -139,7 +139,7 @@ def _open(name: str) -> Peek:
     return Peek.open(name)
 
 
-def _key(data: Dict[Any, Any], text: str) -> Any:
+def _key(data: dict[Any, Any], text: str) -> Any:
     """The key a command-line word names: itself as a str, else a Python literal."""
     if text in data:
         return text
@@ -265,7 +265,7 @@ def _stream_line(rep: DictReport) -> str:
     )
 
 
-def _change_json(change: Change) -> Dict[str, Any]:
+def _change_json(change: Change) -> dict[str, Any]:
     return {
         "time": time.time(),
         "op": change.op,

@@ -13,7 +13,7 @@ import os
 import pprint
 import time
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from .. import errors
 from .._lock import SharedLock
@@ -208,7 +208,7 @@ class UltraLock:
             lock.release()
         return True
 
-    def status(self) -> Dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         pid = self.get_remote_pid()
         return {
             "has_lock": self.has_lock,
@@ -217,7 +217,7 @@ class UltraLock:
             "pid_remote": pid,
         }
 
-    def print_status(self, status: Optional[Dict[str, Any]] = None) -> None:
+    def print_status(self, status: Optional[dict[str, Any]] = None) -> None:
         pprint.pprint(status or self.status())
 
     def __repr__(self) -> str:
@@ -234,7 +234,7 @@ class _LockHold:
 
     __slots__ = ("_lock", "_params")
 
-    def __init__(self, lock: UltraLock, params: Dict[str, Any]) -> None:
+    def __init__(self, lock: UltraLock, params: dict[str, Any]) -> None:
         self._lock = lock
         self._params = params
 

@@ -74,7 +74,7 @@ import time
 import types
 from multiprocessing.queues import SimpleQueue
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from .. import layout as L
 from .._forks import on_fork_in_child
@@ -165,7 +165,7 @@ _SURVEYED = 16
 _NOT, _OVER = -1, -2  # (what :func:`_plain` returns: not plain; too many to survey)
 
 
-def _plain(values: Tuple[Any, ...], limit: int, depth: int, budget: int) -> int:
+def _plain(values: tuple[Any, ...], limit: int, depth: int, budget: int) -> int:
     """What is left of ``budget`` (one per value) after surveying ``values``:
     ``_NOT`` when pickling them could set a buffer aside or a ``str`` or
     ``bytes`` in them reaches ``limit``; ``_OVER`` when the budget ran out
@@ -203,7 +203,7 @@ def _marshals_small(values: Any, limit: int) -> bool:
         return False
 
 
-def _plain_call(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], limit: int) -> bool:
+def _plain_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], limit: int) -> bool:
     """True when ``fn(*args, **kwargs)`` can travel as the standard pool sends it:
     a function pickled by its name (a plain or a module's builtin function, or a
     ``partial`` of one with plain arguments -- what ``map`` submits), plain
@@ -237,7 +237,7 @@ class _Call:
     __slots__ = ("pool", "fn", "args", "kwargs")
 
     def __init__(
-        self, pool: _Pool, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+        self, pool: _Pool, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         self.pool = pool
         self.fn = fn
@@ -261,7 +261,7 @@ class _Run:
 
     __slots__ = ("parcel",)
 
-    def __init__(self, name: str, data: bytes, spans: Tuple[Span, ...]) -> None:
+    def __init__(self, name: str, data: bytes, spans: tuple[Span, ...]) -> None:
         self.parcel = Parcel(name, data, spans)
 
     def __call__(self) -> Any:
@@ -321,7 +321,7 @@ class _Arrival:
         return _arrive, self.args
 
 
-def _arrive(ref: Tuple[str, bytes, Tuple[Span, ...]], cls: Any, fields: Optional[Dict[str, Any]]) -> Any:
+def _arrive(ref: tuple[str, bytes, tuple[Span, ...]], cls: Any, fields: Optional[dict[str, Any]]) -> Any:
     """Rebuild a result item from its parcel.  If that fails (the parcel was
     removed from outside, no memory to map it, a class that does not load
     here), the item fails its own task with the error, rather than the pool's
@@ -358,7 +358,7 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         max_workers: Optional[int] = None,
         mp_context: Any = None,
         initializer: Optional[Callable[..., object]] = None,
-        initargs: Tuple[Any, ...] = (),
+        initargs: tuple[Any, ...] = (),
         *,
         max_tasks_per_child: Optional[int] = None,
         shm_threshold: int = DEFAULT_SHM_THRESHOLD,
@@ -373,7 +373,7 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
             raise TypeError("initializer must be a callable")
         if not isinstance(shm_threshold, int) or shm_threshold < 1:
             raise ValueError(f"shm_threshold must be a positive int, not {shm_threshold!r}")
-        extra: Dict[str, Any] = {}
+        extra: dict[str, Any] = {}
         if max_tasks_per_child is not None:
             extra["max_tasks_per_child"] = max_tasks_per_child
         pool = _Pool(shm_threshold)
@@ -456,11 +456,11 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
 
 # -- in the worker -------------------------------------------------------------------------------
 
-_worker: Optional[Tuple[str, int, int]] = None  # (pool token, owner word, threshold)
+_worker: Optional[tuple[str, int, int]] = None  # (pool token, owner word, threshold)
 
 
 def _init_worker(
-    config: Tuple[str, int, int], initializer: Optional[Callable[..., object]], initargs: Tuple[Any, ...]
+    config: tuple[str, int, int], initializer: Optional[Callable[..., object]], initargs: tuple[Any, ...]
 ) -> None:
     global _worker
     _worker = config
