@@ -68,7 +68,17 @@ if TYPE_CHECKING:
     from ._lock import SharedLock
     from .changes import ChangeSource
 
-__all__ = ["Engine", "Transactional", "Options", "Conflict", "BlobGone", "ClosedWords", "User", "Initial"]
+__all__ = [
+    "Engine",
+    "Transactional",
+    "Options",
+    "Conflict",
+    "BlobGone",
+    "ClosedWords",
+    "check_open",
+    "User",
+    "Initial",
+]
 
 Path = tuple[Any, ...]
 #: What a created dict starts with: [key, value] lists, or a ``dict`` given whole
@@ -132,7 +142,20 @@ class ClosedWords:
         self._name = name
 
     def __getitem__(self, index: int) -> int:
-        raise Closed(f"this handle of shared dict {self._name!r} is closed")
+        raise self.error()
+
+    def error(self) -> Closed:
+        return Closed(f"this handle of shared dict {self._name!r} is closed")
+
+
+def check_open(words: object) -> None:
+    """Raise ``Closed`` if ``words`` is a closed handle's (:class:`ClosedWords`).
+
+    An operation calls it first, so that a closed handle fails before the lock is
+    taken or anything is read; the hit path needs no call, since its first load
+    of a ``ClosedWords`` raises by itself."""
+    if isinstance(words, ClosedWords):
+        raise words.error()
 
 
 class Conflict(Exception):

@@ -24,7 +24,7 @@ from ._backends import unlink_by_name as _unlink_by_name
 from ._codec import records as R
 from ._codec.codec import IMMUTABLE_TYPES, copy_value
 from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
-from ._engine import BlobGone, Engine, Transactional, User
+from ._engine import BlobGone, Engine, Transactional, User, check_open
 from ._handle import Handle
 from ._lock import SharedLock
 from .changes import Change, iterate
@@ -215,7 +215,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     @property
     def lock(self) -> SharedLock:
         """The lock of the whole tree: ``with d.lock:``, ``with d.lock(timeout=2):``."""
-        self._store.words[_W_STATE]  # Closed on a closed handle
+        check_open(self._store.words)
         return self._store.lock
 
     # -- reading -----------------------------------------------------------------------
@@ -519,7 +519,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         The change feed and ``wait_for_change`` see one publish: the block's
         changes, in order, together.  README "Guarantees", layout "Transactions"."""
         s = self._store
-        s.words[_W_STATE]  # Closed on a closed handle, before the lock
+        check_open(s.words)  # before the lock
         if not isinstance(s, Transactional):
             raise NotImplementedError(
                 f"shared dict {self.name!r}: its backend has no transactions; nothing was changed"

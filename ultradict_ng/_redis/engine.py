@@ -25,7 +25,7 @@ from typing import Any, NoReturn, Optional
 from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import Codec
-from .._engine import ClosedWords, Conflict, Options, User
+from .._engine import ClosedWords, Conflict, Options, User, check_open
 from .._forks import on_fork_in_child
 from .._names import validate_name
 from ..errors import (
@@ -185,8 +185,7 @@ class RedisEngine(StoreBase):
     def sync_remote(self) -> None:
         """``SYNC``: one round trip; applies what changed since ``known``."""
         with self.mutex:
-            if self.closed:
-                self.words[_W_STATE]  # raises Closed
+            check_open(self.words)
             if not self.stale and self.known >= 0:
                 seq, epoch = self.link.peek()
                 if epoch == self._epoch and seq == self._known_bytes():
@@ -266,7 +265,7 @@ class RedisEngine(StoreBase):
     # -- writing -------------------------------------------------------------------
 
     def begin_write(self) -> None:
-        self.words[_W_STATE]  # Closed
+        check_open(self.words)
         self.mutex.acquire()
         try:
             self.sync()
@@ -293,7 +292,7 @@ class RedisEngine(StoreBase):
 
     def write(self, rec: list[Any]) -> None:
         """A write whose effect does not depend on the state: never conflicts."""
-        self.words[_W_STATE]  # Closed
+        check_open(self.words)
         tx = self.tx
         if tx is not None and tx.thread == get_ident():
             with self.mutex:
@@ -402,7 +401,7 @@ class RedisEngine(StoreBase):
 
     def change_mark(self) -> int:
         """The sequence number ``data`` reflects (-1: none loaded yet)."""
-        self.words[_W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return self.known
 
     def wait_past(self, mark: int, timeout: float) -> bool:
@@ -410,7 +409,7 @@ class RedisEngine(StoreBase):
         server holds a later one (at once if it already does) or the dict is
         gone; False after ``timeout`` seconds.  Touches neither ``data`` nor
         the mutex: a helper thread waits here while others use the handle."""
-        self.words[_W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         if mark < 0:
             return True  # nothing loaded: any state is news
         if self.link.xread(self.keys.log, f"{mark}-1", timeout, timeout + 5.0):

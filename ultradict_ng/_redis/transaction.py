@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from .. import layout as L
 from .._codec import records as R
+from .._engine import check_open
 from ..errors import CorruptSegment, LeaseLost, OutOfSpace, TransactionAborted
 from . import layout as RL
 
@@ -94,7 +94,7 @@ def entry_records(codec: Codec, values: list[bytes]) -> list[Any]:
 def begin(engine: RedisEngine) -> None:
     """Take the lease (reentrant; it brings the cache up to date) and open the
     transaction, or a level deeper in this thread's open one."""
-    engine.words[L.W_STATE]  # Closed
+    check_open(engine.words)
     engine.lock.acquire()
     try:
         with engine.mutex:

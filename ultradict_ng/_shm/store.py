@@ -31,7 +31,7 @@ from .._arguments import pairs
 from .._codec import records as R
 from .._codec.codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .._codec.placeholders import BlobRef, InlineArray
-from .._engine import BlobGone, ClosedWords, Engine, Initial, Options, User
+from .._engine import BlobGone, ClosedWords, Engine, Initial, Options, User, check_open
 from .._forks import on_fork_in_child
 from .._names import generate_name, validate_name
 from .._segments import Segment
@@ -423,7 +423,7 @@ class Store(Writer):
 
     def change_mark(self) -> int:
         """The STATE ``data`` reflects (Engine interface: ``wait_past``)."""
-        self.words[L.W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return self.seen
 
     def wait_past(self, mark: int, timeout: float) -> bool:
@@ -436,7 +436,7 @@ class Store(Writer):
 
     def feed(self) -> Feed:
         """A change feed starting at the state this handle's cache reflects."""
-        self.words[L.W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return Feed(self)
 
     def stats(self) -> dict[str, Any]:
@@ -471,7 +471,7 @@ class Store(Writer):
 
     def users(self) -> list[User]:
         """The processes attached to the dict now, alive and dead (layout: "Users")."""
-        self.words[L.W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return users.read_users(self._map.atomic)
 
     def reopen_arguments(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from .._codec.codec import MsgpackCodec, PickleCodec
 from .._codec.ext import too_deep as too_deep
 from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
 from .._codec.records import SCALAR_TYPES as _SCALARS
+from .._engine import check_open
 from .._segments import Segment
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from . import tablecache
@@ -70,7 +71,7 @@ class Writer(Reader):
     def begin_write(self) -> None:
         """Take the lock and the cache mutex, and catch up (writer steps 1-2)."""
         words = self.words
-        words[_W_STATE]  # raises Closed on a closed handle, before touching the lock
+        check_open(words)  # before touching the lock
         lock = self.lock
         lock.acquire()
         try:
@@ -111,7 +112,7 @@ class Writer(Reader):
         """
         tx = self.tx
         if tx is not None and tx.thread == get_ident():
-            self.words[_W_STATE]  # raises Closed on a closed handle
+            check_open(self.words)
             self.mutex.acquire()
             try:
                 self._set_root(key, value, tx)
