@@ -96,11 +96,11 @@ def _use_cache(h: Any, written: dict[str, Any], settings: Any, one_count: bool) 
     side segment is exact."""
     assert settings is None or _settings(h) == settings, (_settings(h), settings)
     for key, value in written.items():
-        assert attempt(lambda: h.get(key)) in (None, value), key
+        assert attempt(h.get, key) in (None, value), key
     if not isinstance(attempt(lambda: h.set("probe", [1])), SharedDictError):
         assert h.get("probe") == [1] or (h.default_ttl or 1) < 1, "a value set is not read back"
     for i in range(3 * (h.maxsize or 20)):
-        out = attempt(lambda: h.set(f"n{i}", [i, "v" * (i % 50)]))
+        out = attempt(h.set, f"n{i}", [i, "v" * (i % 50)])
     if h.maxbytes is not None and not isinstance(out, SharedDictError):
         assert h.stats()["bytes"] <= h.maxbytes  # (a damaged count is recounted)
     for op in (
@@ -252,7 +252,7 @@ def test_cache_writers_remove_what_is_not_an_entry(
             raw[key] = value
         c.set("fresh", 1, ttl=0.001)  # an expiring entry: writes sample for expired ones
         for i in range(3 * (c.maxsize or 20)):
-            attempt(lambda: c.set(f"n{i}", [i, "v" * (i % 50)]))
+            attempt(c.set, f"n{i}", [i, "v" * (i % 50)])
         raw[(1,)] = claim  # where memo(1) claims
         assert memo(1) == 2 and memo(1) == 2
         for op in (lambda: c.set(bad[0], 0), lambda: c.set_many({bad[-1]: 1, "m": 2}), c.popitem):
@@ -294,6 +294,26 @@ NOT_ENTRY_EXAMPLES = [
 ]
 
 
+def _use_the_bad_key(c: SharedCache, op: str) -> Any:
+    """One of a cache's methods, named ``op``, on the key ``"bad"`` (or the whole cache)."""
+    return {
+        "get": lambda: c.get("bad"),
+        "contains": lambda: "bad" in c,
+        "iter": lambda: list(c),
+        "len": lambda: len(c),
+        "expire": c.expire,
+        "delete": lambda: c.delete("bad"),
+        "add": lambda: c.add("bad", 1),
+        "incr": lambda: c.incr("bad", default=0),
+        "touch": lambda: c.touch("bad", 5),
+        "pop": lambda: c.pop("bad", None),
+        "ttl": lambda: c.ttl("bad"),
+        "popitem": lambda: [c.popitem() for _ in range(2)],
+        "delete_many": lambda: c.delete_many(["bad"]),
+        "setdefault": lambda: c.setdefault("bad", 1),
+    }[op]()
+
+
 def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
     """Each value that is not an entry, under a key of a cache's dict: every read and
     write of that key, and of the whole cache, answers (absent) or raises one of
@@ -323,22 +343,7 @@ def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
             ):
                 raw["bad"] = garbage
                 try:
-                    {
-                        "get": lambda: c.get("bad"),
-                        "contains": lambda: "bad" in c,
-                        "iter": lambda: list(c),
-                        "len": lambda: len(c),
-                        "expire": c.expire,
-                        "delete": lambda: c.delete("bad"),
-                        "add": lambda: c.add("bad", 1),
-                        "incr": lambda: c.incr("bad", default=0),
-                        "touch": lambda: c.touch("bad", 5),
-                        "pop": lambda: c.pop("bad", None),
-                        "ttl": lambda: c.ttl("bad"),
-                        "popitem": lambda: [c.popitem() for _ in range(2)],
-                        "delete_many": lambda: c.delete_many(["bad"]),
-                        "setdefault": lambda: c.setdefault("bad", 1),
-                    }[op]()
+                    _use_the_bad_key(c, op)
                 except (SharedDictError, KeyError):
                     pass
                 except TypeError as exc:

@@ -654,7 +654,7 @@ def test_not_a_dict_subclass_and_what_to_write_instead(name):
     assert second.something == "some value" and ultra["something"] == "some value"
     del second.something
     with pytest.raises(AttributeError):
-        first.something
+        _ = first.something
     first._shared.close()
     second._shared.close()
     ultra.close()

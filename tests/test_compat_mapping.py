@@ -290,7 +290,7 @@ def test_a_new_shareddict_method_is_mapped(name: str) -> None:
     with pytest.raises(E.AlreadyClosed):  # ... the decorated one UltraDict's
         compat.published_state()
     with pytest.raises(E.AlreadyClosed):
-        compat.state_word
+        _ = compat.state_word
     with pytest.raises(E.AlreadyClosed):
         compat["k"]  # the C slot of the compiled base (or its Python twin)
     with pytest.raises(E.AlreadyClosed):

@@ -138,10 +138,11 @@ def damage(name: str, target: str, edits: list[Any]) -> None:
         seg.close()
 
 
-def attempt(fn: Callable[[], Any]) -> Any:
-    """Run one operation: its result, or the SharedDictError it raised. Anything else fails."""
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run one operation, ``fn(*args, **kwargs)``: its result, or the SharedDictError
+    it raised. Anything else fails."""
     try:
-        return fn()
+        return fn(*args, **kwargs)
     except SharedDictError as exc:
         assert str(exc), f"{type(exc).__name__} without a message"
         return exc
@@ -437,10 +438,10 @@ def test_garbage_in_redis_keys_never_crashes_hangs_or_lies(redis_server: Any, ed
             if isinstance(got, dict):
                 for k, v in got.items():
                     assert written.get(k, v) == v or k not in written, (k, v)
-            attempt(lambda: handle.__setitem__("after", 1))
-            attempt(lambda: handle.pop("k1", None))
+            attempt(handle.__setitem__, "after", 1)
+            attempt(handle.pop, "k1", None)
             attempt(handle.stats)
-            attempt(lambda: handle.wait_for_change(0.01))
+            attempt(handle.wait_for_change, 0.01)
         c = attempt(lambda: SharedDict(name=name, backend=redis_server.url, create=False))
         if isinstance(c, SharedDict):
             attempt(c.copy)

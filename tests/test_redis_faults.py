@@ -12,6 +12,7 @@ fail now and will pass (and then need the mark removed) once it is fixed.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -261,6 +262,12 @@ def test_kill_without_persistence_makes_every_handle_unlinked(name: str) -> None
 # ---------------------------------------------------------------------------- 3. CLIENT KILL
 
 
+def _reads_until(handle: SharedDict, want: Any, seen: list[Any]) -> bool:
+    """Whether ``handle["v"]`` is ``want`` now; every value read is kept in ``seen``."""
+    seen.append(handle["v"])
+    return bool(seen[-1] == want)
+
+
 def test_client_kill_reads_reconnect_and_return_current_data(
     name: str, redis_url: str, redis_server: RedisServer
 ) -> None:
@@ -284,7 +291,7 @@ def test_client_kill_reads_reconnect_and_return_current_data(
             assert d.get("v") == round_
             seen: list[Any] = []
             wait_until(
-                lambda: (seen.append(cached["v"]), seen[-1] == round_)[1],
+                functools.partial(_reads_until, cached, round_, seen),
                 staleness + MARGIN,
                 f"the cached handle seeing v={round_}",
             )

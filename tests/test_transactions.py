@@ -191,7 +191,7 @@ def test_an_exception_discards_every_write_and_propagates(backend, name, dicts):
             d["a"] = 2
             del d["n"]["x"]
             d["z"] = [1, 2]
-            1 / 0
+            raise ZeroDivisionError("an error inside the block")
     assert d.copy() == other.copy() == {"a": 1, "n": {"x": 1}}
     assert d.lock.acquire(timeout=1)  # free again
     d.lock.release()

@@ -8,10 +8,12 @@ values well-formed, no ``seq`` going back in time, iteration never raising.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from ultradict_ng import SharedDict
 
@@ -355,8 +357,9 @@ def cache_writer(
     name: str, total_name: str, wid: int, seconds: float, results: Any, ready: Any = None
 ) -> None:
     """Writer ``wid``; with ``results`` None a victim the test SIGKILLs at a random
-    instant (it never touches the total).  Own counter ``n<wid>``: incremented from the exact value this writer
-    keeps (``default`` restores it after an eviction), so it only grows."""
+    instant (it never touches the total).  Own counter ``n<wid>``: incremented from
+    the exact value this writer keeps (``default`` restores it after an eviction),
+    so it only grows."""
     from ultradict_ng.cache import SharedCache
 
     victim = results is None
@@ -369,15 +372,17 @@ def cache_writer(
     if ready is not None:
         ready.set()
 
-    def timed(write: Callable[[float], None], ttl: Any) -> None:
-        """``write(deadline)``; with a ttl > 0 under the lock, so that the time it
-        takes is the writer's own (not a wait for the lock)."""
+    @contextlib.contextmanager
+    def timed(ttl: Any) -> Iterator[float]:
+        """The deadline to write a value with; with a ttl > 0 the block runs under
+        the lock, so that the time the write takes is the writer's own (not a wait
+        for the lock)."""
         if ttl is None or ttl <= 0:
-            write(0.0 if ttl is None else -1.0)
+            yield 0.0 if ttl is None else -1.0
             return
         with c.lock:
             t0 = time.time()
-            write(0.0 if victim else t0 + ttl)  # a victim cannot report its stalls
+            yield 0.0 if victim else t0 + ttl  # a victim cannot report its stalls
             if time.time() - t0 > CACHE_MARGIN:
                 stalls.append((wid, seq))
 
@@ -390,11 +395,13 @@ def cache_writer(
             key = f"k{rng.randrange(CACHE_KEYS)}"
             ttl = _cache_ttl(rng)
             if r < 0.30:
-                timed(lambda d: c.set(key, cache_value(key, wid, seq, d), ttl=ttl), ttl)
+                with timed(ttl) as d:
+                    c.set(key, cache_value(key, wid, seq, d), ttl=ttl)
             elif r < 0.38:
                 c.delete(key)
             elif r < 0.46:
-                timed(lambda d: c.add(key, cache_value(key, wid, seq, d), ttl=ttl), ttl)
+                with timed(ttl) as d:
+                    c.add(key, cache_value(key, wid, seq, d), ttl=ttl)
             elif r < 0.58:
                 delta = rng.randrange(1, 4)
                 mine += delta
@@ -417,7 +424,8 @@ def cache_writer(
                             stalls.append((v[1], v[2]))
             elif r < 0.72:
                 keys = [f"k{rng.randrange(CACHE_KEYS)}" for _ in range(3)]
-                timed(lambda d: c.set_many({k: cache_value(k, wid, seq, d) for k in keys}, ttl=ttl), ttl)
+                with timed(ttl) as d:
+                    c.set_many({k: cache_value(k, wid, seq, d) for k in keys}, ttl=ttl)
             elif r < 0.78:
                 c.delete_many([f"k{rng.randrange(CACHE_KEYS)}" for _ in range(3)])
             elif r < 0.80:
