@@ -75,7 +75,7 @@ def _tz_equal(a: Any, b: Any) -> bool:
         return False
     if type(a) is timezone:
         # (offset,) or (offset, name): also tells a named UTC from timezone.utc
-        return bool(getattr(a, "__getinitargs__")() == getattr(b, "__getinitargs__")())
+        return bool(a.__getinitargs__() == b.__getinitargs__())
     return bool(a == b)
 
 

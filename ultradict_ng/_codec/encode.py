@@ -164,7 +164,7 @@ _plain_pack: Callable[[Any], bytes] = msgpack_ext.Packer(use_bin_type=True, auto
 
 
 def _tz_fields(tz: timezone) -> list[Any]:
-    args = getattr(tz, "__getinitargs__")()  # (offset,) or (offset, name)
+    args = tz.__getinitargs__()  # type: ignore[attr-defined]  # (offset,) or (offset, name): not in typeshed
     offset: timedelta = args[0]
     micros = (offset.days * 86400 + offset.seconds) * 1_000_000 + offset.microseconds
     return [micros] if len(args) == 1 else [micros, args[1]]

@@ -195,6 +195,10 @@ class ViewBase:
 
     _store: Any
     _path: tuple[Any, ...]
+    # The subclass's (SharedDict's): what the dunders below fall back on.
+    _getitem_slow: Callable[[Any], Any]
+    _setitem_slow: Callable[[Any, Any], None]
+    _delitem_slow: Callable[[Any], None]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -208,13 +212,13 @@ class ViewBase:
                 setattr(cls, dunder, method)
 
     def __getitem__(self, key: Any) -> Any:
-        return getattr(self, "_getitem_slow")(key)
+        return self._getitem_slow(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        getattr(self, "_setitem_slow")(key, value)
+        self._setitem_slow(key, value)
 
     def __delitem__(self, key: Any) -> None:
-        getattr(self, "_delitem_slow")(key)
+        self._delitem_slow(key)
 
 
 _immutable_types: frozenset[type] = frozenset()

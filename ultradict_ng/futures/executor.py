@@ -285,7 +285,7 @@ class _ResultQueue(SimpleQueue):  # type: ignore[type-arg]
         # which sends the exception instead.
         data = _result_message(obj)
         wlock = getattr(self, "_wlock", None)
-        writer = getattr(self, "_writer")
+        writer = self._writer  # type: ignore[attr-defined]  # (SimpleQueue's: not in typeshed)
         if wlock is None:
             writer.send_bytes(data)
         else:
@@ -380,8 +380,10 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         config = (pool.token, pool.owner, shm_threshold)
         super().__init__(max_workers, mp_context, _init_worker, (config, initializer, initargs), **extra)
         # The result queue, before any worker exists to inherit it: ours.
-        standard = getattr(self, "_result_queue")
-        self._result_queue = _ResultQueue(ctx=getattr(self, "_mp_context").get_context())
+        standard = self._result_queue
+        ctx = self._mp_context  # the base's __init__ set it (its default when None was given)
+        assert ctx is not None
+        self._result_queue = _ResultQueue(ctx=ctx.get_context())
         standard.close()
         install_wakeup(self)
         install_call_queue(self, _needs_feeder)
@@ -402,7 +404,8 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
             future = super().submit(call, *args, **kwargs)
             if not pool.watched:
                 pool.watched = True
-                pool.watch(getattr(self, "_executor_manager_thread"))
+                # (a Thread: typeshed says _ThreadWakeup, which is _executor_manager_thread_wakeup)
+                pool.watch(self._executor_manager_thread)  # type: ignore[arg-type]
         return future
 
     submit.__doc__ = cf.Executor.submit.__doc__
