@@ -130,7 +130,9 @@ def main() -> None:
                 break
             except queue.Empty:
                 if not taker.is_alive():
-                    raise SystemExit(f"FAILED: the lock taker exited {taker.exitcode} without reporting")
+                    raise SystemExit(
+                        f"FAILED: the lock taker exited {taker.exitcode} without reporting"
+                    ) from None
         taker.join(30)
         print(
             f"a fresh process (pid {taker.pid}) took the lock of dead pid {dead} after waiting {waited:.3f}s"

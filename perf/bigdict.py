@@ -93,11 +93,11 @@ def sizes(run: Run) -> list[int]:
 
 
 def key(i: int) -> str:
-    return "user:%08d" % i
+    return f"user:{i:08d}"
 
 
 def value(i: int) -> tuple[int, str, float]:
-    return (i, "name%d" % i, i * 0.5)
+    return (i, f"name{i}", i * 0.5)
 
 
 def _anon_mib() -> float:

@@ -28,15 +28,15 @@ MAX_ENTRIES = 10_000
 
 
 def dict_value(i: int) -> dict[str, Any]:
-    return {"id": i, "name": "user%d" % i, "score": 1.5}
+    return {"id": i, "name": f"user{i}", "score": 1.5}
 
 
 def str_value(i: int) -> str:
-    return "user%d" % i
+    return f"user{i}"
 
 
 def key(i: int) -> str:
-    return "user:%d" % i
+    return f"user:{i}"
 
 
 def _loop(fn: Callable[..., Any], args: list[Any], star: bool) -> Callable[[int], float]:

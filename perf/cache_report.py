@@ -131,7 +131,7 @@ def section(records: list[dict[str, Any]], number: int, title: str, notes: list[
             f"  hit ratio (Zipf over {p.get('nkeys', 0):,} keys, {p.get('requests', 0):,} requests, "
             f"{p.get('size', 0):,} entries; get, set on a miss); (x exact LRU)"
         )
-        lines.append(f"    {'':<40}" + "".join(f"{'a=%g' % a:<22}" for a in sorted(hit_alphas)))
+        lines.append(f"    {'':<40}" + "".join(f"{f'a={a:g}':<22}" for a in sorted(hit_alphas)))
         for c in HIT:
             cells = []
             for a in sorted(hit_alphas):

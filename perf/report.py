@@ -212,7 +212,10 @@ def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
         else:
             ratio = ng / ud
             ok = ratio >= need
-            detail = f"ultradict_ng {fmt_value(ng, 'ops/s')} vs UltraDict(shared_lock=True) {fmt_value(ud, 'ops/s')}"
+            detail = (
+                f"ultradict_ng {fmt_value(ng, 'ops/s')} "
+                f"vs UltraDict(shared_lock=True) {fmt_value(ud, 'ops/s')}"
+            )
             if exact:
                 rec = find(records, wl, case, NG)
                 exact_ok = bool(rec and rec.get("ok"))
@@ -500,10 +503,10 @@ def plot(path: str, records: list[dict[str, Any]], workloads: list[tuple[str, in
         ax.grid(True, axis="y", alpha=0.3)
     handles, labels = [], []
     for ax in axes.flat:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
                 handles.append(h)
-                labels.append(l)
+                labels.append(label)
     # As many legend columns as the figure is wide; room below the panels for its rows.
     ncol = max(1, min(len(labels), 7, 2 * cols))
     legend_rows = math.ceil(len(labels) / ncol) if labels else 0

@@ -19,10 +19,10 @@ __all__ = ["Run", "Pool", "WorkerError"]
 
 def compact_error(text: str) -> str:
     """A traceback's last exception line, plus the innermost frame when there is one."""
-    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if len(lines) <= 1:
         return lines[0] if lines else text
-    frames = [l for l in lines if l.startswith("File ")]
+    frames = [line for line in lines if line.startswith("File ")]
     last = lines[-1]
     head = ""
     if " worker(s) failed; the first:" in lines[0]:

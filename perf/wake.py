@@ -1,4 +1,5 @@
-"""Workload 10 (``wakeup``): how fast a waiter in another process wakes, what idle waiters cost, and the lock under contention.
+"""Workload 10 (``wakeup``): how fast a waiter in another process wakes, what idle
+waiters cost, and the lock under contention.
 
 Three parts, side by side in one run (the processes' code is in :mod:`perf.wake_child`):
 

@@ -2,8 +2,9 @@
 Redis fault and cluster tests (``test_redis_faults.py``, ``test_redis_cluster.py``).
 
 Test side: ``wait_until`` (poll a condition up to a deadline, then fail), ``outcome``
-(a call's value or exception), ``Child`` (a spawn child with a pipe).  The workers run in ``spawn`` children (importable module, picklable arguments) and
-report to the test through a ``multiprocessing`` pipe end: every message is a tuple
+(a call's value or exception), ``Child`` (a spawn child with a pipe).  The workers
+run in ``spawn`` children (importable module, picklable arguments) and report to
+the test through a ``multiprocessing`` pipe end: every message is a tuple
 whose first item says what it is.  An exception is reported by its class name and
 module, so the test can tell ``BackendUnavailable`` from a raw redis-py error.
 

@@ -562,7 +562,7 @@ def test_iteration_while_writing_same_process(pair):
         seen.append(k)
         b.get(0)  # forces syncs inside the loop
     assert seen == list(range(100))
-    for k, v in b.items():
+    for _ in b.items():
         a.clear()
     assert len(b) == 0
 

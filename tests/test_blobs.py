@@ -213,7 +213,7 @@ def test_a_reader_in_another_process_maps_the_array_without_copying(name):
             )
             assert out.returncode == 0, out.stderr
             outs.append(out.stdout.split())
-        for first, last, writeable, mapped, rss_delta, took in outs:
+        for first, last, writeable, mapped, rss_delta, _took in outs:
             assert (int(first), int(last), writeable, mapped) == (0, (100 << 20) - 1 & 0xFF, "False", "True")
             assert int(rss_delta) < 40 << 20  # interpreter imports aside: not the 100 MiB
         assert int(outs[1][4]) < 40 << 20

@@ -724,7 +724,9 @@ from ultradict_ng import SharedDict
 from ultradict_ng.errors import OutOfSpace
 
 def cli(*args):
-    r = subprocess.run([sys.executable, "-m", "ultradict_ng", *args], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "ultradict_ng", *args], capture_output=True, text=True, timeout=60
+    )
     return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
 
 out = {"empty": cli("doctor", "--json"), "empty_text": cli("doctor")}

@@ -135,10 +135,8 @@ def test_msgpack_round_trip_of_every_codec_type(tmp_path, capsys, model, recurse
         assert header(path)["entries"] == len(model) and header(path)["recurse"] is recurse
         status, out, err = run(capsys, "load", dst, path)
         assert status == 0, err
-        assert (
-            out
-            == f"loaded {len(model):,} entries into {dst!r} in {out.split(' in ')[-1].split()[0]} s (created it)\n"
-        )
+        took = out.split(" in ")[-1].split()[0]
+        assert out == f"loaded {len(model):,} entries into {dst!r} in {took} s (created it)\n"
         back = SharedDict(name=dst, create=False)
         try:
             assert back.recurse is recurse  # from the dump's header

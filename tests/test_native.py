@@ -1267,7 +1267,7 @@ def test_pack_map_is_the_codecs_general_encoding(impl, rows, threshold):
 @impls
 @pytest.mark.parametrize("n", [0, 15, 16, 65535, 65536])
 def test_pack_map_headers_of_every_size(impl, n):
-    rows = {i: (i, "r%d" % i, i / 2) if i % 3 else "s" * (i % 40) for i in range(n)}
+    rows = {i: (i, f"r{i}", i / 2) if i % 3 else "s" * (i % 40) for i in range(n)}
     assert impl.pack_map(rows, 0) == _general(rows)
     pairs = [[k, v] for k, v in rows.items()]
     assert impl.pack_pairs(pairs, 0) == _general(pairs)

@@ -284,7 +284,7 @@ def test_damaged_table_dump_is_corrupt_never_a_wrong_dict(name, damage):
     at open where the dump is decoded whole, at the read of the damaged part
     where it is read in place (ULTRADICT_NG_PARTIAL_FROM=0): copy() reads all."""
     d = SharedDict(name=name, buffer_size=64)
-    d.update({f"key{i}": "value%03d" % i for i in range(20)})
+    d.update({f"key{i}": f"value{i:03d}" for i in range(20)})
     d["big"] = "v" * 100  # does not fit the stream: a dump of all 21 keys
     gen = d._store.gen
     dname = L.dump_name(name, gen)

@@ -547,7 +547,7 @@ def test_a_readers_private_memory_grows_with_what_it_reads_not_with_the_dict(nam
     its own memory (the decoded rows and the overlay), where decoding the whole
     dump (the threshold raised) adds over 40 MiB."""
     n = 200_000
-    d = SharedDict({"user:%08d" % i: (i, "name%d" % i, i / 2) for i in range(n)}, name=name)
+    d = SharedDict({f"user:{i:08d}": (i, f"name{i}", i / 2) for i in range(n)}, name=name)
     try:
         d._store.force_dump()
         grown = {}
@@ -571,7 +571,7 @@ def test_a_readers_private_memory_grows_with_what_it_reads_not_with_the_dict(nam
 def test_many_readers_share_one_copy(name):
     """A mapped table is shared: random reads in place by 3 readers at once give
     every reader the writer's values (the rows), each holding only what it read."""
-    rows = {i: (i, "r%d" % i) for i in range(60_000)}
+    rows = {i: (i, f"r{i}") for i in range(60_000)}
     d = SharedDict(rows, name=name)
     d._store.force_dump()
     readers = [SharedDict(name=name) for _ in range(3)]

@@ -604,7 +604,7 @@ class UserRegister(RuleBasedStateMachine):
         assert self.control.words[L.W_USER_OVERFLOW] == 0
 
     def teardown(self) -> None:
-        for p, release, _ in self.children.values():
+        for _, release, _ in self.children.values():
             release.set()
         for p, _, _ in self.children.values():
             p.join(10)

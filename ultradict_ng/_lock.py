@@ -302,7 +302,7 @@ class SharedLock:
 
     def __repr__(self) -> str:
         pid = self.owner_pid
-        return f"<SharedLock of {self._name!r} {'held by pid %d' % pid if pid else 'free'}>"
+        return f"<SharedLock of {self._name!r} {f'held by pid {pid}' if pid else 'free'}>"
 
     # -- internals -----------------------------------------------------------------------
 

@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Remove the dicts that no live process uses any more (every attached process "
         "is dead, and no process maps it), dicts whose creator died while creating them, "
         "orphaned segments of ours, and the shared-memory parcels of "
-        "ultradict_ng.futures process pools whose process died.  A dict with a live user -- even one attaching "
-        "right now -- is never removed; other programs' files are never touched.",
+        "ultradict_ng.futures process pools whose process died.  A dict with a live user -- "
+        "even one attaching right now -- is never removed; other programs' files are never touched.",
     )
     p.add_argument(
         "patterns",

@@ -228,7 +228,8 @@ def cmd_dump(args: Namespace) -> int:
         run,
         args,
         lambda r: (
-            f"dumped {r['entries']:,} entries of {args.name!r} to {'stdout' if args.file == '-' else args.file} "
+            f"dumped {r['entries']:,} entries of {args.name!r} "
+            f"to {'stdout' if args.file == '-' else args.file} "
             f"({render.size(r['bytes'])}, {fmt}) in {r['seconds']:.2f} s"
         ),
     )

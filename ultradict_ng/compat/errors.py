@@ -52,7 +52,8 @@ class AlreadyExists(errors.AlreadyExists):
 
 
 class CannotAttachSharedMemory(errors.NotFound):
-    """No dict of that name exists (``create=False``, ``unlink_by_name``); a :class:`ultradict_ng.NotFound`."""
+    """No dict of that name exists (``create=False``, ``unlink_by_name``); a
+    :class:`ultradict_ng.NotFound`."""
 
 
 class CannotAcquireLock(errors.LockTimeout):

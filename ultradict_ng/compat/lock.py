@@ -225,7 +225,7 @@ class UltraLock:
         if store is None or store.closed:
             return f"<UltraLock of {self._name!r} (closed)>"
         pid = self._lock.owner_pid
-        return f"<UltraLock of {self._name!r} {'held by pid %d' % pid if pid else 'free'}>"
+        return f"<UltraLock of {self._name!r} {f'held by pid {pid}' if pid else 'free'}>"
 
 
 @map_errors
