@@ -12,7 +12,6 @@ a writer.
 from __future__ import annotations
 
 import logging
-import pickle
 from threading import get_ident
 from typing import Any, Callable, Optional
 
@@ -21,14 +20,20 @@ from .. import _segments as segments
 from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import MsgpackCodec, PickleCodec
-from .._codec.ext import too_deep as too_deep
-from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
+from .._codec.placeholders import BlobRef
 from .._codec.records import SCALAR_TYPES as _SCALARS
 from .._engine import check_open
 from .._segments import Segment
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from . import tablecache
-from .blobs import blob_ids, extract, may_hold_blobs, pairs_may_hold_blobs, refs_within, write_blob
+from .blobs import (
+    dropped_blobs,
+    extract_blobs,
+    may_hold_blobs,
+    pairs_may_hold_blobs,
+    sweep_blobs,
+    unlink_blobs,
+)
 from .dumps import Planned, plan, successor
 from .reader import INVALID, Reader
 from .table import Table
@@ -193,7 +198,8 @@ class Writer(Reader):
                 else rec[0] == L.OP_UPDATE and pairs_may_hold_blobs(rec[2], threshold)
             )
         ):
-            rec = self._extract_blobs(rec, created)
+            pickled = self.codec.id == PickleCodec.id
+            rec = extract_blobs(rec, created, self.name, self.token, self._map, threshold, pickled)
         dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
         before = self._map.words[_W_STATE]
         tx = self.tx
@@ -204,13 +210,13 @@ class Writer(Reader):
                 self._buffer(tx, rec)
         except BaseException:
             if created and self._map.words[_W_STATE] == before:  # nothing was published
-                self._unlink_blobs(created)
+                unlink_blobs(self.name, created)
             raise
         if tx is not None:  # (published, or unlinked, by the transaction's end)
             tx.created.extend(created)
             tx.dropped.extend(dropped)
         elif dropped:
-            self._unlink_blobs(dropped)  # d: no published state references them any more
+            unlink_blobs(self.name, dropped)  # d: no published state references them any more
 
     def _commit(self, rec: list[Any]) -> None:
         """Writer steps 2-5 for one record."""
@@ -354,13 +360,13 @@ class Writer(Reader):
         if faults.armed is not None:
             faults.hit("transaction-published")
         if tx.dropped:
-            self._unlink_blobs(tx.dropped)  # d, for the whole transaction
+            unlink_blobs(self.name, tx.dropped)  # d, for the whole transaction
 
     def _discard(self, tx: Transaction) -> None:
         """Nothing of ``tx`` was published: drop its blobs and reload the cache
         (it holds the discarded writes) on the next access."""
         if tx.created:
-            self._unlink_blobs(tx.created)
+            unlink_blobs(self.name, tx.created)
         self.gen = self.seen = INVALID
 
     def _wake_changes(self) -> None:
@@ -437,7 +443,7 @@ class Writer(Reader):
         if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
             segments.unlink(dname)  # unlinked while we were dumping: do not leak ours
         elif self._map.words[_W_BLOB_NEXT] > self._map.words[L.W_BLOB_LOW]:
-            self._sweep_blobs()
+            sweep_blobs(self.name, self.data, self._map)
 
     def _read_in_place(self, seg: Segment, dname: str, planned: Planned) -> Any:
         """The cache a table dump just written makes, read in place (``seg``
@@ -460,99 +466,13 @@ class Writer(Reader):
             whole.release()
             raise
 
-    # -- blobs (layout: "Blobs") ---------------------------------------------------------
-
-    def _extract_blobs(self, rec: list[Any], created: list[BlobRef]) -> list[Any]:
-        """``rec`` with its large buffers and arrays written to blobs (steps a-b)
-        and replaced by references; the blobs made are appended to ``created``."""
-        threshold = self.blob_threshold
-
-        def store_blob(value: Any, kind: int) -> BlobRef:
-            blob_id = self._map.words[_W_BLOB_NEXT]
-            self._map.atomic.store(_W_BLOB_NEXT, blob_id + 1)  # a: before the segment exists
-            if faults.armed is not None:
-                faults.hit("blob-registered")
-            ref = write_blob(self.name, self.token, blob_id, kind, value)  # b
-            created.append(ref)
-            if faults.armed is not None:
-                faults.hit("blob-written")
-            return ref
-
-        def out_of_band(value: Any) -> Any:
-            """Under pickle: the value pickled with protocol 5, its large buffers in blobs."""
-            refs: list[BlobRef] = []
-
-            def callback(buffer: pickle.PickleBuffer) -> bool:
-                try:
-                    raw = buffer.raw()
-                except BufferError:  # not contiguous: it stays in band
-                    return True
-                if raw.nbytes < threshold:
-                    return True
-                refs.append(store_blob(raw, KIND_BYTES))
-                return False
-
-            try:
-                data = pickle.dumps(value, protocol=5, buffer_callback=callback)
-            except Exception:  # the codec reports it, with its own error
-                self._unlink_blobs(refs)
-                del created[len(created) - len(refs) :]
-                return value
-            return PickledBlobs(refs, data) if refs else value
-
-        other = out_of_band if self.codec.id == PickleCodec.id else None
-        try:
-            if rec[0] == L.OP_SET:
-                value = extract(rec[3], threshold, store_blob, other)
-                return rec if value is rec[3] else [rec[0], rec[1], rec[2], value]
-            if rec[0] == L.OP_UPDATE:
-                pairs = [[k, extract(v, threshold, store_blob, other)] for k, v in rec[2]]
-                return [rec[0], rec[1], pairs]
-        except RecursionError:
-            self._unlink_blobs(created)
-            raise too_deep() from None
-        except BaseException:
-            self._unlink_blobs(created)
-            raise
-        return rec
-
     def _dropped(self, rec: list[Any]) -> list[BlobRef]:
         """The blobs this record removes from the tree (the values it replaces)."""
         try:
             node = self.node(tuple(rec[1]))
         except PathGone:
             return []
-        op = rec[0]
-        refs: list[BlobRef] = []
-        if op == L.OP_CLEAR:
-            tree: Any = node  # (a big dict's root: every value decoded for the walk, none kept)
-            return refs_within(tree.values() if type(tree) is tablecache.TableCache else tree)
-        keys = [k for k, _ in rec[2]] if op == L.OP_UPDATE else [rec[2]]
-        for key in keys:
-            try:
-                old = node.get(key)
-            except TypeError:  # unhashable: the record fails later, with the real error
-                continue
-            refs_within(old, refs)
-        return refs
-
-    def _unlink_blobs(self, refs: Any) -> None:
-        for ref in refs:
-            segments.unlink(L.blob_name(self.name, ref.id))
-
-    def _sweep_blobs(self) -> None:
-        """At a dump: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that the tree does
-        not reference (left by writers that died), and raise BLOB_LOW."""
-        data: Any = self.data  # (a big dict's: every value decoded for the walk, none kept)
-        referenced = {
-            ref.id for ref in refs_within(data.values() if type(data) is tablecache.TableCache else data)
-        }
-        words = self._map.words
-        low, nxt = words[L.W_BLOB_LOW], words[_W_BLOB_NEXT]
-        for blob_id in blob_ids(self.name, low, nxt):
-            if blob_id not in referenced:
-                segments.unlink(L.blob_name(self.name, blob_id))
-        self._map.atomic.store(L.W_BLOB_LOW, min(referenced) if referenced else nxt)
+        return dropped_blobs(node, rec)
 
     def _grow_stream(self, dump_size: int) -> None:
         """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size")."""
