@@ -1,5 +1,7 @@
 """What every :class:`~ultradict_ng.SharedDict` method stands on: the
-(engine, path) pair, the synced node it reads, and the two retry loops.
+(engine, path) pair, the synced node it reads, what a read hands out for a
+cached value (a nested view, a large value, a copy; snapshots for iteration),
+and the two retry loops.
 
 A handle's reads and writes race with other processes in exactly two ways,
 and each race is handled here, once, for every method:
@@ -19,12 +21,19 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar
 
 from . import layout as L
+from ._codec.codec import IMMUTABLE_TYPES, copy_value
+from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
 from ._engine import BlobGone, Conflict, Engine
-from .speedups import ViewBase
+from .speedups import ViewBase, first_to_export, set_immutable_types
 
-__all__ = ["Handle"]
+__all__ = ["Handle", "MISSING"]
 
 _W_STATE = L.W_STATE
+_IMMUTABLE = IMMUTABLE_TYPES
+_STORED = frozenset({BlobRef, InlineArray, PickledBlobs})  # placeholders of large values, arrays
+set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
+#: "No value given" / "no such key", where None is a value.
+MISSING: Any = object()
 
 T = TypeVar("T")
 H = TypeVar("H", bound="Handle")
@@ -60,6 +69,58 @@ class Handle(ViewBase):
         if s.words[_W_STATE] != s.seen:
             s.sync()
         return s.node(self._path) if self._path else s.data
+
+    # -- what a read hands out ---------------------------------------------------------
+
+    def _export(self, key: Any, value: Any) -> Any:
+        """What a reader gets for a cached value: a nested view, the value of a
+        large value or array (zero-copy for arrays), or a private copy.
+
+        Raises ``BlobGone`` when a newer state dropped a blob this cache still
+        references: callers read again in ``_read``'s loop."""
+        tp = type(value)
+        if tp is dict and self._store.recurse:
+            return self._view(self._path + (key,))
+        if tp in _STORED:
+            return self._store.materialize(value)
+        return copy_value(value, self._store.materialize)
+
+    def _item(self, node: dict[Any, Any], key: Any, default: Any = MISSING) -> Any:
+        """The user's value of ``node[key]``, for ``_read``: ``default`` if
+        absent (KeyError if no default)."""
+        value = node.get(key, MISSING)
+        if value is MISSING:
+            if default is MISSING:
+                raise KeyError(key)
+            return default
+        return self._export(key, value)
+
+    def _snapshot_keys(self) -> list[Any]:
+        node = self._node()
+        with self._store.mutex:
+            return list(node)
+
+    def _snapshot_items(self) -> list[tuple[Any, Any]]:
+        def read(node: Any) -> list[tuple[Any, Any]]:  # (a dict, or a big dict's TableCache)
+            with self._store.mutex:
+                items, known = (list(node.items()), 0) if type(node) is dict else node.pairs()
+            # Values handed out as they are, as by d[k] (a tuple of immutable items is one: a
+            # table row; a TableCache's `known` leading rows are), checked in one compiled call.
+            first = known + first_to_export(items[known:]) if known else first_to_export(items)
+            if first < len(items):
+                immutable = _IMMUTABLE
+                items[first:] = [
+                    (
+                        k,
+                        v
+                        if type(v) in immutable or (type(v) is tuple and immutable.issuperset(map(type, v)))
+                        else self._export(k, v),
+                    )
+                    for k, v in items[first:]
+                ]
+            return items
+
+        return self._read(read)
 
     def _read(self, read: Callable[..., T], *args: Any) -> T:
         """``read(node, *args)`` on the synced node: the loop of every read that may

@@ -23,20 +23,17 @@ from ._backends import open_engine
 from ._backends import unlink_by_name as _unlink_by_name
 from ._codec import records as R
 from ._codec.codec import IMMUTABLE_TYPES, copy_value
-from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
+from ._codec.placeholders import BlobRef, InlineArray
 from ._engine import BlobGone, Engine, Transactional, User, check_open
-from ._handle import Handle
+from ._handle import MISSING, Handle
 from ._lock import SharedLock
 from .changes import Change, iterate
-from .speedups import first_to_export, set_immutable_types, set_root_write
+from .speedups import set_root_write
 
 __all__ = ["SharedDict"]
 
 _W_STATE = L.W_STATE
 _IMMUTABLE = IMMUTABLE_TYPES
-_STORED = frozenset({BlobRef, InlineArray, PickledBlobs})  # placeholders of large values, arrays
-set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
-_MISSING: Any = object()
 
 SD = TypeVar("SD", bound="SharedDict")
 
@@ -220,19 +217,6 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     # -- reading -----------------------------------------------------------------------
 
-    def _export(self, key: Any, value: Any) -> Any:
-        """What a reader gets for a cached value: a nested view, the value of a
-        large value or array (zero-copy for arrays), or a private copy.
-
-        Raises ``BlobGone`` when a newer state dropped a blob this cache still
-        references: callers read again in ``_read``'s loop."""
-        tp = type(value)
-        if tp is dict and self._store.recurse:
-            return self._view(self._path + (key,))
-        if tp in _STORED:
-            return self._store.materialize(value)
-        return copy_value(value, self._store.materialize)
-
     def _getitem_slow(self, key: Any) -> Any:
         """``self[key]``: all the rules.  With the compiled helper, ``__getitem__``
         is ViewBase's C hit path, which calls this for everything else; the
@@ -252,19 +236,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         except BlobGone:  # a writer freed its blob since our sync: read again, in _read's loop
             return self._read(self._item, key)
 
-    def _item(self, node: dict[Any, Any], key: Any, default: Any = _MISSING) -> Any:
-        """The user's value of ``node[key]``, for ``_read``: ``default`` if
-        absent (KeyError if no default)."""
-        value = node.get(key, _MISSING)
-        if value is _MISSING:
-            if default is _MISSING:
-                raise KeyError(key)
-            return default
-        return self._export(key, value)
-
     def get(self, key: Any, default: Any = None) -> Any:
-        value = self._node().get(key, _MISSING)
-        if value is _MISSING:
+        value = self._node().get(key, MISSING)
+        if value is MISSING:
             return default
         if type(value) in _IMMUTABLE:
             return value
@@ -297,33 +271,6 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     def __len__(self) -> int:
         return len(self._node())
-
-    def _snapshot_keys(self) -> list[Any]:
-        node = self._node()
-        with self._store.mutex:
-            return list(node)
-
-    def _snapshot_items(self) -> list[tuple[Any, Any]]:
-        def read(node: Any) -> list[tuple[Any, Any]]:  # (a dict, or a big dict's TableCache)
-            with self._store.mutex:
-                items, known = (list(node.items()), 0) if type(node) is dict else node.pairs()
-            # Values handed out as they are, as by d[k] (a tuple of immutable items is one: a
-            # table row; a TableCache's `known` leading rows are), checked in one compiled call.
-            first = known + first_to_export(items[known:]) if known else first_to_export(items)
-            if first < len(items):
-                immutable = _IMMUTABLE
-                items[first:] = [
-                    (
-                        k,
-                        v
-                        if type(v) in immutable or (type(v) is tuple and immutable.issuperset(map(type, v)))
-                        else self._export(k, v),
-                    )
-                    for k, v in items[first:]
-                ]
-            return items
-
-        return self._read(read)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._snapshot_keys())
@@ -416,10 +363,10 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
         self._locked(decide)
 
-    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+    def pop(self, key: Any, default: Any = MISSING) -> Any:
         def decide(s: Engine, node: dict[Any, Any]) -> Any:
             if key not in node:
-                if default is _MISSING:
+                if default is MISSING:
                     raise KeyError(key)
                 return default
             return self._take(s, node, key)
