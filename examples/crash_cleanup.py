@@ -27,7 +27,7 @@ import queue
 import signal
 import sys
 import time
-from typing import Any, List
+from typing import Any
 
 try:
     import ultradict_ng  # noqa: F401
@@ -40,7 +40,7 @@ SHM = "/dev/shm"
 KEYS_PER_WRITER = 40
 
 
-def segments_of(name: str) -> List[str]:
+def segments_of(name: str) -> list[str]:
     """The dict's segments in /dev/shm: NAME, NAME@s, NAME@d<gen>."""
     return sorted(e for e in os.listdir(SHM) if e == name or e.startswith(name + "@"))
 
@@ -78,7 +78,7 @@ def take_lock(name: str, report: Any) -> None:
 def main() -> None:
     spawn = multiprocessing.get_context("spawn")
     name = f"example-crash-{os.getpid()}"
-    procs: List[Any] = []
+    procs: list[Any] = []
     d = SharedDict(name=name, create=True, recurse=True, buffer_size=256, auto_unlink=False)
     try:
         d["config"] = {"mode": "demo", "limits": {"depth": 3, "size": 256}}
@@ -130,7 +130,9 @@ def main() -> None:
                 break
             except queue.Empty:
                 if not taker.is_alive():
-                    raise SystemExit(f"FAILED: the lock taker exited {taker.exitcode} without reporting")
+                    raise SystemExit(
+                        f"FAILED: the lock taker exited {taker.exitcode} without reporting"
+                    ) from None
         taker.join(30)
         print(
             f"a fresh process (pid {taker.pid}) took the lock of dead pid {dead} after waiting {waited:.3f}s"

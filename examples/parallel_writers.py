@@ -21,7 +21,7 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 try:
     import ultradict_ng  # noqa: F401
@@ -45,7 +45,7 @@ def writer(d: SharedDict, index: int, count: int, ready: Any, go: Any) -> None:
     d.close()
 
 
-def check_snapshot(items: List[Any], last_counter: int) -> int:
+def check_snapshot(items: list[Any], last_counter: int) -> int:
     """Validate one snapshot; return its counter."""
     per_writer = [0] * WRITERS
     highest = [-1] * WRITERS
@@ -104,7 +104,7 @@ def main() -> None:
             raise SystemExit(f"FAILED: writer exit codes {codes}")
 
         total = WRITERS * KEYS_PER_WRITER
-        expected: Dict[str, int] = {"counter": total}
+        expected: dict[str, int] = {"counter": total}
         for i in range(WRITERS):
             expected.update({f"w{i}-{j}": j for j in range(KEYS_PER_WRITER)})
         final = d.copy()

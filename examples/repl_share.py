@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 try:
     import ultradict_ng  # noqa: F401
@@ -138,7 +138,7 @@ def reader(name: str) -> None:
         return
     except InvalidName as exc:
         raise SystemExit(str(exc)) from None
-    seen: Dict[Any, Any] = dict(d.items())
+    seen: dict[Any, Any] = dict(d.items())
     print(f"reader: attached to {name!r}, {len(seen)} keys: {seen}", flush=True)
     changes = 0
     try:
@@ -173,7 +173,7 @@ def reader(name: str) -> None:
 # -- the self-contained demo ---------------------------------------------------------------
 
 
-def segments_of(name: str) -> List[str]:
+def segments_of(name: str) -> list[str]:
     shm = "/dev/shm"
     if not os.path.isdir(shm):
         return []
@@ -184,7 +184,7 @@ def demo() -> None:
     name = f"repl-demo-{os.getpid()}"
     d = SharedDict(name=name, create=True)  # auto_unlink=True: we clean up by closing
     script = os.path.abspath(__file__)
-    lines: List[str] = []
+    lines: list[str] = []
     attached = threading.Event()
     proc = None
     relay = None

@@ -41,7 +41,7 @@ def rss() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
 
 
-def reader(name: str, part: int, results: "multiprocessing.Queue[tuple]") -> None:
+def reader(name: str, part: int, results: multiprocessing.Queue[tuple]) -> None:
     """Runs in a spawned child: attaches by name, reads its quarter in place."""
     d = SharedDict(name=name, create=False)
     before = rss()

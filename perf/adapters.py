@@ -34,7 +34,7 @@ import pickle
 import struct
 import threading
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Optional
 
 __all__ = ["ADAPTERS", "ORDER", "ALIASES", "Adapter", "Handle", "Unavailable", "attach_spec", "close_child"]
 
@@ -50,7 +50,7 @@ class Handle:
 
     __slots__ = ("m", "lock", "name", "extra")
 
-    def __init__(self, m: Any, lock: Any, name: str, extra: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, m: Any, lock: Any, name: str, extra: Optional[dict[str, Any]] = None) -> None:
         self.m = m
         self.lock = lock
         self.name = name
@@ -88,7 +88,7 @@ class Adapter:
     def version(self) -> str:
         return "-"
 
-    def create(self, initial: Optional[Dict[Any, Any]] = None, *, fit_bytes: int = 0) -> Handle:
+    def create(self, initial: Optional[dict[Any, Any]] = None, *, fit_bytes: int = 0) -> Handle:
         """A new dict holding ``initial``; ``fit_bytes``: the largest value it must hold."""
         raise NotImplementedError
 
@@ -99,10 +99,10 @@ class Adapter:
     def close_second(self, h2: Handle) -> None:
         pass
 
-    def child_spec(self, h: Handle) -> Dict[str, Any]:
+    def child_spec(self, h: Handle) -> dict[str, Any]:
         return {"adapter": self.key, "name": h.name}
 
-    def inheritables(self) -> Dict[str, Any]:
+    def inheritables(self) -> dict[str, Any]:
         """Objects a spawned child can only receive at creation (multiprocessing locks)."""
         return {}
 
@@ -146,7 +146,7 @@ class Adapter:
         """The timed write."""
         state.m[key] = value
 
-    def big_spec(self, state: Any) -> Dict[str, Any]:
+    def big_spec(self, state: Any) -> dict[str, Any]:
         """What the reader process gets (plus kind, key and the expected value)."""
         return self.child_spec(state)
 
@@ -160,12 +160,12 @@ class Adapter:
 
     # -- workload 9, reader side (classmethods: they run in the spawned reader) ----------
     @classmethod
-    def big_open(cls, spec: Dict[str, Any], channel: Any) -> Any:
+    def big_open(cls, spec: dict[str, Any], channel: Any) -> Any:
         """Attach (the start of the first access)."""
         return cls.child_attach(spec, {})
 
     @classmethod
-    def big_get(cls, h: Any, spec: Dict[str, Any], first: bool) -> Any:
+    def big_get(cls, h: Any, spec: dict[str, Any], first: bool) -> Any:
         """One access: the value usable (an array, bytes, or a memoryview for kind 'view')."""
         if spec["kind"] == "view":
             return h.m.view(spec["key"])
@@ -177,7 +177,7 @@ class Adapter:
 
     # -- child side --------------------------------------------------------------------
     @classmethod
-    def child_attach(cls, spec: Dict[str, Any], inherit: Dict[str, Any]) -> Handle:
+    def child_attach(cls, spec: dict[str, Any], inherit: dict[str, Any]) -> Handle:
         raise NotImplementedError
 
     @classmethod
@@ -264,7 +264,7 @@ def _ultra_dump_name(name: str) -> str:
         return ""
 
 
-def _ultra_unlink_all(name: str, extra: List[str]) -> None:
+def _ultra_unlink_all(name: str, extra: list[str]) -> None:
     from UltraDict import UltraDict
 
     for seg in [name, name + "_memory", name + "_full", *extra]:
@@ -289,7 +289,7 @@ def _mapped_shm() -> set:
     return names
 
 
-def ultra_orphans(new_entries: List[str], suspects: Optional[set] = None) -> List[str]:
+def ultra_orphans(new_entries: list[str], suspects: Optional[set] = None) -> list[str]:
     """Unnamed segments (``psm_*``) that appeared during the run and are UltraDict full dumps.
 
     UltraDict writes each dynamic full dump to a fresh ``psm_*`` segment:
@@ -352,7 +352,7 @@ class UltraAdapter(Adapter):
     def _new(self, name: str, create: bool, fit_bytes: int = 0, full_dump_size: Optional[int] = None) -> Any:
         if not create:
             return self.UD(name=name, create=False)  # configuration comes from the creator
-        kwargs: Dict[str, Any] = {}
+        kwargs: dict[str, Any] = {}
         if self.shared_lock:
             kwargs["shared_lock"] = True
         if full_dump_size:
@@ -373,7 +373,7 @@ class UltraAdapter(Adapter):
 
     def create(self, initial=None, *, fit_bytes=0, full_dump_size=None):
         name = self.run.new_name()
-        dumps: List[str] = []
+        dumps: list[str] = []
         self.run.own(name, lambda: _ultra_unlink_all(name, dumps + [_ultra_dump_name(name)]), self.label)
         d = self._new(name, True, fit_bytes, full_dump_size)
         if initial:
@@ -482,7 +482,7 @@ class SmdAdapter(Adapter):
     def inheritables(self):
         return {"smd_lock": self.lock}
 
-    def size_for(self, initial: Optional[Dict[Any, Any]], fit_bytes: int) -> int:
+    def size_for(self, initial: Optional[dict[Any, Any]], fit_bytes: int) -> int:
         """Its fixed size: the whole pickled dict must fit, with room for the writes."""
         need = len(pickle.dumps(initial, PICKLE)) if initial else 0
         size = max(SMD_SMALL, int(need * 1.5) + (64 << 10) if need else SMD_SMALL)
@@ -656,7 +656,7 @@ class RedisAdapter(Adapter):
         self.run.own_resource("redis-server", self.shutdown)
         self.client = redis.Redis(host="127.0.0.1", port=self.server.port)
         self.client.ping()
-        self.live: Dict[str, int] = {}
+        self.live: dict[str, int] = {}
         self.run.note(
             f"redis: private redis-server {self.server.version()} on 127.0.0.1:{self.server.port} "
             "(--save '' --appendonly no); m[k] = GET/SET of pickled values; the locked workloads "
@@ -703,7 +703,7 @@ class RedisAdapter(Adapter):
         if not self.live:
             self.client.flushdb()
             return
-        batch: List[Any] = []
+        batch: list[Any] = []
         for k in self.client.scan_iter(match=prefix + "*", count=10_000):
             batch.append(k)
             if len(batch) >= 10_000:
@@ -851,7 +851,7 @@ def _shm_unlink_name(name: str) -> None:
             pass
 
 
-def _shm_release(state: Dict[str, Any]) -> None:
+def _shm_release(state: dict[str, Any]) -> None:
     """Close and unlink the segment of ``state`` (by name when it was never opened here)."""
     seg = state.pop("seg", None)
     if seg is None:
@@ -874,7 +874,7 @@ def _close_quietly(seg: Any) -> None:
         pass
 
 
-def _copy_into(buf: Any, offset: int, value: Any) -> Dict[str, Any]:
+def _copy_into(buf: Any, offset: int, value: Any) -> dict[str, Any]:
     """Copy a bytes value or a numpy array into ``buf`` at ``offset``; its description."""
     n = _nbytes(value)
     if _is_bytes(value):
@@ -888,7 +888,7 @@ def _copy_into(buf: Any, offset: int, value: Any) -> Dict[str, Any]:
     return {"nbytes": n, "shape": list(value.shape), "dtype": value.dtype.str}
 
 
-def _from_buffer(buf: Any, offset: int, spec: Dict[str, Any]) -> Any:
+def _from_buffer(buf: Any, offset: int, spec: dict[str, Any]) -> Any:
     """The value of ``spec['kind']`` over ``buf``: an array or a view without copying, bytes by copying."""
     n = spec["nbytes"]
     kind = spec["kind"]
@@ -926,7 +926,7 @@ class ShmAdapter(_Transport):
 
     def big_prepare(self, size, kind):
         name = self.run.new_name()
-        st: Dict[str, Any] = {"name": name, "seg": None, "meta": None}
+        st: dict[str, Any] = {"name": name, "seg": None, "meta": None}
         self.run.own(name, lambda: _shm_release(st), self.label)
         return st
 
@@ -985,12 +985,12 @@ class Pickle5Adapter(ShmAdapter):
     def big_write(self, state, key, value):
         from multiprocessing import shared_memory
 
-        bufs: List[Any] = []
+        bufs: list[Any] = []
         obj = pickle.PickleBuffer(value) if _is_bytes(value) else value
         stream = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
         raws = [b.raw() for b in bufs]
         head = 16 + 16 * len(raws)
-        layout: List[Tuple[int, int]] = []
+        layout: list[tuple[int, int]] = []
         end = _align(head + len(stream))
         for r in raws:
             layout.append((end, r.nbytes))
@@ -1201,7 +1201,7 @@ def _import_ippo() -> Any:
     return ipc_py_objects
 
 
-def _ippo_release(state: Dict[str, Any]) -> None:
+def _ippo_release(state: dict[str, Any]) -> None:
     sm = state.pop("sm", None)
     if sm is not None:
         try:
@@ -1248,7 +1248,7 @@ class IppoAdapter(_Transport):
     def big_prepare(self, size, kind):
         ip = _import_ippo()
         name = self.run.new_name()
-        st: Dict[str, Any] = {"name": name, "sm": None}
+        st: dict[str, Any] = {"name": name, "sm": None}
         self.run.own(name, lambda: _ippo_release(st), self.label)
         st["sm"] = ip.SharedMemory(name, create=True, size=self.block_size(size))
         return st
@@ -1334,7 +1334,7 @@ ORDER = [
     "event",
     "condition",
 ]
-ADAPTERS: Dict[str, Type[Adapter]] = {
+ADAPTERS: dict[str, type[Adapter]] = {
     "ultradict_ng": NgAdapter,
     "ultradict_shared": UltraSharedAdapter,
     "ultradict": UltraDefaultAdapter,
@@ -1381,16 +1381,16 @@ ALIASES = {
 }
 
 
-def attach_spec(spec: Dict[str, Any], inherit: Dict[str, Any]) -> Handle:
+def attach_spec(spec: dict[str, Any], inherit: dict[str, Any]) -> Handle:
     """In a child process: open the dict ``spec`` describes."""
     return ADAPTERS[spec["adapter"]].child_attach(spec, inherit)
 
 
-def close_child(spec: Dict[str, Any], h: Handle) -> None:
+def close_child(spec: dict[str, Any], h: Handle) -> None:
     ADAPTERS[spec["adapter"]].child_close(h)
 
 
-def preload(modules: List[str]) -> None:
+def preload(modules: list[str]) -> None:
     """Import the peers the parent imported, so every process patches alike.
 
     (UltraDict, on import, disables the resource tracker for shared memory in

@@ -43,7 +43,7 @@ import os
 import signal
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from . import adapters as A
 from .run import Run, WorkerError, compact_error
@@ -56,13 +56,13 @@ GiB = 1 << 30
 KEY = "v"
 #: More than two copies (half a copy of slack for allocator noise): no 1 GiB.
 COPIES_LIMIT = 2.5
-KINDS: List[Tuple[str, str]] = [
+KINDS: list[tuple[str, str]] = [
     ("numpy", "numpy array (float64)"),
     ("bytes", "bytes"),
     ("view", "bytes read as a zero-copy memoryview"),
 ]
 KIND_TITLES = dict(KINDS)
-METRICS: List[Tuple[str, str, str]] = [  # (metric, unit, raw field)
+METRICS: list[tuple[str, str, str]] = [  # (metric, unit, raw field)
     ("write", "s", "write_s"),
     ("1st read", "s", "first_s"),
     ("2nd read", "s", "second_s"),
@@ -72,7 +72,7 @@ METRICS: List[Tuple[str, str, str]] = [  # (metric, unit, raw field)
 UNAVAILABLE_ERRORS = (TypeError, AttributeError, NotImplementedError, A.Unavailable)
 
 
-def big_sizes(run: Run) -> List[int]:
+def big_sizes(run: Run) -> list[int]:
     return [MiB, 10 * MiB] if run.quick else [MiB, 10 * MiB, 100 * MiB, GiB]
 
 
@@ -100,9 +100,9 @@ def case_name(kind: str, size: int, metric: str) -> str:
 _STATUS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")
 
 
-def mem_status() -> Dict[str, int]:
+def mem_status() -> dict[str, int]:
     """This process's VmRSS, VmHWM (peak) and the RSS parts, in bytes (empty off Linux)."""
-    out: Dict[str, int] = {}
+    out: dict[str, int] = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -124,7 +124,7 @@ def reset_peak() -> bool:
         return False
 
 
-def _delta(after: Dict[str, int], before: Dict[str, int], field: str) -> Optional[int]:
+def _delta(after: dict[str, int], before: dict[str, int], field: str) -> Optional[int]:
     if field in after and field in before:
         return after[field] - before[field]
     return None
@@ -137,7 +137,7 @@ def _mib(n: Optional[int]) -> Optional[float]:
 # -- values -----------------------------------------------------------------------------------
 
 
-def make_value(kind: str, size: int) -> Tuple[Any, Dict[str, Any]]:
+def make_value(kind: str, size: int) -> tuple[Any, dict[str, Any]]:
     """The value of ``kind`` and ``size`` bytes, and what the reader checks."""
     if kind == "numpy":
         import numpy as np
@@ -149,7 +149,7 @@ def make_value(kind: str, size: int) -> Tuple[Any, Dict[str, Any]]:
     return b, {"nbytes": len(b), "first": b[0], "last": b[-1]}
 
 
-def _touch(v: Any) -> Tuple[Any, Any]:
+def _touch(v: Any) -> tuple[Any, Any]:
     """Read the first and the last element (nothing else)."""
     if hasattr(v, "flat"):
         return v.flat[0], v.flat[-1]
@@ -158,7 +158,7 @@ def _touch(v: Any) -> Tuple[Any, Any]:
     return v[0], v[-1]
 
 
-def _check(v: Any, spec: Dict[str, Any], first: Any, last: Any) -> Optional[str]:
+def _check(v: Any, spec: dict[str, Any], first: Any, last: Any) -> Optional[str]:
     """None when the value is what was written, else what is wrong."""
     kind = spec["kind"]
     if kind == "numpy":
@@ -182,7 +182,7 @@ def _check(v: Any, spec: Dict[str, Any], first: Any, last: Any) -> Optional[str]
 # -- the reader process -----------------------------------------------------------------------
 
 
-def big_reader(key: str, ctl: Any, channel: Any, preload: List[str]) -> None:
+def big_reader(key: str, ctl: Any, channel: Any, preload: list[str]) -> None:
     """A spawned reader: baseline, first access, second access, report; then exit."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -330,7 +330,7 @@ def _write(a: A.Adapter, state: Any, value: Any, limit: float, what: str) -> flo
     return t1 - t0
 
 
-def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: Dict[str, Any]) -> Dict[str, Any]:
+def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: dict[str, Any]) -> dict[str, Any]:
     """One measurement: setup, write, a fresh reader's two accesses, teardown."""
     label = f"{a.label} big {kind} {size_label(size)}"
     limit = 120.0 + 300.0 * size / GiB
@@ -343,7 +343,7 @@ def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: Dict
         with watchdog(limit, label + " setup"):
             state = a.big_prepare(size, kind)
         write_s = None
-        m1: Dict[str, int] = {}
+        m1: dict[str, int] = {}
         if not a.streaming:
             write_s = _write(a, state, value, limit, label + " write")
             m1 = mem_status()
@@ -406,7 +406,7 @@ def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: Dict
 # -- the workload -----------------------------------------------------------------------------
 
 
-def w_big(run: Run, adapters: List[A.Adapter]) -> None:
+def w_big(run: Run, adapters: list[A.Adapter]) -> None:
     try:
         import numpy  # noqa: F401
 
@@ -414,13 +414,13 @@ def w_big(run: Run, adapters: List[A.Adapter]) -> None:
     except ImportError as exc:
         numpy_missing = f"numpy is not installed ({exc})"
     sizes = big_sizes(run)
-    unavailable: Dict[Tuple[str, str], str] = {}
-    copies_at: Dict[Tuple[str, str, int], Optional[float]] = {}
+    unavailable: dict[tuple[str, str], str] = {}
+    copies_at: dict[tuple[str, str, int], Optional[float]] = {}
     for size in sizes:
         for kind, _title in KINDS:
-            raws: Dict[str, List[Dict[str, Any]]] = {a.key: [] for a in adapters}
-            failed: Dict[str, str] = {}
-            todo: List[A.Adapter] = []
+            raws: dict[str, list[dict[str, Any]]] = {a.key: [] for a in adapters}
+            failed: dict[str, str] = {}
+            todo: list[A.Adapter] = []
             for a in adapters:
                 why = unavailable.get((a.key, kind)) or a.big_unsupported(kind)
                 if why is None and kind == "numpy" and numpy_missing:
@@ -467,7 +467,7 @@ def w_big(run: Run, adapters: List[A.Adapter]) -> None:
 
 
 def _gate(
-    copies_at: Dict[Tuple[str, str, int], Optional[float]], a: A.Adapter, kind: str, sizes: List[int]
+    copies_at: dict[tuple[str, str, int], Optional[float]], a: A.Adapter, kind: str, sizes: list[int]
 ) -> Optional[str]:
     """Why 1 GiB is skipped for this contender and kind (None: run it)."""
     below = [s for s in sizes if s < GiB]
@@ -487,12 +487,12 @@ def _gate(
 
 
 def _record(
-    run: Run, a: A.Adapter, kind: str, size: int, raw: List[Dict[str, Any]], copies: Optional[float]
+    run: Run, a: A.Adapter, kind: str, size: int, raw: list[dict[str, Any]], copies: Optional[float]
 ) -> None:
     wrong = [r["wrong"] for r in raw if r.get("wrong")]
     if wrong:
         run.alert(f"{a.label}: big {kind} {size_label(size)}: the reader got a wrong value: {wrong[0]}")
-    show: Dict[str, str] = {}
+    show: dict[str, str] = {}
     if copies is not None:
         show["copies"] = f"{copies:.1f}"
     if wrong:
@@ -556,7 +556,7 @@ def _record_failed(run: Run, a: A.Adapter, kind: str, size: int, exc: BaseExcept
         rec["error_short"] = short
 
 
-def _notes(run: Run, adapters: List[A.Adapter], numpy_missing: Optional[str]) -> None:
+def _notes(run: Run, adapters: list[A.Adapter], numpy_missing: Optional[str]) -> None:
     n = "big"
     reps = (
         "1 repetition" if run.quick else f"{min(run.repeat, 3)} repetitions ({min(run.repeat, 2)} at 1 GiB)"

@@ -1,4 +1,4 @@
-"""Workload 14 (``bigdict``): one big read-mostly dict shared by reader processes (issue 22).
+"""Workload 14 (``bigdict``): one big read-mostly dict shared by reader processes.
 
 The dict: ``"user:%08d" % i -> (i, "name%d" % i, i * 0.5)`` at 10k, 100k and 1M
 keys (10M with ``PERF_BIGDICT_10M=1``; ``--quick``: 10k), loaded once by the
@@ -39,7 +39,7 @@ import random
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from .run import Run
 from .util import log
@@ -47,7 +47,7 @@ from .util import log
 WL = "bigdict"
 NUMBER = 14
 TITLE = "a big dict read by fresh processes: load, open, random and hot reads, memory, items(), writes"
-ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
+ENTRY: tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"big-dict": WL, "bigdicts": WL}
 CONTENDERS = ("ultradict_ng", "uncached", "table", "lmdb", "UltraDict", "Manager")
 LABELS = {
@@ -83,7 +83,7 @@ UNITS = {
 }
 
 
-def sizes(run: Run) -> List[int]:
+def sizes(run: Run) -> list[int]:
     if run.quick:
         return [10_000]
     out = [10_000, 100_000, 1_000_000]
@@ -93,11 +93,11 @@ def sizes(run: Run) -> List[int]:
 
 
 def key(i: int) -> str:
-    return "user:%08d" % i
+    return f"user:{i:08d}"
 
 
-def value(i: int) -> Tuple[int, str, float]:
-    return (i, "name%d" % i, i * 0.5)
+def value(i: int) -> tuple[int, str, float]:
+    return (i, f"name{i}", i * 0.5)
 
 
 def _anon_mib() -> float:
@@ -112,8 +112,8 @@ def _anon_mib() -> float:
 
 
 def _load(
-    contender: str, name: str, data: Dict[str, Any], run: Run
-) -> Tuple[Dict[str, Any], int, Callable[[], None]]:
+    contender: str, name: str, data: dict[str, Any], run: Run
+) -> tuple[dict[str, Any], int, Callable[[], None]]:
     """Load ``data``; return (what a reader needs, shared bytes, destroy)."""
     if contender in ("ultradict_ng", "uncached"):
         from ultradict_ng import SharedDict, unlink_by_name
@@ -192,8 +192,8 @@ def _load(
 
 
 def _open(
-    contender: str, info: Dict[str, Any]
-) -> Tuple[Callable[[str], Any], Callable[[], int], Callable[[], None]]:
+    contender: str, info: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], int], Callable[[], None]]:
     """(get, walk every item and count them, close) for a reader of ``contender``."""
     if contender in ("ultradict_ng", "uncached"):
         from ultradict_ng import SharedDict
@@ -253,16 +253,16 @@ def _open(
     raise ValueError(contender)
 
 
-def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, walk: bool, q: Any) -> None:
+def reader(contender: str, info: dict[str, Any], n: int, reads: int, seed: int, walk: bool, q: Any) -> None:
     """One fresh reader: everything imported first, then timed open, reads, memory, items()."""
     try:
         import msgpack  # noqa: F401  (imports are not part of the measurement)
 
-        import ultradict_ng  # noqa: F401
+        import ultradict_ng
 
         if contender == "table":
-            import ultradict_ng._codec.codec  # noqa: F401
-            import ultradict_ng._segments  # noqa: F401
+            import ultradict_ng._codec.codec
+            import ultradict_ng._segments
             import ultradict_ng._shm.table  # noqa: F401
         if contender == "lmdb":
             import lmdb  # noqa: F401
@@ -292,7 +292,7 @@ def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, 
         wrong = [k for k in keys[:200] if tuple(get(k)) != value(int(k[5:]))]
         if tuple(first) != value(int(keys[0][5:])):
             wrong.append(keys[0])
-        out: Dict[str, Any] = {
+        out: dict[str, Any] = {
             "open": t1 - t0,
             "random": reads / (t2 - t1),
             "hot": reads / (t3 - t2),
@@ -313,8 +313,8 @@ def reader(contender: str, info: Dict[str, Any], n: int, reads: int, seed: int, 
 
 
 def _open_writable(
-    contender: str, info: Dict[str, Any]
-) -> Tuple[Callable[[str, Any], None], Callable[[], None]]:
+    contender: str, info: dict[str, Any]
+) -> tuple[Callable[[str, Any], None], Callable[[], None]]:
     """(set one key, close) for a writer of ``contender``; each set is visible
     to every other process once it returns (py-lmdb: one write transaction)."""
     if contender in ("ultradict_ng", "uncached"):
@@ -344,7 +344,7 @@ def _open_writable(
     raise ValueError(contender)
 
 
-def writer(contender: str, info: Dict[str, Any], n: int, writes: int, seed: int, q: Any) -> None:
+def writer(contender: str, info: dict[str, Any], n: int, writes: int, seed: int, q: Any) -> None:
     """One fresh writer: open and one write, then ``writes`` random keys set
     to the value they hold (the dict stays the same for whoever reads it
     next): their rate, and the private memory opening and writing added."""
@@ -374,7 +374,7 @@ def writer(contender: str, info: Dict[str, Any], n: int, writes: int, seed: int,
         q.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _spawn_writer(run: Run, contender: str, info: Dict[str, Any], n: int) -> Dict[str, Any]:
+def _spawn_writer(run: Run, contender: str, info: dict[str, Any], n: int) -> dict[str, Any]:
     writes = 2_000 if contender in ("Manager", "UltraDict") else WRITES  # (UltraDict: ~200/s at 1M keys)
     q = run.ctx.Queue()
     p = run.ctx.Process(
@@ -392,8 +392,8 @@ def _spawn_writer(run: Run, contender: str, info: Dict[str, Any], n: int) -> Dic
 
 
 def _spawn_readers(
-    run: Run, contender: str, info: Dict[str, Any], n: int, count: int, walk: bool
-) -> List[Dict[str, Any]]:
+    run: Run, contender: str, info: dict[str, Any], n: int, count: int, walk: bool
+) -> list[dict[str, Any]]:
     reads = 10_000 if contender == "Manager" else READS
     q = run.ctx.Queue()
     procs = [
@@ -434,8 +434,8 @@ def _record(
     size: int,
     contender: str,
     metric: str,
-    values: List[float],
-    extra: Optional[Dict[str, Any]] = None,
+    values: list[float],
+    extra: Optional[dict[str, Any]] = None,
     **kw: Any,
 ) -> None:
     unit, better = UNITS[metric]
@@ -446,7 +446,7 @@ def _record(
     rec["label"] = LABELS[contender]
 
 
-def w_bigdict(run: Run, contenders: List[str]) -> None:
+def w_bigdict(run: Run, contenders: list[str]) -> None:
     reps = run.repeat if run.quick else max(run.repeat, 3)
     for size in sizes(run):
         log(f"  big dict: {size:,} keys")

@@ -1,9 +1,9 @@
-"""Workload 14's table, its targets (issue 22's, against py-lmdb) and its plots.
+"""Workload 14's table, its targets (against py-lmdb) and its plots.
 
 The section prints one block per dict size (rows: contenders; columns: the
 metrics of :mod:`perf.bigdict`).  The targets compare ultradict_ng's
-``SharedDict`` with py-lmdb at the largest size measured (issue 22 sets them
-at 1M keys; smaller runs are marked), and list the table's own figures beside
+``SharedDict`` with py-lmdb at the largest size measured (the targets are
+set at 1M keys; smaller runs are marked), and list the table's own figures beside
 them (what SharedDict reads in place, without SharedDict around it).  The plot is
 a figure of its own, ``bigdict.png`` next to ``latest.png``: each metric
 against dict size, log-log, one line per contender.
@@ -12,7 +12,7 @@ against dict size, log-log, one line per contender.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .bigdict import CONTENDERS, LABELS, WL
 
@@ -29,7 +29,7 @@ COLUMNS = [
 ]
 
 
-def _find(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) -> Optional[Dict[str, Any]]:
+def _find(recs: list[dict[str, Any]], size: int, contender: str, metric: str) -> Optional[dict[str, Any]]:
     for r in recs:
         p = r.get("params") or {}
         if (
@@ -42,12 +42,12 @@ def _find(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) ->
     return None
 
 
-def _median(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) -> Optional[float]:
+def _median(recs: list[dict[str, Any]], size: int, contender: str, metric: str) -> Optional[float]:
     r = _find(recs, size, contender, metric)
     return None if r is None or r.get("median") is None else float(r["median"])
 
 
-def _cell(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) -> str:
+def _cell(recs: list[dict[str, Any]], size: int, contender: str, metric: str) -> str:
     r = _find(recs, size, contender, metric)
     if r is None:
         return "-"
@@ -67,11 +67,11 @@ def _cell(recs: List[Dict[str, Any]], size: int, contender: str, metric: str) ->
     return f"{m:.1f}"
 
 
-def sizes_of(recs: List[Dict[str, Any]]) -> List[int]:
+def sizes_of(recs: list[dict[str, Any]]) -> list[int]:
     return sorted({int(r["params"]["size"]) for r in recs if r["workload"] == WL and r.get("params")})
 
 
-def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
     lines = [
         "",
         f"== {number}. {title} ==",
@@ -96,7 +96,7 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
 
 
 #: (metric, target, need, higher is better): ours / py-lmdb's median against _LIMITS.
-_TARGETS: List[Tuple[str, str, str, bool]] = [
+_TARGETS: list[tuple[str, str, str, bool]] = [
     ("open", "open + first read in a fresh process <= 1.5x py-lmdb's", "<= 1.5x", False),
     ("load", "bulk load <= 1.0x py-lmdb's time", "<= 1.0x", False),
     ("random", "random-key reads in a fresh process >= 1.2x py-lmdb get + unpackb", ">= 1.2x", True),
@@ -105,12 +105,12 @@ _TARGETS: List[Tuple[str, str, str, bool]] = [
 _LIMITS = {"open": 1.5, "load": 1.0, "random": 1.2, "items": 1.0}
 
 
-def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+def targets(recs: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     sizes = sizes_of(recs)
     if not sizes:
         return []
     size = max(s for s in sizes if _median(recs, s, "lmdb", "open") is not None or s == min(sizes))
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     for contender in ("ultradict_ng", "uncached", "table"):
         tag = {
             "ultradict_ng": "",
@@ -119,7 +119,7 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         }[contender]
         for metric, text, need, higher in _TARGETS:
             ours, peer = _median(recs, size, contender, metric), _median(recs, size, "lmdb", metric)
-            row: Dict[str, Any] = {"target": f"big dict ({size:,} keys): {text}{tag}", "need": need}
+            row: dict[str, Any] = {"target": f"big dict ({size:,} keys): {text}{tag}", "need": need}
             if ours is None or peer is None or not ours or not peer:
                 row.update(measured=None, status="n/a", detail="not measured")
             else:
@@ -181,7 +181,7 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     return out
 
 
-def plot(path: str, recs: List[Dict[str, Any]]) -> Optional[str]:
+def plot(path: str, recs: list[dict[str, Any]]) -> Optional[str]:
     """``bigdict.png``: each metric against dict size; None, or why there is no plot."""
     sizes = sizes_of(recs)
     if len(sizes) < 1:

@@ -48,7 +48,7 @@ import queue
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from . import cache_children as CC
 from .run import Run
@@ -57,7 +57,7 @@ from .util import log
 WL = "cache"
 NUMBER = 15
 TITLE = "shared cache: Django cache API, plain get/set, hit ratio on Zipf traces, stampede"
-ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
+ENTRY: tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"shared-cache": WL, "sharedcache": WL, "caches": WL, "django": WL, "stampede": WL}
 
 DJANGO = ["ours", "locmem", "file", "diskcache", "redis", "smd"]
@@ -65,7 +65,7 @@ PLAIN = ["ours", "diskcache", "lru", "ttl"]
 CACHELIB = ["cl_ours", "cl_simple", "cl_fs"]
 HIT = ["exact", "ours", "ours_cull3", "cachetools"]
 STAMPEDE = ["cached", "lru_cache"]
-LABELS: Dict[str, Dict[str, str]] = {
+LABELS: dict[str, dict[str, str]] = {
     "django": {
         "ours": "ultradict_ng Django backend",
         "locmem": "Django LocMemCache",
@@ -125,17 +125,17 @@ def _record(
     c: str,
     unit: str,
     better: str,
-    values: List[float],
-    extra: Optional[Dict[str, Any]] = None,
+    values: list[float],
+    extra: Optional[dict[str, Any]] = None,
     **kw: Any,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     params = {"part": part, "contender": c, **(extra or {})}
     rec = run.record(WL, case, f"{part}:{c}", unit=unit, better=better, values=values, params=params, **kw)
     rec["label"] = LABELS[part][c]
     return rec
 
 
-def _run_child(run: Run, target: Callable[..., None], spec: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+def _run_child(run: Run, target: Callable[..., None], spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     q = run.ctx.Queue()
     p = run.ctx.Process(target=target, args=(spec, q), daemon=True, name=f"perf-cache-{target.__name__}")
     p.start()
@@ -223,7 +223,7 @@ def _django(run: Run, reps: int) -> None:
         )
     dirs = {"file": _tmpdir(run, "filebased"), "diskcache": _tmpdir(run, "diskcache-django")}
     server = None
-    skipped: Dict[str, str] = {}
+    skipped: dict[str, str] = {}
     try:
         from .redis_server import RedisServer, redis_binary
 
@@ -242,7 +242,7 @@ def _django(run: Run, reps: int) -> None:
             why = _missing(module)
             if why:
                 skipped[c] = why
-        conf: Dict[str, Dict[str, Any]] = {
+        conf: dict[str, dict[str, Any]] = {
             "ours": {"LOCATION": names["ours"], "OPTIONS": {"MAX_ENTRIES": CC.MAX_ENTRIES}},
             "locmem": {"LOCATION": f"{run.name_prefix}-locmem", "OPTIONS": {"MAX_ENTRIES": CC.MAX_ENTRIES}},
             "file": {"LOCATION": dirs["file"], "OPTIONS": {"MAX_ENTRIES": CC.MAX_ENTRIES}},
@@ -295,13 +295,13 @@ def _django(run: Run, reps: int) -> None:
 def _emit_rates(
     run: Run,
     part: str,
-    contenders: List[str],
-    got: Dict[str, Any],
-    skipped: Dict[str, str],
-    cell: Callable[[Dict[str, Any], str], Optional[Dict[str, Any]]],
+    contenders: list[str],
+    got: dict[str, Any],
+    skipped: dict[str, str],
+    cell: Callable[[dict[str, Any], str], Optional[dict[str, Any]]],
     case: Callable[[str], str],
-    extra: Callable[[str], Dict[str, Any]],
-    ops: Tuple[str, ...],
+    extra: Callable[[str], dict[str, Any]],
+    ops: tuple[str, ...],
 ) -> None:
     """Records (ops/s) of a throughput part from the child's answer."""
     rows = got.get("rows", {})
@@ -335,14 +335,14 @@ def _emit_rates(
             )
 
 
-def _plain_cell(row: Dict[str, Any], value: str, op: str) -> Optional[Dict[str, Any]]:
+def _plain_cell(row: dict[str, Any], value: str, op: str) -> Optional[dict[str, Any]]:
     sub = row.get(value) or {}
     return sub.get(op) or ({"error": sub["error"]} if "error" in sub else None)
 
 
 def _plain(run: Run, reps: int, part: str = "plain") -> None:
     """The plain API part, or (``part="cachelib"``) the cachelib API with the dict value."""
-    skipped: Dict[str, str] = {}
+    skipped: dict[str, str] = {}
     modules = {
         "ours": "ultradict_ng.cache",
         "diskcache": "diskcache",
@@ -396,7 +396,7 @@ def _plain(run: Run, reps: int, part: str = "plain") -> None:
 def _hit(run: Run) -> None:
     part = "hit"
     alphas = ALPHAS[:1] if run.quick else ALPHAS
-    skipped: Dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for c, module in (
         ("ours", "ultradict_ng.cache"),
         ("ours_cull3", "ultradict_ng.cache"),
@@ -479,7 +479,7 @@ def _stampede(run: Run, reps: int) -> None:
         )
         for w in range(PROCS)
     ]
-    answers: List[Dict[str, Any]] = []
+    answers: list[dict[str, Any]] = []
     problem = ""
     try:
         for p in procs:
@@ -501,7 +501,7 @@ def _stampede(run: Run, reps: int) -> None:
                     break
         problem = problem or next((a["error"] for a in answers if "error" in a), "")
         cached_error = next((a["cached_error"] for a in answers if a.get("cached_error")), "")
-        lines: List[List[str]] = []
+        lines: list[list[str]] = []
         if os.path.exists(path):
             with open(path) as f:
                 lines = [ln.split() for ln in f if ln.strip()]
@@ -552,7 +552,7 @@ def _stampede(run: Run, reps: int) -> None:
         _drop_dir(run, d)
 
 
-def w_cache(run: Run, contenders: List[str]) -> None:
+def w_cache(run: Run, contenders: list[str]) -> None:
     reps = (
         run.repeat if run.quick else max(run.repeat, 7)
     )  # (a noisy machine: 7 in full mode, as workload 13)

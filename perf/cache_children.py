@@ -17,7 +17,7 @@ import itertools
 import os
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from .util import calibrate
 
@@ -27,19 +27,19 @@ KEYS = 1000
 MAX_ENTRIES = 10_000
 
 
-def dict_value(i: int) -> Dict[str, Any]:
-    return {"id": i, "name": "user%d" % i, "score": 1.5}
+def dict_value(i: int) -> dict[str, Any]:
+    return {"id": i, "name": f"user{i}", "score": 1.5}
 
 
 def str_value(i: int) -> str:
-    return "user%d" % i
+    return f"user{i}"
 
 
 def key(i: int) -> str:
-    return "user:%d" % i
+    return f"user:{i}"
 
 
-def _loop(fn: Callable[..., Any], args: List[Any], star: bool) -> Callable[[int], float]:
+def _loop(fn: Callable[..., Any], args: list[Any], star: bool) -> Callable[[int], float]:
     """``loop(n)``: ``n`` calls of ``fn`` cycling over ``args``; returns the seconds."""
 
     def loop(n: int) -> float:
@@ -64,11 +64,11 @@ def _loop(fn: Callable[..., Any], args: List[Any], star: bool) -> Callable[[int]
 
 
 def _interleaved(
-    cells: Dict[Tuple[str, str], Callable[[int], float]], order: List[Tuple[str, str]], reps: int, box: float
-) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    cells: dict[tuple[str, str], Callable[[int], float]], order: list[tuple[str, str]], reps: int, box: float
+) -> dict[tuple[str, str], dict[str, Any]]:
     """Calibrate every cell once, then ``reps`` rounds over all cells, order rotated."""
-    out: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    ops: Dict[Tuple[str, str], int] = {}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    ops: dict[tuple[str, str], int] = {}
     for cell in order:
         try:
             ops[cell] = calibrate(cells[cell], box, min_ops=1, max_ops=5_000_000)
@@ -91,9 +91,9 @@ def _interleaved(
 # -- Django ------------------------------------------------------------------------------------
 
 
-def django_child(spec: Dict[str, Any], q: Any) -> None:
+def django_child(spec: dict[str, Any], q: Any) -> None:
     """``spec``: reps, box, ``caches`` {key: Django CACHES entry}.  Times get and set."""
-    made: Dict[str, Any] = {}
+    made: dict[str, Any] = {}
     try:
         import django
         from django.conf import settings
@@ -106,7 +106,7 @@ def django_child(spec: Dict[str, Any], q: Any) -> None:
         django.setup()
         from django.core.cache import caches
 
-        rows: Dict[str, Dict[str, Any]] = {}
+        rows: dict[str, dict[str, Any]] = {}
         keys = [key(i) for i in range(KEYS)]
         pairs = [(key(i), dict_value(i)) for i in range(KEYS)]
         for c, conf in spec["caches"].items():
@@ -127,7 +127,7 @@ def django_child(spec: Dict[str, Any], q: Any) -> None:
             except Exception as exc:
                 rows[c] = {"error": f"{type(exc).__name__}: {exc}"}
         live = [c for c in spec["caches"] if c in made and "backend" in rows.get(c, {})]
-        cells: Dict[Tuple[str, str], Callable[[int], float]] = {}
+        cells: dict[tuple[str, str], Callable[[int], float]] = {}
         for c in live:
             cells[(c, "get")] = _loop(made[c].get, keys, False)
             cells[(c, "set")] = _loop(made[c].set, pairs, True)
@@ -158,7 +158,7 @@ def django_child(spec: Dict[str, Any], q: Any) -> None:
                 pass
 
 
-def _versions(dists: List[str]) -> Dict[str, str]:
+def _versions(dists: list[str]) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
@@ -173,7 +173,7 @@ def _versions(dists: List[str]) -> Dict[str, str]:
 # -- the plain API -----------------------------------------------------------------------------
 
 
-def _plain_make(c: str, spec: Dict[str, Any]) -> Tuple[Any, Callable[..., Any], Callable[..., Any]]:
+def _plain_make(c: str, spec: dict[str, Any]) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
     """(cache, get, set) for a contender of the plain API part."""
     if c == "ours":
         from ultradict_ng.cache import SharedCache
@@ -207,14 +207,14 @@ def _plain_make(c: str, spec: Dict[str, Any]) -> Tuple[Any, Callable[..., Any], 
     raise ValueError(c)
 
 
-def plain_child(spec: Dict[str, Any], q: Any) -> None:
+def plain_child(spec: dict[str, Any], q: Any) -> None:
     """``spec``: reps, box, contenders, values, name (SharedCache), dir (diskcache, FileSystemCache)."""
-    made: Dict[str, Any] = {}
+    made: dict[str, Any] = {}
     try:
-        rows: Dict[str, Dict[str, Any]] = {}
+        rows: dict[str, dict[str, Any]] = {}
         keys = [key(i) for i in range(KEYS)]
         values = {k: v for k, v in (("dict", dict_value), ("str", str_value)) if k in spec["values"]}
-        fns: Dict[str, Tuple[Callable[..., Any], Callable[..., Any]]] = {}
+        fns: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
         for c in spec["contenders"]:
             try:
                 made[c], g, s = _plain_make(c, spec)
@@ -227,7 +227,7 @@ def plain_child(spec: Dict[str, Any], q: Any) -> None:
         live = list(fns)
         for kind, make in values.items():
             pairs = [(k, make(i)) for i, k in enumerate(keys)]
-            cells: Dict[Tuple[str, str], Callable[[int], float]] = {}
+            cells: dict[tuple[str, str], Callable[[int], float]] = {}
             for c in live:
                 g, s = fns[c]
                 try:
@@ -266,10 +266,10 @@ def plain_child(spec: Dict[str, Any], q: Any) -> None:
 # -- hit ratio ---------------------------------------------------------------------------------
 
 
-def zipf_trace(alpha: float, nkeys: int, requests: int, seed: int) -> List[int]:
+def zipf_trace(alpha: float, nkeys: int, requests: int, seed: int) -> list[int]:
     """``requests`` keys of a Zipf(alpha) law over ``nkeys`` keys (ranks shuffled to key ids)."""
     rng = random.Random(seed)
-    cum: List[float] = []
+    cum: list[float] = []
     total = 0.0
     for r in range(1, nkeys + 1):
         total += r**-alpha
@@ -281,14 +281,14 @@ def zipf_trace(alpha: float, nkeys: int, requests: int, seed: int) -> List[int]:
 
 
 def _replay(
-    c: str, trace: List[int], size: int, spec: Dict[str, Any]
-) -> Tuple[int, Optional[Dict[str, Any]]]:
+    c: str, trace: list[int], size: int, spec: dict[str, Any]
+) -> tuple[int, Optional[dict[str, Any]]]:
     """Hits of contender ``c`` over ``trace`` (get; on a miss set); and its stats()."""
     hits = 0
     if c == "exact":
         from collections import OrderedDict
 
-        od: "OrderedDict[int, int]" = OrderedDict()
+        od: OrderedDict[int, int] = OrderedDict()
         move, pop = od.move_to_end, od.popitem
         for k in trace:
             if k in od:
@@ -331,13 +331,13 @@ def _replay(
         cache.close()
 
 
-def hit_child(spec: Dict[str, Any], q: Any) -> None:
+def hit_child(spec: dict[str, Any], q: Any) -> None:
     """``spec``: alphas, nkeys, requests, size, contenders, names {contender: cache name}."""
     try:
-        out: Dict[str, Any] = {}
+        out: dict[str, Any] = {}
         for alpha in spec["alphas"]:
             trace = zipf_trace(alpha, spec["nkeys"], spec["requests"], seed=15)
-            row: Dict[str, Any] = {"distinct": len(set(trace))}
+            row: dict[str, Any] = {"distinct": len(set(trace))}
             for c in spec["contenders"]:
                 t0 = time.perf_counter()
                 try:
@@ -362,7 +362,7 @@ def hit_child(spec: Dict[str, Any], q: Any) -> None:
 # -- stampede ----------------------------------------------------------------------------------
 
 
-def _compute(path: str, mode: str, arg: Any, seconds: float) -> Dict[str, Any]:
+def _compute(path: str, mode: str, arg: Any, seconds: float) -> dict[str, Any]:
     """The expensive function: one line per execution in ``path`` (O_APPEND), then a sleep."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
@@ -373,7 +373,7 @@ def _compute(path: str, mode: str, arg: Any, seconds: float) -> Dict[str, Any]:
     return {"arg": arg, "by": os.getpid()}
 
 
-def stampede_worker(wid: int, spec: Dict[str, Any], barrier: Any, q: Any) -> None:
+def stampede_worker(wid: int, spec: dict[str, Any], barrier: Any, q: Any) -> None:
     """One of the processes: per round, both modes on a cold key, all released by ``barrier``."""
     import functools
 
@@ -383,7 +383,7 @@ def stampede_worker(wid: int, spec: Dict[str, Any], barrier: Any, q: Any) -> Non
     try:
         from ultradict_ng.cache import cached
 
-        def work(arg: Any) -> Dict[str, Any]:
+        def work(arg: Any) -> dict[str, Any]:
             return _compute(path, "cached", arg, seconds)
 
         cached_f = cached(name=spec["name"], maxsize=128)(work)
@@ -391,10 +391,10 @@ def stampede_worker(wid: int, spec: Dict[str, Any], barrier: Any, q: Any) -> Non
         why = f"{type(exc).__name__}: {exc}"
 
     @functools.lru_cache(maxsize=128)
-    def lru_f(arg: Any) -> Dict[str, Any]:
+    def lru_f(arg: Any) -> dict[str, Any]:
         return _compute(path, "lru_cache", arg, seconds)
 
-    results: List[Tuple[str, int, float, float, Optional[str]]] = []
+    results: list[tuple[str, int, float, float, Optional[str]]] = []
     try:
         if cached_f is not None:
             try:  # warm-up on a key of its own: attach the cache before the timed rounds

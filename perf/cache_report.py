@@ -9,13 +9,13 @@ run: ours / the peer's (ops/s, hit ratio).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .cache import ALPHAS, CACHELIB, DJANGO, HIT, LABELS, NUMBER, PLAIN, STAMPEDE, WL
 from .util import fmt_rate, fmt_seconds
 
 #: (part, op, value, peer, need): our median / the peer's median >= need.
-RATE_TARGETS: List[Tuple[str, str, str, str, float]] = [
+RATE_TARGETS: list[tuple[str, str, str, str, float]] = [
     ("django", "get", "dict", "locmem", 1.0),
     ("django", "get", "dict", "diskcache", 3.0),
     ("django", "get", "dict", "redis", 20.0),
@@ -34,11 +34,11 @@ ROWS = {"django": DJANGO, "plain": PLAIN, "cachelib": CACHELIB}
 OURS = {"django": "ours", "plain": "ours", "cachelib": "cl_ours"}
 
 
-def _recs(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _recs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["workload"] == WL]
 
 
-def find(recs: List[Dict[str, Any]], part: str, c: str, **match: Any) -> Optional[Dict[str, Any]]:
+def find(recs: list[dict[str, Any]], part: str, c: str, **match: Any) -> Optional[dict[str, Any]]:
     for r in recs:
         p = r.get("params") or {}
         if (
@@ -51,11 +51,11 @@ def find(recs: List[Dict[str, Any]], part: str, c: str, **match: Any) -> Optiona
     return None
 
 
-def _med(r: Optional[Dict[str, Any]]) -> Optional[float]:
+def _med(r: Optional[dict[str, Any]]) -> Optional[float]:
     return None if r is None or r.get("median") is None else float(r["median"])
 
 
-def _rate_cell(r: Optional[Dict[str, Any]], ours: Optional[float], width: int = 34) -> str:
+def _rate_cell(r: Optional[dict[str, Any]], ours: Optional[float], width: int = 34) -> str:
     if r is None:
         return f"{'-':<{width}}"
     if r.get("skipped"):
@@ -68,8 +68,8 @@ def _rate_cell(r: Optional[Dict[str, Any]], ours: Optional[float], width: int = 
     return f"{fmt_rate(m) + '/s':>9} {spread:<16}{x:>8}".ljust(width)
 
 
-def _reasons(recs: List[Dict[str, Any]], rows: List[Tuple[str, str]]) -> List[str]:
-    out: List[str] = []
+def _reasons(recs: list[dict[str, Any]], rows: list[tuple[str, str]]) -> list[str]:
+    out: list[str] = []
     for part, c in rows:
         r = next(
             (
@@ -91,7 +91,7 @@ def _reasons(recs: List[Dict[str, Any]], rows: List[Tuple[str, str]]) -> List[st
     return out
 
 
-def section(records: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+def section(records: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
     recs = _recs(records)
     if not recs:
         return ""
@@ -131,7 +131,7 @@ def section(records: List[Dict[str, Any]], number: int, title: str, notes: List[
             f"  hit ratio (Zipf over {p.get('nkeys', 0):,} keys, {p.get('requests', 0):,} requests, "
             f"{p.get('size', 0):,} entries; get, set on a miss); (x exact LRU)"
         )
-        lines.append(f"    {'':<40}" + "".join(f"{'a=%g' % a:<22}" for a in sorted(hit_alphas)))
+        lines.append(f"    {'':<40}" + "".join(f"{f'a={a:g}':<22}" for a in sorted(hit_alphas)))
         for c in HIT:
             cells = []
             for a in sorted(hit_alphas):
@@ -172,7 +172,7 @@ def section(records: List[Dict[str, Any]], number: int, title: str, notes: List[
     return "\n".join(lines)
 
 
-def _stampede(recs: List[Dict[str, Any]], c: str, unit: str) -> Optional[Dict[str, Any]]:
+def _stampede(recs: list[dict[str, Any]], c: str, unit: str) -> Optional[dict[str, Any]]:
     return next(
         (
             r
@@ -185,18 +185,18 @@ def _stampede(recs: List[Dict[str, Any]], c: str, unit: str) -> Optional[Dict[st
     )
 
 
-def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     recs = _recs(records)
     if not recs:
         return []
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     for part, op, value, peer, need in RATE_TARGETS:
         ours = find(recs, part, "ours", op=op, value=value)
         other = find(recs, part, peer, op=op, value=value)
         if ours is None and other is None:
             continue
         what = "Django backend" if part == "django" else "SharedCache"
-        row: Dict[str, Any] = {
+        row: dict[str, Any] = {
             "target": f"cache: {what} {op} >= {need:g}x {LABELS[part][peer]} ({value} value)",
             "need": f">= {need:g}x",
         }
@@ -267,7 +267,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
 # -- files -------------------------------------------------------------------------------------
 
 
-def write(out: str, payload: Dict[str, Any], plot: bool = True) -> List[str]:
+def write(out: str, payload: dict[str, Any], plot: bool = True) -> list[str]:
     """``latest.json`` (and ``latest.png``) in ``<out>/cache/``; lines to print.
 
     With ``--out .../cache`` and only this workload in the run (``python -m perf --only
@@ -310,8 +310,8 @@ def write(out: str, payload: Dict[str, Any], plot: bool = True) -> List[str]:
 
 def _bars(
     ax: Any,
-    groups: List[str],
-    series: List[Tuple[str, List[Optional[Dict[str, Any]]]]],
+    groups: list[str],
+    series: list[tuple[str, list[Optional[dict[str, Any]]]]],
     log: bool,
     text: Optional[Any] = None,
 ) -> None:
@@ -355,15 +355,15 @@ def _bars(
         ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
 
 
-def _exact(recs: List[Dict[str, Any]], r: Dict[str, Any]) -> float:
+def _exact(recs: list[dict[str, Any]], r: dict[str, Any]) -> float:
     return _med(find(recs, "hit", "exact", alpha=r["params"]["alpha"])) or 1.0
 
 
-def _rate_text(r: Dict[str, Any]) -> str:
+def _rate_text(r: dict[str, Any]) -> str:
     return fmt_rate(r["median"])
 
 
-def plot_file(path: str, recs: List[Dict[str, Any]]) -> Optional[str]:
+def plot_file(path: str, recs: list[dict[str, Any]]) -> Optional[str]:
     try:
         import matplotlib
 

@@ -10,15 +10,15 @@ import re
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from . import adapters as A
 from . import bigdict as BD
 from . import cache as CA
 from . import pool as P
 from . import redis_backend as RB
-from . import transactions as TX
 from . import report
+from . import transactions as TX
 from .run import Run
 from .util import log, shm_entries
 from .wake import PARTS as WAKE_PARTS
@@ -49,9 +49,9 @@ DEFAULT_OUT = os.path.join("perf", "results")
 
 
 def _parse_list(
-    text: str, valid: List[str], aliases: Dict[str, str], what: str, numbers: Optional[Dict[str, int]] = None
-) -> List[str]:
-    out: List[str] = []
+    text: str, valid: list[str], aliases: dict[str, str], what: str, numbers: Optional[dict[str, int]] = None
+) -> list[str]:
+    out: list[str] = []
     by_number = {str(v): k for k, v in (numbers or {}).items()}
     for raw in text.split(","):
         item = raw.strip().lower()
@@ -153,7 +153,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -202,9 +202,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     status = 0
     interrupted = None
-    versions: Dict[str, str] = {}
-    target_rows: List[Dict[str, Any]] = []
-    printed: List[str] = []
+    versions: dict[str, str] = {}
+    target_rows: list[dict[str, Any]] = []
+    printed: list[str] = []
     print(
         f"perf: ultradict_ng side-by-side benchmark ({'quick' if args.quick else 'full'} mode, "
         f"{repeat} repetitions, ~{box:g} s per measurement); started {started_at}"

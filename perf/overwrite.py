@@ -15,7 +15,7 @@ import argparse
 import multiprocessing
 import os
 import time
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 
 def _used() -> int:
@@ -38,7 +38,7 @@ def _reader(name: str, stop: Any, out: Any) -> None:
     d.close()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.overwrite", description=__doc__.splitlines()[0])
     p.add_argument("--mib", type=int, default=10, help="size of the array (default 10)")
     p.add_argument("--times", type=int, default=1000, help="overwrites (default 1000)")

@@ -61,7 +61,7 @@ import os
 import signal
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from . import pool_small as S
 from . import pool_tasks as T
@@ -72,7 +72,7 @@ WL = "pool"
 NUMBER = 11
 TITLE = "process pool: submit(add_one, big array) round trip; map over many 10 MiB arrays; small tasks"
 #: The workload as :data:`perf.workloads.WORKLOADS` lists the others.
-ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
+ENTRY: tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"futures": "pool", "executor": "pool", "processpool": "pool", "processpoolexecutor": "pool"}
 
 ORDER = list(T.CONTENDERS)  # stdlib, npshmex, handwritten, ultradict_ng
@@ -104,7 +104,7 @@ MiB = 1 << 20
 # -- sizes and repetitions ----------------------------------------------------------------------
 
 
-def plan(run: Run) -> Dict[str, Any]:
+def plan(run: Run) -> dict[str, Any]:
     """Sizes, repetitions and rounds for this run."""
     if run.quick:
         return {
@@ -135,11 +135,11 @@ def _elements(n: int) -> str:
     return str(n)
 
 
-def submit_case(p: Dict[str, Any]) -> str:
+def submit_case(p: dict[str, Any]) -> str:
     return f"submit(add_one, np.ones({_elements(p['submit_elements'])})) round trip, max_workers=1"
 
 
-def map_case(p: Dict[str, Any]) -> str:
+def map_case(p: dict[str, Any]) -> str:
     return f"list(map(add_one, {p['map_arrays']} arrays of {p['map_bytes'] // MiB} MiB)), max_workers=2"
 
 
@@ -161,7 +161,7 @@ def _missing(contender: str) -> Optional[str]:
     return None
 
 
-def versions() -> Dict[str, str]:
+def versions() -> dict[str, str]:
     """The contenders' versions, for the contenders list (npshmex not imported)."""
     import platform
     from importlib.metadata import version
@@ -212,19 +212,19 @@ def _zombie(pid: int) -> bool:
 class _DriverRun:
     """A spawned driver, what it reported, and the removal of whatever it leaves."""
 
-    def __init__(self, run: Run, contender: str, params: Dict[str, Any], limit: float) -> None:
+    def __init__(self, run: Run, contender: str, params: dict[str, Any], limit: float) -> None:
         self.run = run
         self.contender = contender
         self.params = params
         self.limit = limit
         self.proc: Any = None
         self.conn: Any = None
-        self.workers: List[Tuple[int, Optional[str]]] = []
-        self.parcel_prefixes: List[str] = []
+        self.workers: list[tuple[int, Optional[str]]] = []
+        self.parcel_prefixes: list[str] = []
         self.shm_before = set(shm_entries())
         self.key = f"pool driver {contender} {id(self):x}"
         self.cleaned = False
-        self.info: Dict[str, Any] = {}
+        self.info: dict[str, Any] = {}
 
     def start(self) -> None:
         parent_end, child_end = self.run.ctx.Pipe()
@@ -241,7 +241,7 @@ class _DriverRun:
         finally:
             child_end.close()
 
-    def result(self) -> Dict[str, Any]:
+    def result(self) -> dict[str, Any]:
         """Wait for the driver's result (remembering the pools it reports on the way)."""
         deadline = time.monotonic() + self.limit
         p, conn = self.proc, self.conn
@@ -266,7 +266,7 @@ class _DriverRun:
                 elif kind == "ready":
                     self.info = msg[1]
                 elif kind == "result":
-                    res: Dict[str, Any] = msg[1]
+                    res: dict[str, Any] = msg[1]
                     return res
                 elif kind == "unavailable":
                     raise Unavailable(msg[1])
@@ -277,12 +277,12 @@ class _DriverRun:
             elif not p.is_alive() and not conn.poll(0):
                 raise DriverError(f"the {self.contender} driver (pid {p.pid}) died, exit code {p.exitcode}")
 
-    def cleanup(self, ok: bool = False) -> List[str]:
+    def cleanup(self, ok: bool = False) -> list[str]:
         """End the driver and its workers, remove its segments; what had to be done."""
         if self.cleaned:
             return []
         self.cleaned = True
-        done: List[str] = []
+        done: list[str] = []
         p = self.proc
         if p is not None and p.pid is not None:
             p.join(30 if ok else 0.2)
@@ -332,8 +332,8 @@ class _DriverRun:
 
 
 def _one(
-    run: Run, contender: str, params: Dict[str, Any], limit: float
-) -> Tuple[Dict[str, Any], Dict[str, Any], List[str]]:
+    run: Run, contender: str, params: dict[str, Any], limit: float
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Run one driver; (its result, its ready info, what the cleanup found after a normal end)."""
     d = _DriverRun(run, contender, params, limit)
     try:
@@ -350,12 +350,12 @@ def _one(
 # -- the workload ----------------------------------------------------------------------------
 
 
-def w_pool(run: Run, contenders: List[str]) -> None:
+def w_pool(run: Run, contenders: list[str]) -> None:
     p = plan(run)
     small = S.plan(run)
     cases = [(SUBMIT, submit_case(p)), (MAP, map_case(p))]
     small_cases = S.cases(small)
-    todo: List[str] = []
+    todo: list[str] = []
     numpy_missing = importlib.util.find_spec("numpy") is None
     for c in [c for c in ORDER if c in contenders]:
         why = "numpy is not installed" if numpy_missing else _missing(c)
@@ -370,11 +370,11 @@ def w_pool(run: Run, contenders: List[str]) -> None:
     base = {k: p[k] for k in ("submit_elements", "map_arrays", "map_bytes")}
     base.update((k, small[k]) for k in S.KINDS)
     base["start_method"] = start_method
-    raws: Dict[str, Dict[str, List[Dict[str, Any]]]] = {c: {SUBMIT: [], MAP: [], S.SMALL: []} for c in todo}
-    small_rounds: Dict[str, List[int]] = {c: [] for c in todo}
-    info: Dict[str, Dict[str, Any]] = {}
-    failed: Dict[str, str] = {}  # given up on (unavailable, or failed MAX_FAILURES times)
-    errors: Dict[str, List[str]] = {c: [] for c in todo}
+    raws: dict[str, dict[str, list[dict[str, Any]]]] = {c: {SUBMIT: [], MAP: [], S.SMALL: []} for c in todo}
+    small_rounds: dict[str, list[int]] = {c: [] for c in todo}
+    info: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}  # given up on (unavailable, or failed MAX_FAILURES times)
+    errors: dict[str, list[str]] = {c: [] for c in todo}
     stamped_left = p["stamped_reps"]
     per_round_stamped = 1 if p["rounds"] > 1 else p["stamped_reps"]
     seq = 0
@@ -490,7 +490,7 @@ def _hint(text: str) -> str:
     return ""
 
 
-def _skip(run: Run, c: str, cases: List[Tuple[str, str]], why: str) -> None:
+def _skip(run: Run, c: str, cases: list[tuple[str, str]], why: str) -> None:
     for kind, case in cases:
         rec = run.record(
             WL, case, c, unit="s", better="lower", values=[], skipped=why, params={"case_kind": kind}
@@ -498,7 +498,7 @@ def _skip(run: Run, c: str, cases: List[Tuple[str, str]], why: str) -> None:
         rec["label"] = LABELS[c]
 
 
-def _fail(run: Run, c: str, cases: List[Tuple[str, str]], text: str) -> None:
+def _fail(run: Run, c: str, cases: list[tuple[str, str]], text: str) -> None:
     short = _short(text)
     for kind, case in cases:
         rec = run.record(
@@ -508,7 +508,7 @@ def _fail(run: Run, c: str, cases: List[Tuple[str, str]], text: str) -> None:
         rec["error_short"] = short
 
 
-def _med(xs: List[float]) -> Optional[float]:
+def _med(xs: list[float]) -> Optional[float]:
     return statistics.median(xs) if xs else None
 
 
@@ -517,16 +517,16 @@ def _record(
     c: str,
     kind: str,
     case: str,
-    raw: List[Dict[str, Any]],
-    p: Dict[str, Any],
-    inf: Dict[str, Any],
-    errors: List[str],
+    raw: list[dict[str, Any]],
+    p: dict[str, Any],
+    inf: dict[str, Any],
+    errors: list[str],
 ) -> None:
     times = [t for r in raw for t in r["times"]]
     wrong = [w for r in raw for w in r["wrong"]]
     if wrong:
         run.alert(f"{LABELS[c]}: pool {kind}: a wrong result: {wrong[0]}")
-    params: Dict[str, Any] = {
+    params: dict[str, Any] = {
         "case_kind": kind,
         "repetitions": len(times),
         "drivers": len(raw),
@@ -538,7 +538,7 @@ def _record(
         "failed_rounds": len(errors),
         "errors": errors,
     }
-    show: Dict[str, Any] = {}
+    show: dict[str, Any] = {}
     if errors:
         show["failed rounds"] = str(len(errors))
     if kind == SUBMIT:
@@ -568,9 +568,9 @@ def _record(
 
 def _notes(
     run: Run,
-    p: Dict[str, Any],
-    todo: List[str],
-    info: Dict[str, Dict[str, Any]],
+    p: dict[str, Any],
+    todo: list[str],
+    info: dict[str, dict[str, Any]],
     start_method: str,
     took: float,
 ) -> None:
@@ -631,19 +631,19 @@ def _notes(
 # -- the report -------------------------------------------------------------------------------
 
 
-def _rows(recs: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
+def _rows(recs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     rows = [r for r in recs if r["workload"] == WL and r["params"].get("case_kind") == kind]
     return sorted(rows, key=lambda r: ORDER.index(r["contender"]) if r["contender"] in ORDER else len(ORDER))
 
 
-def _find(recs: List[Dict[str, Any]], kind: str, c: str) -> Optional[Dict[str, Any]]:
+def _find(recs: list[dict[str, Any]], kind: str, c: str) -> Optional[dict[str, Any]]:
     for r in _rows(recs, kind):
         if r["contender"] == c:
             return r
     return None
 
 
-def _speedup(recs: List[Dict[str, Any]], kind: str, base: str, c: str) -> Optional[float]:
+def _speedup(recs: list[dict[str, Any]], kind: str, base: str, c: str) -> Optional[float]:
     """``base``'s median / ``c``'s: how many times faster ``c`` is (None if either is missing)."""
     b, x = _find(recs, kind, base), _find(recs, kind, c)
     if not b or not x or not b["median"] or not x["median"]:
@@ -651,13 +651,13 @@ def _speedup(recs: List[Dict[str, Any]], kind: str, base: str, c: str) -> Option
     return float(b["median"]) / float(x["median"])
 
 
-def _spread(r: Dict[str, Any]) -> str:
+def _spread(r: dict[str, Any]) -> str:
     if r["n"] < 2:
         return "(1 rep)"
     return f"{fmt_seconds(r['min'])} .. {fmt_seconds(r['max'])}"
 
 
-def _bad(r: Dict[str, Any], w: int) -> Optional[str]:
+def _bad(r: dict[str, Any], w: int) -> Optional[str]:
     if r.get("skipped"):
         return f"  {r['label']:<{w}}skipped: {r['skipped']}"
     if r.get("error") and r["median"] is None:
@@ -665,7 +665,7 @@ def _bad(r: Dict[str, Any], w: int) -> Optional[str]:
     return None
 
 
-def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
     lines = ["", f"== {number}. {title} =="]
     w = 31
     for kind in (SUBMIT, MAP):
@@ -731,9 +731,9 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
     return "\n".join(lines)
 
 
-def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     """The issue's pool targets on the medians of this run (the report marks them; nothing fails)."""
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     recs = [r for r in records if r["workload"] == WL]
 
     def why(kind: str, c: str) -> str:
@@ -744,7 +744,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
 
     def row(name: str, kind: str, base: str, need: float, strict: bool) -> None:
         ratio = _speedup(recs, kind, base, "ultradict_ng")
-        r: Dict[str, Any] = {"target": name, "need": f"> {need:g}x" if strict else f">= {need:g}x"}
+        r: dict[str, Any] = {"target": name, "need": f"> {need:g}x" if strict else f">= {need:g}x"}
         if ratio is None:
             missing = "ultradict_ng" if not (_find(recs, kind, "ultradict_ng") or {}).get("median") else base
             r.update(measured=None, status="n/a", detail=why(kind, missing))
@@ -782,7 +782,7 @@ def _minor_label(v: float, _pos: Any) -> str:
     return f"{v:g}" if lead in (2.0, 5.0) else ""
 
 
-def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
+def plot_panel(ax: Any, recs: list[dict[str, Any]]) -> str:
     """Median seconds (whiskers min..max) per case and contender; the speed-up over stdlib on top."""
     # ultradict_ng in its colour of the other panels; the peers in colours no other panel uses
     colors = {"stdlib": "dimgray", "npshmex": "goldenrod", "handwritten": "teal", "ultradict_ng": "tab:blue"}

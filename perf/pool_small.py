@@ -21,7 +21,7 @@ difference the machine's noise could make.  Target: >= 1.0x the standard pool.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .run import Run
 from .util import fmt_seconds
@@ -35,14 +35,14 @@ CONTENDERS = ("stdlib", "ultradict_ng")
 TARGET = 1.0
 
 
-def plan(run: Run) -> Dict[str, Any]:
+def plan(run: Run) -> dict[str, Any]:
     """Sizes and repetitions per driver."""
     if run.quick:
         return {"small_submit": 500, "small_map": 10_000, "small_dicts": 500, "small_reps": 2}
     return {"small_submit": 3000, "small_map": 60_000, "small_dicts": 3000, "small_reps": 3}
 
 
-def case_text(kind: str, p: Dict[str, Any]) -> str:
+def case_text(kind: str, p: dict[str, Any]) -> str:
     n = p[kind]
     if kind == "small_submit":
         return f"submit(inc, i) for {n:,} ints, 2 workers"
@@ -51,7 +51,7 @@ def case_text(kind: str, p: Dict[str, Any]) -> str:
     return f"map(small_dict, range({n:,})) (results: dicts of 4 fields), 2 workers"
 
 
-def cases(p: Dict[str, Any]) -> List[Tuple[str, str]]:
+def cases(p: dict[str, Any]) -> list[tuple[str, str]]:
     return [(kind, case_text(kind, p)) for kind in KINDS]
 
 
@@ -59,10 +59,10 @@ def record(
     run: Run,
     c: str,
     label: str,
-    raw: List[Dict[str, Any]],
-    p: Dict[str, Any],
-    rounds: List[int],
-    errors: List[str],
+    raw: list[dict[str, Any]],
+    p: dict[str, Any],
+    rounds: list[int],
+    errors: list[str],
 ) -> None:
     """One record per row for contender ``c`` (``raw``: its drivers' results, the
     driver of round ``rounds[i]`` first)."""
@@ -96,14 +96,14 @@ def record(
         rec["label"] = label
 
 
-def _find(recs: List[Dict[str, Any]], kind: str, c: str) -> Optional[Dict[str, Any]]:
+def _find(recs: list[dict[str, Any]], kind: str, c: str) -> Optional[dict[str, Any]]:
     for r in recs:
         if r["params"].get("case_kind") == kind and r["contender"] == c:
             return r
     return None
 
 
-def ratio(recs: List[Dict[str, Any]], kind: str) -> Optional[float]:
+def ratio(recs: list[dict[str, Any]], kind: str) -> Optional[float]:
     """The standard pool's median over ours: how many times as fast ours is."""
     std, ng = _find(recs, kind, "stdlib"), _find(recs, kind, "ultradict_ng")
     if not std or not ng or not std["median"] or not ng["median"]:
@@ -111,7 +111,7 @@ def ratio(recs: List[Dict[str, Any]], kind: str) -> Optional[float]:
     return float(std["median"]) / float(ng["median"])
 
 
-def round_ratios(recs: List[Dict[str, Any]], kind: str) -> List[float]:
+def round_ratios(recs: list[dict[str, Any]], kind: str) -> list[float]:
     """The same ratio round by round (each round's medians)."""
     std, ng = _find(recs, kind, "stdlib"), _find(recs, kind, "ultradict_ng")
     if not std or not ng:
@@ -120,7 +120,7 @@ def round_ratios(recs: List[Dict[str, Any]], kind: str) -> List[float]:
     return [a[k] / b[k] for k in a if k in b and b[k]]
 
 
-def section(recs: List[Dict[str, Any]], labels: Dict[str, str], w: int) -> List[str]:
+def section(recs: list[dict[str, Any]], labels: dict[str, str], w: int) -> list[str]:
     """The table's block (c)."""
     rows = [r for r in recs if r["params"].get("case_kind") in KINDS]
     if not rows:
@@ -166,15 +166,15 @@ def section(recs: List[Dict[str, Any]], labels: Dict[str, str], w: int) -> List[
     return lines
 
 
-def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+def targets(recs: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     """Each row >= 1.0x the standard pool (the report marks it; nothing fails)."""
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     for kind in KINDS:
         ng, std = _find(recs, kind, "ultradict_ng"), _find(recs, kind, "stdlib")
         if ng is None and std is None:
             continue
         case = (ng or std or {}).get("case", kind)
-        row: Dict[str, Any] = {
+        row: dict[str, Any] = {
             "target": f"pool, small tasks: {case} >= {TARGET:g}x the standard pool",
             "need": f">= {TARGET:g}x",
         }

@@ -43,7 +43,7 @@ import sys
 import time
 import traceback
 from multiprocessing import resource_tracker, shared_memory
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Optional
 
 try:
     import numpy as np
@@ -63,7 +63,7 @@ def add_one(x: Any) -> Any:
     return x + 1
 
 
-def add_one_stamped(x: Any) -> Dict[str, Any]:
+def add_one_stamped(x: Any) -> dict[str, Any]:
     """``x + 1`` and the worker's clock around it (a dict: npshmex moves only arrays and
     dicts of arrays through shared memory)."""
     t0 = clock()
@@ -87,7 +87,7 @@ def inc(x: int) -> int:
     return x + 1
 
 
-def small_dict(i: int) -> Dict[str, Any]:
+def small_dict(i: int) -> dict[str, Any]:
     """The small-task rows' task with a result of a few fields."""
     return {"i": i, "square": i * i, "name": f"item-{i}", "even": i % 2 == 0}
 
@@ -143,8 +143,8 @@ def shm_unlink_name(name: str) -> bool:
 
 
 def hand_add_one(
-    spec: Tuple[str, Tuple[int, ...], str], prefix: str, stamped: bool = False
-) -> Tuple[Any, ...]:
+    spec: tuple[str, tuple[int, ...], str], prefix: str, stamped: bool = False
+) -> tuple[Any, ...]:
     """In a worker: attach the input, compute ``x + 1`` into a new output segment, return its name."""
     name, shape, dtype = spec
     seg_in = shm_attach(name)
@@ -175,9 +175,9 @@ class Hand:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.segs: List[shared_memory.SharedMemory] = []
+        self.segs: list[shared_memory.SharedMemory] = []
 
-    def put(self, arr: Any) -> Tuple[str, Tuple[int, ...], str]:
+    def put(self, arr: Any) -> tuple[str, tuple[int, ...], str]:
         name = f"{self.prefix}i{next(_seq)}"
         seg = shm_create(name, max(1, arr.nbytes))
         self.segs.append(seg)
@@ -186,7 +186,7 @@ class Hand:
         del dst
         return (name, arr.shape, arr.dtype.str)
 
-    def take(self, ret: Tuple[Any, ...]) -> Any:
+    def take(self, ret: tuple[Any, ...]) -> Any:
         name, shape, dtype = ret[:3]
         seg = shm_attach(name)
         self.segs.append(seg)
@@ -213,7 +213,7 @@ def _on_term(signum: int, frame: Any) -> None:
     raise SystemExit(143)
 
 
-def _executor_class(contender: str) -> Tuple[Callable[..., Any], str]:
+def _executor_class(contender: str) -> tuple[Callable[..., Any], str]:
     """The contender's executor class and its version (ImportError if it is missing)."""
     import platform
 
@@ -250,7 +250,7 @@ def _proc_start(pid: int) -> Optional[str]:
 class Driver:
     """One contender's executors and measurements inside the driver process."""
 
-    def __init__(self, contender: str, params: Dict[str, Any], conn: Any) -> None:
+    def __init__(self, contender: str, params: dict[str, Any], conn: Any) -> None:
         self.contender = contender
         self.p = params
         self.conn = conn
@@ -268,7 +268,7 @@ class Driver:
         for f in futs:
             f.result(timeout=120)
         pids = sorted(getattr(self.ex, "_processes", {}) or {})
-        info: Dict[str, Any] = {"pids": [(pid, _proc_start(pid)) for pid in pids]}
+        info: dict[str, Any] = {"pids": [(pid, _proc_start(pid)) for pid in pids]}
         pool = getattr(self.ex, "_pool", None)  # ultradict_ng's parcel bookkeeping
         if self.contender == "ultradict_ng" and pool is not None:
             from ultradict_ng.futures.parcel import pool_prefix
@@ -282,10 +282,10 @@ class Driver:
             ex.shutdown(wait=True, cancel_futures=True)
 
     # -- one call ----------------------------------------------------------------------------
-    def roundtrip(self, x: Any, stamped: bool) -> Tuple[float, Any, Dict[str, float]]:
+    def roundtrip(self, x: Any, stamped: bool) -> tuple[float, Any, dict[str, float]]:
         """``submit(add_one, x).result()``, the result's first and last element read."""
         ex, hand = self.ex, self.hand
-        stages: Dict[str, float] = {}
+        stages: dict[str, float] = {}
         if hand is None:
             fn = add_one_stamped if stamped else add_one
             t0 = clock()
@@ -333,15 +333,15 @@ class Driver:
         return clock() - t0
 
     # -- the cases ---------------------------------------------------------------------------
-    def case_submit(self, reps: int, stamped_reps: int) -> Dict[str, Any]:
+    def case_submit(self, reps: int, stamped_reps: int) -> dict[str, Any]:
         n = self.p["submit_elements"]
         self.start(1)
         x = np.ones(n)
-        times: List[float] = []
-        releases: List[float] = []
-        stages: List[Dict[str, float]] = []
-        wrong: List[str] = []
-        kinds: Set[str] = set()
+        times: list[float] = []
+        releases: list[float] = []
+        stages: list[dict[str, float]] = []
+        wrong: list[str] = []
+        kinds: set[str] = set()
         for i in range(reps + stamped_reps):
             stamped = i >= reps
             gc.collect()
@@ -371,14 +371,14 @@ class Driver:
             "elements": n,
         }
 
-    def case_map(self, reps: int) -> Dict[str, Any]:
+    def case_map(self, reps: int) -> dict[str, Any]:
         count, nbytes = self.p["map_arrays"], self.p["map_bytes"]
         self.start(2)
         arrays = [np.full(nbytes // 8, float(i)) for i in range(count)]
-        times: List[float] = []
-        releases: List[float] = []
-        wrong: List[str] = []
-        kinds: Set[str] = set()
+        times: list[float] = []
+        releases: list[float] = []
+        wrong: list[str] = []
+        kinds: set[str] = set()
         ex, hand = self.ex, self.hand
         for _ in range(reps):
             gc.collect()
@@ -422,14 +422,14 @@ class Driver:
             "array_bytes": nbytes,
         }
 
-    def case_small(self, reps: int) -> Dict[str, Any]:
+    def case_small(self, reps: int) -> dict[str, Any]:
         """The small-task rows: three workloads of tasks that carry no array, on
         two workers, ``reps`` times each (interleaved), every result checked."""
         n_submit, n_map, n_dicts = (self.p["small_submit"], self.p["small_map"], self.p["small_dicts"])
         self.start(2)
         ex = self.ex
-        times: Dict[str, List[float]] = {"small_submit": [], "small_map": [], "small_dicts": []}
-        wrong: List[str] = []
+        times: dict[str, list[float]] = {"small_submit": [], "small_map": [], "small_dicts": []}
+        wrong: list[str] = []
 
         def submit_ints() -> bool:
             futures = [ex.submit(inc, i) for i in range(n_submit)]
@@ -462,7 +462,7 @@ class Driver:
         return {"times": times, "wrong": wrong}
 
 
-def driver_main(contender: str, params: Dict[str, Any], conn: Any) -> None:
+def driver_main(contender: str, params: dict[str, Any], conn: Any) -> None:
     """A spawned driver: measure the cases in ``params['cases']`` for one contender, then exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_term)
@@ -486,7 +486,7 @@ def driver_main(contender: str, params: Dict[str, Any], conn: Any) -> None:
                 },
             )
         )
-        out: Dict[str, Any] = {}
+        out: dict[str, Any] = {}
         if params.get("submit_reps") or params.get("stamped_reps"):
             out["submit"] = d.case_submit(params["submit_reps"], params.get("stamped_reps", 0))
         if params.get("map_reps"):

@@ -18,14 +18,14 @@ import queue
 import signal
 import time
 import traceback
-from typing import Any, Dict, List
+from typing import Any
 
 from . import adapters as A
 
 _perf_ns = time.perf_counter_ns
 
 
-def _child_setup(preload: List[str]) -> int:
+def _child_setup(preload: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     A.preload(preload)
     return os.getppid()
@@ -44,10 +44,10 @@ def _sleep_until(start_ns: int) -> None:
             time.sleep((left - 1_000_000) / 1e9)
 
 
-def worker_main(wid: int, cmd_q: Any, res_q: Any, inherit: Dict[str, Any], preload: List[str]) -> None:
+def worker_main(wid: int, cmd_q: Any, res_q: Any, inherit: dict[str, Any], preload: list[str]) -> None:
     ppid = _child_setup(preload)
-    handles: Dict[str, Any] = {}
-    specs: Dict[str, Dict[str, Any]] = {}
+    handles: dict[str, Any] = {}
+    specs: dict[str, dict[str, Any]] = {}
     try:
         while True:
             try:
@@ -110,8 +110,8 @@ def _poll(wid: int, h: Any, key: Any, stop_value: Any, limit_s: float, res_q: An
     """Workload 5: busy-poll ``m[key]``; record (value, perf_counter_ns when first seen)."""
     m = h.m
     last = m[key]
-    seen: List[Any] = []
-    errors: List[str] = []
+    seen: list[Any] = []
+    errors: list[str] = []
     res_q.put((wid, "ready", None))
     deadline = _perf_ns() + int(limit_s * 1e9)
     i = 0
@@ -140,7 +140,7 @@ def _poll(wid: int, h: Any, key: Any, stop_value: Any, limit_s: float, res_q: An
 
 
 def attach_probe(
-    spec: Dict[str, Any], key: Any, expected: Any, inherit: Dict[str, Any], preload: List[str], res_q: Any
+    spec: dict[str, Any], key: Any, expected: Any, inherit: dict[str, Any], preload: list[str], res_q: Any
 ) -> None:
     """Workload 6 in a fresh process: time from the attach call to the first read."""
     try:

@@ -56,7 +56,7 @@ import os
 import random
 import signal
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from . import redis_children as C
 from .run import Run
@@ -68,7 +68,7 @@ TITLE = (
     "Redis backend vs redis-py, pottery, redis-dict: reads, writes, 4-process locked "
     "increments, dead-holder takeover, cached-read staleness"
 )
-ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
+ENTRY: tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"redis-backend": WL, "redis_backend": WL, "backend": WL}
 
 #: ``--contenders`` names that take part (``redis``: raw redis-py; ``ultradict_ng``: both read modes).
@@ -79,7 +79,7 @@ CONTENDER_ALIASES = {"redis-dict": "redis_dict", "redisdict": "redis_dict"}
 #: Table rows (record ``contender``), in order.
 ROWS = ["redis", "ultradict_ng", "ultradict_ng:cached", "pottery", "redis_dict"]
 READ, WRITE, LOCK, TAKEOVER, STALE = "read", "write", "lock", "takeover", "staleness"
-LABELS: Dict[str, Dict[str, str]] = {
+LABELS: dict[str, dict[str, str]] = {
     READ: {
         "redis": "redis-py r.get (raw GET)",
         "ultradict_ng": "SharedDict reads='fresh'",
@@ -108,7 +108,7 @@ DEFAULT_LEASE = 3.0  # ultradict_ng's default (redis_backend/layout.py)
 PROCS = 4
 
 
-def plan(run: Run) -> Dict[str, Any]:
+def plan(run: Run) -> dict[str, Any]:
     if run.quick:
         return {
             "rw_rounds": 1,
@@ -146,7 +146,7 @@ def write_case() -> str:
     return f"write d[k] = i over {C.WRITE_KEYS} rotating keys (raw: r.set(k, i))"
 
 
-def lock_case(p: Dict[str, Any]) -> str:
+def lock_case(p: dict[str, Any]) -> str:
     return f"{PROCS} processes x n: with lock: d[k] += 1 (aggregate)"
 
 
@@ -196,7 +196,7 @@ def _dist(dist: str) -> str:
         return "not installed"
 
 
-def versions() -> Dict[str, str]:
+def versions() -> dict[str, str]:
     """The contenders' versions, for the contenders list (nothing imported)."""
     return {
         "redis": "redis-py " + _dist("redis"),
@@ -226,7 +226,7 @@ class _Server:
         self.version = server.version()
 
 
-def _server(run: Run) -> Tuple[Optional[_Server], str]:
+def _server(run: Run) -> tuple[Optional[_Server], str]:
     """The run's redis-server (the adapter's, else a new one); or None and why."""
     from .redis_server import RedisServer, redis_binary
 
@@ -286,7 +286,7 @@ class ChildUnavailable(Exception):
 class _Child:
     """One spawned child of :func:`perf.redis_children.child_main`, with its pipe."""
 
-    def __init__(self, run: Run, role: str, params: Dict[str, Any], start: Any = None) -> None:
+    def __init__(self, run: Run, role: str, params: dict[str, Any], start: Any = None) -> None:
         self.run = run
         self.role = role
         parent_end, child_end = run.ctx.Pipe()
@@ -299,7 +299,7 @@ class _Child:
             self.proc.start()
         finally:
             child_end.close()
-        self.info: Dict[str, Any] = {}
+        self.info: dict[str, Any] = {}
 
     @property
     def pid(self) -> int:
@@ -307,10 +307,10 @@ class _Child:
         assert pid is not None
         return int(pid)
 
-    def send(self, msg: Tuple[Any, ...]) -> None:
+    def send(self, msg: tuple[Any, ...]) -> None:
         self.conn.send(msg)
 
-    def recv(self, timeout: float, want: str) -> Dict[str, Any]:
+    def recv(self, timeout: float, want: str) -> dict[str, Any]:
         """The payload of the next message, which must be ``want``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -328,7 +328,7 @@ class _Child:
                         f"the {self.role} process (pid {self.proc.pid}) ended, exit code {self.proc.exitcode}"
                     ) from None
                 if msg[0] == want:
-                    payload: Dict[str, Any] = msg[1]
+                    payload: dict[str, Any] = msg[1]
                     if want == "ready":
                         self.info = payload
                     return payload
@@ -361,7 +361,7 @@ class _Child:
                 self.run.children.remove(p)
 
 
-def _stop_all(children: List[_Child]) -> None:
+def _stop_all(children: list[_Child]) -> None:
     for ch in children:
         try:
             if ch.proc.is_alive():
@@ -372,14 +372,14 @@ def _stop_all(children: List[_Child]) -> None:
         ch.stop(5.0)
 
 
-def _common(srv: _Server, name: str) -> Dict[str, Any]:
+def _common(srv: _Server, name: str) -> dict[str, Any]:
     return {"name": name, "url": srv.url, "port": srv.port}
 
 
 # -- the workload ------------------------------------------------------------------------------
 
 
-def w_redis(run: Run, contenders: List[str]) -> None:
+def w_redis(run: Run, contenders: list[str]) -> None:
     p = plan(run)
     rows = [r for r in ROWS if r.split(":")[0] in contenders]
     srv, why = _server(run)
@@ -416,8 +416,8 @@ def w_redis(run: Run, contenders: List[str]) -> None:
     run.note(f"the workload took {time.perf_counter() - t_all:.0f} s", WL)
 
 
-def _all_cells(p: Dict[str, Any], rows: List[str]) -> List[Tuple[str, str, str, str, Optional[float]]]:
-    out: List[Tuple[str, str, str, str, Optional[float]]] = [(READ, r, read_case(), "", None) for r in rows]
+def _all_cells(p: dict[str, Any], rows: list[str]) -> list[tuple[str, str, str, str, Optional[float]]]:
+    out: list[tuple[str, str, str, str, Optional[float]]] = [(READ, r, read_case(), "", None) for r in rows]
     out += [(WRITE, r, write_case(), "", None) for r in rows if r in LABELS[WRITE]]
     out += [(LOCK, r, lock_case(p), "", None) for r in rows if r in LABELS[LOCK]]
     if "ultradict_ng" in rows:
@@ -430,7 +430,7 @@ def _skip(
     run: Run, kind: str, row: str, case: str, why: str, label: str = "", lease: Optional[float] = None
 ) -> None:
     unit = "ops/s" if kind in (READ, WRITE, LOCK) else "s"
-    params: Dict[str, Any] = {"case_kind": kind}
+    params: dict[str, Any] = {"case_kind": kind}
     if lease is not None:
         params["lease"] = lease
     rec = run.record(
@@ -469,8 +469,8 @@ def _limit(run: Run) -> float:
 # -- parts 1-2: reads and writes ------------------------------------------------------------------
 
 
-def _part_rw(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None:
-    todo: List[str] = []
+def _part_rw(run: Run, p: dict[str, Any], srv: _Server, rows: list[str]) -> None:
+    todo: list[str] = []
     for row in rows:
         why = _missing(row)
         if why:
@@ -481,10 +481,10 @@ def _part_rw(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None
             todo.append(row)
     if not todo:
         return
-    raws: Dict[str, Dict[str, List[Dict[str, Any]]]] = {r: {READ: [], WRITE: []} for r in todo}
-    oks: Dict[str, Dict[str, bool]] = {r: {READ: True, WRITE: True} for r in todo}
-    vers: Dict[str, str] = {}
-    gone: Dict[str, Tuple[str, str]] = {}  # row -> (skipped|failed, why)
+    raws: dict[str, dict[str, list[dict[str, Any]]]] = {r: {READ: [], WRITE: []} for r in todo}
+    oks: dict[str, dict[str, bool]] = {r: {READ: True, WRITE: True} for r in todo}
+    vers: dict[str, str] = {}
+    gone: dict[str, tuple[str, str]] = {}  # row -> (skipped|failed, why)
     limit = _limit(run)
     seq = 0  # pass number over the whole part (pairs the contenders' values of one pass)
     for rnd in range(p["rw_rounds"]):
@@ -495,7 +495,7 @@ def _part_rw(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None
             f"  redis: reads/writes, round {rnd + 1}/{p['rw_rounds']} ({len(live)} processes, "
             f"{p['rw_passes']} pass(es))"
         )
-        kids: Dict[str, _Child] = {}
+        kids: dict[str, _Child] = {}
         try:
             for row in live:
                 kids[row] = _Child(run, "rw", {"contender": row, **_common(srv, run.new_name())})
@@ -577,7 +577,7 @@ def _part_rw(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None
 # -- part 3: locked increments in 4 processes -------------------------------------------------------
 
 
-def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None:
+def _part_lock(run: Run, p: dict[str, Any], srv: _Server, rows: list[str]) -> None:
     case = lock_case(p)
     todo = []
     for row in [r for r in rows if r in LABELS[LOCK]]:
@@ -590,8 +590,8 @@ def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> No
         return
     from ultradict_ng import SharedDict
 
-    results: Dict[str, List[Dict[str, Any]]] = {r: [] for r in todo}
-    gone: Dict[str, Tuple[str, str]] = {}
+    results: dict[str, list[dict[str, Any]]] = {r: [] for r in todo}
+    gone: dict[str, tuple[str, str]] = {}
     limit = _limit(run)
     for rnd in range(p["lock_rounds"]):
         live = [r for r in todo if r not in gone]
@@ -599,10 +599,10 @@ def _part_lock(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> No
             break
         order = live[rnd % len(live) :] + live[: rnd % len(live)]
         log(f"  redis: locked increments, round {rnd + 1}/{p['lock_rounds']}")
-        kids: Dict[str, List[_Child]] = {}
-        starts: Dict[str, Any] = {}
-        names: Dict[str, str] = {}
-        creators: Dict[str, Any] = {}
+        kids: dict[str, list[_Child]] = {}
+        starts: dict[str, Any] = {}
+        names: dict[str, str] = {}
+        creators: dict[str, Any] = {}
         try:
             for row in order:  # every child of the round starts at once (spawning is slow)
                 names[row] = name = run.new_name()
@@ -721,7 +721,7 @@ def _final_count(srv: _Server, row: str, name: str, creator: Any) -> Any:
 # -- part 4: dead holder takeover ----------------------------------------------------------------
 
 
-def _part_takeover(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None:
+def _part_takeover(run: Run, p: dict[str, Any], srv: _Server, rows: list[str]) -> None:
     if "ultradict_ng" not in rows:
         return
     from ultradict_ng import SharedDict
@@ -730,14 +730,14 @@ def _part_takeover(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -
     rnd = random.Random()
     for lease in p["leases"]:
         case = takeover_case(lease)
-        raw: List[Dict[str, Any]] = []
+        raw: list[dict[str, Any]] = []
         error: Optional[ChildError] = None
         for rep in range(p["takeover_reps"]):
             log(f"  redis: dead-holder takeover, lease {lease:g} s, {rep + 1}/{p['takeover_reps']}")
             name = run.new_name()
             params = {**_common(srv, name), "lease": lease}
             d = SharedDict(name=name, backend=srv.url, create=True, lease=lease)
-            kids: List[_Child] = []
+            kids: list[_Child] = []
             try:
                 holder = _Child(run, "holder", params)
                 waiter = _Child(run, "waiter", params)
@@ -773,7 +773,7 @@ def _part_takeover(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -
         values = [r["seconds"] for r in raw]
         ttls = [r["ttl_at_kill"] for r in raw if r["ttl_at_kill"] is not None]
         ok = all(r["waiter_ok"] for r in raw)
-        show: Dict[str, str] = {}
+        show: dict[str, str] = {}
         if ttls:
             show["lease left at kill"] = f"{fmt_seconds(min(ttls))}..{fmt_seconds(max(ttls))}"
             after = [r["seconds"] - r["ttl_at_kill"] for r in raw if r["ttl_at_kill"] is not None]
@@ -807,12 +807,12 @@ def _part_takeover(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -
 # -- part 5: staleness of cached reads ------------------------------------------------------------
 
 
-def _delays(done: List[float], seen: List[Tuple[int, float]]) -> Tuple[List[float], int, int]:
+def _delays(done: list[float], seen: list[tuple[int, float]]) -> tuple[list[float], int, int]:
     """Per write i (1-based): first time a value >= i was seen - when write i returned.
 
     Returns (delays, writes never seen, writes whose own value was never seen
     because a later one was first)."""
-    delays: List[float] = []
+    delays: list[float] = []
     j = 0
     skipped = 0
     values = {v for v, _ in seen}
@@ -827,7 +827,7 @@ def _delays(done: List[float], seen: List[Tuple[int, float]]) -> Tuple[List[floa
     return delays, 0, skipped
 
 
-def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> None:
+def _part_stale(run: Run, p: dict[str, Any], srv: _Server, rows: list[str]) -> None:
     if "ultradict_ng" not in rows:
         return
     from ultradict_ng import SharedDict
@@ -839,8 +839,8 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
         f"  redis: staleness, {len(sessions)} reader(s): "
         + ", ".join(f"{stale_label(row, pause)} ({writes} writes)" for row, pause, writes in sessions)
     )
-    dicts: List[Any] = []
-    kids: List[_Child] = []
+    dicts: list[Any] = []
+    kids: list[_Child] = []
     try:
         names = []
         for _ in sessions:
@@ -896,7 +896,7 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
                 poller.stop(5.0)
             seen = [(int(v), float(t)) for v, t in got["seen"]]
             delays, lost, skipped = _delays(done, seen)
-            params: Dict[str, Any] = {
+            params: dict[str, Any] = {
                 "case_kind": STALE,
                 "reads": row,
                 "pause_s": pause,
@@ -915,7 +915,7 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
                     max=max(delays),
                     min=min(delays),
                 )
-            show: Dict[str, str] = {}
+            show: dict[str, str] = {}
             if lost:
                 show["value"] = f"{lost} write(s) never seen"
                 run.alert(
@@ -946,7 +946,7 @@ def _part_stale(run: Run, p: Dict[str, Any], srv: _Server, rows: List[str]) -> N
 # -- the report ------------------------------------------------------------------------------------
 
 
-def _rows(recs: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
+def _rows(recs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     rows = [r for r in recs if r["workload"] == WL and r["params"].get("case_kind") == kind]
     if kind == STALE:
         return rows  # in the order measured
@@ -959,14 +959,14 @@ def _rows(recs: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
     )
 
 
-def _find(recs: List[Dict[str, Any]], kind: str, row: str) -> Optional[Dict[str, Any]]:
+def _find(recs: list[dict[str, Any]], kind: str, row: str) -> Optional[dict[str, Any]]:
     for r in _rows(recs, kind):
         if r["contender"] == row:
             return r
     return None
 
 
-def _ratio(recs: List[Dict[str, Any]], kind: str, row: str, base: str) -> Optional[float]:
+def _ratio(recs: list[dict[str, Any]], kind: str, row: str, base: str) -> Optional[float]:
     """``row``'s median ops/s / ``base``'s (None if either is missing)."""
     a, b = _find(recs, kind, row), _find(recs, kind, base)
     if not a or not b or not a["median"] or not b["median"]:
@@ -974,7 +974,7 @@ def _ratio(recs: List[Dict[str, Any]], kind: str, row: str, base: str) -> Option
     return float(a["median"]) / float(b["median"])
 
 
-def _bad(r: Dict[str, Any], w: int) -> Optional[str]:
+def _bad(r: dict[str, Any], w: int) -> Optional[str]:
     if r.get("skipped"):
         return f"  {r['label']:<{w}}skipped: {r['skipped']}"
     if r.get("error") and r["median"] is None:
@@ -988,7 +988,7 @@ def _x(v: Optional[float]) -> str:
     return f"{v:.3g}x" if v < 1000 else f"{v:.0f}x"
 
 
-def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
     lines = ["", f"== {number}. {title} =="]
     w = 30
     for kind, base in ((READ, "redis"), (WRITE, "redis"), (LOCK, None)):
@@ -1075,10 +1075,10 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
     return "\n".join(lines)
 
 
-def _paired(a: Dict[str, Any], b: Dict[str, Any]) -> List[float]:
+def _paired(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
     """Sorted ratios a/b of the ops/s measured in the same pass (adjacent in time)."""
 
-    def by_pass(rec: Dict[str, Any]) -> Dict[int, float]:
+    def by_pass(rec: dict[str, Any]) -> dict[int, float]:
         return {
             r["pass_no"]: r["ops"] / r["seconds"]
             for r in rec.get("raw") or []
@@ -1089,10 +1089,10 @@ def _paired(a: Dict[str, Any], b: Dict[str, Any]) -> List[float]:
     return sorted(pa[k] / pb[k] for k in pa if k in pb and pb[k])
 
 
-def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     """The issue's Redis-backend targets on this run's medians (reported; nothing fails)."""
     recs = [r for r in records if r["workload"] == WL]
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     if not recs:
         return out
 
@@ -1104,7 +1104,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
 
     def ratio_row(name: str, kind: str, row: str, base: str, need: float, exact: bool = False) -> None:
         ratio = _ratio(recs, kind, row, base)
-        t: Dict[str, Any] = {"target": name, "need": f">= {need:g}x"}
+        t: dict[str, Any] = {"target": name, "need": f">= {need:g}x"}
         if ratio is None:
             missing = row if not (_find(recs, kind, row) or {}).get("median") else base
             t.update(measured=None, status="n/a", detail=why(kind, missing))
@@ -1157,7 +1157,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
             )
             continue
         lease = r["params"].get("lease", DEFAULT_LEASE)
-        t: Dict[str, Any] = {
+        t: dict[str, Any] = {
             "target": f"redis: dead holder taken over within lease + 1 s (lease {lease:g} s)",
             "need": f"<= {lease + TAKEOVER_SLACK:g} s",
         }
@@ -1178,7 +1178,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     return out
 
 
-def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
+def plot_panel(ax: Any, recs: list[dict[str, Any]]) -> str:
     """Median ops/s (whiskers min..max) of reads, writes and locked increments, log scale."""
     colors = {
         "redis": "tab:red",
@@ -1190,10 +1190,10 @@ def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
     kinds = [k for k in (READ, WRITE, LOCK) if any(r["median"] for r in _rows(recs, k))]
     width = 0.8 / len(ROWS)
     for i, row in enumerate(ROWS):
-        xs: List[float] = []
-        ys: List[float] = []
-        lo: List[float] = []
-        hi: List[float] = []
+        xs: list[float] = []
+        ys: list[float] = []
+        lo: list[float] = []
+        hi: list[float] = []
         for j, kind in enumerate(kinds):
             r = _find(recs, kind, row)
             if r and r["median"]:

@@ -37,7 +37,7 @@ import signal
 import time
 import traceback
 from itertools import cycle, islice, repeat
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 clock = time.monotonic
 pc = time.perf_counter
@@ -66,7 +66,7 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def child_main(role: str, params: Dict[str, Any], conn: Any, start: Any) -> None:
+def child_main(role: str, params: dict[str, Any], conn: Any, start: Any) -> None:
     """Entry point of every child of workload 12."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_term)
@@ -94,7 +94,7 @@ def child_main(role: str, params: Dict[str, Any], conn: Any, start: Any) -> None
 # -- opening a contender -----------------------------------------------------------------------
 
 
-def _redis_client(params: Dict[str, Any]) -> Any:
+def _redis_client(params: dict[str, Any]) -> Any:
     try:
         import redis
     except ImportError as exc:
@@ -102,7 +102,7 @@ def _redis_client(params: Dict[str, Any]) -> Any:
     return redis.Redis(host="127.0.0.1", port=params["port"])
 
 
-def _shared_dict(params: Dict[str, Any], **kw: Any) -> Any:
+def _shared_dict(params: dict[str, Any], **kw: Any) -> Any:
     from ultradict_ng import SharedDict
 
     return SharedDict(name=params["name"], backend=params["url"], **kw)
@@ -128,7 +128,7 @@ class Ops:
     """One contender in a ``rw`` child: its loops, a check of what it reads, and its closing."""
 
     def __init__(self) -> None:
-        self.loops: Dict[str, Callable[[int], float]] = {}
+        self.loops: dict[str, Callable[[int], float]] = {}
         self.check_read: Callable[[], Any] = lambda: None
         self.check_write: Callable[[int], Any] = lambda n: None
         self.close: Callable[[], None] = lambda: None
@@ -174,10 +174,10 @@ def _call_read(get: Callable[[Any], Any], k: Any) -> Callable[[int], float]:
 class _Rotation:
     """The write loops' keys, continuing where the previous call stopped; the last (key, value)."""
 
-    def __init__(self, keys: List[Any]) -> None:
+    def __init__(self, keys: list[Any]) -> None:
         self.keys = keys
         self.pos = 0
-        self.last: Optional[Tuple[Any, int]] = None
+        self.last: Optional[tuple[Any, int]] = None
 
     def take(self, n: int) -> Any:
         it = islice(cycle(self.keys[self.pos :] + self.keys[: self.pos]), n)
@@ -223,7 +223,7 @@ def _call_write(put: Callable[[Any, Any], Any], rot: _Rotation) -> Callable[[int
     return loop
 
 
-def _open_rw(contender: str, params: Dict[str, Any]) -> Ops:
+def _open_rw(contender: str, params: dict[str, Any]) -> Ops:
     ops = Ops()
     name = params["name"]
     if contender == "redis":
@@ -277,19 +277,19 @@ def _open_rw(contender: str, params: Dict[str, Any]) -> Ops:
 # -- the roles ---------------------------------------------------------------------------------
 
 
-def _rw(params: Dict[str, Any], conn: Any, start: Any) -> None:
+def _rw(params: dict[str, Any], conn: Any, start: Any) -> None:
     from .util import calibrate
 
     ops = _open_rw(params["contender"], params)
     try:
         conn.send(("ready", {"pid": os.getpid(), "version": ops.version}))
-        counts: Dict[str, int] = {}  # op counts, calibrated at the first measurement
+        counts: dict[str, int] = {}  # op counts, calibrated at the first measurement
         while True:
             msg = conn.recv()
             if msg[0] == "exit":
                 return
             spec = msg[1]
-            out: Dict[str, Any] = {}
+            out: dict[str, Any] = {}
             for kind in spec["kinds"]:
                 loop = ops.loops[kind]
                 if kind not in counts:
@@ -303,9 +303,9 @@ def _rw(params: Dict[str, Any], conn: Any, start: Any) -> None:
         ops.close()
 
 
-def _locker(params: Dict[str, Any], conn: Any, start: Any) -> None:
+def _locker(params: dict[str, Any], conn: Any, start: Any) -> None:
     contender, n = params["contender"], params["n"]
-    closers: List[Callable[[], Any]] = []
+    closers: list[Callable[[], Any]] = []
     if contender == "ultradict_ng":
         d = _shared_dict(params)  # attach by name (the harness created it)
         m, lock = d, d.lock
@@ -338,7 +338,7 @@ def _locker(params: Dict[str, Any], conn: Any, start: Any) -> None:
             c()
 
 
-def _holder(params: Dict[str, Any], conn: Any, start: Any) -> None:
+def _holder(params: dict[str, Any], conn: Any, start: Any) -> None:
     d = _shared_dict(params, lease=params["lease"])
     d.lock.acquire()
     conn.send(("ready", {"pid": os.getpid(), "held_at": clock()}))
@@ -346,7 +346,7 @@ def _holder(params: Dict[str, Any], conn: Any, start: Any) -> None:
         time.sleep(3600)
 
 
-def _waiter(params: Dict[str, Any], conn: Any, start: Any) -> None:
+def _waiter(params: dict[str, Any], conn: Any, start: Any) -> None:
     d = _shared_dict(params, lease=params["lease"])
     try:
         conn.send(("ready", {"pid": os.getpid()}))
@@ -362,7 +362,7 @@ def _waiter(params: Dict[str, Any], conn: Any, start: Any) -> None:
         d.close()
 
 
-def _writer(params: Dict[str, Any], conn: Any, start: Any) -> None:
+def _writer(params: dict[str, Any], conn: Any, start: Any) -> None:
     """One session per ``("go", spec)``: attach to ``spec['name']``, write, report, close."""
     from ultradict_ng import SharedDict
 
@@ -377,7 +377,7 @@ def _writer(params: Dict[str, Any], conn: Any, start: Any) -> None:
         try:
             rnd = random.Random(spec["seed"])
             lo, hi = spec["gap"]
-            done: List[float] = []
+            done: list[float] = []
             d[STAMP]  # (warm: the handle is loaded)
             for i in range(1, spec["writes"] + 1):
                 d[STAMP] = i
@@ -388,14 +388,14 @@ def _writer(params: Dict[str, Any], conn: Any, start: Any) -> None:
         conn.send(("result", {"done": done}))
 
 
-def _poller(params: Dict[str, Any], conn: Any, start: Any) -> None:
+def _poller(params: dict[str, Any], conn: Any, start: Any) -> None:
     d = _shared_dict(params, reads=params["reads"])
     try:
         last_value = params["writes"]
         conn.send(("ready", {"pid": os.getpid()}))
         if conn.recv()[0] != "go":
             return
-        seen: List[Tuple[int, float]] = []  # (value, first time seen)
+        seen: list[tuple[int, float]] = []  # (value, first time seen)
         pause = params.get("pause", 0.0)
         sleep = time.sleep
         deadline = clock() + params["limit"]
@@ -420,7 +420,7 @@ def _poller(params: Dict[str, Any], conn: Any, start: Any) -> None:
         d.close()
 
 
-ROLES: Dict[str, Callable[[Dict[str, Any], Any, Any], None]] = {
+ROLES: dict[str, Callable[[dict[str, Any], Any, Any], None]] = {
     "rw": _rw,
     "locker": _locker,
     "holder": _holder,

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import List, Optional
+from typing import Optional
 
 __all__ = ["RedisServer", "redis_binary"]
 
@@ -60,7 +60,7 @@ class RedisServer:
         self.binary = binary
 
     @classmethod
-    def start(cls, binary: Optional[str] = None, wait: float = 10.0) -> "RedisServer":
+    def start(cls, binary: Optional[str] = None, wait: float = 10.0) -> RedisServer:
         binary = binary or redis_binary()
         if not binary:
             raise FileNotFoundError("redis-server not found on PATH")
@@ -69,7 +69,7 @@ class RedisServer:
             port = _free_port()
             workdir = tempfile.mkdtemp(prefix="perf-redis-")
             logfile = os.path.join(workdir, "redis.log")
-            argv: List[str] = [
+            argv: list[str] = [
                 binary,
                 "--port",
                 str(port),

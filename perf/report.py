@@ -7,7 +7,7 @@ import math
 import os
 import platform
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .adapters import ADAPTERS, ORDER
 from .util import fmt_value
@@ -21,30 +21,30 @@ def _label(key: str) -> str:
     return cls.label if cls is not None else key
 
 
-def _cases(records: List[Dict[str, Any]], wl: str) -> List[str]:
-    seen: List[str] = []
+def _cases(records: list[dict[str, Any]], wl: str) -> list[str]:
+    seen: list[str] = []
     for r in records:
         if r["workload"] == wl and r["case"] not in seen:
             seen.append(r["case"])
     return seen
 
 
-def find(records: List[Dict[str, Any]], wl: str, case: str, contender: str) -> Optional[Dict[str, Any]]:
+def find(records: list[dict[str, Any]], wl: str, case: str, contender: str) -> Optional[dict[str, Any]]:
     for r in records:
         if r["workload"] == wl and r["case"] == case and r["contender"] == contender:
             return r
     return None
 
 
-def _order_key(r: Dict[str, Any]) -> Tuple[int, str]:
+def _order_key(r: dict[str, Any]) -> tuple[int, str]:
     c = r["contender"]
     return (ORDER.index(c) if c in ORDER else len(ORDER), c)
 
 
-def section(records: List[Dict[str, Any]], wl: str, number: int, title: str, notes: List[str]) -> str:
+def section(records: list[dict[str, Any]], wl: str, number: int, title: str, notes: list[str]) -> str:
     """One workload's table: contender, median, spread (min-max), ultradict_ng / peer."""
     recs = [r for r in records if r["workload"] == wl]
-    lines: List[str] = []
+    lines: list[str] = []
     if not recs:
         return ""
     if wl == "big":
@@ -116,7 +116,7 @@ def section(records: List[Dict[str, Any]], wl: str, number: int, title: str, not
 # -- workload 9: one block per kind and size, one column per metric ----------------------------
 
 
-def _scale(unit: str, x: float) -> Tuple[float, str]:
+def _scale(unit: str, x: float) -> tuple[float, str]:
     """A factor and unit name that show ``x`` with a sensible magnitude."""
     if unit == "s":
         for factor, name in ((1.0, "s"), (1e3, "ms"), (1e6, "µs")):
@@ -135,7 +135,7 @@ def _num(x: float) -> str:
     return f"{x:.0f}" if 1000 <= abs(x) < 100_000 else f"{x:.3g}"
 
 
-def _spread_cell(r: Dict[str, Any]) -> str:
+def _spread_cell(r: dict[str, Any]) -> str:
     """``median unit (min..max)`` in the median's unit; just the median for one repetition."""
     med = r["median"]
     if med is None:
@@ -148,7 +148,7 @@ def _spread_cell(r: Dict[str, Any]) -> str:
     return text
 
 
-def big_section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+def big_section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
     from .big import KIND_TITLES, METRICS, case_name, size_label
 
     lines = [
@@ -156,7 +156,7 @@ def big_section(recs: List[Dict[str, Any]], number: int, title: str, notes: List
         f"== {number}. {title} ==",
         "   lower is better; median (min..max) over the repetitions; copies: see the note",
     ]
-    blocks: List[Tuple[str, int]] = []
+    blocks: list[tuple[str, int]] = []
     for r in recs:
         key = (r["params"].get("kind"), r["params"].get("value_bytes"))
         if key not in blocks:
@@ -195,24 +195,27 @@ def big_section(recs: List[Dict[str, Any]], number: int, title: str, notes: List
     return "\n".join(lines)
 
 
-def _median(records: List[Dict[str, Any]], wl: str, case: str, contender: str) -> Optional[float]:
+def _median(records: list[dict[str, Any]], wl: str, case: str, contender: str) -> Optional[float]:
     r = find(records, wl, case, contender)
     return r["median"] if r and r["median"] else None
 
 
-def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     """The issue's targets, each as measured ratio vs target, PASS / MISS / n/a."""
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
 
     def ratio_target(name: str, wl: str, case: str, need: float, exact: bool = False) -> None:
         ng, ud = _median(records, wl, case, NG), _median(records, wl, case, UDS)
-        row: Dict[str, Any] = {"target": name, "need": f">= {need:g}x"}
+        row: dict[str, Any] = {"target": name, "need": f">= {need:g}x"}
         if ng is None or ud is None:
             row.update(measured=None, status="n/a", detail="not measured in this run")
         else:
             ratio = ng / ud
             ok = ratio >= need
-            detail = f"ultradict_ng {fmt_value(ng, 'ops/s')} vs UltraDict(shared_lock=True) {fmt_value(ud, 'ops/s')}"
+            detail = (
+                f"ultradict_ng {fmt_value(ng, 'ops/s')} "
+                f"vs UltraDict(shared_lock=True) {fmt_value(ud, 'ops/s')}"
+            )
             if exact:
                 rec = find(records, wl, case, NG)
                 exact_ok = bool(rec and rec.get("ok"))
@@ -235,7 +238,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
             if r["workload"] == "growth" and r["contender"] == NG and r["params"].get("size")
         }
     )
-    row: Dict[str, Any] = {"target": "write cost at 1M keys / at 1k keys <= 1.5x", "need": "<= 1.5x"}
+    row: dict[str, Any] = {"target": "write cost at 1M keys / at 1k keys <= 1.5x", "need": "<= 1.5x"}
     if 1_000 in sizes and len(sizes) > 1:
         big = sizes[-1]
         c_small = _median(records, "growth", "write 1k keys", NG)
@@ -305,7 +308,7 @@ def _count(n: int) -> str:
     return fmt_count(n)
 
 
-def targets_text(rows: List[Dict[str, Any]]) -> str:
+def targets_text(rows: list[dict[str, Any]]) -> str:
     lines = ["", "== targets (from the issue; measured in this run) =="]
     for r in rows:
         m = r.get("measured_text") or ("-" if r["measured"] is None else f"{r['measured']:.2f}x")
@@ -320,7 +323,7 @@ def targets_text(rows: List[Dict[str, Any]]) -> str:
 # -- JSON -----------------------------------------------------------------------------------
 
 
-def machine_info(versions: Dict[str, str], load_at_start: Any = None) -> Dict[str, Any]:
+def machine_info(versions: dict[str, str], load_at_start: Any = None) -> dict[str, Any]:
     load = load_at_start
     cpu_model = ""
     try:
@@ -356,7 +359,7 @@ def machine_info(versions: Dict[str, str], load_at_start: Any = None) -> Dict[st
     }
 
 
-def source_digest() -> Dict[str, Any]:
+def source_digest() -> dict[str, Any]:
     """Which ultradict_ng source was measured (others edit it while benchmarks run)."""
     import hashlib
 
@@ -400,7 +403,7 @@ def _dist_version(dist: str) -> str:
         return "not installed"
 
 
-def write_json(path: str, payload: Dict[str, Any]) -> None:
+def write_json(path: str, payload: dict[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(payload, f, indent=1, default=str)
@@ -410,7 +413,7 @@ def write_json(path: str, payload: Dict[str, Any]) -> None:
 # -- plot -----------------------------------------------------------------------------------
 
 
-def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, int, str]]) -> Optional[str]:
+def plot(path: str, records: list[dict[str, Any]], workloads: list[tuple[str, int, str]]) -> Optional[str]:
     """One panel per workload; returns None or why there is no plot."""
     try:
         import matplotlib
@@ -500,10 +503,10 @@ def plot(path: str, records: List[Dict[str, Any]], workloads: List[Tuple[str, in
         ax.grid(True, axis="y", alpha=0.3)
     handles, labels = [], []
     for ax in axes.flat:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
                 handles.append(h)
-                labels.append(l)
+                labels.append(label)
     # As many legend columns as the figure is wide; room below the panels for its rows.
     ncol = max(1, min(len(labels), 7, 2 * cols))
     legend_rows = math.ceil(len(labels) / ncol) if labels else 0
@@ -531,7 +534,7 @@ def _rescale(ax: Any, unit: str) -> str:
     return unit
 
 
-def _plot_growth(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], colors: Dict[str, Any]) -> None:
+def _plot_growth(ax: Any, recs: list[dict[str, Any]], contenders: list[str], colors: dict[str, Any]) -> None:
     for c in contenders:
         for kind, style in (("write", "-"), ("read", "--")):
             pts = sorted(
@@ -554,7 +557,7 @@ def _plot_growth(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], col
     ax.set_xlabel("keys in the dict (solid: write, dashed: read)")
 
 
-def _plot_big(ax: Any, recs: List[Dict[str, Any]], contenders: List[str], colors: Dict[str, Any]) -> None:
+def _plot_big(ax: Any, recs: list[dict[str, Any]], contenders: list[str], colors: dict[str, Any]) -> None:
     """1st read in the other process vs value size: solid numpy, dashed bytes."""
     for c in contenders:
         for kind, style in (("numpy", "-"), ("bytes", "--")):

@@ -8,7 +8,8 @@ import queue
 import secrets
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
 
 from . import procs
 from .util import log, summarize
@@ -18,10 +19,10 @@ __all__ = ["Run", "Pool", "WorkerError"]
 
 def compact_error(text: str) -> str:
     """A traceback's last exception line, plus the innermost frame when there is one."""
-    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if len(lines) <= 1:
         return lines[0] if lines else text
-    frames = [l for l in lines if l.startswith("File ")]
+    frames = [line for line in lines if line.startswith("File ")]
     last = lines[-1]
     head = ""
     if " worker(s) failed; the first:" in lines[0]:
@@ -52,11 +53,11 @@ class Pool:
     every adapter's ``inheritables()`` are passed then.
     """
 
-    def __init__(self, run: "Run", size: int) -> None:
+    def __init__(self, run: Run, size: int) -> None:
         ctx = run.ctx
         self.res_q = ctx.Queue()
         self.cmd_qs = [ctx.Queue() for _ in range(size)]
-        inherit: Dict[str, Any] = {}
+        inherit: dict[str, Any] = {}
         for a in run.adapters.values():
             inherit.update(a.inheritables())
         self.procs = [
@@ -72,16 +73,16 @@ class Pool:
             p.start()
         self.size = size
 
-    def send(self, wid: int, cmd: Tuple[Any, ...]) -> None:
+    def send(self, wid: int, cmd: tuple[Any, ...]) -> None:
         self.cmd_qs[wid].put(cmd)
 
     def gather(
         self, count: int, timeout: float, kinds: Iterable[str] = ("ok",)
-    ) -> List[Tuple[int, str, Any]]:
+    ) -> list[tuple[int, str, Any]]:
         """``count`` answers of the given kinds; WorkerError on an error, a death or a timeout."""
         kinds = set(kinds)
-        out: List[Tuple[int, str, Any]] = []
-        errors: List[str] = []
+        out: list[tuple[int, str, Any]] = []
+        errors: list[str] = []
         deadline = time.monotonic() + timeout
         while len(out) + len(errors) < count:  # every worker answers once, result or error
             left = deadline - time.monotonic()
@@ -112,7 +113,7 @@ class Pool:
             )
         return out
 
-    def attach(self, wids: Iterable[int], spec: Dict[str, Any], timeout: float = 120.0) -> None:
+    def attach(self, wids: Iterable[int], spec: dict[str, Any], timeout: float = 120.0) -> None:
         wids = list(wids)
         for w in wids:
             self.send(w, ("attach", spec))
@@ -164,7 +165,7 @@ class Run:
         box: float,
         out: str,
         name_prefix: str = "perf_",
-        wake_parts: Optional[List[str]] = None,
+        wake_parts: Optional[list[str]] = None,
     ) -> None:
         self.quick = quick
         #: The parts of workload 10 to run (perf.wake.PARTS; None: all).
@@ -176,18 +177,18 @@ class Run:
         self.token = secrets.token_hex(2)
         self.prefix = name_prefix
         self._seq = 0
-        self.owned: Dict[str, Tuple[Callable[[], Any], str]] = {}
-        self.resources: Dict[str, Callable[[], Any]] = {}
-        self.adapters: Dict[str, Any] = {}
-        self.skipped: Dict[str, str] = {}
-        self.records: List[Dict[str, Any]] = []
-        self.notes: List[str] = []
-        self.section_notes: Dict[str, List[str]] = {}
-        self.alerts: List[str] = []
-        self.preload_modules: List[str] = []
+        self.owned: dict[str, tuple[Callable[[], Any], str]] = {}
+        self.resources: dict[str, Callable[[], Any]] = {}
+        self.adapters: dict[str, Any] = {}
+        self.skipped: dict[str, str] = {}
+        self.records: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.section_notes: dict[str, list[str]] = {}
+        self.alerts: list[str] = []
+        self.preload_modules: list[str] = []
         self.pool: Optional[Pool] = None
-        self.children: List[Any] = []
-        self.single_lock_rate: Dict[str, float] = {}
+        self.children: list[Any] = []
+        self.single_lock_rate: dict[str, float] = {}
         #: psm_* segments that appeared while worker processes used UltraDict /
         #: shared-memory-dict (checked for orphans at the end)
         self.psm_suspects: set = set()
@@ -232,17 +233,17 @@ class Run:
         *,
         unit: str,
         better: str,
-        values: List[float],
-        raw: Optional[List[Any]] = None,
-        show: Optional[Dict[str, str]] = None,
-        params: Optional[Dict[str, Any]] = None,
+        values: list[float],
+        raw: Optional[list[Any]] = None,
+        show: Optional[dict[str, str]] = None,
+        params: Optional[dict[str, Any]] = None,
         error: Optional[str] = None,
         skipped: Optional[str] = None,
         ok: Optional[bool] = None,
         note_only: bool = False,
-    ) -> Dict[str, Any]:
+    ) -> dict[str, Any]:
         label = self.adapters[contender].label if contender in self.adapters else contender
-        rec: Dict[str, Any] = {
+        rec: dict[str, Any] = {
             "workload": wl,
             "case": case,
             "contender": contender,
@@ -291,9 +292,9 @@ class Run:
             proc.join(5)
 
     # -- teardown -------------------------------------------------------------------------
-    def cleanup(self) -> List[str]:
+    def cleanup(self) -> list[str]:
         """End every process, stop every server, unlink every segment; returns problems."""
-        problems: List[str] = []
+        problems: list[str] = []
         if self.pool is not None:
             pool, self.pool = self.pool, None
             try:

@@ -1,6 +1,6 @@
 """Workload 13 (``transactions``): 2,000 writes in one ``transaction()`` against
 the same writes under ``with d.lock:`` and without either, on shared memory and
-on Redis (issue 24's target: the transaction >= 5x faster than the lock).
+on Redis (the target: the transaction >= 5x faster than the lock).
 
 One block of 2,000 ``d[f"k{i}"] = i`` is one repetition; the three modes are
 timed alternately (order rotated per repetition) on one dict per backend, in
@@ -18,7 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .run import Run
 from .util import fmt_seconds
@@ -26,11 +26,11 @@ from .util import fmt_seconds
 WL = "transactions"
 NUMBER = 13
 TITLE = "2,000 writes: in one transaction() vs under with d.lock: vs neither (shm and Redis)"
-ENTRY: Tuple[str, int, str] = (WL, NUMBER, TITLE)
+ENTRY: tuple[str, int, str] = (WL, NUMBER, TITLE)
 ALIASES = {"transaction": WL, "tx": WL}
 ORDER = ["ultradict_ng"]
-OWN_CONTENDERS: List[str] = []
-CONTENDER_ALIASES: Dict[str, str] = {}
+OWN_CONTENDERS: list[str] = []
+CONTENDER_ALIASES: dict[str, str] = {}
 
 WRITES = 2000
 MODES = ("transaction", "lock", "plain")
@@ -65,8 +65,8 @@ def child(name: str, backend: Optional[str], reps: int, q: Any) -> None:
 
     kwargs = {"backend": backend} if backend else {}
     d = SharedDict(name=name, **kwargs)
-    times: Dict[str, List[float]] = {m: [] for m in MODES}
-    wrong: List[str] = []
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    wrong: list[str] = []
     try:
         for w in range(2):  # warm-up: the keys exist, the stream has its size
             _block(d, MODES[w % len(MODES)], -WRITES)
@@ -86,13 +86,13 @@ def child(name: str, backend: Optional[str], reps: int, q: Any) -> None:
     q.put({"times": times, "wrong": wrong})
 
 
-def _run_child(name: str, backend: Optional[str], reps: int) -> Dict[str, Any]:
+def _run_child(name: str, backend: Optional[str], reps: int) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=child, args=(name, backend, reps, q), daemon=True)
     p.start()
     try:
-        got: Dict[str, Any] = q.get(timeout=300)
+        got: dict[str, Any] = q.get(timeout=300)
     finally:
         p.join(30)
         if p.is_alive():
@@ -102,7 +102,7 @@ def _run_child(name: str, backend: Optional[str], reps: int) -> Dict[str, Any]:
     return got
 
 
-def w_transactions(run: Run, contenders: List[str]) -> None:
+def w_transactions(run: Run, contenders: list[str]) -> None:
     reps = run.repeat if run.quick else max(run.repeat, 7)
     for backend in BACKENDS:
         url: Optional[str] = None
@@ -170,14 +170,14 @@ def _case(backend: str) -> str:
     return f"{WRITES:,} writes, {'shared memory' if backend == 'shm' else 'Redis (loopback)'}"
 
 
-def _find(recs: List[Dict[str, Any]], backend: str, mode: str) -> Optional[Dict[str, Any]]:
+def _find(recs: list[dict[str, Any]], backend: str, mode: str) -> Optional[dict[str, Any]]:
     for r in recs:
         if r["workload"] == WL and r["params"].get("backend") == backend and r["params"].get("mode") == mode:
             return r
     return None
 
 
-def ratio(recs: List[Dict[str, Any]], backend: str, mode: str) -> Optional[float]:
+def ratio(recs: list[dict[str, Any]], backend: str, mode: str) -> Optional[float]:
     """The lock's median time over ``mode``'s: how many times as fast ``mode`` is."""
     lock, other = _find(recs, backend, "lock"), _find(recs, backend, mode)
     if not lock or not other or not lock["median"] or not other["median"]:
@@ -185,7 +185,7 @@ def ratio(recs: List[Dict[str, Any]], backend: str, mode: str) -> Optional[float
     return float(lock["median"]) / float(other["median"])
 
 
-def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
     lines = [
         "",
         f"== {number}. {title} ==",
@@ -216,13 +216,13 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
     return "\n".join(lines)
 
 
-def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
-    out: List[Dict[str, Any]] = []
+def targets(recs: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for backend in BACKENDS:
         tx, lock = _find(recs, backend, "transaction"), _find(recs, backend, "lock")
         if tx is None and lock is None:
             continue
-        row: Dict[str, Any] = {
+        row: dict[str, Any] = {
             "target": f"transactions: {WRITES:,} writes in one transaction "
             f">= {TARGET:g}x faster than under the lock ({backend})",
             "need": f">= {TARGET:g}x",
@@ -243,7 +243,7 @@ def targets(recs: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     return out
 
 
-def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
+def plot_panel(ax: Any, recs: list[dict[str, Any]]) -> str:
     """Median µs per write by mode and backend (whiskers min..max)."""
     colors = {"transaction": "tab:blue", "lock": "tab:orange", "plain": "tab:gray"}
     backends = [b for b in BACKENDS if any((_find(recs, b, m) or {}).get("median") for m in MODES)]

@@ -10,7 +10,8 @@ import signal
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Optional
 
 SHM_DIR = "/dev/shm"
 
@@ -18,7 +19,7 @@ SHM_DIR = "/dev/shm"
 # -- statistics ------------------------------------------------------------------------
 
 
-def summarize(values: Sequence[float]) -> Dict[str, Optional[float]]:
+def summarize(values: Sequence[float]) -> dict[str, Optional[float]]:
     """Median, quartiles and range of the repetitions (None when there are none)."""
     vals = [float(v) for v in values if v is not None and not math.isnan(v)]
     if not vals:
@@ -87,7 +88,7 @@ def fmt_mib(x: Optional[float]) -> str:
     return f"{x:.3g} MiB"
 
 
-FORMATTERS: Dict[str, Callable[[Optional[float]], str]] = {
+FORMATTERS: dict[str, Callable[[Optional[float]], str]] = {
     "ops/s": fmt_rate,
     "s": fmt_seconds,
     "s/op": fmt_seconds,
@@ -183,7 +184,7 @@ def watchdog(seconds: float, what: str) -> Iterator[None]:
 # -- shared memory ---------------------------------------------------------------------
 
 
-def shm_entries() -> List[str]:
+def shm_entries() -> list[str]:
     try:
         return sorted(os.listdir(SHM_DIR))
     except OSError:

@@ -1,4 +1,5 @@
-"""Workload 10 (``wakeup``): how fast a waiter in another process wakes, what idle waiters cost, and the lock under contention.
+"""Workload 10 (``wakeup``): how fast a waiter in another process wakes, what idle
+waiters cost, and the lock under contention.
 
 Three parts, side by side in one run (the processes' code is in :mod:`perf.wake_child`):
 
@@ -43,7 +44,8 @@ import random
 import resource
 import statistics
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple, Optional
 
 from . import wake_child as C
 from .run import Run
@@ -112,7 +114,7 @@ class ChildError(Exception):
         self.missing = missing
 
 
-def _expect(conn: Any, p: Any, kinds: Sequence[str], timeout: float) -> Tuple[Any, ...]:
+def _expect(conn: Any, p: Any, kinds: Sequence[str], timeout: float) -> tuple[Any, ...]:
     """The next message of one of ``kinds`` from a child; ChildError otherwise."""
     deadline = time.monotonic() + timeout
     while True:
@@ -132,7 +134,7 @@ def _expect(conn: Any, p: Any, kinds: Sequence[str], timeout: float) -> Tuple[An
             raise ChildError(f"no {'/'.join(kinds)} from {p.name} (pid {p.pid}) within {timeout:.0f} s")
 
 
-def _spawn(run: Run, target: Callable[..., None], name: str, args: Tuple[Any, ...]) -> Any:
+def _spawn(run: Run, target: Callable[..., None], name: str, args: tuple[Any, ...]) -> Any:
     p = run.ctx.Process(target=target, name=name, args=args, daemon=True)
     run.children.append(p)  # before start: an interruption after the fork still finds it
     try:
@@ -144,7 +146,7 @@ def _spawn(run: Run, target: Callable[..., None], name: str, args: Tuple[Any, ..
     return p
 
 
-def _end(run: Run, procs: List[Any], grace: float) -> None:
+def _end(run: Run, procs: list[Any], grace: float) -> None:
     """Join within ``grace`` seconds in all, then terminate/kill by pid whatever still runs.
 
     (``run.reap``: SIGTERM, then SIGKILL, each to that process alone.)
@@ -159,7 +161,7 @@ def _end(run: Run, procs: List[Any], grace: float) -> None:
                 run.children.remove(p)
 
 
-def _check_mode(run: Run, label: str, wanted: str, infos: Sequence[Dict[str, Any]]) -> str:
+def _check_mode(run: Run, label: str, wanted: str, infos: Sequence[dict[str, Any]]) -> str:
     """The waiting mode the children report; an alert if it is not the one the row is about.
 
     (``ultradict_ng._shm.waiting.MODE``, where the installed version has it: a child
@@ -178,7 +180,7 @@ def _check_mode(run: Run, label: str, wanted: str, infos: Sequence[Dict[str, Any
     return "/".join(modes) or "?"
 
 
-def _record(run: Run, case: str, key: str, label: str, **kw: Any) -> Dict[str, Any]:
+def _record(run: Run, case: str, key: str, label: str, **kw: Any) -> dict[str, Any]:
     rec = run.record(WL, case, key, **kw)
     rec["label"] = label
     return rec
@@ -208,7 +210,7 @@ def _fail(run: Run, case: str, key: str, label: str, exc: BaseException, unit: s
 
 
 class _Writer(NamedTuple):
-    spec: Dict[str, Any]
+    spec: dict[str, Any]
     chan: Any
     write: Callable[[int], Any]
     destroy: Callable[[], None]
@@ -287,8 +289,8 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
             info["checked_mode"] = _check_mode(run, row.label, row.mode, [info])
         rnd = random.Random(10)
         write, sleep, clock = w.write, time.sleep, C.now_ns
-        lat: List[float] = []
-        wcall: List[float] = []  # the writer's own call, t0 -> its return
+        lat: list[float] = []
+        wcall: list[float] = []  # the writer's own call, t0 -> its return
         lost = spurious = stale = 0
         gcold = gc.isenabled()
         gc.disable()
@@ -371,8 +373,8 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
 def _idle_one(run: Run, key: str, label: str, mode: str, window: float) -> None:
     a = run.adapters["ultradict_ng"]
     h = None
-    procs: List[Any] = []
-    conns: List[Any] = []
+    procs: list[Any] = []
+    conns: list[Any] = []
     try:
         h = a.create()
         h.m[C.KEY] = 0
@@ -441,8 +443,8 @@ def _idle_one(run: Run, key: str, label: str, mode: str, window: float) -> None:
 def _locks_one(run: Run, key: str, label: str, mode: str, window: float) -> None:
     a = run.adapters["ultradict_ng"]
     h = None
-    procs: List[Any] = []
-    conns: List[Any] = []
+    procs: list[Any] = []
+    conns: list[Any] = []
     case = lock_case(LOCK_PROCS[0])
     try:
         h = a.create()
@@ -528,7 +530,7 @@ def _locks_one(run: Run, key: str, label: str, mode: str, window: float) -> None
 # -- the workload ---------------------------------------------------------------------------
 
 
-def w_wake(run: Run, adapters: List[Any]) -> None:
+def w_wake(run: Run, adapters: list[Any]) -> None:
     keys = {a.key for a in adapters}
     parts = run.wake_parts or PARTS
     n = rounds(run)

@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional
 
 #: The environment variable that forces ultradict_ng's polling fallback.
 ENV = "ULTRADICT_NG_WAIT"
@@ -42,7 +42,7 @@ KEY = "k"
 STOP = -1
 
 
-def _pick_clock() -> Tuple[str, Callable[[], int]]:
+def _pick_clock() -> tuple[str, Callable[[], int]]:
     """A nanosecond clock that all processes of the machine share.
 
     Latencies subtract a stamp taken in one process from one taken in another,
@@ -62,7 +62,7 @@ def _pick_clock() -> Tuple[str, Callable[[], int]]:
 CLOCK_NAME, now_ns = _pick_clock()
 
 
-def set_wait_env(mode: str) -> Dict[str, Any]:
+def set_wait_env(mode: str) -> dict[str, Any]:
     """Set ``ULTRADICT_NG_WAIT`` for ``mode`` ("futex": removed, "poll": set).
 
     Returns what the measurement depends on: the value now set, and whether
@@ -77,7 +77,7 @@ def set_wait_env(mode: str) -> Dict[str, Any]:
     return {"env": os.environ.get(ENV), "imported_before_env": before}
 
 
-def _setup(mode: str) -> Tuple[int, Dict[str, Any]]:
+def _setup(mode: str) -> tuple[int, dict[str, Any]]:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     info = set_wait_env(mode)
     info["pid"] = os.getpid()
@@ -121,7 +121,7 @@ class WaitMissing(Exception):
 
 
 class _Waiter:
-    def __init__(self, spec: Dict[str, Any], chan: Any) -> None:
+    def __init__(self, spec: dict[str, Any], chan: Any) -> None:
         self.spec = spec
         self.chan = chan
         self.last: Any = 0
@@ -129,7 +129,7 @@ class _Waiter:
     def arm(self) -> None:
         pass
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -139,7 +139,7 @@ class _Waiter:
 class _NgWaiter(_Waiter):
     """``d.wait_for_change(timeout)``, then ``d[k]`` (which also moves the handle's state on)."""
 
-    def __init__(self, spec: Dict[str, Any], chan: Any) -> None:
+    def __init__(self, spec: dict[str, Any], chan: Any) -> None:
         super().__init__(spec, chan)
         self.d = _attach(spec["name"])
         if not hasattr(self.d, "wait_for_change"):
@@ -151,7 +151,7 @@ class _NgWaiter(_Waiter):
             )
         self.last = self.d[KEY]
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         d, wait = self.d, self.d.wait_for_change
         spurious = 0
         while True:
@@ -172,12 +172,12 @@ class _NgWaiter(_Waiter):
 class _SpinWaiter(_Waiter):
     """Plain polling: read ``d[k]`` until it changes, ``time.sleep(0)`` between reads."""
 
-    def __init__(self, spec: Dict[str, Any], chan: Any) -> None:
+    def __init__(self, spec: dict[str, Any], chan: Any) -> None:
         super().__init__(spec, chan)
         self.d = _attach(spec["name"])
         self.last = self.d[KEY]
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         d, last, sleep = self.d, self.last, time.sleep
         deadline = now_ns() + int(timeout * 1e9)
         i = 0
@@ -199,7 +199,7 @@ class _SpinWaiter(_Waiter):
 class _EventWaiter(_Waiter):
     """``ev.wait(timeout)``; the round's number is in a shared ``RawValue``; ``ev.clear()`` after."""
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         ev, val = self.chan
         if not ev.wait(timeout):
             return now_ns(), None, 0
@@ -216,7 +216,7 @@ class _ConditionWaiter(_Waiter):
         cond, _ = self.chan
         cond.acquire()
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         cond, val = self.chan
         spurious = 0
         try:
@@ -239,7 +239,7 @@ class _PipeWaiter(_Waiter):
     when the harness goes away ``recv`` raises EOFError.
     """
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         v = self.chan.recv()
         return now_ns(), v, 0
 
@@ -248,7 +248,7 @@ class _RawPipeWaiter(_Waiter):
     """``os.read`` of 8 bytes on the pipe's descriptor: the kernel's wake-up plus the least
     Python there can be, a floor for every other row (the writer: ``os.write``)."""
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         data = os.read(self.chan.fileno(), 8)
         t1 = now_ns()
         if len(data) < 8:
@@ -259,7 +259,7 @@ class _RawPipeWaiter(_Waiter):
 class _RedisWaiter(_Waiter):
     """A redis-py pub/sub subscriber: ``get_message(timeout)`` until a message arrives."""
 
-    def __init__(self, spec: Dict[str, Any], chan: Any) -> None:
+    def __init__(self, spec: dict[str, Any], chan: Any) -> None:
         super().__init__(spec, chan)
         import redis
 
@@ -274,7 +274,7 @@ class _RedisWaiter(_Waiter):
             if time.monotonic() > deadline:
                 raise RuntimeError("redis: no subscribe confirmation within 30 s")
 
-    def next(self, timeout: float) -> Tuple[int, Any, int]:
+    def next(self, timeout: float) -> tuple[int, Any, int]:
         get = self.ps.get_message
         deadline = time.monotonic() + timeout
         while True:
@@ -289,7 +289,7 @@ class _RedisWaiter(_Waiter):
         self.client.close()
 
 
-WAITERS: Dict[str, type] = {
+WAITERS: dict[str, type] = {
     "ng": _NgWaiter,
     "spin": _SpinWaiter,
     "event": _EventWaiter,
@@ -300,7 +300,7 @@ WAITERS: Dict[str, type] = {
 }
 
 
-def waiter_main(kind: str, mode: str, spec: Dict[str, Any], chan: Any, ack: Any, timeout: float) -> None:
+def waiter_main(kind: str, mode: str, spec: dict[str, Any], chan: Any, ack: Any, timeout: float) -> None:
     """Part 1: wait, stamp, acknowledge (with the stamp), wait again; until STOP.
 
     Messages on ``ack``: ("ready", info), ("woke", value, t1, spurious),

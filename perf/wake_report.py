@@ -8,7 +8,8 @@ workload 9 does, rather than the one-column layout of workloads 1-8.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from .util import fmt_rate, fmt_seconds
 from .wake import IDLE, IDLE_WAITERS, LATENCY, LOCK_PROCS, NG, PAUSE_S, WARMUP, WL, lock_case
@@ -25,18 +26,18 @@ LOCK8_RATIO = 0.6
 LOCK8_SPREAD = 3.0
 
 
-def _find(recs: List[Dict[str, Any]], case: str, key: str) -> Optional[Dict[str, Any]]:
+def _find(recs: list[dict[str, Any]], case: str, key: str) -> Optional[dict[str, Any]]:
     for r in recs:
         if r["workload"] == "wakeup" and r["case"] == case and r["contender"] == key:
             return r
     return None
 
 
-def _rows(recs: List[Dict[str, Any]], case: str) -> List[Dict[str, Any]]:
+def _rows(recs: list[dict[str, Any]], case: str) -> list[dict[str, Any]]:
     return [r for r in recs if r["case"] == case]
 
 
-def _bad(r: Dict[str, Any], width: int) -> Optional[str]:
+def _bad(r: dict[str, Any], width: int) -> Optional[str]:
     """The line for a skipped or failed row, else None."""
     if r.get("skipped"):
         return f"  {r['label']:<{width}}skipped: {r['skipped']}"
@@ -45,7 +46,7 @@ def _bad(r: Dict[str, Any], width: int) -> Optional[str]:
     return None
 
 
-def _why(rec: Dict[str, Any]) -> str:
+def _why(rec: dict[str, Any]) -> str:
     """Why a target row has no measurement."""
     if not rec:
         return "not measured in this run"
@@ -56,7 +57,7 @@ def _f(x: Optional[float], fmt: str = "{:.3g}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str]) -> str:
+def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
     lines = ["", f"== {number}. {title} =="]
     w = 40
     lat = _rows(recs, LATENCY)
@@ -134,9 +135,9 @@ def section(recs: List[Dict[str, Any]], number: int, title: str, notes: List[str
     return "\n".join(lines)
 
 
-def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
+def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     """The wake-up targets, measured on ultradict_ng in its default (futex) mode."""
-    out: List[Dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
 
     def row(
         name: str,
@@ -147,7 +148,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
         detail: str,
         caveat: Optional[str] = None,
     ) -> None:
-        r: Dict[str, Any] = {
+        r: dict[str, Any] = {
             "target": name,
             "need": need,
             "measured": measured,
@@ -240,7 +241,7 @@ def targets(records: List[Dict[str, Any]], quick: bool) -> List[Dict[str, Any]]:
     return out
 
 
-def plot_panel(ax: Any, recs: List[Dict[str, Any]]) -> str:
+def plot_panel(ax: Any, recs: list[dict[str, Any]]) -> str:
     """Wake-up latency: the median as a bar, whiskers up to the p99; returns the panel title."""
     rows = [r for r in _rows(recs, LATENCY) if r["median"]]
     xs = list(range(len(rows)))

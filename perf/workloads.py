@@ -20,14 +20,14 @@ import random
 import threading
 import time
 from itertools import repeat as _repeat
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from .adapters import Adapter, Handle
 from .big import w_big
-from .wake import w_wake
 from .procs import attach_probe
 from .run import Run, WorkerError
 from .util import calibrate, fmt_count, fmt_seconds, log, percentile, shm_entries, summarize, watchdog
+from .wake import w_wake
 
 pc = time.perf_counter
 pc_ns = time.perf_counter_ns
@@ -35,7 +35,7 @@ pc_ns = time.perf_counter_ns
 KEY = 0
 
 # (name, number, title, unit, better)
-WORKLOADS: List[Tuple[str, int, str]] = [
+WORKLOADS: list[tuple[str, int, str]] = [
     ("read", 1, "hot-key read (no concurrent writes)"),
     ("write", 2, "single-key write"),
     ("lock", 3, "read-modify-write under the lock: with lock: m[k] += 1"),
@@ -164,13 +164,13 @@ class Counted:
 def _inproc(
     run: Run,
     wl: str,
-    adapters: List[Adapter],
+    adapters: list[Adapter],
     case: str,
     make_loop: Callable[[Handle], Callable[[int], float]],
     *,
     check_count: bool,
 ) -> None:
-    cells: List[Dict[str, Any]] = []
+    cells: list[dict[str, Any]] = []
     try:
         for a in adapters:
             h = None
@@ -200,7 +200,7 @@ def _inproc(
             if c["failed"]:
                 continue
             a, h = c["a"], c["h"]
-            show: Dict[str, str] = {}
+            show: dict[str, str] = {}
             ok = None
             if check_count:
                 try:
@@ -236,15 +236,15 @@ def _inproc(
             _safe_destroy(run, c["a"], c["h"])
 
 
-def w_read(run: Run, adapters: List[Adapter]) -> None:
+def w_read(run: Run, adapters: list[Adapter]) -> None:
     _inproc(run, "read", adapters, "hot key", read_loop, check_count=False)
 
 
-def w_write(run: Run, adapters: List[Adapter]) -> None:
+def w_write(run: Run, adapters: list[Adapter]) -> None:
     _inproc(run, "write", adapters, "single key", write_loop, check_count=False)
 
 
-def w_lock(run: Run, adapters: List[Adapter]) -> None:
+def w_lock(run: Run, adapters: list[Adapter]) -> None:
     _inproc(run, "lock", adapters, "1 process", lock_loop, check_count=True)
     redis = next((a for a in adapters if a.key == "redis"), None)
     if redis is not None:
@@ -297,10 +297,10 @@ def _contend_threads(run: Run, a: Adapter, P: int, case: str) -> None:
     try:
         m, lock = h.m, h.lock
 
-        def round_(n: int) -> Tuple[float, bool, int]:
+        def round_(n: int) -> tuple[float, bool, int]:
             m[KEY] = 0
             barrier = threading.Barrier(P + 1)
-            times: List[Tuple[int, int]] = []
+            times: list[tuple[int, int]] = []
 
             def body() -> None:
                 barrier.wait()
@@ -375,7 +375,7 @@ def _contend_procs_inner(run: Run, a: Adapter, P: int, case: str) -> None:
         pool.attach(wids, spec)
         attached = True
 
-        def round_(n: int, timeout: float) -> Dict[str, Any]:
+        def round_(n: int, timeout: float) -> dict[str, Any]:
             with watchdog(_cell_limit(run), f"{a.label} reset counter"):
                 with h.lock:
                     h.m[KEY] = 0
@@ -441,7 +441,7 @@ def _contend_procs_inner(run: Run, a: Adapter, P: int, case: str) -> None:
         _safe_destroy(run, a, h)
 
 
-def w_contend(run: Run, adapters: List[Adapter]) -> None:
+def w_contend(run: Run, adapters: list[Adapter]) -> None:
     for P in (2, 4):
         case = f"{P} processes"
         for a in adapters:
@@ -470,7 +470,7 @@ def w_contend(run: Run, adapters: List[Adapter]) -> None:
 # -- 5: visibility latency -------------------------------------------------------------------
 
 
-def w_latency(run: Run, adapters: List[Adapter]) -> None:
+def w_latency(run: Run, adapters: list[Adapter]) -> None:
     samples = 60 if run.quick else 200
     stop = -1
     for a in adapters:
@@ -517,7 +517,7 @@ def _latency_one(run: Run, a: Adapter, case: str, samples: int, stop: int) -> No
         pool.gather(1, 120, kinds=("ready",))
         m = h.m
         rnd = random.Random(1)
-        stamps: List[List[int]] = []
+        stamps: list[list[int]] = []
         with watchdog(_cell_limit(run) + samples * run.repeat * 0.05, f"{a.label} latency"):
             for _ in range(run.repeat):
                 batch = []
@@ -532,7 +532,7 @@ def _latency_one(run: Run, a: Adapter, case: str, samples: int, stop: int) -> No
         seen_at = dict(seen)
         per_rep = []
         raw = []
-        pooled: List[float] = []
+        pooled: list[float] = []
         for batch in stamps:
             lat = [(seen_at[ts] - ts) / 1e9 for ts in batch if ts in seen_at]
             pooled.extend(lat)
@@ -595,15 +595,15 @@ def _latency_one(run: Run, a: Adapter, case: str, samples: int, stop: int) -> No
 # -- 6 + 7: sized dicts ------------------------------------------------------------------------
 
 
-def attach_sizes(run: Run) -> List[int]:
+def attach_sizes(run: Run) -> list[int]:
     return [1_000, 100_000] if run.quick else [1_000, 100_000, 1_000_000]
 
 
-def growth_sizes(run: Run) -> List[int]:
+def growth_sizes(run: Run) -> list[int]:
     return [1_000, 100_000] if run.quick else [1_000, 10_000, 100_000, 1_000_000]
 
 
-def _keys_loop_read(h: Handle, keys: List[Any]) -> Callable[[int], float]:
+def _keys_loop_read(h: Handle, keys: list[Any]) -> Callable[[int], float]:
     m = h.m
     L = len(keys)
 
@@ -626,7 +626,7 @@ def _keys_loop_read(h: Handle, keys: List[Any]) -> Callable[[int], float]:
     return loop
 
 
-def _keys_loop_write(h: Handle, pairs: List[Tuple[Any, Any]]) -> Callable[[int], float]:
+def _keys_loop_write(h: Handle, pairs: list[tuple[Any, Any]]) -> Callable[[int], float]:
     m = h.m
     L = len(pairs)
 
@@ -649,10 +649,10 @@ def _keys_loop_write(h: Handle, pairs: List[Tuple[Any, Any]]) -> Callable[[int],
     return loop
 
 
-def _probe(run: Run, a: Adapter, h: Handle, expected: Any) -> Dict[str, Any]:
+def _probe(run: Run, a: Adapter, h: Handle, expected: Any) -> dict[str, Any]:
     """One fresh spawned process: attach + first read."""
     q = run.ctx.Queue()
-    inherit: Dict[str, Any] = {}
+    inherit: dict[str, Any] = {}
     for ad in run.adapters.values():
         inherit.update(ad.inheritables())
     p = run.ctx.Process(
@@ -678,14 +678,14 @@ def _probe(run: Run, a: Adapter, h: Handle, expected: Any) -> Dict[str, Any]:
         q.join_thread()
 
 
-def w_sized(run: Run, adapters: List[Adapter], do_attach: bool, do_growth: bool) -> None:
+def w_sized(run: Run, adapters: list[Adapter], do_attach: bool, do_growth: bool) -> None:
     sizes = sorted(set((attach_sizes(run) if do_attach else []) + (growth_sizes(run) if do_growth else [])))
     largest_growth = max(growth_sizes(run))
     for size in sizes:
         label = fmt_count(size) + " keys"
         log(f"  sized dicts: seeding {label}")
         initial = {i: str(i) for i in range(size)}
-        handles: Dict[str, Handle] = {}
+        handles: dict[str, Handle] = {}
         try:
             for a in adapters:
                 try:
@@ -724,9 +724,9 @@ def w_sized(run: Run, adapters: List[Adapter], do_attach: bool, do_growth: bool)
             gc.collect()
 
 
-def _attach(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int, label: str) -> None:
-    raws: Dict[str, List[Dict[str, Any]]] = {a.key: [] for a in adapters}
-    failed: Dict[str, str] = {}
+def _attach(run: Run, adapters: list[Adapter], handles: dict[str, Handle], size: int, label: str) -> None:
+    raws: dict[str, list[dict[str, Any]]] = {a.key: [] for a in adapters}
+    failed: dict[str, str] = {}
     for a in adapters:
         if not a.cross_process:
             run.record(
@@ -777,7 +777,7 @@ def _attach(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size:
 
 
 def _growth(
-    run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int, label: str, largest: bool
+    run: Run, adapters: list[Adapter], handles: dict[str, Handle], size: int, label: str, largest: bool
 ) -> None:
     rnd = random.Random(size)
     L = 65_536
@@ -833,7 +833,7 @@ def _growth(
         _dump_load(run, adapters, handles, size, label)
 
 
-def _dump_load(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], size: int, label: str) -> None:
+def _dump_load(run: Run, adapters: list[Adapter], handles: dict[str, Handle], size: int, label: str) -> None:
     for a in adapters:
         h = handles[a.key]
         try:
@@ -898,18 +898,18 @@ def _dump_load(run: Run, adapters: List[Adapter], handles: Dict[str, Handle], si
     )
 
 
-def w_attach(run: Run, adapters: List[Adapter]) -> None:
+def w_attach(run: Run, adapters: list[Adapter]) -> None:
     w_sized(run, adapters, True, False)
 
 
-def w_growth(run: Run, adapters: List[Adapter]) -> None:
+def w_growth(run: Run, adapters: list[Adapter]) -> None:
     w_sized(run, adapters, False, True)
 
 
 # -- 8: large values ----------------------------------------------------------------------------
 
 
-def value_sizes(run: Run) -> List[int]:
+def value_sizes(run: Run) -> list[int]:
     return [1_000, 1_000_000] if run.quick else [1_000, 1_000_000, 100_000_000]
 
 
@@ -917,7 +917,7 @@ def _size_label(n: int) -> str:
     return {1_000: "1 KB", 1_000_000: "1 MB", 100_000_000: "100 MB"}.get(n, f"{n} B")
 
 
-def _values_loop(w: Handle, r: Handle, value: Any) -> Tuple[Callable[[int], float], List[float]]:
+def _values_loop(w: Handle, r: Handle, value: Any) -> tuple[Callable[[int], float], list[float]]:
     wm, rm = w.m, r.m
     acc = [0.0, 0.0]
 
@@ -941,7 +941,7 @@ def _values_loop(w: Handle, r: Handle, value: Any) -> Tuple[Callable[[int], floa
     return loop, acc
 
 
-def w_values(run: Run, adapters: List[Adapter]) -> None:
+def w_values(run: Run, adapters: list[Adapter]) -> None:
     for size in value_sizes(run):
         label = _size_label(size)
         value = os.urandom(size)
@@ -1073,7 +1073,7 @@ def w_values(run: Run, adapters: List[Adapter]) -> None:
     )
 
 
-RUNNERS: Dict[str, Callable[[Run, List[Adapter]], None]] = {
+RUNNERS: dict[str, Callable[[Run, list[Adapter]], None]] = {
     "read": w_read,
     "write": w_write,
     "lock": w_lock,

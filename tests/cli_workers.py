@@ -14,8 +14,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ultradict_ng import SharedDict  # noqa: E402
-from ultradict_ng.errors import SharedDictError  # noqa: E402
+from ultradict_ng import SharedDict
+from ultradict_ng.errors import SharedDictError
 
 
 def _ready() -> None:

@@ -11,7 +11,8 @@ import multiprocessing
 import os
 import re
 import uuid
-from typing import Any, Iterator, List, Set
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -88,17 +89,17 @@ def _ours_or_abandoned(entry: str) -> bool:
     return False
 
 
-def _shm_entries() -> Set[str]:
+def _shm_entries() -> set[str]:
     if not os.path.isdir(SHM):
         return set()
     return {e for e in os.listdir(SHM) if OURS.fullmatch(e) or e.startswith(PARCELS)}
 
 
 #: Pids of servers the session keeps running across tests (the Redis fixtures).
-SERVICE_PIDS: Set[int] = set()
+SERVICE_PIDS: set[int] = set()
 
 
-def _service_pids() -> Set[int]:
+def _service_pids() -> set[int]:
     """multiprocessing's own long-lived helpers (resource tracker, forkserver)
     and the session's servers: not strays."""
     from multiprocessing import forkserver, resource_tracker
@@ -110,7 +111,7 @@ def _service_pids() -> Set[int]:
     return {p for p in pids if p} | SERVICE_PIDS
 
 
-def _children() -> Set[int]:
+def _children() -> set[int]:
     """Pids of this process's live children (zombies are reaped first)."""
     multiprocessing.active_children()  # joins finished multiprocessing children
     try:
@@ -167,7 +168,7 @@ def dicts():
     """``dicts(...)`` makes a SharedDict that is closed (unlinked) after the test, pass or fail."""
     from ultradict_ng import SharedDict
 
-    made: List[Any] = []
+    made: list[Any] = []
 
     def make(*args: Any, **kwargs: Any) -> Any:
         made.append(SharedDict(*args, **kwargs))
@@ -222,7 +223,7 @@ POOL_FILES = {
 }
 
 
-def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if os.path.basename(str(item.fspath)) in POOL_FILES:
             item.add_marker(pytest.mark.xdist_group("pool"))
@@ -251,7 +252,7 @@ def redis_server() -> Iterator[Any]:
     SERVICE_PIDS.discard(server.proc.pid)
 
 
-def _redis_keys(server: Any) -> List[str]:
+def _redis_keys(server: Any) -> list[str]:
     return sorted(k.decode() if isinstance(k, bytes) else str(k) for k in server.execute("KEYS", "*"))
 
 

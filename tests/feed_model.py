@@ -5,18 +5,18 @@ comparison (``[1]`` is not ``[True]``, ``0.0`` is not ``-0.0``)."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 from ultradict_ng import Change, SharedDict
 
 
-def node_at(root: Any, path: Tuple[Any, ...]) -> Any:
+def node_at(root: Any, path: tuple[Any, ...]) -> Any:
     for key in path:
         root = root[key]
     return root
 
 
-def apply_change(replica: Dict[Any, Any], ch: Change) -> None:
+def apply_change(replica: dict[Any, Any], ch: Change) -> None:
     """What a consumer of the feed does with each item."""
     node = node_at(replica, ch.path)
     if ch.op == "set":
@@ -28,7 +28,7 @@ def apply_change(replica: Dict[Any, Any], ch: Change) -> None:
         node.clear()
 
 
-def apply_op(d: Any, op: Tuple[Any, ...]) -> Any:
+def apply_op(d: Any, op: tuple[Any, ...]) -> Any:
     """One mutation of ``d`` (a SharedDict or a plain dict of the same content).
     ``("set"|"setdefault", path, key, value)``, ``("del"|"pop", path, key)``,
     ``("popitem", path)``, ``("clear", path)``, ``("update", path, [(k, v), ...])``,
@@ -58,7 +58,7 @@ def apply_op(d: Any, op: Tuple[Any, ...]) -> Any:
     return None
 
 
-def changes_of(model: Dict[Any, Any], op: Tuple[Any, ...]) -> List[Change]:
+def changes_of(model: dict[Any, Any], op: tuple[Any, ...]) -> list[Change]:
     """The feed items ``op`` gives when it is published as a record (before it is
     applied to ``model``); values are copies."""
     op = copy.deepcopy(op)
@@ -94,14 +94,14 @@ def strict_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def same_changes(got: List[Change], expected: List[Change]) -> bool:
+def same_changes(got: list[Change], expected: list[Change]) -> bool:
     return len(got) == len(expected) and all(
         (g.op, g.path, g.key, g.resync) == (e.op, e.path, e.key, e.resync) and strict_equal(g.value, e.value)
         for g, e in zip(got, expected)
     )
 
 
-def take_until(it: Any, last: Change) -> List[Change]:
+def take_until(it: Any, last: Change) -> list[Change]:
     """Items of the feed up to and including ``last`` (the feed's timeout bounds it)."""
     out = []
     for ch in it:

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 try:
     import numpy as np
@@ -157,7 +157,7 @@ def mapping_path(address: int) -> Optional[str]:
     return None
 
 
-def shm_mappings() -> List[str]:
+def shm_mappings() -> list[str]:
     """The pool-parcel mappings of this process (one line per mapped range)."""
     with open("/proc/self/maps") as f:
         return [
@@ -177,7 +177,7 @@ def parcel_backed(a: Any) -> bool:
     return path.startswith("/dev/shm/@udp") and path.endswith("(deleted)")
 
 
-def describe(a: Any) -> Dict[str, Any]:
+def describe(a: Any) -> dict[str, Any]:
     """How an array arrived in the worker."""
     return {
         "type": type(a).__name__,
@@ -191,7 +191,7 @@ def describe(a: Any) -> Dict[str, Any]:
     }
 
 
-def describe_all(*arrays: Any) -> List[Dict[str, Any]]:
+def describe_all(*arrays: Any) -> list[dict[str, Any]]:
     return [describe(a) for a in arrays]
 
 
@@ -227,7 +227,7 @@ def is_same(a: Any, b: Any) -> bool:
     return a is b
 
 
-def same_in_nest(nest: Dict[str, Any]) -> List[bool]:
+def same_in_nest(nest: dict[str, Any]) -> list[bool]:
     """``{"x": a, "y": [a, b], "z": (a,)}``: which entries are the very object ``x``."""
     x = nest["x"]
     return [nest["y"][0] is x, nest["y"][1] is x, nest["z"][0] is x]
@@ -280,7 +280,7 @@ def make_bytes(n: int) -> Any:
 @dataclass
 class Box:
     array: Any
-    meta: Dict[str, Any]
+    meta: dict[str, Any]
 
 
 class Holder:

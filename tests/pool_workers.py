@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +27,7 @@ PARCELS = "@udp"
 # -- looking at /dev/shm and /proc ---------------------------------------------------------------
 
 
-def shm_names(prefix: str = PARCELS) -> List[str]:
+def shm_names(prefix: str = PARCELS) -> list[str]:
     """Entries of /dev/shm starting with ``prefix``."""
     try:
         return sorted(e for e in os.listdir(SHM) if e.startswith(prefix))
@@ -35,7 +35,7 @@ def shm_names(prefix: str = PARCELS) -> List[str]:
         return []
 
 
-def mapped(pid: Any = "self", prefix: str = PARCELS) -> List[str]:
+def mapped(pid: Any = "self", prefix: str = PARCELS) -> list[str]:
     """The lines of ``/proc/<pid>/maps`` that map a /dev/shm entry starting with ``prefix``
     (taken parcels show as ``/dev/shm/@udp... (deleted)``); [] if the process is gone."""
     try:
@@ -136,7 +136,7 @@ def die_at_gate(gate: str, timeout: float = 30.0, started: str = "") -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def outlive_the_pool(started: str, workers: List[int], n: int, timeout: float = 30.0) -> Any:
+def outlive_the_pool(started: str, workers: list[int], n: int, timeout: float = 30.0) -> Any:
     """Ignore SIGTERM (as a task may), say it started, wait until every other worker of
     the pool is dead, give the pool a second to fail its futures, then return a
     large result: its parcel is made after the pool gave up on this task."""
@@ -168,7 +168,7 @@ def disarm() -> None:
 # -- scripts ---------------------------------------------------------------------------------------
 
 
-def _say(obj: Dict[str, Any]) -> None:
+def _say(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
@@ -191,7 +191,7 @@ def parent(seconds: float) -> None:
     )
     deadline = time.monotonic() + seconds
     rng = np.random.default_rng(os.getpid())
-    inflight: List[Any] = []
+    inflight: list[Any] = []
     done = 0
     while time.monotonic() < deadline:
         while len(inflight) < 6:
@@ -338,7 +338,7 @@ def full_shm() -> None:
     from ultradict_ng.errors import OutOfSpace
     from ultradict_ng.futures import ProcessPoolExecutor
 
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
 
     def outcome(f: Any) -> str:
         try:

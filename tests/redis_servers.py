@@ -41,9 +41,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Optional, Union
 
 import pytest
 
@@ -66,7 +67,7 @@ _DIR_PREFIX = "ultradict-redis-"
 _INSTALL_HINT = "apt-get install redis-server"
 
 #: A RESP2 reply as the raw client returns it (errors are raised, not returned).
-Reply = Union[None, int, str, bytes, List["Reply"]]
+Reply = Union[None, int, str, bytes, list["Reply"]]
 
 
 class RedisReplyError(Exception):
@@ -161,14 +162,14 @@ class _Conn:
         self._rfile.close()
         self.sock.close()
 
-    def __enter__(self) -> "_Conn":
+    def __enter__(self) -> _Conn:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _parse_info(text: Reply) -> Dict[str, str]:
+def _parse_info(text: Reply) -> dict[str, str]:
     """``INFO`` / ``CLUSTER INFO`` text -> {field: value} (section headers dropped)."""
     if not isinstance(text, bytes):
         raise RedisReplyError(f"INFO answered {text!r}")
@@ -183,12 +184,12 @@ def _parse_info(text: Reply) -> Dict[str, str]:
 # ---------------------------------------------------------------------------- processes
 
 #: Servers whose process may run or whose work dir exists: what the atexit hook ends.
-_LIVE: Set["RedisServer"] = set()
+_LIVE: set[RedisServer] = set()
 _LIVE_LOCK = threading.Lock()
 _swept = False
 
 
-def _load_prctl() -> Optional["ctypes._NamedFuncPointer"]:
+def _load_prctl() -> Optional[ctypes._NamedFuncPointer]:
     """libc's prctl, looked up in the parent: the child between fork and exec only calls it."""
     if not sys.platform.startswith("linux"):
         return None  # no parent-death signal there: the atexit hook is the only net
@@ -210,7 +211,7 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the chi
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _spawn(argv: List[str]) -> "subprocess.Popen[bytes]":
+def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -230,9 +231,7 @@ class _Spawner:
     """
 
     def __init__(self) -> None:
-        self._jobs: "queue.SimpleQueue[Tuple[List[str], Future[subprocess.Popen[bytes]]]]" = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[tuple[list[str], Future[subprocess.Popen[bytes]]]] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="redis-servers-spawner", daemon=True).start()
 
     def _run(self) -> None:
@@ -243,8 +242,8 @@ class _Spawner:
             except BaseException as e:  # handed to the waiting thread, which raises it
                 future.set_exception(e)
 
-    def spawn(self, argv: List[str]) -> "subprocess.Popen[bytes]":
-        future: "Future[subprocess.Popen[bytes]]" = Future()
+    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        future: Future[subprocess.Popen[bytes]] = Future()
         self._jobs.put((argv, future))
         return future.result()
 
@@ -252,7 +251,7 @@ class _Spawner:
 _spawner: Optional[_Spawner] = None
 
 
-def _start_process(argv: List[str]) -> "subprocess.Popen[bytes]":
+def _start_process(argv: list[str]) -> subprocess.Popen[bytes]:
     """Fork a server from a thread that lives as long as the process (see _Spawner)."""
     global _spawner
     if threading.current_thread() is threading.main_thread():
@@ -263,7 +262,7 @@ def _start_process(argv: List[str]) -> "subprocess.Popen[bytes]":
     return _spawner.spawn(argv)
 
 
-def _free_ports(count: int) -> List[int]:
+def _free_ports(count: int) -> list[int]:
     """``count`` distinct ports free right now.  All are bound at once, so none repeats;
     another program may still take one before redis binds it -- start() retries then."""
     socks = []
@@ -327,7 +326,7 @@ class RedisServer:
     """
 
     def __init__(
-        self, argv: List[str], port: int, workdir: str, binary: str, bus_port: Optional[int] = None
+        self, argv: list[str], port: int, workdir: str, binary: str, bus_port: Optional[int] = None
     ) -> None:
         self._argv = argv
         self.port = port
@@ -336,7 +335,7 @@ class RedisServer:
         self.workdir = workdir
         self.binary = binary
         self.logfile = os.path.join(workdir, "redis.log")
-        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.proc: Optional[subprocess.Popen[bytes]] = None
         self.paused = False
 
     # -- starting ----------------------------------------------------------------
@@ -350,7 +349,7 @@ class RedisServer:
         extra: Sequence[str] = (),
         binary: Optional[str] = None,
         wait: float = 10.0,
-    ) -> "RedisServer":
+    ) -> RedisServer:
         """A running server.
 
         ``persistence=False``: ``--save '' --appendonly no``, a kill loses everything.
@@ -376,7 +375,7 @@ class RedisServer:
         binary: Optional[str],
         wait: float,
         cluster: bool,
-    ) -> "RedisServer":
+    ) -> RedisServer:
         binary = binary or redis_binary()
         if not binary:
             raise FileNotFoundError(f"redis-server not found on PATH (fix: {_INSTALL_HINT})")
@@ -469,7 +468,7 @@ class RedisServer:
             return False
         return info.get("process_id") == str(self.proc.pid) and info.get("loading") == "0"
 
-    def restart(self, wait: float = 10.0) -> "RedisServer":
+    def restart(self, wait: float = 10.0) -> RedisServer:
         """Start again on the same port with the same work dir (and AOF) after kill()/stop().
 
         Redis binds with SO_REUSEADDR, so the old connections in TIME_WAIT do not block
@@ -588,7 +587,7 @@ class RedisServer:
     def flushall(self) -> None:
         self.execute("FLUSHALL", "SYNC")
 
-    def info(self, *sections: str) -> Dict[str, str]:
+    def info(self, *sections: str) -> dict[str, str]:
         """``INFO [section ...]`` as a dict of fields."""
         return _parse_info(self.execute("INFO", *sections))
 
@@ -616,12 +615,12 @@ class RedisServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
@@ -670,7 +669,7 @@ def key_slot(key: Union[str, bytes]) -> int:
     return _crc16(data) % SLOTS
 
 
-def _slot_ranges(n: int) -> List[Tuple[int, int]]:
+def _slot_ranges(n: int) -> list[tuple[int, int]]:
     """The even split redis-cli --cluster create makes: 0-5460, 5461-10922, 10923-16383."""
     step = SLOTS / n
     return [(round(i * step), round((i + 1) * step) - 1) for i in range(n)]
@@ -686,7 +685,7 @@ class RedisCluster:
     joining, is most of the ~2 s ``start()`` takes.  Node ``i`` owns ``ranges[i]``.
     """
 
-    def __init__(self, nodes: List[RedisServer]) -> None:
+    def __init__(self, nodes: list[RedisServer]) -> None:
         self.nodes = nodes
         self.ranges = _slot_ranges(len(nodes))
 
@@ -699,11 +698,11 @@ class RedisCluster:
         node_timeout_ms: int = 2000,
         extra: Sequence[str] = (),
         wait: float = 30.0,
-    ) -> "RedisCluster":
+    ) -> RedisCluster:
         """A cluster in state ok.  A node killed for longer than ``node_timeout_ms`` is
         marked failed and, with no replicas, the whole cluster then refuses commands
         (``CLUSTERDOWN``) until it is back."""
-        nodes: List[RedisServer] = []
+        nodes: list[RedisServer] = []
         try:
             for _ in range(n):
                 nodes.append(
@@ -731,7 +730,7 @@ class RedisCluster:
                 node.stop()
             raise
 
-    def _expected_map(self) -> Set[Tuple[int, int, int]]:
+    def _expected_map(self) -> set[tuple[int, int, int]]:
         return {(low, high, node.port) for node, (low, high) in zip(self.nodes, self.ranges)}
 
     def _node_ok(self, node: RedisServer) -> bool:
@@ -807,7 +806,7 @@ class RedisCluster:
         self.wait_ok(wait)
 
     @property
-    def startup_nodes(self) -> List[Tuple[str, int]]:
+    def startup_nodes(self) -> list[tuple[str, int]]:
         return [(HOST, node.port) for node in self.nodes]
 
     @property
@@ -819,12 +818,12 @@ class RedisCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> "RedisCluster":
+    def __enter__(self) -> RedisCluster:
         return self
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:

@@ -2,8 +2,9 @@
 Redis fault and cluster tests (``test_redis_faults.py``, ``test_redis_cluster.py``).
 
 Test side: ``wait_until`` (poll a condition up to a deadline, then fail), ``outcome``
-(a call's value or exception), ``Child`` (a spawn child with a pipe).  The workers run in ``spawn`` children (importable module, picklable arguments) and
-report to the test through a ``multiprocessing`` pipe end: every message is a tuple
+(a call's value or exception), ``Child`` (a spawn child with a pipe).  The workers
+run in ``spawn`` children (importable module, picklable arguments) and report to
+the test through a ``multiprocessing`` pipe end: every message is a tuple
 whose first item says what it is.  An exception is reported by its class name and
 module, so the test can tell ``BackendUnavailable`` from a raw redis-py error.
 
@@ -20,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 #: Every worker gives up after this long, so a lost test never leaves a child running.
 WORKER_DEADLINE = 60.0
@@ -48,7 +49,7 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: Any, step: float =
         time.sleep(step)
 
 
-def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
     """``("ok", value)`` or ``("raised", exception)``."""
     try:
         return "ok", fn()
@@ -64,9 +65,9 @@ class Child:
         self.proc = _spawn().Process(target=target, args=(*args, child_end), daemon=True)
         self.proc.start()
         child_end.close()
-        self.messages: List[Tuple[Any, ...]] = []
+        self.messages: list[tuple[Any, ...]] = []
 
-    def expect(self, kind: str, timeout: float = 30.0) -> Tuple[Any, ...]:
+    def expect(self, kind: str, timeout: float = 30.0) -> tuple[Any, ...]:
         """The next message of ``kind`` (earlier ones are kept in ``messages``)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -117,7 +118,7 @@ def _fail(message: str) -> None:
 # ---------------------------------------------------------------------------- workers
 
 
-def _err(exc: BaseException) -> Tuple[str, str, str]:
+def _err(exc: BaseException) -> tuple[str, str, str]:
     return (type(exc).__module__, type(exc).__name__, str(exc))
 
 
@@ -254,9 +255,9 @@ class ReplyDropper:
         self._marker: Optional[bytes] = None
         self._guard = threading.Lock()
         self.dropped = threading.Event()
-        self._socks: List[socket.socket] = []
+        self._socks: list[socket.socket] = []
         self._closed = False
-        self._threads: List[threading.Thread] = []
+        self._threads: list[threading.Thread] = []
         self._spawn(self._accept)
 
     @property
@@ -348,7 +349,7 @@ class ReplyDropper:
         for t in self._threads:
             t.join(5)
 
-    def __enter__(self) -> "ReplyDropper":
+    def __enter__(self) -> ReplyDropper:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -86,8 +86,8 @@ def fetch_sdist(
 
 
 def run_suite(
-    cmd: List[str], cwd: str, env: Dict[str, str], timeout: float
-) -> "subprocess.CompletedProcess[str]":
+    cmd: list[str], cwd: str, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     """Run a suite's ``cmd`` in its own process group; on timeout end that group
     (only it: its workers too) and fail with what it printed."""
     proc = subprocess.Popen(

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -40,7 +40,7 @@ def _writer(name: str, count: int, pause: float) -> None:
     d.close()
 
 
-def _holder(name: str, seconds: float, ready: "mp.synchronize.Event", kwargs: Dict[str, Any]) -> None:
+def _holder(name: str, seconds: float, ready: mp.synchronize.Event, kwargs: dict[str, Any]) -> None:
     d = SharedDict(name=name, **kwargs)
     with d.lock:
         ready.set()

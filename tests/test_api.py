@@ -6,14 +6,12 @@ import collections
 import collections.abc
 import datetime
 import os
-import sys
 import pickle
+import sys
 from decimal import Decimal
 
 import pytest
 
-from ultradict_ng._codec import codec
-from ultradict_ng._engine import BlobGone, Conflict
 from ultradict_ng import (
     AlreadyExists,
     Closed,
@@ -27,6 +25,8 @@ from ultradict_ng import (
     UnsupportedType,
     unlink_by_name,
 )
+from ultradict_ng._codec import codec
+from ultradict_ng._engine import BlobGone, Conflict
 
 #: Runs on every engine (conftest: each_backend); shm_only tests are about shared memory.
 pytestmark = pytest.mark.usefixtures("each_backend")
@@ -562,7 +562,7 @@ def test_iteration_while_writing_same_process(pair):
         seen.append(k)
         b.get(0)  # forces syncs inside the loop
     assert seen == list(range(100))
-    for k, v in b.items():
+    for _ in b.items():
         a.clear()
     assert len(b) == 0
 
@@ -765,8 +765,7 @@ def test_every_read_of_a_large_value_runs_again_when_its_blob_is_gone(name):
 
 
 def test_a_pickled_handle_reopens_with_what_its_engine_says(name):
-    """__reduce__ carries the engine's reopen_arguments(), whichever engine it is;
-    a handle pickled before engines said (no arguments: shared memory) still loads."""
+    """__reduce__ carries the engine's reopen_arguments(), whichever engine it is."""
     d = SharedDict({"a": 1}, name=name, recurse=True)
     d["n"] = {"x": 1}
     try:
@@ -776,28 +775,5 @@ def test_a_pickled_handle_reopens_with_what_its_engine_says(name):
         copy = pickle.loads(pickle.dumps(d["n"]))
         assert copy.path == ("n",) and copy == {"x": 1} and type(copy._store) is type(d._store)
         copy.close()
-    finally:
-        d.close()
-
-
-class _PickledBefore:
-    """What a shared-memory handle pickled to before engines had reopen_arguments."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __reduce__(self):
-        from ultradict_ng import shareddict
-
-        return (getattr(shareddict, "_reattach"), (SharedDict, self.name, ()))
-
-
-@pytest.mark.shm_only
-def test_a_handle_pickled_by_the_previous_version_still_loads(name):
-    d = SharedDict({"a": 1}, name=name)
-    try:
-        old = pickle.loads(pickle.dumps(_PickledBefore(name)))
-        assert type(old) is SharedDict and old == {"a": 1}
-        old.close()
     finally:
         d.close()

@@ -18,7 +18,8 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from ultradict_ng import CorruptSegment, SharedDict, Unlinked, UnsupportedType, unlink_by_name
 from ultradict_ng import layout as L
@@ -212,7 +213,7 @@ def test_a_reader_in_another_process_maps_the_array_without_copying(name):
             )
             assert out.returncode == 0, out.stderr
             outs.append(out.stdout.split())
-        for first, last, writeable, mapped, rss_delta, took in outs:
+        for first, last, writeable, mapped, rss_delta, _took in outs:
             assert (int(first), int(last), writeable, mapped) == (0, (100 << 20) - 1 & 0xFF, "False", "True")
             assert int(rss_delta) < 40 << 20  # interpreter imports aside: not the 100 MiB
         assert int(outs[1][4]) < 40 << 20

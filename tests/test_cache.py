@@ -11,10 +11,12 @@ import random
 import time
 
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ultradict_ng import SharedDict, cache_layout as C
+from ultradict_ng import SharedDict
+from ultradict_ng import cache_layout as C
 from ultradict_ng._segments import Segment
 from ultradict_ng.cache import DEFAULT_TTL, SharedCache, cached
 from ultradict_ng.errors import CorruptSegment, ParameterMismatch, TooLarge, UnsupportedType
@@ -226,7 +228,7 @@ def _zipf_trace(keys: int, requests: int, a: float, seed: int):
 def test_hit_ratio_on_a_zipf_trace_is_near_exact_lru(name):
     trace = _zipf_trace(20_000, 60_000, 0.9, 7)
     size = 1000
-    lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+    lru: collections.OrderedDict[int, None] = collections.OrderedDict()
     exact = 0
     for k in trace:
         if k in lru:

@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import struct
-from typing import Any, Dict, List
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -22,7 +22,8 @@ from tests.conftest import soak_scaled, unique_name
 from tests.test_fuzz import _alarm, attempt
 from tests.torture_workers import check_side
 from ultradict_ng import CorruptSegment, SharedDict, SharedDictError, unlink_by_name
-from ultradict_ng import _segments as segments, cache_layout as C
+from ultradict_ng import _segments as segments
+from ultradict_ng import cache_layout as C
 from ultradict_ng._segments import Segment
 from ultradict_ng.cache import SharedCache
 from ultradict_ng.cache.entries import slot_of
@@ -86,7 +87,7 @@ def _no_slot_twice(h: Any) -> None:
             assert len(set(slots)) == len(slots), "a slot given twice"
 
 
-def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) -> None:
+def _use_cache(h: Any, written: dict[str, Any], settings: Any, one_count: bool) -> None:
     """Settings as made (``settings``, unless None), reads give what was written or
     nothing, a value set is read back (unless expired at once), writes (evicting)
     work and keep the bytes bound, and -- with at most one of FREE and NEXT damaged (``one_count``) -- never
@@ -95,11 +96,11 @@ def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) 
     side segment is exact."""
     assert settings is None or _settings(h) == settings, (_settings(h), settings)
     for key, value in written.items():
-        assert attempt(lambda: h.get(key)) in (None, value), key
+        assert attempt(h.get, key) in (None, value), key
     if not isinstance(attempt(lambda: h.set("probe", [1])), SharedDictError):
         assert h.get("probe") == [1] or (h.default_ttl or 1) < 1, "a value set is not read back"
     for i in range(3 * (h.maxsize or 20)):
-        out = attempt(lambda: h.set(f"n{i}", [i, "v" * (i % 50)]))
+        out = attempt(h.set, f"n{i}", [i, "v" * (i % 50)])
     if h.maxbytes is not None and not isinstance(out, SharedDictError):
         assert h.stats()["bytes"] <= h.maxbytes  # (a damaged count is recounted)
     for op in (
@@ -135,7 +136,7 @@ def _use_cache(h: Any, written: Dict[str, Any], settings: Any, one_count: bool) 
     edits=st.lists(st.tuples(SIDE_WORDS, SIDE_VALUES), max_size=3),
 )
 def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(
-    bounds: Dict[str, Any], keys: int, truncate: Any, edits: List[Any]
+    bounds: dict[str, Any], keys: int, truncate: Any, edits: list[Any]
 ) -> None:
     """Garbage in the header words of a cache's side segment (``N@c``) and
     truncation (nobody maps it): opening the cache gives one of our errors, or a
@@ -230,7 +231,7 @@ CLAIM_LIKE = st.one_of(
     claim=CLAIM_LIKE,
 )
 def test_cache_writers_remove_what_is_not_an_entry(
-    bounds: Dict[str, Any], keys: int, garbage: List[Any], over_keys: bool, claim: Any
+    bounds: dict[str, Any], keys: int, garbage: list[Any], over_keys: bool, claim: Any
 ) -> None:
     """Values that are not entries, written into a cache's dict by another program
     (a plain SharedDict of the same name): writes, eviction, active expiry, the cull,
@@ -251,7 +252,7 @@ def test_cache_writers_remove_what_is_not_an_entry(
             raw[key] = value
         c.set("fresh", 1, ttl=0.001)  # an expiring entry: writes sample for expired ones
         for i in range(3 * (c.maxsize or 20)):
-            attempt(lambda: c.set(f"n{i}", [i, "v" * (i % 50)]))
+            attempt(c.set, f"n{i}", [i, "v" * (i % 50)])
         raw[(1,)] = claim  # where memo(1) claims
         assert memo(1) == 2 and memo(1) == 2
         for op in (lambda: c.set(bad[0], 0), lambda: c.set_many({bad[-1]: 1, "m": 2}), c.popitem):
@@ -293,6 +294,26 @@ NOT_ENTRY_EXAMPLES = [
 ]
 
 
+def _use_the_bad_key(c: SharedCache, op: str) -> Any:
+    """One of a cache's methods, named ``op``, on the key ``"bad"`` (or the whole cache)."""
+    return {
+        "get": lambda: c.get("bad"),
+        "contains": lambda: "bad" in c,
+        "iter": lambda: list(c),
+        "len": lambda: len(c),
+        "expire": c.expire,
+        "delete": lambda: c.delete("bad"),
+        "add": lambda: c.add("bad", 1),
+        "incr": lambda: c.incr("bad", default=0),
+        "touch": lambda: c.touch("bad", 5),
+        "pop": lambda: c.pop("bad", None),
+        "ttl": lambda: c.ttl("bad"),
+        "popitem": lambda: [c.popitem() for _ in range(2)],
+        "delete_many": lambda: c.delete_many(["bad"]),
+        "setdefault": lambda: c.setdefault("bad", 1),
+    }[op]()
+
+
 def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
     """Each value that is not an entry, under a key of a cache's dict: every read and
     write of that key, and of the whole cache, answers (absent) or raises one of
@@ -322,28 +343,13 @@ def test_cache_reads_of_what_is_not_an_entry_are_clean() -> None:
             ):
                 raw["bad"] = garbage
                 try:
-                    {
-                        "get": lambda: c.get("bad"),
-                        "contains": lambda: "bad" in c,
-                        "iter": lambda: list(c),
-                        "len": lambda: len(c),
-                        "expire": c.expire,
-                        "delete": lambda: c.delete("bad"),
-                        "add": lambda: c.add("bad", 1),
-                        "incr": lambda: c.incr("bad", default=0),
-                        "touch": lambda: c.touch("bad", 5),
-                        "pop": lambda: c.pop("bad", None),
-                        "ttl": lambda: c.ttl("bad"),
-                        "popitem": lambda: [c.popitem() for _ in range(2)],
-                        "delete_many": lambda: c.delete_many(["bad"]),
-                        "setdefault": lambda: c.setdefault("bad", 1),
-                    }[op]()
+                    _use_the_bad_key(c, op)
                 except (SharedDictError, KeyError):
                     pass
                 except TypeError as exc:
                     if not str(exc).startswith("incr: the value"):  # (a value that is not an int)
                         failures.append(f"{op} of {garbage!r}: TypeError: {exc}")
-                except Exception as exc:  # noqa: BLE001 - collected, the test fails
+                except Exception as exc:  # collected, the test fails
                     failures.append(f"{op} of {garbage!r}: {type(exc).__name__}: {exc}")
         finally:
             raw.close()

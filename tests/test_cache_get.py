@@ -17,7 +17,8 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ultradict_ng import SharedDict, speedups
 from ultradict_ng._helper import twins
@@ -242,7 +243,7 @@ def test_readers_in_threads_while_another_thread_closes_the_handle(name):
             except Closed:
                 seen["closed"] += 1
                 return
-            except Exception as e:  # noqa: BLE001 - anything else is the failure
+            except Exception as e:  # anything else is the failure
                 errors.append(e)
                 return
             if v != {"i": 7}:

@@ -17,15 +17,16 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import pytest
 
 from ultradict_ng import SharedDict
 from ultradict_ng import layout as L
-from ultradict_ng.futures import layout as PL
 from ultradict_ng._segments import Segment
 from ultradict_ng._shm.survey import report
+from ultradict_ng.futures import layout as PL
 
 from .conftest import unique_name
 from .helpers import make_half_created
@@ -37,7 +38,7 @@ SHM = "/dev/shm"
 COMMANDS = ["ls", "show", "stats", "watch", "rm", "clean", "doctor"]
 
 
-def cli(*args: str, timeout: float = 30, cwd: Optional[str] = None) -> "subprocess.CompletedProcess[str]":
+def cli(*args: str, timeout: float = 30, cwd: Optional[str] = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT)
 
 
@@ -47,7 +48,7 @@ def cli_json(*args: str, status: int = 0) -> Any:
     return json.loads(out.stdout)
 
 
-def ls_entry(name: str) -> Dict[str, Any]:
+def ls_entry(name: str) -> dict[str, Any]:
     found = [d for d in cli_json("ls")["dicts"] if d["name"] == name]
     assert len(found) == 1, found
     return found[0]
@@ -61,17 +62,17 @@ def ls_row(name: str) -> str:
     return rows[0]
 
 
-def clean_entry(results: List[Dict[str, Any]], name: str) -> Dict[str, Any]:
+def clean_entry(results: list[dict[str, Any]], name: str) -> dict[str, Any]:
     found = [e for e in results if e["name"] == name]
     assert len(found) == 1, results
     return found[0]
 
 
-def segments(name: str) -> List[str]:
+def segments(name: str) -> list[str]:
     return sorted(e for e in os.listdir(SHM) if e == name or e.startswith(name + "@"))
 
 
-def _readline(proc: "subprocess.Popen[str]", timeout: float = 20) -> str:
+def _readline(proc: subprocess.Popen[str], timeout: float = 20) -> str:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     assert ready, "no line from the child in time"
@@ -101,7 +102,7 @@ class Worker:
             if f is not None:
                 f.close()
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -109,9 +110,9 @@ class Worker:
 
 
 @pytest.fixture
-def removed() -> Iterator[List[str]]:
+def removed() -> Iterator[list[str]]:
     """Names to remove (``rm``) after the test, whatever happened."""
-    names: List[str] = []
+    names: list[str] = []
     yield names
     for n in names:
         if segments(n):
@@ -119,7 +120,7 @@ def removed() -> Iterator[List[str]]:
 
 
 @contextlib.contextmanager
-def watcher(*args: str, cwd: Any = ROOT) -> Iterator["subprocess.Popen[str]"]:
+def watcher(*args: str, cwd: Any = ROOT) -> Iterator[subprocess.Popen[str]]:
     """``ultradict-ng watch ARGS`` running; killed (by its pid) if still running after."""
     proc = subprocess.Popen(
         [*CLI, "watch", *args], cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -723,7 +724,9 @@ from ultradict_ng import SharedDict
 from ultradict_ng.errors import OutOfSpace
 
 def cli(*args):
-    r = subprocess.run([sys.executable, "-m", "ultradict_ng", *args], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "ultradict_ng", *args], capture_output=True, text=True, timeout=60
+    )
     return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
 
 out = {"empty": cli("doctor", "--json"), "empty_text": cli("doctor")}

@@ -17,9 +17,10 @@ import select
 import subprocess
 import sys
 import time as clock
+from collections.abc import Iterator
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Iterator, List
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,14 +41,14 @@ CLI = [sys.executable, "-m", "ultradict_ng"]
 
 def cli(
     *args: str, input: Any = None, cwd: Any = ROOT, text: bool = True
-) -> "subprocess.CompletedProcess[Any]":
+) -> subprocess.CompletedProcess[Any]:
     return subprocess.run([*CLI, *args], capture_output=True, text=text, timeout=120, cwd=cwd, input=input)
 
 
 @pytest.fixture
-def made() -> Iterator[List[str]]:
+def made() -> Iterator[list[str]]:
     """Names of dicts a command created (they outlive it): removed after the test."""
-    names: List[str] = []
+    names: list[str] = []
     yield names
     for n in names:
         SharedDict.unlink_by_name(n)
@@ -63,7 +64,7 @@ def attached(name: str) -> Iterator[SharedDict]:
         d.close()
 
 
-def run(capsys: Any, *args: str) -> "tuple[int, str, str]":
+def run(capsys: Any, *args: str) -> tuple[int, str, str]:
     status = main(list(args))
     out, err = capsys.readouterr()
     return status, out, err
@@ -134,10 +135,8 @@ def test_msgpack_round_trip_of_every_codec_type(tmp_path, capsys, model, recurse
         assert header(path)["entries"] == len(model) and header(path)["recurse"] is recurse
         status, out, err = run(capsys, "load", dst, path)
         assert status == 0, err
-        assert (
-            out
-            == f"loaded {len(model):,} entries into {dst!r} in {out.split(' in ')[-1].split()[0]} s (created it)\n"
-        )
+        took = out.split(" in ")[-1].split()[0]
+        assert out == f"loaded {len(model):,} entries into {dst!r} in {took} s (created it)\n"
         back = SharedDict(name=dst, create=False)
         try:
             assert back.recurse is recurse  # from the dump's header
@@ -573,7 +572,7 @@ def test_pickle_dicts_are_refused_and_never_unpickled(name, made, tmp_path):
 # -- the progress bar --------------------------------------------------------------------------
 
 
-def _on_a_terminal(*args: str) -> "tuple[int, str, str]":
+def _on_a_terminal(*args: str) -> tuple[int, str, str]:
     """Run the command with stderr on a pseudo-terminal: (status, stdout, what the terminal got)."""
     master, slave = pty.openpty()
     proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=slave, cwd=ROOT)
@@ -646,7 +645,7 @@ def test_load_writes_in_chunks(dicts, name, tmp_path, capsys, monkeypatch):
     from ultradict_ng.cli import transfer
 
     path = _dump_file(tmp_path, capsys, {i: i for i in range(12_345)})
-    sizes: List[int] = []
+    sizes: list[int] = []
     real = SharedDict.update
 
     def update(self: Any, other: Any = (), **kwargs: Any) -> None:

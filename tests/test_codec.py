@@ -15,7 +15,7 @@ import sys
 import threading
 from datetime import date, datetime, time, timedelta, timezone, tzinfo
 from decimal import Decimal
-from typing import Any, Dict, List
+from typing import Any
 
 import msgpack
 import pytest
@@ -75,7 +75,7 @@ def _tz_equal(a: Any, b: Any) -> bool:
         return False
     if type(a) is timezone:
         # (offset,) or (offset, name): also tells a named UTC from timezone.utc
-        return bool(getattr(a, "__getinitargs__")() == getattr(b, "__getinitargs__")())
+        return bool(a.__getinitargs__() == b.__getinitargs__())
     return bool(a == b)
 
 
@@ -245,7 +245,7 @@ def test_hashables_work_as_keys_and_members(key: Any) -> None:
 
 
 IST = timezone(timedelta(hours=5, minutes=30), "IST")
-EDGE_CASES: List[Any] = [
+EDGE_CASES: list[Any] = [
     None,
     True,
     False,
@@ -684,7 +684,7 @@ def test_ext_nesting_beyond_limit_is_corrupt() -> None:
 
 
 def test_loads_wrong_input_type_is_corrupt() -> None:
-    not_bytes: List[Any] = ["a str", 12, None, [1], object()]
+    not_bytes: list[Any] = ["a str", 12, None, [1], object()]
     for data in not_bytes:
         with pytest.raises(CorruptSegment):
             MSGPACK.loads(data)
@@ -784,8 +784,8 @@ def test_pickle_loads_errors_are_corrupt_segment() -> None:
 MUTABLE = (list, dict, set, bytearray)
 
 
-def mutable_ids(value: Any) -> List[int]:
-    found: List[int] = []
+def mutable_ids(value: Any) -> list[int]:
+    found: list[int] = []
     stack = [value]
     while stack:
         item = stack.pop()
@@ -817,7 +817,7 @@ def test_copy_value_shares_no_mutable_object(value: Any) -> None:
 
 
 def test_copy_value_returns_immutables_as_is() -> None:
-    immutables: List[Any] = [
+    immutables: list[Any] = [
         None,
         True,
         7,
@@ -840,7 +840,7 @@ def test_copy_value_returns_immutables_as_is() -> None:
 
 def test_copy_value_copies_mutables() -> None:
     inner = [1, 2]
-    value: Dict[str, Any] = {
+    value: dict[str, Any] = {
         "a": inner,
         "b": (inner, 3),
         "c": {1, 2},
@@ -865,7 +865,7 @@ def test_copy_value_pickle_only_types() -> None:
     assert copied == value
     assert copied[0] is not obj and copied[0].x is not obj.x
     assert copied[1][0] is not obj
-    cyclic: List[Any] = [1]
+    cyclic: list[Any] = [1]
     cyclic.append(cyclic)
     copied_cycle = copy_value(cyclic)
     assert copied_cycle is not cyclic and copied_cycle[1] is copied_cycle
@@ -921,7 +921,7 @@ def test_dumps_from_threads() -> None:
     )
     expected = [MSGPACK.dumps(v) for v in samples]
     barrier = threading.Barrier(4)
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
 
     def work(offset: int) -> None:
         try:
@@ -935,7 +935,7 @@ def test_dumps_from_threads() -> None:
                     if k % 10 == 0:
                         with pytest.raises(UnsupportedType):
                             MSGPACK.dumps([1, (2, {"k": MyClass()})])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
@@ -971,7 +971,7 @@ def _general(obj: Any) -> bytes:
 
 
 @given(st.dictionaries(_row_scalars, _row_values, max_size=30))
-def test_dumps_of_a_dict_of_rows_is_the_general_encoding(rows: Dict[Any, Any]) -> None:
+def test_dumps_of_a_dict_of_rows_is_the_general_encoding(rows: dict[Any, Any]) -> None:
     """Scalar keys and scalar or scalar-tuple values are packed by the
     compiled pack_map; anything else by the general path: the same bytes."""
     assert MSGPACK.dumps(rows) == _general(rows)
@@ -981,7 +981,7 @@ def test_dumps_of_a_dict_of_rows_is_the_general_encoding(rows: Dict[Any, Any]) -
 @given(
     st.lists(st.tuples(_row_scalars, _row_values).map(list), max_size=30), st.lists(_row_scalars, max_size=2)
 )
-def test_encode_record_of_an_update_is_the_general_path(pairs: List[Any], path: List[Any]) -> None:
+def test_encode_record_of_an_update_is_the_general_path(pairs: list[Any], path: list[Any]) -> None:
     """encode_record's update shortcut gives the general path's bytes, and a
     decoded record equal to the readers' one, of the same types all the way."""
     from ultradict_ng.layout import OP_UPDATE
@@ -1009,7 +1009,7 @@ def _row_scalar(x: Any) -> bool:
 def test_dumps_of_rows_takes_the_compiled_packer(monkeypatch: pytest.MonkeyPatch) -> None:
     from ultradict_ng._codec import codec as codec_module
 
-    taken: List[Any] = []
+    taken: list[Any] = []
 
     def spy(obj: Any, threshold: int) -> Any:
         out = real(obj, threshold)

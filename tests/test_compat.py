@@ -654,74 +654,13 @@ def test_not_a_dict_subclass_and_what_to_write_instead(name):
     assert second.something == "some value" and ultra["something"] == "some value"
     del second.something
     with pytest.raises(AttributeError):
-        first.something
+        _ = first.something
     first._shared.close()
     second._shared.close()
     ultra.close()
 
 
-# -- pickles made by the previous version -------------------------------------------------------
-#
-# Made by ultradict_ng 0.1 (before compat/ became a package) with pickle protocol 2, so the
-# module paths they name are plain to read.  The handle is ``ultra["a"]`` of
-# ``UltraDict(name="OLDPICKLENAME15", serializer=json, recurse=True)``; tests swap in a name
-# of the same length.
-
-OLD_HANDLE = (
-    b"\x80\x02cultradict_ng.compat\n_reattach\nq\x00(cultradict_ng.compat\nUltraDict\nq\x01"
-    b"X\x0f\x00\x00\x00OLDPICKLENAME15q\x02X\x01\x00\x00\x00aq\x03\x85q\x04X\x06\x00\x00\x00"
-    b"moduleq\x05X\x04\x00\x00\x00jsonq\x06\x86q\x07tq\x08Rq\t."
-)
-#: ``CannotAcquireLockTimeout("held", blocking_pid=1234, timestamp=5.0, time_passed=1.5, name="x")``
-#: and ``AlreadyClosed("closed")``, pickled while they lived in ``ultradict_ng.compat_errors``.
-OLD_LOCK_TIMEOUT = (
-    b"\x80\x02cultradict_ng.compat_errors\n_rebuild_error\nq\x00cultradict_ng.compat_errors"
-    b"\nCannotAcquireLockTimeout\nq\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00"
-    b"nameq\x04X\x01\x00\x00\x00xq\x05X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00"
-    b"blocking_pidq\x07M\xd2\x04X\t\x00\x00\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00"
-    b"X\x0b\x00\x00\x00time_passedq\tG?\xf8\x00\x00\x00\x00\x00\x00u\x87q\nRq\x0b."
-)
-OLD_CLOSED = (
-    b"\x80\x02cultradict_ng.compat_errors\nAlreadyClosed\nq\x00X\x06\x00\x00\x00closedq\x01\x85q\x02Rq\x03."
-)
-#: ``CannotAcquireLock("held", blocking_pid=1234, timestamp=5.0, name="x")`` from when
-#: compat.py held the exceptions too.
-OLDER_LOCK = (
-    b"\x80\x02cultradict_ng.compat\n_rebuild_error\nq\x00cultradict_ng.compat\nCannotAcquireLock\n"
-    b"q\x01X\x04\x00\x00\x00heldq\x02}q\x03(X\x04\x00\x00\x00nameq\x04X\x01\x00\x00\x00xq\x05"
-    b"X\x03\x00\x00\x00pidq\x06M\xd2\x04X\x0c\x00\x00\x00blocking_pidq\x07M\xd2\x04X\t\x00\x00"
-    b"\x00timestampq\x08G@\x14\x00\x00\x00\x00\x00\x00u\x87q\tRq\n."
-)
-
-
-def test_handles_pickled_by_the_previous_version_load(name):
-    assert len(name) == len("OLDPICKLENAME15")
-    ultra = UltraDict(name=name, serializer=json, recurse=True)
-    ultra["a"] = {"b": 1}
-    view = pickle.loads(OLD_HANDLE.replace(b"OLDPICKLENAME15", name.encode()))
-    assert type(view) is UltraDict and view.name == name and view.serializer is json
-    assert view.copy() == {"b": 1}
-    view["c"] = 2
-    assert ultra["a"] == {"b": 1, "c": 2}
-    view.close()
-    ultra.close()
-
-
-def test_exceptions_pickled_by_the_previous_versions_load():
-    exc = pickle.loads(OLD_LOCK_TIMEOUT)
-    assert type(exc) is E.CannotAcquireLockTimeout and isinstance(exc, ultradict_ng.LockTimeout)
-    assert (str(exc), exc.blocking_pid, exc.pid, exc.timestamp, exc.time_passed, exc.name) == (
-        "held",
-        1234,
-        1234,
-        5.0,
-        1.5,
-        "x",
-    )
-    exc = pickle.loads(OLD_CLOSED)
-    assert type(exc) is E.AlreadyClosed and exc.args == ("closed",)
-    exc = pickle.loads(OLDER_LOCK)
-    assert type(exc) is E.CannotAcquireLock and (exc.blocking_pid, exc.timestamp) == (1234, 5.0)
+# -- what a pickled handle names -------------------------------------------------------------
 
 
 def _globals_named(data):

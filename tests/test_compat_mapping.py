@@ -1,6 +1,6 @@
 """UltraDict raises UltraDict's exceptions from every method, by construction.
 
-The compat classes are built with ``compat_errors.map_errors``, which wraps
+The compat classes are built with ``ultradict_ng.compat.errors.map_errors``, which wraps
 every method-like attribute they have or inherit.  These tests check that
 structurally (every method reachable on the class is a mapped wrapper),
 by behaviour (every public method of a closed handle raises ``AlreadyClosed``
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
 import pytest
 
@@ -37,7 +37,7 @@ def owner_of(cls: type, name: str) -> type:
     return next(k for k in cls.__mro__ if name in vars(k))
 
 
-def callables_of(attr: Any) -> List[Any]:
+def callables_of(attr: Any) -> list[Any]:
     """The functions behind a class attribute, [] if it is not method-like."""
     if isinstance(attr, property):
         return [f for f in (attr.fget, attr.fset, attr.fdel) if f is not None]
@@ -50,7 +50,7 @@ def callables_of(attr: Any) -> List[Any]:
     return []
 
 
-def method_names(cls: type) -> List[str]:
+def method_names(cls: type) -> list[str]:
     """Method-like attributes reachable on ``cls`` that must be mapped."""
     names = []
     for name in dir(cls):
@@ -62,7 +62,7 @@ def method_names(cls: type) -> List[str]:
     return names
 
 
-def unmapped(cls: type) -> List[str]:
+def unmapped(cls: type) -> list[str]:
     return [
         name
         for name in method_names(cls)
@@ -145,7 +145,7 @@ def test_errors_without_a_counterpart_pass_through() -> None:
 # -- (b) behaviour on a closed handle -----------------------------------------------------
 
 #: Arguments for the public methods whose required parameters are not all keys.
-PLAUSIBLE: Dict[str, Callable[[Any, str], Tuple[Any, ...]]] = {
+PLAUSIBLE: dict[str, Callable[[Any, str], tuple[Any, ...]]] = {
     "fromkeys": lambda ud, name: (["k"], 1),
     "unlink_by_name": lambda ud, name: (name + "gone",),
     "update": lambda ud, name: ({"k": 1},),
@@ -154,7 +154,7 @@ PLAUSIBLE: Dict[str, Callable[[Any, str], Tuple[Any, ...]]] = {
 }
 
 
-def default_args(fn: Any) -> Tuple[Any, ...]:
+def default_args(fn: Any) -> tuple[Any, ...]:
     """A key for every required positional parameter (after self)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -215,7 +215,7 @@ def test_closed_handle_properties_raise_already_closed_or_return(closed: UltraDi
         assert isinstance(result, E.AlreadyClosed), (prop, result)
 
 
-OPERATIONS: Dict[str, Callable[[Any], Any]] = {
+OPERATIONS: dict[str, Callable[[Any], Any]] = {
     "getitem": lambda d: d["k"],
     "setitem": lambda d: d.__setitem__("k", 2),
     "delitem": lambda d: d.__delitem__("k"),
@@ -290,7 +290,7 @@ def test_a_new_shareddict_method_is_mapped(name: str) -> None:
     with pytest.raises(E.AlreadyClosed):  # ... the decorated one UltraDict's
         compat.published_state()
     with pytest.raises(E.AlreadyClosed):
-        compat.state_word
+        _ = compat.state_word
     with pytest.raises(E.AlreadyClosed):
         compat["k"]  # the C slot of the compiled base (or its Python twin)
     with pytest.raises(E.AlreadyClosed):

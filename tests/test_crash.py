@@ -17,15 +17,14 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict
 
 import pytest
 
 from tests.conftest import soak_scaled
 from ultradict_ng import SharedDict, unlink_by_name
 from ultradict_ng import _faults as faults
-from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
+from ultradict_ng._shm import waiting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAM = 256  # small: a dump every few writes
@@ -55,8 +54,8 @@ def start_writer(
     )
 
 
-def acks(output: str) -> Dict[str, int]:
-    last: Dict[str, int] = {}
+def acks(output: str) -> dict[str, int]:
+    last: dict[str, int] = {}
     for line in output.splitlines():
         if line.startswith("ack "):
             _, key, value = line.split()
@@ -64,7 +63,7 @@ def acks(output: str) -> Dict[str, int]:
     return last
 
 
-def check_survivors(d: SharedDict, acked: Dict[str, int], attempted_max: int) -> float:
+def check_survivors(d: SharedDict, acked: dict[str, int], attempted_max: int) -> float:
     """Lock recovered fast, acknowledged writes present, state consistent. Returns the wait."""
     t0 = time.monotonic()
     with d.lock(timeout=5):
@@ -352,9 +351,9 @@ def test_remover_dies_holding_closing(name, point, then):
     an attacher does not hang (it takes the dead word over and attaches to the
     intact dict), a later remover takes over and removes it, and unlink_by_name
     still removes every segment."""
+    from ultradict_ng._owner import pid_of
     from ultradict_ng._shm.control import attach_control
     from ultradict_ng._shm.mapping import Mapping
-    from ultradict_ng._owner import pid_of
 
     d = SharedDict({"a": 1}, name=name, buffer_size=STREAM, auto_unlink=False)
     d["big"] = b"x" * 400  # a dump segment too

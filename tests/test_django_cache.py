@@ -44,8 +44,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from tests.conftest import unique_name
-from tests.sdists import fetch_sdist, run_suite
 from tests.django_suite import workers
+from tests.sdists import fetch_sdist, run_suite
 from ultradict_ng.cache import SharedCache as Cache
 from ultradict_ng.integrations import django as backend_module
 from ultradict_ng.integrations.django import SharedCache

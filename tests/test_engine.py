@@ -14,26 +14,26 @@ from __future__ import annotations
 import copy
 import random
 import threading
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
 from ultradict_ng import SharedDict
-from ultradict_ng._codec import records as record
 from ultradict_ng import layout as L
+from ultradict_ng._codec import records as record
 from ultradict_ng._codec.codec import MSGPACK
 from ultradict_ng._engine import Engine
-from ultradict_ng.errors import PathGone, Unlinked
-from ultradict_ng.speedups import StoreBase, Words
 from ultradict_ng._shm.lock import ShmLock
 from ultradict_ng._shm.store import Store
+from ultradict_ng.errors import PathGone, Unlinked
+from ultradict_ng.speedups import StoreBase, Words
 
 
 class Server:
     """The shared state of LocalEngine: one dict, a STATE word and a lock word."""
 
     def __init__(self) -> None:
-        self.data: Dict[Any, Any] = {}
+        self.data: dict[Any, Any] = {}
         self.buf = bytearray(8 * 32)  # laid out like a control segment: STATE, LOCK words
         self.words = Words(self.buf)
         self.unlinked = False
@@ -75,7 +75,7 @@ class LocalEngine(StoreBase):
         self.seen = -1
         self.sync()
 
-    def node(self, path: Any) -> Dict[Any, Any]:
+    def node(self, path: Any) -> dict[Any, Any]:
         node = self.data
         for key in path:
             node = node.get(key) if type(node) is dict else None
@@ -97,7 +97,7 @@ class LocalEngine(StoreBase):
             self.end_write()
             raise Unlinked(self.name)
 
-    def commit(self, rec: List[Any]) -> None:
+    def commit(self, rec: list[Any]) -> None:
         payload, decoded = self.codec.encode_record(rec)  # UnsupportedType: nothing changed
         record.apply(self.server.data, copy.deepcopy(decoded))
         self.server.words.store(L.W_STATE, self.words[L.W_STATE] + 1)
@@ -111,7 +111,7 @@ class LocalEngine(StoreBase):
     def set_root(self, key: Any, value: Any) -> None:
         self.write(record.set_((), key, value))
 
-    def write(self, rec: List[Any]) -> None:
+    def write(self, rec: list[Any]) -> None:
         self.begin_write()
         try:
             self.commit(rec)
@@ -121,7 +121,7 @@ class LocalEngine(StoreBase):
     def force_dump(self) -> None:
         pass
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return {"name": self.name, "engine": "local", "keys": len(self.server.data)}
 
     def close(self) -> None:
@@ -161,7 +161,7 @@ def _pair(recurse: bool = True):
 
 def test_facade_runs_on_another_engine_against_a_dict_model():
     a, b = _pair()
-    model: Dict[Any, Any] = {}
+    model: dict[Any, Any] = {}
     rng = random.Random(7)
     for step in range(3000):
         d = a if rng.random() < 0.5 else b

@@ -15,7 +15,7 @@ import multiprocessing
 import pickle
 import types
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 
@@ -28,7 +28,7 @@ spawn = multiprocessing.get_context("spawn")
 _MISSING = object()
 
 
-def _package_exceptions() -> List[type]:
+def _package_exceptions() -> list[type]:
     found = {getattr(errors, name) for name in errors.__all__}
     for module in (ultradict_ng, compat, compat_errors, compat_lock):
         found |= {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, BaseException)}
@@ -46,7 +46,7 @@ CLASSES = _package_exceptions()
 IDS = [f"{c.__module__.rsplit('.', 1)[-1]}.{c.__qualname__}" for c in CLASSES]
 
 #: Values for the keyword-only constructor parameters of the classes.
-SAMPLE_KWARGS: Dict[str, Any] = {
+SAMPLE_KWARGS: dict[str, Any] = {
     "name": "tdict",
     "pid": 4242,
     "blocking_pid": 4242,
@@ -57,7 +57,7 @@ SAMPLE_KWARGS: Dict[str, Any] = {
 
 def sample(cls: type) -> BaseException:
     """An instance with a message and every keyword attribute set to a non-default value."""
-    kwargs: Dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
     for klass in cls.__mro__:  # keywords may be passed on to a base's __init__ (**kwargs)
         init = vars(klass).get("__init__")
         if not isinstance(init, types.FunctionType):
@@ -73,7 +73,7 @@ def sample(cls: type) -> BaseException:
     return exc
 
 
-def state(exc: BaseException) -> Tuple[Any, ...]:
+def state(exc: BaseException) -> tuple[Any, ...]:
     """Everything a receiver can observe: class, str(), args, and every data attribute."""
     attrs = {}
     for attr in dir(exc):

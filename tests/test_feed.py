@@ -19,7 +19,7 @@ import multiprocessing
 import pickle
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import hypothesis.strategies as st
 import pytest
@@ -78,14 +78,14 @@ def test_changes_report_every_op_in_order(pair):
     d, r = pair
     r.get("a")
     it = r.changes(timeout=0.3)
-    model: Dict[Any, Any] = {}
-    expected: List[Change] = []
+    model: dict[Any, Any] = {}
+    expected: list[Change] = []
     for op in OPS:
         expected += changes_of(model, op)
         assert apply_op(d, op) == apply_op(model, op)
     got = list(it)
     assert same_changes(got, expected), got
-    replica: Dict[Any, Any] = {}
+    replica: dict[Any, Any] = {}
     for ch in got:
         apply_change(replica, ch)
     assert strict_equal(replica, d.copy()) and strict_equal(replica, model)
@@ -148,7 +148,7 @@ def test_arrays_and_large_values_come_through(dicts, name):
 # -- resync --------------------------------------------------------------------------------
 
 
-def resync_after(d: SharedDict, before: Dict[Any, Any], after: Dict[Any, Any]) -> List[Change]:
+def resync_after(d: SharedDict, before: dict[Any, Any], after: dict[Any, Any]) -> list[Change]:
     """Set ``before``, start a feed, change to ``after`` with a dump in between: the items."""
     d.clear()
     d.update(before)
@@ -242,7 +242,7 @@ def twin(value: Any) -> Any:
     return _TWIN.get((type(value), value), value)
 
 
-def paths(model: Dict[Any, Any], path: Tuple[Any, ...] = ()) -> List[Tuple[Any, ...]]:
+def paths(model: dict[Any, Any], path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     out = [path]
     for k, v in model.items():
         if type(v) is dict:
@@ -250,7 +250,7 @@ def paths(model: Dict[Any, Any], path: Tuple[Any, ...] = ()) -> List[Tuple[Any, 
     return out
 
 
-def draw_op(data: Any, model: Dict[Any, Any]) -> Tuple[Any, ...]:
+def draw_op(data: Any, model: dict[Any, Any]) -> tuple[Any, ...]:
     path = data.draw(st.sampled_from(paths(model)))
     node = node_at(model, path)
     kinds = ["set", "set", "set", "update", "setdefault", "clear", "dump", "poll", "poll"]
@@ -276,18 +276,18 @@ class Checker:
         self.d = d
         self.replica = d.copy()  # the feed starts at the writer's state
         self.it = d.changes(timeout=5)
-        self.records: List[Change] = []  # published as records since the feed's last catch-up
-        self.dumped: Optional[Dict[Any, Any]] = None  # state of the newest dump since then
+        self.records: list[Change] = []  # published as records since the feed's last catch-up
+        self.dumped: Optional[dict[Any, Any]] = None  # state of the newest dump since then
         self.marks = 0
 
-    def published(self, op_changes: List[Change], model: Dict[Any, Any], gen_before: int) -> None:
+    def published(self, op_changes: list[Change], model: dict[Any, Any], gen_before: int) -> None:
         if self.d._store.gen != gen_before:  # the op went into a dump, not a record
             self.dumped = copy.deepcopy(model)
             self.records = []
         else:
             self.records += op_changes
 
-    def catch_up(self, model: Dict[Any, Any]) -> None:
+    def catch_up(self, model: dict[Any, Any]) -> None:
         d = self.d
         self.marks += 1
         while True:  # the mark must be a record: the last item of the feed's next batch
@@ -334,7 +334,7 @@ class Checker:
 def test_feed_replays_exactly_what_was_published(data, buffer_size, steps):
     d = SharedDict(name=unique_name(), recurse=True, buffer_size=buffer_size)
     try:
-        model: Dict[Any, Any] = {"_mark": 0}
+        model: dict[Any, Any] = {"_mark": 0}
         d.update(model)
         checker = Checker(d)
         for _ in range(steps):
@@ -357,8 +357,8 @@ def test_feed_replays_exactly_what_was_published(data, buffer_size, steps):
 # -- across processes, threads; unlink, close, timeouts ------------------------------------
 
 
-def writer_ops(n: int) -> List[Tuple[Any, ...]]:
-    ops: List[Tuple[Any, ...]] = [("set", (), "n", {})]
+def writer_ops(n: int) -> list[tuple[Any, ...]]:
+    ops: list[tuple[Any, ...]] = [("set", (), "n", {})]
     for i in range(n):
         ops.append(("set", (), f"k{i % 7}", [i, "v" * (i % 5)]))
         if i % 3 == 0:
@@ -382,10 +382,10 @@ def test_feed_follows_a_writer_in_another_process(dicts, name):
         assert p.exitcode == 0
     finally:
         stop(p)
-    replica: Dict[Any, Any] = {}
+    replica: dict[Any, Any] = {}
     for ch in got:
         apply_change(replica, ch)
-    model: Dict[Any, Any] = {}
+    model: dict[Any, Any] = {}
     for op in ops:
         apply_op(model, op)
     assert strict_equal(replica, d.copy()) and strict_equal(replica, model)
@@ -413,7 +413,7 @@ def test_feed_in_another_process_follows_this_one(dicts, name):
 
 def test_several_feeds_in_threads_each_end_equal_to_the_dict(pair):
     d, r = pair
-    replicas: List[Any] = []
+    replicas: list[Any] = []
 
     # The writer starts once every follower holds its copy: a follower that
     # copied the dict after "_end" was written would wait for it in vain.
@@ -457,7 +457,7 @@ def test_a_waiting_feed_is_woken_by_a_write(pair, monkeypatch):
 def test_feed_ends_when_the_dict_is_unlinked(pair):
     d, r = pair
     r.get("a")
-    got: List[Change] = []
+    got: list[Change] = []
     t = threading.Thread(target=lambda: got.extend(r.changes(timeout=None)))
     t.start()
     d["a"] = 1

@@ -29,8 +29,9 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable
 
 import pytest
 
@@ -42,10 +43,10 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 
 import ultradict_ng.futures as uf  # noqa: E402
 from tests import pool_tasks as T  # noqa: E402
-from ultradict_ng.futures import layout as PL  # noqa: E402
-from ultradict_ng.errors import CorruptSegment  # noqa: E402
-from ultradict_ng.futures.parcel import ARRAY, DATA, VIEW, pack, unpack  # noqa: E402
 from ultradict_ng._owner import owner_word  # noqa: E402
+from ultradict_ng.errors import CorruptSegment  # noqa: E402
+from ultradict_ng.futures import layout as PL  # noqa: E402
+from ultradict_ng.futures.parcel import ARRAY, DATA, VIEW, pack, unpack  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
@@ -90,7 +91,7 @@ class Gate:
         with open(self.path, "w"):
             pass
 
-    def __enter__(self) -> "Gate":
+    def __enter__(self) -> Gate:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -215,7 +216,7 @@ def test_submit_returns_the_result(make_pool: Any) -> None:
 def test_small_tasks_travel_as_in_the_standard_pool(make_pool: Any) -> None:
     """A call and a result with nothing large in them travel as the standard pool sends
     them: the worker loop calls the task itself (nothing wraps it), and every object is
-    pickled once -- also where ours puts large buffers in shared memory (issue 25)."""
+    pickled once -- also where ours puts large buffers in shared memory."""
     with make_pool(1) as ex:
         assert ex.submit(T.caller).result(TIMEOUT) == "_process_worker"
         arg = T.Counted()
@@ -367,7 +368,7 @@ def test_shutdown_wait_after_shutdown_nowait_keeps_queued_work(which: str, tmp_p
     cls: Any = uf.ProcessPoolExecutor if which == "ours" else cf.ProcessPoolExecutor
     kwargs: Any = {"shm_threshold": THR} if which == "ours" else {}
     gate = Gate(tmp_path)
-    outcomes: List[Any] = []
+    outcomes: list[Any] = []
     # only a safety net, should a future standard pool wait in the second shutdown
     safety = threading.Timer(10, gate.open)
     safety.start()
@@ -444,7 +445,7 @@ def test_initializer_runs_in_each_worker(make_pool: Any, tmp_path: Any) -> None:
 
 def test_failing_initializer_breaks_the_pool(make_pool: Any) -> None:
     with make_pool(2, initializer=T.init_fail) as ex:
-        futures: List[Any] = []
+        futures: list[Any] = []
         for i in range(4):  # the pool may break (and refuse) before the last submit
             try:
                 futures.append(ex.submit(T.square, i))
@@ -505,7 +506,7 @@ def test_cancel_running_done(make_pool: Any, tmp_path: Any) -> None:
         later = [ex.submit(T.identity, big(400, i)) for i in range(5)]
         last = later[-1]  # at most 2 calls are in the call queue: the last one is pending
         assert not last.running() and not last.done()
-        calls: List[Any] = []
+        calls: list[Any] = []
         last.add_done_callback(calls.append)
         assert last.cancel()
         assert calls == [last]
@@ -527,7 +528,7 @@ def test_cancel_running_done(make_pool: Any, tmp_path: Any) -> None:
 
 def test_add_done_callback_sees_the_rebuilt_result(make_pool: Any) -> None:
     with make_pool(1) as ex:
-        seen: List[Any] = []
+        seen: list[Any] = []
         fired = threading.Event()
 
         def callback(f: Any) -> None:
@@ -544,11 +545,11 @@ def test_add_done_callback_sees_the_rebuilt_result(make_pool: Any) -> None:
         if make_pool.ours:
             assert parcel_backed(res)
         # added after completion: runs at once, in the caller's thread
-        late: List[Any] = []
+        late: list[Any] = []
         f.add_done_callback(lambda g: late.append((g, threading.get_ident())))
         assert late == [(f, threading.get_ident())]
         # a failed task: the callback sees the exception
-        errors: List[Any] = []
+        errors: list[Any] = []
         bad = ex.submit(T.fail, "cb")
         done = threading.Event()
 
@@ -568,7 +569,7 @@ def test_as_completed(make_pool: Any, tmp_path: Any) -> None:
         quick = [ex.submit(T.sleep_return, 0.01 * i, big(300, i)) for i in range(4)]
         done, _ = uf.wait(quick, timeout=TIMEOUT)
         assert done == set(quick)
-        got: List[Any] = []
+        got: list[Any] = []
         with pytest.raises(cf.TimeoutError):
             for f in uf.as_completed(quick + [slow, quick[0]], timeout=0.3):
                 got.append(f)
@@ -1064,7 +1065,7 @@ def token() -> str:
     return secrets.token_hex(5)
 
 
-def _ours(token: str) -> List[str]:
+def _ours(token: str) -> list[str]:
     return sorted(e for e in os.listdir(SHM) if e.startswith(f"@udp{token}."))
 
 
@@ -1219,7 +1220,7 @@ def test_live_parcels_are_listed_and_never_removed(tmp_path: Any) -> None:
         queued = [ex.submit(T.identity, big(1000, i)) for i in range(3)]
         prefix = f"@udp{ex._pool.token}."
 
-        def mine() -> List[Any]:
+        def mine() -> list[Any]:
             found = [r for r in uf.parcels() if r.name.startswith(prefix)]
             # (a parcel caught between its creation and its header reads "creating")
             return found if all(r.status != "creating" for r in found) else []

@@ -1,4 +1,4 @@
-"""``ultradict_ng.futures``: what a small task costs (issue 25).
+"""``ultradict_ng.futures``: what a small task costs.
 
 Calls and results that carry nothing large must travel as the standard pool
 sends them, and the pool's own process must do no more per task than the
@@ -23,8 +23,9 @@ import os
 import pickle
 import secrets
 import time
+from collections.abc import Iterator
 from concurrent.futures import process as cfp
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -97,7 +98,7 @@ def test_large_plain_calls_leave_the_pipe_room_and_keep_their_order(tmp_path: An
     gate = os.path.join(str(tmp_path), f"gate-{secrets.token_hex(4)}")
     with uf.ProcessPoolExecutor(1, mp_context=FORK) as ex:
         held = ex.submit(T.gated, "held", gate)  # the one worker waits: calls pile up
-        texts = ["%04d" % i + "y" * 3000 for i in range(12)]  # ~3 KiB pickles: one fits, not two
+        texts = [f"{i:04d}" + "y" * 3000 for i in range(12)]  # ~3 KiB pickles: one fits, not two
         futures = [ex.submit(T.identity, t) for t in texts]
         small = [ex.submit(T.square, i) for i in range(20)]
         open(gate, "w").close()

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable
 
 import hypothesis.strategies as st
 import msgpack
@@ -26,8 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
-from ultradict_ng import SharedDict, SharedDictError, layout as L, unlink_by_name
+from ultradict_ng import SharedDict, SharedDictError, unlink_by_name
 from ultradict_ng import _segments as segments
+from ultradict_ng import layout as L
 from ultradict_ng._owner import owner_alive, owner_word
 from ultradict_ng._segments import Segment
 
@@ -50,11 +51,11 @@ def _alarm(signum: int, frame: Any) -> None:
     raise Hang("operation did not finish within 20 s")
 
 
-def build(name: str) -> List[Dict[Any, Any]]:
+def build(name: str) -> list[dict[Any, Any]]:
     """A dict with a dump and stream records after it; returns its history of states."""
-    history: List[Dict[Any, Any]] = [{}]
+    history: list[dict[Any, Any]] = [{}]
     d = SharedDict(name=name, recurse=True, buffer_size=512, auto_unlink=False, blob_threshold=1000)
-    ops: List[Callable[[Dict[Any, Any]], None]] = [
+    ops: list[Callable[[dict[Any, Any]], None]] = [
         lambda m: m.update({"a": 1, ("t", 1): [1, 2.5, None]}),
         lambda m: m.__setitem__("big", b"x" * 600),  # dump
         lambda m: m.__setitem__("blob", [b"y" * 3000, 1]),  # a blob (id 1)
@@ -64,7 +65,7 @@ def build(name: str) -> List[Dict[Any, Any]]:
         lambda m: m.pop(("t", 1)),
         lambda m: m.__setitem__("s", frozenset({1, 2})),
     ]
-    model: Dict[Any, Any] = {}
+    model: dict[Any, Any] = {}
     for op in ops:
         op(d)
         op(model)
@@ -79,7 +80,7 @@ def mapped_here(seg_name: str) -> bool:
         return any(line.rstrip().endswith(f"/dev/shm/{seg_name}") for line in maps)
 
 
-def damage(name: str, target: str, edits: List[Any]) -> None:
+def damage(name: str, target: str, edits: list[Any]) -> None:
     if target == "foreign-blob":
         bname = L.blob_name(name, 2)
         segments.unlink(bname)
@@ -137,10 +138,11 @@ def damage(name: str, target: str, edits: List[Any]) -> None:
         seg.close()
 
 
-def attempt(fn: Callable[[], Any]) -> Any:
-    """Run one operation: its result, or the SharedDictError it raised. Anything else fails."""
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run one operation, ``fn(*args, **kwargs)``: its result, or the SharedDictError
+    it raised. Anything else fails."""
     try:
-        return fn()
+        return fn(*args, **kwargs)
     except SharedDictError as exc:
         assert str(exc), f"{type(exc).__name__} without a message"
         return exc
@@ -150,13 +152,13 @@ def attempt(fn: Callable[[], Any]) -> Any:
 @given(
     target=st.sampled_from(["control", "stream", "dump", "foreign-dump", "blob", "foreign-blob"]), edits=EDITS
 )
-def test_corruption_never_crashes_hangs_or_lies(target: str, edits: List[Any]) -> None:
+def test_corruption_never_crashes_hangs_or_lies(target: str, edits: list[Any]) -> None:
     name = unique_name()
     retries = L.READER_RETRIES
     L.READER_RETRIES = 5  # the outcome is the same, the fuzz just gets there sooner
     old_handler = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(20)
-    handles: List[SharedDict] = []
+    handles: list[SharedDict] = []
     try:
         history = build(name)
         reader = SharedDict(name=name, create=False)
@@ -234,14 +236,14 @@ def _word(value: Any) -> int:
     edits=st.lists(st.tuples(WAIT_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
     fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]),
 )
-def test_garbage_in_the_wait_register_never_hangs_or_crashes(edits: List[Any], fill: Any) -> None:
+def test_garbage_in_the_wait_register_never_hangs_or_crashes(edits: list[Any], fill: Any) -> None:
     """Whatever the WAITERS, SEQ and WAKING words and the slots hold (every slot
     taken, ours, dead owners, random bits), waits end at their timeout or at a
     write, the lock and the feed work, and cleanup leaves nothing."""
     name = unique_name()
     old_handler = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(20)
-    handles: List[SharedDict] = []
+    handles: list[SharedDict] = []
     try:
         d = SharedDict(name=name, buffer_size=256)
         handles.append(d)
@@ -291,7 +293,7 @@ USER_TARGETS = st.one_of(
     edits=st.lists(st.tuples(USER_TARGETS, WAIT_VALUES), min_size=1, max_size=6),
     fill=st.sampled_from([None, None, "live", "dead", "mine", 0xDEADBEEF]),
 )
-def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], fill: Any) -> None:
+def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: list[Any], fill: Any) -> None:
     """Whatever CLOSING, USER_OVERFLOW and the user slots hold (every slot taken,
     ours, dead owners, random bits), an attach works or raises a SharedDictError
     within INIT_TIMEOUT + 1 s, users() and stats() answer, a working handle reads
@@ -305,7 +307,7 @@ def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: List[Any], f
     L.INIT_TIMEOUT = 0.5  # a live CLOSING makes attachers wait this long
     old_handler = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(20)
-    handles: List[SharedDict] = []
+    handles: list[SharedDict] = []
     m = None
     try:
         d = SharedDict({"k": 0}, name=name, buffer_size=256, auto_unlink=False)
@@ -397,7 +399,7 @@ REDIS_EDITS = st.lists(
 
 @settings(max_examples=soak_scaled(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(edits=REDIS_EDITS)
-def test_garbage_in_redis_keys_never_crashes_hangs_or_lies(redis_server: Any, edits: List[Any]) -> None:
+def test_garbage_in_redis_keys_never_crashes_hangs_or_lies(redis_server: Any, edits: list[Any]) -> None:
     """Whatever another program writes into a dict's keys, every operation on
     a handle answers or raises one of our errors (never a raw redis-py or Lua
     error, never a hang), and a handle never returns a value nobody wrote."""
@@ -436,10 +438,10 @@ def test_garbage_in_redis_keys_never_crashes_hangs_or_lies(redis_server: Any, ed
             if isinstance(got, dict):
                 for k, v in got.items():
                     assert written.get(k, v) == v or k not in written, (k, v)
-            attempt(lambda: handle.__setitem__("after", 1))
-            attempt(lambda: handle.pop("k1", None))
+            attempt(handle.__setitem__, "after", 1)
+            attempt(handle.pop, "k1", None)
             attempt(handle.stats)
-            attempt(lambda: handle.wait_for_change(0.01))
+            attempt(handle.wait_for_change, 0.01)
         c = attempt(lambda: SharedDict(name=name, backend=redis_server.url, create=False))
         if isinstance(c, SharedDict):
             attempt(c.copy)

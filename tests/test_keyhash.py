@@ -1,4 +1,4 @@
-"""``_codec.keyhash.key_hash``: the hash a shared key index will use (issue 22).
+"""``_codec.keyhash.key_hash``: the hash a big dict's table is indexed by.
 
 It must agree with ``dict``'s key identity (equal keys hash equal, whatever
 their types, time zones or set orders) and with itself in every process,
@@ -16,10 +16,11 @@ import os
 import subprocess
 import sys
 from decimal import Decimal
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ultradict_ng import UnsupportedType
 from ultradict_ng._codec.codec import MsgpackCodec
@@ -61,10 +62,10 @@ KEYS = st.recursive(
 )
 
 
-def variants(key: Any) -> List[Any]:
+def variants(key: Any) -> list[Any]:
     """Keys equal to ``key`` (by ``==``) that are not the same object: other
     numeric types, the instant in other zones, rebuilt containers."""
-    out: List[Any] = []
+    out: list[Any] = []
     t = type(key)
     if t in (int, bool):
         out += [int(key), float(key) if abs(key) < 2**53 else int(key), Decimal(int(key)), complex(key, 0)]
@@ -87,9 +88,9 @@ def variants(key: Any) -> List[Any]:
 
 @settings(max_examples=400, deadline=None)
 @given(keys=st.lists(KEYS, min_size=1, max_size=8))
-def test_equal_keys_hash_equal_as_a_dict_sees_them(keys: List[Any]) -> None:
+def test_equal_keys_hash_equal_as_a_dict_sees_them(keys: list[Any]) -> None:
     every = [v for k in keys for v in [k] + variants(k)]
-    model: Dict[Any, Any] = {}
+    model: dict[Any, Any] = {}
     for k in every:
         model.setdefault(k, set()).add(key_hash(k))
     for k, hashes in model.items():
@@ -136,7 +137,7 @@ def test_the_equalities_dict_has_and_hash_does_not_show() -> None:
 
 
 def test_distinct_keys_spread() -> None:
-    keys: List[Any] = (
+    keys: list[Any] = (
         list(range(20_000))
         + [f"user:{i:08d}" for i in range(20_000)]
         + [(i, i + 1) for i in range(5_000)]
@@ -222,7 +223,7 @@ PINNED_KEYS = [
     "é€",
     b"0123456789abcdefg",
 ]
-PINNED: Dict[str, int] = {
+PINNED: dict[str, int] = {
     "0": 0xE220A8397B1DCDAF,
     "1": 0xE4D971771B652C20,
     "-1": 0x336503C6B835BEC0,

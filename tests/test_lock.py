@@ -189,7 +189,7 @@ def test_contention_between_spawned_processes_is_exact(d):
 
 
 def _hold_then_release(
-    name: str, held: "multiprocessing.synchronize.Event", release: "multiprocessing.synchronize.Event"
+    name: str, held: multiprocessing.synchronize.Event, release: multiprocessing.synchronize.Event
 ) -> None:
     d = SharedDict(name=name)
     with d.lock:

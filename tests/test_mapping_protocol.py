@@ -25,7 +25,7 @@ suite does.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
 import pytest
 
@@ -57,7 +57,7 @@ def test_cpython_mapping_tests_are_available() -> None:
 
 #: Handles the current test made; its cleanup closes them (the creator's
 #: close unlinks: auto_unlink=True).
-_MADE: List[SharedDict] = []
+_MADE: list[SharedDict] = []
 
 
 class Shared(SharedDict):
@@ -92,7 +92,7 @@ _KEYS = (
 #: subclasses fail; the exception the check fails with; why SharedDict
 #: differs from dict there, by design).  A failure with another exception
 #: is a real failure (xfail's ``raises``).
-BY_DESIGN: Dict[str, Tuple[str, type, str]] = {
+BY_DESIGN: dict[str, tuple[str, type, str]] = {
     "test_copy": (
         "TestMappingProtocol",
         AssertionError,
@@ -154,11 +154,11 @@ class _OnSharedDict:
         _close_made()  # before conftest's leak checks (fixtures finish in reverse order)
 
 
-def _suites() -> Dict[str, type]:
+def _suites() -> dict[str, type]:
     """One TestCase per (mapping_tests class, backend)."""
     if mapping_tests is None:
         return {}
-    out: Dict[str, type] = {}
+    out: dict[str, type] = {}
     for base in (
         mapping_tests.BasicTestMappingProtocol,
         mapping_tests.TestMappingProtocol,

@@ -25,10 +25,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ultradict_ng import SharedDict, speedups
-from ultradict_ng._codec import codec
-from ultradict_ng._helper import twins as fallback
-from ultradict_ng._codec import records as record
 from ultradict_ng import layout as L
+from ultradict_ng._codec import codec
+from ultradict_ng._codec import records as record
+from ultradict_ng._helper import tablewalk
+from ultradict_ng._helper import twins as fallback
 from ultradict_ng.errors import Closed
 
 native = speedups._compiled
@@ -205,7 +206,7 @@ def test_crc32_is_zlibs(impl, data, start):
     st.one_of(scalars, not_simple, st.text(min_size=100, max_size=400), st.binary(min_size=100, max_size=400))
 )
 def test_key_hash_common_is_key_hash_or_none(impl, key):
-    """The table's key hash (issue 22): the compiled word hash and numeric hash give
+    """The table's key hash: the compiled word hash and numeric hash give
     _codec/keyhash.py's values bit for bit (every tail length of the last word
     included); other types and lone surrogates are left to key_hash (None)."""
     from ultradict_ng._codec.keyhash import key_hash
@@ -434,7 +435,7 @@ def test_table_merge_writes_the_same_bytes_on_every_impl(model, data):
         got[MSGPACK.loads(out[0][off + 24 : off + 24 + kl])] = MSGPACK.loads(
             out[0][off + 24 + kl : off + 24 + kl + vl]
         )
-        assert fallback.entry_checked(out[0], 8, len(out[0]), off) == (
+        assert tablewalk.entry_checked(out[0], 8, len(out[0]), off) == (
             struct.unpack_from("<Q", out[0], off)[0],
             kl,
             vl,
@@ -1266,7 +1267,7 @@ def test_pack_map_is_the_codecs_general_encoding(impl, rows, threshold):
 @impls
 @pytest.mark.parametrize("n", [0, 15, 16, 65535, 65536])
 def test_pack_map_headers_of_every_size(impl, n):
-    rows = {i: (i, "r%d" % i, i / 2) if i % 3 else "s" * (i % 40) for i in range(n)}
+    rows = {i: (i, f"r{i}", i / 2) if i % 3 else "s" * (i % 40) for i in range(n)}
     assert impl.pack_map(rows, 0) == _general(rows)
     pairs = [[k, v] for k, v in rows.items()]
     assert impl.pack_pairs(pairs, 0) == _general(pairs)

@@ -25,11 +25,15 @@ from ultradict_ng import (
     OutOfSpace,
     SharedDict,
     SharedDictError,
-    layout as L,
-    table_layout as TL,
     unlink_by_name,
 )
 from ultradict_ng import _segments as segments
+from ultradict_ng import (
+    layout as L,
+)
+from ultradict_ng import (
+    table_layout as TL,
+)
 from ultradict_ng._owner import owner_word
 from ultradict_ng._segments import Segment
 from ultradict_ng._shm.table import Table
@@ -280,7 +284,7 @@ def test_damaged_table_dump_is_corrupt_never_a_wrong_dict(name, damage):
     at open where the dump is decoded whole, at the read of the damaged part
     where it is read in place (ULTRADICT_NG_PARTIAL_FROM=0): copy() reads all."""
     d = SharedDict(name=name, buffer_size=64)
-    d.update({f"key{i}": "value%03d" % i for i in range(20)})
+    d.update({f"key{i}": f"value{i:03d}" for i in range(20)})
     d["big"] = "v" * 100  # does not fit the stream: a dump of all 21 keys
     gen = d._store.gen
     dname = L.dump_name(name, gen)

@@ -15,7 +15,8 @@ import os
 import pickle
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ def r(redis_url: str) -> Iterator[Any]:
 @pytest.fixture
 def open_dict(redis_url: str) -> Iterator[Any]:
     """``open_dict(**kwargs)``: a handle on the session server, closed after the test."""
-    made: List[SharedDict] = []
+    made: list[SharedDict] = []
 
     def make(*args: Any, **kwargs: Any) -> SharedDict:
         kwargs.setdefault("backend", redis_url)
@@ -62,7 +63,7 @@ def calls(r: Any, command: str) -> int:
     return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-def round_trips(r: Any) -> "Dict[str, int]":
+def round_trips(r: Any) -> dict[str, int]:
     return {c: calls(r, c) for c in ("evalsha", "hmget", "get", "xread")}
 
 
@@ -151,7 +152,7 @@ def test_conflicting_pops_give_each_value_to_exactly_one_process(open_dict, name
     assert len(d) == 0
 
 
-def run_children(target: Any, args: tuple, n: int) -> List[Any]:
+def run_children(target: Any, args: tuple, n: int) -> list[Any]:
     """``n`` spawned ``target(*args, queue)`` at once; what each put on the queue."""
     out = spawn.Queue()
     procs = [spawn.Process(target=target, args=(*args, out)) for _ in range(n)]
@@ -308,7 +309,7 @@ def test_lease_is_renewed_while_held(open_dict, name):
 def test_writes_of_other_threads_wait_for_the_holder(open_dict, name):
     d = open_dict(name=name)
     d["n"] = 0
-    order: List[str] = []
+    order: list[str] = []
 
     def other() -> None:
         d["n"] = -1  # waits: the lock is held by the main thread

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from ultradict_ng.errors import BackendUnavailable
 MARGIN = 0.5
 
 
-def _pids(cluster: RedisCluster) -> List[int]:
+def _pids(cluster: RedisCluster) -> list[int]:
     return [node.pid for node in cluster.nodes if node.pid is not None]
 
 
@@ -53,7 +54,7 @@ def restart_node(cluster: RedisCluster, i: int) -> None:
         SERVICE_PIDS.update(_pids(cluster))
 
 
-def _keys(cluster: RedisCluster) -> List[Tuple[int, bytes]]:
+def _keys(cluster: RedisCluster) -> list[tuple[int, bytes]]:
     out = []
     for i, node in enumerate(cluster.nodes):
         if node.running:
@@ -179,7 +180,7 @@ def test_two_processes_share_a_dict_on_the_cluster(cl: RedisCluster) -> None:
         wait_until(lambda: cached.get("n") == 3 * times, 0.3 + MARGIN, "the cached handle's count")
 
         # wait_for_change wakes on another process's write.
-        woke: Dict[str, Any] = {}
+        woke: dict[str, Any] = {}
         waiter = threading.Thread(
             target=lambda: woke.update(r=outcome(lambda: d.wait_for_change(timeout=20)), at=time.monotonic()),
             name="waiter",
@@ -287,7 +288,7 @@ def test_cluster_down_is_backend_unavailable(cl: RedisCluster) -> None:
     BackendUnavailable, not redis-py's ClusterDownError, and work again after the restart."""
     name = name_on(cl, 1)
     d = SharedDict(name, backend=cl.url)
-    results: Dict[str, Any] = {}
+    results: dict[str, Any] = {}
     threads = [
         threading.Thread(
             target=lambda: results.update(wait=outcome(lambda: d.wait_for_change(20))), name="down-wait"

@@ -12,12 +12,13 @@ fail now and will pass (and then need the mark removed) once it is fixed.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import pytest
 
@@ -81,7 +82,7 @@ def test_kill_with_persistence_loses_no_acknowledged_write(name: str) -> None:
         cached = SharedDict(name, backend=srv.url, reads="cached", staleness=staleness)
         writer = Child(workers.numbered_writer, srv.url, name)
         try:
-            acked: List[int] = []
+            acked: list[int] = []
 
             def pump() -> None:
                 writer.drain()
@@ -217,7 +218,7 @@ def test_kill_without_persistence_makes_every_handle_unlinked(name: str) -> None
                     op()
 
             # The cached handle: values only from reads begun within its bound of the kill.
-            served: List[Tuple[float, Any]] = []
+            served: list[tuple[float, Any]] = []
 
             def cached_gone() -> bool:
                 start = time.monotonic()
@@ -261,6 +262,12 @@ def test_kill_without_persistence_makes_every_handle_unlinked(name: str) -> None
 # ---------------------------------------------------------------------------- 3. CLIENT KILL
 
 
+def _reads_until(handle: SharedDict, want: Any, seen: list[Any]) -> bool:
+    """Whether ``handle["v"]`` is ``want`` now; every value read is kept in ``seen``."""
+    seen.append(handle["v"])
+    return bool(seen[-1] == want)
+
+
 def test_client_kill_reads_reconnect_and_return_current_data(
     name: str, redis_url: str, redis_server: RedisServer
 ) -> None:
@@ -282,9 +289,9 @@ def test_client_kill_reads_reconnect_and_return_current_data(
             w.close()
             assert fresh["v"] == round_  # reconnects, no error, current
             assert d.get("v") == round_
-            seen: List[Any] = []
+            seen: list[Any] = []
             wait_until(
-                lambda: (seen.append(cached["v"]), seen[-1] == round_)[1],
+                functools.partial(_reads_until, cached, round_, seen),
                 staleness + MARGIN,
                 f"the cached handle seeing v={round_}",
             )
@@ -306,7 +313,7 @@ def test_client_kill_under_blocked_waiters_they_reconnect_and_wake(
     d = SharedDict(name, backend=redis_url)
     waiter = SharedDict(name, backend=redis_url)
     watcher = SharedDict(name, backend=redis_url)
-    results: Dict[str, Any] = {}
+    results: dict[str, Any] = {}
     try:
         d["v"] = 0
         assert waiter["v"] == 0 and watcher["v"] == 0
@@ -381,9 +388,9 @@ def test_paused_server_cached_reads_stop_within_staleness(name: str) -> None:
         d = SharedDict(name, backend=srv.url)
         cached = SharedDict(name, backend=srv.url, reads="cached", staleness=staleness)
         fresh = SharedDict(name, backend=srv.url)
-        log: List[Tuple[float, float, str, Any]] = []
+        log: list[tuple[float, float, str, Any]] = []
         stop = threading.Event()
-        fresh_result: Dict[str, Any] = {}
+        fresh_result: dict[str, Any] = {}
         try:
             d["v"] = 1
             wait_until(lambda: cached.get("v") == 1, staleness + MARGIN, "cached sees v=1")
@@ -500,12 +507,12 @@ def test_killed_lock_holder_is_taken_over_within_its_lease(
 ) -> None:
     """A child holding ``with d.lock:`` is SIGKILLed: another handle gets the lock within
     the lease (plus scheduling slack), and a write that was waiting for the lock lands."""
-    kwargs: Dict[str, Any] = {} if lease is None else {"lease": lease}
+    kwargs: dict[str, Any] = {} if lease is None else {"lease": lease}
     d = SharedDict(name, backend=redis_url, **kwargs)
     taker = SharedDict(name, backend=redis_url, **kwargs)
     writer = SharedDict(name, backend=redis_url, **kwargs)
     holder = Child(workers.hold_lock, redis_url, name, lease)
-    done: Dict[str, Any] = {}
+    done: dict[str, Any] = {}
     try:
         d["x"] = 0
         _, pid = holder.expect("held")
@@ -778,7 +785,7 @@ def test_cached_handle_never_mixes_a_recreated_dict_into_its_cache(name: str) ->
             new = SharedDict(name, backend=srv.url)
             for i in range(5):
                 new[f"new{i}"] = i
-            seen: List[Any] = []
+            seen: list[Any] = []
             until = time.monotonic() + 1.0
             while time.monotonic() < until:
                 got = outcome(cached.copy)[1]

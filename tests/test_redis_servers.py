@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -154,7 +154,7 @@ def test_without_persistence_a_kill_loses_everything(redis_py: Any) -> None:
 def test_a_server_started_by_a_thread_outlives_the_thread(redis_py: Any) -> None:
     # The parent-death signal fires when the forking thread ends: a naive harness would
     # lose a server started with asyncio.to_thread() or from a pool worker.
-    started: List[RedisServer] = []
+    started: list[RedisServer] = []
     thread = threading.Thread(target=lambda: started.append(RedisServer.start()))
     thread.start()
     thread.join()
@@ -220,7 +220,7 @@ def test_client_kill_cuts_every_connection(redis_py: Any) -> None:
         for client in (held, pooled, default):
             assert client.ping()
         pooled_id = pooled.client_id()
-        blocked: Dict[str, Any] = {}
+        blocked: dict[str, Any] = {}
 
         def block() -> None:
             reader = no_retry_client(redis_py, srv.url)
@@ -276,7 +276,7 @@ def test_flushall_and_info(redis_py: Any) -> None:
             srv.execute("NOSUCHCOMMAND")
 
 
-def _child(body: str) -> "subprocess.Popen[str]":
+def _child(body: str) -> subprocess.Popen[str]:
     """A Python process that starts a server, runs ``body`` (which prints the server's
     pid and work dir) and ends -- the way a test session ends."""
     script = (
@@ -288,7 +288,7 @@ def _child(body: str) -> "subprocess.Popen[str]":
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
 
 
-def _reported(child: "subprocess.Popen[str]") -> List[str]:
+def _reported(child: subprocess.Popen[str]) -> list[str]:
     assert child.stdout is not None
     line = child.stdout.readline().split()
     child.stdout.read()

@@ -8,17 +8,17 @@ constantly.  After every step both handles must equal the model.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
-    run_state_machine_as_test,
     initialize,
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from tests.conftest import unique_name
@@ -56,15 +56,15 @@ class TwoHandles(RuleBasedStateMachine):
             name=self.name, create=True, recurse=True, buffer_size=buffer_size, blob_threshold=threshold
         )
         self.b = SharedDict(name=self.name, create=False)
-        self.model: Dict[Any, Any] = {}
+        self.model: dict[Any, Any] = {}
 
     def handle(self, which: bool) -> SharedDict:
         return self.a if which else self.b
 
-    def nested_paths(self) -> List[Tuple[Any, ...]]:
-        out: List[Tuple[Any, ...]] = [()]
+    def nested_paths(self) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = [()]
 
-        def walk(node: Dict[Any, Any], path: Tuple[Any, ...]) -> None:
+        def walk(node: dict[Any, Any], path: tuple[Any, ...]) -> None:
             for k, v in node.items():
                 if type(v) is dict:
                     out.append(path + (k,))
@@ -73,7 +73,7 @@ class TwoHandles(RuleBasedStateMachine):
         walk(self.model, ())
         return out
 
-    def target(self, which: bool, data: st.DataObject) -> Tuple[Any, Dict[Any, Any]]:
+    def target(self, which: bool, data: st.DataObject) -> tuple[Any, dict[Any, Any]]:
         path = data.draw(st.sampled_from(self.nested_paths()))
         shared: Any = self.handle(which)
         node = self.model
@@ -111,13 +111,13 @@ class TwoHandles(RuleBasedStateMachine):
         node[key] = dict(value) if type(value) is dict else value
 
     @rule(which=st.booleans(), data=st.data(), items=st.dictionaries(keys, big_values, max_size=3))
-    def update_big(self, which: bool, data: st.DataObject, items: Dict[Any, Any]) -> None:
+    def update_big(self, which: bool, data: st.DataObject, items: dict[Any, Any]) -> None:
         shared, node = self.target(which, data)
         shared.update(items)
         node.update(items)
 
     @rule(which=st.booleans(), data=st.data(), key=keys, inner=st.dictionaries(keys, values, max_size=3))
-    def set_nested(self, which: bool, data: st.DataObject, key: Any, inner: Dict[Any, Any]) -> None:
+    def set_nested(self, which: bool, data: st.DataObject, key: Any, inner: dict[Any, Any]) -> None:
         shared, node = self.target(which, data)
         shared[key] = inner
         node[key] = dict(inner)
@@ -157,7 +157,7 @@ class TwoHandles(RuleBasedStateMachine):
         assert got == want
 
     @rule(which=st.booleans(), data=st.data(), items=st.dictionaries(keys, values, max_size=4))
-    def update(self, which: bool, data: st.DataObject, items: Dict[Any, Any]) -> None:
+    def update(self, which: bool, data: st.DataObject, items: dict[Any, Any]) -> None:
         shared, node = self.target(which, data)
         shared.update(items)
         node.update(items)

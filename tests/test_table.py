@@ -1,4 +1,4 @@
-"""``_shm/table.py``: the hash-indexed table a big dict will live in (issue 22).
+"""``_shm/table.py``: the hash-indexed table a big dict lives in.
 
 A plain ``dict`` is the model: a table built from it must find every key
 (and every key equal to one, of another type or zone), miss every other, and
@@ -15,20 +15,19 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from ultradict_ng import CorruptSegment
-from ultradict_ng import table_layout as L
-from ultradict_ng import _segments
-from ultradict_ng._codec.codec import MsgpackCodec
-from ultradict_ng._codec.keyhash import key_hash
-from ultradict_ng._shm.table import Merge, Table, encode_entries, hash_key, table_size, write_table
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import unique_name
 from tests.test_keyhash import KEYS, variants
+from ultradict_ng import CorruptSegment, _segments
+from ultradict_ng import table_layout as L
+from ultradict_ng._codec.codec import MsgpackCodec
+from ultradict_ng._codec.keyhash import key_hash
+from ultradict_ng._shm.table import Merge, Table, encode_entries, hash_key, table_size, write_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODEC = MsgpackCodec()
@@ -43,7 +42,7 @@ VALUES = st.one_of(
 )
 
 
-def build(model: Dict[Any, Any], generation: int = 1) -> Table:
+def build(model: dict[Any, Any], generation: int = 1) -> Table:
     entries = encode_entries(model.items(), CODEC.dumps)
     size = table_size(len(entries), sum((24 + len(k) + len(v) + 7) & ~7 for _, k, v in entries))
     buf = memoryview(bytearray(size))
@@ -65,11 +64,11 @@ def get(table: Table, key: Any) -> Any:
     return CODEC.loads(value)
 
 
-def contents(table: Table) -> List[Tuple[Any, Any]]:
+def contents(table: Table) -> list[tuple[Any, Any]]:
     return [(CODEC.loads(k), CODEC.loads(v)) for k, v in table.items()]
 
 
-def same_items(got: List[Tuple[Any, Any]], model: Dict[Any, Any]) -> None:
+def same_items(got: list[tuple[Any, Any]], model: dict[Any, Any]) -> None:
     """Equal to the model's items, in order; keys holding a NaN compare by position."""
     assert len(got) == len(model)
     for (gk, gv), (mk, mv) in zip(got, model.items()):
@@ -79,7 +78,7 @@ def same_items(got: List[Tuple[Any, Any]], model: Dict[Any, Any]) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(model=st.dictionaries(KEYS, VALUES, max_size=60), absent=st.lists(KEYS, max_size=10))
-def test_a_table_answers_as_the_dict_it_was_built_from(model: Dict[Any, Any], absent: List[Any]) -> None:
+def test_a_table_answers_as_the_dict_it_was_built_from(model: dict[Any, Any], absent: list[Any]) -> None:
     table = build(model)
     assert table.count == len(model)
     same_items(contents(table), model)
@@ -101,9 +100,9 @@ class Changes:
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self.removed: Set[int] = set()
-        self.replaced: Dict[int, bytes] = {}
-        self.appended: Dict[Any, Any] = {}
+        self.removed: set[int] = set()
+        self.replaced: dict[int, bytes] = {}
+        self.appended: dict[Any, Any] = {}
 
     def _off(self, key: Any) -> int:
         off = self.table.find(key, key_hash(key), CODEC.loads)
@@ -140,7 +139,7 @@ OPS = st.lists(st.tuples(st.booleans(), SMALL_KEYS, st.integers()), max_size=60)
 @settings(max_examples=200, deadline=None)
 @given(start=st.dictionaries(SMALL_KEYS, st.integers(), max_size=20), ops=OPS, rounds=st.integers(1, 3))
 def test_a_merge_equals_the_dict_the_operations_leave(
-    start: Dict[Any, Any], ops: List[Tuple[bool, Any, int]], rounds: int
+    start: dict[Any, Any], ops: list[tuple[bool, Any, int]], rounds: int
 ) -> None:
     model = dict(start)
     table = build(model)
@@ -187,7 +186,7 @@ def test_a_merge_copies_unchanged_entries_as_bytes() -> None:
     assert len(keys) == 1001
 
 
-def damaged(model: Dict[Any, Any], at: int, xor: int = 0x40) -> memoryview:
+def damaged(model: dict[Any, Any], at: int, xor: int = 0x40) -> memoryview:
     table = build(model)
     buf = memoryview(bytearray(table.buf))
     table.close()
@@ -273,7 +272,7 @@ def test_an_unrelated_interpreter_reads_the_table_from_shared_memory(seed: str) 
     from decimal import Decimal
 
     utc, plus2 = dt.timezone.utc, dt.timezone(dt.timedelta(hours=2))
-    model: Dict[Any, Any] = {f"user:{i:05d}": i for i in range(2000)}
+    model: dict[Any, Any] = {f"user:{i:05d}": i for i in range(2000)}
     model.update(
         {
             b"raw": "bytes",
@@ -348,7 +347,7 @@ def test_long_and_boundary_keys_are_found_by_their_encoding() -> None:
     """str and bytes keys are compared as their msgpack encoding: every length
     class of the header (fixstr, str8/16/32, bin8/16/32) and non-ASCII text."""
     lengths = [0, 1, 31, 32, 255, 256, 65535, 65536, 70000]
-    model: Dict[Any, Any] = {}
+    model: dict[Any, Any] = {}
     for n in lengths:
         model["s" * n] = n
         model[b"b" * n] = -n
@@ -368,7 +367,7 @@ def test_long_and_boundary_keys_are_found_by_their_encoding() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(model=st.dictionaries(KEYS, VALUES, max_size=40))
-def test_a_table_from_the_packed_dict_is_the_table_from_its_entries(model: Dict[Any, Any]) -> None:
+def test_a_table_from_the_packed_dict_is_the_table_from_its_entries(model: dict[Any, Any]) -> None:
     """The bulk path (the whole dict packed in one call, split into entries by
     the helper) writes the very bytes the entry-by-entry path writes."""
     from ultradict_ng._shm.table import map_size, write_map

@@ -21,17 +21,19 @@ import subprocess
 import sys
 import threading
 from decimal import Decimal
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ultradict_ng import SharedDict, layout as L
+from ultradict_ng import SharedDict
+from ultradict_ng import layout as L
 from ultradict_ng._codec import records as R
 from ultradict_ng._codec.codec import codec_for
-from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
 from ultradict_ng._shm import dumps, tablecache
+from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
 from ultradict_ng._shm.tablecache import TableCache
 
 from .conftest import soak_scaled, unique_name
@@ -86,11 +88,11 @@ def holds_nan(key: Any) -> bool:
     return pickle.loads(pickle.dumps(key)) != key
 
 
-def same_keys(got: List[Any], want: List[Any]) -> bool:
+def same_keys(got: list[Any], want: list[Any]) -> bool:
     return len(got) == len(want) and all(exact(a, b) for a, b in zip(got, want))
 
 
-def check_reads(got: Any, model: Dict[Any, Any], key: Any) -> None:
+def check_reads(got: Any, model: dict[Any, Any], key: Any) -> None:
     """``got`` answers ``in``, ``get`` and ``[]`` as ``model`` does for ``key``, its
     equal keys of other types, and keys of types no dict of ours holds (absent)."""
     for k in [key] + variants(key):
@@ -102,7 +104,7 @@ def check_reads(got: Any, model: Dict[Any, Any], key: Any) -> None:
             got[k]
 
 
-def table_cache(data: Dict[Any, Any], limit: Optional[int] = None) -> TableCache:
+def table_cache(data: dict[Any, Any], limit: Optional[int] = None) -> TableCache:
     """A TableCache over a table of ``data`` built in private memory."""
     codec = codec_for("msgpack")
     packed = codec.dumps(data)
@@ -122,7 +124,7 @@ def within_bound(cache: Any) -> None:
         assert all(k in cache.hot for k in (*cache.fresh, *cache.changed))
 
 
-def a_dict_key(data: Any, model: Dict[Any, Any]) -> Any:
+def a_dict_key(data: Any, model: dict[Any, Any]) -> Any:
     """A key of ``model`` whose value is a dict, drawn; ABSENT when none is."""
     dicts = [k for k, v in model.items() if type(v) is dict]
     return data.draw(st.sampled_from(dicts)) if dicts else ABSENT
@@ -134,7 +136,7 @@ class TableCacheMachine(RuleBasedStateMachine):
     limit: Optional[int] = None  # (max_decoded)
 
     @initialize(data=st.dictionaries(POOL_KEYS, VALUES, min_size=3, max_size=12))
-    def start(self, data: Dict[Any, Any]) -> None:
+    def start(self, data: dict[Any, Any]) -> None:
         self.model = dict(data)
         self.cache = table_cache(data, self.limit)
 
@@ -155,7 +157,7 @@ class TableCacheMachine(RuleBasedStateMachine):
                 R.apply(self.cache, R.delete((), key))
 
     @rule(pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=4))
-    def update(self, pairs: List[Any]) -> None:
+    def update(self, pairs: list[Any]) -> None:
         R.apply(self.cache, R.update((), [list(p) for p in pairs]))
         self.model.update(pairs)
 
@@ -229,7 +231,7 @@ class ReaderMachine(RuleBasedStateMachine):
             name=self.name, buffer_size=1024, recurse=self.recurse, max_decoded=self.max_decoded
         )
         self.r = SharedDict(name=self.name, max_decoded=self.max_decoded)
-        self.model: Dict[Any, Any] = {}
+        self.model: dict[Any, Any] = {}
 
     def teardown(self) -> None:
         self.r.close()
@@ -250,7 +252,7 @@ class ReaderMachine(RuleBasedStateMachine):
         assert self.w.pop(key, ABSENT) == self.model.pop(key, ABSENT)
 
     @rule(data=st.dictionaries(POOL_KEYS, VALUES, max_size=30))
-    def update(self, data: Dict[Any, Any]) -> None:
+    def update(self, data: dict[Any, Any]) -> None:
         self.w.update(data)  # (30 values may not fit the stream: a dump)
         self.model.update(data)
 
@@ -379,7 +381,7 @@ def test_a_writers_dump_merges_only_what_changed(name, monkeypatch):
     monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "100")
     model = {f"k{i}": (i, f"v{i}", i / 2) for i in range(1000)}
     w = SharedDict(model, name=name, buffer_size=4096, recurse=True)
-    encoded: List[Any] = []
+    encoded: list[Any] = []
     real = dumps._merge
 
     def counting(cache: Any, dump: Any, loads: Any) -> Any:
@@ -488,7 +490,7 @@ def test_key_identity_is_dicts_in_another_interpreter() -> None:
     )
     assert child.stdin is not None and child.stdout is not None
 
-    def ask(name: str, probes: List[Any]) -> Any:
+    def ask(name: str, probes: list[Any]) -> Any:
         blob = pickle.dumps((name, probes))
         child.stdin.write(struct.pack("<I", len(blob)) + blob)  # type: ignore[union-attr]
         child.stdin.flush()  # type: ignore[union-attr]
@@ -497,7 +499,7 @@ def test_key_identity_is_dicts_in_another_interpreter() -> None:
 
     @settings(max_examples=soak_scaled(60), deadline=None, suppress_health_check=list(HealthCheck))
     @given(keys=st.lists(KEYS, min_size=1, max_size=10), extra=st.lists(KEYS, max_size=4))
-    def check(keys: List[Any], extra: List[Any]) -> None:
+    def check(keys: list[Any], extra: list[Any]) -> None:
         keys = [k for k in keys if not holds_nan(k)]  # (found only by identity: not across processes)
         model = {k: i for i, k in enumerate(keys)}
         name = unique_name()
@@ -545,7 +547,7 @@ def test_a_readers_private_memory_grows_with_what_it_reads_not_with_the_dict(nam
     its own memory (the decoded rows and the overlay), where decoding the whole
     dump (the threshold raised) adds over 40 MiB."""
     n = 200_000
-    d = SharedDict({"user:%08d" % i: (i, "name%d" % i, i / 2) for i in range(n)}, name=name)
+    d = SharedDict({f"user:{i:08d}": (i, f"name{i}", i / 2) for i in range(n)}, name=name)
     try:
         d._store.force_dump()
         grown = {}
@@ -569,7 +571,7 @@ def test_a_readers_private_memory_grows_with_what_it_reads_not_with_the_dict(nam
 def test_many_readers_share_one_copy(name):
     """A mapped table is shared: random reads in place by 3 readers at once give
     every reader the writer's values (the rows), each holding only what it read."""
-    rows = {i: (i, "r%d" % i) for i in range(60_000)}
+    rows = {i: (i, f"r{i}") for i in range(60_000)}
     d = SharedDict(rows, name=name)
     d._store.force_dump()
     readers = [SharedDict(name=name) for _ in range(3)]
@@ -588,9 +590,9 @@ def test_many_readers_share_one_copy(name):
         d.close()
 
 
-def keys_passed_to(monkeypatch: Any, cls: type, method: str) -> List[Any]:
+def keys_passed_to(monkeypatch: Any, cls: type, method: str) -> list[Any]:
     """The keys ``cls.method(self, key)`` is called with from now on (the method still runs)."""
-    keys: List[Any] = []
+    keys: list[Any] = []
     original = getattr(cls, method)
 
     def counting(self: Any, key: Any) -> Any:
@@ -658,7 +660,7 @@ def test_the_compiled_set_takes_str_and_int_keys_and_leaves_the_rest(monkeypatch
     other key goes to ``_setitem``, and so does an int whose hash an entry of
     other bytes shares (``1.0`` in the table: equal, decided by ``==``)."""
     cache = table_cache({"a": 1, 7: 2, 1.0: 3, (1, 2): 4, **{f"k{i}": i for i in range(20)}})
-    slow: List[Any] = []
+    slow: list[Any] = []
     original = TableCache._setitem
     monkeypatch.setattr(TableCache, "_setitem", lambda self, k, v: (slow.append(k), original(self, k, v)))
     cache["a"] = 10
@@ -694,7 +696,7 @@ def test_a_bounded_reader_keeps_at_most_max_decoded_rows(name, monkeypatch, limi
     overwrites, adds and deletes keys: the values records set are kept, never
     dropped for a row the table holds.  0 keeps no row at all."""
     monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "0")
-    model: Dict[Any, Any] = {**{f"k{i}": (i, "v") for i in range(600)}, **{i: i * 2 for i in range(200)}}
+    model: dict[Any, Any] = {**{f"k{i}": (i, "v") for i in range(600)}, **{i: i * 2 for i in range(200)}}
     w = SharedDict(model, name=name)
     w._store.force_dump()
     r = SharedDict(name=name, max_decoded=limit)
@@ -857,7 +859,7 @@ def test_a_dict_given_whole_is_loaded_without_a_record(name, monkeypatch):
     from ultradict_ng._codec import codec as codec_module
 
     monkeypatch.setattr(tablecache, "PARTIAL_FROM", 1000)
-    encoded: List[Any] = []
+    encoded: list[Any] = []
     real = codec_module.MsgpackCodec.encode_record
     monkeypatch.setattr(
         codec_module.MsgpackCodec,

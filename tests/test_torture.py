@@ -30,7 +30,7 @@ spawn = multiprocessing.get_context("spawn")
 SECONDS = SOAK_SECONDS or 4.0
 
 
-#: Rows of the big variant (a dict that readers read in place: issue 22); with the
+#: Rows of the big variant (a dict that readers read in place); with the
 #: pure-Python twins, whose table building walks every entry in Python, 20,000
 #: (still read in place: over PARTIAL_FROM), so that writers dump within the run.
 BALLAST = 200_000 if speedups.IMPLEMENTATION == "native" else 20_000
@@ -117,8 +117,8 @@ def test_torture(name, stream, request, monkeypatch):
         assert d.buffer_size > L.DEFAULT_STREAM_SIZE  # it grew under load
     blobs = d.stats().get("blob_next_id", 1) - 1
     print(
-        f"\ntorture ({stream} stream, now {d.buffer_size:,} bytes, {blobs} blobs written): {writers} writers, "
-        f"{readers} readers, {elapsed:.1f}s: {ops} writes ({ops / elapsed:,.0f}/s), "
+        f"\ntorture ({stream} stream, now {d.buffer_size:,} bytes, {blobs} blobs written): "
+        f"{writers} writers, {readers} readers, {elapsed:.1f}s: {ops} writes ({ops / elapsed:,.0f}/s), "
         f"{passes} checked reader passes, {dumps} dumps, 0 errors"
     )
     d.close()
@@ -173,8 +173,9 @@ def test_torture_followers(name, backend, request, monkeypatch):
     ops = sum(g[3] for g in got if g[0] == "writer")
     assert follow["feed"][2] > 0 and follow["wait"][1] > 0
     print(
-        f"\ntorture followers, {elapsed:.1f}s: {ops} writes, {torture_workers.dumps_of(d)} dumps; feed: "
-        f"{follow['feed'][1]} items ({follow['feed'][2]} resync); waiter: {follow['wait'][1]} wake-ups; 0 errors"
+        f"\ntorture followers, {elapsed:.1f}s: {ops} writes, {torture_workers.dumps_of(d)} dumps; "
+        f"feed: {follow['feed'][1]} items ({follow['feed'][2]} resync); "
+        f"waiter: {follow['wait'][1]} wake-ups; 0 errors"
     )
     d.close()
 

@@ -1,4 +1,4 @@
-"""``with d.transaction():`` -- all of a block's writes or none (issue 24).
+"""``with d.transaction():`` -- all of a block's writes or none.
 
 Backend-neutral tests take the ``backend`` fixture (shared memory and Redis);
 those about the shared-memory engine's machinery (the stream, dumps, blobs,
@@ -17,26 +17,34 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ultradict_ng import Closed, LockTimeout, SharedDict, TransactionAborted, Unlinked, UnsupportedType
-from ultradict_ng import speedups
 from tests.conftest import unique_name
 from tests.transaction_workers import ACCOUNTS
+from ultradict_ng import (
+    Closed,
+    LockTimeout,
+    SharedDict,
+    TransactionAborted,
+    Unlinked,
+    UnsupportedType,
+    speedups,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CI = bool(os.environ.get("CI"))
 
 
-def ours(name: str) -> List[str]:
+def ours(name: str) -> list[str]:
     return sorted(e for e in os.listdir("/dev/shm") if e == name or e.startswith(name + "@"))
 
 
-def worker(*args: str, env: Dict[str, str] = None) -> subprocess.Popen:  # type: ignore[assignment]
+def worker(*args: str, env: dict[str, str] = None) -> subprocess.Popen:  # type: ignore[assignment]
     e = dict(os.environ)
     e.pop("ULTRADICT_NG_FAULT", None)
     e.update(env or {})
@@ -68,7 +76,7 @@ def test_redis_a_block_is_one_log_entry_and_cached_readers_never_see_part_of_it(
     r = redis_py.Redis.from_url(redis_url)
     log = RL.keys_of(name).log
     block = 3000
-    seen: List[int] = []
+    seen: list[int] = []
     stop = threading.Event()
 
     def watch() -> None:
@@ -183,7 +191,7 @@ def test_an_exception_discards_every_write_and_propagates(backend, name, dicts):
             d["a"] = 2
             del d["n"]["x"]
             d["z"] = [1, 2]
-            1 / 0
+            raise ZeroDivisionError("an error inside the block")
     assert d.copy() == other.copy() == {"a": 1, "n": {"x": 1}}
     assert d.lock.acquire(timeout=1)  # free again
     d.lock.release()
@@ -385,7 +393,7 @@ NATIVE = speedups.IMPLEMENTATION == "native"
 @pytest.fixture
 def slow_calls(monkeypatch):
     """The keys that went through ``SharedDict._setitem_slow`` (the Python path)."""
-    keys: List[Any] = []
+    keys: list[Any] = []
     slow = SharedDict._setitem_slow
 
     def counted(self: SharedDict, key: Any, value: Any) -> None:
@@ -444,7 +452,7 @@ def test_the_compiled_path_writes_the_bytes_the_python_path_writes(name, dicts):
     same writes through ``write_simple`` (the path outside transactions)."""
     import ultradict_ng.layout as L
 
-    values: List[Any] = [
+    values: list[Any] = [
         0,
         -1,
         127,
@@ -488,7 +496,7 @@ def test_another_thread_of_the_same_handle_waits_for_the_block(name, dicts):
     """The compiled path belongs to the block's thread: another thread's write
     through the same handle waits for the lock, and lands after the block."""
     d = dicts(name)
-    done: List[Any] = []
+    done: list[Any] = []
 
     def writer() -> None:
         d["t"] = 1
@@ -632,7 +640,7 @@ def test_bank_auditors_never_see_a_broken_total_with_movers_sigkilled(backend, n
     env = {"TX_LEASE": "1.0"} if backend == "redis" else {}
     total = 1000 * len(ACCOUNTS)
     auditors = [worker("auditor", name, str(total), str(seconds), env=env) for _ in range(2)]
-    movers: List[subprocess.Popen] = []
+    movers: list[subprocess.Popen] = []
     killed = 0
     rnd = random.Random(7)
     end = time.monotonic() + seconds
@@ -679,18 +687,18 @@ class TransactionMachine(RuleBasedStateMachine):
     second handle sees the model outside blocks and the old state inside."""
 
     #: Set by the test: the backend's extra arguments.
-    options: Dict[str, Any] = {}
+    options: dict[str, Any] = {}
 
     def __init__(self) -> None:
         super().__init__()
         self.name = unique_name("sm")
         self.d = SharedDict(self.name, **self.options)
         self.other = SharedDict(self.name)
-        self.model: Dict[Any, Any] = {}
+        self.model: dict[Any, Any] = {}
         self.pending: Any = None  # the model inside an open block
         self.cm: Any = None
 
-    def _m(self) -> Dict[Any, Any]:
+    def _m(self) -> dict[Any, Any]:
         return self.model if self.pending is None else self.pending
 
     @precondition(lambda self: self.cm is None)
@@ -728,7 +736,7 @@ class TransactionMachine(RuleBasedStateMachine):
                 del self.d[k]
 
     @rule(items=st.dictionaries(KEYS, VALUES, max_size=4))
-    def update(self, items: Dict[Any, Any]) -> None:
+    def update(self, items: dict[Any, Any]) -> None:
         self.d.update(items)
         self._m().update(items)
 

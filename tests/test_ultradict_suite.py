@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Dict, Iterator, List, Set, Tuple
+from collections.abc import Iterator
 
 import pytest
 
@@ -76,7 +76,7 @@ print("OUTCOMES " + json.dumps(Result.outcomes), flush=True)
 
 
 @pytest.fixture(scope="session")
-def ultradict_tree(tmp_path_factory: pytest.TempPathFactory) -> Tuple[str, str]:
+def ultradict_tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """``(suite, shim)``: the unpacked tests/ and examples/, and the shim's directory."""
     root = tmp_path_factory.mktemp("ultradict_suite")
     suite = fetch_sdist("UltraDict", VERSION, root, lambda rel: rel if rel.startswith(WANTED) else None)
@@ -87,7 +87,7 @@ def ultradict_tree(tmp_path_factory: pytest.TempPathFactory) -> Tuple[str, str]:
     return str(suite), str(shim)
 
 
-def _env(shim: str) -> Dict[str, str]:
+def _env(shim: str) -> dict[str, str]:
     """The shim first on the path, then the ultradict_ng under test (children inherit it)."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(ultradict_ng.__file__)))
     env = dict(os.environ)
@@ -95,7 +95,7 @@ def _env(shim: str) -> Dict[str, str]:
     return env
 
 
-def _run(cmd: List[str], cwd: str, shim: str, timeout: float) -> "subprocess.CompletedProcess[str]":
+def _run(cmd: list[str], cwd: str, shim: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """``cmd`` with the shim on the path, in its own process group (its spawned
     workers end with it: a live one would keep the pipes open)."""
     return run_suite(cmd, cwd, _env(shim), timeout)
@@ -104,7 +104,7 @@ def _run(cmd: List[str], cwd: str, shim: str, timeout: float) -> "subprocess.Com
 # -- what the run leaves in shared memory -------------------------------------------------
 
 
-def _shm_entries() -> Set[str]:
+def _shm_entries() -> set[str]:
     return set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
 
 
@@ -152,13 +152,13 @@ def shm_guard() -> Iterator[None]:
 
 
 @pytest.mark.skipif(not os.path.isdir(SHM), reason="the leftover check lists /dev/shm (Linux)")
-def test_ultradict_test_module_as_shipped(ultradict_tree: Tuple[str, str], shm_guard: None) -> None:
+def test_ultradict_test_module_as_shipped(ultradict_tree: tuple[str, str], shm_guard: None) -> None:
     suite, shim = ultradict_tree
     done = _run([sys.executable, "-c", RUNNER], suite, shim, timeout=900)
     report_text = f"stdout:\n{done.stdout[-8000:]}\nstderr:\n{done.stderr[-8000:]}"
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("OUTCOMES ")]
     assert lines, f"UltraDict's test module did not finish (exit {done.returncode})\n{report_text}"
-    outcomes: Dict[str, List[str]] = json.loads(lines[-1][len("OUTCOMES ") :])
+    outcomes: dict[str, list[str]] = json.loads(lines[-1][len("OUTCOMES ") :])
     assert len(outcomes) == 14, sorted(outcomes)
     passed = sorted(t for t, (status, _) in outcomes.items() if status == "ok")
     others = {t: o for t, o in outcomes.items() if o[0] != "ok"}
@@ -172,7 +172,7 @@ def test_ultradict_test_module_as_shipped(ultradict_tree: Tuple[str, str], shm_g
 
 
 @pytest.mark.skipif(not os.path.isdir(SHM), reason="the leftover check lists /dev/shm (Linux)")
-def test_oop_example_fails_as_documented(ultradict_tree: Tuple[str, str], shm_guard: None) -> None:
+def test_oop_example_fails_as_documented(ultradict_tree: tuple[str, str], shm_guard: None) -> None:
     """examples/oop.py makes an UltraDict an object's ``__dict__``: Python accepts
     only a ``dict`` (or a subclass) there, and ours is not one (MIGRATING.md)."""
     suite, shim = ultradict_tree

@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ultradict_ng import speedups
-from ultradict_ng.errors import CorruptSegment
 from ultradict_ng._codec import codec as codec_module
 from ultradict_ng._codec import decode
 from ultradict_ng._helper import packing, twins
+from ultradict_ng.errors import CorruptSegment
 
 MSGPACK = codec_module.codec_for(None)
 DECLINED: Any = object()

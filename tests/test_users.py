@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from typing import Any, Dict, List
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -32,11 +32,11 @@ from tests import users_workers as W
 from tests.conftest import unique_name
 from tests.users_workers import alive_pids, remove_once, stop, user_words, wait_until
 from ultradict_ng import SharedDict, unlink_by_name
-from ultradict_ng._shm import users
 from ultradict_ng import layout as L
+from ultradict_ng._owner import owner_word
+from ultradict_ng._shm import users
 from ultradict_ng._shm.control import Header, attach_control
 from ultradict_ng._shm.mapping import Mapping
-from ultradict_ng._owner import owner_word
 
 spawn = multiprocessing.get_context("spawn")
 fork = multiprocessing.get_context("fork")
@@ -74,7 +74,7 @@ def kept(name: str):
 def test_creator_is_registered_before_magic_is_published(name, monkeypatch):
     """The creator's slot is taken before MAGIC is stored: a published dict always
     has its creator in the register."""
-    seen: List[Any] = []
+    seen: list[Any] = []
 
     from ultradict_ng._shm import store as store_mod
 
@@ -529,7 +529,7 @@ def test_remove_race_never_removes_a_dict_under_an_attacher(name):
 
 
 #: What the state machine did, over all its runs (so the test can check it did it).
-STEPS: "Counter[str]" = Counter()
+STEPS: Counter[str] = Counter()
 
 
 class UserRegister(RuleBasedStateMachine):
@@ -540,9 +540,9 @@ class UserRegister(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.name = unique_name()
-        self.handles: List[SharedDict] = []
-        self.children: Dict[int, Any] = {}  # pid -> (process, release event)
-        self.dead: List[int] = []
+        self.handles: list[SharedDict] = []
+        self.children: dict[int, Any] = {}  # pid -> (process, release event)
+        self.dead: list[int] = []
 
     @initialize()
     def make(self) -> None:
@@ -604,7 +604,7 @@ class UserRegister(RuleBasedStateMachine):
         assert self.control.words[L.W_USER_OVERFLOW] == 0
 
     def teardown(self) -> None:
-        for p, release, _ in self.children.values():
+        for _, release, _ in self.children.values():
             release.set()
         for p, _, _ in self.children.values():
             p.join(10)

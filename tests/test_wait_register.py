@@ -17,16 +17,16 @@ import queue
 import signal
 import threading
 import time
-from typing import Any, List
+from typing import Any
 
 import pytest
 
 from tests import wait_workers
 from tests.wait_workers import in_thread, registered, slot_of, slots, stop, wait_until, words
 from ultradict_ng import SharedDict
-from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
 from ultradict_ng._owner import owner_word
+from ultradict_ng._shm import waiting
 from ultradict_ng.speedups import FUTEX
 
 spawn = multiprocessing.get_context("spawn")
@@ -276,7 +276,7 @@ def test_dead_holder_recovered_while_waiters_sleep(dicts, name):
     ready, release = spawn.Event(), spawn.Event()
     started, done = spawn.Queue(), spawn.Queue()
     holder = start(wait_workers.lock_holder, name, ready, release)
-    sleepers: List[Any] = []
+    sleepers: list[Any] = []
     try:
         assert ready.wait(60)
         sleepers = [start(wait_workers.lock_sleeper, name, started, done) for _ in range(2)]

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, List
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -34,8 +34,8 @@ from tests import wait_workers
 from tests.conftest import unique_name
 from tests.wait_workers import in_thread, registered, slots, stop, words
 from ultradict_ng import Closed, SharedDict, Unlinked
-from ultradict_ng._shm import waiting
 from ultradict_ng import layout as L
+from ultradict_ng._shm import waiting
 from ultradict_ng.speedups import FUTEX
 
 spawn = multiprocessing.get_context("spawn")
@@ -127,7 +127,7 @@ OPS = st.sampled_from(["set", "set", "dump", "update", "nested"])
 SCRIPTS = st.lists(st.tuples(DELAYS, OPS), min_size=1, max_size=25)
 
 
-def follow_until(r: SharedDict, last: int, pause: float, failures: List[Any]) -> None:
+def follow_until(r: SharedDict, last: int, pause: float, failures: list[Any]) -> None:
     """The waiter: wait (pausing ``pause`` between its read and its wait) until seq == last.
 
     The writer never pauses for more than a few ms, so a wait that lasts a second
@@ -151,7 +151,7 @@ def follow_until(r: SharedDict, last: int, pause: float, failures: List[Any]) ->
         seen = now
 
 
-def run_script(d: SharedDict, script: List[Any]) -> None:
+def run_script(d: SharedDict, script: list[Any]) -> None:
     for i, (delay, op) in enumerate(script, 1):
         if delay:
             time.sleep(delay)
@@ -172,7 +172,7 @@ def test_no_lost_wakeups_between_threads(mode, slow_slice, script, pause):
     name = unique_name()
     d = SharedDict(name=name, buffer_size=256)
     r = SharedDict(name=name, create=False)
-    failures: List[Any] = []
+    failures: list[Any] = []
     try:
         waiter = threading.Thread(target=follow_until, args=(r, len(script), pause, failures))
         waiter.start()
@@ -195,10 +195,10 @@ def test_no_lost_wakeups_from_a_writer_process(mode, slow_slice):
 
         @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
         @given(script=SCRIPTS, pause=DELAYS)
-        def examples(script: List[Any], pause: float) -> None:
+        def examples(script: list[Any], pause: float) -> None:
             name = unique_name()
             d = SharedDict(name=name, buffer_size=256)
-            failures: List[Any] = []
+            failures: list[Any] = []
             try:
                 ops = [
                     (delay, "update", {"seq": i, "x": i}) if op == "update" else (delay, "seq", i)
@@ -264,7 +264,7 @@ def test_one_write_wakes_every_waiting_thread(pair, mode, slow_slice, handles):
     mine = [SharedDict(name=d.name, create=False) if handles == "one-handle-each" else r for _ in range(8)]
     for h in mine:
         h.get("k")
-    results: List[Any] = []
+    results: list[Any] = []
 
     def wait(h: SharedDict) -> None:
         t = time.monotonic()
@@ -357,7 +357,7 @@ def test_a_polling_writer_wakes_sleeping_waiters(dicts, name, slow_slice, monkey
     monkeypatch.setattr(waiting, "MODE", "futex")
     d = dicts(name=name)
     d.get("k")
-    box: List[Any] = []
+    box: list[Any] = []
     t = threading.Thread(target=lambda: box.append(d.wait_for_change(timeout=20)))
     t.start()
     registered(d, os.getpid(), L.W_CHANGE_WAITERS)
@@ -415,7 +415,7 @@ def test_negative_timeout_raises_value_error(pair):
 def test_unlink_while_a_thread_waits_raises_unlinked(pair, mode, slow_slice):
     d, r = pair
     r.get("k")
-    box: List[Any] = []
+    box: list[Any] = []
 
     def wait() -> None:
         try:
@@ -477,7 +477,7 @@ def test_handle_closed_under_a_waiting_thread(pair, mode):
     """The waiter ends with Closed (within a slice), and the dict is still usable."""
     d, r = pair
     r.get("k")
-    box: List[Any] = []
+    box: list[Any] = []
 
     def wait() -> None:
         try:

@@ -8,15 +8,17 @@ values well-formed, no ``seq`` going back in time, iteration never raising.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from ultradict_ng import SharedDict
 
 
-def k_value(i: int) -> List[Any]:
+def k_value(i: int) -> list[Any]:
     return [i, "v" * (i % 7)]
 
 
@@ -52,7 +54,7 @@ def writer(
     rng = random.Random(wid)
     d = SharedDict(name=name, create=False)
     sub = d[f"w{wid}"]
-    model: Dict[str, Any] = {}
+    model: dict[str, Any] = {}
     seq = ops = increments = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -120,7 +122,7 @@ def writer(
     d.close()
 
 
-def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
+def check_subtree(wid: int, sub: Any, last_seq: dict[int, int]) -> None:
     if "seq" in sub:
         seq = sub["seq"]
         assert type(seq) is int and seq >= last_seq.get(wid, 0), (wid, seq, last_seq.get(wid))
@@ -144,10 +146,10 @@ def check_subtree(wid: int, sub: Any, last_seq: Dict[int, int]) -> None:
 
 def reader(name: str, writers: int, seconds: float, results: Any) -> None:
     d = SharedDict(name=name, create=False)
-    last_seq: Dict[int, int] = {}
+    last_seq: dict[int, int] = {}
     passes = 0
-    errors: List[str] = []
-    held: List[Any] = []  # arrays read earlier: they must never change
+    errors: list[str] = []
+    held: list[Any] = []  # arrays read earlier: they must never change
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -171,7 +173,7 @@ def reader(name: str, writers: int, seconds: float, results: Any) -> None:
                 else:
                     assert key == "total" and type(value) is int
             passes += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+        except Exception as exc:  # every failure is reported, none ignored
             errors.append(f"{type(exc).__name__}: {exc}")
             if len(errors) > 20:
                 break
@@ -194,9 +196,9 @@ def big_reader(
     while records and dumps arrive)."""
     rng = random.Random()
     d = SharedDict(name=name, create=False, max_decoded=max_decoded)
-    last_seq: Dict[int, int] = {}
+    last_seq: dict[int, int] = {}
     passes = in_place = 0
-    errors: List[str] = []
+    errors: list[str] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -219,7 +221,7 @@ def big_reader(
                     assert pair[0] == pair[1], ("half a transaction at the root", pair)
             in_place += type(d._store.data).__name__ == "TableCache"
             passes += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+        except Exception as exc:  # every failure is reported, none ignored
             errors.append(f"{type(exc).__name__}: {exc}")
             if len(errors) > 20:
                 break
@@ -233,7 +235,7 @@ def dumps_of(d: Any) -> int:
     return int(gen) if gen is not None else int(d.stats()["snapshot_seq"])
 
 
-def apply_change(replica: Dict[str, Any], ch: Any) -> None:
+def apply_change(replica: dict[str, Any], ch: Any) -> None:
     """A change-feed item applied to a plain replica of the dict."""
     node: Any = replica
     for key in ch.path:
@@ -254,7 +256,7 @@ def feed_follower(name: str, ready: Any, results: Any) -> None:
     it = d.changes(timeout=60)
     ready.put("feed")
     items = resyncs = 0
-    errors: List[str] = []
+    errors: list[str] = []
     try:
         for ch in it:
             apply_change(replica, ch)
@@ -268,7 +270,7 @@ def feed_follower(name: str, ready: Any, results: Any) -> None:
         if replica != final:
             diff = sorted(k for k in set(final) | set(replica) if final.get(k) != replica.get(k))
             errors.append(f"the replica differs from the dict at {diff}")
-    except Exception as exc:  # noqa: BLE001 - every failure is reported
+    except Exception as exc:  # every failure is reported
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put(("feed", items, resyncs, errors))
     d.close()
@@ -282,16 +284,16 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
 
     L.WAIT_SLICE = 60.0  # only a wake-up ends a sleep in time
     d = SharedDict(name=name, create=False)
-    last_seq: Dict[int, int] = {}
+    last_seq: dict[int, int] = {}
     wakes = 0
-    errors: List[str] = []
+    errors: list[str] = []
     d.get("done")
     ready.put("wait")
     try:
         # "done" is read from the snapshot each wake-up shows, never by a read of
         # its own: such a read would catch up with the writers' last writes and
         # "done" together, and end the loop without checking the state they made.
-        snapshot: Dict[str, Any] = {}
+        snapshot: dict[str, Any] = {}
         while not snapshot.get("done"):
             t0 = time.monotonic()
             ok = d.wait_for_change(timeout=20)
@@ -313,7 +315,7 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
                 errors.append(
                     f"writer {wid}: last seq seen {last_seq.get(wid)}, final {final[f'w{wid}'].get('seq')}"
                 )
-    except Exception as exc:  # noqa: BLE001 - every failure is reported
+    except Exception as exc:  # every failure is reported
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put(("wait", wakes, 0, errors))
     d.close()
@@ -336,7 +338,7 @@ CACHE_KEYS = 96
 CACHE_MARGIN = 0.002
 
 
-def cache_value(key: str, wid: int, seq: int, deadline: float) -> List[Any]:
+def cache_value(key: str, wid: int, seq: int, deadline: float) -> list[Any]:
     return [key, wid, seq, deadline, "x" * (seq % 37)]
 
 
@@ -355,8 +357,9 @@ def cache_writer(
     name: str, total_name: str, wid: int, seconds: float, results: Any, ready: Any = None
 ) -> None:
     """Writer ``wid``; with ``results`` None a victim the test SIGKILLs at a random
-    instant (it never touches the total).  Own counter ``n<wid>``: incremented from the exact value this writer
-    keeps (``default`` restores it after an eviction), so it only grows."""
+    instant (it never touches the total).  Own counter ``n<wid>``: incremented from
+    the exact value this writer keeps (``default`` restores it after an eviction),
+    so it only grows."""
     from ultradict_ng.cache import SharedCache
 
     victim = results is None
@@ -364,20 +367,22 @@ def cache_writer(
     c = SharedCache(name, create=False)
     totals = SharedCache(total_name, create=False)
     mine = increments = seq = ops = 0
-    stalls: List[Any] = []  # (wid, seq) of values whose write took longer than CACHE_MARGIN
-    errors: List[str] = []
+    stalls: list[Any] = []  # (wid, seq) of values whose write took longer than CACHE_MARGIN
+    errors: list[str] = []
     if ready is not None:
         ready.set()
 
-    def timed(write: Callable[[float], None], ttl: Any) -> None:
-        """``write(deadline)``; with a ttl > 0 under the lock, so that the time it
-        takes is the writer's own (not a wait for the lock)."""
+    @contextlib.contextmanager
+    def timed(ttl: Any) -> Iterator[float]:
+        """The deadline to write a value with; with a ttl > 0 the block runs under
+        the lock, so that the time the write takes is the writer's own (not a wait
+        for the lock)."""
         if ttl is None or ttl <= 0:
-            write(0.0 if ttl is None else -1.0)
+            yield 0.0 if ttl is None else -1.0
             return
         with c.lock:
             t0 = time.time()
-            write(0.0 if victim else t0 + ttl)  # a victim cannot report its stalls
+            yield 0.0 if victim else t0 + ttl  # a victim cannot report its stalls
             if time.time() - t0 > CACHE_MARGIN:
                 stalls.append((wid, seq))
 
@@ -390,11 +395,13 @@ def cache_writer(
             key = f"k{rng.randrange(CACHE_KEYS)}"
             ttl = _cache_ttl(rng)
             if r < 0.30:
-                timed(lambda d: c.set(key, cache_value(key, wid, seq, d), ttl=ttl), ttl)
+                with timed(ttl) as d:
+                    c.set(key, cache_value(key, wid, seq, d), ttl=ttl)
             elif r < 0.38:
                 c.delete(key)
             elif r < 0.46:
-                timed(lambda d: c.add(key, cache_value(key, wid, seq, d), ttl=ttl), ttl)
+                with timed(ttl) as d:
+                    c.add(key, cache_value(key, wid, seq, d), ttl=ttl)
             elif r < 0.58:
                 delta = rng.randrange(1, 4)
                 mine += delta
@@ -417,7 +424,8 @@ def cache_writer(
                             stalls.append((v[1], v[2]))
             elif r < 0.72:
                 keys = [f"k{rng.randrange(CACHE_KEYS)}" for _ in range(3)]
-                timed(lambda d: c.set_many({k: cache_value(k, wid, seq, d) for k in keys}, ttl=ttl), ttl)
+                with timed(ttl) as d:
+                    c.set_many({k: cache_value(k, wid, seq, d) for k in keys}, ttl=ttl)
             elif r < 0.78:
                 c.delete_many([f"k{rng.randrange(CACHE_KEYS)}" for _ in range(3)])
             elif r < 0.80:
@@ -430,7 +438,7 @@ def cache_writer(
                 c.clear()
             else:
                 c.get(key)
-    except Exception as exc:  # noqa: BLE001 - reported, the test fails
+    except Exception as exc:  # reported, the test fails
         errors.append(f"{type(exc).__name__}: {exc}")
     if not victim:
         results.put(("writer", wid, mine, increments, ops, stalls, errors))
@@ -438,7 +446,7 @@ def cache_writer(
     totals.close()
 
 
-def check_cache_value(key: str, v: Any, t0: float, errors: List[Any]) -> None:
+def check_cache_value(key: str, v: Any, t0: float, errors: list[Any]) -> None:
     """A value read from the cache at a read that began at ``t0`` (time.time())."""
     if v is None:
         return
@@ -467,7 +475,7 @@ def dead_batch(c: Any) -> bool:
     return bool(c._side.words[C.W_BATCH])
 
 
-def check_side(c: Any) -> Tuple[int, int]:
+def check_side(c: Any) -> tuple[int, int]:
     """The side segment agrees with the entries (call it holding ``c.lock``): every
     entry has its own slot, handed out and not on the free stack, the free stack
     holds distinct slots, ``bytes`` covers every entry's recorded size and no
@@ -507,8 +515,8 @@ def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact
     c = SharedCache(name, create=False)
     totals = SharedCache(total_name, create=False)
     maxsize, maxbytes = c.maxsize, c.maxbytes
-    last: Dict[str, int] = {}
-    errors: List[Any] = []
+    last: dict[str, int] = {}
+    errors: list[Any] = []
     passes = 0
 
     def grows(key: str, v: Any) -> None:
@@ -553,7 +561,7 @@ def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact
                             excess,
                         )
             passes += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is reported, none ignored
+        except Exception as exc:  # every failure is reported, none ignored
             errors.append((f"{type(exc).__name__}: {exc}", None))
     results.put(("reader", passes, errors))
     c.close()

@@ -11,15 +11,14 @@ import mmap
 import os
 import random
 import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Optional
 
+from tests.wait_workers import stop, wait_until  # noqa: F401  (re-exported for test_users)
 from ultradict_ng import SharedDict, Unlinked
 from ultradict_ng import layout as L
 from ultradict_ng._shm.control import Header, attach_control
 from ultradict_ng._shm.mapping import Mapping
 from ultradict_ng._shm.users import Verdict, remove_if_unused
-
-from tests.wait_workers import stop, wait_until  # noqa: F401  (re-exported for test_users)
 
 
 def attach_and_wait(name: str, out: Any, release: Any, auto_unlink: Any = None) -> None:
@@ -64,7 +63,7 @@ def churn(name: str, seconds: float, out: Any, enough: Any) -> None:
     write, check we are a live user, check the dict was not unlinked under us,
     close; until ``enough`` is set (at most ``seconds``).  Reports a dict of counts
     and the violations seen."""
-    counts: Dict[str, Any] = {"attached": 0, "created": 0, "errors": []}
+    counts: dict[str, Any] = {"attached": 0, "created": 0, "errors": []}
     rng = random.Random(os.getpid())
     end = time.monotonic() + seconds
     me = os.getpid()
@@ -73,7 +72,7 @@ def churn(name: str, seconds: float, out: Any, enough: Any) -> None:
         i += 1
         try:
             d = SharedDict(name=name, create=None, auto_unlink=False)
-        except Exception as exc:  # noqa: BLE001 - reported to the test
+        except Exception as exc:  # reported to the test
             counts["errors"].append(f"open failed: {type(exc).__name__}: {exc}")
             continue
         try:
@@ -132,12 +131,12 @@ def remover(name: str, seconds: float, out: Any) -> None:
 # -- helpers of the tests ----------------------------------------------------------
 
 
-def user_words(d: SharedDict) -> List[int]:
+def user_words(d: SharedDict) -> list[int]:
     w = d._store._map.words
     return [w[L.W_USER_SLOTS + i] for i in range(L.USER_SLOTS)]
 
 
-def alive_pids(d: SharedDict) -> Set[int]:
+def alive_pids(d: SharedDict) -> set[int]:
     return {u.pid for u in d.users() if u.alive}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from ultradict_ng import SharedDict, Unlinked
 from ultradict_ng import layout as L
@@ -130,7 +130,7 @@ def script_server(conn: Any) -> None:
         conn.send(last)
 
 
-def feed_writer(name: str, ops: List[Tuple[Any, ...]]) -> None:
+def feed_writer(name: str, ops: list[tuple[Any, ...]]) -> None:
     """Apply ``ops`` (see tests.feed_model.apply_op) to the dict from another process."""
     from tests.feed_model import apply_op
 
@@ -160,7 +160,7 @@ def words(d: Any) -> Any:
     return d._store._map.words
 
 
-def slots(d: Any) -> List[int]:
+def slots(d: Any) -> list[int]:
     w = words(d)
     return [w[L.W_WAIT_SLOTS + i] for i in range(L.WAIT_SLOTS)]
 
@@ -198,12 +198,12 @@ def registered(d: Any, pid: int, waiters_word: int, timeout: float = 20) -> int:
 
 def in_thread(fn: Callable[[], Any], timeout: float) -> Any:
     """``fn()`` in a daemon thread, bounded: its result, or its exception re-raised."""
-    box: Dict[str, Any] = {}
+    box: dict[str, Any] = {}
 
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+        except BaseException as exc:  # handed to the caller
             box["error"] = exc
 
     t = threading.Thread(target=run, daemon=True)

@@ -10,12 +10,12 @@ The shared-memory protocol is specified in :mod:`ultradict_ng.layout`.
 """
 
 from . import errors
-from .errors import *  # noqa: F401,F403  (every exception, listed in errors.__all__)
-from .changes import SUPERSEDED, Change
-from ._lock import SharedLock
-from .shareddict import SharedDict
-from .compat import UltraDict
 from ._backends import unlink_by_name
+from ._lock import SharedLock
+from .changes import SUPERSEDED, Change
+from .compat import UltraDict
+from .errors import *  # noqa: F403  (every exception, listed in errors.__all__)
+from .shareddict import SharedDict
 
 __version__ = "0.2.0"
 

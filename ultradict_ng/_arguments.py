@@ -11,10 +11,10 @@ from ``shareddict.py`` so that the facade reads as the dict's methods.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
-from ._engine import Initial, Options
 from ._codec.decode import gc_paused
+from ._engine import Initial, Options
 from .speedups import ViewBase, types_within
 
 #: Value types that are no handle (nor hold one within a tuple of them).
@@ -38,8 +38,8 @@ _OPTION_KEYWORDS = (
 
 
 def split_arguments(
-    args: Tuple[Any, ...], kwargs: Dict[str, Any]
-) -> Tuple[Optional[str], Optional[bool], Options, Initial]:
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Optional[str], Optional[bool], Options, Initial]:
     """``(name, create, options, initial data)`` of ``SharedDict(*args, **kwargs)``.
 
     Positionally: an optional data argument first (anything that is not a
@@ -72,7 +72,7 @@ def split_arguments(
     return name, create, options, initial
 
 
-def pairs(data: Any) -> List[List[Any]]:
+def pairs(data: Any) -> list[list[Any]]:
     """``dict(data)``'s items as [key, value] lists, keys checked for
     hashability (as ``dict`` refuses an unhashable key before storing
     anything).  A ``SharedDict`` -- as data or as a value -- is stored as a
@@ -103,6 +103,6 @@ def pairs(data: Any) -> List[List[Any]]:
     return items
 
 
-def _copy_of(handle: Any) -> Dict[Any, Any]:
-    copied: Dict[Any, Any] = handle.copy()
+def _copy_of(handle: Any) -> dict[Any, Any]:
+    copied: dict[Any, Any] = handle.copy()
     return copied

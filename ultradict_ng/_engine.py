@@ -49,17 +49,14 @@ Contract, beyond the signatures:
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
     Any,
-    Dict,
-    List,
-    Mapping,
     NamedTuple,
     Optional,
     Protocol,
-    Tuple,
     Union,
     runtime_checkable,
 )
@@ -67,16 +64,26 @@ from typing import (
 from .errors import Closed
 
 if TYPE_CHECKING:
-    from .changes import ChangeSource
     from ._codec.codec import Codec
     from ._lock import SharedLock
+    from .changes import ChangeSource
 
-__all__ = ["Engine", "Transactional", "Options", "Conflict", "BlobGone", "ClosedWords", "User", "Initial"]
+__all__ = [
+    "Engine",
+    "Transactional",
+    "Options",
+    "Conflict",
+    "BlobGone",
+    "ClosedWords",
+    "check_open",
+    "User",
+    "Initial",
+]
 
-Path = Tuple[Any, ...]
+Path = tuple[Any, ...]
 #: What a created dict starts with: [key, value] lists, or a ``dict`` given whole
 #: (which an engine may load without them: ``Engine.load``).
-Initial = Union[List[List[Any]], Dict[Any, Any], None]
+Initial = Union[list[list[Any]], dict[Any, Any], None]
 
 
 class User(NamedTuple):
@@ -135,7 +142,20 @@ class ClosedWords:
         self._name = name
 
     def __getitem__(self, index: int) -> int:
-        raise Closed(f"this handle of shared dict {self._name!r} is closed")
+        raise self.error()
+
+    def error(self) -> Closed:
+        return Closed(f"this handle of shared dict {self._name!r} is closed")
+
+
+def check_open(words: object) -> None:
+    """Raise ``Closed`` if ``words`` is a closed handle's (:class:`ClosedWords`).
+
+    An operation calls it first, so that a closed handle fails before the lock is
+    taken or anything is read; the hit path needs no call, since its first load
+    of a ``ClosedWords`` raises by itself."""
+    if isinstance(words, ClosedWords):
+        raise words.error()
 
 
 class Conflict(Exception):
@@ -154,16 +174,16 @@ class Engine(Protocol):
 
     name: str
     recurse: bool
-    codec: "Codec"
-    mutex: "threading.RLock"
+    codec: Codec
+    mutex: threading.RLock
     #: True for the handle that created the dict.
     created: bool
     words: Any
     seen: int
-    data: Dict[Any, Any]
+    data: dict[Any, Any]
 
     @property
-    def lock(self) -> "SharedLock":
+    def lock(self) -> SharedLock:
         """The tree's lock: the front end ``_lock.SharedLock`` over this engine's
         shared part (a subclass that implements only that part)."""
 
@@ -180,7 +200,7 @@ class Engine(Protocol):
     def reload(self) -> None:
         """Drop ``data`` and load the whole published state again."""
 
-    def node(self, path: Path) -> Dict[Any, Any]:
+    def node(self, path: Path) -> dict[Any, Any]:
         """The cached dict at ``path`` (synced by the caller); PathGone if none."""
 
     def materialize(self, stored: Any) -> Any:
@@ -193,15 +213,15 @@ class Engine(Protocol):
 
     def begin_write(self) -> None: ...
 
-    def commit(self, record: List[Any]) -> None: ...
+    def commit(self, record: list[Any]) -> None: ...
 
-    def write(self, record: List[Any]) -> None:
+    def write(self, record: list[Any]) -> None:
         """``begin_write``, ``commit(record)``, ``end_write`` for a record that
         needs no check against the cache."""
 
     def end_write(self) -> None: ...
 
-    def load(self, mapping: Dict[Any, Any]) -> bool:
+    def load(self, mapping: dict[Any, Any]) -> bool:
         """``update(mapping)`` at the root done faster than by a record (a bulk
         load), True; or False, nothing changed: the caller writes the record."""
 
@@ -227,14 +247,14 @@ class Engine(Protocol):
         nor ``mutex``, so a helper thread may wait here while others use the
         handle (module docstring)."""
 
-    def feed(self) -> "ChangeSource":
+    def feed(self) -> ChangeSource:
         """A change feed (``changes.ChangeSource``: ``poll``/``wait``/``ended``) that
         starts at the state ``data`` reflects."""
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Facts about the dict for people and tools: sizes, counters, holders."""
 
-    def users(self) -> "List[User]":
+    def users(self) -> list[User]:
         """The processes attached to the dict (alive and dead)."""
 
     def close(self) -> None:
@@ -243,7 +263,7 @@ class Engine(Protocol):
     def unlink(self) -> int:
         """Remove the dict for everybody; how many storage objects were removed."""
 
-    def reopen_arguments(self) -> Dict[str, Any]:
+    def reopen_arguments(self) -> dict[str, Any]:
         """Keyword arguments, beside ``name`` and ``create``, with which another
         process opens this same dict (its backend, and the read mode where the
         engine has one): what a pickled handle carries, so the facade need not

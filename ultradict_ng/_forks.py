@@ -18,7 +18,7 @@ depend on each other.
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, List
+from typing import Callable
 
 __all__ = ["STAGES", "on_fork_in_child"]
 
@@ -31,7 +31,7 @@ STAGES = (
     "pools",  # the parent's process pools are not the child's
 )
 
-_hooks: Dict[str, List[Callable[[], None]]] = {stage: [] for stage in STAGES}
+_hooks: dict[str, list[Callable[[], None]]] = {stage: [] for stage in STAGES}
 
 
 def on_fork_in_child(stage: str, hook: Callable[[], None]) -> None:

@@ -1,5 +1,7 @@
 """What every :class:`~ultradict_ng.SharedDict` method stands on: the
-(engine, path) pair, the synced node it reads, and the two retry loops.
+(engine, path) pair, the synced node it reads, what a read hands out for a
+cached value (a nested view, a large value, a copy; snapshots for iteration),
+and the two retry loops.
 
 A handle's reads and writes race with other processes in exactly two ways,
 and each race is handled here, once, for every method:
@@ -16,15 +18,22 @@ node, and hands it to one of these loops.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple, TypeVar
+from typing import Any, Callable, TypeVar
 
 from . import layout as L
+from ._codec.codec import IMMUTABLE_TYPES, copy_value
+from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
 from ._engine import BlobGone, Conflict, Engine
-from .speedups import ViewBase
+from .speedups import ViewBase, first_to_export, set_immutable_types
 
-__all__ = ["Handle"]
+__all__ = ["Handle", "MISSING"]
 
 _W_STATE = L.W_STATE
+_IMMUTABLE = IMMUTABLE_TYPES
+_STORED = frozenset({BlobRef, InlineArray, PickledBlobs})  # placeholders of large values, arrays
+set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
+#: "No value given" / "no such key", where None is a value.
+MISSING: Any = object()
 
 T = TypeVar("T")
 H = TypeVar("H", bound="Handle")
@@ -38,10 +47,10 @@ class Handle(ViewBase):
     __slots__ = ()
 
     _store: Engine
-    _path: Tuple[Any, ...]
+    _path: tuple[Any, ...]
 
     @classmethod
-    def _on_engine(cls: "type[H]", engine: Engine, path: Tuple[Any, ...] = ()) -> H:
+    def _on_engine(cls: type[H], engine: Engine, path: tuple[Any, ...] = ()) -> H:
         """A handle on an already open engine: how nested views are made, and
         how an engine other than the shared-memory one is put behind the facade."""
         view = ViewBase.__new__(cls)
@@ -49,17 +58,69 @@ class Handle(ViewBase):
         view._path = path
         return view
 
-    def _view(self: H, path: Tuple[Any, ...]) -> H:
+    def _view(self: H, path: tuple[Any, ...]) -> H:
         """A handle of the same class on the nested dict at ``path`` (sharing the store)."""
         return self._on_engine(self._store, path)
 
-    def _node(self) -> Dict[Any, Any]:
+    def _node(self) -> dict[Any, Any]:
         """This handle's dict in the cache, synced first (one counter
         comparison when nothing changed); PathGone if it no longer exists."""
         s = self._store
         if s.words[_W_STATE] != s.seen:
             s.sync()
         return s.node(self._path) if self._path else s.data
+
+    # -- what a read hands out ---------------------------------------------------------
+
+    def _export(self, key: Any, value: Any) -> Any:
+        """What a reader gets for a cached value: a nested view, the value of a
+        large value or array (zero-copy for arrays), or a private copy.
+
+        Raises ``BlobGone`` when a newer state dropped a blob this cache still
+        references: callers read again in ``_read``'s loop."""
+        tp = type(value)
+        if tp is dict and self._store.recurse:
+            return self._view(self._path + (key,))
+        if tp in _STORED:
+            return self._store.materialize(value)
+        return copy_value(value, self._store.materialize)
+
+    def _item(self, node: dict[Any, Any], key: Any, default: Any = MISSING) -> Any:
+        """The user's value of ``node[key]``, for ``_read``: ``default`` if
+        absent (KeyError if no default)."""
+        value = node.get(key, MISSING)
+        if value is MISSING:
+            if default is MISSING:
+                raise KeyError(key)
+            return default
+        return self._export(key, value)
+
+    def _snapshot_keys(self) -> list[Any]:
+        node = self._node()
+        with self._store.mutex:
+            return list(node)
+
+    def _snapshot_items(self) -> list[tuple[Any, Any]]:
+        def read(node: Any) -> list[tuple[Any, Any]]:  # (a dict, or a big dict's TableCache)
+            with self._store.mutex:
+                items, known = (list(node.items()), 0) if type(node) is dict else node.pairs()
+            # Values handed out as they are, as by d[k] (a tuple of immutable items is one: a
+            # table row; a TableCache's `known` leading rows are), checked in one compiled call.
+            first = known + first_to_export(items[known:]) if known else first_to_export(items)
+            if first < len(items):
+                immutable = _IMMUTABLE
+                items[first:] = [
+                    (
+                        k,
+                        v
+                        if type(v) in immutable or (type(v) is tuple and immutable.issuperset(map(type, v)))
+                        else self._export(k, v),
+                    )
+                    for k, v in items[first:]
+                ]
+            return items
+
+        return self._read(read)
 
     def _read(self, read: Callable[..., T], *args: Any) -> T:
         """``read(node, *args)`` on the synced node: the loop of every read that may
@@ -79,7 +140,7 @@ class Handle(ViewBase):
             except BlobGone:
                 continue
 
-    def _locked(self, decide: Callable[[Engine, Dict[Any, Any]], T]) -> T:
+    def _locked(self, decide: Callable[[Engine, dict[Any, Any]], T]) -> T:
         """``decide(store, node)`` under the write lock, on a current cache: the
         loop of every mutation that checks the state.  ``decide`` commits at
         most one record, so the method is one atomic step.
@@ -99,7 +160,7 @@ class Handle(ViewBase):
             finally:
                 s.end_write()
 
-    def _write(self, rec: List[Any]) -> None:
+    def _write(self, rec: list[Any]) -> None:
         """Publish ``rec``, a record whose effect does not depend on the state:
         at the root with no check at all (``Engine.write``, no loop); in a
         nested dict after checking that it still exists (``node`` raises

@@ -42,12 +42,13 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Hashable
 from types import TracebackType
-from typing import Hashable, Optional, Tuple, Type
+from typing import Optional
 
 from ._forks import on_fork_in_child
-from .errors import LockTimeout
 from ._owner import owner_word
+from .errors import LockTimeout
 from .speedups import ProcessState, Words
 
 __all__ = ["SharedLock", "WordLock"]
@@ -73,8 +74,8 @@ def _mine() -> int:
 # shared part.  Locks made with the same ``share`` key (the handles of one
 # shared-memory dict) share one.
 
-_shared: "weakref.WeakValueDictionary[Hashable, ProcessState]" = weakref.WeakValueDictionary()
-_every: "weakref.WeakSet[ProcessState]" = weakref.WeakSet()
+_shared: weakref.WeakValueDictionary[Hashable, ProcessState] = weakref.WeakValueDictionary()
+_every: weakref.WeakSet[ProcessState] = weakref.WeakSet()
 _guard = threading.Lock()
 
 
@@ -158,7 +159,7 @@ class SharedLock:
         ``timeout`` seconds (False); take nothing."""
         raise NotImplementedError
 
-    def _holder(self) -> Tuple[Optional[str], Optional[int]]:
+    def _holder(self) -> tuple[Optional[str], Optional[int]]:
         """``("held by ...", pid)`` for a timeout message, or ``(None, None)``
         when the holder is another thread of this process or unknown."""
         raise NotImplementedError
@@ -283,17 +284,17 @@ class SharedLock:
         """Pid of the process holding the lock now, or None (a snapshot: it may change)."""
         return self._holder_pid()
 
-    def __call__(self, timeout: Optional[float] = None) -> "_TimedHold":
+    def __call__(self, timeout: Optional[float] = None) -> _TimedHold:
         """``with d.lock(timeout=...):`` -- the same lock with a timeout."""
         return _TimedHold(self, timeout)
 
-    def __enter__(self) -> "SharedLock":
+    def __enter__(self) -> SharedLock:
         self.acquire()
         return self
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
@@ -301,7 +302,7 @@ class SharedLock:
 
     def __repr__(self) -> str:
         pid = self.owner_pid
-        return f"<SharedLock of {self._name!r} {'held by pid %d' % pid if pid else 'free'}>"
+        return f"<SharedLock of {self._name!r} {f'held by pid {pid}' if pid else 'free'}>"
 
     # -- internals -----------------------------------------------------------------------
 
@@ -362,7 +363,7 @@ class WordLock(SharedLock):
             os.getpid(),
         )
 
-    def __enter__(self) -> "WordLock":
+    def __enter__(self) -> WordLock:
         # acquire(), blocking without timeout, inlined: ``with d.lock:`` is a hot loop shape.
         if not self._state.enter(self._words, self._index, _my_word or _mine()):
             self._take_after_enter()
@@ -394,7 +395,7 @@ class _TimedHold:
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:

@@ -8,15 +8,15 @@ can be told from a live one, and a reused pid from its first owner.
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Optional
 
-from ._forks import on_fork_in_child
 from . import layout as L
+from ._forks import on_fork_in_child
 
 __all__ = ["owner_word", "pid_of", "owner_alive"]
 
 
-def _stat_fields(pid: int) -> Optional[Tuple[str, int]]:
+def _stat_fields(pid: int) -> Optional[tuple[str, int]]:
     """(state letter, start time in clock ticks) from /proc, or None if unavailable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

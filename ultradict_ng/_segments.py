@@ -33,7 +33,8 @@ import errno
 import mmap
 import os
 import stat
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 from .errors import OutOfSpace
 
@@ -113,7 +114,7 @@ class Segment:
         self.buf = buf
 
     @classmethod
-    def create(cls, name: str, size: int, reserve: Optional[int] = None) -> "Segment":
+    def create(cls, name: str, size: int, reserve: Optional[int] = None) -> Segment:
         """Create ``name`` exclusively with ``size`` bytes, zero-filled, the first
         ``reserve`` of them (default: all) reserved, and map it.
 
@@ -137,7 +138,7 @@ class Segment:
         return cls(name, size, buf)
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
+    def attach(cls, name: str) -> Segment:
         """Map an existing segment read-write; ``FileNotFoundError`` if it does not exist.
 
         A segment whose size is still 0 (its creator is between ``shm_open``
@@ -162,7 +163,7 @@ class Segment:
 def create_written(
     name: str,
     size: int,
-    pieces: Sequence[Tuple[int, Any]],
+    pieces: Sequence[tuple[int, Any]],
     no_room: str,
     reserve: bool = False,
     created: Optional[Callable[[], None]] = None,
@@ -198,7 +199,7 @@ def create_written(
     os.close(fd)
 
 
-def _write_pieces(fd: int, size: int, pieces: Sequence[Tuple[int, Any]], reserved: bool) -> None:
+def _write_pieces(fd: int, size: int, pieces: Sequence[tuple[int, Any]], reserved: bool) -> None:
     written = False  # whether any byte went in: a refusal after that is a real error
     try:
         for offset, piece in pieces:
@@ -256,7 +257,7 @@ class Opened:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "Opened":
+    def __enter__(self) -> Opened:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -333,7 +334,7 @@ def listable() -> bool:
     return os.path.isdir(SHM_DIR)
 
 
-def listed(prefix: str) -> List[str]:
+def listed(prefix: str) -> list[str]:
     """Names starting with ``prefix`` in the shared-memory filesystem, where it can be
     listed (Linux); an empty list elsewhere (macOS has no such directory)."""
     try:
@@ -352,7 +353,7 @@ def entry_stat(name: str) -> Optional[os.stat_result]:
         return None
 
 
-def read_entry(name: str, length: int) -> Tuple[Optional[os.stat_result], bytes]:
+def read_entry(name: str, length: int) -> tuple[Optional[os.stat_result], bytes]:
     """The ``stat`` and first ``length`` bytes of the listed entry ``name``, for
     tools that judge files they did not make: ``FileNotFoundError`` if it is
     gone; ``(None, b"")`` if it is not a regular file or cannot be read.

@@ -7,8 +7,8 @@ because another process wrote meanwhile (a plain dict's views would raise
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, KeysView, ValuesView
-from typing import TYPE_CHECKING, Any, Iterator, List, Tuple
+from collections.abc import ItemsView, Iterator, KeysView, ValuesView
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .shareddict import SharedDict
@@ -24,11 +24,11 @@ class SharedKeysView(KeysView):  # type: ignore[type-arg]
     _mapping: SharedDict
 
     def __iter__(self) -> Iterator[Any]:
-        keys: List[Any] = self._mapping._snapshot_keys()
+        keys: list[Any] = self._mapping._snapshot_keys()
         return iter(keys)
 
     def __reversed__(self) -> Iterator[Any]:
-        keys: List[Any] = self._mapping._snapshot_keys()
+        keys: list[Any] = self._mapping._snapshot_keys()
         return iter(keys[::-1])
 
     def __repr__(self) -> str:
@@ -41,7 +41,7 @@ class SharedValuesView(ValuesView):  # type: ignore[type-arg]
     _mapping: SharedDict
 
     def __iter__(self) -> Iterator[Any]:
-        values: List[Any] = [v for _, v in self._mapping._snapshot_items()]
+        values: list[Any] = [v for _, v in self._mapping._snapshot_items()]
         return iter(values)
 
     def __contains__(self, value: object) -> bool:
@@ -59,8 +59,8 @@ class SharedItemsView(ItemsView):  # type: ignore[type-arg]
 
     _mapping: SharedDict
 
-    def __iter__(self) -> Iterator[Tuple[Any, Any]]:
-        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        items: list[tuple[Any, Any]] = self._mapping._snapshot_items()
         return iter(items)
 
     def __contains__(self, item: object) -> bool:
@@ -70,8 +70,8 @@ class SharedItemsView(ItemsView):  # type: ignore[type-arg]
         got = self._mapping.get(key, _MISSING)
         return got is not _MISSING and (got is value or got == value)
 
-    def __reversed__(self) -> Iterator[Tuple[Any, Any]]:
-        items: List[Tuple[Any, Any]] = self._mapping._snapshot_items()
+    def __reversed__(self) -> Iterator[tuple[Any, Any]]:
+        items: list[tuple[Any, Any]] = self._mapping._snapshot_items()
         return iter(items[::-1])
 
     def __repr__(self) -> str:

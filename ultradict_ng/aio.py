@@ -38,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator, Hashable
 from types import TracebackType
-from typing import Any, AsyncIterator, Callable, Dict, Hashable, List, Optional, Tuple, Type
+from typing import Any, Callable, Optional
 
 from ._lock import SharedLock
 from .changes import Change
@@ -64,26 +65,26 @@ class _Wait:
     futures."""
 
     def __init__(
-        self, key: Hashable, step: Callable[[float], bool], slice_: float, ended: Callable[["_Wait"], None]
+        self, key: Hashable, step: Callable[[float], bool], slice_: float, ended: Callable[[_Wait], None]
     ) -> None:
         self.key = key
         self._step = step
         self._slice = slice_
         self._ended = ended
         self._guard = threading.Lock()
-        self._futures: List[Tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]] = []
+        self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._ending = False
 
-    def join(self, loop: asyncio.AbstractEventLoop) -> "Optional[asyncio.Future[None]]":
+    def join(self, loop: asyncio.AbstractEventLoop) -> Optional[asyncio.Future[None]]:
         """A future completed when the wait is over; None if this thread is ending."""
         with self._guard:
             if self._ending:
                 return None
-            fut: "asyncio.Future[None]" = loop.create_future()
+            fut: asyncio.Future[None] = loop.create_future()
             self._futures.append((loop, fut))
             return fut
 
-    def leave(self, fut: "asyncio.Future[None]") -> None:
+    def leave(self, fut: asyncio.Future[None]) -> None:
         with self._guard:
             self._futures = [item for item in self._futures if item[1] is not fut]
 
@@ -112,7 +113,7 @@ class _Wait:
                 pass
 
 
-def _settle(fut: "asyncio.Future[None]", error: Optional[BaseException]) -> None:
+def _settle(fut: asyncio.Future[None], error: Optional[BaseException]) -> None:
     if fut.done():
         return
     if error is None:
@@ -126,7 +127,7 @@ class _Waits:
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._running: Dict[Hashable, _Wait] = {}
+        self._running: dict[Hashable, _Wait] = {}
 
     async def wait(
         self, key: Hashable, step: Callable[[float], bool], slice_: float, timeout: Optional[float]
@@ -177,7 +178,7 @@ class AsyncSharedLock:
         self._lock = lock
         self._name = name
         self._waits = waits
-        self._turns: Dict[int, asyncio.Lock] = {}
+        self._turns: dict[int, asyncio.Lock] = {}
 
     def _turn(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -237,13 +238,13 @@ class AsyncSharedLock:
             pid=pid or 0,
         )
 
-    async def __aenter__(self) -> "AsyncSharedLock":
+    async def __aenter__(self) -> AsyncSharedLock:
         await self.acquire()
         return self
 
     async def __aexit__(
         self,
-        exc_type: Optional[Type[BaseException]],
+        exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
@@ -264,7 +265,7 @@ class AsyncSharedDict:
             raise
 
     @classmethod
-    def wrap(cls, d: SharedDict) -> "AsyncSharedDict":
+    def wrap(cls, d: SharedDict) -> AsyncSharedDict:
         """The asyncio face of an open :class:`~ultradict_ng.SharedDict` (same handle)."""
         self = cls.__new__(cls)
         self._setup(d)
@@ -302,7 +303,7 @@ class AsyncSharedDict:
     def items(self) -> Any:
         return self.dict.items()
 
-    def copy(self) -> Dict[Any, Any]:
+    def copy(self) -> dict[Any, Any]:
         return self.dict.copy()
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -387,7 +388,7 @@ class AsyncSharedDict:
     def unlink(self) -> int:
         return self.dict.unlink()
 
-    async def __aenter__(self) -> "AsyncSharedDict":
+    async def __aenter__(self) -> AsyncSharedDict:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -12,7 +12,8 @@ the difference between its cache and the newer full state, each item marked
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Protocol, Tuple
+from collections.abc import Iterator
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from . import layout as L
 
@@ -31,9 +32,9 @@ class _Superseded:
     """The value of a change to a large value that a later write has already
     replaced and removed from shared memory (its bytes are gone)."""
 
-    _instance: Optional["_Superseded"] = None
+    _instance: Optional[_Superseded] = None
 
-    def __new__(cls) -> "_Superseded":
+    def __new__(cls) -> _Superseded:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -62,7 +63,7 @@ class Change(NamedTuple):
     """
 
     op: str
-    path: Tuple[Any, ...]
+    path: tuple[Any, ...]
     key: Any
     value: Any = None
     resync: bool = False
@@ -71,7 +72,7 @@ class Change(NamedTuple):
 class ChangeSource(Protocol):
     """What an engine's change feed offers (``Engine.feed()``)."""
 
-    def poll(self) -> List[Change]:
+    def poll(self) -> list[Change]:
         """The changes replayed since the last poll (empty: none yet)."""
 
     @property
@@ -82,16 +83,16 @@ class ChangeSource(Protocol):
         """Sleep until something may be new (True) or ``deadline`` passed (False)."""
 
 
-def skeleton(node: Dict[Any, Any]) -> Dict[Any, Any]:
+def skeleton(node: dict[Any, Any]) -> dict[Any, Any]:
     """A copy of a cache tree's dicts, sharing its leaves.  Enough for a
     private cache: replaying records replaces leaves and mutates only dicts."""
-    out: Dict[Any, Any] = {}
-    stack: List[Tuple[Dict[Any, Any], Dict[Any, Any]]] = [(node, out)]
+    out: dict[Any, Any] = {}
+    stack: list[tuple[dict[Any, Any], dict[Any, Any]]] = [(node, out)]
     while stack:
         src, dst = stack.pop()
         for k, v in src.items():
             if type(v) is dict:
-                child: Dict[Any, Any] = {}
+                child: dict[Any, Any] = {}
                 dst[k] = child
                 stack.append((v, child))
             else:
@@ -113,7 +114,7 @@ def _same(a: Any, b: Any, dumps: Callable[[Any], bytes]) -> bool:
         return False
 
 
-def changes_of_records(out: List[Change], export: Callable[[Any], Any], records: List[Any]) -> None:
+def changes_of_records(out: list[Change], export: Callable[[Any], Any], records: list[Any]) -> None:
     """Append the changes ``records`` make (before they are applied: a later
     record of the batch may change a nested dict in place)."""
     for rec in records:
@@ -129,14 +130,14 @@ def changes_of_records(out: List[Change], export: Callable[[Any], Any], records:
 
 
 def changes_of_dump(
-    out: List[Change],
+    out: list[Change],
     export: Callable[[Any], Any],
     dumps: Callable[[Any], bytes],
-    old: Dict[Any, Any],
-    new: Dict[Any, Any],
+    old: dict[Any, Any],
+    new: dict[Any, Any],
 ) -> None:
     """Append the difference from tree ``old`` to tree ``new``, as resync changes."""
-    stack: List[Tuple[Tuple[Any, ...], Dict[Any, Any], Dict[Any, Any]]] = [((), old, new)]
+    stack: list[tuple[tuple[Any, ...], dict[Any, Any], dict[Any, Any]]] = [((), old, new)]
     while stack:
         path, old_node, new_node = stack.pop()
         for k in old_node:

@@ -13,29 +13,27 @@ freed under a read, a checked write overtaken) are retried in ``_handle.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union, overload
+from typing import Any, Optional, TypeVar, Union, overload
 
 from . import layout as L
-from ._codec import records as R
-from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
-from .changes import Change, iterate
-from ._codec.codec import IMMUTABLE_TYPES, copy_value
 from ._arguments import pairs, split_arguments
-from ._backends import open_engine, unlink_by_name as _unlink_by_name
-from ._engine import BlobGone, Engine, Transactional, User
-from ._handle import Handle
+from ._backends import open_engine
+from ._backends import unlink_by_name as _unlink_by_name
+from ._codec import records as R
+from ._codec.codec import IMMUTABLE_TYPES, copy_value
+from ._codec.placeholders import BlobRef, InlineArray
+from ._engine import BlobGone, Engine, Transactional, User, check_open
+from ._handle import MISSING, Handle
 from ._lock import SharedLock
-from .speedups import first_to_export, set_immutable_types, set_root_write
+from .changes import Change, iterate
+from .speedups import set_root_write
 
 __all__ = ["SharedDict"]
 
 _W_STATE = L.W_STATE
 _IMMUTABLE = IMMUTABLE_TYPES
-_STORED = frozenset({BlobRef, InlineArray, PickledBlobs})  # placeholders of large values, arrays
-set_immutable_types(IMMUTABLE_TYPES)  # what the compiled hit path hands out without a copy
-_MISSING: Any = object()
 
 SD = TypeVar("SD", bound="SharedDict")
 
@@ -129,7 +127,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     @overload
     def __init__(
         self,
-        __data: Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]]],
+        __data: Union[Mapping[Any, Any], Iterable[tuple[Any, Any]]],
         name: Optional[str] = None,
         create: Optional[bool] = None,
         *,
@@ -153,7 +151,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         self._path = ()
 
     @classmethod
-    def fromkeys(cls: "type[SD]", iterable: Iterable[Any], value: Any = None, **options: Any) -> SD:
+    def fromkeys(cls: type[SD], iterable: Iterable[Any], value: Any = None, **options: Any) -> SD:
         """``SharedDict.fromkeys(keys, value, name=...)``: as ``dict.fromkeys``
         on a subclass of dict, ``cls(**options)`` then ``d[key] = value`` for
         each key, through the made object's own ``__setitem__`` (a subclass
@@ -176,7 +174,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         return self._store.name
 
     @property
-    def path(self) -> Tuple[Any, ...]:
+    def path(self) -> tuple[Any, ...]:
         """Keys from the root to this nested dict; ``()`` for the root."""
         return self._path
 
@@ -198,13 +196,13 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         current size of the growing stream (it follows the dict's size)."""
         return self._store.buffer_size
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Facts about the dict now, for people and tools (a snapshot): its
         engine, serializer, generation (full dumps so far), stream use, the
         pid holding the lock, the creator's pid (keys depend on the engine)."""
         return self._store.stats()
 
-    def users(self) -> List[User]:
+    def users(self) -> list[User]:
         """The processes attached to the dict now: ``User(pid, start_time,
         alive)`` for each, dead ones included until their slot is reused
         (a process killed with SIGKILL never detaches).  One entry per
@@ -214,23 +212,10 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     @property
     def lock(self) -> SharedLock:
         """The lock of the whole tree: ``with d.lock:``, ``with d.lock(timeout=2):``."""
-        self._store.words[_W_STATE]  # Closed on a closed handle
+        check_open(self._store.words)
         return self._store.lock
 
     # -- reading -----------------------------------------------------------------------
-
-    def _export(self, key: Any, value: Any) -> Any:
-        """What a reader gets for a cached value: a nested view, the value of a
-        large value or array (zero-copy for arrays), or a private copy.
-
-        Raises ``BlobGone`` when a newer state dropped a blob this cache still
-        references: callers read again in ``_read``'s loop."""
-        tp = type(value)
-        if tp is dict and self._store.recurse:
-            return self._view(self._path + (key,))
-        if tp in _STORED:
-            return self._store.materialize(value)
-        return copy_value(value, self._store.materialize)
 
     def _getitem_slow(self, key: Any) -> Any:
         """``self[key]``: all the rules.  With the compiled helper, ``__getitem__``
@@ -251,19 +236,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         except BlobGone:  # a writer freed its blob since our sync: read again, in _read's loop
             return self._read(self._item, key)
 
-    def _item(self, node: Dict[Any, Any], key: Any, default: Any = _MISSING) -> Any:
-        """The user's value of ``node[key]``, for ``_read``: ``default`` if
-        absent (KeyError if no default)."""
-        value = node.get(key, _MISSING)
-        if value is _MISSING:
-            if default is _MISSING:
-                raise KeyError(key)
-            return default
-        return self._export(key, value)
-
     def get(self, key: Any, default: Any = None) -> Any:
-        value = self._node().get(key, _MISSING)
-        if value is _MISSING:
+        value = self._node().get(key, MISSING)
+        if value is MISSING:
             return default
         if type(value) in _IMMUTABLE:
             return value
@@ -280,7 +255,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         valid, and keeps that memory allocated, until it is released or
         collected -- whatever happens to the key or the dict meanwhile."""
 
-        def read(node: Dict[Any, Any]) -> memoryview:
+        def read(node: dict[Any, Any]) -> memoryview:
             value = node[key]
             tp = type(value)
             if tp is BlobRef or tp is InlineArray:
@@ -297,56 +272,29 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def __len__(self) -> int:
         return len(self._node())
 
-    def _snapshot_keys(self) -> List[Any]:
-        node = self._node()
-        with self._store.mutex:
-            return list(node)
-
-    def _snapshot_items(self) -> List[Tuple[Any, Any]]:
-        def read(node: Any) -> List[Tuple[Any, Any]]:  # (a dict, or a big dict's TableCache)
-            with self._store.mutex:
-                items, known = (list(node.items()), 0) if type(node) is dict else node.pairs()
-            # Values handed out as they are, as by d[k] (a tuple of immutable items is one: a
-            # table row; a TableCache's `known` leading rows are), checked in one compiled call.
-            first = known + first_to_export(items[known:]) if known else first_to_export(items)
-            if first < len(items):
-                immutable = _IMMUTABLE
-                items[first:] = [
-                    (
-                        k,
-                        v
-                        if type(v) in immutable or (type(v) is tuple and immutable.issuperset(map(type, v)))
-                        else self._export(k, v),
-                    )
-                    for k, v in items[first:]
-                ]
-            return items
-
-        return self._read(read)
-
     def __iter__(self) -> Iterator[Any]:
         return iter(self._snapshot_keys())
 
     def __reversed__(self) -> Iterator[Any]:
         return iter(self._snapshot_keys()[::-1])
 
-    def keys(self) -> "SharedKeysView":
+    def keys(self) -> SharedKeysView:
         return SharedKeysView(self)
 
-    def values(self) -> "SharedValuesView":
+    def values(self) -> SharedValuesView:
         return SharedValuesView(self)
 
-    def items(self) -> "SharedItemsView":
+    def items(self) -> SharedItemsView:
         return SharedItemsView(self)
 
-    def copy(self) -> Dict[Any, Any]:
+    def copy(self) -> dict[Any, Any]:
         """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
 
-        def read(node: Dict[Any, Any]) -> Dict[Any, Any]:
+        def read(node: dict[Any, Any]) -> dict[Any, Any]:
             with self._store.mutex:
                 if type(node) is not dict:  # a big dict's cache (_shm/tablecache.py): a mapping
                     node = dict(node.items())
-                out: Dict[Any, Any] = copy_value(node, self._store.materialize)
+                out: dict[Any, Any] = copy_value(node, self._store.materialize)
             return out
 
         return self._read(read)
@@ -370,14 +318,14 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         path = f", path={list(self._path)!r}" if self._path else ""
         return f"{type(self).__name__}({self.copy()!r}, name={self.name!r}{path})"
 
-    def __or__(self, other: Any) -> Dict[Any, Any]:
+    def __or__(self, other: Any) -> dict[Any, Any]:
         if not isinstance(other, Mapping):
             return NotImplemented
         out = self.copy()
         out.update(other.copy() if isinstance(other, SharedDict) else other)
         return out
 
-    def __ror__(self, other: Any) -> Dict[Any, Any]:
+    def __ror__(self, other: Any) -> dict[Any, Any]:
         if not isinstance(other, Mapping):
             return NotImplemented
         out = dict(other)
@@ -408,27 +356,27 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def _delitem_slow(self, key: Any) -> None:
         """``del self[key]``."""
 
-        def decide(s: Engine, node: Dict[Any, Any]) -> None:
+        def decide(s: Engine, node: dict[Any, Any]) -> None:
             if key not in node:
                 raise KeyError(key)
             s.commit(R.delete(self._path, key))
 
         self._locked(decide)
 
-    def pop(self, key: Any, default: Any = _MISSING) -> Any:
-        def decide(s: Engine, node: Dict[Any, Any]) -> Any:
+    def pop(self, key: Any, default: Any = MISSING) -> Any:
+        def decide(s: Engine, node: dict[Any, Any]) -> Any:
             if key not in node:
-                if default is _MISSING:
+                if default is MISSING:
                     raise KeyError(key)
                 return default
             return self._take(s, node, key)
 
         return self._locked(decide)
 
-    def popitem(self) -> Tuple[Any, Any]:
+    def popitem(self) -> tuple[Any, Any]:
         """Remove and return the most recently inserted item (LIFO, like dict)."""
 
-        def decide(s: Engine, node: Dict[Any, Any]) -> Tuple[Any, Any]:
+        def decide(s: Engine, node: dict[Any, Any]) -> tuple[Any, Any]:
             if not node:
                 raise KeyError("popitem(): shared dict is empty")
             key = next(reversed(node))
@@ -436,7 +384,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
         return self._locked(decide)
 
-    def _take(self, s: Engine, node: Dict[Any, Any], key: Any) -> Any:
+    def _take(self, s: Engine, node: dict[Any, Any], key: Any) -> Any:
         """Delete ``key`` (under the write lock) and return its value, read
         first: the delete frees the value's blobs."""
         value = node[key]
@@ -450,7 +398,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         if isinstance(default, SharedDict):
             default = default.copy()
 
-        def decide(s: Engine, node: Dict[Any, Any]) -> Any:
+        def decide(s: Engine, node: dict[Any, Any]) -> Any:
             if key not in node:
                 s.commit(R.set_(self._path, key, default))
             return self._export(key, node[key])
@@ -518,7 +466,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         The change feed and ``wait_for_change`` see one publish: the block's
         changes, in order, together.  README "Guarantees", layout "Transactions"."""
         s = self._store
-        s.words[_W_STATE]  # Closed on a closed handle, before the lock
+        check_open(s.words)  # before the lock
         if not isinstance(s, Transactional):
             raise NotImplementedError(
                 f"shared dict {self.name!r}: its backend has no transactions; nothing was changed"
@@ -565,16 +513,13 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         """
         return _unlink_by_name(name, backend)
 
-    def __reduce__(self) -> Tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # A handle travels by name: the receiver attaches as the engine says (backend, read mode).
         return (_reattach, (type(self), self.name, self._path, self._store.reopen_arguments()))
 
 
-def _reattach(
-    cls: type, name: str, path: Tuple[Any, ...], where: Optional[Dict[str, Any]] = None
-) -> SharedDict:
-    # ``where`` is None in handles pickled before engines said how to reopen them (all in shm).
-    root: SharedDict = cls(name=name, create=False, **(where or {"backend": "shm"}))
+def _reattach(cls: type, name: str, path: tuple[Any, ...], where: dict[str, Any]) -> SharedDict:
+    root: SharedDict = cls(name=name, create=False, **where)
     return root._view(path) if path else root
 
 

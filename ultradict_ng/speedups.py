@@ -1,12 +1,12 @@
 """The one seam between the package and its compiled helper.
 
 Every hot primitive -- atomic words, record writing and futex waits (``Words``), the
-lock's per-process state (``ProcessState``), the bases carrying the read hit
-path (``StoreBase``, ``ViewBase``, and ``CacheGet`` for the shared cache), the reader's record checks and replay
-(``parse_records``, ``apply_sets``) and the codec's type scans
-(``types_within``, ``contains_type``) and its packers of big dicts
-(``pack_map``, ``pack_pairs``) and its decoder of their values
-(``unpack_simple``, ``tuple_hook``, ``table_rows``) -- is imported from here, and only
+lock's per-process state (``ProcessState``), the bases carrying the read hit path
+(``StoreBase``, ``ViewBase``, and ``CacheGet`` for the shared cache), the reader's
+record checks and replay (``parse_records``, ``apply_sets``) and the codec's type
+scans (``types_within``, ``contains_type``) and its packers of big dicts
+(``pack_map``, ``pack_pairs``) and its decoder of their values (``unpack_simple``,
+``tuple_hook``, ``table_rows``) -- is imported from here, and only
 from here.  This module takes them from the compiled ``ultradict_ng._helper._native``
 or from :mod:`ultradict_ng._helper.twins`, its pure-Python twins with identical
 names, signatures and results; ``_native.pyi`` types both.  Nothing else in

@@ -48,7 +48,7 @@ def report(out: Any, worker: str, *args: Any) -> None:
     ("error", traceback) on ``out``."""
     try:
         out.put(("ok", globals()[worker](*args)))
-    except BaseException:  # noqa: BLE001 -- every failure goes back to the test, as text
+    except BaseException:  # every failure goes back to the test, as text
         import traceback
 
         out.put(("error", traceback.format_exc()))

@@ -12,7 +12,7 @@ crash the reader).
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Tuple
+from typing import Any
 
 from ..errors import CorruptSegment, UnsupportedType
 
@@ -36,7 +36,7 @@ def is_ndarray(value: Any) -> bool:
     return np is not None and type(value) is np.ndarray
 
 
-def array_meta(arr: Any) -> Tuple[Any, List[int]]:
+def array_meta(arr: Any) -> tuple[Any, list[int]]:
     """``(descr, shape)`` of an array numpy can describe without pickle."""
     if arr.dtype.hasobject:
         raise UnsupportedType(

@@ -27,13 +27,12 @@ import copy
 import operator
 import pickle
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Union
 
-from . import decode as msgpack_decode
-from .placeholders import BlobRef, InlineArray, PickledBlobs
 from ..errors import CorruptSegment, UnsupportedType
 from ..layout import OP_UPDATE
 from ..speedups import pack_map, pack_pairs, unpack_simple
+from . import decode as msgpack_decode
 from .decode import ROOT_HOOK, contains_timestamp, gc_paused
 from .encode import (
     KEEP_BUFFERS_UP_TO,
@@ -41,24 +40,25 @@ from .encode import (
     RECORD_SCALARS,
     Chain,
     new_chain,
+    packers,
     prepare,
     record_pack,
-    packers,
 )
 from .ext import (
+    EXT_TUPLE,
+    LEAF_TYPES,
     MAX_EXT_NESTING,
     MAX_NESTING,
-    LEAF_TYPES,
     PICKLE_HINT,
     SUPPORTED_TEXT,
-    EXT_TUPLE,
     ExtType,
+    Unpacker,
     new_ext,
     too_deep,
     type_name,
     unpackb,
-    Unpacker,
 )
+from .placeholders import BlobRef, InlineArray, PickledBlobs
 
 __all__ = [
     "Codec",
@@ -118,7 +118,7 @@ class Codec:
         """Decode *data*; raises :class:`CorruptSegment` and nothing else."""
         raise NotImplementedError
 
-    def loads_many(self, payloads: List[bytes], framed: bool = False) -> List[Any]:
+    def loads_many(self, payloads: list[bytes], framed: bool = False) -> list[Any]:
         """``[loads(p) for p in payloads]``; raises :class:`CorruptSegment`
         naming the index of the first payload that cannot be decoded.
         ``framed``: the caller checked that each payload is exactly one
@@ -131,7 +131,7 @@ class Codec:
                 raise CorruptSegment(f"record {i}: {exc}") from exc
         return out
 
-    def encode_record(self, record: List[Any]) -> Tuple[bytes, Any]:
+    def encode_record(self, record: list[Any]) -> tuple[bytes, Any]:
         """``(payload, decoded)``: the encoding of a stream record and what every
         reader decodes from it -- the writer applies ``decoded`` to its own
         cache, so that it holds exactly what other processes hold."""
@@ -160,7 +160,7 @@ class MsgpackCodec(Codec):
         leaf = LEAF_TYPES
         try:
             try:
-                pool: List[Chain] = packers.pool
+                pool: list[Chain] = packers.pool
             except AttributeError:
                 pool = packers.pool = []
             chain = pool.pop() if pool else new_chain()
@@ -201,7 +201,7 @@ class MsgpackCodec(Codec):
             pool.append(chain)
         return out
 
-    def encode_record(self, record: List[Any]) -> Tuple[bytes, Any]:
+    def encode_record(self, record: list[Any]) -> tuple[bytes, Any]:
         # Fast path for records whose path, keys and values are all scalars
         # (``[OP_SET, path, key, value]``, ``[OP_DEL, path, key]``,
         # ``[OP_CLEAR, path]``): one plain Packer call, no type walk,
@@ -244,7 +244,7 @@ class MsgpackCodec(Codec):
         payload = self.dumps(record)
         return payload, self.loads(payload)
 
-    def loads_many(self, payloads: List[bytes], framed: bool = False) -> List[Any]:
+    def loads_many(self, payloads: list[bytes], framed: bool = False) -> list[Any]:
         # A reader replaying a long stream decodes every record.  When the
         # caller has checked that every payload is exactly one msgpack object
         # (``framed``: the compiled parse_records does), one Unpacker decodes
@@ -342,7 +342,7 @@ class PickleCodec(Codec):
 MSGPACK = MsgpackCodec()
 PICKLE = PickleCodec()
 
-_BY_NAME: Dict[str, Codec] = {MSGPACK.name: MSGPACK, PICKLE.name: PICKLE}
+_BY_NAME: dict[str, Codec] = {MSGPACK.name: MSGPACK, PICKLE.name: PICKLE}
 
 
 class ObjectCodec(Codec):
@@ -393,7 +393,7 @@ class ObjectCodec(Codec):
 #: Header id of every :class:`ObjectCodec`.
 CUSTOM_ID = ObjectCodec.id
 
-_BY_ID: Dict[int, Codec] = {MSGPACK.id: MSGPACK, PICKLE.id: PICKLE}
+_BY_ID: dict[int, Codec] = {MSGPACK.id: MSGPACK, PICKLE.id: PICKLE}
 
 
 def codec_for(serializer: Any) -> Codec:
@@ -494,9 +494,9 @@ def _copy_without_recursion(root: Any, stored: Optional[Callable[[Any], Any]]) -
     serializer can make one) is copied as a cycle; other non-codec types are
     ``copy.deepcopy``-ed as in ``_copy``.
     """
-    memo: Dict[int, Any] = {}
+    memo: dict[int, Any] = {}
 
-    def finished(v: Any) -> Tuple[bool, Any]:
+    def finished(v: Any) -> tuple[bool, Any]:
         tp = type(v)
         if tp in _IMMUTABLE_TYPES:
             return True, v
@@ -511,7 +511,7 @@ def _copy_without_recursion(root: Any, stored: Optional[Callable[[Any], Any]]) -
             return True, bytearray(v)
         return True, copy.deepcopy(v)
 
-    def frame(v: Any) -> List[Any]:
+    def frame(v: Any) -> list[Any]:
         """[original, children, copies of the children so far, the new container]"""
         new: Any = None
         if type(v) is list:

@@ -12,33 +12,35 @@ import contextlib
 import functools
 import gc
 import re
+from collections.abc import Iterator
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable, Iterator, List, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
-from . import ext as msgpack_ext
-from .placeholders import KINDS, BlobRef, InlineArray
-from ..speedups import contains_type as _contains_type, tuple_hook
 from ..errors import CorruptSegment
+from ..speedups import contains_type as _contains_type
+from ..speedups import tuple_hook
+from . import ext as msgpack_ext
 from .ext import (
-    MAX_EXT_NESTING,
     EXT_BIGINT,
+    EXT_BLOB,
     EXT_BYTEARRAY,
     EXT_COMPLEX,
     EXT_DATE,
     EXT_DATETIME,
     EXT_DECIMAL,
     EXT_FROZENSET,
+    EXT_NDARRAY,
     EXT_SET,
     EXT_TIME,
     EXT_TIMEDELTA,
     EXT_TIMEZONE,
-    EXT_BLOB,
-    EXT_NDARRAY,
     EXT_TUPLE,
+    MAX_EXT_NESTING,
     Timestamp,
     unpackb,
 )
+from .placeholders import KINDS, BlobRef, InlineArray
 
 # Bound by assignment, not imported by name: CPython (3.11+) compiles
 # ``name.method(...)`` on a name bound by an import as an attribute load
@@ -50,7 +52,7 @@ def _no_ext(code: int, data: bytes) -> NoReturn:
     raise CorruptSegment(f"unexpected msgpack ext type {code} inside a scalar payload")
 
 
-def _scalar_payload(data: bytes, min_len: int, max_len: int, n_ints: int) -> List[Any]:
+def _scalar_payload(data: bytes, min_len: int, max_len: int, n_ints: int) -> list[Any]:
     fields = unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
     if type(fields) is not list or not min_len <= len(fields) <= max_len:
         raise CorruptSegment("malformed ext payload")
@@ -60,7 +62,7 @@ def _scalar_payload(data: bytes, min_len: int, max_len: int, n_ints: int) -> Lis
     return fields
 
 
-def _tz_from(fields: List[Any], start: int) -> Optional[timezone]:
+def _tz_from(fields: list[Any], start: int) -> Optional[timezone]:
     n = len(fields) - start
     if n == 0:
         return None

@@ -13,16 +13,12 @@ import operator
 import threading
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
+from ..speedups import types_within as _types_within
 from . import ext as msgpack_ext
 from .arrays import array_meta, is_ndarray, is_tensor, tensor_as_array
-from .placeholders import BlobRef, InlineArray
-from .records import SCALAR_TYPES
-from ..speedups import types_within as _types_within
 from .ext import (
-    MAX_EXT_NESTING,
-    MAX_NESTING,
     EXT_BIGINT,
     EXT_BLOB,
     EXT_BYTEARRAY,
@@ -37,13 +33,17 @@ from .ext import (
     EXT_TIMEDELTA,
     EXT_TIMEZONE,
     EXT_TUPLE,
+    MAX_EXT_NESTING,
+    MAX_NESTING,
     ExtType,
-    new_ext,
     Packer,
+    new_ext,
     too_deep,
     unsupported_type,
     unsupported_tz,
 )
+from .placeholders import BlobRef, InlineArray
+from .records import SCALAR_TYPES
 
 # Bound by assignment, not imported by name: CPython (3.11+) compiles
 # ``name.method(...)`` on a name bound by an import as an attribute load
@@ -53,7 +53,7 @@ LEAF_TYPES = msgpack_ext.LEAF_TYPES
 
 # Options of every Packer we create.  buf_size (msgpack >= 1.1) keeps the
 # per-thread packers small; older versions start with 1 MiB buffers.
-_PACKER_OPTIONS: Dict[str, Any] = {
+_PACKER_OPTIONS: dict[str, Any] = {
     "use_bin_type": True,
     "datetime": False,
     "autoreset": True,
@@ -108,7 +108,7 @@ def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
     if tp is list:
         if _plain_below(obj, depth, ext_depth):
             return obj
-        out: Optional[List[Any]] = None
+        out: Optional[list[Any]] = None
         for i, item in enumerate(obj):
             if type(item) in LEAF_TYPES:
                 continue
@@ -163,14 +163,14 @@ def prepare(obj: Any, depth: int, ext_depth: int) -> Any:
 _plain_pack: Callable[[Any], bytes] = msgpack_ext.Packer(use_bin_type=True, autoreset=True).pack
 
 
-def _tz_fields(tz: timezone) -> List[Any]:
-    args = getattr(tz, "__getinitargs__")()  # (offset,) or (offset, name)
+def _tz_fields(tz: timezone) -> list[Any]:
+    args = tz.__getinitargs__()  # type: ignore[attr-defined]  # (offset,) or (offset, name): not in typeshed
     offset: timedelta = args[0]
     micros = (offset.days * 86400 + offset.seconds) * 1_000_000 + offset.microseconds
     return [micros] if len(args) == 1 else [micros, args[1]]
 
 
-class Chain(List[Any]):
+class Chain(list[Any]):
     """One msgpack Packer per ext nesting level (``chain[n]`` packs the
     payloads of ext objects nested in ``n`` others), plus ``fast``: a
     non-strict twin of level 1 that packs an all-scalar tuple directly."""

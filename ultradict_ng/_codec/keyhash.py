@@ -1,6 +1,6 @@
 """A key hash every process agrees on, with ``dict``'s key identity.
 
-Why: an index of keys that lives in shared memory (issue 22, big dicts) is
+Why: an index of keys that lives in shared memory (a big dict's table) is
 probed by processes that did not build it, so it cannot use ``hash()``:
 ``str``, ``bytes`` and ``datetime`` hashes are salted per process
 (``PYTHONHASHSEED``).  Nor can it hash the encoded key: ``1``, ``1.0``,
@@ -49,7 +49,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import struct
-from typing import Any, Callable, Dict
+from typing import Any, Callable
 
 from ..errors import UnsupportedType
 
@@ -171,7 +171,7 @@ def _timezone(x: _dt.timezone) -> int:
     return mix(_offset_us(x, None) ^ _T_TIMEZONE)
 
 
-_BY_TYPE: Dict[type, Callable[[Any], int]] = {
+_BY_TYPE: dict[type, Callable[[Any], int]] = {
     int: _number,
     bool: _number,
     float: _number,

@@ -20,7 +20,7 @@ layout: "Changing the layout"), and ``safe_pickle`` allows exactly them.
 from __future__ import annotations
 
 import mmap
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 from .arrays import dtype_from, numpy, torch
 
@@ -83,7 +83,7 @@ class InlineArray:
 
     __slots__ = ("descr", "shape", "data", "tensor", "_value")
 
-    def __init__(self, descr: Any, shape: Tuple[int, ...], data: bytes, tensor: bool = False) -> None:
+    def __init__(self, descr: Any, shape: tuple[int, ...], data: bytes, tensor: bool = False) -> None:
         self.descr = descr
         self.shape = shape
         self.data = data
@@ -113,7 +113,7 @@ class PickledBlobs:
 
     __slots__ = ("refs", "data")
 
-    def __init__(self, refs: List[BlobRef], data: bytes) -> None:
+    def __init__(self, refs: list[BlobRef], data: bytes) -> None:
         self.refs = refs
         self.data = data
 

@@ -32,7 +32,8 @@ bump), a constructor here and a branch in :func:`apply`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import layout as L
 from ..speedups import apply_sets
@@ -62,23 +63,23 @@ class Inconsistent(Exception):
     """A validated record does not fit the cache: the reader reloads from the dump."""
 
 
-def set_(path: Sequence[Any], key: Any, value: Any) -> List[Any]:
+def set_(path: Sequence[Any], key: Any, value: Any) -> list[Any]:
     return [_OP_SET, list(path), key, value]
 
 
-def delete(path: Sequence[Any], key: Any) -> List[Any]:
+def delete(path: Sequence[Any], key: Any) -> list[Any]:
     return [_OP_DEL, list(path), key]
 
 
-def clear(path: Sequence[Any]) -> List[Any]:
+def clear(path: Sequence[Any]) -> list[Any]:
     return [_OP_CLEAR, list(path)]
 
 
-def update(path: Sequence[Any], pairs: List[List[Any]]) -> List[Any]:
+def update(path: Sequence[Any], pairs: list[list[Any]]) -> list[Any]:
     return [_OP_UPDATE, list(path), pairs]
 
 
-def apply(data: Dict[Any, Any], rec: Any) -> None:
+def apply(data: dict[Any, Any], rec: Any) -> None:
     """Apply one decoded record to the cache ``data`` (a dict, or a big dict's
     ``TableCache``: the same mapping methods); :class:`Inconsistent` if it is
     malformed or does not fit (a missing key, a path that is not a dict)."""
@@ -107,7 +108,7 @@ def apply(data: Dict[Any, Any], rec: Any) -> None:
         raise Inconsistent(f"record does not apply to the cached dict: {exc!r}") from None
 
 
-def apply_all(data: Dict[Any, Any], records: List[Any]) -> None:
+def apply_all(data: dict[Any, Any], records: list[Any]) -> None:
     """Apply decoded records in order: runs of root-level sets of scalar keys
     in one ``apply_sets`` call each, every other record with :func:`apply`.
     On an exception some records may have been applied (the caller reloads).

@@ -18,16 +18,16 @@ import datetime
 import decimal
 import io
 import pickle
-from typing import Any, Dict, Tuple
+from typing import Any
 
-from .placeholders import BlobRef, PickledBlobs
-from .codec import Codec, PickleCodec, describe_error
 from ..errors import CorruptSegment
+from .codec import Codec, PickleCodec, describe_error
+from .placeholders import BlobRef, PickledBlobs
 
 __all__ = ["Opaque", "safe_loads", "SafePickleCodec"]
 
 #: Constructors that only build a value from plain arguments.
-_ALLOWED: Dict[Tuple[str, str], Any] = {
+_ALLOWED: dict[tuple[str, str], Any] = {
     ("builtins", "complex"): complex,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
@@ -72,7 +72,7 @@ class Opaque:
         return f"<{self.qualname} object, not unpickled>"
 
 
-_stand_ins: Dict[str, type] = {}
+_stand_ins: dict[str, type] = {}
 
 
 def _stand_in(qualname: str) -> type:

@@ -14,7 +14,7 @@ exact-type scalar packs the same with or without the codec's ``strict_types``.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -32,7 +32,7 @@ def _scalar(x: Any, threshold: int) -> bool:
     return tp in _SCALARS and not (tp is bytes and 0 < threshold <= len(x))
 
 
-def _packed_pair(key: Any, value: Any, threshold: int, out: List[bytes]) -> bool:
+def _packed_pair(key: Any, value: Any, threshold: int, out: list[bytes]) -> bool:
     """Append the encodings of one key and value to ``out``; False if they do not fit."""
     if not _scalar(key, threshold):
         return False
@@ -50,7 +50,7 @@ def _packed_pair(key: Any, value: Any, threshold: int, out: List[bytes]) -> bool
 def pack_value(value: Any) -> Optional[bytes]:
     """``codec.dumps(value)`` of a scalar or a tuple of at most 15 scalars;
     None (declined) for anything else (the compiled ``udng_pack_value``)."""
-    out: List[bytes] = []
+    out: list[bytes] = []
     try:
         if not _packed_pair(None, value, 0, out):
             return None

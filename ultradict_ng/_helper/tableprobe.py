@@ -10,7 +10,8 @@ compiled ones.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
+from collections.abc import Iterator
+from typing import Any, Optional, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -54,7 +55,7 @@ def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
 
 def _table_chain(
     buf: Any, slots: int, start: int, end: int, h: int
-) -> Iterator[Union[str, Tuple[int, int, int]]]:
+) -> Iterator[Union[str, tuple[int, int, int]]]:
     """The checked entries on ``h``'s chain whose full hash is ``h``, as
     ``(offset, key length, value length)``; a damage message (str) ends it."""
     mask = slots - 1
@@ -114,11 +115,11 @@ def table_get(
 
 def table_candidates(
     buf: Any, slots: int, start: int, end: int, h: int
-) -> Union[List[Tuple[bytes, bytes]], str]:
+) -> Union[list[tuple[bytes, bytes]], str]:
     """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
     on its chain, or a damage message."""
     _table_check(buf, slots, start, end)
-    out: List[Tuple[bytes, bytes]] = []
+    out: list[tuple[bytes, bytes]] = []
     with memoryview(buf) as mv:
         for found in _table_chain(mv, slots, start, end, h):
             if isinstance(found, str):
@@ -131,8 +132,8 @@ def table_candidates(
 
 
 def table_changes(
-    buf: Any, slots: int, start: int, end: int, dead: Set[Any], changed: Set[Any], hot: Dict[Any, Any]
-) -> Tuple[List[Tuple[int, Optional[bytes]]], List[Any], List[Any]]:
+    buf: Any, slots: int, start: int, end: int, dead: set[Any], changed: set[Any], hot: dict[Any, Any]
+) -> tuple[list[tuple[int, Optional[bytes]]], list[Any], list[Any]]:
     """``(changes, rest_dead, rest_changed)``: ``(offset, None)`` for each key
     of ``dead`` and ``(offset, the codec's bytes of hot[key])`` for each of
     ``changed`` whose entry the offset probe finds (exact str and int keys)
@@ -141,8 +142,8 @@ def table_changes(
     if type(dead) not in (set, frozenset) or type(changed) not in (set, frozenset) or type(hot) is not dict:
         raise TypeError("table_changes(buf, slots, start, end, dead: set, changed: set, hot: dict)")
     _table_check(buf, slots, start, end)
-    changes: List[Tuple[int, Optional[bytes]]] = []
-    rests: Tuple[List[Any], List[Any]] = ([], [])
+    changes: list[tuple[int, Optional[bytes]]] = []
+    rests: tuple[list[Any], list[Any]] = ([], [])
     for keys, rest, new in ((dead, rests[0], False), (changed, rests[1], True)):
         for key in keys:
             off, value = 0, None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Optional, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -27,7 +27,7 @@ _TE = TL.TABLE_ENTRY_HEADER
 _declined: Any = object()
 
 
-def entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, Tuple[int, int, int]]:
+def entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, tuple[int, int, int]]:
     """``(hash, key length, value length)`` of the entry at ``off`` once it is
     checked (aligned, inside the entries, zero word, crc), or what is wrong."""
     if off & 7 or off < start or off + _TE > end:
@@ -42,7 +42,7 @@ def entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, Tuple[
     return eh, kl, vl
 
 
-def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[bytes, int]:
+def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> tuple[bytes, int]:
     """Up to ``most`` entries from ``off``, each checked, as one msgpack map
     of their keys' and values' bytes; and the offset after them."""
     if (
@@ -52,7 +52,7 @@ def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> Tuple[by
         or not 0 < most <= 0xFFFFFFFF
     ):
         raise ValueError("table_chunk: bounds do not fit the buffer")
-    parts: List[bytes] = []
+    parts: list[bytes] = []
     n = 0
     with memoryview(buf) as mv:
         while off < end and n < most:
@@ -72,9 +72,9 @@ def table_rows(
     start: int,
     end: int,
     off: int,
-    out: Union[Dict[Any, Any], List[Tuple[Any, Any]]],
-    skip: Optional[Set[Any]] = None,
-    subst: Optional[Dict[Any, Any]] = None,
+    out: Union[dict[Any, Any], list[tuple[Any, Any]]],
+    skip: Optional[set[Any]] = None,
+    subst: Optional[dict[Any, Any]] = None,
 ) -> int:
     """Decode the entries from ``off`` into ``out`` (a dict, or a list of
     pairs) while key and value are :func:`unpack_simple`'s, leaving out the
@@ -112,7 +112,7 @@ def table_rows(
 
 
 def table_merge(
-    dst: Any, off: int, src: Any, start: int, end: int, changes: List[Tuple[int, Optional[bytes]]]
+    dst: Any, off: int, src: Any, start: int, end: int, changes: list[tuple[int, Optional[bytes]]]
 ) -> Union[int, str]:
     """The entries ``src[start:end]`` with ``changes`` ((offset, new value
     bytes, or None to drop the entry), sorted by offset) written to ``dst``

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import itertools
 import struct
-import sys
 import threading
 import zlib
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Optional, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -26,7 +25,7 @@ from .. import layout as L
 from .. import table_layout as TL
 from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
 from .tableprobe import key_hash_common, table_candidates, table_changes, table_get
-from .tablewalk import entry_checked, table_chunk, table_merge, table_rows
+from .tablewalk import table_chunk, table_merge, table_rows
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
 
 __all__ = [
@@ -147,7 +146,7 @@ class StoreBase:
     seen: int
     #: The cache: a dict, or for a big dict a reader's ``_shm/tablecache.TableCache``
     #: (the read API of a dict; a writer turns it into a dict before it writes).
-    data: Dict[Any, Any]
+    data: dict[Any, Any]
     pos: int
 
     def _bind_state(self, words: Optional[Words], index: int) -> None:
@@ -166,11 +165,11 @@ class TableCacheBase:
 
     __slots__ = ("hot", "dead", "fresh", "changed", "_probe", "_limit")
 
-    hot: Dict[Any, Any]
-    dead: Set[Any]
-    fresh: Dict[Any, None]
-    changed: Set[Any]
-    _probe: Optional[Tuple[Any, int, int, int]]
+    hot: dict[Any, Any]
+    dead: set[Any]
+    fresh: dict[Any, None]
+    changed: set[Any]
+    _probe: Optional[tuple[Any, int, int, int]]
     _limit: Optional[int]
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -195,7 +194,11 @@ class ViewBase:
     __slots__ = ("_store", "_path")
 
     _store: Any
-    _path: Tuple[Any, ...]
+    _path: tuple[Any, ...]
+    # The subclass's (SharedDict's): what the dunders below fall back on.
+    _getitem_slow: Callable[[Any], Any]
+    _setitem_slow: Callable[[Any, Any], None]
+    _delitem_slow: Callable[[Any], None]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -209,16 +212,16 @@ class ViewBase:
                 setattr(cls, dunder, method)
 
     def __getitem__(self, key: Any) -> Any:
-        return getattr(self, "_getitem_slow")(key)
+        return self._getitem_slow(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        getattr(self, "_setitem_slow")(key, value)
+        self._setitem_slow(key, value)
 
     def __delitem__(self, key: Any) -> None:
-        getattr(self, "_delitem_slow")(key)
+        self._delitem_slow(key)
 
 
-_immutable_types: FrozenSet[type] = frozenset()
+_immutable_types: frozenset[type] = frozenset()
 
 
 def set_root_write(func: Callable[..., None]) -> None:
@@ -229,7 +232,7 @@ def set_root_write(func: Callable[..., None]) -> None:
         raise TypeError("set_root_write needs a function")
 
 
-def set_immutable_types(types: FrozenSet[type]) -> None:
+def set_immutable_types(types: frozenset[type]) -> None:
     """The types whose values the hit path may hand out without a copy."""
     global _immutable_types
     if type(types) is not frozenset:
@@ -237,7 +240,7 @@ def set_immutable_types(types: FrozenSet[type]) -> None:
     _immutable_types = types
 
 
-def first_to_export(pairs: List[Tuple[Any, Any]]) -> int:
+def first_to_export(pairs: list[tuple[Any, Any]]) -> int:
     """Index of the first ``(key, value)`` whose value the hit path would not
     hand out as it is (not of an immutable type, nor a tuple of such); len if none."""
     types = _immutable_types
@@ -279,12 +282,12 @@ class CacheGet:
 # -- the reader's checks and replay --------------------------------------------------------
 
 
-def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> Union[List[bytes], str]:
+def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> Union[list[bytes], str]:
     """The payloads of the records in ``chunk`` (stream bytes from offset
     ``base``), or a str saying what is wrong: reader step 4's checks (header
     complete, payload within the chunk, generation tag, crc and, with
     ``one_msgpack``, each payload exactly one msgpack object)."""
-    out: List[bytes] = []
+    out: list[bytes] = []
     pos, n = 0, len(chunk)
     size = L.RECORD_HEADER
     with memoryview(chunk) as mv:
@@ -322,7 +325,7 @@ def msgpack_length(data: Any) -> int:
 
 
 def apply_sets(
-    data: Dict[Any, Any], records: List[Any], start: int, op_set: int, key_types: FrozenSet[type]
+    data: dict[Any, Any], records: list[Any], start: int, op_set: int, key_types: frozenset[type]
 ) -> int:
     """Apply ``records[start:]`` to ``data`` while each is a root-level set of a
     key of ``key_types`` (``[op_set, [], key, value]``); the index of the first
@@ -348,7 +351,7 @@ def apply_sets(
 # -- the codec's type scans ----------------------------------------------------------------
 
 
-def types_within(container: Any, types: FrozenSet[type], levels: int = 0) -> bool:
+def types_within(container: Any, types: frozenset[type], levels: int = 0) -> bool:
     """Whether every member of a dict (keys and values), list, tuple, set or
     frozenset is of one of the exact ``types`` -- or, within ``levels`` more
     levels, is an exact dict, list, tuple, set or frozenset whose members are."""
@@ -410,7 +413,7 @@ _table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
 _TE = TL.TABLE_ENTRY_HEADER
 
 
-def _map_count(packed: Any) -> Tuple[int, int]:
+def _map_count(packed: Any) -> tuple[int, int]:
     """(pair count, header length) of the msgpack map ``packed`` starts with."""
     first = packed[0] if len(packed) else -1
     if first & 0xF0 == 0x80:
@@ -422,7 +425,7 @@ def _map_count(packed: Any) -> Tuple[int, int]:
     raise ValueError("table_fill: packed is not a msgpack map")
 
 
-def table_fill(buf: Any, off: int, packed: Any, hashes: List[int]) -> int:
+def table_fill(buf: Any, off: int, packed: Any, hashes: list[int]) -> int:
     """Write an entry per pair of the msgpack map ``packed`` with ``hashes[i]``
     from ``off`` (``buf`` None: only the resulting offset); return the offset
     after them (table_layout.py, "entries")."""

@@ -8,7 +8,7 @@
  * function that runs a nested unpackb for the items: ~0.6 us a tuple, six
  * times what msgpack takes for the same items as a plain array.  A reader of
  * a big dict decodes one value per first read and every value per walk, so
- * that callback was most of the cost of both (issue 22).
+ * that callback was most of the cost of both.
  *
  *   unpack_simple(data, default)
  *       The value of ``data`` (bytes) when it is exactly one msgpack scalar

@@ -19,7 +19,7 @@ import platform
 import struct
 import sys
 import zlib
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 import atomics  # type: ignore[import-untyped, unused-ignore]
 import msgpack  # type: ignore[import-untyped, unused-ignore]
@@ -37,7 +37,7 @@ _U64_MAX = (1 << 64) - 1
 
 #: The scalar types ``write_simple`` encodes (mirrors ``_native.SCALAR_TYPES``;
 #: :mod:`ultradict_ng._codec.records` defines the set, a test checks both agree).
-SCALAR_TYPES: Tuple[type, ...] = (type(None), bool, int, float, str, bytes)
+SCALAR_TYPES: tuple[type, ...] = (type(None), bool, int, float, str, bytes)
 RECORD_HEADER = L.RECORD_HEADER
 # The packer of write_simple: exact for SCALAR_TYPES, no default callback.
 _pack = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True).pack
@@ -145,7 +145,7 @@ class Words:
         """Sequentially consistent store: publishes every earlier write of this process."""
         raise NotImplementedError
 
-    def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
+    def cas(self, index: int, expected: int, desired: int) -> tuple[bool, int]:
         """Compare-and-swap; (swapped, the value seen before the operation)."""
         raise NotImplementedError
 
@@ -300,7 +300,7 @@ class BoundWords(Words):
         val = ctypes.c_uint64(value)
         self._store(self._base + 8 * index, ctypes.addressof(val), _SEQ_CST)
 
-    def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
+    def cas(self, index: int, expected: int, desired: int) -> tuple[bool, int]:
         if not 0 <= index < self._nwords:
             self._refuse(index)
         if not (0 <= expected <= _U64_MAX and 0 <= desired <= _U64_MAX):
@@ -326,8 +326,8 @@ class PublicWords(Words):
 
     def __init__(self, buffer: Any) -> None:
         super().__init__(buffer)
-        self._ctx: Dict[int, Any] = {}
-        self._views: Dict[int, Any] = {}
+        self._ctx: dict[int, Any] = {}
+        self._views: dict[int, Any] = {}
 
     def _view(self, index: int) -> Any:
         view = self._views.get(index)
@@ -345,7 +345,7 @@ class PublicWords(Words):
     def store(self, index: int, value: int) -> None:
         self._view(self._check(index)).store(_u64(value))
 
-    def cas(self, index: int, expected: int, desired: int) -> Tuple[bool, int]:
+    def cas(self, index: int, expected: int, desired: int) -> tuple[bool, int]:
         res = self._view(self._check(index)).cmpxchg_strong(expected=_u64(expected), desired=_u64(desired))
         return bool(res.success), int(res.expected)
 

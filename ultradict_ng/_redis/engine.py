@@ -18,14 +18,16 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from threading import get_ident
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, NoReturn, Optional
 
-from .._forks import on_fork_in_child
 from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import Codec
-from .._engine import ClosedWords, Conflict, Options, User
+from .._engine import ClosedWords, Conflict, Options, User, check_open
+from .._forks import on_fork_in_child
+from .._names import validate_name
 from ..errors import (
     BackendUnavailable,
     Closed,
@@ -34,15 +36,14 @@ from ..errors import (
     PathGone,
     Unlinked,
 )
-from .._names import validate_name
 from ..speedups import StoreBase, Words
+from . import census
 from . import layout as RL
+from . import transaction as T
 from .feed import RedisFeed
 from .lease import LeaseLock
 from .link import Link, connect_client, describe
 from .listener import Listener
-from . import census
-from . import transaction as T
 from .opening import open_redis
 
 __all__ = ["RedisEngine", "unlink_by_name"]
@@ -65,7 +66,7 @@ def _finalize(link: Link, epoch: str, unlink_pid: int, listener: Any) -> None:
         link.close()
 
 
-_live: "weakref.WeakSet[RedisEngine]" = weakref.WeakSet()
+_live: weakref.WeakSet[RedisEngine] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -125,7 +126,7 @@ class RedisEngine(StoreBase):
         self.listener: Any = None
         #: The open transaction (its thread holds the lease), or None.
         self.tx: Optional[T.RedisTransaction] = None
-        self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
+        self._finalizer: Optional[weakref.finalize[Any, Any]] = None
         self._bind_state(self._atomic, _W_STATE)
         _live.add(self)
 
@@ -142,7 +143,7 @@ class RedisEngine(StoreBase):
         reads: Optional[str],
         lease: Optional[float],
         staleness: Optional[float],
-    ) -> "RedisEngine":
+    ) -> RedisEngine:
         """Create or attach (``opening.py``)."""
         return open_redis(cls, name, create, options, initial, backend, reads, lease, staleness)
 
@@ -184,8 +185,7 @@ class RedisEngine(StoreBase):
     def sync_remote(self) -> None:
         """``SYNC``: one round trip; applies what changed since ``known``."""
         with self.mutex:
-            if self.closed:
-                self.words[_W_STATE]  # raises Closed
+            check_open(self.words)
             if not self.stale and self.known >= 0:
                 seq, epoch = self.link.peek()
                 if epoch == self._epoch and seq == self._known_bytes():
@@ -201,7 +201,7 @@ class RedisEngine(StoreBase):
             self._kb_for, self._kb = known, str(known).encode()
         return self._kb
 
-    def apply_delta(self, delta: List[Any]) -> None:
+    def apply_delta(self, delta: list[Any]) -> None:
         """Apply a ``SYNC`` answer (layout: "Reading"); the caller holds the mutex."""
         if type(delta) is not list or len(delta) < 2 or type(delta[0]) is not int:
             raise CorruptSegment(f"shared dict {self.name!r}: Redis answered {delta!r} to SYNC")
@@ -233,13 +233,13 @@ class RedisEngine(StoreBase):
         self.known = seq
         self.stale = False
 
-    def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
+    def node(self, path: tuple[Any, ...]) -> dict[Any, Any]:
         node: Any = self.data
         for key in path:
             node = node.get(key) if type(node) is dict else None
             if type(node) is not dict:
                 raise PathGone(f"no nested dict at {list(path)!r} in shared dict {self.name!r}")
-        found: Dict[Any, Any] = node
+        found: dict[Any, Any] = node
         return found
 
     def reload(self) -> None:
@@ -265,7 +265,7 @@ class RedisEngine(StoreBase):
     # -- writing -------------------------------------------------------------------
 
     def begin_write(self) -> None:
-        self.words[_W_STATE]  # Closed
+        check_open(self.words)
         self.mutex.acquire()
         try:
             self.sync()
@@ -276,11 +276,11 @@ class RedisEngine(StoreBase):
     def end_write(self) -> None:
         self.mutex.release()
 
-    def load(self, mapping: Dict[Any, Any]) -> bool:
+    def load(self, mapping: dict[Any, Any]) -> bool:
         """Declined: a load is one update record here, written in one transaction."""
         return False
 
-    def commit(self, rec: List[Any]) -> None:
+    def commit(self, rec: list[Any]) -> None:
         """A write whose decision used the cache: conditional on ``known``
         (layout: "Writing", step 3); ``Conflict`` if another client wrote first."""
         tx = self.tx
@@ -290,9 +290,9 @@ class RedisEngine(StoreBase):
         payload, decoded = self.codec.encode_record(rec)
         self._publish(payload, decoded, self.known)
 
-    def write(self, rec: List[Any]) -> None:
+    def write(self, rec: list[Any]) -> None:
         """A write whose effect does not depend on the state: never conflicts."""
-        self.words[_W_STATE]  # Closed
+        check_open(self.words)
         tx = self.tx
         if tx is not None and tx.thread == get_ident():
             with self.mutex:
@@ -401,7 +401,7 @@ class RedisEngine(StoreBase):
 
     def change_mark(self) -> int:
         """The sequence number ``data`` reflects (-1: none loaded yet)."""
-        self.words[_W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return self.known
 
     def wait_past(self, mark: int, timeout: float) -> bool:
@@ -409,7 +409,7 @@ class RedisEngine(StoreBase):
         server holds a later one (at once if it already does) or the dict is
         gone; False after ``timeout`` seconds.  Touches neither ``data`` nor
         the mutex: a helper thread waits here while others use the handle."""
-        self.words[_W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         if mark < 0:
             return True  # nothing loaded: any state is news
         if self.link.xread(self.keys.log, f"{mark}-1", timeout, timeout + 5.0):
@@ -422,21 +422,21 @@ class RedisEngine(StoreBase):
 
     # -- facts -------------------------------------------------------------------------
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return census.stats(self)
 
-    def users(self) -> List[User]:
-        out: List[User] = []
+    def users(self) -> list[User]:
+        out: list[User] = []
         for _, _, user in self._connections():
             if user not in out:
                 out.append(user)
         return out
 
-    def reopen_arguments(self) -> Dict[str, Any]:
+    def reopen_arguments(self) -> dict[str, Any]:
         """The same server, in the same read mode (Engine interface)."""
         return {"backend": self.backend, "reads": self.reads}
 
-    def _connections(self) -> List[Tuple[int, str, User]]:
+    def _connections(self) -> list[tuple[int, str, User]]:
         return census.connections(self)
 
     def _others_attached(self) -> bool:

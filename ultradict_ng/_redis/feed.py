@@ -13,15 +13,15 @@ removed dict (the feed then ends).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .._codec import records as R
-from .transaction import entry_records
+from .._codec.codec import copy_value
 from .._codec.placeholders import InlineArray
 from ..changes import Change, changes_of_dump, changes_of_records, skeleton
-from .._codec.codec import copy_value
 from ..errors import Closed, CorruptSegment
 from . import layout as RL
+from .transaction import entry_records
 
 if TYPE_CHECKING:
     from .engine import RedisEngine
@@ -32,10 +32,10 @@ __all__ = ["RedisFeed"]
 class RedisFeed:
     """``poll`` / ``wait`` / ``ended``: a ``changes.ChangeSource``."""
 
-    def __init__(self, engine: "RedisEngine") -> None:
+    def __init__(self, engine: RedisEngine) -> None:
         self._engine = engine
         with engine.mutex:
-            self.data: Dict[Any, Any] = skeleton(engine.data)
+            self.data: dict[Any, Any] = skeleton(engine.data)
             self.known = engine.known
         self._ended = False
 
@@ -50,7 +50,7 @@ class RedisFeed:
             return value.value()
         return copy_value(value, lambda stored: stored.value())
 
-    def poll(self) -> List[Change]:
+    def poll(self) -> list[Change]:
         self._check_open()
         if self._ended:
             return []
@@ -61,7 +61,7 @@ class RedisFeed:
             return []
         delta = reply[1]
         seq = delta[0]
-        out: List[Change] = []
+        out: list[Change] = []
         try:
             self._apply(delta, out)
         except R.Inconsistent as exc:
@@ -71,7 +71,7 @@ class RedisFeed:
         self.known = seq
         return out
 
-    def _apply(self, delta: List[Any], out: List[Change]) -> None:
+    def _apply(self, delta: list[Any], out: list[Change]) -> None:
         engine = self._engine
         codec = engine.codec
         kind = delta[1]

@@ -37,10 +37,11 @@ publish number ``seq``: one record, encoded by the dict's codec exactly as
 a shared-memory stream record (``_codec/records.py``), or a transaction's
 *bundle* -- byte 0xC1 followed by one msgpack array of the block's records
 (``bin``, each encoded as above), applied in order.  0xC1 is never the first
-byte of a record (msgpack reserves it; a pickle starts with PROTO, 0x80).  (The epoch in every entry lets
-a listener, which reads the stream without a script, tell a re-created
-dict's entries from its own without asking the server.)  Invariant, kept by every script: ``log`` holds the entries ``snap+1 .. seq``,
-in order, and also entry ``snap`` itself once a snapshot was taken -- so a
+byte of a record (msgpack reserves it; a pickle starts with PROTO, 0x80).
+(The epoch in every entry lets a listener, which reads the stream without a
+script, tell a re-created dict's entries from its own without asking the
+server.)  Invariant, kept by every script: ``log`` holds the entries
+``snap+1 .. seq``, in order, and also entry ``snap`` itself once a snapshot was taken -- so a
 client that reflects a state ``seen`` with ``snap <= seen <= seq`` catches up
 from ``log`` alone, and any other client loads ``snap`` and the entries after
 it.  (Entry ``snap`` stays as a marker: a listener that reads the stream with
@@ -128,11 +129,12 @@ published or entirely not (one script); the cache is reloaded either way.
 
 Snapshots (``SNAPSHOT``)
 ========================
-When a write's reply says a snapshot is due the writer, if its cache reflects some ``s > snap``, encodes its cache (the
-codec's dump of the tree, as a shared-memory full dump) and sends
+When a write's reply says a snapshot is due the writer, if its cache reflects
+some ``s > snap``, encodes its cache (the codec's dump of the tree, as a shared-memory full dump) and sends
 ``SNAPSHOT(epoch, s, blob)``: if ``snap < s <= seq`` the server stores it,
 sets ``snap = s`` and trims ``log`` to the entries from ``s`` on (``XTRIM
-MINID``; entry ``s`` stays, see "The log"), recomputing ``logbytes``; else it ignores it (another writer's
+MINID``; entry ``s`` stays, see "The log"), recomputing ``logbytes``; else it
+ignores it (another writer's
 newer snapshot won).  Server memory stays below about
 ``(1 + SNAP_RATIO) x`` the dict's encoded size plus ``minlog``.
 

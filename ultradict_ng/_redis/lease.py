@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import _faults as faults
 from .._lock import SharedLock
@@ -46,7 +46,7 @@ class LeaseLock(SharedLock):
 
     _MESSAGE = "could not acquire the lock of shared dict {name!r} within {timeout} s: {holder}"
 
-    def __init__(self, engine: "RedisEngine", lease: float) -> None:
+    def __init__(self, engine: RedisEngine, lease: float) -> None:
         super().__init__(engine.name)
         self._engine = engine
         self._value = ""  # the lock's value while we hold it: our fencing token
@@ -128,7 +128,7 @@ class LeaseLock(SharedLock):
             return True
         return pttl >= 0 and time.monotonic() >= start + pttl / 1000  # its lease ran out meanwhile
 
-    def _holder(self) -> Tuple[Optional[str], Optional[int]]:
+    def _holder(self) -> tuple[Optional[str], Optional[int]]:
         return None, None  # (another thread of ours holds our side of it)
 
     def _holder_pid(self) -> Optional[int]:
@@ -201,7 +201,7 @@ class _Keeper:
     IDLE_EXIT = 10.0
 
     def __init__(self) -> None:
-        self._held: "weakref.WeakSet[LeaseLock]" = weakref.WeakSet()
+        self._held: weakref.WeakSet[LeaseLock] = weakref.WeakSet()
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()

@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import _faults as faults
@@ -69,7 +70,7 @@ def describe(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def connect_client(backend: Any) -> Tuple[Any, str]:
+def connect_client(backend: Any) -> tuple[Any, str]:
     """``(client, url)`` for a ``backend`` given as a URL or a ready client.
 
     A URL names one server or any node of a cluster: the server is asked
@@ -142,14 +143,14 @@ class Link:
         )
         self._guard = threading.Lock()  # one command at a time on the dedicated connection
         self._conn: Any = None
-        self._spare: List[Any] = []  # blocking connections not in use
+        self._spare: list[Any] = []  # blocking connections not in use
         self._spare_guard = threading.Lock()
         # The RESP bytes of "EVALSHA <sha> 5 <keys>" per script, packed once.
         self._prefix = {
             name: _pack_words([b"EVALSHA", sha.encode(), b"5", *(k.encode() for k in keys)])
             for name, sha in _SHAS.items()
         }
-        self._last_sync: Tuple[Any, Any] = (None, None)  # (args, packed): fresh reads repeat them
+        self._last_sync: tuple[Any, Any] = (None, None)  # (args, packed): fresh reads repeat them
         self._peek = b"*4\r\n" + _pack_words([b"HMGET", keys.meta.encode(), b"seq", b"epoch"])
         self.closed = False
 
@@ -310,13 +311,13 @@ class Link:
             )
         return BackendUnavailable(f"Redis refused a command for {self.keys.meta}: {text}")
 
-    def _pack(self, script: str, args: Sequence[Any]) -> List[bytes]:
+    def _pack(self, script: str, args: Sequence[Any]) -> list[bytes]:
         """The command's RESP chunks (redis-py's packer costs ~60 us for nine
         arguments; this, a few)."""
         if script == "sync":
             last_args, last_packed = self._last_sync
             if last_args == args:
-                packed: List[bytes] = last_packed
+                packed: list[bytes] = last_packed
                 return packed
         chunks = [b"*%d\r\n" % (8 + len(args)) + self._prefix[script]]
         small = bytearray()
@@ -383,7 +384,7 @@ class Link:
         """A plain command on the dedicated connection (reconnects once)."""
         return self._plain(None, args)
 
-    def _plain(self, packed: Optional[List[bytes]], args: Optional[Sequence[Any]]) -> Any:
+    def _plain(self, packed: Optional[list[bytes]], args: Optional[Sequence[Any]]) -> Any:
         """A command that is safe to repeat: once after a lost connection, and
         after a moved slot (it did not run)."""
         redis = _redis()
@@ -439,7 +440,7 @@ class Link:
             else:
                 conn.disconnect()
 
-    def xread(self, stream: str, after: str, block: float, socket_timeout: float) -> Optional[List[Any]]:
+    def xread(self, stream: str, after: str, block: float, socket_timeout: float) -> Optional[list[Any]]:
         """``XREAD BLOCK`` on ``stream`` after id ``after``: its entries
         ``[(id, fields), ...]``, or None when ``block`` seconds passed.
         Connection failures raise ``BackendUnavailable``."""
@@ -471,5 +472,5 @@ class Link:
                     raise BackendUnavailable(f"lost the connection to Redis for {stream}: {exc}") from None
         if not reply:
             return None
-        entries: List[Any] = reply[0][1]
+        entries: list[Any] = reply[0][1]
         return entries

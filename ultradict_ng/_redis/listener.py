@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import TYPE_CHECKING, Deque, Optional, Tuple
+from typing import TYPE_CHECKING, Optional
 
 from .._codec import records as R
 from .transaction import entry_records
@@ -30,13 +30,13 @@ __all__ = ["Listener"]
 class Listener:
     """Feeds one engine's cache from the server's log."""
 
-    def __init__(self, engine: "RedisEngine") -> None:
+    def __init__(self, engine: RedisEngine) -> None:
         self._engine = weakref.ref(engine)
         self.link = engine.link
         self.keys = engine.keys
         self.epoch = engine.epoch.encode()
         self.staleness = engine.staleness
-        self.pending: Deque[Tuple[int, bytes]] = collections.deque()
+        self.pending: collections.deque[tuple[int, bytes]] = collections.deque()
         #: the last request was answered in time (and the dict still exists)
         self.vouched = False
         self._after = f"{max(engine.known, 0)}-1"
@@ -52,7 +52,7 @@ class Listener:
     def stop(self) -> None:
         self._stop.set()
 
-    def drain(self, engine: "RedisEngine") -> bool:
+    def drain(self, engine: RedisEngine) -> bool:
         """Apply pending entries (caller holds the mutex); False on a gap."""
         pending = self.pending
         codec = engine.codec

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Type
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from .._codec import records as R
 from .._codec.codec import CUSTOM_ID, Codec, codec_by_id, codec_for
 from .._engine import Options
-from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotFound, ParameterMismatch
 from .._names import generate_name, validate_name
+from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotFound, ParameterMismatch
 from . import layout as RL
 from .identity import HOST, start_time
 from .link import Link, connect_client, describe
@@ -26,7 +27,7 @@ READ_MODES = ("fresh", "cached")
 
 
 def open_redis(
-    cls: "Type[RedisEngine]",
+    cls: type[RedisEngine],
     name: Optional[str],
     create: Optional[bool],
     options: Options,
@@ -35,7 +36,7 @@ def open_redis(
     reads: Optional[str],
     lease: Optional[float],
     staleness: Optional[float],
-) -> "RedisEngine":
+) -> RedisEngine:
     """Create or attach to the dict ``name`` on ``backend`` (as ``SharedDict``)."""
     name = generate_name() if name is None else validate_name(name)
     reads = reads or "fresh"
@@ -114,7 +115,7 @@ def _create_or_find(
     codec: Optional[Codec],
     initial: Optional[Sequence[Sequence[Any]]],
     minlog: Optional[int],
-) -> Tuple[bool, Tuple[int, int, bool, str, int]]:
+) -> tuple[bool, tuple[int, int, bool, str, int]]:
     if create is False:
         got = link.command("HMGET", link.keys.meta, "version", "codec", "recurse", "epoch", "minlog")
         if got[3] is None:
@@ -122,7 +123,7 @@ def _create_or_find(
         return False, _fields(got, link.keys.meta)
     use = codec or codec_for(options.for_create("serializer") or "msgpack")
     recurse = bool(options.for_create("recurse"))
-    tree: Dict[Any, Any] = {}
+    tree: dict[Any, Any] = {}
     if initial:
         _, decoded = use.encode_record(R.update((), [list(p) for p in initial]))
         R.apply(tree, decoded)
@@ -148,7 +149,7 @@ def _create_or_find(
     return False, _fields(reply[1:], link.keys.meta)
 
 
-def _fields(got: Sequence[Any], key: str) -> Tuple[int, int, bool, str, int]:
+def _fields(got: Sequence[Any], key: str) -> tuple[int, int, bool, str, int]:
     """The stored configuration of a dict (``CREATE``'s answer, or ``HMGET``)."""
     try:
         version, codec_id, recurse, epoch, minlog = got

@@ -20,14 +20,14 @@ server answers ``FENCED`` and nothing of the block is published
 from __future__ import annotations
 
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from .. import layout as L
-from . import layout as RL
 from .._codec import records as R
+from .._engine import check_open
 from ..errors import CorruptSegment, LeaseLost, OutOfSpace, TransactionAborted
+from . import layout as RL
 
 if TYPE_CHECKING:
     from .._codec.codec import Codec
@@ -56,11 +56,11 @@ class RedisTransaction:
         #: The cache may lack one of its writes: its end publishes nothing.
         self.broken = False
         #: The block's encoded records, in order, and their size.
-        self.payloads: List[bytes] = []
+        self.payloads: list[bytes] = []
         self.size = 0
 
 
-def bundle(payloads: List[bytes]) -> bytes:
+def bundle(payloads: list[bytes]) -> bytes:
     """The log entry value of a block (module docstring)."""
     if len(payloads) == 1:
         return payloads[0]
@@ -68,7 +68,7 @@ def bundle(payloads: List[bytes]) -> bytes:
     return BUNDLE + packed
 
 
-def _unbundle(value: bytes) -> List[bytes]:
+def _unbundle(value: bytes) -> list[bytes]:
     try:
         payloads = msgpack.unpackb(value[1:], raw=False)
     except Exception as exc:
@@ -78,11 +78,11 @@ def _unbundle(value: bytes) -> List[bytes]:
     return payloads
 
 
-def entry_records(codec: "Codec", values: List[bytes]) -> List[Any]:
+def entry_records(codec: Codec, values: list[bytes]) -> list[Any]:
     """The decoded records of log entries, in order (a bundle gives its records)."""
     if not any(v[:1] == BUNDLE for v in values):
         return codec.loads_many(values)
-    flat: List[bytes] = []
+    flat: list[bytes] = []
     for v in values:
         if v[:1] == BUNDLE:
             flat.extend(_unbundle(v))
@@ -91,10 +91,10 @@ def entry_records(codec: "Codec", values: List[bytes]) -> List[Any]:
     return codec.loads_many(flat)
 
 
-def begin(engine: "RedisEngine") -> None:
+def begin(engine: RedisEngine) -> None:
     """Take the lease (reentrant; it brings the cache up to date) and open the
     transaction, or a level deeper in this thread's open one."""
-    engine.words[L.W_STATE]  # Closed
+    check_open(engine.words)
     engine.lock.acquire()
     try:
         with engine.mutex:
@@ -110,7 +110,7 @@ def begin(engine: "RedisEngine") -> None:
         raise
 
 
-def buffer(engine: "RedisEngine", tx: RedisTransaction, rec: List[Any]) -> None:
+def buffer(engine: RedisEngine, tx: RedisTransaction, rec: list[Any]) -> None:
     """A write of the transaction's thread: applied to the cache, kept for the end.
     A record that cannot be encoded raises and changes nothing."""
     payload, decoded = engine.codec.encode_record(rec)
@@ -123,7 +123,7 @@ def buffer(engine: "RedisEngine", tx: RedisTransaction, rec: List[Any]) -> None:
     tx.size += len(payload)
 
 
-def end(engine: "RedisEngine", publish: bool) -> None:
+def end(engine: RedisEngine, publish: bool) -> None:
     """Leave one level; at the outermost publish the block (one ``WRITE``) or
     discard it, then give the lease back."""
     tx = engine.tx
@@ -161,7 +161,7 @@ def end(engine: "RedisEngine", publish: bool) -> None:
             # (already raising: the block published nothing)
 
 
-def _discard(engine: "RedisEngine") -> None:
+def _discard(engine: RedisEngine) -> None:
     """The cache holds writes nobody else will see: reload it at the next read."""
     with engine.mutex:
         engine.known = -1
@@ -170,7 +170,7 @@ def _discard(engine: "RedisEngine") -> None:
         engine.data = {}
 
 
-def _largest_value(engine: "RedisEngine") -> int:
+def _largest_value(engine: RedisEngine) -> int:
     """The server's ``proto-max-bulk-len`` (a larger value makes it drop the
     connection); 512 MiB where ``CONFIG`` is not allowed."""
     try:
@@ -180,7 +180,7 @@ def _largest_value(engine: "RedisEngine") -> int:
         return MAX_BUNDLE
 
 
-def _publish(engine: "RedisEngine", tx: RedisTransaction) -> None:
+def _publish(engine: RedisEngine, tx: RedisTransaction) -> None:
     value = bundle(tx.payloads)
     if len(value) > 1 << 20:  # (asked only for large blocks: one more round trip)
         largest = _largest_value(engine) - 4096  # (the other arguments of the call)

@@ -15,7 +15,10 @@ The placeholders themselves are plain data in
 :mod:`ultradict_ng._codec.placeholders` (the serializers encode them); this
 module turns them into the user's values (:func:`materialize` and
 :func:`blob_view`, which ``Store.materialize`` and ``Store.view`` call) and
-makes, finds and walks blobs for the writer.  Every call on shared memory
+makes, finds and walks blobs for the writer -- whose steps of layout "Blobs"
+are here too (:func:`extract_blobs`, :func:`dropped_blobs`,
+:func:`sweep_blobs`), so that ``_shm/writer.py`` holds the order of a write
+and this module everything a write does to blobs.  Every call on shared memory
 goes through :mod:`ultradict_ng._segments`.  Nothing here imports numpy
 unless a value needs it.
 
@@ -36,14 +39,21 @@ import operator
 import pickle
 import struct
 import sys
-from typing import Any, Callable, List, Optional
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .. import _faults as faults
 from .. import _segments as segments
 from .. import layout as L
 from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy, tensor_as_array, torch
+from .._codec.ext import too_deep
 from .._codec.placeholders import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, PickledBlobs
 from ..errors import CorruptSegment
 from ..speedups import contains_type, types_within
+from .tablecache import TableCache
+
+if TYPE_CHECKING:
+    from .mapping import Mapping
 
 __all__ = [
     "BlobMissing",
@@ -61,6 +71,10 @@ __all__ = [
     "may_hold_blobs",
     "pairs_may_hold_blobs",
     "extract",
+    "extract_blobs",
+    "dropped_blobs",
+    "unlink_blobs",
+    "sweep_blobs",
 ]
 
 _header = struct.Struct(L.BLOB_FORMAT)
@@ -259,7 +273,7 @@ def array_on(ref: BlobRef, mm: mmap.mmap) -> Any:
         raise CorruptSegment(f"blob {ref.id} has an invalid array description: {exc}") from None
 
 
-def blob_ids(name: str, low: int, nxt: int) -> List[int]:
+def blob_ids(name: str, low: int, nxt: int) -> list[int]:
     """Ids of ``low .. nxt`` whose blob segments may exist: those listed in
     /dev/shm where it can be listed, else the range itself (at most
     ``MAX_BLOB_SWEEP`` of them)."""
@@ -277,9 +291,9 @@ def blob_ids(name: str, low: int, nxt: int) -> List[int]:
     return list(range(low, min(nxt, low + L.MAX_BLOB_SWEEP)))
 
 
-def refs_within(value: Any, out: Optional[List[BlobRef]] = None) -> List[BlobRef]:
+def refs_within(value: Any, out: Optional[list[BlobRef]] = None) -> list[BlobRef]:
     """Every BlobRef inside ``value`` (lists, tuples, dict values; iterative)."""
-    found: List[BlobRef] = [] if out is None else out
+    found: list[BlobRef] = [] if out is None else out
     stack = [value]
     while stack:
         item = stack.pop()
@@ -308,7 +322,7 @@ def may_hold_blobs(value: Any, threshold: int) -> bool:
     return True
 
 
-def pairs_may_hold_blobs(pairs: List[Any], threshold: int) -> bool:
+def pairs_may_hold_blobs(pairs: list[Any], threshold: int) -> bool:
     """``any(may_hold_blobs(v, threshold) for _, v in pairs)`` for an update
     record's pairs (``[[key, value], ...]``), decided for the common case by
     compiled scans instead of a call per pair: when every key and value is
@@ -356,3 +370,111 @@ def extract(
         new = {k: extract(v, threshold, store_blob, other) for k, v in value.items()}
         return value if all(new[k] is v for k, v in value.items()) else new
     return value
+
+
+# -- the writer's steps (layout: "Blobs" a-d) -------------------------------------------------
+
+
+def extract_blobs(
+    rec: list[Any],
+    created: list[BlobRef],
+    name: str,
+    token: int,
+    mapping: Mapping,
+    threshold: int,
+    pickled: bool,
+) -> list[Any]:
+    """``rec`` with its large buffers and arrays written to blobs (steps a-b)
+    and replaced by references; the blobs made are appended to ``created``.
+    With ``pickled`` (the dict's serializer is pickle) any other value keeps
+    its large buffers out of band, in blobs, as a :class:`PickledBlobs`.  The
+    writer calls this under the lock; on an error the blobs made are gone."""
+
+    def store_blob(value: Any, kind: int) -> BlobRef:
+        blob_id = mapping.words[L.W_BLOB_NEXT]
+        mapping.atomic.store(L.W_BLOB_NEXT, blob_id + 1)  # a: before the segment exists
+        if faults.armed is not None:
+            faults.hit("blob-registered")
+        ref = write_blob(name, token, blob_id, kind, value)  # b
+        created.append(ref)
+        if faults.armed is not None:
+            faults.hit("blob-written")
+        return ref
+
+    def out_of_band(value: Any) -> Any:
+        """Under pickle: the value pickled with protocol 5, its large buffers in blobs."""
+        refs: list[BlobRef] = []
+
+        def callback(buffer: pickle.PickleBuffer) -> bool:
+            try:
+                raw = buffer.raw()
+            except BufferError:  # not contiguous: it stays in band
+                return True
+            if raw.nbytes < threshold:
+                return True
+            refs.append(store_blob(raw, KIND_BYTES))
+            return False
+
+        try:
+            data = pickle.dumps(value, protocol=5, buffer_callback=callback)
+        except Exception:  # the codec reports it, with its own error
+            unlink_blobs(name, refs)
+            del created[len(created) - len(refs) :]
+            return value
+        return PickledBlobs(refs, data) if refs else value
+
+    other = out_of_band if pickled else None
+    try:
+        if rec[0] == L.OP_SET:
+            value = extract(rec[3], threshold, store_blob, other)
+            return rec if value is rec[3] else [rec[0], rec[1], rec[2], value]
+        if rec[0] == L.OP_UPDATE:
+            pairs = [[k, extract(v, threshold, store_blob, other)] for k, v in rec[2]]
+            return [rec[0], rec[1], pairs]
+    except RecursionError:
+        unlink_blobs(name, created)
+        raise too_deep() from None
+    except BaseException:
+        unlink_blobs(name, created)
+        raise
+    return rec
+
+
+def dropped_blobs(node: Any, rec: list[Any]) -> list[BlobRef]:
+    """The blobs record ``rec`` removes from ``node``, the dict it changes (the
+    values it replaces or deletes): unlinked once it is published (step d)."""
+    op = rec[0]
+    refs: list[BlobRef] = []
+    if op == L.OP_CLEAR:
+        return refs_within(_walkable(node))
+    keys = [k for k, _ in rec[2]] if op == L.OP_UPDATE else [rec[2]]
+    for key in keys:
+        try:
+            old = node.get(key)
+        except TypeError:  # unhashable: the record fails later, with the real error
+            continue
+        refs_within(old, refs)
+    return refs
+
+
+def unlink_blobs(name: str, refs: Iterable[BlobRef]) -> None:
+    for ref in refs:
+        segments.unlink(L.blob_name(name, ref.id))
+
+
+def sweep_blobs(name: str, tree: Any, mapping: Mapping) -> None:
+    """At a dump of ``tree``: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that it
+    does not reference (left by writers that died), and raise BLOB_LOW."""
+    referenced = {ref.id for ref in refs_within(_walkable(tree))}
+    words = mapping.words
+    low, nxt = words[L.W_BLOB_LOW], words[L.W_BLOB_NEXT]
+    for blob_id in blob_ids(name, low, nxt):
+        if blob_id not in referenced:
+            segments.unlink(L.blob_name(name, blob_id))
+    mapping.atomic.store(L.W_BLOB_LOW, min(referenced) if referenced else nxt)
+
+
+def _walkable(tree: Any) -> Any:
+    """What :func:`refs_within` walks for a dict: a big dict's cache gives its
+    values (every one decoded for the walk, none kept)."""
+    return tree.values() if type(tree) is TableCache else tree

@@ -11,19 +11,18 @@ segment with another creation token is a dict re-created under the same name.
 from __future__ import annotations
 
 import logging
-from typing import List
 
-from .. import layout as L
-from ..cache_layout import cache_name
 from .. import _segments as segments
-from .blobs import blob_ids
-from .control import check_layout, control_owner, looks_half_created, read_word
-from ..errors import CorruptSegment, LockTimeout
-from .lock import ShmLock, owner_alive
-from .waiting import wake
-from .mapping import Mapping
+from .. import layout as L
 from .._names import validate_name
 from .._segments import Segment
+from ..cache_layout import cache_name
+from ..errors import CorruptSegment, LockTimeout
+from .blobs import blob_ids
+from .control import check_layout, control_owner, looks_half_created, read_word
+from .lock import ShmLock, owner_alive
+from .mapping import Mapping
+from .waiting import wake
 
 __all__ = [
     "unlink_dumps",
@@ -175,7 +174,7 @@ def unlink_other_layout(name: str) -> int:
     return sum(segments.unlink(n) for n in names) + int(segments.unlink(name))
 
 
-def remove_orphans(base: str, names: List[str]) -> int:
+def remove_orphans(base: str, names: list[str]) -> int:
     """Unlink ``names``, segments named like the dict ``base``'s whose control
     segment is gone (layout: "Unlink and cleanup register", orphans); how many.
 

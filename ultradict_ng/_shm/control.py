@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .. import layout as L
+from .._segments import Segment
 from ..errors import CorruptSegment, IncompatibleLayout
 from .lock import owner_alive
-from .._segments import Segment
 
 __all__ = ["Header", "read_word", "check_layout", "attach_control", "control_owner", "looks_half_created"]
 
@@ -59,7 +60,7 @@ class Header:
         words[L.W_BLOB_NEXT] = words[L.W_BLOB_LOW] = 1
 
     @classmethod
-    def read(cls, name: str, words: memoryview) -> "Header":
+    def read(cls, name: str, words: memoryview) -> Header:
         """The header of a published control segment; :class:`IncompatibleLayout`
         for another layout version, :class:`CorruptSegment` for impossible values."""
         check_layout(name, words)

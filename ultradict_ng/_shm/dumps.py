@@ -7,7 +7,7 @@ table, mapped, plus what changed since), and its next dump is that table
 with the changes merged in -- unchanged entries copied as bytes, only the
 changed and new ones encoded (``table_layout``: "Merge").  That keeps a
 writer's work and memory O(the keys it touched), never a decode and an
-encode of the whole dict (issue 22).  The other two forms pack a ``dict``
+encode of the whole dict.  The other two forms pack a ``dict``
 cache whole: a table when its keys have table hashes, else the payload form.
 
 :func:`plan` decides and sizes; :meth:`Planned.write` fills the segment the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from .. import layout as L
 from .._codec.codec import MsgpackCodec
@@ -59,7 +59,7 @@ class Planned:
         count: Optional[int],
         merge: Optional[Merge],
         payload: Optional[bytes],
-        hashes: Optional[List[int]],
+        hashes: Optional[list[int]],
     ) -> None:
         self.size, self.count = size, count
         self._merge, self._payload, self._hashes = merge, payload, hashes
@@ -126,7 +126,7 @@ def _merge(cache: TableCache, dumps: Callable[[Any], bytes], loads: Callable[[An
     )
     changes += [(offset(k), None) for k in dead]
     changes += [(offset(k), dumps(hot[k])) for k in changed]
-    appended: List[Tuple[int, bytes, bytes]] = [(hash_key(k), dumps(k), dumps(hot[k])) for k in cache.fresh]
+    appended: list[tuple[int, bytes, bytes]] = [(hash_key(k), dumps(k), dumps(hot[k])) for k in cache.fresh]
     return Merge(table, changes, appended)
 
 

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
 from .. import layout as L
+from .._codec.codec import copy_value
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone
-from .._codec.codec import copy_value
 from ..changes import SUPERSEDED, Change, changes_of_dump, changes_of_records, skeleton
 from ..errors import Closed
+from ..speedups import Words
 from .reader import INVALID, Reader
 from .waiting import Backoff, ProcessWaits
-from ..speedups import Words
 
 __all__ = ["wait_until_changed", "Feed"]
 
@@ -87,7 +87,7 @@ class Feed(Reader):
         self._materialize = store.materialize
         self._owner = store  # (its mapping is ours too: the feed keeps it open)
         self.mutex = threading.RLock()
-        self.out: List[Change] = []
+        self.out: list[Change] = []
         self._mark = 0
         in_block = getattr(store, "tx", None) is not None  # (a Peek of the command line has none)
         with store.mutex:
@@ -111,7 +111,7 @@ class Feed(Reader):
         if self._owner.closed:
             raise Closed(f"the handle of shared dict {self.name!r} this feed reads through was closed")
 
-    def poll(self) -> List[Change]:
+    def poll(self) -> list[Change]:
         """The changes published since the last call (or since the feed's
         start), oldest first; empty if there are none now.  Never blocks."""
         self._check_open()
@@ -141,7 +141,7 @@ class Feed(Reader):
         except BlobGone:
             return SUPERSEDED
 
-    def _feed_records(self, records: List[Any]) -> None:
+    def _feed_records(self, records: list[Any]) -> None:
         """Before ``records`` are applied: their changes, values copied now
         (a later record of the same batch may change a nested dict in place)."""
         self._mark = len(self.out)
@@ -150,6 +150,6 @@ class Feed(Reader):
     def _feed_undo(self) -> None:
         del self.out[self._mark :]
 
-    def _feed_dump(self, new: Dict[Any, Any]) -> None:
+    def _feed_dump(self, new: dict[Any, Any]) -> None:
         """Before the cache is replaced by a dump: the difference, as resync changes."""
         changes_of_dump(self.out, self._export, self.codec.dumps, self.data, new)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional, Tuple
+from typing import Optional
 
 from .. import layout as L
 from .._lock import SharedLock, WordLock
@@ -169,7 +169,7 @@ class ShmLock(WordLock):
             words.cas(_W_LOCK_WAKING, _WAKE_PENDING, 0)
             waits.exit(words, _W_LOCK_WAITERS)
 
-    def _holder(self) -> Tuple[Optional[str], Optional[int]]:
+    def _holder(self) -> tuple[Optional[str], Optional[int]]:
         return _holder_of(self._words.load(_W_LOCK))
 
     def _holder_pid(self) -> Optional[int]:
@@ -197,7 +197,7 @@ class ShmLock(WordLock):
         return ok
 
 
-def _holder_of(word: int) -> Tuple[Optional[str], Optional[int]]:
+def _holder_of(word: int) -> tuple[Optional[str], Optional[int]]:
     """What a timeout message says about the LOCK word ``word``."""
     pid = pid_of(word) if word else None
     return (f"held by pid {pid}", pid) if pid else (None, None)

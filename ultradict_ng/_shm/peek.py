@@ -15,18 +15,18 @@ mapping them.  A Peek does not register as a user and never writes.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from .. import layout as L
-from .._codec.placeholders import BlobRef
 from .._codec.codec import CUSTOM_ID, MSGPACK, PICKLE, Codec
-from .control import Header, attach_control
+from .._codec.placeholders import BlobRef
+from .._codec.safe_pickle import SAFE_PICKLE
+from .._segments import Segment
 from ..errors import CorruptSegment, NotFound
+from .control import Header, attach_control
 from .lock import ShmLock
 from .mapping import Mapping
 from .reader import INVALID, Reader
-from .._codec.safe_pickle import SAFE_PICKLE
-from .._segments import Segment
 from .waiting import waits_for
 
 __all__ = ["Peek", "reading_codec"]
@@ -95,7 +95,7 @@ class Peek(Reader):
         self.pos = 0
 
     @classmethod
-    def open(cls, name: str) -> "Peek":
+    def open(cls, name: str) -> Peek:
         """:class:`NotFound` rather than FileNotFoundError for a missing dict."""
         try:
             return cls(name)
@@ -108,7 +108,7 @@ class Peek(Reader):
             self.serializer_id, f"unknown ({self.serializer_id})"
         )
 
-    def load(self) -> Dict[Any, Any]:
+    def load(self) -> dict[Any, Any]:
         """The whole tree as published now (placeholders for large values).
 
         :class:`CorruptSegment` if it cannot be read consistently within
@@ -131,7 +131,7 @@ class Peek(Reader):
     def blob_bytes(self) -> int:
         """Payload bytes of the large values the loaded tree references."""
         total = 0
-        stack: List[Any] = [self.data]
+        stack: list[Any] = [self.data]
         while stack:
             node = stack.pop()
             items = node.values() if isinstance(node, dict) else node
@@ -148,7 +148,7 @@ class Peek(Reader):
             self.data = {}
             self._map.release()
 
-    def __enter__(self) -> "Peek":
+    def __enter__(self) -> Peek:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -13,19 +13,20 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Tuple, Union, cast
+from typing import Any, Optional, Union, cast
 
 from .. import layout as L
 from .. import table_layout as TL
 from .._codec.codec import Codec, MsgpackCodec
-from ..errors import CorruptSegment, PathGone, Unlinked
-from .._lock import SharedLock
-from .mapping import Mapping
 from .._codec.records import Inconsistent, apply_all
+from .._lock import SharedLock
 from .._segments import Segment
+from ..errors import CorruptSegment, PathGone, Unlinked
 from ..speedups import StoreBase, parse_records
+from .mapping import Mapping
 from .table import Table
-from .tablecache import TableCache, partial_from as _partial_from
+from .tablecache import TableCache
+from .tablecache import partial_from as _partial_from
 
 __all__ = ["Reader", "INVALID"]
 
@@ -66,7 +67,7 @@ class Reader(StoreBase):
     #: max_decoded=N)``; None: every row it read, see ``TableCache.evict``).
     max_decoded: Optional[int] = None
 
-    def node(self, path: Tuple[Any, ...]) -> Dict[Any, Any]:
+    def node(self, path: tuple[Any, ...]) -> dict[Any, Any]:
         """The cached dict at ``path`` (caller has synced); PathGone if it is not a dict now."""
         node = self.data
         for key in path:
@@ -120,7 +121,7 @@ class Reader(StoreBase):
                     problem = data
                     _pause(attempt)
                     continue
-                data = cast(Dict[Any, Any], data)  # (or a TableCache: the read API of a dict)
+                data = cast(dict[Any, Any], data)  # (or a TableCache: the read API of a dict)
                 if self._feeding:
                     self._feed_dump(data)  # (a feed decodes whole: _partial is False)
                 self.data = data
@@ -159,16 +160,16 @@ class Reader(StoreBase):
             return None
         return problem
 
-    def _feed_dump(self, new: Dict[Any, Any]) -> None:
+    def _feed_dump(self, new: dict[Any, Any]) -> None:
         """(A change feed's hook: the cache is about to be replaced by ``new``.)"""
 
-    def _feed_records(self, records: List[Any]) -> None:
+    def _feed_records(self, records: list[Any]) -> None:
         """(A change feed's hook: ``records`` are about to be applied.)"""
 
     def _feed_undo(self) -> None:
         """(A change feed's hook: the records of the last ``_feed_records`` were not applied.)"""
 
-    def _load_dump(self, gen: int) -> Union[Dict[Any, Any], TableCache, str]:
+    def _load_dump(self, gen: int) -> Union[dict[Any, Any], TableCache, str]:
         """The decoded dump of ``gen``, or a str saying why it could not be loaded."""
         if gen == 0:
             return {}
@@ -202,7 +203,7 @@ class Reader(StoreBase):
             if not kept:
                 seg.close()
 
-    def _load_table(self, seg: Segment, dname: str, gen: int) -> Union[Dict[Any, Any], "TableCache", str]:
+    def _load_table(self, seg: Segment, dname: str, gen: int) -> Union[dict[Any, Any], TableCache, str]:
         """The cache of a table dump (layout: "Dump"), or why it could not be made.
 
         A table of at least ``PARTIAL_FROM`` entries stays mapped and becomes a
@@ -242,7 +243,7 @@ class Reader(StoreBase):
             if not partial:
                 whole.release()
 
-    def _parse(self, chunk: bytes, gen: int) -> Union[List[Any], str]:
+    def _parse(self, chunk: bytes, gen: int) -> Union[list[Any], str]:
         """Decoded records of ``chunk``, or a str saying what is wrong (step 4).
 
         For msgpack the parser also checks that each payload is exactly one

@@ -23,36 +23,34 @@ import secrets
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
-from .._forks import on_fork_in_child
-from .. import layout as L
-from .._codec import records as R
 from .. import _segments as segments
-from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
-from .._codec.codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
-from .control import Header, attach_control
+from .. import layout as L
 from .._arguments import pairs
-from .._engine import BlobGone, ClosedWords, Engine, Initial, Options, User
-from . import blobs
-from .blobs import BlobMissing
+from .._codec import records as R
+from .._codec.codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .._codec.placeholders import BlobRef, InlineArray
-from .feed import Feed, wait_until_changed
+from .._engine import BlobGone, ClosedWords, Engine, Initial, Options, User, check_open
+from .._forks import on_fork_in_child
+from .._names import generate_name, validate_name
+from .._segments import Segment
 from ..errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
+from ..speedups import pack_map
+from . import blobs, tablecache, users
+from .blobs import BlobMissing
+from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
+from .control import Header, attach_control
+from .feed import Feed, wait_until_changed
 from .lock import ShmLock, owner_word
 from .mapping import Mapping
-from .._names import generate_name, validate_name
 from .reader import INVALID
-from .._segments import Segment
 from .waiting import waits_for
 from .writer import Writer
-from . import tablecache
-from ..speedups import pack_map
-from . import users
 
 __all__ = ["Store"]
 
-Path = Tuple[Any, ...]
+Path = tuple[Any, ...]
 
 
 def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int, registered: bool, last: bool) -> None:
@@ -68,7 +66,7 @@ def _finalize(mapping: Mapping, name: str, token: int, unlink_pid: int, register
         mapping.release()
 
 
-_live_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
+_live_stores: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -132,15 +130,15 @@ class Store(Writer):
         self.pos = 0
         self.seen = INVALID
         self._bind_state(mapping.atomic, L.W_STATE)
-        self._finalizer: Optional["weakref.finalize[Any, Any]"] = None
+        self._finalizer: Optional[weakref.finalize[Any, Any]] = None
         _live_stores.add(self)
 
     # -- opening -----------------------------------------------------------------
 
     @classmethod
     def open(
-        cls, name: Optional[str], create: Optional[bool], options: Options, initial: "Initial" = None
-    ) -> "Store":
+        cls, name: Optional[str], create: Optional[bool], options: Options, initial: Initial = None
+    ) -> Store:
         """Create or attach (see :class:`~ultradict_ng.SharedDict` and :class:`Options`)."""
         if create not in (None, True, False):
             raise TypeError("create must be None, True or False")
@@ -203,7 +201,7 @@ class Store(Writer):
         raise NotFound(f"shared dict {name!r} kept disappearing while attaching to it")
 
     @classmethod
-    def _create(cls, name: str, options: Options, initial: "Initial") -> "Store":
+    def _create(cls, name: str, options: Options, initial: Initial) -> Store:
         """Create the dict; no buffer_size makes a growing stream (layout: "Stream size")."""
         codec = codec_for(options.for_create("serializer"))
         buffer_size = options.for_create("buffer_size")
@@ -242,7 +240,7 @@ class Store(Writer):
                     store.commit(R.update((), pairs(initial)))
             elif initial:
                 # (fresh [key, value] lists, made by _arguments.pairs: no copy)
-                store.commit(R.update((), cast(List[List[Any]], initial)))
+                store.commit(R.update((), cast(list[list[Any]], initial)))
             mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)  # ready: published last
             return store
         except BaseException:
@@ -261,7 +259,7 @@ class Store(Writer):
             raise
 
     @classmethod
-    def _attach(cls, name: str, codec: Optional[Codec], options: Options) -> "Store":
+    def _attach(cls, name: str, codec: Optional[Codec], options: Options) -> Store:
         ctrl = attach_control(name)  # FileNotFoundError propagates
         stream: Optional[Segment] = None
         words = memoryview(ctrl.buf).cast("Q")  # type: ignore[arg-type]
@@ -317,7 +315,7 @@ class Store(Writer):
 
     # -- reading -------------------------------------------------------------------
 
-    def load(self, mapping: Dict[Any, Any]) -> bool:
+    def load(self, mapping: dict[Any, Any]) -> bool:
         """``update(mapping)`` at the root as a bulk load straight from a ``dict``:
         published as a dump (layout: "Writer", step 4: a load of ``PARTIAL_FROM``
         pairs or more, no fewer than the dict holds), True; or False, nothing
@@ -346,7 +344,7 @@ class Store(Writer):
             and self.codec.id == MsgpackCodec.id
         )
 
-    def _load(self, mapping: Dict[Any, Any]) -> bool:
+    def _load(self, mapping: dict[Any, Any]) -> bool:
         """:meth:`load`'s work, in ``begin_write`` (or creating the dict)."""
         if self.tx is not None or len(mapping) < len(self.data):
             return False
@@ -425,7 +423,7 @@ class Store(Writer):
 
     def change_mark(self) -> int:
         """The STATE ``data`` reflects (Engine interface: ``wait_past``)."""
-        self.words[L.W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return self.seen
 
     def wait_past(self, mark: int, timeout: float) -> bool:
@@ -438,10 +436,10 @@ class Store(Writer):
 
     def feed(self) -> Feed:
         """A change feed starting at the state this handle's cache reflects."""
-        self.words[L.W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return Feed(self)
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """The dict's shared state as this handle sees it now (a snapshot)."""
         words = self.words
         state = words[L.W_STATE]  # Closed on a closed handle
@@ -471,12 +469,12 @@ class Store(Writer):
             "unlinked": bool(words[L.W_STATUS] & L.STATUS_UNLINKED),
         }
 
-    def users(self) -> List[User]:
+    def users(self) -> list[User]:
         """The processes attached to the dict now, alive and dead (layout: "Users")."""
-        self.words[L.W_STATE]  # Closed on a closed handle
+        check_open(self.words)
         return users.read_users(self._map.atomic)
 
-    def reopen_arguments(self) -> Dict[str, Any]:
+    def reopen_arguments(self) -> dict[str, Any]:
         """Another process finds the dict by name in shared memory (Engine interface)."""
         return {"backend": "shm"}
 

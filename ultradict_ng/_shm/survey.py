@@ -20,17 +20,17 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .. import cache_layout as CL
 from .. import layout as L
+from .._engine import User
+from .._owner import owner_alive, pid_of
+from .._segments import Segment, entry_stat, listed
+from ..errors import SharedDictError
 from ..futures import layout as PL
 from .control import looks_half_created
-from ..errors import SharedDictError
-from .._owner import owner_alive, pid_of
 from .peek import Peek
-from .._segments import Segment, entry_stat, listed
-from .._engine import User
 from .users import read_users
 
 __all__ = ["Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
@@ -52,7 +52,7 @@ class Holder:
     alive: bool
 
     @classmethod
-    def of(cls, word: int) -> Optional["Holder"]:
+    def of(cls, word: int) -> Optional[Holder]:
         return cls(pid_of(word), owner_alive(word)) if word else None
 
 
@@ -70,7 +70,7 @@ class DictReport:
     name: str
     status: str = "ok"
     problem: Optional[str] = None
-    segments: List[str] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)
     bytes: int = 0
     created: Optional[float] = None
     layout_version: Optional[int] = None
@@ -92,7 +92,7 @@ class DictReport:
     #: when the dict has a side segment ``N@c``; None for a plain dict.
     cache: Optional[str] = None
     creator: Optional[Holder] = None
-    users: List[User] = field(default_factory=list)
+    users: list[User] = field(default_factory=list)
     unregistered_users: int = 0
     lock: Optional[Holder] = None
     lock_waiters: int = 0
@@ -100,11 +100,11 @@ class DictReport:
     closing: Optional[Holder] = None
 
     @property
-    def live_users(self) -> List[int]:
+    def live_users(self) -> list[int]:
         return [u.pid for u in self.users if u.alive]
 
-    def as_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {}
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for key, value in self.__dict__.items():
             if isinstance(value, Holder):
                 value = {"pid": value.pid, "alive": value.alive}
@@ -120,7 +120,7 @@ class Orphan:
     gone: left by a crash during creation or removal; nothing can reach them."""
 
     base: str
-    segments: List[str]
+    segments: list[str]
     bytes: int
 
 
@@ -129,17 +129,17 @@ class Survey:
     """The shared-memory filesystem, sorted: our dicts, orphans, and the rest
     (other programs' files: counted, never touched)."""
 
-    dicts: List[DictReport]
-    orphans: List[Orphan]
-    foreign: List[Tuple[str, int]]
+    dicts: list[DictReport]
+    orphans: list[Orphan]
+    foreign: list[tuple[str, int]]
 
 
 def survey(load_keys: bool = True) -> Survey:
     """Read every dict on the machine (see the module docstring)."""
     entries = sorted(listed(""))  # (empty where the filesystem cannot be listed)
-    derived: Dict[str, List[str]] = {}
-    plain: List[str] = []
-    foreign: List[Tuple[str, int]] = []
+    derived: dict[str, list[str]] = {}
+    plain: list[str] = []
+    foreign: list[tuple[str, int]] = []
     for entry in entries:
         if entry.startswith(PL.POOL_PREFIX):
             continue  # the process pool's parcels: futures/leftovers.py reports them
@@ -151,7 +151,7 @@ def survey(load_keys: bool = True) -> Survey:
         else:
             st = entry_stat(entry)
             foreign.append((entry, real_bytes(st) if st else 0))
-    dicts: List[DictReport] = []
+    dicts: list[DictReport] = []
     for name in plain:
         rep = report(name, derived.get(name, []), load_keys)
         if rep is None:
@@ -192,7 +192,7 @@ def _read_head(name: str) -> Optional[bytes]:
         seg.close()
 
 
-def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = True) -> Optional[DictReport]:
+def report(name: str, derived: Optional[list[str]] = None, load_keys: bool = True) -> Optional[DictReport]:
     """The report of the dict ``name``; None if ``name`` is not ours at all (a
     foreign file with no segment named like a dict's beside it)."""
     if derived is None:
@@ -241,7 +241,7 @@ def report(name: str, derived: Optional[List[str]] = None, load_keys: bool = Tru
     return rep
 
 
-def _count_segments(rep: DictReport, derived: List[str]) -> None:
+def _count_segments(rep: DictReport, derived: list[str]) -> None:
     for seg in derived:
         st = entry_stat(seg)
         if st is None:
@@ -278,7 +278,7 @@ def _cache_serializer(name: str) -> str:
     return names.get(words[CL.W_SERIALIZER], "?")
 
 
-def _fill_from_words(rep: DictReport, words: List[int]) -> None:
+def _fill_from_words(rep: DictReport, words: list[int]) -> None:
     config = words[L.W_CONFIG]
     rep.recurse = bool(config & L.FLAG_RECURSE)
     rep.stream_grows = bool(config & L.FLAG_GROWS)

@@ -2,7 +2,7 @@
 
 Why: a dump (layout: "Dump") is one serializer payload, so a process must
 decode all of it before it can answer one lookup -- at a million keys, a
-second and hundreds of MiB per process (issue 22).  A table is the same data
+second and hundreds of MiB per process.  A table is the same data
 laid out so that a process that only *maps* it can answer ``key in d`` and
 ``d[key]`` with a hash, a probe and the decoding of one entry, and can walk the
 entries in insertion order without an index of its own.  It never changes once
@@ -34,15 +34,16 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union, cast
+from typing import Any, Callable, Optional, Union, cast
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import table_layout as L
+from .._codec.decode import gc_paused
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment, UnsupportedType
-from .._codec.decode import gc_paused
 from ..speedups import (
     key_hash_common,
     table_candidates,
@@ -70,7 +71,7 @@ __all__ = [
 ]
 
 _Buffer = Union[bytes, bytearray, memoryview]
-Entry = Tuple[int, _Buffer, _Buffer]
+Entry = tuple[int, _Buffer, _Buffer]
 _first = itemgetter(0)
 
 _header = struct.Struct(L.TABLE_FORMAT)
@@ -88,11 +89,11 @@ def hash_key(key: Any) -> int:
     return key_hash(key) if h is None else h
 
 
-def root_hashes(data: Dict[Any, Any]) -> Optional[List[int]]:
+def root_hashes(data: dict[Any, Any]) -> Optional[list[int]]:
     """The table hashes of ``data``'s keys in its order, or None if a key has
     none (the msgpack serializer stores no such key; a dump of one would take
     the payload form, which holds any)."""
-    hashes: List[Any] = list(map(key_hash_common, data))  # (compiled; None: not a common key type)
+    hashes: list[Any] = list(map(key_hash_common, data))  # (compiled; None: not a common key type)
     if None in hashes:
         try:
             hashes = [key_hash(k) if h is None else h for k, h in zip(data, hashes)]
@@ -148,13 +149,13 @@ def write_table(buf: memoryview, entries: Sequence[Entry], generation: int, toke
     return write_map(buf, pack_pairs(entries), [h for h, _, _ in entries], generation, token)
 
 
-def map_size(packed: _Buffer, hashes: List[int]) -> int:
+def map_size(packed: _Buffer, hashes: list[int]) -> int:
     """Size of the table :func:`write_map` makes of ``packed`` (nothing written)."""
     slots = slots_for(len(hashes))
     return table_fill(None, L.TABLE_HEADER + 8 * slots, packed, hashes)
 
 
-def write_map(buf: memoryview, packed: _Buffer, hashes: List[int], generation: int, token: int) -> int:
+def write_map(buf: memoryview, packed: _Buffer, hashes: list[int], generation: int, token: int) -> int:
     """Write the table of a dict packed whole by the serializer (a msgpack map,
     its keys unique under ``==``) into ``buf`` (at least :func:`map_size`
     bytes), ``hashes`` being its keys' in order; return its size.
@@ -216,7 +217,7 @@ class Table:
         """Release the index view (the caller releases ``buf`` and its segment)."""
         self._idx.release()
 
-    def entry(self, off: int) -> Tuple[int, memoryview, memoryview, int]:
+    def entry(self, off: int) -> tuple[int, memoryview, memoryview, int]:
         """``(hash, key bytes, value bytes, next offset)`` of the entry at ``off``."""
         if off & 7 or not self.start <= off <= self.end - _EH:
             raise CorruptSegment(f"{self.where}: table entry offset {off} outside {self.start}..{self.end}")
@@ -272,7 +273,7 @@ class Table:
                 return vb
         return None
 
-    def _probe(self, key: Any, h: int, loads: Callable[[Any], Any]) -> Optional[Tuple[int, memoryview]]:
+    def _probe(self, key: Any, h: int, loads: Callable[[Any], Any]) -> Optional[tuple[int, memoryview]]:
         """A slot whose tag matches leads to an entry; its full hash must
         match too, and only then is its key decoded and compared (``==``, as
         a dict compares keys whose hashes agree)."""
@@ -310,7 +311,7 @@ class Table:
         if seen != self.count:
             raise CorruptSegment(f"{self.where}: table holds {seen} entries, its header says {self.count}")
 
-    def decoded(self, loads: Callable[[Any], Any], chunk: int = 4096) -> Iterator[Tuple[Any, Any]]:
+    def decoded(self, loads: Callable[[Any], Any], chunk: int = 4096) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, value)`` in order, decoded ``chunk`` entries per
         serializer call (``speedups.table_chunk`` packs them as one map):
         a walk of a million entries costs a few hundred decoder calls, and
@@ -327,13 +328,13 @@ class Table:
         if seen != self.count:
             raise CorruptSegment(f"{self.where}: table holds {seen} entries, its header says {self.count}")
 
-    def decode_all(self, loads: Callable[[Any], Any], rows: bool = True) -> Dict[Any, Any]:
+    def decode_all(self, loads: Callable[[Any], Any], rows: bool = True) -> dict[Any, Any]:
         """Every entry, each checked, in order.  With ``rows`` (the msgpack
         serializer's table: every dump's) the compiled ``table_rows``
         decodes the entries whose key and value are scalars or tuples of
         them -- a lookup table, whole -- and the serializer the rest, as one
         map in one call (from the first entry that is not such a row on)."""
-        data: Dict[Any, Any] = {}
+        data: dict[Any, Any] = {}
         rest = self._walk(loads, rows, data, None, None)
         if rest is not None:
             if data:
@@ -344,15 +345,15 @@ class Table:
         return data
 
     def decode_pairs(
-        self, loads: Callable[[Any], Any], rows: bool, skip: Set[Any], subst: Optional[Dict[Any, Any]]
-    ) -> Tuple[List[Tuple[Any, Any]], int]:
+        self, loads: Callable[[Any], Any], rows: bool, skip: set[Any], subst: Optional[dict[Any, Any]]
+    ) -> tuple[list[tuple[Any, Any]], int]:
         """:meth:`decode_all`'s walk as a list of ``(key, value)`` pairs, the keys
         in ``skip`` (entries of this table) left out and ``subst``'s values
         taken: what a walk of a big dict hands out, without the dict that
         applying those changes would need.  Also how many leading pairs are
         rows the compiled walk decoded and nothing replaced: scalars or tuples
         of them, which a snapshot hands out without checking them again."""
-        out: List[Tuple[Any, Any]] = []
+        out: list[tuple[Any, Any]] = []
         rest = self._walk(loads, rows, out, skip, subst)
         known = 0 if subst else len(out)
         if rest is not None:
@@ -366,9 +367,9 @@ class Table:
         loads: Callable[[Any], Any],
         rows: bool,
         out: Any,
-        skip: Optional[Set[Any]],
-        subst: Optional[Dict[Any, Any]],
-    ) -> Optional[Dict[Any, Any]]:
+        skip: Optional[set[Any]],
+        subst: Optional[dict[Any, Any]],
+    ) -> Optional[dict[Any, Any]]:
         """The entries' compiled walk into ``out`` (``table_rows``, with ``rows``),
         then the rest decoded by the serializer, returned (None: nothing left)."""
         off = self.start
@@ -399,7 +400,7 @@ class Table:
             f"{self.where}: its entries do not add up to the {self.count} its header counts"
         )
 
-    def items(self) -> Iterator[Tuple[memoryview, memoryview]]:
+    def items(self) -> Iterator[tuple[memoryview, memoryview]]:
         """``(key bytes, value bytes)`` of every entry in order, each checked."""
         for off in self.offsets():
             _, kb, vb, _ = self.entry(off)
@@ -422,7 +423,7 @@ class Merge:
     """
 
     def __init__(
-        self, old: Table, changes: List[Tuple[int, Optional[bytes]]], appended: Sequence[Entry]
+        self, old: Table, changes: list[tuple[int, Optional[bytes]]], appended: Sequence[Entry]
     ) -> None:
         self.old = old
         changes.sort(key=_first)  # (table_merge refuses an entry changed twice)
@@ -459,7 +460,7 @@ class Merge:
         return off
 
 
-def encode_entries(items: Iterable[Tuple[Any, Any]], dumps: Callable[[Any], bytes]) -> List[Entry]:
+def encode_entries(items: Iterable[tuple[Any, Any]], dumps: Callable[[Any], bytes]) -> list[Entry]:
     """``(hash, key bytes, value bytes)`` for each of ``items`` (a dict's, so
     keys are unique under ``==``), in their order."""
     return [(hash_key(k), dumps(k), dumps(v)) for k, v in items]

@@ -2,7 +2,7 @@
 
 Why: a reader that decodes a whole dump into a private ``dict`` pays, at a
 million keys, a second or more to open the dict and hundreds of MiB of its own
-memory -- per process (issue 22).  A dump is a table (layout: "Dump"), which
+memory -- per process.  A dump is a table (layout: "Dump"), which
 answers a lookup with a hash, a probe and one entry's decoding, so a reader
 need not decode what it never touches.  :class:`TableCache` is that reader's
 cache of the root: the mapped table (the dump's entries, shared by every
@@ -49,8 +49,9 @@ merges ``dead``, ``changed`` and ``fresh`` into a new table
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from itertools import filterfalse, islice
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Optional
 
 from ..errors import CorruptSegment, UnsupportedType
 from ..speedups import TableCacheBase, table_get, unpack_simple
@@ -99,10 +100,10 @@ class TableCache(TableCacheBase):
         limit: Optional[int] = None,
     ) -> None:
         self.table: Optional[Table] = table
-        self.hot: Dict[Any, Any] = {}
-        self.dead: Set[Any] = set()
-        self.fresh: Dict[Any, None] = {}
-        self.changed: Set[Any] = set()
+        self.hot: dict[Any, Any] = {}
+        self.dead: set[Any] = set()
+        self.fresh: dict[Any, None] = {}
+        self.changed: set[Any] = set()
         self._loads = loads
         # The msgpack serializer's values (every table dump's): a scalar or a
         # tuple of scalars decodes in one compiled call, the codec's own first step.
@@ -121,7 +122,7 @@ class TableCache(TableCacheBase):
         # While ``fresh`` and ``changed`` are empty, every value in ``hot`` is
         # a row the decoder made, which its hits hand out without a look at
         # the row's items (at a million keys, each one a likely cache miss).
-        self._probe: Optional[Tuple[Any, int, int, int]] = (
+        self._probe: Optional[tuple[Any, int, int, int]] = (
             (table.buf, table.slots, table.start, table.end) if msgpack_values else None
         )
 
@@ -236,11 +237,11 @@ class TableCache(TableCacheBase):
         table = self.table
         return (table.count - len(self.dead) if table is not None else 0) + len(self.fresh)
 
-    def items(self) -> Iterator[Tuple[Any, Any]]:
+    def items(self) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, value)`` in order (:meth:`pairs`)."""
         return iter(self.pairs()[0])
 
-    def pairs(self) -> Tuple[List[Tuple[Any, Any]], int]:
+    def pairs(self) -> tuple[list[tuple[Any, Any]], int]:
         """Every ``(key, value)`` in order, as a list, and how many leading pairs
         are table rows decoded by the compiled walk and not changed since
         (scalars or tuples of them: a snapshot hands them out unchecked).  The
@@ -248,7 +249,7 @@ class TableCache(TableCacheBase):
         values taken from ``hot``, then the fresh keys follow: a list, no dict
         (nothing of it is kept: the walk's callers hold the list)."""
         table, hot = self.table, self.hot
-        out: List[Tuple[Any, Any]] = []
+        out: list[tuple[Any, Any]] = []
         known = 0
         if table is not None:
             subst = {k: hot[k] for k in self.changed} if self.changed else None
@@ -276,19 +277,19 @@ class TableCache(TableCacheBase):
             if key not in self.dead:
                 yield key
 
-    def keys(self) -> List[Any]:
+    def keys(self) -> list[Any]:
         return list(self)
 
-    def values(self) -> List[Any]:
+    def values(self) -> list[Any]:
         return [v for _, v in self.items()]
 
-    def full(self) -> Dict[Any, Any]:
+    def full(self) -> dict[Any, Any]:
         """The whole dict, decoded: what this cache becomes for a writer (and
         what ``copy()`` walks).  The table is decoded in one serializer call
         (the cost of decoding a dump whole), then the changes since: deleted
         keys out, overwritten values in place, fresh keys appended in order."""
         table = self.table
-        out: Dict[Any, Any] = (
+        out: dict[Any, Any] = (
             table.decode_all(self._loads, self._simple is unpack_simple) if table is not None else {}
         )
         for k in self.dead:

@@ -9,7 +9,6 @@ and the blobs its writes made and dropped.
 from __future__ import annotations
 
 from threading import get_ident
-from typing import List
 
 from .._codec.placeholders import BlobRef
 
@@ -36,6 +35,6 @@ class Transaction:
         #: The cache may lack one of its writes: its end publishes nothing.
         self.broken = False
         #: Blobs its writes made (unlinked if it publishes nothing) ...
-        self.created: List[BlobRef] = []
+        self.created: list[BlobRef] = []
         #: ... and blobs they dropped (unlinked only once it is published).
-        self.dropped: List[BlobRef] = []
+        self.dropped: list[BlobRef] = []

@@ -20,17 +20,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import NamedTuple, Optional
 
-from .._forks import on_fork_in_child
 from .. import _faults as faults
 from .. import layout as L
-from .cleanup import unlink_tree
-from ..errors import LockTimeout
-from .mapping import Mapping
 from .._engine import User
+from .._forks import on_fork_in_child
 from .._owner import owner_alive, owner_word, pid_of
+from ..errors import LockTimeout
 from ..speedups import Words
+from .cleanup import unlink_tree
+from .mapping import Mapping
 
 __all__ = [
     "User",
@@ -44,10 +44,10 @@ __all__ = [
     "remove_if_unused",
 ]
 
-Key = Tuple[str, int]  # (name, creation token)
+Key = tuple[str, int]  # (name, creation token)
 
 
-def read_users(words: Words) -> List[User]:
+def read_users(words: Words) -> list[User]:
     """Every process in the register (seq_cst loads), alive or dead, by slot order."""
     out = []
     for i in range(L.USER_SLOTS):
@@ -66,10 +66,10 @@ class _Attachment:
 
     def __init__(self) -> None:
         self.slot = -1
-        self.handles: List[Words] = []
+        self.handles: list[Words] = []
 
 
-_attached: Dict[Key, _Attachment] = {}
+_attached: dict[Key, _Attachment] = {}
 _guard = threading.Lock()
 
 
@@ -164,7 +164,7 @@ def free_dead(atomic: Words) -> int:
     return freed
 
 
-def mappers() -> Optional[Dict[str, Set[int]]]:
+def mappers() -> Optional[dict[str, set[int]]]:
     """Which processes map which shared-memory segment: ``{segment name: {pid}}``
     from ``/proc/<pid>/maps``, or None where that cannot be listed (no /proc).
 
@@ -177,11 +177,11 @@ def mappers() -> Optional[Dict[str, Set[int]]]:
         return None
     if not pids:
         return None
-    out: Dict[str, Set[int]] = {}
+    out: dict[str, set[int]] = {}
     marker = " /dev/shm/"
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/maps", "r", errors="replace") as f:
+            with open(f"/proc/{pid}/maps", errors="replace") as f:
                 lines = [line for line in f if marker in line]
         except OSError:
             continue
@@ -198,7 +198,7 @@ class Verdict(NamedTuple):
     the dict), the pids that use it (when kept because of them), and why."""
 
     removed: int
-    users: List[int]
+    users: list[int]
     reason: str
 
 
@@ -208,7 +208,7 @@ SETTLE = 0.2
 _MAPPED = "mapped by live processes"
 
 
-def _users_now(name: str, atomic: Words, me: int) -> Tuple[List[int], str]:
+def _users_now(name: str, atomic: Words, me: int) -> tuple[list[int], str]:
     """Step b's witnesses: live registered users, else processes mapping ``name``."""
     users = sorted({u.pid for u in read_users(atomic) if u.alive and u.pid != me})
     if users:
@@ -222,7 +222,7 @@ def _users_now(name: str, atomic: Words, me: int) -> Tuple[List[int], str]:
 
 
 def remove_if_unused(
-    name: str, mapping: Mapping, token: int, maps: Optional[Dict[str, Set[int]]] = None
+    name: str, mapping: Mapping, token: int, maps: Optional[dict[str, set[int]]] = None
 ) -> Verdict:
     """Steps a-c of layout "Users": unlink the dict only if no live process
     other than this one uses it.  ``maps`` (from :func:`mappers`) may be

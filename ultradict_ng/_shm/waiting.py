@@ -24,12 +24,12 @@ import os
 import threading
 import time
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
-from .._forks import on_fork_in_child
 from .. import layout as L
-from ..errors import Closed
+from .._forks import on_fork_in_child
 from .._owner import owner_alive, owner_word
+from ..errors import Closed
 from ..speedups import FUTEX, Words
 
 __all__ = ["MODE", "ENV_VAR", "ProcessWaits", "waits_for", "Backoff", "wake"]
@@ -100,7 +100,7 @@ class ProcessWaits:
     def __init__(self) -> None:
         self.guard = threading.Lock()
         self.slot = -1
-        self.counts: Dict[int, int] = {L.W_CHANGE_WAITERS: 0, L.W_LOCK_WAITERS: 0}
+        self.counts: dict[int, int] = {L.W_CHANGE_WAITERS: 0, L.W_LOCK_WAITERS: 0}
         self.next_sweep = 0.0
 
     def enter(self, words: Words, waiters: int) -> bool:
@@ -180,11 +180,11 @@ def sweep(words: Words) -> int:
     return freed
 
 
-_registry: "weakref.WeakValueDictionary[Tuple[str, int], ProcessWaits]" = weakref.WeakValueDictionary()
+_registry: weakref.WeakValueDictionary[tuple[str, int], ProcessWaits] = weakref.WeakValueDictionary()
 _registry_guard = threading.Lock()
 
 
-def waits_for(key: Tuple[str, int]) -> ProcessWaits:
+def waits_for(key: tuple[str, int]) -> ProcessWaits:
     """The ProcessWaits of the dict ``key`` = (name, creation token) in this process."""
     with _registry_guard:
         waits = _registry.get(key)

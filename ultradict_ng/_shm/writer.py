@@ -12,25 +12,31 @@ a writer.
 from __future__ import annotations
 
 import logging
-import pickle
 from threading import get_ident
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 from .. import _faults as faults
+from .. import _segments as segments
 from .. import layout as L
 from .._codec import records as R
-from .. import _segments as segments
-from .blobs import blob_ids, extract, may_hold_blobs, pairs_may_hold_blobs, refs_within, write_blob
-from .._codec.placeholders import KIND_BYTES, BlobRef, PickledBlobs
 from .._codec.codec import MsgpackCodec, PickleCodec
-from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
-from .._codec.ext import too_deep as too_deep
+from .._codec.placeholders import BlobRef
 from .._codec.records import SCALAR_TYPES as _SCALARS
-from .reader import INVALID, Reader
+from .._engine import check_open
 from .._segments import Segment
-from .dumps import Planned, plan, successor
-from .table import Table
+from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from . import tablecache
+from .blobs import (
+    dropped_blobs,
+    extract_blobs,
+    may_hold_blobs,
+    pairs_may_hold_blobs,
+    sweep_blobs,
+    unlink_blobs,
+)
+from .dumps import Planned, plan, successor
+from .reader import INVALID, Reader
+from .table import Table
 from .transaction import Transaction
 from .waiting import ProcessWaits, wake
 
@@ -70,7 +76,7 @@ class Writer(Reader):
     def begin_write(self) -> None:
         """Take the lock and the cache mutex, and catch up (writer steps 1-2)."""
         words = self.words
-        words[_W_STATE]  # raises Closed on a closed handle, before touching the lock
+        check_open(words)  # before touching the lock
         lock = self.lock
         lock.acquire()
         try:
@@ -111,7 +117,7 @@ class Writer(Reader):
         """
         tx = self.tx
         if tx is not None and tx.thread == get_ident():
-            self.words[_W_STATE]  # raises Closed on a closed handle
+            check_open(self.words)
             self.mutex.acquire()
             try:
                 self._set_root(key, value, tx)
@@ -169,7 +175,7 @@ class Writer(Reader):
                 return
         self.commit(R.set_((), key, value))
 
-    def write(self, rec: List[Any]) -> None:
+    def write(self, rec: list[Any]) -> None:
         """``begin_write``, ``commit(rec)``, ``end_write`` (a record that needs no check)."""
         self.begin_write()
         try:
@@ -177,11 +183,11 @@ class Writer(Reader):
         finally:
             self.end_write()
 
-    def commit(self, rec: List[Any]) -> None:
+    def commit(self, rec: list[Any]) -> None:
         """Publish and apply one record (writer steps 2-5, with layout "Blobs"
         a-d when its values hold large buffers or arrays); caller is in
         begin_write.  Raises and changes nothing, or publishes it all."""
-        created: List[BlobRef] = []
+        created: list[BlobRef] = []
         threshold = self.blob_threshold
         if (
             threshold
@@ -192,7 +198,8 @@ class Writer(Reader):
                 else rec[0] == L.OP_UPDATE and pairs_may_hold_blobs(rec[2], threshold)
             )
         ):
-            rec = self._extract_blobs(rec, created)
+            pickled = self.codec.id == PickleCodec.id
+            rec = extract_blobs(rec, created, self.name, self.token, self._map, threshold, pickled)
         dropped = self._dropped(rec) if self._map.words[_W_BLOB_NEXT] > 1 else ()
         before = self._map.words[_W_STATE]
         tx = self.tx
@@ -203,15 +210,15 @@ class Writer(Reader):
                 self._buffer(tx, rec)
         except BaseException:
             if created and self._map.words[_W_STATE] == before:  # nothing was published
-                self._unlink_blobs(created)
+                unlink_blobs(self.name, created)
             raise
         if tx is not None:  # (published, or unlinked, by the transaction's end)
             tx.created.extend(created)
             tx.dropped.extend(dropped)
         elif dropped:
-            self._unlink_blobs(dropped)  # d: no published state references them any more
+            unlink_blobs(self.name, dropped)  # d: no published state references them any more
 
-    def _commit(self, rec: List[Any]) -> None:
+    def _commit(self, rec: list[Any]) -> None:
         """Writer steps 2-5 for one record."""
         # UnsupportedType here changes nothing.  ``decoded`` is what every
         # reader will decode (the record itself when that is provably equal).
@@ -243,7 +250,7 @@ class Writer(Reader):
             self.gen = self.seen = INVALID  # the cache may differ from shared memory: reload
             raise
 
-    def _bulk_load(self, rec: List[Any]) -> bool:
+    def _bulk_load(self, rec: list[Any]) -> bool:
         """A load: a root update of ``PARTIAL_FROM`` (the default) pairs or more, no fewer
         than the dict holds; published as a dump, a table readers map, not a record."""
         return (
@@ -255,7 +262,7 @@ class Writer(Reader):
 
     # -- transactions (layout: "Transactions") -------------------------------------------
 
-    def _buffer(self, tx: Transaction, rec: List[Any]) -> None:
+    def _buffer(self, tx: Transaction, rec: list[Any]) -> None:
         """A write inside a transaction: its record is written past the
         published end of the stream (no reader looks there) and applied to the
         cache, nothing is published.  Once the records no longer fit, they are
@@ -353,13 +360,13 @@ class Writer(Reader):
         if faults.armed is not None:
             faults.hit("transaction-published")
         if tx.dropped:
-            self._unlink_blobs(tx.dropped)  # d, for the whole transaction
+            unlink_blobs(self.name, tx.dropped)  # d, for the whole transaction
 
     def _discard(self, tx: Transaction) -> None:
         """Nothing of ``tx`` was published: drop its blobs and reload the cache
         (it holds the discarded writes) on the next access."""
         if tx.created:
-            self._unlink_blobs(tx.created)
+            unlink_blobs(self.name, tx.created)
         self.gen = self.seen = INVALID
 
     def _wake_changes(self) -> None:
@@ -436,7 +443,7 @@ class Writer(Reader):
         if atomic.load(L.W_STATUS) & L.STATUS_UNLINKED:
             segments.unlink(dname)  # unlinked while we were dumping: do not leak ours
         elif self._map.words[_W_BLOB_NEXT] > self._map.words[L.W_BLOB_LOW]:
-            self._sweep_blobs()
+            sweep_blobs(self.name, self.data, self._map)
 
     def _read_in_place(self, seg: Segment, dname: str, planned: Planned) -> Any:
         """The cache a table dump just written makes, read in place (``seg``
@@ -459,99 +466,13 @@ class Writer(Reader):
             whole.release()
             raise
 
-    # -- blobs (layout: "Blobs") ---------------------------------------------------------
-
-    def _extract_blobs(self, rec: List[Any], created: List[BlobRef]) -> List[Any]:
-        """``rec`` with its large buffers and arrays written to blobs (steps a-b)
-        and replaced by references; the blobs made are appended to ``created``."""
-        threshold = self.blob_threshold
-
-        def store_blob(value: Any, kind: int) -> BlobRef:
-            blob_id = self._map.words[_W_BLOB_NEXT]
-            self._map.atomic.store(_W_BLOB_NEXT, blob_id + 1)  # a: before the segment exists
-            if faults.armed is not None:
-                faults.hit("blob-registered")
-            ref = write_blob(self.name, self.token, blob_id, kind, value)  # b
-            created.append(ref)
-            if faults.armed is not None:
-                faults.hit("blob-written")
-            return ref
-
-        def out_of_band(value: Any) -> Any:
-            """Under pickle: the value pickled with protocol 5, its large buffers in blobs."""
-            refs: List[BlobRef] = []
-
-            def callback(buffer: pickle.PickleBuffer) -> bool:
-                try:
-                    raw = buffer.raw()
-                except BufferError:  # not contiguous: it stays in band
-                    return True
-                if raw.nbytes < threshold:
-                    return True
-                refs.append(store_blob(raw, KIND_BYTES))
-                return False
-
-            try:
-                data = pickle.dumps(value, protocol=5, buffer_callback=callback)
-            except Exception:  # the codec reports it, with its own error
-                self._unlink_blobs(refs)
-                del created[len(created) - len(refs) :]
-                return value
-            return PickledBlobs(refs, data) if refs else value
-
-        other = out_of_band if self.codec.id == PickleCodec.id else None
-        try:
-            if rec[0] == L.OP_SET:
-                value = extract(rec[3], threshold, store_blob, other)
-                return rec if value is rec[3] else [rec[0], rec[1], rec[2], value]
-            if rec[0] == L.OP_UPDATE:
-                pairs = [[k, extract(v, threshold, store_blob, other)] for k, v in rec[2]]
-                return [rec[0], rec[1], pairs]
-        except RecursionError:
-            self._unlink_blobs(created)
-            raise too_deep() from None
-        except BaseException:
-            self._unlink_blobs(created)
-            raise
-        return rec
-
-    def _dropped(self, rec: List[Any]) -> List[BlobRef]:
+    def _dropped(self, rec: list[Any]) -> list[BlobRef]:
         """The blobs this record removes from the tree (the values it replaces)."""
         try:
             node = self.node(tuple(rec[1]))
         except PathGone:
             return []
-        op = rec[0]
-        refs: List[BlobRef] = []
-        if op == L.OP_CLEAR:
-            tree: Any = node  # (a big dict's root: every value decoded for the walk, none kept)
-            return refs_within(tree.values() if type(tree) is tablecache.TableCache else tree)
-        keys = [k for k, _ in rec[2]] if op == L.OP_UPDATE else [rec[2]]
-        for key in keys:
-            try:
-                old = node.get(key)
-            except TypeError:  # unhashable: the record fails later, with the real error
-                continue
-            refs_within(old, refs)
-        return refs
-
-    def _unlink_blobs(self, refs: Any) -> None:
-        for ref in refs:
-            segments.unlink(L.blob_name(self.name, ref.id))
-
-    def _sweep_blobs(self) -> None:
-        """At a dump: unlink the blobs of ids BLOB_LOW..BLOB_NEXT that the tree does
-        not reference (left by writers that died), and raise BLOB_LOW."""
-        data: Any = self.data  # (a big dict's: every value decoded for the walk, none kept)
-        referenced = {
-            ref.id for ref in refs_within(data.values() if type(data) is tablecache.TableCache else data)
-        }
-        words = self._map.words
-        low, nxt = words[L.W_BLOB_LOW], words[_W_BLOB_NEXT]
-        for blob_id in blob_ids(self.name, low, nxt):
-            if blob_id not in referenced:
-                segments.unlink(L.blob_name(self.name, blob_id))
-        self._map.atomic.store(L.W_BLOB_LOW, min(referenced) if referenced else nxt)
+        return dropped_blobs(node, rec)
 
     def _grow_stream(self, dump_size: int) -> None:
         """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size")."""

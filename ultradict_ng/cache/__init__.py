@@ -3,7 +3,7 @@ eviction every process sees) and :func:`cached` (``functools.lru_cache``
 across processes, with stampede protection).  The protocol is in
 :mod:`ultradict_ng.cache_layout`."""
 
-from .sharedcache import DEFAULT_TTL, SharedCache
 from .memoize import cached
+from .sharedcache import DEFAULT_TTL, SharedCache
 
 __all__ = ["SharedCache", "cached", "DEFAULT_TTL"]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
-from .. import cache_layout as C
 from .. import _faults as faults
-from ..errors import TooLarge
+from .. import cache_layout as C
 from .._owner import owner_alive
+from ..errors import TooLarge
 from ..shareddict import SharedDict
 from .side import Side
 
@@ -66,7 +67,7 @@ class Entries:
     _maxsize: Optional[int]
     _maxbytes: Optional[int]
     _cull: Optional[int]
-    _pool: Optional[List[Any]]
+    _pool: Optional[list[Any]]
     _pool_age: int
     _size_codec: Any
     _lock: Any
@@ -81,7 +82,7 @@ class Entries:
         return len(codec.dumps(key)) + len(stored if type(stored) is bytes else codec.dumps(stored)) + 32
 
     def _put(
-        self, key: Any, stored: Any, expires: float, now: float, claim: Optional[Tuple[int, int]] = None
+        self, key: Any, stored: Any, expires: float, now: float, claim: Optional[tuple[int, int]] = None
     ) -> None:
         """``key`` -> the entry (expires, slot, stored), or with ``claim`` the
         claim (expires, slot, owner, token): its old slot, or a new one after
@@ -229,8 +230,8 @@ class Entries:
             for key in [k for k, e in self._d.items() if slot_of(e, 0) < 0]:
                 del self._d[key]
             return
-        owners: Dict[int, List[Any]] = {}
-        sizes: Dict[int, int] = {}
+        owners: dict[int, list[Any]] = {}
+        sizes: dict[int, int] = {}
         drop = []
         for key, e in self._d.items():
             slot = slot_of(e, side.nslots)
@@ -315,14 +316,14 @@ class Entries:
             w[index] = 0
         return True
 
-    def _sample_pool(self, fresh: bool = False) -> List[Any]:
+    def _sample_pool(self, fresh: bool = False) -> list[Any]:
         pool = self._pool
         if fresh or pool is None or self._pool_age > max(32, len(pool) // 2):
             pool = self._pool = list(self._d)
             self._pool_age = 0
         return pool
 
-    def _victim(self, now: float, exclude: Any) -> Optional[Tuple[Any, Any]]:
+    def _victim(self, now: float, exclude: Any) -> Optional[tuple[Any, Any]]:
         """The least recently used of ``SAMPLES`` sampled entries (an expired one
         at once), never ``exclude`` nor a live process's claim (its computation
         would run twice); None if the cache holds nothing else."""
@@ -332,7 +333,7 @@ class Entries:
             pool = self._sample_pool(fresh)
             if not pool:  # (a stale pool may be empty: taken when the cache was)
                 continue
-            best: Optional[Tuple[Any, Any]] = None
+            best: Optional[tuple[Any, Any]] = None
             best_t = float("inf")
             n = len(pool)
             for _ in range(C.SAMPLES):

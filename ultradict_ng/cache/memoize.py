@@ -22,11 +22,11 @@ import pickle
 import secrets
 import threading
 import time
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional
 
 from .. import _faults as faults
-from ..errors import TooLarge
 from .._owner import owner_alive, owner_word
+from ..errors import TooLarge
 from .entries import slot_of
 from .sharedcache import DEFAULT_TTL, SharedCache
 
@@ -77,8 +77,8 @@ def _keyable(arg: Any) -> Any:
         ) from exc
 
 
-def _make_key(args: Tuple[Any, ...], kwargs: Dict[str, Any], typed: bool) -> Any:
-    key: Tuple[Any, ...] = tuple(_keyable(a) for a in args)
+def _make_key(args: tuple[Any, ...], kwargs: dict[str, Any], typed: bool) -> Any:
+    key: tuple[Any, ...] = tuple(_keyable(a) for a in args)
     if kwargs:
         key += (_PICKLED,) + tuple(x for k, v in kwargs.items() for x in (k, _keyable(v)))
     if typed:
@@ -92,7 +92,7 @@ class _Claims:
     def __init__(self, cache: SharedCache) -> None:
         self.cache = cache
 
-    def claim(self, key: Any) -> Tuple[str, Any]:
+    def claim(self, key: Any) -> tuple[str, Any]:
         """("value", v) if ``key`` holds a live value; ("mine", token) if this call
         now owns the computation; ("wait", claim entry) if a live process does."""
         c = self.cache
@@ -165,7 +165,7 @@ def cached(
     def decorate(func: Callable[..., Any]) -> Any:
         cache_name = name or _name_for(func)
         make_key = key
-        opened: Dict[str, Any] = {}
+        opened: dict[str, Any] = {}
         guard = threading.Lock()
         stats = [0, 0]  # hits, misses (this process)
 
@@ -182,7 +182,7 @@ def cached(
                         opened["claims"] = _Claims(c)
             return c
 
-        def lookup(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
+        def lookup(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
             key = make_key(*args, **kwargs) if make_key is not None else _make_key(args, kwargs, typed)
             value = cache().get(key, _MISSING)
             if value is _MISSING:
@@ -191,7 +191,7 @@ def cached(
                 stats[0] += 1
             return key, value
 
-        def waited(key: Any, claim: Any, last_check: float) -> Tuple[bool, float]:
+        def waited(key: Any, claim: Any, last_check: float) -> tuple[bool, float]:
             """(still waiting, when the owner was last checked)."""
             claims: _Claims = opened["claims"]
             if not claims.still_waiting(key, claim):

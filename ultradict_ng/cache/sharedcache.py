@@ -12,8 +12,9 @@ processes, and the bounds hold whoever writes.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from time import time as _now
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, MutableMapping, Optional, Tuple
+from typing import Any, Optional
 
 from .. import cache_layout as C
 from .._codec.codec import codec_for
@@ -41,8 +42,8 @@ _MISSING: Any = object()
 
 def _check_settings(
     maxsize: Any, maxbytes: Any, ttl: Any, serializer: Any, cull_frequency: Any
-) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key, value in (("maxsize", maxsize), ("maxbytes", maxbytes)):
         if value is not None:
             if type(value) is not int or value < 1:
@@ -133,7 +134,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         self._recency = side.recency if side.nslots else None
         self._dget = d.get
         self._lock = d.lock
-        self._pool: Optional[List[Any]] = None
+        self._pool: Optional[list[Any]] = None
         self._pool_age = 0
         # ``get`` is this handle's CacheGet (speedups: compiled, or the twin
         # calling _lookup): a hit costs no Python frame.
@@ -173,7 +174,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         e = self._dget(key)
         return _alive(e, _now(), self._side.nslots)
 
-    def get_many(self, keys: Iterable[Any]) -> Dict[Any, Any]:
+    def get_many(self, keys: Iterable[Any]) -> dict[Any, Any]:
         """``{key: value}`` for the keys of ``keys`` that hold live values."""
         out = {}
         for key in keys:
@@ -331,7 +332,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
             self._delete(key, e)
             return value
 
-    def popitem(self) -> Tuple[Any, Any]:
+    def popitem(self) -> tuple[Any, Any]:
         """Remove and return the least recently used live item (approximately:
         the oldest of 8 sampled; without maxsize no recency is kept, and it is
         any item)."""
@@ -407,7 +408,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         """The cache's lock (the dict's): hold it to make several calls one atomic step."""
         return self._lock
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """hits and misses (of this handle), evictions and expirations (of all
         processes), size (live entries), bytes (stored, with maxbytes) and the bounds."""
         w = self._side.words
@@ -441,13 +442,13 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         """Remove the cache ``name`` (works when every user is dead)."""
         return SharedDict.unlink_by_name(name)
 
-    def __enter__(self) -> "SharedCache":
+    def __enter__(self) -> SharedCache:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __reduce__(self) -> Tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_attach, (self.name,))
 
     def __repr__(self) -> str:

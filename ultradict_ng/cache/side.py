@@ -11,16 +11,16 @@ dict: readers write recency on every hit, without the lock, and a store of
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
-from .. import cache_layout as C
 from .. import _segments as segments
+from .. import cache_layout as C
 from .._segments import Segment
 from ..errors import CorruptSegment, ParameterMismatch
 
 __all__ = ["Side", "open_side", "Settings"]
 
-Settings = Dict[str, Any]
+Settings = dict[str, Any]
 
 
 class Side:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import Optional
 
 from ..errors import SharedDictError
 
@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Remove the dicts that no live process uses any more (every attached process "
         "is dead, and no process maps it), dicts whose creator died while creating them, "
         "orphaned segments of ours, and the shared-memory parcels of "
-        "ultradict_ng.futures process pools whose process died.  A dict with a live user -- even one attaching "
-        "right now -- is never removed; other programs' files are never touched.",
+        "ultradict_ng.futures process pools whose process died.  A dict with a live user -- "
+        "even one attaching right now -- is never removed; other programs' files are never touched.",
     )
     p.add_argument(
         "patterns",
@@ -180,7 +180,7 @@ def _transfer_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from . import cleaning, doctor, inspecting, transfer  # (imported late: --help stays fast)
 

@@ -22,17 +22,17 @@ import fnmatch
 import os
 import sys
 from argparse import Namespace
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Optional
 
-from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
-from .._shm.control import Header, attach_control
-from ..errors import IncompatibleLayout, SharedDictError
-from ..futures.leftovers import ParcelReport, remove_leftovers
-from .._shm.mapping import Mapping
 from .._names import validate_name
 from .._segments import listable
+from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
+from .._shm.control import Header, attach_control
+from .._shm.mapping import Mapping
 from .._shm.survey import DictReport, report, survey
 from .._shm.users import free_dead, mappers, remove_if_unused
+from ..errors import IncompatibleLayout, SharedDictError
+from ..futures.leftovers import ParcelReport, remove_leftovers
 from . import render
 
 __all__ = ["cmd_rm", "cmd_clean"]
@@ -42,7 +42,7 @@ def cmd_rm(args: Namespace) -> int:
     status = 0
     results = []
     for name in args.names:
-        entry: Dict[str, Any] = {"name": name}
+        entry: dict[str, Any] = {"name": name}
         try:
             validate_name(name)
             rep = report(name, load_keys=False) if listable() else None
@@ -79,7 +79,7 @@ def cmd_rm(args: Namespace) -> int:
     return status
 
 
-def _in_use(rep: DictReport, maps: Optional[Dict[str, Set[int]]]) -> List[int]:
+def _in_use(rep: DictReport, maps: Optional[dict[str, set[int]]]) -> list[int]:
     me = os.getpid()
     pids = set(rep.live_users)
     if maps is not None:
@@ -88,9 +88,9 @@ def _in_use(rep: DictReport, maps: Optional[Dict[str, Set[int]]]) -> List[int]:
     return sorted(pids)
 
 
-def _clean_dict(rep: DictReport, maps: Optional[Dict[str, Set[int]]], dry: bool) -> Dict[str, Any]:
+def _clean_dict(rep: DictReport, maps: Optional[dict[str, set[int]]], dry: bool) -> dict[str, Any]:
     """What clean does with one dict (see the module docstring)."""
-    entry: Dict[str, Any] = {
+    entry: dict[str, Any] = {
         "name": rep.name,
         "kind": "dict",
         "status": rep.status,
@@ -148,7 +148,7 @@ def cmd_clean(args: Namespace) -> int:
         found.dicts = [d for d in found.dicts if chosen(d.name)]
         found.orphans = [o for o in found.orphans if chosen(o.base)]
     maps = mappers()
-    results: List[Dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     status = 0
     for rep in found.dicts:
         try:
@@ -166,7 +166,7 @@ def cmd_clean(args: Namespace) -> int:
             results.append({"name": rep.name, "kind": "dict", "action": "error", "reason": str(exc)})
             status = 1
     for orphan in found.orphans:
-        entry: Dict[str, Any] = {
+        entry: dict[str, Any] = {
             "name": orphan.base,
             "kind": "orphans",
             "segments": len(orphan.segments),
@@ -189,14 +189,14 @@ def cmd_clean(args: Namespace) -> int:
     return status
 
 
-def _clean_parcels(args: Namespace) -> List[Dict[str, Any]]:
+def _clean_parcels(args: Namespace) -> list[dict[str, Any]]:
     """Parcels of dead process pools (``futures/leftovers.py``), one entry per pool
     process; with patterns, only parcels whose name matches one."""
 
     def chosen(name: str) -> bool:
         return not args.patterns or any(fnmatch.fnmatchcase(name, p) for p in args.patterns)
 
-    groups: Dict[int, List[ParcelReport]] = {}
+    groups: dict[int, list[ParcelReport]] = {}
     for p in remove_leftovers(dry_run=args.dry_run, chosen=chosen):
         groups.setdefault(p.owner_pid, []).append(p)
     return [
@@ -212,7 +212,7 @@ def _clean_parcels(args: Namespace) -> List[Dict[str, Any]]:
     ]
 
 
-def _print_clean(results: List[Dict[str, Any]], dry: bool) -> None:
+def _print_clean(results: list[dict[str, Any]], dry: bool) -> None:
     if not results:
         print("nothing to clean: no ultradict_ng segments in /dev/shm match")
         return

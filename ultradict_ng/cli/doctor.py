@@ -12,24 +12,23 @@ import os
 import platform
 import sys
 from argparse import Namespace
-from typing import List, Tuple
 
 from .. import layout as L
 from .. import speedups
-from .._shm import waiting
 from .._segments import SHM_DIR, listable
+from .._shm import waiting
 from . import render
 
 __all__ = ["checks", "cmd_doctor"]
 
-Check = Tuple[str, str, str]
+Check = tuple[str, str, str]
 #: Below this, /dev/shm is "container-sized" (Docker's default is 64 MiB).
 SMALL_SHM = 1 << 30
 #: Free space below this (or below 10% of the size) is worth a warning.
 LOW_FREE = 64 << 20
 
 
-def _shm_checks() -> List[Check]:
+def _shm_checks() -> list[Check]:
     if not listable():
         if sys.platform == "darwin":
             return [
@@ -44,7 +43,7 @@ def _shm_checks() -> List[Check]:
     st = os.statvfs(SHM_DIR)
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
-    out: List[Check] = []
+    out: list[Check] = []
     if total < SMALL_SHM:
         out.append(
             (
@@ -72,7 +71,7 @@ def _shm_checks() -> List[Check]:
     return out
 
 
-def checks() -> List[Check]:
+def checks() -> list[Check]:
     out = _shm_checks()
     impl = speedups.IMPLEMENTATION
     if impl == "native":

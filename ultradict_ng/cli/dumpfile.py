@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import IO, Any, Callable, Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
+from typing import IO, Any, Callable, Optional
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -60,7 +61,7 @@ def file_format(path: str, given: Optional[str]) -> str:
 # -- JSON lines --------------------------------------------------------------------------
 
 
-def json_problem(value: Any) -> Optional[Tuple[str, str]]:
+def json_problem(value: Any) -> Optional[tuple[str, str]]:
     """``(where, why)`` if ``value`` would not come back from JSON as it is, else None."""
     tp = type(value)
     if tp is str or tp is int or tp is bool or value is None:
@@ -121,7 +122,7 @@ def _no_constant(text: str) -> Any:
 
 def read_jsonl(
     stream: IO[bytes], progress: Progress, size: Optional[int]
-) -> Iterator[Tuple[str, Any, Any, int]]:
+) -> Iterator[tuple[str, Any, Any, int]]:
     """``(where, key, value, bytes)`` per entry; BadDumpFile naming the line."""
     done = read = 0
     for lineno, raw in enumerate(stream, 1):
@@ -199,7 +200,7 @@ class MsgpackReader:
                 raise BadDumpFile(f"{where}: a msgpack Timestamp, which this format never holds")
             return obj
 
-    def header(self, label: str) -> Dict[str, Any]:
+    def header(self, label: str) -> dict[str, Any]:
         try:
             head = self.next("header")
         except EOFError:
@@ -243,7 +244,7 @@ def _arrays(value: Any) -> Any:
 
 def read_msgpack(
     reader: MsgpackReader, total: int, progress: Progress
-) -> Iterator[Tuple[str, Any, Any, int]]:
+) -> Iterator[tuple[str, Any, Any, int]]:
     done = 0
     while True:
         where = f"entry {done + 1}"

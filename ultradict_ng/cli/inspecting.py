@@ -14,16 +14,16 @@ import sys
 import time
 from argparse import Namespace
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
-from ..changes import Change
+from .._names import validate_name
+from .._segments import listable
 from .._shm.feed import Feed
+from .._shm.peek import Peek
+from .._shm.survey import DictReport, Holder, report, survey
+from ..changes import Change
 from ..errors import CorruptSegment
 from ..futures.leftovers import ParcelReport, parcels
-from .._names import validate_name
-from .._shm.peek import Peek
-from .._segments import listable
-from .._shm.survey import DictReport, Holder, report, survey
 from . import render
 
 __all__ = ["cmd_ls", "cmd_show", "cmd_stats", "cmd_watch"]
@@ -115,9 +115,9 @@ def cmd_ls(args: Namespace) -> int:
     return 0
 
 
-def _print_parcels(pool: List[ParcelReport]) -> None:
+def _print_parcels(pool: list[ParcelReport]) -> None:
     """One line per pool process (and status): its parcels are transient, listing them is noise."""
-    groups: Dict[Tuple[int, str], List[ParcelReport]] = {}
+    groups: dict[tuple[int, str], list[ParcelReport]] = {}
     for p in pool:
         groups.setdefault((p.owner_pid, p.status), []).append(p)
     hint = {
@@ -139,7 +139,7 @@ def _open(name: str) -> Peek:
     return Peek.open(name)
 
 
-def _key(data: Dict[Any, Any], text: str) -> Any:
+def _key(data: dict[Any, Any], text: str) -> Any:
     """The key a command-line word names: itself as a str, else a Python literal."""
     if text in data:
         return text
@@ -265,7 +265,7 @@ def _stream_line(rep: DictReport) -> str:
     )
 
 
-def _change_json(change: Change) -> Dict[str, Any]:
+def _change_json(change: Change) -> dict[str, Any]:
     return {
         "time": time.time(),
         "op": change.op,

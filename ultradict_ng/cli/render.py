@@ -15,7 +15,8 @@ import decimal
 import json
 import math
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from .._codec.placeholders import (
     KIND_BYTEARRAY,
@@ -68,12 +69,12 @@ def _descr(descr: Any) -> str:
     return descr if isinstance(descr, str) else json.dumps(descr)
 
 
-def describe(value: Any) -> Optional[Dict[str, Any]]:
+def describe(value: Any) -> Optional[dict[str, Any]]:
     """The description of a value JSON cannot hold as it is, or None if it can
     (or is a container to walk)."""
     tp = type(value)
     if tp is BlobRef:
-        out: Dict[str, Any] = {
+        out: dict[str, Any] = {
             "type": _KIND_NAMES.get(value.kind, f"kind {value.kind}"),
             "size": value.length,
             "storage": "blob",
@@ -148,7 +149,7 @@ def short(value: Any) -> str:
     return f"{d['type']}, {size(d['size'])}{where}{extra}"
 
 
-def text_lines(node: Dict[Any, Any], indent: int = 0) -> List[str]:
+def text_lines(node: dict[Any, Any], indent: int = 0) -> list[str]:
     """A dict tree as indented ``key: value`` lines (nested dicts expanded)."""
     out = []
     pad = "  " * indent

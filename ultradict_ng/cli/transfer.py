@@ -33,15 +33,16 @@ import sys
 import tempfile
 import time
 from argparse import Namespace
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import IO, Any, Callable, Optional
 
-from ..shareddict import SharedDict
 from .._codec.codec import MSGPACK
 from .._codec.ext import type_name
 from .._names import validate_name
 from .._shm.peek import Peek
 from ..errors import AlreadyExists, BadDumpFile, NotFound, ParameterMismatch, UnsupportedType
+from ..shareddict import SharedDict
 from . import render
 from .dumpfile import (
     MARKER,
@@ -80,7 +81,7 @@ def _check_serializer(name: str) -> bool:
         return bool(peek.header.recurse)
 
 
-def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) -> Tuple[SharedDict, bool]:
+def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) -> tuple[SharedDict, bool]:
     """``(dict, created)``: attach to ``name``, or create it to outlive this command."""
     for _ in range(5):  # exists / removed / made again by others meanwhile: try again
         try:
@@ -143,14 +144,14 @@ def _output(path: str) -> Iterator[IO[bytes]]:
 
 def _guarded(
     command: str,
-    run: Callable[[List[Progress]], Dict[str, Any]],
+    run: Callable[[list[Progress]], dict[str, Any]],
     args: Namespace,
-    text: Callable[[Dict[str, Any]], str],
+    text: Callable[[dict[str, Any]], str],
 ) -> int:
     """Run a command: its own refusals (ValueError) as one line on stderr, exit 1
     (main reports the package's errors alike); Ctrl-C, exit 130; else the summary
     on stdout -- on stderr when stdout carries the dump itself."""
-    progress: List[Progress] = []  # (the command's bar, erased whatever happens)
+    progress: list[Progress] = []  # (the command's bar, erased whatever happens)
     t0 = time.monotonic()
     try:
         result = run(progress)
@@ -187,7 +188,7 @@ def _guarded(
 def cmd_dump(args: Namespace) -> int:
     fmt = file_format(args.file, args.format)
 
-    def run(bars: List[Progress]) -> Dict[str, Any]:
+    def run(bars: list[Progress]) -> dict[str, Any]:
         if args.file == "-" and fmt == "msgpack" and sys.stdout.isatty():
             raise ValueError("refusing to write msgpack to a terminal: redirect stdout or give a FILE")
         _check_serializer(args.name)
@@ -227,7 +228,8 @@ def cmd_dump(args: Namespace) -> int:
         run,
         args,
         lambda r: (
-            f"dumped {r['entries']:,} entries of {args.name!r} to {'stdout' if args.file == '-' else args.file} "
+            f"dumped {r['entries']:,} entries of {args.name!r} "
+            f"to {'stdout' if args.file == '-' else args.file} "
             f"({render.size(r['bytes'])}, {fmt}) in {r['seconds']:.2f} s"
         ),
     )
@@ -237,8 +239,8 @@ def cmd_load(args: Namespace) -> int:
     fmt = file_format(args.file, args.format)
     stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # (OSError: main reports it)
 
-    def run(bars: List[Progress]) -> Dict[str, Any]:
-        header: Dict[str, Any] = {}
+    def run(bars: list[Progress]) -> dict[str, Any]:
+        header: dict[str, Any] = {}
         if fmt == "msgpack":
             reader = MsgpackReader(stream)
             header = reader.header("stdin" if args.file == "-" else args.file)
@@ -279,10 +281,10 @@ def cmd_load(args: Namespace) -> int:
             stream.close()
 
 
-def _fill(d: SharedDict, entries: Iterator[Tuple[str, Any, Any, int]]) -> int:
+def _fill(d: SharedDict, entries: Iterator[tuple[str, Any, Any, int]]) -> int:
     """Write ``entries`` into ``d`` (inside its transaction) a chunk at a time,
     so that the decoded file is never held whole beside the dict; how many."""
-    chunk: List[Tuple[Any, Any]] = []
+    chunk: list[tuple[Any, Any]] = []
     first = where = ""
     size = done = 0
     for where, key, value, nbytes in entries:
@@ -302,7 +304,7 @@ def _fill(d: SharedDict, entries: Iterator[Tuple[str, Any, Any, int]]) -> int:
     return done
 
 
-def _write(d: SharedDict, chunk: List[Tuple[Any, Any]], first: str, last: str) -> None:
+def _write(d: SharedDict, chunk: list[tuple[Any, Any]], first: str, last: str) -> None:
     try:
         d.update(chunk)
     except UnsupportedType as exc:  # (main reports it)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import types
-from typing import Any, Callable, Dict, Optional, Type, TypeVar, cast
+from typing import Any, Callable, Optional, TypeVar, cast
 
 from .. import errors
 from ..errors import SharedDictError
@@ -52,7 +52,8 @@ class AlreadyExists(errors.AlreadyExists):
 
 
 class CannotAttachSharedMemory(errors.NotFound):
-    """No dict of that name exists (``create=False``, ``unlink_by_name``); a :class:`ultradict_ng.NotFound`."""
+    """No dict of that name exists (``create=False``, ``unlink_by_name``); a
+    :class:`ultradict_ng.NotFound`."""
 
 
 class CannotAcquireLock(errors.LockTimeout):
@@ -104,7 +105,7 @@ class MissingDependency(SharedDictError, ImportError):
     """Kept for ``except`` clauses written for UltraDict; never raised (no optional dependency)."""
 
 
-def _rebuild_error(cls: Type[Exception], message: str, state: Dict[str, Any]) -> Exception:
+def _rebuild_error(cls: type[Exception], message: str, state: dict[str, Any]) -> Exception:
     exc = cls.__new__(cls)
     Exception.__init__(exc, message)
     exc.__dict__.update(state)

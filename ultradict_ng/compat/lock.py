@@ -13,12 +13,12 @@ import os
 import pprint
 import time
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from .. import errors
-from .errors import AlreadyClosed, CannotAcquireLock, CannotAcquireLockTimeout, map_errors
 from .._lock import SharedLock
 from .._shm.store import Store
+from .errors import AlreadyClosed, CannotAcquireLock, CannotAcquireLockTimeout, map_errors
 
 __all__ = ["UltraLock", "DEFAULT_SLEEP_TIME"]
 
@@ -45,7 +45,7 @@ class UltraLock:
         self._lock: SharedLock = store.lock
         self._name: str = store.name
         # Weak: the store's finalizer (auto_unlink on GC) must not wait for lock objects.
-        self._store: "weakref.ref[Store]" = weakref.ref(store)
+        self._store: weakref.ref[Store] = weakref.ref(store)
 
     def _shared(self) -> SharedLock:
         store = self._store()
@@ -126,7 +126,7 @@ class UltraLock:
         sleep_time: float = DEFAULT_SLEEP_TIME,
         steal_after_timeout: bool = False,
         steal: bool = False,
-    ) -> "_LockHold":
+    ) -> _LockHold:
         """``with ultra.lock(timeout=1.5, ...):`` -- the keywords of :meth:`acquire`."""
         return _LockHold(
             self,
@@ -139,7 +139,7 @@ class UltraLock:
             ),
         )
 
-    def __enter__(self) -> "UltraLock":
+    def __enter__(self) -> UltraLock:
         self.acquire()
         return self
 
@@ -208,7 +208,7 @@ class UltraLock:
             lock.release()
         return True
 
-    def status(self) -> Dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         pid = self.get_remote_pid()
         return {
             "has_lock": self.has_lock,
@@ -217,7 +217,7 @@ class UltraLock:
             "pid_remote": pid,
         }
 
-    def print_status(self, status: Optional[Dict[str, Any]] = None) -> None:
+    def print_status(self, status: Optional[dict[str, Any]] = None) -> None:
         pprint.pprint(status or self.status())
 
     def __repr__(self) -> str:
@@ -225,7 +225,7 @@ class UltraLock:
         if store is None or store.closed:
             return f"<UltraLock of {self._name!r} (closed)>"
         pid = self._lock.owner_pid
-        return f"<UltraLock of {self._name!r} {'held by pid %d' % pid if pid else 'free'}>"
+        return f"<UltraLock of {self._name!r} {f'held by pid {pid}' if pid else 'free'}>"
 
 
 @map_errors
@@ -234,7 +234,7 @@ class _LockHold:
 
     __slots__ = ("_lock", "_params")
 
-    def __init__(self, lock: UltraLock, params: Dict[str, Any]) -> None:
+    def __init__(self, lock: UltraLock, params: dict[str, Any]) -> None:
         self._lock = lock
         self._params = params
 

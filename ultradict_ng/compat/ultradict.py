@@ -35,11 +35,17 @@ import pprint
 import sys
 import types
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from .. import errors
 from .. import layout as L
+from .._backends import open_engine
+from .._backends import unlink_by_name as _unlink_by_name
 from .._codec.codec import ObjectCodec, PickleCodec
+from .._engine import Options
+from .._shm.store import Store
+from ..shareddict import SharedDict
+from . import log as log_module
 from .errors import (
     AlreadyClosed,
     AlreadyExists,
@@ -52,12 +58,8 @@ from .errors import (
     ParameterMismatch,
     map_errors,
 )
-from .lock import DEFAULT_SLEEP_TIME as DEFAULT_SLEEP_TIME, UltraLock
-from . import log as log_module
-from ..shareddict import SharedDict
-from .._backends import open_engine, unlink_by_name as _unlink_by_name
-from .._engine import Options
-from .._shm.store import Store
+from .lock import DEFAULT_SLEEP_TIME as DEFAULT_SLEEP_TIME
+from .lock import UltraLock
 
 __all__ = [
     "UltraDict",
@@ -94,7 +96,7 @@ class _Info:
         self.auto_unlink = auto_unlink
 
 
-_infos: "weakref.WeakKeyDictionary[Store, _Info]" = weakref.WeakKeyDictionary()
+_infos: weakref.WeakKeyDictionary[Store, _Info] = weakref.WeakKeyDictionary()
 
 
 def _info(store: Store) -> _Info:
@@ -126,7 +128,7 @@ def _open_store(
     auto_unlink: Optional[bool],
     recurse: Optional[bool],
     full_dump_size: Optional[int],
-    initial: Optional[List[List[Any]]],
+    initial: Optional[list[list[Any]]],
     blob_threshold: Optional[int] = None,
 ) -> Store:
     """Create or attach like UltraDict.
@@ -136,7 +138,7 @@ def _open_store(
     the stored ones (ParameterMismatch).  As in UltraDict, ``auto_unlink`` only
     applies to the handle that creates the dict.
     """
-    defaults: Dict[str, Any] = {
+    defaults: dict[str, Any] = {
         "auto_unlink": True if auto_unlink is None else auto_unlink,
         # UltraDict hands out private, writable copies of every value: so do
         # its dicts here, unless blobs are asked for explicitly.
@@ -164,7 +166,7 @@ def _open_store(
     return store
 
 
-def _initial(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[List[List[Any]]]:
+def _initial(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[list[list[Any]]]:
     """``dict(*args, **kwargs)`` as [key, value] pairs (None if empty)."""
     if len(args) > 1:
         raise TypeError(f"UltraDict expected at most 1 positional argument, got {len(args)}")
@@ -188,7 +190,7 @@ def _serializer_spec(store: Store) -> Any:
     return ("object", obj)
 
 
-def _reattach(cls: type, name: str, path: Tuple[Any, ...], spec: Any) -> "UltraDict":
+def _reattach(cls: type, name: str, path: tuple[Any, ...], spec: Any) -> UltraDict:
     if spec is None:
         serializer: Any = _DEFAULT_SERIALIZER
     elif spec[0] == "module":
@@ -306,7 +308,7 @@ class UltraDict(SharedDict):
         return _info(store).lock
 
     @property
-    def data(self) -> Dict[Any, Any]:
+    def data(self) -> dict[Any, Any]:
         """The local cache, as it was last synced (no sync here): for reads only.
 
         Call :meth:`apply_update` to bring it up to date; ask again afterwards
@@ -370,7 +372,7 @@ class UltraDict(SharedDict):
         """Write a full dump now (restarting the update stream); :class:`FullDumpMemoryFull` over the cap."""
         self._store.force_dump()
 
-    def status(self) -> Dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         """UltraDict's status fields, mapped onto ours (see MIGRATING.md for their meaning)."""
         s = self._store
         state = s.words[L.W_STATE]
@@ -403,11 +405,11 @@ class UltraDict(SharedDict):
             "auto_unlink": _info(s).auto_unlink,
         }
 
-    def print_status(self, status: Optional[Dict[str, Any]] = None, stderr: bool = False) -> None:
+    def print_status(self, status: Optional[dict[str, Any]] = None, stderr: bool = False) -> None:
         """Pretty-print :meth:`status` to stdout (or stderr)."""
         pprint.pprint(status or self.status(), stream=sys.stderr if stderr else sys.stdout)
 
-    def close(self, unlink: bool = False) -> Optional[Dict[str, Any]]:  # type: ignore[override]
+    def close(self, unlink: bool = False) -> Optional[dict[str, Any]]:  # type: ignore[override]
         """Detach this process's handle; returns the contents as a plain dict.
 
         ``unlink=True`` removes the dict for everybody first.  Closing an
@@ -418,7 +420,7 @@ class UltraDict(SharedDict):
         if store.closed:
             return None
         try:
-            data: Dict[Any, Any] = self.copy()
+            data: dict[Any, Any] = self.copy()
         except errors.PathGone:
             data = {}
         try:
@@ -462,7 +464,7 @@ class UltraDict(SharedDict):
             raise CannotAttachSharedMemory(f"Could not get memory {name!r}: no such shared dict")
         return False
 
-    def __reduce__(self) -> Tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # Travels by name (and path); a custom serializer travels as its module's
         # importable name, or pickled if it is not a module.
         return (_reattach, (type(self), self.name, self._path, _serializer_spec(self._store)))

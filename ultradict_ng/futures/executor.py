@@ -74,15 +74,15 @@ import time
 import types
 from multiprocessing.queues import SimpleQueue
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional
 
-from .._forks import on_fork_in_child
 from .. import layout as L
-from . import layout as PL
+from .._forks import on_fork_in_child
 from .._owner import owner_alive, owner_word
 from .._segments import SUPPORTED, listed, unlink
-from .parcel import Parcel, Span, pack, pool_prefix, unpack
+from . import layout as PL
 from .callqueue import install as install_call_queue
+from .parcel import Parcel, Span, pack, pool_prefix, unpack
 from .wakeup import install as install_wakeup
 
 __all__ = ["ProcessPoolExecutor", "Future", "DEFAULT_SHM_THRESHOLD"]
@@ -137,7 +137,7 @@ class _Pool:
 #: Pools of this process not yet swept for the last time, for the sweep at
 #: interpreter exit.  That sweep runs after the standard library has joined
 #: every pool's threads (``threading``'s exit hooks run before ``atexit``'s).
-_live: "set[_Pool]" = set()
+_live: set[_Pool] = set()
 
 
 @atexit.register
@@ -165,7 +165,7 @@ _SURVEYED = 16
 _NOT, _OVER = -1, -2  # (what :func:`_plain` returns: not plain; too many to survey)
 
 
-def _plain(values: Tuple[Any, ...], limit: int, depth: int, budget: int) -> int:
+def _plain(values: tuple[Any, ...], limit: int, depth: int, budget: int) -> int:
     """What is left of ``budget`` (one per value) after surveying ``values``:
     ``_NOT`` when pickling them could set a buffer aside or a ``str`` or
     ``bytes`` in them reaches ``limit``; ``_OVER`` when the budget ran out
@@ -203,7 +203,7 @@ def _marshals_small(values: Any, limit: int) -> bool:
         return False
 
 
-def _plain_call(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], limit: int) -> bool:
+def _plain_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], limit: int) -> bool:
     """True when ``fn(*args, **kwargs)`` can travel as the standard pool sends it:
     a function pickled by its name (a plain or a module's builtin function, or a
     ``partial`` of one with plain arguments -- what ``map`` submits), plain
@@ -237,7 +237,7 @@ class _Call:
     __slots__ = ("pool", "fn", "args", "kwargs")
 
     def __init__(
-        self, pool: _Pool, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+        self, pool: _Pool, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         self.pool = pool
         self.fn = fn
@@ -261,7 +261,7 @@ class _Run:
 
     __slots__ = ("parcel",)
 
-    def __init__(self, name: str, data: bytes, spans: Tuple[Span, ...]) -> None:
+    def __init__(self, name: str, data: bytes, spans: tuple[Span, ...]) -> None:
         self.parcel = Parcel(name, data, spans)
 
     def __call__(self) -> Any:
@@ -285,7 +285,7 @@ class _ResultQueue(SimpleQueue):  # type: ignore[type-arg]
         # which sends the exception instead.
         data = _result_message(obj)
         wlock = getattr(self, "_wlock", None)
-        writer = getattr(self, "_writer")
+        writer = self._writer  # type: ignore[attr-defined]  # (SimpleQueue's: not in typeshed)
         if wlock is None:
             writer.send_bytes(data)
         else:
@@ -321,7 +321,7 @@ class _Arrival:
         return _arrive, self.args
 
 
-def _arrive(ref: Tuple[str, bytes, Tuple[Span, ...]], cls: Any, fields: Optional[Dict[str, Any]]) -> Any:
+def _arrive(ref: tuple[str, bytes, tuple[Span, ...]], cls: Any, fields: Optional[dict[str, Any]]) -> Any:
     """Rebuild a result item from its parcel.  If that fails (the parcel was
     removed from outside, no memory to map it, a class that does not load
     here), the item fails its own task with the error, rather than the pool's
@@ -358,7 +358,7 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         max_workers: Optional[int] = None,
         mp_context: Any = None,
         initializer: Optional[Callable[..., object]] = None,
-        initargs: Tuple[Any, ...] = (),
+        initargs: tuple[Any, ...] = (),
         *,
         max_tasks_per_child: Optional[int] = None,
         shm_threshold: int = DEFAULT_SHM_THRESHOLD,
@@ -373,15 +373,17 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
             raise TypeError("initializer must be a callable")
         if not isinstance(shm_threshold, int) or shm_threshold < 1:
             raise ValueError(f"shm_threshold must be a positive int, not {shm_threshold!r}")
-        extra: Dict[str, Any] = {}
+        extra: dict[str, Any] = {}
         if max_tasks_per_child is not None:
             extra["max_tasks_per_child"] = max_tasks_per_child
         pool = _Pool(shm_threshold)
         config = (pool.token, pool.owner, shm_threshold)
         super().__init__(max_workers, mp_context, _init_worker, (config, initializer, initargs), **extra)
         # The result queue, before any worker exists to inherit it: ours.
-        standard = getattr(self, "_result_queue")
-        self._result_queue = _ResultQueue(ctx=getattr(self, "_mp_context").get_context())
+        standard = self._result_queue
+        ctx = self._mp_context  # the base's __init__ set it (its default when None was given)
+        assert ctx is not None
+        self._result_queue = _ResultQueue(ctx=ctx.get_context())
         standard.close()
         install_wakeup(self)
         install_call_queue(self, _needs_feeder)
@@ -389,7 +391,7 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         self._text_limit = shm_threshold // 4  # (a str pickles to at most 4 bytes a character)
         _live.add(pool)
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "cf.Future[Any]":
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         pool = self._pool
         call: Any
         if _plain_call(fn, args, kwargs, self._text_limit):
@@ -402,7 +404,8 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
             future = super().submit(call, *args, **kwargs)
             if not pool.watched:
                 pool.watched = True
-                pool.watch(getattr(self, "_executor_manager_thread"))
+                # (a Thread: typeshed says _ThreadWakeup, which is _executor_manager_thread_wakeup)
+                pool.watch(self._executor_manager_thread)  # type: ignore[arg-type]
         return future
 
     submit.__doc__ = cf.Executor.submit.__doc__
@@ -426,12 +429,14 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
     def _cancel_pending(self) -> None:
         """Cancel the tasks no worker has taken, as ``cancel_futures`` asks, and
         notify their futures, so that ``wait`` and ``as_completed`` count them
-        done (the standard pool leaves them CANCELLED, never notified: CPython
-        gh-109934 / gh-87893).  Each work id is taken from the queue the result
-        thread takes them from, so exactly one of the two handles each task; the
-        tasks taken here leave the pending ones at once (a task left there would
-        keep the result thread waiting for it, and one the pool then fails as
-        broken would be failed twice), under the lock ``submit`` adds them with."""
+        done (the standard pool leaves them CANCELLED, never notified: see
+        https://github.com/python/cpython/issues/109934 and
+        https://github.com/python/cpython/issues/87893).  Each work id is taken
+        from the queue the result thread takes them from, so exactly one of the
+        two handles each task; the tasks taken here leave the pending ones at
+        once (a task left there would keep the result thread waiting for it, and
+        one the pool then fails as broken would be failed twice), under the lock
+        ``submit`` adds them with."""
         ids = getattr(self, "_work_ids", None)
         items = getattr(self, "_pending_work_items", None)
         lock = getattr(self, "_shutdown_lock", None)
@@ -454,11 +459,11 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
 
 # -- in the worker -------------------------------------------------------------------------------
 
-_worker: Optional[Tuple[str, int, int]] = None  # (pool token, owner word, threshold)
+_worker: Optional[tuple[str, int, int]] = None  # (pool token, owner word, threshold)
 
 
 def _init_worker(
-    config: Tuple[str, int, int], initializer: Optional[Callable[..., object]], initargs: Tuple[Any, ...]
+    config: tuple[str, int, int], initializer: Optional[Callable[..., object]], initargs: tuple[Any, ...]
 ) -> None:
     global _worker
     _worker = config

@@ -14,11 +14,11 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
-from . import layout as PL
 from .._owner import owner_alive, pid_of
 from .._segments import listed, read_entry, unlink
+from . import layout as PL
 
 __all__ = ["ParcelReport", "parcels", "remove_leftovers"]
 
@@ -38,11 +38,11 @@ class ParcelReport:
     owner_pid: int = 0
     maker_pid: int = 0
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _report(name: str, now: float) -> "ParcelReport | None":
+def _report(name: str, now: float) -> ParcelReport | None:
     try:
         st, head = read_entry(name, _header.size)  # (a FIFO or a symlink is not read through)
     except FileNotFoundError:
@@ -64,7 +64,7 @@ def _report(name: str, now: float) -> "ParcelReport | None":
     return ParcelReport(name, used, status, pid_of(owner), pid_of(maker))
 
 
-def parcels() -> List[ParcelReport]:
+def parcels() -> list[ParcelReport]:
     """Every pool parcel on this machine (empty where ``/dev/shm`` cannot be listed)."""
     now = time.time()
     found = (_report(n, now) for n in sorted(listed(PL.POOL_PREFIX)))
@@ -73,7 +73,7 @@ def parcels() -> List[ParcelReport]:
 
 def remove_leftovers(
     dry_run: bool = False, chosen: Optional[Callable[[str], bool]] = None
-) -> List[ParcelReport]:
+) -> list[ParcelReport]:
     """Remove the parcels of pools whose process died (see the module
     docstring) and return them; ``dry_run`` only lists them, ``chosen`` (a
     test on the name) narrows them.

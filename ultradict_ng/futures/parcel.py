@@ -34,14 +34,14 @@ import struct
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional
 
 from .. import _faults as faults
 from .. import _segments as segments
 from .. import layout as L
-from . import layout as PL
-from ..errors import CorruptSegment
 from .._owner import owner_word
+from ..errors import CorruptSegment
+from . import layout as PL
 
 __all__ = ["Parcel", "pack", "unpack", "parcel_name", "pool_prefix", "VIEW", "ARRAY", "DATA"]
 
@@ -52,7 +52,7 @@ _header = struct.Struct(PL.PARCEL_FORMAT)
 #: by :meth:`_Pickler.reducer_override`, or the pickle stream itself.
 VIEW, ARRAY, DATA = 0, 1, 2
 
-Span = Tuple[int, int, int]  # (offset, length, kind)
+Span = tuple[int, int, int]  # (offset, length, kind)
 
 
 class Parcel(NamedTuple):
@@ -63,18 +63,18 @@ class Parcel(NamedTuple):
 
     name: str
     data: bytes
-    spans: Tuple[Span, ...]
+    spans: tuple[Span, ...]
 
 
 class _Loading(threading.local):
     #: The ARRAY buffers of the parcel this thread is unpickling.
-    arrays: Optional[List[memoryview]] = None
+    arrays: Optional[list[memoryview]] = None
 
 
 _loading = _Loading()
 
 
-def _array(index: int, dtype: Any, shape: Tuple[int, ...], order: str) -> Any:
+def _array(index: int, dtype: Any, shape: tuple[int, ...], order: str) -> Any:
     """Reconstructor of an array :meth:`_Pickler.reducer_override` sent: a
     writable array over the ``index``-th ARRAY buffer of the parcel being taken."""
     arrays = _loading.arrays
@@ -97,16 +97,16 @@ def pool_prefix(pool: str) -> str:
     return f"{PL.POOL_PREFIX}{pool}."
 
 
-_tables: Tuple[int, int, Dict[Any, Any]] = (-1, -1, {})
+_tables: tuple[int, int, dict[Any, Any]] = (-1, -1, {})
 
 
-def dispatch_table() -> Dict[Any, Any]:
+def dispatch_table() -> dict[Any, Any]:
     """copyreg's reducers plus those registered for the standard pool
     (``ForkingPickler.register``, e.g. torch's), as ``ForkingPickler`` merges
     them -- but merged again only when either changed: ``ForkingPickler``
     copies both on every construction, a third of a small task's pickling."""
     global _tables
-    extra: Dict[Any, Any] = getattr(ForkingPickler, "_extra_reducers", {})
+    extra: dict[Any, Any] = getattr(ForkingPickler, "_extra_reducers", {})
     n_copyreg, n_extra, table = _tables
     if n_copyreg != len(copyreg.dispatch_table) or n_extra != len(extra):
         table = {**copyreg.dispatch_table, **extra}
@@ -169,8 +169,8 @@ class _Buffers:
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
-        self.views: List[memoryview] = []
-        self.kinds: List[int] = []
+        self.views: list[memoryview] = []
+        self.kinds: list[int] = []
         self.arrays = 0
 
     def take(self, pb: pickle.PickleBuffer) -> bool:
@@ -254,11 +254,11 @@ def pack(obj: Any, pool: str, owner: int, threshold: int) -> Parcel:
         p.reset()
 
 
-def _write(name: str, owner: int, pieces: List[Tuple[memoryview, int]]) -> Tuple[Span, ...]:
+def _write(name: str, owner: int, pieces: list[tuple[memoryview, int]]) -> tuple[Span, ...]:
     """Create parcel ``name`` holding ``pieces`` (layout: "Pool parcels", maker):
     reserved whole first (a full ``/dev/shm`` is ``OutOfSpace`` before any
     byte), then the header, then each piece at its offset."""
-    spans: List[Span] = []
+    spans: list[Span] = []
     end = PL.PARCEL_HEADER
     for view, kind in pieces:
         spans.append((end, view.nbytes, kind))
@@ -324,8 +324,8 @@ def unpack(parcel: Parcel, owner: int) -> Any:
         mm = opened.map(size)
     whole = memoryview(mm)  # the arrays built over its slices keep the mapping alive
     stream: Any = data
-    buffers: List[memoryview] = []
-    arrays: List[memoryview] = []
+    buffers: list[memoryview] = []
+    arrays: list[memoryview] = []
     for off, length, kind in spans:
         piece = whole[off : off + length]
         if kind == DATA:
