@@ -4,8 +4,8 @@ Three markers in a page's Markdown are replaced at build time, so that nothing
 they stand for is ever typed by hand and left to go stale:
 
 ``<!-- perf: DIR -->``
-    The benchmark results in ``perf/results/DIR/latest.json`` (``DIR`` ``.``
-    for ``perf/results/latest.json``): the run's date and machine, its targets,
+    The benchmark results in ``perf/results/DIR/latest.json`` (a run of
+    ``python -m perf --out perf/results/DIR``): the run's date and machine, its targets,
     one table per block of cases with every contender side by side, the notes
     the harness wrote, and the plot (``latest.png``, or ``bigdict.png``), which
     is copied into the site.
@@ -59,12 +59,6 @@ def _inline_rst(text: str) -> str:
     return re.sub(r"``([^`]+)``", r"`\1`", text)
 
 
-def _strip_tracker_refs(text: str) -> str:
-    """Drop parenthesised references to tracker issue numbers from generated text."""
-    text = re.sub(r"\s*\((?:[^()]*?,\s*)?issue ?#?\d+(?:,[^()]*)?\)", "", text)
-    return re.sub(r"issue ?#?\d+'s ", "", text)
-
-
 # -- the code map -----------------------------------------------------------------------------
 
 
@@ -88,7 +82,7 @@ def module_summary(path: str) -> str:
     first = doc.strip().split("\n\n", 1)[0]
     first = " ".join(line.strip() for line in first.splitlines())
     first = first.rstrip(":")  # a paragraph that introduces a literal block
-    return _strip_tracker_refs(_inline_rst(first)).replace("|", "\\|")
+    return _inline_rst(first).replace("|", "\\|")
 
 
 def code_map() -> list[tuple[str, str]]:
@@ -185,7 +179,6 @@ def protocol_markdown(module: str, chunks: dict[str, str]) -> str:
     import importlib
 
     doc = importlib.import_module(module).__doc__ or ""
-    doc = _strip_tracker_refs(doc)
     path = module.replace(".", "/") + ".py"
     out = [
         f"*Rendered from the docstring of `{module}` (`{path}`), the specification "
@@ -383,7 +376,6 @@ def targets_markdown(targets: list[dict[str, Any]]) -> str:
         detail = t.get("detail", "")
         if t.get("caveat"):
             detail += f" ({t['caveat']})"
-        detail = _strip_tracker_refs(detail).replace("the issue's targets", "the targets")
         out.append(f"| {_esc(t['target'])} | {m} | {status} | {_esc(detail)} |")
     return "\n".join(out) + "\n"
 
@@ -445,7 +437,7 @@ def perf_markdown(name: str, plots: list[tuple[str, str]]) -> str:
     if notes:
         out.append('??? note "How this run measured (the harness\'s notes)"\n')
         for n in notes:
-            out.append("    - " + _esc(_strip_tracker_refs(n)).replace("\n", " "))
+            out.append("    - " + _esc(n).replace("\n", " "))
         out.append("")
     return "\n".join(out) + "\n"
 

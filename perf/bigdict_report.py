@@ -131,7 +131,7 @@ def targets(recs: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
                     detail=f"{contender} {ours:.4g} vs py-lmdb {peer:.4g}",
                 )
             if size != 1_000_000:
-                row["caveat"] = f"measured at {size:,} keys, the issue's targets are at 1M"
+                row["caveat"] = f"measured at {size:,} keys, the targets are at 1M"
             out.append(row)
         hot = _find(recs, size, contender, "hot")
         row = {

@@ -19,7 +19,7 @@ by side in one run, repetitions interleaved with the order rotated:
 * **cachelib API** (Flask-Caching's backends; dict value, get / set): our
   ``ultradict_ng.integrations.cachelib.SharedCache`` against ``cachelib.SimpleCache``
   (one process) and ``cachelib.FileSystemCache`` (a temporary directory).  No
-  target of the issue; for scale.
+  target; for scale.
 * **Hit ratio** on Zipf traces (a = 0.7, 0.9, 1.1; 50,000 keys, 200,000
   requests, 2,000 entries; get, and set on a miss): ``SharedCache`` (its
   approximate LRU; and with ``cull_frequency=3``) against an exact LRU (an

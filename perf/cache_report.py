@@ -1,4 +1,4 @@
-"""Workload 15's table, its targets (the issue's), its plot and its own JSON.
+"""Workload 15's table, its targets, its plot and its own JSON.
 
 Everything goes to ``<out>/cache/`` (see :func:`write`): ``latest.json`` (the workload's records,
 targets, notes, alerts and the machine) and ``latest.png`` (ops/s bars on a

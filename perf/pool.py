@@ -1,6 +1,6 @@
 """Workload 11 (``pool``): ``ultradict_ng.futures.ProcessPoolExecutor`` against the standard pool and peers.
 
-The issue's two cases, each for four contenders:
+Two cases, each for four contenders:
 
 * **(a) submit round trip**: ``ex.submit(add_one, x).result()`` with
   ``x = np.ones(int(2e7))`` (160 MB; ``--quick``: 2e6), ``max_workers=1``; from
@@ -732,7 +732,7 @@ def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str
 
 
 def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
-    """The issue's pool targets on the medians of this run (the report marks them; nothing fails)."""
+    """The pool's targets on the medians of this run (the report marks them; nothing fails)."""
     out: list[dict[str, Any]] = []
     recs = [r for r in records if r["workload"] == WL]
 
@@ -764,7 +764,7 @@ def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
             r.update(measured=ratio, status="PASS" if ok else "MISS", detail=detail)
             case = ng["case"]
             if quick:
-                r["caveat"] = f"--quick sizes ({case}), not the issue's"
+                r["caveat"] = f"--quick sizes ({case}), not the targets'"
         out.append(r)
 
     row("pool: submit round trip >= 4x faster than stdlib pool", SUBMIT, "stdlib", SUBMIT_VS_STDLIB, False)

@@ -1090,7 +1090,7 @@ def _paired(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
 
 
 def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
-    """The issue's Redis-backend targets on this run's medians (reported; nothing fails)."""
+    """The Redis backend's targets on this run's medians (reported; nothing fails)."""
     recs = [r for r in records if r["workload"] == WL]
     out: list[dict[str, Any]] = []
     if not recs:

@@ -201,7 +201,7 @@ def _median(records: list[dict[str, Any]], wl: str, case: str, contender: str) -
 
 
 def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
-    """The issue's targets, each as measured ratio vs target, PASS / MISS / n/a."""
+    """The targets, each as measured ratio vs target, PASS / MISS / n/a."""
     out: list[dict[str, Any]] = []
 
     def ratio_target(name: str, wl: str, case: str, need: float, exact: bool = False) -> None:
@@ -309,7 +309,7 @@ def _count(n: int) -> str:
 
 
 def targets_text(rows: list[dict[str, Any]]) -> str:
-    lines = ["", "== targets (from the issue; measured in this run) =="]
+    lines = ["", "== targets (measured in this run) =="]
     for r in rows:
         m = r.get("measured_text") or ("-" if r["measured"] is None else f"{r['measured']:.2f}x")
         status = r["status"] + ("*" if r.get("caveat") else "")

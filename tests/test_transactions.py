@@ -3,7 +3,7 @@
 Backend-neutral tests take the ``backend`` fixture (shared memory and Redis);
 those about the shared-memory engine's machinery (the stream, dumps, blobs,
 fault points) carry ``shm_only``, those about Redis's (one log entry per
-block, the lease) take ``redis_url``.  The bank test is the issue's: movers keep
+block, the lease) take ``redis_url``.  The bank test: movers keep
 "the sum of the accounts is constant" only between their two writes, auditors
 check every snapshot, and movers are SIGKILLed at random instants.
 """

@@ -50,6 +50,7 @@ word  field
       then ``len`` is the dict's, else a scan that skips those)
 15    batch: 1 while a ``set_many``/``delete_many`` transaction is open (under the lock)
 ===== ================================================================================
+
 Then three arrays of ``nslots`` 8-byte cells: ``recency`` (f64: the
 ``time.time()`` of the entry's last read or write), ``size`` (u64: the
 entry's stored size, for maxbytes) and the free stack (u64 slot numbers).

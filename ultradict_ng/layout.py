@@ -163,15 +163,15 @@ Inline arrays: a numpy array below the threshold is msgpack ext 14
 Writer (holds the lock for the whole mutation)
 ==============================================
 1. Bring the local cache up to date (the reader algorithm, under the lock).
-2. Check the mutation against the cache (missing key, missing nested path,
-   STATUS.unlinked) and encode the record: errors are raised here, before any
-   shared byte changes.
+2. Check the mutation against the cache (missing key, missing nested path, STATUS.unlinked)
+   and encode the record: errors are raised here, before any shared byte changes.
 3. If ``end + record`` fits in the stream (``<= min(LIMIT, stream size)``):
    copy the record to ``stream[end:]``,
    then publish with one atomic (sequentially consistent) store
    ``STATE = gen << 32 | end + len(record)``.  The payload is written before
    the store that makes it reachable.
 4. Otherwise (stream full, a value larger than it, a bulk load: _bulk_load) write a dump:
+
    a. ``REG_HIGH = gen + 1`` (so crash cleanup can find what step b creates);
    b. create ``N@d<gen+1>``; if it exists it is the unpublished leftover of a
       writer that died between b and c (we hold the lock, so nobody else can be
@@ -526,7 +526,7 @@ MAX_RECLAIM = 64
 BLOB_MAGIC = b"UDNGblb\x01"
 BLOB_FORMAT = "<8sQQQII"  # magic, token, id, length, kind, 0
 BLOB_HEADER = 64  # payload offset: 64-byte aligned for any dtype and for SIMD loads
-#: Blob kinds this large go to blobs: below, inline beats a segment (~40-60 µs; README).
+#: Blob kinds this large go to blobs: below, inline beats a segment (~40-60 µs; docs/performance.md).
 DEFAULT_BLOB_THRESHOLD = 64 << 10
 #: Ids of ``BLOB_LOW .. BLOB_NEXT`` a sweep tries at most where /dev/shm cannot be listed.
 MAX_BLOB_SWEEP = 4096

@@ -73,7 +73,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
       ``"redis://host:port/db"`` (``rediss://``, ``unix://``; or a ready
       ``redis.Redis`` / ``RedisCluster`` client): the same dict on a Redis
       server or cluster, for processes on several machines -- see the
-      README's "Redis backend" for what each read mode guarantees.
+      docs/guide/redis.md for what each read mode guarantees.
       Redis only: ``reads="fresh"`` (default; every read validates its cache
       in one round trip) or ``"cached"`` (no round trip, at most
       ``staleness`` seconds behind, default 0.5); ``lease``: seconds the lock
@@ -464,7 +464,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         the whole transaction (the outer block then raises
         :class:`~ultradict_ng.errors.TransactionAborted` if it ends normally).
         The change feed and ``wait_for_change`` see one publish: the block's
-        changes, in order, together.  README "Guarantees", layout "Transactions"."""
+        changes, in order, together.  docs/guarantees.md, layout "Transactions"."""
         s = self._store
         check_open(s.words)  # before the lock
         if not isinstance(s, Transactional):

@@ -124,6 +124,7 @@ Why this form (and not another engine's)
   each process's memory, merging the live entries into a new file now and
   then.  The table is that merged file with its index beside it in the same
   immutable segment, so that no process builds or holds an index of its own.
+
 Readers are pinned as in LMDB, by the segment itself: a table they mapped
 stays valid after a newer one replaces and unlinks it.
 """

@@ -2650,7 +2650,7 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLong(crc);
 }
 
-/* keyhash.c, table.c and unpack.c (compiled into this module; setup.py lists the sources). */
+/* keyhash.c, table.c and unpack.c (compiled into this module; pyproject.toml lists the sources). */
 PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
 PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

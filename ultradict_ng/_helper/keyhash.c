@@ -2,7 +2,7 @@
  * key_hash_common: _codec/keyhash.py's key_hash for the key types that fill
  * big dicts (str, bytes, int, bool, float, None), compiled, so that a probe of
  * a shared table does not spend most of its time hashing (measured: the
- * Python key_hash of a 13-character str ~0.5-0.8 us).  Part of ultradict_ng._helper._native (setup.py lists both
+ * Python key_hash of a 13-character str ~0.5-0.8 us).  Part of ultradict_ng._helper._native (pyproject.toml lists both
  * sources); its twin is twins.key_hash_common.
  *
  * It returns None for every other type: the caller then uses the Python

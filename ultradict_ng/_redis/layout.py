@@ -68,7 +68,7 @@ Two read modes (``reads=``):
   which ``HGET meta epoch`` does not answer our epoch, unvouches the cache:
   reads then run ``SYNC``, which raises ``Unlinked`` if the dict is gone.
   A read may miss a write published less than the listener's delivery
-  latency ago (measured in the README), and never one older than
+  latency ago (measured: docs/performance.md), and never one older than
   ``staleness`` seconds: the listener's request blocks at most
   ``min(staleness / 2, staleness - 0.12)`` seconds (a server with the
   default ``hz 10`` answers a timed-out block up to 100 ms late) and its reply

@@ -22,7 +22,7 @@ and this module everything a write does to blobs.  Every call on shared memory
 goes through :mod:`ultradict_ng._segments`.  Nothing here imports numpy
 unless a value needs it.
 
-Lifetime of what a reader gets (what the README states):
+Lifetime of what a reader gets (what docs/guide/large-values.md states):
 
 * a numpy array or ``memoryview`` of a blob keeps its mapping -- and so the
   segment's memory -- alive until it is garbage-collected, whatever happens
@@ -236,7 +236,7 @@ def read_payload(name: str, ref: BlobRef) -> Any:
     Why not a copy from the mapping: that faults in every page of the mapping
     and of the new object; ``pread`` copies in the kernel, and measured ~2x
     faster for 100 MiB here.  What remains is the cost of the new object's
-    fresh pages (see README, "Large values")."""
+    fresh pages (see docs/guide/large-values.md)."""
     seg = L.blob_name(name, ref.id)
     try:
         opened = segments.Opened(seg)

@@ -114,7 +114,7 @@ def checks() -> list[Check]:
             )
         )
     elif sys.platform == "darwin":
-        out.append(("os", "warn", "macOS: should work, not tested in CI (see README, Platforms)"))
+        out.append(("os", "warn", "macOS: should work, not tested in CI (see docs/guarantees.md, Platforms)"))
     else:
         out.append(("os", "fail", f"{sys.platform}: not supported (no POSIX shared memory)"))
     out.append(("layout", "ok", f"version {L.LAYOUT_VERSION}: dicts of other versions are refused"))

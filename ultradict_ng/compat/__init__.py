@@ -4,7 +4,7 @@
 The class and how it opens a dict are in :mod:`.ultradict`, UltraDict's
 exception classes and the mapping from ours in :mod:`.errors`, its lock API
 in :mod:`.lock`, its log module API (``UltraDict.log``) in :mod:`.log`.
-``MIGRATING.md`` says what differs and why.
+``docs/migrating.md`` says what differs and why.
 """
 
 from .lock import DEFAULT_SLEEP_TIME

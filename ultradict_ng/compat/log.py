@@ -13,7 +13,7 @@ Every other attribute of ``logging.Logger`` (``setLevel``, ``addHandler``,
 without UltraDict's log module and falls back to the stdlib ``logging``
 module; ``logging``'s module-level functions (``disable``, ``basicConfig``)
 are deliberately not offered here: they act on the whole program, and code
-that wants them imports ``logging`` itself (MIGRATING.md).
+that wants them imports ``logging`` itself (docs/migrating.md).
 """
 
 from __future__ import annotations

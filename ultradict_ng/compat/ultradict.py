@@ -23,7 +23,7 @@ and the decorator that maps our errors to them are in
 Everything public is re-exported by the package (``from ultradict_ng.compat import
 UltraDict, UltraLock, Exceptions, CannotAcquireLock ...``).
 
-``MIGRATING.md`` lists what behaves better, what differs on purpose, and what
+``docs/migrating.md`` lists what behaves better, what differs on purpose, and what
 is not carried over.
 """
 
@@ -373,7 +373,7 @@ class UltraDict(SharedDict):
         self._store.force_dump()
 
     def status(self) -> dict[str, Any]:
-        """UltraDict's status fields, mapped onto ours (see MIGRATING.md for their meaning)."""
+        """UltraDict's status fields, mapped onto ours (see docs/migrating.md for their meaning)."""
         s = self._store
         state = s.words[L.W_STATE]
         gen_remote, end_remote = state >> L.GEN_SHIFT, state & L.END_MASK

@@ -2,7 +2,7 @@
 
 The standard process pool pickles a call and its result into a pipe; a
 160 MB array then costs a pickle copy and a pipe transfer that runs at
-~0.07 GiB/s here (README, "Performance").  Here the object is pickled with
+~0.07 GiB/s here (docs/performance.md).  Here the object is pickled with
 protocol 5, where every large numpy array (and any other large buffer pickle
 hands to ``buffer_callback``) is set aside instead of being copied into the
 stream.  Those buffers, and the stream itself when it is large (``bytes`` and
