@@ -89,10 +89,11 @@ def _ours_or_abandoned(entry: str) -> bool:
     return False
 
 
-def _shm_entries() -> set[str]:
+def _shm_entries(parcels: bool) -> set[str]:
+    """This session's dict segments, and every parcel when ``parcels``."""
     if not os.path.isdir(SHM):
         return set()
-    return {e for e in os.listdir(SHM) if OURS.fullmatch(e) or e.startswith(PARCELS)}
+    return {e for e in os.listdir(SHM) if OURS.fullmatch(e) or (parcels and e.startswith(PARCELS))}
 
 
 #: Pids of servers the session keeps running across tests (the Redis fixtures).
@@ -132,15 +133,24 @@ def _children() -> set[int]:
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers() -> Iterator[None]:
-    """Fail the test if it leaves shared-memory segments or child processes behind."""
-    before = _shm_entries()
+def no_leftovers(request: Any) -> Iterator[None]:
+    """Fail the test if it leaves shared-memory segments or child processes behind.
+
+    Parcels are looked for only around the tests of ``POOL_FILES``, the only ones
+    that make them, and which run on one pytest-xdist worker: an abandoned parcel
+    (its pool dead) cannot be told apart from the other worker's, which this
+    check would otherwise count, and remove under the test that is looking at it.
+    """
+    parcels = os.path.basename(str(request.node.fspath)) in POOL_FILES
+    before = _shm_entries(parcels)
     children_before = _children()
     yield
     import gc
 
     gc.collect()  # finalizers of dropped handles (auto_unlink) run now
-    leaked = sorted(e for e in _shm_entries() - before if not e.startswith(PARCELS) or _ours_or_abandoned(e))
+    leaked = sorted(
+        e for e in _shm_entries(parcels) - before if not e.startswith(PARCELS) or _ours_or_abandoned(e)
+    )
     stray = sorted(_children() - children_before)
     for pid in stray:  # end only the processes this test started
         try:
@@ -209,9 +219,9 @@ def pytest_configure(config: Any) -> None:
 
 
 #: Test files that make process-pool parcels.  Under pytest-xdist they run on one
-#: worker (``--dist loadgroup``): a parcel left by a pool a test killed is
-#: "abandoned" (its maker is dead, so whose it was cannot be told), and the leak
-#: check above would count one that appears during a test of the other worker.
+#: worker (``--dist loadgroup``), and only their tests look for leaked parcels: a
+#: parcel left by a pool a test killed is "abandoned" (its maker is dead, so whose
+#: it was cannot be told), and a leak check on the other worker would count it.
 POOL_FILES = {
     "test_futures.py",
     "test_futures_leaks.py",
