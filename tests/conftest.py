@@ -158,12 +158,18 @@ def no_leftovers(request: Any) -> Iterator[None]:
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+    described = list(leaked)
+    if any(e.startswith(PARCELS) for e in leaked):  # whose: the pids, for the message
+        from ultradict_ng.futures.leftovers import parcels as parcel_reports
+
+        whose = {r.name: f"{r.status}, owner {r.owner_pid}, maker {r.maker_pid}" for r in parcel_reports()}
+        described = [f"{e} ({whose[e]})" if e in whose else e for e in leaked]
     for entry in leaked:
         try:
             os.unlink(os.path.join(SHM, entry))
         except FileNotFoundError:
             pass
-    assert not leaked, f"test left shared-memory segments behind: {leaked}"
+    assert not leaked, f"test left shared-memory segments behind: {described}"
     assert not stray, f"test left child processes running: {stray}"
 
 
