@@ -240,6 +240,7 @@ POOL_FILES = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the group marks
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if os.path.basename(str(item.fspath)) in POOL_FILES:
@@ -253,6 +254,21 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             and item.get_closest_marker("shm_only") is not None
         )
     ]
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """On a pytest-xdist worker under ``--dist loadgroup``, the pool's tests must carry
+    their group (xdist appends ``@pool`` to their ids): where it does not, they would
+    run on both workers, and their leak checks would count each other's parcels."""
+    config = session.config
+    if not hasattr(config, "workerinput") or not config.getvalue("loadgroup"):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist's --dist loadgroup is not in effect with pytest {pytest.__version__} "
+            f"(e.g. {lost[0]}): install the test extra's pytest (pip install -e '.[test]')"
+        )
 
 
 @pytest.fixture(scope="session")
