@@ -311,3 +311,27 @@ def each_backend(request: Any, monkeypatch: Any) -> Iterator[str]:
     else:
         monkeypatch.delenv("ULTRADICT_NG_BACKEND", raising=False)
     yield request.param
+
+
+@pytest.fixture
+def durable_dir(tmp_path: Any) -> Iterator[str]:
+    """A directory for a dict kept in files (not yet made: the dict makes it).
+
+    Afterwards, every directory under the test's ``tmp_path`` (copies too) must
+    have no control segment left in shared memory: a closed dict kept in files
+    leaves only its files."""
+    yield str(tmp_path / ("dict" + SESSION))
+    import gc
+
+    from ultradict_ng._disk.layout import control_name
+
+    gc.collect()
+    leaked = []
+    for root, dirs, _files in os.walk(tmp_path):
+        for d in dirs:
+            st = os.stat(os.path.join(root, d))
+            entry = control_name(st.st_dev, st.st_ino)
+            if os.path.exists(os.path.join(SHM, entry)):
+                leaked.append(f"{entry} ({os.path.join(root, d)})")
+                os.unlink(os.path.join(SHM, entry))
+    assert not leaked, f"dicts kept in files left control segments behind: {leaked}"

@@ -87,13 +87,15 @@ POOL_POINTS = ("parcel-created", "parcel-written")
 REDIS_POINTS = tuple(p for p in faults.POINTS if p.startswith("redis-"))
 #: The cache's points: a writer or a claimer dies there (tests/test_cache_processes.py).
 CACHE_POINTS = tuple(p for p in faults.POINTS if p.startswith("cache-"))
+#: Recovery of a dict kept in files (tests/test_durable_crash.py).
+RECOVERY_POINTS = tuple(p for p in faults.POINTS if p.startswith("recovery-"))
 
 #: Every fault point of the write path with inline values; and with the worker's
 #: 300-byte values in blobs (threshold 256), which also passes the blob points.
 FAULT_CASES = [
     pytest.param(point, threshold, id=f"{point}-{'blobs' if threshold else 'inline'}")
     for point in faults.POINTS
-    if point not in USER_POINTS + POOL_POINTS + REDIS_POINTS + CACHE_POINTS
+    if point not in USER_POINTS + POOL_POINTS + REDIS_POINTS + CACHE_POINTS + RECOVERY_POINTS
     for threshold in ((BLOB_THRESHOLD,) if point.startswith("blob") else (0, BLOB_THRESHOLD))
 ]
 

@@ -523,12 +523,12 @@ def test_table_changes_are_the_probes_and_the_codecs_bytes_on_every_impl(model, 
         t.close()
 
 
-def _reference_record(pos, tag, payload, size=300_000):
+def _reference_record(pos, tag, payload, size=300_000, unit=L.UNIT_WHOLE):
     """The stream bytes layout.py's "Stream record" describes, built from the spec."""
     buf = bytearray(size)
     length = len(payload)
     crc = zlib.crc32(payload, zlib.crc32(struct.pack("<II", length, tag)))
-    buf[pos : pos + 16] = struct.pack(L.RECORD_FORMAT, length, tag, crc, 0)
+    buf[pos : pos + 16] = struct.pack(L.RECORD_FORMAT, length, tag, crc, unit)
     buf[pos + 16 : pos + 16 + length] = payload
     return pos + 16 + length, buf
 
@@ -542,6 +542,25 @@ def test_write_record_matches_the_spec(impl, payload, pos, tag):
     words.release()
     expected_end, expected = _reference_record(pos, tag, payload, 8192)
     assert end == expected_end and buf == expected
+
+
+@impls
+def test_a_transaction_record_carries_its_unit_word(impl):
+    """The unit word is stored as given (a transaction's records: their offset, shifted)."""
+    for unit in (0, 2, 2**32 - 2, L.UNIT_WHOLE):
+        buf = bytearray(4096)
+        words = impl.Words(buf)
+        end = words.write_record(100, 7, b"abc", unit)
+        simple_end = words.write_simple(end, 7, 4096, L.OP_SET, "k", 1, 0, unit)
+        words.release()
+        assert buf[:end] == _reference_record(100, 7, b"abc", 4096, unit)[1][:end]
+        assert simple_end is not None
+        assert (
+            buf[end:simple_end]
+            == _reference_record(0, 7, MSGPACK.dumps([L.OP_SET, [], "k", 1]), 4096, unit)[1][
+                : simple_end - end
+            ]
+        )
 
 
 @impls

@@ -485,7 +485,8 @@ def test_the_compiled_path_writes_the_bytes_the_python_path_writes(name, dicts):
         at = 0
         for i, v in enumerate(values):
             for key, value in ((f"k{i}", v), (v, i)):
-                at = words.write_simple(at, s.gen & L.GEN_MASK, len(expect), L.OP_SET, key, value)
+                unit = at << L.UNIT_BACK_SHIFT  # (the offset from the transaction's first record)
+                at = words.write_simple(at, s.gen & L.GEN_MASK, len(expect), L.OP_SET, key, value, 0, unit)
     finally:
         words.release()
     assert stream == bytes(expect[:at])

@@ -34,6 +34,9 @@ _OPTION_KEYWORDS = (
     "lease",
     "staleness",
     "max_decoded",
+    "path",
+    "sync",
+    "sync_interval",
 )
 
 

@@ -30,6 +30,14 @@ def open_engine(
 ) -> Engine:
     """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
     ``initial`` ([key, value] lists, or a dict) is stored only by the process that creates it."""
+    if options.path is not None:
+        from ._disk.opening import control_of, open_durable
+
+        if name is not None and (not os.path.isdir(options.path) or name != control_of(options.path)):
+            raise ValueError("give a dict kept in files its path=, not a name")
+        return open_durable(options.path, create, options, initial)
+    if options.sync is not None or options.sync_interval is not None:
+        raise ValueError("sync= and sync_interval= are for a dict kept in files (path=)")
     backend = resolve_backend(options.backend)
     if backend is None:
         if options.lease is not None or options.staleness is not None:

@@ -124,6 +124,11 @@ class Options:
     #: Shared memory only, this handle's own: the most values of a big dict
     #: it keeps decoded (None: every one it read).
     max_decoded: Optional[int] = None
+    #: A dict kept in files: its directory (``_disk``), and the sync policy
+    #: ("always", "interval", "never") and interval (seconds) it is created with.
+    path: Any = None
+    sync: Optional[str] = None
+    sync_interval: Optional[float] = None
     #: Values a *creating* handle uses for fields given as None.
     create_defaults: Mapping[str, Any] = field(default_factory=dict)
 

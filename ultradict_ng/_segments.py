@@ -25,6 +25,12 @@ Why not :class:`multiprocessing.shared_memory.SharedMemory`:
 Lifetime: :meth:`Segment.close` unmaps this process's view (other processes are
 unaffected); :func:`unlink` removes the name (mappings stay valid until they
 are closed).  Windows has no POSIX shared memory and is not supported.
+
+A dict kept in files (``_disk/layout.py``) registers its directory here
+(:func:`register_directory`): its derived names (stream, dumps, blobs) are
+then files of that directory, through ``_disk/files.py``, and everything
+below works on them unchanged; a dump or blob is written to a ``.tmp`` file
+and made whole on the disk by :func:`finish` (or :func:`create_written`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import stat
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from ._disk import files
+from ._disk import layout as D
 from .errors import OutOfSpace
 
 try:
@@ -59,6 +67,11 @@ __all__ = [
     "SUPPORTED",
     "LISTABLE",
     "SHM_DIR",
+    "register_directory",
+    "forget_directory",
+    "directory_of",
+    "file_of",
+    "finish",
 ]
 
 SUPPORTED = _posixshmem is not None
@@ -79,6 +92,63 @@ def _path(name: str) -> str:
     return "/" + name
 
 
+#: Dicts kept in files: control name -> directory, for this process (``_disk``).
+_DIRECTORIES: dict[str, str] = {}
+
+
+def register_directory(base: str, directory: str) -> None:
+    """Map the derived names of the dict ``base`` to files of ``directory``."""
+    _DIRECTORIES[base] = directory
+
+
+def forget_directory(base: str) -> None:
+    _DIRECTORIES.pop(base, None)
+
+
+def directory_of(name: str) -> Optional[str]:
+    """The directory of the dict that ``name`` (a control or derived name) belongs to, if kept in files."""
+    at = name.find("@")
+    return _DIRECTORIES.get(name if at < 0 else name[:at])
+
+
+def file_of(name: str) -> Optional[str]:
+    """The file that holds the derived segment ``name``, if its dict is kept in files."""
+    at = name.find("@")
+    if at < 0 or not _DIRECTORIES:
+        return None
+    directory = _DIRECTORIES.get(name[:at])
+    if directory is None:
+        return None
+    file = D.file_name(name[at:])
+    return None if file is None else os.path.join(directory, file)
+
+
+def _aside(name: str, path: str) -> str:
+    """Where a new derived segment is written: its ``.tmp`` file for dumps and blobs."""
+    return path + D.TMP_SUFFIX if D.written_aside(name[name.find("@") :]) else path
+
+
+def _open_fd(name: str, flags: int) -> int:
+    path = file_of(name)
+    if path is not None:
+        return files.open_rw(path, bool(flags & os.O_RDWR))
+    _require_posix()
+    return int(_posixshmem.shm_open(_path(name), flags, mode=_MODE))
+
+
+def finish(segment: Segment) -> None:
+    """Make a new dump, written through its mapping, whole on the disk and
+    reachable under its name (``_disk/layout.py``, "Writes and syncs"); nothing
+    for shared memory."""
+    path = file_of(segment.name)
+    if path is None or segment.buf is None:
+        return
+    aside = _aside(segment.name, path)
+    files.sync_range(segment.buf, aside, 0, segment.size)
+    files.rename(aside, path)
+    files.sync_dir(os.path.dirname(path))
+
+
 def _require_posix() -> None:
     if _posixshmem is None:  # pragma: no cover - Windows
         raise OSError(errno.ENOSYS, "ultradict_ng needs POSIX shared memory (Linux, macOS)")
@@ -93,6 +163,9 @@ def _raise_if_full(exc: BaseException, no_room: str) -> None:
 
 def _create_fd(name: str) -> int:
     """A descriptor of the new segment ``name`` (``FileExistsError`` if it exists)."""
+    path = file_of(name)
+    if path is not None:
+        return files.create(_aside(name, path))
     _require_posix()
     return int(_posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE))
 
@@ -100,7 +173,11 @@ def _create_fd(name: str) -> int:
 def _abandon(name: str, fd: int) -> None:
     """Undo a creation that failed: nothing of it is left."""
     os.close(fd)
-    _posixshmem.shm_unlink(_path(name))
+    path = file_of(name)
+    if path is not None:
+        files.remove(_aside(name, path))
+    else:
+        _posixshmem.shm_unlink(_path(name))
 
 
 class Segment:
@@ -144,8 +221,7 @@ class Segment:
         A segment whose size is still 0 (its creator is between ``shm_open``
         and ``ftruncate``) is returned unmapped, with ``buf`` None.
         """
-        _require_posix()
-        fd = _posixshmem.shm_open(_path(name), os.O_RDWR, mode=_MODE)
+        fd = _open_fd(name, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             buf = mmap.mmap(fd, size) if size else None
@@ -192,6 +268,11 @@ def create_written(
         if created is not None:
             created()
         _write_pieces(fd, size, pieces, reserve)
+        path = file_of(name)
+        if path is not None:  # (a blob of a dict kept in files: whole on the disk before it is named)
+            files.sync_file(fd, _aside(name, path))
+            files.rename(_aside(name, path), path)
+            files.sync_dir(os.path.dirname(path))
     except BaseException as exc:
         _abandon(name, fd)
         _raise_if_full(exc, no_room)
@@ -235,9 +316,8 @@ class Opened:
     __slots__ = ("name", "_fd")
 
     def __init__(self, name: str, writable: bool = False) -> None:
-        _require_posix()
         self.name = name
-        self._fd: int = _posixshmem.shm_open(_path(name), os.O_RDWR if writable else os.O_RDONLY, mode=_MODE)
+        self._fd: int = _open_fd(name, os.O_RDWR if writable else os.O_RDONLY)
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size
@@ -270,8 +350,7 @@ def reserve(name: str, length: int) -> None:
     Raises :class:`OutOfSpace` if shared memory is full (nothing changes) and
     ``FileNotFoundError`` if the segment is gone.
     """
-    _require_posix()
-    fd = _posixshmem.shm_open(_path(name), os.O_RDWR, mode=_MODE)
+    fd = _open_fd(name, os.O_RDWR)
     try:
         if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, 0, length)
@@ -306,6 +385,14 @@ def holds(name: str, inode: int) -> bool:
 def unlink(name: str, missing_ok: bool = True) -> bool:
     """Remove the segment's name; True if it existed (``missing_ok=False``:
     ``FileNotFoundError`` if it did not)."""
+    path = file_of(name)
+    if path is not None:
+        found = files.remove(path)
+        if path != _aside(name, path):
+            found = files.remove(path + D.TMP_SUFFIX) or found
+        if not found and not missing_ok:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return found
     _require_posix()
     try:
         _posixshmem.shm_unlink(_path(name))
@@ -317,6 +404,9 @@ def unlink(name: str, missing_ok: bool = True) -> bool:
 
 
 def exists(name: str) -> bool:
+    path = file_of(name)
+    if path is not None:
+        return os.path.exists(path)
     _require_posix()
     try:
         fd = _posixshmem.shm_open(_path(name), os.O_RDONLY, mode=_MODE)
@@ -336,7 +426,17 @@ def listable() -> bool:
 
 def listed(prefix: str) -> list[str]:
     """Names starting with ``prefix`` in the shared-memory filesystem, where it can be
-    listed (Linux); an empty list elsewhere (macOS has no such directory)."""
+    listed (Linux); an empty list elsewhere (macOS has no such directory).  For a
+    dict kept in files, its derived names whose files are in its directory."""
+    at = prefix.find("@")
+    directory = _DIRECTORIES.get(prefix[:at]) if at >= 0 else None
+    if directory is not None:
+        try:
+            entries = os.listdir(directory)
+        except OSError:
+            return []
+        names = {prefix[:at] + s for s in map(D.suffix_of, entries) if s is not None}
+        return sorted(n for n in names if n.startswith(prefix))
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:
@@ -348,7 +448,7 @@ def entry_stat(name: str) -> Optional[os.stat_result]:
     """The listed entry's ``stat`` (sizes, blocks, times); None if it cannot be
     had (gone, or nothing to list here)."""
     try:
-        return os.stat(os.path.join(SHM_DIR, name))
+        return os.stat(file_of(name) or os.path.join(SHM_DIR, name))
     except OSError:
         return None
 
@@ -361,7 +461,7 @@ def read_entry(name: str, length: int) -> tuple[Optional[os.stat_result], bytes]
     Opened non-blocking and without following links: a FIFO or a symlink
     under a name like ours must neither hang the caller nor be read through.
     """
-    path = os.path.join(SHM_DIR, name)
+    path = file_of(name) or os.path.join(SHM_DIR, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:

@@ -23,6 +23,7 @@ __all__ = [
     "ParameterMismatch",
     "CorruptSegment",
     "IncompatibleLayout",
+    "NotADict",
     "LockTimeout",
     "Closed",
     "UnsupportedType",
@@ -66,6 +67,11 @@ class CorruptSegment(SharedDictError, ValueError):
 
 class IncompatibleLayout(CorruptSegment):
     """The segment is ours but was written by an incompatible layout version."""
+
+
+class NotADict(CorruptSegment):
+    """A directory given as a dict's ``path=`` is not one and cannot become one
+    (other files in it, a network filesystem, not a directory)."""
 
 
 class LockTimeout(SharedDictError, TimeoutError):

@@ -76,6 +76,7 @@ word  offset  field
               no live user* (``clean``, ``auto_unlink="last"``), else 0 (see "Users")
 30    240     USER_OVERFLOW: attachments made while every user slot was taken
               (incremented at attach, decremented at detach; see "Users")
+32    256     SYNCED, 33 SYNC_LEADER: a dict kept in files only (``_disk/layout.py``)
 64-   512-    wait slots (``WAIT_SLOTS`` words): slot i holds the owner word (as
 127   1016    LOCK) of the process that uses bit i of the WAITERS words; 0 = free
 256-  2048-   user slots (``USER_SLOTS`` words): the owner word of each process
@@ -88,8 +89,10 @@ on the line of the word its wakers have just stored.
 
 Stream record (in ``N@s``, at offsets ``0 .. end`` of the current generation)
 -----------------------------------------------------------------------------
-``u32 length | u32 generation (low 32 bits) | u32 crc32 | u32 0 | payload``;
-the crc covers the first 8 header bytes and the payload.  The payload is the
+``u32 length | u32 generation (low 32 bits) | u32 crc32 | u32 unit | payload``;
+the crc covers the first 8 header bytes and the payload.  Unit: ``UNIT_WHOLE``, or in a
+transaction the offset from its first record << ``UNIT_BACK_SHIFT``, | ``UNIT_LAST`` on its
+last (set before the publish); only recovery from files reads it (``_disk/layout.py``).  The payload is the
 serializer's encoding of the record ``[op, path, *args]``: op is one of
 ``OP_*`` below and the kinds and shapes are tabled in ``_codec/records.py``, the one
 definition every writer (codec, ``write_simple``) and reader (``apply``,
@@ -455,12 +458,9 @@ def base36(n: int) -> str:
 
 
 # -- control segment -----------------------------------------------------------
-
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
-LAYOUT_VERSION = 8  # 3: blobs (words 9, 27, 28; N@b<id>; msgpack ext 13 and 14)
-#                    4: waiting and waking (words 10, 11, 17, 18; wait slots 64-127)
-#                    5: users (words 29, 30; user slots 256-511; CONTROL_SIZE 4096)
-#                    6: pickle placeholders moved; 7: N@c (cache_layout.py); 8: table dumps
+LAYOUT_VERSION = 9  # 3: blobs; 4: waiting and waking; 5: users; 6: pickle placeholders moved
+#                    7: N@c (cache_layout.py); 8: table dumps; 9: unit word, SYNCED (files)
 CONTROL_SIZE = 4096  # one page: shared memory is allocated by pages anyway
 
 W_MAGIC = 0
@@ -486,6 +486,7 @@ W_BLOB_NEXT = 27
 W_BLOB_LOW = 28
 W_CLOSING = 29
 W_USER_OVERFLOW = 30
+W_SYNCED, W_SYNC_LEADER = 32, 33
 W_WAIT_SLOTS = 64
 WAIT_SLOTS = 64  # one bit each in a WAITERS word
 W_USER_SLOTS = 256
@@ -498,9 +499,10 @@ GEN_SHIFT = 32
 END_MASK = GEN_MASK = (1 << 32) - 1
 
 # -- stream ------------------------------------------------------------------
-
 RECORD_HEADER = 16  # struct "<IIII": length, generation, crc, 0
 RECORD_FORMAT = "<IIII"
+UNIT_WHOLE = UNIT_LAST = UNIT_BACK_SHIFT = 1  # the record's unit word (see "Stream record")
+MAX_UNIT_BACK = 1 << 31  # a transaction whose records span more ends with a dump
 MIN_STREAM_SIZE = 64  # tiny streams are legal: every write then dumps (useful in tests)
 MAX_STREAM_SIZE = END_MASK  # end must fit in the low half of STATE
 DEFAULT_STREAM_SIZE = 1 << 20  # a fixed stream's default; a growing stream's start
@@ -514,7 +516,6 @@ OP_CLEAR = 3  # [OP_CLEAR, path]
 OP_UPDATE = 4  # [OP_UPDATE, path, [[key, value], ...]]
 
 # -- dump --------------------------------------------------------------------
-
 DUMP_MAGIC = b"UDNGdmp\x01"
 DUMP_HEADER = 32  # struct "<8sQQII"
 DUMP_FORMAT = "<8sQQII"
@@ -522,7 +523,6 @@ DUMP_FORMAT = "<8sQQII"
 MAX_RECLAIM = 64
 
 # -- blobs -------------------------------------------------------------------
-
 BLOB_MAGIC = b"UDNGblb\x01"
 BLOB_FORMAT = "<8sQQQII"  # magic, token, id, length, kind, 0
 BLOB_HEADER = 64  # payload offset: 64-byte aligned for any dtype and for SIMD loads
@@ -532,12 +532,10 @@ DEFAULT_BLOB_THRESHOLD = 64 << 10
 MAX_BLOB_SWEEP = 4096
 
 # -- lock --------------------------------------------------------------------
-
 PID_BITS = 24
 PID_MASK, START_MASK = (1 << PID_BITS) - 1, (1 << 40) - 1
 
 # -- timing ------------------------------------------------------------------
-
 INIT_TIMEOUT = 5.0  # attachers wait this long for a creator to finish
 READER_RETRIES = 200  # lock-free sync rounds before taking the lock
 LOCK_CHECK_INTERVAL, LOCK_FIRST_CHECK = 0.2, 0.05  # owner-liveness checks while waiting: every, first after

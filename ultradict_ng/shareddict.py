@@ -80,6 +80,11 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
       survives a holder that stopped renewing it (default 3).
     * ``max_decoded``: this handle's own (shared memory): the most values of a
       big dict (read in place) it keeps decoded; None (default) keeps all.
+    * ``path``: a directory instead of a name: the dict is kept in files there
+      and survives reboots and power loss; ``sync`` (``"always"``,
+      ``"interval"`` (default) or ``"never"``) and ``sync_interval`` (seconds,
+      default 1.0) say when a write reaches the disk -- docs/guide/durable.md.
+      (Not :attr:`path`, which is a nested view's keys.)
     * The configuration is stored with the dict: attachers pass only ``name``;
       a conflicting explicit value raises :class:`ParameterMismatch`.
 
@@ -121,6 +126,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         lease: Optional[float] = None,
         staleness: Optional[float] = None,
         max_decoded: Optional[int] = None,
+        path: Any = None,
+        sync: Optional[str] = None,
+        sync_interval: Optional[float] = None,
         **data: Any,
     ) -> None: ...
 
@@ -141,6 +149,9 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
         lease: Optional[float] = None,
         staleness: Optional[float] = None,
         max_decoded: Optional[int] = None,
+        path: Any = None,
+        sync: Optional[str] = None,
+        sync_interval: Optional[float] = None,
         **more: Any,
     ) -> None: ...
 

@@ -119,7 +119,7 @@ def _words_work(make: Callable[[Any], Any]) -> bool:
             good
             and buf[8:16] == b"\xff" * 8
             and end == 16 + L.RECORD_HEADER + 7
-            and bytes(buf[16:39]) == record + bytes(4) + b"payload"
+            and bytes(buf[16:39]) == record + L.UNIT_WHOLE.to_bytes(4, "little") + b"payload"
         )
     except Exception:
         return False

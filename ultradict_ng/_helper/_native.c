@@ -155,9 +155,10 @@ put_u32le(unsigned char *p, uint32_t v)
 
 /* The 16-byte record header (layout.py, "Stream record") in front of the
  * `length` payload bytes already stored at rec + 16: le32 length, le32 tag,
- * le32 crc32(payload, crc32(length, tag)), le32 0. */
+ * le32 crc32(payload, crc32(length, tag)), le32 unit (1: a record that is a
+ * whole mutation; a transaction's: its offset from the first, shifted). */
 static void
-put_header(unsigned char *rec, uint32_t length, uint32_t tag)
+put_header(unsigned char *rec, uint32_t length, uint32_t tag, uint32_t unit)
 {
     unsigned char header[16];
     put_u32le(header, length);
@@ -165,7 +166,7 @@ put_header(unsigned char *rec, uint32_t length, uint32_t tag)
     uint32_t crc = crc_update(0, header, 8);
     crc = crc_update(crc, rec + 16, length);
     put_u32le(header + 8, crc);
-    put_u32le(header + 12, 0);
+    put_u32le(header + 12, unit);
     memcpy(rec, header, 16);
 }
 
@@ -311,8 +312,9 @@ words_write_record(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t pos;
     uint64_t tag;
     Py_buffer payload;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "write_record(pos, tag, payload)");
+    uint64_t unit = 1;
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "write_record(pos, tag, payload[, unit])");
         return NULL;
     }
     if (!words_usable(self))
@@ -322,8 +324,10 @@ words_write_record(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if (!u64_arg(args[1], &tag))
         return NULL;
-    if (tag > 0xffffffffu) {
-        PyErr_SetString(PyExc_OverflowError, "record tag does not fit 32 bits");
+    if (nargs == 4 && !u64_arg(args[3], &unit))
+        return NULL;
+    if (tag > 0xffffffffu || unit > 0xffffffffu) {
+        PyErr_SetString(PyExc_OverflowError, "record tag or unit does not fit 32 bits");
         return NULL;
     }
     if (PyObject_GetBuffer(args[2], &payload, PyBUF_SIMPLE) < 0)
@@ -336,7 +340,7 @@ words_write_record(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     unsigned char *dst = (unsigned char *)self->view.buf + pos;
     memcpy(dst + 16, payload.buf, (size_t)payload.len);
-    put_header(dst, (uint32_t)payload.len, (uint32_t)tag);
+    put_header(dst, (uint32_t)payload.len, (uint32_t)tag, (uint32_t)unit);
     Py_ssize_t end = pos + 16 + payload.len;
     PyBuffer_Release(&payload);
     return PyLong_FromSsize_t(end);
@@ -703,7 +707,7 @@ native_pack_pairs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * write_simple and the transaction write path (vb_ass_subscript). */
 static Py_ssize_t
 simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, long op,
-              PyObject *key, PyObject *value, Py_ssize_t threshold)
+              PyObject *key, PyObject *value, Py_ssize_t threshold, uint32_t unit)
 {
     if (limit > w->view.len)
         limit = w->view.len;
@@ -727,7 +731,7 @@ simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, lo
     mp_scalar(key, body + 3);
     if (value != NULL)
         mp_value(value, body + 3 + nk, threshold);
-    put_header(dst, (uint32_t)length, tag);
+    put_header(dst, (uint32_t)length, tag, unit);
     return pos + 16 + length;
 }
 
@@ -737,8 +741,8 @@ simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, lo
 static PyObject *
 words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 && nargs != 6 && nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, limit, op, key[, value[, threshold]])");
+    if (nargs < 5 || nargs > 8) {
+        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit]]])");
         return NULL;
     }
     if (!words_usable(self))
@@ -760,13 +764,20 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t threshold = 0;
-    if (nargs == 7) {
+    if (nargs >= 7) {
         threshold = PyLong_AsSsize_t(args[6]);
         if (threshold == -1 && PyErr_Occurred())
             return NULL;
     }
+    uint64_t unit = 1;
+    if (nargs == 8 && !u64_arg(args[7], &unit))
+        return NULL;
+    if (unit > 0xffffffffu) {
+        PyErr_SetString(PyExc_OverflowError, "write_simple: unit does not fit 32 bits");
+        return NULL;
+    }
     Py_ssize_t end = simple_record(self, pos, (uint32_t)tag, limit, op, args[4], nargs >= 6 ? args[5] : NULL,
-                                   threshold);
+                                   threshold, (uint32_t)unit);
     if (end < 0)
         Py_RETURN_NONE;
     return PyLong_FromSsize_t(end);
@@ -938,9 +949,9 @@ static PyMethodDef words_methods[] = {
     {"cas", (PyCFunction)(void (*)(void))words_cas, METH_FASTCALL,
      "cas(index, expected, desired) -> (swapped, seen): seq_cst compare-and-swap."},
     {"write_record", (PyCFunction)(void (*)(void))words_write_record, METH_FASTCALL,
-     "write_record(pos, tag, payload) -> end: a stream record at byte offset pos."},
+     "write_record(pos, tag, payload[, unit]) -> end: a stream record at byte offset pos."},
     {"write_simple", (PyCFunction)(void (*)(void))words_write_simple, METH_FASTCALL,
-     "write_simple(pos, tag, limit, op, key[, value]) -> end or None: a root-level scalar record."},
+     "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit]]]) -> end or None: a root-level scalar record."},
     {"add", (PyCFunction)(void (*)(void))words_add, METH_FASTCALL,
      "add(index, delta) -> new value: seq_cst fetch-add."},
     {"publish", (PyCFunction)(void (*)(void))words_publish, METH_FASTCALL,
@@ -1251,6 +1262,7 @@ typedef struct {
     /* The armed transaction write path (tx_thread 0: not armed). */
     unsigned long tx_thread;
     Py_ssize_t tx_pos;       /* `pos` while it is armed (no int made per write) */
+    Py_ssize_t tx_start;     /* `pos` when it was armed: the transaction's first record */
     PyObject *tx_stream;     /* the stream's Words */
     uint32_t tx_tag;         /* gen & GEN_MASK */
     Py_ssize_t tx_limit;     /* LIMIT when armed (fixed while the lock is held) */
@@ -1443,7 +1455,7 @@ sb_tx_fast(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t pos = PyLong_AsSsize_t(self->pos);
     if (pos == -1 && PyErr_Occurred())
         return NULL;
-    self->tx_pos = pos;
+    self->tx_pos = self->tx_start = pos;
     Py_INCREF(args[0]);
     Py_XSETREF(self->tx_stream, args[0]);
     self->tx_tag = (uint32_t)tag;
@@ -1833,8 +1845,11 @@ tx_set(ViewObject *self, PyObject *key, PyObject *value)
             goto out;
     }
     if (done == 0) {
-        Py_ssize_t end = simple_record(stream, s->tx_pos, s->tx_tag, s->tx_limit, s->tx_op_set, key, value,
-                                       s->tx_threshold);
+        Py_ssize_t back = s->tx_pos - s->tx_start;  /* the unit word: layout.py, "Stream record" */
+        Py_ssize_t end = back >= ((Py_ssize_t)1 << 31)
+                             ? -1
+                             : simple_record(stream, s->tx_pos, s->tx_tag, s->tx_limit, s->tx_op_set, key,
+                                             value, s->tx_threshold, (uint32_t)back << 1);
         if (end < 0)
             goto out;  /* not a scalar value, or no room left: the Python path decides */
         if (PyDict_SetItem(data, key, value) < 0)

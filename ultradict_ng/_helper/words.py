@@ -199,26 +199,36 @@ class Words:
         )
         return int(r) if r > 0 else 0
 
-    def write_record(self, pos: int, tag: int, payload: Union[bytes, bytearray, memoryview]) -> int:
+    def write_record(
+        self, pos: int, tag: int, payload: Union[bytes, bytearray, memoryview], unit: int = 1
+    ) -> int:
         """Store the record (layout: "Stream record") at byte ``pos`` with plain
         stores, payload first; returns the offset just past it.  The caller
         publishes it afterwards with a store of STATE."""
         mv = self._mv
         if mv is None:
             raise Closed("this handle's shared memory was closed")
-        if tag > 0xFFFFFFFF:
-            raise OverflowError("record tag does not fit 32 bits")
+        if tag > 0xFFFFFFFF or not 0 <= unit <= 0xFFFFFFFF:
+            raise OverflowError("record tag or unit does not fit 32 bits")
         length = len(payload)
         end = pos + L.RECORD_HEADER + length
         if length > 0xFFFFFFFF or pos < 0 or end > len(mv):
             raise ValueError("record does not fit the stream at that offset")
         crc = zlib.crc32(payload, zlib.crc32(_prefix.pack(length, tag)))
         mv[pos + L.RECORD_HEADER : end] = payload
-        mv[pos : pos + L.RECORD_HEADER] = _header.pack(length, tag, crc, 0)
+        mv[pos : pos + L.RECORD_HEADER] = _header.pack(length, tag, crc, unit)
         return end
 
     def write_simple(
-        self, pos: int, tag: int, limit: int, op: int, key: Any, value: Any = _MISSING, threshold: int = 0
+        self,
+        pos: int,
+        tag: int,
+        limit: int,
+        op: int,
+        key: Any,
+        value: Any = _MISSING,
+        threshold: int = 0,
+        unit: int = 1,
     ) -> Optional[int]:
         """The record ``[op, [], key]`` or ``[op, [], key, value]`` written at ``pos``
         when key and value are of :data:`SCALAR_TYPES` (the value may also be a
@@ -252,7 +262,7 @@ class Words:
         limit = min(limit, len(self._mv))
         if pos < 0 or pos > limit or L.RECORD_HEADER + len(payload) > limit - pos:
             return None
-        return self.write_record(pos, tag, payload)
+        return self.write_record(pos, tag, payload, unit)
 
     def release(self) -> None:
         """Drop the buffer export; further operations raise :class:`Closed`."""

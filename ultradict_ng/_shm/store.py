@@ -44,11 +44,14 @@ from .control import Header, attach_control
 from .feed import Feed, wait_until_changed
 from .lock import ShmLock, owner_word
 from .mapping import Mapping
+from .options import blob_threshold as _blob_threshold
+from .options import check_options as _check_options
+from .options import validate_options
 from .reader import INVALID
 from .waiting import waits_for
 from .writer import Writer
 
-__all__ = ["Store"]
+__all__ = ["Store", "validate_options"]
 
 Path = tuple[Any, ...]
 
@@ -124,6 +127,7 @@ class Store(Writer):
         self.lock = ShmLock(mapping.atomic, name, header.token)
         self.waits = waits_for((name, header.token))
         self.tx = None
+        self.durable = None
         self.mutex = threading.RLock()
         self.data = {}
         self.gen = INVALID
@@ -147,28 +151,7 @@ class Store(Writer):
                 raise NotFound("create=False needs the name of an existing shared dict")
             name = generate_name()
         validate_name(name)
-        for size in (options.buffer_size, options.for_create("buffer_size")):
-            if size is not None:
-                if not isinstance(size, int) or isinstance(size, bool):
-                    raise TypeError("buffer_size must be an int (bytes)")
-                if not L.MIN_STREAM_SIZE <= size <= L.MAX_STREAM_SIZE:
-                    raise ValueError(
-                        f"buffer_size must be between {L.MIN_STREAM_SIZE} and {L.MAX_STREAM_SIZE} bytes"
-                    )
-        for limit in (options.dump_limit, options.for_create("dump_limit")):
-            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-                raise ValueError("dump_limit must be a non-negative int (bytes) or None")
-        for threshold in (options.blob_threshold, options.for_create("blob_threshold")):
-            if threshold is not None:
-                _blob_threshold(threshold)
-        limit = options.max_decoded
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
-            raise TypeError(f"max_decoded must be an int (a count of values) or None, not {limit!r}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"max_decoded must be 0 or more, not {limit}")
-        for auto in (options.auto_unlink, options.for_create("auto_unlink")):
-            if not (auto is None or isinstance(auto, int) or auto == "last"):
-                raise ValueError(f"auto_unlink must be True, False, None or 'last', not {auto!r}")
+        validate_options(options)
         codec = codec_for(options.serializer) if options.serializer is not None else None
         # A dict can vanish between our failed create and our attach (unlinked
         # by someone else), in which case we create it; while its removal is
@@ -467,6 +450,7 @@ class Store(Writer):
             "users": sum(1 for u in users.read_users(self._map.atomic) if u.alive),
             "unregistered_users": words[L.W_USER_OVERFLOW],
             "unlinked": bool(words[L.W_STATUS] & L.STATUS_UNLINKED),
+            **({} if self.durable is None else self.durable.stats()),
         }
 
     def users(self) -> list[User]:
@@ -475,8 +459,10 @@ class Store(Writer):
         return users.read_users(self._map.atomic)
 
     def reopen_arguments(self) -> dict[str, Any]:
-        """Another process finds the dict by name in shared memory (Engine interface)."""
-        return {"backend": "shm"}
+        """Another process finds the dict by name in shared memory, or by its
+        directory if kept in files (Engine interface)."""
+        directory = segments.directory_of(self.name) if self.durable is not None else None
+        return {"backend": "shm"} if directory is None else {"path": directory}
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -500,43 +486,13 @@ class Store(Writer):
             _finalize(self._map, self.name, self.token, 0, self.registered, False)
 
     def unlink(self) -> int:
-        """Remove every segment of the dict; this handle stays usable for reads only."""
+        """Remove every segment of the dict (and its files, if kept in files);
+        this handle stays usable for reads only."""
         if self.closed:
             raise Closed(f"this handle of shared dict {self.name!r} is closed")
+        if self.durable is not None:
+            return self.durable.remove()
         return unlink_tree(self.name, self._map, self.token)
-
-
-def _blob_threshold(value: Any) -> int:
-    """The blob threshold to store: None -> the default; 0 -> never."""
-    if value is None:
-        return L.DEFAULT_BLOB_THRESHOLD
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError("blob_threshold must be a non-negative int (bytes; 0: never) or None")
-    return value
-
-
-def _check_options(
-    name: str, header: Header, stored: Codec, codec: Optional[Codec], options: Options
-) -> None:
-    """ParameterMismatch if an attacher gave a value that differs from the stored one."""
-    mismatches = []
-    if options.recurse is not None and bool(options.recurse) != header.recurse:
-        mismatches.append(f"recurse={header.recurse}")
-    if codec is not None and codec.id != stored.id:
-        mismatches.append(f"serializer={stored.name!r}")
-    if options.buffer_size is not None and (header.grows or options.buffer_size != header.stream_size):
-        mismatches.append(
-            "buffer_size=None (a growing stream)" if header.grows else f"buffer_size={header.stream_size}"
-        )
-    if options.dump_limit is not None and options.dump_limit != header.dump_limit:
-        mismatches.append(f"dump_limit={header.dump_limit}")
-    if options.blob_threshold is not None and options.blob_threshold != header.blob_threshold:
-        mismatches.append(f"blob_threshold={header.blob_threshold}")
-    if mismatches:
-        raise ParameterMismatch(
-            f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the "
-            "name to attach with its stored configuration"
-        )
 
 
 if TYPE_CHECKING:

@@ -8,11 +8,16 @@ and the blobs its writes made and dropped.
 
 from __future__ import annotations
 
+import struct
 from threading import get_ident
+from typing import Any
 
+from .. import layout as L
 from .._codec.placeholders import BlobRef
 
-__all__ = ["Transaction"]
+__all__ = ["Transaction", "mark_last"]
+
+_length = struct.Struct("<I")
 
 
 class Transaction:
@@ -38,3 +43,19 @@ class Transaction:
         self.created: list[BlobRef] = []
         #: ... and blobs they dropped (unlinked only once it is published).
         self.dropped: list[BlobRef] = []
+
+
+def mark_last(stream: Any, start: int, end: int) -> None:
+    """Set the last-record bit in the unit word of the last record of ``start
+    .. end`` (layout: "Stream record"), the records a transaction wrote; made
+    before the STATE store that publishes them, so that files (``_disk``)
+    never hold its end marked while a record of it is missing.  ``stream``:
+    the stream's bytes, writable."""
+    pos = last = start
+    while pos < end:
+        last = pos
+        pos += L.RECORD_HEADER + _length.unpack_from(stream, pos)[0]
+    if pos != end:  # the records are this process's own, under the lock: a bug, not damage
+        raise AssertionError(f"transaction records end at {pos}, not {end}")
+    unit = _length.unpack_from(stream, last + 12)[0]
+    _length.pack_into(stream, last + 12, unit | L.UNIT_LAST)

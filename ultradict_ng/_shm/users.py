@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 from .. import _faults as faults
 from .. import layout as L
@@ -222,12 +222,18 @@ def _users_now(name: str, atomic: Words, me: int) -> tuple[list[int], str]:
 
 
 def remove_if_unused(
-    name: str, mapping: Mapping, token: int, maps: Optional[dict[str, set[int]]] = None
+    name: str,
+    mapping: Mapping,
+    token: int,
+    maps: Optional[dict[str, set[int]]] = None,
+    remove: Optional[Callable[[], int]] = None,
 ) -> Verdict:
     """Steps a-c of layout "Users": unlink the dict only if no live process
     other than this one uses it.  ``maps`` (from :func:`mappers`) may be
     passed by a caller checking many dicts; it is read again for this one
     after CLOSING is set either way, so it only saves work when it shows users.
+    ``remove``: what step c does instead of unlinking the dict (a dict kept in
+    files removes its control segment only: ``_disk/lifetime.py``).
     """
     atomic = mapping.atomic
     me = os.getpid()
@@ -271,7 +277,7 @@ def remove_if_unused(
         return Verdict(0, users, reason)
     if faults.armed is not None:
         faults.hit("closing-checked")
-    return Verdict(unlink_tree(name, mapping, token), [], "unused")
+    return Verdict(unlink_tree(name, mapping, token) if remove is None else remove(), [], "unused")
 
 
 def _after_fork_in_child() -> None:

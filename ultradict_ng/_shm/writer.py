@@ -22,6 +22,7 @@ from .._codec import records as R
 from .._codec.codec import MsgpackCodec, PickleCodec
 from .._codec.placeholders import BlobRef
 from .._codec.records import SCALAR_TYPES as _SCALARS
+from .._disk.syncing import Durability, raise_synced
 from .._engine import check_open
 from .._segments import Segment
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
@@ -37,7 +38,7 @@ from .blobs import (
 from .dumps import Planned, plan, successor
 from .reader import INVALID, Reader
 from .table import Table
-from .transaction import Transaction
+from .transaction import Transaction, mark_last
 from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
@@ -48,6 +49,7 @@ log = logging.getLogger("ultradict_ng")
 _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
 _W_STREAM_LIMIT = L.W_STREAM_LIMIT
+_UNIT_WHOLE, _UNIT_SHIFT, _MAX_BACK = L.UNIT_WHOLE, L.UNIT_BACK_SHIFT, L.MAX_UNIT_BACK
 _W_BLOB_NEXT = L.W_BLOB_NEXT
 _W_CHANGE_WAITERS = L.W_CHANGE_WAITERS
 _WAKE_ALL = 0x7FFFFFFF
@@ -58,7 +60,7 @@ class Writer(Reader):
     """Base of :class:`~ultradict_ng.store.Store`: the writer algorithm (a
     writer is a reader that holds the lock: step 1 is the reader's catch-up)."""
 
-    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold", "waits", "tx")
+    __slots__ = ("grows", "dump_limit", "write_simple", "blob_threshold", "waits", "tx", "durable")
 
     #: The open transaction (only its thread, which holds the lock, writes), or None.
     tx: Optional[Transaction]
@@ -72,6 +74,8 @@ class Writer(Reader):
     waits: ProcessWaits
     #: ``write_simple`` of the stream when its bytes are msgpack's, else None.
     write_simple: Optional[Callable[..., Optional[int]]]
+    #: The sync policy of a dict kept in files (``_disk/syncing.py``), else None.
+    durable: Optional[Durability]
 
     def begin_write(self) -> None:
         """Take the lock and the cache mutex, and catch up (writer steps 1-2)."""
@@ -99,6 +103,8 @@ class Writer(Reader):
     def end_write(self) -> None:
         self.mutex.release()
         self.lock.release()
+        if self.durable is not None and self.tx is None:
+            self.durable.after_write(self.seen)  # (outside the lock: group commit)
 
     def limit(self) -> int:
         """Bytes of the stream writers may use now (LIMIT, never past the stream);
@@ -145,6 +151,9 @@ class Writer(Reader):
             # blobs must be found and dropped: both take commit.)  The limit
             # is ``self.limit()``, inlined: this is every root write's path.
             limit, size = self._map.words[_W_STREAM_LIMIT], self.stream_size
+            back = 0 if tx is None else self.pos - tx.start
+            if back >= _MAX_BACK:  # (past what a unit word can say: the transaction ends with a dump)
+                limit = 0
             new_end = simple(
                 self.pos,
                 self.gen & _GEN_MASK,
@@ -153,6 +162,7 @@ class Writer(Reader):
                 key,
                 value,
                 self.blob_threshold,
+                _UNIT_WHOLE if tx is None else back << _UNIT_SHIFT,
             )
             if new_end is not None:
                 if tx is not None:  # written past the published end: the transaction's end publishes
@@ -215,7 +225,7 @@ class Writer(Reader):
         if tx is not None:  # (published, or unlinked, by the transaction's end)
             tx.created.extend(created)
             tx.dropped.extend(dropped)
-        elif dropped:
+        elif dropped and self.durable is None:  # (in files: the next dump's sweep; _disk/layout.py)
             unlink_blobs(self.name, dropped)  # d: no published state references them any more
 
     def _commit(self, rec: list[Any]) -> None:
@@ -270,10 +280,11 @@ class Writer(Reader):
         payload, decoded = self.codec.encode_record(rec)  # errors here change nothing
         end = self.pos
         if not tx.dump:
-            if end + _RECORD_HEADER + len(payload) <= self.limit():
+            back = end - tx.start
+            if end + _RECORD_HEADER + len(payload) <= self.limit() and back < _MAX_BACK:
                 stream = self._map.stream_words
                 assert stream is not None
-                self.pos = stream.write_record(end, self.gen & _GEN_MASK, payload)
+                self.pos = stream.write_record(end, self.gen & _GEN_MASK, payload, back << _UNIT_SHIFT)
             else:
                 tx.dump = True
                 self._tx_fast(None)  # nothing more goes into the stream
@@ -342,6 +353,8 @@ class Writer(Reader):
                     raise
         finally:
             self.lock.release()
+        if self.durable is not None and self.tx is None:
+            self.durable.after_write(self.seen)  # (outside the lock: group commit)
 
     def _publish_transaction(self, tx: Transaction) -> None:
         """The one publish of a transaction: its records (one STATE store), or a
@@ -353,13 +366,16 @@ class Writer(Reader):
         if tx.dump:
             self._write_dump()
         elif self.pos != tx.start:
+            stream_mv = self._map.stream_mv
+            assert stream_mv is not None
+            mark_last(stream_mv, tx.start, self.pos)
             state = (self.gen << _GEN_SHIFT) | self.pos
             if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after every record
                 self._wake_changes()
             self.seen = state
         if faults.armed is not None:
             faults.hit("transaction-published")
-        if tx.dropped:
+        if tx.dropped and self.durable is None:
             unlink_blobs(self.name, tx.dropped)  # d, for the whole transaction
 
     def _discard(self, tx: Transaction) -> None:
@@ -419,6 +435,7 @@ class Writer(Reader):
                 faults.hit("dump-created")
             with memoryview(seg.buf) as mv:
                 planned.write(mv, gen, self.token)  # header last
+            segments.finish(seg)  # (in files: synced and named: a checkpoint; _disk/layout.py)
             cache = self._read_in_place(seg, dname, planned)
         except BaseException:
             seg.close()
@@ -434,6 +451,8 @@ class Writer(Reader):
         if faults.armed is not None:
             faults.hit("dump-published")
         self.gen, self.pos, self.seen = gen, 0, state
+        if self.durable is not None:
+            raise_synced(atomic, state)  # (the dump is on the disk)
         if cache is not None:
             self.data = cache  # (equal to the cache it replaces, which the dump holds)
         low = atomic.load(L.W_REG_LOW)  # 4d

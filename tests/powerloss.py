@@ -1,0 +1,112 @@
+"""A power loss, simulated: what the disk may hold at any sync point of a workload.
+
+:class:`Disk` is set as ``ultradict_ng._disk.files.observer`` (the one module
+through which a dict kept in files syncs, renames and removes) and keeps, for
+one directory, what has certainly reached the disk: each file's synced bytes
+(``fdatasync``, or a synced range of a mapping) and the directory's entries as
+of its last sync.  Before each call it records disk states a power loss at
+that instant could leave, by the rules of SQLite's crash-test VFS and of the
+ALICE study: the synced bytes, plus each unsynced 512-byte sector of a file
+either written or not; a file created, renamed or removed counts only once
+its directory was synced.  Writes into a mapping are not calls: the unsynced
+sectors are found by comparing a file's bytes now with its synced bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Optional
+
+SECTOR = 512
+
+
+class Image:
+    """One disk state: the files and their bytes, and how far the workload had got."""
+
+    __slots__ = ("label", "files", "acked")
+
+    def __init__(self, label: str, files: dict[str, bytes], acked: int) -> None:
+        self.label = label
+        self.files = files
+        self.acked = acked
+
+    def write(self, directory: str) -> None:
+        os.makedirs(directory)
+        for name, data in self.files.items():
+            with open(os.path.join(directory, name), "wb") as f:
+                f.write(data)
+
+
+class Disk:
+    def __init__(self, directory: str, seed: int) -> None:
+        self.dir = directory
+        self.rng = random.Random(seed)
+        self.uid = 0
+        self.current: dict[str, int] = {}  # name -> file id, as the directory is now
+        self.durable_names: dict[str, int] = {}  # name -> file id, as of the last directory sync
+        self.synced: dict[int, bytes] = {}  # file id -> its bytes known on the disk
+        self.last_seen: dict[int, bytes] = {}  # file id -> its bytes when it left the directory
+        self.images: list[Image] = []
+        self.acked = 0
+
+    def _read(self, name: str) -> bytes:
+        try:
+            with open(os.path.join(self.dir, name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    def observe(self, event: str, path: str, done: bool, span: Optional[tuple[int, int]]) -> None:
+        if os.path.dirname(path) != self.dir and path != self.dir:
+            return
+        name = os.path.basename(path)
+        if not done:
+            self.capture(f"before {event} {name}")
+            if event in ("remove", "rename") and name in self.current:
+                self.last_seen[self.current[name]] = self._read(name)
+            if event == "rename":
+                self._renaming = name
+            return
+        if event == "create":
+            self.uid += 1
+            self.current[name] = self.uid
+        elif event == "rename":
+            src = self._renaming
+            if name in self.current:
+                self.last_seen[self.current[name]] = self._read(name)
+            self.current[name] = self.current.pop(src)
+        elif event == "remove":
+            self.current.pop(name, None)
+        elif event == "sync" and name in self.current:
+            self.synced[self.current[name]] = self._read(name)
+        elif event == "range" and name in self.current and span is not None:
+            uid = self.current[name]
+            now = self._read(name)
+            old = bytearray(self.synced.get(uid, b"").ljust(len(now), b"\0"))
+            old[span[0] : span[1]] = now[span[0] : span[1]]
+            self.synced[uid] = bytes(old)
+        elif event == "syncdir" and path == self.dir:
+            self.durable_names = {n: u for n, u in self.current.items()}
+
+    def capture(self, label: str) -> None:
+        """Two states at this instant: only what is synced, and each unsynced sector at random."""
+        for mode in ("synced", "random"):
+            files: dict[str, bytes] = {}
+            for name, uid in self.durable_names.items():
+                base = self.synced.get(uid, b"")
+                if uid in self.current.values():
+                    now = self._read(next(n for n, u in self.current.items() if u == uid))
+                else:
+                    now = self.last_seen.get(uid, base)
+                files[name] = base if mode == "synced" else self._mix(base, now)
+            self.images.append(Image(f"{label} ({mode})", files, self.acked))
+
+    def _mix(self, base: bytes, now: bytes) -> bytes:
+        size = len(now) if self.rng.random() < 0.5 else max(len(base), len(now))
+        out = bytearray(base.ljust(size, b"\0")[:size])
+        for start in range(0, size, SECTOR):
+            new = now[start : start + SECTOR]
+            if new != out[start : start + len(new)] and self.rng.random() < 0.5:
+                out[start : start + len(new)] = new
+        return bytes(out)

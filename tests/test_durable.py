@@ -1,0 +1,215 @@
+"""A dict kept in files (``SharedDict(path=...)``): opening, reopening, the
+sync policies, removal, and bad input (``_disk/layout.py``)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ultradict_ng import SharedDict
+from ultradict_ng import layout as L
+from ultradict_ng._disk import layout as D
+from ultradict_ng._disk.opening import control_of
+from ultradict_ng.errors import (
+    AlreadyExists,
+    CorruptSegment,
+    IncompatibleLayout,
+    NotADict,
+    NotFound,
+    ParameterMismatch,
+)
+
+pytestmark = pytest.mark.shm_only
+
+SHM = "/dev/shm"
+
+
+def reboot(path: str) -> None:
+    """What a reboot does to a dict no process has open: its shared memory is gone."""
+    try:
+        os.unlink(os.path.join(SHM, control_of(path)))
+    except FileNotFoundError:
+        pass
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.durable_workers", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_dict_outlives_its_processes_and_a_reboot(durable_dir):
+    d = SharedDict(path=durable_dir, recurse=True)
+    d["a"] = 1
+    d["nested"] = {"x": [1, 2]}
+    d["blob"] = b"z" * 100_000  # a blob: a file of its own
+    with d.transaction():
+        d["b"] = 2
+        d["nested"]["y"] = "deep"
+    d.close()
+    assert sorted(os.listdir(durable_dir)) == ["blob.1", "clean", "dict.meta", "lock", "stream"]
+    reboot(durable_dir)  # (already gone: the last close removed it)
+    out = run("open", durable_dir)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got == {"a": 1, "nested": {"x": [1, 2], "y": "deep"}, "blob": "7a" * 100_000, "b": 2}
+    d = SharedDict(path=durable_dir, create=False)
+    assert d["nested"]["y"] == "deep" and bytes(d["blob"]) == b"z" * 100_000
+    assert d.stats()["generation"] == 0  # a clean close: reopened without a checkpoint
+    assert not os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))  # (removed while open)
+    d.unlink()
+    d.close()
+    assert not os.path.exists(durable_dir)
+
+
+def test_processes_sharing_the_directory_share_one_dict(durable_dir):
+    d = SharedDict(path=durable_dir)
+    e = SharedDict(path=durable_dir, create=False)
+    d["k"] = 1
+    assert e["k"] == 1
+    e["k"] = 2
+    assert d["k"] == 2
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:  # a handle travels by its path
+        assert pool.apply(_read_k, (d,)) == 2
+    d.close()
+    e.close()
+    d = SharedDict(path=durable_dir, create=False)
+    d.unlink()
+    d.close()
+
+
+def _read_k(d):
+    return d["k"]
+
+
+def test_a_copy_is_a_dict_of_its_own_and_a_moved_directory_opens(durable_dir, tmp_path):
+    d = SharedDict(path=durable_dir)
+    d.update({i: str(i) for i in range(5000)})  # a table dump, read in place
+    d["last"] = True
+    d.close()
+    copy = str(tmp_path / "copy")
+    shutil.copytree(durable_dir, copy)
+    moved = str(tmp_path / "moved")
+    os.rename(durable_dir, moved)
+    a = SharedDict(path=moved, create=False)
+    b = SharedDict(path=copy, create=False)
+    assert a.name != b.name
+    b["last"] = False
+    assert a["last"] is True and b["last"] is False and a[4999] == b[4999] == "4999"
+    a.unlink()
+    b.unlink()
+    a.close()
+    b.close()
+
+
+def test_the_sync_policies(durable_dir, tmp_path):
+    d = SharedDict(path=durable_dir, sync="always")
+    d["a"] = 1
+    s = d.stats()
+    assert (s["synced_generation"], s["synced_end"]) == (s["generation"], s["stream_end"])
+    d.close()
+    with pytest.raises(ParameterMismatch):
+        SharedDict(path=durable_dir, sync="never")
+    d = SharedDict(path=durable_dir, sync="always")
+    d.unlink()
+    d.close()
+    e = SharedDict(path=str(tmp_path / "interval"), sync="interval", sync_interval=0.05)
+    e["a"] = 1
+    deadline = time.monotonic() + 5
+    while e.stats()["synced_end"] != e.stats()["stream_end"]:
+        assert time.monotonic() < deadline, "the interval's thread never synced"
+        time.sleep(0.01)
+    e.unlink()
+    e.close()
+
+
+def test_bad_input_is_refused_and_changes_nothing(durable_dir, tmp_path):
+    with pytest.raises(NotFound):
+        SharedDict(path=durable_dir, create=False)
+    assert not os.path.exists(durable_dir)
+    with pytest.raises(ValueError, match="sync"):
+        SharedDict(path=durable_dir, sync="sometimes")
+    with pytest.raises(ValueError, match="sync_interval"):
+        SharedDict(path=durable_dir, sync_interval=0)
+    with pytest.raises(ValueError, match="auto_unlink"):
+        SharedDict(path=durable_dir, auto_unlink=True)
+    with pytest.raises(ValueError, match="path="):
+        SharedDict(name="x", sync="always")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(NotADict, match="notes.txt"):
+        SharedDict(path=str(other))
+    assert os.listdir(other) == ["notes.txt"]
+    with pytest.raises(NotADict):
+        SharedDict(path=str(other / "notes.txt"))
+    d = SharedDict(path=durable_dir)
+    d["a"] = 1
+    with pytest.raises(AlreadyExists):
+        SharedDict(path=durable_dir, create=True)
+    d.close()
+    meta_path = os.path.join(durable_dir, D.META_FILE)
+    meta = json.load(open(meta_path))
+    json.dump({**meta, "version": D.DISK_VERSION + 1}, open(meta_path, "w"))
+    with pytest.raises(IncompatibleLayout, match="version"):
+        SharedDict(path=durable_dir)
+    open(meta_path, "w").write("{garbage")
+    with pytest.raises(CorruptSegment, match="dict.meta"):
+        SharedDict(path=durable_dir)
+    json.dump(meta, open(meta_path, "w"))
+    if os.geteuid() != 0:  # (root writes anywhere)
+        os.chmod(durable_dir, stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            with pytest.raises(PermissionError):
+                SharedDict(path=durable_dir)
+        finally:
+            os.chmod(durable_dir, stat.S_IRWXU)
+    d = SharedDict(path=durable_dir)
+    assert d["a"] == 1
+    d.unlink()
+    d.close()
+
+
+def test_a_damaged_dump_is_refused_naming_the_file(durable_dir):
+    d = SharedDict(path=durable_dir, buffer_size=4096)
+    d.update({f"k{i}": "v" * 50 for i in range(200)})  # past the stream: a dump
+    gen = d.stats()["generation"]
+    d.close()
+    reboot(durable_dir)
+    dump = os.path.join(durable_dir, D.DUMP_PREFIX + L.base36(gen))
+    with open(dump, "r+b") as f:
+        f.write(b"\xff" * 64)  # the header
+    with pytest.raises(CorruptSegment, match=D.DUMP_PREFIX):
+        SharedDict(path=durable_dir)
+    assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+    shutil.rmtree(durable_dir)
+
+
+def test_a_torn_tail_is_cut_with_a_warning(durable_dir, caplog):
+    d = SharedDict(path=durable_dir, buffer_size=1 << 16)
+    for i in range(10):
+        d[f"k{i}"] = i
+    end = d.stats()["stream_end"]
+    d.close()
+    reboot(durable_dir)
+    os.remove(os.path.join(durable_dir, D.CLEAN_FILE))  # (as a crash leaves it)
+    with open(os.path.join(durable_dir, D.STREAM_FILE), "r+b") as f:
+        f.seek(end - 3)
+        f.write(b"\x00\x01\x02")  # the last record's payload torn
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d = SharedDict(path=durable_dir)
+    assert dict(d) == {f"k{i}": i for i in range(9)}
+    assert "checksum" in caplog.text
+    assert d.stats()["generation"] == 1  # a checkpoint: the torn bytes can never count again
+    d["k9"] = 9
+    d.unlink()
+    d.close()

@@ -1,0 +1,156 @@
+"""A dict kept in files whose writer, or whose recovery, is killed -- then the
+machine "reboots" (its shared memory removed) -- reopens with every
+acknowledged write (``_disk/layout.py``, "Opening and recovery")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ultradict_ng import SharedDict
+from ultradict_ng._disk import layout as D
+from ultradict_ng._disk.opening import control_of
+
+pytestmark = pytest.mark.shm_only
+
+SHM = "/dev/shm"
+STREAM = 256  # small: dumps (checkpoints) every few writes
+
+
+def reboot(path: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM, control_of(path)))
+    except FileNotFoundError:
+        pass
+
+
+def worker(args: list[str], fault: str = "") -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("ULTRADICT_NG_FAULT", None)
+    if fault:
+        env["ULTRADICT_NG_FAULT"] = fault
+    return subprocess.run(
+        [sys.executable, "-m", "tests.durable_workers", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def acked(out: str) -> list[int]:
+    return [int(line.split()[2]) for line in out.splitlines() if line.startswith("ack ")]
+
+
+def expected(n: int) -> dict[str, object]:
+    """The dict after the first ``n`` writes of the worker (from k0 = -1)."""
+    model: dict[str, object] = {"k0": -1}
+    for i in range(n):
+        if i % 4 == 3:
+            model["big"] = bytes([i % 256]) * 300
+        model[f"k{i % 5}"] = i
+    return model
+
+
+def check(path: str, done: int, atomic: bool) -> None:
+    """Reopened after a reboot: the first ``done`` writes, or ``done + 1`` (the one in flight;
+    outside a transaction, its "big" write may have landed and its key's not yet)."""
+    reboot(path)
+    d = SharedDict(path=path, create=False)
+    got = {k: bytes(v) if k == "big" else v for k, v in d.items()}
+    half = {**expected(done), "big": bytes([done % 256]) * 300} if done % 4 == 3 and not atomic else None
+    assert got in (expected(done), expected(done + 1), half), f"after {done} acknowledged writes: {got}"
+    # ... and it goes on: a write, a clean close, a reopen.
+    d["after"] = True
+    d.close()
+    d = SharedDict(path=path, create=False)
+    assert d["after"] is True
+    d.unlink()
+    d.close()
+
+
+POINTS = [
+    "record-written",
+    "record-published",
+    "dump-created",
+    "dump-written",
+    "dump-published",
+    "blob-registered",
+    "blob-written",
+]
+
+
+@pytest.mark.parametrize("sync", ["always", "never"])
+@pytest.mark.parametrize("point", POINTS + ["transaction-written", "transaction-published"])
+def test_a_writer_killed_at_a_fault_point_then_a_reboot(durable_dir, point, sync):
+    d = SharedDict({"k0": -1}, path=durable_dir, sync=sync, buffer_size=STREAM, blob_threshold=256)
+    d.close()
+    after = 2 if point.startswith(("dump", "blob")) else 5
+    transaction = point.startswith("transaction")
+    p = worker(
+        ["write", durable_dir, "0", "40"] + (["transaction"] if transaction else []), f"{point}:kill:{after}"
+    )
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    done = acked(p.stdout)
+    assert done == list(range(len(done))) and done, "the writer died before its first write"
+    check(durable_dir, len(done), transaction)
+
+
+def test_an_aborted_transaction_never_comes_back(durable_dir):
+    """Its records are in the stream past the published end; a later reboot must not replay them."""
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=1 << 16)
+    d["k"] = 0
+    with pytest.raises(RuntimeError):
+        with d.transaction():
+            d["k"] = 1
+            d["other"] = 2
+            raise RuntimeError("abort")
+    d["k"] = 3  # (overwrites the first aborted record exactly: the second one starts where it ends)
+    stream = os.path.join(durable_dir, D.STREAM_FILE)
+    raw = open(stream, "rb").read(4096)
+    # A crash: no close, no clean file.  (The handle's close below would write one.)
+    d._store._finalizer.detach()
+    d._store._map.release()
+    reboot(durable_dir)
+    assert raw.count(b"other") == 1  # the aborted record is there, past the end
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"k": 3}
+    e.unlink()
+    e.close()
+
+
+@pytest.mark.parametrize("point", ["recovery-scanned", "recovery-loaded", "recovery-checkpointed"])
+def test_a_recovery_killed_is_redone(durable_dir, point):
+    d = SharedDict({"k0": -1}, path=durable_dir, buffer_size=STREAM, blob_threshold=256)
+    d.close()
+    p = worker(["write", durable_dir, "0", "30"], "record-written:kill:23")
+    assert p.returncode == -signal.SIGKILL
+    done = len(acked(p.stdout))
+    reboot(durable_dir)
+    r = worker(["open", durable_dir], f"{point}:kill:1")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    check(durable_dir, done, False)
+
+
+def test_a_random_kill_then_a_reboot(durable_dir):
+    """SIGKILL at whatever instruction the writer is at (a transaction writer and a plain one)."""
+    import random
+    import time
+
+    for transaction in (False, True):
+        d = SharedDict({"k0": -1}, path=durable_dir, buffer_size=STREAM, blob_threshold=256, sync="never")
+        d.close()
+        args = [sys.executable, "-m", "tests.durable_workers", "write", durable_dir, "0", "100000"]
+        p = subprocess.Popen(
+            args + (["transaction"] if transaction else []), stdout=subprocess.PIPE, text=True
+        )
+        time.sleep(0.6 + random.random() * 0.4)
+        os.kill(p.pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=60)
+        done = acked(out)
+        assert done, "the writer wrote nothing in time"
+        check(durable_dir, len(done), transaction)

@@ -1,0 +1,156 @@
+"""Files: every read, write, sync, rename and removal a dict kept in files makes.
+
+Why one module: the durability of a dict in files rests on the order of a few
+system calls (``_disk/layout.py``), and that order can only be tested if every
+one of them passes one place.  :data:`observer`, when set (by tests only), is
+called before and after each call that changes what a power loss would
+leave -- a file created, data synced, a rename, a removal, a directory synced --
+so that a test can rebuild, at any of those points, every disk state a power
+loss could leave (tests/powerloss.py).  Writes into a mapping are plain
+stores and are not reported one by one: the observer compares the file's
+bytes with what was last synced, which is what a mapping's dirty pages are.
+
+Errors are the system's (``OSError``); the callers name the file in theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import mmap
+import os
+from collections.abc import Iterator
+from typing import Callable, Optional
+
+__all__ = [
+    "observer",
+    "create",
+    "open_rw",
+    "sync_file",
+    "sync_range",
+    "sync_dir",
+    "rename",
+    "remove",
+    "write_whole",
+    "read_whole",
+    "directory_lock",
+    "PAGE",
+]
+
+#: ``observer(event, path, done, span)`` -- event one of "create", "sync",
+#: "range" (span: the bytes ``(start, end)`` synced), "rename", "remove",
+#: "syncdir"; called with done=False before the call and done=True after it
+#: (tests only; None in use).
+observer: Optional[Callable[[str, str, bool, Optional[tuple[int, int]]], None]] = None
+
+PAGE = mmap.PAGESIZE
+_MODE = 0o600
+
+
+def _note(event: str, path: str, done: bool, span: Optional[tuple[int, int]] = None) -> None:
+    if observer is not None:
+        observer(event, path, done, span)
+
+
+def create(path: str) -> int:
+    """A descriptor of the new file ``path`` (``FileExistsError`` if it exists)."""
+    _note("create", path, False)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, _MODE)
+    _note("create", path, True)
+    return fd
+
+
+def open_rw(path: str, writable: bool = True) -> int:
+    """A descriptor of the existing file ``path`` (``FileNotFoundError`` if it is not there)."""
+    return os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+
+
+def sync_file(fd: int, path: str) -> None:
+    """``fdatasync``: the file's data, and what reading it back needs (its
+    size, its blocks), reach the disk before this returns."""
+    _note("sync", path, False)
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
+    _note("sync", path, True)
+
+
+def sync_range(buf: mmap.mmap, path: str, start: int, end: int) -> None:
+    """Bytes ``start .. end`` of a shared mapping of ``path`` reach the disk
+    (``msync(MS_SYNC)``: on Linux the range's ``fdatasync``)."""
+    if end <= start:
+        return
+    first = start - start % PAGE
+    end = min(end, len(buf))
+    _note("range", path, False, (first, end))
+    buf.flush(first, end - first)
+    _note("range", path, True, (first, end))
+
+
+def sync_dir(path: str) -> None:
+    """The directory's entries (files created, renamed, removed) reach the disk."""
+    _note("syncdir", path, False)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems refuse fsync on a directory: their entries are durable
+        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+    _note("syncdir", path, True)
+
+
+def rename(src: str, dst: str) -> None:
+    """Atomically replace ``dst`` by ``src`` (durable once the directory is synced)."""
+    _note("rename", src, False)
+    os.rename(src, dst)
+    _note("rename", dst, True)
+
+
+def remove(path: str) -> bool:
+    """Remove ``path``; False if it was not there."""
+    _note("remove", path, False)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    finally:
+        _note("remove", path, True)
+    return True
+
+
+def write_whole(path: str, data: bytes) -> None:
+    """``path`` holds ``data`` or what it held before, whatever crashes: written to
+    ``path.tmp``, synced, renamed over ``path``, the directory synced."""
+    tmp = path + ".tmp"
+    remove(tmp)
+    fd = create(tmp)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            done += os.write(fd, view[done:])
+        sync_file(fd, tmp)
+    except BaseException:
+        os.close(fd)
+        remove(tmp)
+        raise
+    os.close(fd)
+    rename(tmp, path)
+    sync_dir(os.path.dirname(path))
+
+
+def read_whole(path: str, limit: int = 1 << 20) -> bytes:
+    """The first ``limit`` bytes of ``path`` (``FileNotFoundError`` if absent)."""
+    with open(path, "rb") as f:
+        return f.read(limit)
+
+
+@contextlib.contextmanager
+def directory_lock(directory: str, name: str = "lock") -> Iterator[None]:
+    """The directory lock (``flock`` on ``directory/name``, made if missing), held for the block."""
+    fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the flock)

@@ -1,0 +1,231 @@
+"""The protocol of a dict kept in files (``SharedDict(path=DIR)``): files, write and sync order, recovery.
+
+This docstring is the specification; the constants below are the only place
+the numbers and names live.  It extends the shared-memory protocol
+(:mod:`ultradict_ng.layout`), which stays whole: a dict kept in files *is* a
+shared-memory dict whose stream, dumps and blobs are files of ``DIR`` mapped
+into every process, plus the rules below for what must reach the disk, and
+when.  Who follows which part: ``files.py`` (every file system call),
+``_segments.py`` (the dict's derived names as files of ``DIR``),
+``opening.py`` (Directory, Opening and recovery), ``syncing.py`` (Sync
+policies), ``lifetime.py`` (Closing and removal), ``_shm/writer.py`` (the
+steps marked *writer*).
+
+Directory
+=========
+``DIR`` holds only these files (mode 0600)::
+
+    dict.meta      what the dict is (JSON, below); its presence makes DIR a dict
+    lock           an empty file: the directory lock (``flock``), see "Opening"
+    stream         the update stream (layout: "Stream size"), mapped shared
+    dump.<gen>     the full dump of generation <gen> (base 36), never changed
+    blob.<id>      one large value (layout: "Blobs"), never changed
+    clean          written by a clean close only (see "Closing")
+    *.tmp          a file being written; never read, removed at the next open
+
+The control segment stays in shared memory (``/dev/shm``): it is rebuilt from
+the files whenever it is missing, as SQLite rebuilds its ``-shm`` index.  Its
+name is ``CONTROL_PREFIX`` + the directory's device and inode numbers in
+hex (``udng+803-1a2b3c``): every process that opens the directory finds the
+same segment, a directory moved within its filesystem keeps it, and a copy
+(``cp -r``: a new inode) is a dict of its own.  The names of derived segments
+map to files: ``N@s`` -> ``stream``, ``N@d<g>`` -> ``dump.<g>``, ``N@b<id>``
+-> ``blob.<id>``; a process maps them so once it has opened ``DIR``.
+
+``dict.meta`` is a JSON object: ``format`` (``META_FORMAT``), ``version``
+(``DISK_VERSION``), ``layout`` (``LAYOUT_VERSION`` of the shared-memory
+protocol), ``token`` (the dict's creation token, as W_TOKEN), ``serializer``
+(its id), ``recurse``, ``grows``, ``stream_size``, ``stream_limit``,
+``dump_limit``, ``blob_threshold``, ``sync`` and ``sync_interval``.  It is
+written once, whole (``write_whole``: to ``dict.meta.tmp``, synced, renamed,
+the directory synced), after the stream file is synced: a directory without
+it holds no dict, whatever else it holds.
+
+Writes and syncs
+================
+Record (writer steps 3 and the transaction's end): unchanged in memory; the
+record's unit word (layout: "Stream record") tells recovery where a
+transaction ends.  What reaches the disk when depends on the policy.
+
+Dump = checkpoint (writer step 4, in every policy): ``dump.<g>.tmp`` is
+created and written (payload, header), its data synced, renamed to
+``dump.<g>``, the directory synced -- all *before* STATE publishes it; then
+older dumps are removed (layout: step 4d).  So a file named ``dump.<g>`` is
+complete on the disk before any record of generation g overwrites the
+stream, and a checkpoint never depends on the stream it replaces.
+
+Blob (layout: "Blobs", step b, in every policy): written to ``blob.<id>.tmp``,
+synced, renamed, the directory synced, before the record that references it
+is written.  Step d is skipped: a blob the published state dropped may still
+be referenced by what the disk holds (the record dropping it may not be
+synced yet), so only a dump's sweep -- after the dump is on the disk --
+removes blobs.  Blobs overwritten between two dumps take disk space until
+the next dump.
+
+Sync policies
+=============
+``sync`` (stored in ``dict.meta``; every handle of the dict uses it):
+
+* ``"always"``: a write (a transaction's block) returns once its record is
+  on the disk.  After publishing and releasing the lock, the writer waits
+  until SYNCED >= the STATE its record published.  Group commit: a writer
+  that finds SYNCED short claims SYNC_LEADER (CAS 0 -> its owner word),
+  loads STATE, syncs the stream's range from SYNCED's end (or 0 in a newer
+  generation) to that STATE's end, raises SYNCED to it (CAS loop, never
+  lowering), and stores SYNC_LEADER = 0; a writer that finds a leader polls
+  SYNCED (``SYNC_POLL``) and leads itself only when no live leader remains
+  (a dead leader's word is replaced by CAS, as the lock's).  One sync covers
+  every record published before it began, whoever wrote them.
+* ``"interval"`` (``sync_interval`` seconds, default ``DEFAULT_SYNC_INTERVAL``):
+  each process that wrote runs a daemon thread that syncs as above once
+  SYNCED < STATE and at most every interval; a clean close and a normal exit
+  sync.  A write is on the disk at most one interval after it returned (plus
+  the sync's own time), also when its process went idle or exited normally.
+* ``"never"``: the operating system writes back when it chooses; a dump
+  (above), a clean close and a normal exit sync.
+
+A dump raises SYNCED to ``gen << 32`` (its generation, empty stream).  In
+every policy a process killed loses nothing it published: its records are in
+the page cache, which the kernel writes back.
+
+Opening and recovery
+====================
+``SharedDict(path=DIR)``: ``DIR`` is created if missing (``create`` as for a
+name), its ``lock`` file locked exclusively (``flock``; held only while
+opening or closing, never while the dict is used), then:
+
+1. no ``dict.meta``: remove any file of the list above (the leftovers of a
+   creation that died before its meta), create the dict (control segment,
+   ``stream`` file, initial data), sync the stream and any dump, write
+   ``dict.meta``.  A directory holding other files is refused (``NotADict``).
+2. ``dict.meta`` of another format or version: refused (``IncompatibleLayout``).
+3. a control segment of the dict's token whose MAGIC is set: attach to it (the
+   page cache holds what the dict holds).  Remove ``clean`` if present (and
+   sync the directory).
+4. otherwise (none, half-created, or another token: a segment left by a
+   directory that had this inode before) -- recovery:
+
+   a. remove the segment if any; remove every ``*.tmp``;
+   b. the newest ``dump.<g>`` is the checkpoint (every ``dump.<g>`` is whole:
+      see above); none: generation 0, empty;
+   c. scan the stream from offset 0: each record must lie within the file,
+      carry tag ``g & GEN_MASK`` and a right crc; its unit word must be
+      ``UNIT_WHOLE`` or, in a transaction, its offset from the transaction's
+      first record (shifted).  A unit counts only when its last record is
+      whole (``UNIT_LAST``); ``end`` = the end of the last whole unit.
+      Anything past it (a torn write, a transaction that never ended, pages
+      the disk never got) is ignored and logged;
+   d. create the control segment from ``dict.meta`` (a new creator, the same
+      token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
+      past the highest ``blob.<id>``, SYNCED = STATE, then MAGIC; load it
+      (the reader's steps: a dump failing its checks is ``CorruptSegment``
+      naming the file);
+   e. unless ``clean`` holds exactly this ``(g, end, token)``: write a dump
+      now (a checkpoint, generation g + 1).  Why: bytes past ``end`` of
+      generation g may be records a power loss cut off from ``end``; left in
+      generation g, a later write ending where one of them begins would make
+      it valid again.  A new generation makes them all stale;
+   f. remove ``clean``, sync the directory, release the lock.
+
+   Other openers wait on the lock: none sees a half-recovered dict.  A
+   recovery killed at any step leaves the files as they were or with a
+   complete newer checkpoint; the next opener recovers again.
+
+Closing and removal
+===================
+A handle's close syncs the stream (every policy).  The last process to close
+(layout: "Users", the removal of an unused dict, with the directory locked)
+removes the control segment only, then writes ``clean`` (``CLEAN_FORMAT``:
+magic, generation, stream end, token, crc) with ``write_whole``.  A dict
+kept in files is never removed automatically: ``unlink()`` removes the
+control segment, every file above, then ``DIR`` if it is empty.
+
+Limits
+======
+The directory lock and the control segment are per machine: two machines
+sharing ``DIR`` over a network filesystem would each build their own control
+segment and overwrite each other's files.  Opening refuses a directory whose
+filesystem is NFS, CIFS/SMB or another network filesystem (Linux:
+``statfs``).  Users must share the machine's shared memory (one container or
+IPC namespace), as for a dict in shared memory.  A read-only ``DIR`` is
+refused at open.  Linux is tested; macOS has ``flock`` and ``msync`` but
+``fsync`` there does not flush the drive's cache (``F_FULLFSYNC`` would), so
+``"always"`` promises less; Windows is not supported.
+
+Changing the layout
+===================
+``DISK_VERSION`` is stored in ``dict.meta``; bump it with any change of a
+file's name or format or of an order above.  The records and dumps in the
+files follow ``LAYOUT_VERSION``, which ``dict.meta`` records too.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Optional
+
+from .. import layout as L
+
+META_FILE = "dict.meta"
+LOCK_FILE = "lock"
+STREAM_FILE = "stream"
+DUMP_PREFIX = "dump."
+BLOB_PREFIX = "blob."
+CLEAN_FILE = "clean"
+TMP_SUFFIX = ".tmp"
+#: Every file a dict's directory may hold (with ``TMP_SUFFIX`` too).
+OWN_PREFIXES = (META_FILE, LOCK_FILE, STREAM_FILE, DUMP_PREFIX, BLOB_PREFIX, CLEAN_FILE)
+
+CONTROL_PREFIX = "udng+"
+META_FORMAT = "ultradict_ng dict"
+DISK_VERSION = 1
+
+SYNC_MODES = ("always", "interval", "never")
+DEFAULT_SYNC = "interval"
+DEFAULT_SYNC_INTERVAL = 1.0
+SYNC_POLL = 0.00005  # a group commit's follower re-checks SYNCED this often
+
+CLEAN_MAGIC = b"UDNGcln\x01"
+CLEAN_FORMAT = struct.Struct("<8sQQQI")  # magic, generation, stream end, token, crc32 of the rest
+
+#: Filesystems a dict's directory may not be on (statfs f_type): they cannot
+#: share the control segment or honour flock across machines.
+NETWORK_FS = {
+    0x6969: "NFS",
+    0xFF534D42: "CIFS",
+    0xFE534D42: "SMB2",
+    0x517B: "SMB",
+}
+
+
+def control_name(device: int, inode: int) -> str:
+    """The control segment's name of the directory ``(st_dev, st_ino)``."""
+    return f"{CONTROL_PREFIX}{device:x}-{inode:x}"
+
+
+def file_name(suffix: str) -> Optional[str]:
+    """The file of a derived segment's suffix (``@s``, ``@d<g>``, ``@b<id>``), else None."""
+    if suffix == L.STREAM_SUFFIX:
+        return STREAM_FILE
+    if suffix.startswith(L.DUMP_SUFFIX) and len(suffix) > 2:
+        return DUMP_PREFIX + suffix[2:]
+    if suffix.startswith(L.BLOB_SUFFIX) and len(suffix) > 2:
+        return BLOB_PREFIX + suffix[2:]
+    return None
+
+
+def suffix_of(file: str) -> Optional[str]:
+    """The derived segment's suffix of a file of the directory (a ``.tmp`` one's too), else None."""
+    if file.endswith(TMP_SUFFIX):
+        file = file[: -len(TMP_SUFFIX)]
+    if file == STREAM_FILE:
+        return L.STREAM_SUFFIX
+    for prefix, suffix in ((DUMP_PREFIX, L.DUMP_SUFFIX), (BLOB_PREFIX, L.BLOB_SUFFIX)):
+        if file.startswith(prefix) and len(file) > len(prefix):
+            return suffix + file[len(prefix) :]
+    return None
+
+
+def written_aside(suffix: str) -> bool:
+    """Whether a derived segment is written to ``.tmp`` and renamed when whole (dumps, blobs)."""
+    return suffix.startswith((L.DUMP_SUFFIX, L.BLOB_SUFFIX))

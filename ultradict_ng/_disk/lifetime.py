@@ -1,0 +1,101 @@
+"""Closing and removing a dict kept in files (``_disk/layout.py``, "Closing and removal").
+
+A handle's close syncs; the last process's close removes the control
+segment -- never a file -- and leaves ``clean``, so that the next opener
+trusts the files without a checkpoint.  ``unlink()`` removes it all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Optional
+
+from .. import _segments as segments
+from .. import layout as L
+from .._shm import users
+from .._shm.cleanup import unlink_tree
+from .._shm.control import control_owner
+from .._shm.mapping import Mapping
+from .._shm.store import Store
+from . import files
+from . import layout as D
+from .recovery import clean_bytes
+from .syncing import Durability
+
+__all__ = ["arm", "unlink", "directory_of"]
+
+log = logging.getLogger("ultradict_ng")
+
+
+def directory_of(store: Store) -> Optional[str]:
+    return segments.directory_of(store.name) if store.durable is not None else None
+
+
+def arm(store: Store, directory: str) -> None:
+    """Replace the handle's finalizer by this module's closing."""
+    old = store._finalizer
+    if old is not None:
+        old.detach()
+    assert store.durable is not None
+    store._finalizer = weakref.finalize(
+        store, _finalize, store._map, store.name, store.token, store.registered, directory, store.durable
+    )
+
+
+def _finalize(
+    mapping: Mapping, name: str, token: int, registered: bool, directory: str, durable: Durability
+) -> None:
+    """A close (or collection, or the process's normal exit): sync; the last one out removes the control."""
+    try:
+        try:
+            durable.sync_all()
+        except Exception as exc:  # (closing still detaches; the error is the disk's)
+            log.warning("ultradict_ng: syncing %s at close failed: %s", directory, exc)
+        with durable.guard:
+            durable.open = False
+        if registered and users.detach((name, token), mapping.atomic):
+            _close_last(directory, name, mapping, token)
+    finally:
+        mapping.release()
+
+
+def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None:
+    if not os.path.isdir(directory):
+        return
+    with files.directory_lock(directory, D.LOCK_FILE):
+        removed = users.remove_if_unused(name, mapping, token, remove=lambda: _remove_control(name, token))
+        if not removed.removed:
+            return
+        state = mapping.atomic.load(L.W_STATE)
+        stream = mapping.stream
+        if stream is not None and stream.buf is not None:
+            files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)
+        files.write_whole(
+            os.path.join(directory, D.CLEAN_FILE),
+            clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),
+        )
+
+
+def _remove_control(name: str, token: int) -> int:
+    if control_owner(name, token) != "ours":
+        return 0
+    return 1 if segments.unlink(name) else 0
+
+
+def unlink(store: Store) -> int:
+    """Remove the dict: its control segment, every file of it, then the directory if empty."""
+    directory = segments.directory_of(store.name)
+    assert directory is not None
+    with files.directory_lock(directory, D.LOCK_FILE):
+        removed = unlink_tree(store.name, store._map, store.token)
+        for f in os.listdir(directory):
+            if f != D.LOCK_FILE and f.startswith(D.OWN_PREFIXES):
+                removed += files.remove(os.path.join(directory, f))
+        files.remove(os.path.join(directory, D.LOCK_FILE))
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
+    return removed

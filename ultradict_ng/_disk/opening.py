@@ -1,0 +1,280 @@
+"""Opening a dict kept in files: the directory checked and locked, the dict
+created, attached, or recovered from its files.
+
+Follows ``_disk/layout.py``, "Directory" and "Opening and recovery", step
+by step; the scan of the stream is ``recovery.py``.  Every opener holds the
+directory lock from its first look at the files to the moment its handle is
+ready, so no process ever sees a half-created or half-recovered dict.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+from typing import Any, Optional
+
+from .. import _segments as segments
+from .. import layout as L
+from .._codec.codec import codec_by_id
+from .._engine import Initial, Options
+from .._shm.control import Header, read_word
+from .._shm.lock import owner_word
+from .._shm.mapping import Mapping
+from .._shm.store import Store, validate_options
+from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotADict, NotFound, ParameterMismatch
+from . import files, lifetime, recovery
+from . import layout as D
+from .syncing import Durability
+
+__all__ = ["open_durable", "control_of", "check_sync"]
+
+log = logging.getLogger("ultradict_ng")
+
+#: Options that make no sense for a dict kept in files.
+_REFUSED = ("backend", "reads", "lease", "staleness")
+
+
+def check_sync(sync: Any, interval: Any) -> None:
+    if sync is not None and sync not in D.SYNC_MODES:
+        raise ValueError(f"sync must be one of {', '.join(map(repr, D.SYNC_MODES))}, not {sync!r}")
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval <= 3600
+    ):
+        raise ValueError(f"sync_interval must be a number of seconds in (0, 3600], not {interval!r}")
+
+
+def control_of(directory: str) -> str:
+    st = os.stat(directory)
+    return D.control_name(st.st_dev, st.st_ino)
+
+
+def _check_directory(directory: str, create: Optional[bool]) -> str:
+    """The directory's absolute path, made if missing and allowed; its problems as errors."""
+    directory = os.path.abspath(os.fspath(directory))
+    if not os.path.isdir(directory):
+        if os.path.exists(directory):
+            raise NotADict(f"{directory!r} is not a directory")
+        if create is False:
+            raise NotFound(f"no dict is kept in {directory!r}: it does not exist")
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(
+            errno.EACCES, f"a dict kept in files needs a writable directory; {directory!r} is not", directory
+        )
+    kind = _network_filesystem(directory)
+    if kind is not None:
+        raise NotADict(
+            f"{directory!r} is on a network filesystem ({kind}): processes on other machines could not "
+            "share its lock and control segment, so a dict is not kept there"
+        )
+    return directory
+
+
+def _network_filesystem(directory: str) -> Optional[str]:
+    """The name of the network filesystem ``directory`` is on (Linux), else None."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best, kind = "", ""
+    real = os.path.realpath(directory)
+    for line in lines:
+        fields = line.split(" - ")
+        if len(fields) != 2:
+            continue
+        mount = fields[0].split()[4]
+        fstype = fields[1].split()[0]
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, kind = mount, fstype
+    network = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "afs", "ceph", "9p", "glusterfs", "lustre")
+    return kind if kind.split(".")[0] in network else None
+
+
+def _read_meta(directory: str) -> Optional[dict[str, Any]]:
+    path = os.path.join(directory, D.META_FILE)
+    try:
+        raw = files.read_whole(path)
+    except FileNotFoundError:
+        return None
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        raise CorruptSegment(f"{path}: not a dict's description ({exc})") from None
+    if meta.get("format") != D.META_FORMAT:
+        raise NotADict(f"{path} does not describe an ultradict_ng dict")
+    if meta.get("version") != D.DISK_VERSION or meta.get("layout") != L.LAYOUT_VERSION:
+        raise IncompatibleLayout(
+            f"{path}: the dict's files are of version {meta.get('version')} (layout {meta.get('layout')}); "
+            f"this ultradict_ng reads version {D.DISK_VERSION} (layout {L.LAYOUT_VERSION})"
+        )
+    return meta
+
+
+def _header(meta: dict[str, Any]) -> Header:
+    try:
+        return Header(
+            recurse=bool(meta["recurse"]),
+            grows=bool(meta["grows"]),
+            serializer_id=int(meta["serializer"]),
+            stream_size=int(meta["stream_size"]),
+            stream_limit=int(meta["stream_limit"]),
+            token=int(meta["token"]),
+            creator=owner_word(),
+            dump_limit=int(meta["dump_limit"]),
+            blob_threshold=int(meta["blob_threshold"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptSegment(f"{D.META_FILE} lacks or garbles a field ({exc!r})") from None
+
+
+def open_durable(path: Any, create: Optional[bool], options: Options, initial: Initial) -> Store:
+    """``SharedDict(path=...)``: create, attach to or recover the dict kept in ``path``."""
+    for option in _REFUSED:
+        if getattr(options, option) is not None and not (option == "backend" and options.backend == "shm"):
+            raise ValueError(f"{option}= is not for a dict kept in files (path=)")
+    if options.auto_unlink:
+        raise ValueError("a dict kept in files is never removed automatically: auto_unlink= is not for path=")
+    check_sync(options.sync, options.sync_interval)
+    validate_options(options)
+    directory = _check_directory(path, create)
+    if not os.path.exists(os.path.join(directory, D.META_FILE)):
+        _refuse_foreign(directory)  # (before the lock file is made: a refusal changes nothing)
+    base = control_of(directory)
+    segments.register_directory(base, directory)
+    with files.directory_lock(directory, D.LOCK_FILE):
+        meta = _read_meta(directory)
+        if meta is None:
+            if create is False:
+                raise NotFound(f"no dict is kept in {directory!r}")
+            store = _create(directory, base, options, initial)
+            meta = _read_meta(directory)
+            assert meta is not None
+        else:
+            if create is True:
+                raise AlreadyExists(f"a dict is already kept in {directory!r}")
+            _check_stored(directory, meta, options)
+            store = _attach_or_recover(directory, base, meta, options)
+        _arm(store, directory, meta)
+        return store
+
+
+def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> None:
+    for option, key in (("sync", "sync"), ("sync_interval", "sync_interval")):
+        given = getattr(options, option)
+        if given is not None and given != meta.get(key):
+            raise ParameterMismatch(
+                f"the dict kept in {directory!r} was created with {option}={meta.get(key)!r}, not {given!r}"
+            )
+
+
+def _create(directory: str, base: str, options: Options, initial: Initial) -> Store:
+    """Step 1: a new dict in an empty (or leftover-only) directory."""
+    _refuse_foreign(directory)
+    for f in os.listdir(directory):
+        if f != D.LOCK_FILE:
+            files.remove(os.path.join(directory, f))
+    if segments.exists(base):  # a control segment of a dict whose directory had this inode before
+        segments.unlink(base)
+    store = Store._create(base, options, initial)
+    try:
+        stream = store._map.stream
+        assert stream is not None and stream.buf is not None
+        files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, stream.size)
+        files.sync_dir(directory)
+        header = store._map.words
+        meta = {
+            "format": D.META_FORMAT,
+            "version": D.DISK_VERSION,
+            "layout": L.LAYOUT_VERSION,
+            "token": store.token,
+            "serializer": store.codec.id,
+            "recurse": store.recurse,
+            "grows": store.grows,
+            "stream_size": store.stream_size,
+            "stream_limit": header[L.W_STREAM_LIMIT],
+            "dump_limit": store.dump_limit,
+            "blob_threshold": store.blob_threshold,
+            "sync": options.sync or D.DEFAULT_SYNC,
+            "sync_interval": float(options.sync_interval or D.DEFAULT_SYNC_INTERVAL),
+        }
+        files.write_whole(os.path.join(directory, D.META_FILE), json.dumps(meta, indent=1).encode())
+        store._map.atomic.store(L.W_SYNCED, store._map.atomic.load(L.W_STATE))
+    except BaseException:
+        store._arm_finalizer(True)
+        store.close()
+        raise
+    return store
+
+
+def _refuse_foreign(directory: str) -> None:
+    foreign = sorted(f for f in os.listdir(directory) if not f.startswith(D.OWN_PREFIXES))
+    if foreign:
+        raise NotADict(
+            f"{directory!r} holds files that are not a dict's ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}): give an empty or new directory"
+        )
+
+
+def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options: Options) -> Store:
+    """Steps 3 and 4."""
+    token = int(meta["token"])
+    try:
+        ctrl = segments.Segment.attach(base)
+    except FileNotFoundError:
+        ctrl = None
+    if ctrl is not None:
+        usable = (
+            ctrl.buf is not None
+            and ctrl.size >= L.CONTROL_SIZE
+            and read_word(ctrl.buf, L.W_MAGIC) == L.CONTROL_MAGIC
+            and read_word(ctrl.buf, L.W_TOKEN) == token
+            and not read_word(ctrl.buf, L.W_STATUS) & L.STATUS_UNLINKED
+        )
+        ctrl.close()
+        if usable:
+            codec = codec_by_id(int(meta["serializer"]))
+            store = Store._attach(base, codec if options.serializer is not None else None, _plain(options))
+            _forget_clean(directory)
+            return store
+        segments.unlink(base)  # half-created, another dict's, or unlinked: rebuilt below
+    return recovery.recover(directory, base, meta, _header(meta), options)
+
+
+def _plain(options: Options) -> Options:
+    """The options a shared-memory attach checks (the rest are the files')."""
+    return Options(
+        recurse=options.recurse,
+        buffer_size=options.buffer_size,
+        serializer=options.serializer,
+        dump_limit=options.dump_limit,
+        blob_threshold=options.blob_threshold,
+        max_decoded=options.max_decoded,
+    )
+
+
+def _forget_clean(directory: str) -> None:
+    if files.remove(os.path.join(directory, D.CLEAN_FILE)):
+        files.sync_dir(directory)
+
+
+def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:
+    """Give the handle its sync policy and its closing (``lifetime.py``)."""
+    mapping: Mapping = store._map
+    stream = mapping.stream
+    assert stream is not None and stream.buf is not None
+    store.durable = Durability(
+        str(meta["sync"]),
+        float(meta["sync_interval"]),
+        mapping.atomic,
+        mapping.words,
+        stream.buf,
+        os.path.join(directory, D.STREAM_FILE),
+    )
+    store.durable.remove = functools.partial(lifetime.unlink, store)
+    lifetime.arm(store, directory)

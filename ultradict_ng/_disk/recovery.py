@@ -1,0 +1,208 @@
+"""Recovery: the control segment of a dict kept in files rebuilt from its files.
+
+Follows ``_disk/layout.py``, "Opening and recovery", step 4, under the
+directory lock: the newest checkpoint, the stream's whole units of its
+generation, a new control segment, and a new checkpoint unless the last
+close left the files exactly so.  Killed at any point, it leaves the files
+as they were (or with a complete newer checkpoint): the next opener recovers
+again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from typing import Any, NamedTuple, Optional
+
+from .. import _faults as faults
+from .. import _segments as segments
+from .. import layout as L
+from .._codec.codec import CUSTOM_ID, codec_by_id, codec_for
+from .._engine import Options
+from .._shm import users
+from .._shm.control import Header
+from .._shm.mapping import Mapping
+from .._shm.options import check_options
+from .._shm.store import Store
+from ..errors import CorruptSegment, ParameterMismatch
+from . import files
+from . import layout as D
+from .syncing import raise_synced
+
+__all__ = ["recover", "scan", "Scanned", "read_clean", "clean_bytes"]
+
+log = logging.getLogger("ultradict_ng")
+
+_header = struct.Struct(L.RECORD_FORMAT)
+
+
+class Scanned(NamedTuple):
+    """What a scan of the stream found: the end of the last whole unit, the
+    whole units before it, and why the scan stopped there ("" at the file's end)."""
+
+    end: int
+    units: int
+    stopped: str
+
+
+def scan(buf: Any, generation: int) -> Scanned:
+    """Step 4c: the records of ``generation`` from offset 0 that form whole units."""
+    mv = memoryview(buf)
+    try:
+        tag, size = generation & L.GEN_MASK, len(mv)
+        pos = start = end = units = 0
+        stopped = ""
+        while pos + L.RECORD_HEADER <= size:
+            length, rtag, crc, unit = _header.unpack_from(mv, pos)
+            if not (length or rtag or crc or unit):
+                stopped = "zeros"
+                break
+            if rtag != tag:
+                stopped = "a record of another generation"
+                break
+            if length > size - pos - L.RECORD_HEADER:
+                stopped = "a record running past the file"
+                break
+            body = pos + L.RECORD_HEADER
+            if zlib.crc32(mv[body : body + length], zlib.crc32(mv[pos : pos + 8])) != crc:
+                stopped = "a record failing its checksum"
+                break
+            if unit >> L.UNIT_BACK_SHIFT != pos - start:
+                stopped = "a record not of the unit before it"
+                break
+            pos = body + length
+            if unit & L.UNIT_LAST:
+                end = start = pos
+                units += 1
+        else:
+            if pos < size:
+                stopped = "the file's end"
+        if start != pos and not stopped:
+            stopped = "a transaction's records without its last"
+        return Scanned(end, units, stopped)
+    finally:
+        mv.release()
+
+
+def clean_bytes(generation: int, end: int, token: int) -> bytes:
+    body = D.CLEAN_FORMAT.pack(D.CLEAN_MAGIC, generation, end, token, 0)[:-4]
+    return body + zlib.crc32(body).to_bytes(4, "little")
+
+
+def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
+    """``(generation, end, token)`` of the ``clean`` file, if whole."""
+    try:
+        raw = files.read_whole(os.path.join(directory, D.CLEAN_FILE), D.CLEAN_FORMAT.size + 1)
+    except FileNotFoundError:
+        return None
+    if len(raw) != D.CLEAN_FORMAT.size:
+        return None
+    magic, generation, end, token, crc = D.CLEAN_FORMAT.unpack(raw)
+    if magic != D.CLEAN_MAGIC or zlib.crc32(raw[:-4]) != crc:
+        return None
+    return generation, end, token
+
+
+def _ids(directory: str, prefix: str) -> list[int]:
+    out = []
+    for f in os.listdir(directory):
+        if f.startswith(prefix) and not f.endswith(D.TMP_SUFFIX):
+            try:
+                out.append(int(f[len(prefix) :], 36))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def _stream(directory: str, base: str, header: Header) -> segments.Segment:
+    """The stream file mapped; one shorter than the dict's stream size is extended with zeros."""
+    path = os.path.join(directory, D.STREAM_FILE)
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CorruptSegment(f"{path} is missing: the dict's records are gone; nothing was changed") from None
+    if size < header.stream_size:
+        log.warning(
+            "ultradict_ng: %s was cut to %d bytes; extending it to %d", path, size, header.stream_size
+        )
+        fd = files.open_rw(path)
+        try:
+            os.ftruncate(fd, header.stream_size)
+            files.sync_file(fd, path)
+        finally:
+            os.close(fd)
+    return segments.Segment.attach(L.stream_name(base))
+
+
+def recover(directory: str, base: str, meta: dict[str, Any], header: Header, options: Options) -> Store:
+    """Steps 4a-4f; the caller holds the directory lock and has removed any control segment."""
+    for f in os.listdir(directory):  # a
+        if f.endswith(D.TMP_SUFFIX):
+            files.remove(os.path.join(directory, f))
+    if header.serializer_id == CUSTOM_ID:
+        if options.serializer is None:
+            raise ParameterMismatch(f"the dict kept in {directory!r} uses a custom serializer: pass it")
+        codec = codec_for(options.serializer)
+    else:
+        codec = codec_by_id(header.serializer_id)
+    given = codec_for(options.serializer) if options.serializer is not None else None
+    check_options(directory, header, codec, given, options)
+    dumps = _ids(directory, D.DUMP_PREFIX)  # b
+    generation = dumps[-1] if dumps else 0
+    stream = _stream(directory, base, header)
+    assert stream.buf is not None
+    scanned = scan(stream.buf, generation)  # c
+    if scanned.stopped not in ("", "zeros"):
+        log.warning(
+            "ultradict_ng: recovering %s: %d whole writes of generation %d replayed; the stream's tail "
+            "from byte %d is ignored (%s)",
+            directory,
+            scanned.units,
+            generation,
+            scanned.end,
+            scanned.stopped,
+        )
+    if faults.armed is not None:
+        faults.hit("recovery-scanned")
+    blobs = _ids(directory, D.BLOB_PREFIX)
+    ctrl = segments.Segment.create(base, L.CONTROL_SIZE)  # d
+    mapping = Mapping(ctrl, stream)
+    store: Optional[Store] = None
+    try:
+        words = mapping.words
+        header.write(words)
+        state = generation << L.GEN_SHIFT | scanned.end
+        words[L.W_STATE] = words[L.W_SYNCED] = state
+        words[L.W_REG_LOW] = words[L.W_REG_HIGH] = generation
+        words[L.W_BLOB_NEXT] = blobs[-1] + 1 if blobs else 1
+        words[L.W_BLOB_LOW] = blobs[0] if blobs else words[L.W_BLOB_NEXT]
+        store = Store(mapping, base, codec, header, created=False, max_decoded=options.max_decoded)
+        users.register((base, header.token), mapping.atomic)
+        store.registered = True
+        mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)
+        try:
+            store.sync()
+        except CorruptSegment as exc:
+            name = D.DUMP_PREFIX + L.base36(generation) if generation else D.STREAM_FILE
+            raise CorruptSegment(f"{os.path.join(directory, name)}: {exc}; nothing was changed") from exc
+        if faults.armed is not None:
+            faults.hit("recovery-loaded")
+        if read_clean(directory) != (generation, scanned.end, header.token):  # e
+            store.force_dump()
+            raise_synced(mapping.atomic, mapping.atomic.load(L.W_STATE))
+            if faults.armed is not None:
+                faults.hit("recovery-checkpointed")
+        if files.remove(os.path.join(directory, D.CLEAN_FILE)):  # f
+            files.sync_dir(directory)
+        store._arm_finalizer(False)
+        return store
+    except BaseException:
+        if store is not None:
+            if store.registered:
+                users.detach((base, header.token), mapping.atomic)
+            store._finalizer = None
+        segments.unlink(base)  # (only the control segment: the files stay as they are)
+        mapping.release()
+        raise

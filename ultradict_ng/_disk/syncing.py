@@ -1,0 +1,186 @@
+"""The sync policies of a dict kept in files: when published records reach the disk.
+
+Follows ``_disk/layout.py``, "Sync policies".  A :class:`Durability` is one
+handle's view of the policy: the writer calls :meth:`Durability.after_write`
+once it has released the lock (``always`` waits there for the group commit;
+``interval`` hands the dict to this process's flusher thread), and every
+close calls :meth:`Durability.sync_all`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+from .. import layout as L
+from .._shm.lock import owner_alive, owner_word
+from . import files
+from . import layout as D
+
+__all__ = ["Durability"]
+
+log = logging.getLogger("ultradict_ng")
+
+_LEADER_CHECK = L.LOCK_CHECK_INTERVAL  # how often a follower checks that the leader lives
+_POLL_MAX = 0.001
+
+
+class Durability:
+    """One handle's sync policy over the dict's stream mapping."""
+
+    __slots__ = (
+        "mode",
+        "interval",
+        "atomic",
+        "words",
+        "buf",
+        "path",
+        "guard",
+        "open",
+        "remove",
+        "__weakref__",
+    )
+
+    def __init__(self, mode: str, interval: float, atomic: Any, words: Any, buf: Any, path: str) -> None:
+        #: ``unlink()`` of the handle: the dict and its files (set by ``opening.py``).
+        self.remove: Callable[[], int] = _unset
+        self.mode = mode
+        self.interval = interval
+        self.atomic = atomic
+        self.words = words
+        #: The stream's shared mapping and its file.
+        self.buf = buf
+        self.path = path
+        #: Held while syncing: a close waits for a sync of the flusher thread in flight.
+        self.guard = threading.Lock()
+        self.open = True
+
+    def after_write(self, state: int) -> None:
+        """After a write that published ``state`` returned from under the lock."""
+        if self.mode == "always":
+            self.sync_to(state)
+        elif self.mode == "interval":
+            _flusher().add(self)
+
+    def stats(self) -> dict[str, Any]:
+        synced = self.words[L.W_SYNCED]
+        return {
+            "path": os.path.dirname(self.path),
+            "sync": self.mode,
+            "sync_interval": self.interval,
+            "synced_generation": synced >> L.GEN_SHIFT,
+            "synced_end": synced & L.END_MASK,
+        }
+
+    def sync_all(self) -> None:
+        """Everything published so far reaches the disk (a close, an explicit ``sync()``)."""
+        if self.open:
+            self.sync_to(self.atomic.load(L.W_STATE))
+
+    def sync_to(self, target: int) -> None:
+        """Return once SYNCED >= ``target``, leading the group commit when no one
+        else does (``_disk/layout.py``, "Sync policies")."""
+        atomic = self.atomic
+        if self.words[L.W_SYNCED] >= target:
+            return
+        mine = owner_word()
+        delay = D.SYNC_POLL
+        check = time.monotonic() + _LEADER_CHECK
+        while self.words[L.W_SYNCED] < target:
+            leader = atomic.load(L.W_SYNC_LEADER)
+            if leader == 0:
+                ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
+                if ok:
+                    try:
+                        self._lead()
+                    finally:
+                        atomic.cas(L.W_SYNC_LEADER, mine, 0)
+                    delay = D.SYNC_POLL
+                continue
+            if leader != mine and time.monotonic() >= check:
+                check = time.monotonic() + _LEADER_CHECK
+                if not owner_alive(leader):
+                    atomic.cas(L.W_SYNC_LEADER, leader, 0)
+                    continue
+            time.sleep(delay)
+            delay = min(2 * delay, _POLL_MAX)
+
+    def _lead(self) -> None:
+        """Sync the stream up to the STATE loaded now; raise SYNCED to it."""
+        atomic = self.atomic
+        state = atomic.load(L.W_STATE)
+        synced = atomic.load(L.W_SYNCED)
+        if synced >= state:
+            return
+        end = state & L.END_MASK
+        start = synced & L.END_MASK if synced >> L.GEN_SHIFT == state >> L.GEN_SHIFT else 0
+        with self.guard:
+            if not self.open:
+                return
+            files.sync_range(self.buf, self.path, start, end)
+        raise_synced(atomic, state)
+
+
+def _unset() -> int:
+    raise RuntimeError("this handle was not fully opened")
+
+
+def raise_synced(atomic: Any, state: int) -> None:
+    """SYNCED = max(SYNCED, state)."""
+    current = atomic.load(L.W_SYNCED)
+    while current < state:
+        ok, current = atomic.cas(L.W_SYNCED, current, state)
+        if ok:
+            return
+
+
+class _Flusher:
+    """This process's thread for ``interval`` dicts: syncs each one that has
+    unsynced records at most once per its interval."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.dicts: weakref.WeakSet[Durability] = weakref.WeakSet()
+        self.wake = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ultradict_ng sync", daemon=True)
+        self.thread.start()
+
+    def add(self, durability: Durability) -> None:
+        if durability not in self.dicts:
+            self.dicts.add(durability)
+            self.wake.set()
+
+    def _run(self) -> None:
+        while True:
+            dicts = [d for d in list(self.dicts) if d.open]
+            if not dicts:
+                self.wake.wait(1.0)
+                self.wake.clear()
+                continue
+            time.sleep(min(d.interval for d in dicts))
+            for d in dicts:
+                try:
+                    if d.open and d.words[L.W_SYNCED] < d.atomic.load(L.W_STATE):
+                        d.sync_all()
+                except Exception as exc:  # a closed handle, a full or failing disk: logged, retried
+                    if d.open:
+                        log.warning("ultradict_ng: syncing %s failed: %s", d.path, exc)
+
+
+_the_flusher: Optional[_Flusher] = None
+_flusher_guard = threading.Lock()
+
+
+def _flusher() -> _Flusher:
+    global _the_flusher
+    flusher = _the_flusher
+    if flusher is None or flusher.pid != os.getpid():  # (none yet, or forked: threads do not survive fork)
+        with _flusher_guard:
+            flusher = _the_flusher
+            if flusher is None or flusher.pid != os.getpid():
+                flusher = _the_flusher = _Flusher()
+    return flusher
