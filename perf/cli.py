@@ -15,6 +15,7 @@ from typing import Any, Optional
 from . import adapters as A
 from . import bigdict as BD
 from . import cache as CA
+from . import durable as DU
 from . import pool as P
 from . import redis_backend as RB
 from . import report
@@ -30,7 +31,7 @@ from .workloads import TITLES as WL_TITLES
 # Workloads 11 (perf.pool) and 12 (perf.redis_backend) have contenders of their own,
 # which are no adapters; workload 13 (perf.transactions) compares ultradict_ng with itself.
 # Workload 14 (perf.bigdict) has its own contenders too (py-lmdb, ultradict_ng's table).
-ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY, CA.ENTRY]
+ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY, CA.ENTRY, DU.ENTRY]
 NUMBERS = {
     **WL_NUMBERS,
     P.WL: P.NUMBER,
@@ -38,12 +39,21 @@ NUMBERS = {
     TX.WL: TX.NUMBER,
     BD.WL: BD.NUMBER,
     CA.WL: CA.NUMBER,
+    DU.WL: DU.NUMBER,
 }
-TITLES = {**WL_TITLES, P.WL: P.TITLE, RB.WL: RB.TITLE, TX.WL: TX.TITLE, BD.WL: BD.TITLE, CA.WL: CA.TITLE}
-ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES, **BD.ALIASES, **CA.ALIASES}
+TITLES = {
+    **WL_TITLES,
+    P.WL: P.TITLE,
+    RB.WL: RB.TITLE,
+    TX.WL: TX.TITLE,
+    BD.WL: BD.TITLE,
+    CA.WL: CA.TITLE,
+    DU.WL: DU.TITLE,
+}
+ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES, **BD.ALIASES, **CA.ALIASES, **DU.ALIASES}
 CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS + RB.OWN_CONTENDERS
 CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES, **RB.CONTENDER_ALIASES}
-OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL, CA.WL)  # workloads that need no adapter
+OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL, CA.WL, DU.WL)  # workloads that need no adapter
 
 DEFAULT_OUT = os.path.join("perf", "results")
 
@@ -271,7 +281,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
-            if wl in (TX.WL, BD.WL, CA.WL) and "ultradict_ng" not in chosen:
+            if wl in (TX.WL, BD.WL, CA.WL, DU.WL) and "ultradict_ng" not in chosen:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
@@ -306,6 +316,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 group = [wl]
             elif wl == CA.WL:
                 CA.w_cache(run, ["ultradict_ng"])  # (its contenders are its own: perf.cache)
+                group = [wl]
+            elif wl == DU.WL:
+                DU.w_durable(run, ["ultradict_ng"])  # (its contenders are its own: perf.durable)
                 group = [wl]
             else:
                 RUNNERS[wl](run, [a for a in adapters if a.runs(wl)])

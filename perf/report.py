@@ -73,6 +73,10 @@ def section(records: list[dict[str, Any]], wl: str, number: int, title: str, not
         from . import cache_report
 
         return cache_report.section(recs, number, title, notes)
+    if wl == "durable":
+        from . import durable
+
+        return durable.section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -296,6 +300,9 @@ def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     from . import bigdict_report
 
     out.extend(bigdict_report.targets(records, quick))  # workload 14
+    from . import durable
+
+    out.extend(durable.targets(records, quick))  # workload 16
     from . import cache_report
 
     out.extend(cache_report.targets(records, quick))  # workload 15
@@ -472,6 +479,13 @@ def plot(path: str, records: list[dict[str, Any]], workloads: list[tuple[str, in
             title = transactions.plot_panel(ax, recs)
             ax.set_title(f"{no}. {title}", fontsize=9)
             ax.grid(True, axis="y", alpha=0.3)
+            continue
+        elif wl == "durable":
+            from . import durable
+
+            title = durable.plot_panel(ax, recs)
+            ax.set_title(f"{no}. {title}", fontsize=9)
+            ax.grid(True, axis="x", alpha=0.3)
             continue
         else:
             cases = _cases(recs, wl)

@@ -7,6 +7,9 @@ writes ``d["k<i % 5>"] = i`` for i in START..START+COUNT-1 (and a 300-byte
 one block.  The parent kills it (SIGKILL, or an armed fault point) and knows
 exactly which writes were acknowledged.
 
+``python -m tests.durable_workers abort PATH``: a transaction aborted, one
+write after it, then the process kills itself (no close).
+
 ``python -m tests.durable_workers open PATH``: opens the dict (recovering it
 if needed) and prints its contents as JSON.
 
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import sys
 from typing import Any
 
@@ -50,12 +55,25 @@ def main() -> None:
     command = sys.argv[1]
     if command == "write":
         write(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:] == ["transaction"])
+    elif command == "abort":  # a transaction aborted, a write after it, then killed: no close
+        d = SharedDict(path=sys.argv[2], sync="always", buffer_size=1 << 16)
+        d["k"] = 0
+        try:
+            with d.transaction():
+                d["k"] = 1
+                d["other"] = 2
+                raise RuntimeError("abort")
+        except RuntimeError:
+            pass
+        d["k"] = 3  # (overwrites the first aborted record exactly: the second starts where it ends)
+        print("done", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     elif command == "open":
         d = SharedDict(path=sys.argv[2], create=False)
         contents = d.copy()  # (nested dicts as plain ones)
-        print(
-            json.dumps({k: (bytes(v).hex() if k == "blob" else v) for k, v in contents.items()}), flush=True
-        )
+        raw = (bytes, bytearray, memoryview)
+        shown = {k: bytes(v).hex() if isinstance(v, raw) else v for k, v in contents.items()}
+        print(json.dumps(shown), flush=True)
         d.close()
     elif command == "contents":
         for directory in sys.argv[2:]:

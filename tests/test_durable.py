@@ -64,7 +64,9 @@ def test_the_dict_outlives_its_processes_and_a_reboot(durable_dir):
     d = SharedDict(path=durable_dir, create=False)
     assert d["nested"]["y"] == "deep" and bytes(d["blob"]) == b"z" * 100_000
     assert d.stats()["generation"] == 0  # a clean close: reopened without a checkpoint
-    assert not os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))  # (removed while open)
+    assert os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))  # (still true: nothing written)
+    d["after"] = 1
+    assert not os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))  # (the first write removed it)
     d.unlink()
     d.close()
     assert not os.path.exists(durable_dir)
@@ -211,5 +213,67 @@ def test_a_torn_tail_is_cut_with_a_warning(durable_dir, caplog):
     assert "checksum" in caplog.text
     assert d.stats()["generation"] == 1  # a checkpoint: the torn bytes can never count again
     d["k9"] = 9
+    d.unlink()
+    d.close()
+
+
+def test_waiting_the_change_feed_and_asyncio_work_on_it(durable_dir):
+    import asyncio
+    import threading
+
+    from ultradict_ng.aio import AsyncSharedDict
+
+    d = SharedDict(path=durable_dir, sync="never")
+    feed = d.changes(timeout=10)
+    other = SharedDict(path=durable_dir, create=False)
+    other["k"] = 1
+    change = next(feed)
+    assert (change.key, change.value) == ("k", 1)
+    d.get("k")  # (caught up)
+    timer = threading.Timer(0.05, lambda: other.__setitem__("k", 2))
+    timer.start()
+    assert d.wait_for_change(timeout=10)
+    timer.join()
+    assert d["k"] == 2
+
+    async def main() -> None:
+        a = AsyncSharedDict(path=durable_dir, create=False)
+        try:
+            await a.set("via", "asyncio")
+            assert a.get("via") == "asyncio"
+        finally:
+            a.close()
+
+    asyncio.run(main())
+    assert d["via"] == "asyncio"
+    feed.close()
+    other.close()
+    d.unlink()
+    d.close()
+
+
+def test_writers_in_four_processes_with_sync_always_lose_nothing(durable_dir):
+    """Group commit: every acknowledged write of every process is on the disk."""
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=1 << 14)
+    d.close()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.durable_workers", "write", durable_dir, str(1000 * w), "150"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(4)
+    ]
+    acked = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        acked += [int(line.split()[2]) for line in out.splitlines()]
+    assert len(acked) == 600
+    reboot(durable_dir)  # (everything was closed cleanly; still, the files alone must hold it)
+    os.remove(os.path.join(durable_dir, D.CLEAN_FILE))
+    d = SharedDict(path=durable_dir, create=False)
+    for k in ("k0", "k1", "k2", "k3", "k4"):
+        assert d[k] in acked and int(d[k]) % 5 == int(k[1])
     d.unlink()
     d.close()

@@ -76,7 +76,7 @@ word  offset  field
               no live user* (``clean``, ``auto_unlink="last"``), else 0 (see "Users")
 30    240     USER_OVERFLOW: attachments made while every user slot was taken
               (incremented at attach, decremented at detach; see "Users")
-32    256     SYNCED, 33 SYNC_LEADER: a dict kept in files only (``_disk/layout.py``)
+32    256     SYNCED, 33 SYNC_LEADER, 34 CLEAN_PENDING: kept in files (``_disk/layout.py``)
 64-   512-    wait slots (``WAIT_SLOTS`` words): slot i holds the owner word (as
 127   1016    LOCK) of the process that uses bit i of the WAITERS words; 0 = free
 256-  2048-   user slots (``USER_SLOTS`` words): the owner word of each process
@@ -486,7 +486,7 @@ W_BLOB_NEXT = 27
 W_BLOB_LOW = 28
 W_CLOSING = 29
 W_USER_OVERFLOW = 30
-W_SYNCED, W_SYNC_LEADER = 32, 33
+W_SYNCED, W_SYNC_LEADER, W_CLEAN_PENDING = 32, 33, 34
 W_WAIT_SLOTS = 64
 WAIT_SLOTS = 64  # one bit each in a WAITERS word
 W_USER_SLOTS = 256

@@ -100,8 +100,7 @@ opening or closing, never while the dict is used), then:
    ``dict.meta``.  A directory holding other files is refused (``NotADict``).
 2. ``dict.meta`` of another format or version: refused (``IncompatibleLayout``).
 3. a control segment of the dict's token whose MAGIC is set: attach to it (the
-   page cache holds what the dict holds).  Remove ``clean`` if present (and
-   sync the directory).
+   page cache holds what the dict holds).
 4. otherwise (none, half-created, or another token: a segment left by a
    directory that had this inode before) -- recovery:
 
@@ -125,7 +124,10 @@ opening or closing, never while the dict is used), then:
       generation g may be records a power loss cut off from ``end``; left in
       generation g, a later write ending where one of them begins would make
       it valid again.  A new generation makes them all stale;
-   f. remove ``clean``, sync the directory, release the lock.
+   f. if ``clean`` matched: CLEAN_PENDING = 1, and the first writer (under
+      the lock, before its record) removes ``clean``, syncs the directory and
+      stores CLEAN_PENDING = 0 -- a reopen that only reads syncs nothing;
+      else remove ``clean`` (and sync the directory).  Release the lock.
 
    Other openers wait on the lock: none sees a half-recovered dict.  A
    recovery killed at any step leaves the files as they were or with a
@@ -145,12 +147,12 @@ Limits
 The directory lock and the control segment are per machine: two machines
 sharing ``DIR`` over a network filesystem would each build their own control
 segment and overwrite each other's files.  Opening refuses a directory whose
-filesystem is NFS, CIFS/SMB or another network filesystem (Linux:
-``statfs``).  Users must share the machine's shared memory (one container or
-IPC namespace), as for a dict in shared memory.  A read-only ``DIR`` is
-refused at open.  Linux is tested; macOS has ``flock`` and ``msync`` but
-``fsync`` there does not flush the drive's cache (``F_FULLFSYNC`` would), so
-``"always"`` promises less; Windows is not supported.
+filesystem is NFS, CIFS/SMB or another network filesystem
+(``NETWORK_FILESYSTEMS``, found in Linux's mount table).  Users must share
+the machine's shared memory (one container or IPC namespace), as for a dict
+in shared memory.  A read-only ``DIR`` is refused at open.  Linux is tested;
+macOS has ``flock`` and ``msync`` but ``fsync`` there does not flush the
+drive's cache (``F_FULLFSYNC`` would), so ``"always"`` promises less; Windows is not supported.
 
 Changing the layout
 ===================
@@ -188,14 +190,9 @@ SYNC_POLL = 0.00005  # a group commit's follower re-checks SYNCED this often
 CLEAN_MAGIC = b"UDNGcln\x01"
 CLEAN_FORMAT = struct.Struct("<8sQQQI")  # magic, generation, stream end, token, crc32 of the rest
 
-#: Filesystems a dict's directory may not be on (statfs f_type): they cannot
-#: share the control segment or honour flock across machines.
-NETWORK_FS = {
-    0x6969: "NFS",
-    0xFF534D42: "CIFS",
-    0xFE534D42: "SMB2",
-    0x517B: "SMB",
-}
+#: Filesystem types (``/proc/self/mountinfo``) a dict's directory may not be on:
+#: machines sharing them cannot share the control segment nor the ``flock``.
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "afs", "ceph", "9p", "glusterfs", "lustre")
 
 
 def control_name(device: int, inode: int) -> str:

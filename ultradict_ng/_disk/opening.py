@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from .. import _segments as segments
 from .. import layout as L
-from .._codec.codec import codec_by_id
+from .._codec.codec import codec_for
 from .._engine import Initial, Options
 from .._shm.control import Header, read_word
 from .._shm.lock import owner_word
@@ -73,8 +73,22 @@ def _check_directory(directory: str, create: Optional[bool]) -> str:
     return directory
 
 
+#: Devices already found local in this process (the mount table read once per filesystem).
+_LOCAL_DEVICES: set[int] = set()
+
+
 def _network_filesystem(directory: str) -> Optional[str]:
     """The name of the network filesystem ``directory`` is on (Linux), else None."""
+    device = os.stat(directory).st_dev
+    if device in _LOCAL_DEVICES:
+        return None
+    kind = _mounted_kind(directory)
+    if kind is None:
+        _LOCAL_DEVICES.add(device)
+    return kind
+
+
+def _mounted_kind(directory: str) -> Optional[str]:
     try:
         with open("/proc/self/mountinfo", encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -90,8 +104,7 @@ def _network_filesystem(directory: str) -> Optional[str]:
         fstype = fields[1].split()[0]
         if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
             best, kind = mount, fstype
-    network = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "afs", "ceph", "9p", "glusterfs", "lustre")
-    return kind if kind.split(".")[0] in network else None
+    return kind if kind.split(".")[0] in D.NETWORK_FILESYSTEMS else None
 
 
 def _read_meta(directory: str) -> Optional[dict[str, Any]]:
@@ -238,10 +251,8 @@ def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options:
         )
         ctrl.close()
         if usable:
-            codec = codec_by_id(int(meta["serializer"]))
-            store = Store._attach(base, codec if options.serializer is not None else None, _plain(options))
-            _forget_clean(directory)
-            return store
+            given = codec_for(options.serializer) if options.serializer is not None else None
+            return Store._attach(base, given, _plain(options))
         segments.unlink(base)  # half-created, another dict's, or unlinked: rebuilt below
     return recovery.recover(directory, base, meta, _header(meta), options)
 
@@ -256,11 +267,6 @@ def _plain(options: Options) -> Options:
         blob_threshold=options.blob_threshold,
         max_decoded=options.max_decoded,
     )
-
-
-def _forget_clean(directory: str) -> None:
-    if files.remove(os.path.join(directory, D.CLEAN_FILE)):
-        files.sync_dir(directory)
 
 
 def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:

@@ -31,11 +31,15 @@ from . import files
 from . import layout as D
 from .syncing import raise_synced
 
-__all__ = ["recover", "scan", "Scanned", "read_clean", "clean_bytes"]
+__all__ = ["recover", "scan", "Scanned", "read_clean", "clean_bytes", "NORMAL_ENDS"]
 
 log = logging.getLogger("ultradict_ng")
 
 _header = struct.Struct(L.RECORD_FORMAT)
+#: Where a scan stops in a stream written to the end and synced: zeros (never
+#: written), or an older generation's record (the stream restarted at a
+#: checkpoint).  Any other stop is a torn or unfinished tail, worth a warning.
+NORMAL_ENDS = ("", "zeros", "a record of another generation")
 
 
 class Scanned(NamedTuple):
@@ -154,7 +158,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     stream = _stream(directory, base, header)
     assert stream.buf is not None
     scanned = scan(stream.buf, generation)  # c
-    if scanned.stopped not in ("", "zeros"):
+    if scanned.stopped not in NORMAL_ENDS:
         log.warning(
             "ultradict_ng: recovering %s: %d whole writes of generation %d replayed; the stream's tail "
             "from byte %d is ignored (%s)",
@@ -189,13 +193,15 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
             raise CorruptSegment(f"{os.path.join(directory, name)}: {exc}; nothing was changed") from exc
         if faults.armed is not None:
             faults.hit("recovery-loaded")
-        if read_clean(directory) != (generation, scanned.end, header.token):  # e
+        if read_clean(directory) == (generation, scanned.end, header.token):  # e
+            mapping.atomic.store(L.W_CLEAN_PENDING, 1)  # f: the first write removes it
+        else:
             store.force_dump()
             raise_synced(mapping.atomic, mapping.atomic.load(L.W_STATE))
             if faults.armed is not None:
                 faults.hit("recovery-checkpointed")
-        if files.remove(os.path.join(directory, D.CLEAN_FILE)):  # f
-            files.sync_dir(directory)
+            if files.remove(os.path.join(directory, D.CLEAN_FILE)):  # f
+                files.sync_dir(directory)
         store._arm_finalizer(False)
         return store
     except BaseException:

@@ -17,6 +17,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .. import layout as L
+from .._forks import on_fork_in_child
 from .._shm.lock import owner_alive, owner_word
 from . import files
 from . import layout as D
@@ -41,6 +42,7 @@ class Durability:
         "path",
         "guard",
         "open",
+        "queued",
         "remove",
         "__weakref__",
     )
@@ -58,13 +60,25 @@ class Durability:
         #: Held while syncing: a close waits for a sync of the flusher thread in flight.
         self.guard = threading.Lock()
         self.open = True
+        #: Handed to this process's flusher thread (``interval``).
+        self.queued = False
+        _live.add(self)
 
     def after_write(self, state: int) -> None:
         """After a write that published ``state`` returned from under the lock."""
         if self.mode == "always":
             self.sync_to(state)
-        elif self.mode == "interval":
+        elif self.mode == "interval" and not self.queued:
             _flusher().add(self)
+            self.queued = True
+
+    def forget_clean(self) -> None:
+        """Remove ``clean`` before the first write after a clean reopen (the writer,
+        under the lock: ``_disk/layout.py``, "Opening and recovery", step f)."""
+        directory = os.path.dirname(self.path)
+        if files.remove(os.path.join(directory, D.CLEAN_FILE)):
+            files.sync_dir(directory)
+        self.atomic.store(L.W_CLEAN_PENDING, 0)
 
     def stats(self) -> dict[str, Any]:
         synced = self.words[L.W_SYNCED]
@@ -123,6 +137,19 @@ class Durability:
                 return
             files.sync_range(self.buf, self.path, start, end)
         raise_synced(atomic, state)
+
+
+_live: weakref.WeakSet[Durability] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A thread of the parent may have held a guard at the fork: the child's are free."""
+    for durability in list(_live):
+        durability.guard = threading.Lock()
+        durability.queued = False  # (the parent's flusher thread is not the child's)
+
+
+on_fork_in_child("threads", _after_fork_in_child)
 
 
 def _unset() -> int:

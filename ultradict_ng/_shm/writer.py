@@ -95,6 +95,8 @@ class Writer(Reader):
                 self._refresh_locked()
             if words[_W_STATUS] & _UNLINKED:
                 raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
+            if self.durable is not None and words[L.W_CLEAN_PENDING]:
+                self.durable.forget_clean()  # (before the first write after a clean reopen: _disk/layout.py)
         except BaseException:
             self.mutex.release()
             lock.release()

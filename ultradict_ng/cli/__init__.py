@@ -38,6 +38,12 @@ examples:
                                      replace the contents of 'jobs' with the file's, at once
   ultradict-ng dump jobs - --format jsonl | gzip > jobs.jsonl.gz
                                      '-' is stdout for dump, stdin for load
+  ultradict-ng show /var/lib/app/counters
+                                     a dict kept in files: a PATH (it contains '/') where a NAME goes
+  ultradict-ng ls /var/lib/app/counters ./cache
+                                     dicts kept in files, read from their files (nothing opened)
+  ultradict-ng doctor ./counters     also check that dict's files (read-only)
+  ultradict-ng compact ./counters    a checkpoint now: the stream starts empty
 
 Reading never runs code stored in a dict: pickled objects are shown by class,
 never unpickled (dump and load refuse pickle dicts).  Nothing but load, rm and
@@ -68,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         "processes (alive and dead), lock holder, and damaged or orphaned segments.",
     )
     p.add_argument("--all", action="store_true", help="also name the other programs' files in /dev/shm")
+    p.add_argument(
+        "paths", metavar="PATH", nargs="*", help="list these dicts kept in files instead (read-only)"
+    )
     p = command(
         "show",
         "print a dict's contents (or some keys)",
@@ -75,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "string first, then as a Python literal: 42, (1, 2)).  Large values and values "
         "JSON cannot hold are shown by type and size; nothing is unpickled.",
     )
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help="a dict's name, or the PATH of a dict kept in files")
     p.add_argument("keys", metavar="KEY", nargs="*")
     p = command(
         "stats",
@@ -120,13 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
         "patterns, e.g. 'job-*' (default: every one)",
     )
     p.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
-    command(
+    p = command(
         "doctor",
         "check this machine: /dev/shm, compiled helper, platform",
         "Check /dev/shm's size (warns at container-sized limits) and free space, whether the "
-        "compiled helper and futex waiting are in use, and Python/OS support.  Exit status 1 "
+        "compiled helper and futex waiting are in use, and Python/OS support; with PATHs, "
+        "also the files of those dicts kept in files (read-only: whether each opens "
+        "cleanly or will be recovered, and what recovery would keep).  Exit status 1 "
         "if a check fails.",
     )
+    p.add_argument("paths", metavar="PATH", nargs="*", help="dicts kept in files to check")
+    p = command(
+        "compact",
+        "write a checkpoint of a dict kept in files now",
+        "Dump the dict kept in PATH whole (a checkpoint: written aside, synced, renamed) and "
+        "restart its stream, as its writers do when the stream fills; prints the disk space "
+        "before and after.",
+    )
+    p.add_argument("path", metavar="PATH")
     p = command(
         "dump",
         "write a dict to a file (msgpack or JSON lines)",
@@ -180,6 +200,20 @@ def _transfer_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _compact(args: argparse.Namespace) -> int:
+    from . import paths, render
+
+    out = paths.cmd_compact(args.path)
+    if args.json:
+        print(render.dumps(out))
+    else:
+        print(
+            f"{out['path']}: checkpoint at generation {out['generation']}; "
+            f"{render.size(out['bytes_before'])} -> {render.size(out['bytes_after'])} on disk"
+        )
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from . import cleaning, doctor, inspecting, transfer  # (imported late: --help stays fast)
@@ -194,6 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "doctor": doctor.cmd_doctor,
         "dump": transfer.cmd_dump,
         "load": transfer.cmd_load,
+        "compact": _compact,
     }
     try:
         return handlers[args.command](args)

@@ -33,7 +33,7 @@ from .._shm.survey import DictReport, report, survey
 from .._shm.users import free_dead, mappers, remove_if_unused
 from ..errors import IncompatibleLayout, SharedDictError
 from ..futures.leftovers import ParcelReport, remove_leftovers
-from . import render
+from . import paths, render
 
 __all__ = ["cmd_rm", "cmd_clean"]
 
@@ -44,6 +44,14 @@ def cmd_rm(args: Namespace) -> int:
     for name in args.names:
         entry: dict[str, Any] = {"name": name}
         try:
+            if paths.is_path(name):  # a dict kept in files: opened (recovered if need be), then removed
+                d = paths.open_dict(name)
+                try:
+                    entry.update(removed=d.unlink(), bytes=None, live_users=[])
+                finally:
+                    d.close()
+                results.append(entry)
+                continue
             validate_name(name)
             rep = report(name, load_keys=False) if listable() else None
             try:

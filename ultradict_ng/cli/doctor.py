@@ -17,7 +17,7 @@ from .. import layout as L
 from .. import speedups
 from .._segments import SHM_DIR, listable
 from .._shm import waiting
-from . import render
+from . import paths, render
 
 __all__ = ["checks", "cmd_doctor"]
 
@@ -123,6 +123,8 @@ def checks() -> list[Check]:
 
 def cmd_doctor(args: Namespace) -> int:
     found = checks()
+    for path in args.paths:  # dicts kept in files: their files checked, read-only
+        found += [(f"{path}: {n}", lv, m) for n, lv, m in paths.file_checks(path)]
     if args.json:
         print(render.dumps([{"check": n, "level": lv, "message": m} for n, lv, m in found]))
     else:

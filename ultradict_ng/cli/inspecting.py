@@ -24,7 +24,7 @@ from .._shm.survey import DictReport, Holder, report, survey
 from ..changes import Change
 from ..errors import CorruptSegment
 from ..futures.leftovers import ParcelReport, parcels
-from . import render
+from . import paths, render
 
 __all__ = ["cmd_ls", "cmd_show", "cmd_stats", "cmd_watch"]
 
@@ -51,6 +51,18 @@ def _fill(rep: DictReport) -> str:
 
 
 def cmd_ls(args: Namespace) -> int:
+    if args.paths:  # dicts kept in files: read from their files, nothing opened
+        found_paths = [paths.summary(p) for p in args.paths]
+        if args.json:
+            print(render.dumps(found_paths))
+            return 0
+        for s in found_paths:
+            state = "open" if s["open"] else "closed cleanly" if s["closed_cleanly"] else "needs recovery"
+            print(
+                f"{s['path']}  sync={s['sync']}  {render.size(s['disk_bytes'])} on disk, "
+                f"{s['dumps']} dump(s), {s['blobs']} blob(s); {state}"
+            )
+        return 0
     if render.cannot_list("ls", "use `stats NAME` with a name you know"):
         return 1
     found = survey(load_keys=True)
@@ -134,7 +146,10 @@ def _print_parcels(pool: list[ParcelReport]) -> None:
         )
 
 
-def _open(name: str) -> Peek:
+def _open(name: str) -> Any:
+    """A Peek of dict ``name`` (or of the dict kept in files at ``name``, a path), for ``with``."""
+    if paths.is_path(name):
+        return paths.peeking(name)
     validate_name(name)
     return Peek.open(name)
 
@@ -182,6 +197,8 @@ def cmd_show(args: Namespace) -> int:
 
 
 def cmd_stats(args: Namespace) -> int:
+    if paths.is_path(args.name):
+        return _path_stats(args)
     validate_name(args.name)
     rep = report(args.name, None if listable() else [])
     if rep is None:
@@ -251,6 +268,21 @@ def cmd_stats(args: Namespace) -> int:
         lines.append(("being removed by", _holder(rep.closing)))
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
+        print(f"{k + ':':<{width + 1}} {v}")
+    return 0
+
+
+def _path_stats(args: Namespace) -> int:
+    d = paths.open_dict(args.name)
+    try:
+        out = {**d.stats(), **paths.summary(args.name)}
+    finally:
+        d.close()
+    if args.json:
+        print(render.dumps(out))
+        return 0
+    width = max(map(len, out))
+    for k, v in out.items():
         print(f"{k + ':':<{width + 1}} {v}")
     return 0
 

@@ -43,7 +43,7 @@ from .._names import validate_name
 from .._shm.peek import Peek
 from ..errors import AlreadyExists, BadDumpFile, NotFound, ParameterMismatch, UnsupportedType
 from ..shareddict import SharedDict
-from . import render
+from . import paths, render
 from .dumpfile import (
     MARKER,
     VERSION,
@@ -69,7 +69,7 @@ CHUNK_BYTES = 16 << 20  #: ... or fewer, once their encoding passes this
 def _check_serializer(name: str) -> bool:
     """The dict's ``recurse``, after refusing a dict the command line must not
     attach to; NotFound if it does not exist."""
-    with Peek.open(validate_name(name)) as peek:
+    with paths.peeking(name) if paths.is_path(name) else Peek.open(validate_name(name)) as peek:
         if peek.serializer != "msgpack":
             why = (
                 "attaching would unpickle its contents, i.e. run code stored in shared memory, "
@@ -89,6 +89,8 @@ def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) ->
         except NotFound:
             try:
                 made = recurse if recurse is not None else default_recurse
+                if paths.is_path(name):
+                    return paths.open_dict(name, create=True, recurse=made, serializer="msgpack"), True
                 return SharedDict(
                     name, create=True, recurse=made, serializer="msgpack", auto_unlink=False, backend="shm"
                 ), True
@@ -100,10 +102,16 @@ def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) ->
                 f"recurse dict: --{'' if recurse else 'no-'}recurse disagrees (omit it)"
             )
         try:
-            return SharedDict(name, create=False, serializer="msgpack", backend="shm"), False
+            return _attach(name), False
         except NotFound:
             continue
     raise NotFound(f"shared dict {name!r} kept appearing and disappearing")
+
+
+def _attach(name: str) -> SharedDict:
+    if paths.is_path(name):
+        return paths.open_dict(name, serializer="msgpack")
+    return SharedDict(name, create=False, serializer="msgpack", backend="shm")
 
 
 @contextmanager
@@ -192,7 +200,7 @@ def cmd_dump(args: Namespace) -> int:
         if args.file == "-" and fmt == "msgpack" and sys.stdout.isatty():
             raise ValueError("refusing to write msgpack to a terminal: redirect stdout or give a FILE")
         _check_serializer(args.name)
-        d = SharedDict(args.name, create=False, serializer="msgpack", backend="shm")
+        d = _attach(args.name)
         try:
             snapshot, recurse = d.copy(), d.recurse  # one atomic read
         finally:

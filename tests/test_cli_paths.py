@@ -1,0 +1,95 @@
+"""The command line on dicts kept in files: a PATH where a NAME goes
+(``ultradict_ng/cli/paths.py``), each command in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ultradict_ng import SharedDict
+from ultradict_ng._disk import layout as D
+
+pytestmark = pytest.mark.shm_only
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ultradict_ng", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+def cli_json(*args: str) -> object:
+    out = cli(*args, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def test_every_command_takes_a_path(durable_dir, tmp_path):
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=4096)
+    d.update({f"k{i}": i for i in range(100)})
+    d["text"] = "hello"
+    d.close()
+
+    (listed,) = cli_json("ls", durable_dir)
+    assert listed["sync"] == "always" and not listed["open"] and listed["closed_cleanly"]
+    shown = cli_json("show", durable_dir, "text", "k7")
+    assert shown == {"text": "hello", "k7": 7}
+    stats = cli_json("stats", durable_dir)
+    assert stats["keys"] == 101 and stats["path"] == durable_dir and stats["sync"] == "always"
+    doctor = cli("doctor", durable_dir)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "closed cleanly" in doctor.stdout
+
+    backup = str(tmp_path / "backup.jsonl")
+    assert cli("dump", durable_dir, backup, "-q").returncode == 0
+    other = str(tmp_path / "restored")
+    out = cli("load", other, backup, "-q")
+    assert out.returncode == 0, out.stderr
+    assert cli_json("show", other) == cli_json("show", durable_dir)
+
+    generation = stats["generation"]
+    compacted = cli_json("compact", durable_dir)
+    assert compacted["generation"] == generation + 1
+    assert cli_json("show", durable_dir, "k99") == {"k99": 99}
+
+    removed = cli_json("rm", other)
+    assert removed[0]["removed"] > 0 and not os.path.exists(other)
+    assert cli("rm", other).returncode == 1  # gone: an error, naming it
+    assert cli("rm", durable_dir).returncode == 0
+    assert not os.path.exists(durable_dir)
+
+
+def test_doctor_reads_what_recovery_would_keep_and_changes_nothing(durable_dir):
+    d = SharedDict(path=durable_dir, buffer_size=1 << 16)
+    for i in range(5):
+        d[f"k{i}"] = i
+    end = d.stats()["stream_end"]
+    d.close()
+    os.remove(os.path.join(durable_dir, D.CLEAN_FILE))  # (as a crash leaves it)
+    with open(os.path.join(durable_dir, D.STREAM_FILE), "r+b") as f:
+        f.seek(end - 2)
+        f.write(b"\xff\xff")
+    before = {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)}
+    checks = {c["check"].split(": ")[-1]: c for c in cli_json("doctor", durable_dir)}
+    assert checks["stream"]["level"] == "warn" and "4 whole writes" in checks["stream"]["message"]
+    assert "recovers" in checks["state"]["message"]
+    after = {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)}
+    assert after == before
+    assert cli_json("show", durable_dir) == {f"k{i}": i for i in range(4)}  # (show recovers it)
+    d = SharedDict(path=durable_dir, create=False)
+    d.unlink()
+    d.close()
+
+
+def test_a_path_that_holds_no_dict_is_an_error(tmp_path):
+    missing = str(tmp_path / "nothing")
+    for args in (["show", missing], ["stats", missing], ["ls", missing], ["compact", missing]):
+        out = cli(*args)
+        assert out.returncode == 1 and "no dict" in out.stderr, (args, out.stderr)
+    assert not os.path.exists(missing)

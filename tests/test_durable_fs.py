@@ -1,0 +1,109 @@
+"""A dict kept in files on real filesystems mounted by the test (root only):
+a full one (a tmpfs of a few hundred KiB) and a power cut (an ext4 image on a
+loop device, copied while the writer is stopped: the copy holds only what
+reached the device, as after a power loss)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ultradict_ng import SharedDict
+from ultradict_ng._disk.opening import control_of
+from ultradict_ng.errors import OutOfSpace
+
+pytestmark = [
+    pytest.mark.shm_only,
+    pytest.mark.skipif(os.geteuid() != 0 or not sys.platform.startswith("linux"), reason="mounts need root"),
+]
+
+
+@contextlib.contextmanager
+def mounted(where: str, *args: str) -> Iterator[str]:
+    os.makedirs(where)
+    out = subprocess.run(["mount", *args, where], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount here: {out.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        for _ in range(50):
+            if subprocess.run(["umount", where], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["umount", "-l", where], capture_output=True)
+        os.rmdir(where)
+
+
+def test_a_full_disk_fails_the_write_and_publishes_nothing(tmp_path):
+    with mounted(str(tmp_path / "small"), "-t", "tmpfs", "-o", "size=400k", "tmpfs") as mnt:
+        path = os.path.join(mnt, "dict")
+        d = SharedDict(path=path, sync="always", buffer_size=16 << 10, blob_threshold=8 << 10)
+        written = {}
+        with pytest.raises(OutOfSpace):
+            for i in range(1000):
+                value = bytes([i % 256]) * (20 << 10) if i % 3 == 0 else "v" * 500
+                d[f"k{i}"] = value
+                written[f"k{i}"] = value
+        assert dict(d.items()) == written  # the write that did not fit changed nothing
+        d.close()  # (the last close: the control segment goes, "clean" stays)
+        e = SharedDict(path=path, create=False)
+        assert {k: bytes(v) if isinstance(v, memoryview) else v for k, v in e.items()} == written
+        for k in list(written)[:5]:  # room made: writes go on
+            del e[k]
+        e["after"] = 1
+        e.unlink()
+        e.close()
+
+
+def test_a_power_cut_keeps_every_acknowledged_write(tmp_path):
+    """An ext4 image, a writer with sync="always" stopped at a random instant,
+    the image copied (what reached the device), the copy mounted and opened."""
+    image = str(tmp_path / "disk.img")
+    subprocess.run(["truncate", "-s", "64M", image], check=True)
+    mkfs = subprocess.run(["mkfs.ext4", "-q", "-F", image], capture_output=True, text=True)
+    if mkfs.returncode != 0:
+        pytest.skip(f"no mkfs.ext4: {mkfs.stderr.strip()}")
+    copy = str(tmp_path / "copy.img")
+    with mounted(str(tmp_path / "disk"), "-o", "loop", image) as mnt:
+        path = os.path.join(mnt, "dict")
+        d = SharedDict({"k0": -1}, path=path, sync="always", buffer_size=4096, blob_threshold=256)
+        d.close()
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "tests.durable_workers", "write", path, "0", "1000000"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(1.5)
+            os.kill(writer.pid, signal.SIGSTOP)
+            shutil.copyfile(image, copy)  # the device as a power cut leaves it: no sync runs between
+        finally:
+            os.kill(writer.pid, signal.SIGKILL)
+            out, _ = writer.communicate(timeout=60)
+        acked = [int(line.split()[2]) for line in out.splitlines() if line.startswith("ack ")]
+        assert len(acked) > 10, "the writer wrote too little in time"
+        os.unlink(os.path.join("/dev/shm", control_of(path)))  # (the writer's; the copy gets its own)
+    with mounted(str(tmp_path / "after"), "-o", "loop", copy) as mnt:
+        path = os.path.join(mnt, "dict")
+        out = subprocess.run(
+            [sys.executable, "-m", "tests.durable_workers", "open", path], capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        last = {f"k{i % 5}": i for i in acked}
+        for key, value in last.items():  # every acknowledged write, or the one after it
+            assert got[key] in (value, value + 5), (key, got[key], value)
+        d = SharedDict(path=path, create=False)
+        d.unlink()
+        d.close()

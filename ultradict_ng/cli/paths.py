@@ -1,0 +1,177 @@
+"""The command line on dicts kept in files: a PATH where a NAME goes.
+
+A dict name never contains ``/``, so an argument that does is the directory
+of a dict kept in files (write ``./jobs`` for one in the current directory).
+``show``, ``stats``, ``watch``, ``dump``, ``load`` and ``rm`` open it as a
+program would (recovering it if it needs it) and close it again; ``ls`` and
+``doctor`` only read its files and change nothing; ``compact`` writes a
+checkpoint now, so that the stream starts empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+from .. import _segments as segments
+from .. import layout as L
+from .._disk import layout as D
+from .._disk.recovery import NORMAL_ENDS, read_clean, scan
+from .._shm.peek import Peek
+from ..errors import CorruptSegment, NotFound
+from ..shareddict import SharedDict
+
+__all__ = ["is_path", "open_dict", "peeking", "summary", "file_checks", "cmd_compact"]
+
+Check = tuple[str, str, str]
+
+
+def is_path(target: str) -> bool:
+    return os.sep in target
+
+
+def open_dict(path: str, **options: Any) -> SharedDict:
+    """The dict kept in ``path`` (NotFound if there is none; ``create=True`` to make one)."""
+    options.setdefault("create", False)
+    return SharedDict(path=path, **options)
+
+
+@contextlib.contextmanager
+def peeking(path: str) -> Iterator[Peek]:
+    """A :class:`Peek` of the dict kept in ``path``, opened (and recovered) for the block."""
+    d = open_dict(path)
+    try:
+        with Peek.open(d.name) as peek:
+            yield peek
+    finally:
+        d.close()
+
+
+def _meta(path: str) -> dict[str, Any]:
+    meta_path = os.path.join(path, D.META_FILE)
+    try:
+        with open(meta_path, "rb") as f:
+            meta = json.loads(f.read())
+    except FileNotFoundError:
+        raise NotFound(f"no dict is kept in {path!r}") from None
+    except ValueError as exc:
+        raise CorruptSegment(f"{meta_path}: not a dict's description ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != D.META_FORMAT:
+        raise CorruptSegment(f"{meta_path} does not describe an ultradict_ng dict")
+    return meta
+
+
+def _files(path: str) -> dict[str, int]:
+    """Each file of the dict and the disk space it takes (allocated blocks, not its length)."""
+    out = {}
+    for f in sorted(os.listdir(path)):
+        if f.startswith(D.OWN_PREFIXES):
+            out[f] = os.stat(os.path.join(path, f)).st_blocks * 512
+    return out
+
+
+def summary(path: str) -> dict[str, Any]:
+    """What ``ls PATH`` shows, from the files and (if present) the control segment; changes nothing."""
+    path = os.path.abspath(path)
+    meta = _meta(path)
+    files = _files(path)
+    st = os.stat(path)
+    control = D.control_name(st.st_dev, st.st_ino)
+    is_open = segments.exists(control)
+    dumps = sorted(f for f in files if f.startswith(D.DUMP_PREFIX) and not f.endswith(D.TMP_SUFFIX))
+    return {
+        "path": path,
+        "sync": meta.get("sync"),
+        "sync_interval": meta.get("sync_interval"),
+        "layout": meta.get("layout"),
+        "disk_bytes": sum(files.values()),
+        "dumps": len(dumps),
+        "blobs": sum(1 for f in files if f.startswith(D.BLOB_PREFIX)),
+        "open": is_open,
+        "control_segment": control,
+        "closed_cleanly": os.path.exists(os.path.join(path, D.CLEAN_FILE)),
+    }
+
+
+def file_checks(path: str) -> list[Check]:
+    """``doctor PATH``: the directory and the dict's files checked, read-only (no recovery)."""
+    path = os.path.abspath(path)
+    out: list[Check] = []
+    try:
+        meta = _meta(path)
+    except (NotFound, CorruptSegment) as exc:
+        return [("dict.meta", "fail", str(exc))]
+    version, layout = meta.get("version"), meta.get("layout")
+    out.append(("dict.meta", "ok", f"version {version}, layout {layout}, sync {meta.get('sync')}"))
+    if layout != L.LAYOUT_VERSION:
+        out.append(("layout", "fail", f"written by layout {layout}; this version reads {L.LAYOUT_VERSION}"))
+    free = shutil.disk_usage(path).free
+    room = "ok" if free > (64 << 20) else "warn"
+    out.append(("disk", room, f"{free / (1 << 20):,.0f} MiB free where the files are"))
+    gens = []
+    for f in os.listdir(path):
+        if f.startswith(D.DUMP_PREFIX) and not f.endswith(D.TMP_SUFFIX):
+            try:
+                gens.append(int(f[len(D.DUMP_PREFIX) :], 36))
+            except ValueError:
+                out.append(("files", "warn", f"{f}: not a dump's name"))
+    generation = max(gens) if gens else 0
+    out.append(("checkpoint", "ok", f"generation {generation}" + ("" if gens else " (empty: no dump yet)")))
+    stream = os.path.join(path, D.STREAM_FILE)
+    try:
+        with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            found = scan(mm, generation)
+    except (OSError, ValueError) as exc:
+        out.append(("stream", "fail", f"{stream}: {exc}"))
+        return out
+    clean = read_clean(path)
+    whole = found.stopped in NORMAL_ENDS
+    tail = "" if whole else f"; its tail from byte {found.end} is not whole ({found.stopped})"
+    out.append(
+        ("stream", "ok" if whole else "warn", f"{found.units:,} whole writes after the checkpoint{tail}")
+    )
+    if clean is not None and clean[:2] == (generation, found.end):
+        out.append(("state", "ok", "closed cleanly: opens without recovery"))
+    else:
+        st = os.stat(path)
+        is_open = segments.exists(D.control_name(st.st_dev, st.st_ino))
+        out.append(
+            (
+                "state",
+                "ok",
+                "open (its control segment exists)"
+                if is_open
+                else "not closed cleanly: the next open recovers it",
+            )
+        )
+    leftovers = [f for f in os.listdir(path) if f.endswith(D.TMP_SUFFIX)]
+    if leftovers:
+        named = ", ".join(leftovers[:3])
+        out.append(
+            (
+                "files",
+                "warn",
+                f"{len(leftovers)} unfinished file(s) ({named}): the next recovery removes them",
+            )
+        )
+    return out
+
+
+def cmd_compact(path: str) -> dict[str, Any]:
+    """A checkpoint now: the dict dumped whole, the stream restarted (what a program's
+    writes do when the stream fills); the disk space before and after."""
+    d = open_dict(path)
+    before = sum(_files(os.path.abspath(path)).values())
+    try:
+        d._store.force_dump()
+        generation = d.stats()["generation"]
+    finally:
+        d.close()
+    after = sum(_files(os.path.abspath(path)).values())
+    where = os.path.abspath(path)
+    return {"path": where, "generation": generation, "bytes_before": before, "bytes_after": after}
