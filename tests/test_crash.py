@@ -88,7 +88,7 @@ REDIS_POINTS = tuple(p for p in faults.POINTS if p.startswith("redis-"))
 #: The cache's points: a writer or a claimer dies there (tests/test_cache_processes.py).
 CACHE_POINTS = tuple(p for p in faults.POINTS if p.startswith("cache-"))
 #: Recovery of a dict kept in files (tests/test_durable_crash.py).
-RECOVERY_POINTS = tuple(p for p in faults.POINTS if p.startswith("recovery-"))
+RECOVERY_POINTS = tuple(p for p in faults.POINTS if p.startswith(("recovery-", "sync-")))
 
 #: Every fault point of the write path with inline values; and with the worker's
 #: 300-byte values in blobs (threshold 256), which also passes the blob points.

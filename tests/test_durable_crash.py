@@ -126,6 +126,29 @@ def test_a_recovery_killed_is_redone(durable_dir, point):
     check(durable_dir, done, False)
 
 
+def test_a_group_commit_leader_killed_is_replaced(durable_dir):
+    """A writer dies leading a sync (SYNC_LEADER holds its word): another writer's
+    sync="always" write still returns, once the dead leader is noticed."""
+    import time
+
+    d = SharedDict({"k0": -1}, path=durable_dir, sync="always", buffer_size=1 << 16)
+    p = worker(["write", durable_dir, "0", "40"], "sync-leading:kill:3")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    done = acked(p.stdout)
+    assert len(done) == 2  # (its third write published, then it died leading the sync)
+    t0 = time.monotonic()
+    d["after"] = 1  # waits for SYNCED: the dead leader is replaced
+    assert time.monotonic() - t0 < 5
+    s = d.stats()
+    assert (s["synced_generation"], s["synced_end"]) == (s["generation"], s["stream_end"])
+    d.close()
+    reboot(durable_dir)
+    e = SharedDict(path=durable_dir, create=False)
+    assert dict(e) == {**expected(3), "after": 1}  # (the dead writer's third write was published)
+    e.unlink()
+    e.close()
+
+
 def test_a_random_kill_then_a_reboot(durable_dir):
     """SIGKILL at whatever instruction the writer is at (a transaction writer and a plain one)."""
     import random

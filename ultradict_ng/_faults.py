@@ -38,6 +38,7 @@ redis-lease-taken    the Redis lease was granted, the holder has not used it yet
 cache-slot-taken     a cache writer took a slot for a new key, the entry not yet written
 cache-entry-removed  a cache entry is deleted, its slot not yet pushed back (nor bytes)
 cache-claimed        cached() wrote its claim, the computation not yet started
+sync-leading         a group commit's leader holds SYNC_LEADER, its sync not yet made
 recovery-scanned     recovery of a dict in files scanned its stream, no control segment yet
 recovery-loaded      recovery made and loaded the control segment, no checkpoint yet
 recovery-checkpointed  recovery wrote its checkpoint, ``clean`` not yet removed
@@ -75,6 +76,7 @@ POINTS = (
     "cache-slot-taken",
     "cache-entry-removed",
     "cache-claimed",
+    "sync-leading",
     "recovery-scanned",
     "recovery-loaded",
     "recovery-checkpointed",

@@ -76,7 +76,8 @@ word  offset  field
               no live user* (``clean``, ``auto_unlink="last"``), else 0 (see "Users")
 30    240     USER_OVERFLOW: attachments made while every user slot was taken
               (incremented at attach, decremented at detach; see "Users")
-32    256     SYNCED, 33 SYNC_LEADER, 34 CLEAN_PENDING: kept in files (``_disk/layout.py``)
+32-   256-    SYNCED, SYNC_LEADER, CLEAN_PENDING, SYNC_SEQ: a dict kept in files only
+35    280     (``_disk/layout.py``)
 64-   512-    wait slots (``WAIT_SLOTS`` words): slot i holds the owner word (as
 127   1016    LOCK) of the process that uses bit i of the WAITERS words; 0 = free
 256-  2048-   user slots (``USER_SLOTS`` words): the owner word of each process
@@ -113,7 +114,8 @@ replay a process that fell behind does (up to LIMIT bytes of records, on top
 of loading the dump).  Measured on 2 cores at 1M keys: with 2, a write costs
 1.1-1.25x what it costs at 1k keys, and the worst replay about 1-2 dump
 loads; with 1, 1.4-1.9x and about one dump load.  LIMIT never shrinks.  If the pages cannot
-be reserved (shared memory full) LIMIT stays as it is and nothing fails.
+be reserved (shared memory full) LIMIT stays as it is and nothing fails.  In files, a writer
+whose record passes LIMIT reserves instead up to the granule holding it (at most the target).
 Readers never use LIMIT: records are bounded by STATE's end, which writers
 keep within LIMIT and readers check against the stream size.
 
@@ -486,7 +488,7 @@ W_BLOB_NEXT = 27
 W_BLOB_LOW = 28
 W_CLOSING = 29
 W_USER_OVERFLOW = 30
-W_SYNCED, W_SYNC_LEADER, W_CLEAN_PENDING = 32, 33, 34
+W_SYNCED, W_SYNC_LEADER, W_CLEAN_PENDING, W_SYNC_SEQ = 32, 33, 34, 35
 W_WAIT_SLOTS = 64
 WAIT_SLOTS = 64  # one bit each in a WAITERS word
 W_USER_SLOTS = 256

@@ -72,10 +72,15 @@ Sync policies
   that finds SYNCED short claims SYNC_LEADER (CAS 0 -> its owner word),
   loads STATE, syncs the stream's range from SYNCED's end (or 0 in a newer
   generation) to that STATE's end, raises SYNCED to it (CAS loop, never
-  lowering), and stores SYNC_LEADER = 0; a writer that finds a leader polls
-  SYNCED (``SYNC_POLL``) and leads itself only when no live leader remains
-  (a dead leader's word is replaced by CAS, as the lock's).  One sync covers
-  every record published before it began, whoever wrote them.
+  lowering), stores SYNC_LEADER = 0, then SYNC_SEQ += 1 and wakes every
+  sleeper on it.  A writer that finds a leader loads SYNC_SEQ, checks SYNCED
+  and SYNC_LEADER again, and futex-waits on SYNC_SEQ's low half (polls
+  from ``SYNC_POLL`` without futex): the leader's SYNCED and SYNC_LEADER
+  stores precede its SYNC_SEQ increment, so the sleeper either sees them
+  or is woken.  It leads itself only when no live leader remains (a dead
+  leader's word is replaced by CAS, as the lock's; checked every
+  ``LOCK_CHECK_INTERVAL``).  One sync covers every record published before
+  it began, whoever wrote them.
 * ``"interval"`` (``sync_interval`` seconds, default ``DEFAULT_SYNC_INTERVAL``):
   each process that wrote runs a daemon thread that syncs as above once
   SYNCED < STATE and at most every interval; a clean close and a normal exit
@@ -185,7 +190,7 @@ DISK_VERSION = 1
 SYNC_MODES = ("always", "interval", "never")
 DEFAULT_SYNC = "interval"
 DEFAULT_SYNC_INTERVAL = 1.0
-SYNC_POLL = 0.00005  # a group commit's follower re-checks SYNCED this often
+SYNC_POLL = 0.00005  # without futex, a group commit's follower first re-checks SYNCED after this
 
 CLEAN_MAGIC = b"UDNGcln\x01"
 CLEAN_FORMAT = struct.Struct("<8sQQQI")  # magic, generation, stream end, token, crc32 of the rest

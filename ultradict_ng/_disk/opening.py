@@ -14,10 +14,12 @@ import functools
 import json
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from .. import _segments as segments
 from .. import layout as L
+from .._arguments import pairs
+from .._codec import records as R
 from .._codec.codec import codec_for
 from .._engine import Initial, Options
 from .._shm.control import Header, read_word
@@ -165,9 +167,13 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         if meta is None:
             if create is False:
                 raise NotFound(f"no dict is kept in {directory!r}")
-            store = _create(directory, base, options, initial)
+            store = _create(directory, base, options)
             meta = _read_meta(directory)
             assert meta is not None
+            _arm(store, directory, meta)
+            if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
+                _fill(store, initial)
+            return store
         else:
             if create is True:
                 raise AlreadyExists(f"a dict is already kept in {directory!r}")
@@ -186,7 +192,20 @@ def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> Non
             )
 
 
-def _create(directory: str, base: str, options: Options, initial: Initial) -> Store:
+def _fill(store: Store, initial: Initial) -> None:
+    """The initial data of a new dict kept in files, written as its first writes."""
+    try:
+        if type(initial) is dict:
+            if not store.load(initial):
+                store.write(R.update((), pairs(initial)))
+        else:
+            store.write(R.update((), cast(list[list[Any]], initial)))
+    except BaseException:
+        store.close()
+        raise
+
+
+def _create(directory: str, base: str, options: Options) -> Store:
     """Step 1: a new dict in an empty (or leftover-only) directory."""
     _refuse_foreign(directory)
     for f in os.listdir(directory):
@@ -194,7 +213,7 @@ def _create(directory: str, base: str, options: Options, initial: Initial) -> St
             files.remove(os.path.join(directory, f))
     if segments.exists(base):  # a control segment of a dict whose directory had this inode before
         segments.unlink(base)
-    store = Store._create(base, options, initial)
+    store = Store._create(base, options, None)
     try:
         stream = store._map.stream
         assert stream is not None and stream.buf is not None

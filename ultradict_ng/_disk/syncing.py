@@ -16,6 +16,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from .. import _faults as faults
 from .. import layout as L
 from .._forks import on_fork_in_child
 from .._shm.lock import owner_alive, owner_word
@@ -28,6 +29,7 @@ log = logging.getLogger("ultradict_ng")
 
 _LEADER_CHECK = L.LOCK_CHECK_INTERVAL  # how often a follower checks that the leader lives
 _POLL_MAX = 0.001
+_WAKE_ALL = 0x7FFFFFFF
 
 
 class Durability:
@@ -98,13 +100,13 @@ class Durability:
     def sync_to(self, target: int) -> None:
         """Return once SYNCED >= ``target``, leading the group commit when no one
         else does (``_disk/layout.py``, "Sync policies")."""
-        atomic = self.atomic
-        if self.words[L.W_SYNCED] >= target:
+        atomic, words = self.atomic, self.words
+        if words[L.W_SYNCED] >= target:
             return
         mine = owner_word()
-        delay = D.SYNC_POLL
         check = time.monotonic() + _LEADER_CHECK
-        while self.words[L.W_SYNCED] < target:
+        delay = D.SYNC_POLL
+        while words[L.W_SYNCED] < target:
             leader = atomic.load(L.W_SYNC_LEADER)
             if leader == 0:
                 ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
@@ -113,15 +115,22 @@ class Durability:
                         self._lead()
                     finally:
                         atomic.cas(L.W_SYNC_LEADER, mine, 0)
-                    delay = D.SYNC_POLL
+                        atomic.add(L.W_SYNC_SEQ, 1)  # (after SYNCED and the leader word: no lost wake)
+                        atomic.wake(L.W_SYNC_SEQ, _WAKE_ALL)
                 continue
             if leader != mine and time.monotonic() >= check:
                 check = time.monotonic() + _LEADER_CHECK
                 if not owner_alive(leader):
                     atomic.cas(L.W_SYNC_LEADER, leader, 0)
                     continue
-            time.sleep(delay)
-            delay = min(2 * delay, _POLL_MAX)
+            seq = atomic.load(L.W_SYNC_SEQ)
+            if words[L.W_SYNCED] >= target or atomic.load(L.W_SYNC_LEADER) == 0:
+                continue
+            try:  # until the leader's sync ends (it moves SYNC_SEQ), at most until the next liveness check
+                atomic.wait(L.W_SYNC_SEQ, seq, _LEADER_CHECK)
+            except NotImplementedError:  # (no futex here: poll)
+                time.sleep(delay)
+                delay = min(2 * delay, _POLL_MAX)
 
     def _lead(self) -> None:
         """Sync the stream up to the STATE loaded now; raise SYNCED to it."""
@@ -132,6 +141,8 @@ class Durability:
             return
         end = state & L.END_MASK
         start = synced & L.END_MASK if synced >> L.GEN_SHIFT == state >> L.GEN_SHIFT else 0
+        if faults.armed is not None:
+            faults.hit("sync-leading")
         with self.guard:
             if not self.open:
                 return

@@ -236,7 +236,8 @@ class Writer(Reader):
         # reader will decode (the record itself when that is provably equal).
         payload, decoded = self.codec.encode_record(rec)
         end = self.pos
-        if end + _RECORD_HEADER + len(payload) <= self.limit() and not self._bulk_load(rec):
+        needed = end + _RECORD_HEADER + len(payload)
+        if (needed <= self.limit() or self._reserve_more(needed)) and not self._bulk_load(rec):
             mapping = self._map
             stream = mapping.stream_words
             assert stream is not None
@@ -282,8 +283,8 @@ class Writer(Reader):
         payload, decoded = self.codec.encode_record(rec)  # errors here change nothing
         end = self.pos
         if not tx.dump:
-            back = end - tx.start
-            if end + _RECORD_HEADER + len(payload) <= self.limit() and back < _MAX_BACK:
+            back, needed = end - tx.start, end + _RECORD_HEADER + len(payload)
+            if (needed <= self.limit() or self._reserve_more(needed)) and back < _MAX_BACK:
                 stream = self._map.stream_words
                 assert stream is not None
                 self.pos = stream.write_record(end, self.gen & _GEN_MASK, payload, back << _UNIT_SHIFT)
@@ -495,8 +496,31 @@ class Writer(Reader):
             return []
         return dropped_blobs(node, rec)
 
+    def _reserve_more(self, needed: int) -> bool:
+        """A dict kept in files reserves its growing stream as it fills, a granule
+        at a time, up to ``STREAM_GROWTH`` times its dump (layout: "Stream size"):
+        whether LIMIT now covers ``needed``.  False (the caller dumps) in shared
+        memory, past the target, or when the disk is full."""
+        if self.durable is None or not self.grows:
+            return False
+        granule = L.STREAM_GRANULE
+        st = segments.entry_stat(L.dump_name(self.name, self.gen)) if self.gen else None
+        target = -(-L.STREAM_GROWTH * (st.st_size if st is not None else 0) // granule) * granule
+        wanted = min(max(target, L.DEFAULT_STREAM_SIZE), self.stream_size, -(-needed // granule) * granule)
+        if needed > wanted or wanted <= self.limit():
+            return False
+        try:
+            segments.reserve(L.stream_name(self.name), wanted)
+        except (OutOfSpace, FileNotFoundError):
+            return False
+        self._map.atomic.store(_W_STREAM_LIMIT, wanted)
+        return True
+
     def _grow_stream(self, dump_size: int) -> None:
-        """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size")."""
+        """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size");
+        a dict kept in files reserves as it fills instead (``_reserve_more``)."""
+        if self.durable is not None:
+            return
         granule = L.STREAM_GRANULE
         wanted = -(-L.STREAM_GROWTH * dump_size // granule) * granule
         wanted = min(wanted, self.stream_size)
