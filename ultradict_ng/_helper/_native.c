@@ -1263,6 +1263,7 @@ typedef struct {
     unsigned long tx_thread;
     Py_ssize_t tx_pos;       /* `pos` while it is armed (no int made per write) */
     Py_ssize_t tx_start;     /* `pos` when it was armed: the transaction's first record */
+    Py_ssize_t tx_last;      /* where the last record it wrote begins (-1: none since armed) */
     PyObject *tx_stream;     /* the stream's Words */
     uint32_t tx_tag;         /* gen & GEN_MASK */
     Py_ssize_t tx_limit;     /* LIMIT when armed (fixed while the lock is held) */
@@ -1456,6 +1457,7 @@ sb_tx_fast(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (pos == -1 && PyErr_Occurred())
         return NULL;
     self->tx_pos = self->tx_start = pos;
+    self->tx_last = -1;
     Py_INCREF(args[0]);
     Py_XSETREF(self->tx_stream, args[0]);
     self->tx_tag = (uint32_t)tag;
@@ -1469,6 +1471,8 @@ sb_tx_fast(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMemberDef sb_members[] = {
     {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
+    {"_tx_last", T_PYSSIZET, offsetof(StoreBaseObject, tx_last), READONLY,
+     "offset of the last record the armed transaction path wrote (-1: none)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1855,6 +1859,7 @@ tx_set(ViewObject *self, PyObject *key, PyObject *value)
         if (PyDict_SetItem(data, key, value) < 0)
             done = -1;  /* the cache is unchanged and pos not moved: the record is not there */
         else {
+            s->tx_last = s->tx_pos;
             s->tx_pos = end;
             done = 1;
         }

@@ -55,6 +55,8 @@ class StoreBase:
     #: (the read API of a dict; a writer turns it into a dict before it writes).
     data: dict[Any, Any]
     pos: int
+    #: Where the last record the armed transaction path wrote begins (-1: none).
+    _tx_last: int
     def _bind_state(self, words: Optional[Words], index: int) -> None: ...
     def _tx_fast(self, *args: Any) -> None: ...
 

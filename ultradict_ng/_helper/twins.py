@@ -157,6 +157,11 @@ class StoreBase:
         """Arms the compiled transaction write path; the twins have none: a
         transaction's writes all take ``SharedDict._setitem_slow``."""
 
+    @property
+    def _tx_last(self) -> int:
+        """Where the compiled path's last record begins: it wrote none."""
+        return -1
+
 
 class TableCacheBase:
     """The state of a big dict's cache (``_shm/tablecache.TableCache``); its

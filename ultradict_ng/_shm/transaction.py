@@ -24,11 +24,13 @@ class Transaction:
     """An open ``transaction()`` of one handle (layout: "Transactions"): what
     its end publishes, or discards."""
 
-    __slots__ = ("start", "thread", "depth", "dump", "doomed", "broken", "created", "dropped")
+    __slots__ = ("start", "last", "thread", "depth", "dump", "doomed", "broken", "created", "dropped")
 
     def __init__(self, start: int) -> None:
         #: The stream end when it began: its records lie in ``start .. pos``.
         self.start = start
+        #: Where the last record the Python path wrote begins (-1: none).
+        self.last = -1
         #: The thread that opened it and holds the lock for it.
         self.thread = get_ident()
         #: Levels of nested ``transaction()`` blocks inside the outermost.
@@ -45,17 +47,14 @@ class Transaction:
         self.dropped: list[BlobRef] = []
 
 
-def mark_last(stream: Any, start: int, end: int) -> None:
-    """Set the last-record bit in the unit word of the last record of ``start
-    .. end`` (layout: "Stream record"), the records a transaction wrote; made
-    before the STATE store that publishes them, so that files (``_disk``)
-    never hold its end marked while a record of it is missing.  ``stream``:
-    the stream's bytes, writable."""
-    pos = last = start
-    while pos < end:
-        last = pos
-        pos += L.RECORD_HEADER + _length.unpack_from(stream, pos)[0]
-    if pos != end:  # the records are this process's own, under the lock: a bug, not damage
-        raise AssertionError(f"transaction records end at {pos}, not {end}")
+def mark_last(stream: Any, last: int, end: int) -> None:
+    """Set the last-record bit in the unit word of the record at ``last``, which
+    must end at ``end`` (layout: "Stream record"): the last record a
+    transaction wrote, marked before the STATE store that publishes them, so
+    that files (``_disk``) never hold its end marked while a record of it is
+    missing.  ``stream``: the stream's bytes, writable."""
+    if last < 0 or last + L.RECORD_HEADER + _length.unpack_from(stream, last)[0] != end:
+        # (the records are this process's own, under the lock: a bug, not damage)
+        raise AssertionError(f"the transaction's last record is not at {last}, ending at {end}")
     unit = _length.unpack_from(stream, last + 12)[0]
     _length.pack_into(stream, last + 12, unit | L.UNIT_LAST)

@@ -168,6 +168,7 @@ class Writer(Reader):
             )
             if new_end is not None:
                 if tx is not None:  # written past the published end: the transaction's end publishes
+                    tx.last = self.pos
                     try:
                         self.data[key] = value
                     except BaseException:
@@ -288,6 +289,7 @@ class Writer(Reader):
                 stream = self._map.stream_words
                 assert stream is not None
                 self.pos = stream.write_record(end, self.gen & _GEN_MASK, payload, back << _UNIT_SHIFT)
+                tx.last = end
             else:
                 tx.dump = True
                 self._tx_fast(None)  # nothing more goes into the stream
@@ -371,7 +373,8 @@ class Writer(Reader):
         elif self.pos != tx.start:
             stream_mv = self._map.stream_mv
             assert stream_mv is not None
-            mark_last(stream_mv, tx.start, self.pos)
+            compiled = self._tx_last  # (the compiled path's last record, if it wrote in this block)
+            mark_last(stream_mv, max(tx.last, compiled) if compiled >= tx.start else tx.last, self.pos)
             state = (self.gen << _GEN_SHIFT) | self.pos
             if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after every record
                 self._wake_changes()
