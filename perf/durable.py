@@ -336,15 +336,18 @@ def _big(base: str, keys: int, reps: int) -> dict[str, Any]:
 
 
 def _fill_then_die(path: str, keys: int) -> None:
-    """Overwrite keys until the stream is 90% full, then die without closing (SIGKILL)."""
+    """Overwrite keys until the stream is 90% full (of STREAM_GROWTH times the
+    dump, at most its cap), then die without closing (SIGKILL)."""
     import signal
 
     from ultradict_ng import SharedDict
+    from ultradict_ng import layout as L
 
     d = SharedDict(path=path, create=False)
-    limit = d.stats()["stream_limit"]
+    dump = os.path.join(path, "dump." + L.base36(d.stats()["generation"]))
+    full = min(L.STREAM_GROWTH * os.stat(dump).st_size, L.GROWING_STREAM_CAP)  # (what the stream may hold)
     i = 0
-    while d.stats()["stream_end"] < limit * 0.9:
+    while d.stats()["stream_end"] < full * 0.9:
         for _ in range(1000):
             d[f"user:{i % keys:08d}"] = (i, "x", 0.5)
             i += 1

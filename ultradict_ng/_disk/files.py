@@ -29,6 +29,7 @@ __all__ = [
     "open_rw",
     "sync_file",
     "sync_range",
+    "sync_data",
     "sync_dir",
     "rename",
     "remove",
@@ -84,6 +85,17 @@ def sync_range(buf: mmap.mmap, path: str, start: int, end: int) -> None:
     _note("range", path, False, (first, end))
     buf.flush(first, end - first)
     _note("range", path, True, (first, end))
+
+
+def sync_data(fd: int, path: str, start: int, end: int) -> None:
+    """Bytes ``start .. end`` of ``path`` (open as ``fd``), written through a shared
+    mapping or not, reach the disk: ``fdatasync``, which syncs every dirty page
+    of the file (a superset) and, unlike ``msync``, lets other threads run."""
+    if end <= start:
+        return
+    _note("range", path, False, (start, end))
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
+    _note("range", path, True, (start, end))
 
 
 def sync_dir(path: str) -> None:

@@ -53,8 +53,7 @@ def _finalize(
             durable.sync_all()
         except Exception as exc:  # (closing still detaches; the error is the disk's)
             log.warning("ultradict_ng: syncing %s at close failed: %s", directory, exc)
-        with durable.guard:
-            durable.open = False
+        durable.close()
         if registered and users.detach((name, token), mapping.atomic):
             _close_last(directory, name, mapping, token)
     finally:

@@ -291,14 +291,11 @@ def _plain(options: Options) -> Options:
 def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:
     """Give the handle its sync policy and its closing (``lifetime.py``)."""
     mapping: Mapping = store._map
-    stream = mapping.stream
-    assert stream is not None and stream.buf is not None
     store.durable = Durability(
         str(meta["sync"]),
         float(meta["sync_interval"]),
         mapping.atomic,
         mapping.words,
-        stream.buf,
         os.path.join(directory, D.STREAM_FILE),
     )
     store.durable.remove = functools.partial(lifetime.unlink, store)

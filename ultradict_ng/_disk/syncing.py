@@ -40,7 +40,7 @@ class Durability:
         "interval",
         "atomic",
         "words",
-        "buf",
+        "fd",
         "path",
         "guard",
         "open",
@@ -49,16 +49,16 @@ class Durability:
         "__weakref__",
     )
 
-    def __init__(self, mode: str, interval: float, atomic: Any, words: Any, buf: Any, path: str) -> None:
+    def __init__(self, mode: str, interval: float, atomic: Any, words: Any, path: str) -> None:
         #: ``unlink()`` of the handle: the dict and its files (set by ``opening.py``).
         self.remove: Callable[[], int] = _unset
         self.mode = mode
         self.interval = interval
         self.atomic = atomic
         self.words = words
-        #: The stream's shared mapping and its file.
-        self.buf = buf
+        #: The stream's file, and a descriptor of it for ``fdatasync`` (closed by :meth:`close`).
         self.path = path
+        self.fd = files.open_rw(path)
         #: Held while syncing: a close waits for a sync of the flusher thread in flight.
         self.guard = threading.Lock()
         self.open = True
@@ -73,6 +73,13 @@ class Durability:
         elif self.mode == "interval" and not self.queued:
             _flusher().add(self)
             self.queued = True
+
+    def close(self) -> None:
+        """No sync after this one (the handle is closing): waits for one in flight."""
+        with self.guard:
+            if self.open:
+                self.open = False
+                os.close(self.fd)
 
     def forget_clean(self) -> None:
         """Remove ``clean`` before the first write after a clean reopen (the writer,
@@ -146,7 +153,7 @@ class Durability:
         with self.guard:
             if not self.open:
                 return
-            files.sync_range(self.buf, self.path, start, end)
+            files.sync_data(self.fd, self.path, start, end)
         raise_synced(atomic, state)
 
 
