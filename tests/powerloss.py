@@ -49,6 +49,11 @@ class Disk:
         self.last_seen: dict[int, bytes] = {}  # file id -> its bytes when it left the directory
         self.images: list[Image] = []
         self.acked = 0
+        for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+            # (a disk state the test wrote before recording: on the disk, all of it)
+            self.uid += 1
+            self.current[name] = self.durable_names[name] = self.uid
+            self.synced[self.uid] = self._read(name)
 
     def _read(self, name: str) -> bytes:
         try:

@@ -74,6 +74,10 @@ def test_the_dict_outlives_its_processes_and_a_reboot(durable_dir):
 
 def test_processes_sharing_the_directory_share_one_dict(durable_dir):
     d = SharedDict(path=durable_dir)
+    assert d.directory == os.path.abspath(durable_dir) and d.path == ()
+    m = SharedDict()  # (in shared memory: no directory)
+    assert m.directory is None
+    m.close()
     e = SharedDict(path=durable_dir, create=False)
     d["k"] = 1
     assert e["k"] == 1

@@ -61,24 +61,23 @@ def apply(d: Any, step: tuple[Any, ...]) -> None:
             pass
 
 
-@settings(
-    max_examples=soak_scaled(12),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    steps=st.lists(op, min_size=1, max_size=14), sync=st.sampled_from(["always", "never"]), seed=st.integers()
-)
-def test_every_power_loss_leaves_a_prefix(tmp_path_factory, steps, sync, seed):
-    base = tmp_path_factory.mktemp("powerloss")
-    path = str(base / "dict")
-    os.makedirs(path)
+def run_workload(
+    path: str, steps: list[Any], sync: str, seed: int, start: dict[Any, Any], create: bool, stream: int = 512
+) -> tuple[list[Any], list[dict[Any, Any]], dict[Any, Any]]:
+    """Run ``steps`` on the dict kept in ``path`` (made, or opened -- recovering it
+    -- from the disk state there) with the power-loss recorder on: the disk
+    states it recorded, the model after each step (from ``start``; for an
+    opened dict, ``start`` is replaced by what it reopened as), and that."""
     disk = Disk(path, seed)
-    models: list[dict[Any, Any]] = [{}]
     files.observer = disk.observe
     d = None
     try:
-        d = SharedDict(path=path, sync=sync, buffer_size=512, blob_threshold=256)
+        if create:
+            d = SharedDict(path=path, sync=sync, buffer_size=stream, blob_threshold=256)
+        else:
+            d = SharedDict(path=path, create=False)
+            start = {k: d[k] for k in d}  # (what recovery gave: the base of this run's model)
+        models: list[dict[Any, Any]] = [start]
         for step in steps:
             if step[0] == "reopen":
                 d.close()
@@ -96,10 +95,18 @@ def test_every_power_loss_leaves_a_prefix(tmp_path_factory, steps, sync, seed):
         if d is not None:
             d.unlink()
             d.close()
-    images = disk.images
+    return disk.images, models, start
+
+
+def check_images(
+    base: Any, tag: str, images: list[Any], models: list[Any], sync: str, what: str
+) -> list[str]:
+    """Open every disk state in one fresh process; each must be the model after a
+    prefix of the acknowledged steps (``always``: all of them but one in flight).
+    Returns the directories of the states that hold a dict."""
     dirs = []
     for i, image in enumerate(images):
-        where = str(base / f"image{i}")
+        where = str(base / f"{tag}{i}")
         image.write(where)
         dirs.append(where)
     out = subprocess.run(
@@ -111,6 +118,7 @@ def test_every_power_loss_leaves_a_prefix(tmp_path_factory, steps, sync, seed):
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
     canon = [repr(plain(m)) for m in models]
+    whole = []
     for where, image in zip(dirs, images):
         got = lines[where]
         if "dict.meta" not in image.files:  # the creation never reached the disk: no dict
@@ -120,6 +128,88 @@ def test_every_power_loss_leaves_a_prefix(tmp_path_factory, steps, sync, seed):
         lowest = image.acked if sync == "always" else 0
         allowed = canon[lowest : image.acked + 2]
         assert got in allowed, (
-            f"{image.label}: after {image.acked} acknowledged steps of {steps} the disk reopened "
+            f"{image.label}: after {image.acked} acknowledged steps of {what} the disk reopened "
             f"as {got}, not one of {allowed}"
         )
+        whole.append(image)
+    return whole
+
+
+@settings(
+    max_examples=soak_scaled(12),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    steps=st.lists(op, min_size=1, max_size=14), sync=st.sampled_from(["always", "never"]), seed=st.integers()
+)
+def test_every_power_loss_leaves_a_prefix(tmp_path_factory, steps, sync, seed):
+    base = tmp_path_factory.mktemp("powerloss")
+    path = str(base / "dict")
+    os.makedirs(path)
+    images, models, _ = run_workload(path, steps, sync, seed, {}, True)
+    check_images(base, "image", images, models, sync, str(steps))
+
+
+@settings(
+    max_examples=soak_scaled(8),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    # (small writes of one shape, several 512-byte sectors of them unsynced: a sector
+    # lost between kept ones is what a recovery must not let come back)
+    first=st.lists(st.tuples(st.just("set"), keys, st.integers(0, 9)), min_size=30, max_size=90),
+    then=st.lists(st.tuples(st.just("set"), keys, st.integers(0, 9)), min_size=1, max_size=40),
+    seed=st.integers(),
+    pick=st.randoms(use_true_random=False),
+)
+def test_a_power_loss_after_a_recovery_leaves_a_prefix_of_both(tmp_path_factory, first, then, seed, pick):
+    """Power lost, the dict recovered and written again, power lost again: the
+    second crash's disk states are a prefix of what followed the recovery --
+    never a write the first crash cut off, come back (what the checkpoint at
+    recovery is for)."""
+    base = tmp_path_factory.mktemp("powerloss2")
+    path = str(base / "dict")
+    os.makedirs(path)
+    images, models, _ = run_workload(path, first, "never", seed, {}, True, stream=4096)
+    survivors = check_images(base, "first", images, models, "never", str(first))
+    for n, image in enumerate(pick.sample(survivors, min(2, len(survivors)))):
+        where = str(base / f"recovered{n}")
+        image.write(where)
+        again, models2, _ = run_workload(where, then, "never", seed + n, {}, False)  # (its policy: never)
+        check_images(base, f"second{n}-", again, models2, "never", f"{then} after a recovery of {first}")
+
+
+def test_a_write_a_power_loss_cut_off_never_comes_back(tmp_path):
+    """A lost sector in the middle of unsynced records: recovery keeps what comes
+    before it, and the writes after the recovery, landing where the lost records
+    were, must not make the records after the lost sector count again."""
+    import shutil
+
+    from ultradict_ng._disk import layout as D
+
+    path = str(tmp_path / "dict")
+    d = SharedDict(path=path, sync="never", buffer_size=8192)
+    for i in range(60):
+        d["a"] = i % 10  # (records of one length: 22 bytes)
+    assert d.stats()["generation"] == 0 and d.stats()["stream_end"] == 60 * 22
+    lost = str(tmp_path / "lost")
+    shutil.copytree(path, lost)  # the disk after a power loss (the writer's page cache) ...
+    d.unlink()
+    d.close()
+    with open(os.path.join(lost, D.STREAM_FILE), "r+b") as f:
+        f.seek(512)
+        f.write(bytes(512))  # ... which never got the second sector
+    e = SharedDict(path=lost, create=False)
+    assert dict(e) == {"a": 22 % 10}  # (the 24th record, at 506, runs into the lost sector)
+    for _ in range(24):
+        e["a"] = 5  # 24 x 22 bytes: if they land at 506, they end at 1034, where record 47 begins
+    again = str(tmp_path / "again")
+    shutil.copytree(lost, again)  # a second power loss, everything written kept
+    e.unlink()
+    e.close()
+    f = SharedDict(path=again, create=False)
+    assert dict(f) == {"a": 5}, "records cut off by the first power loss came back"
+    f.unlink()
+    f.close()

@@ -203,6 +203,22 @@ def test_one_module_calls_shm_open() -> None:
     assert len(callers) == 1, f"modules that call shm_open/shm_unlink: {callers}"
 
 
+def test_every_package_is_installed() -> None:
+    """A non-editable install copies only the packages pyproject.toml lists: one
+    missing there imports from a checkout and fails for every user."""
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    listed = re.search(r"^packages = \[(.*?)\]", text, re.S | re.M)
+    assert listed is not None, "pyproject.toml lists no packages"
+    named = set(re.findall(r'"([\w.]+)"', listed.group(1)))
+    found = {
+        os.path.relpath(here, ROOT).replace(os.sep, ".")
+        for here, _dirs, names in os.walk(os.path.join(ROOT, "ultradict_ng"))
+        if "__init__.py" in names
+    }
+    assert found - named == set(), f"packages missing from pyproject.toml: {sorted(found - named)}"
+    assert named - found == set(), f"pyproject.toml lists packages that do not exist: {sorted(named - found)}"
+
+
 def test_modules_stay_small() -> None:
     long = {mod: n for mod, path in MODULES.items() if (n := sum(1 for _ in open(path))) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"

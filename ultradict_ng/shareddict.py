@@ -84,7 +84,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
       and survives reboots and power loss; ``sync`` (``"always"``,
       ``"interval"`` (default) or ``"never"``) and ``sync_interval`` (seconds,
       default 1.0) say when a write reaches the disk -- docs/guide/durable.md.
-      (Not :attr:`path`, which is a nested view's keys.)
+      (:attr:`directory` gives it back; :attr:`path` is a nested view's keys.)
     * The configuration is stored with the dict: attachers pass only ``name``;
       a conflicting explicit value raises :class:`ParameterMismatch`.
 
@@ -188,6 +188,13 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def path(self) -> tuple[Any, ...]:
         """Keys from the root to this nested dict; ``()`` for the root."""
         return self._path
+
+    @property
+    def directory(self) -> Optional[str]:
+        """The directory of a dict kept in files (the ``path=`` it was opened
+        with, made absolute); None for a dict in shared memory or on Redis."""
+        where: Optional[str] = self._store.reopen_arguments().get("path")
+        return where
 
     @property
     def closed(self) -> bool:
