@@ -6,10 +6,12 @@ the numbers and names live.  It extends the shared-memory protocol
 shared-memory dict whose stream, dumps and blobs are files of ``DIR`` mapped
 into every process, plus the rules below for what must reach the disk, and
 when.  Who follows which part: ``files.py`` (every file system call),
-``_segments.py`` (the dict's derived names as files of ``DIR``),
-``opening.py`` (Directory, Opening and recovery), ``syncing.py`` (Sync
-policies), ``lifetime.py`` (Closing and removal), ``_shm/writer.py`` (the
-steps marked *writer*).
+``_segments.py`` (the dict's derived names as files of ``DIR``; a dump or
+blob written aside and renamed), ``opening.py`` (Directory; Opening, steps
+1-3), ``recovery.py`` (step 4), ``syncing.py`` (Sync policies; ``clean``
+removed at the first write), ``lifetime.py`` (Closing and removal),
+``_shm/writer.py`` (calls the sync after a write, the first-write removal,
+and reserves the stream on demand: layout "Stream size").
 
 Directory
 =========
