@@ -15,7 +15,10 @@ Cases (all in spawned children, files in a fresh directory under
   cache) plus one read, against LMDB's open plus one get;
 * recovery after a crash with a full stream against a clean reopen of the
   same dict (each followed by a read of every key);
-* the disk space N keys ``"user:%08d" -> (int, str, float)`` take, against LMDB.
+* the disk space N keys ``"user:%08d" -> (int, str, float)`` take, against LMDB;
+* a persistent cache: ``SharedCache(path=...)`` (its default policy,
+  ``"interval"``) against ``diskcache.Cache``, set and hot get of a short
+  string and of a small dict, 1,000 keys.
 
 Repetitions alternate the contenders (order rotated); the table shows
 median, min..max and the ratio against the row's reference.
@@ -61,6 +64,9 @@ CASE_READS = "hot reads d[k] (reads/s)"
 CASE_REOPEN = "open after a reboot + first read (s)"
 CASE_RECOVER = "open + read every key (s)"
 CASE_DISK = "disk space of the keys (bytes)"
+CASE_CACHE = "persistent cache, 1,000 keys (ops/s)"
+#: The cache case's values: a short string, and a small dict (a copy per get).
+CACHE_VALUES = {"str": "x" * 20, "dict": {"id": 1, "name": "Ada", "tags": ["a", "b"], "score": 0.5}}
 
 
 def _base() -> str:
@@ -180,6 +186,65 @@ def child_writes(kinds: list[str], box: float, reps: int, q: Any) -> None:
         for _, close in made.values():
             close()
         q.put({"rates": out})
+    except BaseException as exc:
+        q.put({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _cache_ops(kind: str, where: str) -> tuple[Callable[[str, Any, int], float], Callable[[], None]]:
+    """``loop(op, value, n)``: n sets or gets; and a close that removes the cache."""
+    if kind == "diskcache":
+        import diskcache
+
+        cache: Any = diskcache.Cache(os.path.join(where, "diskcache"))
+        finish = cache.close
+    else:
+        from ultradict_ng.cache import SharedCache
+
+        cache = SharedCache(path=os.path.join(where, "cache"))
+
+        def finish() -> None:
+            cache.unlink()
+            cache.close()
+
+    def loop(op: str, value: Any, n: int) -> float:
+        keys = [f"k{i % 1000}" for i in range(n)]
+        t0 = time.perf_counter()
+        if op == "set":
+            for k in keys:
+                cache.set(k, value)
+        else:
+            get = cache.get
+            for k in keys:
+                get(k)
+        return time.perf_counter() - t0
+
+    return loop, finish
+
+
+def child_cache(box: float, reps: int, q: Any) -> None:
+    base = _base()
+    out: dict[str, list[float]] = {}
+    try:
+        made = {}
+        for kind in ("ultradict_ng", "diskcache"):
+            os.makedirs(os.path.join(base, kind))
+            made[kind] = _cache_ops(kind, os.path.join(base, kind))
+        for rep in range(reps):
+            for value_name, value in CACHE_VALUES.items():
+                for op in ("set", "get"):
+                    kinds = list(made) if rep % 2 == 0 else list(made)[::-1]
+                    for kind in kinds:
+                        loop = made[kind][0]
+                        if op == "get":
+                            loop("set", value, 1000)  # (every key holds this value)
+                        out.setdefault(f"{kind} {op} {value_name}", []).append(
+                            _timed(lambda n: loop(op, value, n), box)  # noqa: B023 - called at once
+                        )
+        for _, close in made.values():
+            close()
+        q.put({"cache": out})
     except BaseException as exc:
         q.put({"error": f"{type(exc).__name__}: {exc}"})
     finally:
@@ -385,6 +450,13 @@ def w_durable(run: Run, contenders: list[str]) -> None:
             run.record(
                 WL, CASE_WRITES, k, unit="/s", better="higher", values=got["rates"][k], params={"kind": k}
             )["label"] = WRITERS[k]
+    if _has("diskcache"):
+        got = _spawn(child_cache, box, reps)
+        if "error" in got:
+            run.alert(f"workload {NUMBER}: {got['error']}")
+        else:
+            for contender, values in got["cache"].items():
+                run.record(WL, CASE_CACHE, contender, unit="/s", better="higher", values=values)
     if not _has("lmdb") or not _has("msgpack"):
         run.note("py-lmdb is missing: the reopen and disk rows are not measured", WL)
         return
@@ -445,13 +517,16 @@ def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str
         (CASE_REOPEN, "lmdb"),
         (CASE_RECOVER, "clean reopen"),
         (CASE_DISK, "lmdb"),
+        (CASE_CACHE, "diskcache, the same operation and value"),
     ):
         rows = _rows(recs, case)
         if not rows:
             continue
-        lines.append(f"  {rows[0]['case']}   (x: against {rows[0]['case'] and ref})")
+        lines.append(f"  {rows[0]['case']}   (x: against {ref})")
         base = _median(recs, case, ref)
         for r in rows:
+            if case == CASE_CACHE:  # (each row against diskcache's same operation)
+                base = _median(recs, case, "diskcache " + r["contender"].split(" ", 1)[1])
             if r["median"] is None:
                 lines.append(f"    {r['label']:<34} FAILED")
                 continue
@@ -536,6 +611,16 @@ def targets(recs: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
         ),
         ("disk space <= 2x LMDB's", ratio(CASE_DISK, "ultradict_ng", "lmdb"), 2.0, False),
     ]
+    for value in CACHE_VALUES:
+        for op in ("set", "get"):
+            wanted.append(
+                (
+                    f"SharedCache(path=...) {op} of a {value} >= 10x diskcache's",
+                    ratio(CASE_CACHE, f"ultradict_ng {op} {value}", f"diskcache {op} {value}"),
+                    10.0,
+                    True,
+                )
+            )
     out = []
     for text, q, need, higher in wanted:
         row: dict[str, Any] = {"target": f"durable: {text}", "need": f"{'>=' if higher else '<='} {need:g}x"}

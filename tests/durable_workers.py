@@ -16,6 +16,10 @@ if needed) and prints its contents as JSON.
 ``python -m tests.durable_workers contents DIR...``: for each directory,
 opens the dict, prints one line ``DIR <canonical repr of its contents>`` (or
 ``DIR ERROR <exception>``), then removes it with ``unlink()``.
+
+``python -m tests.durable_workers cache-contents DIR...``: the same for a
+SharedCache kept in each directory, whose side segment must pass
+:func:`audit_side` once opened (else ``DIR ERROR side: ...``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,44 @@ def plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, [plain(v) for v in value])
     return value
+
+
+def cache_state(cache: Any) -> list[tuple[str, Any]]:
+    """A cache's live entries, as sorted ``(repr(key), value)`` pairs."""
+    return sorted((repr(k), plain(cache._d[k][2])) for k in cache._d if len(cache._d[k]) == 3)
+
+
+def audit_side(cache: Any) -> str:
+    """What is wrong with a SharedCache's side segment against its entries, or
+    '' (cache_layout: one slot per entry, below ``next``, none of them on the
+    free stack nor twice on it; ``bytes`` the sum of the entries' sizes, each
+    size its entry's; the expiring flag set if an entry expires)."""
+    from ultradict_ng import cache_layout as C
+
+    side = cache._side
+    w = side.words
+    if w[C.W_BATCH]:
+        return "the batch word is still set"
+    entries = {k: cache._d[k] for k in cache._d}
+    if any(e[0] or len(e) == 4 for e in entries.values()) and not w[C.W_FLAGS]:
+        return "entries expire but the expiring flag is clear"
+    if not side.nslots:
+        return ""
+    slots = [e[1] for e in entries.values()]
+    if len(set(slots)) != len(slots):
+        return f"entries share slots: {sorted(slots)}"
+    if any(s >= w[C.W_NEXT] for s in slots):
+        return f"slots {sorted(slots)} reach past next={w[C.W_NEXT]}"
+    free = [side.free[i] for i in range(w[C.W_FREE])]
+    if len(set(free)) != len(free) or set(free) & set(slots):
+        return f"free stack {free} repeats a slot or holds one in use ({sorted(slots)})"
+    if cache._size_codec is not None:
+        for k, e in entries.items():
+            if side.sizes[e[1]] != cache._size(k, e[2] if len(e) == 3 else None):
+                return f"the size of {k!r} is {side.sizes[e[1]]}"
+        if w[C.W_BYTES] != sum(side.sizes[s] for s in slots):
+            return f"bytes {w[C.W_BYTES]} != {sum(side.sizes[s] for s in slots)}"
+    return ""
 
 
 def write(path: str, start: int, count: int, transactional: bool) -> None:
@@ -89,6 +131,23 @@ def main() -> None:
             finally:
                 d.unlink()
                 d.close()
+    elif command == "cache-contents":
+        from ultradict_ng.cache import SharedCache
+
+        for directory in sys.argv[2:]:
+            try:
+                c = SharedCache(path=directory, create=False)
+            except Exception as exc:
+                print(directory, "ERROR", repr(exc), flush=True)
+                continue
+            try:
+                problem = audit_side(c)
+                print(directory, f"ERROR side: {problem}" if problem else repr(cache_state(c)), flush=True)
+            except Exception as exc:
+                print(directory, "ERROR", repr(exc), flush=True)
+            finally:
+                c.unlink()
+                c.close()
     else:
         raise SystemExit(f"unknown command {command!r}")
 

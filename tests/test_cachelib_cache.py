@@ -8,8 +8,8 @@ and only its ``tests/`` is unpacked.  Next to its mixin modules goes
 it mixes every mixin cachelib ships (CommonTests, HasTests, ClearTests,
 SerializerTests, DeleteManyWithPrefixTests in 0.17) into one class and runs
 it unmodified, with a ``cache_factory`` fixture as cachelib's own test modules
-have, for three variants of the backend (plain, key prefix, a serializer of
-its own).  pytest runs there in a subprocess (cachelib's conftest imports
+have, for four variants of the backend (plain, key prefix, a serializer of
+its own, kept in files).  pytest runs there in a subprocess (cachelib's conftest imports
 pytest-xprocess for its server fixtures: a one-line stand-in is written when
 it is not installed); the junit report says what passed, and every test of
 every mixin must pass, counted.  Without network the download fails: a skip,
@@ -67,7 +67,7 @@ EXPECTED = {
     "0.17.0": (["ClearTests", "CommonTests", "DeleteManyWithPrefixTests", "HasTests", "SerializerTests"], 21),
     "0.9.0": (["ClearTests", "CommonTests", "HasTests"], 11),
 }
-VARIANTS = ["plain", "key_prefix", "own_serializer"]
+VARIANTS = ["plain", "key_prefix", "own_serializer", "kept_in_files"]
 #: cachelib >= 0.17 checks a timeout's type, and its serializer returns None for a
 #: value pickle refuses (0.9 raises UnboundLocalError from its own code there).
 MODERN = tuple(int(p) for p in VERSION.split(".")[:2]) >= (0, 17)
@@ -163,6 +163,7 @@ def test_cachelib_mixins_as_shipped(cachelib_tests: str, tmp_path: Any) -> None:
         env = _env()
         env["UDNG_VARIANT"] = variant
         env["UDNG_MIXINS_OUT"] = str(tmp_path / f"mixins-{variant}.json")
+        env["UDNG_FILES"] = str(tmp_path / "files")
         cmd = [
             sys.executable,
             "-m",

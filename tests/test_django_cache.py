@@ -84,23 +84,8 @@ def django_cache_tests(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(suite)
 
 
-@pytest.mark.skipif(not os.path.isdir(SHM), reason="the leftover check lists /dev/shm (Linux)")
-def test_django_base_cache_tests(django_cache_tests: str) -> None:
-    # The cache every alias shares, and the culling aliases' own (run_cache_suite.py).
-    names = (unique_name(), unique_name(), unique_name())
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (django_cache_tests, REPO, env.get("PYTHONPATH", "")) if p)
-    env["ULTRADICT_NG_DJANGO_LOCATIONS"] = ",".join(names)
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    try:
-        done = run_suite([sys.executable, RUNNER], django_cache_tests, env, timeout=300)
-        # The backend's default (AUTO_UNLINK False): the caches outlive the processes
-        # that used them -- until removed, as here.
-        left_by_run = _shm_with(names)
-    finally:
-        for name in names:
-            Cache.unlink_by_name(name)
-    assert _shm_with(names) == [], "unlink_by_name left segments behind"
+def _check_suite(done: Any) -> None:
+    """Every test of BaseCacheTests ran and passed; none was skipped."""
     report = f"stdout:\n{done.stdout[-8000:]}\nstderr:\n{done.stderr[-8000:]}"
     outcomes = {}
     for line in done.stdout.splitlines():
@@ -113,13 +98,52 @@ def test_django_base_cache_tests(django_cache_tests: str) -> None:
     expected = summary["expected"]
     failing = {t: e["status"] + "\n" + e["detail"] for t, e in outcomes.items() if e["status"] != "ok"}
     assert not failing, "\n\n".join(f"{t}: {d}" for t, d in failing.items()) + "\n" + report
-    # Every test of BaseCacheTests ran and passed; none was skipped.
     assert sorted(outcomes) == expected, (sorted(set(expected) ^ set(outcomes)), report)
     if summary["django"].startswith("5.2."):
         assert len(expected) == DJANGO_52_TESTS
     assert len(expected) >= 50, expected
     assert done.returncode == 0, report
+
+
+def _suite_env(django_cache_tests: str, key: str, value: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (django_cache_tests, REPO, env.get("PYTHONPATH", "")) if p)
+    env[key] = value
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+@pytest.mark.skipif(not os.path.isdir(SHM), reason="the leftover check lists /dev/shm (Linux)")
+def test_django_base_cache_tests(django_cache_tests: str) -> None:
+    # The cache every alias shares, and the culling aliases' own (run_cache_suite.py).
+    names = (unique_name(), unique_name(), unique_name())
+    env = _suite_env(django_cache_tests, "ULTRADICT_NG_DJANGO_LOCATIONS", ",".join(names))
+    try:
+        done = run_suite([sys.executable, RUNNER], django_cache_tests, env, timeout=300)
+        # The backend's default (AUTO_UNLINK False): the caches outlive the processes
+        # that used them -- until removed, as here.
+        left_by_run = _shm_with(names)
+    finally:
+        for name in names:
+            Cache.unlink_by_name(name)
+    assert _shm_with(names) == [], "unlink_by_name left segments behind"
+    _check_suite(done)
     assert {e.split("@", 1)[0] for e in left_by_run} == set(names), left_by_run
+
+
+def test_django_base_cache_tests_kept_in_files(django_cache_tests: str, tmp_path: Any) -> None:
+    """The same suite with every alias's cache kept in a directory (OPTIONS["PATH"])."""
+    paths = [str(tmp_path / alias) for alias in ("default", "cull", "zero_cull")]
+    env = _suite_env(django_cache_tests, "ULTRADICT_NG_DJANGO_PATHS", ",".join(paths))
+    try:
+        done = run_suite([sys.executable, RUNNER], django_cache_tests, env, timeout=300)
+        kept = [p for p in paths if os.path.isfile(os.path.join(p, "cache"))]
+    finally:
+        for p in paths:
+            if os.path.isdir(p):
+                Cache(path=p, create=False).unlink()
+    _check_suite(done)
+    assert kept == paths, "the caches kept in files were not made where OPTIONS['PATH'] said"
 
 
 # -- ours: processes and threads sharing the backend ----------------------------------------

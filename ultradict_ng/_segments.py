@@ -57,6 +57,7 @@ __all__ = [
     "create_written",
     "reserve",
     "unlink",
+    "discard_aside",
     "exists",
     "listed",
     "listable",
@@ -147,6 +148,14 @@ def finish(segment: Segment) -> None:
     files.sync_range(segment.buf, aside, 0, segment.size)
     files.rename(aside, path)
     files.sync_dir(os.path.dirname(path))
+
+
+def discard_aside(name: str) -> None:
+    """Remove what a creator of the derived segment ``name`` killed before its
+    rename left (its ``.tmp`` file); nothing for shared memory."""
+    path = file_of(name)
+    if path is not None and _aside(name, path) != path:
+        files.remove(_aside(name, path))
 
 
 def _require_posix() -> None:

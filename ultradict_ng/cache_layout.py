@@ -93,6 +93,15 @@ its entries are all still there, some of their slots on the free stack) rebuilds
 before it changes anything.  A creator killed before MAGIC
 leaves a segment that attachers replace after ``INIT_TIMEOUT``.  The side
 segment is removed with the dict (``unlink_by_name``, the dict's cleanup).
+
+Kept in files (``SharedCache(path=DIR)``): the side segment is the file
+``cache`` of DIR, made whole before the first entry and never removed by a
+close (``_disk/layout.py``, "Cache side file").  A recovery that finds no
+clean close sets ``batch`` in it (its words may be older than the entries);
+an opener that finds ``batch`` set takes the lock -- which a live batch
+holds to its end -- and, if it is still set, rebuilds before its first read
+of ``len``, as a writer does.  A rebuild also sets the expiring flag if an
+entry expires or is a claim.
 """
 
 from __future__ import annotations

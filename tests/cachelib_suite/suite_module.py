@@ -9,7 +9,8 @@ HasTests, ClearTests, SerializerTests, DeleteManyWithPrefixTests in 0.17) is
 mixed into one test class, run unmodified once per variant of the backend, the
 way cachelib's own test modules run them: a ``cache_factory`` fixture sets
 ``cls.cache_factory``.  The variants: plain; with a key prefix (as RedisCache's
-tests run); with a serializer of the class's own (as SimpleCache's tests run).
+tests run); with a serializer of the class's own (as SimpleCache's tests run);
+kept in files (``path=``, a directory under ``UDNG_FILES``, removed after the test).
 
 Caches are named from ``UDNG_SESSION`` (the parent's session prefix, so its
 leftover check sees them) and closed after each test: the last handle removes
@@ -33,7 +34,7 @@ from ultradict_ng.integrations.cachelib import SharedCache
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SESSION = os.environ.get("UDNG_SESSION", "x")
-VARIANTS = ["plain", "key_prefix", "own_serializer"]
+VARIANTS = ["plain", "key_prefix", "own_serializer", "kept_in_files"]
 #: The variants this run runs (the parent starts one run per variant, at once).
 RUN = [os.environ["UDNG_VARIANT"]] if os.environ.get("UDNG_VARIANT") else VARIANTS
 
@@ -77,13 +78,18 @@ def cache_factory(request: Any) -> Iterator[None]:
         if request.param == "key_prefix":
             kwargs.setdefault("key_prefix", "test-key-prefix:")
         cls = OwnSerializerCache if request.param == "own_serializer" else SharedCache
-        kwargs.setdefault("name", f"t{SESSION}{uuid.uuid4().hex[:8]}")
+        if request.param == "kept_in_files":
+            kwargs.setdefault("path", os.path.join(os.environ["UDNG_FILES"], uuid.uuid4().hex[:8]))
+        else:
+            kwargs.setdefault("name", f"t{SESSION}{uuid.uuid4().hex[:8]}")
         made.append(cls(*args, **kwargs))
         return made[-1]
 
     request.cls.cache_factory = _factory
     yield
     for cache in made:
+        if request.param == "kept_in_files":
+            cache.cache.unlink()  # (never removed automatically)
         cache.close()
 
 

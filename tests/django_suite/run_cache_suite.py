@@ -9,7 +9,9 @@ parsing the verbose report, which a stray warning can interleave) and a ``DONE``
 line with the expected test names.
 
 Environment: ``ULTRADICT_NG_DJANGO_LOCATIONS`` = three cache names, comma-separated:
-the one every alias shares, and the ``cull`` and ``zero_cull`` aliases' own.
+the one every alias shares, and the ``cull`` and ``zero_cull`` aliases' own; or
+``ULTRADICT_NG_DJANGO_PATHS`` = three directories, the same for caches kept in
+files (``OPTIONS["PATH"]``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,16 @@ def caches_setting(caches_setting_for_tests: Any) -> dict[str, dict[str, Any]]:
     which lets its culling aliases share ``default``'s store.  (Naming it
     anyway, they would use ``default``'s 300 entries, with a warning, and
     test_cull would find all 49 keys.)"""
+    paths = os.environ.get("ULTRADICT_NG_DJANGO_PATHS")
+    if paths:  # kept in files: OPTIONS["PATH"] names the cache, LOCATION is left out
+        setting: dict[str, dict[str, Any]] = caches_setting_for_tests(BACKEND=BACKEND)
+        for alias, path in zip(("default", "cull", "zero_cull"), paths.split(",")):
+            for key in setting:
+                if key == alias or (alias == "default" and key not in ("cull", "zero_cull")):
+                    setting[key]["OPTIONS"] = {**setting[key].get("OPTIONS", {}), "PATH": path}
+        return setting
     location, cull_location, zero_cull_location = os.environ["ULTRADICT_NG_DJANGO_LOCATIONS"].split(",")
-    setting: dict[str, dict[str, Any]] = caches_setting_for_tests(BACKEND=BACKEND, LOCATION=location)
+    setting = caches_setting_for_tests(BACKEND=BACKEND, LOCATION=location)
     setting["cull"]["LOCATION"] = cull_location
     setting["zero_cull"]["LOCATION"] = zero_cull_location
     return setting

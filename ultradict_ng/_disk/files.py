@@ -34,6 +34,8 @@ __all__ = [
     "rename",
     "remove",
     "write_whole",
+    "write_in_place",
+    "sync_path",
     "read_whole",
     "directory_lock",
     "PAGE",
@@ -149,6 +151,34 @@ def write_whole(path: str, data: bytes) -> None:
     os.close(fd)
     rename(tmp, path)
     sync_dir(os.path.dirname(path))
+
+
+def write_in_place(path: str, offset: int, data: bytes) -> bool:
+    """Write ``data`` at ``offset`` of the existing file ``path``, not synced
+    (a word another process maps); False if there is no such file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+    return True
+
+
+def sync_path(path: str) -> bool:
+    """``fsync`` the existing file ``path`` (also what other processes wrote
+    through their mappings of it); False if there is no such file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        sync_file(fd, path)
+    finally:
+        os.close(fd)
+    return True
 
 
 def read_whole(path: str, limit: int = 1 << 20) -> bytes:

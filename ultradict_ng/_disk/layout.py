@@ -23,6 +23,7 @@ Directory
     dump.<gen>     the full dump of generation <gen> (base 36), never changed
     blob.<id>      one large value (layout: "Blobs"), never changed
     clean          written by a clean close only (see "Closing")
+    cache          a SharedCache's side segment (cache_layout), mapped shared
     *.tmp          a file being written; never read, removed at the next open
 
 The control segment stays in shared memory (``/dev/shm``): it is rebuilt from
@@ -32,7 +33,8 @@ hex (``udng+803-1a2b3c``): every process that opens the directory finds the
 same segment, a directory moved within its filesystem keeps it, and a copy
 (``cp -r``: a new inode) is a dict of its own.  The names of derived segments
 map to files: ``N@s`` -> ``stream``, ``N@d<g>`` -> ``dump.<g>``, ``N@b<id>``
--> ``blob.<id>``; a process maps them so once it has opened ``DIR``.
+-> ``blob.<id>``, ``N@c`` -> ``cache``; a process maps them so once it has
+opened ``DIR``.
 
 ``dict.meta`` is a JSON object: ``format`` (``META_FORMAT``), ``version``
 (``DISK_VERSION``), ``layout`` (``LAYOUT_VERSION`` of the shared-memory
@@ -63,6 +65,21 @@ be referenced by what the disk holds (the record dropping it may not be
 synced yet), so only a dump's sweep -- after the dump is on the disk --
 removes blobs.  Blobs overwritten between two dumps take disk space until
 the next dump.
+
+Cache side file (a ``SharedCache(path=DIR)``; cache_layout is its protocol):
+created as ``cache.tmp`` under the dict's lock, its settings written, then
+MAGIC, synced, renamed to ``cache``, the directory synced -- before the
+cache's first entry is written.  Its settings words are never written
+again, so no later write-back (whole or torn) changes them; every other
+word and cell (counters, slots, sizes, recency) is written through the
+mapping and never synced on its own: after a power loss it may be any mix
+of its sectors' old and new contents, so a recovery that finds no matching
+``clean`` marks it stale (step f), and the cache rebuilds it from its
+entries (cache_layout, "Crashes").  A clean close syncs it before ``clean``,
+and after a clean reopen a writer removes ``clean`` (step f) before its first
+change of the side file, as before its first record: a reopen trusts the
+side file only while it is as the close synced it (readers' recency stores
+aside: any value of them is right).
 
 Sync policies
 =============
@@ -134,7 +151,10 @@ opening or closing, never while the dict is used), then:
    f. if ``clean`` matched: CLEAN_PENDING = 1, and the first writer (under
       the lock, before its record) removes ``clean``, syncs the directory and
       stores CLEAN_PENDING = 0 -- a reopen that only reads syncs nothing;
-      else remove ``clean`` (and sync the directory).  Release the lock.
+      else remove ``clean`` (and sync the directory), and if a ``cache`` file
+      is there, store 1 in its batch word (cache_layout ``W_BATCH``, a write
+      of the page cache): the cache's next opener or writer rebuilds its
+      slots, sizes and bytes from the entries.  Release the lock.
 
    Other openers wait on the lock: none sees a half-recovered dict.  A
    recovery killed at any step leaves the files as they were or with a
@@ -144,7 +164,8 @@ Closing and removal
 ===================
 A handle's close syncs the stream (every policy).  The last process to close
 (layout: "Users", the removal of an unused dict, with the directory locked)
-removes the control segment only, then writes ``clean`` (``CLEAN_FORMAT``:
+removes the control segment only, syncs ``stream`` (and ``cache`` if there),
+then writes ``clean`` (``CLEAN_FORMAT``:
 magic, generation, stream end, token, crc) with ``write_whole``.  A dict
 kept in files is never removed automatically: ``unlink()`` removes the
 control segment, every file above, then ``DIR`` if it is empty.
@@ -181,9 +202,10 @@ STREAM_FILE = "stream"
 DUMP_PREFIX = "dump."
 BLOB_PREFIX = "blob."
 CLEAN_FILE = "clean"
+CACHE_FILE = "cache"
 TMP_SUFFIX = ".tmp"
 #: Every file a dict's directory may hold (with ``TMP_SUFFIX`` too).
-OWN_PREFIXES = (META_FILE, LOCK_FILE, STREAM_FILE, DUMP_PREFIX, BLOB_PREFIX, CLEAN_FILE)
+OWN_PREFIXES = (META_FILE, LOCK_FILE, STREAM_FILE, DUMP_PREFIX, BLOB_PREFIX, CLEAN_FILE, CACHE_FILE)
 
 CONTROL_PREFIX = "udng+"
 META_FORMAT = "ultradict_ng dict"
@@ -208,9 +230,11 @@ def control_name(device: int, inode: int) -> str:
 
 
 def file_name(suffix: str) -> Optional[str]:
-    """The file of a derived segment's suffix (``@s``, ``@d<g>``, ``@b<id>``), else None."""
+    """The file of a derived segment's suffix (``@s``, ``@d<g>``, ``@b<id>``, ``@c``), else None."""
     if suffix == L.STREAM_SUFFIX:
         return STREAM_FILE
+    if suffix == L.CACHE_SUFFIX:
+        return CACHE_FILE
     if suffix.startswith(L.DUMP_SUFFIX) and len(suffix) > 2:
         return DUMP_PREFIX + suffix[2:]
     if suffix.startswith(L.BLOB_SUFFIX) and len(suffix) > 2:
@@ -224,6 +248,8 @@ def suffix_of(file: str) -> Optional[str]:
         file = file[: -len(TMP_SUFFIX)]
     if file == STREAM_FILE:
         return L.STREAM_SUFFIX
+    if file == CACHE_FILE:
+        return L.CACHE_SUFFIX
     for prefix, suffix in ((DUMP_PREFIX, L.DUMP_SUFFIX), (BLOB_PREFIX, L.BLOB_SUFFIX)):
         if file.startswith(prefix) and len(file) > len(prefix):
             return suffix + file[len(prefix) :]
@@ -231,5 +257,5 @@ def suffix_of(file: str) -> Optional[str]:
 
 
 def written_aside(suffix: str) -> bool:
-    """Whether a derived segment is written to ``.tmp`` and renamed when whole (dumps, blobs)."""
-    return suffix.startswith((L.DUMP_SUFFIX, L.BLOB_SUFFIX))
+    """Whether a derived segment is written to ``.tmp`` and renamed when whole (dumps, blobs, the cache's)."""
+    return suffix.startswith((L.DUMP_SUFFIX, L.BLOB_SUFFIX, L.CACHE_SUFFIX))

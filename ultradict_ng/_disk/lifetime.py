@@ -71,6 +71,7 @@ def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None
         stream = mapping.stream
         if stream is not None and stream.buf is not None:
             files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)
+        files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
         files.write_whole(
             os.path.join(directory, D.CLEAN_FILE),
             clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),

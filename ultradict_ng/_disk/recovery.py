@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import sys
 import zlib
 from typing import Any, NamedTuple, Optional
 
 from .. import _faults as faults
 from .. import _segments as segments
+from .. import cache_layout as C
 from .. import layout as L
 from .._codec.codec import CUSTOM_ID, codec_by_id, codec_for
 from .._engine import Options
@@ -202,6 +204,9 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
                 faults.hit("recovery-checkpointed")
             if files.remove(os.path.join(directory, D.CLEAN_FILE)):  # f
                 files.sync_dir(directory)
+            files.write_in_place(  # (a SharedCache's side: rebuilt from the entries)
+                os.path.join(directory, D.CACHE_FILE), 8 * C.W_BATCH, (1).to_bytes(8, sys.byteorder)
+            )
         store._arm_finalizer(False)
         return store
     except BaseException:

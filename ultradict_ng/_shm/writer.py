@@ -102,6 +102,14 @@ class Writer(Reader):
             lock.release()
             raise
 
+    def before_side_change(self) -> None:
+        """Under the lock, before a change to what is kept beside the dict (a
+        SharedCache's side file): ``clean`` goes first, as before a record
+        (``_disk/layout.py``, step f) -- else a power loss could keep the change
+        beside entries a clean reopen trusts."""
+        if self.durable is not None and self.words[L.W_CLEAN_PENDING]:
+            self.durable.forget_clean()
+
     def end_write(self) -> None:
         self.mutex.release()
         self.lock.release()

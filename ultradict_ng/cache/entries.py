@@ -208,8 +208,10 @@ class Entries:
     def _after_dead_batch(self) -> bool:
         """If a writer died inside a batch (its flag is set, and it is not this
         handle's own), rebuild: slots of entries still there may be free.
-        True if it did.  Every write checks this first, under the lock."""
+        True if it did.  Every write checks this first, under the lock (and,
+        kept in files, removes a pending ``clean`` before the side changes)."""
         w = self._side.words
+        self._d._store.before_side_change()  # (a cache kept in files: _disk/layout.py, "Cache side file")
         if not w[_W_BATCH] or self._in_batch:
             return False
         self._rebuild()
@@ -227,18 +229,28 @@ class Entries:
         O(nslots) (a cache bounded by bytes alone has 2**20 slots)."""
         side = self._side
         if not side.nslots:  # (nothing to recount: only what is not an entry is removed)
-            for key in [k for k, e in self._d.items() if slot_of(e, 0) < 0]:
+            drop, expiring = [], False
+            for key, e in self._d.items():
+                if slot_of(e, 0) < 0:
+                    drop.append(key)
+                else:
+                    expiring = expiring or bool(e[0]) or len(e) == 4
+            for key in drop:
                 del self._d[key]
+            if expiring:
+                side.words[C.W_FLAGS] = C.FLAG_EXPIRING
             return
         owners: dict[int, list[Any]] = {}
         sizes: dict[int, int] = {}
         drop = []
+        expiring = False
         for key, e in self._d.items():
             slot = slot_of(e, side.nslots)
             if slot < 0:
                 drop.append(key)
             else:
                 owners.setdefault(slot, []).append(key)
+                expiring = expiring or bool(e[0]) or len(e) == 4
                 if self._size_codec is not None:
                     sizes[slot] = self._size(key, e[2] if len(e) == 3 else None)
         for keys in owners.values():
@@ -248,6 +260,8 @@ class Entries:
             del self._d[key]
         used = {slot for slot, keys in owners.items() if len(keys) == 1}
         w = side.words
+        if expiring:  # (a side file a power loss left older than its entries may lack the flag)
+            w[C.W_FLAGS] = C.FLAG_EXPIRING
         for slot in used:  # recounted: exact whatever crashes or damage left in the cells
             side.sizes[slot] = sizes.get(slot, 0)
         top = max(used) + 1 if used else 0

@@ -86,6 +86,12 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     * ``create``, ``auto_unlink``, ``buffer_size``: as :class:`SharedDict`.
       The settings are stored with the cache: attachers pass only ``name``;
       a conflicting explicit value raises :class:`ParameterMismatch`.
+    * ``path`` (instead of ``name``), ``sync``, ``sync_interval``: a cache
+      kept in the directory ``path``, as ``SharedDict(path=...)``: its
+      entries survive a restart, a reboot and a power loss by the sync
+      policy's rules, its settings with them (``_disk/layout.py``, "Cache
+      side file"); recency and counters are kept as well as the page cache
+      keeps them.
 
     Expiry is data: an entry past its time is absent for every process at
     once, and the next write that meets it (or :meth:`expire`) removes it.
@@ -103,6 +109,9 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         create: Optional[bool] = None,
         auto_unlink: Any = None,
         buffer_size: Optional[int] = None,
+        path: Any = None,
+        sync: Optional[str] = None,
+        sync_interval: Optional[float] = None,
     ) -> None:
         explicit = _check_settings(maxsize, maxbytes, ttl, serializer, cull_frequency)
         if explicit.get("cull_frequency") is not None and "maxsize" not in explicit:
@@ -115,8 +124,12 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
             "cull_frequency": None,
         }
         wanted.update(explicit)
+        where: dict[str, Any] = {}
+        for key, value in (("path", path), ("sync", sync), ("sync_interval", sync_interval)):
+            if value is not None:
+                where[key] = value
         self._d = d = SharedDict(
-            name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm"
+            name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm", **where
         )
         try:
             self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
@@ -139,6 +152,15 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         # ``get`` is this handle's CacheGet (speedups: compiled, or the twin
         # calling _lookup): a hit costs no Python frame.
         self.__dict__["get"] = CacheGet(d, self._recency, self._loads, self._lookup, _MISSING)
+        if side.words[C.W_BATCH]:
+            # A writer died in a batch, or a recovery marked the side stale
+            # (_disk/layout.py, step f): rebuilt before this handle reads len.
+            try:
+                with d.lock:
+                    self._after_dead_batch()
+            except BaseException:
+                self.close()
+                raise
 
     # -- reading: no lock ---------------------------------------------------------------
 
@@ -448,7 +470,15 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @property
+    def directory(self) -> Optional[str]:
+        """The directory of a cache kept in files (``path=``), else None."""
+        return self._d.directory
+
     def __reduce__(self) -> tuple[Any, ...]:
+        directory = self._d.directory
+        if directory is not None:
+            return (_attach_path, (directory,))
         return (_attach, (self.name,))
 
     def __repr__(self) -> str:
@@ -487,3 +517,8 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
 def _attach(name: str) -> SharedCache:
     """Unpickling a SharedCache attaches to it by name."""
     return SharedCache(name, create=False)
+
+
+def _attach_path(directory: str) -> SharedCache:
+    """Unpickling a SharedCache kept in files opens its directory."""
+    return SharedCache(path=directory, create=False)

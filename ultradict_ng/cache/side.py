@@ -61,10 +61,12 @@ class Side:
 
 def _write_new(name: str, token: int, settings: Settings) -> Side:
     """Create ``name`` exclusively (FileExistsError if it exists), settings
-    first, MAGIC last."""
+    first, MAGIC last; in files, written aside, synced and renamed
+    (``_disk/layout.py``, "Cache side file").  Called under the dict's lock."""
     maxsize = settings["maxsize"] or 0
     maxbytes = settings["maxbytes"] or 0
     nslots = C.nslots_for(maxsize, maxbytes)
+    segments.discard_aside(name)  # (a creator killed before its rename: under the lock, nobody else's)
     seg = Segment.create(name, C.side_size(nslots))
     try:
         assert seg.buf is not None
@@ -82,6 +84,7 @@ def _write_new(name: str, token: int, settings: Settings) -> Side:
         words[C.W_MAGIC] = C.SIDE_MAGIC
         words.release()
         floats.release()
+        segments.finish(seg)
     except BaseException:
         seg.close()
         segments.unlink(name)

@@ -44,6 +44,13 @@ setting, so every process passes it -- remove it with ``ultradict-ng clean`` or
 ``SharedCache.unlink_by_name(name)``.  A SIGKILLed last user leaves it behind
 too (``ultradict-ng clean`` finds it).
 
+Kept in files: ``path="/var/cache/myapp"`` (``CACHE_OPTIONS={"path": ...}``)
+instead of a name keeps the cache in that directory, as
+:class:`ultradict_ng.cache.SharedCache` does: it survives restarts, reboots
+and power loss by its ``sync`` policy (``"interval"`` by default), is shared by
+every process that passes the directory, and is removed only on request
+(``backend.cache.unlink()``, ``ultradict-ng rm PATH``).
+
 Values are unpickled when read: like a ``FileSystemCache`` directory or a Redis
 server, the shared memory must be writable only by the application's user (it
 is: segments are created mode 0600).
@@ -108,6 +115,12 @@ class SharedCache(BaseCache):
         last process using it closes it or exits.  ``False``: it outlives every
         process until removed.  ``True``: removed when *this* handle closes.
     :param create: ``None`` attach or create; ``True`` must create; ``False`` must attach.
+    :param path: instead of ``name``, a directory: the cache is kept in files
+        there (:class:`ultradict_ng.cache.SharedCache`'s ``path``), survives a
+        restart and a reboot, and is never removed automatically (``auto_unlink``
+        does not apply).  Every process that passes the directory shares it.
+    :param sync: with ``path``, the sync policy: ``"always"``, ``"interval"``
+        (the default: on the disk within a second) or ``"never"``.
     """
 
     #: The default serializer: pickle (cachelib's).  Flask-Caching's
@@ -121,15 +134,27 @@ class SharedCache(BaseCache):
         default_timeout: int | dt.timedelta = 300,
         key_prefix: str | Callable[[], str] | None = None,
         ignore_delete_many_errors: bool = True,
-        auto_unlink: bool | str = "last",
+        auto_unlink: bool | str | None = None,
         create: bool | None = None,
+        path: str | None = None,
+        sync: str | None = None,
     ) -> None:
         BaseCache.__init__(self, default_timeout)
         if isinstance(self.default_timeout, dt.timedelta):  # cachelib < 0.17 keeps timedeltas
             self.default_timeout = math.ceil(self.default_timeout.total_seconds())
         self.ignore_delete_many_errors = ignore_delete_many_errors
         self.key_prefix = key_prefix or ""
-        self._cache = _open(name, threshold, create, auto_unlink)
+        if path is None:
+            if sync is not None:
+                raise ValueError("sync applies to a cache kept in files: pass path= too")
+            where: dict[str, Any] = {"auto_unlink": "last" if auto_unlink is None else auto_unlink}
+        else:
+            if name is not None:
+                raise ValueError("pass a name (shared memory) or a path (files), not both")
+            if auto_unlink not in (None, False):
+                raise ValueError("a cache kept in files is never removed automatically: drop auto_unlink")
+            where = {"path": path, "sync": sync}
+        self._cache = _open(name, threshold, create, where)
 
     @classmethod
     def factory(cls, app: Any, config: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> Self:
@@ -141,10 +166,11 @@ class SharedCache(BaseCache):
         A name is required (``CACHE_OPTIONS={"name": ...}`` or ``CACHE_ARGS=[name]``):
         an app's workers share the cache they open by one name, and a cache
         made without one would be each worker's own."""
-        if not args and kwargs.get("name") is None:
+        if not args and kwargs.get("name") is None and kwargs.get("path") is None:
             raise ValueError(
                 "the shared cache needs a name, the same in every worker: "
-                "CACHE_OPTIONS={'name': 'myapp-cache'} (or CACHE_ARGS=['myapp-cache'])"
+                "CACHE_OPTIONS={'name': 'myapp-cache'} (or CACHE_ARGS=['myapp-cache']), "
+                "or a directory to keep it in: CACHE_OPTIONS={'path': '/var/cache/myapp'}"
             )
         if "CACHE_THRESHOLD" in config:
             kwargs.setdefault("threshold", config["CACHE_THRESHOLD"])
@@ -329,26 +355,27 @@ class SharedCache(BaseCache):
 DEFAULT_THRESHOLD = 500
 
 
-def _open(name: str | None, threshold: int | None, create: bool | None, auto_unlink: bool | str) -> _Core:
+def _open(name: str | None, threshold: int | None, create: bool | None, where: dict[str, Any]) -> _Core:
     """The core cache: bounded by ``threshold`` (checked against a stored bound), or,
-    for ``None``, attached with whatever bound it has, or created with the default."""
-    if threshold is not None or name is None:
+    for ``None``, attached with whatever bound it has, or created with the default.
+    ``where``: ``auto_unlink``, or ``path`` and ``sync`` for a cache kept in files."""
+    if threshold is not None or (name is None and "path" not in where):
         if threshold is None:
             threshold = DEFAULT_THRESHOLD
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
             raise ValueError(f"threshold must be an int >= 0 or None, not {threshold!r}")
-        return _Core(name, maxsize=threshold or None, create=create, auto_unlink=auto_unlink)
+        return _Core(name, maxsize=threshold or None, create=create, **where)
     while True:
         # Attach first: passing a bound would be checked against the stored one.  If
         # it is absent, create it; if another process created it meanwhile, attach again.
         if create is not True:
             try:
-                return _Core(name, create=False, auto_unlink=auto_unlink)
+                return _Core(name, create=False, **where)
             except NotFound:
                 if create is False:
                     raise
         try:
-            return _Core(name, maxsize=DEFAULT_THRESHOLD, create=True, auto_unlink=auto_unlink)
+            return _Core(name, maxsize=DEFAULT_THRESHOLD, create=True, **where)
         except AlreadyExists:
             if create is True:
                 raise

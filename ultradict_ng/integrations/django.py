@@ -38,6 +38,14 @@ and mean what they mean for every backend; keys are made and checked as by
   last process using it exits normally (good for tests and ``runserver``).  ``True``:
   when this process exits, whoever else still uses it.
 
+- ``OPTIONS["PATH"]`` (instead of ``LOCATION``) -- a directory to keep the cache in
+  (:class:`ultradict_ng.cache.SharedCache`'s ``path``): a persistent cache, like
+  ``FileBasedCache`` or ``diskcache.DjangoCache``, that survives restarts, deploys,
+  reboots and power loss by ``OPTIONS["SYNC"]`` (``"always"``, ``"interval"`` -- the
+  default: on the disk within ``OPTIONS["SYNC_INTERVAL"]``, 1 second -- or ``"never"``).
+  Every process and alias naming the directory shares it; it is never removed by a
+  worker (``AUTO_UNLINK`` does not apply): remove it with ``ultradict-ng rm PATH``.
+
 Why ``False`` and not ``"last"``: a cache is worth what it holds when a worker starts.
 Worker processes come and go under a running site -- gunicorn's ``--max-requests``
 recycles them, a timeout kills one, ``runserver``'s reloader restarts its child at
@@ -72,6 +80,7 @@ macOS.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -83,6 +92,7 @@ from django.core.cache.backends.base import (  # type: ignore[import-untyped, un
 )
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped, unused-ignore]
 
+from .._disk.layout import SYNC_MODES
 from ..cache import SharedCache as _SharedCache
 from ..errors import InvalidName, NotFound, ParameterMismatch, TooLarge
 
@@ -92,7 +102,7 @@ logger = logging.getLogger("ultradict_ng")
 
 #: ``OPTIONS`` keys: Django's (read by ``BaseCache``) and ours.
 DJANGO_OPTIONS = ("MAX_ENTRIES", "CULL_FREQUENCY")
-OUR_OPTIONS = ("MAXBYTES", "AUTO_UNLINK")
+OUR_OPTIONS = ("MAXBYTES", "AUTO_UNLINK", "PATH", "SYNC", "SYNC_INTERVAL")
 
 #: One handle per process for each ``LOCATION`` (and settings): Django makes a
 #: backend object per thread and alias (and anew after every settings change in
@@ -101,10 +111,11 @@ _handles: dict[tuple[Any, ...], _SharedCache] = {}
 _handles_lock = threading.Lock()
 
 
-def _open(location: str, limits: dict[str, Any], auto_unlink: Any) -> _SharedCache:
-    """This process's handle of the shared cache ``location``, opened (and the
-    cache created with ``limits``) on first use."""
-    key = (location, auto_unlink) + tuple(sorted(limits.items()))
+def _open(location: str, limits: dict[str, Any], where: dict[str, Any]) -> _SharedCache:
+    """This process's handle of the shared cache ``location`` (a name, or the
+    directory ``where["path"]``), opened (and the cache created with ``limits``)
+    on first use."""
+    key = (location,) + tuple(sorted(where.items())) + tuple(sorted(limits.items()))
     handle = _handles.get(key)
     if handle is not None:
         return handle
@@ -112,20 +123,22 @@ def _open(location: str, limits: dict[str, Any], auto_unlink: Any) -> _SharedCac
         handle = _handles.get(key)
         if handle is None:
             try:
-                handle = _handles[key] = _attach_or_create(location, limits, auto_unlink)
+                handle = _handles[key] = _attach_or_create(location, limits, where)
             except InvalidName as e:
                 raise ImproperlyConfigured(f"LOCATION {location!r}: {e}") from e
     return handle
 
 
-def _attach_or_create(location: str, limits: dict[str, Any], auto_unlink: Any) -> _SharedCache:
+def _attach_or_create(location: str, limits: dict[str, Any], where: dict[str, Any]) -> _SharedCache:
+    name = location or None
+    location = location or where["path"]  # (what the messages name)
     for _ in range(10):
         try:
-            return _SharedCache(name=location, serializer="pickle", auto_unlink=auto_unlink, **limits)
+            return _SharedCache(name, serializer="pickle", **where, **limits)
         except ParameterMismatch as mismatch:
             try:
                 # It exists with other settings: attach with the stored ones.
-                cache = _SharedCache(name=location, create=False, auto_unlink=auto_unlink)
+                cache = _SharedCache(name, create=False, **where)
             except NotFound:
                 continue  # removed between the two opens: create it with ours
             if cache.serializer != "pickle":  # not a limit: values would not round-trip
@@ -172,6 +185,22 @@ def _bad_options(options: dict[str, Any], max_entries: int, cull_frequency: int)
     auto_unlink = options.get("AUTO_UNLINK", False)
     if not (auto_unlink is False or auto_unlink is True or auto_unlink == "last"):
         return f"AUTO_UNLINK must be False, True or 'last', not {auto_unlink!r}"
+    path = options.get("PATH")
+    if path is None:
+        if "SYNC" in options or "SYNC_INTERVAL" in options:
+            return "SYNC and SYNC_INTERVAL apply to a cache kept in files: set OPTIONS['PATH'] too"
+        return None
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        return f"PATH must be a directory's path, not {path!r}"
+    if "AUTO_UNLINK" in options:
+        return "AUTO_UNLINK does not apply to a cache kept in files (PATH): it is never removed by a worker"
+    sync = options.get("SYNC")
+    if sync is not None and sync not in SYNC_MODES:
+        return f"SYNC must be one of {', '.join(SYNC_MODES)}, not {sync!r}"
+    interval = options.get("SYNC_INTERVAL")
+    number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
+    if interval is not None and not (number and interval > 0):
+        return f"SYNC_INTERVAL must be a positive number of seconds, not {interval!r}"
     return None
 
 
@@ -181,20 +210,37 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:
         super().__init__(params)
-        if not location:
+        options = params.get("OPTIONS") or {}
+        path = options.get("PATH")
+        if not location and path is None:
             raise ImproperlyConfigured(
                 "ultradict_ng.integrations.django.SharedCache needs a LOCATION: the name of "
-                "the shared cache, the same in every process that shares it"
+                "the shared cache, the same in every process that shares it (or OPTIONS['PATH']: "
+                "a directory to keep it in)"
             )
-        options = params.get("OPTIONS") or {}
-        maxbytes = options.get("MAXBYTES")
-        auto_unlink = options.get("AUTO_UNLINK", False)
+        if location and path is not None:
+            raise ImproperlyConfigured(
+                f"the shared cache {location!r}: give a LOCATION (shared memory) or OPTIONS['PATH'] "
+                f"(files), not both"
+            )
         problem = _bad_options(options, self._max_entries, self._cull_frequency)
         if problem is not None:
-            raise ImproperlyConfigured(f"the shared cache {location!r}: {problem}")
-        limits = {"maxsize": self._max_entries, "cull_frequency": self._cull_frequency, "maxbytes": maxbytes}
-        self._cache = _open(location, limits, auto_unlink)
-        self.location = location
+            raise ImproperlyConfigured(f"the shared cache {location or path!r}: {problem}")
+        limits = {
+            "maxsize": self._max_entries,
+            "cull_frequency": self._cull_frequency,
+            "maxbytes": options.get("MAXBYTES"),
+        }
+        where: dict[str, Any]
+        if path is None:
+            where = {"auto_unlink": options.get("AUTO_UNLINK", False)}
+        else:
+            where = {"path": os.path.abspath(os.fspath(path))}
+            for key, option in (("sync", "SYNC"), ("sync_interval", "SYNC_INTERVAL")):
+                if options.get(option) is not None:
+                    where[key] = options[option]
+        self._cache = _open(location, limits, where)
+        self.location = location or where["path"]
 
     def validate_key(self, key: Any) -> None:
         """``BaseCache.validate_key`` (its warnings, word for word), after a quick

@@ -1,0 +1,274 @@
+"""A SharedCache kept in files (``SharedCache(path=DIR)``): its entries and
+settings outlive its processes and a reboot; its side file is rebuilt from the
+entries after a recovery that found no clean close, and kept as it was after
+one that did; the Django and cachelib backends open it by directory.
+
+Power loss is simulated in tests/test_powerloss.py (every disk state opens as
+a whole cache); Django's and cachelib's own suites run on it in
+tests/test_django_cache.py and tests/test_cachelib_cache.py.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from tests.durable_workers import audit_side
+from tests.test_durable import reboot
+from ultradict_ng import cache_layout as C
+from ultradict_ng._disk import layout as D
+from ultradict_ng.cache import SharedCache
+from ultradict_ng.errors import ParameterMismatch
+
+pytestmark = pytest.mark.shm_only
+
+spawn = multiprocessing.get_context("spawn")
+
+FILL = """
+import os, signal, sys
+from ultradict_ng.cache import SharedCache
+c = SharedCache(path=sys.argv[1], create=False)
+for i in range(int(sys.argv[2])):
+    c.set(f"k{i}", "v" * (i % 7) + str(i), ttl=None if i % 3 else 3600)
+c.delete("k1")
+print(repr(sorted((k, c[k]) for k in c)), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no close: no clean file
+"""
+
+
+def _fill_and_die(path: str, n: int) -> str:
+    """The cache's entries (a sorted repr) as the killed writer left them."""
+    out = subprocess.run(
+        [sys.executable, "-c", FILL, path, str(n)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == -signal.SIGKILL and out.stdout.startswith("[("), out.stderr
+    return out.stdout.strip()
+
+
+def _read_in_child(path: str, key: str, q: Any) -> None:
+    c = SharedCache(path=path, create=False)
+    q.put((c.get(key), c.maxsize, c.default_ttl))
+    c.close()
+
+
+def test_a_cache_outlives_its_processes_and_a_reboot(durable_dir):
+    c = SharedCache(path=durable_dir, maxsize=50, ttl=600, sync="always")
+    for i in range(80):
+        c.set(f"k{i}", i)
+    c.set("short", 1, ttl=0.3)
+    kept = {k: c[k] for k in c}
+    assert len(kept) == 50 and c.stats()["evictions"] == 31
+    c.close()
+    assert sorted(os.listdir(durable_dir)) == ["cache", "clean", "dict.meta", "lock", "stream"]
+    reboot(durable_dir)
+    time.sleep(0.35)
+    c = SharedCache(path=durable_dir)  # (settings come from the files)
+    assert (c.maxsize, c.default_ttl, c.serializer) == (50, 600.0, "msgpack")
+    assert {k: c[k] for k in c} == {k: v for k, v in kept.items() if k != "short"}  # expiry is data
+    assert c.stats()["evictions"] == 31  # (the counters were synced with the clean close)
+    for i in range(100, 140):  # the bound holds after the reboot
+        c.set(f"k{i}", i)
+    assert len(c) == 50 and c.get("k139") == 139
+    q = spawn.Queue()
+    p = spawn.Process(target=_read_in_child, args=(durable_dir, "k139", q))
+    p.start()
+    assert q.get(timeout=60) == (139, 50, 600.0)
+    p.join(60)
+    assert p.exitcode == 0
+    c2 = pickle.loads(pickle.dumps(c))  # (by directory: what spawn sends)
+    assert c2.directory == c.directory == durable_dir and c2.get("k139") == 139
+    c2.close()
+    with pytest.raises(ParameterMismatch, match="maxsize=50"):
+        SharedCache(path=durable_dir, maxsize=10)
+    c.unlink()
+    c.close()
+    assert not os.path.exists(durable_dir)
+
+
+@pytest.mark.parametrize("bounds", [{"maxsize": 40}, {"maxbytes": 2000}, {}])
+def test_after_a_crash_and_a_reboot_the_side_file_is_rebuilt(durable_dir, bounds):
+    c = SharedCache(path=durable_dir, sync="never", **bounds)
+    side_file = os.path.join(durable_dir, D.CACHE_FILE)
+    with open(side_file, "rb") as f:
+        as_created = f.read()  # (what the disk may hold of it after a power loss)
+    c.close()
+    expected = _fill_and_die(durable_dir, 60)
+    reboot(durable_dir)
+    assert not os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))  # (killed: no clean close)
+    with open(side_file, "r+b") as f:
+        f.write(as_created)  # the side file as the power loss left it: older than the entries
+    c = SharedCache(path=durable_dir, create=False)
+    assert audit_side(c) == ""  # rebuilt at open: slots, sizes, bytes, the expiring flag
+    assert repr(sorted((k, c[k]) for k in c)) == expected
+    for i in range(60, 90):  # and it works on: bounds, slots
+        c.set(f"k{i}", i)
+    assert audit_side(c) == ""
+    if "maxsize" in bounds:
+        assert len(c) == 40
+    if "maxbytes" in bounds:
+        assert c.stats()["bytes"] <= 2000
+    c.unlink()
+    c.close()
+
+
+def test_after_a_clean_close_the_side_file_is_kept_as_it_was(durable_dir):
+    c = SharedCache(path=durable_dir, maxsize=20)
+    for i in range(30):
+        c.set(f"k{i}", i)
+    hot = min(c, key=lambda k: c._side.recency[c._d[k][1]])  # the least recently used ...
+    assert c.get(hot) is not None  # ... made the most recently used
+    recency = list(c._side.recency)
+    words = list(c._side.words)
+    c.close()
+    reboot(durable_dir)
+    c = SharedCache(path=durable_dir)
+    assert list(c._side.recency) == recency and list(c._side.words) == words  # no rebuild
+    assert c._side.words[C.W_BATCH] == 0
+    c.set("new", 1)  # evicts the least recently used, as before the reboot
+    assert hot in c and len(c) == 20
+    c.unlink()
+    c.close()
+
+
+def test_a_writer_killed_in_a_batch_is_rebuilt_after_a_reboot(durable_dir):
+    c = SharedCache(path=durable_dir, maxsize=30)
+    c.set_many({f"k{i}": i for i in range(10)})
+    c._side.words[C.W_BATCH] = 1  # (what a writer killed inside set_many leaves)
+    c._side.words[C.W_NEXT] = 0
+    c.close()
+    reboot(durable_dir)
+    c = SharedCache(path=durable_dir)
+    assert audit_side(c) == "" and len(c) == 10
+    c.unlink()
+    c.close()
+
+
+# -- the Django backend: OPTIONS["PATH"] ------------------------------------------------------
+
+
+def _django_backend(params: dict[str, Any]) -> Any:
+    pytest.importorskip("django")
+    from ultradict_ng.integrations.django import SharedCache as DjangoCache
+
+    return DjangoCache(params.pop("LOCATION", ""), params)
+
+
+DJANGO_CHILD = """
+import sys
+import django
+from django.conf import settings
+settings.configure(CACHES={"default": {
+    "BACKEND": "ultradict_ng.integrations.django.SharedCache",
+    "OPTIONS": {"PATH": sys.argv[1], "SYNC": "always", "MAX_ENTRIES": 100},
+}})
+django.setup()
+from django.core.cache import cache
+if sys.argv[2] == "set":
+    cache.set("greeting", {"hello": ["world", 1.5]}, None)
+    cache.set("counter", 10)
+    cache.incr("counter", 5)
+else:
+    print(repr((cache.get("greeting"), cache.get("counter"))))
+"""
+
+
+def test_django_cache_kept_in_files_survives_a_reboot(durable_dir):
+    pytest.importorskip("django")
+    for step in ("set", "get"):
+        out = subprocess.run(
+            [sys.executable, "-c", DJANGO_CHILD, durable_dir, step],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        )
+        assert out.returncode == 0, out.stderr
+        if step == "set":
+            reboot(durable_dir)
+    assert out.stdout.strip() == repr(({"hello": ["world", 1.5]}, 15))
+    c = SharedCache(path=durable_dir, create=False)
+    assert (c.maxsize, c.serializer) == (100, "pickle")
+    c.unlink()
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "params, problem",
+    [
+        ({"LOCATION": "x", "OPTIONS": {"PATH": "/tmp/x"}}, "not both"),
+        ({"OPTIONS": {"PATH": "DIR", "AUTO_UNLINK": "last"}}, "AUTO_UNLINK does not apply"),
+        ({"LOCATION": "x", "OPTIONS": {"SYNC": "always"}}, "set OPTIONS\\['PATH'\\] too"),
+        ({"OPTIONS": {"PATH": "DIR", "SYNC": "sometimes"}}, "SYNC must be one of"),
+        ({"OPTIONS": {"PATH": "DIR", "SYNC_INTERVAL": 0}}, "SYNC_INTERVAL must be"),
+        ({"OPTIONS": {"PATH": ""}}, "PATH must be"),
+    ],
+)
+def test_django_path_options_are_checked_before_anything_is_made(durable_dir, params, problem):
+    pytest.importorskip("django")
+    from django.core.exceptions import ImproperlyConfigured
+
+    options = params.get("OPTIONS", {})
+    if options.get("PATH") == "DIR":
+        options["PATH"] = durable_dir
+    with pytest.raises(ImproperlyConfigured, match=problem):
+        _django_backend(params)
+    assert not os.path.exists(durable_dir)
+
+
+# -- the cachelib backend: path= --------------------------------------------------------------
+
+
+def test_cachelib_cache_kept_in_files(durable_dir):
+    pytest.importorskip("cachelib")
+    from ultradict_ng.integrations.cachelib import SharedCache as CachelibCache
+
+    with pytest.raises(ValueError, match="not both"):
+        CachelibCache(name="x", path=durable_dir)
+    with pytest.raises(ValueError, match="never removed automatically"):
+        CachelibCache(path=durable_dir, auto_unlink="last")
+    with pytest.raises(ValueError, match="pass path= too"):
+        CachelibCache(name="x", sync="always")
+    assert not os.path.exists(durable_dir)
+    cache = CachelibCache(path=durable_dir, threshold=10, sync="always", default_timeout=0)
+    cache.set("a", {"b": 1})
+    assert cache.inc("n", 2) == 2
+    cache.close()
+    reboot(durable_dir)
+    again = CachelibCache(path=durable_dir, threshold=None)
+    assert again.get("a") == {"b": 1} and again.get("n") == 2 and again.cache.maxsize == 10
+    again.cache.unlink()
+    again.close()
+
+
+def test_killing_the_writer_mid_eviction_then_rebooting_keeps_the_bounds(durable_dir):
+    """A writer SIGKILLed at random while it evicts; after a reboot the cache
+    holds at most maxsize entries and its side file passes the audit."""
+    c = SharedCache(path=durable_dir, maxsize=25, sync="never")
+    c.close()
+    code = (
+        "import sys\nfrom ultradict_ng.cache import SharedCache\n"
+        "c = SharedCache(path=sys.argv[1], create=False)\nprint('ready', flush=True)\n"
+        "i = 0\nwhile True:\n    c.set(f'k{i}', 'x' * (i % 50))\n    i += 1\n"
+    )
+    for round_ in range(3):
+        p = subprocess.Popen([sys.executable, "-c", code, durable_dir], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        time.sleep(0.05 + 0.05 * round_)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        reboot(durable_dir)
+        c = SharedCache(path=durable_dir)
+        assert audit_side(c) == "" and 0 < len(c) <= 25
+        c.close()
+    c = SharedCache(path=durable_dir)
+    c.unlink()
+    c.close()
