@@ -72,6 +72,28 @@ def test_the_dict_outlives_its_processes_and_a_reboot(durable_dir):
     assert not os.path.exists(durable_dir)
 
 
+def test_a_stale_clean_file_is_not_trusted(durable_dir):
+    """A ``clean`` file that does not name the files' state (restored from a
+    backup, or left by a tool) must not spare the recovery its checkpoint."""
+    d = SharedDict(path=durable_dir, sync="never")
+    d["a"] = 1
+    d.close()
+    clean = os.path.join(durable_dir, D.CLEAN_FILE)
+    with open(clean, "rb") as f:
+        old = f.read()
+    out = run("write", durable_dir, "0", "7")  # (closes cleanly: a clean file of its own)
+    assert out.returncode == 0, out.stderr
+    with open(clean, "wb") as f:
+        f.write(old)  # the first close's: generation 0, the end of one write
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir, create=False)
+    assert d.stats()["generation"] >= 1  # recovered with a checkpoint, not trusted as clean
+    assert dict(d) == {"a": 1, "k0": 5, "k1": 6, "k2": 2, "k3": 3, "k4": 4, "big": bytes([3]) * 300}
+    assert not os.path.exists(clean)
+    d.unlink()
+    d.close()
+
+
 def test_processes_sharing_the_directory_share_one_dict(durable_dir):
     d = SharedDict(path=durable_dir)
     assert d.directory == os.path.abspath(durable_dir) and d.path == ()
