@@ -20,6 +20,7 @@ import errno
 import fcntl
 import mmap
 import os
+import sys
 from collections.abc import Iterator
 from typing import Callable, Optional
 
@@ -69,11 +70,25 @@ def open_rw(path: str, writable: bool = True) -> int:
     return os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
 
 
+if sys.platform == "darwin":
+
+    def _flush(fd: int) -> None:
+        """macOS's ``fsync`` leaves the data in the drive's cache; ``F_FULLFSYNC``
+        flushes that too (what SQLite's ``fullfsync`` and LMDB use there)."""
+        try:
+            fcntl.fcntl(fd, getattr(fcntl, "F_FULLFSYNC", 51))
+        except OSError:  # (a filesystem without it: the best there is)
+            os.fsync(fd)
+
+else:
+    _flush = getattr(os, "fdatasync", None) or os.fsync
+
+
 def sync_file(fd: int, path: str) -> None:
     """``fdatasync``: the file's data, and what reading it back needs (its
     size, its blocks), reach the disk before this returns."""
     _note("sync", path, False)
-    (getattr(os, "fdatasync", None) or os.fsync)(fd)
+    _flush(fd)
     _note("sync", path, True)
 
 
@@ -86,6 +101,12 @@ def sync_range(buf: mmap.mmap, path: str, start: int, end: int) -> None:
     end = min(end, len(buf))
     _note("range", path, False, (first, end))
     buf.flush(first, end - first)
+    if sys.platform == "darwin":  # (msync there, as fsync, stops short of the drive's cache)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _flush(fd)
+        finally:
+            os.close(fd)
     _note("range", path, True, (first, end))
 
 
@@ -96,7 +117,7 @@ def sync_data(fd: int, path: str, start: int, end: int) -> None:
     if end <= start:
         return
     _note("range", path, False, (start, end))
-    (getattr(os, "fdatasync", None) or os.fsync)(fd)
+    _flush(fd)
     _note("range", path, True, (start, end))
 
 
@@ -105,7 +126,10 @@ def sync_dir(path: str) -> None:
     _note("syncdir", path, False)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        if sys.platform == "darwin":
+            _flush(fd)
+        else:
+            os.fsync(fd)
     except OSError as exc:  # some filesystems refuse fsync on a directory: their entries are durable
         if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
             raise

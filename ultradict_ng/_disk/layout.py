@@ -178,9 +178,10 @@ segment and overwrite each other's files.  Opening refuses a directory whose
 filesystem is NFS, CIFS/SMB or another network filesystem
 (``NETWORK_FILESYSTEMS``, found in Linux's mount table).  Users must share
 the machine's shared memory (one container or IPC namespace), as for a dict
-in shared memory.  A read-only ``DIR`` is refused at open.  Linux is tested;
-macOS has ``flock`` and ``msync`` but ``fsync`` there does not flush the
-drive's cache (``F_FULLFSYNC`` would), so ``"always"`` promises less; Windows is not supported.
+in shared memory.  A read-only ``DIR`` is refused at open.  Linux is tested.
+On macOS every sync above is ``F_FULLFSYNC`` (its ``fsync`` and ``msync``
+leave the data in the drive's cache), as SQLite's ``fullfsync`` and LMDB do
+there; that path is not tested here.  Windows is not supported.
 
 Changing the layout
 ===================
