@@ -24,7 +24,6 @@ from tests import torture_workers
 from tests.conftest import SOAK_SECONDS, unique_name
 from ultradict_ng import SharedDict, speedups
 from ultradict_ng import layout as L
-from ultradict_ng.cache import SharedCache
 
 spawn = multiprocessing.get_context("spawn")
 SECONDS = SOAK_SECONDS or 4.0
@@ -36,7 +35,7 @@ SECONDS = SOAK_SECONDS or 4.0
 BALLAST = 200_000 if speedups.IMPLEMENTATION == "native" else 20_000
 
 
-@pytest.mark.parametrize("stream", ["1KiB", "growing", "blobs", "big", "redis"])
+@pytest.mark.parametrize("stream", ["1KiB", "growing", "blobs", "big", "redis", "files"])
 def test_torture(name, stream, request, monkeypatch):
     """``1KiB``: a fixed tiny stream, so dumps are constant.  ``growing``: the
     default stream, with occasional values large enough that dumps outgrow it,
@@ -49,16 +48,20 @@ def test_torture(name, stream, request, monkeypatch):
     200,000 rows (BALLAST) that nobody writes, with a 16 KiB stream (a dump every hundred or so
     writes): readers read every dump in place (a TableCache) and check
     subtrees, random rows, absent keys and ``len``, and a whole copy every 25th pass;
-    one of them keeps at most 64 rows decoded (``max_decoded``)."""
+    one of them keeps at most 64 rows decoded (``max_decoded``).  ``files``: the
+    1 KiB variant on a dict kept in files (``sync="interval"``: every process's
+    flusher syncing while the others write, and every dump a checkpoint)."""
     writers, readers = 3, 2
     if stream == "redis":
         monkeypatch.setenv("ULTRADICT_NG_BACKEND", request.getfixturevalue("redis_url"))
     growing, arrays, big = stream == "growing", stream == "blobs", stream == "big"
     if arrays:
         pytest.importorskip("numpy")
-    d = SharedDict(
+    if stream == "files":
+        name = request.getfixturevalue("durable_dir")
+    d = torture_workers.open_dict(
+        name,
         {f"b{i:06d}": torture_workers.ballast_row(i) for i in range(BALLAST)} if big else {},
-        name=name,
         recurse=True,
         buffer_size=None if growing else 16 * 1024 if big else 1024,
         blob_threshold=1024 if arrays else (0 if growing else None),
@@ -121,6 +124,8 @@ def test_torture(name, stream, request, monkeypatch):
         f"{writers} writers, {readers} readers, {elapsed:.1f}s: {ops} writes ({ops / elapsed:,.0f}/s), "
         f"{passes} checked reader passes, {dumps} dumps, 0 errors"
     )
+    if stream == "files":
+        d.unlink()
     d.close()
 
 
@@ -188,8 +193,8 @@ CACHE_BOUNDS = {
 CACHE_SECONDS = SOAK_SECONDS or 3.0
 
 
-@pytest.mark.parametrize("variant", sorted(CACHE_BOUNDS))
-def test_cache_torture(name, variant):
+@pytest.mark.parametrize("variant", [*sorted(CACHE_BOUNDS), "kills-files"])
+def test_cache_torture(name, variant, tmp_path):
     """A SharedCache always full (96 keys, bound 48 entries or 3,000 bytes): 3 writer
     and 2 reader spawned processes (torture_workers: "the shared cache").  Readers
     check every value (whole, this key's, never read after its expiry nor when
@@ -197,14 +202,18 @@ def test_cache_torture(name, variant):
     bounds, and every 64 passes, under the lock, the side segment against the
     entries (no leaked slot, exact bytes).  ``kills``: meanwhile victim writers are
     SIGKILLed at random instants; they may leak a slot each until a rebuild, never
-    break a bound.  At the end: exact counters (the writers' own, and the total in a
-    second, unbounded cache that all of them incr), the bounds, the side segment
-    exact after ``expire()`` (a rebuild), every live value whole.  (Victims die
+    break a bound (``kills-files``: the same on caches kept in files).  At the
+    end: exact counters (the writers' own, and the total in a second, unbounded
+    cache that all of them incr), the bounds, the side segment exact after
+    ``expire()`` (a rebuild), every live value whole.  (Victims die
     inside set_many and delete_many too: 6cbd1d0's batch word.)"""
     writers, readers = 3, 2
     total_name = unique_name()
-    c = SharedCache(name, buffer_size=4096, **CACHE_BOUNDS[variant])
-    totals = SharedCache(total_name)
+    label = variant
+    if variant == "kills-files":  # the same, both caches kept in files
+        variant, name, total_name = "kills", str(tmp_path / "cache"), str(tmp_path / "totals")
+    c = torture_workers.open_cache(name, buffer_size=4096, **CACHE_BOUNDS[variant])
+    totals = torture_workers.open_cache(total_name)
     results = spawn.Queue()
     procs = [
         spawn.Process(target=torture_workers.cache_writer, args=(name, total_name, w, CACHE_SECONDS, results))
@@ -274,7 +283,7 @@ def test_cache_torture(name, variant):
         s = c.stats()
         assert passes > 0 and s["evictions"] > 0 and s["expirations"] > 0
         print(
-            f"\ncache torture ({variant}), {elapsed:.1f}s: {ops} writes by {writers} writers "
+            f"\ncache torture ({label}), {elapsed:.1f}s: {ops} writes by {writers} writers "
             f"({ops / elapsed:,.0f}/s), {passes} checked reader passes, {s['evictions']} evictions, "
             f"{s['expirations']} expirations, {kills} victims SIGKILLed ({leaked} slots leaked), "
             f"{len(stalls)} stalled writes ({len(reads)} reads excused), 0 errors"

@@ -4,6 +4,9 @@ Writer ``wid`` owns the nested subtree ``d["w<wid>"]`` and mutates it with every
 kind of operation while keeping a plain-dict model of it; a sequence number
 ``seq`` in the subtree only grows.  Readers check every snapshot they see:
 values well-formed, no ``seq`` going back in time, iteration never raising.
+
+A dict or cache is named by ``name``, or kept in files when ``name`` is a
+path (it holds a ``/``): :func:`open_dict` and :func:`open_cache` open either.
 """
 
 from __future__ import annotations
@@ -16,6 +19,19 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from ultradict_ng import SharedDict
+from ultradict_ng.cache import SharedCache
+
+
+def open_dict(where: str, *initial: Any, **options: Any) -> SharedDict:
+    """The dict named ``where``, or kept in the directory ``where``."""
+    if os.sep in where:
+        return SharedDict(*initial, path=where, **options)
+    return SharedDict(*initial, name=where, **options)
+
+
+def open_cache(where: str, **options: Any) -> SharedCache:
+    """The cache named ``where``, or kept in the directory ``where``."""
+    return SharedCache(path=where, **options) if os.sep in where else SharedCache(where, **options)
 
 
 def k_value(i: int) -> list[Any]:
@@ -52,7 +68,7 @@ def writer(
     name: str, wid: int, seconds: float, results: Any, huge: bool = False, arrays: bool = False
 ) -> None:
     rng = random.Random(wid)
-    d = SharedDict(name=name, create=False)
+    d = open_dict(name, create=False)
     sub = d[f"w{wid}"]
     model: dict[str, Any] = {}
     seq = ops = increments = 0
@@ -145,7 +161,7 @@ def check_subtree(wid: int, sub: Any, last_seq: dict[int, int]) -> None:
 
 
 def reader(name: str, writers: int, seconds: float, results: Any) -> None:
-    d = SharedDict(name=name, create=False)
+    d = open_dict(name, create=False)
     last_seq: dict[int, int] = {}
     passes = 0
     errors: list[str] = []
@@ -195,7 +211,7 @@ def big_reader(
     keeping at most ``max_decoded`` rows decoded (dropping the older ones
     while records and dumps arrive)."""
     rng = random.Random()
-    d = SharedDict(name=name, create=False, max_decoded=max_decoded)
+    d = open_dict(name, create=False, max_decoded=max_decoded)
     last_seq: dict[int, int] = {}
     passes = in_place = 0
     errors: list[str] = []
@@ -251,7 +267,7 @@ def apply_change(replica: dict[str, Any], ch: Any) -> None:
 def feed_follower(name: str, ready: Any, results: Any) -> None:
     """Follow the writers through ``changes()`` onto a replica until the test sets
     ``done``; the replica must then equal the dict."""
-    d = SharedDict(name=name, create=False)
+    d = open_dict(name, create=False)
     replica = d.copy()  # the feed starts at the state this handle last saw
     it = d.changes(timeout=60)
     ready.put("feed")
@@ -283,7 +299,7 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
     from ultradict_ng import layout as L
 
     L.WAIT_SLICE = 60.0  # only a wake-up ends a sleep in time
-    d = SharedDict(name=name, create=False)
+    d = open_dict(name, create=False)
     last_seq: dict[int, int] = {}
     wakes = 0
     errors: list[str] = []
@@ -360,12 +376,11 @@ def cache_writer(
     instant (it never touches the total).  Own counter ``n<wid>``: incremented from
     the exact value this writer keeps (``default`` restores it after an eviction),
     so it only grows."""
-    from ultradict_ng.cache import SharedCache
 
     victim = results is None
     rng = random.Random(os.getpid() if victim else wid)
-    c = SharedCache(name, create=False)
-    totals = SharedCache(total_name, create=False)
+    c = open_cache(name, create=False)
+    totals = open_cache(total_name, create=False)
     mine = increments = seq = ops = 0
     stalls: list[Any] = []  # (wid, seq) of values whose write took longer than CACHE_MARGIN
     errors: list[str] = []
@@ -509,11 +524,10 @@ def cache_reader(name: str, total_name: str, writers: int, seconds: float, exact
     """Reads all the time; every read checked (``check_cache_value``), counters
     never go back, ``len`` and stats within the bounds; every 64 passes, under the
     lock, the bytes bound exactly and ``check_side`` (with ``exact``: no leaks)."""
-    from ultradict_ng.cache import SharedCache
 
     rng = random.Random()
-    c = SharedCache(name, create=False)
-    totals = SharedCache(total_name, create=False)
+    c = open_cache(name, create=False)
+    totals = open_cache(total_name, create=False)
     maxsize, maxbytes = c.maxsize, c.maxbytes
     last: dict[str, int] = {}
     errors: list[Any] = []

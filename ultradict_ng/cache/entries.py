@@ -71,6 +71,8 @@ class Entries:
     _pool_age: int
     _size_codec: Any
     _lock: Any
+    #: The store's ``before_side_change`` (shm/writer.py), bound once.
+    _side_change: Callable[[], None]
     name: Any
     #: Inside this handle's set_many/delete_many (cache_layout, "Crashes").
     _in_batch = False
@@ -211,7 +213,7 @@ class Entries:
         True if it did.  Every write checks this first, under the lock (and,
         kept in files, removes a pending ``clean`` before the side changes)."""
         w = self._side.words
-        self._d._store.before_side_change()  # (a cache kept in files: _disk/layout.py, "Cache side file")
+        self._side_change()  # (a cache kept in files: _disk/layout.py, "Cache side file")
         if not w[_W_BATCH] or self._in_batch:
             return False
         self._rebuild()

@@ -14,10 +14,11 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from time import time as _now
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from .. import cache_layout as C
 from .._codec.codec import codec_for
+from .._shm.store import Store
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
 from .entries import Entries, slot_of
@@ -147,6 +148,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         self._recency = side.recency if side.nslots else None
         self._dget = d.get
         self._lock = d.lock
+        self._side_change = cast(Store, d._store).before_side_change
         self._pool: Optional[list[Any]] = None
         self._pool_age = 0
         # ``get`` is this handle's CacheGet (speedups: compiled, or the twin
