@@ -81,6 +81,27 @@ def audit_side(cache: Any) -> str:
     return ""
 
 
+def _contents(directory: str, cache: bool) -> str:
+    """What the dict (or cache) kept in ``directory`` opens as, or ``ERROR ...``;
+    then it is removed."""
+    from ultradict_ng.cache import SharedCache
+
+    try:
+        d: Any = (SharedCache if cache else SharedDict)(path=directory, create=False)
+    except Exception as exc:
+        return f"ERROR {exc!r}"
+    try:
+        if not cache:
+            return repr(plain(d))
+        problem = audit_side(d)
+        return f"ERROR side: {problem}" if problem else repr(cache_state(d))
+    except Exception as exc:
+        return f"ERROR {exc!r}"
+    finally:
+        d.unlink()
+        d.close()
+
+
 def write(path: str, start: int, count: int, transactional: bool) -> None:
     d = SharedDict(path=path, create=False)
     for i in range(start, start + count):
@@ -117,37 +138,9 @@ def main() -> None:
         shown = {k: bytes(v).hex() if isinstance(v, raw) else v for k, v in contents.items()}
         print(json.dumps(shown), flush=True)
         d.close()
-    elif command == "contents":
+    elif command in ("contents", "cache-contents"):
         for directory in sys.argv[2:]:
-            try:
-                d = SharedDict(path=directory, create=False)
-            except Exception as exc:
-                print(directory, "ERROR", repr(exc), flush=True)
-                continue
-            try:
-                print(directory, repr(plain(d)), flush=True)
-            except Exception as exc:
-                print(directory, "ERROR", repr(exc), flush=True)
-            finally:
-                d.unlink()
-                d.close()
-    elif command == "cache-contents":
-        from ultradict_ng.cache import SharedCache
-
-        for directory in sys.argv[2:]:
-            try:
-                c = SharedCache(path=directory, create=False)
-            except Exception as exc:
-                print(directory, "ERROR", repr(exc), flush=True)
-                continue
-            try:
-                problem = audit_side(c)
-                print(directory, f"ERROR side: {problem}" if problem else repr(cache_state(c)), flush=True)
-            except Exception as exc:
-                print(directory, "ERROR", repr(exc), flush=True)
-            finally:
-                c.unlink()
-                c.close()
+            print(directory, _contents(directory, command == "cache-contents"), flush=True)
     else:
         raise SystemExit(f"unknown command {command!r}")
 

@@ -99,25 +99,31 @@ def run_workload(
     return disk.images, models, start
 
 
+def open_images(base: Any, tag: str, images: list[Any], command: str) -> tuple[list[str], dict[str, str]]:
+    """Write each disk state to a directory and open them all in one fresh
+    process (tests/durable_workers.py ``command``): the directories, and what
+    each opened as."""
+    dirs = []
+    for i, image in enumerate(images):
+        dirs.append(str(base / f"{tag}{i}"))
+        image.write(dirs[-1])
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.durable_workers", command, *dirs],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    return dirs, dict(line.split(" ", 1) for line in out.stdout.splitlines())
+
+
 def check_images(
     base: Any, tag: str, images: list[Any], models: list[Any], sync: str, what: str
 ) -> list[str]:
     """Open every disk state in one fresh process; each must be the model after a
     prefix of the acknowledged steps (``always``: all of them but one in flight).
     Returns the directories of the states that hold a dict."""
-    dirs = []
-    for i, image in enumerate(images):
-        where = str(base / f"{tag}{i}")
-        image.write(where)
-        dirs.append(where)
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.durable_workers", "contents", *dirs],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    dirs, lines = open_images(base, tag, images, "contents")
     canon = [repr(plain(m)) for m in models]
     whole = []
     for where, image in zip(dirs, images):
@@ -283,18 +289,7 @@ def test_every_power_loss_leaves_a_cache_whole(tmp_path_factory, steps, sync, bo
     path = str(base / "cache")
     os.makedirs(path)
     images, states = run_cache_workload(path, steps, sync, seed, bounds)
-    dirs = []
-    for i, image in enumerate(images):
-        dirs.append(str(base / f"image{i}"))
-        image.write(dirs[-1])
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.durable_workers", "cache-contents", *dirs],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    dirs, lines = open_images(base, "image", images, "cache-contents")
     for where, image in zip(dirs, images):
         got = lines[where]
         if "dict.meta" not in image.files:
