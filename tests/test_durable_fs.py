@@ -107,3 +107,26 @@ def test_a_power_cut_keeps_every_acknowledged_write(tmp_path):
         d = SharedDict(path=path, create=False)
         d.unlink()
         d.close()
+
+
+def test_a_cache_on_a_full_disk_is_refused_and_leaves_nothing(tmp_path):
+    """Its side file cannot be made: OutOfSpace, no cache (nor a half-made
+    side file) left; with room made, the same directory makes a cache."""
+    from ultradict_ng.cache import SharedCache
+
+    with mounted(str(tmp_path / "small"), "-t", "tmpfs", "-o", "size=1m", "tmpfs") as mnt:
+        path = os.path.join(mnt, "cache")
+        SharedDict(path=path, buffer_size=16 << 10).close()  # the dict fits ...
+        ballast = os.path.join(mnt, "ballast")
+        with open(ballast, "wb", buffering=0) as f:  # ... then the disk fills up
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(bytes(64 << 10))
+        with pytest.raises(OutOfSpace):
+            SharedCache(path=path, maxsize=100_000)  # (a side file of 2.6 MiB)
+        assert sorted(os.listdir(path)) == ["clean", "dict.meta", "lock", "stream"]
+        os.unlink(ballast)
+        c = SharedCache(path=path, maxsize=1000)
+        c["k"] = 1
+        c.unlink()
+        c.close()

@@ -218,7 +218,9 @@ class Segment:
             buf = mmap.mmap(fd, size)
         except BaseException as exc:
             _abandon(name, fd)
-            _raise_if_full(exc, f"no room in shared memory for segment {name!r} ({size} bytes)")
+            path = file_of(name)
+            where = f"on the disk for {path}" if path else f"in shared memory for segment {name!r}"
+            _raise_if_full(exc, f"no room {where} ({size} bytes)")
             raise
         os.close(fd)  # the mapping keeps its own reference
         return cls(name, size, buf)

@@ -69,13 +69,20 @@ def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None
             return
         state = mapping.atomic.load(L.W_STATE)
         stream = mapping.stream
-        if stream is not None and stream.buf is not None:
-            files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)
-        files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
-        files.write_whole(
-            os.path.join(directory, D.CLEAN_FILE),
-            clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),
-        )
+        try:
+            if stream is not None and stream.buf is not None:
+                files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)
+            files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
+            files.write_whole(
+                os.path.join(directory, D.CLEAN_FILE),
+                clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),
+            )
+        except OSError as exc:  # (a full disk, an I/O error): no clean file, so the next open recovers
+            log.warning(
+                "ultradict_ng: closing %s: no clean close recorded (%s); the next open recovers",
+                directory,
+                exc,
+            )
 
 
 def _remove_control(name: str, token: int) -> int:
