@@ -47,7 +47,9 @@ class _Impl:
         for name in (
             "ProcessState",
             "parse_records",
+            "scan_stream",
             "apply_sets",
+            "apply_simple",
             "types_within",
             "contains_type",
             "msgpack_length",
@@ -175,7 +177,9 @@ def test_speedups_exports_one_implementation():
         "StoreBase",
         "ViewBase",
         "parse_records",
+        "scan_stream",
         "apply_sets",
+        "apply_simple",
         "types_within",
         "contains_type",
         "msgpack_length",
@@ -1106,6 +1110,86 @@ def test_parse_records_checks_every_record(impl):
     assert "checksum" in impl.parse_records(bytes(damaged), 3, 0)
 
 
+def _stream_of_units(units, tag=3, size=1024):
+    """A stream buffer of ``units`` (each a list of payloads: one is a whole
+    write, more a transaction, its unit words as the writer makes them) and
+    the offsets where each unit ends."""
+    buf = bytearray(size)
+    words = fallback.BoundWords(buf)
+    pos, ends = 0, []
+    try:
+        for payloads in units:
+            first = pos
+            for i, payload in enumerate(payloads):
+                unit = (pos - first) << L.UNIT_BACK_SHIFT | (L.UNIT_LAST if i == len(payloads) - 1 else 0)
+                pos = words.write_record(pos, tag, payload, unit)
+            ends.append(pos)
+    finally:
+        words.release()
+    return buf, ends
+
+
+def _scans(buf, tag):
+    """scan_stream of every implementation on ``buf``: one answer, or the test fails."""
+    got = {name: mod.scan_stream(buf, tag) for name, mod in (("twin", fallback), ("native", native)) if mod}
+    assert len(set(got.values())) == 1, got
+    return got["twin"]
+
+
+def test_scan_stream_finds_the_whole_units_and_why_it_stopped():
+    """Recovery's scan (_disk/layout.py, step 4c), compiled and twin alike, on
+    a stream whole, torn, zeroed, damaged, of another generation, with a unit
+    word that does not fit, and with a transaction that never ended."""
+    one = MSGPACK.dumps([L.OP_SET, [], "k", 1])
+    buf, ends = _stream_of_units([[one], [one, one + b"x", one], [one]])
+    assert _scans(buf, 3) == (ends[2], 3, "zeros")
+    assert _scans(bytes(buf[: ends[2]]), 3) == (ends[2], 3, "")  # the buffer's end, exactly
+    assert _scans(bytes(buf[: ends[2] + 5]), 3) == (ends[2], 3, "the file's end")  # a torn header
+    assert _scans(bytes(buf[: ends[2] - 1]), 3) == (ends[1], 2, "a record running past the file")
+    assert _scans(bytes(buf[: ends[1] - 1]), 3) == (ends[0], 1, "a record running past the file")
+    assert _scans(buf, 4) == (0, 0, "a record of another generation")
+    assert _scans(buf, 3 + 2**32) == (0, 0, "a record of another generation")  # (a masked tag only)
+    assert _scans(bytearray(64), 3) == (0, 0, "zeros")
+    assert _scans(b"", 3) == (0, 0, "")
+    for cut in range(ends[0] + 1, ends[1]):  # inside the transaction: back to its start
+        assert _scans(buf[:cut] + bytes(len(buf) - cut), 3)[:2] == (ends[0], 1)
+    damaged = bytearray(buf)
+    damaged[ends[0] + 20] ^= 1  # the transaction's first payload
+    assert _scans(damaged, 3) == (ends[0], 1, "a record failing its checksum")
+    older, _ = _stream_of_units([[one]] * 6, tag=2)  # a checkpoint's new stream over an older one
+    newer = bytearray(older)
+    newer[: ends[2]] = buf[: ends[2]]
+    assert _scans(newer, 3)[0] == ends[2]
+    assert _scans(newer, 3)[2] in ("a record of another generation", "a record failing its checksum")
+    # Unit words: a transaction's record must give its offset from the first one.
+    # (The crc does not cover the unit word: only the unit rule stops these.)
+    bad, bends = _stream_of_units([[one], [one]])
+    struct.pack_into("<I", bad, bends[0] + 12, 4 << L.UNIT_BACK_SHIFT | L.UNIT_LAST)
+    assert _scans(bad, 3) == (bends[0], 1, "a record not of the unit before it")
+    open_tx, oends = _stream_of_units([[one], [one, one]])
+    last = oends[1] - len(one) - L.RECORD_HEADER  # the transaction's last record, made not last
+    struct.pack_into("<I", open_tx, last + 12, (last - oends[0]) << L.UNIT_BACK_SHIFT)
+    assert _scans(open_tx, 3) == (oends[0], 1, "zeros")
+    assert _scans(bytes(open_tx[: oends[1]]), 3) == (oends[0], 1, "a transaction's records without its last")
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=3), max_size=8),
+    st.lists(st.tuples(st.integers(min_value=0, max_value=1535), st.integers(min_value=0, max_value=255))),
+    st.integers(min_value=0, max_value=1536),
+    st.sampled_from([3, 4]),
+)
+def test_scan_stream_twins_agree_on_damaged_streams(units, flips, cut, tag):
+    """Any stream, with any bytes changed and cut anywhere: compiled and twin
+    give the same end, units and reason (_scans fails otherwise)."""
+    buf, _ = _stream_of_units(units, size=1536)
+    for at, value in flips:
+        buf[at] = value
+    _scans(bytes(buf[:cut]), tag)
+    _scans(buf, tag)
+
+
 @given(st.lists(st.lists(scalars, min_size=1, max_size=3), min_size=0, max_size=40))
 def test_loads_many_is_loads_of_each(records):
     payloads = [MSGPACK.dumps([L.OP_SET, [], i, r]) for i, r in enumerate(records)]
@@ -1149,6 +1233,82 @@ def test_apply_sets_applies_the_leading_simple_sets(impl):
     assert data == {"a": 1, 2: [1], "b": 2}
     assert impl.apply_sets(data, [[2**70, [], "x", 1]], 0, L.OP_SET, keys) == 0  # no OverflowError
     assert impl.apply_sets(data, [(L.OP_SET, [], "t", 1), [L.OP_SET, (), "t", 1]], 0, L.OP_SET, keys) == 0
+
+
+def _applied_simply(payloads):
+    """apply_simple of every implementation on ``payloads``: one answer
+    (index and dict, key order and value types included), or the test fails."""
+    got = []
+    for mod in (fallback, native):
+        if mod is not None:
+            data = {"old": 0}
+            got.append((mod.apply_simple(data, list(payloads), 0, L.OP_SET), repr(list(data.items()))))
+    assert len(set(got)) == 1, got
+    return got[0][0]
+
+
+def _decoded_then_applied(payloads):
+    """What the reader's general path makes of ``payloads``: decoded, then apply_all."""
+    data = {"old": 0}
+    record.apply_all(data, MSGPACK.loads_many(list(payloads), True))
+    return repr(list(data.items()))
+
+
+def test_apply_simple_applies_the_leading_root_sets_of_rows():
+    """A replay's records straight from their payloads: root-level sets of a
+    scalar key to a scalar or a tuple of scalars; it stops at anything else
+    (the caller decodes the rest) and never applies what it cannot decode
+    exactly as the codec does."""
+    row = MSGPACK.dumps([L.OP_SET, [], "a", (1, "x", 0.5)])
+    stops = [
+        MSGPACK.dumps([L.OP_SET, [], "b", [1]]),  # a list: not a row
+        MSGPACK.dumps([L.OP_SET, ["n"], "x", 1]),  # a nested path
+        MSGPACK.dumps([L.OP_SET, [], (1,), 2]),  # a tuple key
+        MSGPACK.dumps([L.OP_DEL, [], "a"]),
+        MSGPACK.dumps([L.OP_SET, [], "c", ((1,),)]),  # a tuple of a tuple
+        MSGPACK.dumps([L.OP_SET, [], "d", 1]) + b"\xc0",  # trailing bytes
+        MSGPACK.dumps([L.OP_SET, [], "d", 1])[:-1],  # cut short
+        b"\x94\x01\x90\xa2\xff\xfe\x01",  # a key that is not UTF-8
+        b"\x94\x01\x90\xd6\xff\x00\x00\x00\x01\x01",  # a Timestamp key
+        b"\x94\x01\x90\xa1d\xd6\xff\x00\x00\x00\x01",  # a Timestamp value
+        b"\x94\x01\x91\xa1n\xa1d\x01",  # a path
+        b"\x93\x01\x90\xa1d",  # three items
+    ]
+    for stop in stops:
+        assert _applied_simply([row, row, stop, row]) == 2, stop
+    assert _applied_simply([row, stops[0]]) == 1
+    assert _applied_simply([]) == 0
+    for mod in (fallback, native):
+        if mod is not None:
+            data = {}
+            assert mod.apply_simple(data, [row, row], 1, L.OP_SET) == 2 and data == {"a": (1, "x", 0.5)}
+            assert mod.apply_simple(data, [row], 0, 200) == 0  # (no op of this form)
+            assert mod.apply_simple(data, [bytearray(row)], 0, L.OP_SET) == 0
+            with pytest.raises(TypeError):
+                mod.apply_simple([], [row], 0, L.OP_SET)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.one_of(scalars, not_simple), st.one_of(scalars, not_simple)), max_size=12))
+def test_apply_simple_is_the_decode_and_apply_all(pairs):
+    """What apply_simple applies, and then the general path applies from where
+    it stopped, is what the general path alone makes -- on every implementation."""
+    payloads = []
+    for key, value in pairs:
+        try:
+            payloads.append(MSGPACK.encode_record(record.set_([], key, value))[0])
+        except Exception:
+            continue  # (what the codec cannot encode never reaches a stream)
+    try:
+        whole = _decoded_then_applied(payloads)
+    except Exception:
+        return  # (unhashable keys: a record the reader reports; apply_simple stops before them)
+    done = _applied_simply(payloads)
+    data = {"old": 0}
+    native_or_twin = native if native is not None else fallback
+    native_or_twin.apply_simple(data, payloads, 0, L.OP_SET)
+    record.apply_all(data, MSGPACK.loads_many(payloads[done:], True))
+    assert repr(list(data.items())) == whole
 
 
 # -- the codec's type scans ----------------------------------------------------------

@@ -3,7 +3,8 @@
 Every hot primitive -- atomic words, record writing and futex waits (``Words``), the
 lock's per-process state (``ProcessState``), the bases carrying the read hit path
 (``StoreBase``, ``ViewBase``, and ``CacheGet`` for the shared cache), the reader's
-record checks and replay (``parse_records``, ``apply_sets``) and the codec's type
+record checks and replay (``parse_records``, ``apply_sets``, ``apply_simple``), recovery's
+scan of a stream file (``scan_stream``) and the codec's type
 scans (``types_within``, ``contains_type``) and its packers of big dicts
 (``pack_map``, ``pack_pairs``) and its decoder of their values (``unpack_simple``,
 ``tuple_hook``, ``table_rows``) -- is imported from here, and only
@@ -53,7 +54,9 @@ __all__ = [
     "CacheGet",
     "TableCacheBase",
     "parse_records",
+    "scan_stream",
     "apply_sets",
+    "apply_simple",
     "types_within",
     "contains_type",
     "msgpack_length",
@@ -157,6 +160,7 @@ if IMPLEMENTATION == "native":
         ViewBase,
         Words,
         apply_sets,
+        apply_simple,
         contains_type,
         crc32,
         first_to_export,
@@ -165,6 +169,7 @@ if IMPLEMENTATION == "native":
         pack_map,
         pack_pairs,
         parse_records,
+        scan_stream,
         set_immutable_types,
         set_root_write,
         table_candidates,
@@ -188,6 +193,7 @@ else:
         TableCacheBase,
         ViewBase,
         apply_sets,
+        apply_simple,
         contains_type,
         crc32,
         first_to_export,
@@ -196,6 +202,7 @@ else:
         pack_map,
         pack_pairs,
         parse_records,
+        scan_stream,
         set_immutable_types,
         set_root_write,
         table_candidates,

@@ -205,10 +205,16 @@ def sync_path(path: str) -> bool:
     return True
 
 
-def read_whole(path: str, limit: int = 1 << 20) -> bytes:
-    """The first ``limit`` bytes of ``path`` (``FileNotFoundError`` if absent)."""
-    with open(path, "rb") as f:
-        return f.read(limit)
+def read_whole(path: str, limit: int) -> bytes:
+    """The first ``limit`` bytes of the small file ``path`` (``FileNotFoundError``
+    if absent): one ``open``, one ``read``, one ``close``.  (A buffered
+    ``open`` adds an ``fstat`` and an ``ioctl``, and its ``read`` allocates
+    ``limit`` bytes first: 40 us of a reopen's ~500 for a 1 MiB limit.)"""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

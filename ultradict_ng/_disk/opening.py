@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import stat
 from typing import Any, Optional, cast
 
 from .. import _segments as segments
@@ -53,35 +54,40 @@ def control_of(directory: str) -> str:
     return D.control_name(st.st_dev, st.st_ino)
 
 
-def _check_directory(directory: str, create: Optional[bool]) -> str:
-    """The directory's absolute path, made if missing and allowed; its problems as errors."""
+def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.stat_result]:
+    """The directory's absolute path and its ``stat``, made if missing and
+    allowed; its problems as errors.  (One ``stat`` answers "a directory?",
+    the filesystem's device and the control segment's name: a reopen's
+    work is mostly such calls.)"""
     directory = os.path.abspath(os.fspath(directory))
-    if not os.path.isdir(directory):
-        if os.path.exists(directory):
-            raise NotADict(f"{directory!r} is not a directory")
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
         if create is False:
-            raise NotFound(f"no dict is kept in {directory!r}: it does not exist")
+            raise NotFound(f"no dict is kept in {directory!r}: it does not exist") from None
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADict(f"{directory!r} is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise PermissionError(
             errno.EACCES, f"a dict kept in files needs a writable directory; {directory!r} is not", directory
         )
-    kind = _network_filesystem(directory)
+    kind = _network_filesystem(directory, st.st_dev)
     if kind is not None:
         raise NotADict(
             f"{directory!r} is on a network filesystem ({kind}): processes on other machines could not "
             "share its lock and control segment, so a dict is not kept there"
         )
-    return directory
+    return directory, st
 
 
 #: Devices already found local in this process (the mount table read once per filesystem).
 _LOCAL_DEVICES: set[int] = set()
 
 
-def _network_filesystem(directory: str) -> Optional[str]:
-    """The name of the network filesystem ``directory`` is on (Linux), else None."""
-    device = os.stat(directory).st_dev
+def _network_filesystem(directory: str, device: int) -> Optional[str]:
+    """The name of the network filesystem ``directory`` (on ``device``) is on (Linux), else None."""
     if device in _LOCAL_DEVICES:
         return None
     kind = _mounted_kind(directory)
@@ -109,10 +115,14 @@ def _mounted_kind(directory: str) -> Optional[str]:
     return kind if kind.split(".")[0] in D.NETWORK_FILESYSTEMS else None
 
 
+#: The most bytes of ``dict.meta`` read: a dict's is ~300 (a longer file is garbled).
+_META_LIMIT = 1 << 16
+
+
 def _read_meta(directory: str) -> Optional[dict[str, Any]]:
     path = os.path.join(directory, D.META_FILE)
     try:
-        raw = files.read_whole(path)
+        raw = files.read_whole(path, _META_LIMIT)
     except FileNotFoundError:
         return None
     try:
@@ -157,10 +167,10 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         raise ValueError("a dict kept in files is never removed automatically: auto_unlink= is not for path=")
     check_sync(options.sync, options.sync_interval)
     validate_options(options)
-    directory = _check_directory(path, create)
+    directory, st = _check_directory(path, create)
     if not os.path.exists(os.path.join(directory, D.META_FILE)):
         _refuse_foreign(directory)  # (before the lock file is made: a refusal changes nothing)
-    base = control_of(directory)
+    base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
     segments.register_directory(base, directory)
     with files.directory_lock(directory, D.LOCK_FILE):
         meta = _read_meta(directory)

@@ -45,8 +45,11 @@
  *   msgpack_length      the length of one msgpack object (framing check).
  *   parse_records       the reader's validation of copied stream bytes
  *                       (layout.py, reader step 4) in one call.
+ *   scan_stream         recovery's scan of a stream file for its whole units
+ *                       (_disk/layout.py, step 4c) in one call.
  *   contains_type       the codec's walk for foreign Timestamps after decoding.
- *   apply_sets          record.apply_all's runs of root-level scalar sets.
+ *   apply_sets          record.apply_all's runs of root-level scalar sets;
+ *   apply_simple        the same straight from their payloads (a replay).
  *   key_hash_common     (keyhash.c) a shared table's key hash for common types.
  *   table_get,          (table.c) the probe of a shared table: by a str or
  *   table_candidates    bytes key, or the entries of one full hash;
@@ -2536,6 +2539,73 @@ native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 
+/* scan_stream(buffer, tag) -> (end, units, stopped): recovery's scan of a
+ * stream file (_disk/layout.py, "Opening and recovery", step 4c) -- the
+ * records from offset 0 carrying `tag`, each within the buffer, with a
+ * right crc and a unit word matching its offset in its unit -- and where
+ * the last whole unit ends, how many whole units precede it, and why the
+ * scan stopped ("" at the buffer's end; the reasons are _helper/streamscan.py's,
+ * word for word).  Why compiled: the twin's loop costs ~1.5 us a record, two
+ * seconds for a full 64 MiB stream, a third of a recovery.  Each header is
+ * read once into locals, so bytes changing under the scan cannot make it
+ * read outside the buffer; the GIL is released (no Python object is touched
+ * and the buffer export keeps the mapping alive). */
+static PyObject *
+native_scan_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_stream(buffer, tag)");
+        return NULL;
+    }
+    uint64_t tag;
+    if (!u64_arg(args[1], &tag))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)b.buf;
+    Py_ssize_t size = b.len, pos = 0, start = 0, end = 0, units = 0;
+    const char *stopped = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    while (size - pos >= 16) {
+        uint32_t length = get_u32le(p + pos), rtag = get_u32le(p + pos + 4);
+        uint32_t crc = get_u32le(p + pos + 8), unit = get_u32le(p + pos + 12);
+        if (!(length | rtag | crc | unit)) {
+            stopped = "zeros";
+            break;
+        }
+        if ((uint64_t)rtag != tag) {
+            stopped = "a record of another generation";
+            break;
+        }
+        if ((Py_ssize_t)length > size - pos - 16) {
+            stopped = "a record running past the file";
+            break;
+        }
+        Py_ssize_t body = pos + 16;
+        if (crc_update(crc_update(0, p + pos, 8), p + body, length) != crc) {
+            stopped = "a record failing its checksum";
+            break;
+        }
+        if ((uint64_t)(unit >> 1) != (uint64_t)(pos - start)) {  /* UNIT_BACK_SHIFT */
+            stopped = "a record not of the unit before it";
+            break;
+        }
+        pos = body + (Py_ssize_t)length;
+        if (unit & 1) {  /* UNIT_LAST */
+            end = start = pos;
+            units++;
+        }
+    }
+    if (stopped == NULL && pos < size)
+        stopped = "the file's end";
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (stopped == NULL && start != pos)
+        stopped = "a transaction's records without its last";
+    return Py_BuildValue("nns", end, units, stopped == NULL ? "" : stopped);
+}
+
 /* contains_type(obj, type, max_depth) -> bool: whether an object of exactly
  * `type` is anywhere inside obj (lists, tuples, sets, frozensets, dict keys
  * and values), or a container nests deeper than max_depth (treated as found:
@@ -2652,6 +2722,67 @@ native_apply_sets(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(i);
 }
 
+/* apply_simple(data, payloads, start, op_set) -> index.  Applies the record
+ * payloads[start:] to the dict `data` while each is a root-level set of a
+ * scalar key to a scalar or a tuple of scalars, as msgpack wrote it --
+ * exactly fixarray 4, positive fixint op_set, fixarray 0, the key, the value
+ * -- and returns the index of the first payload it did not apply (the
+ * caller decodes the rest; nothing is applied twice).  The key and value
+ * decode as the codec decodes them (unpack.c's udng_simple_value: msgpack's
+ * own result, or a decline).  Why: the reader's replay of a long stream into
+ * a dict cache decoded every record to a list through msgpack's Unpacker and
+ * its ext hook (~1-2 us a record) before apply_sets stored it; here one pass
+ * decodes the key and value only (a recovery's million records: seconds). */
+PyObject *udng_simple_value(const unsigned char *p, Py_ssize_t n);    /* unpack.c */
+
+static PyObject *
+native_apply_simple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "apply_simple(data: dict, payloads: list, start, op_set)");
+        return NULL;
+    }
+    PyObject *data = args[0], *payloads = args[1];
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    long op_set = PyLong_AsLong(args[3]);
+    if (op_set == -1 && PyErr_Occurred())
+        return NULL;
+    if (op_set < 0 || op_set > 0x7f)  /* (not a positive fixint: nothing is of this form) */
+        return PyLong_FromSsize_t(i);
+    for (; i >= 0 && i < PyList_GET_SIZE(payloads); i++) {
+        PyObject *b = PyList_GET_ITEM(payloads, i);
+        if (!PyBytes_CheckExact(b))
+            break;
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(b);
+        Py_ssize_t n = PyBytes_GET_SIZE(b);
+        if (n < 5 || p[0] != 0x94 || p[1] != (unsigned char)op_set || p[2] != 0x90)
+            break;
+        Py_ssize_t kl = mp_skip(p + 3, n - 3);
+        if (kl <= 0 || kl >= n - 3)
+            break;
+        PyObject *key = udng_simple_value(p + 3, kl);
+        if (key == NULL)
+            break;
+        if (PyTuple_CheckExact(key)) {  /* (a key is a scalar: apply_sets' rule) */
+            Py_DECREF(key);
+            break;
+        }
+        PyObject *value = udng_simple_value(p + 3 + kl, n - 3 - kl);
+        if (value == NULL) {
+            Py_DECREF(key);
+            break;
+        }
+        int r = PyDict_SetItem(data, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (r < 0)
+            return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 static PyObject *
 native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2691,8 +2822,12 @@ static PyMethodDef native_methods[] = {
      "contains_type(obj, type, max_depth) -> bool: an object of exactly type anywhere inside obj."},
     {"apply_sets", (PyCFunction)(void (*)(void))native_apply_sets, METH_FASTCALL,
      "apply_sets(data, records, start, op_set, key_types) -> index of the first record not applied."},
+    {"apply_simple", (PyCFunction)(void (*)(void))native_apply_simple, METH_FASTCALL,
+     "apply_simple(data, payloads, start, op_set) -> index of the first payload not applied."},
     {"parse_records", (PyCFunction)(void (*)(void))native_parse_records, METH_FASTCALL,
      "parse_records(chunk, tag, base[, one_msgpack]) -> [payload, ...] or an error message (str)."},
+    {"scan_stream", (PyCFunction)(void (*)(void))native_scan_stream, METH_FASTCALL,
+     "scan_stream(buffer, tag) -> (end of the last whole unit, whole units, why the scan stopped)."},
     {"msgpack_length", (PyCFunction)native_msgpack_length, METH_O,
      "msgpack_length(data) -> length of the one msgpack object data starts with, or -1."},
     {"pack_map", (PyCFunction)(void (*)(void))native_pack_map, METH_FASTCALL,

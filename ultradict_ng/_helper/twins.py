@@ -7,8 +7,8 @@ and no other module knows which (the msgpack ``fallback.py`` / py-lmdb
 compares each pair on generated inputs, and CI runs the whole suite on both.
 The atomic words are in :mod:`.words`, the packers of big dicts and
 their values' decoder in :mod:`.packing`, the walks over a table's entries
-in :mod:`.tablewalk`, the probe of a table in :mod:`.tableprobe` (all
-re-exported here).
+in :mod:`.tablewalk`, the probe of a table in :mod:`.tableprobe`, recovery's
+scan of a stream file in :mod:`.streamscan` (all re-exported here).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 from .. import layout as L
 from .. import table_layout as TL
 from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
+from .streamscan import scan_stream
 from .tableprobe import key_hash_common, table_candidates, table_changes, table_get
 from .tablewalk import table_chunk, table_merge, table_rows
 from .words import FUTEX, RECORD_HEADER, SCALAR_TYPES, BoundWords, PublicWords, Words
@@ -38,7 +39,9 @@ __all__ = [
     "ViewBase",
     "CacheGet",
     "parse_records",
+    "scan_stream",
     "apply_sets",
+    "apply_simple",
     "types_within",
     "contains_type",
     "msgpack_length",
@@ -349,6 +352,36 @@ def apply_sets(
         ):
             break
         data[rec[2]] = rec[3]
+        i += 1
+    return i
+
+
+_SIMPLE_MISSING: Any = object()
+
+
+def apply_simple(data: dict[Any, Any], payloads: list[Any], start: int, op_set: int) -> int:
+    """Apply the record ``payloads[start:]`` to ``data`` while each is a
+    root-level set of a scalar key to a scalar or a tuple of scalars as
+    msgpack wrote it (fixarray 4, fixint ``op_set``, fixarray 0, key, value),
+    decoded as the codec decodes them; the index of the first one not applied."""
+    i, n = start, len(payloads)
+    if not 0 <= op_set <= 0x7F:
+        return i
+    head = bytes((0x94, op_set, 0x90))
+    while 0 <= i < n:
+        p = payloads[i]
+        if type(p) is not bytes or len(p) < 5 or p[:3] != head:
+            break
+        kl = msgpack_length(p[3:])
+        if kl <= 0 or kl >= len(p) - 3:
+            break
+        key = unpack_simple(p[3 : 3 + kl], _SIMPLE_MISSING)
+        if key is _SIMPLE_MISSING or type(key) is tuple:
+            break
+        value = unpack_simple(p[3 + kl :], _SIMPLE_MISSING)
+        if value is _SIMPLE_MISSING:
+            break
+        data[key] = value
         i += 1
     return i
 
