@@ -478,3 +478,35 @@ def test_a_value_the_codec_refuses_leaks_no_slot(name):
     finally:
         c.close()
         SharedCache.unlink_by_name(name)
+
+
+def test_limit_handle_bounds_this_handles_writes_only(name):
+    """Per-handle limits (a framework's aliases sharing one store): checked, and
+    each handle evicts by its own."""
+    c = SharedCache(name, maxsize=100)
+    other = SharedCache(name)
+    try:
+        for bad in (0, 101, 1.5, "10"):
+            with pytest.raises(ValueError, match="maxsize must be"):
+                other.limit_handle(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="cull_frequency"):
+            other.limit_handle(10, -1)
+        other.limit_handle(10, 2)
+        assert (other.maxsize, other.cull_frequency, c.maxsize) == (10, 2, 100)
+        for i in range(10):
+            other[f"k{i}"] = i
+        other["k10"] = 10  # full for this handle: culls 10 // 2
+        assert len(c) == 6
+        for i in range(50):
+            c[f"m{i}"] = i  # the stored bound: nothing evicted
+        assert len(c) == 56
+    finally:
+        other.close()
+        c.close()
+    unbounded = SharedCache(name + "u")
+    try:
+        with pytest.raises(ValueError, match="no maxsize"):
+            unbounded.limit_handle(10)
+    finally:
+        unbounded.unlink()
+        unbounded.close()

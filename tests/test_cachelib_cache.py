@@ -19,7 +19,8 @@ except with ``CI=true``, where it is a failure (as tests/test_ultradict_suite.py
 cache with the test: values of every kind both ways, ``inc`` exact from
 several processes at once (every returned value distinct), ``add`` won by
 exactly one racer per key, an expiry set by one process seen by the other on
-time, the cache outliving the worker that created it.
+time, the cache outliving the worker that created it (a named cache outlives
+every process by default; ``auto_unlink="last"`` removes it with its last user).
 
 **Flask-Caching** (skipped when it is not installed): a real app configured
 with ``CACHE_TYPE="ultradict_ng.integrations.cachelib.SharedCache"``, its
@@ -111,7 +112,18 @@ def caches():
 
     yield make
     for cache in reversed(made):
+        name = cache.name
         cache.close()
+        SharedCache.unlink_by_name(name)  # (a named cache outlives its handles: auto_unlink=False)
+
+
+@pytest.fixture
+def name():
+    """A cache name unique to this test; the cache is removed afterwards (a named
+    cache outlives the processes that use it)."""
+    made = unique_name()
+    yield made
+    SharedCache.unlink_by_name(made)
 
 
 # -- cachelib's own test mixins ------------------------------------------------------------
@@ -324,32 +336,34 @@ def test_cache_outlives_the_worker_that_made_it(name: str) -> None:
         release.set()
         worker.join(30)
     assert worker.exitcode == 0
-    # The creator is gone (auto_unlink="last"): the cache stays while we use it ...
+    # The creator is gone: the cache is there ...
     assert cache.get("from_worker") == worker.pid
-    assert _segments(name)
     cache.close()
-    # ... and the last one out removed it.
-    assert _segments(name) == []
+    # ... and stays when no process has it open (the default, auto_unlink=False),
+    # for the next worker: a value set by one process is read by the next.
+    assert _segments(name)
+    assert SharedCache(name, threshold=None).get("from_worker") == worker.pid
 
 
 @pytest.mark.skipif(not os.path.isdir(SHM), reason="lists /dev/shm (Linux)")
-def test_auto_unlink_false_keeps_the_cache(name: str) -> None:
-    cache = SharedCache(name, auto_unlink=False)
+def test_auto_unlink_last_removes_the_cache_with_its_last_user(name: str) -> None:
+    cache = SharedCache(name, auto_unlink="last")
     cache.set("k", 1)
+    again = SharedCache(name, create=False, auto_unlink="last")
     cache.close()
-    try:
-        again = SharedCache(name, create=False, auto_unlink=False)
-        assert again.get("k") == 1
-        again.close()
-        assert _segments(name)
-    finally:
-        assert SharedCache.unlink_by_name(name) >= 1
+    assert again.get("k") == 1 and _segments(name)
+    again.close()
     assert _segments(name) == []
-    # auto_unlink is each handle's: one opened with the default, "last", and
-    # closed last removes the cache however it was created.
-    SharedCache(name, auto_unlink=False).close()
-    SharedCache(name, create=False).close()
+    # auto_unlink is each handle's: one opened with "last" and closed last removes
+    # the cache however it was created.
+    SharedCache(name).close()
+    SharedCache(name, create=False, auto_unlink="last").close()
     assert _segments(name) == []
+    # A cache without a name (shared with forked children only) keeps "last".
+    fresh = SharedCache()
+    fresh_name = fresh.name
+    fresh.close()
+    assert _segments(fresh_name) == []
 
 
 # -- semantics -----------------------------------------------------------------------------

@@ -10,9 +10,10 @@ from PyPI when the tests run (once per session; never committed here) and only i
 ``SharedCacheTests`` the same way and runs it in a subprocess under minimal test
 settings (tests/django_suite/settings.py: sqlite in memory, the ``cache`` test app),
 reporting each test as a JSON line.  Every test of ``BaseCacheTests`` must pass
-(54 with Django 5.2); none is skipped.  One thing differs from Django's own runs:
-the ``cull`` and ``zero_cull`` aliases name caches of their own, since a shared
-cache stores MAX_ENTRIES and CULL_FREQUENCY with it (the runner says why).
+(54 with Django 5.2); none is skipped.  As in Django's runs for its file-based
+backend, every alias (``cull`` with MAX_ENTRIES 30, ``zero_cull`` with
+CULL_FREQUENCY 0 among them) shares one store and applies its own limits; once
+more with the store kept in files (``OPTIONS["PATH"]``).
 
 Without network (or pip) the download fails: a skip, except with ``CI=true``, where
 it is a failure -- CI reaches PyPI, and a green skip there would hide a broken
@@ -115,35 +116,35 @@ def _suite_env(django_cache_tests: str, key: str, value: str) -> dict[str, str]:
 
 @pytest.mark.skipif(not os.path.isdir(SHM), reason="the leftover check lists /dev/shm (Linux)")
 def test_django_base_cache_tests(django_cache_tests: str) -> None:
-    # The cache every alias shares, and the culling aliases' own (run_cache_suite.py).
-    names = (unique_name(), unique_name(), unique_name())
-    env = _suite_env(django_cache_tests, "ULTRADICT_NG_DJANGO_LOCATIONS", ",".join(names))
+    # One LOCATION for every alias, as Django runs the suite (run_cache_suite.py).
+    name = unique_name()
+    env = _suite_env(django_cache_tests, "ULTRADICT_NG_DJANGO_LOCATION", name)
     try:
         done = run_suite([sys.executable, RUNNER], django_cache_tests, env, timeout=300)
-        # The backend's default (AUTO_UNLINK False): the caches outlive the processes
-        # that used them -- until removed, as here.
-        left_by_run = _shm_with(names)
+        # The backend's default (AUTO_UNLINK False): the cache outlives the processes
+        # that used it -- until removed, as here.
+        left_by_run = _shm_with((name,))
     finally:
-        for name in names:
-            Cache.unlink_by_name(name)
-    assert _shm_with(names) == [], "unlink_by_name left segments behind"
+        Cache.unlink_by_name(name)
+    assert _shm_with((name,)) == [], "unlink_by_name left segments behind"
     _check_suite(done)
-    assert {e.split("@", 1)[0] for e in left_by_run} == set(names), left_by_run
+    assert {e.split("@", 1)[0] for e in left_by_run} == {name}, left_by_run
 
 
 def test_django_base_cache_tests_kept_in_files(django_cache_tests: str, tmp_path: Any) -> None:
-    """The same suite with every alias's cache kept in a directory (OPTIONS["PATH"])."""
-    paths = [str(tmp_path / alias) for alias in ("default", "cull", "zero_cull")]
-    env = _suite_env(django_cache_tests, "ULTRADICT_NG_DJANGO_PATHS", ",".join(paths))
+    """The same suite with the cache every alias shares kept in a directory (OPTIONS["PATH"])."""
+    where = str(tmp_path / "cache")
+    env = _suite_env(django_cache_tests, "ULTRADICT_NG_DJANGO_PATH", where)
     try:
         done = run_suite([sys.executable, RUNNER], django_cache_tests, env, timeout=300)
-        kept = [p for p in paths if os.path.isfile(os.path.join(p, "cache"))]
+        kept = os.path.isfile(os.path.join(where, "cache"))
     finally:
-        for p in paths:
-            if os.path.isdir(p):
-                Cache(path=p, create=False).unlink()
+        if os.path.isdir(where):
+            c = Cache(path=where, create=False)
+            c.unlink()
+            c.close()
     _check_suite(done)
-    assert kept == paths, "the caches kept in files were not made where OPTIONS['PATH'] said"
+    assert kept, "the cache kept in files was not made where OPTIONS['PATH'] said"
 
 
 # -- ours: processes and threads sharing the backend ----------------------------------------
@@ -375,6 +376,28 @@ def test_stored_limits_win_with_a_warning(location: str, caplog: Any) -> None:
     assert other._cache.maxsize == 10
     assert f"Django cache {location!r}" in caplog.text
     assert "MAX_ENTRIES=20" in caplog.text and f"ultradict-ng rm {location}" in caplog.text
+
+
+def test_aliases_sharing_a_location_each_apply_their_own_limits(location: str, caplog: Any) -> None:
+    """As Django's file-based backend: one store, each alias culling by its own
+    MAX_ENTRIES and CULL_FREQUENCY (what Django's test_cull and test_zero_cull
+    check with one LOCATION for all aliases); no warning, since the store
+    holds what each alias asks for."""
+    big = backend(location, OPTIONS={"MAX_ENTRIES": 300})
+    with caplog.at_level(logging.WARNING, logger="ultradict_ng"):
+        cull = backend(location, OPTIONS={"MAX_ENTRIES": 30, "CULL_FREQUENCY": 3})
+        zero = backend(location, OPTIONS={"MAX_ENTRIES": 30, "CULL_FREQUENCY": 0})
+    assert caplog.text == ""
+    for i in range(1, 50):
+        cull.set(f"cull{i}", "value", 1000)
+    assert sum(cull.has_key(f"cull{i}") for i in range(1, 50)) == 29
+    big.clear()
+    for i in range(1, 50):
+        zero.set(f"cull{i}", "value", 1000)
+    assert sum(zero.has_key(f"cull{i}") for i in range(1, 50)) == 19
+    for i in range(100):  # the alias of 300 entries evicts nothing
+        big.set(f"big{i}", i)
+    assert all(big.has_key(f"big{i}") for i in range(100))
 
 
 def test_a_cache_of_another_serializer_is_refused(location: str) -> None:

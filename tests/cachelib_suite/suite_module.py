@@ -13,8 +13,8 @@ tests run); with a serializer of the class's own (as SimpleCache's tests run);
 kept in files (``path=``, a directory under ``UDNG_FILES``, removed after the test).
 
 Caches are named from ``UDNG_SESSION`` (the parent's session prefix, so its
-leftover check sees them) and closed after each test: the last handle removes
-its cache (auto_unlink="last").
+leftover check sees them) and removed after each test (a named cache outlives
+its handles).
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def cache_factory(request: Any) -> Iterator[None]:
     request.cls.cache_factory = _factory
     yield
     for cache in made:
-        if request.param == "kept_in_files":
-            cache.cache.unlink()  # (never removed automatically)
+        cache.cache.unlink()  # (a named cache, or one kept in files, outlives its handles)
         cache.close()
 
 

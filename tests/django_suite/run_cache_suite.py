@@ -8,10 +8,9 @@ case and prints one ``OUTCOME {json}`` line per test as it ends (sturdier than
 parsing the verbose report, which a stray warning can interleave) and a ``DONE``
 line with the expected test names.
 
-Environment: ``ULTRADICT_NG_DJANGO_LOCATIONS`` = three cache names, comma-separated:
-the one every alias shares, and the ``cull`` and ``zero_cull`` aliases' own; or
-``ULTRADICT_NG_DJANGO_PATHS`` = three directories, the same for caches kept in
-files (``OPTIONS["PATH"]``).
+Environment: ``ULTRADICT_NG_DJANGO_LOCATION``, the cache name every alias shares;
+or ``ULTRADICT_NG_DJANGO_PATH``, the directory every alias keeps it in
+(``OPTIONS["PATH"]``).
 """
 
 from __future__ import annotations
@@ -27,43 +26,29 @@ BACKEND = "ultradict_ng.integrations.django.SharedCache"
 
 
 def caches_setting(caches_setting_for_tests: Any) -> dict[str, dict[str, Any]]:
-    """Django's settings for a backend's run, with one change: ``cull`` and
-    ``zero_cull`` name caches of their own.  A shared cache stores its
-    MAX_ENTRIES and CULL_FREQUENCY with it (every process must evict alike), so
-    one LOCATION has one of each; Django's own backends read them per alias,
-    which lets its culling aliases share ``default``'s store.  (Naming it
-    anyway, they would use ``default``'s 300 entries, with a warning, and
-    test_cull would find all 49 keys.)"""
-    paths = os.environ.get("ULTRADICT_NG_DJANGO_PATHS")
-    if paths:  # kept in files: OPTIONS["PATH"] names the cache, LOCATION is left out
+    """Django's settings for a backend's run, as Django makes them for its
+    file-based backend: every alias (``default``, ``prefix``, ``v2``, ``cull``
+    with MAX_ENTRIES 30, ``zero_cull`` with CULL_FREQUENCY 0, ...) names one
+    store -- the LOCATION, or kept in files, the directory in OPTIONS["PATH"]
+    -- and each applies its own limits to it."""
+    where = os.environ.get("ULTRADICT_NG_DJANGO_PATH")
+    if where:  # kept in files: OPTIONS["PATH"] names the cache, LOCATION is left out
         setting: dict[str, dict[str, Any]] = caches_setting_for_tests(BACKEND=BACKEND)
-        for alias, path in zip(("default", "cull", "zero_cull"), paths.split(",")):
-            for key in setting:
-                if key == alias or (alias == "default" and key not in ("cull", "zero_cull")):
-                    setting[key]["OPTIONS"] = {**setting[key].get("OPTIONS", {}), "PATH": path}
+        for params in setting.values():
+            params["OPTIONS"] = {**params.get("OPTIONS", {}), "PATH": where}
         return setting
-    location, cull_location, zero_cull_location = os.environ["ULTRADICT_NG_DJANGO_LOCATIONS"].split(",")
-    setting = caches_setting_for_tests(BACKEND=BACKEND, LOCATION=location)
-    setting["cull"]["LOCATION"] = cull_location
-    setting["zero_cull"]["LOCATION"] = zero_cull_location
-    return setting
+    return caches_setting_for_tests(BACKEND=BACKEND, LOCATION=os.environ["ULTRADICT_NG_DJANGO_LOCATION"])
 
 
 def test_case() -> tuple[type, type]:
     """``(SharedCacheTests, BaseCacheTests)``, declared as Django declares its
     backends' cases (importing Django's test module needs ``django.setup()``)."""
     from cache.tests import BaseCacheTests, caches_setting_for_tests
-    from django.core.cache import caches
     from django.test import TestCase, override_settings
 
     @override_settings(CACHES=caches_setting(caches_setting_for_tests))
     class SharedCacheTests(BaseCacheTests, TestCase):  # type: ignore[misc]
-        def tearDown(self) -> None:
-            super().tearDown()  # cache.clear(): empties every alias that shares LOCATION
-            # Django's own backends share one store among all aliases, so that clear
-            # empties the culling aliases' too; here they have their own (above).
-            caches["cull"].clear()
-            caches["zero_cull"].clear()
+        pass
 
     return SharedCacheTests, BaseCacheTests
 

@@ -432,6 +432,25 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         """The cache's lock (the dict's): hold it to make several calls one atomic step."""
         return self._lock
 
+    def limit_handle(self, maxsize: int, cull_frequency: Optional[int] = None) -> None:
+        """Make this handle's writes keep the cache at ``maxsize`` entries, culling
+        ``len // cull_frequency`` at once when full (0: everything; None: one at
+        a time), whatever the stored bound; other handles keep their own.
+
+        For frameworks whose aliases share one store with limits of their own:
+        Django's file-based backend applies each alias's MAX_ENTRIES and
+        CULL_FREQUENCY to the directory they share.  ``maxsize`` may not
+        exceed the stored maxsize, which sizes the recency slots (an alias
+        allowed more than the store holds would run out of them)."""
+        stored = self._side.settings()["maxsize"]
+        if stored is None:
+            raise ValueError(f"cache {self.name!r} has no maxsize: no recency to evict by")
+        if type(maxsize) is not int or not 1 <= maxsize <= stored:
+            raise ValueError(f"maxsize must be an int from 1 to the stored {stored}, not {maxsize!r}")
+        if cull_frequency is not None and (type(cull_frequency) is not int or cull_frequency < 0):
+            raise ValueError(f"cull_frequency must be an int >= 0 or None, not {cull_frequency!r}")
+        self._maxsize, self._cull = maxsize, cull_frequency
+
     def stats(self) -> dict[str, Any]:
         """hits and misses (of this handle), evictions and expirations (of all
         processes), size (live entries), bytes (stored, with maxbytes) and the bounds."""

@@ -35,14 +35,20 @@ Semantics are cachelib's (its ``SimpleCache``, ``FileSystemCache`` and
   put before every key, and ``clear()`` then removes only the keys that carry it.
   Keys are strings; anything else raises ``TypeError`` (as in ``FileSystemCache``).
 
-Lifetime: the cache is removed when the **last process using it** closes it or
-exits (``auto_unlink="last"``): a worker that exits or is recycled never takes
-the cache with it while another one has it open, and a stopped application
-leaves nothing in ``/dev/shm``.  ``auto_unlink=False`` keeps it across full
-restarts too (like a ``FileSystemCache`` directory) -- it is each handle's
-setting, so every process passes it -- remove it with ``ultradict-ng clean`` or
-``SharedCache.unlink_by_name(name)``.  A SIGKILLed last user leaves it behind
-too (``ultradict-ng clean`` finds it).
+Lifetime: a named cache **outlives the processes that use it** (``auto_unlink=False``,
+the default with a name), as a ``FileSystemCache`` directory or a Redis server
+does: a value one worker sets is there for the next request, whichever worker
+serves it, even when the setter has exited before -- gunicorn's
+``--max-requests`` recycles workers, a timeout kills one, Flask's reloader
+restarts its child at each edit, a deploy stops every worker before starting
+the new ones, and a cache removed whenever no worker happens to be alive would
+be empty after each of them.  What that costs is bounded: ``threshold`` bounds
+what stays in ``/dev/shm`` (RAM) until the cache is removed
+(``ultradict-ng rm NAME``, ``SharedCache.unlink_by_name(name)``) or the machine
+reboots.  ``auto_unlink="last"`` removes it when the last process using it
+closes it or exits (good for tests); ``True`` when this handle closes.  A cache
+made without a name (shared with forked children only) is removed with its
+last user: nobody could find it afterwards.
 
 Kept in files: ``path="/var/cache/myapp"`` (``CACHE_OPTIONS={"path": ...}``)
 instead of a name keeps the cache in that directory, as
@@ -111,9 +117,10 @@ class SharedCache(BaseCache):
     :param key_prefix: put before every key (a string, or a callable returning one).
     :param ignore_delete_many_errors: as in cachelib (a shared-memory delete never
         fails, so ``delete_many`` never raises).
-    :param auto_unlink: ``"last"`` (the default): the cache is removed when the
-        last process using it closes it or exits.  ``False``: it outlives every
-        process until removed.  ``True``: removed when *this* handle closes.
+    :param auto_unlink: ``False`` (the default for a named cache): it outlives
+        every process until removed.  ``"last"`` (the default without a name):
+        removed when the last process using it closes it or exits.  ``True``:
+        removed when *this* handle closes.
     :param create: ``None`` attach or create; ``True`` must create; ``False`` must attach.
     :param path: instead of ``name``, a directory: the cache is kept in files
         there (:class:`ultradict_ng.cache.SharedCache`'s ``path``), survives a
@@ -147,7 +154,9 @@ class SharedCache(BaseCache):
         if path is None:
             if sync is not None:
                 raise ValueError("sync applies to a cache kept in files: pass path= too")
-            where: dict[str, Any] = {"auto_unlink": "last" if auto_unlink is None else auto_unlink}
+            if auto_unlink is None:  # (named: outlives its processes; unnamed: nobody could find it later)
+                auto_unlink = False if name is not None else "last"
+            where: dict[str, Any] = {"auto_unlink": auto_unlink}
         else:
             if name is not None:
                 raise ValueError("pass a name (shared memory) or a path (files), not both")
@@ -192,7 +201,8 @@ class SharedCache(BaseCache):
         return self._cache
 
     def close(self) -> None:
-        """Detach this handle (with ``auto_unlink="last"``: the last one out removes the cache)."""
+        """Detach this handle (with ``auto_unlink="last"``: the last one out removes the cache;
+        by default a named cache stays for the next process)."""
         self._cache.close()
 
     # No ``unlink`` method: Flask-Caching's ``Cache.unlink(*keys)`` calls the

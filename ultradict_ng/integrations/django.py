@@ -26,9 +26,11 @@ and mean what they mean for every backend; keys are made and checked as by
   characters on Linux, 20 on macOS).  Every alias and process that names it shares it;
   two sites on one machine need two names.
 - ``OPTIONS["MAX_ENTRIES"]`` (default 300) and ``OPTIONS["CULL_FREQUENCY"]`` (default 3)
-  -- Django's meaning: when an insert finds ``MAX_ENTRIES`` entries, the least recently
-  used ``1/CULL_FREQUENCY`` of them are evicted (``0``: all of them).  They become the
-  cache's ``maxsize`` and ``cull_frequency``.
+  -- Django's meaning: when an insert through this alias finds ``MAX_ENTRIES`` entries,
+  the least recently used ``1/CULL_FREQUENCY`` of them are evicted (``0``: all of them).
+  Aliases that share a ``LOCATION`` (or ``PATH``) share one store and each applies its
+  own, as with Django's file-based backend; the store holds as many entries as the
+  largest ``MAX_ENTRIES`` of the aliases in ``settings.CACHES`` that share it.
 - ``OPTIONS["MAXBYTES"]`` (default: no limit) -- a bound on the bytes of the stored
   (pickled) values; entries are evicted to stay under it.
 - ``OPTIONS["AUTO_UNLINK"]`` (default ``False``) -- when the shared memory is removed.
@@ -55,14 +57,13 @@ one worker is every recycle.  What ``False`` costs is bounded: ``MAX_ENTRIES`` a
 ``MAXBYTES`` bound the memory the cache keeps in ``/dev/shm`` (RAM) while nothing
 uses it, until it is removed or the machine reboots.
 
-The settings are stored with the shared cache when the first process creates it.  A
-process whose ``MAX_ENTRIES``, ``CULL_FREQUENCY`` or ``MAXBYTES`` differ from the
-stored ones (a deploy that changed them while the old cache lives on, or two aliases
-naming one ``LOCATION`` with different limits) uses the cache with the stored ones and
-logs a warning on the ``ultradict_ng`` logger saying which differ: a cache that keeps
-serving is worth more than a site that fails at its first cache call.  To apply new
-limits, remove the cache (``ultradict-ng rm LOCATION``) while no worker runs, or name
-a new ``LOCATION``.
+The store's size (its entries and ``MAXBYTES``) is fixed when the first process creates
+it.  An alias whose ``MAX_ENTRIES`` exceeds it, or whose ``MAXBYTES`` differs (a deploy
+that raised them while the old cache lives on) uses the store as it is and logs a
+warning on the ``ultradict_ng`` logger saying which differ: a cache that keeps serving
+is worth more than a site that fails at its first cache call.  To apply new limits,
+remove the cache (``ultradict-ng rm LOCATION``) while no worker runs, or name a new
+``LOCATION``.
 
 Values are pickled (any picklable object, as with Django's other backends; a value
 that cannot be pickled raises the ``pickle`` error from ``set``/``add``).  Timeouts
@@ -113,8 +114,9 @@ _handles_lock = threading.Lock()
 
 def _open(location: str, limits: dict[str, Any], where: dict[str, Any]) -> _SharedCache:
     """This process's handle of the shared cache ``location`` (a name, or the
-    directory ``where["path"]``), opened (and the cache created with ``limits``)
-    on first use."""
+    directory ``where["path"]``) for an alias of these ``limits`` (``capacity``,
+    the store's entries; ``max_entries`` and ``cull_frequency``, the alias's;
+    ``maxbytes``), opened (and the store created) on first use."""
     key = (location,) + tuple(sorted(where.items())) + tuple(sorted(limits.items()))
     handle = _handles.get(key)
     if handle is not None:
@@ -132,9 +134,12 @@ def _open(location: str, limits: dict[str, Any], where: dict[str, Any]) -> _Shar
 def _attach_or_create(location: str, limits: dict[str, Any], where: dict[str, Any]) -> _SharedCache:
     name = location or None
     location = location or where["path"]  # (what the messages name)
+    max_entries = limits["max_entries"]
     for _ in range(10):
         try:
-            return _SharedCache(name, serializer="pickle", **where, **limits)
+            cache = _SharedCache(
+                name, serializer="pickle", maxsize=limits["capacity"], maxbytes=limits["maxbytes"], **where
+            )
         except ParameterMismatch as mismatch:
             try:
                 # It exists with other settings: attach with the stored ones.
@@ -147,26 +152,52 @@ def _attach_or_create(location: str, limits: dict[str, Any], where: dict[str, An
                     f"LOCATION {location!r} names a shared cache that stores values with "
                     f"{cache.serializer}; Django's values need pickle: name another LOCATION"
                 ) from mismatch
-            logger.warning(
-                "Django cache %r: %s (configured: MAX_ENTRIES=%s, CULL_FREQUENCY=%s, "
-                "MAXBYTES=%s). Using it with its stored settings (maxsize=%s, cull_frequency=%s, "
-                "maxbytes=%s); "
-                "to apply the configured ones, remove it while no process uses it "
-                "(ultradict-ng rm %s) or name a new LOCATION.",
-                location,
-                mismatch,
-                limits["maxsize"],
-                limits["cull_frequency"],
-                limits["maxbytes"],
-                cache.maxsize,
-                cache.cull_frequency,
-                cache.maxbytes,
-                location,
-            )
+            if (cache.maxsize or 0) < max_entries or cache.maxbytes != limits["maxbytes"]:
+                logger.warning(
+                    "Django cache %r: %s (configured: MAX_ENTRIES=%s, MAXBYTES=%s). Using it with "
+                    "at most its stored maxsize=%s entries and maxbytes=%s; to apply the configured "
+                    "ones, remove it while no process uses it (ultradict-ng rm %s) or name a new LOCATION.",
+                    location,
+                    mismatch,
+                    max_entries,
+                    limits["maxbytes"],
+                    cache.maxsize,
+                    cache.maxbytes,
+                    location,
+                )
+        if cache.maxsize is None:  # (a store made by something else than this backend, unbounded)
             return cache
+        cache.limit_handle(min(max_entries, cache.maxsize), limits["cull_frequency"])
+        return cache
     raise ImproperlyConfigured(
         f"cannot open the shared cache {location!r}: it keeps being removed and made with other settings"
     )
+
+
+def _capacity(backend: str, location: str, path: Any, max_entries: int) -> int:
+    """The entries the store must hold: the largest MAX_ENTRIES of the aliases
+    in ``settings.CACHES`` that share it (this backend, this LOCATION or
+    PATH), this alias's included.  Each alias then evicts by its own
+    (``limit_handle``), as Django's file-based backend does in the directory
+    its aliases share; the store's slots are sized once, by the first opener."""
+    from django.conf import settings  # type: ignore[import-untyped, unused-ignore]
+
+    found = max_entries
+    if not settings.configured:
+        return found
+    for params in (getattr(settings, "CACHES", None) or {}).values():
+        options = params.get("OPTIONS") or {}
+        if params.get("BACKEND") != backend:
+            continue
+        if path is not None:
+            same = options.get("PATH") is not None and os.path.abspath(os.fspath(options["PATH"])) == path
+        else:
+            same = params.get("LOCATION") == location
+        if same:
+            entries = params.get("max_entries", options.get("MAX_ENTRIES", 300))
+            if type(entries) is int and entries > found:
+                found = entries
+    return found
 
 
 def _bad_options(options: dict[str, Any], max_entries: int, cull_frequency: int) -> str | None:
@@ -226,11 +257,6 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         problem = _bad_options(options, self._max_entries, self._cull_frequency)
         if problem is not None:
             raise ImproperlyConfigured(f"the shared cache {location or path!r}: {problem}")
-        limits = {
-            "maxsize": self._max_entries,
-            "cull_frequency": self._cull_frequency,
-            "maxbytes": options.get("MAXBYTES"),
-        }
         where: dict[str, Any]
         if path is None:
             where = {"auto_unlink": options.get("AUTO_UNLINK", False)}
@@ -239,6 +265,13 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
             for key, option in (("sync", "SYNC"), ("sync_interval", "SYNC_INTERVAL")):
                 if options.get(option) is not None:
                     where[key] = options[option]
+        backend = f"{type(self).__module__}.{type(self).__qualname__}"
+        limits = {
+            "capacity": _capacity(backend, location, where.get("path"), self._max_entries),
+            "max_entries": self._max_entries,
+            "cull_frequency": self._cull_frequency,
+            "maxbytes": options.get("MAXBYTES"),
+        }
         self._cache = _open(location, limits, where)
         self.location = location or where["path"]
 
