@@ -26,6 +26,7 @@ median, min..max and the ratio against the row's reference.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import shutil
@@ -83,6 +84,25 @@ def _reboot(path: str) -> None:
 
 
 # -- writers: each returns a function that writes n times and gives the seconds ----------
+
+
+def _reported(body: Callable[..., dict[str, Any]]) -> Callable[..., None]:
+    """A spawned child's target: ``body(base, *args)`` run in a fresh directory
+    ``base`` (under ``_base()``), its result -- or the error -- put on the queue
+    passed last, the directory removed whatever happened."""
+
+    @functools.wraps(body)
+    def child(*args: Any) -> None:
+        *given, q = args
+        base = _base()
+        try:
+            q.put(body(base, *given))
+        except BaseException as exc:
+            q.put({"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+    return child
 
 
 def _writer(kind: str, where: str) -> tuple[Callable[[int], float], Callable[[], None]]:
@@ -169,27 +189,22 @@ def _timed(loop: Callable[[int], float], box: float) -> float:
     return n / spent
 
 
-def child_writes(kinds: list[str], box: float, reps: int, q: Any) -> None:
-    base = _base()
+@_reported
+def child_writes(base: str, kinds: list[str], box: float, reps: int) -> dict[str, Any]:
     out: dict[str, list[float]] = {k: [] for k in kinds}
-    try:
-        made = {}
-        for k in kinds:
-            where = os.path.join(base, k)
-            os.makedirs(where)
-            made[k] = _writer(k, where)
-            made[k][0](50)  # warm-up
-        for rep in range(reps):
-            for j in range(len(kinds)):
-                k = kinds[(rep + j) % len(kinds)]
-                out[k].append(_timed(made[k][0], box))
-        for _, close in made.values():
-            close()
-        q.put({"rates": out})
-    except BaseException as exc:
-        q.put({"error": f"{type(exc).__name__}: {exc}"})
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    made = {}
+    for k in kinds:
+        where = os.path.join(base, k)
+        os.makedirs(where)
+        made[k] = _writer(k, where)
+        made[k][0](50)  # warm-up
+    for rep in range(reps):
+        for j in range(len(kinds)):
+            k = kinds[(rep + j) % len(kinds)]
+            out[k].append(_timed(made[k][0], box))
+    for _, close in made.values():
+        close()
+    return {"rates": out}
 
 
 def _cache_ops(kind: str, where: str) -> tuple[Callable[[str, Any, int], float], Callable[[], None]]:
@@ -223,32 +238,27 @@ def _cache_ops(kind: str, where: str) -> tuple[Callable[[str, Any, int], float],
     return loop, finish
 
 
-def child_cache(box: float, reps: int, q: Any) -> None:
-    base = _base()
+@_reported
+def child_cache(base: str, box: float, reps: int) -> dict[str, Any]:
     out: dict[str, list[float]] = {}
-    try:
-        made = {}
-        for kind in ("ultradict_ng", "diskcache"):
-            os.makedirs(os.path.join(base, kind))
-            made[kind] = _cache_ops(kind, os.path.join(base, kind))
-        for rep in range(reps):
-            for value_name, value in CACHE_VALUES.items():
-                for op in ("set", "get"):
-                    kinds = list(made) if rep % 2 == 0 else list(made)[::-1]
-                    for kind in kinds:
-                        loop = made[kind][0]
-                        if op == "get":
-                            loop("set", value, 1000)  # (every key holds this value)
-                        out.setdefault(f"{kind} {op} {value_name}", []).append(
-                            _timed(lambda n: loop(op, value, n), box)  # noqa: B023 - called at once
-                        )
-        for _, close in made.values():
-            close()
-        q.put({"cache": out})
-    except BaseException as exc:
-        q.put({"error": f"{type(exc).__name__}: {exc}"})
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    made = {}
+    for kind in ("ultradict_ng", "diskcache"):
+        os.makedirs(os.path.join(base, kind))
+        made[kind] = _cache_ops(kind, os.path.join(base, kind))
+    for rep in range(reps):
+        for value_name, value in CACHE_VALUES.items():
+            for op in ("set", "get"):
+                kinds = list(made) if rep % 2 == 0 else list(made)[::-1]
+                for kind in kinds:
+                    loop = made[kind][0]
+                    if op == "get":
+                        loop("set", value, 1000)  # (every key holds this value)
+                    out.setdefault(f"{kind} {op} {value_name}", []).append(
+                        _timed(lambda n: loop(op, value, n), box)  # noqa: B023 - called at once
+                    )
+    for _, close in made.values():
+        close()
+    return {"cache": out}
 
 
 def _group_writer(path: str, box: float, start: Any, q: Any) -> None:
@@ -265,78 +275,71 @@ def _group_writer(path: str, box: float, start: Any, q: Any) -> None:
     d.close()
 
 
-def child_rest(box: float, reps: int, keys: int, q: Any) -> None:
+@_reported
+def child_rest(base: str, box: float, reps: int, keys: int) -> dict[str, Any]:
     """Every case but the single-process writes, in one spawned child."""
     from ultradict_ng import SharedDict
 
-    base = _base()
     res: dict[str, Any] = {}
-    try:
-        # -- 4 writers under "always" (and 1, the same way) --------------------------------
-        path = os.path.join(base, "group")
-        d = SharedDict(path=path, sync="always")
-        ctx = multiprocessing.get_context("spawn")
-        group: dict[str, list[float]] = {"1": [], "4": []}
-        for rep in range(reps):
-            for procs in ("1", "4") if rep % 2 == 0 else ("4", "1"):
-                start, rq = ctx.Event(), ctx.Queue()
-                ps = [
-                    ctx.Process(target=_group_writer, args=(path, box, start, rq)) for _ in range(int(procs))
-                ]
-                for p in ps:
-                    p.start()
-                time.sleep(0.3)
-                start.set()
-                got = [rq.get(timeout=120) for _ in ps]
-                for p in ps:
-                    p.join(30)
-                group[procs].append(sum(n for n, _ in got) / max(t for _, t in got))
-        res["group"] = group
-        # -- a transaction of 1,000 writes vs one by one -----------------------------------
-        tx: dict[str, list[float]] = {"transaction": [], "one by one": []}
-        for rep in range(reps):
-            t0 = time.perf_counter()
-            with d.transaction():
-                for i in range(1000):
-                    d[f"t{i}"] = rep
-            tx["transaction"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+    # -- 4 writers under "always" (and 1, the same way) --------------------------------
+    path = os.path.join(base, "group")
+    d = SharedDict(path=path, sync="always")
+    ctx = multiprocessing.get_context("spawn")
+    group: dict[str, list[float]] = {"1": [], "4": []}
+    for rep in range(reps):
+        for procs in ("1", "4") if rep % 2 == 0 else ("4", "1"):
+            start, rq = ctx.Event(), ctx.Queue()
+            ps = [ctx.Process(target=_group_writer, args=(path, box, start, rq)) for _ in range(int(procs))]
+            for p in ps:
+                p.start()
+            time.sleep(0.3)
+            start.set()
+            got = [rq.get(timeout=120) for _ in ps]
+            for p in ps:
+                p.join(30)
+            group[procs].append(sum(n for n, _ in got) / max(t for _, t in got))
+    res["group"] = group
+    # -- a transaction of 1,000 writes vs one by one -----------------------------------
+    tx: dict[str, list[float]] = {"transaction": [], "one by one": []}
+    for rep in range(reps):
+        t0 = time.perf_counter()
+        with d.transaction():
             for i in range(1000):
-                d[f"t{i}"] = rep + 1
-            tx["one by one"].append(time.perf_counter() - t0)
-        res["tx"] = tx
-        d.unlink()
-        d.close()
-        # -- hot reads -------------------------------------------------------------------
-        mem = SharedDict({f"k{i}": i for i in range(1000)}, name=f"perf_durable_{os.getpid()}")
-        disk = SharedDict({f"k{i}": i for i in range(1000)}, path=os.path.join(base, "reads"))
-        reads: dict[str, list[float]] = {"memory": [], "files": []}
+                d[f"t{i}"] = rep
+        tx["transaction"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for i in range(1000):
+            d[f"t{i}"] = rep + 1
+        tx["one by one"].append(time.perf_counter() - t0)
+    res["tx"] = tx
+    d.unlink()
+    d.close()
+    # -- hot reads -------------------------------------------------------------------
+    mem = SharedDict({f"k{i}": i for i in range(1000)}, name=f"perf_durable_{os.getpid()}")
+    disk = SharedDict({f"k{i}": i for i in range(1000)}, path=os.path.join(base, "reads"))
+    reads: dict[str, list[float]] = {"memory": [], "files": []}
 
-        def read_loop(dd: Any) -> float:
-            n, t0 = 0, time.perf_counter()
-            while True:
-                for _ in range(10000):
-                    dd["k7"]
-                n += 10000
-                t = time.perf_counter() - t0
-                if t >= box:
-                    return n / t
+    def read_loop(dd: Any) -> float:
+        n, t0 = 0, time.perf_counter()
+        while True:
+            for _ in range(10000):
+                dd["k7"]
+            n += 10000
+            t = time.perf_counter() - t0
+            if t >= box:
+                return n / t
 
-        for rep in range(reps):
-            for which in ("memory", "files") if rep % 2 == 0 else ("files", "memory"):
-                reads[which].append(read_loop(mem if which == "memory" else disk))
-        res["reads"] = reads
-        mem.unlink()
-        mem.close()
-        disk.unlink()
-        disk.close()
-        # -- reopen after a reboot, recovery, disk space ---------------------------------
-        res.update(_big(base, keys, reps))
-        q.put(res)
-    except BaseException as exc:
-        q.put({"error": f"{type(exc).__name__}: {exc}"})
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    for rep in range(reps):
+        for which in ("memory", "files") if rep % 2 == 0 else ("files", "memory"):
+            reads[which].append(read_loop(mem if which == "memory" else disk))
+    res["reads"] = reads
+    mem.unlink()
+    mem.close()
+    disk.unlink()
+    disk.close()
+    # -- reopen after a reboot, recovery, disk space ---------------------------------
+    res.update(_big(base, keys, reps))
+    return res
 
 
 def _big(base: str, keys: int, reps: int) -> dict[str, Any]:
