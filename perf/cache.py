@@ -4,7 +4,7 @@ Four parts, each in spawned processes (the harness's start method), peers side
 by side in one run, repetitions interleaved with the order rotated:
 
 * **Django cache API** (``cache.get(k)`` / ``cache.set(k, v)``, default timeout,
-  1,000 keys all present, value ``{"id": i, "name": "user%d" % i, "score": 1.5}``):
+  1,000 keys all present, value ``{"id": i, "name": "user%d" % i, "score": 1.5, "tags": ["a", "b"]}``):
   our backend ``ultradict_ng.integrations.django.SharedCache`` against Django's
   ``LocMemCache``, ``FileBasedCache`` (a temporary directory), ``diskcache.DjangoCache``,
   Django's ``RedisCache`` (a private ``redis-server`` on loopback that this
@@ -14,8 +14,9 @@ by side in one run, repetitions interleaved with the order rotated:
 * **Plain API** (``get`` / ``set``; cachetools: ``get`` / ``c[k] = v``):
   ``SharedCache`` against ``diskcache.Cache``, ``cachetools.LRUCache`` and
   ``cachetools.TTLCache`` (one process, not shared), with the small dict value
-  and with a short ``str`` value (a dict is decoded anew on every read; a str
-  is immutable and cheaper to hand out).
+  and with a short ``str`` value (a dict is copied for the caller on every
+  read -- cachetools hands out its own object; a str is immutable and handed
+  out as it is).
 * **cachelib API** (Flask-Caching's backends; dict value, get / set): our
   ``ultradict_ng.integrations.cachelib.SharedCache`` against ``cachelib.SimpleCache``
   (one process) and ``cachelib.FileSystemCache`` (a temporary directory).  No

@@ -28,7 +28,7 @@ MAX_ENTRIES = 10_000
 
 
 def dict_value(i: int) -> dict[str, Any]:
-    return {"id": i, "name": f"user{i}", "score": 1.5}
+    return {"id": i, "name": f"user{i}", "score": 1.5, "tags": ["a", "b"]}
 
 
 def str_value(i: int) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from . import adapters as A
 from . import bigdict as BD
 from . import cache as CA
+from . import documents as DO
 from . import durable as DU
 from . import pool as P
 from . import redis_backend as RB
@@ -31,7 +32,7 @@ from .workloads import TITLES as WL_TITLES
 # Workloads 11 (perf.pool) and 12 (perf.redis_backend) have contenders of their own,
 # which are no adapters; workload 13 (perf.transactions) compares ultradict_ng with itself.
 # Workload 14 (perf.bigdict) has its own contenders too (py-lmdb, ultradict_ng's table).
-ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY, CA.ENTRY, DU.ENTRY]
+ALL_WORKLOADS = WORKLOADS + [P.ENTRY, RB.ENTRY, TX.ENTRY, BD.ENTRY, CA.ENTRY, DU.ENTRY, DO.ENTRY]
 NUMBERS = {
     **WL_NUMBERS,
     P.WL: P.NUMBER,
@@ -40,6 +41,7 @@ NUMBERS = {
     BD.WL: BD.NUMBER,
     CA.WL: CA.NUMBER,
     DU.WL: DU.NUMBER,
+    DO.WL: DO.NUMBER,
 }
 TITLES = {
     **WL_TITLES,
@@ -49,11 +51,21 @@ TITLES = {
     BD.WL: BD.TITLE,
     CA.WL: CA.TITLE,
     DU.WL: DU.TITLE,
+    DO.WL: DO.TITLE,
 }
-ALIASES = {**WL_ALIASES, **P.ALIASES, **RB.ALIASES, **TX.ALIASES, **BD.ALIASES, **CA.ALIASES, **DU.ALIASES}
+ALIASES = {
+    **WL_ALIASES,
+    **P.ALIASES,
+    **RB.ALIASES,
+    **TX.ALIASES,
+    **BD.ALIASES,
+    **CA.ALIASES,
+    **DU.ALIASES,
+    **DO.ALIASES,
+}
 CONTENDERS = list(A.ORDER) + P.OWN_CONTENDERS + RB.OWN_CONTENDERS
 CONTENDER_ALIASES = {**A.ALIASES, **P.CONTENDER_ALIASES, **RB.CONTENDER_ALIASES}
-OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL, CA.WL, DU.WL)  # workloads that need no adapter
+OWN_RUNNERS = (P.WL, RB.WL, TX.WL, BD.WL, CA.WL, DU.WL, DO.WL)  # workloads that need no adapter
 
 DEFAULT_OUT = os.path.join("perf", "results")
 
@@ -281,7 +293,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
-            if wl in (TX.WL, BD.WL, CA.WL, DU.WL) and "ultradict_ng" not in chosen:
+            if wl in (TX.WL, BD.WL, CA.WL, DU.WL, DO.WL) and "ultradict_ng" not in chosen:
                 log(f"    (none of the selected contenders takes part in {wl})")
                 done.add(wl)
                 continue
@@ -319,6 +331,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 group = [wl]
             elif wl == DU.WL:
                 DU.w_durable(run, ["ultradict_ng"])  # (its contenders are its own: perf.durable)
+                group = [wl]
+            elif wl == DO.WL:
+                DO.w_documents(run, ["ultradict_ng"])  # (its contenders are its own: perf.documents)
                 group = [wl]
             else:
                 RUNNERS[wl](run, [a for a in adapters if a.runs(wl)])

@@ -77,6 +77,10 @@ def section(records: list[dict[str, Any]], wl: str, number: int, title: str, not
         from . import durable
 
         return durable.section(recs, number, title, notes)
+    if wl == "documents":
+        from . import documents
+
+        return documents.section(recs, number, title, notes)
     unit = next((r["unit"] for r in recs if not r.get("note_only")), recs[0]["unit"])
     better = next((r["better"] for r in recs if not r.get("note_only")), "higher")
     arrow = "higher is better" if better == "higher" else "lower is better"
@@ -303,6 +307,9 @@ def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
     from . import durable
 
     out.extend(durable.targets(records, quick))  # workload 16
+    from . import documents
+
+    out.extend(documents.targets(records, quick))  # workload 17
     from . import cache_report
 
     out.extend(cache_report.targets(records, quick))  # workload 15
@@ -486,6 +493,13 @@ def plot(path: str, records: list[dict[str, Any]], workloads: list[tuple[str, in
             title = durable.plot_panel(ax, recs)
             ax.set_title(f"{no}. {title}", fontsize=9)
             ax.grid(True, axis="x", alpha=0.3)
+            continue
+        elif wl == "documents":
+            from . import documents
+
+            title = documents.plot_panel(ax, recs)
+            ax.set_title(f"{no}. {title}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
             continue
         else:
             cases = _cases(recs, wl)

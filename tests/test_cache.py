@@ -265,6 +265,53 @@ def test_pickle_serializer_and_handles_pickle(name):
         SharedCache.unlink_by_name(name)
 
 
+class _Marked(str):
+    """A str subclass (as Django's SafeString): its type must survive."""
+
+
+def test_pickle_serializer_keeps_plain_data_as_itself_and_pickles_the_rest(name):
+    c = SharedCache(name, serializer="pickle", maxsize=20)
+    other = SharedCache(name)
+    deep: list = [1]
+    for _ in range(20):
+        deep = [deep]
+    plain = {
+        "doc": {"user": 42, "tags": ["a", "b"], "at": (1, 2.5), "s": {1, 2}, "raw": b"x", "n": None},
+        "list": [1, "a", [2.0, True]],
+        "str": "text",
+        "int": 2**70,
+        "fs": frozenset({1, 2}),
+    }
+    pickled = {
+        "tuple": (1, [2]),  # (a tuple is always pickled: a 1-tuple of bytes marks pickled data)
+        "marked": _Marked("<b>"),
+        "ordered": collections.OrderedDict(a=1),
+        "counter": {"c": collections.Counter("aab")},
+        "deep": deep,
+        "flag": {"f": _Marked("x")},
+    }
+    try:
+        for k, v in {**plain, **pickled}.items():
+            c[k] = v
+        for k, v in plain.items():
+            assert c._dget(k)[2] == v  # stored as itself
+        for k in pickled:
+            stored = c._dget(k)[2]
+            assert type(stored) is tuple and len(stored) == 1 and type(stored[0]) is bytes
+        for h in (c, other):
+            for k, v in {**plain, **pickled}.items():
+                got = h[k]
+                assert got == v and type(got) is type(v), k
+            got = h["doc"]
+            got["tags"].append("c")
+            assert h.get("doc")["tags"] == ["a", "b"]  # the caller's own copy
+        assert c.incr("int") == 2**70 + 1 and other["int"] == 2**70 + 1
+    finally:
+        other.close()
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
 def test_settings_are_stored_with_the_cache(name):
     c = SharedCache(name, maxsize=10, ttl=5, serializer="pickle", cull_frequency=3)
     try:

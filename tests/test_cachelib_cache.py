@@ -413,6 +413,10 @@ def test_values_keys_and_serializers(caches: Any, name: str) -> None:
     cache.set("int", 3)
     cache.set("str", "x")
     assert core.get("int") == 3 and isinstance(core.get("str"), bytes)  # ints stay numbers
+    cache.set("doc", {"a": [1, (2, b"x")]})  # plain data, with the default serializer: itself
+    assert core.get("doc") == {"a": [1, (2, b"x")]} and cache.get("doc") == {"a": [1, (2, b"x")]}
+    cache.set("odd", {"c": 1j})
+    assert isinstance(core.get("odd"), bytes) and cache.get("odd") == {"c": 1j}  # not plain: pickled
     for key in (1, b"k", None, ("t",)):
         with pytest.raises(TypeError):
             cache.set(key, 1)  # type: ignore[arg-type]

@@ -5,7 +5,8 @@ lock's per-process state (``ProcessState``), the bases carrying the read hit pat
 (``StoreBase``, ``ViewBase``, and ``CacheGet`` for the shared cache), the reader's
 record checks and replay (``parse_records``, ``apply_sets``, ``apply_simple``), recovery's
 scan of a stream file (``scan_stream``) and the codec's type
-scans (``types_within``, ``contains_type``) and its packers of big dicts
+scans (``types_within``, ``contains_type``), the copies a read hands out
+(``copy_plain``) and its packers of big dicts
 (``pack_map``, ``pack_pairs``) and its decoder of their values (``unpack_simple``,
 ``tuple_hook``, ``table_rows``) -- is imported from here, and only
 from here.  This module takes them from the compiled ``ultradict_ng._helper._native``
@@ -62,6 +63,7 @@ __all__ = [
     "msgpack_length",
     "crc32",
     "set_immutable_types",
+    "copy_plain",
     "set_root_write",
     "key_hash_common",
     "table_get",
@@ -162,6 +164,7 @@ if IMPLEMENTATION == "native":
         apply_sets,
         apply_simple,
         contains_type,
+        copy_plain,
         crc32,
         first_to_export,
         key_hash_common,
@@ -195,6 +198,7 @@ else:
         apply_sets,
         apply_simple,
         contains_type,
+        copy_plain,
         crc32,
         first_to_export,
         key_hash_common,

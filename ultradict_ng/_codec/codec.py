@@ -23,16 +23,15 @@ codecs built on them and on pickle, and the copies the local cache hands out.
 
 from __future__ import annotations
 
-import copy
-import operator
 import pickle
 import sys
-from typing import Any, Callable, Optional, Union
+from typing import Any, Union
 
 from ..errors import CorruptSegment, UnsupportedType
 from ..layout import OP_UPDATE
 from ..speedups import pack_map, pack_pairs, unpack_simple
 from . import decode as msgpack_decode
+from .copies import IMMUTABLE_TYPES, copy_value
 from .decode import ROOT_HOOK, contains_timestamp, gc_paused
 from .encode import (
     KEEP_BUFFERS_UP_TO,
@@ -58,7 +57,6 @@ from .ext import (
     type_name,
     unpackb,
 )
-from .placeholders import BlobRef, InlineArray, PickledBlobs
 
 __all__ = [
     "Codec",
@@ -427,123 +425,3 @@ def codec_by_id(codec_id: int) -> Codec:
     if found is None:
         raise CorruptSegment(f"unknown serializer id {codec_id}")
     return found
-
-
-# --------------------------------------------------------------------------
-# Copies for the local cache
-# --------------------------------------------------------------------------
-
-#: Types whose values are immutable all the way down: the cache hands them out as they are.
-IMMUTABLE_TYPES: frozenset[type] = LEAF_TYPES | {frozenset}
-_IMMUTABLE_TYPES = IMMUTABLE_TYPES
-
-
-def _copy(value: Any, stored: Optional[Callable[[Any], Any]]) -> Any:
-    tp = type(value)
-    if tp in _IMMUTABLE_TYPES:
-        return value
-    if tp in _STORED_TYPES:
-        return value if stored is None else stored(value)
-    if tp is list:
-        if _IMMUTABLE_TYPES.issuperset(map(type, value)):
-            return value.copy()
-        return [_copy(item, stored) for item in value]
-    if tp is dict:
-        if _IMMUTABLE_TYPES.issuperset(map(type, value.values())):
-            return value.copy()
-        return {key: _copy(item, stored) for key, item in value.items()}
-    if tp is tuple:
-        if _IMMUTABLE_TYPES.issuperset(map(type, value)):
-            return value
-        items = [_copy(item, stored) for item in value]
-        if all(map(operator.is_, items, value)):
-            return value
-        return tuple(items)
-    if tp is set:
-        return value.copy()
-    if tp is bytearray:
-        return bytearray(value)
-    return copy.deepcopy(value)
-
-
-def copy_value(value: Any, stored: Optional[Callable[[Any], Any]] = None) -> Any:
-    """Return a copy of *value* that shares no mutable object with it.
-
-    Immutable values (and tuples holding only immutable values) are returned
-    as they are.  Lists, dicts, sets and bytearrays are copied, recursively;
-    dict keys and set members are hashable and so are not copied.  Cache
-    placeholders of large values and arrays (``placeholders.BlobRef``,
-    ``placeholders.InlineArray``, ``placeholders.PickledBlobs``) become
-    ``stored(placeholder)`` (they stay as they are without ``stored``).  Any
-    other type (possible only with the pickle serializer) is ``copy.deepcopy``-ed.
-    """
-    if type(value) in _IMMUTABLE_TYPES:
-        return value
-    try:
-        return _copy(value, stored)
-    except RecursionError:  # nested deeper than the stack allows here, or a cycle (pickle)
-        return _copy_without_recursion(value, stored)
-
-
-def _copy_without_recursion(root: Any, stored: Optional[Callable[[Any], Any]]) -> Any:
-    """What ``_copy`` returns, with an explicit stack instead of recursion.
-
-    Why: a value the codec accepts (up to MAX_NESTING levels) must read back
-    from any call depth, and ``_copy`` takes a frame per level.  Lists and
-    dicts are memoized by identity, so a cyclic value (only the pickle
-    serializer can make one) is copied as a cycle; other non-codec types are
-    ``copy.deepcopy``-ed as in ``_copy``.
-    """
-    memo: dict[int, Any] = {}
-
-    def finished(v: Any) -> tuple[bool, Any]:
-        tp = type(v)
-        if tp in _IMMUTABLE_TYPES:
-            return True, v
-        if tp is list or tp is dict or tp is tuple:
-            seen = memo.get(id(v), _NOT_SEEN)
-            return (seen is not _NOT_SEEN), seen
-        if tp in _STORED_TYPES:
-            return True, (v if stored is None else stored(v))
-        if tp is set:
-            return True, v.copy()
-        if tp is bytearray:
-            return True, bytearray(v)
-        return True, copy.deepcopy(v)
-
-    def frame(v: Any) -> list[Any]:
-        """[original, children, copies of the children so far, the new container]"""
-        new: Any = None
-        if type(v) is list:
-            new = memo[id(v)] = []
-            return [v, v, [], new]
-        if type(v) is dict:
-            new = memo[id(v)] = {}
-            return [v, list(v.values()), [], new]
-        return [v, list(v), [], new]  # a tuple: built when its items are
-
-    stack = [frame(root)]
-    while True:
-        top = stack[-1]
-        orig, children, copies, new = top
-        if len(copies) < len(children):
-            done, result = finished(children[len(copies)])
-            if done:
-                copies.append(result)
-            else:
-                stack.append(frame(children[len(copies)]))
-            continue
-        if type(orig) is list:
-            new.extend(copies)
-        elif type(orig) is dict:
-            new.update(zip(orig, copies))
-        else:
-            new = orig if all(map(operator.is_, copies, orig)) else tuple(copies)
-        stack.pop()
-        if not stack:
-            return new
-        stack[-1][2].append(new)
-
-
-_NOT_SEEN: Any = object()
-_STORED_TYPES = frozenset({BlobRef, InlineArray, PickledBlobs})

@@ -73,8 +73,7 @@
  * whole life (so the mapping cannot be closed under it) until release(), and
  * every index and offset is bounds-checked.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "udng.h"
 #include <stddef.h>
 #include <structmember.h>
 #include <stdint.h>
@@ -1233,10 +1232,13 @@ static PyTypeObject ProcessStateType = {
  * _bind_state(words, index) to a Words object that keeps the mapping
  * exported.  ViewBase is the base of SharedDict (members `_store`, `_path`);
  * its __getitem__ answers from the cache when the view is the root and
- * STATE == seen -- one 8-byte load, one compare, one dict lookup -- and the
- * value is of an immutable type; everything else (a changed STATE, a nested
- * view, a missing key, a mutable value, a closed handle) calls the Python
- * method `_getitem_slow(key)`, the one implementation of the full rules.
+ * STATE == seen -- one 8-byte load, one compare, one dict lookup -- and
+ * hands out a value of an immutable type as it is, and a plain mutable one
+ * (a list, a dict unless `recurse`, ...) as the caller's own copy
+ * (copytree.c); everything else (a changed STATE, a nested view, a missing
+ * key, a value holding a blob's placeholder, a closed handle) calls the
+ * Python method `_getitem_slow(key)`, the one implementation of the full
+ * rules.
  *
  * It also holds `pos` (the stream offset the cache has read or written up
  * to: Reader.pos) and the write path of an open transaction (layout.py,
@@ -1273,6 +1275,7 @@ typedef struct {
     Py_ssize_t tx_threshold; /* bytes values this long go to blobs (0: never) */
     Py_ssize_t tx_blob_index;/* index of BLOB_NEXT in state_words */
     long tx_op_set;
+    char recurse;            /* nested dicts are live views: a dict value is not copied here */
 } StoreBaseObject;
 
 /* A big dict's cache (`data` a TableCache) is read where its fields lie, in
@@ -1474,6 +1477,8 @@ sb_tx_fast(StoreBaseObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMemberDef sb_members[] = {
     {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
+    {"recurse", T_BOOL, offsetof(StoreBaseObject, recurse), 0,
+     "nested dicts are live views (a dict value is read as a view, not copied)"},
     {"_tx_last", T_PYSSIZET, offsetof(StoreBaseObject, tx_last), READONLY,
      "offset of the last record the armed transaction path wrote (-1: none)"},
     {NULL, 0, 0, 0, NULL},
@@ -1509,7 +1514,6 @@ typedef struct {
     PyObject *path;
 } ViewObject;
 
-static PyObject *immutable_types;   /* frozenset of types, set by set_immutable_types() */
 static PyObject *str_getitem_slow;
 
 static int
@@ -1534,62 +1538,6 @@ vb_dealloc(ViewObject *self)
     PyObject_GC_UnTrack(self);
     vb_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int
-is_immutable(PyObject *v)
-{
-    PyTypeObject *t = Py_TYPE(v);
-    if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBool_Type ||
-        t == &PyBytes_Type || v == Py_None)
-        return 1;
-    if (immutable_types == NULL)
-        return 0;
-    int r = PySet_Contains(immutable_types, (PyObject *)t);
-    if (r < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    return r;
-}
-
-/* A tuple whose items are all of immutable types (one level: a tuple inside
- * takes the slow path): as immutable as they are, handed out as it is --
- * the value shape of lookup tables, (int, str, float). */
-static int
-is_immutable_tuple(PyObject *v)
-{
-    if (!PyTuple_CheckExact(v))
-        return 0;
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(v); i < n; i++)
-        if (!is_immutable(PyTuple_GET_ITEM(v, i)))
-            return 0;
-    return 1;
-}
-
-/* first_to_export(pairs) -> index of the first (key, value) of the list
- * whose value the hit path would not hand out as it is (is_immutable,
- * is_immutable_tuple), or len(pairs): a snapshot of a big dict's items
- * checks a million values in one call, exporting only from there. */
-static PyObject *
-native_first_to_export(PyObject *module, PyObject *pairs)
-{
-    if (!PyList_CheckExact(pairs)) {
-        PyErr_SetString(PyExc_TypeError, "first_to_export(pairs: list)");
-        return NULL;
-    }
-    Py_ssize_t i = 0, n = PyList_GET_SIZE(pairs);
-    for (; i < n; i++) {
-        PyObject *pair = PyList_GET_ITEM(pairs, i);
-        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
-            PyErr_SetString(PyExc_TypeError, "first_to_export: pairs must be (key, value) tuples");
-            return NULL;
-        }
-        PyObject *v = PyTuple_GET_ITEM(pair, 1);
-        if (!is_immutable(v) && !is_immutable_tuple(v))
-            break;
-    }
-    return PyLong_FromSsize_t(i);
 }
 
 /* The store of `view` when it is a root view whose cache is in sync (one
@@ -1672,8 +1620,6 @@ view_cached(ViewObject *self, PyObject *key, PyObject **out)
     return s == NULL ? 2 : cached_in(s, key, out, NULL);
 }
 
-int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out); /* table.c */
-int udng_tablecache_add(PyObject *m); /* tablecache.c */
 
 /* A first read of a big dict's str key in compiled code, for `cache`, the
  * store's TableCache just found in sync without the key in `hot`: what
@@ -1761,9 +1707,18 @@ vb_subscript(ViewObject *self, PyObject *key)
          * and each step of the general path below costs a few percent. */
         v = PyDict_GetItemWithError(s->data, key);  /* borrowed (no code runs until returned) */
         if (v != NULL) {
-            if (is_immutable(v) || is_immutable_tuple(v)) {
+            if (udng_is_immutable(v) || udng_is_immutable_tuple(v)) {
                 Py_INCREF(v);
                 return v;
+            }
+            if (!s->recurse || !PyDict_CheckExact(v)) {
+                /* The caller's own copy (held: an allocation may collect,
+                 * and a finalizer run Python code), else the slow path. */
+                Py_INCREF(v);
+                PyObject *c = udng_copy_tree(v);
+                Py_DECREF(v);
+                if (c != NULL || PyErr_Occurred())
+                    return c;
             }
         } else if (PyErr_Occurred()) {
             return NULL;  /* an unhashable key: dict's TypeError */
@@ -1798,9 +1753,12 @@ vb_subscript(ViewObject *self, PyObject *key)
         Py_DECREF(cache);
     }
     if (r == 1) {
-        if (is_immutable(v) || is_immutable_tuple(v))
+        if (udng_is_immutable(v) || udng_is_immutable_tuple(v))
             return v;
+        PyObject *c = s->recurse && PyDict_CheckExact(v) ? NULL : udng_copy_tree(v);
         Py_DECREF(v);
+        if (c != NULL || PyErr_Occurred())
+            return c;
     } else if (r < 0) {
         return NULL;
     }
@@ -1909,7 +1867,7 @@ vb_ass_subscript(ViewObject *self, PyObject *key, PyObject *value)
             return r < 0 ? -1 : 0;
         if (root_setitem_slow != NULL && self->store != NULL && self->path != NULL &&
             PyTuple_CheckExact(self->path) && PyTuple_GET_SIZE(self->path) == 0 &&
-            (is_immutable(value) || PyTuple_CheckExact(value)) &&
+            (udng_is_immutable(value) || PyTuple_CheckExact(value)) &&
             _PyType_Lookup(Py_TYPE(self), str_setitem_slow) == root_setitem_slow) {
             if (PyObject_Hash(key) == -1)  /* (unhashable: dict's TypeError, before any lock) */
                 return -1;
@@ -1960,10 +1918,11 @@ static PyTypeObject ViewBaseType = {
  * clock_gettime(CLOCK_REALTIME) is a hit: the time is stored at
  * recency[slot] (recency: the side segment's f64 array, held as a buffer
  * export until release(); None without maxsize), and the value returned --
- * as it is when immutable, a copy when a dict or list of immutable items,
- * loads(value) when loads is not None (the pickle serializer).  An absent
+ * as it is when immutable, the caller's own copy when plain (copytree.c),
+ * loads(value[0]) when loads is not None (the pickle serializer) and the
+ * value is a 1-tuple of bytes.  An absent
  * key, an expired entry or a claim (a tuple of 4) is a miss: `default`.
- * Anything else (a view out of sync, a value to copy deeper, a slot out of
+ * Anything else (a view out of sync, a value that is not plain, a slot out of
  * range, an int expiry, a released or closed handle) calls slow(key), the
  * Python rules, which returns the value or `missing`.  hits and misses count
  * this handle's outcomes.  Why compiled: the Python method costs ~0.5 us
@@ -2079,31 +2038,6 @@ realtime_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* A private copy of a dict or list whose members are all immutable (what
- * codec.copy_value makes of it, without Python code); NULL without an error
- * when the value is anything else. */
-static PyObject *
-shallow_copy(PyObject *v)
-{
-    if (PyDict_CheckExact(v)) {
-        Py_ssize_t i = 0;
-        PyObject *k, *item;
-        while (PyDict_Next(v, &i, &k, &item))
-            if (!is_immutable(item) && !is_immutable_tuple(item))
-                return NULL;
-        return PyDict_Copy(v);
-    }
-    if (PyList_CheckExact(v)) {
-        for (Py_ssize_t i = 0, n = PyList_GET_SIZE(v); i < n; i++) {
-            PyObject *item = PyList_GET_ITEM(v, i);
-            if (!is_immutable(item) && !is_immutable_tuple(item))
-                return NULL;
-        }
-        return PyList_GetSlice(v, 0, PyList_GET_SIZE(v));
-    }
-    return NULL;
-}
-
 /* The value of a hit on entry e, or NULL without an error when e is not
  * answerable here (slow decides), or NULL with an error. */
 static PyObject *
@@ -2124,13 +2058,17 @@ cg_hit(CacheGetObject *self, PyObject *e, double now, int *miss)
         return NULL;
     }
     PyObject *value = PyTuple_GET_ITEM(e, 2), *out;
-    if (self->loads != Py_None) {
-        out = NULL;  /* loads runs after the recency store */
-    } else if (is_immutable(value) || is_immutable_tuple(value)) {
+    if (self->loads != Py_None && PyTuple_CheckExact(value)) {
+        /* Pickled: (bytes,), unpickled after the recency store (a large
+         * one's placeholder instead of bytes: slow decides). */
+        if (PyTuple_GET_SIZE(value) != 1 || !PyBytes_CheckExact(PyTuple_GET_ITEM(value, 0)))
+            return NULL;
+        out = NULL;
+    } else if (udng_is_immutable(value) || udng_is_immutable_tuple(value)) {
         Py_INCREF(value);
         out = value;
     } else {
-        out = shallow_copy(value);
+        out = udng_copy_tree(value);
         if (out == NULL)
             return NULL;
     }
@@ -2149,7 +2087,7 @@ cg_hit(CacheGetObject *self, PyObject *e, double now, int *miss)
         __atomic_store_n((uint64_t *)self->rec.buf + i, bits, __ATOMIC_RELAXED);
     }
     if (out == NULL) {
-        out = PyObject_CallOneArg(self->loads, value);
+        out = PyObject_CallOneArg(self->loads, PyTuple_GET_ITEM(value, 0));
         if (out == NULL)
             return NULL;
     }
@@ -2263,17 +2201,6 @@ native_set_root_write(PyObject *module, PyObject *func)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-native_set_immutable_types(PyObject *module, PyObject *types)
-{
-    if (!PyFrozenSet_CheckExact(types)) {
-        PyErr_SetString(PyExc_TypeError, "set_immutable_types needs a frozenset of types");
-        return NULL;
-    }
-    Py_INCREF(types);
-    Py_XSETREF(immutable_types, types);
-    Py_RETURN_NONE;
-}
 
 
 /* types_within(container, types[, levels]) -> bool: whether every member of
@@ -2733,7 +2660,6 @@ native_apply_sets(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * a dict cache decoded every record to a list through msgpack's Unpacker and
  * its ext hook (~1-2 us a record) before apply_sets stored it; here one pass
  * decodes the key and value only (a recovery's million records: seconds). */
-PyObject *udng_simple_value(const unsigned char *p, Py_ssize_t n);    /* unpack.c */
 
 static PyObject *
 native_apply_simple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -2801,19 +2727,6 @@ native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLong(crc);
 }
 
-/* keyhash.c, table.c and unpack.c (compiled into this module; pyproject.toml lists the sources). */
-PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
-PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_table_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_table_merge(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_table_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_table_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_table_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_unpack_simple(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *udng_native_tuple_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-
 /* zlib's CRC-32, for table.c. */
 uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n) { return crc_update(crc, p, n); }
 
@@ -2839,11 +2752,13 @@ static PyMethodDef native_methods[] = {
     {"types_within", (PyCFunction)(void (*)(void))native_types_within, METH_FASTCALL,
      "types_within(container, types[, levels]) -> bool: every member (dict: keys and values) of an exact "
      "type in types, or within levels more levels a container whose members are."},
-    {"first_to_export", (PyCFunction)native_first_to_export, METH_O,
+    {"first_to_export", (PyCFunction)udng_native_first_to_export, METH_O,
      "first_to_export(pairs) -> index of the first (key, value) whose value is not handed out as it is."},
+    {"copy_plain", (PyCFunction)udng_native_copy_plain, METH_O,
+     "copy_plain(value) -> the caller's own copy of a plain value (codec.copy_value's), or None."},
     {"set_root_write", (PyCFunction)native_set_root_write, METH_O,
      "set_root_write(func): SharedDict._setitem_slow, whose root set of an immutable value ViewBase makes itself."},
-    {"set_immutable_types", (PyCFunction)native_set_immutable_types, METH_O,
+    {"set_immutable_types", (PyCFunction)udng_native_set_immutable_types, METH_O,
      "set_immutable_types(frozenset): value types ViewBase returns without copying."},
     {"crc32", (PyCFunction)(void (*)(void))native_crc32, METH_FASTCALL,
      "crc32(data, value=0): the same result as zlib.crc32 (used to test write_record)."},

@@ -18,8 +18,7 @@
  *           unsalted, arithmetic one) xor the number tag; a NaN: of the NaN tag;
  *   None:   of the None tag.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "udng.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

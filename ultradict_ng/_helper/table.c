@@ -67,8 +67,7 @@
  * inside the entries, its zero word zero, its crc); the probe gives up with
  * an error after ``slots`` slots (an index without an empty slot is damaged).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "udng.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -77,11 +76,6 @@
 #define T_OFFSET_MASK ((1ULL << 40) - 1)
 #define T_TAG_MASK (~T_OFFSET_MASK)
 
-int udng_key_hash_common(PyObject *key, uint64_t *out);          /* keyhash.c */
-PyObject *udng_pack_value(PyObject *v);                             /* _native.c */
-uint32_t udng_crc32(uint32_t crc, const unsigned char *p, size_t n); /* _native.c */
-Py_ssize_t udng_mp_skip(const unsigned char *p, Py_ssize_t n);       /* _native.c */
-PyObject *udng_simple_value(const unsigned char *p, Py_ssize_t n);    /* unpack.c */
 
 static inline uint64_t rd64(const unsigned char *p)
 {

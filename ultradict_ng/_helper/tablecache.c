@@ -22,12 +22,11 @@
  * anyway: records apply under it).
  */
 
-#include <Python.h>
+#include "udng.h"
 #include <structmember.h>
 
 #include "tablecache.h"
 
-int udng_table_locate(PyObject *probe, PyObject *key); /* table.c */
 
 
 static PyObject *str_setitem, *str_delitem;

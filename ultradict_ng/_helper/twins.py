@@ -7,8 +7,9 @@ and no other module knows which (the msgpack ``fallback.py`` / py-lmdb
 compares each pair on generated inputs, and CI runs the whole suite on both.
 The atomic words are in :mod:`.words`, the packers of big dicts and
 their values' decoder in :mod:`.packing`, the walks over a table's entries
-in :mod:`.tablewalk`, the probe of a table in :mod:`.tableprobe`, recovery's
-scan of a stream file in :mod:`.streamscan` (all re-exported here).
+in :mod:`.tablewalk`, the copies a read hands out in :mod:`.copytree`, the
+probe of a table in :mod:`.tableprobe`, recovery's scan of a stream file in
+:mod:`.streamscan` (all re-exported here).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import layout as L
 from .. import table_layout as TL
+from .copytree import copy_plain, first_to_export, set_immutable_types
 from .packing import pack_map, pack_pairs, tuple_hook, unpack_simple
 from .streamscan import scan_stream
 from .tableprobe import key_hash_common, table_candidates, table_changes, table_get
@@ -47,6 +49,7 @@ __all__ = [
     "msgpack_length",
     "crc32",
     "set_immutable_types",
+    "copy_plain",
     "set_root_write",
     "key_hash_common",
     "table_get",
@@ -144,9 +147,11 @@ class StoreBase:
     """What the read hit path needs from a store (``seen`` and ``data``), and
     the stream offset the cache reflects (``pos``)."""
 
-    __slots__ = ("seen", "data", "pos")
+    __slots__ = ("seen", "data", "pos", "recurse")
 
     seen: int
+    #: Nested dicts are live views (a dict value is read as a view, not copied).
+    recurse: bool
     #: The cache: a dict, or for a big dict a reader's ``_shm/tablecache.TableCache``
     #: (the read API of a dict; a writer turns it into a dict before it writes).
     data: dict[Any, Any]
@@ -229,34 +234,12 @@ class ViewBase:
         self._delitem_slow(key)
 
 
-_immutable_types: frozenset[type] = frozenset()
-
-
 def set_root_write(func: Callable[..., None]) -> None:
     """Registers ``SharedDict._setitem_slow`` with the compiled ``ViewBase``,
     which makes its root set of an immutable value itself; the twin
     ``ViewBase`` calls it as ``__setitem__`` already: nothing to do."""
     if not callable(func):
         raise TypeError("set_root_write needs a function")
-
-
-def set_immutable_types(types: frozenset[type]) -> None:
-    """The types whose values the hit path may hand out without a copy."""
-    global _immutable_types
-    if type(types) is not frozenset:
-        raise TypeError("set_immutable_types needs a frozenset of types")
-    _immutable_types = types
-
-
-def first_to_export(pairs: list[tuple[Any, Any]]) -> int:
-    """Index of the first ``(key, value)`` whose value the hit path would not
-    hand out as it is (not of an immutable type, nor a tuple of such); len if none."""
-    types = _immutable_types
-    for i, (_, v) in enumerate(pairs):
-        tp = type(v)
-        if tp not in types and not (tp is tuple and types.issuperset(map(type, v))):
-            return i
-    return len(pairs)
 
 
 class CacheGet:

@@ -27,8 +27,7 @@
  * Scalars decode as msgpack decodes them with raw=False: a str through
  * strict UTF-8, a bin as bytes, a float 32 widened to a double.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "udng.h"
 #include <stdint.h>
 #include <string.h>
 

@@ -95,7 +95,7 @@ class Store(Writer):
     :class:`~ultradict_ng.reader.Reader`, then :class:`~ultradict_ng.writer.Writer`.
     """
 
-    __slots__ = ("recurse", "created", "registered", "max_decoded", "_finalizer", "__weakref__")
+    __slots__ = ("created", "registered", "max_decoded", "_finalizer", "__weakref__")
 
     def __init__(
         self,
@@ -116,7 +116,7 @@ class Store(Writer):
         )
         self.name = name
         self.codec = codec
-        self.recurse = header.recurse
+        self.recurse = bool(header.recurse)
         self.stream_size = header.stream_size
         self.grows = header.grows
         self.dump_limit = header.dump_limit

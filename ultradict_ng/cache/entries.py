@@ -21,13 +21,28 @@ from .. import cache_layout as C
 from .._owner import owner_alive
 from ..errors import TooLarge
 from ..shareddict import SharedDict
+from ..speedups import types_within
 from .side import Side
 
-__all__ = ["Entries", "slot_of"]
+__all__ = ["Entries", "plain_data", "slot_of"]
 
 _U64 = (1 << 64) - 1
 _W_FREE, _W_NEXT, _W_EVICTIONS, _W_EXPIRATIONS = C.W_FREE, C.W_NEXT, C.W_EVICTIONS, C.W_EXPIRATIONS
 _W_BATCH = C.W_BATCH
+
+
+# With the pickle serializer, values the codec gives back exactly are stored as
+# themselves (cache_layout.py, "Entries"): reading one back is a copy of the
+# decoded value, ~3x faster than unpickling it.  Exact types only (a str
+# subclass such as Django's SafeString, an IntEnum, an OrderedDict are pickled).
+_PLAIN_LEAVES: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes})
+_PLAIN_TREES: frozenset[type] = frozenset({dict, list, set, frozenset})  # (tuples inside only)
+
+
+def plain_data(value: Any) -> bool:
+    """Whether the codec gives ``value`` back exactly (equal, of the same types)."""
+    tp = type(value)
+    return tp in _PLAIN_LEAVES or (tp in _PLAIN_TREES and types_within(value, _PLAIN_LEAVES, 16))
 
 
 def slot_of(e: Any, nslots: int) -> int:

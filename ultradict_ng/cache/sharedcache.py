@@ -21,7 +21,7 @@ from .._codec.codec import codec_for
 from .._shm.store import Store
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
-from .entries import Entries, slot_of
+from .entries import Entries, plain_data, slot_of
 from .side import open_side
 
 __all__ = ["SharedCache", "DEFAULT_TTL"]
@@ -38,6 +38,7 @@ class _DefaultTTL:
 
 
 DEFAULT_TTL: Any = _DefaultTTL()
+
 _MISSING: Any = object()
 
 
@@ -183,8 +184,8 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
                 rec = self._recency
                 if rec is not None:
                     rec[e[1]] = now
-                loads = self._loads
-                return e[2] if loads is None else loads(e[2])
+                value = e[2]
+                return value if self._loads is None or type(value) is not tuple else self._loads(value[0])
         return _MISSING
 
     def __getitem__(self, key: Any) -> Any:
@@ -524,10 +525,13 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         return -1.0 if ttl <= 0 else now + ttl
 
     def _stored(self, value: Any) -> Any:
-        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL) if self._loads is not None else value
+        if self._loads is None or plain_data(value):
+            return value
+        return (pickle.dumps(value, pickle.HIGHEST_PROTOCOL),)
 
     def _value(self, e: Any) -> Any:
-        return e[2] if self._loads is None else self._loads(e[2])
+        value = e[2]
+        return value if self._loads is None or type(value) is not tuple else self._loads(value[0])
 
     def _live(self, key: Any, now: float) -> Any:
         """The value entry of ``key`` if live, else None (no lock needed)."""

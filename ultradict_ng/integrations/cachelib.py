@@ -27,7 +27,11 @@ Semantics are cachelib's (its ``SimpleCache``, ``FileSystemCache`` and
 - **values** go through ``self.serializer`` (pickle, as in every cachelib cache;
   Flask-Caching's ``CACHE_SERIALIZER`` or an assignment replaces it), except
   ``int``\\ s, stored as numbers -- as ``RedisCache`` stores them -- so that
-  ``inc``/``dec`` are one atomic step in shared memory.
+  ``inc``/``dec`` are one atomic step in shared memory, and, with the default
+  serializer, plain data the codec gives back exactly (a dict, list, set,
+  float, bool or None of str, int, float, bool, None, bytes and tuples, exact
+  types): stored as itself, a read is a copy of the decoded value, ~3x faster
+  than unpickling it.  (Never a str or bytes: a serializer's output is one.)
 - ``add`` is atomic: of several processes adding one key, exactly one wins.
   ``inc``/``dec`` are atomic and exact; a missing key starts at 0 and gets the
   default timeout, an existing one keeps its expiry (as with Redis's ``INCRBY``).
@@ -88,6 +92,7 @@ from cachelib import BaseCache
 from cachelib.serializers import BaseSerializer
 
 from ..cache import SharedCache as _Core
+from ..cache.entries import plain_data
 from ..errors import AlreadyExists, NotFound, TooLarge
 
 if TYPE_CHECKING:
@@ -99,6 +104,10 @@ __all__ = ["SharedCache"]
 Timeout = Union[int, float, dt.timedelta, None]
 
 _MISSING = object()
+
+
+# What a serializer's dumps returns: stored values of other types are themselves.
+_SERIALIZED = (bytes, str)
 
 
 class SharedCache(BaseCache):
@@ -242,11 +251,13 @@ class SharedCache(BaseCache):
         (cachelib's serializers log that and return None)."""
         if type(value) is int:  # not bool, not an IntEnum: those round-trip through pickle
             return value
+        if type(value) not in _SERIALIZED and type(self.serializer) is BaseSerializer and plain_data(value):
+            return value
         data = self.serializer.dumps(value)
         return _MISSING if data is None else data
 
     def _load(self, stored: Any) -> Any:
-        if type(stored) is int:
+        if type(stored) not in _SERIALIZED:  # an int, or plain data stored as itself
             return stored
         return self.serializer.loads(stored)
 

@@ -66,7 +66,11 @@ remove the cache (``ultradict-ng rm LOCATION``) while no worker runs, or name a 
 ``LOCATION``.
 
 Values are pickled (any picklable object, as with Django's other backends; a value
-that cannot be pickled raises the ``pickle`` error from ``set``/``add``).  Timeouts
+that cannot be pickled raises the ``pickle`` error from ``set``/``add``), except
+plain data the codec gives back exactly -- a dict or list of str, int, float,
+bool, None (``SharedCache``'s serializer "pickle" decides: cache_layout.py) --
+stored as itself, so that reading a session or a user record back is a copy,
+not an unpickling.  Timeouts
 follow ``BaseCache.get_backend_timeout``: ``None`` never expires, ``0`` or less
 expires at once (``set`` then stores nothing and removes the key), the default is the
 alias's ``TIMEOUT``; expiry is checked by every process at each read.  ``incr`` and
