@@ -11,7 +11,6 @@ is what makes it fast).
 
 from __future__ import annotations
 
-import fractions
 import os
 import pickle
 import threading
@@ -179,17 +178,21 @@ def test_a_hit_stores_its_time_as_the_entrys_recency(shared):
 
 
 def test_pickle_serializer_values_come_back_through_loads(name):
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+        def __eq__(self, other):
+            return type(other) is Point and other.x == self.x
+
     with SharedCache(name, maxsize=4, serializer="pickle") as c:
         c["p"] = [1, 2]
         c["b"] = b"raw"
         c._d.get("p")
         assert c.get("p") == [1, 2] and c.get("p") is not c.get("p") and c["b"] == b"raw"
-        c._d["x"] = (0.0, 0, (pickle.dumps(3),))  # an entry written by hand: loads decides
+        c._d["x"] = (0.0, 0, pickle.dumps(3))  # an entry written by hand: loads decides
         assert c["x"] == 3
-        third = [fractions.Fraction(1, 3)]  # not plain: a 1-tuple of its pickle, unpickled at each read
-        c["pt"] = third
-        assert type(c._d["pt"][2]) is tuple and c["pt"] == third and c["pt"] is not c["pt"]
-        assert c.stats()["hits"] == 8
+        assert c.stats()["hits"] == 5
         c.unlink()
 
 

@@ -1021,3 +1021,48 @@ def test_dumps_of_rows_takes_the_compiled_packer(monkeypatch: pytest.MonkeyPatch
     rows = {f"user:{i:08d}": (i, f"name{i}", i / 2) for i in range(1000)}
     assert MSGPACK.dumps(rows) == _general(rows) and taken == [_general(rows)]
     assert MSGPACK.dumps({"a": {"b": 1}}) == _general({"a": {"b": 1}}) and taken[1:] == [None]
+
+
+_json_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.sampled_from([2**64, -(2**63) - 1]),
+    st.floats(allow_nan=True),
+    st.text(max_size=10),
+    st.binary(max_size=10),
+)
+_json_trees = st.recursive(
+    _json_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.integers(-3, 3)), inner, max_size=4),
+        st.lists(inner, max_size=2).map(tuple),
+        st.sets(st.integers(), max_size=2),
+    ),
+    max_leaves=25,
+)
+
+
+@given(
+    value=_json_trees | st.lists(_json_trees, max_size=3).map(tuple), path=st.lists(_row_scalars, max_size=2)
+)
+def test_encode_record_of_a_json_like_set_is_the_general_path(value: Any, path: list[Any]) -> None:
+    """encode_record's strict path for dicts and lists (and a tuple of them at
+    the top) gives the general path's bytes, and a decoded record equal to the
+    readers' one, of the same types all the way, that shares nothing mutable
+    with the caller's value."""
+    from ultradict_ng.layout import OP_SET
+
+    record = [OP_SET, path, "k", value]
+    try:
+        expected = _general(record)
+    except Exception:
+        with pytest.raises(UnsupportedType):
+            MSGPACK.encode_record(record)
+        return
+    payload, decoded = MSGPACK.encode_record(record)
+    assert payload == expected
+    assert repr(decoded) == repr(MSGPACK.loads(payload))
+    if type(value) in (dict, list):
+        assert decoded[3] is not value

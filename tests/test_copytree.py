@@ -25,6 +25,7 @@ from ultradict_ng import SharedDict, speedups, unlink_by_name
 from ultradict_ng._codec.copies import IMMUTABLE_TYPES, _copy, copy_value
 from ultradict_ng._codec.placeholders import BlobRef
 from ultradict_ng._helper import copytree
+from ultradict_ng.cache import SharedCache
 
 IMPLS = [
     pytest.param(copytree, id="twin"),
@@ -205,4 +206,46 @@ def test_a_nested_dict_still_reads_as_a_view_and_a_blob_through_the_rules(name):
         got = d["list"]
         assert got == [{"x": 1}, b"y" * 4096] and type(got[0]) is dict
     finally:
+        d.close()
+
+
+def test_a_cache_get_hands_out_the_callers_own_copy(name):
+    c = SharedCache(name, maxsize=8)
+    other = SharedCache(name)
+    try:
+        c["doc"] = DOC
+        for h in (c, other):
+            first, second = h.get("doc"), h["doc"]
+            assert first == DOC and first is not second
+            assert _mutable_ids(first, set()).isdisjoint(_mutable_ids(second, set()))
+            first["tags"].append("d")
+            assert h.get("doc") == DOC
+        assert c.stats()["hits"] == 3  # (this handle's)
+    finally:
+        other.close()
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_a_written_tree_is_never_the_callers_object(name):
+    """A JSON-like value written by the compiled record path: the writer's cache
+    holds a copy, so changing the value afterwards changes nothing stored."""
+    d = SharedDict(name=name, create=True)
+    other = SharedDict(name=name)
+    try:
+        v = {"a": [1], "n": None}
+        d["k"] = v
+        assert d._store.data["k"] is not v  # (write_simple took it: see test_native)
+        v["a"].append(2)
+        assert d["k"] == {"a": [1], "n": None} == other["k"]
+        d["e"] = (1.5, 3, v)  # a cache's entry shape
+        v["a"].append(3)
+        assert d["e"] == (1.5, 3, {"a": [1, 2], "n": None}) == other["e"]
+        with d.transaction():
+            d["x"] = v
+            v["a"].append(4)
+            assert d["x"]["a"] == [1, 2, 3]
+        assert other["x"]["a"] == [1, 2, 3]
+    finally:
+        other.close()
         d.close()

@@ -617,6 +617,88 @@ def test_write_simple_writes_a_tuple_of_scalars_as_the_codec_does(impl, value, p
     assert type(got) is tuple and repr(got) == repr(value)
 
 
+_plain_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.integers(2**64, 2**65),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.binary(min_size=95, max_size=105),
+)
+plain_trees = st.recursive(
+    _plain_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(st.one_of(st.text(max_size=5), st.integers(-5, 5), st.none()), inner, max_size=5),
+        st.lists(inner, max_size=2).map(tuple),
+        st.sets(st.integers(), max_size=2),
+    ),
+    max_leaves=30,
+)
+
+
+@impls
+@settings(max_examples=300)
+@given(value=plain_trees | st.lists(plain_trees, max_size=4).map(tuple), pos=st.integers(0, 40))
+def test_write_simple_plain_writes_json_like_values_as_the_codec_does(impl, value, pos):
+    """With ``plain``, a JSON-like value (dicts and lists of scalars, or a
+    tuple of them at the top: a cache's entry) is written as the codec's bytes
+    and decodes to what a copy of it is; anything else (a tuple or set below
+    the top, an int beyond 64 bits, a bytes for a blob, a tree deeper than
+    words.PLAIN_DEPTH) is declined, by every implementation alike."""
+    from ultradict_ng._helper.words import plain_ok
+
+    rec = [L.OP_SET, [], "k", value]
+    buf = bytearray(300_000)
+    words = impl.Words(buf)
+    end = words.write_simple(pos, 7, 300_000, L.OP_SET, "k", value, 100, 1, True)
+    words.release()
+    in_64_bits = all(not (type(x) is int and not -(2**63) <= x < 2**64) for x in _leaves(value))
+    if not (plain_ok(value, 100) and in_64_bits):
+        if type(value) is not bytes:  # (a large bytes at the top is the caller's to refuse)
+            assert end is None and buf == bytearray(300_000)
+        return
+    expected_end, expected = _reference_record(pos, 7, MSGPACK.dumps(rec))
+    assert end == expected_end and buf == expected
+    got = MSGPACK.loads(bytes(buf[pos + 16 : end]))[3]
+    assert repr(got) == repr(speedups.copy_plain(value))
+
+
+def _leaves(v):
+    if type(v) in (list, tuple):
+        for x in v:
+            yield from _leaves(x)
+    elif type(v) is dict:
+        for k, x in v.items():
+            yield k
+            yield from _leaves(x)
+    else:
+        yield v
+
+
+@impls
+def test_write_simple_plain_declines_deep_trees_and_blob_sized_bytes(impl):
+    from ultradict_ng._helper.words import PLAIN_DEPTH
+
+    def nested(n):
+        v = [1]
+        for _ in range(n - 1):
+            v = [v]
+        return v
+
+    buf = bytearray(8192)
+    words = impl.Words(buf)
+    put = lambda v: words.write_simple(0, 1, 8192, L.OP_SET, "k", v, 100, 1, True)  # noqa: E731
+    assert put(nested(PLAIN_DEPTH)) is not None and put(nested(PLAIN_DEPTH + 1)) is None
+    assert put({"a": b"x" * 99}) is not None and put({"a": b"x" * 100}) is None
+    assert put({"a": (1,)}) is None and put([{1, 2}]) is None and put({(1, 2): 1}) is None
+    assert put((1.0, 3, {"a": [1]})) is not None  # a cache's entry
+    assert words.write_simple(0, 1, 8192, L.OP_SET, "k", {"a": 1}, 100, 1) is None  # (plain is off)
+    words.release()
+
+
 @impls
 def test_write_simple_leaves_a_tuple_holding_a_blob_sized_bytes_to_the_codec(impl):
     buf = bytearray(8192)

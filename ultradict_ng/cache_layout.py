@@ -16,11 +16,11 @@ treats it as absent from that instant on, whoever wrote it, and the next
 writer that meets it deletes it (the memory is reclaimed by the dict's
 delete).  ``value`` is the user's value, which the dict's codec stores
 (serializer "msgpack"); with serializer "pickle", the same for plain data the
-codec gives back exactly -- a str, int, float, bool, None or bytes, or a dict,
-list, set or frozenset of them (tuples inside), at most 16 levels deep -- and
-for anything else a 1-tuple holding its ``pickle.dumps`` bytes (a stored
-value is never a tuple otherwise: a tuple is pickled), so that a read of plain
-data is a copy, not an unpickling.  ``slot``
+codec gives back exactly -- a str, int, float, bool or None, or a dict, list,
+set or frozenset of those, bytes and tuples, at most 16 levels deep -- and
+for anything else (bytes at the top included) its ``pickle.dumps`` bytes: a
+stored bytes is a pickle, and a read of plain data is a copy, not an
+unpickling.  ``slot``
 indexes the side segment's recency and size arrays.  A claim's ``owner`` is an
 owner word (pid and start time, as layout.py's LOCK) and ``token`` a random
 u64 telling two claims of one process apart.  All changes of entries are
@@ -70,8 +70,8 @@ Reading (no lock): the reader looks ``key`` up in its handle of the dict (every
 rule of layout.py for a read: a synced cache, or a sync first); an entry of 3
 items whose ``expires`` is 0.0 or after its clock (``CLOCK_REALTIME``, what
 ``time.time()`` reads) is a hit: it stores that time at ``recency[slot]``, then
-returns the value (a private copy of a mutable one; a 1-tuple of bytes
-unpickled with "pickle").
+returns the value (a private copy of a mutable one; bytes unpickled with
+"pickle").
 Anything else -- no entry, an expired one, a claim -- is a miss.  The compiled
 helper does all of it in one call (``speedups.CacheGet``); its twin calls the
 Python method, same rules.

@@ -29,7 +29,7 @@ from typing import Any, Union
 
 from ..errors import CorruptSegment, UnsupportedType
 from ..layout import OP_UPDATE
-from ..speedups import pack_map, pack_pairs, unpack_simple
+from ..speedups import copy_plain, pack_map, pack_pairs, types_within, unpack_simple
 from . import decode as msgpack_decode
 from .copies import IMMUTABLE_TYPES, copy_value
 from .decode import ROOT_HOOK, contains_timestamp, gc_paused
@@ -42,6 +42,7 @@ from .encode import (
     packers,
     prepare,
     record_pack,
+    strict_pack,
 )
 from .ext import (
     EXT_TUPLE,
@@ -138,6 +139,12 @@ class Codec:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} (id {self.id})>"
+
+
+# encode_record's JSON-like values: the containers at the top, and how deep
+# types_within looks (deeper trees take the general path).
+_JSON_TREES = frozenset({dict, list, tuple})
+_JSON_LEVELS = 16
 
 
 class MsgpackCodec(Codec):
@@ -239,6 +246,26 @@ class MsgpackCodec(Codec):
                     return b"\x93" + record_pack(record[0]) + record_pack(record[1]) + pairs, record
                 except Exception:  # a path int beyond 64 bits, a str with lone surrogates
                     pass
+        path_ok = not record[1] or scalar.issuperset(map(type, record[1]))
+        if n == 4 and type(record[2]) in scalar and path_ok:
+            # A set of a JSON-like value: dicts and lists of these scalars (a
+            # session, a user record), or a tuple of such items (a cache's
+            # entry).  Their msgpack bytes are the general path's (no ext type
+            # below, and an ext tuple's payload is its items' array), packed by
+            # a strict Packer that raises on anything else; readers decode them
+            # to the same tree, which a copy makes without decoding.
+            value = record[3]
+            if type(value) in _JSON_TREES and types_within(value, scalar, _JSON_LEVELS):
+                try:
+                    if type(value) is tuple:
+                        inner = ExtType(EXT_TUPLE, strict_pack(list(value)))
+                        payload = record_pack([record[0], record[1], record[2], inner])
+                    else:
+                        payload = strict_pack(record)
+                except Exception:  # a tuple or set below, an int beyond 64 bits, lone surrogates
+                    pass
+                else:
+                    return payload, [record[0], record[1], record[2], copy_plain(value)]
         payload = self.dumps(record)
         return payload, self.loads(payload)
 

@@ -70,6 +70,9 @@ PACK_EXT_TYPE_RETURNS = Packer(**_PACKER_OPTIONS).pack_ext_type(1, b"x") == b"\x
 # to an equal object of the same type (records.py defines the set).
 RECORD_SCALARS = SCALAR_TYPES
 record_pack: Callable[[Any], bytes] = Packer(**_PACKER_OPTIONS).pack
+# encode_record's path for JSON-like values: strict, so that it refuses (raises)
+# anything but exact dicts, lists and scalars -- a tuple, a set, a subclass.
+strict_pack: Callable[[Any], bytes] = Packer(strict_types=True, **_PACKER_OPTIONS).pack
 
 #: How many container levels below a container :func:`_plain_below` scans at
 #: once: a lookup table's rows (a dict of tuples) are one, an update record's

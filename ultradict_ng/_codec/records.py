@@ -18,10 +18,13 @@ The serializer encodes the whole list; the stream frames the encoding
 
 * the facade builds records with :func:`set_`, :func:`delete`, :func:`clear`
   and :func:`update`;
-* the codec's ``encode_record`` encodes them (fast path: every field of
-  :data:`SCALAR_TYPES`);
+* the codec's ``encode_record`` encodes them (fast paths: every field of
+  :data:`SCALAR_TYPES`; a set of a JSON-like value -- dicts and lists of
+  them, or a tuple of such at the top -- by a strict Packer);
 * ``Words.write_simple`` (compiled or twin) encodes a root-level set or delete
-  of scalars straight into the stream -- the same bytes as the codec;
+  of scalars (with ``plain``: of such a JSON-like value too, the writer's
+  cache then taking a copy of it) straight into the stream -- the same bytes
+  as the codec;
 * every process applies decoded records with :func:`apply_all` (runs of
   root-level scalar sets in one ``speedups.apply_sets`` call, the rest with
   :func:`apply`), the writer to its own cache as well as readers.

@@ -609,6 +609,98 @@ mp_container_header(Py_ssize_t n, int is_map, unsigned char *dst)
     return 5;
 }
 
+/* ---- plain values of write_simple: JSON-like trees --------------------------- */
+
+/* A value write_simple takes with `plain` (a dict without nested views):
+ * a scalar (mp_scalar's types, no bytes of `threshold` bytes or more when
+ * threshold > 0: those go to blobs), or an exact dict (scalar keys) or list
+ * of such values, at most UDNG_PLAIN_DEPTH containers deep -- the msgpack
+ * map and array msgpack-python writes, which is the codec's encoding of them
+ * (no ext type below).  Returns the encoded size, or -1 (not such a value;
+ * no exception set).  With dst NULL only measures; no Python code runs, so
+ * the two passes see the same tree.  The twin is words.plain_ok. */
+#define UDNG_PLAIN_DEPTH 16
+static Py_ssize_t
+mp_plain(PyObject *o, unsigned char *dst, Py_ssize_t threshold, int depth)
+{
+    int is_map = PyDict_CheckExact(o);
+    if (!is_map && !PyList_CheckExact(o)) {
+        if (threshold > 0 && PyBytes_CheckExact(o) && PyBytes_GET_SIZE(o) >= threshold)
+            return -1;
+        return mp_scalar(o, dst);
+    }
+    if (depth >= UDNG_PLAIN_DEPTH)
+        return -1;
+    Py_ssize_t n = is_map ? PyDict_GET_SIZE(o) : PyList_GET_SIZE(o);
+    Py_ssize_t total = mp_container_header(n, is_map, dst), m;
+    if (total < 0)
+        return -1;
+    if (is_map) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v)) {
+            if ((m = mp_scalar(k, dst ? dst + total : NULL)) < 0)
+                return -1;
+            total += m;
+            if ((m = mp_plain(v, dst ? dst + total : NULL, threshold, depth + 1)) < 0)
+                return -1;
+            total += m;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if ((m = mp_plain(PyList_GET_ITEM(o, i), dst ? dst + total : NULL, threshold, depth + 1)) < 0)
+                return -1;
+            total += m;
+        }
+    }
+    return total;
+}
+
+/* A scalar, mp_plain's containers, and at the top a tuple of mp_plain's
+ * values (a cache's entry
+ * (expires, slot, value)): ext 1 whose payload is the array of its items,
+ * headed as mp_scalar_tuple heads it (the same bytes for a tuple of at most
+ * 15 scalars). */
+static Py_ssize_t
+mp_plain_value(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
+{
+    if (PyDict_CheckExact(o) || PyList_CheckExact(o))
+        return mp_plain(o, dst, threshold, 0);
+    if (!PyTuple_CheckExact(o))
+        return mp_scalar(o, dst);  /* (as mp_value: a large bytes is the caller's to refuse) */
+    Py_ssize_t n = PyTuple_GET_SIZE(o);
+    Py_ssize_t payload = mp_container_header(n, 0, NULL), m;
+    if (payload < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((m = mp_plain(PyTuple_GET_ITEM(o, i), NULL, threshold, 1)) < 0)
+            return -1;
+        payload += m;
+    }
+    if ((unsigned long long)payload > 0xffffffffULL)
+        return -1;
+    Py_ssize_t head;
+    if (payload == 1 || payload == 2 || payload == 4 || payload == 8 || payload == 16) head = 2;
+    else if (payload < 256) head = 3;
+    else if (payload < 65536) head = 4;
+    else head = 6;
+    if (dst) {
+        unsigned char *p = dst;
+        if (head == 2) *p++ = payload == 1 ? 0xd4 : payload == 2 ? 0xd5 : payload == 4 ? 0xd6 : payload == 8 ? 0xd7 : 0xd8;
+        else if (head == 3) { *p++ = 0xc7; *p++ = (unsigned char)payload; }
+        else if (head == 4) { *p++ = 0xc8; *p++ = (unsigned char)(payload >> 8); *p++ = (unsigned char)payload; }
+        else {
+            *p++ = 0xc9;
+            for (int i = 0; i < 4; i++) *p++ = (unsigned char)((uint64_t)payload >> (24 - 8 * i));
+        }
+        *p++ = 1;  /* EXT_TUPLE */
+        p += mp_container_header(n, 0, p);
+        for (Py_ssize_t i = 0; i < n; i++)
+            p += mp_plain(PyTuple_GET_ITEM(o, i), p, threshold, 1);
+    }
+    return head + payload;
+}
+
 /* Pairs of a dict (is_map) or of a list of [key, value] lists: the size of
  * their encoding (header included) -- keys scalars (mp_scalar's types),
  * values scalars or tuples of at most 15 scalars -- or -1 if one does not
@@ -709,8 +801,9 @@ native_pack_pairs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * write_simple and the transaction write path (vb_ass_subscript). */
 static Py_ssize_t
 simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, long op,
-              PyObject *key, PyObject *value, Py_ssize_t threshold, uint32_t unit)
+              PyObject *key, PyObject *value, Py_ssize_t threshold, uint32_t unit, int plain)
 {
+    Py_ssize_t (*encode)(PyObject *, unsigned char *, Py_ssize_t) = plain ? mp_plain_value : mp_value;
     if (limit > w->view.len)
         limit = w->view.len;
     Py_ssize_t nk = mp_scalar(key, NULL);
@@ -718,7 +811,7 @@ simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, lo
         return -1;
     Py_ssize_t nv = 0;
     if (value != NULL) {
-        nv = mp_value(value, NULL, threshold);
+        nv = encode(value, NULL, threshold);
         if (nv < 0)
             return -1;
     }
@@ -732,19 +825,22 @@ simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limit, lo
     body[2] = 0x90;
     mp_scalar(key, body + 3);
     if (value != NULL)
-        mp_value(value, body + 3 + nk, threshold);
+        encode(value, body + 3 + nk, threshold);
     put_header(dst, (uint32_t)length, tag, unit);
     return pos + 16 + length;
 }
 
-/* write_simple(pos, tag, limit, op, key[, value]) -> end or None: the
- * record of simple_record written into this buffer; None (nothing written)
- * where simple_record gives -1, and the caller takes the general path. */
+/* write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain]]]])
+ * -> end or None: the record of simple_record written into this buffer; None
+ * (nothing written) where simple_record gives -1, and the caller takes the
+ * general path.  With plain true the value may also be mp_plain_value's (a
+ * JSON-like tree): the caller stores a copy of it in its cache. */
 static PyObject *
 words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 5 || nargs > 8) {
-        PyErr_SetString(PyExc_TypeError, "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit]]])");
+    if (nargs < 5 || nargs > 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain]]]])");
         return NULL;
     }
     if (!words_usable(self))
@@ -772,14 +868,17 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
     }
     uint64_t unit = 1;
-    if (nargs == 8 && !u64_arg(args[7], &unit))
+    if (nargs >= 8 && !u64_arg(args[7], &unit))
+        return NULL;
+    int plain = nargs == 9 ? PyObject_IsTrue(args[8]) : 0;
+    if (plain < 0)
         return NULL;
     if (unit > 0xffffffffu) {
         PyErr_SetString(PyExc_OverflowError, "write_simple: unit does not fit 32 bits");
         return NULL;
     }
     Py_ssize_t end = simple_record(self, pos, (uint32_t)tag, limit, op, args[4], nargs >= 6 ? args[5] : NULL,
-                                   threshold, (uint32_t)unit);
+                                   threshold, (uint32_t)unit, plain);
     if (end < 0)
         Py_RETURN_NONE;
     return PyLong_FromSsize_t(end);
@@ -953,7 +1052,8 @@ static PyMethodDef words_methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))words_write_record, METH_FASTCALL,
      "write_record(pos, tag, payload[, unit]) -> end: a stream record at byte offset pos."},
     {"write_simple", (PyCFunction)(void (*)(void))words_write_simple, METH_FASTCALL,
-     "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit]]]) -> end or None: a root-level scalar record."},
+     "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain]]]]) -> end or None: a root-level "
+     "record of a scalar value (plain: or of a JSON-like one)."},
     {"add", (PyCFunction)(void (*)(void))words_add, METH_FASTCALL,
      "add(index, delta) -> new value: seq_cst fetch-add."},
     {"publish", (PyCFunction)(void (*)(void))words_publish, METH_FASTCALL,
@@ -1814,7 +1914,7 @@ tx_set(ViewObject *self, PyObject *key, PyObject *value)
         Py_ssize_t end = back >= ((Py_ssize_t)1 << 31)
                              ? -1
                              : simple_record(stream, s->tx_pos, s->tx_tag, s->tx_limit, s->tx_op_set, key,
-                                             value, s->tx_threshold, (uint32_t)back << 1);
+                                             value, s->tx_threshold, (uint32_t)back << 1, 0);
         if (end < 0)
             goto out;  /* not a scalar value, or no room left: the Python path decides */
         if (PyDict_SetItem(data, key, value) < 0)
@@ -1919,8 +2019,8 @@ static PyTypeObject ViewBaseType = {
  * recency[slot] (recency: the side segment's f64 array, held as a buffer
  * export until release(); None without maxsize), and the value returned --
  * as it is when immutable, the caller's own copy when plain (copytree.c),
- * loads(value[0]) when loads is not None (the pickle serializer) and the
- * value is a 1-tuple of bytes.  An absent
+ * loads(value) when loads is not None (the pickle serializer) and the value
+ * is bytes (plain data is stored as itself).  An absent
  * key, an expired entry or a claim (a tuple of 4) is a miss: `default`.
  * Anything else (a view out of sync, a value that is not plain, a slot out of
  * range, an int expiry, a released or closed handle) calls slow(key), the
@@ -2058,12 +2158,8 @@ cg_hit(CacheGetObject *self, PyObject *e, double now, int *miss)
         return NULL;
     }
     PyObject *value = PyTuple_GET_ITEM(e, 2), *out;
-    if (self->loads != Py_None && PyTuple_CheckExact(value)) {
-        /* Pickled: (bytes,), unpickled after the recency store (a large
-         * one's placeholder instead of bytes: slow decides). */
-        if (PyTuple_GET_SIZE(value) != 1 || !PyBytes_CheckExact(PyTuple_GET_ITEM(value, 0)))
-            return NULL;
-        out = NULL;
+    if (self->loads != Py_None && PyBytes_CheckExact(value)) {
+        out = NULL;  /* a pickle: loads runs after the recency store */
     } else if (udng_is_immutable(value) || udng_is_immutable_tuple(value)) {
         Py_INCREF(value);
         out = value;
@@ -2087,7 +2183,7 @@ cg_hit(CacheGetObject *self, PyObject *e, double now, int *miss)
         __atomic_store_n((uint64_t *)self->rec.buf + i, bits, __ATOMIC_RELAXED);
     }
     if (out == NULL) {
-        out = PyObject_CallOneArg(self->loads, PyTuple_GET_ITEM(value, 0));
+        out = PyObject_CallOneArg(self->loads, value);
         if (out == NULL)
             return NULL;
     }

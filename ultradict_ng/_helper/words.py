@@ -229,12 +229,14 @@ class Words:
         value: Any = _MISSING,
         threshold: int = 0,
         unit: int = 1,
+        plain: bool = False,
     ) -> Optional[int]:
         """The record ``[op, [], key]`` or ``[op, [], key, value]`` written at ``pos``
         when key and value are of :data:`SCALAR_TYPES` (the value may also be a
         tuple of at most 15 of them, none a bytes of ``threshold`` bytes or more
         when threshold > 0: the codec's ext 1) and it ends by ``limit`` (and the
-        buffer's end); else None and nothing is written."""
+        buffer's end); else None and nothing is written.  With ``plain`` the
+        value may also be what :func:`plain_ok` accepts (a JSON-like tree)."""
         if self._mv is None:
             raise Closed("this handle's shared memory was closed")
         if tag > 0xFFFFFFFF or not 0 <= op <= 127:
@@ -242,7 +244,14 @@ class Words:
         scalars = SCALAR_TYPES
         if type(key) not in scalars:
             return None
-        if value is not _MISSING and type(value) not in scalars:
+        if plain and value is not _MISSING and type(value) not in scalars and plain_ok(value, threshold):
+            try:
+                if type(value) is tuple:
+                    value = msgpack.ExtType(1, _pack(list(value)))
+                payload = _pack([op, [], key, value])
+            except Exception:  # an int beyond 64 bits, a str with lone surrogates
+                return None
+        elif value is not _MISSING and type(value) not in scalars:
             if (
                 type(value) is not tuple
                 or len(value) > 15
@@ -255,10 +264,15 @@ class Words:
                 value = msgpack.ExtType(1, _pack(list(value)))
             except Exception:
                 return None
-        try:
-            payload = _pack([op, [], key] if value is _MISSING else [op, [], key, value])
-        except Exception:  # an int beyond 64 bits, a str with lone surrogates
-            return None
+            try:
+                payload = _pack([op, [], key, value])
+            except Exception:  # an int beyond 64 bits, a str with lone surrogates
+                return None
+        else:
+            try:
+                payload = _pack([op, [], key] if value is _MISSING else [op, [], key, value])
+            except Exception:  # an int beyond 64 bits, a str with lone surrogates
+                return None
         limit = min(limit, len(self._mv))
         if pos < 0 or pos > limit or L.RECORD_HEADER + len(payload) > limit - pos:
             return None
@@ -276,6 +290,35 @@ class Words:
         # As the compiled Words' dealloc: a collected object releases its export.
         if getattr(self, "_mv", None) is not None:
             self.release()
+
+
+#: Containers a plain value may nest (``_native.c``'s UDNG_PLAIN_DEPTH).
+PLAIN_DEPTH = 16
+
+
+def plain_ok(value: Any, threshold: int) -> bool:
+    """What ``write_simple(..., plain=True)`` takes besides scalars and tuples of
+    them (``_native.c``'s mp_plain_value): an exact dict (scalar keys) or list
+    of scalars and such containers, at most :data:`PLAIN_DEPTH` deep, or a
+    tuple of such values; no bytes of ``threshold`` bytes or more inside when
+    threshold > 0 (those go to blobs).  Their msgpack map and array bytes are
+    the codec's."""
+    if type(value) is tuple:
+        return all(_plain(x, threshold, 1) for x in value)
+    return _plain(value, threshold, 0)
+
+
+def _plain(o: Any, threshold: int, depth: int) -> bool:
+    tp = type(o)
+    if tp is dict:
+        return depth < PLAIN_DEPTH and all(
+            type(k) in SCALAR_TYPES and _plain(v, threshold, depth + 1) for k, v in o.items()
+        )
+    if tp is list:
+        return depth < PLAIN_DEPTH and all(_plain(x, threshold, depth + 1) for x in o)
+    if tp is bytes:
+        return not 0 < threshold <= len(o)
+    return tp in SCALAR_TYPES
 
 
 class BoundWords(Words):

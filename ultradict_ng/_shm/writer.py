@@ -3,9 +3,9 @@
 Follows layout: "Writer", step by step.  Every mutation of the facade is
 ``begin_write`` (lock, cache mutex, catch up, checks), then ``commit(record)``
 (encode, write, publish, apply), then ``end_write``.  ``set_root`` is the
-same three for the commonest write, with the root-level scalar record
-encoded straight into the stream by ``Words.write_simple`` (the same bytes
-the codec would make).  The named ``faults`` points are where crash tests kill
+same three for the commonest write, with the root-level record of a scalar
+or, outside ``recurse``, of a JSON-like value encoded straight into the
+stream by ``Words.write_simple`` (the same bytes the codec would make).  The named ``faults`` points are where crash tests kill
 a writer.
 """
 
@@ -26,6 +26,7 @@ from .._disk.syncing import Durability, raise_synced
 from .._engine import check_open
 from .._segments import Segment
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
+from ..speedups import copy_plain
 from . import tablecache
 from .blobs import (
     dropped_blobs,
@@ -173,8 +174,11 @@ class Writer(Reader):
                 value,
                 self.blob_threshold,
                 _UNIT_WHOLE if tx is None else back << _UNIT_SHIFT,
+                not self.recurse,  # (a JSON-like value too: a dict under recurse is a node)
             )
             if new_end is not None:
+                if type(value) not in _SCALARS:  # (readers decode the tree afresh: ours is a copy)
+                    value = copy_plain(value)
                 if tx is not None:  # written past the published end: the transaction's end publishes
                     tx.last = self.pos
                     try:
@@ -188,7 +192,7 @@ class Writer(Reader):
                 if self._map.atomic.publish(_W_STATE, state, _W_CHANGE_WAITERS):  # after the payload
                     self._wake_changes()
                 try:
-                    self.data[key] = value  # a scalar decodes to an equal object
+                    self.data[key] = value  # a scalar decodes to an equal object, a tree to a copy
                 except BaseException:  # published but not applied here: reload
                     self.gen = self.seen = INVALID
                     raise

@@ -34,15 +34,18 @@ _W_BATCH = C.W_BATCH
 # With the pickle serializer, values the codec gives back exactly are stored as
 # themselves (cache_layout.py, "Entries"): reading one back is a copy of the
 # decoded value, ~3x faster than unpickling it.  Exact types only (a str
-# subclass such as Django's SafeString, an IntEnum, an OrderedDict are pickled).
+# subclass such as Django's SafeString, an IntEnum, an OrderedDict are
+# pickled), and never bytes at the top: a stored bytes is a pickle.
 _PLAIN_LEAVES: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes})
+_PLAIN_TOP: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 _PLAIN_TREES: frozenset[type] = frozenset({dict, list, set, frozenset})  # (tuples inside only)
 
 
 def plain_data(value: Any) -> bool:
-    """Whether the codec gives ``value`` back exactly (equal, of the same types)."""
+    """Whether the codec gives ``value`` back exactly (equal, of the same
+    types) and it is no bytes: what a pickling cache stores as itself."""
     tp = type(value)
-    return tp in _PLAIN_LEAVES or (tp in _PLAIN_TREES and types_within(value, _PLAIN_LEAVES, 16))
+    return tp in _PLAIN_TOP or (tp in _PLAIN_TREES and types_within(value, _PLAIN_LEAVES, 16))
 
 
 def slot_of(e: Any, nslots: int) -> int:

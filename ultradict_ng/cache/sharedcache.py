@@ -185,7 +185,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
                 if rec is not None:
                     rec[e[1]] = now
                 value = e[2]
-                return value if self._loads is None or type(value) is not tuple else self._loads(value[0])
+                return value if self._loads is None or type(value) is not bytes else self._loads(value)
         return _MISSING
 
     def __getitem__(self, key: Any) -> Any:
@@ -527,11 +527,11 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     def _stored(self, value: Any) -> Any:
         if self._loads is None or plain_data(value):
             return value
-        return (pickle.dumps(value, pickle.HIGHEST_PROTOCOL),)
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
 
     def _value(self, e: Any) -> Any:
         value = e[2]
-        return value if self._loads is None or type(value) is not tuple else self._loads(value[0])
+        return value if self._loads is None or type(value) is not bytes else self._loads(value)
 
     def _live(self, key: Any, now: float) -> Any:
         """The value entry of ``key`` if live, else None (no lock needed)."""
