@@ -5,8 +5,8 @@ Follows layout: "Writer", step by step.  Every mutation of the facade is
 (encode, write, publish, apply), then ``end_write``.  ``set_root`` is the
 same three for the commonest write, with the root-level record of a scalar
 or, outside ``recurse``, of a JSON-like value encoded straight into the
-stream by ``Words.write_simple`` (the same bytes the codec would make).  The named ``faults`` points are where crash tests kill
-a writer.
+stream by ``Words.write_simple`` (the same bytes the codec would make).  The
+named ``faults`` points are where crash tests kill a writer.
 """
 
 from __future__ import annotations
