@@ -505,44 +505,20 @@ mp_scalar(PyObject *o, unsigned char *dst)
  * payloads of 1, 2, 4, 8 and 16 bytes, else ext 8/16/32).  Returns the
  * encoded size or -1 (not such a tuple; no exception set).  With dst NULL
  * only measures.  A cache entry (expires, slot, value) is such a tuple. */
+static Py_ssize_t mp_tuple_ext(PyObject *o, unsigned char *dst, Py_ssize_t threshold);
+
 static Py_ssize_t
 mp_scalar_tuple(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(o);
     if (n > 15)
         return -1;
-    Py_ssize_t payload = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(o, i);
-        if (threshold > 0 && PyBytes_CheckExact(item) && PyBytes_GET_SIZE(item) >= threshold)
-            return -1;
-        Py_ssize_t m = mp_scalar(item, NULL);
-        if (m < 0)
-            return -1;
-        payload += m;
+        if (PyDict_CheckExact(item) || PyList_CheckExact(item))
+            return -1;  /* (scalars only: mp_tuple_ext checks and encodes them) */
     }
-    if ((unsigned long long)payload > 0xffffffffULL)
-        return -1;
-    Py_ssize_t head;
-    if (payload == 1 || payload == 2 || payload == 4 || payload == 8 || payload == 16) head = 2;
-    else if (payload < 256) head = 3;
-    else if (payload < 65536) head = 4;
-    else head = 6;
-    if (dst) {
-        unsigned char *p = dst;
-        if (head == 2) *p++ = payload == 1 ? 0xd4 : payload == 2 ? 0xd5 : payload == 4 ? 0xd6 : payload == 8 ? 0xd7 : 0xd8;
-        else if (head == 3) { *p++ = 0xc7; *p++ = (unsigned char)payload; }
-        else if (head == 4) { *p++ = 0xc8; *p++ = (unsigned char)(payload >> 8); *p++ = (unsigned char)payload; }
-        else {
-            *p++ = 0xc9;
-            for (int i = 0; i < 4; i++) *p++ = (unsigned char)((uint64_t)payload >> (24 - 8 * i));
-        }
-        *p++ = 1;  /* EXT_TUPLE */
-        *p++ = (unsigned char)(0x90 | n);
-        for (Py_ssize_t i = 0; i < n; i++)
-            p += mp_scalar(PyTuple_GET_ITEM(o, i), p);
-    }
-    return head + payload;
+    return mp_tuple_ext(o, dst, threshold);
 }
 
 /* A value of write_simple: a scalar, or a tuple of scalars (above). */
@@ -656,18 +632,13 @@ mp_plain(PyObject *o, unsigned char *dst, Py_ssize_t threshold, int depth)
     return total;
 }
 
-/* A scalar, mp_plain's containers, and at the top a tuple of mp_plain's
- * values (a cache's entry
- * (expires, slot, value)): ext 1 whose payload is the array of its items,
- * headed as mp_scalar_tuple heads it (the same bytes for a tuple of at most
- * 15 scalars). */
+/* A tuple as the codec encodes it: ext 1 (EXT_TUPLE) whose payload is the
+ * msgpack array of its items (mp_plain's values) -- byte for byte
+ * msgpack-python's ExtType encoding (fixext for payloads of 1, 2, 4, 8 and
+ * 16 bytes, else ext 8/16/32).  -1 if an item is not such a value. */
 static Py_ssize_t
-mp_plain_value(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
+mp_tuple_ext(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
 {
-    if (PyDict_CheckExact(o) || PyList_CheckExact(o))
-        return mp_plain(o, dst, threshold, 0);
-    if (!PyTuple_CheckExact(o))
-        return mp_scalar(o, dst);  /* (as mp_value: a large bytes is the caller's to refuse) */
     Py_ssize_t n = PyTuple_GET_SIZE(o);
     Py_ssize_t payload = mp_container_header(n, 0, NULL), m;
     if (payload < 0)
@@ -699,6 +670,18 @@ mp_plain_value(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
             p += mp_plain(PyTuple_GET_ITEM(o, i), p, threshold, 1);
     }
     return head + payload;
+}
+
+/* A scalar, mp_plain's containers, and at the top a tuple of mp_plain's
+ * values (a cache's entry (expires, slot, value): mp_tuple_ext). */
+static Py_ssize_t
+mp_plain_value(PyObject *o, unsigned char *dst, Py_ssize_t threshold)
+{
+    if (PyDict_CheckExact(o) || PyList_CheckExact(o))
+        return mp_plain(o, dst, threshold, 0);
+    if (!PyTuple_CheckExact(o))
+        return mp_scalar(o, dst);  /* (as mp_value: a large bytes is the caller's to refuse) */
+    return mp_tuple_ext(o, dst, threshold);
 }
 
 /* Pairs of a dict (is_map) or of a list of [key, value] lists: the size of
