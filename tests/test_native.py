@@ -10,7 +10,9 @@ implementations then share a dict (tested at the end).
 
 from __future__ import annotations
 
+import ast
 import collections
+import importlib
 import math
 import os
 import struct
@@ -26,10 +28,12 @@ from hypothesis import strategies as st
 
 from ultradict_ng import SharedDict, speedups
 from ultradict_ng import layout as L
+from ultradict_ng import table_layout as TL
 from ultradict_ng._codec import codec
 from ultradict_ng._codec import records as record
-from ultradict_ng._helper import tablewalk
+from ultradict_ng._helper import copytree, tablewalk, words
 from ultradict_ng._helper import twins as fallback
+from ultradict_ng._helper.entries import CONSTANTS, ENTRY_POINTS
 from ultradict_ng.errors import Closed
 
 native = speedups._compiled
@@ -44,26 +48,9 @@ class _Impl:
     def __init__(self, module, words):
         self.module = module
         self.Words = words
-        for name in (
-            "ProcessState",
-            "parse_records",
-            "scan_stream",
-            "apply_sets",
-            "apply_simple",
-            "types_within",
-            "contains_type",
-            "msgpack_length",
-            "crc32",
-            "key_hash_common",
-            "table_get",
-            "table_candidates",
-            "table_fill",
-            "table_index",
-            "table_chunk",
-            "pack_map",
-            "pack_pairs",
-        ):
-            setattr(self, name, getattr(module, name))
+        for name in ENTRY_POINTS:
+            if name != "Words":
+                setattr(self, name, getattr(module, name))
 
 
 def _impls():
@@ -144,19 +131,108 @@ def _public(obj):
     return {n for n in dir(obj) if not n.startswith("__")}
 
 
+HELPER = os.path.dirname(fallback.__file__)
+
+#: Per entry point, the tests that hold both implementations to one result
+#: (``module::test``): each compares them, or runs on every implementation
+#: of the seam (the ``impl`` and ``name`` parameters, or CI's bound and public
+#: phases for the bases of the read path).
+PARITY = {
+    "Words": [
+        "test_native::test_words_operations_and_errors",
+        "test_native::test_write_record_matches_the_spec",
+    ],
+    "ProcessState": ["test_native::test_process_state_transitions"],
+    "StoreBase": ["test_native::test_hit_path_never_answers_from_a_stale_or_closed_cache"],
+    "ViewBase": ["test_native::test_native_and_fallback_processes_share_one_dict"],
+    "set_root_write": [
+        "test_native::test_a_root_set_of_a_scalar_or_tuple_calls_set_root_without_the_slow_frame"
+    ],
+    "CacheGet": ["test_cache_get::test_compiled_get_answers_every_entry_as_its_twin"],
+    "TableCacheBase": ["test_tablecache::test_the_compiled_set_takes_str_and_int_keys_and_leaves_the_rest"],
+    "parse_records": ["test_native::test_parse_records_checks_every_record"],
+    "msgpack_length": ["test_native::test_msgpack_length_is_the_encoded_length"],
+    "apply_sets": ["test_native::test_apply_sets_applies_the_leading_simple_sets"],
+    "apply_simple": ["test_native::test_apply_simple_is_the_decode_and_apply_all"],
+    "crc32": ["test_native::test_crc32_is_zlibs"],
+    "scan_stream": ["test_native::test_scan_stream_twins_agree_on_damaged_streams"],
+    "types_within": ["test_native::test_types_within_is_the_reference_scan"],
+    "contains_type": ["test_native::test_contains_type_is_the_reference_walk"],
+    "copy_plain": ["test_copytree::test_the_twins_agree"],
+    "first_to_export": [
+        "test_unpack_simple::test_first_to_export_finds_the_first_value_that_is_not_handed_out_as_it_is"
+    ],
+    "set_immutable_types": ["test_copytree::test_a_copy_equals_the_value_and_shares_nothing_mutable"],
+    "pack_map": ["test_native::test_pack_map_is_the_codecs_general_encoding"],
+    "pack_pairs": ["test_native::test_pack_map_is_the_codecs_general_encoding"],
+    "unpack_simple": [
+        "test_unpack_simple::test_a_scalar_or_tuple_of_scalars_decodes_as_the_codec_and_nothing_else"
+    ],
+    "tuple_hook": ["test_unpack_simple::test_tuple_hook_is_the_python_hook"],
+    "key_hash_common": ["test_native::test_key_hash_common_is_key_hash_or_none"],
+    "table_get": ["test_native::test_table_probe_answers_as_the_dict"],
+    "table_candidates": ["test_native::test_table_probe_answers_as_the_dict"],
+    "table_changes": ["test_native::test_table_changes_are_the_probes_and_the_codecs_bytes_on_every_impl"],
+    "table_fill": ["test_native::test_table_writers_write_the_same_bytes_on_every_impl"],
+    "table_index": ["test_native::test_table_writers_write_the_same_bytes_on_every_impl"],
+    "table_merge": ["test_native::test_table_merge_writes_the_same_bytes_on_every_impl"],
+    "table_chunk": ["test_native::test_table_writers_write_the_same_bytes_on_every_impl"],
+    "table_rows": ["test_unpack_simple::test_table_rows_decodes_rows_until_the_first_entry_that_is_not_one"],
+}
+
+
 @needs_native
-def test_twins_have_every_name_of_the_helper():
-    """The twins define every entry point of _native (and _native.pyi names them all)."""
-    names = {n for n in vars(native) if not n.startswith("_")}
-    assert names == set(fallback.__all__) - {"BoundWords", "PublicWords"}
-    stub = open(os.path.join(os.path.dirname(fallback.__file__), "_native.pyi")).read()
-    for n in names:
-        assert f"{n}" in stub, n
+def test_the_helper_the_stub_and_the_twins_define_the_listed_names():
+    """_native, _native.pyi and the twins define exactly the entry points and
+    constants of _helper/entries.py; each lives in the C file the list names
+    and in the twin module of the same name."""
+    listed = set(ENTRY_POINTS) | set(CONSTANTS)
+    assert {n for n in vars(native) if not n.startswith("_")} == listed | {"LAYOUT_CONSTANTS"}
+    assert set(fallback.__all__) == listed | {"BoundWords", "PublicWords"}
+    stub = ast.parse(open(os.path.join(HELPER, "_native.pyi")).read())
+    stubbed = {
+        node.name if not isinstance(node, ast.AnnAssign) else node.target.id  # type: ignore[union-attr]
+        for node in stub.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AnnAssign))
+    }
+    assert stubbed == listed | {"LAYOUT_CONSTANTS"}
+    for name, module in {**ENTRY_POINTS, **CONSTANTS}.items():
+        twin = importlib.import_module(f"ultradict_ng._helper.{module}")
+        assert name in twin.__all__, (name, module)
+        assert getattr(fallback, name) is getattr(twin, name)
+    for name, module in ENTRY_POINTS.items():
+        source = open(os.path.join(HELPER, f"{module}.c")).read()
+        defined = f'"ultradict_ng._helper._native.{name}"' if name[0].isupper() else f"udng_native_{name}("
+        assert defined in source, (name, f"{module}.c")
     for cls in ("Words", "ProcessState", "StoreBase", "ViewBase", "TableCacheBase"):
         assert _public(getattr(native, cls)) <= _public(getattr(fallback, cls)) | {"_bind_state"}, cls
         assert _public(getattr(fallback, cls)) - {"_check", "_view", "_nwords"} >= _public(
             getattr(native, cls)
         ), cls
+
+
+def test_every_entry_point_has_a_parity_test():
+    """Each entry point names the tests that hold its two implementations to
+    one result, and those tests exist."""
+    assert set(PARITY) == set(ENTRY_POINTS)
+    here = os.path.dirname(__file__)
+    for name, tests in PARITY.items():
+        for test in tests:
+            module, function = test.split("::")
+            tree = ast.parse(open(os.path.join(here, f"{module}.py")).read())
+            assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, (name, test)
+
+
+@needs_native
+def test_the_helpers_layout_constants_are_the_layout_modules():
+    """The numbers udng.h compiles in are the layout modules' and the twins'."""
+    got = native.LAYOUT_CONSTANTS
+    assert got["RECORD_HEADER"] == L.RECORD_HEADER == struct.calcsize(L.RECORD_FORMAT)
+    assert got["TABLE_HEADER"] == TL.TABLE_HEADER
+    assert got["TABLE_ENTRY_HEADER"] == TL.TABLE_ENTRY_HEADER == struct.calcsize(TL.TABLE_ENTRY_FORMAT)
+    assert (1 << got["TABLE_OFFSET_BITS"]) - 1 == TL.TABLE_OFFSET_MASK
+    assert got["COPY_DEPTH"] == copytree.COPY_DEPTH
+    assert got["PLAIN_DEPTH"] == words.PLAIN_DEPTH
 
 
 def test_mirrored_constants_agree():
@@ -172,20 +248,10 @@ def test_mirrored_constants_agree():
 
 def test_speedups_exports_one_implementation():
     source = fallback if speedups.IMPLEMENTATION != "native" else native
-    for name in (
-        "ProcessState",
-        "StoreBase",
-        "ViewBase",
-        "parse_records",
-        "scan_stream",
-        "apply_sets",
-        "apply_simple",
-        "types_within",
-        "contains_type",
-        "msgpack_length",
-        "crc32",
-    ):
-        assert getattr(speedups, name) is getattr(source, name), name
+    for name in (*ENTRY_POINTS, *CONSTANTS):
+        if name != "Words":
+            assert getattr(speedups, name) is getattr(source, name), name
+    assert set(speedups.__all__) == {"IMPLEMENTATION", "ENV_VAR", *ENTRY_POINTS, *CONSTANTS}
     expected_words = {
         "native": getattr(native, "Words", None),
         "bound": fallback.BoundWords,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from ultradict_ng import speedups
 from ultradict_ng._codec import codec as codec_module
 from ultradict_ng._codec import decode
-from ultradict_ng._helper import packing, twins
+from ultradict_ng._helper import twins, unpack
 from ultradict_ng.errors import CorruptSegment
 
 MSGPACK = codec_module.codec_for(None)
@@ -144,7 +144,7 @@ def test_damaged_bytes_decode_as_msgpack_does_or_are_declined(impl, value, edits
     if out is not DECLINED:
         ref = general(data)
         assert same(out, ref), f"{data!r}: {out!r}, the general path {ref!r}"
-    other = packing.unpack_simple(data, DECLINED)
+    other = unpack.unpack_simple(data, DECLINED)
     assert (out is DECLINED and other is DECLINED) or same(out, other)
 
 
@@ -219,7 +219,7 @@ def test_tuple_hook_is_the_python_hook(impl, code, payload):
     assert got == expected if isinstance(expected, type) else same(got, expected)
     if (
         code == 1
-        and packing.unpack_simple(b"\xc9" + len(payload).to_bytes(4, "big") + b"\x01" + payload, DECLINED)
+        and unpack.unpack_simple(b"\xc9" + len(payload).to_bytes(4, "big") + b"\x01" + payload, DECLINED)
         is not DECLINED
     ):
         assert not calls, "a tuple of scalars went through the Python hook"

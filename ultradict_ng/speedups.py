@@ -36,51 +36,20 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import layout as L
+from ._helper.entries import CONSTANTS, ENTRY_POINTS
+
+if TYPE_CHECKING:  # (bound below from the list; the stub types both implementations)
+    from ._helper._native import *  # noqa: F403
 
 try:
     from ._helper import _native as _compiled
 except ImportError:  # not compiled: no C compiler at install time
     _compiled = None  # type: ignore[assignment]
 
-__all__ = [
-    "IMPLEMENTATION",
-    "ENV_VAR",
-    "Words",
-    "ProcessState",
-    "StoreBase",
-    "ViewBase",
-    "CacheGet",
-    "TableCacheBase",
-    "parse_records",
-    "scan_stream",
-    "apply_sets",
-    "apply_simple",
-    "types_within",
-    "contains_type",
-    "msgpack_length",
-    "crc32",
-    "set_immutable_types",
-    "copy_plain",
-    "set_root_write",
-    "key_hash_common",
-    "table_get",
-    "table_candidates",
-    "table_fill",
-    "table_merge",
-    "table_changes",
-    "table_index",
-    "table_chunk",
-    "pack_map",
-    "pack_pairs",
-    "unpack_simple",
-    "tuple_hook",
-    "table_rows",
-    "first_to_export",
-    "FUTEX",
-]
+__all__ = ["IMPLEMENTATION", "ENV_VAR", *ENTRY_POINTS, *CONSTANTS]  # pyright: ignore[reportUnsupportedDunderAll]
 
 ENV_VAR = "ULTRADICT_NG_SPEEDUPS"
 _OLD_ENV_VAR = "ULTRADICT_NG_ATOMICS"
@@ -151,75 +120,18 @@ def _choose() -> str:
 #: "native", "bound" or "public": which implementation this process uses.
 IMPLEMENTATION: str = _choose()
 
-if IMPLEMENTATION == "native":
-    assert _compiled is not None
-    from ._helper._native import (
-        FUTEX,
-        CacheGet,
-        ProcessState,
-        StoreBase,
-        TableCacheBase,
-        ViewBase,
-        Words,
-        apply_sets,
-        apply_simple,
-        contains_type,
-        copy_plain,
-        crc32,
-        first_to_export,
-        key_hash_common,
-        msgpack_length,
-        pack_map,
-        pack_pairs,
-        parse_records,
-        scan_stream,
-        set_immutable_types,
-        set_root_write,
-        table_candidates,
-        table_changes,
-        table_chunk,
-        table_fill,
-        table_get,
-        table_index,
-        table_merge,
-        table_rows,
-        tuple_hook,
-        types_within,
-        unpack_simple,
-    )
-else:
-    from ._helper.twins import (  # type: ignore[assignment]
-        FUTEX,
-        CacheGet,
-        ProcessState,
-        StoreBase,
-        TableCacheBase,
-        ViewBase,
-        apply_sets,
-        apply_simple,
-        contains_type,
-        copy_plain,
-        crc32,
-        first_to_export,
-        key_hash_common,
-        msgpack_length,
-        pack_map,
-        pack_pairs,
-        parse_records,
-        scan_stream,
-        set_immutable_types,
-        set_root_write,
-        table_candidates,
-        table_changes,
-        table_chunk,
-        table_fill,
-        table_get,
-        table_index,
-        table_merge,
-        table_rows,
-        tuple_hook,
-        types_within,
-        unpack_simple,
-    )
 
-    Words = _twin_words(IMPLEMENTATION)  # type: ignore[misc]
+def _bound() -> dict[str, Any]:
+    """Every entry point and constant of the implementation in use, by name:
+    the compiled module's, or the twins' (``_helper/entries.py`` lists them)."""
+    names = (*ENTRY_POINTS, *CONSTANTS)
+    if IMPLEMENTATION == "native":
+        return {name: getattr(_compiled, name) for name in names}
+    from ._helper import twins
+
+    bound = {name: getattr(twins, name) for name in names}
+    bound["Words"] = _twin_words(IMPLEMENTATION)
+    return bound
+
+
+globals().update(_bound())

@@ -1,5 +1,6 @@
-# Types of the compiled helper ultradict_ng._helper._native (_native.c) -- and of its
-# pure-Python twins in twins.py (and words.py), which have the same names and signatures.
+# Types of the compiled helper ultradict_ng._helper._native -- and of its pure-Python
+# twins, which have the same names and signatures (_helper/entries.py lists them, with
+# the C file and the twin module of each).
 # Callers import these names from ultradict_ng.speedups, never from here.
 from typing import Any, Callable, Optional, Union
 
@@ -11,6 +12,8 @@ SCALAR_TYPES: tuple[type, ...]
 RECORD_HEADER: int
 #: 1 where Words.wait/wake are the kernel's futex (Linux), else 0 (they raise).
 FUTEX: int
+#: The layouts' numbers the helper is compiled with (udng.h), by name.
+LAYOUT_CONSTANTS: dict[str, int]
 
 class Words:
     """Atomic 64-bit operations on a writable, 8-byte aligned buffer; record writing."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["copy_plain", "first_to_export", "set_immutable_types", "COPY_DEPTH"]
+
 #: Containers a copy goes into before it leaves the rest to the Python rules
 #: (udng.h's UDNG_COPY_DEPTH).
 COPY_DEPTH = 64

@@ -3,7 +3,7 @@
  * big dicts (str, bytes, int, bool, float, None), compiled, so that a probe of
  * a shared table does not spend most of its time hashing (measured: the
  * Python key_hash of a 13-character str ~0.5-0.8 us).  Part of ultradict_ng._helper._native (pyproject.toml lists both
- * sources); its twin is twins.key_hash_common.
+ * sources); its twin is keyhash.key_hash_common.
  *
  * It returns None for every other type: the caller then uses the Python
  * key_hash, which knows them all and raises the errors.  It must give the
@@ -33,13 +33,6 @@
 #define P2 0xC2B2AE3D27D4EB4FULL
 #define P5 0x27D4EB2F165667C5ULL
 
-static inline uint64_t load64_le(const unsigned char *p)
-{
-    uint64_t x = 0;
-    for (int i = 7; i >= 0; i--)
-        x = (x << 8) | p[i];
-    return x;
-}
 
 static inline uint64_t rotl64(uint64_t x, unsigned n) { return (x << n) | (x >> (64 - n)); }
 
@@ -52,11 +45,11 @@ static uint64_t words_hash(const unsigned char *p, size_t n, uint64_t tag)
     uint64_t acc = tag ^ ((uint64_t)n * P5);
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        acc = rotl64(acc ^ (load64_le(p + i) * P2), 31) * P1;
+        acc = rotl64(acc ^ (udng_rd64le(p + i) * P2), 31) * P1;
     if (i < n) {
         unsigned char last[8] = {0};
         memcpy(last, p + i, n - i);
-        acc = rotl64(acc ^ (load64_le(last) * P2), 31) * P1;
+        acc = rotl64(acc ^ (udng_rd64le(last) * P2), 31) * P1;
     }
     return mix64(acc);
 }

@@ -1,6 +1,5 @@
-"""Pure-Python twins of the compiled helper's packers of big dicts: ``pack_map``
-(a dump of a dict) and ``pack_pairs`` (an update record's pairs); and of its
-decoder of their values, ``unpack_simple`` and ``tuple_hook`` (unpack.c).
+"""Pure-Python twins of packing.c's packers of big dicts: ``pack_map`` (a
+dump of a dict) and ``pack_pairs`` (an update record's pairs).
 
 Re-exported by :mod:`.twins`.  Same results as the compiled ones: the msgpack
 bytes ``codec.dumps`` gives (tests/test_native.py compares both with the codec
@@ -18,7 +17,7 @@ from typing import Any, Optional
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["pack_map", "pack_pairs", "pack_value", "unpack_simple", "tuple_hook"]
+__all__ = ["pack_map", "pack_pairs", "pack_value"]
 
 _SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 _packer = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True)
@@ -92,43 +91,3 @@ def pack_pairs(pairs: Any, threshold: int) -> Optional[bytes]:
     except (OverflowError, ValueError, UnicodeEncodeError):
         return None
     return b"".join(out)
-
-
-class _Declined(Exception):
-    pass
-
-
-def _decline(code: int, data: bytes) -> Any:
-    raise _Declined
-
-
-def _tuple_of_scalars(code: int, data: bytes) -> Any:
-    if code != _EXT_TUPLE:
-        raise _Declined
-    items = msgpack.unpackb(data, raw=False, ext_hook=_decline)
-    if type(items) is not list or not all(type(x) in _SCALARS for x in items):
-        raise _Declined
-    return tuple(items)
-
-
-def unpack_simple(data: bytes, default: Any) -> Any:
-    """The scalar or tuple of scalars ``data`` encodes (as the codec decodes
-    it), else ``default``: anything else, and anything msgpack rejects."""
-    if type(data) is not bytes:
-        raise TypeError("unpack_simple(data: bytes, default)")
-    try:
-        value = msgpack.unpackb(data, raw=False, ext_hook=_tuple_of_scalars)
-    except Exception:  # (_Declined, and whatever msgpack raises on bad data)
-        return default
-    return value if type(value) in _SCALARS or type(value) is tuple else default
-
-
-def tuple_hook(fallback: Any, code: int, data: bytes) -> Any:
-    """The codec's root ext hook: an ext 1 of scalars decoded here, anything
-    else by ``fallback``."""
-    if type(code) is int and type(data) is bytes and code == _EXT_TUPLE:
-        try:
-            return _tuple_of_scalars(code, data)
-        except Exception:
-            pass
-    return fallback(code, data)

@@ -25,7 +25,6 @@
 #include "udng.h"
 #include <structmember.h>
 
-#include "tablecache.h"
 
 
 
@@ -162,7 +161,7 @@ PyTypeObject udng_TableCacheBaseType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* For _native.c's read path, which reads a big dict's cache where it lies
+/* For readpath.c's read path, which reads a big dict's cache where it lies
  * instead of keeping copies of its fields: 1 when `cache` is a
  * TableCacheBase whose `hot`, `dead`, `fresh` and `changed` are of their
  * exact types and whose `_limit` is None or an int >= 0 -- the fields

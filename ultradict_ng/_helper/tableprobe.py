@@ -1,7 +1,6 @@
-"""Pure-Python twins of the compiled probe of a shared table (table.c;
-table_layout.py, "Probe"): ``key_hash_common`` (keyhash.c), ``table_get``,
-``table_candidates``, and ``table_changes`` (a merge's changes for the keys
-the probe decides).
+"""Pure-Python twins of tableprobe.c, the compiled probe of a shared table
+(table_layout.py, "Probe"): ``table_get``, ``table_candidates``, and
+``table_changes`` (a merge's changes for the keys the probe decides).
 
 Re-exported by :mod:`.twins`; tests/test_native.py compares them with the
 compiled ones.
@@ -16,29 +15,11 @@ from typing import Any, Optional, Union
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import table_layout as TL
-from .._codec.keyhash import key_hash
+from .keyhash import key_hash_common
 from .packing import pack_value
 from .tablewalk import entry_checked
 
-__all__ = ["key_hash_common", "table_get", "table_candidates", "table_changes"]
-
-_COMMON_KEY_TYPES = frozenset({str, bytes, int, bool, float, type(None)})
-
-
-def key_hash_common(key: Any) -> Optional[int]:
-    """``key_hash(key)`` for the types the compiled one hashes itself (str,
-    bytes, int, bool, float, None), else None: the caller then calls
-    ``key_hash``.  A str with lone surrogates: None too (``key_hash`` raises)."""
-    t = type(key)
-    if t not in _COMMON_KEY_TYPES:
-        return None
-    if t is str:
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            return None
-    return key_hash(key)
-
+__all__ = ["table_get", "table_candidates", "table_changes"]
 
 _TE = TL.TABLE_ENTRY_HEADER
 

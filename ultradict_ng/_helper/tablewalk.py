@@ -1,8 +1,9 @@
-"""Pure-Python twins of the compiled helper's walks over a table's entries
-(table.c): ``table_chunk`` (entries as one packed map, for the serializer),
-``table_rows`` (a lookup table's rows decoded into a dict) and
-``table_merge`` (an old table's entries with changes, into a new one), with
-the entry check they share with the probe's twins.
+"""Pure-Python twins of tablewalk.c, a table's entries written and walked:
+``table_fill`` (a bulk load's entries from one packed map), ``table_index``
+(the index of the entries), ``table_merge`` (an old table's entries with
+changes, into a new one), ``table_chunk`` (entries as one packed map, for
+the serializer) and ``table_rows`` (a lookup table's rows decoded into a
+dict), with the entry check they share with the probe's twins.
 
 Re-exported by :mod:`.twins`; tests/test_native.py and
 tests/test_unpack_simple.py compare them with the compiled ones.
@@ -17,9 +18,9 @@ from typing import Any, Optional, Union
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .. import table_layout as TL
-from .packing import unpack_simple
+from .unpack import unpack_simple
 
-__all__ = ["table_chunk", "table_rows", "table_merge", "entry_checked"]
+__all__ = ["table_fill", "table_index", "table_chunk", "table_rows", "table_merge", "entry_checked"]
 
 _table_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
 _map_header = msgpack.Packer().pack_map_header
@@ -171,3 +172,91 @@ def table_merge(
                 )
             off += size
     return off
+
+
+def _map_count(packed: Any) -> tuple[int, int]:
+    """(pair count, header length) of the msgpack map ``packed`` starts with."""
+    first = packed[0] if len(packed) else -1
+    if first & 0xF0 == 0x80:
+        return first & 0x0F, 1
+    if first == 0xDE and len(packed) >= 3:
+        return int.from_bytes(packed[1:3], "big"), 3
+    if first == 0xDF and len(packed) >= 5:
+        return int.from_bytes(packed[1:5], "big"), 5
+    raise ValueError("table_fill: packed is not a msgpack map")
+
+
+def table_fill(buf: Any, off: int, packed: Any, hashes: list[int]) -> int:
+    """Write an entry per pair of the msgpack map ``packed`` with ``hashes[i]``
+    from ``off`` (``buf`` None: only the resulting offset); return the offset
+    after them (table_layout.py, "entries")."""
+    with memoryview(packed) as raw, raw.cast("B") as p:
+        count, pos = _map_count(p)
+        if count != len(hashes):
+            raise ValueError("table_fill: the map's pair count differs from the hashes'")
+        size_of = len(buf) if buf is not None else 1 << 62
+        if off < TL.TABLE_HEADER or off & 7 or off > size_of:
+            raise ValueError("table_fill: offset outside the buffer")
+        unpacker = msgpack.Unpacker(max_buffer_size=max(len(p), 1))
+        unpacker.feed(p[pos:])
+        base = pos
+        for h in hashes:
+            try:
+                unpacker.skip()
+                kend = base + unpacker.tell()
+                unpacker.skip()
+                vend = base + unpacker.tell()
+            except Exception:
+                raise ValueError("table_fill: a malformed pair in the map") from None
+            kl, vl = kend - pos, vend - kend
+            if kl > 0xFFFFFFFF or vl > 0xFFFFFFFF:
+                raise ValueError("a key or value of 4 GiB or more cannot go in a table entry")
+            size = (_TE + kl + vl + 7) & ~7
+            if size > size_of - off:
+                raise ValueError("table_fill: the buffer is too small")
+            if buf is not None:
+                body = off + _TE
+                buf[body : body + kl + vl] = p[pos:vend]
+                buf[body + kl + vl : off + size] = bytes(size - _TE - kl - vl)
+                _table_entry.pack_into(buf, off, h, kl, vl, 0, 0)
+                crc = zlib.crc32(buf[body : body + kl + vl], zlib.crc32(bytes(buf[off : off + 16])))
+                _table_entry.pack_into(buf, off, h, kl, vl, crc, 0)
+            pos = vend
+            off += size
+        if pos != len(p):
+            raise ValueError("table_fill: bytes after the map")
+    return off
+
+
+def table_index(buf: Any, slots: int, start: int, end: int, count: int) -> None:
+    """Write the index of the entries between ``start`` and ``end`` (table_layout.py, "index")."""
+    if (
+        slots < 8
+        or slots & (slots - 1)
+        or start != TL.TABLE_HEADER + 8 * slots
+        or not start <= end <= len(buf)
+        or end > TL.TABLE_OFFSET_MASK
+        or count >= slots
+    ):
+        raise ValueError("table_index: bounds do not fit the buffer")
+    with memoryview(buf) as mv, mv[TL.TABLE_HEADER : start].cast("Q") as idx:
+        for i in range(slots):
+            idx[i] = 0
+        mask = slots - 1
+        off = seen = 0
+        off = start
+        while off < end:
+            if off + _TE > end or seen == count:
+                raise ValueError("table_index: the entries do not add up to count")
+            h, kl, vl, _, _ = _table_entry.unpack_from(mv, off)
+            nxt = (off + _TE + kl + vl + 7) & ~7
+            if nxt > end:
+                raise ValueError("table_index: an entry runs past the end")
+            i = h & mask
+            while idx[i]:
+                i = (i + 1) & mask
+            idx[i] = (h & TL.TABLE_TAG_MASK) | off
+            off = nxt
+            seen += 1
+        if seen != count:
+            raise ValueError("table_index: the entries do not add up to count")

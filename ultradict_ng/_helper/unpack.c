@@ -2,7 +2,7 @@
  * Decoding of the values a big dict holds most, compiled: a scalar, or a
  * tuple of scalars (the codec's ext 1, _codec/ext.py) -- a lookup table's
  * rows.  Part of ultradict_ng._helper._native; the twins are in
- * _helper/packing.py.
+ * _helper/unpack.py.
  *
  * Why: the codec decodes a tuple through msgpack's ext_hook, a Python
  * function that runs a nested unpackb for the items: ~0.6 us a tuple, six
@@ -18,7 +18,7 @@
  *       error.  Declined too: truncated or trailing bytes, a str that is not
  *       UTF-8 -- whatever msgpack would reject or decode otherwise -- so the
  *       result is msgpack's, never a second opinion.
- *   table_rows (table.c) decodes a table's entries with the same function.
+ *   table_rows (tablewalk.c) decodes a table's entries with the same function.
  *   tuple_hook(fallback, code, data)
  *       The codec's root ext hook (functools.partial binds ``fallback``, the
  *       Python hook): an ext 1 whose payload is an array of scalars becomes
@@ -33,12 +33,6 @@
 
 #define EXT_TUPLE 1
 
-static inline uint32_t be16(const unsigned char *p) { return ((uint32_t)p[0] << 8) | p[1]; }
-static inline uint32_t be32(const unsigned char *p)
-{
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
 
 /* The scalar at p (n bytes left): a new reference, *used set; NULL when it is
  * not a scalar, is cut short or does not decode (any error cleared: the
@@ -70,11 +64,11 @@ scalar_at(const unsigned char *p, Py_ssize_t n, Py_ssize_t *used)
     case 0xc2: *used = 1; Py_RETURN_FALSE;
     case 0xc3: *used = 1; Py_RETURN_TRUE;
     case 0xc4: NEED(2); len = p[1]; head = 2; goto bin;
-    case 0xc5: NEED(3); len = be16(p + 1); head = 3; goto bin;
-    case 0xc6: NEED(5); len = be32(p + 1); head = 5; goto bin;
+    case 0xc5: NEED(3); len = udng_rd16be(p + 1); head = 3; goto bin;
+    case 0xc6: NEED(5); len = udng_rd32be(p + 1); head = 5; goto bin;
     case 0xca: {
         NEED(5);
-        uint32_t bits = be32(p + 1);
+        uint32_t bits = udng_rd32be(p + 1);
         float f;
         memcpy(&f, &bits, 4);
         *used = 5;
@@ -82,23 +76,23 @@ scalar_at(const unsigned char *p, Py_ssize_t n, Py_ssize_t *used)
     }
     case 0xcb: {
         NEED(9);
-        uint64_t bits = be64(p + 1);
+        uint64_t bits = udng_rd64be(p + 1);
         double d;
         memcpy(&d, &bits, 8);
         *used = 9;
         return PyFloat_FromDouble(d);
     }
     case 0xcc: NEED(2); *used = 2; return PyLong_FromLong((long)p[1]);
-    case 0xcd: NEED(3); *used = 3; return PyLong_FromLong((long)be16(p + 1));
-    case 0xce: NEED(5); *used = 5; return PyLong_FromUnsignedLongLong(be32(p + 1));
-    case 0xcf: NEED(9); *used = 9; return PyLong_FromUnsignedLongLong(be64(p + 1));
+    case 0xcd: NEED(3); *used = 3; return PyLong_FromLong((long)udng_rd16be(p + 1));
+    case 0xce: NEED(5); *used = 5; return PyLong_FromUnsignedLongLong(udng_rd32be(p + 1));
+    case 0xcf: NEED(9); *used = 9; return PyLong_FromUnsignedLongLong(udng_rd64be(p + 1));
     case 0xd0: NEED(2); *used = 2; return PyLong_FromLong((long)(int8_t)p[1]);
-    case 0xd1: NEED(3); *used = 3; return PyLong_FromLong((long)(int16_t)be16(p + 1));
-    case 0xd2: NEED(5); *used = 5; return PyLong_FromLongLong((long long)(int32_t)be32(p + 1));
-    case 0xd3: NEED(9); *used = 9; return PyLong_FromLongLong((long long)(int64_t)be64(p + 1));
+    case 0xd1: NEED(3); *used = 3; return PyLong_FromLong((long)(int16_t)udng_rd16be(p + 1));
+    case 0xd2: NEED(5); *used = 5; return PyLong_FromLongLong((long long)(int32_t)udng_rd32be(p + 1));
+    case 0xd3: NEED(9); *used = 9; return PyLong_FromLongLong((long long)(int64_t)udng_rd64be(p + 1));
     case 0xd9: NEED(2); len = p[1]; head = 2; goto str;
-    case 0xda: NEED(3); len = be16(p + 1); head = 3; goto str;
-    case 0xdb: NEED(5); len = be32(p + 1); head = 5; goto str;
+    case 0xda: NEED(3); len = udng_rd16be(p + 1); head = 3; goto str;
+    case 0xdb: NEED(5); len = udng_rd32be(p + 1); head = 5; goto str;
     default: return NULL;
     }
 str:
@@ -137,10 +131,10 @@ tuple_payload(const unsigned char *p, Py_ssize_t n)
         count = b & 0x0f;
         pos = 1;
     } else if (b == 0xdc && n >= 3) {
-        count = be16(p + 1);
+        count = udng_rd16be(p + 1);
         pos = 3;
     } else if (b == 0xdd && n >= 5) {
-        count = be32(p + 1);
+        count = udng_rd32be(p + 1);
         pos = 5;
     } else {
         return NULL;
@@ -174,7 +168,7 @@ tuple_payload(const unsigned char *p, Py_ssize_t n)
 }
 
 /* The value p[0..n) encodes when it is exactly a scalar or an ext 1 of
- * scalars; else NULL, no error set.  (Also for table.c's table_rows.) */
+ * scalars; else NULL, no error set.  (Also for tablewalk.c's table_rows.) */
 PyObject *
 udng_simple_value(const unsigned char *p, Py_ssize_t n)
 {
@@ -189,8 +183,8 @@ udng_simple_value(const unsigned char *p, Py_ssize_t n)
         case 0xd7: len = 8; head = 2; break;
         case 0xd8: len = 16; head = 2; break;
         case 0xc7: if (n >= 3) { len = p[1]; head = 3; } break;
-        case 0xc8: if (n >= 4) { len = be16(p + 1); head = 4; } break;
-        case 0xc9: if (n >= 6) { len = be32(p + 1); head = 6; } break;
+        case 0xc8: if (n >= 4) { len = udng_rd16be(p + 1); head = 4; } break;
+        case 0xc9: if (n >= 6) { len = udng_rd32be(p + 1); head = 6; } break;
         default: break;
         }
         if (len >= 0) {

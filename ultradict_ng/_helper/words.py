@@ -292,13 +292,13 @@ class Words:
             self.release()
 
 
-#: Containers a plain value may nest (``_native.c``'s UDNG_PLAIN_DEPTH).
+#: Containers a plain value may nest (udng.h's UDNG_PLAIN_DEPTH).
 PLAIN_DEPTH = 16
 
 
 def plain_ok(value: Any, threshold: int) -> bool:
     """What ``write_simple(..., plain=True)`` takes besides scalars and tuples of
-    them (``_native.c``'s mp_plain_value): an exact dict (scalar keys) or list
+    them (packing.c's udng_mp_plain_value): an exact dict (scalar keys) or list
     of scalars and such containers, at most :data:`PLAIN_DEPTH` deep, or a
     tuple of such values; no bytes of ``threshold`` bytes or more inside when
     threshold > 0 (those go to blobs).  Their msgpack map and array bytes are

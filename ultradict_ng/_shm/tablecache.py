@@ -114,7 +114,7 @@ class TableCache(TableCacheBase):
         # from the table and not changed since, which the table holds too,
         # so that dropping one loses nothing.
         self._limit = limit
-        # What the compiled read path (_native.c, table_miss) probes and decodes
+        # What the compiled read path (readpath.c, table_miss) probes and decodes
         # a str key's row from, and the compiled set (TableCacheBase) probes a
         # key with, without this class's frames; None when they may not
         # (another serializer; the table no longer counted).  It reads our

@@ -1,0 +1,122 @@
+"""Pure-Python twins of records.c: the reader's checks of copied stream bytes
+(``parse_records``), the framing check (``msgpack_length``), the replay of
+runs of root-level scalar sets (``apply_sets``, ``apply_simple``) and zlib's
+CRC-32 (``crc32``).  tests/test_native.py compares each with the compiled one.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any, Union
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+from .. import layout as L
+from .unpack import unpack_simple
+
+__all__ = ["parse_records", "msgpack_length", "apply_sets", "apply_simple", "crc32"]
+
+
+_header = struct.Struct(L.RECORD_FORMAT)
+
+
+def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> Union[list[bytes], str]:
+    """The payloads of the records in ``chunk`` (stream bytes from offset
+    ``base``), or a str saying what is wrong: reader step 4's checks (header
+    complete, payload within the chunk, generation tag, crc and, with
+    ``one_msgpack``, each payload exactly one msgpack object)."""
+    out: list[bytes] = []
+    pos, n = 0, len(chunk)
+    size = L.RECORD_HEADER
+    with memoryview(chunk) as mv:
+        while pos < n:
+            if n - pos < size:
+                return f"truncated record header at stream offset {base + pos}"
+            length, rtag, crc, _ = _header.unpack_from(chunk, pos)
+            start = pos + size
+            if length > n - start:
+                return f"record at stream offset {base + pos} overruns the published end"
+            if rtag != tag & 0xFFFFFFFF:
+                return f"record at stream offset {base + pos} belongs to another generation"
+            body = mv[start : start + length]
+            if zlib.crc32(body, zlib.crc32(mv[pos : pos + 8])) != crc:
+                return f"record at stream offset {base + pos} fails its checksum"
+            if one_msgpack and msgpack_length(body) != length:
+                return f"record at stream offset {base + pos} is not exactly one msgpack object"
+            out.append(bytes(body))
+            pos = start + length
+    return out
+
+
+def msgpack_length(data: Any) -> int:
+    """The length of the one msgpack object at the start of ``data``, or -1 if
+    it does not start with a complete, well-formed object (ext payloads are
+    opaque)."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1))
+    try:
+        unpacker.feed(data)
+        unpacker.skip()
+    except Exception:
+        return -1
+    end: int = unpacker.tell()
+    return end
+
+
+def apply_sets(
+    data: dict[Any, Any], records: list[Any], start: int, op_set: int, key_types: frozenset[type]
+) -> int:
+    """Apply ``records[start:]`` to ``data`` while each is a root-level set of a
+    key of ``key_types`` (``[op_set, [], key, value]``); the index of the first
+    record not applied."""
+    i, n = start, len(records)
+    while 0 <= i < n:
+        rec = records[i]
+        if (
+            type(rec) is not list
+            or len(rec) != 4
+            or type(rec[0]) is not int
+            or rec[0] != op_set
+            or type(rec[1]) is not list
+            or rec[1]
+            or type(rec[2]) not in key_types
+        ):
+            break
+        data[rec[2]] = rec[3]
+        i += 1
+    return i
+
+
+_SIMPLE_MISSING: Any = object()
+
+
+def apply_simple(data: dict[Any, Any], payloads: list[Any], start: int, op_set: int) -> int:
+    """Apply the record ``payloads[start:]`` to ``data`` while each is a
+    root-level set of a scalar key to a scalar or a tuple of scalars as
+    msgpack wrote it (fixarray 4, fixint ``op_set``, fixarray 0, key, value),
+    decoded as the codec decodes them; the index of the first one not applied."""
+    i, n = start, len(payloads)
+    if not 0 <= op_set <= 0x7F:
+        return i
+    head = bytes((0x94, op_set, 0x90))
+    while 0 <= i < n:
+        p = payloads[i]
+        if type(p) is not bytes or len(p) < 5 or p[:3] != head:
+            break
+        kl = msgpack_length(p[3:])
+        if kl <= 0 or kl >= len(p) - 3:
+            break
+        key = unpack_simple(p[3 : 3 + kl], _SIMPLE_MISSING)
+        if key is _SIMPLE_MISSING or type(key) is tuple:
+            break
+        value = unpack_simple(p[3 + kl :], _SIMPLE_MISSING)
+        if value is _SIMPLE_MISSING:
+            break
+        data[key] = value
+        i += 1
+    return i
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """zlib's CRC-32."""
+    return zlib.crc32(data, value)
