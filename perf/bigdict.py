@@ -129,8 +129,8 @@ def _load(
         d.close()
         return {"name": name}, shared, lambda: unlink_by_name(name)
     if contender == "table":
-        from ultradict_ng import _segments
         from ultradict_ng._codec.codec import MsgpackCodec
+        from ultradict_ng._platform import segments as _segments
         from ultradict_ng._shm.table import hash_key, map_size, write_map
 
         seg = name + "@t1"
@@ -203,8 +203,8 @@ def _open(
     if contender == "table":
         import mmap
 
-        from ultradict_ng import _segments
         from ultradict_ng._codec.codec import MsgpackCodec
+        from ultradict_ng._platform import segments as _segments
         from ultradict_ng._shm.table import Table
 
         loads = MsgpackCodec().loads
@@ -262,7 +262,7 @@ def reader(contender: str, info: dict[str, Any], n: int, reads: int, seed: int, 
 
         if contender == "table":
             import ultradict_ng._codec.codec
-            import ultradict_ng._segments
+            import ultradict_ng._platform.segments
             import ultradict_ng._shm.table  # noqa: F401
         if contender == "lmdb":
             import lmdb  # noqa: F401

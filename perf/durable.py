@@ -409,7 +409,7 @@ def _fill_then_die(path: str, keys: int) -> None:
     import signal
 
     from ultradict_ng import SharedDict
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
 
     d = SharedDict(path=path, create=False)
     dump = os.path.join(path, "dump." + L.base36(d.stats()["generation"]))

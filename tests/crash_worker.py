@@ -41,7 +41,7 @@ def follow(name: str) -> None:
     """Print ``ready``, then follow the dict with ``wait_for_change`` (only wake-ups
     end its sleeps in time: ``WAIT_SLICE`` is 60 s) until ``stop`` appears; print
     ``timeout`` if a wait ran out, and finally the ``k*`` keys as JSON."""
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
 
     L.WAIT_SLICE = 60.0
     d = SharedDict(name=name, create=False)

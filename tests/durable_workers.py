@@ -53,7 +53,7 @@ def audit_side(cache: Any) -> str:
     '' (cache_layout: one slot per entry, below ``next``, none of them on the
     free stack nor twice on it; ``bytes`` the sum of the entries' sizes, each
     size its entry's; the expiring flag set if an entry expires)."""
-    from ultradict_ng import cache_layout as C
+    from ultradict_ng.cache import layout as C
 
     side = cache._side
     w = side.words

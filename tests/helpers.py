@@ -102,8 +102,8 @@ def make_half_created(name: str, creator: int, stream: bool = False) -> None:
     """A control segment as a creator leaves it before publishing MAGIC: the
     header's layout word written (it comes first), ``creator`` as the creator
     word; with ``stream``, the stream segment too."""
-    from ultradict_ng import layout as L
-    from ultradict_ng._segments import Segment
+    from ultradict_ng._platform.segments import Segment
+    from ultradict_ng._shm import layout as L
 
     ctrl = Segment.create(name, L.CONTROL_SIZE)
     words = memoryview(ctrl.buf).cast("Q")  # type: ignore[arg-type]

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ultradict_ng import _faults as faults
-from ultradict_ng._owner import owner_word
+from ultradict_ng._platform import faults
+from ultradict_ng._platform.owner import owner_word
 
 SHM = "/dev/shm"
 PARCELS = "@udp"
@@ -144,7 +144,7 @@ def outlive_the_pool(started: str, workers: list[int], n: int, timeout: float = 
     words = {p: owner_word(p) for p in workers if p != os.getpid()}
     with open(started, "w") as f:
         f.write(str(os.getpid()))
-    from ultradict_ng._owner import owner_alive
+    from ultradict_ng._platform.owner import owner_alive
 
     deadline = time.monotonic() + timeout
     while any(owner_alive(w) for w in words.values()) and time.monotonic() < deadline:

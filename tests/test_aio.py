@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ultradict_ng import Change, LockTimeout, SharedDict, Unlinked
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 from ultradict_ng.aio import AsyncSharedDict
 
 pytestmark = pytest.mark.usefixtures("each_backend")

@@ -22,9 +22,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ultradict_ng import CorruptSegment, SharedDict, Unlinked, UnsupportedType, unlink_by_name
-from ultradict_ng import layout as L
 from ultradict_ng._codec.placeholders import BlobRef, InlineArray
 from ultradict_ng._engine import BlobGone
+from ultradict_ng._shm import layout as L
 
 np = pytest.importorskip("numpy")
 
@@ -592,7 +592,7 @@ def test_blobs_go_through_mappings_where_pwrite_and_pread_are_refused(name, monk
     mapping instead: same bytes, same values."""
     import errno
 
-    from ultradict_ng import _segments
+    from ultradict_ng._platform import segments as _segments
 
     def refuse(*args):
         raise OSError(errno.ENXIO, "no read or write on shared memory here")

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ultradict_ng import SharedDict
-from ultradict_ng import cache_layout as C
-from ultradict_ng._segments import Segment
+from ultradict_ng._platform.segments import Segment
 from ultradict_ng.cache import DEFAULT_TTL, SharedCache, cached
+from ultradict_ng.cache import layout as C
 from ultradict_ng.errors import CorruptSegment, ParameterMismatch, TooLarge, UnsupportedType
 
 from .conftest import unique_name
@@ -192,7 +192,7 @@ def test_popitem_returns_private_values_also_from_blobs(name):
 def test_eviction_spares_a_live_claim_and_takes_a_dead_one(name):
     """A claim of cached() whose owner lives is never the victim (its
     computation would start again in another process); a dead owner's is."""
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
     from ultradict_ng.cache.memoize import _Claims
 
     with SharedCache(name, maxsize=4) as c:

@@ -22,10 +22,10 @@ from tests.conftest import soak_scaled, unique_name
 from tests.test_fuzz import _alarm, attempt
 from tests.torture_workers import check_side
 from ultradict_ng import CorruptSegment, SharedDict, SharedDictError, unlink_by_name
-from ultradict_ng import _segments as segments
-from ultradict_ng import cache_layout as C
-from ultradict_ng._segments import Segment
+from ultradict_ng._platform import segments
+from ultradict_ng._platform.segments import Segment
 from ultradict_ng.cache import SharedCache
+from ultradict_ng.cache import layout as C
 from ultradict_ng.cache.entries import slot_of
 
 

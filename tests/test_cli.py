@@ -23,8 +23,8 @@ from typing import Any, Optional
 import pytest
 
 from ultradict_ng import SharedDict
-from ultradict_ng import layout as L
-from ultradict_ng._segments import Segment
+from ultradict_ng._platform.segments import Segment
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm.survey import report
 from ultradict_ng.futures import layout as PL
 
@@ -649,7 +649,7 @@ def test_clean_removes_a_half_created_dict(name, removed):
 def test_clean_keeps_a_dict_being_created(name, removed):
     """MAGIC still 0 but its creator (this process) alive: never pulled from under it."""
     removed.append(name)
-    from ultradict_ng._owner import owner_word
+    from ultradict_ng._platform.owner import owner_word
 
     make_half_created(name, owner_word())
     try:
@@ -834,7 +834,7 @@ def test_ls_and_clean_parcels_of_a_killed_pool(tmp_path):
     the dead pid, clean --dry-run lists it, clean removes it; a live pool's parcel stays."""
     import struct
 
-    from ultradict_ng._owner import owner_word
+    from ultradict_ng._platform.owner import owner_word
 
     pytest.importorskip("numpy")  # (the install without a compiler has no numpy)
     proc = subprocess.Popen([sys.executable, "-c", _POOL_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=ROOT)

@@ -984,7 +984,7 @@ def test_dumps_of_a_dict_of_rows_is_the_general_encoding(rows: dict[Any, Any]) -
 def test_encode_record_of_an_update_is_the_general_path(pairs: list[Any], path: list[Any]) -> None:
     """encode_record's update shortcut gives the general path's bytes, and a
     decoded record equal to the readers' one, of the same types all the way."""
-    from ultradict_ng.layout import OP_UPDATE
+    from ultradict_ng._shm.layout import OP_UPDATE
 
     record = [OP_UPDATE, path, pairs]
     payload, decoded = MSGPACK.encode_record(record)
@@ -1052,7 +1052,7 @@ def test_encode_record_of_a_json_like_set_is_the_general_path(value: Any, path: 
     the top) gives the general path's bytes, and a decoded record equal to the
     readers' one, of the same types all the way, that shares nothing mutable
     with the caller's value."""
-    from ultradict_ng.layout import OP_SET
+    from ultradict_ng._shm.layout import OP_SET
 
     record = [OP_SET, path, "k", value]
     try:

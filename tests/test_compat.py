@@ -26,7 +26,7 @@ import ultradict_ng
 from tests import compat_workers as workers
 from tests.conftest import unique_name
 from ultradict_ng import SharedDict, UltraDict
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 
 spawn = multiprocessing.get_context("spawn")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

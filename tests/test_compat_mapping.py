@@ -17,7 +17,7 @@ import pytest
 
 import ultradict_ng
 from ultradict_ng import SharedDict, UltraDict
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 from ultradict_ng.compat import Exceptions, UltraLock
 from ultradict_ng.compat.errors import NOT_MAPPED, is_mapped, map_errors, mapped
 from ultradict_ng.compat.lock import _LockHold

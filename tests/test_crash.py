@@ -22,8 +22,8 @@ import pytest
 
 from tests.conftest import soak_scaled
 from ultradict_ng import SharedDict, unlink_by_name
-from ultradict_ng import _faults as faults
-from ultradict_ng import layout as L
+from ultradict_ng._platform import faults
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm import waiting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -353,7 +353,7 @@ def test_remover_dies_holding_closing(name, point, then):
     an attacher does not hang (it takes the dead word over and attaches to the
     intact dict), a later remover takes over and removes it, and unlink_by_name
     still removes every segment."""
-    from ultradict_ng._owner import pid_of
+    from ultradict_ng._platform.owner import pid_of
     from ultradict_ng._shm.control import attach_control
     from ultradict_ng._shm.mapping import Mapping
 

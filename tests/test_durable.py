@@ -15,9 +15,9 @@ import time
 import pytest
 
 from ultradict_ng import SharedDict
-from ultradict_ng import layout as L
 from ultradict_ng._disk import layout as D
 from ultradict_ng._disk.opening import control_of
+from ultradict_ng._shm import layout as L
 from ultradict_ng.errors import (
     AlreadyExists,
     CorruptSegment,

@@ -23,9 +23,9 @@ import pytest
 
 from tests.durable_workers import audit_side
 from tests.test_durable import reboot
-from ultradict_ng import cache_layout as C
 from ultradict_ng._disk import layout as D
 from ultradict_ng.cache import SharedCache
+from ultradict_ng.cache import layout as C
 from ultradict_ng.errors import ParameterMismatch
 
 pytestmark = pytest.mark.shm_only

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from ultradict_ng import SharedDict
-from ultradict_ng import layout as L
 from ultradict_ng._codec import records as record
 from ultradict_ng._codec.codec import MSGPACK
 from ultradict_ng._engine import Engine
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm.lock import ShmLock
 from ultradict_ng._shm.store import Store
 from ultradict_ng.errors import PathGone, Unlinked

@@ -442,7 +442,7 @@ def test_several_feeds_in_threads_each_end_equal_to_the_dict(pair):
 
 
 def test_a_waiting_feed_is_woken_by_a_write(pair, monkeypatch):
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
 
     monkeypatch.setattr(L, "WAIT_SLICE", 60.0)  # only a wake-up ends the sleep in time
     d, r = pair

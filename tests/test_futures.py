@@ -43,7 +43,7 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 
 import ultradict_ng.futures as uf  # noqa: E402
 from tests import pool_tasks as T  # noqa: E402
-from ultradict_ng._owner import owner_word  # noqa: E402
+from ultradict_ng._platform.owner import owner_word  # noqa: E402
 from ultradict_ng.errors import CorruptSegment  # noqa: E402
 from ultradict_ng.futures import layout as PL  # noqa: E402
 from ultradict_ng.futures.parcel import ARRAY, DATA, VIEW, pack, unpack  # noqa: E402

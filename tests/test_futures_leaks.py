@@ -53,8 +53,8 @@ from tests import pool_workers as W
 from tests.conftest import SOAK_SECONDS, soak_scaled
 from tests.pool_workers import maker_pid, mapped, shm_names
 from tests.wait_workers import wait_until
-from ultradict_ng import layout as L
-from ultradict_ng._owner import owner_alive, owner_word, pid_of
+from ultradict_ng._platform.owner import owner_alive, owner_word, pid_of
+from ultradict_ng._shm import layout as L
 from ultradict_ng.errors import CorruptSegment
 from ultradict_ng.futures import BrokenProcessPool, ProcessPoolExecutor
 from ultradict_ng.futures import layout as PL

@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
 from ultradict_ng import SharedDict, SharedDictError, unlink_by_name
-from ultradict_ng import _segments as segments
-from ultradict_ng import layout as L
-from ultradict_ng._owner import owner_alive, owner_word
-from ultradict_ng._segments import Segment
+from ultradict_ng._platform import segments
+from ultradict_ng._platform.owner import owner_alive, owner_word
+from ultradict_ng._platform.segments import Segment
+from ultradict_ng._shm import layout as L
 
 EDITS = st.lists(
     st.tuples(

@@ -136,7 +136,7 @@ def test_nonblocking_acquire_recovers_dead_holder(d):
 
 def test_pid_reuse_is_detected(d):
     """A lock word naming a live pid with another start time belongs to a dead process."""
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
     from ultradict_ng._shm.lock import owner_alive, owner_word
 
     mine = owner_word()
@@ -207,7 +207,7 @@ def test_a_stale_wake_in_flight_delays_a_sleeping_waiter_by_at_most_a_liveness_c
     import subprocess
     import sys
 
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
     from ultradict_ng._shm import waiting
     from ultradict_ng._shm.lock import owner_word
 

@@ -27,13 +27,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ultradict_ng import SharedDict, speedups
-from ultradict_ng import layout as L
-from ultradict_ng import table_layout as TL
 from ultradict_ng._codec import codec
 from ultradict_ng._codec import records as record
 from ultradict_ng._helper import copytree, tablewalk, words
 from ultradict_ng._helper import twins as fallback
 from ultradict_ng._helper.entries import CONSTANTS, ENTRY_POINTS
+from ultradict_ng._shm import layout as L
+from ultradict_ng._shm import table_layout as TL
 from ultradict_ng.errors import Closed
 
 native = speedups._compiled

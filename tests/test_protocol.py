@@ -27,15 +27,11 @@ from ultradict_ng import (
     SharedDictError,
     unlink_by_name,
 )
-from ultradict_ng import _segments as segments
-from ultradict_ng import (
-    layout as L,
-)
-from ultradict_ng import (
-    table_layout as TL,
-)
-from ultradict_ng._owner import owner_word
-from ultradict_ng._segments import Segment
+from ultradict_ng._platform import segments
+from ultradict_ng._platform.owner import owner_word
+from ultradict_ng._platform.segments import Segment
+from ultradict_ng._shm import layout as L
+from ultradict_ng._shm import table_layout as TL
 from ultradict_ng._shm.table import Table
 from ultradict_ng.futures import parcel
 
@@ -537,7 +533,7 @@ def test_interrupt_after_publish_does_not_desync_the_cache(name, write, expected
     """A KeyboardInterrupt between publishing a record and applying it locally must
     not leave this handle's cache silently behind the shared state, on every
     write path (the interrupt fires right after the STATE store)."""
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
 
     d = SharedDict(name=name)
     d["x"] = 0

@@ -248,7 +248,7 @@ def test_the_code_map_names_every_module() -> None:
         "ultradict_ng",
         "ultradict_ng.aio",
         "ultradict_ng.futures",
-        "ultradict_ng.layout",
+        "ultradict_ng._shm.layout",
         "ultradict_ng.errors",
         "ultradict_ng.speedups",
         "ultradict_ng.compat",
@@ -257,3 +257,32 @@ def test_the_code_map_names_every_module() -> None:
 )
 def test_public_modules_keep_their_paths(public: str) -> None:
     assert public in MODULES
+
+
+#: The most modules ``ultradict_ng/`` holds directly: the public ones; the
+#: rest live in packages by layer (``_facade``, ``_engine``, ``_platform``,
+#: ``_helper``, ``_codec``, the engines).
+MAX_TOP_LEVEL = 10
+
+
+def test_the_top_level_keeps_few_modules() -> None:
+    top = sorted(fn for fn in os.listdir(PKG) if fn.endswith(".py"))
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} modules directly in ultradict_ng/: {top}"
+
+
+@pytest.mark.parametrize(
+    ("former", "spec"),
+    [
+        ("ultradict_ng.layout", "ultradict_ng._shm.layout"),
+        ("ultradict_ng.table_layout", "ultradict_ng._shm.table_layout"),
+        ("ultradict_ng.cache_layout", "ultradict_ng.cache.layout"),
+    ],
+)
+def test_the_protocol_specs_former_paths_still_import(former: str, spec: str) -> None:
+    """Each spec moved beside its code; its former top-level path names the same module."""
+    import importlib
+
+    import ultradict_ng
+
+    assert importlib.import_module(former) is importlib.import_module(spec)
+    assert getattr(ultradict_ng, former.rsplit(".", 1)[1]) is importlib.import_module(spec)

@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 
 from tests.conftest import unique_name
 from tests.test_keyhash import KEYS, variants
-from ultradict_ng import CorruptSegment, _segments
-from ultradict_ng import table_layout as L
+from ultradict_ng import CorruptSegment
 from ultradict_ng._codec.codec import MsgpackCodec
 from ultradict_ng._codec.keyhash import key_hash
+from ultradict_ng._platform import segments as _segments
+from ultradict_ng._shm import table_layout as L
 from ultradict_ng._shm.table import Merge, Table, encode_entries, hash_key, table_size, write_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -245,7 +246,7 @@ def test_an_index_without_an_empty_slot_raises_instead_of_probing_forever() -> N
 
 CHILD = r"""
 import json, mmap, sys
-from ultradict_ng import _segments
+from ultradict_ng._platform import segments as _segments
 from ultradict_ng._codec.codec import MsgpackCodec
 from ultradict_ng._codec.keyhash import key_hash
 from ultradict_ng._shm.table import Table

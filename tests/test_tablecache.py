@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from ultradict_ng import SharedDict
-from ultradict_ng import layout as L
 from ultradict_ng._codec import records as R
 from ultradict_ng._codec.codec import codec_for
 from ultradict_ng._shm import dumps, tablecache
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
 from ultradict_ng._shm.tablecache import TableCache
 

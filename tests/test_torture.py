@@ -23,7 +23,7 @@ import pytest
 from tests import torture_workers
 from tests.conftest import SOAK_SECONDS, unique_name
 from ultradict_ng import SharedDict, speedups
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 
 spawn = multiprocessing.get_context("spawn")
 SECONDS = SOAK_SECONDS or 4.0

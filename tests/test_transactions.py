@@ -450,7 +450,7 @@ def test_scalar_writes_of_the_transactions_thread_take_the_compiled_path(name, d
 def test_the_compiled_path_writes_the_bytes_the_python_path_writes(name, dicts):
     """The records a block leaves in the stream are byte for byte those of the
     same writes through ``write_simple`` (the path outside transactions)."""
-    import ultradict_ng.layout as L
+    import ultradict_ng._shm.layout as L
 
     values: list[Any] = [
         0,

@@ -35,7 +35,7 @@ import pytest
 
 import ultradict_ng
 from tests.sdists import fetch_sdist, run_suite
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm.survey import report
 
 VERSION = "0.0.6"

@@ -32,8 +32,8 @@ from tests import users_workers as W
 from tests.conftest import unique_name
 from tests.users_workers import alive_pids, remove_once, stop, user_words, wait_until
 from ultradict_ng import SharedDict, unlink_by_name
-from ultradict_ng import layout as L
-from ultradict_ng._owner import owner_word
+from ultradict_ng._platform.owner import owner_word
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm import users
 from ultradict_ng._shm.control import Header, attach_control
 from ultradict_ng._shm.mapping import Mapping

@@ -24,8 +24,8 @@ import pytest
 from tests import wait_workers
 from tests.wait_workers import in_thread, registered, slot_of, slots, stop, wait_until, words
 from ultradict_ng import SharedDict
-from ultradict_ng import layout as L
-from ultradict_ng._owner import owner_word
+from ultradict_ng._platform.owner import owner_word
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm import waiting
 from ultradict_ng.speedups import FUTEX
 

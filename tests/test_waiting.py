@@ -34,7 +34,7 @@ from tests import wait_workers
 from tests.conftest import unique_name
 from tests.wait_workers import in_thread, registered, slots, stop, words
 from ultradict_ng import Closed, SharedDict, Unlinked
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm import waiting
 from ultradict_ng.speedups import FUTEX
 
@@ -296,7 +296,7 @@ WAITER = """
 import sys, time
 from ultradict_ng import SharedDict
 from ultradict_ng._shm import waiting
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 L.WAIT_SLICE = 60.0
 d = SharedDict(name=sys.argv[1], create=False)
 d.get("k")

@@ -296,7 +296,7 @@ def wait_follower(name: str, writers: int, ready: Any, results: Any) -> None:
     """Follow the writers with ``wait_for_change`` until ``done``: every wake-up
     shows a newer state (seqs never go back), no wait times out while the writers
     write, and the last state seen is the final one."""
-    from ultradict_ng import layout as L
+    from ultradict_ng._shm import layout as L
 
     L.WAIT_SLICE = 60.0  # only a wake-up ends a sleep in time
     d = open_dict(name, create=False)
@@ -485,7 +485,7 @@ def dead_batch(c: Any) -> bool:
     ``c.lock``, so no live batch is open): until the next writer rebuilds it,
     the side segment may disagree with the entries (cache_layout, "Crashes") --
     what ``check_side`` checks is then the rebuild's to restore."""
-    from ultradict_ng import cache_layout as C
+    from ultradict_ng.cache import layout as C
 
     return bool(c._side.words[C.W_BATCH])
 
@@ -496,7 +496,7 @@ def check_side(c: Any) -> tuple[int, int]:
     holds distinct slots, ``bytes`` covers every entry's recorded size and no
     recorded size is below the entry's.  Returns (slots leaked by crashes, the bytes
     count's excess over the recorded sizes): both 0 when nobody crashed."""
-    from ultradict_ng import cache_layout as C
+    from ultradict_ng.cache import layout as C
 
     side = c._side
     w = side.words

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from tests.wait_workers import stop, wait_until  # noqa: F401  (re-exported for test_users)
 from ultradict_ng import SharedDict, Unlinked
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm.control import Header, attach_control
 from ultradict_ng._shm.mapping import Mapping
 from ultradict_ng._shm.users import Verdict, remove_if_unused

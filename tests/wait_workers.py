@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ultradict_ng import SharedDict, Unlinked
-from ultradict_ng import layout as L
+from ultradict_ng._shm import layout as L
 
 
 def _patient_lock() -> None:
@@ -167,7 +167,7 @@ def slots(d: Any) -> list[int]:
 
 def slot_of(d: Any, pid: int) -> Optional[int]:
     """The wait slot holding process ``pid``'s owner word, or None."""
-    from ultradict_ng._owner import pid_of
+    from ultradict_ng._platform.owner import pid_of
 
     for i, word in enumerate(slots(d)):
         if word and pid_of(word) == pid:

@@ -19,7 +19,7 @@ filelock's ``AsyncFileLock``).  Writes take the lock: the synchronous ones
 awaitable ones (``await d.set(k, v)``) take it without blocking the loop.
 
 How it waits without blocking the loop, on every backend: whatever can wait
-is a blocking call of the engine interface (``_engine.py``) -- ``wait_past``
+is a blocking call of the engine interface (``_engine/__init__.py``) -- ``wait_past``
 (the change counter moves past a value), a feed's ``wait``, the lock's
 ``wait_until_free`` -- made by a daemon helper thread (a :class:`_Wait`) in
 slices of a fraction of a second, which completes the coroutines' futures
@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Hashable
 from types import TracebackType
 from typing import Any, Callable, Optional
 
-from ._lock import SharedLock
+from ._platform.lock import SharedLock
 from .changes import Change
 from .errors import LockTimeout
 from .shareddict import SharedDict

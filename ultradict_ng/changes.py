@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
-from . import layout as L
+from ._shm import layout as L
 
 __all__ = [
     "Change",

@@ -8,7 +8,7 @@ path is the keys leading to it, sharing the root's store, lock and segments.
 Every method syncs the local cache first (a counter comparison when nothing
 changed) and every mutation is one record published under the lock, so each
 method is atomic across processes.  The two races a method can lose (a blob
-freed under a read, a checked write overtaken) are retried in ``_handle.py``.
+freed under a read, a checked write overtaken) are retried in ``_facade/handle.py``.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, Optional, TypeVar, Union, overload
 
-from . import layout as L
-from ._arguments import pairs, split_arguments
-from ._backends import open_engine
-from ._backends import unlink_by_name as _unlink_by_name
 from ._codec import records as R
 from ._codec.codec import IMMUTABLE_TYPES, copy_value
 from ._codec.placeholders import BlobRef, InlineArray
 from ._engine import BlobGone, Engine, Transactional, User, check_open
-from ._handle import MISSING, Handle
-from ._lock import SharedLock
+from ._engine.backends import open_engine
+from ._engine.backends import unlink_by_name as _unlink_by_name
+from ._facade.arguments import pairs, split_arguments
+from ._facade.handle import MISSING, Handle
+from ._platform.lock import SharedLock
+from ._shm import layout as L
 from .changes import Change, iterate
 from .speedups import set_root_write
 
@@ -542,4 +542,4 @@ def _reattach(cls: type, name: str, path: tuple[Any, ...], where: dict[str, Any]
 
 
 set_root_write(SharedDict._setitem_slow)  # (its rule for a root set of a scalar or a tuple, compiled)
-from ._views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)
+from ._facade.views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)

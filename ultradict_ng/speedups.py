@@ -38,8 +38,8 @@ import os
 import zlib
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import layout as L
 from ._helper.entries import CONSTANTS, ENTRY_POINTS
+from ._shm import layout as L
 
 if TYPE_CHECKING:  # (bound below from the list; the stub types both implementations)
     from ._helper._native import *  # noqa: F403

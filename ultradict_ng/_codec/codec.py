@@ -27,8 +27,8 @@ import pickle
 import sys
 from typing import Any, Union
 
+from .._shm.layout import OP_UPDATE
 from ..errors import CorruptSegment, UnsupportedType
-from ..layout import OP_UPDATE
 from ..speedups import copy_plain, pack_map, pack_pairs, types_within, unpack_simple
 from . import decode as msgpack_decode
 from .copies import IMMUTABLE_TYPES, copy_value

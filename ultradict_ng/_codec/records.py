@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import layout as L
+from .._shm import layout as L
 from ..speedups import apply_sets
 
 __all__ = [

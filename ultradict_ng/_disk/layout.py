@@ -2,11 +2,11 @@
 
 This docstring is the specification; the constants below are the only place
 the numbers and names live.  It extends the shared-memory protocol
-(:mod:`ultradict_ng.layout`), which stays whole: a dict kept in files *is* a
+(:mod:`ultradict_ng._shm.layout`), which stays whole: a dict kept in files *is* a
 shared-memory dict whose stream, dumps and blobs are files of ``DIR`` mapped
 into every process, plus the rules below for what must reach the disk, and
 when.  Who follows which part: ``files.py`` (every file system call),
-``_segments.py`` (the dict's derived names as files of ``DIR``; a dump or
+``_platform/segments.py`` (the dict's derived names as files of ``DIR``; a dump or
 blob written aside and renamed), ``opening.py`` (Directory; Opening, steps
 1-3), ``recovery.py`` (step 4), ``syncing.py`` (Sync policies; ``clean``
 removed at the first write), ``lifetime.py`` (Closing and removal),
@@ -195,7 +195,7 @@ from __future__ import annotations
 import struct
 from typing import Optional
 
-from .. import layout as L
+from .._shm import layout as L
 
 META_FILE = "dict.meta"
 LOCK_FILE = "lock"

@@ -12,8 +12,8 @@ import os
 import weakref
 from typing import Optional
 
-from .. import _segments as segments
-from .. import layout as L
+from .._platform import segments
+from .._shm import layout as L
 from .._shm import users
 from .._shm.cleanup import unlink_tree
 from .._shm.control import control_owner

@@ -17,12 +17,12 @@ import os
 import stat
 from typing import Any, Optional, cast
 
-from .. import _segments as segments
-from .. import layout as L
-from .._arguments import pairs
 from .._codec import records as R
 from .._codec.codec import codec_for
 from .._engine import Initial, Options
+from .._facade.arguments import pairs
+from .._platform import segments
+from .._shm import layout as L
 from .._shm.control import Header, read_word
 from .._shm.lock import owner_word
 from .._shm.mapping import Mapping

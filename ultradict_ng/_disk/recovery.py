@@ -16,18 +16,17 @@ import sys
 import zlib
 from typing import Any, NamedTuple, Optional
 
-from .. import _faults as faults
-from .. import _segments as segments
-from .. import cache_layout as C
-from .. import layout as L
 from .._codec.codec import CUSTOM_ID, codec_by_id, codec_for
 from .._engine import Options
+from .._platform import faults, segments
+from .._shm import layout as L
 from .._shm import users
 from .._shm.control import Header
 from .._shm.dumps import MERGE_FRACTION
 from .._shm.mapping import Mapping
 from .._shm.options import check_options
 from .._shm.store import Store
+from ..cache import layout as C
 from ..errors import CorruptSegment, ParameterMismatch
 from ..speedups import scan_stream
 from . import files

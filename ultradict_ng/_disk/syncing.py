@@ -16,9 +16,9 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from .. import _faults as faults
-from .. import layout as L
-from .._forks import on_fork_in_child
+from .._platform import faults
+from .._platform.forks import on_fork_in_child
+from .._shm import layout as L
 from .._shm.lock import owner_alive, owner_word
 from . import files
 from . import layout as D

@@ -1,4 +1,4 @@
-/* CacheGet: SharedCache.get's hit path (cache_layout.py, "Reading") in one
+/* CacheGet: SharedCache.get's hit path (cache/layout.py, "Reading") in one
  * call.  The twin is cacheget.py. */
 #include "udng.h"
 #include <stddef.h>
@@ -8,7 +8,7 @@
 /* ---- CacheGet: SharedCache.get without a Python frame ------------------- */
 
 /* CacheGet(view, recency, loads, slow, missing) is a SharedCache handle's
- * `get(key, default=None)` (cache_layout.py, "Reading").  When `view`, the
+ * `get(key, default=None)` (cache/layout.py, "Reading").  When `view`, the
  * cache's SharedDict, answers from its cache (udng_view_cached), an entry
  * (expires, slot, value) whose expires is 0.0 or later than
  * clock_gettime(CLOCK_REALTIME) is a hit: the time is stored at

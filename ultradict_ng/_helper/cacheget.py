@@ -1,5 +1,5 @@
 """Pure-Python twin of cacheget.c: ``CacheGet``, SharedCache.get's hit path
-(``cache_layout.py``, "Reading"), here the Python rules called directly.
+(``cache/layout.py``, "Reading"), here the Python rules called directly.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from .. import layout as L
+from .._shm import layout as L
 from .unpack import unpack_simple
 
 __all__ = ["parse_records", "msgpack_length", "apply_sets", "apply_simple", "crc32"]

@@ -12,7 +12,7 @@ import struct
 import zlib
 from typing import Any
 
-from .. import layout as L
+from .._shm import layout as L
 
 __all__ = ["scan_stream"]
 

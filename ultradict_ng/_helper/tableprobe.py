@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from .. import table_layout as TL
+from .._shm import table_layout as TL
 from .keyhash import key_hash_common
 from .packing import pack_value
 from .tablewalk import entry_checked

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from .. import table_layout as TL
+from .._shm import table_layout as TL
 from .unpack import unpack_simple
 
 __all__ = ["table_fill", "table_index", "table_chunk", "table_rows", "table_merge", "entry_checked"]

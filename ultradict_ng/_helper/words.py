@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 import atomics  # type: ignore[import-untyped, unused-ignore]
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from .. import layout as L
+from .._shm import layout as L
 from ..errors import Closed
 
 __all__ = ["Words", "BoundWords", "PublicWords", "SCALAR_TYPES", "RECORD_HEADER", "FUTEX"]

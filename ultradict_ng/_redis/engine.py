@@ -20,14 +20,14 @@ import time
 import weakref
 from collections.abc import Sequence
 from threading import get_ident
-from typing import Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
-from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import Codec
 from .._engine import ClosedWords, Conflict, Options, User, check_open
-from .._forks import on_fork_in_child
-from .._names import validate_name
+from .._platform.forks import on_fork_in_child
+from .._platform.names import validate_name
+from .._shm import layout as L
 from ..errors import (
     BackendUnavailable,
     Closed,
@@ -509,7 +509,7 @@ def unlink_by_name(name: str, backend: Any) -> int:
         link.close()
 
 
-if False:  # pragma: no cover - mypy checks the engine against the Protocol here
+if TYPE_CHECKING:  # mypy checks the engine against the Protocol here
     from .._engine import Engine, Transactional
 
     def _implements_the_engine_interface(engine: RedisEngine) -> Engine:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import socket
 from typing import Optional
 
-from .. import layout as L
-from .._owner import owner_word
+from .._platform.owner import owner_word
+from .._shm import layout as L
 
 __all__ = ["HOST", "start_time", "pid_of_holder"]
 

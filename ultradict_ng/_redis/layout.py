@@ -1,7 +1,7 @@
 """The Redis protocol of ultradict_ng: keys, fields, scripts and rules.
 
 This docstring is the specification of the Redis backend, as
-``ultradict_ng/layout.py`` is that of shared memory; the constants and the Lua
+``ultradict_ng/_shm/layout.py`` is that of shared memory; the constants and the Lua
 scripts below are the only place its numbers and steps live.  Who follows
 which part: ``link.py`` (connections, script calls, what a failure means),
 ``opening.py`` (Creating and removing: create or attach), ``engine.py``

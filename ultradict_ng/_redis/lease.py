@@ -2,7 +2,7 @@
 (layout: "Lock").
 
 :class:`LeaseLock` is the Redis backend of the lock front end
-(:class:`ultradict_ng._lock.SharedLock`, which owns reentrancy, threads,
+(:class:`ultradict_ng._platform.lock.SharedLock`, which owns reentrancy, threads,
 timeouts and the context managers).  Here is only what the lease needs: the
 server holds ``"<token>|<holder>"`` with an expiry, a keeper thread renews
 every held lease, and the server refuses writes that carry a token that is
@@ -22,8 +22,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import _faults as faults
-from .._lock import SharedLock
+from .._platform import faults
+from .._platform.lock import SharedLock
 from ..errors import BackendUnavailable, LeaseLost, Unlinked
 from . import layout as RL
 from .identity import HOST, pid_of_holder

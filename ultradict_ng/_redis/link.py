@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from .. import _faults as faults
+from .._platform import faults
 from ..errors import BackendUnavailable, CorruptSegment, OutOfSpace
 from . import layout as RL
 

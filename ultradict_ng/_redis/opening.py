@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from .._codec import records as R
 from .._codec.codec import CUSTOM_ID, Codec, codec_by_id, codec_for
 from .._engine import Options
-from .._names import generate_name, validate_name
+from .._platform.names import generate_name, validate_name
 from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotFound, ParameterMismatch
 from . import layout as RL
 from .identity import HOST, start_time

@@ -19,7 +19,7 @@ makes, finds and walks blobs for the writer -- whose steps of layout "Blobs"
 are here too (:func:`extract_blobs`, :func:`dropped_blobs`,
 :func:`sweep_blobs`), so that ``_shm/writer.py`` holds the order of a write
 and this module everything a write does to blobs.  Every call on shared memory
-goes through :mod:`ultradict_ng._segments`.  Nothing here imports numpy
+goes through :mod:`ultradict_ng._platform.segments`.  Nothing here imports numpy
 unless a value needs it.
 
 Lifetime of what a reader gets (what docs/guide/large-values.md states):
@@ -42,14 +42,13 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .. import _faults as faults
-from .. import _segments as segments
-from .. import layout as L
 from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy, tensor_as_array, torch
 from .._codec.ext import too_deep
 from .._codec.placeholders import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, PickledBlobs
+from .._platform import faults, segments
 from ..errors import CorruptSegment
 from ..speedups import contains_type, types_within
+from . import layout as L
 from .tablecache import TableCache
 
 if TYPE_CHECKING:
@@ -180,7 +179,7 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
         writer steps b-c) and return its reference; nothing is left on failure.
 
         The payload goes in first, then the header, with ``pwrite`` (see
-        :func:`ultradict_ng._segments.create_written`: no page faults in the
+        :func:`ultradict_ng._platform.segments.create_written`: no page faults in the
         writer, and a full filesystem is
     :class:`~ultradict_ng.errors.OutOfSpace`, never SIGBUS).
     """

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 
-from .. import _segments as segments
-from .. import layout as L
-from .._names import validate_name
-from .._segments import Segment
-from ..cache_layout import cache_name
+from .._platform import segments
+from .._platform.names import validate_name
+from .._platform.segments import Segment
+from ..cache.layout import cache_name
 from ..errors import CorruptSegment, LockTimeout
+from . import layout as L
 from .blobs import blob_ids
 from .control import check_layout, control_owner, looks_half_created, read_word
 from .lock import ShmLock, owner_alive

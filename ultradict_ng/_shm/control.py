@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import layout as L
-from .._segments import Segment
+from .._platform.segments import Segment
 from ..errors import CorruptSegment, IncompatibleLayout
+from . import layout as L
 from .lock import owner_alive
 
 __all__ = ["Header", "read_word", "check_layout", "attach_control", "control_owner", "looks_half_created"]

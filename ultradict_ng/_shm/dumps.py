@@ -20,11 +20,11 @@ import struct
 import zlib
 from typing import Any, Callable, Optional
 
-from .. import layout as L
 from .._codec.codec import MsgpackCodec
 from .._codec.records import SCALAR_TYPES
 from ..errors import CorruptSegment
 from ..speedups import table_changes
+from . import layout as L
 from .table import Merge, Table, hash_key, map_size, root_hashes, write_map
 from .tablecache import TableCache
 

@@ -21,13 +21,13 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .. import layout as L
 from .._codec.codec import copy_value
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone
 from ..changes import SUPERSEDED, Change, changes_of_dump, changes_of_records, skeleton
 from ..errors import Closed
 from ..speedups import Words
+from . import layout as L
 from .reader import INVALID, Reader
 from .waiting import Backoff, ProcessWaits
 

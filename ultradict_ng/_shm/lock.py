@@ -2,13 +2,13 @@
 control segment.
 
 :class:`ShmLock` is the shared-memory backend of the lock front end
-(:class:`ultradict_ng._lock.SharedLock`, which owns reentrancy, threads,
-timeouts and the context managers; its :class:`~ultradict_ng._lock.WordLock`
+(:class:`ultradict_ng._platform.lock.SharedLock`, which owns reentrancy, threads,
+timeouts and the context managers; its :class:`~ultradict_ng._platform.lock.WordLock`
 shape, for a shared part that is one word).  This module holds only what the word
 needs: taking it (waiting and waking on the lock channel, back-off) and
 recovering it from a dead owner.  The front end's hot paths run through the
 compiled helper's ``ProcessState.enter``/``exit`` on this word.  The word's
-format and the recovery rule are specified in :mod:`ultradict_ng.layout`
+format and the recovery rule are specified in :mod:`ultradict_ng._shm.layout`
 ("Lock"), the sleeping in "Waiting and waking".
 """
 
@@ -18,10 +18,10 @@ import logging
 import time
 from typing import Optional
 
-from .. import layout as L
-from .._lock import SharedLock, WordLock
-from .._owner import owner_alive, owner_word, pid_of
+from .._platform.lock import SharedLock, WordLock
+from .._platform.owner import owner_alive, owner_word, pid_of
 from ..speedups import Words
+from . import layout as L
 from .waiting import Backoff, ProcessWaits, waits_for
 
 # SharedLock: the front end, named here too for the modules that type with it.

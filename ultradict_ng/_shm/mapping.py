@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .._segments import Segment
+from .._platform.segments import Segment
 from ..speedups import Words
 
 __all__ = ["Mapping"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .. import layout as L
 from .._codec.codec import Codec
 from .._engine import Options
 from ..errors import ParameterMismatch
+from . import layout as L
 from .control import Header
 
 __all__ = ["validate_options", "check_options", "blob_threshold"]

@@ -17,12 +17,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from .. import layout as L
 from .._codec.codec import CUSTOM_ID, MSGPACK, PICKLE, Codec
 from .._codec.placeholders import BlobRef
 from .._codec.safe_pickle import SAFE_PICKLE
-from .._segments import Segment
+from .._platform.segments import Segment
 from ..errors import CorruptSegment, NotFound
+from . import layout as L
 from .control import Header, attach_control
 from .lock import ShmLock
 from .mapping import Mapping

@@ -15,14 +15,14 @@ import time
 import zlib
 from typing import Any, Optional, Union, cast
 
-from .. import layout as L
-from .. import table_layout as TL
 from .._codec.codec import Codec, MsgpackCodec
 from .._codec.records import Inconsistent, apply_all
-from .._lock import SharedLock
-from .._segments import Segment
+from .._platform.lock import SharedLock
+from .._platform.segments import Segment
 from ..errors import CorruptSegment, PathGone, Unlinked
 from ..speedups import StoreBase, apply_simple, parse_records
+from . import layout as L
+from . import table_layout as TL
 from .mapping import Mapping
 from .table import Table
 from .tablecache import TableCache

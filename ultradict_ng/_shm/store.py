@@ -5,7 +5,7 @@ and stream segments (:mod:`mapping`), its local cache (``data``, a tree of
 plain dicts) and the position in the shared history that cache reflects
 (``seen``, ``gen``, ``pos``).  It implements the backend interface of
 :mod:`ultradict_ng._engine`.  The algorithms live in their own modules and
-follow :mod:`ultradict_ng.layout`, the specification:
+follow :mod:`ultradict_ng._shm.layout`, the specification:
 
 * :mod:`reader` -- catching up lock-free (layout: "Reader");
 * :mod:`writer` -- publishing records and dumps under the lock ("Writer");
@@ -25,19 +25,19 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, cast
 
-from .. import _segments as segments
-from .. import layout as L
-from .._arguments import pairs
 from .._codec import records as R
 from .._codec.codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone, ClosedWords, Engine, Initial, Options, User, check_open
-from .._forks import on_fork_in_child
-from .._names import generate_name, validate_name
-from .._segments import Segment
+from .._facade.arguments import pairs
+from .._platform import segments
+from .._platform.forks import on_fork_in_child
+from .._platform.names import generate_name, validate_name
+from .._platform.segments import Segment
 from ..errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
 from ..speedups import pack_map
 from . import blobs, tablecache, users
+from . import layout as L
 from .blobs import BlobMissing
 from .cleanup import unlink_blobs, unlink_dumps, unlink_tree
 from .control import Header, attach_control

@@ -22,13 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .. import cache_layout as CL
-from .. import layout as L
 from .._engine import User
-from .._owner import owner_alive, pid_of
-from .._segments import Segment, entry_stat, listed
+from .._platform.owner import owner_alive, pid_of
+from .._platform.segments import Segment, entry_stat, listed
+from ..cache import layout as C
 from ..errors import SharedDictError
 from ..futures import layout as PL
+from . import layout as L
 from .control import looks_half_created
 from .peek import Peek
 from .users import read_users
@@ -262,20 +262,20 @@ def _count_segments(rep: DictReport, derived: list[str]) -> None:
 
 
 def _cache_serializer(name: str) -> str:
-    """The value serializer a cache's side segment records (cache_layout.py word 7)."""
+    """The value serializer a cache's side segment records (cache/layout.py word 7)."""
     try:
         seg = Segment.attach(name)
     except OSError:
         return "?"
     try:
-        head = bytes(seg.buf[: 8 * (CL.W_SERIALIZER + 1)]) if seg.buf is not None else b""
+        head = bytes(seg.buf[: 8 * (C.W_SERIALIZER + 1)]) if seg.buf is not None else b""
     finally:
         seg.close()
     words = [int.from_bytes(head[i : i + 8], sys.byteorder) for i in range(0, len(head) - 7, 8)]
-    if len(words) <= CL.W_SERIALIZER or words[CL.W_MAGIC] != CL.SIDE_MAGIC:
+    if len(words) <= C.W_SERIALIZER or words[C.W_MAGIC] != C.SIDE_MAGIC:
         return "?"
-    names = {v: k for k, v in CL.SERIALIZERS.items()}
-    return names.get(words[CL.W_SERIALIZER], "?")
+    names = {v: k for k, v in C.SERIALIZERS.items()}
+    return names.get(words[C.W_SERIALIZER], "?")
 
 
 def _fill_from_words(rep: DictReport, words: list[int]) -> None:

@@ -40,7 +40,6 @@ from typing import Any, Callable, Optional, Union, cast
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
-from .. import table_layout as L
 from .._codec.decode import gc_paused
 from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment, UnsupportedType
@@ -54,6 +53,7 @@ from ..speedups import (
     table_merge,
     table_rows,
 )
+from . import table_layout as TL
 
 __all__ = [
     "Table",
@@ -74,12 +74,12 @@ _Buffer = Union[bytes, bytearray, memoryview]
 Entry = tuple[int, _Buffer, _Buffer]
 _first = itemgetter(0)
 
-_header = struct.Struct(L.TABLE_FORMAT)
+_header = struct.Struct(TL.TABLE_FORMAT)
 _map_header: Callable[[int], bytes] = msgpack.Packer().pack_map_header
-_entry = struct.Struct(L.TABLE_ENTRY_FORMAT)
-_EH = L.TABLE_ENTRY_HEADER
-_TAG = L.TABLE_TAG_MASK
-_OFF = L.TABLE_OFFSET_MASK
+_entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
+_EH = TL.TABLE_ENTRY_HEADER
+_TAG = TL.TABLE_TAG_MASK
+_OFF = TL.TABLE_OFFSET_MASK
 
 
 def hash_key(key: Any) -> int:
@@ -111,14 +111,14 @@ def slots_for(count: int) -> int:
     """Index slots for ``count`` entries: the least power of two keeping the
     load at most ``TABLE_MAX_LOAD`` (and at least 8)."""
     slots = 8
-    while count > slots * L.TABLE_MAX_LOAD:
+    while count > slots * TL.TABLE_MAX_LOAD:
         slots <<= 1
     return slots
 
 
 def table_size(count: int, entries_bytes: int) -> int:
     """Size of a table of ``count`` entries taking ``entries_bytes`` together."""
-    return L.TABLE_HEADER + 8 * slots_for(count) + entries_bytes
+    return TL.TABLE_HEADER + 8 * slots_for(count) + entries_bytes
 
 
 def _entry_crc(buf: _Buffer, off: int, end: int) -> int:
@@ -134,11 +134,11 @@ def pack_pairs(entries: Sequence[Entry]) -> bytes:
 
 def _finish(buf: memoryview, count: int, slots: int, entries_end: int, generation: int, token: int) -> None:
     """Index the entries, then write the header last (its crc covers the rest of it)."""
-    start = L.TABLE_HEADER + 8 * slots
+    start = TL.TABLE_HEADER + 8 * slots
     if entries_end > _OFF:
         raise ValueError("a table of 1 TiB or more cannot be indexed")
     table_index(buf, slots, start, entries_end, count)
-    fields = (L.TABLE_MAGIC, generation, count, slots, start, entries_end, token)
+    fields = (TL.TABLE_MAGIC, generation, count, slots, start, entries_end, token)
     crc = zlib.crc32(_header.pack(*fields, 0, 0)[:-8])
     _header.pack_into(buf, 0, *fields, crc, 0)
 
@@ -152,7 +152,7 @@ def write_table(buf: memoryview, entries: Sequence[Entry], generation: int, toke
 def map_size(packed: _Buffer, hashes: list[int]) -> int:
     """Size of the table :func:`write_map` makes of ``packed`` (nothing written)."""
     slots = slots_for(len(hashes))
-    return table_fill(None, L.TABLE_HEADER + 8 * slots, packed, hashes)
+    return table_fill(None, TL.TABLE_HEADER + 8 * slots, packed, hashes)
 
 
 def write_map(buf: memoryview, packed: _Buffer, hashes: list[int], generation: int, token: int) -> int:
@@ -164,7 +164,7 @@ def write_map(buf: memoryview, packed: _Buffer, hashes: list[int], generation: i
     entries in compiled code costs memory copies, not an object per entry --
     how a bulk load of a million keys stays below a second."""
     slots = slots_for(len(hashes))
-    end = table_fill(buf, L.TABLE_HEADER + 8 * slots, packed, hashes)
+    end = table_fill(buf, TL.TABLE_HEADER + 8 * slots, packed, hashes)
     _finish(buf, len(hashes), slots, end, generation, token)
     return end
 
@@ -183,10 +183,10 @@ class Table:
     __slots__ = ("buf", "generation", "count", "slots", "start", "end", "token", "where", "_idx", "_mask")
 
     def __init__(self, buf: memoryview, token: int, where: str = "table") -> None:
-        if len(buf) < L.TABLE_HEADER:
+        if len(buf) < TL.TABLE_HEADER:
             raise CorruptSegment(f"{where}: {len(buf)} bytes is too short for a table")
         (magic, gen, count, slots, start, end, tok, crc, _) = _header.unpack_from(buf, 0)
-        if magic != L.TABLE_MAGIC:
+        if magic != TL.TABLE_MAGIC:
             raise CorruptSegment(f"{where} is not an ultradict_ng table")
         if zlib.crc32(bytes(buf[: _header.size - 8])) != crc:
             raise CorruptSegment(f"{where}: the table header fails its checksum")
@@ -195,8 +195,8 @@ class Table:
         if (
             slots < 8
             or slots & (slots - 1)
-            or count > slots * L.TABLE_MAX_LOAD
-            or start != L.TABLE_HEADER + 8 * slots
+            or count > slots * TL.TABLE_MAX_LOAD
+            or start != TL.TABLE_HEADER + 8 * slots
             or not start <= end <= len(buf)
             or end > _OFF
             or end - start < count * _EH
@@ -210,7 +210,7 @@ class Table:
         self.generation, self.count, self.slots = gen, count, slots
         self.start, self.end, self.token = start, end, tok
         self.where = where  # (names the table in every error: "dump 'N@d3'")
-        self._idx = buf[L.TABLE_HEADER : start].cast("Q")
+        self._idx = buf[TL.TABLE_HEADER : start].cast("Q")
         self._mask = slots - 1
 
     def close(self) -> None:
@@ -453,7 +453,7 @@ class Merge:
         headers in compiled code (offsets moved), which also checks that
         they add up to ``count``."""
         slots = slots_for(self.count)
-        off = self._merged(buf, L.TABLE_HEADER + 8 * slots)
+        off = self._merged(buf, TL.TABLE_HEADER + 8 * slots)
         if self._appended:
             off = table_fill(buf, off, pack_pairs(self._appended), [h for h, _, _ in self._appended])
         _finish(buf, self.count, slots, off, generation, token)

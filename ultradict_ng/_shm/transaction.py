@@ -12,8 +12,8 @@ import struct
 from threading import get_ident
 from typing import Any
 
-from .. import layout as L
 from .._codec.placeholders import BlobRef
+from . import layout as L
 
 __all__ = ["Transaction", "mark_last"]
 

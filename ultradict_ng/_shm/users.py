@@ -22,13 +22,13 @@ import threading
 import time
 from typing import Callable, NamedTuple, Optional
 
-from .. import _faults as faults
-from .. import layout as L
 from .._engine import User
-from .._forks import on_fork_in_child
-from .._owner import owner_alive, owner_word, pid_of
+from .._platform import faults
+from .._platform.forks import on_fork_in_child
+from .._platform.owner import owner_alive, owner_word, pid_of
 from ..errors import LockTimeout
 from ..speedups import Words
+from . import layout as L
 from .cleanup import unlink_tree
 from .mapping import Mapping
 

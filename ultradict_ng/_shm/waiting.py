@@ -26,11 +26,11 @@ import time
 import weakref
 from typing import Optional
 
-from .. import layout as L
-from .._forks import on_fork_in_child
-from .._owner import owner_alive, owner_word
+from .._platform.forks import on_fork_in_child
+from .._platform.owner import owner_alive, owner_word
 from ..errors import Closed
 from ..speedups import FUTEX, Words
+from . import layout as L
 
 __all__ = ["MODE", "ENV_VAR", "ProcessWaits", "waits_for", "Backoff", "wake"]
 

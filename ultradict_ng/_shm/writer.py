@@ -15,18 +15,17 @@ import logging
 from threading import get_ident
 from typing import Any, Callable, Optional
 
-from .. import _faults as faults
-from .. import _segments as segments
-from .. import layout as L
 from .._codec import records as R
 from .._codec.codec import MsgpackCodec, PickleCodec
 from .._codec.placeholders import BlobRef
 from .._codec.records import SCALAR_TYPES as _SCALARS
 from .._disk.syncing import Durability, raise_synced
 from .._engine import check_open
-from .._segments import Segment
+from .._platform import faults, segments
+from .._platform.segments import Segment
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from ..speedups import copy_plain
+from . import layout as L
 from . import tablecache
 from .blobs import (
     dropped_blobs,

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
-from .. import _faults as faults
-from .. import cache_layout as C
-from .._owner import owner_alive
+from .._platform import faults
+from .._platform.owner import owner_alive
 from ..errors import TooLarge
 from ..shareddict import SharedDict
 from ..speedups import types_within
+from . import layout as C
 from .side import Side
 
 __all__ = ["Entries", "plain_data", "slot_of"]
@@ -32,7 +32,7 @@ _W_BATCH = C.W_BATCH
 
 
 # With the pickle serializer, values the codec gives back exactly are stored as
-# themselves (cache_layout.py, "Entries"): reading one back is a copy of the
+# themselves (cache/layout.py, "Entries"): reading one back is a copy of the
 # decoded value, ~3x faster than unpickling it.  Exact types only (a str
 # subclass such as Django's SafeString, an IntEnum, an OrderedDict are
 # pickled), and never bytes at the top: a stored bytes is a pickle.

@@ -24,8 +24,8 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
-from .. import _faults as faults
-from .._owner import owner_alive, owner_word
+from .._platform import faults
+from .._platform.owner import owner_alive, owner_word
 from ..errors import TooLarge
 from .entries import slot_of
 from .sharedcache import DEFAULT_TTL, SharedCache

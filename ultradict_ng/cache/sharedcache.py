@@ -2,7 +2,7 @@
 
 The entries live in one shared dict (one publish a change: a value and its
 expiry become visible together), the cache's settings, recency and sizes in
-its side segment (:mod:`ultradict_ng.cache_layout` is the protocol).  Reads
+its side segment (:mod:`ultradict_ng.cache.layout` is the protocol).  Reads
 take no lock: a hit is the dict's cached read, a clock read, a check of the
 expiry and one 8-byte store of recency.  Every change is made under the
 dict's lock, so that ``add``, ``incr`` and eviction are atomic across
@@ -16,11 +16,11 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from time import time as _now
 from typing import Any, Optional, cast
 
-from .. import cache_layout as C
 from .._codec.codec import codec_for
 from .._shm.store import Store
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
+from . import layout as C
 from .entries import Entries, plain_data, slot_of
 from .side import open_side
 

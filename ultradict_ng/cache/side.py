@@ -1,6 +1,6 @@
 """A cache's side segment ``N@c``: its settings, counters, recency and sizes.
 
-The protocol is in :mod:`ultradict_ng.cache_layout`.  This module creates,
+The protocol is in :mod:`ultradict_ng.cache.layout`.  This module creates,
 attaches, checks and replaces the segment; :class:`Side` gives the words
 and arrays as memoryviews.  Why a segment of its own and not keys of the
 dict: readers write recency on every hit, without the lock, and a store of
@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from .. import _segments as segments
-from .. import cache_layout as C
-from .._segments import Segment
+from .._platform import segments
+from .._platform.segments import Segment
 from ..errors import CorruptSegment, ParameterMismatch
+from . import layout as C
 
 __all__ = ["Side", "open_side", "Settings"]
 

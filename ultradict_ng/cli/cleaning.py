@@ -24,8 +24,8 @@ import sys
 from argparse import Namespace
 from typing import Any, Optional
 
-from .._names import validate_name
-from .._segments import listable
+from .._platform.names import validate_name
+from .._platform.segments import listable
 from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
 from .._shm.control import Header, attach_control
 from .._shm.mapping import Mapping

@@ -13,9 +13,9 @@ import platform
 import sys
 from argparse import Namespace
 
-from .. import layout as L
 from .. import speedups
-from .._segments import SHM_DIR, listable
+from .._platform.segments import SHM_DIR, listable
+from .._shm import layout as L
 from .._shm import waiting
 from . import paths, render
 

@@ -18,10 +18,10 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-from .. import _segments as segments
-from .. import layout as L
 from .._disk import layout as D
 from .._disk.recovery import NORMAL_ENDS, read_clean, scan
+from .._platform import segments
+from .._shm import layout as L
 from .._shm.peek import Peek
 from ..errors import CorruptSegment, NotFound
 from ..shareddict import SharedDict

@@ -39,7 +39,7 @@ from typing import IO, Any, Callable, Optional
 
 from .._codec.codec import MSGPACK
 from .._codec.ext import type_name
-from .._names import validate_name
+from .._platform.names import validate_name
 from .._shm.peek import Peek
 from ..errors import AlreadyExists, BadDumpFile, NotFound, ParameterMismatch, UnsupportedType
 from ..shareddict import SharedDict

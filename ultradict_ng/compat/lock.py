@@ -16,7 +16,7 @@ import weakref
 from typing import Any, Optional
 
 from .. import errors
-from .._lock import SharedLock
+from .._platform.lock import SharedLock
 from .._shm.store import Store
 from .errors import AlreadyClosed, CannotAcquireLock, CannotAcquireLockTimeout, map_errors
 

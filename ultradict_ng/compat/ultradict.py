@@ -38,11 +38,11 @@ import weakref
 from typing import Any, Optional
 
 from .. import errors
-from .. import layout as L
-from .._backends import open_engine
-from .._backends import unlink_by_name as _unlink_by_name
 from .._codec.codec import ObjectCodec, PickleCodec
 from .._engine import Options
+from .._engine.backends import open_engine
+from .._engine.backends import unlink_by_name as _unlink_by_name
+from .._shm import layout as L
 from .._shm.store import Store
 from ..shareddict import SharedDict
 from . import log as log_module

@@ -76,10 +76,10 @@ from multiprocessing.queues import SimpleQueue
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Optional
 
-from .. import layout as L
-from .._forks import on_fork_in_child
-from .._owner import owner_alive, owner_word
-from .._segments import SUPPORTED, listed, unlink
+from .._platform.forks import on_fork_in_child
+from .._platform.owner import owner_alive, owner_word
+from .._platform.segments import SUPPORTED, listed, unlink
+from .._shm import layout as L
 from . import layout as PL
 from .callqueue import install as install_call_queue
 from .parcel import Parcel, Span, pack, pool_prefix, unpack

@@ -41,7 +41,7 @@ that the pool's process is alive and exit when it is not, so that no worker
 of a killed pool maps a parcel for ever.
 
 The rest of the package's shared memory (the dicts) is specified in
-:mod:`ultradict_ng.layout`; both go through ``_segments.py``.
+:mod:`ultradict_ng._shm.layout`; both go through ``_platform/segments.py``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
-from .._owner import owner_alive, pid_of
-from .._segments import listed, read_entry, unlink
+from .._platform.owner import owner_alive, pid_of
+from .._platform.segments import listed, read_entry, unlink
 from . import layout as PL
 
 __all__ = ["ParcelReport", "parcels", "remove_leftovers"]

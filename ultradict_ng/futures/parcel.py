@@ -36,10 +36,9 @@ import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple, Optional
 
-from .. import _faults as faults
-from .. import _segments as segments
-from .. import layout as L
-from .._owner import owner_word
+from .._platform import faults, segments
+from .._platform.owner import owner_word
+from .._shm import layout as L
 from ..errors import CorruptSegment
 from . import layout as PL
 

@@ -68,7 +68,7 @@ remove the cache (``ultradict-ng rm LOCATION``) while no worker runs, or name a 
 Values are pickled (any picklable object, as with Django's other backends; a value
 that cannot be pickled raises the ``pickle`` error from ``set``/``add``), except
 plain data the codec gives back exactly -- a dict or list of str, int, float,
-bool, None (``SharedCache``'s serializer "pickle" decides: cache_layout.py) --
+bool, None (``SharedCache``'s serializer "pickle" decides: cache/layout.py) --
 stored as itself, so that reading a session or a user record back is a copy,
 not an unpickling.  Timeouts
 follow ``BaseCache.get_backend_timeout``: ``None`` never expires, ``0`` or less

@@ -1,9 +1,9 @@
 """The table: the form a big dict's entries take in shared memory.
 
-Part of the shared-memory protocol (:mod:`ultradict_ng.layout`), apart because
+Part of the shared-memory protocol (:mod:`ultradict_ng._shm.layout`), apart because
 it is new: ``_shm/table.py`` writes and reads it.  A msgpack dict's dump
 (layout: "Dump") is a table; readers still decode it whole.  The rules of
-:mod:`ultradict_ng.layout` ("Changing the layout") apply: a change a process
+:mod:`ultradict_ng._shm.layout` ("Changing the layout") apply: a change a process
 of the previous version would misread bumps ``LAYOUT_VERSION`` there.
 
 A table holds one dict's entries so that a process that has only *mapped* it

@@ -112,7 +112,7 @@ entry expires or is a claim.
 
 from __future__ import annotations
 
-from . import layout as L
+from .._shm import layout as L
 
 SIDE_MAGIC = 0x75646E6763616368  # "udngcach"
 SIDE_VERSION = 2  # 2: word 15 is the batch flag

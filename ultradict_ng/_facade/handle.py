@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from . import layout as L
-from ._codec.codec import IMMUTABLE_TYPES, copy_value
-from ._codec.placeholders import BlobRef, InlineArray, PickledBlobs
-from ._engine import BlobGone, Conflict, Engine
-from .speedups import ViewBase, first_to_export, set_immutable_types
+from .._codec.codec import IMMUTABLE_TYPES, copy_value
+from .._codec.placeholders import BlobRef, InlineArray, PickledBlobs
+from .._engine import BlobGone, Conflict, Engine
+from .._shm import layout as L
+from ..speedups import ViewBase, first_to_export, set_immutable_types
 
 __all__ = ["Handle", "MISSING"]
 

@@ -10,10 +10,10 @@ numbers live.  Who follows which part (modules of ``_shm/`` unless a path is giv
 ``blobs.py`` (Blobs; the references themselves are plain data in
 ``_codec/placeholders.py``), ``survey.py`` (reading segments from outside).
 Every segment is created, opened, written, mapped, listed and removed through
-``_segments.py`` (which the process pool's parcels use too: their protocol is
+``_platform/segments.py`` (which the process pool's parcels use too: their protocol is
 in :mod:`ultradict_ng.futures.layout`); primitives from ``speedups.py`` (the
 compiled helper or its twins in ``_helper/``).  A big dict's table: ``table_layout.py``;
-a cache's side segment: ``cache_layout.py``; Redis: ``_redis/layout.py``.
+a cache's side segment: ``cache/layout.py``; Redis: ``_redis/layout.py``.
 
 Segments
 ========
@@ -23,7 +23,7 @@ A dict named ``N`` owns these POSIX shared-memory segments (all mode 0600)::
     N@s           update stream     append-only records of mutations (see "Stream size")
     N@d<gen>      full dump         the whole dict at generation <gen> (base 36)
     N@b<id>       blob              one large value, immutable (see "Blobs"; base 36)
-    N@c           cache side        a SharedCache's settings and recency (cache_layout.py)
+    N@c           cache side        a SharedCache's settings and recency (cache/layout.py)
 
 User names may only contain ``[A-Za-z0-9_.-]``, so no user name can collide
 with a derived name (they contain ``@``).  Nested dicts own no segments: they
@@ -462,7 +462,7 @@ def base36(n: int) -> str:
 # -- control segment -----------------------------------------------------------
 CONTROL_MAGIC = int.from_bytes(b"UDNGctl\x01", "little")
 LAYOUT_VERSION = 9  # 3: blobs; 4: waiting and waking; 5: users; 6: pickle placeholders moved
-#                    7: N@c (cache_layout.py); 8: table dumps; 9: unit word, SYNCED (files)
+#                    7: N@c (cache/layout.py); 8: table dumps; 9: unit word, SYNCED (files)
 CONTROL_SIZE = 4096  # one page: shared memory is allocated by pages anyway
 
 W_MAGIC = 0

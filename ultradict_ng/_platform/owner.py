@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from . import layout as L
-from ._forks import on_fork_in_child
+from .._shm import layout as L
+from .forks import on_fork_in_child
 
 __all__ = ["owner_word", "pid_of", "owner_alive"]
 

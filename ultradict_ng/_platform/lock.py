@@ -46,10 +46,10 @@ from collections.abc import Hashable
 from types import TracebackType
 from typing import Optional
 
-from ._forks import on_fork_in_child
-from ._owner import owner_word
-from .errors import LockTimeout
-from .speedups import ProcessState, Words
+from ..errors import LockTimeout
+from ..speedups import ProcessState, Words
+from .forks import on_fork_in_child
+from .owner import owner_word
 
 __all__ = ["SharedLock", "WordLock"]
 

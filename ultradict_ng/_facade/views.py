@@ -11,7 +11,7 @@ from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .shareddict import SharedDict
+    from ..shareddict import SharedDict
 
 __all__ = ["SharedKeysView", "SharedValuesView", "SharedItemsView"]
 

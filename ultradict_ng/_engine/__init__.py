@@ -4,7 +4,7 @@ machinery that shares its data.
 The facade (``shareddict.py``) knows nothing of segments, streams or dumps:
 it talks to an :class:`Engine` -- one process's attachment to one shared
 dict tree -- through the small interface below, and to
-:func:`ultradict_ng._backends.open_engine` and ``unlink_by_name`` (which pick
+:func:`ultradict_ng._engine.backends.open_engine` and ``unlink_by_name`` (which pick
 the engine) to make and remove one.  The shared-memory engine is
 :class:`ultradict_ng._shm.store.Store`, the Redis one
 :class:`ultradict_ng._redis.engine.RedisEngine`: the facade, its nested views,
@@ -61,12 +61,12 @@ from typing import (
     runtime_checkable,
 )
 
-from .errors import Closed
+from ..errors import Closed
 
 if TYPE_CHECKING:
-    from ._codec.codec import Codec
-    from ._lock import SharedLock
-    from .changes import ChangeSource
+    from .._codec.codec import Codec
+    from .._platform.lock import SharedLock
+    from ..changes import ChangeSource
 
 __all__ = [
     "Engine",

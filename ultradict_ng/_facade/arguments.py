@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from ._codec.decode import gc_paused
-from ._engine import Initial, Options
-from .speedups import ViewBase, types_within
+from .._codec.decode import gc_paused
+from .._engine import Initial, Options
+from ..speedups import ViewBase, types_within
 
 #: Value types that are no handle (nor hold one within a tuple of them).
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes})

@@ -4,7 +4,7 @@ it there.
 The facade and the UltraDict layer call :func:`open_engine` and
 :func:`unlink_by_name`; the backend comes from their ``backend`` argument or,
 when none is given, from the environment (:data:`BACKEND_ENV`).  Kept apart
-from the interface (``_engine.py``) because it imports the engines, which
+from the interface (``_engine/__init__.py``) because it imports the engines, which
 import the interface: the dependencies run one way only.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ._arguments import pairs
-from ._engine import Engine, Initial, Options
-from ._shm import cleanup
-from ._shm.store import Store
+from .._facade.arguments import pairs
+from .._shm import cleanup
+from .._shm.store import Store
+from . import Engine, Initial, Options
 
 __all__ = ["open_engine", "unlink_by_name", "resolve_backend", "BACKEND_ENV"]
 
@@ -31,7 +31,7 @@ def open_engine(
     """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
     ``initial`` ([key, value] lists, or a dict) is stored only by the process that creates it."""
     if options.path is not None:
-        from ._disk.opening import control_of, open_durable
+        from .._disk.opening import control_of, open_durable
 
         if name is not None and (not os.path.isdir(options.path) or name != control_of(options.path)):
             raise ValueError("give a dict kept in files its path=, not a name")
@@ -48,7 +48,7 @@ def open_engine(
     if options.max_decoded is not None:
         raise ValueError("max_decoded= is for shared memory only (the Redis backend decodes no table)")
     # (Imported on first use: a process that never names a Redis server never loads its engine.)
-    from ._redis.engine import RedisEngine
+    from .._redis.engine import RedisEngine
 
     if isinstance(initial, dict):
         initial = pairs(initial)
@@ -74,7 +74,7 @@ def unlink_by_name(name: str, backend: Any = None) -> int:
     """Remove every storage object of the dict ``name``; how many (0 if none)."""
     where = resolve_backend(backend)
     if where is not None:
-        from ._redis.engine import unlink_by_name as unlink_redis
+        from .._redis.engine import unlink_by_name as unlink_redis
 
         return unlink_redis(name, where)
     return cleanup.unlink_by_name(name)

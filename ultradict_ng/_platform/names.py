@@ -10,8 +10,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from . import layout as L
-from .errors import InvalidName
+from .._shm import layout as L
+from ..errors import InvalidName
 
 __all__ = ["validate_name", "generate_name"]
 

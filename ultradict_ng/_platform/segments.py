@@ -42,9 +42,9 @@ import stat
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from ._disk import files
-from ._disk import layout as D
-from .errors import OutOfSpace
+from .._disk import files
+from .._disk import layout as D
+from ..errors import OutOfSpace
 
 try:
     import _posixshmem  # type: ignore[import-not-found, unused-ignore]
