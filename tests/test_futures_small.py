@@ -50,6 +50,39 @@ def pool() -> Iterator[Any]:
         ex.shutdown(wait=True, cancel_futures=True)
 
 
+def test_the_fast_paths_are_installed_on_this_python() -> None:
+    """Both patches of the standard pool take on the running Python: a change
+    of concurrent.futures' internals fails here, not as a pool that is quietly
+    as slow as the standard one."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ex = uf.ProcessPoolExecutor(1, mp_context=FORK)
+    try:
+        assert ex.fast_paths == {"wakeup": True, "call_queue": True}
+        assert type(ex._call_queue) is callqueue.CallQueue
+        assert type(ex._executor_manager_thread_wakeup) is wakeup.CoalescedWakeup
+    finally:
+        ex.shutdown(wait=True)
+
+
+def test_a_pool_whose_internals_differ_says_so(monkeypatch: Any) -> None:
+    """Where the standard pool's internals are not those the patches expect,
+    the pool still runs, unpatched, and warns."""
+    import types
+
+    # (The check sees another queue class than the one the standard pool makes.)
+    monkeypatch.setattr(callqueue, "_process", types.SimpleNamespace(_SafeQueue=type("Other", (), {})))
+    with pytest.warns(RuntimeWarning, match="call_queue"):
+        ex = uf.ProcessPoolExecutor(1, mp_context=FORK)
+    try:
+        assert ex.fast_paths == {"wakeup": True, "call_queue": False}
+        assert ex.submit(pow, 2, 10).result(timeout=TIMEOUT) == 1024
+    finally:
+        ex.shutdown(wait=True)
+
+
 def _feeder(ex: Any) -> Any:
     """The call queue's feeder thread (None: never started)."""
     return ex._call_queue._thread

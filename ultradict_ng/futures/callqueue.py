@@ -193,10 +193,11 @@ class CallQueue(_process._SafeQueue):
         return True
 
 
-def install(executor: Any, needs_feeder: Callable[[Any], bool]) -> None:
+def install(executor: Any, needs_feeder: Callable[[Any], bool]) -> bool:
     """Make ``executor``'s call queue (a standard pool's, before any call was
     put) a :class:`CallQueue`; ``needs_feeder(fn)`` says which calls must go
-    through the feeder.  A pool of another standard library is left as it is."""
+    through the feeder: True.  A pool of another standard library is left as
+    it is: False (the caller says so)."""
     calls: Any = getattr(executor, "_call_queue", None)
     standard = (
         type(calls) is _process._SafeQueue
@@ -204,7 +205,8 @@ def install(executor: Any, needs_feeder: Callable[[Any], bool]) -> None:
         and hasattr(calls, "_send_bytes")
     )
     if not standard:
-        return
+        return False
     calls.__class__ = CallQueue
     calls.needs_feeder = needs_feeder
     calls._reset()
+    return True

@@ -72,6 +72,7 @@ import secrets
 import threading
 import time
 import types
+import warnings
 from multiprocessing.queues import SimpleQueue
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Optional
@@ -385,8 +386,21 @@ class ProcessPoolExecutor(cf.ProcessPoolExecutor):
         assert ctx is not None
         self._result_queue = _ResultQueue(ctx=ctx.get_context())
         standard.close()
-        install_wakeup(self)
-        install_call_queue(self, _needs_feeder)
+        #: Which of the fast paths patched into the standard pool are in place:
+        #: both, unless this Python's concurrent.futures internals differ from
+        #: those they patch (then the pool runs as the standard one, and says so).
+        self.fast_paths = {
+            "wakeup": install_wakeup(self),
+            "call_queue": install_call_queue(self, _needs_feeder),
+        }
+        if not all(self.fast_paths.values()):
+            missing = ", ".join(k for k, v in self.fast_paths.items() if not v)
+            warnings.warn(
+                f"ultradict_ng.futures: this Python's concurrent.futures internals differ from those "
+                f"the pool patches; running without its fast {missing} (as the standard pool does)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._pool = pool
         self._text_limit = shm_threshold // 4  # (a str pickles to at most 4 bytes a character)
         _live.add(pool)

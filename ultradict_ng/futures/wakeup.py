@@ -84,11 +84,11 @@ class CoalescedWakeup(_process._ThreadWakeup):
             super().close()
 
 
-def install(executor: Any) -> None:
+def install(executor: Any) -> bool:
     """Give ``executor`` (a standard pool, before it has started its result
     thread) a coalesced wakeup, where its call queue also wakes the thread
-    (a call that failed to pickle).  Leaves a pool of another standard library,
-    whose internals differ, as it is."""
+    (a call that failed to pickle): True.  Leaves a pool of another standard
+    library, whose internals differ, as it is: False (the caller says so)."""
     old: Any = getattr(executor, "_executor_manager_thread_wakeup", None)
     calls: Any = getattr(executor, "_call_queue", None)
     standard = (
@@ -98,8 +98,9 @@ def install(executor: Any) -> None:
         and getattr(executor, "_executor_manager_thread", None) is None
     )
     if not standard:
-        return
+        return False
     new = CoalescedWakeup()
     executor._executor_manager_thread_wakeup = new
     calls.thread_wakeup = new
     old.close()
+    return True
