@@ -4,7 +4,8 @@ one module talks to POSIX shared memory, modules stay small, the code map is tru
 These read the source (``ast``), not the running package: an import inside a
 function counts as much as one at the top, because it still ties the two
 modules together (it is only later).  Imports under ``if TYPE_CHECKING:``
-do not count: they never run.
+never run, but they tie the modules together for a reader and for the type
+checker all the same: the cycle check counts them; the other checks do not.
 """
 
 from __future__ import annotations
@@ -74,13 +75,14 @@ def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
-def imports_of(mod: str) -> list[tuple[str, Optional[str]]]:
-    """(module imported, name imported from it or None) for every import that runs."""
+def imports_of(mod: str, type_checking: bool = False) -> list[tuple[str, Optional[str]]]:
+    """(module imported, name imported from it or None) for every import that
+    runs (with ``type_checking``: and every one under ``if TYPE_CHECKING:``)."""
     tree = ast.parse(open(MODULES[mod]).read())
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     out: list[tuple[str, Optional[str]]] = []
     for node in ast.walk(tree):
-        if _type_checking_only(node, parents):
+        if not type_checking and _type_checking_only(node, parents):
             continue
         if isinstance(node, ast.Import):
             out.extend((a.name, None) for a in node.names)
@@ -122,11 +124,11 @@ def private_attribute_uses(mod: str) -> list[tuple[str, str]]:
     return out
 
 
-def graph() -> dict[str, set[str]]:
+def graph(type_checking: bool = True) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for mod in MODULES:
         deps = set()
-        for target, _name in imports_of(mod):
+        for target, _name in imports_of(mod, type_checking):
             while target not in MODULES and "." in target:
                 target = target.rsplit(".", 1)[0]
             # Importing a package runs its __init__; a parent package's

@@ -8,12 +8,28 @@ because another process wrote meanwhile (a plain dict's views would raise
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterator, KeysView, ValuesView
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ..shareddict import SharedDict
+__all__ = ["SharedKeysView", "SharedValuesView", "SharedItemsView", "Snapshots"]
 
-__all__ = ["SharedKeysView", "SharedValuesView", "SharedItemsView"]
+
+class Snapshots(Protocol):
+    """What the views need of their dict (a SharedDict): its snapshots and
+    ``get``.  A protocol, not the class, so that this module and the facade
+    do not import each other (type checking included)."""
+
+    def _snapshot_keys(self) -> list[Any]: ...
+
+    def _snapshot_items(self) -> list[tuple[Any, Any]]: ...
+
+    def get(self, key: Any, default: Any = None) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
 
 _MISSING: Any = object()
 
@@ -21,7 +37,7 @@ _MISSING: Any = object()
 class SharedKeysView(KeysView):  # type: ignore[type-arg]
     """``d.keys()``: iterates a snapshot; membership and len are live."""
 
-    _mapping: SharedDict
+    _mapping: Snapshots
 
     def __iter__(self) -> Iterator[Any]:
         keys: list[Any] = self._mapping._snapshot_keys()
@@ -38,7 +54,7 @@ class SharedKeysView(KeysView):  # type: ignore[type-arg]
 class SharedValuesView(ValuesView):  # type: ignore[type-arg]
     """``d.values()``: iterates a snapshot of the values."""
 
-    _mapping: SharedDict
+    _mapping: Snapshots
 
     def __iter__(self) -> Iterator[Any]:
         values: list[Any] = [v for _, v in self._mapping._snapshot_items()]
@@ -57,7 +73,7 @@ class SharedValuesView(ValuesView):  # type: ignore[type-arg]
 class SharedItemsView(ItemsView):  # type: ignore[type-arg]
     """``d.items()``: iterates a snapshot of (key, value) pairs."""
 
-    _mapping: SharedDict
+    _mapping: Snapshots
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         items: list[tuple[Any, Any]] = self._mapping._snapshot_items()

@@ -4,15 +4,13 @@ after the dict, layout "Creating and removing")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .._engine import User
 from . import layout as RL
 from .identity import pid_of_holder
 from .link import describe
-
-if TYPE_CHECKING:
-    from .engine import RedisEngine
+from .state import EngineState
 
 __all__ = ["stats", "connections"]
 
@@ -25,7 +23,7 @@ def _int(value: Any) -> Optional[int]:
         return None
 
 
-def stats(engine: RedisEngine) -> dict[str, Any]:
+def stats(engine: EngineState) -> dict[str, Any]:
     """``SharedDict.stats()`` of a Redis dict: one ``META`` round trip."""
     reply = engine.link.call("meta", [])
     fields = {reply[0][i].decode(errors="replace"): reply[0][i + 1] for i in range(0, len(reply[0]), 2)}
@@ -54,7 +52,7 @@ def stats(engine: RedisEngine) -> dict[str, Any]:
     }
 
 
-def connections(engine: RedisEngine) -> list[tuple[int, str, User]]:
+def connections(engine: EngineState) -> list[tuple[int, str, User]]:
     """``(client id, host, user)`` of every connection named after this dict,
     one per process (the first seen); layout: "Creating and removing"."""
     listing = engine.link.command("CLIENT", "LIST", "TYPE", "normal")

@@ -509,8 +509,12 @@ def unlink_by_name(name: str, backend: Any) -> int:
         link.close()
 
 
-if TYPE_CHECKING:  # mypy checks the engine against the Protocol here
+if TYPE_CHECKING:  # mypy checks the engine against the Protocols here
     from .._engine import Engine, Transactional
+    from .state import EngineState
+
+    def _is_the_state_its_helpers_see(engine: RedisEngine) -> EngineState:
+        return engine
 
     def _implements_the_engine_interface(engine: RedisEngine) -> Engine:
         return engine

@@ -13,7 +13,7 @@ removed dict (the feed then ends).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .._codec import records as R
 from .._codec.codec import copy_value
@@ -21,10 +21,8 @@ from .._codec.placeholders import InlineArray
 from ..changes import Change, changes_of_dump, changes_of_records, skeleton
 from ..errors import Closed, CorruptSegment
 from . import layout as RL
+from .state import EngineState
 from .transaction import entry_records
-
-if TYPE_CHECKING:
-    from .engine import RedisEngine
 
 __all__ = ["RedisFeed"]
 
@@ -32,7 +30,7 @@ __all__ = ["RedisFeed"]
 class RedisFeed:
     """``poll`` / ``wait`` / ``ended``: a ``changes.ChangeSource``."""
 
-    def __init__(self, engine: RedisEngine) -> None:
+    def __init__(self, engine: EngineState) -> None:
         self._engine = engine
         with engine.mutex:
             self.data: dict[Any, Any] = skeleton(engine.data)

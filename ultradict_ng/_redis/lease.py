@@ -20,16 +20,14 @@ import secrets
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .._platform import faults
 from .._platform.lock import SharedLock
 from ..errors import BackendUnavailable, LeaseLost, Unlinked
 from . import layout as RL
 from .identity import HOST, pid_of_holder
-
-if TYPE_CHECKING:
-    from .engine import RedisEngine
+from .state import EngineState
 
 __all__ = ["LeaseLock"]
 
@@ -46,7 +44,7 @@ class LeaseLock(SharedLock):
 
     _MESSAGE = "could not acquire the lock of shared dict {name!r} within {timeout} s: {holder}"
 
-    def __init__(self, engine: RedisEngine, lease: float) -> None:
+    def __init__(self, engine: EngineState, lease: float) -> None:
         super().__init__(engine.name)
         self._engine = engine
         self._value = ""  # the lock's value while we hold it: our fencing token

@@ -16,13 +16,11 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .._codec import records as R
+from .state import EngineState
 from .transaction import entry_records
-
-if TYPE_CHECKING:
-    from .engine import RedisEngine
 
 __all__ = ["Listener"]
 
@@ -30,7 +28,7 @@ __all__ = ["Listener"]
 class Listener:
     """Feeds one engine's cache from the server's log."""
 
-    def __init__(self, engine: RedisEngine) -> None:
+    def __init__(self, engine: EngineState) -> None:
         self._engine = weakref.ref(engine)
         self.link = engine.link
         self.keys = engine.keys
@@ -52,7 +50,7 @@ class Listener:
     def stop(self) -> None:
         self._stop.set()
 
-    def drain(self, engine: RedisEngine) -> bool:
+    def drain(self, engine: EngineState) -> bool:
         """Apply pending entries (caller holds the mutex); False on a gap."""
         pending = self.pending
         codec = engine.codec

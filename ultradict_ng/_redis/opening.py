@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from .._codec import records as R
 from .._codec.codec import CUSTOM_ID, Codec, codec_by_id, codec_for
@@ -17,17 +17,18 @@ from . import layout as RL
 from .identity import HOST, start_time
 from .link import Link, connect_client, describe
 from .listener import Listener
-
-if TYPE_CHECKING:
-    from .engine import RedisEngine
+from .state import EngineState
 
 __all__ = ["open_redis"]
+
+#: The engine class opening makes (a RedisEngine).
+E = TypeVar("E", bound=EngineState)
 
 READ_MODES = ("fresh", "cached")
 
 
 def open_redis(
-    cls: type[RedisEngine],
+    cls: Callable[..., E],
     name: Optional[str],
     create: Optional[bool],
     options: Options,
@@ -36,7 +37,7 @@ def open_redis(
     reads: Optional[str],
     lease: Optional[float],
     staleness: Optional[float],
-) -> RedisEngine:
+) -> E:
     """Create or attach to the dict ``name`` on ``backend`` (as ``SharedDict``)."""
     name = generate_name() if name is None else validate_name(name)
     reads = reads or "fresh"

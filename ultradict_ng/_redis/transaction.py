@@ -28,10 +28,10 @@ from .._codec import records as R
 from .._engine import check_open
 from ..errors import CorruptSegment, LeaseLost, OutOfSpace, TransactionAborted
 from . import layout as RL
+from .state import EngineState
 
 if TYPE_CHECKING:
     from .._codec.codec import Codec
-    from .engine import RedisEngine
 
 __all__ = ["RedisTransaction", "begin", "end", "buffer", "entry_records"]
 
@@ -91,7 +91,7 @@ def entry_records(codec: Codec, values: list[bytes]) -> list[Any]:
     return codec.loads_many(flat)
 
 
-def begin(engine: RedisEngine) -> None:
+def begin(engine: EngineState) -> None:
     """Take the lease (reentrant; it brings the cache up to date) and open the
     transaction, or a level deeper in this thread's open one."""
     check_open(engine.words)
@@ -110,7 +110,7 @@ def begin(engine: RedisEngine) -> None:
         raise
 
 
-def buffer(engine: RedisEngine, tx: RedisTransaction, rec: list[Any]) -> None:
+def buffer(engine: EngineState, tx: RedisTransaction, rec: list[Any]) -> None:
     """A write of the transaction's thread: applied to the cache, kept for the end.
     A record that cannot be encoded raises and changes nothing."""
     payload, decoded = engine.codec.encode_record(rec)
@@ -123,7 +123,7 @@ def buffer(engine: RedisEngine, tx: RedisTransaction, rec: list[Any]) -> None:
     tx.size += len(payload)
 
 
-def end(engine: RedisEngine, publish: bool) -> None:
+def end(engine: EngineState, publish: bool) -> None:
     """Leave one level; at the outermost publish the block (one ``WRITE``) or
     discard it, then give the lease back."""
     tx = engine.tx
@@ -161,7 +161,7 @@ def end(engine: RedisEngine, publish: bool) -> None:
             # (already raising: the block published nothing)
 
 
-def _discard(engine: RedisEngine) -> None:
+def _discard(engine: EngineState) -> None:
     """The cache holds writes nobody else will see: reload it at the next read."""
     with engine.mutex:
         engine.known = -1
@@ -170,7 +170,7 @@ def _discard(engine: RedisEngine) -> None:
         engine.data = {}
 
 
-def _largest_value(engine: RedisEngine) -> int:
+def _largest_value(engine: EngineState) -> int:
     """The server's ``proto-max-bulk-len`` (a larger value makes it drop the
     connection); 512 MiB where ``CONFIG`` is not allowed."""
     try:
@@ -180,7 +180,7 @@ def _largest_value(engine: RedisEngine) -> int:
         return MAX_BUNDLE
 
 
-def _publish(engine: RedisEngine, tx: RedisTransaction) -> None:
+def _publish(engine: EngineState, tx: RedisTransaction) -> None:
     value = bundle(tx.payloads)
     if len(value) > 1 << 20:  # (asked only for large blocks: one more round trip)
         largest = _largest_value(engine) - 4096  # (the other arguments of the call)
