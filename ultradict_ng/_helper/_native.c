@@ -90,7 +90,7 @@ static PyMethodDef native_methods[] = {
      "table_fill(buf, off, packed_map, hashes) -> offset after the entries written from the map's pairs."},
     {"table_merge", (PyCFunction)(void (*)(void))udng_native_table_merge, METH_FASTCALL,
      "table_merge(dst, off, src, start, end, changes) -> offset after an old table's entries merged with "
-     "the (offset, new value or None) changes; or the reason a changed entry is damaged."},
+     "the (offset, new value or None) changes; a damaged entry raises ValueError (\"table entry ...\")."},
     {"table_changes", (PyCFunction)(void (*)(void))udng_native_table_changes, METH_FASTCALL,
      "table_changes(buf, slots, start, end, dead, changed, hot) -> (changes, rest_dead, rest_changed): "
      "a merge's (offset, new value bytes or None) for the keys the compiled probe and packer decide."},

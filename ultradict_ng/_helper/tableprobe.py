@@ -50,9 +50,10 @@ def _table_chain(
         if s & TL.TABLE_TAG_MASK != tag:
             continue
         off = s & TL.TABLE_OFFSET_MASK
-        checked = entry_checked(buf, start, end, off)
-        if isinstance(checked, str):
-            yield checked
+        try:
+            checked = entry_checked(buf, start, end, off)
+        except ValueError as exc:  # (this entry point's form: the message, returned)
+            yield str(exc)
             return
         eh, kl, vl = checked
         if eh == h:

@@ -14,6 +14,8 @@
  *       A merged dump's entries (table_layout.py, "Merge"): the old table's
  *       entries with the (offset, new value bytes or None) changes applied,
  *       the runs between them copied as bytes; dst None only counts them.
+ *       A damaged changed entry: ValueError whose message starts "table
+ *       entry", as table_chunk's.
  *   table_index(buf, slots, start, end, count)
  *       Writes the index of the entries between start and end.
  *   table_chunk(buf, start, end, off, most)
@@ -486,9 +488,10 @@ udng_native_table_merge(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     result = PyLong_FromSsize_t(off);
 done:
-    if (bad != NULL)
-        result = PyUnicode_FromString(bad);
-    else if (usage != NULL)
+    if (bad != NULL) {  /* (a damaged entry: the message starts "table entry", as table_chunk's) */
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_ValueError, bad);
+    } else if (usage != NULL)
         PyErr_SetString(PyExc_ValueError, usage);
     PyBuffer_Release(&in);
     if (!dry)

@@ -28,18 +28,19 @@ _TE = TL.TABLE_ENTRY_HEADER
 _declined: Any = object()
 
 
-def entry_checked(buf: Any, start: int, end: int, off: int) -> Union[str, tuple[int, int, int]]:
+def entry_checked(buf: Any, start: int, end: int, off: int) -> tuple[int, int, int]:
     """``(hash, key length, value length)`` of the entry at ``off`` once it is
-    checked (aligned, inside the entries, zero word, crc), or what is wrong."""
+    checked (aligned, inside the entries, zero word, crc); ValueError saying
+    what is wrong (its message starts "table entry", as the compiled walks')."""
     if off & 7 or off < start or off + _TE > end:
-        return "table entry offset outside the entries"
+        raise ValueError("table entry offset outside the entries")
     eh, kl, vl, crc, zero = _table_entry.unpack_from(buf, off)
     if zero:
-        return "table entry has a nonzero reserved word"
+        raise ValueError("table entry has a nonzero reserved word")
     if off + _TE + kl + vl > end:
-        return "table entry runs past the entries"
+        raise ValueError("table entry runs past the entries")
     if zlib.crc32(buf[off + _TE : off + _TE + kl + vl], zlib.crc32(buf[off : off + 16])) != crc:
-        return "table entry fails its checksum"
+        raise ValueError("table entry fails its checksum")
     return eh, kl, vl
 
 
@@ -57,10 +58,7 @@ def table_chunk(buf: Any, start: int, end: int, off: int, most: int) -> tuple[by
     n = 0
     with memoryview(buf) as mv:
         while off < end and n < most:
-            checked = entry_checked(mv, start, end, off)
-            if isinstance(checked, str):
-                raise ValueError(checked)
-            _, kl, vl = checked
+            _, kl, vl = entry_checked(mv, start, end, off)
             body = mv[off + _TE : off + _TE + kl + vl]
             parts.append(bytes(body))
             off = (off + _TE + kl + vl + 7) & ~7
@@ -93,10 +91,7 @@ def table_rows(
         raise ValueError("table_rows: bounds do not fit the buffer")
     with memoryview(buf) as mv:
         while off < end:
-            checked = entry_checked(mv, start, end, off)
-            if isinstance(checked, str):
-                raise ValueError(checked)
-            _, kl, vl = checked
+            _, kl, vl = entry_checked(mv, start, end, off)
             key = unpack_simple(bytes(mv[off + _TE : off + _TE + kl]), _declined)
             value = unpack_simple(bytes(mv[off + _TE + kl : off + _TE + kl + vl]), _declined)
             if key is _declined or value is _declined:
@@ -114,11 +109,12 @@ def table_rows(
 
 def table_merge(
     dst: Any, off: int, src: Any, start: int, end: int, changes: list[tuple[int, Optional[bytes]]]
-) -> Union[int, str]:
+) -> int:
     """The entries ``src[start:end]`` with ``changes`` ((offset, new value
     bytes, or None to drop the entry), sorted by offset) written to ``dst``
-    from ``off`` (None: only counted); the offset after them, or the reason
-    a changed entry is damaged.  Unchanged runs are copied as bytes."""
+    from ``off`` (None: only counted); the offset after them.  Unchanged runs
+    are copied as bytes.  A damaged changed entry: ValueError whose message
+    starts "table entry" (``table_chunk``'s form)."""
     if (
         off < 0
         or off & 7
@@ -143,7 +139,7 @@ def table_merge(
                 if at < pos:
                     raise ValueError("table_merge: offsets not sorted, or not the start of an entry")
             if at < pos:  # (the last changed entry's padding past an unaligned end)
-                return "table entry runs past the entries"
+                raise ValueError("table entry runs past the entries")
             if room is not None and at - pos > room - off:
                 raise ValueError("table_merge: the buffer is too small")
             if dst is not None:
@@ -151,10 +147,7 @@ def table_merge(
             off += at - pos
             if i == len(changes):
                 break
-            checked = entry_checked(mv, start, end, at)
-            if isinstance(checked, str):
-                return checked
-            eh, kl, vl = checked
+            eh, kl, vl = entry_checked(mv, start, end, at)
             pos = (at + _TE + kl + vl + 7) & ~7
             if value is None:
                 continue

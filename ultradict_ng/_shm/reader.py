@@ -103,10 +103,12 @@ class Reader(StoreBase):
         million keys rewritten: ~2.5 s against ~5.5 s (2 cores).  A dump
         failing its checks is left as it is: ``sync`` finds it."""
         with self.mutex:
-            data = self._load_dump(gen, in_place=False)
-            if not isinstance(data, str):
-                self.data = cast(dict[Any, Any], data)
-                self.gen, self.pos, self.seen = gen, 0, gen << L.GEN_SHIFT
+            try:
+                data = self._load_dump(gen, in_place=False)
+            except CorruptSegment:
+                return
+            self.data = cast(dict[Any, Any], data)
+            self.gen, self.pos, self.seen = gen, 0, gen << L.GEN_SHIFT
 
     def reload(self) -> None:
         """Drop the cache and load the shared state again from the current dump."""
@@ -133,9 +135,10 @@ class Reader(StoreBase):
                 return None
             gen, end = st >> L.GEN_SHIFT, st & L.END_MASK
             if gen != self.gen:  # step 2: a new generation
-                data = self._load_dump(gen)
-                if isinstance(data, str):
-                    problem = data
+                try:
+                    data = self._load_dump(gen)
+                except CorruptSegment as exc:  # (a dump replaced meanwhile reads so too: retried)
+                    problem = str(exc)
                     _pause(attempt)
                     continue
                 data = cast(dict[Any, Any], data)  # (or a TableCache: the read API of a dict)
@@ -155,9 +158,10 @@ class Reader(StoreBase):
                 problem = "stream restarted while it was being read"
                 _pause(attempt)
                 continue
-            records = self._parse(chunk, gen)  # step 4
-            if isinstance(records, str):
-                problem = records
+            try:
+                records = self._parse(chunk, gen)  # step 4
+            except CorruptSegment as exc:
+                problem = str(exc)
                 _pause(attempt)
                 continue
             if self._feeding:
@@ -186,36 +190,38 @@ class Reader(StoreBase):
     def _feed_undo(self) -> None:
         """(A change feed's hook: the records of the last ``_feed_records`` were not applied.)"""
 
-    def _load_dump(self, gen: int, in_place: bool = True) -> Union[dict[Any, Any], TableCache, str]:
-        """The decoded dump of ``gen`` (``in_place`` False: never a ``TableCache``),
-        or a str saying why it could not be loaded."""
+    def _load_dump(self, gen: int, in_place: bool = True) -> Union[dict[Any, Any], TableCache]:
+        """The decoded dump of ``gen`` (``in_place`` False: never a ``TableCache``).
+        Raises CorruptSegment saying why it could not be loaded: the reader
+        retries (a dump removed or replaced under it reads so too), and raises
+        it only when the lock shows it for what it is (layout: "Reader")."""
         if gen == 0:
             return {}
         dname = L.dump_name(self.name, gen)
         try:
             seg = Segment.attach(dname)
         except FileNotFoundError:
-            return f"dump {dname!r} does not exist"
+            raise CorruptSegment(f"dump {dname!r} does not exist") from None
         kept = False
         try:
             if seg.buf is None or seg.size < L.DUMP_HEADER:
-                return f"dump {dname!r} is too small ({seg.size} bytes)"
+                raise CorruptSegment(f"dump {dname!r} is too small ({seg.size} bytes)")
             if seg.buf[:8] == _TABLE_MAGIC:
                 out = self._load_table(seg, dname, gen, in_place)
                 kept = isinstance(out, TableCache)
                 return out
             magic, dgen, length, crc, _ = _dump_header.unpack_from(seg.buf, 0)
             if magic != L.DUMP_MAGIC or dgen != gen or length > seg.size - L.DUMP_HEADER:
-                return f"dump {dname!r} has an invalid header"
+                raise CorruptSegment(f"dump {dname!r} has an invalid header")
             with memoryview(seg.buf) as whole, whole[L.DUMP_HEADER : L.DUMP_HEADER + length] as body:
                 if zlib.crc32(body) != crc:
-                    return f"dump {dname!r} fails its checksum"
+                    raise CorruptSegment(f"dump {dname!r} fails its checksum")
                 try:
                     data = self.codec.loads(body)
                 except CorruptSegment as exc:
-                    return f"dump {dname!r} cannot be decoded: {exc}"
+                    raise CorruptSegment(f"dump {dname!r} cannot be decoded: {exc}") from None
             if type(data) is not dict:
-                return f"dump {dname!r} does not hold a dict"
+                raise CorruptSegment(f"dump {dname!r} does not hold a dict")
             return data
         finally:
             if not kept:
@@ -223,8 +229,9 @@ class Reader(StoreBase):
 
     def _load_table(
         self, seg: Segment, dname: str, gen: int, in_place: bool = True
-    ) -> Union[dict[Any, Any], TableCache, str]:
-        """The cache of a table dump (layout: "Dump"), or why it could not be made.
+    ) -> Union[dict[Any, Any], TableCache]:
+        """The cache of a table dump (layout: "Dump"); CorruptSegment says why
+        it could not be made.
 
         A table of at least ``PARTIAL_FROM`` entries stays mapped and becomes a
         :class:`TableCache`: nothing is decoded until it is read (layout:
@@ -236,13 +243,12 @@ class Reader(StoreBase):
         whole = memoryview(seg.buf)  # type: ignore[arg-type]
         partial = False
         try:
-            try:
-                table = Table(whole, self.token, f"dump {dname!r}")
-            except CorruptSegment as exc:
-                return str(exc)
+            table = Table(whole, self.token, f"dump {dname!r}")
             try:
                 if table.generation != gen:
-                    return f"dump {dname!r} has an invalid header (generation {table.generation})"
+                    raise CorruptSegment(
+                        f"dump {dname!r} has an invalid header (generation {table.generation})"
+                    )
                 if table.count >= _partial_from() and self._partial and in_place:
                     partial = True
                     return TableCache(
@@ -253,10 +259,7 @@ class Reader(StoreBase):
                         self.codec.id == _MSGPACK_ID,
                         self.max_decoded,
                     )
-                try:
-                    return table.decode_all(self.codec.loads, self.codec.id == _MSGPACK_ID)
-                except CorruptSegment as exc:
-                    return str(exc)
+                return table.decode_all(self.codec.loads, self.codec.id == _MSGPACK_ID)
             finally:
                 if not partial:
                     table.close()
@@ -264,8 +267,8 @@ class Reader(StoreBase):
             if not partial:
                 whole.release()
 
-    def _parse(self, chunk: bytes, gen: int) -> Union[list[Any], str]:
-        """Decoded records of ``chunk``, or a str saying what is wrong (step 4).
+    def _parse(self, chunk: bytes, gen: int) -> list[Any]:
+        """Decoded records of ``chunk``; CorruptSegment says what is wrong (step 4).
 
         For msgpack the parser also checks that each payload is exactly one
         msgpack object, which lets the codec decode them all in one call.
@@ -277,8 +280,8 @@ class Reader(StoreBase):
         marks the cache for a reload, as a record that does not apply does."""
         framed = self.codec.id == _MSGPACK_ID
         payloads = parse_records(chunk, gen & L.GEN_MASK, self.pos, framed)
-        if isinstance(payloads, str):
-            return payloads
+        if isinstance(payloads, str):  # (the parser's reason: the entry point's own form)
+            raise CorruptSegment(payloads)
         done = 0
         if framed and type(self.data) is dict and not self._feeding:
             try:
@@ -294,4 +297,4 @@ class Reader(StoreBase):
         except CorruptSegment as exc:
             if done:
                 self.gen = self.seen = INVALID
-            return f"records from stream offset {self.pos} cannot be decoded: {exc}"
+            raise CorruptSegment(f"records from stream offset {self.pos} cannot be decoded: {exc}") from None

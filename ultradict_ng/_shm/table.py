@@ -439,10 +439,12 @@ class Merge:
 
     def _merged(self, buf: Optional[memoryview], off: int) -> int:
         old = self.old
-        got = table_merge(buf, off, old.buf, old.start, old.end, self._changes)
-        if isinstance(got, str):
-            raise CorruptSegment(f"{old.where}: {got}")
-        return got
+        try:
+            return table_merge(buf, off, old.buf, old.start, old.end, self._changes)
+        except ValueError as exc:
+            if not str(exc).startswith("table entry"):
+                raise  # (a caller's mistake, not damage)
+            raise CorruptSegment(f"{old.where}: {exc}") from None
 
     def write(self, buf: memoryview, generation: int, token: int) -> int:
         """Write the new table into ``buf`` (at least ``size`` bytes); return its size.
