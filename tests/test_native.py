@@ -310,6 +310,15 @@ def test_table_probe_answers_as_the_dict(impl, model, absent):
             pairs = impl.table_candidates(buf, slots, start, end, hash_key(key))
             values = [MSGPACK.loads(v) for k, v in pairs if MSGPACK.loads(k) == key]
             assert values == ([model[key]] if key in model else [])
+            # (with offsets: the same pairs, each behind the offset of its entry)
+            triples = impl.table_candidates(buf, slots, start, end, hash_key(key), True)
+            assert [(k, v) for _, k, v in triples] == pairs
+            for off, k, v in triples:
+                kl = int.from_bytes(buf[off + 8 : off + 12], "little")
+                assert (
+                    bytes(buf[off + 24 : off + 24 + kl]) == k
+                    and buf[off + 24 + kl : off + 24 + kl + len(v)] == v
+                )
     if model:  # damage one entry's value: its probe reports it, the same words on every impl
         from ultradict_ng._shm.table import Table
 

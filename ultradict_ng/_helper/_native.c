@@ -85,7 +85,8 @@ static PyMethodDef native_methods[] = {
      "table_get(buf, slots, start, end, key[, offset]) -> value bytes, None, or a damage message (str); "
      "with offset true, the checked entry's offset (0: absent) instead of its value."},
     {"table_candidates", (PyCFunction)(void (*)(void))udng_native_table_candidates, METH_FASTCALL,
-     "table_candidates(buf, slots, start, end, h) -> [(key bytes, value bytes), ...] or a damage message."},
+     "table_candidates(buf, slots, start, end, h[, offsets]) -> [(key bytes, value bytes), ...] (with offsets: "
+     "(offset, key bytes, value bytes)) or a damage message."},
     {"table_fill", (PyCFunction)(void (*)(void))udng_native_table_fill, METH_FASTCALL,
      "table_fill(buf, off, packed_map, hashes) -> offset after the entries written from the map's pairs."},
     {"table_merge", (PyCFunction)(void (*)(void))udng_native_table_merge, METH_FASTCALL,

@@ -11,10 +11,11 @@
  *       large buffers and arrays live in blobs, so values are small), None
  *       when absent, or a str saying what is damaged (the caller raises
  *       CorruptSegment).  A str with lone surrogates: None (it cannot be a key).
- *   table_candidates(buf, slots, start, end, h)
+ *   table_candidates(buf, slots, start, end, h[, offsets])
  *       For every other key: the (key bytes, value bytes) of each entry on
  *       h's probe chain whose full hash is h (almost always zero or one), for
- *       the caller to decode and compare with ==; or a str as above.
+ *       the caller to decode and compare with ==; or a str as above.  With
+ *       offsets true, (offset, key bytes, value bytes): Table.find's probe.
  *   table_changes(buf, slots, start, end, dead, changed, hot)
  *       The changes a merge makes (dumps.py): (offset, None) for each key of
  *       the set `dead`, (offset, encoded hot[key]) for each of the set
@@ -358,12 +359,15 @@ udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out)
 PyObject *
 udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "table_candidates(buf, slots, start, end, h)");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "table_candidates(buf, slots, start, end, h[, offsets])");
         return NULL;
     }
     unsigned long long h = PyLong_AsUnsignedLongLong(args[4]);
     if (h == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int offsets = nargs == 6 ? PyObject_IsTrue(args[5]) : 0;
+    if (offsets < 0)
         return NULL;
     Py_buffer pb;
     table_view t;
@@ -390,8 +394,10 @@ udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t
         const unsigned char *e = t.b + off;
         if (udng_rd64le(e) != h)
             continue;
-        PyObject *pair = Py_BuildValue("(y#y#)", (const char *)e + UDNG_TABLE_ENTRY_HEADER, (Py_ssize_t)kl,
-                                       (const char *)e + UDNG_TABLE_ENTRY_HEADER + kl, (Py_ssize_t)vl);
+        const char *kb = (const char *)e + UDNG_TABLE_ENTRY_HEADER, *vb = kb + kl;
+        PyObject *pair = offsets ? Py_BuildValue("(Ky#y#)", (unsigned long long)off, kb, (Py_ssize_t)kl, vb,
+                                                 (Py_ssize_t)vl)
+                                 : Py_BuildValue("(y#y#)", kb, (Py_ssize_t)kl, vb, (Py_ssize_t)vl);
         if (pair == NULL || PyList_Append(out, pair) < 0)
             Py_CLEAR(out);
         Py_XDECREF(pair);

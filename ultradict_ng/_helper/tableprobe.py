@@ -96,20 +96,20 @@ def table_get(
 
 
 def table_candidates(
-    buf: Any, slots: int, start: int, end: int, h: int
-) -> Union[list[tuple[bytes, bytes]], str]:
+    buf: Any, slots: int, start: int, end: int, h: int, offsets: bool = False
+) -> Union[list[tuple[bytes, bytes]], list[tuple[int, bytes, bytes]], str]:
     """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
-    on its chain, or a damage message."""
+    on its chain (with ``offsets``: ``(offset, key bytes, value bytes)``),
+    or a damage message."""
     _table_check(buf, slots, start, end)
-    out: list[tuple[bytes, bytes]] = []
+    out: list[Any] = []
     with memoryview(buf) as mv:
         for found in _table_chain(mv, slots, start, end, h):
             if isinstance(found, str):
                 return found
             off, kl, vl = found
-            out.append(
-                (bytes(mv[off + _TE : off + _TE + kl]), bytes(mv[off + _TE + kl : off + _TE + kl + vl]))
-            )
+            kb, vb = bytes(mv[off + _TE : off + _TE + kl]), bytes(mv[off + _TE + kl : off + _TE + kl + vl])
+            out.append((off, kb, vb) if offsets else (kb, vb))
     return out
 
 

@@ -78,7 +78,6 @@ _header = struct.Struct(TL.TABLE_FORMAT)
 _map_header: Callable[[int], bytes] = msgpack.Packer().pack_map_header
 _entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
 _EH = TL.TABLE_ENTRY_HEADER
-_TAG = TL.TABLE_TAG_MASK
 _OFF = TL.TABLE_OFFSET_MASK
 
 
@@ -180,7 +179,7 @@ class Table:
     the table is open.
     """
 
-    __slots__ = ("buf", "generation", "count", "slots", "start", "end", "token", "where", "_idx", "_mask")
+    __slots__ = ("buf", "generation", "count", "slots", "start", "end", "token", "where")
 
     def __init__(self, buf: memoryview, token: int, where: str = "table") -> None:
         if len(buf) < TL.TABLE_HEADER:
@@ -210,12 +209,11 @@ class Table:
         self.generation, self.count, self.slots = gen, count, slots
         self.start, self.end, self.token = start, end, tok
         self.where = where  # (names the table in every error: "dump 'N@d3'")
-        self._idx = buf[TL.TABLE_HEADER : start].cast("Q")
-        self._mask = slots - 1
 
     def close(self) -> None:
-        """Release the index view (the caller releases ``buf`` and its segment)."""
-        self._idx.release()
+        """Nothing of ``buf`` is held here (the probes read it through the
+        helper, per call): the caller releases ``buf`` and its segment.  Kept
+        so that every holder of a table ends it the same way."""
 
     def entry(self, off: int) -> tuple[int, memoryview, memoryview, int]:
         """``(hash, key bytes, value bytes, next offset)`` of the entry at ``off``."""
@@ -233,9 +231,18 @@ class Table:
         return h, self.buf[body : body + kl], self.buf[body + kl : end], (end + 7) & ~7
 
     def find(self, key: Any, h: int, loads: Callable[[Any], Any]) -> int:
-        """Offset of the entry whose key equals ``key`` (hashed ``h``), or 0."""
-        found = self._probe(key, h, loads)
-        return found[0] if found is not None else 0
+        """Offset of the entry whose key equals ``key`` (hashed ``h``), or 0:
+        the helper's probe (``table_candidates``, with offsets) gives the
+        entries of that full hash, checked; each key is decoded and compared
+        (``==``, as a dict compares keys whose hashes agree)."""
+        found = table_candidates(self.buf, self.slots, self.start, self.end, h, True)
+        if isinstance(found, str):
+            raise CorruptSegment(f"{self.where}: {found}")
+        for off, kb, _ in cast(list[tuple[int, bytes, bytes]], found):
+            k = loads(kb)
+            if k is key or k == key:
+                return off
+        return 0
 
     def locate(self, key: Any, loads: Callable[[Any], Any]) -> int:
         """:meth:`find` hashing ``key`` itself: the offset of its checked
@@ -267,32 +274,11 @@ class Table:
         found = table_candidates(self.buf, self.slots, self.start, self.end, hash_key(key))
         if isinstance(found, str):
             raise CorruptSegment(f"{self.where}: {found}")
-        for kb, vb in found:
+        for kb, vb in cast(list[tuple[bytes, bytes]], found):
             k = loads(kb)
             if k is key or k == key:
                 return vb
         return None
-
-    def _probe(self, key: Any, h: int, loads: Callable[[Any], Any]) -> Optional[tuple[int, memoryview]]:
-        """A slot whose tag matches leads to an entry; its full hash must
-        match too, and only then is its key decoded and compared (``==``, as
-        a dict compares keys whose hashes agree)."""
-        idx, mask = self._idx, self._mask
-        tag = h & _TAG
-        i = h & mask
-        for _ in range(self.slots):
-            s = idx[i]
-            if not s:
-                return None
-            if s & _TAG == tag:
-                off: int = s & _OFF
-                eh, kb, vb, _ = self.entry(off)
-                if eh == h:
-                    k = loads(kb)
-                    if k is key or k == key:
-                        return off, vb
-            i = (i + 1) & mask
-        raise CorruptSegment(f"{self.where}: table index has no empty slot")
 
     def offsets(self) -> Iterator[int]:
         """Offsets of the entries in their order (headers checked as walked)."""
