@@ -47,7 +47,7 @@ from typing import Any, Optional
 
 from . import adapters as A
 from .run import Run, WorkerError, compact_error
-from .util import log, summarize, watchdog
+from .util import log, no_gc, summarize, watchdog
 
 pc = time.perf_counter
 
@@ -316,15 +316,10 @@ def _expect(ctl: Any, p: Any, kind: str, timeout: float) -> Any:
 def _write(a: A.Adapter, state: Any, value: Any, limit: float, what: str) -> float:
     try:
         with watchdog(limit, what):
-            gcold = gc.isenabled()
-            gc.disable()
-            try:
+            with no_gc():
                 t0 = pc()
                 a.big_write(state, KEY, value)
                 t1 = pc()
-            finally:
-                if gcold:
-                    gc.enable()
     except UNAVAILABLE_ERRORS as exc:
         raise CellUnavailable(f"{type(exc).__name__}: {exc}") from None
     return t1 - t0

@@ -12,14 +12,13 @@ killed).
 
 from __future__ import annotations
 
-import gc
 import itertools
 import os
 import random
 import time
 from typing import Any, Callable, Optional
 
-from .util import calibrate
+from .util import calibrate, no_gc
 
 #: Keys of the throughput parts (all present: every timed get is a hit).
 KEYS = 1000
@@ -44,9 +43,7 @@ def _loop(fn: Callable[..., Any], args: list[Any], star: bool) -> Callable[[int]
 
     def loop(n: int) -> float:
         it = itertools.islice(itertools.cycle(args), n)
-        gc_was = gc.isenabled()
-        gc.disable()
-        try:
+        with no_gc():
             if star:
                 t0 = time.perf_counter()
                 for a in it:
@@ -56,9 +53,6 @@ def _loop(fn: Callable[..., Any], args: list[Any], star: bool) -> Callable[[int]
             for a in it:
                 fn(a)
             return time.perf_counter() - t0
-        finally:
-            if gc_was:
-                gc.enable()
 
     return loop
 

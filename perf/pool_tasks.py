@@ -45,6 +45,8 @@ import traceback
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Callable, Optional
 
+from .util import no_gc
+
 try:
     import numpy as np
 except ImportError:  # pragma: no cover - the harness checks before it spawns a driver
@@ -345,13 +347,8 @@ class Driver:
         for i in range(reps + stamped_reps):
             stamped = i >= reps
             gc.collect()
-            gcold = gc.isenabled()
-            gc.disable()
-            try:
+            with no_gc():
                 dt, (first, last, kind), st = self.roundtrip(x, stamped)
-            finally:
-                if gcold:
-                    gc.enable()
             kinds.add(kind)
             if first != 2.0 or last != 2.0:
                 wrong.append(f"result[0]={first!r}, result[-1]={last!r}, expected 2.0 ({kind})")
@@ -382,9 +379,7 @@ class Driver:
         ex, hand = self.ex, self.hand
         for _ in range(reps):
             gc.collect()
-            gcold = gc.isenabled()
-            gc.disable()
-            try:
+            with no_gc():
                 t0 = clock()
                 if hand is None:
                     outs = list(ex.map(add_one, arrays))
@@ -397,9 +392,6 @@ class Driver:
                     outs = [hand.take(r) for r in rets]
                 ends = [(o[0], o[-1]) for o in outs]
                 t1 = clock()
-            finally:
-                if gcold:
-                    gc.enable()
             times.append(t1 - t0)
             kinds.update(type(o).__module__ + "." + type(o).__name__ for o in outs)
             for i, (first, last) in enumerate(ends):
@@ -446,15 +438,10 @@ class Driver:
         for _ in range(reps):
             for kind, fn in cases:
                 gc.collect()
-                gcold = gc.isenabled()
-                gc.disable()
-                try:
+                with no_gc():
                     t0 = clock()
                     ok = fn()
                     t1 = clock()
-                finally:
-                    if gcold:
-                        gc.enable()
                 times[kind].append(t1 - t0)
                 if not ok:
                     wrong.append(f"{kind}: a wrong result")

@@ -12,7 +12,6 @@ away, so that nothing outlives the harness.
 
 from __future__ import annotations
 
-import gc
 import os
 import queue
 import signal
@@ -21,6 +20,7 @@ import traceback
 from typing import Any
 
 from . import adapters as A
+from .util import no_gc
 
 _perf_ns = time.perf_counter_ns
 
@@ -94,15 +94,12 @@ def _incr(h: Any, key: Any, n: int, start_ns: int) -> Any:
     m, lock = h.m, h.lock
     it = range(n)
     _sleep_until(start_ns)
-    gc.disable()
-    try:
+    with no_gc():
         t0 = _perf_ns()
         for _ in it:
             with lock:
                 m[key] += 1
         t1 = _perf_ns()
-    finally:
-        gc.enable()
     return (t0, t1, n)
 
 

@@ -30,7 +30,6 @@ its pid) and turns SIGTERM into ``SystemExit`` so that its handles close.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import signal
@@ -38,6 +37,8 @@ import time
 import traceback
 from itertools import cycle, islice, repeat
 from typing import Any, Callable, Optional
+
+from .util import no_gc
 
 clock = time.monotonic
 pc = time.perf_counter
@@ -140,14 +141,11 @@ def _sub_read(m: Any, k: Any) -> Callable[[int], float]:
 
     def loop(n: int) -> float:
         it = repeat(None, n)
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for _ in it:
-            m[k]
-        t1 = pc()
-        if gcold:
-            gc.enable()
+        with no_gc():
+            t0 = pc()
+            for _ in it:
+                m[k]
+            t1 = pc()
         return t1 - t0
 
     return loop
@@ -158,14 +156,11 @@ def _call_read(get: Callable[[Any], Any], k: Any) -> Callable[[int], float]:
 
     def loop(n: int) -> float:
         it = repeat(None, n)
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for _ in it:
-            get(k)
-        t1 = pc()
-        if gcold:
-            gc.enable()
+        with no_gc():
+            t0 = pc()
+            for _ in it:
+                get(k)
+            t1 = pc()
         return t1 - t0
 
     return loop
@@ -190,14 +185,11 @@ def _sub_write(m: Any, rot: _Rotation) -> Callable[[int], float]:
 
     def loop(n: int) -> float:
         pairs = zip(rot.take(n), range(n))
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for k, i in pairs:
-            m[k] = i
-        t1 = pc()
-        if gcold:
-            gc.enable()
+        with no_gc():
+            t0 = pc()
+            for k, i in pairs:
+                m[k] = i
+            t1 = pc()
         rot.last = (rot.keys[(rot.pos - 1) % len(rot.keys)], n - 1)
         return t1 - t0
 
@@ -209,14 +201,11 @@ def _call_write(put: Callable[[Any, Any], Any], rot: _Rotation) -> Callable[[int
 
     def loop(n: int) -> float:
         pairs = zip(rot.take(n), range(n))
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for k, i in pairs:
-            put(k, i)
-        t1 = pc()
-        if gcold:
-            gc.enable()
+        with no_gc():
+            t0 = pc()
+            for k, i in pairs:
+                put(k, i)
+            t1 = pc()
         rot.last = (rot.keys[(rot.pos - 1) % len(rot.keys)], n - 1)
         return t1 - t0
 
@@ -325,13 +314,12 @@ def _locker(params: dict[str, Any], conn: Any, start: Any) -> None:
         conn.send(("ready", {"pid": os.getpid()}))
         if not start.wait(params["start_timeout"]):
             raise TimeoutError("no start signal")
-        gc.disable()
-        t0 = clock()
-        for _ in repeat(None, n):
-            with lock:
-                m[k] += 1
-        t1 = clock()
-        gc.enable()
+        with no_gc():
+            t0 = clock()
+            for _ in repeat(None, n):
+                with lock:
+                    m[k] += 1
+            t1 = clock()
         conn.send(("result", {"t0": t0, "t1": t1, "n": n}))
     finally:
         for c in closers:
@@ -401,20 +389,19 @@ def _poller(params: dict[str, Any], conn: Any, start: Any) -> None:
         deadline = clock() + params["limit"]
         prev = d[STAMP]
         reads = 0
-        gc.disable()
-        while True:
-            v = d[STAMP]
-            reads += 1
-            if v != prev:
-                seen.append((v, clock()))
-                prev = v
-                if v >= last_value:
+        with no_gc():
+            while True:
+                v = d[STAMP]
+                reads += 1
+                if v != prev:
+                    seen.append((v, clock()))
+                    prev = v
+                    if v >= last_value:
+                        break
+                elif pause:
+                    sleep(pause)
+                if (pause or reads & 0xFFF == 0) and clock() > deadline:
                     break
-            elif pause:
-                sleep(pause)
-            if (pause or reads & 0xFFF == 0) and clock() > deadline:
-                break
-        gc.enable()
         conn.send(("result", {"seen": seen, "reads": reads}))
     finally:
         d.close()

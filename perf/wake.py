@@ -38,7 +38,6 @@ is registered for unlinking too.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import resource
@@ -49,7 +48,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from . import wake_child as C
 from .run import Run
-from .util import fmt_seconds, log, percentile, watchdog
+from .util import fmt_seconds, log, no_gc, percentile, watchdog
 
 WL = "wakeup"
 #: The parts, as ``--wake-parts`` names them.
@@ -292,9 +291,7 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
         lat: list[float] = []
         wcall: list[float] = []  # the writer's own call, t0 -> its return
         lost = spurious = stale = 0
-        gcold = gc.isenabled()
-        gc.disable()
-        try:
+        with no_gc():
             for i in range(1, WARMUP + n + 1):
                 sleep(rnd.uniform(*PAUSE_S))
                 t0 = clock()
@@ -315,9 +312,6 @@ def _latency_one(run: Run, row: Row, n: int) -> None:
             write(C.STOP)
             bye = _expect(ack, p, ("bye",), 30)[1]
             done = True
-        finally:
-            if gcold:
-                gc.enable()
         p99 = percentile(lat, 99)
         wmed = statistics.median(wcall) if wcall else None
         show = {"p99": p99, "max": max(lat) if lat else None, "count": f"{len(lat)}/{n}", "write call": wmed}

@@ -25,7 +25,6 @@ outlives the harness.
 
 from __future__ import annotations
 
-import gc
 import os
 import resource
 import signal
@@ -33,6 +32,8 @@ import sys
 import time
 import traceback
 from typing import Any, Callable, Optional
+
+from .util import no_gc
 
 #: The environment variable that forces ultradict_ng's polling fallback.
 ENV = "ULTRADICT_NG_WAIT"
@@ -313,15 +314,15 @@ def waiter_main(kind: str, mode: str, spec: dict[str, Any], chan: Any, ack: Any,
         info["wait_mode"] = wait_mode()
         w.arm()
         ack.send(("ready", info))
-        gc.disable()  # no collection between the wake-up and the stamp
-        while True:
-            t1, v, spurious = w.next(timeout)
-            if v == STOP:
-                break
-            w.arm()
-            ack.send(("woke" if v is not None else "timeout", v, t1, spurious))
-            if v is None and os.getppid() != ppid:
-                return  # the harness is gone
+        with no_gc():  # no collection between the wake-up and the stamp
+            while True:
+                t1, v, spurious = w.next(timeout)
+                if v == STOP:
+                    break
+                w.arm()
+                ack.send(("woke" if v is not None else "timeout", v, t1, spurious))
+                if v is None and os.getppid() != ppid:
+                    return  # the harness is gone
         ack.send(("bye", {"cpu_s": _cpu_s()}))
     except BaseException as exc:
         try:
@@ -358,25 +359,25 @@ def idle_main(mode: str, name: str, conn: Any) -> None:
         if msg[0] != "go":
             return
         end_ns = msg[1]
-        gc.disable()
-        cpu0, t0 = _cpu_s(), now_ns()
-        returns = early_true = 0
-        if mode == "sleep":
-            sleep = time.sleep
-            while now_ns() < end_ns:
-                d.get(KEY)
-                sleep(0.001)
-                returns += 1
-        else:
-            wait = d.wait_for_change
-            while True:
-                left = (end_ns - now_ns()) / 1e9
-                if left <= 0:
-                    break
-                if wait(left):
-                    early_true += 1
-                returns += 1
-        t1, cpu1 = now_ns(), _cpu_s()
+        with no_gc():
+            cpu0, t0 = _cpu_s(), now_ns()
+            returns = early_true = 0
+            if mode == "sleep":
+                sleep = time.sleep
+                while now_ns() < end_ns:
+                    d.get(KEY)
+                    sleep(0.001)
+                    returns += 1
+            else:
+                wait = d.wait_for_change
+                while True:
+                    left = (end_ns - now_ns()) / 1e9
+                    if left <= 0:
+                        break
+                    if wait(left):
+                        early_true += 1
+                    returns += 1
+            t1, cpu1 = now_ns(), _cpu_s()
         conn.send(
             (
                 "done",
@@ -436,19 +437,18 @@ def locker_main(mode: str, name: str, conn: Any) -> None:
             _, start_ns, end_ns = msg
             m, lock, clock = d, d.lock, now_ns
             n = 0
-            gc.disable()
-            _sleep_until(start_ns)
-            cpu0 = _cpu_s()
-            t0 = clock()
-            while True:
-                with lock:
-                    m[KEY] += 1
-                n += 1
-                if clock() >= end_ns:
-                    break
-            t1 = clock()
-            cpu = _cpu_s() - cpu0
-            gc.enable()
+            with no_gc():
+                _sleep_until(start_ns)
+                cpu0 = _cpu_s()
+                t0 = clock()
+                while True:
+                    with lock:
+                        m[KEY] += 1
+                    n += 1
+                    if clock() >= end_ns:
+                        break
+                t1 = clock()
+                cpu = _cpu_s() - cpu0
             conn.send(("done", {"count": n, "t0": t0, "t1": t1, "cpu_s": cpu}))
     except EOFError:
         pass

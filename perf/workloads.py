@@ -26,7 +26,7 @@ from .adapters import Adapter, Handle
 from .big import w_big
 from .procs import attach_probe
 from .run import Run, WorkerError
-from .util import calibrate, fmt_count, fmt_seconds, log, percentile, shm_entries, summarize, watchdog
+from .util import calibrate, fmt_count, fmt_seconds, log, no_gc, percentile, shm_entries, summarize, watchdog
 from .wake import w_wake
 
 pc = time.perf_counter
@@ -95,14 +95,11 @@ def read_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
 
     def loop(n: int) -> float:
         it = _repeat(None, n)
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for _ in it:
-            m[k]
-        t1 = pc()
-        if gcold:
-            gc.enable()
+        with no_gc():
+            t0 = pc()
+            for _ in it:
+                m[k]
+            t1 = pc()
         return t1 - t0
 
     return loop
@@ -113,14 +110,11 @@ def write_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
 
     def loop(n: int) -> float:
         it = range(n)
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for i in it:
-            m[k] = i
-        t1 = pc()
-        if gcold:
-            gc.enable()
+        with no_gc():
+            t0 = pc()
+            for i in it:
+                m[k] = i
+            t1 = pc()
         return t1 - t0
 
     return loop
@@ -131,15 +125,12 @@ def lock_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
 
     def loop(n: int) -> float:
         it = _repeat(None, n)
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for _ in it:
-            with lock:
-                m[k] += 1
-        t1 = pc()
-        if gcold:
-            gc.enable()
+        with no_gc():
+            t0 = pc()
+            for _ in it:
+                with lock:
+                    m[k] += 1
+            t1 = pc()
         return t1 - t0
 
     return loop
@@ -610,17 +601,14 @@ def _keys_loop_read(h: Handle, keys: list[Any]) -> Callable[[int], float]:
     def loop(n: int) -> float:
         full, rest = divmod(n, L)
         tail = keys[:rest]
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for _ in range(full):
-            for k in keys:
+        with no_gc():
+            t0 = pc()
+            for _ in range(full):
+                for k in keys:
+                    m[k]
+            for k in tail:
                 m[k]
-        for k in tail:
-            m[k]
-        t1 = pc()
-        if gcold:
-            gc.enable()
+            t1 = pc()
         return t1 - t0
 
     return loop
@@ -633,17 +621,14 @@ def _keys_loop_write(h: Handle, pairs: list[tuple[Any, Any]]) -> Callable[[int],
     def loop(n: int) -> float:
         full, rest = divmod(n, L)
         tail = pairs[:rest]
-        gcold = gc.isenabled()
-        gc.disable()
-        t0 = pc()
-        for _ in range(full):
-            for k, v in pairs:
+        with no_gc():
+            t0 = pc()
+            for _ in range(full):
+                for k, v in pairs:
+                    m[k] = v
+            for k, v in tail:
                 m[k] = v
-        for k, v in tail:
-            m[k] = v
-        t1 = pc()
-        if gcold:
-            gc.enable()
+            t1 = pc()
         return t1 - t0
 
     return loop
@@ -923,18 +908,15 @@ def _values_loop(w: Handle, r: Handle, value: Any) -> tuple[Callable[[int], floa
 
     def loop(n: int) -> float:
         tw = tr = 0.0
-        gcold = gc.isenabled()
-        gc.disable()
-        for _ in range(n):
-            t0 = pc()
-            wm[KEY] = value
-            t1 = pc()
-            rm[KEY]
-            t2 = pc()
-            tw += t1 - t0
-            tr += t2 - t1
-        if gcold:
-            gc.enable()
+        with no_gc():
+            for _ in range(n):
+                t0 = pc()
+                wm[KEY] = value
+                t1 = pc()
+                rm[KEY]
+                t2 = pc()
+                tw += t1 - t0
+                tr += t2 - t1
         acc[0], acc[1] = tw, tr
         return tw + tr
 
