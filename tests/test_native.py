@@ -144,9 +144,9 @@ PARITY = {
     ],
     "ProcessState": ["test_native::test_process_state_transitions"],
     "StoreBase": ["test_native::test_hit_path_never_answers_from_a_stale_or_closed_cache"],
-    "ViewBase": ["test_native::test_native_and_fallback_processes_share_one_dict"],
-    "set_root_write": [
-        "test_native::test_a_root_set_of_a_scalar_or_tuple_calls_set_root_without_the_slow_frame"
+    "ViewBase": [
+        "test_native::test_native_and_fallback_processes_share_one_dict",
+        "test_native::test_a_root_set_of_a_scalar_or_tuple_calls_set_root_without_the_slow_frame",
     ],
     "CacheGet": ["test_cache_get::test_compiled_get_answers_every_entry_as_its_twin"],
     "TableCacheBase": ["test_tablecache::test_the_compiled_set_takes_str_and_int_keys_and_leaves_the_rest"],
@@ -1667,3 +1667,43 @@ def test_pack_map_declines_other_shapes(impl):
     for rows in ({"a": blob}, {blob: 1}, {"a": (1, blob)}):
         assert impl.pack_map(rows, 100) is None
         assert impl.pack_map(rows, 101) == _general(rows) == impl.pack_map(rows, 0)
+
+
+@needs_native
+def test_the_helpers_state_lives_in_its_module_object():
+    """Multi-phase initialisation: what Python gives the helper (the immutable
+    types) is kept in the module object's state, not in a static -- a second
+    instance of the module starts without it, the first keeps its own."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ultradict_ng._helper._native")
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    from ultradict_ng._codec.copies import IMMUTABLE_TYPES
+
+    native.set_immutable_types(IMMUTABLE_TYPES)  # (what the codec gives it when it is in use)
+    value = [frozenset({1}), {"a": 1}]
+    mine = native.copy_plain(value)
+    assert mine == value and mine is not value and mine[0] is value[0]
+    assert other.copy_plain(value) is None  # (no types given: a frozenset is not known immutable)
+    other.set_immutable_types(frozenset({frozenset}))
+    theirs = other.copy_plain(value)
+    assert theirs == value and theirs[0] is value[0]
+    assert native.copy_plain(value)[0] is value[0]
+
+
+def test_a_store_without_the_immutable_types_still_reads_right(name):
+    """The read path takes the immutable types from the store: one without
+    them hands out scalars as they are and everything else through the Python
+    rules -- the same values, never the cache's own mutable objects."""
+    d = SharedDict(name=name)
+    try:
+        d["f"], d["l"], d["t"] = frozenset({1}), [1, [2]], (1, "x")
+        d._store._immutable_types = None
+        assert d["f"] == frozenset({1}) and d["t"] == (1, "x")
+        got = d["l"]
+        assert got == [1, [2]] and got is not d["l"]
+        got[1].append(3)
+        assert d["l"] == [1, [2]]
+    finally:
+        d.unlink()

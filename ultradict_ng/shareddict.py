@@ -28,7 +28,6 @@ from ._facade.handle import MISSING, Handle
 from ._platform.lock import SharedLock
 from ._shm import layout as L
 from .changes import Change, iterate
-from .speedups import set_root_write
 
 __all__ = ["SharedDict"]
 
@@ -359,7 +358,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     # ``d[k] = v`` and ``del d[k]`` are ViewBase's slots: compiled, ``__setitem__`` writes a
     # root-level scalar of an open transaction's thread itself (layout "Transactions"), calls
     # ``set_root`` for another root set of a scalar or tuple (what ``_setitem_slow`` does
-    # then: ``set_root_write``), ``_setitem_slow`` for everything else.
+    # then: the class says so by naming it ``_setitem_inline`` too), ``_setitem_slow``
+    # for everything else.
 
     def _setitem_slow(self, key: Any, value: Any) -> None:
         """``self[key] = value``: all the rules."""
@@ -370,6 +370,11 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
             self._store.set_root(key, value)  # needs no check: no loop, no closure
             return
         self._write(R.set_(self._path, key, value))
+
+    #: The compiled ViewBase makes a root set of a scalar or tuple itself (hash, then
+    #: ``set_root``) while this names the same function as ``_setitem_slow``: a
+    #: subclass that overrides ``_setitem_slow`` is called instead.
+    _setitem_inline = _setitem_slow
 
     def _delitem_slow(self, key: Any) -> None:
         """``del self[key]``."""
@@ -541,5 +546,4 @@ def _reattach(cls: type, name: str, path: tuple[Any, ...], where: dict[str, Any]
     return root._view(path) if path else root
 
 
-set_root_write(SharedDict._setitem_slow)  # (its rule for a root set of a scalar or a tuple, compiled)
 from ._facade.views import SharedItemsView, SharedKeysView, SharedValuesView  # noqa: E402  (they name SharedDict)

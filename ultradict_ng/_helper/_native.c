@@ -22,7 +22,7 @@
  *   unpack.c       unpack_simple, tuple_hook
  *   typescan.c     types_within, contains_type
  *   lockstate.c    ProcessState
- *   readpath.c     StoreBase, ViewBase, set_root_write
+ *   readpath.c     StoreBase, ViewBase
  *   cacheget.c     CacheGet
  *   copytree.c     copy_plain, first_to_export, set_immutable_types
  *   keyhash.c      key_hash_common
@@ -73,8 +73,6 @@ static PyMethodDef native_methods[] = {
      "first_to_export(pairs) -> index of the first (key, value) whose value is not handed out as it is."},
     {"copy_plain", (PyCFunction)udng_native_copy_plain, METH_O,
      "copy_plain(value) -> the caller's own copy of a plain value (codec.copy_value's), or None."},
-    {"set_root_write", (PyCFunction)udng_native_set_root_write, METH_O,
-     "set_root_write(func): SharedDict._setitem_slow, whose root set of an immutable value ViewBase makes itself."},
     {"set_immutable_types", (PyCFunction)udng_native_set_immutable_types, METH_O,
      "set_immutable_types(frozenset): value types ViewBase returns without copying."},
     {"crc32", (PyCFunction)(void (*)(void))udng_native_crc32, METH_FASTCALL,
@@ -109,17 +107,40 @@ static PyMethodDef native_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef native_module = {
-    PyModuleDef_HEAD_INIT, "ultradict_ng._helper._native",
-    "The optional compiled helper (see speedups.py and _native.pyi).", -1, native_methods,
-};
+/* Multi-phase initialisation (PEP 489): the module object holds its state
+ * (udng.h: udng_state), filled by the exec slot and by set_immutable_types;
+ * nothing Python gives the helper is kept in a static.  The types are static
+ * (their read paths must not look the module up per call), so one
+ * interpreter per process imports the helper (3.12+ says so). */
+static int
+native_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    udng_state *st = udng_get_state(m);
+    Py_VISIT(st->immutable_types);
+    return 0;
+}
 
-PyMODINIT_FUNC
-PyInit__native(void)
+static int
+native_clear(PyObject *m)
+{
+    udng_state *st = udng_get_state(m);
+    Py_CLEAR(st->immutable_types);
+    return 0;
+}
+
+static void
+native_free(void *m)
+{
+    native_clear((PyObject *)m);
+}
+
+static int
+native_exec(PyObject *m)
 {
     udng_crc_init();
     if (udng_lockstate_init() < 0 || udng_readpath_init() < 0)
-        return NULL;
+        return -1;
+    udng_get_state(m)->immutable_types = NULL;
     struct { const char *name; PyTypeObject *type; } types[] = {
         {"Words", &udng_WordsType}, {"ProcessState", &udng_ProcessStateType},
         {"StoreBase", &udng_StoreBaseType}, {"ViewBase", &udng_ViewBaseType},
@@ -127,33 +148,27 @@ PyInit__native(void)
     };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i].type) < 0)
-            return NULL;
-    PyObject *m = PyModule_Create(&native_module);
-    if (m == NULL)
-        return NULL;
-    if (udng_tablecache_add(m) < 0) {  /* (tablecache.c) */
-        Py_DECREF(m);
-        return NULL;
-    }
+            return -1;
+    if (udng_tablecache_add(m) < 0)  /* (tablecache.c) */
+        return -1;
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         Py_INCREF(types[i].type);
         if (PyModule_AddObject(m, types[i].name, (PyObject *)types[i].type) < 0) {
             Py_DECREF(types[i].type);
-            Py_DECREF(m);
-            return NULL;
+            return -1;
         }
     }
     /* Constants mirrored from _codec/records.py / layout.py (a test compares). */
     PyObject *scalars = PyTuple_Pack(6, (PyObject *)Py_TYPE(Py_None), (PyObject *)&PyBool_Type,
                                      (PyObject *)&PyLong_Type, (PyObject *)&PyFloat_Type,
                                      (PyObject *)&PyUnicode_Type, (PyObject *)&PyBytes_Type);
-    if (scalars == NULL || PyModule_AddObject(m, "SCALAR_TYPES", scalars) < 0 ||
-        PyModule_AddIntConstant(m, "RECORD_HEADER", UDNG_RECORD_HEADER) < 0 ||
-        PyModule_AddIntConstant(m, "FUTEX", UDNG_FUTEX) < 0) {
+    if (scalars == NULL || PyModule_AddObject(m, "SCALAR_TYPES", scalars) < 0) {
         Py_XDECREF(scalars);
-        Py_DECREF(m);
-        return NULL;
+        return -1;
     }
+    if (PyModule_AddIntConstant(m, "RECORD_HEADER", UDNG_RECORD_HEADER) < 0 ||
+        PyModule_AddIntConstant(m, "FUTEX", UDNG_FUTEX) < 0)
+        return -1;
     /* The layouts' numbers this helper is compiled with (udng.h), for the
      * test that compares them with the layout modules and the twins. */
     PyObject *layout = Py_BuildValue(
@@ -162,8 +177,33 @@ PyInit__native(void)
         "COPY_DEPTH", UDNG_COPY_DEPTH, "PLAIN_DEPTH", UDNG_PLAIN_DEPTH);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT_CONSTANTS", layout) < 0) {
         Py_XDECREF(layout);
-        Py_DECREF(m);
-        return NULL;
+        return -1;
     }
-    return m;
+    return 0;
+}
+
+static PyModuleDef_Slot native_slots[] = {
+    {Py_mod_exec, native_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ultradict_ng._helper._native",
+    .m_doc = "The optional compiled helper (see speedups.py and _native.pyi).",
+    .m_size = sizeof(udng_state),
+    .m_methods = native_methods,
+    .m_slots = native_slots,
+    .m_traverse = native_traverse,
+    .m_clear = native_clear,
+    .m_free = native_free,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    return PyModuleDef_Init(&native_module);
 }

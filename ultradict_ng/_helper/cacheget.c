@@ -139,6 +139,7 @@ realtime_now(void)
 static PyObject *
 cg_hit(CacheGetObject *self, PyObject *e, double now, int *miss)
 {
+    PyObject *imm = udng_view_immutable((ViewObject *)self->view);  /* (the store's: borrowed) */
     *miss = 0;
     if (!PyTuple_CheckExact(e))
         return NULL;
@@ -156,11 +157,11 @@ cg_hit(CacheGetObject *self, PyObject *e, double now, int *miss)
     PyObject *value = PyTuple_GET_ITEM(e, 2), *out;
     if (self->loads != Py_None && PyBytes_CheckExact(value)) {
         out = NULL;  /* a pickle: loads runs after the recency store */
-    } else if (udng_is_immutable(value) || udng_is_immutable_tuple(value)) {
+    } else if (udng_is_immutable(value, imm) || udng_is_immutable_tuple(value, imm)) {
         Py_INCREF(value);
         out = value;
     } else {
-        out = udng_copy_tree(value);
+        out = udng_copy_tree(value, imm);
         if (out == NULL)
             return NULL;
     }

@@ -10,16 +10,14 @@
  * the decode.  Everything not plain (a placeholder of a blob or an array,
  * another type the pickle serializer stored) is left to the Python rules.
  *
- *   udng_immutable_types   the types handed out without a copy (set from
- *                          Python once: set_immutable_types)
- *   udng_copy_tree(v)      the copy, or NULL without an error: not plain
+ *   set_immutable_types(s) the types handed out without a copy, kept in
+ *                          the module's state (udng.h)
+ *   udng_copy_tree(v, imm) the copy, or NULL without an error: not plain
  *   copy_plain(v)          the same for Python: the copy, or None
  *   first_to_export(pairs) where a snapshot of items stops handing out as is
  *
  * The twin is copytree.py. */
 #include "udng.h"
-
-PyObject *udng_immutable_types = NULL;
 
 static inline int
 scalar(PyObject *k)
@@ -44,21 +42,21 @@ plain_key(PyObject *k)
     return 1;
 }
 
-static PyObject *copy_at(PyObject *v, int depth);
+static PyObject *copy_at(PyObject *v, int depth, PyObject *imm);
 
 /* A copy of v's item (an immutable one as it is), or NULL (see copy_at). */
 static inline PyObject *
-copy_item(PyObject *item, int depth)
+copy_item(PyObject *item, int depth, PyObject *imm)
 {
-    if (udng_is_immutable(item)) {
+    if (udng_is_immutable(item, imm)) {
         Py_INCREF(item);
         return item;
     }
-    return copy_at(item, depth);
+    return copy_at(item, depth, imm);
 }
 
 static PyObject *
-copy_list(PyObject *v, int depth)
+copy_list(PyObject *v, int depth, PyObject *imm)
 {
     Py_ssize_t n = PyList_GET_SIZE(v);
     PyObject *out = PyList_New(n);
@@ -66,7 +64,7 @@ copy_list(PyObject *v, int depth)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         /* (copy_item runs no Python code: v keeps its length) */
-        PyObject *c = copy_item(PyList_GET_ITEM(v, i), depth);
+        PyObject *c = copy_item(PyList_GET_ITEM(v, i), depth, imm);
         if (c == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -79,7 +77,7 @@ copy_list(PyObject *v, int depth)
 /* PyDict_Copy (which clones a compact table at once), then the values that
  * need their own copy stored over the shared ones. */
 static PyObject *
-copy_dict(PyObject *v, int depth)
+copy_dict(PyObject *v, int depth, PyObject *imm)
 {
     PyObject *out = PyDict_Copy(v);
     if (out == NULL)
@@ -87,9 +85,9 @@ copy_dict(PyObject *v, int depth)
     Py_ssize_t pos = 0;
     PyObject *k, *item;
     while (PyDict_Next(v, &pos, &k, &item)) {
-        if (udng_is_immutable(item) || udng_is_immutable_tuple(item))
+        if (udng_is_immutable(item, imm) || udng_is_immutable_tuple(item, imm))
             continue;
-        PyObject *c = plain_key(k) ? copy_at(item, depth) : NULL;
+        PyObject *c = plain_key(k) ? copy_at(item, depth, imm) : NULL;
         if (c == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -107,7 +105,7 @@ copy_dict(PyObject *v, int depth)
 /* A tuple holding something mutable: a new tuple of copies, or the tuple
  * itself when every copy is its item (tuples of immutable tuples). */
 static PyObject *
-copy_tuple(PyObject *v, int depth)
+copy_tuple(PyObject *v, int depth, PyObject *imm)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(v);
     PyObject *out = PyTuple_New(n);
@@ -116,7 +114,7 @@ copy_tuple(PyObject *v, int depth)
     int same = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(v, i);
-        PyObject *c = copy_item(item, depth);
+        PyObject *c = copy_item(item, depth, imm);
         if (c == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -135,21 +133,21 @@ copy_tuple(PyObject *v, int depth)
 /* The copy of v, nested `depth` containers deep (the root: 1), or NULL:
  * with an error set (memory), or without one (not plain, or too deep). */
 static PyObject *
-copy_at(PyObject *v, int depth)
+copy_at(PyObject *v, int depth, PyObject *imm)
 {
     if (depth > UDNG_COPY_DEPTH)
         return NULL;
     PyTypeObject *t = Py_TYPE(v);
     if (t == &PyDict_Type)
-        return copy_dict(v, depth + 1);
+        return copy_dict(v, depth + 1, imm);
     if (t == &PyList_Type)
-        return copy_list(v, depth + 1);
+        return copy_list(v, depth + 1, imm);
     if (t == &PyTuple_Type) {
-        if (udng_is_immutable_tuple(v)) {
+        if (udng_is_immutable_tuple(v, imm)) {
             Py_INCREF(v);
             return v;
         }
-        return copy_tuple(v, depth + 1);
+        return copy_tuple(v, depth + 1, imm);
     }
     if (t == &PySet_Type)  /* (its members are hashable, kept with their hashes) */
         return PySet_New(v);
@@ -159,9 +157,9 @@ copy_at(PyObject *v, int depth)
 }
 
 PyObject *
-udng_copy_tree(PyObject *v)
+udng_copy_tree(PyObject *v, PyObject *imm)
 {
-    return copy_item(v, 1);
+    return copy_item(v, 1, imm);
 }
 
 /* copy_plain(value) -> the caller's own copy of a plain value (as
@@ -170,7 +168,7 @@ udng_copy_tree(PyObject *v)
 PyObject *
 udng_native_copy_plain(PyObject *module, PyObject *v)
 {
-    PyObject *out = udng_copy_tree(v);
+    PyObject *out = udng_copy_tree(v, udng_get_state(module)->immutable_types);
     if (out == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
     return out;
@@ -184,7 +182,7 @@ udng_native_set_immutable_types(PyObject *module, PyObject *types)
         return NULL;
     }
     Py_INCREF(types);
-    Py_XSETREF(udng_immutable_types, types);
+    Py_XSETREF(udng_get_state(module)->immutable_types, types);
     Py_RETURN_NONE;
 }
 
@@ -199,6 +197,7 @@ udng_native_first_to_export(PyObject *module, PyObject *pairs)
         PyErr_SetString(PyExc_TypeError, "first_to_export(pairs: list)");
         return NULL;
     }
+    PyObject *imm = udng_get_state(module)->immutable_types;
     Py_ssize_t i = 0, n = PyList_GET_SIZE(pairs);
     for (; i < n; i++) {
         PyObject *pair = PyList_GET_ITEM(pairs, i);
@@ -207,7 +206,7 @@ udng_native_first_to_export(PyObject *module, PyObject *pairs)
             return NULL;
         }
         PyObject *v = PyTuple_GET_ITEM(pair, 1);
-        if (!udng_is_immutable(v) && !udng_is_immutable_tuple(v))
+        if (!udng_is_immutable(v, imm) && !udng_is_immutable_tuple(v, imm))
             break;
     }
     return PyLong_FromSsize_t(i);

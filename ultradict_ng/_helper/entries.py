@@ -22,7 +22,6 @@ ENTRY_POINTS: dict[str, str] = {
     # the read hit path
     "StoreBase": "readpath",
     "ViewBase": "readpath",
-    "set_root_write": "readpath",
     # SharedCache.get's hit path
     "CacheGet": "cacheget",
     # a big dict's cache

@@ -58,7 +58,16 @@ typedef struct {
     Py_ssize_t tx_blob_index;/* index of BLOB_NEXT in state_words */
     long tx_op_set;
     char recurse;            /* nested dicts are live views: a dict value is not copied here */
+    PyObject *immutable;     /* the frozenset of codec.IMMUTABLE_TYPES (NULL: scalars only) */
 } StoreBaseObject;
+
+/* The store's frozenset of immutable types (borrowed), or NULL. */
+static inline PyObject *
+store_immutable(StoreBaseObject *s)
+{
+    PyObject *imm = s->immutable;
+    return imm != NULL && PyFrozenSet_CheckExact(imm) ? imm : NULL;
+}
 
 /* A big dict's cache (`data` a TableCache) is read where its fields lie, in
  * its compiled base (tablecache.c): `hot` (decoded values), `dead` (the
@@ -76,6 +85,7 @@ sb_traverse(StoreBaseObject *self, visitproc visit, void *arg)
     Py_VISIT(self->state_words);
     Py_VISIT(self->pos);
     Py_VISIT(self->tx_stream);
+    Py_VISIT(self->immutable);
     return 0;
 }
 
@@ -88,6 +98,7 @@ sb_clear(StoreBaseObject *self)
     Py_CLEAR(self->pos);
     self->tx_thread = 0;
     Py_CLEAR(self->tx_stream);
+    Py_CLEAR(self->immutable);
     return 0;
 }
 
@@ -260,6 +271,8 @@ static PyMemberDef sb_members[] = {
     {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
     {"recurse", T_BOOL, offsetof(StoreBaseObject, recurse), 0,
      "nested dicts are live views (a dict value is read as a view, not copied)"},
+    {"_immutable_types", T_OBJECT, offsetof(StoreBaseObject, immutable), 0,
+     "the value types a read hands out without a copy (codec.IMMUTABLE_TYPES); None: the scalars"},
     {"_tx_last", T_PYSSIZET, offsetof(StoreBaseObject, tx_last), READONLY,
      "offset of the last record the armed transaction path wrote (-1: none)"},
     {NULL, 0, 0, 0, NULL},
@@ -483,7 +496,7 @@ vb_subscript(ViewObject *self, PyObject *key)
          * and each step of the general path below costs a few percent. */
         v = PyDict_GetItemWithError(s->data, key);  /* borrowed (no code runs until returned) */
         if (v != NULL) {
-            if (udng_is_immutable(v) || udng_is_immutable_tuple(v)) {
+            if (udng_is_immutable(v, store_immutable(s)) || udng_is_immutable_tuple(v, store_immutable(s))) {
                 Py_INCREF(v);
                 return v;
             }
@@ -491,7 +504,7 @@ vb_subscript(ViewObject *self, PyObject *key)
                 /* The caller's own copy (held: an allocation may collect,
                  * and a finalizer run Python code), else the slow path. */
                 Py_INCREF(v);
-                PyObject *c = udng_copy_tree(v);
+                PyObject *c = udng_copy_tree(v, store_immutable(s));
                 Py_DECREF(v);
                 if (c != NULL || PyErr_Occurred())
                     return c;
@@ -529,9 +542,9 @@ vb_subscript(ViewObject *self, PyObject *key)
         Py_DECREF(cache);
     }
     if (r == 1) {
-        if (udng_is_immutable(v) || udng_is_immutable_tuple(v))
+        if (udng_is_immutable(v, store_immutable(s)) || udng_is_immutable_tuple(v, store_immutable(s)))
             return v;
-        PyObject *c = s->recurse && PyDict_CheckExact(v) ? NULL : udng_copy_tree(v);
+        PyObject *c = s->recurse && PyDict_CheckExact(v) ? NULL : udng_copy_tree(v, store_immutable(s));
         Py_DECREF(v);
         if (c != NULL || PyErr_Occurred())
             return c;
@@ -606,12 +619,30 @@ out:
     return done;
 }
 
-static PyObject *str_setitem_slow, *str_delitem_slow, *str_set_root;
-/* SharedDict._setitem_slow (set_root_write): when a handle's type has it, a
- * root view's set of a value that cannot be a SharedDict (an immutable
- * scalar, a tuple) is what it does after its checks -- hash(key), then
- * store.set_root(key, value) -- made here without its frame. */
-static PyObject *root_setitem_slow;
+static PyObject *str_setitem_slow, *str_delitem_slow, *str_set_root, *str_setitem_inline;
+
+/* Whether a root view's set of a value that cannot be a SharedDict (an
+ * immutable scalar, a tuple) may be made here: when the handle's class says
+ * that its `_setitem_slow` does only its checks, hash(key), then
+ * store.set_root(key, value) -- by naming that same function
+ * `_setitem_inline` too (SharedDict does; a subclass that overrides
+ * `_setitem_slow` is then called, as it must be).  Two lookups in the
+ * type's attribute cache: the class, not a global, holds the answer. */
+static inline int
+root_write_inlined(PyTypeObject *t)
+{
+    PyObject *slow = _PyType_Lookup(t, str_setitem_slow);  /* borrowed */
+    return slow != NULL && slow == _PyType_Lookup(t, str_setitem_inline);
+}
+
+PyObject *
+udng_view_immutable(ViewObject *view)
+{
+    PyObject *store = view->store;
+    if (store == NULL || !PyObject_TypeCheck(store, &udng_StoreBaseType))
+        return NULL;
+    return store_immutable((StoreBaseObject *)store);
+}
 
 /* self.<name>(*args[1:]) where the method is a plain function of the class
  * (as _setitem_slow and _delitem_slow are): found through the type's
@@ -641,10 +672,10 @@ vb_ass_subscript(ViewObject *self, PyObject *key, PyObject *value)
         int r = tx_set(self, key, value);
         if (r != 0)
             return r < 0 ? -1 : 0;
-        if (root_setitem_slow != NULL && self->store != NULL && self->path != NULL &&
-            PyTuple_CheckExact(self->path) && PyTuple_GET_SIZE(self->path) == 0 &&
-            (udng_is_immutable(value) || PyTuple_CheckExact(value)) &&
-            _PyType_Lookup(Py_TYPE(self), str_setitem_slow) == root_setitem_slow) {
+        if (self->store != NULL && self->path != NULL && PyTuple_CheckExact(self->path) &&
+            PyTuple_GET_SIZE(self->path) == 0 &&
+            (udng_is_immutable(value, udng_view_immutable(self)) || PyTuple_CheckExact(value)) &&
+            root_write_inlined(Py_TYPE(self))) {
             if (PyObject_Hash(key) == -1)  /* (unhashable: dict's TypeError, before any lock) */
                 return -1;
             PyObject *args[3] = {self->store, key, value};
@@ -686,17 +717,6 @@ PyTypeObject udng_ViewBaseType = {
 };
 
 
-PyObject *
-udng_native_set_root_write(PyObject *module, PyObject *func)
-{
-    if (!PyFunction_Check(func)) {
-        PyErr_SetString(PyExc_TypeError, "set_root_write needs a function");
-        return NULL;
-    }
-    Py_INCREF(func);
-    Py_XSETREF(root_setitem_slow, func);
-    Py_RETURN_NONE;
-}
 
 
 
@@ -708,8 +728,9 @@ udng_readpath_init(void)
     str_setitem_slow = PyUnicode_InternFromString("_setitem_slow");
     str_delitem_slow = PyUnicode_InternFromString("_delitem_slow");
     str_set_root = PyUnicode_InternFromString("set_root");
+    str_setitem_inline = PyUnicode_InternFromString("_setitem_inline");
     return str_getitem_slow == NULL || str_evict == NULL || str_setitem_slow == NULL ||
-                   str_delitem_slow == NULL || str_set_root == NULL
+                   str_delitem_slow == NULL || str_set_root == NULL || str_setitem_inline == NULL
                ? -1
                : 0;
 }

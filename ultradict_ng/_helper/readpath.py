@@ -1,7 +1,7 @@
 """Pure-Python twins of readpath.c: ``StoreBase`` and ``ViewBase``, the bases
-carrying the read hit path of a SharedDict, and ``set_root_write``.  The
-twins hold the same state; their reads and writes take the Python paths
-(``SharedDict._getitem_slow``, ``_setitem_slow``).
+carrying the read hit path of a SharedDict.  The twins hold the same state;
+their reads and writes take the Python paths (``SharedDict._getitem_slow``,
+``_setitem_slow``).
 """
 
 from __future__ import annotations
@@ -11,16 +11,19 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 if TYPE_CHECKING:
     from .words import Words
 
-__all__ = ["StoreBase", "ViewBase", "set_root_write"]
+__all__ = ["StoreBase", "ViewBase"]
 
 
 class StoreBase:
     """What the read hit path needs from a store (``seen`` and ``data``), and
     the stream offset the cache reflects (``pos``)."""
 
-    __slots__ = ("seen", "data", "pos", "recurse")
+    __slots__ = ("seen", "data", "pos", "recurse", "_immutable_types")
 
     seen: int
+    #: The value types a read hands out without a copy (codec.IMMUTABLE_TYPES);
+    #: the compiled read path's, which the twins take from the codec's rules.
+    _immutable_types: Optional[frozenset[type]]
     #: Nested dicts are live views (a dict value is read as a view, not copied).
     recurse: bool
     #: The cache: a dict, or for a big dict a reader's ``_shm/tablecache.TableCache``
@@ -82,11 +85,3 @@ class ViewBase:
 
     def __delitem__(self, key: Any) -> None:
         self._delitem_slow(key)
-
-
-def set_root_write(func: Callable[..., None]) -> None:
-    """Registers ``SharedDict._setitem_slow`` with the compiled ``ViewBase``,
-    which makes its root set of an immutable value itself; the twin
-    ``ViewBase`` calls it as ``__setitem__`` already: nothing to do."""
-    if not callable(func):
-        raise TypeError("set_root_write needs a function")

@@ -46,25 +46,40 @@ static inline void udng_wr64be(unsigned char *p, uint64_t x)
         p[i] = (unsigned char)(x >> (56 - 8 * i));
 }
 
+/* ---- the module's state (multi-phase initialisation, PEP 489) ------------------ */
+
+/* What Python code gives the helper lives in the module object, not in a
+ * static: the frozenset of value types a read hands out without a copy
+ * (codec.IMMUTABLE_TYPES, given by set_immutable_types), for the module's
+ * functions.  The read paths of the types carry their own reference to it
+ * (StoreBase's _immutable_types, set by each store). */
+typedef struct {
+    PyObject *immutable_types;  /* a frozenset, or NULL before set_immutable_types */
+} udng_state;
+
+static inline udng_state *
+udng_get_state(PyObject *module)
+{
+    return (udng_state *)PyModule_GetState(module);
+}
+
 /* ---- copytree.c: what a read hands out as it is, and copies of the rest -- */
 
-/* The frozenset of value types a read hands out without a copy
- * (codec.IMMUTABLE_TYPES), given by set_immutable_types(); NULL before. */
-extern PyObject *udng_immutable_types;
-
 /* A value of an immutable type: the scalars by pointer compare, the rest
- * (frozenset, date, Decimal, ...) by membership in udng_immutable_types.
- * Inline: every read of the hit path asks it. */
+ * (frozenset, date, Decimal, ...) by membership in `immutable` (the frozenset
+ * of codec.IMMUTABLE_TYPES; NULL: the scalars only -- the rest then takes
+ * the Python rules, which hand it out as it is).  Inline: every read of the
+ * hit path asks it. */
 static inline int
-udng_is_immutable(PyObject *v)
+udng_is_immutable(PyObject *v, PyObject *immutable)
 {
     PyTypeObject *t = Py_TYPE(v);
     if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBool_Type ||
         t == &PyBytes_Type || v == Py_None)
         return 1;
-    if (udng_immutable_types == NULL)
+    if (immutable == NULL)
         return 0;
-    int r = PySet_Contains(udng_immutable_types, (PyObject *)t);
+    int r = PySet_Contains(immutable, (PyObject *)t);
     if (r < 0) {
         PyErr_Clear();
         return 0;
@@ -76,23 +91,23 @@ udng_is_immutable(PyObject *v)
  * is not looked into): as immutable as they are, handed out as it is --
  * the value shape of lookup tables, (int, str, float). */
 static inline int
-udng_is_immutable_tuple(PyObject *v)
+udng_is_immutable_tuple(PyObject *v, PyObject *immutable)
 {
     if (!PyTuple_CheckExact(v))
         return 0;
     for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(v); i < n; i++)
-        if (!udng_is_immutable(PyTuple_GET_ITEM(v, i)))
+        if (!udng_is_immutable(PyTuple_GET_ITEM(v, i), immutable))
             return 0;
     return 1;
 }
 
 /* The caller's own copy of a plain value (codec.copy_value's result), a new
  * reference; NULL without an error when the value holds anything but
- * immutable values, lists, dicts, tuples, sets and bytearrays, or is nested
- * deeper than UDNG_COPY_DEPTH (copytree.COPY_DEPTH; the Python rules decide); NULL with an error
- * when memory runs out. */
+ * immutable values (`immutable`, as above), lists, dicts, tuples, sets and
+ * bytearrays, or is nested deeper than UDNG_COPY_DEPTH (copytree.COPY_DEPTH;
+ * the Python rules decide); NULL with an error when memory runs out. */
 #define UDNG_COPY_DEPTH 64
-PyObject *udng_copy_tree(PyObject *v);
+PyObject *udng_copy_tree(PyObject *v, PyObject *immutable);
 
 PyObject *udng_native_copy_plain(PyObject *module, PyObject *v);
 PyObject *udng_native_first_to_export(PyObject *module, PyObject *pairs);
@@ -206,7 +221,8 @@ int udng_readpath_init(void);
  * 1 found, 0 absent, 2 not answerable here, 3 a big dict's row not decoded
  * yet, -1 error). */
 int udng_view_cached(ViewObject *self, PyObject *key, PyObject **out);
-PyObject *udng_native_set_root_write(PyObject *module, PyObject *func);
+/* The frozenset of immutable types the view's store carries (borrowed), or NULL. */
+PyObject *udng_view_immutable(ViewObject *view);
 
 /* ---- cacheget.c: SharedCache.get's hit path ------------------------------------------- */
 

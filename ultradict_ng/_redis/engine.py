@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 from .._codec import records as R
 from .._codec.codec import Codec
+from .._codec.copies import IMMUTABLE_TYPES
 from .._engine import ClosedWords, Conflict, Options, User, check_open
 from .._platform.forks import on_fork_in_child
 from .._platform.names import validate_name
@@ -100,6 +101,7 @@ class RedisEngine(StoreBase):
         self.name = name
         self.codec = codec
         self.recurse = recurse
+        self._immutable_types = IMMUTABLE_TYPES  # (what the compiled hit path hands out as it is)
         self.epoch = epoch
         self.created = created
         self.backend = backend

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 from .._codec import records as R
 from .._codec.codec import CUSTOM_ID, Codec, MsgpackCodec, codec_by_id, codec_for
+from .._codec.copies import IMMUTABLE_TYPES
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone, ClosedWords, Engine, Initial, Options, User, check_open
 from .._facade.arguments import pairs
@@ -117,6 +118,7 @@ class Store(Writer):
         self.name = name
         self.codec = codec
         self.recurse = bool(header.recurse)
+        self._immutable_types = IMMUTABLE_TYPES  # (what the compiled hit path hands out as it is)
         self.stream_size = header.stream_size
         self.grows = header.grows
         self.dump_limit = header.dump_limit
