@@ -249,3 +249,11 @@ def test_a_written_tree_is_never_the_callers_object(name):
     finally:
         other.close()
         d.close()
+
+
+def test_the_compiled_checks_never_count_a_container_as_immutable() -> None:
+    """The compiled immutable check rules out tuples, dicts and lists before
+    it looks at the codec's set: none of them may ever be in it."""
+    from ultradict_ng._codec.copies import IMMUTABLE_TYPES
+
+    assert not IMMUTABLE_TYPES & {tuple, dict, list, set, bytearray}

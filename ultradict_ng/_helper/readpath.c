@@ -61,12 +61,12 @@ typedef struct {
     PyObject *immutable;     /* the frozenset of codec.IMMUTABLE_TYPES (NULL: scalars only) */
 } StoreBaseObject;
 
-/* The store's frozenset of immutable types (borrowed), or NULL. */
+/* The store's frozenset of immutable types (borrowed), or NULL (its setter
+ * takes nothing else). */
 static inline PyObject *
 store_immutable(StoreBaseObject *s)
 {
-    PyObject *imm = s->immutable;
-    return imm != NULL && PyFrozenSet_CheckExact(imm) ? imm : NULL;
+    return s->immutable;
 }
 
 /* A big dict's cache (`data` a TableCache) is read where its fields lie, in
@@ -201,7 +201,32 @@ sb_set_data(StoreBaseObject *self, PyObject *value, void *closure)
     return 0;
 }
 
+/* _immutable_types: a frozenset, or None (kept as NULL): checked here, so
+ * that the read paths load the field and use it as it is. */
+static PyObject *
+sb_get_immutable(StoreBaseObject *self, void *closure)
+{
+    PyObject *imm = self->immutable != NULL ? self->immutable : Py_None;
+    Py_INCREF(imm);
+    return imm;
+}
+
+static int
+sb_set_immutable(StoreBaseObject *self, PyObject *value, void *closure)
+{
+    if (value != NULL && value != Py_None && !PyFrozenSet_CheckExact(value)) {
+        PyErr_SetString(PyExc_TypeError, "_immutable_types must be a frozenset of types or None");
+        return -1;
+    }
+    PyObject *imm = value == Py_None ? NULL : value;
+    Py_XINCREF(imm);
+    Py_XSETREF(self->immutable, imm);
+    return 0;
+}
+
 static PyGetSetDef sb_getset[] = {
+    {"_immutable_types", (getter)sb_get_immutable, (setter)sb_set_immutable,
+     "the value types a read hands out without a copy (codec.IMMUTABLE_TYPES); None: the scalars", NULL},
     {"pos", (getter)sb_get_pos, (setter)sb_set_pos, "stream offset the cache reflects (written to, in a transaction)", NULL},
     {"data", (getter)sb_get_data, (setter)sb_set_data, "the local cache", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -271,8 +296,6 @@ static PyMemberDef sb_members[] = {
     {"seen", T_OBJECT_EX, offsetof(StoreBaseObject, seen), 0, "STATE the cache reflects"},
     {"recurse", T_BOOL, offsetof(StoreBaseObject, recurse), 0,
      "nested dicts are live views (a dict value is read as a view, not copied)"},
-    {"_immutable_types", T_OBJECT, offsetof(StoreBaseObject, immutable), 0,
-     "the value types a read hands out without a copy (codec.IMMUTABLE_TYPES); None: the scalars"},
     {"_tx_last", T_PYSSIZET, offsetof(StoreBaseObject, tx_last), READONLY,
      "offset of the last record the armed transaction path wrote (-1: none)"},
     {NULL, 0, 0, 0, NULL},
@@ -496,7 +519,8 @@ vb_subscript(ViewObject *self, PyObject *key)
          * and each step of the general path below costs a few percent. */
         v = PyDict_GetItemWithError(s->data, key);  /* borrowed (no code runs until returned) */
         if (v != NULL) {
-            if (udng_is_immutable(v, store_immutable(s)) || udng_is_immutable_tuple(v, store_immutable(s))) {
+            PyObject *imm = store_immutable(s);
+            if (udng_is_immutable(v, imm) || udng_is_immutable_tuple(v, imm)) {
                 Py_INCREF(v);
                 return v;
             }
@@ -504,7 +528,7 @@ vb_subscript(ViewObject *self, PyObject *key)
                 /* The caller's own copy (held: an allocation may collect,
                  * and a finalizer run Python code), else the slow path. */
                 Py_INCREF(v);
-                PyObject *c = udng_copy_tree(v, store_immutable(s));
+                PyObject *c = udng_copy_tree(v, imm);
                 Py_DECREF(v);
                 if (c != NULL || PyErr_Occurred())
                     return c;

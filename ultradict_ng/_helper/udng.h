@@ -77,7 +77,9 @@ udng_is_immutable(PyObject *v, PyObject *immutable)
     if (t == &PyLong_Type || t == &PyUnicode_Type || t == &PyFloat_Type || t == &PyBool_Type ||
         t == &PyBytes_Type || v == Py_None)
         return 1;
-    if (immutable == NULL)
+    /* (Never in the set: a tuple is judged by its items, the rest are mutable.
+     * Ruled out here, the hit path's usual values skip a set lookup.) */
+    if (immutable == NULL || t == &PyTuple_Type || t == &PyDict_Type || t == &PyList_Type)
         return 0;
     int r = PySet_Contains(immutable, (PyObject *)t);
     if (r < 0) {
