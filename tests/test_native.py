@@ -1707,3 +1707,20 @@ def test_a_store_without_the_immutable_types_still_reads_right(name):
         assert d["l"] == [1, [2]]
     finally:
         d.unlink()
+
+
+@needs_native
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the ELF symbol table")
+def test_the_helper_exports_only_its_init_function():
+    """Built with hidden visibility: the files' calls to one another are
+    direct (inlinable), not through the PLT; only PyInit__native is exported."""
+    import shutil
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm")
+    out = subprocess.run(
+        [nm, "-D", "--defined-only", native.__file__], capture_output=True, text=True, check=True
+    )
+    exported = {line.split()[-1] for line in out.stdout.splitlines() if line.split()[1:2] == ["T"]}
+    assert exported == {"PyInit__native"}
