@@ -194,7 +194,12 @@ class Reader(StoreBase):
         """The decoded dump of ``gen`` (``in_place`` False: never a ``TableCache``).
         Raises CorruptSegment saying why it could not be loaded: the reader
         retries (a dump removed or replaced under it reads so too), and raises
-        it only when the lock shows it for what it is (layout: "Reader")."""
+        it only when the lock shows it for what it is (layout: "Reader").
+
+        A failure inside the decoding is caught and only its message kept
+        before the segment is closed: its traceback's frames may hold views
+        of the segment (a twin's memoryview slices), which would make the
+        close fail.  The error is raised anew once the segment is closed."""
         if gen == 0:
             return {}
         dname = L.dump_name(self.name, gen)
@@ -203,35 +208,52 @@ class Reader(StoreBase):
         except FileNotFoundError:
             raise CorruptSegment(f"dump {dname!r} does not exist") from None
         kept = False
+        problem = ""
         try:
-            if seg.buf is None or seg.size < L.DUMP_HEADER:
-                raise CorruptSegment(f"dump {dname!r} is too small ({seg.size} bytes)")
-            if seg.buf[:8] == _TABLE_MAGIC:
-                out = self._load_table(seg, dname, gen, in_place)
+            try:
+                out = self._decode_dump(seg, dname, gen, in_place)
                 kept = isinstance(out, TableCache)
                 return out
-            magic, dgen, length, crc, _ = _dump_header.unpack_from(seg.buf, 0)
-            if magic != L.DUMP_MAGIC or dgen != gen or length > seg.size - L.DUMP_HEADER:
-                raise CorruptSegment(f"dump {dname!r} has an invalid header")
-            with memoryview(seg.buf) as whole, whole[L.DUMP_HEADER : L.DUMP_HEADER + length] as body:
-                if zlib.crc32(body) != crc:
-                    raise CorruptSegment(f"dump {dname!r} fails its checksum")
-                try:
-                    data = self.codec.loads(body)
-                except CorruptSegment as exc:
-                    raise CorruptSegment(f"dump {dname!r} cannot be decoded: {exc}") from None
-            if type(data) is not dict:
-                raise CorruptSegment(f"dump {dname!r} does not hold a dict")
-            return data
+            except CorruptSegment as exc:
+                problem = str(exc)  # (the exception, and any view its frames hold, go here)
         finally:
             if not kept:
                 seg.close()
+        raise CorruptSegment(problem)
+
+    def _decode_dump(
+        self, seg: Segment, dname: str, gen: int, in_place: bool
+    ) -> Union[dict[Any, Any], TableCache]:
+        """The dump in ``seg`` checked and decoded (or read in place), for
+        :meth:`_load_dump`; CorruptSegment says what is wrong."""
+        if seg.buf is None or seg.size < L.DUMP_HEADER:
+            raise CorruptSegment(f"dump {dname!r} is too small ({seg.size} bytes)")
+        if seg.buf[:8] == _TABLE_MAGIC:
+            return self._load_table(seg, dname, gen, in_place)
+        magic, dgen, length, crc, _ = _dump_header.unpack_from(seg.buf, 0)
+        if magic != L.DUMP_MAGIC or dgen != gen or length > seg.size - L.DUMP_HEADER:
+            raise CorruptSegment(f"dump {dname!r} has an invalid header")
+        problem = ""
+        with memoryview(seg.buf) as whole, whole[L.DUMP_HEADER : L.DUMP_HEADER + length] as body:
+            if zlib.crc32(body) != crc:
+                problem = "fails its checksum"
+            else:
+                try:
+                    data = self.codec.loads(body)
+                except CorruptSegment as exc:  # (dropped before the views are released)
+                    problem = f"cannot be decoded: {exc}"
+        if problem:
+            raise CorruptSegment(f"dump {dname!r} {problem}")
+        if type(data) is not dict:
+            raise CorruptSegment(f"dump {dname!r} does not hold a dict")
+        return data
 
     def _load_table(
         self, seg: Segment, dname: str, gen: int, in_place: bool = True
     ) -> Union[dict[Any, Any], TableCache]:
         """The cache of a table dump (layout: "Dump"); CorruptSegment says why
-        it could not be made.
+        it could not be made (raised once the view of the segment is
+        released: see :meth:`_load_dump`).
 
         A table of at least ``PARTIAL_FROM`` entries stays mapped and becomes a
         :class:`TableCache`: nothing is decoded until it is read (layout:
@@ -242,30 +264,35 @@ class Reader(StoreBase):
         (``in_place`` False: decoded whole at any size.)"""
         whole = memoryview(seg.buf)  # type: ignore[arg-type]
         partial = False
+        problem = ""
         try:
-            table = Table(whole, self.token, f"dump {dname!r}")
             try:
-                if table.generation != gen:
-                    raise CorruptSegment(
-                        f"dump {dname!r} has an invalid header (generation {table.generation})"
-                    )
-                if table.count >= _partial_from() and self._partial and in_place:
-                    partial = True
-                    return TableCache(
-                        table,
-                        self.codec.loads,
-                        (seg, whole),
-                        self.mutex,
-                        self.codec.id == _MSGPACK_ID,
-                        self.max_decoded,
-                    )
-                return table.decode_all(self.codec.loads, self.codec.id == _MSGPACK_ID)
-            finally:
-                if not partial:
-                    table.close()
+                table = Table(whole, self.token, f"dump {dname!r}")
+                try:
+                    if table.generation != gen:
+                        raise CorruptSegment(
+                            f"dump {dname!r} has an invalid header (generation {table.generation})"
+                        )
+                    if table.count >= _partial_from() and self._partial and in_place:
+                        partial = True
+                        return TableCache(
+                            table,
+                            self.codec.loads,
+                            (seg, whole),
+                            self.mutex,
+                            self.codec.id == _MSGPACK_ID,
+                            self.max_decoded,
+                        )
+                    return table.decode_all(self.codec.loads, self.codec.id == _MSGPACK_ID)
+                finally:
+                    if not partial:
+                        table.close()
+            except CorruptSegment as exc:
+                problem = str(exc)  # (the exception, and any view its frames hold, go here)
         finally:
             if not partial:
                 whole.release()
+        raise CorruptSegment(problem)
 
     def _parse(self, chunk: bytes, gen: int) -> list[Any]:
         """Decoded records of ``chunk``; CorruptSegment says what is wrong (step 4).

@@ -425,12 +425,14 @@ class Merge:
 
     def _merged(self, buf: Optional[memoryview], off: int) -> int:
         old = self.old
+        problem = ""
         try:
             return table_merge(buf, off, old.buf, old.start, old.end, self._changes)
         except ValueError as exc:
             if not str(exc).startswith("table entry"):
                 raise  # (a caller's mistake, not damage)
-            raise CorruptSegment(f"{old.where}: {exc}") from None
+            problem = str(exc)  # (dropped here: a twin's frames may hold views of the segments)
+        raise CorruptSegment(f"{old.where}: {problem}")
 
     def write(self, buf: memoryview, generation: int, token: int) -> int:
         """Write the new table into ``buf`` (at least ``size`` bytes); return its size.
