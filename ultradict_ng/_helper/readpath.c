@@ -61,14 +61,6 @@ typedef struct {
     PyObject *immutable;     /* the frozenset of codec.IMMUTABLE_TYPES (NULL: scalars only) */
 } StoreBaseObject;
 
-/* The store's frozenset of immutable types (borrowed), or NULL (its setter
- * takes nothing else). */
-static inline PyObject *
-store_immutable(StoreBaseObject *s)
-{
-    return s->immutable;
-}
-
 /* A big dict's cache (`data` a TableCache) is read where its fields lie, in
  * its compiled base (tablecache.c): `hot` (decoded values), `dead` (the
  * table's keys deleted since), `fresh` and `changed` (while both are empty,
@@ -519,7 +511,7 @@ vb_subscript(ViewObject *self, PyObject *key)
          * and each step of the general path below costs a few percent. */
         v = PyDict_GetItemWithError(s->data, key);  /* borrowed (no code runs until returned) */
         if (v != NULL) {
-            PyObject *imm = store_immutable(s);
+            PyObject *imm = s->immutable;  /* (a frozenset or NULL: its setter checks) */
             if (udng_is_immutable(v, imm) || udng_is_immutable_tuple(v, imm)) {
                 Py_INCREF(v);
                 return v;
@@ -566,9 +558,9 @@ vb_subscript(ViewObject *self, PyObject *key)
         Py_DECREF(cache);
     }
     if (r == 1) {
-        if (udng_is_immutable(v, store_immutable(s)) || udng_is_immutable_tuple(v, store_immutable(s)))
+        if (udng_is_immutable(v, s->immutable) || udng_is_immutable_tuple(v, s->immutable))
             return v;
-        PyObject *c = s->recurse && PyDict_CheckExact(v) ? NULL : udng_copy_tree(v, store_immutable(s));
+        PyObject *c = s->recurse && PyDict_CheckExact(v) ? NULL : udng_copy_tree(v, s->immutable);
         Py_DECREF(v);
         if (c != NULL || PyErr_Occurred())
             return c;
@@ -665,7 +657,7 @@ udng_view_immutable(ViewObject *view)
     PyObject *store = view->store;
     if (store == NULL || !PyObject_TypeCheck(store, &udng_StoreBaseType))
         return NULL;
-    return store_immutable((StoreBaseObject *)store);
+    return ((StoreBaseObject *)store)->immutable;
 }
 
 /* self.<name>(*args[1:]) where the method is a plain function of the class
