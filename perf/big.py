@@ -1,140 +1,72 @@
-"""Workload 9 (``big``): one large value from a writer process to a reader process.
+"""Workload 9 (``big``): one large value from a writer process to a fresh reader process.
 
-For a numpy array (float64) and for ``bytes``, at 1 MiB, 10 MiB, 100 MiB and
-1 GiB (``--quick``: 1 MiB and 10 MiB, one repetition), every contender that
-takes part (``Adapter.runs('big')``) is measured in four ways:
-
-* **write**: the writer (this process) puts the value in: ``d[k] = value``,
-  ``SharedMemory(create=True)`` + a copy, ``pickle.dumps(..., protocol=5)`` + a
-  copy, ``conn.send(value)``, ``q.put(value)`` ... (``Adapter.big_write``).
-* **1st read**: in a fresh spawned reader process, from the start of its
-  first access (attaching included) to the value usable: an array whose first
-  and last element were read, a ``bytes`` object, or for kind ``view`` a
-  memoryview whose first and last byte were read.
-* **2nd read**: the same access again in that process (the attach is not
-  repeated; for Pipe and Queue the writer sends the value a second time).
-* **RSS added**: the reader's ``VmRSS`` (``/proc/self/status``) after the first
-  read minus before attaching.  Only the first and last element are touched,
-  so a zero-copy read adds a few pages and a copy adds the whole value.
-
-Kinds: ``numpy`` (``d[k]`` returns an array), ``bytes`` (``d[k]`` returns bytes)
-and ``view`` (a bytes value read as a read-only memoryview without copying:
-``d.view(k)`` for the dicts).  A contender whose public API refuses a kind
-(``UnsupportedType``, a missing method: ``TypeError``, ``AttributeError``,
-``NotImplementedError``) gets its cells marked *unavailable* with the reason, at
-every size, and is not tried again.
-
-1 GiB is run only for contenders that copy the value at most about twice:
-at 100 MiB the harness estimates the copies as (the writer's peak RSS added by
-setup + write, shared-memory pages it wrote included, + the reader's private
-peak RSS added by the first read) / value size, and skips 1 GiB above
-:data:`COPIES_LIMIT` (which also keeps every 1 GiB cell far below 8 GiB).
-
-A fresh reader process per measurement keeps its RSS clean; it imports
-everything (numpy, the peer) before its baseline.  Everything made is
-registered with ``run.own`` by the adapter, and each cell destroys what it
-made in a ``finally``; the reader ends with the cell.
+A numpy array, ``bytes``, and bytes read as a zero-copy memoryview (``view``) of 1 MiB to 1 GiB
+(``--quick``: 1 and 10 MiB, once), for the adapters with ``runs('big')``: write, 1st read in a fresh
+reader (attach included, until the first and last element are read), 2nd read, the reader's RSS added
+(a copy adds the whole value, a zero-copy read a few pages).  A kind an API refuses is *unavailable*.
+1 GiB runs only where the value was copied at most about twice at 100 MiB (:data:`COPIES_LIMIT`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib.util
 import os
 import signal
+import sys
 import time
 import traceback
 from typing import Any, Optional
 
 from . import adapters as A
+from .registry import Workload, register
+from .report import bars
 from .run import Run, WorkerError, compact_error
 from .util import log, no_gc, summarize, watchdog
 
 pc = time.perf_counter
-
 MiB = 1 << 20
 GiB = 1 << 30
 KEY = "v"
 #: More than two copies (half a copy of slack for allocator noise): no 1 GiB.
 COPIES_LIMIT = 2.5
-KINDS: list[tuple[str, str]] = [
-    ("numpy", "numpy array (float64)"),
-    ("bytes", "bytes"),
-    ("view", "bytes read as a zero-copy memoryview"),
-]
-KIND_TITLES = dict(KINDS)
-METRICS: list[tuple[str, str, str]] = [  # (metric, unit, raw field)
-    ("write", "s", "write_s"),
-    ("1st read", "s", "first_s"),
-    ("2nd read", "s", "second_s"),
-    ("RSS added", "MiB", "rss_added_mib"),
-]
+KIND_TITLES = {"numpy": "numpy array (float64)", "bytes": "bytes", "view": "bytes as a zero-copy memoryview"}
+#: metric -> the reader's field (seconds, but MiB for RSS added)
+METRICS = {"write": "write_s", "1st read": "first_s", "2nd read": "second_s", "RSS added": "rss_added_mib"}
 #: Exceptions that mean "this API does not take / give this kind of value".
 UNAVAILABLE_ERRORS = (TypeError, AttributeError, NotImplementedError, A.Unavailable)
 
 
-def big_sizes(run: Run) -> list[int]:
-    return [MiB, 10 * MiB] if run.quick else [MiB, 10 * MiB, 100 * MiB, GiB]
-
-
-def big_repeat(run: Run, size: int) -> int:
-    if run.quick:
-        return 1
-    return min(run.repeat, 2 if size >= GiB else 3)
-
-
 def size_label(n: int) -> str:
-    if n >= GiB and n % GiB == 0:
-        return f"{n // GiB} GiB"
-    if n >= MiB and n % MiB == 0:
-        return f"{n // MiB} MiB"
-    return f"{n} B"
-
-
-def case_name(kind: str, size: int, metric: str) -> str:
-    return f"{kind}, {size_label(size)}: {metric}"
-
-
-# -- memory accounting ------------------------------------------------------------------------
-
-
-_STATUS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")
+    return f"{n // GiB} GiB" if n >= GiB else f"{n // MiB} MiB"
 
 
 def mem_status() -> dict[str, int]:
     """This process's VmRSS, VmHWM (peak) and the RSS parts, in bytes (empty off Linux)."""
     out: dict[str, int] = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in _STATUS_FIELDS:
-                    out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                out[k] = int(v.split()[0]) * 1024
     return out
 
 
-def reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0: ``5 > /proc/self/clear_refs``)."""
+def _baseline() -> tuple[bool, dict[str, int]]:
+    """Collect, reset VmHWM to the current RSS (Linux >= 4.0: ``5 > /proc/self/clear_refs``): whether
+    it was reset, and :func:`mem_status`."""
+    gc.collect()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return True
     except OSError:
-        return False
+        return False, mem_status()
+    return True, mem_status()
 
 
-def _delta(after: dict[str, int], before: dict[str, int], field: str) -> Optional[int]:
-    if field in after and field in before:
-        return after[field] - before[field]
-    return None
-
-
-def _mib(n: Optional[int]) -> Optional[float]:
-    return None if n is None else n / MiB
-
-
-# -- values -----------------------------------------------------------------------------------
+def _mib(after: dict[str, int], before: dict[str, int], field: str) -> Optional[float]:
+    return (after[field] - before[field]) / MiB if field in after and field in before else None
 
 
 def make_value(kind: str, size: int) -> tuple[Any, dict[str, Any]]:
@@ -143,8 +75,7 @@ def make_value(kind: str, size: int) -> tuple[Any, dict[str, Any]]:
         import numpy as np
 
         n = size // 8
-        arr = np.arange(n, dtype=np.float64)
-        return arr, {"nbytes": n * 8, "first": 0.0, "last": float(n - 1)}
+        return np.arange(n, dtype=np.float64), {"nbytes": n * 8, "first": 0.0, "last": float(n - 1)}
     b = bytes(range(256)) * (size // 256)
     return b, {"nbytes": len(b), "first": b[0], "last": b[-1]}
 
@@ -153,33 +84,20 @@ def _touch(v: Any) -> tuple[Any, Any]:
     """Read the first and the last element (nothing else)."""
     if hasattr(v, "flat"):
         return v.flat[0], v.flat[-1]
-    if isinstance(v, memoryview) and (v.ndim != 1 or v.format != "B"):
-        v = v.cast("B")
+    v = v.cast("B") if isinstance(v, memoryview) and (v.ndim != 1 or v.format != "B") else v
     return v[0], v[-1]
 
 
 def _check(v: Any, spec: dict[str, Any], first: Any, last: Any) -> Optional[str]:
     """None when the value is what was written, else what is wrong."""
-    kind = spec["kind"]
-    if kind == "numpy":
-        import numpy as np
-
-        good_type = isinstance(v, np.ndarray)
-    elif kind == "bytes":
-        good_type = isinstance(v, bytes)
-    else:
-        good_type = isinstance(v, memoryview)
-    nbytes = v.nbytes if hasattr(v, "nbytes") else len(v)
-    if good_type and nbytes == spec["nbytes"] and first == spec["first"] and last == spec["last"]:
+    kind, nbytes = spec["kind"], v.nbytes if hasattr(v, "nbytes") else len(v)
+    want = {"bytes": bytes, "view": memoryview}.get(kind) or sys.modules["numpy"].ndarray
+    if isinstance(v, want) and (nbytes, first, last) == (spec["nbytes"], spec["first"], spec["last"]):
         return None
     return (
-        f"got {type(v).__module__}.{type(v).__name__} of {nbytes} bytes, first {first!r}, "
-        f"last {last!r}; expected {kind} of {spec['nbytes']} bytes, first {spec['first']!r}, "
-        f"last {spec['last']!r}"
+        f"got {type(v).__module__}.{type(v).__name__} of {nbytes} bytes, first {first!r}, last {last!r}; "
+        f"expected {kind} of {spec['nbytes']} bytes, first {spec['first']!r}, last {spec['last']!r}"
     )
-
-
-# -- the reader process -----------------------------------------------------------------------
 
 
 def big_reader(key: str, ctl: Any, channel: Any, preload: list[str]) -> None:
@@ -193,18 +111,13 @@ def big_reader(key: str, ctl: Any, channel: Any, preload: list[str]) -> None:
             A._import_ippo()
         elif cls.module:
             A.preload([cls.module])
-        try:
+        with contextlib.suppress(ImportError):
             import numpy  # noqa: F401  (imported before the baseline, like the peer)
-        except ImportError:
-            pass
         ctl.send(("ready", {"pid": os.getpid()}))
-        msg = ctl.recv()
-        if msg[0] != "go":
+        go, spec = ctl.recv()
+        if go != "go":
             return
-        spec = msg[1]
-        gc.collect()
-        peak_reset = reset_peak()
-        before = mem_status()
+        peak_reset, before = _baseline()
         t0 = pc()
         h = cls.big_open(spec, channel)
         t1 = pc()
@@ -221,65 +134,28 @@ def big_reader(key: str, ctl: Any, channel: Any, preload: list[str]) -> None:
         t4 = pc()
         after2 = mem_status()
         wrong2 = _check(v2, spec, f2, l2)
+        readonly = v.readonly if isinstance(v, memoryview) else None
+        if hasattr(v, "flags"):  # (no local for v.flags: it holds the array)
+            readonly = not v.flags.writeable
         value_type = f"{type(v).__module__}.{type(v).__name__}"
-        readonly = _readonly(v)
         del v, v2
         cls.big_close(h)
-        private_peak = None
-        hwm = _delta(after1, before, "VmHWM") if peak_reset else None
-        if peak_reset and "VmHWM" in after1 and "VmRSS" in before:
-            shared = (_delta(after1, before, "RssShmem") or 0) + (_delta(after1, before, "RssFile") or 0)
-            private_peak = max(0, after1["VmHWM"] - before["VmRSS"] - shared)
-        ctl.send(
-            (
-                "result",
-                {
-                    "pid": os.getpid(),
-                    "attach_s": t1 - t0,
-                    "first_s": t2 - t0,
-                    "second_s": t4 - t3,
-                    "rss_before": before,
-                    "rss_after_first": after1,
-                    "rss_after_second": after2,
-                    "rss_added_mib": _mib(_delta(after1, before, "VmRSS")),
-                    "rss_anon_added_mib": _mib(_delta(after1, before, "RssAnon")),
-                    "rss_shmem_added_mib": _mib(_delta(after1, before, "RssShmem")),
-                    "rss_added_second_mib": _mib(_delta(after2, after1, "VmRSS")),
-                    "reader_peak_added_mib": _mib(hwm),
-                    "reader_private_peak_mib": _mib(private_peak),
-                    "value_type": value_type,
-                    "readonly": readonly,
-                    "wrong": wrong1 or wrong2,
-                },
-            )
-        )
+        shared = sum(_mib(after1, before, f) or 0 for f in ("RssShmem", "RssFile"))
+        peak = peak_reset and "VmHWM" in after1 and "VmRSS" in before
+        private = max(0.0, (after1["VmHWM"] - before["VmRSS"]) / MiB - shared) if peak else None
+        res = {"pid": os.getpid(), "attach_s": t1 - t0, "first_s": t2 - t0, "second_s": t4 - t3}
+        res.update(rss_before=before, rss_after_first=after1, rss_after_second=after2)
+        for field, part in (("", "VmRSS"), ("_anon", "RssAnon"), ("_shmem", "RssShmem")):
+            res[f"rss{field}_added_mib"] = _mib(after1, before, part)
+        res["rss_added_second_mib"] = _mib(after2, after1, "VmRSS")
+        res["reader_peak_added_mib"] = _mib(after1, before, "VmHWM") if peak_reset else None
+        res.update(reader_private_peak_mib=private, value_type=value_type, readonly=readonly)
+        res["wrong"] = wrong1 or wrong2
+        ctl.send(("result", res))
     except BaseException as exc:
-        try:
-            ctl.send(
-                (
-                    "error",
-                    {
-                        "type": type(exc).__name__,
-                        "text": f"{type(exc).__name__}: {exc}"[:600],
-                        "traceback": traceback.format_exc(limit=8),
-                        "unavailable": isinstance(exc, UNAVAILABLE_ERRORS),
-                    },
-                )
-            )
-        except Exception:
-            pass
-
-
-def _readonly(v: Any) -> Optional[bool]:
-    if isinstance(v, memoryview):
-        return v.readonly
-    flags = getattr(v, "flags", None)
-    if flags is not None:
-        return not flags.writeable
-    return None
-
-
-# -- the writer side --------------------------------------------------------------------------
+        err = {"text": f"{type(exc).__name__}: {exc}"[:600], "traceback": traceback.format_exc(limit=8)}
+        with contextlib.suppress(Exception):
+            ctl.send(("error", dict(err, unavailable=isinstance(exc, UNAVAILABLE_ERRORS))))
 
 
 class CellUnavailable(Exception):
@@ -292,37 +168,32 @@ class ReaderError(Exception):
 
 def _expect(ctl: Any, p: Any, kind: str, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
-    while True:
-        if ctl.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
-            try:
-                got, payload = ctl.recv()
-            except EOFError:
-                raise ReaderError(
-                    f"the reader process ended (exit code {p.exitcode}) before sending {kind!r}"
-                ) from None
-            if got == kind:
-                return payload
-            if got == "error":
-                if payload.get("unavailable"):
-                    raise CellUnavailable(payload["text"])
-                raise ReaderError(f"in the reader process: {payload['traceback'].strip()}")
-            raise ReaderError(f"the reader sent {got!r}, expected {kind!r}")
+    while not ctl.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
         if not p.is_alive() and not ctl.poll(0):
             raise ReaderError(f"the reader process died (exit code {p.exitcode}) before sending {kind!r}")
         if time.monotonic() > deadline:
             raise ReaderError(f"no {kind!r} from the reader process within {timeout:.0f} s")
+    try:
+        got, payload = ctl.recv()
+    except EOFError:
+        raise ReaderError(f"the reader ended (exit code {p.exitcode}) before {kind!r}") from None
+    if got == kind:
+        return payload
+    if got == "error" and payload.get("unavailable"):
+        raise CellUnavailable(payload["text"])
+    if got == "error":
+        raise ReaderError(f"in the reader process: {payload['traceback'].strip()}")
+    raise ReaderError(f"the reader sent {got!r}, expected {kind!r}")
 
 
 def _write(a: A.Adapter, state: Any, value: Any, limit: float, what: str) -> float:
     try:
-        with watchdog(limit, what):
-            with no_gc():
-                t0 = pc()
-                a.big_write(state, KEY, value)
-                t1 = pc()
+        with watchdog(limit, what), no_gc():
+            t0 = pc()
+            a.big_write(state, KEY, value)
+            return pc() - t0
     except UNAVAILABLE_ERRORS as exc:
         raise CellUnavailable(f"{type(exc).__name__}: {exc}") from None
-    return t1 - t0
 
 
 def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: dict[str, Any]) -> dict[str, Any]:
@@ -332,25 +203,17 @@ def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: dict
     state = p = ctl = None
     ok = False
     try:
-        gc.collect()
-        peak_reset = reset_peak()
-        m0 = mem_status()
+        peak_reset, m0 = _baseline()
         with watchdog(limit, label + " setup"):
             state = a.big_prepare(size, kind)
-        write_s = None
         m1: dict[str, int] = {}
         if not a.streaming:
             write_s = _write(a, state, value, limit, label + " write")
             m1 = mem_status()
         spec = dict(a.big_spec(state), kind=kind, key=KEY, **expect)
-        parent_end, child_end = run.ctx.Pipe()
-        ctl = parent_end
-        proc = run.ctx.Process(
-            target=big_reader,
-            name="perf-big-reader",
-            args=(a.key, child_end, a.big_channel(state), run.preload_modules if a.uses_mp_shm else []),
-            daemon=True,
-        )
+        ctl, child_end = run.ctx.Pipe()
+        args = (a.key, child_end, a.big_channel(state), run.preload_modules if a.uses_mp_shm else [])
+        proc = run.ctx.Process(target=big_reader, name="perf-big-reader", args=args, daemon=True)
         try:
             proc.start()
         finally:
@@ -380,61 +243,73 @@ def _cell(run: Run, a: A.Adapter, kind: str, size: int, value: Any, expect: dict
                 with watchdog(120, label + " cleanup"):
                     a.big_destroy(state, ok)
             except Exception as exc:
-                run.alert(
-                    f"{a.label}: cleanup after big {kind} {size_label(size)} failed: "
-                    f"{exc!r} (retried at the end)"
-                )
-    writer_peak = None
-    if peak_reset and "VmHWM" in m1 and "VmRSS" in m0:
-        writer_peak = max(0, m1["VmHWM"] - m0["VmRSS"])
-    res["write_s"] = write_s
-    res["writer_peak_added_mib"] = _mib(writer_peak)
-    res["writer_rss_added_mib"] = _mib(_delta(m1, m0, "VmRSS"))
-    if writer_peak is not None and res.get("reader_private_peak_mib") is not None:
-        res["copies"] = (writer_peak / MiB + res["reader_private_peak_mib"]) / (size / MiB)
-    else:
-        res["copies"] = None
-    res["bytes"] = size
+                what = f"big {kind} {size_label(size)}"
+                run.alert(f"{a.label}: cleanup after {what} failed: {exc!r} (retried at the end)")
+    peak = peak_reset and "VmHWM" in m1 and "VmRSS" in m0
+    writer = max(0, m1["VmHWM"] - m0["VmRSS"]) / MiB if peak else None
+    res.update(write_s=write_s, writer_peak_added_mib=writer, bytes=size)
+    res["writer_rss_added_mib"] = _mib(m1, m0, "VmRSS")
+    reader = res.get("reader_private_peak_mib")
+    res["copies"] = None if writer is None or reader is None else (writer + reader) / (size / MiB)
     return res
 
 
-# -- the workload -----------------------------------------------------------------------------
+def _record(run: Run, a: A.Adapter, kind: str, size: int, raw: Any = (), **kw: Any) -> Optional[float]:
+    """The four records of a cell: measured (``raw``; returns the copies), or ``skipped`` / ``error``."""
+    params: dict[str, Any] = {"kind": kind, "value_bytes": size}
+    show: dict[str, str] = {}
+    copies = summarize([r["copies"] for r in raw if r["copies"] is not None])["median"]
+    if raw:
+        wrong = [r["wrong"] for r in raw if r.get("wrong")]
+        if wrong:
+            run.alert(f"{a.label}: big {kind} {size_label(size)}: the reader got a wrong value: {wrong[0]}")
+            show["value"] = "WRONG"
+        if copies is not None:
+            show = {"copies": f"{copies:.1f}", **show}
+        kw["ok"] = not wrong
+        attach = summarize([r["attach_s"] for r in raw])["median"]
+        types = sorted({r["value_type"] for r in raw})
+        params.update(repetitions=len(raw), copies_median=copies, value_types=types, attach_s_median=attach)
+    kw.update(better="lower", show=show)
+    for metric, f in METRICS.items():
+        kw.update(
+            unit="MiB" if metric == "RSS added" else "s", values=[r[f] for r in raw if r.get(f) is not None]
+        )
+        kw.update(raw=list(raw) if metric == "1st read" else [], params={**params, "metric": metric})
+        rec = run.record("big", f"{kind}, {size_label(size)}: {metric}", a.key, **kw)
+        if kw.get("error"):
+            rec["error_short"] = compact_error(kw["error"])
+    return copies
 
 
 def w_big(run: Run, adapters: list[A.Adapter]) -> None:
-    try:
-        import numpy  # noqa: F401
-
-        numpy_missing = None
-    except ImportError as exc:
-        numpy_missing = f"numpy is not installed ({exc})"
-    sizes = big_sizes(run)
+    numpy_missing = None if importlib.util.find_spec("numpy") else "numpy is not installed"
     unavailable: dict[tuple[str, str], str] = {}
-    copies_at: dict[tuple[str, str, int], Optional[float]] = {}
-    for size in sizes:
-        for kind, _title in KINDS:
+    copies_at: dict[tuple[str, str], Optional[float]] = {}  # at 100 MiB: whether 1 GiB runs
+    for size in [MiB, 10 * MiB] if run.quick else [MiB, 10 * MiB, 100 * MiB, GiB]:
+        for kind in KIND_TITLES:
             raws: dict[str, list[dict[str, Any]]] = {a.key: [] for a in adapters}
-            failed: dict[str, str] = {}
+            failed: set[str] = set()
             todo: list[A.Adapter] = []
             for a in adapters:
                 why = unavailable.get((a.key, kind)) or a.big_unsupported(kind)
-                if why is None and kind == "numpy" and numpy_missing:
-                    why = numpy_missing
-                if why is not None:
+                why = why or (numpy_missing if kind == "numpy" else None)
+                if why:
                     unavailable[(a.key, kind)] = why
-                    _record_skipped(run, a, kind, size, "unavailable: " + why)
-                    continue
-                if size >= GiB:
-                    gate = _gate(copies_at, a, kind, sizes)
-                    if gate is not None:
-                        _record_skipped(run, a, kind, size, gate)
-                        continue
-                todo.append(a)
+                    _record(run, a, kind, size, skipped="unavailable: " + why)
+                elif size >= GiB and (a.key, kind) not in copies_at:
+                    _record(run, a, kind, size, skipped="not run at 1 GiB: not measured at 100 MiB")
+                elif size >= GiB and (copies_at[(a.key, kind)] or 0) > COPIES_LIMIT:
+                    c = copies_at[(a.key, kind)]
+                    why = f"~{c:.1f} copies of the value at 100 MiB (more than 2; see the note)"
+                    _record(run, a, kind, size, skipped="not run at 1 GiB: " + why)
+                else:
+                    todo.append(a)
             if not todo:
                 continue
             value, expect = make_value(kind, size)
             try:
-                for rep in range(big_repeat(run, size)):
+                for rep in range(1 if run.quick else min(run.repeat, 2 if size >= GiB else 3)):
                     for a in todo:
                         if a.key in failed or (a.key, kind) in unavailable:
                             continue
@@ -443,196 +318,92 @@ def w_big(run: Run, adapters: list[A.Adapter]) -> None:
                             raws[a.key].append(_cell(run, a, kind, size, value, expect))
                         except CellUnavailable as exc:
                             unavailable[(a.key, kind)] = str(exc)
-                            _record_skipped(run, a, kind, size, f"unavailable: {exc}")
+                            _record(run, a, kind, size, skipped=f"unavailable: {exc}")
                         except Exception as exc:
-                            failed[a.key] = compact_error(
-                                "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                            )
-                            _record_failed(run, a, kind, size, exc)
+                            failed.add(a.key)
+                            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                            text = str(exc) if isinstance(exc, (ReaderError, WorkerError)) else text
+                            where = f"({kind}, {size_label(size)})"
+                            run.alert(f"{a.label} failed in workload big {where}: {compact_error(text)}")
+                            _record(run, a, kind, size, error=text)
             finally:
                 del value
                 gc.collect()
             for a in todo:
-                if a.key in failed or (a.key, kind) in unavailable or not raws[a.key]:
-                    continue
-                copies = summarize([r["copies"] for r in raws[a.key] if r["copies"] is not None])["median"]
-                copies_at[(a.key, kind, size)] = copies
-                _record(run, a, kind, size, raws[a.key], copies)
-    _notes(run, adapters, numpy_missing)
+                if a.key not in failed and (a.key, kind) not in unavailable and raws[a.key]:
+                    copies = _record(run, a, kind, size, raws[a.key])
+                    if size == 100 * MiB:
+                        copies_at[(a.key, kind)] = copies
+    _notes(run, {a.key for a in adapters}, numpy_missing)
 
 
-def _gate(
-    copies_at: dict[tuple[str, str, int], Optional[float]], a: A.Adapter, kind: str, sizes: list[int]
-) -> Optional[str]:
-    """Why 1 GiB is skipped for this contender and kind (None: run it)."""
-    below = [s for s in sizes if s < GiB]
-    if not below:
-        return None
-    ref = max(below)
-    if (a.key, kind, ref) not in copies_at:
-        return f"not run at 1 GiB: not measured at {size_label(ref)}"
-    c = copies_at[(a.key, kind, ref)]
-    if c is None:
-        return None  # no estimate on this system: run it
-    if c > COPIES_LIMIT:
-        return (
-            f"not run at 1 GiB: ~{c:.1f} copies of the value at {size_label(ref)} (more than 2; see the note)"
-        )
-    return None
+_NOTES = {  # the contenders a note is about ("": the first note, "*": every run): the note
+    "": "1st read = from the reader's first access (attaching included) to the value usable (array: first "
+    "and last element read; bytes: the bytes object; view: a memoryview, first and last byte read); 2nd "
+    "read = the same access again in that process; RSS added = the reader's VmRSS after the 1st read minus "
+    "before attaching (shared pages it touched count too)",
+    "*": "copies = (writer's peak RSS added by setup + write, shared-memory pages it wrote included, + "
+    "reader's private peak RSS added by the 1st read) / value size, at that size; 1 GiB runs only where it "
+    f"was <= {COPIES_LIMIT:g} at 100 MiB",
+    "ultradict_ng": "ultradict_ng: d[k] = value; the reader d[k] (kinds numpy, bytes) and d.view(k) (kind "
+    "view), nothing else: whatever its public API refuses is reported as unavailable with the exception",
+    "ultradict_shared ultradict": "UltraDict(shared_lock=True): default pickle serializer and buffer_size "
+    "(10 kB); full_dump_size = value + 1/16 + 1 MiB, so each write is a full dump (a pickle of the whole "
+    "dict) into that static segment and attaching loads it; UltraDict() differs only in its lock and is not "
+    "repeated here",
+    "pickle5": "pickle5 out-of-band: pickle.dumps(protocol=5, buffer_callback) with the stream and the "
+    "buffers in one new segment; the reader unpickles with buffers= views of it (bytes are pickled as "
+    "PickleBuffer and come back as a memoryview: kind bytes copies it with bytes())",
+    "shm": "SharedMemory (raw): write = SharedMemory(create=True, size) + one copy; the reader attaches by "
+    "name (unregistered from the resource tracker) and views the buffer (np.ndarray(buffer=shm.buf); "
+    "bytes(...) for kind bytes)",
+    "pipe queue": "Pipe / Queue: the reader is already receiving when the writer starts; Pipe.send blocks "
+    "until the reader has taken the data (a pipe holds 64 KiB), so its write includes the transfer; "
+    "Queue.put returns at once (a feeder thread pickles and sends), so its write is only the enqueue; 1st "
+    "read = from the reader's recv/get call to the value; 2nd read = a second send/put of the value; bytes "
+    "go through send_bytes/recv_bytes on the Pipe; no view kind",
+    "sharedarray": "SharedArray: write = sa.create('shm://name', shape, dtype) + one copy; each read = "
+    "sa.attach (bytes stored as a uint8 array; tobytes() for kind bytes)",
+    "ippo": "InterProcessPyObjects: its block (value + 1/8 + 1 MiB) is created and zeroed in the untimed "
+    "setup (counted in copies); write = put_message_2 inside wait_my_turn; 1st read = init_consumer + "
+    "take_message; 2nd read = get_obj at the message's offset; view = get_obj_buffer",
+}
 
 
-def _record(
-    run: Run, a: A.Adapter, kind: str, size: int, raw: list[dict[str, Any]], copies: Optional[float]
-) -> None:
-    wrong = [r["wrong"] for r in raw if r.get("wrong")]
-    if wrong:
-        run.alert(f"{a.label}: big {kind} {size_label(size)}: the reader got a wrong value: {wrong[0]}")
-    show: dict[str, str] = {}
-    if copies is not None:
-        show["copies"] = f"{copies:.1f}"
-    if wrong:
-        show["value"] = "WRONG"
-    types = sorted({r["value_type"] for r in raw})
-    for metric, unit, field in METRICS:
-        vals = [r[field] for r in raw if r.get(field) is not None]
-        run.record(
-            "big",
-            case_name(kind, size, metric),
-            a.key,
-            unit=unit,
-            better="lower",
-            values=vals,
-            raw=raw if metric == "1st read" else [],
-            ok=not wrong,
-            show=show,
-            params={
-                "kind": kind,
-                "value_bytes": size,
-                "metric": metric,
-                "repetitions": len(raw),
-                "copies_median": copies,
-                "value_types": types,
-                "attach_s_median": summarize([r["attach_s"] for r in raw])["median"],
-            },
-        )
-
-
-def _record_skipped(run: Run, a: A.Adapter, kind: str, size: int, why: str) -> None:
-    for metric, unit, _ in METRICS:
-        run.record(
-            "big",
-            case_name(kind, size, metric),
-            a.key,
-            unit=unit,
-            better="lower",
-            values=[],
-            skipped=why,
-            params={"kind": kind, "value_bytes": size, "metric": metric},
-        )
-
-
-def _record_failed(run: Run, a: A.Adapter, kind: str, size: int, exc: BaseException) -> None:
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    if isinstance(exc, (ReaderError, WorkerError)):
-        text = str(exc)
-    short = compact_error(text)
-    run.alert(f"{a.label} failed in workload big ({kind}, {size_label(size)}): {short}")
-    for metric, unit, _ in METRICS:
-        rec = run.record(
-            "big",
-            case_name(kind, size, metric),
-            a.key,
-            unit=unit,
-            better="lower",
-            values=[],
-            error=text,
-            params={"kind": kind, "value_bytes": size, "metric": metric},
-        )
-        rec["error_short"] = short
-
-
-def _notes(run: Run, adapters: list[A.Adapter], numpy_missing: Optional[str]) -> None:
-    n = "big"
+def _notes(run: Run, keys: set[str], numpy_missing: Optional[str]) -> None:
     reps = (
         "1 repetition" if run.quick else f"{min(run.repeat, 3)} repetitions ({min(run.repeat, 2)} at 1 GiB)"
     )
-    run.note(
-        f"{reps} per cell, each with a fresh spawned reader; the table shows "
-        "median (min..max); 1st read = from the reader's first access (attaching included) to the "
-        "value usable (array: first and last element read; bytes: the bytes object; view: a "
-        "memoryview, first and last byte read); 2nd read = the same access again in that "
-        "process; RSS added = the reader's VmRSS after the 1st read minus before attaching "
-        "(shared pages it touched count too)",
-        n,
-    )
-    run.note(
-        "copies = (writer's peak RSS added by setup + write, shared-memory pages it wrote "
-        "included, + reader's private peak RSS added by the 1st read) / value size, at that "
-        f"size; 1 GiB runs only where it was <= {COPIES_LIMIT:g} at 100 MiB",
-        n,
-    )
-    keys = {a.key for a in adapters}
-    if "ultradict_ng" in keys:
-        run.note(
-            "ultradict_ng: d[k] = value; the reader d[k] (kinds numpy, bytes) and "
-            "d.view(k) (kind view), nothing else: whatever its public API refuses is "
-            "reported as unavailable with the exception",
-            n,
-        )
-    if keys & {"ultradict_shared", "ultradict"}:
-        run.note(
-            "UltraDict(shared_lock=True): default pickle serializer and buffer_size "
-            "(10 kB); full_dump_size = value + 1/16 + 1 MiB, so each write is a full dump "
-            "(a pickle of the whole dict) into that static segment and attaching loads it; "
-            "UltraDict() differs only in its lock and is not repeated here",
-            n,
-        )
-    if "pickle5" in keys:
-        run.note(
-            "pickle5 out-of-band: pickle.dumps(protocol=5, buffer_callback) with the "
-            "stream and the buffers in one new segment; the reader unpickles with "
-            "buffers= views of it (bytes are pickled as PickleBuffer and come back as a "
-            "memoryview: kind bytes copies it with bytes())",
-            n,
-        )
-    if "shm" in keys:
-        run.note(
-            "SharedMemory (raw): write = SharedMemory(create=True, size) + one copy; the "
-            "reader attaches by name (unregistered from the resource tracker) and views the "
-            "buffer (np.ndarray(buffer=shm.buf); bytes(...) for kind bytes)",
-            n,
-        )
-    if keys & {"pipe", "queue"}:
-        run.note(
-            "Pipe / Queue: the reader is already receiving when the writer starts; "
-            "Pipe.send blocks until the reader has taken the data (a pipe holds 64 KiB), "
-            "so its write includes the transfer; Queue.put returns at once (a feeder "
-            "thread pickles and sends), so its write is only the enqueue; 1st read = from "
-            "the reader's recv/get call to the value; 2nd read = a second send/put of "
-            "the value; bytes go through send_bytes/recv_bytes on the Pipe; no view kind",
-            n,
-        )
-    if "sharedarray" in keys:
-        run.note(
-            "SharedArray: write = sa.create('shm://name', shape, dtype) + one copy; "
-            "each read = sa.attach (bytes stored as a uint8 array; tobytes() for kind "
-            "bytes)",
-            n,
-        )
-    if "ippo" in keys:
-        run.note(
-            "InterProcessPyObjects: its block (value + 1/8 + 1 MiB) is created and "
-            "zeroed in the untimed setup (counted in copies); write = put_message_2 inside "
-            "wait_my_turn; 1st read = init_consumer + take_message; 2nd read = get_obj at "
-            "the message's offset; view = get_obj_buffer",
-            n,
-        )
+    run.note(f"{reps} per cell, each with a fresh spawned reader; {_NOTES['']}", "big")
+    for which, text in _NOTES.items():
+        if keys & set(which.split()) or which == "*":
+            run.note(text, "big")
     if numpy_missing:
-        run.note(f"numpy kind not measured: {numpy_missing}", n)
+        run.note(f"numpy kind not measured: {numpy_missing}", "big")
     left_out = [A.ADAPTERS[k].label for k in A.ORDER if k in run.adapters and not run.adapters[k].runs("big")]
     if left_out:
-        run.note(
-            f"not in this workload: {', '.join(left_out)} (dicts of small values: see "
-            "workload 8 for their large-value cost)",
-            n,
-        )
+        why = "(dicts of small values: see workload 8 for their large-value cost)"
+        run.note(f"not in this workload: {', '.join(left_out)} {why}", "big")
+
+
+def _panel(ax: Any, recs: list[dict[str, Any]]) -> str:
+    bars(ax, [r for r in recs if r["params"]["metric"] == "1st read" and r["params"]["kind"] != "view"])
+    return "large values: 1st read in a fresh process (numpy, bytes)"
+
+
+register(
+    Workload(
+        name="big",
+        number=9,
+        title="large values to another process: write, 1st/2nd read, reader RSS",
+        run=w_big,
+        aliases=("large", "large-values", "numpy"),
+        adapters=True,
+        own=(),
+        keys=lambda r: (
+            f"{KIND_TITLES[r['params']['kind']]}, {size_label(r['params']['value_bytes'])}",
+            r["params"]["metric"],
+        ),
+        panel=_panel,
+    )
+)

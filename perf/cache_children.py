@@ -1,21 +1,21 @@
-"""Workload 15's spawned processes: the Django part, the plain API part, the hit
-ratios and the stampede workers (see :mod:`perf.cache`).
+"""Workload 15's spawned processes: the throughput parts, the hit ratios, the stampede workers.
 
-Every child imports what it measures before any timing, builds its contenders
-one by one (a contender that cannot be built is reported skipped with the
-reason, the others run), times them with the same loop shape, repetitions
-interleaved (order rotated per repetition), and puts one dict on the queue:
-``{"rows": {key: {...}}, ...}`` or ``{"error": ...}``.  A child removes what it
-created in a ``finally`` (the parent removes it again by name if the child was
-killed).
+A child imports what it measures before any timing, builds its contenders one
+by one (one that cannot be built is reported skipped or failed, the others
+run), and puts one dict on the queue (``{"error": ...}`` if it failed as a
+whole).  It removes what it created in a ``finally``; the parent removes it
+again by name if the child was killed.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
 import time
+from collections import OrderedDict
+from importlib import import_module
 from typing import Any, Callable, Optional
 
 from .util import calibrate, no_gc
@@ -24,13 +24,14 @@ from .util import calibrate, no_gc
 KEYS = 1000
 #: Django's MAX_ENTRIES and the caches' maxsize there: above KEYS, nothing is culled.
 MAX_ENTRIES = 10_000
+Loop = Callable[[int], float]
 
 
-def dict_value(i: int) -> dict[str, Any]:
+def dict_value(i: int) -> Any:
     return {"id": i, "name": f"user{i}", "score": 1.5, "tags": ["a", "b"]}
 
 
-def str_value(i: int) -> str:
+def str_value(i: int) -> Any:
     return f"user{i}"
 
 
@@ -38,118 +39,46 @@ def key(i: int) -> str:
     return f"user:{i}"
 
 
-def _loop(fn: Callable[..., Any], args: list[Any], star: bool) -> Callable[[int], float]:
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _loop(fn: Callable[..., Any], args: list[Any], star: bool) -> Loop:
     """``loop(n)``: ``n`` calls of ``fn`` cycling over ``args``; returns the seconds."""
 
     def loop(n: int) -> float:
         it = itertools.islice(itertools.cycle(args), n)
         with no_gc():
+            t0 = time.perf_counter()
             if star:
-                t0 = time.perf_counter()
                 for a in it:
                     fn(*a)
-                return time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for a in it:
-                fn(a)
+            else:
+                for a in it:
+                    fn(a)
             return time.perf_counter() - t0
 
     return loop
 
 
-def _interleaved(
-    cells: dict[tuple[str, str], Callable[[int], float]], order: list[tuple[str, str]], reps: int, box: float
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """Calibrate every cell once, then ``reps`` rounds over all cells, order rotated."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    ops: dict[tuple[str, str], int] = {}
-    for cell in order:
+def _interleaved(cells: dict[tuple[str, str], Loop], reps: int, box: float) -> dict[tuple[str, str], Any]:
+    """Calibrate every cell once, then ``reps`` rounds over all cells, the order rotated."""
+    out: dict[tuple[str, str], Any] = {}
+    for cell, loop in cells.items():
         try:
-            ops[cell] = calibrate(cells[cell], box, min_ops=1, max_ops=5_000_000)
-            out[cell] = {"values": [], "ops": ops[cell]}
+            out[cell] = {"values": [], "ops": calibrate(loop, box, min_ops=1, max_ops=5_000_000)}
         except Exception as exc:
-            out[cell] = {"error": f"{type(exc).__name__}: {exc}"}
-    live = [c for c in order if "error" not in out[c]]
+            out[cell] = {"error": _err(exc)}
+    live = [c for c in cells if "error" not in out[c]]
     for rep in range(reps):
         shift = rep % max(1, len(live))
         for cell in live[shift:] + live[:shift]:
-            if "error" in out[cell]:
-                continue
-            try:
-                out[cell]["values"].append(ops[cell] / cells[cell](ops[cell]))
-            except Exception as exc:
-                out[cell] = {"error": f"{type(exc).__name__}: {exc}"}
+            if "error" not in out[cell]:
+                try:
+                    out[cell]["values"].append(out[cell]["ops"] / cells[cell](out[cell]["ops"]))
+                except Exception as exc:
+                    out[cell] = {"error": _err(exc)}
     return out
-
-
-# -- Django ------------------------------------------------------------------------------------
-
-
-def django_child(spec: dict[str, Any], q: Any) -> None:
-    """``spec``: reps, box, ``caches`` {key: Django CACHES entry}.  Times get and set."""
-    made: dict[str, Any] = {}
-    try:
-        import django
-        from django.conf import settings
-
-        settings.configure(
-            CACHES={"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}, **spec["caches"]},
-            INSTALLED_APPS=[],
-            USE_TZ=True,
-        )
-        django.setup()
-        from django.core.cache import caches
-
-        rows: dict[str, dict[str, Any]] = {}
-        keys = [key(i) for i in range(KEYS)]
-        pairs = [(key(i), dict_value(i)) for i in range(KEYS)]
-        for c, conf in spec["caches"].items():
-            try:
-                made[c] = caches[c]
-            except Exception as exc:
-                rows[c] = {"skipped": f"{conf['BACKEND']}: {type(exc).__name__}: {exc}"}
-                continue
-            try:
-                cache = made[c]
-                for k, v in pairs:  # every key present (also the warm-up)
-                    cache.set(k, v)
-                got = cache.get(keys[7])
-                if got != dict_value(7):
-                    rows[c] = {"error": f"read back {got!r}, not {dict_value(7)!r}"}
-                    continue
-                rows[c] = {"backend": conf["BACKEND"]}
-            except Exception as exc:
-                rows[c] = {"error": f"{type(exc).__name__}: {exc}"}
-        live = [c for c in spec["caches"] if c in made and "backend" in rows.get(c, {})]
-        cells: dict[tuple[str, str], Callable[[int], float]] = {}
-        for c in live:
-            cells[(c, "get")] = _loop(made[c].get, keys, False)
-            cells[(c, "set")] = _loop(made[c].set, pairs, True)
-        order = [(c, op) for op in ("get", "set") for c in live]
-        timed = _interleaved(cells, order, spec["reps"], spec["box"])
-        for (c, op), res in timed.items():
-            rows[c][op] = res
-        for c in live:  # still right after the set rounds?
-            got = made[c].get(keys[KEYS - 1])
-            if got != dict_value(KEYS - 1):
-                rows[c]["wrong"] = f"after the rounds, get returned {got!r}"
-        q.put({"rows": rows, "versions": _versions(["Django", "diskcache", "redis", "shared-memory-dict"])})
-    except BaseException as exc:
-        q.put({"error": f"{type(exc).__name__}: {exc}"})
-        raise
-    finally:
-        for c, cache in made.items():
-            try:
-                if c == "smd":
-                    cache._cache.shm.unlink()  # (its close() only unmaps)
-                    cache._cache.cleanup()
-                elif c in ("redis", "ours"):
-                    cache.clear()  # (Redis: the workload's own server; ours: unlinked by the parent too)
-                    cache.close()
-                else:
-                    cache.close()
-            except Exception:
-                pass
 
 
 def _versions(dists: list[str]) -> dict[str, str]:
@@ -164,97 +93,110 @@ def _versions(dists: list[str]) -> dict[str, str]:
     return out
 
 
-# -- the plain API -----------------------------------------------------------------------------
+# -- throughput: the Django cache API, the plain API, the cachelib API -----------------------------
 
 
-def _plain_make(c: str, spec: dict[str, Any]) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
-    """(cache, get, set) for a contender of the plain API part."""
-    if c == "ours":
-        from ultradict_ng.cache import SharedCache
-
-        cache = SharedCache(spec["name"], maxsize=MAX_ENTRIES)
-        return cache, cache.get, cache.set
-    if c == "diskcache":
-        import diskcache
-
-        cache = diskcache.Cache(spec["dir"])
-        return cache, cache.get, cache.set
-    if c == "cl_ours":
-        from ultradict_ng.integrations.cachelib import SharedCache as CachelibShared
-
-        cache = CachelibShared(name=spec["name"], threshold=MAX_ENTRIES, default_timeout=300)
-        return cache, cache.get, cache.set
-    if c in ("cl_simple", "cl_fs"):
-        import cachelib
-
-        cache = (
-            cachelib.SimpleCache(threshold=MAX_ENTRIES, default_timeout=300)
-            if c == "cl_simple"
-            else cachelib.FileSystemCache(spec["dir"], threshold=MAX_ENTRIES, default_timeout=300)
-        )
-        return cache, cache.get, cache.set
+def _make(c: str, spec: dict[str, Any]) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+    """(cache, get, set) of a contender of the plain or the cachelib part."""
     if c in ("lru", "ttl"):
         import cachetools
 
         cache = cachetools.LRUCache(MAX_ENTRIES) if c == "lru" else cachetools.TTLCache(MAX_ENTRIES, ttl=600)
         return cache, cache.get, cache.__setitem__
-    raise ValueError(c)
+    cl = {"threshold": MAX_ENTRIES, "default_timeout": 300}
+    cache = {
+        "ours": lambda: import_module("ultradict_ng.cache").SharedCache(spec["name"], maxsize=MAX_ENTRIES),
+        "diskcache": lambda: import_module("diskcache").Cache(spec["dir"]),
+        "cl_ours": lambda: import_module("ultradict_ng.integrations.cachelib").SharedCache(
+            name=spec["name"], **cl
+        ),
+        "cl_simple": lambda: import_module("cachelib").SimpleCache(**cl),
+        "cl_fs": lambda: import_module("cachelib").FileSystemCache(spec["dir"], **cl),
+    }[c]()
+    return cache, cache.get, cache.set
 
 
-def plain_child(spec: dict[str, Any], q: Any) -> None:
-    """``spec``: reps, box, contenders, values, name (SharedCache), dir (diskcache, FileSystemCache)."""
-    made: dict[str, Any] = {}
+def _close(part: str, c: str, cache: Any) -> None:
     try:
+        if c == "smd":
+            cache._cache.shm.unlink()  # (its close() only unmaps)
+            cache._cache.cleanup()
+        elif (part, c) == ("plain", "ours"):
+            cache.unlink()
+            cache.close()
+        elif part == "django" and c in ("redis", "ours"):
+            cache.clear()  # (Redis: the workload's own server; ours: unlinked by the parent too)
+            cache.close()
+        elif part == "django" or c in ("diskcache", "cl_ours"):
+            cache.close()  # (cl_ours: the last handle out removes it; the parent unlinks it too)
+    except Exception:
+        pass
+
+
+def rates_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """get and set per contender and value kind: ``{"rows": {c: {value: {op: {values, ops}}}}}``.
+
+    ``spec``: part, contenders, values, reps, box, versions (distributions); for
+    Django ``caches`` (CACHES entries by contender), else name and dir.
+    """
+    made: dict[str, Any] = {}
+    part = spec["part"]
+    try:
+        if part == "django":  # (Django's settings are configured once per process: one child for all)
+            import django
+            from django.conf import settings
+
+            default = {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
+            settings.configure(CACHES={"default": default, **spec["caches"]}, INSTALLED_APPS=[], USE_TZ=True)
+            django.setup()
+            from django.core.cache import caches
+
+            def make(c: str) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+                return caches[c], caches[c].get, caches[c].set
+        else:
+            make = functools.partial(_make, spec=spec)
         rows: dict[str, dict[str, Any]] = {}
-        keys = [key(i) for i in range(KEYS)]
-        values = {k: v for k, v in (("dict", dict_value), ("str", str_value)) if k in spec["values"]}
         fns: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
         for c in spec["contenders"]:
             try:
-                made[c], g, s = _plain_make(c, spec)
-                fns[c] = (g, s)
-                rows[c] = {}
-            except ImportError as exc:
-                rows[c] = {"skipped": f"{type(exc).__name__}: {exc}"}
+                made[c], g, s = make(c)
+                fns[c], rows[c] = (g, s), {}
             except Exception as exc:
-                rows[c] = {"error": f"{type(exc).__name__}: {exc}"}
-        live = list(fns)
-        for kind, make in values.items():
-            pairs = [(k, make(i)) for i, k in enumerate(keys)]
-            cells: dict[tuple[str, str], Callable[[int], float]] = {}
-            for c in live:
-                g, s = fns[c]
+                if part == "django":
+                    rows[c] = {"skipped": f"{spec['caches'][c]['BACKEND']}: {_err(exc)}"}
+                else:
+                    rows[c] = {"skipped" if isinstance(exc, ImportError) else "error": _err(exc)}
+        keys = [key(i) for i in range(KEYS)]
+        for kind in spec["values"]:
+            value = dict_value if kind == "dict" else str_value
+            pairs = [(k, value(i)) for i, k in enumerate(keys)]
+            cells: dict[tuple[str, str], Loop] = {}
+            for c, (g, s) in fns.items():
                 try:
-                    for k, v in pairs:
+                    for k, v in pairs:  # every key present (also the warm-up)
                         s(k, v)
-                    if g(keys[7]) != make(7):
-                        rows[c][kind] = {"error": f"read back {g(keys[7])!r}, not {make(7)!r}"}
+                    got = g(keys[7])
+                    if got != value(7):
+                        rows[c][kind] = {"error": f"read back {got!r}, not {value(7)!r}"}
                         continue
                 except Exception as exc:
-                    rows[c][kind] = {"error": f"{type(exc).__name__}: {exc}"}
+                    rows[c][kind] = {"error": _err(exc)}
                     continue
                 cells[(c, "get")] = _loop(g, keys, False)
                 cells[(c, "set")] = _loop(s, pairs, True)
-            order = [(c, op) for op in ("get", "set") for c in live if (c, op) in cells]
-            for (c, op), res in _interleaved(cells, order, spec["reps"], spec["box"]).items():
+            order = sorted(cells, key=lambda cell: cell[1] != "get")  # every get, then every set
+            for (c, op), res in _interleaved({k: cells[k] for k in order}, spec["reps"], spec["box"]).items():
                 rows[c].setdefault(kind, {})[op] = res
-            for c in live:
-                if (c, "get") in cells and fns[c][0](keys[-1]) != make(KEYS - 1):
-                    rows[c][kind]["wrong"] = f"after the rounds, get returned {fns[c][0](keys[-1])!r}"
-        q.put({"rows": rows, "versions": _versions(["diskcache", "cachetools", "cachelib"])})
+            for c in [c for c in fns if (c, "get") in cells]:  # still right after the set rounds?
+                got = fns[c][0](keys[-1])
+                if got != value(KEYS - 1):
+                    rows[c][kind]["wrong"] = f"after the rounds, get returned {got!r}"
+        return {"rows": rows, "versions": _versions(spec["versions"])}
     except BaseException as exc:
-        q.put({"error": f"{type(exc).__name__}: {exc}"})
-        raise
+        return {"error": _err(exc)}
     finally:
         for c, cache in made.items():
-            try:
-                if c == "ours":
-                    cache.unlink()
-                    cache.close()
-                elif c in ("diskcache", "cl_ours"):
-                    cache.close()  # (cl_ours: the last handle out removes it; the parent unlinks it too)
-            except Exception:
-                pass
+            _close(part, c, cache)
 
 
 # -- hit ratio ---------------------------------------------------------------------------------
@@ -263,25 +205,17 @@ def plain_child(spec: dict[str, Any], q: Any) -> None:
 def zipf_trace(alpha: float, nkeys: int, requests: int, seed: int) -> list[int]:
     """``requests`` keys of a Zipf(alpha) law over ``nkeys`` keys (ranks shuffled to key ids)."""
     rng = random.Random(seed)
-    cum: list[float] = []
-    total = 0.0
-    for r in range(1, nkeys + 1):
-        total += r**-alpha
-        cum.append(total)
+    cum = list(itertools.accumulate(r**-alpha for r in range(1, nkeys + 1)))
     ranks = rng.choices(range(nkeys), cum_weights=cum, k=requests)
     ids = list(range(nkeys))
     rng.shuffle(ids)
     return [ids[r] for r in ranks]
 
 
-def _replay(
-    c: str, trace: list[int], size: int, spec: dict[str, Any]
-) -> tuple[int, Optional[dict[str, Any]]]:
-    """Hits of contender ``c`` over ``trace`` (get; on a miss set); and its stats()."""
+def _replay(c: str, trace: list[int], size: int, names: dict[str, str]) -> tuple[int, Any]:
+    """Hits of contender ``c`` over ``trace`` (get; on a miss set), and its stats()."""
     hits = 0
     if c == "exact":
-        from collections import OrderedDict
-
         od: OrderedDict[int, int] = OrderedDict()
         move, pop = od.move_to_end, od.popitem
         for k in trace:
@@ -296,36 +230,30 @@ def _replay(
     if c == "cachetools":
         import cachetools
 
-        lru = cachetools.LRUCache(size)
-        get = lru.get
-        for k in trace:
-            if get(k) is None:
-                lru[k] = k
-            else:
-                hits += 1
-        return hits, None
-    from ultradict_ng.cache import SharedCache
+        cache = cachetools.LRUCache(size)
+        get, put = cache.get, cache.__setitem__
+    else:
+        from ultradict_ng.cache import SharedCache
 
-    kwargs = {"cull_frequency": 3} if c == "ours_cull3" else {}
-    cache = SharedCache(spec["names"][c], maxsize=size, **kwargs)
-    try:
+        cache = SharedCache(names[c], maxsize=size, **({"cull_frequency": 3} if c == "ours_cull3" else {}))
         get, put = cache.get, cache.set
+    try:
         for k in trace:
             if get(k) is None:
                 put(k, k)
             else:
                 hits += 1
         try:
-            stats = dict(cache.stats())
+            return hits, None if c == "cachetools" else dict(cache.stats())
         except Exception:
-            stats = None
-        return hits, stats
+            return hits, None
     finally:
-        cache.unlink()
-        cache.close()
+        if c != "cachetools":
+            cache.unlink()
+            cache.close()
 
 
-def hit_child(spec: dict[str, Any], q: Any) -> None:
+def hit_child(spec: dict[str, Any]) -> dict[str, Any]:
     """``spec``: alphas, nkeys, requests, size, contenders, names {contender: cache name}."""
     try:
         out: dict[str, Any] = {}
@@ -335,22 +263,15 @@ def hit_child(spec: dict[str, Any], q: Any) -> None:
             for c in spec["contenders"]:
                 t0 = time.perf_counter()
                 try:
-                    hits, stats = _replay(c, trace, spec["size"], spec)
-                    row[c] = {
-                        "hits": hits,
-                        "ratio": hits / len(trace),
-                        "seconds": time.perf_counter() - t0,
-                        "stats": stats,
-                    }
-                except ImportError as exc:
-                    row[c] = {"skipped": f"{type(exc).__name__}: {exc}"}
+                    hits, stats = _replay(c, trace, spec["size"], spec["names"])
+                    took = time.perf_counter() - t0
+                    row[c] = {"hits": hits, "ratio": hits / len(trace), "seconds": took, "stats": stats}
                 except Exception as exc:
-                    row[c] = {"error": f"{type(exc).__name__}: {exc}"}
+                    row[c] = {"skipped" if isinstance(exc, ImportError) else "error": _err(exc)}
             out[str(alpha)] = row
-        q.put({"alphas": out})
+        return {"alphas": out}
     except BaseException as exc:
-        q.put({"error": f"{type(exc).__name__}: {exc}"})
-        raise
+        return {"error": _err(exc)}
 
 
 # -- stampede ----------------------------------------------------------------------------------
@@ -369,32 +290,21 @@ def _compute(path: str, mode: str, arg: Any, seconds: float) -> dict[str, Any]:
 
 def stampede_worker(wid: int, spec: dict[str, Any], barrier: Any, q: Any) -> None:
     """One of the processes: per round, both modes on a cold key, all released by ``barrier``."""
-    import functools
-
     path, seconds = spec["path"], spec["seconds"]
     cached_f: Optional[Callable[[Any], Any]] = None
     why = ""
     try:
         from ultradict_ng.cache import cached
 
-        def work(arg: Any) -> dict[str, Any]:
-            return _compute(path, "cached", arg, seconds)
-
-        cached_f = cached(name=spec["name"], maxsize=128)(work)
+        cached_f = cached(name=spec["name"], maxsize=128)(
+            functools.partial(_compute, path, "cached", seconds=seconds)
+        )
+        cached_f(-1 - wid)  # warm-up on a key of its own: attach the cache before the timed rounds
     except Exception as exc:  # (the rounds still run: lru_cache is measured either way)
-        why = f"{type(exc).__name__}: {exc}"
-
-    @functools.lru_cache(maxsize=128)
-    def lru_f(arg: Any) -> dict[str, Any]:
-        return _compute(path, "lru_cache", arg, seconds)
-
+        why, cached_f = _err(exc), None
+    lru_f = functools.lru_cache(maxsize=128)(functools.partial(_compute, path, "lru_cache", seconds=seconds))
     results: list[tuple[str, int, float, float, Optional[str]]] = []
     try:
-        if cached_f is not None:
-            try:  # warm-up on a key of its own: attach the cache before the timed rounds
-                cached_f(-1 - wid)
-            except Exception as exc:
-                why, cached_f = f"{type(exc).__name__}: {exc}", None
         barrier.wait(timeout=120)
         for rnd in range(spec["rounds"]):
             for mode, fn in (("cached", cached_f), ("lru_cache", lru_f)):
@@ -408,9 +318,9 @@ def stampede_worker(wid: int, spec: dict[str, Any], barrier: Any, q: Any) -> Non
                     if got.get("arg") != rnd:
                         err = f"wrong result {got!r}"
                 except Exception as exc:
-                    err = f"{type(exc).__name__}: {exc}"
+                    err = _err(exc)
                 results.append((mode, rnd, t0, time.monotonic(), err))
         q.put({"wid": wid, "results": results, "cached_error": why})
     except BaseException as exc:
-        q.put({"wid": wid, "error": f"{type(exc).__name__}: {exc}", "results": results})
+        q.put({"wid": wid, "error": _err(exc), "results": results})
         raise

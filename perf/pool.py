@@ -1,61 +1,28 @@
 """Workload 11 (``pool``): ``ultradict_ng.futures.ProcessPoolExecutor`` against the standard pool and peers.
 
-Two cases, each for four contenders:
+* submit round trip: ``ex.submit(add_one, np.ones(int(2e7))).result()`` (160 MB;
+  ``--quick``: 2e6), one worker, from the call to the result's first and last
+  element read; extra round trips of ``add_one_stamped`` split it into to worker /
+  compute / back (not in the median);
+* map: ``list(ex.map(add_one, arrays))`` over 64 arrays of 10 MiB (``--quick``: 16
+  of 1 MiB), two workers, wall time and MiB/s of input;
+* small tasks without arrays (``submit`` of ints, ``map`` with ``chunksize=100``,
+  ``map`` returning small dicts), the standard pool and ultradict_ng only: a
+  drop-in pool must not make the work that gains nothing from it slower.
 
-* **(a) submit round trip**: ``ex.submit(add_one, x).result()`` with
-  ``x = np.ones(int(2e7))`` (160 MB; ``--quick``: 2e6), ``max_workers=1``; from
-  the ``submit`` call to the result's first and last element read (the input
-  array exists before the clock starts).  The worker is warmed up by a tiny
-  task first.  A few extra round trips with ``add_one_stamped`` (the same
-  add, which also returns the worker's clock around it) split the time into
-  *to worker* (submit -> the function starts in the worker: pickling or
-  copying the argument, the pipe, unpickling or attaching), *compute* and
-  *back* (the function returns -> the result usable here); they are not part
-  of the median.
-* **(b) map**: ``list(ex.map(add_one, arrays))`` over 64 float64 arrays of
-  10 MiB each (``--quick``: 16 of 1 MiB), ``max_workers=2``; wall time from
-  the ``map`` call to every result's first and last element read, and the
-  throughput in MiB/s of input.
-
-Contenders (``--contenders`` takes these names too):
-
-* ``stdlib``: :class:`concurrent.futures.ProcessPoolExecutor`;
-* ``npshmex``: ``npshmex.ProcessPoolExecutor`` (arrays through SharedArray
-  segments; its module replaces ``concurrent.futures._base.Future`` with a
-  subclass that un-shms results, for the whole process);
-* ``handwritten``: the standard pool with :class:`multiprocessing.shared_memory.SharedMemory`
-  managed by the caller, as a careful user writes it (see :mod:`perf.pool_tasks`);
-* ``ultradict_ng``: ``ultradict_ng.futures.ProcessPoolExecutor``.
-
-Every measurement runs in a fresh spawned *driver* process per contender and
-round (:func:`perf.pool_tasks.driver_main`), so that npshmex's patch reaches
-no other contender and each pool starts clean; the rounds interleave the
-contenders (order rotated each round).  All executors use the platform's
-default start method, passed explicitly as ``mp_context``.
-
-Cleanup: each driver is ended by its pid (SIGTERM, which it turns into an
-orderly shutdown; then SIGKILL); its workers' pids (reported by the driver,
-checked against their start time) are ended if they outlive it; and the
-segments a driver can leave are removed by name: the hand-written ones by
-their prefix (which contains the run's name prefix), ultradict_ng's by its
-pools' parcel prefixes, npshmex's (``npshmex_*``) that appeared while the
-driver ran.  Anything found after a driver that finished normally is an
-alert: the contender leaked it.  The same cleanup is registered with the run
-(``run.own_resource``), so Ctrl-C or SIGTERM anywhere still runs it.
-
-And **(c) small tasks** (no array: ``submit`` of ints, ``map`` with
-``chunksize=100``, ``map`` returning small dicts), the standard pool against
-ultradict_ng only, in the same drivers: see :mod:`perf.pool_small`.
-
-Targets (the report only; nothing here fails on a ratio): (a) >= 4x faster
-than the standard pool and faster than npshmex; (b) >= 3x the standard
-pool's throughput; (c) each row >= 1.0x the standard pool.
+Contenders: ``stdlib`` (:class:`concurrent.futures.ProcessPoolExecutor`), ``npshmex``,
+``handwritten`` (the standard pool with ``SharedMemory`` managed by the caller,
+see :mod:`perf.pool_tasks`) and ``ultradict_ng``.  Every measurement runs in a
+fresh spawned driver per contender and round (npshmex patches
+``concurrent.futures`` for the whole process); rounds interleave the contenders.
+Cleanup: each driver is ended by its pid, its workers (pids checked against
+their start time) if they outlive it, and the segments it can leave are removed
+by name; anything found after a driver that finished normally is an alert.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -63,119 +30,57 @@ import statistics
 import time
 from typing import Any, Optional
 
-from . import pool_small as S
 from . import pool_tasks as T
+from .registry import NG, Target, Workload, pick, register
 from .run import Run
 from .util import fmt_seconds, log, shm_entries
 
 WL = "pool"
-NUMBER = 11
-TITLE = "process pool: submit(add_one, big array) round trip; map over many 10 MiB arrays; small tasks"
-#: The workload as :data:`perf.workloads.WORKLOADS` lists the others.
-ENTRY: tuple[str, int, str] = (WL, NUMBER, TITLE)
-ALIASES = {"futures": "pool", "executor": "pool", "processpool": "pool", "processpoolexecutor": "pool"}
-
-ORDER = list(T.CONTENDERS)  # stdlib, npshmex, handwritten, ultradict_ng
-LABELS = {
-    "stdlib": "concurrent.futures (stdlib)",
-    "npshmex": "npshmex",
-    "handwritten": "stdlib + SharedMemory by hand",
-    "ultradict_ng": "ultradict_ng.futures",
-}
-#: ``--contenders`` names of this workload's contenders that are no adapters.
-CONTENDER_ALIASES = {
-    "std": "stdlib",
-    "concurrent.futures": "stdlib",
-    "concurrent-futures": "stdlib",
-    "hand": "handwritten",
-    "hand-written": "handwritten",
-    "by-hand": "handwritten",
-}
-OWN_CONTENDERS = [c for c in ORDER if c != "ultradict_ng"]
-
-SUBMIT, MAP = "submit", "map"
-#: Targets: (a) vs the standard pool, (a) vs npshmex, (b) throughput vs the standard pool.
-SUBMIT_VS_STDLIB = 4.0
-SUBMIT_VS_NPSHMEX = 1.0
-MAP_VS_STDLIB = 3.0
+ORDER = ("stdlib", "npshmex", "handwritten", NG)
+LABELS = dict(zip(ORDER, ("concurrent.futures (stdlib)", "npshmex", "stdlib + SharedMemory by hand")))
+LABELS[NG] = "ultradict_ng.futures"
+ARRAY_KINDS = ("submit", "map")
+#: With no array, the hand-written one is the standard pool and npshmex adds nothing.
+SMALL_CONTENDERS = ("stdlib", NG)
+MAX_FAILURES = 2  # a contender that fails this many rounds is not run again
 MiB = 1 << 20
-
-
-# -- sizes and repetitions ----------------------------------------------------------------------
+SECONDS = {"unit": "s", "better": "lower"}
+#: sizes and repetitions per driver, --quick and full
+SIZES = ("submit_elements", "map_arrays", "map_bytes", *T.SMALL_KINDS, "small_reps", "stamped_reps")
+QUICK, FULL = (int(2e6), 16, MiB, 500, 10_000, 500, 2, 1), (int(2e7), 64, 10 * MiB, 3000, 60_000, 3000, 3, 2)
 
 
 def plan(run: Run) -> dict[str, Any]:
-    """Sizes, repetitions and rounds for this run."""
+    p = dict(zip(SIZES, QUICK if run.quick else FULL))
     if run.quick:
-        return {
-            "submit_elements": int(2e6),
-            "map_arrays": 16,
-            "map_bytes": MiB,
-            "submit_reps": min(run.repeat, 3),
-            "map_reps": min(run.repeat, 2),
-            "stamped_reps": 1,
-            "rounds": 1,
-        }
-    reps_a, reps_b = run.repeat, min(run.repeat, 3)
+        return dict(p, submit_reps=min(run.repeat, 3), map_reps=min(run.repeat, 2), rounds=1)
+    return dict(p, submit_reps=run.repeat, map_reps=min(run.repeat, 3), rounds=run.repeat)
+
+
+def cases(p: dict[str, Any]) -> dict[str, str]:
+    elements = f"int({p['submit_elements']:.0e})".replace("e+0", "e")
     return {
-        "submit_elements": int(2e7),
-        "map_arrays": 64,
-        "map_bytes": 10 * MiB,
-        "submit_reps": reps_a,
-        "map_reps": reps_b,
-        "stamped_reps": 2,
-        "rounds": max(reps_a, reps_b),
+        "submit": f"submit(add_one, np.ones({elements})) round trip, max_workers=1",
+        "map": f"list(map(add_one, {p['map_arrays']} arrays of {p['map_bytes'] // MiB} MiB)), max_workers=2",
+        "small_submit": f"submit(inc, i) for {p['small_submit']:,} ints, 2 workers",
+        "small_map": f"map(inc, range({p['small_map']:,}), chunksize=100), 2 workers",
+        "small_dicts": f"map(small_dict, range({p['small_dicts']:,})) (results: dicts of 4 fields), "
+        "2 workers",
     }
 
 
-def _elements(n: int) -> str:
-    if n >= 1_000_000 and n % 1_000_000 == 0:
-        m = n // 1_000_000
-        return f"int({m // 10}e7)" if m % 10 == 0 and m >= 10 else f"int({m}e6)"
-    return str(n)
-
-
-def submit_case(p: dict[str, Any]) -> str:
-    return f"submit(add_one, np.ones({_elements(p['submit_elements'])})) round trip, max_workers=1"
-
-
-def map_case(p: dict[str, Any]) -> str:
-    return f"list(map(add_one, {p['map_arrays']} arrays of {p['map_bytes'] // MiB} MiB)), max_workers=2"
-
-
-# -- availability -------------------------------------------------------------------------------
+def kinds(c: str) -> tuple[str, ...]:
+    return ARRAY_KINDS + (T.SMALL_KINDS if c in SMALL_CONTENDERS else ())
 
 
 def _missing(contender: str) -> Optional[str]:
     """Why a contender cannot run here (checked without importing npshmex, which patches)."""
+    need = {"npshmex": ("npshmex", "SharedArray"), NG: ("ultradict_ng.futures",)}.get(contender, ())
     try:
-        if contender == "npshmex":
-            for mod in ("npshmex", "SharedArray"):
-                if importlib.util.find_spec(mod) is None:
-                    return f"{mod} is not installed (pip install npshmex)"
-        elif contender == "ultradict_ng":
-            if importlib.util.find_spec("ultradict_ng.futures") is None:
-                return "ultradict_ng.futures does not exist in the installed ultradict_ng"
+        gone = next((m for m in ("numpy", *need) if importlib.util.find_spec(m) is None), None)
     except (ImportError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def versions() -> dict[str, str]:
-    """The contenders' versions, for the contenders list (npshmex not imported)."""
-    import platform
-    from importlib.metadata import version
-
-    out = {
-        "stdlib": "stdlib " + platform.python_version(),
-        "handwritten": "stdlib " + platform.python_version(),
-    }
-    for key, dist in (("npshmex", "npshmex"), ("ultradict_ng", "ultradict_ng")):
-        try:
-            out[key] = version(dist)
-        except Exception:
-            out[key] = "-"
-    return out
+    return gone and f"{gone} is not installed" + (" (pip install npshmex)" if contender == "npshmex" else "")
 
 
 # -- one driver -------------------------------------------------------------------------------
@@ -189,34 +94,20 @@ class Unavailable(Exception):
     """The contender cannot be imported in the driver."""
 
 
-def _alive_as(pid: int, start: Optional[str]) -> bool:
-    """``pid`` runs and is the process that had start time ``start``."""
+def _lives(pid: int, start: Optional[str]) -> bool:
+    """``pid`` runs, is no zombie and is the process that had start time ``start``."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except OSError:  # gone, or not ours
         return False
-    except PermissionError:
-        return False  # not ours
-    now = T._proc_start(pid)
-    return now == start and (start is not None or not os.path.exists("/proc/self/stat"))
+    return T.proc_start(pid) == start and (start is not None or not os.path.exists("/proc/self/stat"))
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-class _DriverRun:
+class _Driver:
     """A spawned driver, what it reported, and the removal of whatever it leaves."""
 
     def __init__(self, run: Run, contender: str, params: dict[str, Any], limit: float) -> None:
-        self.run = run
-        self.contender = contender
-        self.params = params
-        self.limit = limit
+        self.run, self.c, self.params, self.limit = run, contender, params, limit
         self.proc: Any = None
         self.conn: Any = None
         self.workers: list[tuple[int, Optional[str]]] = []
@@ -226,56 +117,46 @@ class _DriverRun:
         self.cleaned = False
         self.info: dict[str, Any] = {}
 
-    def start(self) -> None:
-        parent_end, child_end = self.run.ctx.Pipe()
-        self.conn = parent_end
+    def result(self) -> dict[str, Any]:
+        """Start the driver, wait for its result (remembering the pools it reports on the way)."""
+        self.conn, child_end = self.run.ctx.Pipe()
         self.run.own_resource(self.key, self.cleanup)
-        self.proc = self.run.ctx.Process(
-            target=T.driver_main,
-            name=f"perf-pool-{self.contender}",
-            args=(self.contender, self.params, child_end),
-            daemon=False,
-        )  # (a daemon could not start its pool)
+        args = (self.c, self.params, child_end)  # (no daemon: a daemon could not start its pool)
+        p = self.proc = self.run.ctx.Process(target=T.driver_main, name=f"perf-pool-{self.c}", args=args)
         try:
-            self.proc.start()
+            p.start()
         finally:
             child_end.close()
-
-    def result(self) -> dict[str, Any]:
-        """Wait for the driver's result (remembering the pools it reports on the way)."""
         deadline = time.monotonic() + self.limit
-        p, conn = self.proc, self.conn
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DriverError(
-                    f"no result from the {self.contender} driver (pid {p.pid}) within {self.limit:.0f} s"
+                    f"no result from the {self.c} driver (pid {p.pid}) within {self.limit:.0f} s"
                 )
-            if conn.poll(min(1.0, left)):
-                try:
-                    msg = conn.recv()
-                except EOFError:
-                    raise DriverError(
-                        f"the {self.contender} driver (pid {p.pid}) ended, exit code {p.exitcode}"
-                    ) from None
-                kind = msg[0]
-                if kind == "pool":
-                    self.workers.extend(tuple(w) for w in msg[1]["pids"])
-                    if msg[1].get("parcel_prefix"):
-                        self.parcel_prefixes.append(msg[1]["parcel_prefix"])
-                elif kind == "ready":
-                    self.info = msg[1]
-                elif kind == "result":
-                    res: dict[str, Any] = msg[1]
-                    return res
-                elif kind == "unavailable":
-                    raise Unavailable(msg[1])
-                elif kind == "error":
-                    raise DriverError(f"in the {self.contender} driver: {msg[2].strip()}")
-                else:
-                    raise DriverError(f"the {self.contender} driver sent {kind!r}")
-            elif not p.is_alive() and not conn.poll(0):
-                raise DriverError(f"the {self.contender} driver (pid {p.pid}) died, exit code {p.exitcode}")
+            if not self.conn.poll(min(1.0, left)):
+                if not p.is_alive() and not self.conn.poll(0):
+                    raise DriverError(f"the {self.c} driver (pid {p.pid}) died, exit code {p.exitcode}")
+                continue
+            try:
+                kind, *body = self.conn.recv()
+            except EOFError:
+                raise DriverError(
+                    f"the {self.c} driver (pid {p.pid}) ended, exit code {p.exitcode}"
+                ) from None
+            if kind == "pool":
+                self.workers += [tuple(w) for w in body[0]["pids"]]
+                self.parcel_prefixes += [body[0]["parcel_prefix"]] if body[0].get("parcel_prefix") else []
+            elif kind == "ready":
+                self.info = body[0]
+            elif kind == "result":
+                return body[0]  # type: ignore[no-any-return]
+            elif kind == "unavailable":
+                raise Unavailable(body[0])
+            elif kind == "error":
+                raise DriverError(f"in the {self.c} driver: {body[1].strip()}")
+            else:
+                raise DriverError(f"the {self.c} driver sent {kind!r}")
 
     def cleanup(self, ok: bool = False) -> list[str]:
         """End the driver and its workers, remove its segments; what had to be done."""
@@ -295,35 +176,32 @@ class _DriverRun:
                 done.append(f"driver pid {p.pid} killed")
         if self.conn is not None:
             self.conn.close()
-        # The workers: an orderly shutdown has joined them; ultradict_ng's notice their
-        # pool's process is gone within a second; anything else is ended here.
+        # An orderly shutdown has joined the workers; ultradict_ng's notice their pool's
+        # process is gone within a second; anything else is ended here.
         deadline = time.monotonic() + 2.0
-        left = [w for w in self.workers if _alive_as(*w) and not _zombie(w[0])]
+        left = [w for w in self.workers if _lives(*w)]
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
-            left = [w for w in left if _alive_as(*w) and not _zombie(w[0])]
+            left = [w for w in left if _lives(*w)]
         for pid, start in left:
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                if not _alive_as(pid, start) or _zombie(pid):
+                if not _lives(pid, start):
                     break
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     break
                 t = time.monotonic() + 1.5  # (a standard worker inside a task ignores SIGTERM)
-                while time.monotonic() < t and _alive_as(pid, start) and not _zombie(pid):
+                while time.monotonic() < t and _lives(pid, start):
                     time.sleep(0.05)
             done.append(f"worker pid {pid} outlived its pool's process: ended")
-        # The segments it can leave.
-        gone = []
-        for name in shm_entries():
-            if (
-                name.startswith(self.params["hand_prefix"])
-                or any(name.startswith(px) for px in self.parcel_prefixes)
-                or (name.startswith("npshmex_") and name not in self.shm_before)
-            ):
-                if T.shm_unlink_name(name):
-                    gone.append(name)
+        prefixes = (self.params["hand_prefix"], *self.parcel_prefixes)
+        gone = [
+            name
+            for name in shm_entries()
+            if (name.startswith(prefixes) or (name.startswith("npshmex_") and name not in self.shm_before))
+            and T.shm_unlink_name(name)
+        ]
         if gone:
             shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
             done.append(f"{len(gone)} segment(s) left in /dev/shm, removed: {shown}")
@@ -332,12 +210,11 @@ class _DriverRun:
 
 
 def _one(
-    run: Run, contender: str, params: dict[str, Any], limit: float
+    run: Run, c: str, params: dict[str, Any], limit: float
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Run one driver; (its result, its ready info, what the cleanup found after a normal end)."""
-    d = _DriverRun(run, contender, params, limit)
+    d = _Driver(run, c, params, limit)
     try:
-        d.start()
         res = d.result()
     except BaseException as exc:
         left = d.cleanup(False)
@@ -352,83 +229,63 @@ def _one(
 
 def w_pool(run: Run, contenders: list[str]) -> None:
     p = plan(run)
-    small = S.plan(run)
-    cases = [(SUBMIT, submit_case(p)), (MAP, map_case(p))]
-    small_cases = S.cases(small)
+    case = cases(p)
     todo: list[str] = []
-    numpy_missing = importlib.util.find_spec("numpy") is None
-    for c in [c for c in ORDER if c in contenders]:
-        why = "numpy is not installed" if numpy_missing else _missing(c)
+    for c in contenders:
+        why = _missing(c)
         if why:
-            _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []), "unavailable: " + why)
+            _empty(run, c, kinds(c), case, {"skipped": "unavailable: " + why})
             run.note(f"{LABELS[c]} skipped: {why}", WL)
         else:
             todo.append(c)
     if not todo:
         return
     start_method = mp.get_all_start_methods()[0]  # the platform's default
-    base = {k: p[k] for k in ("submit_elements", "map_arrays", "map_bytes")}
-    base.update((k, small[k]) for k in S.KINDS)
+    base = {k: p[k] for k in ("submit_elements", "map_arrays", "map_bytes", *T.SMALL_KINDS)}
     base["start_method"] = start_method
-    raws: dict[str, dict[str, list[dict[str, Any]]]] = {c: {SUBMIT: [], MAP: [], S.SMALL: []} for c in todo}
-    small_rounds: dict[str, list[int]] = {c: [] for c in todo}
+    raws: dict[str, dict[str, list[dict[str, Any]]]] = {c: {k: [] for k in kinds(c)} for c in todo}
     info: dict[str, dict[str, Any]] = {}
-    failed: dict[str, str] = {}  # given up on (unavailable, or failed MAX_FAILURES times)
+    failed: dict[str, str] = {}  # given up on: unavailable, or failed MAX_FAILURES times
     errors: dict[str, list[str]] = {c: [] for c in todo}
+    rounds = p["rounds"]
     stamped_left = p["stamped_reps"]
-    per_round_stamped = 1 if p["rounds"] > 1 else p["stamped_reps"]
     seq = 0
     t_all = time.perf_counter()
-    for rnd in range(p["rounds"]):
-        reps_a = p["submit_reps"] if p["rounds"] == 1 else int(rnd < p["submit_reps"])
-        reps_b = p["map_reps"] if p["rounds"] == 1 else int(rnd < p["map_reps"])
-        stamped = min(stamped_left, per_round_stamped)
+    for rnd in range(rounds):
+        stamped = min(stamped_left, 1 if rounds > 1 else stamped_left)
         stamped_left -= stamped
-        order = todo[rnd % len(todo) :] + todo[: rnd % len(todo)]
-        for c in order:
+        reps = {
+            "submit_reps": p["submit_reps"] if rounds == 1 else int(rnd < p["submit_reps"]),
+            "map_reps": p["map_reps"] if rounds == 1 else int(rnd < p["map_reps"]),
+            "stamped_reps": stamped,
+        }
+        for c in todo[rnd % len(todo) :] + todo[: rnd % len(todo)]:
             if c in failed:
                 continue
             seq += 1
-            params = dict(
-                base,
-                submit_reps=reps_a,
-                map_reps=reps_b,
-                stamped_reps=stamped,
-                small_reps=small["small_reps"] if c in S.CONTENDERS else 0,
-                hand_prefix=f"{run.name_prefix}pool{seq}_",
-            )
-            if not (
-                params["submit_reps"] or params["stamped_reps"] or params["map_reps"] or params["small_reps"]
-            ):
+            small = p["small_reps"] if c in SMALL_CONTENDERS else 0
+            prm = dict(base, **reps, small_reps=small, hand_prefix=f"{run.name_prefix}pool{seq}_")
+            if not (sum(reps.values()) or small):
                 continue
-            log(f"  pool: {LABELS[c]}, round {rnd + 1}/{p['rounds']}")
-            limit = (
-                120.0
-                + 60.0 * (params["submit_reps"] + params["stamped_reps"])
-                + 120.0 * params["map_reps"]
-                + 60.0 * params["small_reps"]
-            )
+            log(f"  pool: {LABELS[c]}, round {rnd + 1}/{rounds}")
+            limit = 120.0 + 60.0 * (reps["submit_reps"] + stamped + small) + 120.0 * reps["map_reps"]
             try:
-                res, inf, left = _one(run, c, params, limit)
+                res, inf, left = _one(run, c, prm, limit)
             except Unavailable as exc:
                 failed[c] = "skipped"
-                _skip(run, c, cases + (small_cases if c in S.CONTENDERS else []), f"unavailable: {exc}")
+                _empty(run, c, kinds(c), case, {"skipped": f"unavailable: {exc}"})
                 run.note(f"{LABELS[c]} skipped: {exc}", WL)
                 continue
             except Exception as exc:
                 text = str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}"
                 errors[c].append(text)
-                short = _short(text)
-                more = (
-                    " (a later round runs it again)"
-                    if len(errors[c]) < MAX_FAILURES
-                    else f" ({MAX_FAILURES} failures: not run again)"
-                )
-                run.alert(
-                    f"{LABELS[c]} failed in workload {WL}, round {rnd + 1}: {short}{more}" + _hint(text)
-                )
+                more = " (a later round runs it again)"
                 if len(errors[c]) >= MAX_FAILURES:
                     failed[c] = text
+                    more = f" ({MAX_FAILURES} failures: not run again)"
+                run.alert(
+                    f"{LABELS[c]} failed in workload {WL}, round {rnd + 1}: {_short(text)}{more}{_hint(text)}"
+                )
                 continue
             info[c] = inf
             if left:
@@ -436,388 +293,162 @@ def w_pool(run: Run, contenders: list[str]) -> None:
                     f"{LABELS[c]} (workload {WL}, round {rnd + 1}): after the driver had "
                     f"shut its executor down: {'; '.join(left)}"
                 )
-            for case in (SUBMIT, MAP):
-                if case in res:
-                    raws[c][case].append(res[case])
-            if S.SMALL in res:
-                raws[c][S.SMALL].append(res[S.SMALL])
-                small_rounds[c].append(rnd + 1)
-    for c in todo:
-        if failed.get(c) == "skipped":
-            continue
-        for kind, case in cases:
-            if any(r["times"] for r in raws[c][kind]):
-                _record(run, c, kind, case, raws[c][kind], p, info.get(c, {}), errors[c])
-            elif errors[c]:
-                _fail(run, c, [(kind, case)], errors[c][-1])
-        if c in S.CONTENDERS:
-            if raws[c][S.SMALL]:
-                S.record(run, c, LABELS[c], raws[c][S.SMALL], small, small_rounds[c], errors[c])
-            elif errors[c]:
-                _fail(run, c, small_cases, errors[c][-1])
+            for k in raws[c]:
+                if k in res:
+                    raws[c][k].append(dict(res[k], round=rnd + 1))
     ran = [c for c in todo if failed.get(c) != "skipped"]
+    ctx = {"plan": p, "case": case, "info": info, "errors": errors, "std_rounds": {}}
+    for c in ran:  # (in ORDER: stdlib first, the others' rows compare by round)
+        for k, raw in raws[c].items():
+            if any(r["times"] for r in raw):
+                _record(run, c, k, raw, ctx)
+            elif errors[c]:
+                _empty(run, c, (k,), case, {"error": errors[c][-1]})
     _notes(run, p, ran, info, start_method, time.perf_counter() - t_all)
-    if any(c in S.CONTENDERS for c in ran):
-        run.note(
-            f"(c) small tasks: {small['small_reps']} repetition(s) of each row per driver, "
-            "after the array cases, on the driver's pool of 2 workers; only the standard "
-            "pool and ultradict_ng.futures (with no array the other two are the standard "
-            "pool); by round: the ratio of each round's medians",
-            WL,
-        )
-
-
-#: A contender that fails this many rounds is not run again.
-MAX_FAILURES = 2
 
 
 def _short(text: str) -> str:
     mark = "(then the harness:"
     lines = [ln for ln in text.strip().splitlines() if not ln.startswith(mark)]
-    short = lines[-1][:300] if lines else text
     cleaned = [ln for ln in text.strip().splitlines() if ln.startswith(mark)]
-    return short + (" " + cleaned[0] if cleaned else "")
+    return (lines[-1][:300] if lines else text) + (" " + cleaned[0] if cleaned else "")
 
 
 def _hint(text: str) -> str:
     """What a known failure means."""
-    if "is gone (removed from outside?)" in text:
-        return (
-            "; another process removed a live parcel: a concurrent pytest run does this "
-            "(tests/conftest.py's no_leftovers unlinks every @udp* entry that appears while "
-            "a test runs, a benchmark's too), as would a buggy 'ultradict-ng clean'"
-        )
-    return ""
+    if "is gone (removed from outside?)" not in text:
+        return ""
+    return (
+        "; another process removed a live parcel: a concurrent pytest run does this "
+        "(tests/conftest.py's no_leftovers unlinks every @udp* entry that appears while "
+        "a test runs, a benchmark's too), as would a buggy 'ultradict-ng clean'"
+    )
 
 
-def _skip(run: Run, c: str, cases: list[tuple[str, str]], why: str) -> None:
-    for kind, case in cases:
-        rec = run.record(
-            WL, case, c, unit="s", better="lower", values=[], skipped=why, params={"case_kind": kind}
-        )
+def _empty(run: Run, c: str, ks: tuple[str, ...], case: dict[str, str], why: dict[str, str]) -> None:
+    """Records without a value: ``why`` is ``{"skipped": ...}`` or ``{"error": ...}``."""
+    for k in ks:
+        rec = run.record(WL, case[k], c, **SECONDS, values=[], params={"case_kind": k}, **why)
         rec["label"] = LABELS[c]
-
-
-def _fail(run: Run, c: str, cases: list[tuple[str, str]], text: str) -> None:
-    short = _short(text)
-    for kind, case in cases:
-        rec = run.record(
-            WL, case, c, unit="s", better="lower", values=[], error=text, params={"case_kind": kind}
-        )
-        rec["label"] = LABELS[c]
-        rec["error_short"] = short
+        if "error" in why:
+            rec["error_short"] = _short(why["error"])
 
 
 def _med(xs: list[float]) -> Optional[float]:
     return statistics.median(xs) if xs else None
 
 
-def _record(
-    run: Run,
-    c: str,
-    kind: str,
-    case: str,
-    raw: list[dict[str, Any]],
-    p: dict[str, Any],
-    inf: dict[str, Any],
-    errors: list[str],
-) -> None:
+def _record(run: Run, c: str, k: str, raw: list[dict[str, Any]], ctx: dict[str, Any]) -> None:
+    """One record of ``c``'s case ``k`` from its drivers' results ``raw``."""
+    p, errors = ctx["plan"], ctx["errors"][c]
     times = [t for r in raw for t in r["times"]]
     wrong = [w for r in raw for w in r["wrong"]]
     if wrong:
-        run.alert(f"{LABELS[c]}: pool {kind}: a wrong result: {wrong[0]}")
-    params: dict[str, Any] = {
-        "case_kind": kind,
-        "repetitions": len(times),
-        "drivers": len(raw),
-        "start_method": inf.get("start_method"),
-        "version": inf.get("version"),
-        "future_class_in_driver": inf.get("future_class"),
-        "result_types": sorted({t for r in raw for t in r["result_types"]}),
-        "release_s_median": _med([x for r in raw for x in r["release_s"]]),
-        "failed_rounds": len(errors),
-        "errors": errors,
-    }
-    show: dict[str, Any] = {}
-    if errors:
-        show["failed rounds"] = str(len(errors))
-    if kind == SUBMIT:
-        params["elements"] = p["submit_elements"]
-        params["input_bytes"] = p["submit_elements"] * 8
-        stages = [s for r in raw for s in r.get("stages", [])]
-        params["stages"] = stages
-        if stages:
-            params["stages_median"] = {k: _med([s[k] for s in stages if k in s]) for k in stages[0]}
-    else:
-        mib = p["map_arrays"] * p["map_bytes"] / MiB
+        run.alert(f"{LABELS[c]}: pool {k}: a wrong result: {wrong[0]}")
+    by_round = {str(r["round"]): statistics.median(r["times"]) for r in raw if r["times"]}
+    params: dict[str, Any] = {"case_kind": k, "repetitions": len(times), "drivers": len(raw)}
+    params.update(failed_rounds=len(errors), errors=errors, round_medians=by_round)
+    show = {"failed rounds": f"{len(errors)}, see the alerts"} if errors else {}
+    if k in ARRAY_KINDS:
+        inf = ctx["info"].get(c, {})
         params.update(
-            arrays=p["map_arrays"],
-            array_bytes=p["map_bytes"],
-            input_mib=mib,
-            throughput_mib_s=[mib / t for t in times],
+            start_method=inf.get("start_method"),
+            version=inf.get("version"),
+            future_class_in_driver=inf.get("future_class"),
+            result_types=sorted({t for r in raw for t in r["result_types"]}),
+            release_s_median=_med([x for r in raw for x in r["release_s"]]),
         )
-        med = _med(times)
-        params["throughput_mib_s_median"] = mib / med if med else None
+    else:
+        params["tasks"] = p[k]
+    if k == "submit":
+        stages = [s for r in raw for s in r["stages"]]
+        params.update(elements=p["submit_elements"], input_bytes=p["submit_elements"] * 8, stages=stages)
+        if stages:
+            med = params["stages_median"] = {x: _med([s[x] for s in stages if x in s]) for x in stages[0]}
+            names = [x for x in ("to_worker", "compute", "back", "put", "take") if x in med]
+            show["stages"] = ", ".join(f"{x.replace('_', ' ')} {fmt_seconds(med[x])}" for x in names)
+    elif k == "map":
+        mib, med = p["map_arrays"] * p["map_bytes"] / MiB, _med(times)
+        params.update(arrays=p["map_arrays"], array_bytes=p["map_bytes"], input_mib=mib)
+        params.update(throughput_mib_s=[mib / t for t in times], throughput_mib_s_median=med and mib / med)
+        show["MiB/s"] = f"{mib / med:.0f}" if med else "-"
+    std = ctx["std_rounds"].setdefault(k, by_round if c == "stdlib" else {})
+    ratios = [std[r] / v for r, v in by_round.items() if r in std and v]
+    if c != "stdlib" and len(ratios) > 1:
+        show["x stdlib by round"] = f"{min(ratios):.2f}..{max(ratios):.2f}"
     if wrong:
         show["value"] = "WRONG"
     rec = run.record(
-        WL, case, c, unit="s", better="lower", values=times, raw=raw, show=show, params=params, ok=not wrong
+        WL, ctx["case"][k], c, **SECONDS, values=times, raw=raw, show=show, params=params, ok=not wrong
     )
     rec["label"] = LABELS[c]
 
 
 def _notes(
-    run: Run,
-    p: dict[str, Any],
-    todo: list[str],
-    info: dict[str, dict[str, Any]],
-    start_method: str,
-    took: float,
+    run: Run, p: dict[str, Any], ran: list[str], info: dict[str, Any], method: str, took: float
 ) -> None:
-    def note(text: str) -> None:
-        run.note(text, WL)
+    notes = {
+        "": f"each measurement in a fresh spawned driver process per contender ({p['rounds']} round(s), "
+        f"contenders interleaved, order rotated); executors made with mp_context={method!r} (the "
+        f"platform's default), warmed up by one tiny task per worker; {p['submit_reps']} round trip(s) "
+        f"and {p['map_reps']} map(s) per contender; the workload took {took:.0f} s. submit: from the "
+        "submit call to the result's first and last element read (the input made before); 'stages': "
+        f"{p['stamped_reps']} extra round trip(s) of add_one_stamped (the add, returning the worker's "
+        "clock around it in a dict: npshmex ships only arrays and dicts of arrays through shared "
+        "memory), not in the median: to worker = submit -> the add starts, back = the add ends -> the "
+        "result usable here (for the hand-written one 'to worker' includes 'put': create + copy). "
+        "map: from the map call to every result's first and last element read; MiB/s = input / wall",
+        "npshmex": "npshmex monkeypatches concurrent.futures._base.Future when imported (in its driver "
+        f"the class was {info.get('npshmex', {}).get('future_class') or '?'}): it runs only in drivers "
+        "of its own; its submit puts array arguments in SharedArray segments and its Future un-shms "
+        "results; its map sends tuples of arguments, which it does not recognise as arrays: there the "
+        "arrays travel pickled through the pipe, as in the standard pool",
+        "handwritten": "stdlib + SharedMemory by hand: the caller copies each input into a segment of "
+        "its own and passes (name, shape, dtype); the worker attaches, computes into an output segment "
+        "(np.add(x, 1, out=...)) and returns its name; the caller attaches it (zero-copy); closing and "
+        "unlinking both comes after the clock stops (release time in latest.json); no resource-tracker "
+        "registration is left; its map consumes a generator that copies each input just before its submit",
+        NG: "ultradict_ng.futures.ProcessPoolExecutor with its default shm_threshold; its result arrays "
+        "are views of a segment whose name is already removed (freed when the array is)",
+        "small": f"small tasks: {p['small_reps']} repetition(s) of each row per driver, after the array "
+        "cases, on the driver's pool of 2 workers; only the standard pool and ultradict_ng.futures (with "
+        "no array the other two are the standard pool); x stdlib by round: the ratio of each round's medians",
+    }
+    for c, text in notes.items():
+        if c in (*ran, "") or (c == "small" and set(ran) & set(SMALL_CONTENDERS)):
+            run.note(text, WL)
 
-    rounds = p["rounds"]
-    note(
-        f"each measurement in a fresh spawned driver process per contender ({rounds} round"
-        f"{'s' if rounds > 1 else ''}, contenders interleaved, order rotated); executors made "
-        f"with mp_context={start_method!r} (this platform's default start method), warmed up "
-        f"by one tiny task per worker; {p['submit_reps']} round trip(s) and {p['map_reps']} "
-        f"map(s) per contender; median (min..max); the workload took {took:.0f} s"
+
+def _vs(kind: str, base: str) -> dict[str, Any]:
+    """The ratio ``base``'s median / ultradict_ng's: how many times faster ours is."""
+    return {"num": pick(WL, base, case_kind=kind), "den": pick(WL, case_kind=kind)}
+
+
+_FULL = cases(dict(zip(SIZES, FULL)))
+register(
+    Workload(
+        name=WL,
+        number=11,
+        title="process pool: submit(add_one, big array) round trip; map over many 10 MiB arrays; small tasks",
+        run=w_pool,
+        aliases=("futures", "executor", "processpool", "processpoolexecutor"),
+        own=ORDER,
+        labels=LABELS,
+        contender_aliases={
+            **dict.fromkeys(("std", "concurrent.futures", "concurrent-futures"), "stdlib"),
+            **dict.fromkeys(("hand", "hand-written", "by-hand"), "handwritten"),
+        },
+        versions=lambda: {c: T.version_of(c) for c in ORDER},
+        targets=(
+            Target("pool: submit round trip >= 4x faster than stdlib pool", 4.0, **_vs("submit", "stdlib")),
+            Target(
+                "pool: submit round trip faster than npshmex", 1.0, strict=True, **_vs("submit", "npshmex")
+            ),
+            Target("pool: map 64x10 MiB >= 3x stdlib pool's throughput", 3.0, **_vs("map", "stdlib")),
+            *(
+                Target(f"pool, small tasks: {_FULL[k]} >= 1x the standard pool", 1.0, **_vs(k, "stdlib"))
+                for k in T.SMALL_KINDS
+            ),
+        ),
     )
-    note(
-        "(a) the clock runs from the submit call to the result's first and last element read "
-        "(the input array is made before); 'to worker / compute / back': "
-        f"{p['stamped_reps']} extra round trip(s) of add_one_stamped (the same add, returning "
-        "the worker's clock around it in a dict, as npshmex ships only arrays and dicts of "
-        "arrays through shared memory), not in the median: to worker = submit -> the add "
-        "starts in the worker, back = the add ends -> the result usable here (the "
-        "hand-written one includes the parent's segment create + copy in 'to worker')"
-    )
-    note(
-        "(b) wall time from the map call to every result's first and last element read; "
-        "MiB/s = input MiB / wall; speed-up = stdlib's median / the contender's (for (b) "
-        "that is the throughput ratio)"
-    )
-    if "npshmex" in todo:
-        fc = info.get("npshmex", {}).get("future_class")
-        note(
-            "npshmex monkeypatches concurrent.futures._base.Future globally when imported "
-            f"(in its driver the class was {fc or '?'}): it runs only in drivers of its own; "
-            "its submit puts array arguments in SharedArray segments and its Future un-shms "
-            "results on arrival; its map sends tuples of arguments (chunks), which it does "
-            "not recognise as arrays: in (b) the arrays travel pickled through the pipe, "
-            "as in the standard pool"
-        )
-    if "handwritten" in todo:
-        note(
-            "stdlib + SharedMemory by hand: the caller creates a segment per input and copies "
-            "the array in, passes (name, shape, dtype); the worker attaches, creates an output "
-            "segment and computes into it (np.add(x, 1, out=...): no extra copy), returns its "
-            "name; the caller attaches it (zero-copy); closing and unlinking both happens "
-            "after the clock stops (release time in latest.json); no resource-tracker "
-            "registration is left (track=False on 3.13+, else unregister after each "
-            "create/attach and shm_unlink); in (b) map consumes a generator that copies each "
-            "input just before its submit"
-        )
-    if "ultradict_ng" in todo:
-        note(
-            "ultradict_ng.futures.ProcessPoolExecutor with its default shm_threshold; its "
-            "result arrays are views of a segment whose name is already removed (freed when "
-            "the array is)"
-        )
-
-
-# -- the report -------------------------------------------------------------------------------
-
-
-def _rows(recs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    rows = [r for r in recs if r["workload"] == WL and r["params"].get("case_kind") == kind]
-    return sorted(rows, key=lambda r: ORDER.index(r["contender"]) if r["contender"] in ORDER else len(ORDER))
-
-
-def _find(recs: list[dict[str, Any]], kind: str, c: str) -> Optional[dict[str, Any]]:
-    for r in _rows(recs, kind):
-        if r["contender"] == c:
-            return r
-    return None
-
-
-def _speedup(recs: list[dict[str, Any]], kind: str, base: str, c: str) -> Optional[float]:
-    """``base``'s median / ``c``'s: how many times faster ``c`` is (None if either is missing)."""
-    b, x = _find(recs, kind, base), _find(recs, kind, c)
-    if not b or not x or not b["median"] or not x["median"]:
-        return None
-    return float(b["median"]) / float(x["median"])
-
-
-def _spread(r: dict[str, Any]) -> str:
-    if r["n"] < 2:
-        return "(1 rep)"
-    return f"{fmt_seconds(r['min'])} .. {fmt_seconds(r['max'])}"
-
-
-def _bad(r: dict[str, Any], w: int) -> Optional[str]:
-    if r.get("skipped"):
-        return f"  {r['label']:<{w}}skipped: {r['skipped']}"
-    if r.get("error") and r["median"] is None:
-        return f"  {r['label']:<{w}}FAILED: {(r.get('error_short') or r['error'])[:200]}"
-    return None
-
-
-def section(recs: list[dict[str, Any]], number: int, title: str, notes: list[str]) -> str:
-    lines = ["", f"== {number}. {title} =="]
-    w = 31
-    for kind in (SUBMIT, MAP):
-        rows = _rows(recs, kind)
-        if not rows:
-            continue
-        better = "lower is better" if kind == SUBMIT else "lower wall / higher MiB/s is better"
-        lines.append(
-            f"  -- ({'a' if kind == SUBMIT else 'b'}) {rows[0]['case']} ({better}; "
-            "x stdlib / x npshmex: times faster than it) --"
-        )
-        head = f"  {'contender':<{w}}{'median':>10}  {'spread (min..max)':<22}{'n':>3}"
-        head += f"{'x stdlib':>10}"
-        head += f"{'x npshmex':>11}" if kind == SUBMIT else f"{'MiB/s':>9}"
-        lines.append(head + "  notes")
-        for r in rows:
-            bad = _bad(r, w)
-            if bad:
-                lines.append(bad)
-                continue
-            vs_std = _speedup(recs, kind, "stdlib", r["contender"])
-            line = (
-                f"  {r['label']:<{w}}{fmt_seconds(r['median']):>10}  {_spread(r):<22}"
-                f"{r['n']:>3}{'-' if vs_std is None else f'{vs_std:.2f}x':>10}"
-            )
-            if kind == SUBMIT:
-                vs_np = _speedup(recs, kind, "npshmex", r["contender"])
-                line += f"{'-' if vs_np is None else f'{vs_np:.2f}x':>11}"
-            else:
-                thr = r["params"].get("throughput_mib_s_median")
-                line += f"{'-' if thr is None else f'{thr:.0f}':>9}"
-            extra = []
-            if r["show"].get("value"):
-                extra.append("VALUE " + r["show"]["value"])
-            if r["show"].get("failed rounds"):
-                extra.append(f"{r['show']['failed rounds']} round(s) failed: see the alerts")
-            lines.append((line + "  " + ", ".join(extra)).rstrip())
-        if kind == SUBMIT:
-            staged = [r for r in rows if r["params"].get("stages_median")]
-            if staged:
-                lines.append(
-                    f"  where the time goes (add_one_stamped, median of "
-                    f"{len(staged[0]['params']['stages'])}):"
-                )
-                lines.append(
-                    f"  {'':<{w}}{'to worker':>10}{'compute':>10}{'back':>10}"
-                    f"{'total':>10}  (hand-written: put = create + copy, take = attach)"
-                )
-                for r in staged:
-                    s = r["params"]["stages_median"]
-                    more = ""
-                    if "put" in s:
-                        more = f"  put {fmt_seconds(s['put'])}, take {fmt_seconds(s['take'])}"
-                    lines.append(
-                        f"  {r['label']:<{w}}{fmt_seconds(s.get('to_worker')):>10}"
-                        f"{fmt_seconds(s.get('compute')):>10}"
-                        f"{fmt_seconds(s.get('back')):>10}"
-                        f"{fmt_seconds(s.get('total')):>10}{more}"
-                    )
-    lines.extend(S.section(recs, LABELS, w))
-    for n in notes:
-        lines.append(f"   note: {n}")
-    return "\n".join(lines)
-
-
-def targets(records: list[dict[str, Any]], quick: bool) -> list[dict[str, Any]]:
-    """The pool's targets on the medians of this run (the report marks them; nothing fails)."""
-    out: list[dict[str, Any]] = []
-    recs = [r for r in records if r["workload"] == WL]
-
-    def why(kind: str, c: str) -> str:
-        r = _find(recs, kind, c)
-        if r is None:
-            return f"{LABELS[c]}: not measured in this run"
-        return f"{LABELS[c]}: " + str(r.get("skipped") or r.get("error_short") or "no value")
-
-    def row(name: str, kind: str, base: str, need: float, strict: bool) -> None:
-        ratio = _speedup(recs, kind, base, "ultradict_ng")
-        r: dict[str, Any] = {"target": name, "need": f"> {need:g}x" if strict else f">= {need:g}x"}
-        if ratio is None:
-            missing = "ultradict_ng" if not (_find(recs, kind, "ultradict_ng") or {}).get("median") else base
-            r.update(measured=None, status="n/a", detail=why(kind, missing))
-        else:
-            ok = ratio > need if strict else ratio >= need
-            ng, b = _find(recs, kind, "ultradict_ng"), _find(recs, kind, base)
-            assert ng is not None and b is not None
-            detail = (
-                f"ultradict_ng.futures {fmt_seconds(ng['median'])} vs {LABELS[base]} "
-                f"{fmt_seconds(b['median'])} (median of {ng['n']} / {b['n']})"
-            )
-            if kind == MAP:
-                detail += (
-                    f"; {ng['params'].get('throughput_mib_s_median') or 0:.0f} vs "
-                    f"{b['params'].get('throughput_mib_s_median') or 0:.0f} MiB/s"
-                )
-            r.update(measured=ratio, status="PASS" if ok else "MISS", detail=detail)
-            case = ng["case"]
-            if quick:
-                r["caveat"] = f"--quick sizes ({case}), not the targets'"
-        out.append(r)
-
-    row("pool: submit round trip >= 4x faster than stdlib pool", SUBMIT, "stdlib", SUBMIT_VS_STDLIB, False)
-    row("pool: submit round trip faster than npshmex", SUBMIT, "npshmex", SUBMIT_VS_NPSHMEX, True)
-    row("pool: map 64x10 MiB >= 3x stdlib pool's throughput", MAP, "stdlib", MAP_VS_STDLIB, False)
-    out.extend(S.targets(recs, quick))
-    return out
-
-
-def _minor_label(v: float, _pos: Any) -> str:
-    """Label the 2s and 5s between the decades of a log axis."""
-    if v <= 0:
-        return ""
-    lead = round(v / 10 ** math.floor(math.log10(v)), 6)
-    return f"{v:g}" if lead in (2.0, 5.0) else ""
-
-
-def plot_panel(ax: Any, recs: list[dict[str, Any]]) -> str:
-    """Median seconds (whiskers min..max) per case and contender; the speed-up over stdlib on top."""
-    # ultradict_ng in its colour of the other panels; the peers in colours no other panel uses
-    colors = {"stdlib": "dimgray", "npshmex": "goldenrod", "handwritten": "teal", "ultradict_ng": "tab:blue"}
-    width = 0.8 / len(ORDER)
-    kinds = [k for k in (SUBMIT, MAP) if any(r["median"] for r in _rows(recs, k))]
-    for i, c in enumerate(ORDER):
-        xs, ys, lo, hi = [], [], [], []
-        for j, kind in enumerate(kinds):
-            r = _find(recs, kind, c)
-            if r and r["median"]:
-                x = j + (i - (len(ORDER) - 1) / 2) * width
-                xs.append(x)
-                ys.append(r["median"])
-                lo.append(r["median"] - r["min"])
-                hi.append(r["max"] - r["median"])
-                s = _speedup(recs, kind, "stdlib", c)
-                if s is not None and c != "stdlib":
-                    ax.annotate(f"{s:.1f}x", (x, r["max"]), ha="center", va="bottom", fontsize=7)
-        if xs:
-            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[c], label=LABELS[c])
-    labels = []
-    for kind in kinds:
-        prm = next(r["params"] for r in _rows(recs, kind) if r["median"])
-        if kind == SUBMIT:
-            labels.append(f"(a) submit round trip, 1 worker\n{prm.get('input_bytes', 0) / 1e6:.0f} MB array")
-        else:
-            labels.append(
-                f"(b) map, 2 workers\n{prm.get('arrays')} x {(prm.get('array_bytes') or 0) // MiB} MiB"
-            )
-    ax.set_xticks(range(len(kinds)))
-    ax.set_xticklabels(labels, fontsize=8)
-    ax.set_yscale("log")
-    from matplotlib.ticker import FuncFormatter
-
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(_minor_label))
-    ax.set_ylabel("s (median; label: x faster than stdlib)")
-    return "process pool with large arrays (lower is better)"
+)

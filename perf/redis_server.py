@@ -18,24 +18,14 @@ import tempfile
 import time
 from typing import Optional
 
-__all__ = ["RedisServer", "redis_binary"]
-
 
 def redis_binary() -> Optional[str]:
     return shutil.which("redis-server")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     except Exception:
         pass
 
@@ -54,10 +44,7 @@ class RedisServer:
     """``RedisServer.start()`` -> running server; ``stop()`` ends it (idempotent)."""
 
     def __init__(self, proc: subprocess.Popen, port: int, workdir: str, binary: str) -> None:
-        self.proc = proc
-        self.port = port
-        self.workdir = workdir
-        self.binary = binary
+        self.proc, self.port, self.workdir, self.binary = proc, port, workdir, binary
 
     @classmethod
     def start(cls, binary: Optional[str] = None, wait: float = 10.0) -> RedisServer:
@@ -65,29 +52,14 @@ class RedisServer:
         if not binary:
             raise FileNotFoundError("redis-server not found on PATH")
         last_error = ""
-        for _ in range(3):  # the free port can be taken between probe and bind
-            port = _free_port()
+        for _ in range(3):
+            with socket.socket() as sock:  # a free port (taken meanwhile: the next attempt)
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
             workdir = tempfile.mkdtemp(prefix="perf-redis-")
             logfile = os.path.join(workdir, "redis.log")
-            argv: list[str] = [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--dir",
-                workdir,
-                "--logfile",
-                logfile,
-                "--protected-mode",
-                "yes",
-            ]
+            argv = [binary, "--port", str(port), "--save", "", "--dir", workdir, "--logfile", logfile]
+            argv += "--bind 127.0.0.1 --appendonly no --daemonize no --protected-mode yes".split()
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -98,9 +70,7 @@ class RedisServer:
             )
             server = cls(proc, port, workdir, binary)
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    break
+            while time.monotonic() < deadline and proc.poll() is None:
                 if _ping(port):
                     return server
                 time.sleep(0.02)
@@ -115,23 +85,23 @@ class RedisServer:
     def version(self) -> str:
         try:
             out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=5).stdout
-            for tok in out.split():
-                if tok.startswith("v="):
-                    return tok[2:]
-            return out.strip()
+            return next((tok[2:] for tok in out.split() if tok.startswith("v=")), out.strip())
         except Exception:
             return "?"
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc.poll() is None:
-            proc.terminate()
+        if self.proc.poll() is None:
+            self.proc.terminate()
             try:
-                proc.wait(5)
+                self.proc.wait(5)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+                self.proc.kill()
+                self.proc.wait(5)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
 
     @property
     def running(self) -> bool:

@@ -33,6 +33,15 @@ def compact_error(text: str) -> str:
     return " ".join(lines)[:300]
 
 
+def _reported(q: Any, body: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """In a spawned process (:meth:`Run.spawn`): put what ``body(*args)`` returns, or why it raised."""
+    try:
+        q.put(body(*args))
+    except BaseException as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        q.put({"error": f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno} in {where.name})"})
+
+
 class WorkerError(Exception):
     """A pool worker reported an exception or did not answer in time.
 
@@ -171,6 +180,9 @@ class Run:
         #: The parts of workload 10 to run (perf.wake.PARTS; None: all).
         self.wake_parts = wake_parts
         self.repeat = repeat
+        #: The workloads selected, in run order; those already measured.
+        self.only: list[str] = []
+        self.done: set[str] = set()
         self.box = box
         self.out = out
         self.ctx = mp.get_context("spawn")
@@ -281,6 +293,43 @@ class Run:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.kill()
+
+    def call(self, body: Callable[..., Any], *args: Any, timeout: float = 1800.0) -> dict[str, Any]:
+        """``body(*args)`` in a fresh spawned process: the dict it returned, or ``{"error": why}``."""
+        return self.spawn(body, [args], timeout)[0]
+
+    def spawn(self, body: Callable[..., Any], arg_sets: list[tuple[Any, ...]], timeout: float) -> list[Any]:
+        """``body(*args)`` for each ``args``, each in a fresh spawned process, all at once.
+
+        What each returned, in the order they answered; ``{"error": why}`` for one
+        that raised, died without answering (SIGKILL, a crash) or ran past ``timeout``.
+        """
+        q = self.ctx.Queue()
+        # Not daemonic: a child may start processes of its own (durable's group writers).
+        name = f"perf-{body.__name__}"
+        ps = [self.ctx.Process(target=_reported, args=(q, body, a), name=name) for a in arg_sets]
+        self.children += ps  # before start: an interruption after the fork still finds them
+        out: list[Any] = []
+        try:
+            for p in ps:
+                p.start()
+            deadline = time.monotonic() + timeout
+            while len(out) < len(ps):
+                try:
+                    out.append(q.get(timeout=1.0))
+                    continue
+                except queue.Empty:
+                    pass
+                dead = [p.exitcode for p in ps if p.exitcode not in (None, 0)]
+                if dead or not any(p.is_alive() for p in ps) or time.monotonic() > deadline:
+                    why = f"died (exit code {dead[0]})" if dead else f"gave no answer within {timeout:.0f} s"
+                    out += [{"error": f"a child process {why}"}] * (len(ps) - len(out))
+            return out
+        finally:
+            for p in ps:
+                self.reap(p, 60)
+                self.children.remove(p)
+            q.close()
 
     def reap(self, proc: Any, timeout: float = 10.0) -> None:
         proc.join(timeout)

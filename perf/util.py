@@ -10,6 +10,7 @@ import signal
 import statistics
 import sys
 import time
+import timeit
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
@@ -94,6 +95,7 @@ FORMATTERS: dict[str, Callable[[Optional[float]], str]] = {
     "s/op": fmt_seconds,
     "GB/s": fmt_gbps,
     "MiB": fmt_mib,
+    "CPU-s": lambda x: "-" if x is None else f"{x:.3g} CPU-s",
 }
 
 
@@ -131,23 +133,31 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def calibrate(loop: Callable[[int], float], box: float, min_ops: int = 1, max_ops: int = 50_000_000) -> int:
-    """Op count for which ``loop(n)`` takes about ``box`` seconds.
+class _Timer(timeit.Timer):
+    """A :class:`timeit.Timer` whose ``timeit(n)`` runs a loop that times its own n operations.
 
-    ``loop(n)`` runs n operations and returns the seconds they took.  The
-    first call (one op) doubles as a warm-up; counts grow by up to 10x until a
-    run takes at least a tenth of the box.
+    Its seconds are scaled by ``scale``: :meth:`timeit.Timer.autorange` stops at
+    0.2 of them, and the scale makes that a tenth of the measurement's box.
     """
-    n = 1
-    while True:
-        dt = loop(n)
-        if dt >= box / 10 or n >= max_ops:
-            break
-        if dt <= 0:
-            n = min(max_ops, n * 10)
-            continue
-        n = min(max_ops, max(n * 2, min(n * 10, int(n * (box / 5) / dt))))
-    target = int(n * box / dt) if dt > 0 else max_ops
+
+    def __init__(self, loop: Callable[[int], float], scale: float) -> None:
+        self._loop = loop
+        self._scale = scale
+
+    def timeit(self, number: int = 1) -> float:
+        return self._loop(number) * self._scale
+
+
+def calibrate(loop: Callable[[int], float], box: float, min_ops: int = 1, max_ops: int = 50_000_000) -> int:
+    """Op count for which ``loop(n)`` (n operations, returns their seconds) takes about ``box`` seconds.
+
+    The standard library's :meth:`timeit.Timer.autorange` tries 1, 2, 5, 10, ...
+    operations (the first call is the warm-up) until a try takes a tenth of the
+    box; the count is scaled from there to the box.
+    """
+    scale = 0.2 / (box / 10)
+    number, took = _Timer(loop, scale).autorange()
+    target = int(number * box * scale / took) if took > 0 else max_ops
     return max(min_ops, min(max_ops, target))
 
 

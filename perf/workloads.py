@@ -1,15 +1,10 @@
-"""The workloads, each written once against :class:`perf.adapters.Handle`.
+"""Workloads 1-8, each written once against :class:`perf.adapters.Handle`.
 
-(Workload 9, large values between processes, lives in :mod:`perf.big`;
-workload 10, wake-ups, idle waiters and the lock under contention, in
-:mod:`perf.wake`.)
-
-Every timed loop has the same shape for every contender (``m[k]``,
-``m[k] = i``, ``with lock: m[k] += 1``, with ``m`` and ``lock`` bound to
-locals first); the cyclic GC is off inside timed loops, as in :mod:`timeit`.
-Op counts are chosen so one repetition loops for about ``run.box`` seconds;
-repetitions of different contenders are interleaved so that machine noise is
-spread over all of them.
+Every timed loop has the same shape for every contender (``m[k]``, ``m[k] = i``,
+``with lock: m[k] += 1``, with ``m`` and ``lock`` bound to locals first); the
+cyclic GC is off inside timed loops, as in :mod:`timeit`.  Op counts are chosen
+so one repetition loops for about ``run.box`` seconds; repetitions of different
+contenders are interleaved so that machine noise is spread over all of them.
 """
 
 from __future__ import annotations
@@ -23,53 +18,41 @@ from itertools import repeat as _repeat
 from typing import Any, Callable, Optional
 
 from .adapters import Adapter, Handle
-from .big import w_big
 from .procs import attach_probe
+from .registry import Target, Workload, pick, register
 from .run import Run, WorkerError
-from .util import calibrate, fmt_count, fmt_seconds, log, no_gc, percentile, shm_entries, summarize, watchdog
-from .wake import w_wake
+from .util import calibrate, fmt_count, fmt_rate, fmt_seconds, log, no_gc, percentile, shm_entries, watchdog
+from .util import summarize as _summarize
 
 pc = time.perf_counter
 pc_ns = time.perf_counter_ns
+Loop = Callable[[int], float]
 
 KEY = 0
-
-# (name, number, title, unit, better)
-WORKLOADS: list[tuple[str, int, str]] = [
-    ("read", 1, "hot-key read (no concurrent writes)"),
-    ("write", 2, "single-key write"),
-    ("lock", 3, "read-modify-write under the lock: with lock: m[k] += 1"),
-    ("contend", 4, "locked increment, spawned processes contending (aggregate)"),
-    ("latency", 5, "visibility latency: parent writes, a spawned reader polls"),
-    ("attach", 6, "attach by name in a fresh spawned process, to the first read"),
-    ("growth", 7, "cost per op vs dict size (writes include amortized full dumps)"),
-    ("values", 8, "large values: write, then read through a second handle"),
-    ("big", 9, "large values to another process: write, 1st/2nd read, reader RSS"),
-    ("wakeup", 10, "wake-up: a write -> a waiter in another process; idle waiters' CPU; d.lock"),
-]
-NUMBERS = {name: no for name, no, _ in WORKLOADS}
-TITLES = {name: title for name, _, title in WORKLOADS}
-ALIASES = {
-    "reads": "read",
-    "writes": "write",
-    "incr": "lock",
-    "increment": "lock",
-    "contention": "contend",
-    "processes": "contend",
-    "visibility": "latency",
-    "load": "attach",
-    "size": "growth",
-    "cost": "growth",
-    "value": "values",
-    "large": "big",
-    "large-values": "big",
-    "numpy": "big",
-    "wake": "wakeup",
-    "wake-up": "wakeup",
-    "wait": "wakeup",
-    "wait_for_change": "wakeup",
-    "futex": "wakeup",
+#: Each workload's unit and which way is better.
+UNITS = {
+    "read": ("ops/s", "higher"),
+    "write": ("ops/s", "higher"),
+    "lock": ("ops/s", "higher"),
+    "contend": ("ops/s", "higher"),
+    "latency": ("s", "lower"),
+    "attach": ("s", "lower"),
+    "growth": ("s/op", "lower"),
+    "values": ("GB/s", "higher"),
 }
+
+
+def _rec(run: Run, wl: str, case: str, key: str, values: list[float], **kw: Any) -> dict[str, Any]:
+    unit = kw.pop("unit", UNITS[wl][0])
+    return run.record(wl, case, key, unit=unit, better=UNITS[wl][1], values=values, **kw)
+
+
+def _fail(run: Run, wl: str, case: str, key: str, exc: BaseException, unit: Optional[str] = None) -> None:
+    run.fail(wl, case, key, exc, unit=unit or UNITS[wl][0], better=UNITS[wl][1])
+
+
+def _median(values: list[float]) -> Optional[float]:
+    return _summarize(values)["median"]
 
 
 def _safe_destroy(run: Run, a: Adapter, h: Optional[Handle]) -> None:
@@ -82,15 +65,43 @@ def _safe_destroy(run: Run, a: Adapter, h: Optional[Handle]) -> None:
         run.alert(f"{a.label}: cleanup of {h.name} failed: {exc!r} (retried at the end)")
 
 
+def _close_second(a: Adapter, h: Optional[Handle], h2: Optional[Handle]) -> None:
+    if h2 is not None and h2 is not h:
+        try:
+            a.close_second(h2)
+        except Exception:
+            pass
+
+
 def _cell_limit(run: Run) -> float:
     """Watchdog limit of one measurement (generous: catches hangs, not slowness)."""
     return 120.0 + 50 * run.box
 
 
+def _interleave(run: Run, wl: str, cells: list[dict[str, Any]], what: str, limit: float) -> None:
+    """``run.repeat`` rounds of every cell's ``loop(n)``, cells interleaved; a failing cell drops out.
+
+    A cell is a dict with ``a`` (adapter), ``loop``, ``n``, ``cases`` (recorded as
+    failed on an exception) and ``raw``; ``extra()`` adds to each raw entry.
+    """
+    for rep in range(run.repeat):
+        for c in (c for c in cells if not c.get("failed")):
+            if wl in ("growth", "values"):
+                log(f"  {wl} {what}: {c['a'].label} (rep {rep + 1}, {c['n']} ops)")
+            try:
+                with watchdog(limit, f"{c['a'].label} {wl} {what}"):
+                    dt = c["loop"](c["n"])
+                c["raw"].append({"ops": c["n"], "seconds": dt, **(c["extra"]() if "extra" in c else {})})
+            except Exception as exc:
+                c["failed"] = True
+                for case in c["cases"]:
+                    _fail(run, wl, case, c["a"].key, exc)
+
+
 # -- loops --------------------------------------------------------------------------------
 
 
-def read_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
+def read_loop(h: Handle, k: Any = KEY) -> Loop:
     m = h.m
 
     def loop(n: int) -> float:
@@ -105,7 +116,7 @@ def read_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
     return loop
 
 
-def write_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
+def write_loop(h: Handle, k: Any = KEY) -> Loop:
     m = h.m
 
     def loop(n: int) -> float:
@@ -120,7 +131,7 @@ def write_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
     return loop
 
 
-def lock_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
+def lock_loop(h: Handle, k: Any = KEY) -> Loop:
     m, lock = h.m, h.lock
 
     def loop(n: int) -> float:
@@ -139,7 +150,7 @@ def lock_loop(h: Handle, k: Any = KEY) -> Callable[[int], float]:
 class Counted:
     """Wraps a loop and counts the operations it ran (to check the final count)."""
 
-    def __init__(self, loop: Callable[[int], float]) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         self.total = 0
 
@@ -153,13 +164,7 @@ class Counted:
 
 
 def _inproc(
-    run: Run,
-    wl: str,
-    adapters: list[Adapter],
-    case: str,
-    make_loop: Callable[[Handle], Callable[[int], float]],
-    *,
-    check_count: bool,
+    run: Run, wl: str, adapters: list[Adapter], case: str, make_loop: Callable[[Handle], Loop], check: bool
 ) -> None:
     cells: list[dict[str, Any]] = []
     try:
@@ -172,100 +177,65 @@ def _inproc(
                         h.m[KEY] = 0
                     loop = Counted(make_loop(h))
                     n = calibrate(loop, run.box)
-                cells.append({"a": a, "h": h, "loop": loop, "n": n, "raw": [], "failed": False})
+                cells.append({"a": a, "h": h, "loop": loop, "n": n, "raw": [], "cases": [case]})
             except Exception as exc:
-                run.fail(wl, case, a.key, exc, unit="ops/s", better="higher")
+                _fail(run, wl, case, a.key, exc)
                 _safe_destroy(run, a, h)
-        for _rep in range(run.repeat):
-            for c in cells:
-                if c["failed"]:
-                    continue
-                try:
-                    with watchdog(_cell_limit(run), f"{c['a'].label} {wl}"):
-                        dt = c["loop"](c["n"])
-                    c["raw"].append({"ops": c["n"], "seconds": dt})
-                except Exception as exc:
-                    c["failed"] = True
-                    run.fail(wl, case, c["a"].key, exc, unit="ops/s", better="higher")
-        for c in cells:
-            if c["failed"]:
-                continue
-            a, h = c["a"], c["h"]
+        _interleave(run, wl, cells, case, _cell_limit(run))
+        for c in (c for c in cells if not c.get("failed")):
+            a, total = c["a"], c["loop"].total
             show: dict[str, str] = {}
             ok = None
-            if check_count:
+            if check:
                 try:
                     with watchdog(60, f"{a.label} final count"):
-                        final = h.m[KEY]
-                    ok = final == c["loop"].total
-                    show["count"] = "exact" if ok else f"MISMATCH {final} != {c['loop'].total}"
+                        final = c["h"].m[KEY]
+                    ok = final == total
+                    show["count"] = "exact" if ok else f"MISMATCH {final} != {total}"
                     if not ok:
                         run.alert(
-                            f"{a.label}: workload {wl}: final count {final}, expected "
-                            f"{c['loop'].total} (lost updates in ONE process)"
+                            f"{a.label}: workload {wl}: final count {final}, expected {total} (lost updates)"
                         )
                 except Exception as exc:
                     show["count"] = f"unreadable: {exc!r}"
                     ok = False
             values = [r["ops"] / r["seconds"] for r in c["raw"] if r["seconds"] > 0]
-            run.record(
-                wl,
-                case,
-                a.key,
-                unit="ops/s",
-                better="higher",
-                values=values,
-                raw=c["raw"],
-                show=show,
-                ok=ok,
-                params={"ops_per_rep": c["n"]},
-            )
+            _rec(run, wl, case, a.key, values, raw=c["raw"], show=show, ok=ok, params={"ops_per_rep": c["n"]})
             if wl == "lock" and values:
-                run.single_lock_rate[a.key] = summarize(values)["median"] or 0.0
+                run.single_lock_rate[a.key] = _median(values) or 0.0
     finally:
         for c in cells:
             _safe_destroy(run, c["a"], c["h"])
 
 
 def w_read(run: Run, adapters: list[Adapter]) -> None:
-    _inproc(run, "read", adapters, "hot key", read_loop, check_count=False)
+    _inproc(run, "read", adapters, "hot key", read_loop, False)
 
 
 def w_write(run: Run, adapters: list[Adapter]) -> None:
-    _inproc(run, "write", adapters, "single key", write_loop, check_count=False)
+    _inproc(run, "write", adapters, "single key", write_loop, False)
 
 
 def w_lock(run: Run, adapters: list[Adapter]) -> None:
-    _inproc(run, "lock", adapters, "1 process", lock_loop, check_count=True)
+    _inproc(run, "lock", adapters, "1 process", lock_loop, True)
     redis = next((a for a in adapters if a.key == "redis"), None)
-    if redis is not None:
-        try:
-            key = run.new_name() + ":incr"
-            loop = redis.incr_loop(key)
-            n = calibrate(loop, run.box)
-            raw = [{"ops": n, "seconds": loop(n)} for _ in range(run.repeat)]
-            redis.client.delete(key)
-            vals = [r["ops"] / r["seconds"] for r in raw]
-            run.record(
-                "lock",
-                "1 process",
-                "redis:INCR",
-                unit="ops/s",
-                better="higher",
-                values=vals,
-                raw=raw,
-                note_only=True,
-            )
-            med = summarize(vals)["median"]
-            from .util import fmt_rate
-
-            run.note(
-                f"redis INCR (one atomic server-side command; not the same shape as "
-                f"lock + GET + SET): {fmt_rate(med)} ops/s median",
-                "lock",
-            )
-        except Exception as exc:
-            run.note(f"redis INCR measurement failed: {exc!r}", "lock")
+    if redis is None:
+        return
+    try:
+        key = run.new_name() + ":incr"
+        loop = redis.incr_loop(key)
+        n = calibrate(loop, run.box)
+        raw = [{"ops": n, "seconds": loop(n)} for _ in range(run.repeat)]
+        redis.client.delete(key)
+        vals = [r["ops"] / r["seconds"] for r in raw]
+        _rec(run, "lock", "1 process", "redis:INCR", vals, raw=raw, note_only=True)
+        run.note(
+            "redis INCR (one atomic server-side command; not the same shape as lock + GET + SET): "
+            f"{fmt_rate(_median(vals))} ops/s median",
+            "lock",
+        )
+    except Exception as exc:
+        run.note(f"redis INCR measurement failed: {exc!r}", "lock")
 
 
 # -- 4: contention ------------------------------------------------------------------------------
@@ -282,13 +252,24 @@ def _base_lock_rate(run: Run, a: Adapter, h: Handle) -> float:
     return n / dt if dt > 0 else 1000.0
 
 
+def _sized_rounds(
+    run: Run, P: int, base: float, least: int, round_: Callable[[int, float], dict[str, Any]]
+) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
+    """A calibration round sizes the op count for ``run.box``; then ``run.repeat`` rounds."""
+    n_cal = max(least, int(base * run.box * 0.15 / P))
+    cal = round_(n_cal, 120 + 200 * P * n_cal / max(base, 1.0))
+    agg = cal["ops"] / cal["seconds"] if cal["seconds"] > 0 else base
+    n = max(least, int(agg * run.box / P))
+    return n, cal, [round_(n, 120 + 50 * P * n / max(agg, 1.0)) for _ in range(run.repeat)]
+
+
 def _contend_threads(run: Run, a: Adapter, P: int, case: str) -> None:
     """The plain dict cannot cross processes: its ceiling uses P threads and a threading.Lock."""
     h = a.create()
     try:
         m, lock = h.m, h.lock
 
-        def round_(n: int) -> tuple[float, bool, int]:
+        def round_(n: int, timeout: float) -> dict[str, Any]:
             m[KEY] = 0
             barrier = threading.Barrier(P + 1)
             times: list[tuple[int, int]] = []
@@ -308,52 +289,26 @@ def _contend_threads(run: Run, a: Adapter, P: int, case: str) -> None:
             for t in threads:
                 t.join()
             span = (max(t1 for _, t1 in times) - min(t0 for t0, _ in times)) / 1e9
-            return span, m[KEY] == P * n, m[KEY]
+            return {"ops": P * n, "seconds": span, "final": m[KEY], "exact": m[KEY] == P * n}
 
-        base = _base_lock_rate(run, a, h)
-        n_cal = max(10, int(base * run.box * 0.15 / P))
-        span, _, _ = round_(n_cal)
-        agg = P * n_cal / span if span > 0 else base
-        n = max(10, int(agg * run.box / P))
-        raw = []
-        exact_all = True
-        for _ in range(run.repeat):
-            span, exact, final = round_(n)
-            exact_all &= exact
-            raw.append({"ops": P * n, "seconds": span, "final": final, "exact": exact})
-        run.record(
-            "contend",
-            case,
-            a.key,
-            unit="ops/s",
-            better="higher",
-            values=[r["ops"] / r["seconds"] for r in raw],
-            raw=raw,
-            ok=exact_all,
-            show={"count": "exact" if exact_all else "MISMATCH", "how": f"{P} threads"},
-            params={"ops_per_worker": n, "threads": P},
-        )
+        n, _, raw = _sized_rounds(run, P, _base_lock_rate(run, a, h), 10, round_)
+        exact = all(r["exact"] for r in raw)
+        show = {"count": "exact" if exact else "MISMATCH", "how": f"{P} threads"}
+        values = [r["ops"] / r["seconds"] for r in raw]
+        params = {"ops_per_worker": n, "threads": P}
+        _rec(run, "contend", case, a.key, values, raw=raw, ok=exact, show=show, params=params)
     finally:
         a.destroy(h)
 
 
-def _psm() -> set:
+def _psm() -> set[str]:
     return {e for e in shm_entries() if e.startswith("psm_")}
 
 
 def _contend_procs(run: Run, a: Adapter, P: int, case: str) -> None:
-    psm_before = _psm() if a.uses_mp_shm else None
-    try:
-        _contend_procs_inner(run, a, P, case)
-    finally:
-        if psm_before is not None:
-            run.psm_suspects |= _psm() - psm_before
-
-
-def _contend_procs_inner(run: Run, a: Adapter, P: int, case: str) -> None:
     h = None
-    pool = None
     attached = False
+    psm_before = _psm() if a.uses_mp_shm else None
     try:
         with watchdog(_cell_limit(run), f"{a.label} contend setup"):
             h = a.create()
@@ -361,9 +316,8 @@ def _contend_procs_inner(run: Run, a: Adapter, P: int, case: str) -> None:
                 h.m[KEY] = 0
             base = _base_lock_rate(run, a, h)
         pool = run.get_pool()
-        spec = a.child_spec(h)
         wids = list(range(P))
-        pool.attach(wids, spec)
+        pool.attach(wids, a.child_spec(h))
         attached = True
 
         def round_(n: int, timeout: float) -> dict[str, Any]:
@@ -374,62 +328,43 @@ def _contend_procs_inner(run: Run, a: Adapter, P: int, case: str) -> None:
             for w in wids:
                 pool.send(w, ("incr", h.name, KEY, n, start))
             answers = pool.gather(P, timeout, kinds=("incr",))
-            t0 = min(p[0] for _, _, p in answers)
-            t1 = max(p[1] for _, _, p in answers)
             with watchdog(_cell_limit(run), f"{a.label} final count"):
                 final = h.m[KEY]
-            span = (t1 - t0) / 1e9
             return {
                 "ops": P * n,
-                "seconds": span,
+                "seconds": (max(p[1] for _, _, p in answers) - min(p[0] for _, _, p in answers)) / 1e9,
                 "final": final,
                 "exact": final == P * n,
                 "per_worker_s": [round((p[1] - p[0]) / 1e9, 6) for _, _, p in answers],
             }
 
-        n_cal = max(5, int(base * run.box * 0.15 / P))
-        cal = round_(n_cal, timeout=120 + 200 * P * n_cal / max(base, 1.0))
-        agg = cal["ops"] / cal["seconds"] if cal["seconds"] > 0 else base
-        n = max(5, int(agg * run.box / P))
-        raw = []
-        for _ in range(run.repeat):
-            raw.append(round_(n, timeout=120 + 50 * P * n / max(agg, 1.0)))
-        exact_all = cal["exact"] and all(r["exact"] for r in raw)
-        show = {"count": "exact" if exact_all else "MISMATCH"}
-        if not exact_all:
-            bad = [r for r in [cal, *raw] if not r["exact"]]
+        n, cal, raw = _sized_rounds(run, P, base, 5, round_)
+        bad = [r for r in [cal, *raw] if not r["exact"]]
+        show = {"count": "exact"}
+        if bad:
             lost = [r["ops"] - r["final"] for r in bad]
             show["count"] = f"MISMATCH in {len(bad)}/{len(raw) + 1} rounds (lost {min(lost)}..{max(lost)})"
             run.alert(
                 f"{a.label}: {case}: final count wrong in {len(bad)} of {len(raw) + 1} rounds, "
                 f"e.g. {bad[0]['final']} instead of {bad[0]['ops']} (lost updates)"
             )
-        run.record(
-            "contend",
-            case,
-            a.key,
-            unit="ops/s",
-            better="higher",
-            values=[r["ops"] / r["seconds"] for r in raw if r["seconds"] > 0],
-            raw=[cal, *raw],
-            ok=exact_all,
-            show=show,
-            params={"ops_per_worker": n, "processes": P, "calibration_round": 0},
-        )
-    except WorkerError as exc:
-        if exc.fatal:
+        values = [r["ops"] / r["seconds"] for r in raw if r["seconds"] > 0]
+        params = {"ops_per_worker": n, "processes": P, "calibration_round": 0}
+        _rec(run, "contend", case, a.key, values, raw=[cal, *raw], ok=not bad, show=show, params=params)
+    except Exception as exc:
+        if isinstance(exc, WorkerError) and exc.fatal:
             run.drop_pool()
             attached = False
-        run.fail("contend", case, a.key, exc, unit="ops/s", better="higher")
-    except Exception as exc:
-        run.fail("contend", case, a.key, exc, unit="ops/s", better="higher")
+        _fail(run, "contend", case, a.key, exc)
     finally:
-        if attached and run.pool is not None:
+        if attached and run.pool is not None and h is not None:
             try:
                 run.pool.detach(list(range(P)), h.name)
             except Exception:
                 run.drop_pool()
         _safe_destroy(run, a, h)
+        if psm_before is not None:
+            run.psm_suspects |= _psm() - psm_before
 
 
 def w_contend(run: Run, adapters: list[Adapter]) -> None:
@@ -437,17 +372,14 @@ def w_contend(run: Run, adapters: list[Adapter]) -> None:
         case = f"{P} processes"
         for a in adapters:
             log(f"  contend: {a.label}, {P} workers")
-            if a.cross_process:
-                _contend_procs(run, a, P, case)
-            else:
-                try:
-                    _contend_threads(run, a, P, case)
-                except Exception as exc:
-                    run.fail("contend", case, a.key, exc, unit="ops/s", better="higher")
+            try:
+                (_contend_procs if a.cross_process else _contend_threads)(run, a, P, case)
+            except Exception as exc:
+                _fail(run, "contend", case, a.key, exc)
     run.note(
-        "aggregate = total increments / (last worker's end - first worker's start); every "
-        "round starts with the counter at 0 and checks the exact final count; the first "
-        "round sizes the op count and is not in the rates (its count is checked)",
+        "aggregate = total increments / (last worker's end - first worker's start); every round starts "
+        "with the counter at 0 and checks the exact final count; the first round sizes the op count "
+        "and is not in the rates (its count is checked)",
         "contend",
     )
     if any(not a.cross_process for a in adapters):
@@ -463,33 +395,22 @@ def w_contend(run: Run, adapters: list[Adapter]) -> None:
 
 def w_latency(run: Run, adapters: list[Adapter]) -> None:
     samples = 60 if run.quick else 200
-    stop = -1
     for a in adapters:
-        case = "write -> seen"
         if not a.cross_process:
-            run.record(
-                "latency",
-                case,
-                a.key,
-                unit="s",
-                better="lower",
-                values=[],
-                skipped="cannot be shared between processes",
-            )
+            _rec(run, "latency", "write -> seen", a.key, [], skipped="cannot be shared between processes")
             continue
         log(f"  latency: {a.label}")
         psm_before = _psm() if a.uses_mp_shm else None
         try:
-            _latency_one(run, a, case, samples, stop)
+            _latency_one(run, a, "write -> seen", samples, -1)
         finally:
             if psm_before is not None:
                 run.psm_suspects |= _psm() - psm_before
     run.note(
-        f"{samples} writes per repetition, 0.5-1.5 ms apart; latency = reader's "
-        "perf_counter_ns when it first sees the value - the writer's perf_counter_ns taken "
-        "just before the write call (CLOCK_MONOTONIC, common to all processes); median of "
-        "each repetition, p99 over all of them; 'seen' < total means a value was "
-        "overwritten before the reader saw it",
+        f"{samples} writes per repetition, 0.5-1.5 ms apart; latency = reader's perf_counter_ns when it "
+        "first sees the value - the writer's perf_counter_ns taken just before the write call "
+        "(CLOCK_MONOTONIC, common to all processes); median of each repetition, p99 over all of them; "
+        "'seen' < total means a value was overwritten before the reader saw it",
         "latency",
     )
 
@@ -521,23 +442,20 @@ def _latency_one(run: Run, a: Adapter, case: str, samples: int, stop: int) -> No
             m[KEY] = stop
         _, _, (seen, read_errors) = pool.gather(1, 120, kinds=("seen",))[0]
         seen_at = dict(seen)
-        per_rep = []
         raw = []
         pooled: list[float] = []
         for batch in stamps:
             lat = [(seen_at[ts] - ts) / 1e9 for ts in batch if ts in seen_at]
             pooled.extend(lat)
-            per_rep.append(summarize(lat)["median"])
             raw.append(
                 {
                     "samples": len(batch),
                     "seen": len(lat),
-                    "median_s": summarize(lat)["median"],
+                    "median_s": _median(lat),
                     "p99_s": percentile(lat, 99),
                     "max_s": max(lat) if lat else None,
                 }
             )
-        missed = sum(r["samples"] - r["seen"] for r in raw)
         show = {
             "p99": fmt_seconds(percentile(pooled, 99)),
             "seen": f"{sum(r['seen'] for r in raw)}/{samples * run.repeat}",
@@ -545,37 +463,25 @@ def _latency_one(run: Run, a: Adapter, case: str, samples: int, stop: int) -> No
         if read_errors:
             show["read errors"] = str(len(read_errors))
             run.alert(
-                f"{a.label}: the polling reader got {len(read_errors)} exception(s) while "
-                f"the parent wrote, e.g. {read_errors[0]}"
+                f"{a.label}: the polling reader got {len(read_errors)} exception(s) while the parent "
+                f"wrote, e.g. {read_errors[0]}"
             )
-        run.record(
-            "latency",
-            case,
-            a.key,
-            unit="s",
-            better="lower",
-            values=[v for v in per_rep if v is not None],
-            raw=raw,
-            show=show,
-            params={
-                "samples_per_rep": samples,
-                "missed": missed,
-                "p99_pooled_s": percentile(pooled, 99),
-                "read_errors": read_errors[:20],
-            },
-        )
-    except WorkerError as exc:
-        if exc.fatal or attached:  # a reader that failed mid-poll is not reusable
-            run.drop_pool()
-            attached = False
-        run.fail("latency", case, a.key, exc, unit="s", better="lower")
+        params = {
+            "samples_per_rep": samples,
+            "missed": sum(r["samples"] - r["seen"] for r in raw),
+            "p99_pooled_s": percentile(pooled, 99),
+            "read_errors": read_errors[:20],
+        }
+        values = [r["median_s"] for r in raw if r["median_s"] is not None]
+        _rec(run, "latency", case, a.key, values, raw=raw, show=show, params=params)
     except Exception as exc:
-        run.fail("latency", case, a.key, exc, unit="s", better="lower")
-        if attached:  # the reader may still be polling: it cannot be reused
+        # A reader that failed or may still be polling is not reusable.
+        if attached or (isinstance(exc, WorkerError) and exc.fatal):
             run.drop_pool()
             attached = False
+        _fail(run, "latency", case, a.key, exc)
     finally:
-        if attached and run.pool is not None:
+        if attached and run.pool is not None and h is not None:
             try:
                 run.pool.detach([0], h.name)
             except Exception:
@@ -594,12 +500,11 @@ def growth_sizes(run: Run) -> list[int]:
     return [1_000, 100_000] if run.quick else [1_000, 10_000, 100_000, 1_000_000]
 
 
-def _keys_loop_read(h: Handle, keys: list[Any]) -> Callable[[int], float]:
+def _keys_loop_read(h: Handle, keys: list[Any]) -> Loop:
     m = h.m
-    L = len(keys)
 
     def loop(n: int) -> float:
-        full, rest = divmod(n, L)
+        full, rest = divmod(n, len(keys))
         tail = keys[:rest]
         with no_gc():
             t0 = pc()
@@ -614,12 +519,11 @@ def _keys_loop_read(h: Handle, keys: list[Any]) -> Callable[[int], float]:
     return loop
 
 
-def _keys_loop_write(h: Handle, pairs: list[tuple[Any, Any]]) -> Callable[[int], float]:
+def _keys_loop_write(h: Handle, pairs: list[tuple[Any, Any]]) -> Loop:
     m = h.m
-    L = len(pairs)
 
     def loop(n: int) -> float:
-        full, rest = divmod(n, L)
+        full, rest = divmod(n, len(pairs))
         tail = pairs[:rest]
         with no_gc():
             t0 = pc()
@@ -636,37 +540,20 @@ def _keys_loop_write(h: Handle, pairs: list[tuple[Any, Any]]) -> Callable[[int],
 
 def _probe(run: Run, a: Adapter, h: Handle, expected: Any) -> dict[str, Any]:
     """One fresh spawned process: attach + first read."""
-    q = run.ctx.Queue()
     inherit: dict[str, Any] = {}
     for ad in run.adapters.values():
         inherit.update(ad.inheritables())
-    p = run.ctx.Process(
-        target=attach_probe,
-        name="perf-attach-probe",
-        args=(a.child_spec(h), KEY, expected, inherit, run.preload_modules if a.uses_mp_shm else [], q),
-        daemon=True,
-    )
-    run.children.append(p)
-    try:
-        p.start()
-        try:
-            kind, payload = q.get(timeout=180)
-        except Exception:
-            raise WorkerError("the attach probe did not answer within 180 s") from None
-        if kind != "probe":
-            raise WorkerError(f"attach probe: {payload}")
-        return payload
-    finally:
-        run.reap(p, 30)
-        run.children.remove(p)
-        q.close()
-        q.join_thread()
+    preload = run.preload_modules if a.uses_mp_shm else []
+    got = run.call(attach_probe, a.child_spec(h), KEY, expected, inherit, preload, timeout=180)
+    if "error" in got:
+        raise WorkerError(f"attach probe: {got['error']}")
+    return got
 
 
 def w_sized(run: Run, adapters: list[Adapter], do_attach: bool, do_growth: bool) -> None:
-    sizes = sorted(set((attach_sizes(run) if do_attach else []) + (growth_sizes(run) if do_growth else [])))
-    largest_growth = max(growth_sizes(run))
-    for size in sizes:
+    at = attach_sizes(run) if do_attach else []
+    gr = growth_sizes(run) if do_growth else []
+    for size in sorted(set(at + gr)):
         label = fmt_count(size) + " keys"
         log(f"  sized dicts: seeding {label}")
         initial = {i: str(i) for i in range(size)}
@@ -680,28 +567,21 @@ def w_sized(run: Run, adapters: list[Adapter], do_attach: bool, do_growth: bool)
                     log(f"    {a.label}: seeded in {pc() - t0:.2f} s")
                     if a.key == "smd":
                         run.note(
-                            f"shared-memory-dict: size={handles[a.key].extra['size']:,} bytes "
-                            f"for {label} (1.5x its pickled dict + 64 KiB; it needs a fixed "
-                            "size)",
+                            f"shared-memory-dict: size={handles[a.key].extra['size']:,} bytes for {label} "
+                            "(1.5x its pickled dict + 64 KiB; it needs a fixed size)",
                             "growth" if do_growth else "attach",
                         )
                 except Exception as exc:
-                    for wl, unit in (("attach", "s"), ("growth", "s/op")):
-                        if (wl == "attach" and do_attach and size in attach_sizes(run)) or (
-                            wl == "growth" and do_growth and size in growth_sizes(run)
-                        ):
-                            run.fail(wl, label, a.key, exc, unit=unit, better="lower")
-            if do_attach and size in attach_sizes(run):
-                _attach(run, [a for a in adapters if a.key in handles], handles, size, label)
-            if do_growth and size in growth_sizes(run):
-                _growth(
-                    run,
-                    [a for a in adapters if a.key in handles],
-                    handles,
-                    size,
-                    label,
-                    size == largest_growth,
-                )
+                    for wl, sizes in (("attach", at), ("growth", gr)):
+                        if size in sizes:
+                            _fail(run, wl, label, a.key, exc, unit="s" if wl == "attach" else "s/op")
+            seeded = [a for a in adapters if a.key in handles]
+            if size in at:
+                _attach(run, seeded, handles, label)
+            if size in gr:
+                _growth(run, seeded, handles, size, label)
+                if size == max(gr):
+                    _dump_load(run, seeded, handles, label)
         finally:
             for a in adapters:
                 _safe_destroy(run, a, handles.pop(a.key, None))
@@ -709,186 +589,104 @@ def w_sized(run: Run, adapters: list[Adapter], do_attach: bool, do_growth: bool)
             gc.collect()
 
 
-def _attach(run: Run, adapters: list[Adapter], handles: dict[str, Handle], size: int, label: str) -> None:
+def _attach(run: Run, adapters: list[Adapter], handles: dict[str, Handle], label: str) -> None:
     raws: dict[str, list[dict[str, Any]]] = {a.key: [] for a in adapters}
-    failed: dict[str, str] = {}
+    failed = set()
     for a in adapters:
         if not a.cross_process:
-            run.record(
-                "attach",
-                label,
-                a.key,
-                unit="s",
-                better="lower",
-                values=[],
-                skipped="cannot be opened from another process",
-            )
-            failed[a.key] = "skip"
+            _rec(run, "attach", label, a.key, [], skipped="cannot be opened from another process")
+            failed.add(a.key)
     for rep in range(run.repeat):
-        for a in adapters:
-            if a.key in failed:
-                continue
+        for a in (a for a in adapters if a.key not in failed):
             log(f"  attach {label}: {a.label} (rep {rep + 1})")
             try:
                 raws[a.key].append(_probe(run, a, handles[a.key], str(KEY)))
             except Exception as exc:
-                failed[a.key] = "fail"
-                run.fail("attach", label, a.key, exc, unit="s", better="lower")
-    for a in adapters:
-        if a.key in failed:
-            continue
+                failed.add(a.key)
+                _fail(run, "attach", label, a.key, exc)
+    for a in (a for a in adapters if a.key not in failed):
         raw = raws[a.key]
         ok = all(r["value_ok"] for r in raw)
         show = {
-            "attach": fmt_seconds(summarize([r["attach"] for r in raw])["median"]),
-            "1st read": fmt_seconds(summarize([r["first_read"] for r in raw])["median"]),
+            "attach": fmt_seconds(_median([r["attach"] for r in raw])),
+            "1st read": fmt_seconds(_median([r["first_read"] for r in raw])),
         }
         if a.server_based:
             show["note"] = "server: nothing loaded"
         if not ok:
             show["value"] = "WRONG VALUE"
             run.alert(f"{a.label}: attach {label}: the first read returned a wrong value")
-        run.record(
-            "attach",
-            label,
-            a.key,
-            unit="s",
-            better="lower",
-            values=[r["total"] for r in raw],
-            raw=raw,
-            ok=ok,
-            show=show,
-        )
+        _rec(run, "attach", label, a.key, [r["total"] for r in raw], raw=raw, ok=ok, show=show)
 
 
-def _growth(
-    run: Run, adapters: list[Adapter], handles: dict[str, Handle], size: int, label: str, largest: bool
-) -> None:
+def _growth(run: Run, adapters: list[Adapter], handles: dict[str, Handle], size: int, label: str) -> None:
     rnd = random.Random(size)
-    L = 65_536
-    keys = [rnd.randrange(size) for _ in range(L)]
+    keys = [rnd.randrange(size) for _ in range(65_536)]
     pairs = [(k, str(rnd.randrange(10 * size))) for k in keys]
     for kind in ("read", "write"):
+        case = f"{kind} {label}"
         cells = []
         for a in adapters:
             h = handles[a.key]
             try:
                 with watchdog(_cell_limit(run) * 3, f"{a.label} growth {kind} calibration"):
-                    if kind == "read":
-                        loop = _keys_loop_read(h, keys)
-                        n = calibrate(loop, run.box)
-                        min_n = 1
-                    else:
-                        loop = _keys_loop_write(h, pairs)
-                        min_n = a.min_writes(h, run.quick)
-                        n = max(min_n, calibrate(loop, run.box))
-                cells.append({"a": a, "loop": loop, "n": n, "raw": [], "min": min_n, "failed": False})
+                    loop = _keys_loop_read(h, keys) if kind == "read" else _keys_loop_write(h, pairs)
+                    least = 1 if kind == "read" else a.min_writes(h, run.quick)
+                    n = max(least, calibrate(loop, run.box))
+                cells.append({"a": a, "loop": loop, "n": n, "raw": [], "min": least, "cases": [case]})
             except Exception as exc:
-                run.fail("growth", f"{kind} {label}", a.key, exc, unit="s/op", better="lower")
-        for rep in range(run.repeat):
-            for c in cells:
-                if c["failed"]:
-                    continue
-                log(f"  growth {kind} {label}: {c['a'].label} (rep {rep + 1}, {c['n']} ops)")
-                try:
-                    with watchdog(_cell_limit(run) * 3, f"{c['a'].label} growth {kind}"):
-                        dt = c["loop"](c["n"])
-                    c["raw"].append({"ops": c["n"], "seconds": dt})
-                except Exception as exc:
-                    c["failed"] = True
-                    run.fail("growth", f"{kind} {label}", c["a"].key, exc, unit="s/op", better="lower")
-        for c in cells:
-            if c["failed"]:
-                continue
+                _fail(run, "growth", case, a.key, exc)
+        _interleave(run, "growth", cells, case, _cell_limit(run) * 3)
+        for c in (c for c in cells if not c.get("failed")):
             show = {"ops/rep": fmt_count(c["n"]) if c["n"] >= 1000 else str(c["n"])}
             if c["min"] > 1:
                 show["ops/rep"] += f" (>= {c['min']} for dumps)"
-            run.record(
-                "growth",
-                f"{kind} {label}",
-                c["a"].key,
-                unit="s/op",
-                better="lower",
-                values=[r["seconds"] / r["ops"] for r in c["raw"]],
-                raw=c["raw"],
-                show=show,
-                params={"size": size, "kind": kind, "ops_per_rep": c["n"], "min_ops_for_dumps": c["min"]},
-            )
-    if largest:
-        _dump_load(run, adapters, handles, size, label)
+            values = [r["seconds"] / r["ops"] for r in c["raw"]]
+            params = {"size": size, "kind": kind, "ops_per_rep": c["n"], "min_ops_for_dumps": c["min"]}
+            _rec(run, "growth", case, c["a"].key, values, raw=c["raw"], show=show, params=params)
 
 
-def _dump_load(run: Run, adapters: list[Adapter], handles: dict[str, Handle], size: int, label: str) -> None:
+def _timed(run: Run, what: str, steps: list[Callable[[], Any]]) -> list[list[float]]:
+    """``run.repeat`` rounds of the steps in turn: each step's seconds per round."""
+    out: list[list[float]] = [[] for _ in steps]
+    for _ in range(run.repeat):
+        with watchdog(600, what):
+            for i, step in enumerate(steps):
+                t0 = pc()
+                step()
+                out[i].append(pc() - t0)
+    return out
+
+
+def _dump_load(run: Run, adapters: list[Adapter], handles: dict[str, Handle], label: str) -> None:
     for a in adapters:
         h = handles[a.key]
         try:
             if a.key == "ultradict_ng":
-                raw = []
-                for _ in range(run.repeat):
-                    with watchdog(600, "ultradict_ng fresh handle"):
-                        t0 = pc()
-                        h2 = a.open_second(h)
-                        h2.m[KEY]
-                        t1 = pc()
-                        a.close_second(h2)
-                    raw.append({"seconds": t1 - t0})
-                run.record(
-                    "growth",
-                    f"load {label}: fresh handle",
-                    a.key,
-                    unit="s",
-                    better="lower",
-                    values=[r["seconds"] for r in raw],
-                    raw=raw,
-                    show={"what": "SharedDict(name) + first read, in-process"},
-                )
+
+                def fresh(a: Adapter = a, h: Handle = h) -> None:
+                    h2 = a.open_second(h)
+                    h2.m[KEY]
+                    a.close_second(h2)
+
+                (secs,) = _timed(run, "ultradict_ng fresh handle", [fresh])
+                what = {"what": "SharedDict(name) + first read, in-process"}
+                _rec(run, "growth", f"load {label}: fresh handle", a.key, secs, unit="s", show=what)
             elif a.key in ("ultradict_shared", "ultradict"):
-                dumps, loads = [], []
-                for _ in range(run.repeat):
-                    with watchdog(600, f"{a.label} dump/load"):
-                        t0 = pc()
-                        h.m.dump()
-                        t1 = pc()
-                        h.m.load(force=True)
-                        t2 = pc()
-                    dumps.append({"seconds": t1 - t0})
-                    loads.append({"seconds": t2 - t1})
-                run.record(
-                    "growth",
-                    f"load {label}: dump()",
-                    a.key,
-                    unit="s",
-                    better="lower",
-                    values=[r["seconds"] for r in dumps],
-                    raw=dumps,
-                )
-                run.record(
-                    "growth",
-                    f"load {label}: load(force=True)",
-                    a.key,
-                    unit="s",
-                    better="lower",
-                    values=[r["seconds"] for r in loads],
-                    raw=loads,
-                )
+                steps = [h.m.dump, lambda h=h: h.m.load(force=True)]
+                for step, secs in zip(
+                    ("dump()", "load(force=True)"), _timed(run, f"{a.label} dump/load", steps)
+                ):
+                    _rec(run, "growth", f"load {label}: {step}", a.key, secs, unit="s")
         except Exception as exc:
-            run.fail("growth", f"load {label}", a.key, exc, unit="s", better="lower")
+            _fail(run, "growth", f"load {label}", a.key, exc, unit="s")
     run.note(
-        f"load/dump at {label}: ultradict_ng = a fresh handle attaching and reading once "
-        "(its dump happens inside the write that overflows the stream and is amortized in "
-        "the write cost above); UltraDict = its dump() and load(force=True); "
-        "shared-memory-dict loads/dumps the whole dict on every op (see its read/write "
-        "cost); Manager, redis and dict have no such notion",
+        f"load/dump at {label}: ultradict_ng = a fresh handle attaching and reading once (its dump "
+        "happens inside the write that overflows the stream and is amortized in the write cost above); "
+        "UltraDict = its dump() and load(force=True); shared-memory-dict loads/dumps the whole dict on "
+        "every op (see its read/write cost); Manager, redis and dict have no such notion",
         "growth",
     )
-
-
-def w_attach(run: Run, adapters: list[Adapter]) -> None:
-    w_sized(run, adapters, True, False)
-
-
-def w_growth(run: Run, adapters: list[Adapter]) -> None:
-    w_sized(run, adapters, False, True)
 
 
 # -- 8: large values ----------------------------------------------------------------------------
@@ -898,11 +696,7 @@ def value_sizes(run: Run) -> list[int]:
     return [1_000, 1_000_000] if run.quick else [1_000, 1_000_000, 100_000_000]
 
 
-def _size_label(n: int) -> str:
-    return {1_000: "1 KB", 1_000_000: "1 MB", 100_000_000: "100 MB"}.get(n, f"{n} B")
-
-
-def _values_loop(w: Handle, r: Handle, value: Any) -> tuple[Callable[[int], float], list[float]]:
+def _values_loop(w: Handle, r: Handle, value: Any) -> tuple[Loop, list[float]]:
     wm, rm = w.m, r.m
     acc = [0.0, 0.0]
 
@@ -923,89 +717,54 @@ def _values_loop(w: Handle, r: Handle, value: Any) -> tuple[Callable[[int], floa
     return loop, acc
 
 
+def _values_cell(run: Run, a: Adapter, size: int, label: str, value: bytes) -> dict[str, Any]:
+    """Writer and second handle for one value size; on failure, the adapter's fallback settings."""
+    for attempt in range(2):
+        h = h2 = None
+        try:
+            with watchdog(_cell_limit(run) * 4, f"{a.label} values {label} setup"):
+                h = a.create(fit_bytes=size)
+                h2 = a.open_second(h)
+                loop, acc = _values_loop(h, h2, value)
+                n = calibrate(loop, run.box)
+            if a.key == "smd":
+                run.note(
+                    f"shared-memory-dict: size={h.extra['size']:,} bytes for {label} values "
+                    "(it needs a fixed size)",
+                    "values",
+                )
+            extra = lambda acc=acc: {"bytes": size, "write_s": acc[0], "read_s": acc[1]}  # noqa: E731
+            cases = [f"{label} write", f"{label} read"]
+            return {"a": a, "h": h, "h2": h2, "loop": loop, "n": n, "raw": [], "extra": extra, "cases": cases}
+        except Exception as exc:
+            _close_second(a, h, h2)
+            _safe_destroy(run, a, h)
+            why = a.fallback(size) if attempt == 0 else None  # e.g. UltraDict: full_dump_size
+            if why is None:
+                raise
+            run.note(f"{why} (the default settings raised {exc!r})", "values")
+    raise AssertionError("unreachable")
+
+
 def w_values(run: Run, adapters: list[Adapter]) -> None:
     for size in value_sizes(run):
-        label = _size_label(size)
+        label = {1_000: "1 KB", 1_000_000: "1 MB", 100_000_000: "100 MB"}.get(size, f"{size} B")
         value = os.urandom(size)
-        big = size >= 50_000_000
-        groups = [[a] for a in adapters] if big else [adapters]  # big values: one at a time
+        groups = [[a] for a in adapters] if size >= 50_000_000 else [adapters]  # big values: one at a time
         for group in groups:
             cells = []
             try:
                 for a in group:
-                    h = h2 = None
                     try:
-                        try:
-                            with watchdog(_cell_limit(run) * 4, f"{a.label} values {label} setup"):
-                                h = a.create(fit_bytes=size)
-                                h2 = a.open_second(h)
-                                loop, acc = _values_loop(h, h2, value)
-                                n = calibrate(loop, run.box)
-                        except Exception as exc:
-                            why = a.fallback(size)  # e.g. UltraDict: full_dump_size
-                            if why is None:
-                                raise
-                            run.note(f"{why} (the default settings raised {exc!r})", "values")
-                            if h2 is not None and h2 is not h:
-                                a.close_second(h2)
-                            _safe_destroy(run, a, h)
-                            h = h2 = None
-                            with watchdog(_cell_limit(run) * 4, f"{a.label} values {label} setup"):
-                                h = a.create(fit_bytes=size)
-                                h2 = a.open_second(h)
-                                loop, acc = _values_loop(h, h2, value)
-                                n = calibrate(loop, run.box)
-                        if a.key == "smd":
-                            run.note(
-                                f"shared-memory-dict: size={h.extra['size']:,} bytes for "
-                                f"{label} values (it needs a fixed size)",
-                                "values",
-                            )
-                        cells.append(
-                            {
-                                "a": a,
-                                "h": h,
-                                "h2": h2,
-                                "loop": loop,
-                                "acc": acc,
-                                "n": n,
-                                "raw": [],
-                                "failed": False,
-                            }
-                        )
+                        cells.append(_values_cell(run, a, size, label, value))
                     except Exception as exc:
                         for kind in ("write", "read"):
-                            run.fail("values", f"{label} {kind}", a.key, exc, unit="GB/s", better="higher")
-                        if h2 is not None and h2 is not h:
-                            try:
-                                a.close_second(h2)
-                            except Exception:
-                                pass
-                        _safe_destroy(run, a, h)
-                for rep in range(run.repeat):
-                    for c in cells:
-                        if c["failed"]:
-                            continue
-                        log(f"  values {label}: {c['a'].label} (rep {rep + 1}, {c['n']} ops)")
-                        try:
-                            with watchdog(_cell_limit(run) * 4, f"{c['a'].label} values {label}"):
-                                c["loop"](c["n"])
-                            c["raw"].append(
-                                {"ops": c["n"], "bytes": size, "write_s": c["acc"][0], "read_s": c["acc"][1]}
-                            )
-                        except Exception as exc:
-                            c["failed"] = True
-                            for kind in ("write", "read"):
-                                run.fail(
-                                    "values", f"{label} {kind}", c["a"].key, exc, unit="GB/s", better="higher"
-                                )
-                for c in cells:
-                    if c["failed"]:
-                        continue
+                            _fail(run, "values", f"{label} {kind}", a.key, exc)
+                _interleave(run, "values", cells, label, _cell_limit(run) * 4)
+                for c in (c for c in cells if not c.get("failed")):
                     a = c["a"]
                     try:
-                        got = c["h2"].m[KEY]
-                        ok = got == value
+                        ok = c["h2"].m[KEY] == value
                     except Exception as exc:
                         ok = False
                         run.alert(f"{a.label}: values {label}: final read failed: {exc!r}")
@@ -1015,55 +774,108 @@ def w_values(run: Run, adapters: list[Adapter]) -> None:
                         vals = [
                             r["ops"] * size / r[f"{kind}_s"] / 1e9 for r in c["raw"] if r[f"{kind}_s"] > 0
                         ]
-                        run.record(
+                        params = {"value_bytes": size, "ops_per_rep": c["n"]}
+                        show = {} if ok else {"value": "WRONG"}
+                        _rec(
+                            run,
                             "values",
                             f"{label} {kind}",
                             a.key,
-                            unit="GB/s",
-                            better="higher",
-                            values=vals,
+                            vals,
                             raw=c["raw"],
                             ok=ok,
-                            params={"value_bytes": size, "ops_per_rep": c["n"]},
-                            show={} if ok else {"value": "WRONG"},
+                            params=params,
+                            show=show,
                         )
             finally:
                 for c in cells:
-                    a = c["a"]
-                    if c["h2"] is not c["h"]:
-                        try:
-                            a.close_second(c["h2"])
-                        except Exception:
-                            pass
-                    _safe_destroy(run, a, c["h"])
+                    _close_second(c["a"], c["h"], c["h2"])
+                    _safe_destroy(run, c["a"], c["h"])
                 gc.collect()
         del value
     for a in adapters:
         if a.key in ("ultradict", "ultradict_shared") and not getattr(a, "full_dump_size", None):
             run.note(
-                f"{a.label}: ran with its defaults at every value size (buffer_size=10_000, "
-                "no full_dump_size: values larger than the buffer go to a dynamic full-dump "
-                "segment, created per write)",
+                f"{a.label}: ran with its defaults at every value size (buffer_size=10_000, no "
+                "full_dump_size: values larger than the buffer go to a dynamic full-dump segment, "
+                "created per write)",
                 "values",
             )
     run.note(
-        "each op: writer handle m[k] = value (timed as write), then a second handle in the "
-        "same process reads it (timed as read: for caching contenders this includes "
-        "fetching the new value); values are random bytes; dict's 'second handle' is the "
-        "same dict (ceiling)",
+        "each op: writer handle m[k] = value (timed as write), then a second handle in the same process "
+        "reads it (timed as read: for caching contenders this includes fetching the new value); values "
+        "are random bytes; dict's 'second handle' is the same dict (ceiling)",
         "values",
     )
 
 
-RUNNERS: dict[str, Callable[[Run, list[Adapter]], None]] = {
-    "read": w_read,
-    "write": w_write,
-    "lock": w_lock,
-    "contend": w_contend,
-    "latency": w_latency,
-    "attach": w_attach,
-    "growth": w_growth,
-    "values": w_values,
-    "big": w_big,
-    "wakeup": w_wake,
+# -- the registry ----------------------------------------------------------------------------
+
+
+def _sized_group(do_attach: bool) -> Callable[[Run, list[Adapter]], list[str]]:
+    """Attach and growth share their seeded dicts when both run: the first runs both."""
+
+    def run_it(run: Run, adapters: list[Adapter]) -> list[str]:
+        both = "attach" in run.only and "growth" in run.only
+        w_sized(run, adapters, do_attach or both, not do_attach or both)
+        return ["growth" if do_attach else "attach"] if both else []
+
+    return run_it
+
+
+UDS = "ultradict_shared"
+
+
+def _vs_ultradict(text: str, wl: str, case: str, need: float, exact: bool = False) -> Target:
+    return Target(text, need, num=pick(wl, case=case), den=pick(wl, UDS, case=case), exact=exact)
+
+
+def _growth_ratio(recs: list[dict[str, Any]]) -> Optional[tuple[float, str]]:
+    sizes = sorted({r["params"].get("size") or 0 for r in recs if r["workload"] == "growth"} - {0})
+    small = pick("growth", case="write 1k keys").find(recs)
+    big = pick("growth", case=f"write {fmt_count(sizes[-1])} keys").find(recs) if sizes else None
+    if not small or not big or not small["median"] or not big["median"] or big is small:
+        return None
+    return big["median"] / small["median"], (
+        f"ultradict_ng {fmt_seconds(big['median'])}/op at {fmt_count(sizes[-1])} keys vs "
+        f"{fmt_seconds(small['median'])}/op at 1k"
+    )
+
+
+_TARGETS: dict[str, tuple[Target, ...]] = {
+    "read": (_vs_ultradict("hot-key reads >= 4x UltraDict(shared_lock=True)", "read", "hot key", 4),),
+    "write": (_vs_ultradict("writes >= 10x UltraDict(shared_lock=True)", "write", "single key", 10),),
+    "lock": (_vs_ultradict("locked increment >= 10x UltraDict(shared_lock=True)", "lock", "1 process", 10),),
+    "contend": tuple(
+        _vs_ultradict(f"{n} processes contending >= 10x, exact counts", "contend", f"{n} processes", 10, True)
+        for n in (2, 4)
+    ),
+    "attach": (
+        Target(
+            "1M-key attach faster than UltraDict(shared_lock=True)'s",
+            1.0,
+            num=(pick("attach", UDS, case="1M keys"), pick("attach", UDS, case="100k keys")),
+            den=pick("attach"),
+            strict=True,
+        ),
+    ),
+    "growth": (
+        Target("write cost at 1M keys / at 1k keys <= 1.5x", 1.5, at_most=True, measure=_growth_ratio),
+    ),
 }
+TITLES = {
+    "read": "hot-key read (no concurrent writes)",
+    "write": "single-key write",
+    "lock": "read-modify-write under the lock: with lock: m[k] += 1",
+    "contend": "locked increment, spawned processes contending (aggregate)",
+    "latency": "visibility latency: parent writes, a spawned reader polls",
+    "attach": "attach by name in a fresh spawned process, to the first read",
+    "growth": "cost per op vs dict size (writes include amortized full dumps)",
+    "values": "large values: write, then read through a second handle",
+}
+RUNNERS = [w_read, w_write, w_lock, w_contend, w_latency, _sized_group(True), _sized_group(False), w_values]
+ALIASES = ["reads", "writes", "incr increment", "contention processes", "visibility", "load", "size cost"]
+ALIASES.append("value")
+for (_no, _name), _run, _aliases in zip(enumerate(TITLES, 1), RUNNERS, ALIASES):
+    _targets = _TARGETS.get(_name, ())
+    register(Workload(_name, _no, TITLES[_name], _run, tuple(_aliases.split()), True, (), targets=_targets))
