@@ -7,8 +7,8 @@ they stand for is ever typed by hand and left to go stale:
     The benchmark results in ``perf/results/DIR/latest.json`` (a run of
     ``python -m perf --out perf/results/DIR``): the run's date and machine, its targets,
     one table per block of cases with every contender side by side, the notes
-    the harness wrote, and the plot (``latest.png``, or ``bigdict.png``), which
-    is copied into the site.
+    the harness wrote, and the plot (``latest.png``), which is copied into the
+    site.
 ``<!-- protocol: MODULE -->``
     A layout module's docstring -- the protocol's specification, written in
     reStructuredText beside the constants it describes -- rendered with
@@ -211,6 +211,8 @@ TITLES = {
     "transactions": "13. Transactions",
     "bigdict": "14. Big dicts",
     "cache": "15. The shared cache",
+    "durable": "16. Dicts kept in files",
+    "documents": "17. JSON-like values",
 }
 #: What the rows of workload 14 measure.
 BIGDICT_METRICS = {
@@ -428,12 +430,11 @@ def perf_markdown(name: str, plots: list[tuple[str, str]]) -> str:
     if tgt:
         out.append("Against the targets the harness checks:\n")
         out.append(tgt)
-    for png in ("latest.png", "bigdict.png"):
-        src = os.path.join(folder, png)
-        if os.path.isfile(src):
-            dest = f"{PLOT_DIR}/{'main' if name in ('.', '') else name}-{png}"
-            plots.append((src, dest))
-            out.append(f"![{TITLES.get(workloads[0], name) if workloads else name}]({dest})\n")
+    src = os.path.join(folder, "latest.png")
+    if os.path.isfile(src):
+        dest = f"{PLOT_DIR}/{'main' if name in ('.', '') else name}-latest.png"
+        plots.append((src, dest))
+        out.append(f"![{TITLES.get(workloads[0], name) if workloads else name}]({dest})\n")
     if notes:
         out.append('??? note "How this run measured (the harness\'s notes)"\n')
         for n in notes:
