@@ -172,6 +172,7 @@ PARITY = {
     "key_hash_common": ["test_native::test_key_hash_common_is_key_hash_or_none"],
     "table_get": ["test_native::test_table_probe_answers_as_the_dict"],
     "table_candidates": ["test_native::test_table_probe_answers_as_the_dict"],
+    "table_entry": ["test_native::test_table_entry_checks_as_the_probe"],
     "table_changes": ["test_native::test_table_changes_are_the_probes_and_the_codecs_bytes_on_every_impl"],
     "table_fill": ["test_native::test_table_writers_write_the_same_bytes_on_every_impl"],
     "table_index": ["test_native::test_table_writers_write_the_same_bytes_on_every_impl"],
@@ -330,12 +331,47 @@ def test_table_probe_answers_as_the_dict(impl, model, absent):
         del value
         t.close()
         buf[last] ^= 0xFF
-        got = (
-            impl.table_get(buf, slots, start, end, k0)
-            if type(k0) in (str, bytes)
-            else impl.table_candidates(buf, slots, start, end, hash_key(k0))
-        )
-        assert got == "table entry fails its checksum"
+        with pytest.raises(ValueError, match="^table entry fails its checksum$"):
+            if type(k0) in (str, bytes):
+                impl.table_get(buf, slots, start, end, k0)
+            else:
+                impl.table_candidates(buf, slots, start, end, hash_key(k0))
+        with pytest.raises(ValueError, match="^table entry fails its checksum$"):
+            impl.table_entry(buf, slots, start, end, off)
+
+
+@impls
+def test_table_entry_checks_as_the_probe(impl):
+    """table_entry gives each entry's (hash, key length, value length) as its
+    header holds them, and refuses each kind of damage with the probe's words."""
+    model = {f"k{i}": [i, "x" * i] for i in range(20)}
+    buf, slots, start, end = table_of(model)
+    off, n = start, 0
+    while off < end:
+        h, kl, vl = impl.table_entry(buf, slots, start, end, off)
+        assert (h, kl, vl) == struct.unpack_from("<QII", buf, off)
+        assert MSGPACK.loads(bytes(buf[off + 24 : off + 24 + kl])) in model
+        off, n = (off + 24 + kl + vl + 7) & ~7, n + 1
+    assert n == len(model)
+    kl = struct.unpack_from("<I", buf, start + 8)[0]
+    for where, bad in [
+        (start + 4, "offset outside the entries"),  # not aligned
+        (end, "offset outside the entries"),
+        (start - 8, "offset outside the entries"),
+    ]:
+        with pytest.raises(ValueError, match=f"^table entry {bad}$"):
+            impl.table_entry(buf, slots, start, end, where)
+    for field, value, bad in [(20, 1, "has a nonzero reserved word"), (8, end, "runs past the entries")]:
+        broken = bytearray(buf)
+        struct.pack_into("<I", broken, start + field, value)
+        with pytest.raises(ValueError, match=f"^table entry {bad}$"):
+            impl.table_entry(broken, slots, start, end, start)
+    broken = bytearray(buf)
+    broken[start + 24 + kl] ^= 1  # a byte of the first value
+    with pytest.raises(ValueError, match="^table entry fails its checksum$"):
+        impl.table_entry(broken, slots, start, end, start)
+    with pytest.raises(ValueError, match="^table bounds do not fit the buffer$"):
+        impl.table_entry(buf, slots, start, len(buf) + 8, start)
 
 
 def table_of(model):
@@ -1259,16 +1295,20 @@ def test_parse_records_checks_every_record(impl):
     words.release()
     chunk = bytes(buf[:end2])
     assert impl.parse_records(chunk, 3, 0) == [one, one + b"\xc0"]  # framing not asked for
-    problem = impl.parse_records(chunk, 3, 0, True)
-    assert isinstance(problem, str) and f"offset {end}" in problem and "one msgpack object" in problem
+    with pytest.raises(ValueError, match=f"offset {end} is not exactly one msgpack object"):
+        impl.parse_records(chunk, 3, 0, True)
     assert impl.parse_records(chunk[:end], 3, 100, True) == [one]
-    assert "another generation" in impl.parse_records(chunk[:end], 4, 0)
+    with pytest.raises(ValueError, match="another generation"):
+        impl.parse_records(chunk[:end], 4, 0)
     assert impl.parse_records(chunk[:end], 3 + 2**32, 0) == [one]  # the tag's low 32 bits
-    assert "truncated record header at stream offset 100" == impl.parse_records(chunk[:10], 3, 100)
-    assert "overruns" in impl.parse_records(chunk[: end - 1], 3, 0)
+    with pytest.raises(ValueError, match="^truncated record header at stream offset 100$"):
+        impl.parse_records(chunk[:10], 3, 100)
+    with pytest.raises(ValueError, match="overruns"):
+        impl.parse_records(chunk[: end - 1], 3, 0)
     damaged = bytearray(chunk[:end])
     damaged[20] ^= 1
-    assert "checksum" in impl.parse_records(bytes(damaged), 3, 0)
+    with pytest.raises(ValueError, match="checksum"):
+        impl.parse_records(bytes(damaged), 3, 0)
 
 
 def _stream_of_units(units, tag=3, size=1024):

@@ -55,7 +55,7 @@ static PyMethodDef native_methods[] = {
     {"apply_simple", (PyCFunction)(void (*)(void))udng_native_apply_simple, METH_FASTCALL,
      "apply_simple(data, payloads, start, op_set) -> index of the first payload not applied."},
     {"parse_records", (PyCFunction)(void (*)(void))udng_native_parse_records, METH_FASTCALL,
-     "parse_records(chunk, tag, base[, one_msgpack]) -> [payload, ...] or an error message (str)."},
+     "parse_records(chunk, tag, base[, one_msgpack]) -> [payload, ...]; ValueError says what is wrong."},
     {"scan_stream", (PyCFunction)(void (*)(void))udng_native_scan_stream, METH_FASTCALL,
      "scan_stream(buffer, tag) -> (end of the last whole unit, whole units, why the scan stopped)."},
     {"msgpack_length", (PyCFunction)udng_native_msgpack_length, METH_O,
@@ -80,11 +80,14 @@ static PyMethodDef native_methods[] = {
     {"key_hash_common", (PyCFunction)udng_native_key_hash_common, METH_O,
      "key_hash_common(key) -> _codec.keyhash.key_hash(key) for str, bytes, int, bool, float, None; else None."},
     {"table_get", (PyCFunction)(void (*)(void))udng_native_table_get, METH_FASTCALL,
-     "table_get(buf, slots, start, end, key[, offset]) -> value bytes, None, or a damage message (str); "
+     "table_get(buf, slots, start, end, key[, offset]) -> value bytes or None (ValueError for damage); "
      "with offset true, the checked entry's offset (0: absent) instead of its value."},
     {"table_candidates", (PyCFunction)(void (*)(void))udng_native_table_candidates, METH_FASTCALL,
      "table_candidates(buf, slots, start, end, h[, offsets]) -> [(key bytes, value bytes), ...] (with offsets: "
-     "(offset, key bytes, value bytes)) or a damage message."},
+     "(offset, key bytes, value bytes)); ValueError (\"table ...\") for damage."},
+    {"table_entry", (PyCFunction)(void (*)(void))udng_native_table_entry, METH_FASTCALL,
+     "table_entry(buf, slots, start, end, off) -> (hash, key length, value length) of the checked entry; "
+     "ValueError (\"table entry ...\") for damage."},
     {"table_fill", (PyCFunction)(void (*)(void))udng_native_table_fill, METH_FASTCALL,
      "table_fill(buf, off, packed_map, hashes) -> offset after the entries written from the map's pairs."},
     {"table_merge", (PyCFunction)(void (*)(void))udng_native_table_merge, METH_FASTCALL,

@@ -50,6 +50,7 @@ ENTRY_POINTS: dict[str, str] = {
     "key_hash_common": "keyhash",
     "table_get": "tableprobe",
     "table_candidates": "tableprobe",
+    "table_entry": "tableprobe",
     "table_changes": "tableprobe",
     "table_fill": "tablewalk",
     "table_index": "tablewalk",

@@ -177,7 +177,7 @@ udng_native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t na
         const char *problem = NULL;
         if (n - pos < 16) {
             Py_DECREF(out);
-            return PyUnicode_FromFormat("truncated record header at stream offset %zd", base + pos);
+            return PyErr_Format(PyExc_ValueError, "truncated record header at stream offset %zd", base + pos);
         }
         uint32_t length = udng_rd32le(p + pos), rtag = udng_rd32le(p + pos + 4), crc = udng_rd32le(p + pos + 8);
         Py_ssize_t start = pos + 16;
@@ -191,7 +191,7 @@ udng_native_parse_records(PyObject *module, PyObject *const *args, Py_ssize_t na
             problem = "is not exactly one msgpack object";
         if (problem != NULL) {
             Py_DECREF(out);
-            return PyUnicode_FromFormat("record at stream offset %zd %s", base + pos, problem);
+            return PyErr_Format(PyExc_ValueError, "record at stream offset %zd %s", base + pos, problem);
         }
         PyObject *body = PyBytes_FromStringAndSize((const char *)p + start, length);
         if (body == NULL || PyList_Append(out, body) < 0) {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Union
+from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -21,9 +21,9 @@ __all__ = ["parse_records", "msgpack_length", "apply_sets", "apply_simple", "crc
 _header = struct.Struct(L.RECORD_FORMAT)
 
 
-def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> Union[list[bytes], str]:
+def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) -> list[bytes]:
     """The payloads of the records in ``chunk`` (stream bytes from offset
-    ``base``), or a str saying what is wrong: reader step 4's checks (header
+    ``base``); ValueError saying what is wrong: reader step 4's checks (header
     complete, payload within the chunk, generation tag, crc and, with
     ``one_msgpack``, each payload exactly one msgpack object)."""
     out: list[bytes] = []
@@ -32,18 +32,18 @@ def parse_records(chunk: bytes, tag: int, base: int, one_msgpack: bool = False) 
     with memoryview(chunk) as mv:
         while pos < n:
             if n - pos < size:
-                return f"truncated record header at stream offset {base + pos}"
+                raise ValueError(f"truncated record header at stream offset {base + pos}")
             length, rtag, crc, _ = _header.unpack_from(chunk, pos)
             start = pos + size
             if length > n - start:
-                return f"record at stream offset {base + pos} overruns the published end"
+                raise ValueError(f"record at stream offset {base + pos} overruns the published end")
             if rtag != tag & 0xFFFFFFFF:
-                return f"record at stream offset {base + pos} belongs to another generation"
+                raise ValueError(f"record at stream offset {base + pos} belongs to another generation")
             body = mv[start : start + length]
             if zlib.crc32(body, zlib.crc32(mv[pos : pos + 8])) != crc:
-                return f"record at stream offset {base + pos} fails its checksum"
+                raise ValueError(f"record at stream offset {base + pos} fails its checksum")
             if one_msgpack and msgpack_length(body) != length:
-                return f"record at stream offset {base + pos} is not exactly one msgpack object"
+                raise ValueError(f"record at stream offset {base + pos} is not exactly one msgpack object")
             out.append(bytes(body))
             pos = start + length
     return out

@@ -272,7 +272,7 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const char *bad = probe_exact(&t, h, head, hl, data, n, &e, &kl, &vl, is_int ? &same_hash : NULL);
     PyObject *result = NULL;
     if (bad != NULL)
-        result = PyUnicode_FromString(bad);
+        PyErr_SetString(PyExc_ValueError, bad);
     else if (want_offset)
         result = e != NULL ? PyLong_FromUnsignedLongLong((unsigned long long)(e - t.b))
                            : PyLong_FromLong(same_hash ? -1 : 0);
@@ -405,8 +405,39 @@ udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t
     PyBuffer_Release(&pb);
     if (bad != NULL) {
         Py_XDECREF(out);
-        return PyUnicode_FromString(bad);
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
     }
+    return out;
+}
+
+/* table_entry(buf, slots, start, end, off) -> (hash, key length, value length)
+ * of the entry at off, checked as the probe checks every entry it reads
+ * (aligned, inside the entries, zero word, crc); ValueError, its message
+ * starting "table entry", when it is not sound.  Table.entry's check, so
+ * that the table has one. */
+PyObject *
+udng_native_table_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "table_entry(buf, slots, start, end, off)");
+        return NULL;
+    }
+    unsigned long long off = PyLong_AsUnsignedLongLong(args[4]);
+    if (off == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer pb;
+    table_view t;
+    if (udng_table_view_args(args, &pb, &t) < 0)
+        return NULL;
+    uint32_t kl = 0, vl = 0;
+    const char *bad = udng_table_check_entry(&t, off, &kl, &vl);
+    PyObject *out = NULL;
+    if (bad != NULL)
+        PyErr_SetString(PyExc_ValueError, bad);
+    else
+        out = Py_BuildValue("(KII)", (unsigned long long)udng_rd64le(t.b + off), (unsigned int)kl, (unsigned int)vl);
+    PyBuffer_Release(&pb);
     return out;
 }
 

@@ -1,5 +1,5 @@
 """Pure-Python twins of tableprobe.c, the compiled probe of a shared table
-(table_layout.py, "Probe"): ``table_get``, ``table_candidates``, and
+(table_layout.py, "Probe"): ``table_get``, ``table_candidates``, ``table_entry`` and
 ``table_changes`` (a merge's changes for the keys the probe decides).
 
 Re-exported by :mod:`.twins`; tests/test_native.py compares them with the
@@ -19,7 +19,7 @@ from .keyhash import key_hash_common
 from .packing import pack_value
 from .tablewalk import entry_checked
 
-__all__ = ["table_get", "table_candidates", "table_changes"]
+__all__ = ["table_get", "table_candidates", "table_entry", "table_changes"]
 
 _TE = TL.TABLE_ENTRY_HEADER
 
@@ -34,11 +34,9 @@ def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
         raise ValueError("table bounds do not fit the buffer")
 
 
-def _table_chain(
-    buf: Any, slots: int, start: int, end: int, h: int
-) -> Iterator[Union[str, tuple[int, int, int]]]:
+def _table_chain(buf: Any, slots: int, start: int, end: int, h: int) -> Iterator[tuple[int, int, int]]:
     """The checked entries on ``h``'s chain whose full hash is ``h``, as
-    ``(offset, key length, value length)``; a damage message (str) ends it."""
+    ``(offset, key length, value length)``; ValueError for damage."""
     mask = slots - 1
     tag = h & TL.TABLE_TAG_MASK
     i = h & mask
@@ -50,22 +48,17 @@ def _table_chain(
         if s & TL.TABLE_TAG_MASK != tag:
             continue
         off = s & TL.TABLE_OFFSET_MASK
-        try:
-            checked = entry_checked(buf, start, end, off)
-        except ValueError as exc:  # (this entry point's form: the message, returned)
-            yield str(exc)
-            return
-        eh, kl, vl = checked
+        eh, kl, vl = entry_checked(buf, start, end, off)
         if eh == h:
             yield off, kl, vl
-    yield "table index has no empty slot"
+    raise ValueError("table index has no empty slot")
 
 
 def table_get(
     buf: Any, slots: int, start: int, end: int, key: Union[str, bytes, int], offset: bool = False
-) -> Union[bytes, int, str, None]:
+) -> Union[bytes, int, None]:
     """The value bytes of a str or bytes ``key`` (compared as its msgpack
-    encoding, which is exact for these types), None, or a damage message.
+    encoding, which is exact for these types) or None; ValueError for damage.
     With ``offset``, the checked entry's offset instead (0: absent), and an
     int key too, by its own encoding: -1 when that does not decide (an entry
     of its hash holds other bytes -- an equal key of another type: 1.0,
@@ -83,10 +76,7 @@ def table_get(
     encoded = msgpack.packb(key, use_bin_type=True)
     same_hash = False
     with memoryview(buf) as mv:
-        for found in _table_chain(mv, slots, start, end, h):
-            if isinstance(found, str):
-                return found
-            off, kl, vl = found
+        for off, kl, vl in _table_chain(mv, slots, start, end, h):
             if mv[off + _TE : off + _TE + kl] == encoded:
                 return off if offset else bytes(mv[off + _TE + kl : off + _TE + kl + vl])
             same_hash = True
@@ -97,20 +87,24 @@ def table_get(
 
 def table_candidates(
     buf: Any, slots: int, start: int, end: int, h: int, offsets: bool = False
-) -> Union[list[tuple[bytes, bytes]], list[tuple[int, bytes, bytes]], str]:
+) -> Union[list[tuple[bytes, bytes]], list[tuple[int, bytes, bytes]]]:
     """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
-    on its chain (with ``offsets``: ``(offset, key bytes, value bytes)``),
-    or a damage message."""
+    on its chain (with ``offsets``: ``(offset, key bytes, value bytes)``);
+    ValueError for damage."""
     _table_check(buf, slots, start, end)
     out: list[Any] = []
     with memoryview(buf) as mv:
-        for found in _table_chain(mv, slots, start, end, h):
-            if isinstance(found, str):
-                return found
-            off, kl, vl = found
+        for off, kl, vl in _table_chain(mv, slots, start, end, h):
             kb, vb = bytes(mv[off + _TE : off + _TE + kl]), bytes(mv[off + _TE + kl : off + _TE + kl + vl])
             out.append((off, kb, vb) if offsets else (kb, vb))
     return out
+
+
+def table_entry(buf: Any, slots: int, start: int, end: int, off: int) -> tuple[int, int, int]:
+    """``(hash, key length, value length)`` of the entry at ``off``, checked as
+    the probe checks every entry; ValueError ("table entry ...") for damage."""
+    _table_check(buf, slots, start, end)
+    return entry_checked(buf, start, end, off)
 
 
 def table_changes(
@@ -133,7 +127,10 @@ def table_changes(
                 if new and key in hot:
                     value = pack_value(hot[key])
                 if not new or value is not None:
-                    got = table_get(buf, slots, start, end, key, True)
+                    try:
+                        got = table_get(buf, slots, start, end, key, True)
+                    except ValueError:  # damage: the general path decides (and raises)
+                        got = 0
                     off = got if type(got) is int and got > 0 else 0
             if off:
                 changes.append((off, value))

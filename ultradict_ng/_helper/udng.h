@@ -267,6 +267,7 @@ int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out);
 int udng_table_locate(PyObject *probe, PyObject *key);
 PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_table_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_changes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* ---- tablewalk.c -------------------------------------------------------------------- */

@@ -306,9 +306,10 @@ class Reader(StoreBase):
         and ``apply_all``), and only the rest are returned; a failure after that
         marks the cache for a reload, as a record that does not apply does."""
         framed = self.codec.id == _MSGPACK_ID
-        payloads = parse_records(chunk, gen & L.GEN_MASK, self.pos, framed)
-        if isinstance(payloads, str):  # (the parser's reason: the entry point's own form)
-            raise CorruptSegment(payloads)
+        try:
+            payloads = parse_records(chunk, gen & L.GEN_MASK, self.pos, framed)
+        except ValueError as exc:  # (the parser's reason)
+            raise CorruptSegment(str(exc)) from None
         done = 0
         if framed and type(self.data) is dict and not self._feeding:
             try:

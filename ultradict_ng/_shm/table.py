@@ -47,6 +47,7 @@ from ..speedups import (
     key_hash_common,
     table_candidates,
     table_chunk,
+    table_entry,
     table_fill,
     table_get,
     table_index,
@@ -118,11 +119,6 @@ def slots_for(count: int) -> int:
 def table_size(count: int, entries_bytes: int) -> int:
     """Size of a table of ``count`` entries taking ``entries_bytes`` together."""
     return TL.TABLE_HEADER + 8 * slots_for(count) + entries_bytes
-
-
-def _entry_crc(buf: _Buffer, off: int, end: int) -> int:
-    """The entry checksum: its first 16 header bytes, then key and value."""
-    return zlib.crc32(buf[off + _EH : end], zlib.crc32(buf[off : off + 16]))
 
 
 def pack_pairs(entries: Sequence[Entry]) -> bytes:
@@ -215,19 +211,19 @@ class Table:
         helper, per call): the caller releases ``buf`` and its segment.  Kept
         so that every holder of a table ends it the same way."""
 
+    def _damaged(self, exc: ValueError) -> CorruptSegment:
+        """The helper's account of damage (its message starts "table"), said of this table."""
+        return CorruptSegment(f"{self.where}: {exc}")
+
     def entry(self, off: int) -> tuple[int, memoryview, memoryview, int]:
-        """``(hash, key bytes, value bytes, next offset)`` of the entry at ``off``."""
-        if off & 7 or not self.start <= off <= self.end - _EH:
-            raise CorruptSegment(f"{self.where}: table entry offset {off} outside {self.start}..{self.end}")
-        h, kl, vl, crc, zero = _entry.unpack_from(self.buf, off)
+        """``(hash, key bytes, value bytes, next offset)`` of the entry at ``off``,
+        checked by the helper (``table_entry``) as its probe checks entries."""
+        try:
+            h, kl, vl = table_entry(self.buf, self.slots, self.start, self.end, off)
+        except ValueError as exc:
+            raise self._damaged(exc) from None
         body = off + _EH
         end = body + kl + vl
-        if end > self.end or zero:
-            raise CorruptSegment(
-                f"{self.where}: table entry at {off} runs past the entries ({end} > {self.end})"
-            )
-        if _entry_crc(self.buf, off, end) != crc:
-            raise CorruptSegment(f"{self.where}: table entry at {off} fails its checksum")
         return h, self.buf[body : body + kl], self.buf[body + kl : end], (end + 7) & ~7
 
     def find(self, key: Any, h: int, loads: Callable[[Any], Any]) -> int:
@@ -235,9 +231,10 @@ class Table:
         the helper's probe (``table_candidates``, with offsets) gives the
         entries of that full hash, checked; each key is decoded and compared
         (``==``, as a dict compares keys whose hashes agree)."""
-        found = table_candidates(self.buf, self.slots, self.start, self.end, h, True)
-        if isinstance(found, str):
-            raise CorruptSegment(f"{self.where}: {found}")
+        try:
+            found = table_candidates(self.buf, self.slots, self.start, self.end, h, True)
+        except ValueError as exc:
+            raise self._damaged(exc) from None
         for off, kb, _ in cast(list[tuple[int, bytes, bytes]], found):
             k = loads(kb)
             if k is key or k == key:
@@ -251,9 +248,10 @@ class Table:
         of its hash holds another encoding (an equal float or bool may)."""
         t = type(key)
         if t is str or t is bytes or t is int:
-            got = table_get(self.buf, self.slots, self.start, self.end, key, True)
-            if isinstance(got, str):
-                raise CorruptSegment(f"{self.where}: {got}")
+            try:
+                got = table_get(self.buf, self.slots, self.start, self.end, key, True)
+            except ValueError as exc:
+                raise self._damaged(exc) from None
             if got != -1:
                 return cast(int, got)
         return self.find(key, hash_key(key), loads)
@@ -266,14 +264,12 @@ class Table:
         from each entry of its full hash (rarely more than one) and compared
         with ``==``, as a dict compares keys whose hashes agree."""
         t = type(key)
-        if t is str or t is bytes:
-            got = table_get(self.buf, self.slots, self.start, self.end, key)
-            if isinstance(got, str):
-                raise CorruptSegment(f"{self.where}: {got}")
-            return cast(Optional[bytes], got)
-        found = table_candidates(self.buf, self.slots, self.start, self.end, hash_key(key))
-        if isinstance(found, str):
-            raise CorruptSegment(f"{self.where}: {found}")
+        try:
+            if t is str or t is bytes:
+                return cast(Optional[bytes], table_get(self.buf, self.slots, self.start, self.end, key))
+            found = table_candidates(self.buf, self.slots, self.start, self.end, hash_key(key))
+        except ValueError as exc:
+            raise self._damaged(exc) from None
         for kb, vb in cast(list[tuple[bytes, bytes]], found):
             k = loads(kb)
             if k is key or k == key:

@@ -144,9 +144,10 @@ class TableCache(TableCacheBase):
             if limit and self.clean_rows() >= limit:
                 self.evict()
             if type(key) is str:  # (Table.lookup's first case, without its frame)
-                vb = table_get(table.buf, table.slots, table.start, table.end, key)
-                if type(vb) is str:
-                    raise CorruptSegment(f"{table.where}: {vb}")
+                try:
+                    vb = table_get(table.buf, table.slots, table.start, table.end, key)
+                except ValueError as exc:
+                    raise CorruptSegment(f"{table.where}: {exc}") from None
             else:
                 vb = self._lookup(table, key)
             if vb is None:
