@@ -239,9 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _leaks(run: Run, new: set[str], wanted: list[str], problems: list[str]) -> tuple[list[str], list[str]]:
     """What this run left in /dev/shm, and new entries it cannot attribute; prints both."""
-    leak_lines = [f"segments of this run left in /dev/shm: {sorted(e for e in new if run.name_prefix in e)}"]
-    if run.name_prefix not in "".join(new):
-        leak_lines = []
+    ours = sorted(e for e in new if run.name_prefix in e)
+    leak_lines = [f"segments of this run left in /dev/shm: {ours}"] if ours else []
     used_ultradict = any(k in ("ultradict", "ultradict_shared") for k in wanted if k not in run.skipped)
     orphans = A.ultra_orphans(sorted(new), run.psm_suspects) if used_ultradict else []
     if orphans:
