@@ -688,6 +688,34 @@ def test_the_compiled_set_takes_str_and_int_keys_and_leaves_the_rest(monkeypatch
     assert cache.full() == model and same_keys(list(cache), list(model))
 
 
+def test_write_simple_given_the_cache_writes_the_same_record_and_holds_nothing():
+    """The writer hands ``write_simple`` its cache, so that the compiled helper
+    starts fetching the table slot and entry the set after it reads: the
+    record written is the same as without it, for a table key, a new key, an
+    int key, a key of another type, and a cache that is a plain dict; and no
+    export of the table's buffer outlives the call (the table's view still
+    releases), also when the record does not fit."""
+    from ultradict_ng import speedups
+
+    cache = table_cache({"a": 1, 7: 2, **{f"k{i}": i for i in range(20)}})
+    for key, value in (("a", 10), ("k5", (1, "x")), ("new", 3), (7, 4.5), (1.5, 1)):
+        want, got = bytearray(4096), bytearray(4096)
+        for buf, extra in ((want, ()), (got, (cache,))):
+            words = speedups.Words(buf)
+            end = words.write_simple(0, 3, 4096, L.OP_SET, key, value, 0, 1, True, *extra)
+            words.release()
+            assert end is not None
+        assert got == want, key
+        short = speedups.Words(bytearray(16))
+        assert short.write_simple(0, 3, 16, L.OP_SET, key, value, 0, 1, True, cache) is None
+        assert short.write_simple(0, 3, 16, L.OP_SET, key, value, 0, 1, True, {key: 1}) is None
+        short.release()
+    cache["a"] = 11  # (the set the record is for: its state unchanged by the hint)
+    assert cache.changed == {"a"} and cache["a"] == 11
+    cache.table.close()  # (BufferError if a probe left the buffer exported)
+    cache._keep[1].release()
+
+
 @pytest.mark.parametrize("limit", [0, 1, 64])
 def test_a_bounded_reader_keeps_at_most_max_decoded_rows(name, monkeypatch, limit):
     """``max_decoded=N``: a reader of a big dict keeps at most N rows decoded

@@ -26,9 +26,10 @@
  *       The first read of a big dict's key in compiled code: the probe of
  *       table_get, then the value decoded straight from the mapped entry when
  *       it is a scalar or a tuple of scalars (no bytes copy, no call).
- *   udng_table_locate(probe, key)   (C only)
+ *   udng_table_locate_begin / _end(probe, key)   (C only)
  *       Whether the table holds a str or int key: the compiled set of a
- *       record into a big dict's cache (tablecache.c).
+ *       record into a big dict's cache (tablecache.c), in two steps so that
+ *       the caller's own lookups overlap the table's cache misses.
  *   They raise ValueError on input that does not fit (a malformed map, a
  *   count that disagrees, a buffer too small) before writing past anything.
  *
@@ -284,49 +285,86 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
-/* The probe of a TableCache's `_probe` = (buf, slots, start, end) for an
- * exact str key (or an exact int: ints true) by its encoding, shared by the
- * compiled first read and the compiled set: 1 probed (*e the checked entry
- * or NULL when absent, *kl and *vl its lengths; *same_hash set when an
- * entry of the int's hash holds other bytes; the buffer held in *pb until
- * the caller releases it), 0 absent without a probe (a str no table key can
- * be), 2 not decided here (the Python path decides), -1 never: every error
- * is cleared into 2. */
+/* The first step of a probe of a TableCache's `_probe` = (buf, slots,
+ * start, end) for an exact str key (or an exact int: ints true), by its
+ * encoding: the key's encoding and hash in *lc, the table's buffer held
+ * there, and the read of the key's first slot started (UDNG_PREFETCH), so
+ * that the caller's work until probe_finish overlaps that cache miss (at a
+ * million keys the index is megabytes, the entries tens of them).  1 begun,
+ * 0 absent without a probe (a str no table key can be), 2 not decided here
+ * (the Python path decides), -1 never: every error is cleared into 2. */
 static int
-cache_probe(PyObject *probe, PyObject *key, int ints, Py_buffer *pb, table_view *t,
-            const unsigned char **e, uint32_t *kl, uint32_t *vl, int *same_hash)
+probe_begin(PyObject *probe, PyObject *key, int ints, udng_locate *lc)
 {
+    lc->held = 0;
     if (!PyTuple_CheckExact(probe) || PyTuple_GET_SIZE(probe) != 4)
         return 2;
-    const char *data = "";
-    Py_ssize_t n = 0;
-    unsigned char head[9];
-    size_t hl;
-    uint64_t h;
-    int is_int = ints && PyLong_CheckExact(key);
-    if (is_int) {
-        if (udng_key_hash_common(key, &h) != 1 || (hl = int_encoding(key, head)) == 0) {
+    lc->data = "";
+    lc->n = 0;
+    lc->is_int = ints && PyLong_CheckExact(key);
+    if (lc->is_int) {
+        if (udng_key_hash_common(key, &lc->h) != 1 || (lc->hl = int_encoding(key, lc->head)) == 0) {
             PyErr_Clear();
             return 2;
         }
     } else {
-        int k = exact_key(key, &data, &n, head, &hl, &h);
+        int k = exact_key(key, &lc->data, &lc->n, lc->head, &lc->hl, &lc->h);
         if (k <= 0) {
             if (k < 0)
                 PyErr_Clear();
             return k == 0 ? 0 : 2;
         }
     }
-    if (udng_table_view_args(&PyTuple_GET_ITEM(probe, 0), pb, t) < 0) {
+    if (udng_table_view_args(&PyTuple_GET_ITEM(probe, 0), &lc->pb, &lc->t) < 0) {
         PyErr_Clear();
         return 2;
     }
+    lc->held = 1;
+    UDNG_PREFETCH(lc->t.b + UDNG_TABLE_HEADER + 8 * (lc->h & (lc->t.slots - 1)));
+    return 1;
+}
+
+/* The second read of a begun probe started: its first slot read (where
+ * probe_begin's prefetch may still be on its way) and the entry it names
+ * prefetched, both of its cache lines (an entry of a few fields spans two). */
+void
+udng_table_locate_touch(udng_locate *lc)
+{
+    uint64_t slot;
+    memcpy(&slot, lc->t.b + UDNG_TABLE_HEADER + 8 * (lc->h & (lc->t.slots - 1)), 8);
+    uint64_t off = slot & UDNG_TABLE_OFFSET_MASK;
+    if (slot != 0 && off + UDNG_TABLE_ENTRY_HEADER <= lc->t.end) {
+        UDNG_PREFETCH(lc->t.b + off);
+        UDNG_PREFETCH(lc->t.b + off + 64);
+    }
+}
+
+/* The probe begun by probe_begin: 1 probed (*e the checked entry or NULL
+ * when absent, *kl and *vl its lengths; *same_hash set when an entry of the
+ * int's hash holds other bytes; the buffer still held in lc->pb until the
+ * caller releases it), 2 a damaged entry (the buffer released: the Python
+ * path raises CorruptSegment). */
+static int
+probe_finish(udng_locate *lc, const unsigned char **e, uint32_t *kl, uint32_t *vl, int *same_hash)
+{
     *same_hash = 0;
-    if (probe_exact(t, h, head, hl, data, n, e, kl, vl, is_int ? same_hash : NULL) != NULL) {
-        PyBuffer_Release(pb);
-        return 2;  /* (a damaged entry: the Python path raises CorruptSegment) */
+    if (probe_exact(&lc->t, lc->h, lc->head, lc->hl, lc->data, lc->n, e, kl, vl,
+                    lc->is_int ? same_hash : NULL) != NULL) {
+        PyBuffer_Release(&lc->pb);
+        lc->held = 0;
+        return 2;
     }
     return 1;
+}
+
+/* Both steps at once (the compiled first read: its caller has looked in
+ * `hot` already, so nothing is left to overlap). */
+static int
+cache_probe(PyObject *probe, PyObject *key, int ints, udng_locate *lc, const unsigned char **e,
+            uint32_t *kl, uint32_t *vl, int *same_hash)
+{
+    int r = probe_begin(probe, key, ints, lc);
+    return r != 1 ? r : probe_finish(lc, e, kl, vl, same_hash);
 }
 
 /* The compiled first read of a big dict (readpath.c's read path, for a
@@ -339,11 +377,10 @@ cache_probe(PyObject *probe, PyObject *key, int ints, Py_buffer *pb, table_view 
 int
 udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out)
 {
-    Py_buffer pb;
-    table_view t;
+    udng_locate lc;
     const unsigned char *e;
     uint32_t kl, vl;
-    int same_hash, r = cache_probe(probe, key, 0, &pb, &t, &e, &kl, &vl, &same_hash);
+    int same_hash, r = cache_probe(probe, key, 0, &lc, &e, &kl, &vl, &same_hash);
     if (r != 1)
         return r;
     if (e == NULL) {
@@ -352,7 +389,7 @@ udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out)
         *out = udng_simple_value(e + UDNG_TABLE_ENTRY_HEADER + kl, vl);
         r = *out != NULL ? 1 : PyErr_Occurred() ? -1 : 2;
     }
-    PyBuffer_Release(&pb);
+    PyBuffer_Release(&lc.pb);
     return r;
 }
 
@@ -445,22 +482,49 @@ udng_native_table_entry(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 /* Whether a counted entry of the table `probe` = (buf, slots, start, end)
  * holds the exact str or int `key` (TableCache._counted's probe, for the
- * compiled set of a record: tablecache.c): 1 it does, 0 it does not, 2 not
+ * compiled set of a record: tablecache.c), in two steps (udng.h): begin
+ * returns 1 when the probe is under way (end answers), else what end would
+ * have: 0 absent, 2 not decided here.  End: 1 it does, 0 it does not, 2 not
  * decided here (a same-hash entry of other bytes, which a key of another
  * type may equal; an int with no 64-bit encoding; a damaged entry: the
  * Python path decides, or raises CorruptSegment). */
 int
-udng_table_locate(PyObject *probe, PyObject *key)
+udng_table_locate_begin(PyObject *probe, PyObject *key, udng_locate *lc)
 {
-    Py_buffer pb;
-    table_view t;
+    int r = probe_begin(probe, key, 1, lc);
+    if (r == 1)
+        udng_table_locate_touch(lc);
+    return r;
+}
+
+/* Only the first step's reads started, for a probe to come later (the
+ * writer's: write_simple encodes the record meanwhile): 1 begun (the
+ * buffer held: udng_table_locate_touch, then drop), else nothing held. */
+int
+udng_table_locate_prefetch(PyObject *probe, PyObject *key, udng_locate *lc)
+{
+    return probe_begin(probe, key, 1, lc);
+}
+
+int
+udng_table_locate_end(udng_locate *lc)
+{
     const unsigned char *e;
     uint32_t kl, vl;
-    int same_hash, r = cache_probe(probe, key, 1, &pb, &t, &e, &kl, &vl, &same_hash);
+    int same_hash, r = probe_finish(lc, &e, &kl, &vl, &same_hash);
+    udng_table_locate_drop(lc);
     if (r != 1)
         return r;
-    PyBuffer_Release(&pb);
     return e != NULL ? 1 : same_hash ? 2 : 0;
+}
+
+void
+udng_table_locate_drop(udng_locate *lc)
+{
+    if (lc->held) {
+        PyBuffer_Release(&lc->pb);
+        lc->held = 0;
+    }
 }
 
 /* The offset of the checked entry of t holding the exact str or int `key`

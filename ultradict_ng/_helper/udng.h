@@ -11,6 +11,15 @@
 #include <Python.h>
 #include <stdint.h>
 
+/* A hint that *p will be read soon (a no-op where the compiler has none):
+ * a big dict's probe starts its memory reads before the work that does not
+ * depend on them, so that their cache misses overlap. */
+#if defined(__GNUC__) || defined(__clang__)
+#define UDNG_PREFETCH(p) __builtin_prefetch((const void *)(p))
+#else
+#define UDNG_PREFETCH(p) ((void)(p))
+#endif
+
 /* ---- byte order: the layouts' little-endian words, msgpack's big-endian ------ */
 
 static inline uint32_t udng_rd32le(const unsigned char *p)
@@ -264,7 +273,27 @@ int udng_table_view_args(PyObject *const *args, Py_buffer *pb, table_view *t);
 /* Checks the entry at off: NULL when sound (lengths set), else the reason. */
 const char *udng_table_check_entry(const table_view *t, uint64_t off, uint32_t *kl, uint32_t *vl);
 int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out);
-int udng_table_locate(PyObject *probe, PyObject *key);
+/* A probe of a TableCache's table for the compiled set, in two steps:
+ * udng_table_locate_begin hashes the key, holds the table's buffer and
+ * starts the reads of its slot and entry; udng_table_locate_end finishes it
+ * (or udng_table_locate_drop lets it go).  Between them the caller does the
+ * work that does not need the table, while those reads are on their way. */
+typedef struct {
+    Py_buffer pb;
+    table_view t;
+    const char *data;
+    Py_ssize_t n;
+    unsigned char head[9];
+    size_t hl;
+    uint64_t h;
+    int is_int;
+    int held;  /* pb is held: end or drop must release it */
+} udng_locate;
+int udng_table_locate_begin(PyObject *probe, PyObject *key, udng_locate *lc);
+int udng_table_locate_end(udng_locate *lc);
+void udng_table_locate_drop(udng_locate *lc);
+int udng_table_locate_prefetch(PyObject *probe, PyObject *key, udng_locate *lc);
+void udng_table_locate_touch(udng_locate *lc);
 PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -295,6 +324,14 @@ typedef struct {
 } TableCacheBaseObject;
 
 extern PyTypeObject udng_TableCacheBaseType;
+
+/* What a set of `key` into the big dict's cache `cache` will read, started
+ * before the writer encodes its record (write_simple) and continued after
+ * it, so that the table's and `changed`'s cache misses overlap that work:
+ * begin returns 1 when something is under way (then end, which lets it go),
+ * 0 when `cache` is no big dict's or the key no exact str or int. */
+int udng_tablecache_prefetch_begin(PyObject *cache, PyObject *key, udng_locate *lc);
+void udng_tablecache_prefetch_end(udng_locate *lc);
 
 /* `o` as a TableCacheBase (an instance of a subclass: TableCache), or NULL.
  * Its fields may be anything Python code assigned: callers check types. */
