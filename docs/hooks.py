@@ -225,6 +225,7 @@ BIGDICT_METRICS = {
     "readers8": "8 readers' private memory together",
     "writes": "20k random writes, fresh process",
     "wprivate": "private memory that writer added",
+    "overwrite": "100k random overwrites by the loading process (first pass)",
 }
 CACHE_PARTS = {
     "django": "Django cache API (dict value)",

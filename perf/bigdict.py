@@ -6,6 +6,8 @@ with ``max_decoded=0`` (``uncached``), as the bare table (what SharedDict adds a
 UltraDict and ``Manager().dict()`` when chosen.  Measured: load; in a fresh reader open + first read,
 100,000 random reads, the same again (hot), private memory, items(); in a fresh writer 20,000 writes
 of a key's own value and its private memory; in full mode 8 readers at once.  A wrong read is an alert.
+SharedDict alone: 100,000 random overwrites by the process that loaded it, first pass, against the
+same writes to a 1,000-key dict loaded the same way in the same process (a ratio per repetition).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
 from .registry import NG, Record, Target, Workload, pick, register
 from .report import bars
 from .run import Run
-from .util import log
+from .util import log, no_gc
 
 WL = "bigdict"
 #: contender -> (label, the largest size it is loaded at: UltraDict's replicas cost ~270 MiB a reader at 1M)
@@ -53,6 +55,7 @@ METRICS = {
     "items": ("s", "lower", "items() over every pair"),
     "writes": ("ops/s", "higher", "writes in a fresh process (a key set to its value)"),
     "wprivate": ("MiB", "lower", "a writer's private memory"),
+    "overwrite": ("ops/s", "higher", "overwrites by the loading process (first pass)"),
     "readers8": ("MiB", "lower", "8 readers at once: their private memory summed"),
 }
 
@@ -239,6 +242,24 @@ def child(c: str, info: dict[str, Any], n: int, count: int, seed: int, mode: str
     return out
 
 
+def overwrites(names: list[str], n: int, seed: int) -> dict[str, Any]:
+    """A fresh process loads ``n`` keys with ``update()`` and sets READS random keys to new values,
+    and does the same with 1,000 keys, first or second by turns (``seed``): both rates."""
+    rng, rates, sizes = random.Random(seed), {}, (n, 1000)
+    for name, size in zip(names, sizes if seed % 2 == 0 else sizes[::-1]):
+        d = SharedDict(name=name, create=True)
+        d.update({key(i): value(i) for i in range(size)})
+        pairs = [(key(j), value(j + 1)) for j in (rng.randrange(size) for _ in range(READS))]
+        gc.collect()
+        with no_gc():
+            t0 = time.perf_counter()
+            for k, v in pairs:
+                d[k] = v
+            rates[size] = READS / (time.perf_counter() - t0)
+        d.unlink()
+    return {"big": rates[n], "small": rates[1000]}
+
+
 def _spawn(run: Run, c: str, info: dict[str, Any], n: int, mode: str, procs: int = 1) -> list[dict[str, Any]]:
     """``procs`` fresh processes at once (:func:`child`); their results, or the first error raised."""
     count = 10_000 if c == "Manager" else READS  # (UltraDict writes: ~200/s at 1M keys)
@@ -309,6 +330,15 @@ def w_bigdict(run: Run, chosen: list[str]) -> None:
                     wrote = [_spawn(run, c, info, size, "write")[0] for _ in range(reps)]
                     for m in ("writes", "wprivate"):
                         _record(run, size, c, m, [r[m] for r in wrote])
+                if c == NG:
+                    names = [run.new_name() for _ in range(2)]
+                    for n in names:
+                        run.own(n, lambda n=n: unlink_by_name(n), CONTENDERS[c][0])
+                    got = [run.call(overwrites, names, size, rep) for rep in range(reps)]
+                    if any("error" in r for r in got):
+                        raise RuntimeError(next(r["error"] for r in got if "error" in r))
+                    small = {"small": [r["small"] for r in got]}
+                    _record(run, size, c, "overwrite", [r["big"] for r in got], small)
             except Exception as exc:
                 run.alert(f"workload 14 ({c}, {size:,} keys): {type(exc).__name__}: {exc}")
                 for m in list(METRICS)[:-1]:
@@ -339,6 +369,7 @@ TARGETS = [  # (metric, text, need): the first four are ours / py-lmdb's at the 
     ("hot", "hot-key reads >= 0.5x a plain dict", 0.5),
     ("readers8", "8 readers' private memory together <= the dict's shared memory", 1.0),
     ("private", "a reader's private memory after 100k random reads <= 1.5x py-lmdb's + 16 MiB", 1.0),
+    ("overwrite", "overwrites by the loading process >= 0.8x a 1,000-key dict's, first pass", 0.8),
 ]
 
 
@@ -350,6 +381,10 @@ def _measure(c: str, metric: str, recs: list[Record]) -> Optional[tuple[float, s
     if r is None:
         return None
     got, at = r["median"], f" at {r['case']}"
+    if metric == "overwrite":  # (the median of each repetition's ratio: both measured in one process)
+        ratios = sorted(b / s for b, s in zip(r["values"], r["params"]["small"]))
+        text = f"{r['label']} {got / 1e3:.0f}k/s; median ratio of {len(ratios)} runs, spread "
+        return ratios[len(ratios) // 2], text + f"{ratios[0]:.2f}-{ratios[-1]:.2f}" + at
     if metric == "hot":
         ref = sorted(r["params"]["dict_hot"])[len(r["params"]["dict_hot"]) // 2]
         return got / ref, f"{r['label']} {got / 1e6:.2f} M/s vs a plain dict {ref / 1e6:.2f} M/s" + at
@@ -369,9 +404,9 @@ def _measure(c: str, metric: str, recs: list[Record]) -> Optional[tuple[float, s
 def _targets() -> tuple[Target, ...]:
     out = []
     for c, tag in ((NG, ""), ("uncached", " [max_decoded=0]"), ("table", " [the table through its own API]")):
-        for metric, text, need in TARGETS:
-            kw: dict[str, Any] = {"at_most": metric not in ("random", "hot")}
-            if metric in ("hot", "readers8", "private"):
+        for metric, text, need in TARGETS if c == NG else TARGETS[:-1]:
+            kw: dict[str, Any] = {"at_most": metric not in ("random", "hot", "overwrite")}
+            if metric in ("hot", "readers8", "private", "overwrite"):
                 kw["measure"] = lambda recs, c=c, m=metric: _measure(c, m, recs)
             else:
                 kw.update(

@@ -153,8 +153,9 @@ def test_perf_transactions_quick_smoke(tmp_path: Path) -> None:
 
 def test_perf_bigdict_quick_smoke(tmp_path: Path) -> None:
     """Workload 14 at 10k keys: SharedDict, the table and py-lmdb each load the
-    dict and a fresh reader reads it back right (no alert), with the table of
-    results, the targets and its panel of the plot."""
+    dict and a fresh reader reads it back right (no alert), the loading
+    process's overwrites are measured with their 1,000-key reference, with
+    the table of results, the targets and its panel of the plot."""
     out = tmp_path / "results"
     cmd = [
         sys.executable,
@@ -187,6 +188,9 @@ def test_perf_bigdict_quick_smoke(tmp_path: Path) -> None:
             assert rec["error"] is None and rec.get("skipped") is None, rec
             assert rec["median"] is not None and (rec["median"] > 0 or metric == "private"), rec
         assert rows[(contender, "hot")]["params"]["dict_hot"]
+    overwrite = rows[("ultradict_ng", "overwrite")]  # (the loading process's, against a 1,000-key dict)
+    assert overwrite["median"] > 0 and len(overwrite["params"]["small"]) == len(overwrite["values"]) == 1
+    assert "overwrites by the loading process >= 0.8x" in proc.stdout
     assert "== 14. a big dict" in proc.stdout
     assert "big dict (10,000 keys): random-key reads" in proc.stdout
     if "no plot" not in proc.stdout:
