@@ -119,8 +119,9 @@ tcb_fast_set(TableCacheBaseObject *self, PyObject *key, PyObject *value)
         return 0;
     if (!PyUnicode_CheckExact(key) && !PyLong_CheckExact(key))
         return 0;  /* (a key whose equality may run code, or that the probe does not take) */
-    udng_locate lc;
-    int begun = self->probe == NULL || self->probe == Py_None ? 2 : udng_table_locate_begin(self->probe, key, &lc);
+    udng_locate lc;  /* begun: 1 under way, else the probe's answer (0 absent, 2 Python decides) */
+    int begun = self->probe == NULL || self->probe == Py_None ? 2
+                                                               : udng_table_locate_begin(self->probe, key, &lc);
     prefetch_set_slot(changed, key);
     int held = PyDict_Contains(hot, key);
     if (held < 0)
@@ -141,9 +142,7 @@ tcb_fast_set(TableCacheBaseObject *self, PyObject *key, PyObject *value)
             if (begun == 1)
                 udng_table_locate_drop(&lc);
             counted = 0;
-        } else {
-            if (self->probe == NULL || self->probe == Py_None)
-                return 0;  /* (no table counts, or another serializer's: Python decides) */
+        } else {  /* (begun 2 with no probe: no table counts, or another serializer's) */
             int r = begun == 1 ? udng_table_locate_end(&lc) : begun;
             if (r < 0 || r == 2)
                 return r < 0 ? -1 : 0;
