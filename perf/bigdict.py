@@ -244,8 +244,9 @@ def child(c: str, info: dict[str, Any], n: int, count: int, seed: int, mode: str
 
 def overwrites(names: list[str], n: int, seed: int) -> dict[str, Any]:
     """A fresh process loads ``n`` keys with ``update()`` and sets READS random keys to new values,
-    and does the same with 1,000 keys, first or second by turns (``seed``): both rates."""
-    rng, rates, sizes = random.Random(seed), {}, (n, 1000)
+    and does the same with 1,000 keys, first or second by turns (``seed``): both rates, and both
+    with a ``len()`` after the writes (which places the keys a big dict's writes left unplaced)."""
+    rng, rates, placed, sizes = random.Random(seed), {}, {}, (n, 1000)
     for name, size in zip(names, sizes if seed % 2 == 0 else sizes[::-1]):
         d = SharedDict(name=name, create=True)
         d.update({key(i): value(i) for i in range(size)})
@@ -256,8 +257,10 @@ def overwrites(names: list[str], n: int, seed: int) -> dict[str, Any]:
             for k, v in pairs:
                 d[k] = v
             rates[size] = READS / (time.perf_counter() - t0)
+            len(d)
+            placed[size] = READS / (time.perf_counter() - t0)
         d.unlink()
-    return {"big": rates[n], "small": rates[1000]}
+    return {"big": rates[n], "small": rates[1000], "placed": placed[n] / placed[1000]}
 
 
 def _spawn(run: Run, c: str, info: dict[str, Any], n: int, mode: str, procs: int = 1) -> list[dict[str, Any]]:
@@ -337,7 +340,7 @@ def w_bigdict(run: Run, chosen: list[str]) -> None:
                     got = [run.call(overwrites, names, size, rep) for rep in range(reps)]
                     if any("error" in r for r in got):
                         raise RuntimeError(next(r["error"] for r in got if "error" in r))
-                    small = {"small": [r["small"] for r in got]}
+                    small = {"small": [r["small"] for r in got], "placed": [r["placed"] for r in got]}
                     _record(run, size, c, "overwrite", [r["big"] for r in got], small)
             except Exception as exc:
                 run.alert(f"workload 14 ({c}, {size:,} keys): {type(exc).__name__}: {exc}")
@@ -383,8 +386,10 @@ def _measure(c: str, metric: str, recs: list[Record]) -> Optional[tuple[float, s
     got, at = r["median"], f" at {r['case']}"
     if metric == "overwrite":  # (the median of each repetition's ratio: both measured in one process)
         ratios = sorted(b / s for b, s in zip(r["values"], r["params"]["small"]))
+        placed = sorted(r["params"].get("placed") or [0.0])
         text = f"{r['label']} {got / 1e3:.0f}k/s; median ratio of {len(ratios)} runs, spread "
-        return ratios[len(ratios) // 2], text + f"{ratios[0]:.2f}-{ratios[-1]:.2f}" + at
+        text += f"{ratios[0]:.2f}-{ratios[-1]:.2f}; with a len() after: {placed[len(placed) // 2]:.2f}"
+        return ratios[len(ratios) // 2], text + at
     if metric == "hot":
         ref = sorted(r["params"]["dict_hot"])[len(r["params"]["dict_hot"]) // 2]
         return got / ref, f"{r['label']} {got / 1e6:.2f} M/s vs a plain dict {ref / 1e6:.2f} M/s" + at

@@ -190,7 +190,9 @@ def test_perf_bigdict_quick_smoke(tmp_path: Path) -> None:
         assert rows[(contender, "hot")]["params"]["dict_hot"]
     overwrite = rows[("ultradict_ng", "overwrite")]  # (the loading process's, against a 1,000-key dict)
     assert overwrite["median"] > 0 and len(overwrite["params"]["small"]) == len(overwrite["values"]) == 1
+    assert overwrite["params"]["placed"][0] > 0  # (the same with a len() after: the placing's cost shown)
     assert "overwrites by the loading process >= 0.8x" in proc.stdout
+    assert "with a len() after: " in proc.stdout
     assert "== 14. a big dict" in proc.stdout
     assert "big dict (10,000 keys): random-key reads" in proc.stdout
     if "no plot" not in proc.stdout:

@@ -173,6 +173,16 @@ class TableCacheMachine(RuleBasedStateMachine):
             R.apply(self.cache, R.set_((key,), inner, value))
             self.model[key][inner] = value
 
+    @rule(pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=8))
+    def sets(self, pairs: list[Any]) -> None:
+        """Several set records in a row, each key read back before any count:
+        keys the compiled set left unplaced pile up in ``pending``."""
+        for key, value in pairs:
+            R.apply(self.cache, R.set_((), key, value))
+            self.model[key] = value
+        for key, _ in pairs:
+            check_reads(self.cache, self.model, key)
+
     @rule(key=POOL_KEYS)
     def read(self, key: Any) -> None:
         check_reads(self.cache, self.model, key)
@@ -180,7 +190,11 @@ class TableCacheMachine(RuleBasedStateMachine):
     @invariant()
     def same_dict(self) -> None:
         within_bound(self.cache)
+        if type(self.cache) is TableCache:  # (pending: exactly the keys marked True, in order)
+            assert [k for k, mark in self.cache.fresh.items() if mark] == self.cache.pending
         assert len(self.cache) == len(self.model)
+        if type(self.cache) is TableCache:
+            assert self.cache.pending == [] and True not in self.cache.fresh.values()
         assert same_keys(list(self.cache), list(self.model))
         full = self.cache.full()
         assert full == self.model and same_keys(list(full), list(self.model))
@@ -653,65 +667,95 @@ def test_the_compiled_read_path_answers_a_big_dicts_keys(name, monkeypatch):
 
 
 @pytest.mark.skipif(not NATIVE, reason="the compiled set")
-def test_the_compiled_set_takes_str_and_int_keys_and_leaves_the_rest(monkeypatch):
+def test_the_compiled_set_takes_str_and_int_keys_and_places_new_ones_later(monkeypatch):
     """``cache[key] = value`` of a str or int key is TableCacheBase's, in C:
-    an overwrite of a table key (counted: ``changed``), of a fresh key, a new
-    key (appended to ``fresh``), a deleted one set again (``fresh``).  Every
-    other key goes to ``_setitem``, and so does an int whose hash an entry of
-    other bytes shares (``1.0`` in the table: equal, decided by ``==``)."""
+    an overwrite of a key in ``hot`` in place (a counted one ``changed``), and
+    any other key -- a table key, a new key, a deleted one set again, an int
+    whose hash an entry of other bytes shares (``1.0`` in the table) --
+    stored in ``hot``, marked True in ``fresh`` and listed in ``pending``:
+    not placed yet.  Anything that reads the count or the order places them
+    first, and a delete too; every other key goes to ``_setitem``."""
     cache = table_cache({"a": 1, 7: 2, 1.0: 3, (1, 2): 4, **{f"k{i}": i for i in range(20)}})
     slow: list[Any] = []
     original = TableCache._setitem
     monkeypatch.setattr(TableCache, "_setitem", lambda self, k, v: (slow.append(k), original(self, k, v)))
+    assert cache["k5"] == 5  # (a clean row in hot: its overwrite is placed at once)
+    cache["k5"] = 55
+    assert cache.changed == {"k5"} and cache.pending == []
     cache["a"] = 10
     cache[7] = 20
     cache["new"] = 30
     cache[8] = 40
-    cache["new"] = 31
-    del cache["k3"]
-    cache["k3"] = 50
-    assert slow == []
-    assert cache.changed == {"a", 7} and list(cache.fresh) == ["new", 8, "k3"] and cache.dead == {"k3"}
+    cache["new"] = 31  # (in hot, not placed: stays as it is)
+    cache[1] = 6  # (1 == 1.0: decided by ==, in Python, when placed)
+    assert slow == [] and cache.pending == ["a", 7, "new", 8, 1]
+    assert list(cache.fresh.items()) == [("a", True), (7, True), ("new", True), (8, True), (1, True)]
+    assert cache["a"] == 10 and cache[1] == 6 and cache.changed == {"k5"}  # (reads need no placing)
+    del cache["k3"]  # (a delete places them first)
+    assert cache.pending == [] and cache.changed == {"k5", "a", 7, 1}
+    assert list(cache.fresh.items()) == [("new", None), (8, None)] and cache.dead == {"k3"}
+    cache["k3"] = 50  # (dead: fresh when placed, after "new" and 8)
+    cache["k4"] = 51
+    assert cache.pending == ["k3", "k4"]
     cache[(1, 2)] = 5
-    cache[1] = 6  # (1 == 1.0: the table's entry, overwritten in its place)
-    assert slow == [(1, 2), 1]
+    assert slow == [(1, 2)]
     model = {
         "a": 10,
         7: 20,
         1.0: 6,
         (1, 2): 5,
         **{f"k{i}": i for i in range(20) if i != 3},
+        "k5": 55,
+        "k4": 51,
         "new": 31,
         8: 40,
         "k3": 50,
     }
+    assert len(cache) == len(model) and cache.pending == []
+    assert list(cache.fresh) == ["new", 8, "k3"] and cache.changed == {"k5", "a", 7, 1, "k4", (1, 2)}
     assert cache.full() == model and same_keys(list(cache), list(model))
 
 
-def test_write_simple_given_the_cache_writes_the_same_record_and_holds_nothing():
-    """The writer hands ``write_simple`` its cache, so that the compiled helper
-    starts fetching the table slot and entry the set after it reads: the
-    record written is the same as without it, for a table key, a new key, an
-    int key, a key of another type, and a cache that is a plain dict; and no
-    export of the table's buffer outlives the call (the table's view still
-    releases), also when the record does not fit."""
-    from ultradict_ng import speedups
+@pytest.mark.skipif(not NATIVE, reason="the compiled placing")
+def test_resolve_places_a_batch_as_one_by_one_would_and_keeps_the_rest_on_error(monkeypatch):
+    """``resolve`` places thousands of pending keys (its probes run several
+    keys ahead) exactly as placing each at its set would: the counted ones
+    ``changed``, the rest fresh in the order they were set, keys placed or
+    gone since skipped.  When placing raises, the keys not placed yet go back
+    to ``pending`` ahead of those set meanwhile, and a later call places
+    them; the table's buffer is held by no probe afterwards."""
+    data = {f"k{i}": i for i in range(5000)}
+    data[1.0] = "float"
+    cache = table_cache(data)
+    rng = random.Random(5)
+    order = rng.sample(range(10000), 6000)
+    for i in order:
+        cache[f"k{i}"] = -i
+    cache[1] = "one"  # (an int equal to a table key of another type: Python's rule)
+    assert len(cache.pending) == 6001
+    model = dict(data)
+    for i in order:
+        model[f"k{i}"] = -i
+    model[1.0] = "one"
+    calls: list[Any] = []
+    original = TableCache._counted
 
-    cache = table_cache({"a": 1, 7: 2, **{f"k{i}": i for i in range(20)}})
-    for key, value in (("a", 10), ("k5", (1, "x")), ("new", 3), (7, 4.5), (1.5, 1)):
-        want, got = bytearray(4096), bytearray(4096)
-        for buf, extra in ((want, ()), (got, (cache,))):
-            words = speedups.Words(buf)
-            end = words.write_simple(0, 3, 4096, L.OP_SET, key, value, 0, 1, True, *extra)
-            words.release()
-            assert end is not None
-        assert got == want, key
-        short = speedups.Words(bytearray(16))
-        assert short.write_simple(0, 3, 16, L.OP_SET, key, value, 0, 1, True, cache) is None
-        assert short.write_simple(0, 3, 16, L.OP_SET, key, value, 0, 1, True, {key: 1}) is None
-        short.release()
-    cache["a"] = 11  # (the set the record is for: its state unchanged by the hint)
-    assert cache.changed == {"a"} and cache["a"] == 11
+    def failing(self: TableCache, key: Any) -> bool:
+        calls.append(key)
+        if len(calls) == 1:
+            cache["late"] = 1  # (set while placing runs Python code: after the batch)
+            raise MemoryError("placing")
+        return original(self, key)
+
+    monkeypatch.setattr(TableCache, "_counted", failing)
+    with pytest.raises(MemoryError):
+        cache.resolve()
+    assert cache.pending[0] == 1 and cache.pending[-1] == "late" and len(cache.pending) == 2
+    model["late"] = 1
+    assert len(cache) == len(model) and cache.pending == [] and calls == [1, 1]
+    assert cache.changed == {f"k{i}" for i in order if i < 5000} | {1}
+    assert list(cache.fresh) == [f"k{i}" for i in order if i >= 5000] + ["late"]
+    assert cache.full() == model and same_keys(list(cache), list(model))
     cache.table.close()  # (BufferError if a probe left the buffer exported)
     cache._keep[1].release()
 

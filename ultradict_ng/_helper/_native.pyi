@@ -33,7 +33,6 @@ class Words:
         threshold: int = ...,
         unit: int = ...,
         plain: bool = ...,
-        cache: Any = ...,
     ) -> Optional[int]: ...
     def add(self, index: int, delta: int) -> int: ...
     def publish(self, index: int, value: int, watch: int) -> int: ...
@@ -73,14 +72,16 @@ class StoreBase:
 class TableCacheBase:
     """Base of _shm/tablecache.TableCache: its state; ``d[key] = value`` of a str
     or int key compiled, anything else (and ``del``) the subclass's ``_setitem``
-    / ``_delitem``."""
+    / ``_delitem``; keys it sets unplaced wait in ``pending`` for ``resolve``."""
 
     hot: dict[Any, Any]
     dead: set[Any]
-    fresh: dict[Any, None]
+    fresh: dict[Any, Optional[bool]]
     changed: set[Any]
     _probe: Optional[tuple[Any, int, int, int]]
     _limit: Optional[int]
+    pending: list[Any]
+    def resolve(self) -> None: ...
     def __setitem__(self, key: Any, value: Any) -> None: ...
     def __delitem__(self, key: Any) -> None: ...
 

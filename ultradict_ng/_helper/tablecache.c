@@ -10,16 +10,26 @@
  * goes to the subclass's `_setitem` / `_delitem`, which hold the rule in
  * full.  The fields are the cache's state (tablecache.py's docstring) that
  * the compiled read path reads where they lie (udng_tablecache_state): `hot`,
- * `dead`, `fresh`, `changed`, `_probe` and `_limit`.
+ * `dead`, `fresh`, `changed`, `_probe`, `_limit` and `pending`.
  *
  * The rule (TableCache._setitem): a key in `hot` is counted or fresh: its
  * value is replaced in place (order kept), and a counted one is `changed`.
  * Otherwise the key is counted iff it is not `dead` and an entry of the
  * table holds it (the probe, by its encoding), and it becomes `changed`;
- * else it is appended to `fresh`.  Comparing an exact str or int with the
- * keys of `hot`, `dead` and `fresh` runs no Python code, so no other thread
- * runs between the checks and the stores (callers hold the cache mutex
- * anyway: records apply under it).
+ * else it is appended to `fresh`.
+ *
+ * Placed later: at a million keys, whether the table holds a key is a chain
+ * of cache misses (its slot in the index, then its entry), each a page of its
+ * own, ~0.5 us of a ~3 us write that the write itself does not need.  So the
+ * compiled set of a key not in `hot` appends it to `fresh` marked True (not
+ * placed yet: its place in the order is its set's, as a fresh key's) and to
+ * `pending`, and `resolve` places the pending keys later, together: the
+ * probes of a batch have their misses under way at once (a few times
+ * cheaper a key than one by one), before anything reads what placing
+ * decides (len, iteration, a delete, a dump: TableCache._settle).  Comparing
+ * an exact str or int with the keys of `hot`, `dead` and `fresh` runs no
+ * Python code, so no other thread runs between the checks and the stores
+ * (callers hold the cache mutex anyway: records apply under it).
  */
 
 #include "udng.h"
@@ -39,6 +49,7 @@ tcb_traverse(TableCacheBaseObject *self, visitproc visit, void *arg)
     Py_VISIT(self->changed);
     Py_VISIT(self->probe);
     Py_VISIT(self->limit);
+    Py_VISIT(self->pending);
     return 0;
 }
 
@@ -51,6 +62,7 @@ tcb_clear(TableCacheBaseObject *self)
     Py_CLEAR(self->changed);
     Py_CLEAR(self->probe);
     Py_CLEAR(self->limit);
+    Py_CLEAR(self->pending);
     return 0;
 }
 
@@ -62,108 +74,217 @@ tcb_dealloc(TableCacheBaseObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Start the read of the slot of `set` where `key` would be (a key whose
- * hash runs no Python code: an exact str or int).  PySetObject's table is
- * public in CPython's headers, unlike a dict's index. */
-static inline void
-prefetch_set_slot(PyObject *set, PyObject *key)
-{
-    Py_hash_t hash = PyObject_Hash(key);
-    if (hash == -1) {
-        PyErr_Clear();
-        return;
-    }
-    PySetObject *so = (PySetObject *)set;
-    UDNG_PREFETCH(&so->table[(size_t)hash & (size_t)so->mask]);
-}
-
-int
-udng_tablecache_prefetch_begin(PyObject *cache, PyObject *key, udng_locate *lc)
-{
-    if (PyDict_CheckExact(cache) || (!PyUnicode_CheckExact(key) && !PyLong_CheckExact(key)))
-        return 0;
-    TableCacheBaseObject *self = udng_as_tablecache(cache);
-    if (self == NULL || self->probe == NULL || self->probe == Py_None)
-        return 0;
-    if (udng_table_locate_prefetch(self->probe, key, lc) != 1)
-        return 0;
-    if (self->changed != NULL && PyAnySet_CheckExact(self->changed))
-        prefetch_set_slot(self->changed, key);
-    return 1;
-}
-
-void
-udng_tablecache_prefetch_end(udng_locate *lc)
-{
-    udng_table_locate_touch(lc);
-    udng_table_locate_drop(lc);
-}
-
 /* The compiled set: 1 done, 0 not decided here (the caller takes
- * `_setitem`), -1 error.  The stores come after every check; of two, the
- * bookkeeping goes first, so that a store failing (MemoryError) leaves a
- * key in `changed` or `fresh` without its value in `hot` -- a KeyError at
- * the next walk or dump -- never a new value the next dump would miss.
- *
- * At a million keys each step is a cache miss of its own: the key's place
- * in `hot`, its slot and entry in the table, its place in `changed`.  So
- * the table's probe and the read of `changed` start first, and the lookups
- * in `hot` and `dead` run while they are on their way (a key already in
- * `hot` wastes the probe's start: a hash and a buffer, ~30 ns). */
+ * `_setitem`), -1 error.  The stores come after every check; of several,
+ * the bookkeeping goes first, so that a store failing (MemoryError) leaves a
+ * key in `pending`, `changed` or `fresh` without its value in `hot` -- a
+ * KeyError at the next walk or dump -- never a new value the next dump would
+ * miss (a key in `pending` not marked in `fresh` is skipped by `resolve`). */
 static int
 tcb_fast_set(TableCacheBaseObject *self, PyObject *key, PyObject *value)
 {
     PyObject *hot = self->hot, *dead = self->dead, *fresh = self->fresh, *changed = self->changed;
-    if (hot == NULL || dead == NULL || fresh == NULL || changed == NULL || !PyDict_CheckExact(hot) ||
-        !PyDict_CheckExact(fresh) || !PyAnySet_CheckExact(dead) || !PyAnySet_CheckExact(changed))
+    PyObject *pending = self->pending, *probe = self->probe;
+    if (hot == NULL || dead == NULL || fresh == NULL || changed == NULL || pending == NULL ||
+        !PyDict_CheckExact(hot) || !PyDict_CheckExact(fresh) || !PyAnySet_CheckExact(dead) ||
+        !PyAnySet_CheckExact(changed) || !PyList_CheckExact(pending))
         return 0;
     if (!PyUnicode_CheckExact(key) && !PyLong_CheckExact(key))
         return 0;  /* (a key whose equality may run code, or that the probe does not take) */
-    udng_locate lc;  /* begun: 1 under way, else the probe's answer (0 absent, 2 Python decides) */
-    int begun = self->probe == NULL || self->probe == Py_None ? 2
-                                                               : udng_table_locate_begin(self->probe, key, &lc);
-    prefetch_set_slot(changed, key);
     int held = PyDict_Contains(hot, key);
     if (held < 0)
-        goto error;
-    int counted;
-    if (held) {
-        if (begun == 1)
-            udng_table_locate_drop(&lc);
-        int is_fresh = PyDict_Contains(fresh, key);
-        if (is_fresh < 0)
-            return -1;
-        counted = !is_fresh;
-    } else {
-        int gone = PySet_Contains(dead, key);
-        if (gone < 0)
-            goto error;
-        if (gone) {
-            if (begun == 1)
-                udng_table_locate_drop(&lc);
-            counted = 0;
-        } else {  /* (begun 2 with no probe: no table counts, or another serializer's) */
-            int r = begun == 1 ? udng_table_locate_end(&lc) : begun;
-            if (r < 0 || r == 2)
-                return r < 0 ? -1 : 0;
-            counted = r;
-        }
-    }
-    if (counted) {
-        if (PySet_Add(changed, key) < 0 || PyDict_SetItem(hot, key, value) < 0)
-            return -1;
-    } else if (held) {
-        if (PyDict_SetItem(hot, key, value) < 0)
-            return -1;
-    } else if (PyDict_SetItem(fresh, key, Py_None) < 0 || PyDict_SetItem(hot, key, value) < 0) {
         return -1;
+    if (held) {  /* counted (changed now), fresh or not placed yet (both stay as they are) */
+        PyObject *mark = PyDict_GetItemWithError(fresh, key);  /* (borrowed) */
+        if (mark == NULL && (PyErr_Occurred() || PySet_Add(changed, key) < 0))
+            return -1;
+        return PyDict_SetItem(hot, key, value) < 0 ? -1 : 1;
     }
+    if (probe != NULL && PyTuple_CheckExact(probe) && PyTuple_GET_SIZE(probe) == 4) {  /* placed later */
+        if (PyList_Append(pending, key) < 0 || PyDict_SetItem(fresh, key, Py_True) < 0 ||
+            PyDict_SetItem(hot, key, value) < 0)
+            return -1;
+        return 1;
+    }
+    int gone = PySet_Contains(dead, key);  /* (no table to probe: a dead key is fresh, the rest Python's) */
+    if (gone <= 0)
+        return gone;
+    if (PyDict_SetItem(fresh, key, Py_None) < 0 || PyDict_SetItem(hot, key, value) < 0)
+        return -1;
     return 1;
-error:
-    if (begun == 1)
-        udng_table_locate_drop(&lc);
-    return -1;
 }
+
+/* Start the reads of where placing `key` goes in the set `changed` (its
+ * slot: PySetObject's table is public in CPython's headers) and in the dict
+ * `fresh` (its index slot: the keys object is private, laid out as below
+ * from 3.11 on; elsewhere only the set's read starts).  A prefetch never
+ * faults, so an address from a layout that differed would cost one useless
+ * read, nothing else. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030F0000
+typedef struct {
+    Py_ssize_t dk_refcnt;
+    uint8_t dk_log2_size;
+    uint8_t dk_log2_index_bytes;
+    uint8_t dk_kind;
+    uint32_t dk_version;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];
+} dict_keys_layout;
+#endif
+
+static inline void
+prefetch_places(PyObject *changed, PyObject *fresh, PyObject *key)
+{
+    Py_hash_t hash = PyObject_Hash(key);  /* (an exact str or int: cached or computed, no code runs) */
+    if (hash == -1) {
+        PyErr_Clear();
+        return;
+    }
+    PySetObject *so = (PySetObject *)changed;
+    UDNG_PREFETCH(&so->table[(size_t)hash & (size_t)so->mask]);
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030F0000
+    const dict_keys_layout *k = (const dict_keys_layout *)((PyDictObject *)fresh)->ma_keys;
+    unsigned size_bits = k->dk_log2_size, width_bits = k->dk_log2_index_bytes - size_bits;
+    if (size_bits < 48 && width_bits <= 3)
+        UDNG_PREFETCH(k->dk_indices + (((size_t)hash & (((size_t)1 << size_bits) - 1)) << width_bits));
+#else
+    (void)fresh;
+#endif
+}
+
+/* One key of a batch being placed: where its probe stands. */
+typedef struct {
+    PyObject *key;  /* borrowed from the batch */
+    int state;      /* 1 probe under way; else its answer: 0 absent, 2 the Python rule decides */
+    udng_locate lc;
+} placing;
+
+/* How far ahead of the key being placed its successors' probes run: the
+ * slot read starts 2 * AHEAD keys ahead, the entry read AHEAD keys ahead. */
+#define AHEAD 6
+#define RING (2 * AHEAD + 1)
+
+/* A key of the batch is placed iff it is still marked True in `fresh` when
+ * its turn comes (placed, deleted or cleared since, it is not); a `dead` key
+ * is fresh without a probe; with no table view (`t` NULL), and for what the
+ * probe does not decide, the Python rule (`_counted`) decides. */
+static int
+placing_begin(TableCacheBaseObject *self, const table_view *t, PyObject *key, placing *p)
+{
+    p->key = key;
+    p->state = 2;
+    int gone = PySet_GET_SIZE(self->dead) ? PySet_Contains(self->dead, key) : 0;
+    if (gone < 0)
+        return -1;
+    if (gone)
+        p->state = 0;
+    else if (t != NULL && (PyUnicode_CheckExact(key) || PyLong_CheckExact(key)))
+        p->state = udng_table_locate_begin(t, key, &p->lc);
+    if (PyUnicode_CheckExact(key) || PyLong_CheckExact(key))
+        prefetch_places(self->changed, self->fresh, key);
+    return 0;
+}
+
+/* Its answer placed: counted, out of `fresh` and into `changed`; absent,
+ * fresh (its mark None, its place kept).  0, or -1 with an error set. */
+static int
+placing_end(TableCacheBaseObject *self, placing *p)
+{
+    int counted = p->state == 1 ? udng_table_locate_end(&p->lc) : p->state;
+    PyObject *mark = PyDict_GetItemWithError(self->fresh, p->key);  /* (placed or gone since: skipped) */
+    if (mark != Py_True)
+        return mark == NULL && PyErr_Occurred() ? -1 : 0;
+    if (counted == 2) {  /* (another type's entry of the same hash, a damaged one: the Python rule) */
+        PyObject *r = PyObject_CallMethod((PyObject *)self, "_counted", "O", p->key);
+        if (r == NULL)
+            return -1;
+        counted = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (counted < 0)
+            return -1;
+        mark = PyDict_GetItemWithError(self->fresh, p->key);  /* (Python ran: still to place?) */
+        if (mark != Py_True)
+            return mark == NULL && PyErr_Occurred() ? -1 : 0;
+    }
+    if (!counted)
+        return PyDict_SetItem(self->fresh, p->key, Py_None);
+    if (PySet_Add(self->changed, p->key) < 0)
+        return -1;
+    return PyDict_DelItem(self->fresh, p->key);
+}
+
+/* resolve(): place every key in `pending` (module docstring), emptying it.
+ * The batch is taken out of `pending` first; on an error the keys not
+ * placed yet go back in front of it, so a later call places them. */
+static PyObject *
+tcb_resolve(TableCacheBaseObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *batch = self->pending;
+    if (batch == NULL || !PyList_CheckExact(batch) || PyList_GET_SIZE(batch) == 0)
+        Py_RETURN_NONE;
+    if (self->fresh == NULL || !PyDict_CheckExact(self->fresh) || self->dead == NULL ||
+        !PyAnySet_CheckExact(self->dead) || self->changed == NULL || !PyAnySet_CheckExact(self->changed)) {
+        PyErr_SetString(PyExc_TypeError, "TableCacheBase.resolve: fresh, dead or changed is not of its type");
+        return NULL;
+    }
+    PyObject *empty = PyList_New(0);
+    if (empty == NULL)
+        return NULL;
+    self->pending = empty;  /* (the batch's reference is ours now) */
+    PyObject *probe = self->probe;
+    Py_buffer pb;
+    table_view view, *t = NULL;  /* (one buffer export for the batch, held until its end) */
+    if (probe != NULL && PyTuple_CheckExact(probe) && PyTuple_GET_SIZE(probe) == 4) {
+        if (udng_table_view_args(&PyTuple_GET_ITEM(probe, 0), &pb, &view) == 0)
+            t = &view;
+        else
+            PyErr_Clear();  /* (no table to probe: each key is Python's, which raises what it must) */
+    }
+    placing ring[RING];
+    Py_ssize_t n = PyList_GET_SIZE(batch), begun = 0, touched = 0, done = 0;
+    int failed = 0;
+    while (done < n && !failed) {
+        /* (the list is ours alone: Python code run by a placing cannot change it) */
+        if (begun < n && begun - done < 2 * AHEAD + 1) {
+            if (placing_begin(self, t, PyList_GET_ITEM(batch, begun), &ring[begun % RING]) < 0)
+                failed = 1;
+            else
+                begun++;
+            continue;
+        }
+        if (touched < begun && touched - done < AHEAD + 1) {
+            if (ring[touched % RING].state == 1)
+                udng_table_locate_touch(&ring[touched % RING].lc);
+            touched++;
+            continue;
+        }
+        if (placing_end(self, &ring[done % RING]) < 0)
+            failed = 1;
+        else
+            done++;
+    }
+    if (t != NULL)
+        PyBuffer_Release(&pb);
+    if (failed) {  /* the keys not placed, back in front of those set since */
+        PyObject *rest = PyList_GetSlice(batch, done, n);
+        if (rest != NULL && PyList_SetSlice(rest, PyList_GET_SIZE(rest), PyList_GET_SIZE(rest), self->pending) == 0)
+            Py_SETREF(self->pending, rest);
+        else
+            Py_XDECREF(rest);
+        Py_DECREF(batch);
+        return NULL;
+    }
+    Py_DECREF(batch);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef tcb_methods[] = {
+    {"resolve", (PyCFunction)tcb_resolve, METH_NOARGS,
+     "resolve() -> None: place the keys the compiled set left unplaced (pending): counted ones into changed, "
+     "the rest fresh."},
+    {NULL, NULL, 0, NULL},
+};
 
 static int
 tcb_ass_subscript(TableCacheBaseObject *self, PyObject *key, PyObject *value)
@@ -190,13 +311,16 @@ static PyMemberDef tcb_members[] = {
     {"hot", T_OBJECT, offsetof(TableCacheBaseObject, hot), 0,
      "the current value of every fresh key and of the counted keys read or overwritten"},
     {"dead", T_OBJECT, offsetof(TableCacheBaseObject, dead), 0, "table keys deleted since the dump"},
-    {"fresh", T_OBJECT, offsetof(TableCacheBaseObject, fresh), 0, "keys no counted entry holds, in order"},
+    {"fresh", T_OBJECT, offsetof(TableCacheBaseObject, fresh), 0,
+     "keys no counted entry holds (None) or not placed yet (True), in order"},
     {"changed", T_OBJECT, offsetof(TableCacheBaseObject, changed), 0,
      "counted keys whose value in hot may not be the table's"},
     {"_probe", T_OBJECT, offsetof(TableCacheBaseObject, probe), 0,
      "(buf, slots, start, end) of the table the compiled paths probe, or None"},
     {"_limit", T_OBJECT, offsetof(TableCacheBaseObject, limit), 0,
      "the most clean rows the cache keeps decoded (max_decoded), or None"},
+    {"pending", T_OBJECT, offsetof(TableCacheBaseObject, pending), 0,
+     "keys the compiled set left unplaced (marked True in fresh), in order; resolve() places them"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -211,6 +335,7 @@ PyTypeObject udng_TableCacheBaseType = {
     .tp_clear = (inquiry)tcb_clear,
     .tp_as_mapping = &tcb_as_mapping,
     .tp_members = tcb_members,
+    .tp_methods = tcb_methods,
     .tp_new = PyType_GenericNew,
 };
 

@@ -11,20 +11,46 @@ __all__ = ["TableCacheBase"]
 
 class TableCacheBase:
     """The state of a big dict's cache (``_shm/tablecache.TableCache``); its
-    compiled twin sets str and int keys itself, here every set and delete is
-    the subclass's ``_setitem`` / ``_delitem``: the same rule, one call more."""
+    compiled twin sets str and int keys itself, leaving a new key unplaced
+    (``pending``, marked True in ``fresh``) until :meth:`resolve`.  Here every
+    set and delete is the subclass's ``_setitem`` / ``_delitem``, which places
+    each key at once: the same rule, one call more, and ``pending`` stays
+    empty unless a caller fills it."""
 
-    __slots__ = ("hot", "dead", "fresh", "changed", "_probe", "_limit")
+    __slots__ = ("hot", "dead", "fresh", "changed", "_probe", "_limit", "pending")
 
     hot: dict[Any, Any]
     dead: set[Any]
-    fresh: dict[Any, None]
+    fresh: dict[Any, Optional[bool]]
     changed: set[Any]
     _probe: Optional[tuple[Any, int, int, int]]
     _limit: Optional[int]
+    pending: list[Any]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._setitem(key, value)  # type: ignore[attr-defined]
 
     def __delitem__(self, key: Any) -> None:
         self._delitem(key)  # type: ignore[attr-defined]
+
+    def resolve(self) -> None:
+        """Place every key of ``pending`` still marked True in ``fresh``: a
+        counted one (the subclass's ``_counted``) leaves ``fresh`` for
+        ``changed``, the rest stay fresh (marked None, in their place)."""
+        batch, self.pending = self.pending, []
+        fresh = self.fresh
+        for i, key in enumerate(batch):
+            if fresh.get(key) is not True:
+                continue
+            try:
+                counted = self._counted(key)  # type: ignore[attr-defined]
+            except BaseException:
+                self.pending = batch[i:] + self.pending
+                raise
+            if fresh.get(key) is not True:  # (placed while it ran)
+                continue
+            if counted:
+                self.changed.add(key)
+                del fresh[key]
+            else:
+                fresh[key] = None

@@ -26,10 +26,10 @@
  *       The first read of a big dict's key in compiled code: the probe of
  *       table_get, then the value decoded straight from the mapped entry when
  *       it is a scalar or a tuple of scalars (no bytes copy, no call).
- *   udng_table_locate_begin / _end(probe, key)   (C only)
- *       Whether the table holds a str or int key: the compiled set of a
- *       record into a big dict's cache (tablecache.c), in two steps so that
- *       the caller's own lookups overlap the table's cache misses.
+ *   udng_table_locate_begin / _touch / _end(probe, key)   (C only)
+ *       Whether the table holds a str or int key: the placing of the keys
+ *       a big dict's cache took unplaced (tablecache.c), in three steps so
+ *       that the probes of a batch of keys overlap their cache misses.
  *   They raise ValueError on input that does not fit (a malformed map, a
  *   count that disagrees, a buffer too small) before writing past anything.
  *
@@ -294,11 +294,9 @@ udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * 0 absent without a probe (a str no table key can be), 2 not decided here
  * (the Python path decides), -1 never: every error is cleared into 2. */
 static int
-probe_begin(PyObject *probe, PyObject *key, int ints, udng_locate *lc)
+probe_key(PyObject *key, int ints, udng_locate *lc)
 {
     lc->held = 0;
-    if (!PyTuple_CheckExact(probe) || PyTuple_GET_SIZE(probe) != 4)
-        return 2;
     lc->data = "";
     lc->n = 0;
     lc->is_int = ints && PyLong_CheckExact(key);
@@ -315,6 +313,18 @@ probe_begin(PyObject *probe, PyObject *key, int ints, udng_locate *lc)
             return k == 0 ? 0 : 2;
         }
     }
+    return 1;
+}
+
+static int
+probe_begin(PyObject *probe, PyObject *key, int ints, udng_locate *lc)
+{
+    lc->held = 0;
+    if (!PyTuple_CheckExact(probe) || PyTuple_GET_SIZE(probe) != 4)
+        return 2;
+    int k = probe_key(key, ints, lc);
+    if (k != 1)
+        return k;
     if (udng_table_view_args(&PyTuple_GET_ITEM(probe, 0), &lc->pb, &lc->t) < 0) {
         PyErr_Clear();
         return 2;
@@ -350,8 +360,7 @@ probe_finish(udng_locate *lc, const unsigned char **e, uint32_t *kl, uint32_t *v
     *same_hash = 0;
     if (probe_exact(&lc->t, lc->h, lc->head, lc->hl, lc->data, lc->n, e, kl, vl,
                     lc->is_int ? same_hash : NULL) != NULL) {
-        PyBuffer_Release(&lc->pb);
-        lc->held = 0;
+        udng_table_locate_drop(lc);
         return 2;
     }
     return 1;
@@ -480,30 +489,25 @@ udng_native_table_entry(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 
 
-/* Whether a counted entry of the table `probe` = (buf, slots, start, end)
- * holds the exact str or int `key` (TableCache._counted's probe, for the
- * compiled set of a record: tablecache.c), in two steps (udng.h): begin
- * returns 1 when the probe is under way (end answers), else what end would
- * have: 0 absent, 2 not decided here.  End: 1 it does, 0 it does not, 2 not
- * decided here (a same-hash entry of other bytes, which a key of another
- * type may equal; an int with no 64-bit encoding; a damaged entry: the
- * Python path decides, or raises CorruptSegment). */
+/* Whether a counted entry of the table `t` (a view whose buffer the caller
+ * holds) holds the exact str or int `key` (TableCache._counted's probe, for the
+ * placing of the keys the compiled set left unplaced: tablecache.c), in
+ * three steps (udng.h) so that a batch of keys has its reads under way
+ * together.  Begin returns 1 when the probe is under way (touch, then end
+ * answers), else what end would have: 0 absent, 2 not decided here.  End: 1
+ * it does, 0 it does not, 2 not decided here (a same-hash entry of other
+ * bytes, which a key of another type may equal; an int with no 64-bit
+ * encoding; a damaged entry: the Python path decides, or raises
+ * CorruptSegment). */
 int
-udng_table_locate_begin(PyObject *probe, PyObject *key, udng_locate *lc)
+udng_table_locate_begin(const table_view *t, PyObject *key, udng_locate *lc)
 {
-    int r = probe_begin(probe, key, 1, lc);
-    if (r == 1)
-        udng_table_locate_touch(lc);
-    return r;
-}
-
-/* Only the first step's reads started, for a probe to come later (the
- * writer's: write_simple encodes the record meanwhile): 1 begun (the
- * buffer held: udng_table_locate_touch, then drop), else nothing held. */
-int
-udng_table_locate_prefetch(PyObject *probe, PyObject *key, udng_locate *lc)
-{
-    return probe_begin(probe, key, 1, lc);
+    int k = probe_key(key, 1, lc);
+    if (k != 1)
+        return k;
+    lc->t = *t;  /* (the caller holds its buffer for the batch: lc->held stays 0) */
+    UDNG_PREFETCH(lc->t.b + UDNG_TABLE_HEADER + 8 * (lc->h & (lc->t.slots - 1)));
+    return 1;
 }
 
 int

@@ -273,11 +273,12 @@ int udng_table_view_args(PyObject *const *args, Py_buffer *pb, table_view *t);
 /* Checks the entry at off: NULL when sound (lengths set), else the reason. */
 const char *udng_table_check_entry(const table_view *t, uint64_t off, uint32_t *kl, uint32_t *vl);
 int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out);
-/* A probe of a TableCache's table for the compiled set, in two steps:
- * udng_table_locate_begin hashes the key, holds the table's buffer and
- * starts the reads of its slot and entry; udng_table_locate_end finishes it
- * (or udng_table_locate_drop lets it go).  Between them the caller does the
- * work that does not need the table, while those reads are on their way. */
+/* A probe of a TableCache's table for the placing of unplaced keys, in
+ * three steps: udng_table_locate_begin hashes the key and starts the read of
+ * its slot in the table `t`, whose buffer the caller holds for the batch; udng_table_locate_touch reads the
+ * slot and starts the read of its entry; udng_table_locate_end finishes it
+ * (or udng_table_locate_drop lets it go).  Between the steps the caller
+ * starts other keys' probes, so that their cache misses overlap. */
 typedef struct {
     Py_buffer pb;
     table_view t;
@@ -289,11 +290,10 @@ typedef struct {
     int is_int;
     int held;  /* pb is held: end or drop must release it */
 } udng_locate;
-int udng_table_locate_begin(PyObject *probe, PyObject *key, udng_locate *lc);
+int udng_table_locate_begin(const table_view *t, PyObject *key, udng_locate *lc);
+void udng_table_locate_touch(udng_locate *lc);
 int udng_table_locate_end(udng_locate *lc);
 void udng_table_locate_drop(udng_locate *lc);
-int udng_table_locate_prefetch(PyObject *probe, PyObject *key, udng_locate *lc);
-void udng_table_locate_touch(udng_locate *lc);
 PyObject *udng_native_table_get(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_candidates(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *udng_native_table_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -317,21 +317,14 @@ typedef struct {
     PyObject_HEAD
     PyObject *hot;      /* dict: decoded values */
     PyObject *dead;     /* set: the table's keys deleted since */
-    PyObject *fresh;    /* dict: keys no counted entry holds, in order */
+    PyObject *fresh;    /* dict: keys no counted entry holds (None) or not placed yet (True), in order */
     PyObject *changed;  /* set: counted keys whose value in hot may not be the table's */
     PyObject *probe;    /* (buf, slots, start, end), or None / NULL */
     PyObject *limit;    /* the most clean rows hot keeps, or None / NULL */
+    PyObject *pending;  /* list: keys the compiled set left unplaced (True in fresh) */
 } TableCacheBaseObject;
 
 extern PyTypeObject udng_TableCacheBaseType;
-
-/* What a set of `key` into the big dict's cache `cache` will read, started
- * before the writer encodes its record (write_simple) and continued after
- * it, so that the table's and `changed`'s cache misses overlap that work:
- * begin returns 1 when something is under way (then end, which lets it go),
- * 0 when `cache` is no big dict's or the key no exact str or int. */
-int udng_tablecache_prefetch_begin(PyObject *cache, PyObject *key, udng_locate *lc);
-void udng_tablecache_prefetch_end(udng_locate *lc);
 
 /* `o` as a TableCacheBase (an instance of a subclass: TableCache), or NULL.
  * Its fields may be anything Python code assigned: callers check types. */

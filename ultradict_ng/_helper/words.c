@@ -217,20 +217,17 @@ udng_simple_record(WordsObject *w, Py_ssize_t pos, uint32_t tag, Py_ssize_t limi
     return pos + 16 + length;
 }
 
-/* write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain[, cache]]]]])
+/* write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain]]]])
  * -> end or None: the record of udng_simple_record written into this buffer; None
  * (nothing written) where udng_simple_record gives -1, and the caller takes the
  * general path.  With plain true the value may also be udng_mp_plain_value's (a
- * JSON-like tree): the caller stores a copy of it in its cache.  `cache` is
- * the writer's cache, which the caller sets the key in next: when it is a big
- * dict's, the memory that set reads is fetched while the record is encoded
- * (udng_tablecache_prefetch_begin). */
+ * JSON-like tree): the caller stores a copy of it in its cache. */
 static PyObject *
 words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 5 || nargs > 10) {
+    if (nargs < 5 || nargs > 9) {
         PyErr_SetString(PyExc_TypeError,
-                        "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain[, cache]]]]])");
+                        "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain]]]])");
         return NULL;
     }
     if (!udng_words_usable(self))
@@ -260,19 +257,15 @@ words_write_simple(WordsObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t unit = 1;
     if (nargs >= 8 && !udng_u64_arg(args[7], &unit))
         return NULL;
-    int plain = nargs >= 9 ? PyObject_IsTrue(args[8]) : 0;
+    int plain = nargs == 9 ? PyObject_IsTrue(args[8]) : 0;
     if (plain < 0)
         return NULL;
     if (unit > 0xffffffffu) {
         PyErr_SetString(PyExc_OverflowError, "write_simple: unit does not fit 32 bits");
         return NULL;
     }
-    udng_locate lc;
-    int fetching = nargs == 10 && udng_tablecache_prefetch_begin(args[9], args[4], &lc);
     Py_ssize_t end = udng_simple_record(self, pos, (uint32_t)tag, limit, op, args[4], nargs >= 6 ? args[5] : NULL,
                                    threshold, (uint32_t)unit, plain);
-    if (fetching)
-        udng_tablecache_prefetch_end(&lc);
     if (end < 0)
         Py_RETURN_NONE;
     return PyLong_FromSsize_t(end);
@@ -445,7 +438,7 @@ static PyMethodDef words_methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))words_write_record, METH_FASTCALL,
      "write_record(pos, tag, payload[, unit]) -> end: a stream record at byte offset pos."},
     {"write_simple", (PyCFunction)(void (*)(void))words_write_simple, METH_FASTCALL,
-     "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain[, cache]]]]]) -> end or None: a root-level "
+     "write_simple(pos, tag, limit, op, key[, value[, threshold[, unit[, plain]]]]) -> end or None: a root-level "
      "record of a scalar value (plain: or of a JSON-like one)."},
     {"add", (PyCFunction)(void (*)(void))words_add, METH_FASTCALL,
      "add(index, delta) -> new value: seq_cst fetch-add."},

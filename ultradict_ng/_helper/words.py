@@ -230,17 +230,13 @@ class Words:
         threshold: int = 0,
         unit: int = 1,
         plain: bool = False,
-        cache: Any = None,
     ) -> Optional[int]:
         """The record ``[op, [], key]`` or ``[op, [], key, value]`` written at ``pos``
         when key and value are of :data:`SCALAR_TYPES` (the value may also be a
         tuple of at most 15 of them, none a bytes of ``threshold`` bytes or more
         when threshold > 0: the codec's ext 1) and it ends by ``limit`` (and the
         buffer's end); else None and nothing is written.  With ``plain`` the
-        value may also be what :func:`plain_ok` accepts (a JSON-like tree).
-        ``cache`` is the writer's cache, where the key is set next: the
-        compiled helper starts fetching the memory that set reads (a hint,
-        nothing to do here)."""
+        value may also be what :func:`plain_ok` accepts (a JSON-like tree)."""
         if self._mv is None:
             raise Closed("this handle's shared memory was closed")
         if tag > 0xFFFFFFFF or not 0 <= op <= 127:

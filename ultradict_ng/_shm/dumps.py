@@ -88,6 +88,7 @@ def plan(data: Any, codec: Any, packed: Optional[bytes] = None) -> Planned:
     longer has a table (a ``clear`` emptied it) holds only what was set
     since, which is packed as a ``dict``."""
     if type(data) is TableCache:
+        data._settle()  # (the merge reads dead, changed and fresh)
         table = data.table
         if (
             table is not None
@@ -158,6 +159,7 @@ def successor(
     rows carried over are bounded as a reader's (``limit``: ``max_decoded``)."""
     new = TableCache(table, loads, keep, mutex, limit=limit)
     if type(old) is TableCache:
+        old._settle()
         hot = old.hot
         new.hot.update(hot)
         new.changed.update(_not_rows(hot, (*old.changed, *old.fresh)))

@@ -17,7 +17,8 @@ State (layout: "Reader", step 2, a table at or above ``PARTIAL_FROM`` entries):
 * ``dead`` -- keys of table entries deleted since the dump (their entries
   no longer count, also when the key was set again: it moved to the end);
 * ``fresh`` -- keys present now that no counted entry holds, in insertion
-  order (set after the dump, or deleted and set again);
+  order (set after the dump, or deleted and set again), marked None; and,
+  marked True, keys set and not placed yet (below);
 * ``hot`` -- the current value of every ``fresh`` key and of the counted
   table keys this process read or a record overwrote;
 * ``changed`` -- the counted table keys whose value in ``hot`` may not be
@@ -25,10 +26,27 @@ State (layout: "Reader", step 2, a table at or above ``PARTIAL_FROM`` entries):
   other than a scalar or a tuple of them, which a nested record may change
   in place).
 
+* ``pending`` -- the keys marked True in ``fresh``, in the order they were
+  set: the compiled set (``TableCacheBase``) of a str or int key not in
+  ``hot`` stores its value and leaves the probe of the table for later.
+
 A key is present iff it is in ``fresh`` or a counted entry (an entry of the
 table whose key is not ``dead``) holds it.  Order is ``dict``'s: the counted
 entries in the table's order (an overwrite keeps its place), then ``fresh``.
-``len`` is the count of counted entries plus ``len(fresh)``: O(1).
+``len`` is the count of counted entries plus ``len(fresh)``: O(1) once the
+pending keys are placed.
+
+Why keys wait to be placed: whether the table holds a key is, at a million
+keys, two cache misses in a row (its slot in the index, then its entry, each
+on a page of its own), about a sixth of a random overwrite by the process
+that loaded the dict -- and the write needs neither: its value goes to
+``hot`` either way, where reads find it.  Only what depends on the count and
+the order does: ``len``, iteration, a delete, a dump.  Those place the
+pending keys first (:meth:`_settle`), in one compiled call that keeps the
+probes of several keys under way at once: a few times cheaper a key than
+probing each at its write (tablecache.c).  A pending key that the table
+holds leaves ``fresh`` for ``changed``; the others stay in ``fresh``, where
+their set put them in the order.
 
 What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
 and decodes one entry, which stays in ``hot`` -- unless the process bounds
@@ -102,8 +120,9 @@ class TableCache(TableCacheBase):
         self.table: Optional[Table] = table
         self.hot: dict[Any, Any] = {}
         self.dead: set[Any] = set()
-        self.fresh: dict[Any, None] = {}
+        self.fresh: dict[Any, Optional[bool]] = {}
         self.changed: set[Any] = set()
+        self.pending: list[Any] = []
         self._loads = loads
         # The msgpack serializer's values (every table dump's): a scalar or a
         # tuple of scalars decodes in one compiled call, the codec's own first step.
@@ -161,9 +180,17 @@ class TableCache(TableCacheBase):
             self.hot[key] = value
             return value
 
+    def _settle(self) -> None:
+        """Place the pending keys (module docstring), under the mutex as a
+        record's change: what follows may read the count and the order."""
+        if self.pending:
+            with self._mutex:
+                self.resolve()
+
     def clean_rows(self) -> int:
         """How many values in ``hot`` are clean rows: neither ``fresh`` nor
-        ``changed`` (disjoint sets, both kept whole in ``hot``)."""
+        ``changed`` (disjoint sets, both kept whole in ``hot``; a pending key
+        is in ``fresh``)."""
         return len(self.hot) - len(self.fresh) - len(self.changed)
 
     def evict(self) -> None:
@@ -235,6 +262,7 @@ class TableCache(TableCacheBase):
         return key in self.hot or self._counted(key)
 
     def __len__(self) -> int:
+        self._settle()
         table = self.table
         return (table.count - len(self.dead) if table is not None else 0) + len(self.fresh)
 
@@ -249,6 +277,7 @@ class TableCache(TableCacheBase):
         table's rows are walked with the deleted keys left out and the changed
         values taken from ``hot``, then the fresh keys follow: a list, no dict
         (nothing of it is kept: the walk's callers hold the list)."""
+        self._settle()
         table, hot = self.table, self.hot
         out: list[tuple[Any, Any]] = []
         known = 0
@@ -269,6 +298,7 @@ class TableCache(TableCacheBase):
         the start to find their offsets (they differ in size), so reaching
         the table costs a pass over its entry headers and a key decode per
         entry yielded -- never a value decode."""
+        self._settle()
         yield from reversed(list(self.fresh))
         table = self.table
         if table is None:
@@ -289,6 +319,7 @@ class TableCache(TableCacheBase):
         what ``copy()`` walks).  The table is decoded in one serializer call
         (the cost of decoding a dump whole), then the changes since: deleted
         keys out, overwritten values in place, fresh keys appended in order."""
+        self._settle()
         table = self.table
         out: dict[Any, Any] = (
             table.decode_all(self._loads, self._simple is unpack_simple) if table is not None else {}
@@ -336,6 +367,7 @@ class TableCache(TableCacheBase):
         hot[key] = value
 
     def _delitem(self, key: Any) -> None:
+        self._settle()  # (a pending key may be the table's: then it becomes dead)
         if key in self.fresh:
             del self.fresh[key]
             del self.hot[key]
@@ -353,6 +385,7 @@ class TableCache(TableCacheBase):
         self.dead.clear()
         self.fresh.clear()
         self.changed.clear()
+        self.pending = []
 
     def update(self, pairs: Any) -> None:
         """``[[key, value], ...]`` assigned in order (an update record's pairs)."""

@@ -174,7 +174,6 @@ class Writer(Reader):
                 self.blob_threshold,
                 _UNIT_WHOLE if tx is None else back << _UNIT_SHIFT,
                 not self.recurse,  # (a JSON-like value too: a dict under recurse is a node)
-                self.data,  # (a big dict's: where the set below reads starts coming meanwhile)
             )
             if new_end is not None:
                 if type(value) not in _SCALARS:  # (readers decode the tree afresh: ours is a copy)
