@@ -152,6 +152,7 @@ PARITY = {
     "TableCacheBase": [
         "test_tablecache::test_the_compiled_set_takes_str_and_int_keys_and_places_new_ones_later",
         "test_tablecache::test_resolve_places_a_batch_as_one_by_one_would_and_keeps_the_rest_on_error",
+        "test_tablecache::test_sets_right_after_a_count_place_their_keys_at_once",
     ],
     "parse_records": ["test_native::test_parse_records_checks_every_record"],
     "msgpack_length": ["test_native::test_msgpack_length_is_the_encoded_length"],

@@ -173,10 +173,14 @@ class TableCacheMachine(RuleBasedStateMachine):
             R.apply(self.cache, R.set_((key,), inner, value))
             self.model[key][inner] = value
 
-    @rule(pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=8))
-    def sets(self, pairs: list[Any]) -> None:
+    @rule(pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=8), lazy=st.booleans())
+    def sets(self, pairs: list[Any], lazy: bool) -> None:
         """Several set records in a row, each key read back before any count:
-        keys the compiled set left unplaced pile up in ``pending``."""
+        keys the compiled set left unplaced pile up in ``pending`` (``lazy``:
+        as after a long run of sets; else each is placed at once, as after a
+        count)."""
+        if lazy and type(self.cache) is TableCache:
+            self.cache._since = 1 << 20
         for key, value in pairs:
             R.apply(self.cache, R.set_((), key, value))
             self.model[key] = value
@@ -676,6 +680,7 @@ def test_the_compiled_set_takes_str_and_int_keys_and_places_new_ones_later(monke
     not placed yet.  Anything that reads the count or the order places them
     first, and a delete too; every other key goes to ``_setitem``."""
     cache = table_cache({"a": 1, 7: 2, 1.0: 3, (1, 2): 4, **{f"k{i}": i for i in range(20)}})
+    cache._since = 16  # (as after a run of sets with no count: keys wait)
     slow: list[Any] = []
     original = TableCache._setitem
     monkeypatch.setattr(TableCache, "_setitem", lambda self, k, v: (slow.append(k), original(self, k, v)))
@@ -694,6 +699,7 @@ def test_the_compiled_set_takes_str_and_int_keys_and_places_new_ones_later(monke
     del cache["k3"]  # (a delete places them first)
     assert cache.pending == [] and cache.changed == {"k5", "a", 7, 1}
     assert list(cache.fresh.items()) == [("new", None), (8, None)] and cache.dead == {"k3"}
+    cache._since = 16  # (the delete counted: without this the next sets would place at once)
     cache["k3"] = 50  # (dead: fresh when placed, after "new" and 8)
     cache["k4"] = 51
     assert cache.pending == ["k3", "k4"]
@@ -729,6 +735,7 @@ def test_resolve_places_a_batch_as_one_by_one_would_and_keeps_the_rest_on_error(
     cache = table_cache(data)
     rng = random.Random(5)
     order = rng.sample(range(10000), 6000)
+    cache._since = 16
     for i in order:
         cache[f"k{i}"] = -i
     cache[1] = "one"  # (an int equal to a table key of another type: Python's rule)
@@ -743,7 +750,8 @@ def test_resolve_places_a_batch_as_one_by_one_would_and_keeps_the_rest_on_error(
     def failing(self: TableCache, key: Any) -> bool:
         calls.append(key)
         if len(calls) == 1:
-            cache["late"] = 1  # (set while placing runs Python code: after the batch)
+            cache._since = 16
+            cache["late"] = 1  # (set while placing runs Python code: waits, after the batch)
             raise MemoryError("placing")
         return original(self, key)
 
@@ -758,6 +766,30 @@ def test_resolve_places_a_batch_as_one_by_one_would_and_keeps_the_rest_on_error(
     assert cache.full() == model and same_keys(list(cache), list(model))
     cache.table.close()  # (BufferError if a probe left the buffer exported)
     cache._keep[1].release()
+
+
+@pytest.mark.skipif(not NATIVE, reason="the compiled set")
+def test_sets_right_after_a_count_place_their_keys_at_once():
+    """A process that counts between its writes (a bounded cache asks ``len``
+    at each set) would place its keys one at a time, each with a batch's
+    overhead: the 16 sets of new keys after a count (``resolve``) probe and
+    place at once, and only then do keys wait; a count starts the run again."""
+    cache = table_cache({f"k{i}": i for i in range(40)})
+    for i in range(8):
+        cache[f"k{i}"] = -i  # (a table key: changed at once)
+        cache[f"n{i}"] = i  # (a new key: fresh at once)
+        assert cache.pending == [] and cache._since == 2 * i + 2
+    assert cache.changed == {f"k{i}" for i in range(8)} and list(cache.fresh) == [f"n{i}" for i in range(8)]
+    assert True not in cache.fresh.values()
+    cache["n8"] = 8  # (the 17th: it waits)
+    assert cache.pending == ["n8"] and cache.fresh["n8"] is True
+    assert len(cache) == 49 and cache.pending == [] and cache._since == 0
+    cache["k39"] = 1
+    cache["n9"] = 9
+    assert cache.pending == [] and "k39" in cache.changed and cache.fresh["n9"] is None
+    model = {f"k{i}": (-i if i < 8 else 1 if i == 39 else i) for i in range(40)}
+    model.update({f"n{i}": i for i in range(10)})
+    assert cache.full() == model and same_keys(list(cache), list(model))
 
 
 @pytest.mark.parametrize("limit", [0, 1, 64])

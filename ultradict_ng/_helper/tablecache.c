@@ -26,7 +26,11 @@
  * `pending`, and `resolve` places the pending keys later, together: the
  * probes of a batch have their misses under way at once (a few times
  * cheaper a key than one by one), before anything reads what placing
- * decides (len, iteration, a delete, a dump: TableCache._settle).  Comparing
+ * decides (len, iteration, a delete, a dump: TableCache._settle).  A
+ * process that counts between its writes (a bounded cache's set asks `len`)
+ * would place its keys one at a time, each with a batch's overhead: so a set
+ * that comes within EAGER_WITHIN sets of the last `resolve` places its key at
+ * once, and only a run of sets with no count between waits.  Comparing
  * an exact str or int with the keys of `hot`, `dead` and `fresh` runs no
  * Python code, so no other thread runs between the checks and the stores
  * (callers hold the cache mutex anyway: records apply under it).
@@ -74,6 +78,33 @@ tcb_dealloc(TableCacheBaseObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Sets of keys not in `hot` after a `resolve` that place their key at once
+ * (module docstring). */
+#define EAGER_WITHIN 16
+
+/* Whether the table `probe` counts `key`, probed now (a set placing its key
+ * at once): 1 it does, 0 it does not (or the key is dead), 2 not decided
+ * here (the key waits, and resolve's Python rule decides), -1 error. */
+static int
+place_now(TableCacheBaseObject *self, PyObject *probe, PyObject *key)
+{
+    int gone = PySet_GET_SIZE(self->dead) ? PySet_Contains(self->dead, key) : 0;
+    if (gone != 0)
+        return gone < 0 ? -1 : 0;
+    Py_buffer pb;
+    table_view t;
+    if (udng_table_view_args(&PyTuple_GET_ITEM(probe, 0), &pb, &t) < 0) {
+        PyErr_Clear();
+        return 2;
+    }
+    udng_locate lc;
+    int r = udng_table_locate_begin(&t, key, &lc);
+    if (r == 1)
+        r = udng_table_locate_end(&lc);
+    PyBuffer_Release(&pb);
+    return r;
+}
+
 /* The compiled set: 1 done, 0 not decided here (the caller takes
  * `_setitem`), -1 error.  The stores come after every check; of several,
  * the bookkeeping goes first, so that a store failing (MemoryError) leaves a
@@ -101,6 +132,15 @@ tcb_fast_set(TableCacheBaseObject *self, PyObject *key, PyObject *value)
         return PyDict_SetItem(hot, key, value) < 0 ? -1 : 1;
     }
     if (probe != NULL && PyTuple_CheckExact(probe) && PyTuple_GET_SIZE(probe) == 4) {  /* placed later */
+        int counted = self->since++ < EAGER_WITHIN && PyList_GET_SIZE(pending) == 0
+                          ? place_now(self, probe, key)  /* (a count came lately: placed now) */
+                          : 2;
+        if (counted < 0)
+            return -1;
+        if (counted == 1)
+            return PySet_Add(changed, key) < 0 || PyDict_SetItem(hot, key, value) < 0 ? -1 : 1;
+        if (counted == 0)
+            return PyDict_SetItem(fresh, key, Py_None) < 0 || PyDict_SetItem(hot, key, value) < 0 ? -1 : 1;
         if (PyList_Append(pending, key) < 0 || PyDict_SetItem(fresh, key, Py_True) < 0 ||
             PyDict_SetItem(hot, key, value) < 0)
             return -1;
@@ -220,6 +260,7 @@ placing_end(TableCacheBaseObject *self, placing *p)
 static PyObject *
 tcb_resolve(TableCacheBaseObject *self, PyObject *Py_UNUSED(ignored))
 {
+    self->since = 0;
     PyObject *batch = self->pending;
     if (batch == NULL || !PyList_CheckExact(batch) || PyList_GET_SIZE(batch) == 0)
         Py_RETURN_NONE;
@@ -321,6 +362,8 @@ static PyMemberDef tcb_members[] = {
      "the most clean rows the cache keeps decoded (max_decoded), or None"},
     {"pending", T_OBJECT, offsetof(TableCacheBaseObject, pending), 0,
      "keys the compiled set left unplaced (marked True in fresh), in order; resolve() places them"},
+    {"_since", T_PYSSIZET, offsetof(TableCacheBaseObject, since), 0,
+     "sets of keys not in hot since the last resolve(): below 16 the compiled set places its key at once"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -12,12 +12,13 @@ __all__ = ["TableCacheBase"]
 class TableCacheBase:
     """The state of a big dict's cache (``_shm/tablecache.TableCache``); its
     compiled twin sets str and int keys itself, leaving a new key unplaced
-    (``pending``, marked True in ``fresh``) until :meth:`resolve`.  Here every
+    (``pending``, marked True in ``fresh``) until :meth:`resolve` -- unless
+    a count came within its last 16 such sets (``_since``).  Here every
     set and delete is the subclass's ``_setitem`` / ``_delitem``, which places
     each key at once: the same rule, one call more, and ``pending`` stays
     empty unless a caller fills it."""
 
-    __slots__ = ("hot", "dead", "fresh", "changed", "_probe", "_limit", "pending")
+    __slots__ = ("hot", "dead", "fresh", "changed", "_probe", "_limit", "pending", "_since")
 
     hot: dict[Any, Any]
     dead: set[Any]
@@ -26,6 +27,7 @@ class TableCacheBase:
     _probe: Optional[tuple[Any, int, int, int]]
     _limit: Optional[int]
     pending: list[Any]
+    _since: int
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._setitem(key, value)  # type: ignore[attr-defined]
@@ -37,6 +39,7 @@ class TableCacheBase:
         """Place every key of ``pending`` still marked True in ``fresh``: a
         counted one (the subclass's ``_counted``) leaves ``fresh`` for
         ``changed``, the rest stay fresh (marked None, in their place)."""
+        self._since = 0
         batch, self.pending = self.pending, []
         fresh = self.fresh
         for i, key in enumerate(batch):

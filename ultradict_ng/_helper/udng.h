@@ -322,6 +322,7 @@ typedef struct {
     PyObject *probe;    /* (buf, slots, start, end), or None / NULL */
     PyObject *limit;    /* the most clean rows hot keeps, or None / NULL */
     PyObject *pending;  /* list: keys the compiled set left unplaced (True in fresh) */
+    Py_ssize_t since;   /* compiled sets of keys not in hot since the last resolve() */
 } TableCacheBaseObject;
 
 extern PyTypeObject udng_TableCacheBaseType;

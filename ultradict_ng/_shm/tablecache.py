@@ -46,7 +46,11 @@ pending keys first (:meth:`_settle`), in one compiled call that keeps the
 probes of several keys under way at once: a few times cheaper a key than
 probing each at its write (tablecache.c).  A pending key that the table
 holds leaves ``fresh`` for ``changed``; the others stay in ``fresh``, where
-their set put them in the order.
+their set put them in the order.  A process that counts between its
+writes (a bounded cache asks ``len`` at each set) would place its keys one
+at a time, each with a batch's overhead: so a set that comes within 16 sets
+of the last count (``_since``) probes and places its key at once, and only a
+run of sets with no count between waits.
 
 What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
 and decodes one entry, which stays in ``hot`` -- unless the process bounds
@@ -123,6 +127,7 @@ class TableCache(TableCacheBase):
         self.fresh: dict[Any, Optional[bool]] = {}
         self.changed: set[Any] = set()
         self.pending: list[Any] = []
+        self._since = 0
         self._loads = loads
         # The msgpack serializer's values (every table dump's): a scalar or a
         # tuple of scalars decodes in one compiled call, the codec's own first step.
@@ -182,10 +187,14 @@ class TableCache(TableCacheBase):
 
     def _settle(self) -> None:
         """Place the pending keys (module docstring), under the mutex as a
-        record's change: what follows may read the count and the order."""
+        record's change: what follows may read the count and the order.
+        With none, ``resolve`` only notes the count: the compiled set places
+        the keys of the next few sets at once, as counts come between sets."""
         if self.pending:
             with self._mutex:
                 self.resolve()
+        else:
+            self.resolve()
 
     def clean_rows(self) -> int:
         """How many values in ``hot`` are clean rows: neither ``fresh`` nor
