@@ -687,7 +687,13 @@ def test_ctrl_c_during_a_load_changes_nothing(dicts, name, tmp_path, capsys):
             assert clock.monotonic() < deadline and proc.poll() is None  # waiting for more input
             clock.sleep(0.01)
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)  # (stdin still open: the end of the input cannot come before the signal)
+        while True:  # (stdin still open: the end of the input cannot come before the signal)
+            try:
+                proc.wait(timeout=2)
+                break
+            except subprocess.TimeoutExpired:  # (one press not acted on: the user presses again)
+                assert clock.monotonic() < deadline
+                proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
