@@ -35,6 +35,7 @@ from ultradict_ng._shm import dumps, tablecache
 from ultradict_ng._shm import layout as L
 from ultradict_ng._shm.table import Table, hash_key, map_size, write_map
 from ultradict_ng._shm.tablecache import TableCache
+from ultradict_ng.speedups import apply_simple
 
 from .conftest import soak_scaled, unique_name
 from .test_keyhash import KEYS, variants
@@ -790,6 +791,73 @@ def test_sets_right_after_a_count_place_their_keys_at_once():
     model = {f"k{i}": (-i if i < 8 else 1 if i == 39 else i) for i in range(40)}
     model.update({f"n{i}": i for i in range(10)})
     assert cache.full() == model and same_keys(list(cache), list(model))
+
+
+@settings(max_examples=soak_scaled(150), deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.dictionaries(POOL_KEYS, LEAVES, max_size=12),
+    st.lists(st.tuples(POOL_KEYS, VALUES), max_size=24),
+    st.booleans(),
+)
+def test_a_replay_into_a_big_dicts_cache_is_the_decode_and_apply_all(base, sets, counted):
+    """The records a reader replays straight from their payloads into a
+    TableCache (``apply_simple``: root sets of scalars and rows, through the
+    cache's own set) and then, from the first other one, decoded and applied
+    one by one, leave the cache as decoding and applying them all would:
+    the same keys of the same types in the same order, the same values."""
+    codec = codec_for("msgpack")
+    payloads = [codec.encode_record(R.set_([], k, v))[0] for k, v in sets]
+    fast, slow = table_cache(base), table_cache(base)
+    if counted:  # (right after a count the compiled set places keys at once; else later)
+        len(fast), len(slow)
+    done = apply_simple(fast, payloads, 0, L.OP_SET)
+    R.apply_all(fast, codec.loads_many(payloads[done:], True))
+    R.apply_all(slow, codec.loads_many(payloads, True))
+    simple = (int, str, float, bool, bytes, type(None))
+    if all(type(k) in simple and (type(v) in simple or type(v) is tuple) for k, v in sets):
+        assert done == len(payloads)  # (every record of scalars and rows taken straight)
+    assert same_keys(list(fast), list(slow)) and len(fast) == len(slow)
+    assert [(k, v) for k, v in fast.items()] == [(k, v) for k, v in slow.items()]
+    for k, v in fast.items():
+        assert exact(v, slow[k]) or type(v) is dict, (k, v, slow[k])
+
+
+def test_a_reader_replays_a_big_dicts_simple_records_without_decoding_them(name, monkeypatch):
+    """A process attaching to a big dict replays the stream into the table it
+    reads in place: the root sets of scalars and rows from their payloads
+    (no record list decoded: a million of them took 1.9 s, 0.7 s so); the
+    records from the first other one on are decoded and applied as before."""
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "100")
+    model: dict[Any, Any] = {f"k{i}": (i, f"v{i}", i / 2) for i in range(1000)}
+    w = SharedDict(model, name=name, buffer_size=1 << 16)
+    try:
+        w._store.force_dump()  # (a table: the stream after it holds what follows)
+        generation = w.stats()["generation"]
+        for i in range(0, 1200, 3):  # (overwrites of the table's keys, and new keys)
+            w[f"k{i}"] = model[f"k{i}"] = (i, "x", 0.5)
+        for i in range(10):
+            w[i] = model[i] = f"int {i}"
+        del w["k4"], model["k4"]
+        w["nested"] = model["nested"] = {"a": [1, 2]}
+        w["k7"] = model["k7"] = None
+        decoded: list[int] = []
+        real = type(w._store.codec).loads_many
+
+        def spy(self: Any, payloads: list[Any], framed: bool) -> Any:
+            decoded.append(len(payloads))
+            return real(self, payloads, framed)
+
+        monkeypatch.setattr(type(w._store.codec), "loads_many", spy)
+        r = SharedDict(name=name)
+        try:
+            assert type(r._store.data) is TableCache and w.stats()["generation"] == generation
+            assert decoded == [3]  # (the delete, then the nested set, then the last set)
+            assert same_keys(list(r), list(model)) and list(r.items()) == list(model.items())
+            assert len(r) == len(model) == 1000 - 1 + 66 + 10 + 1
+        finally:
+            r.close()
+    finally:
+        w.close()
 
 
 @pytest.mark.parametrize("limit", [0, 1, 64])

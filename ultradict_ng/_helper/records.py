@@ -13,6 +13,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
 from .._shm import layout as L
+from .tablecache import TableCacheBase
 from .unpack import unpack_simple
 
 __all__ = ["parse_records", "msgpack_length", "apply_sets", "apply_simple", "crc32"]
@@ -90,11 +91,14 @@ def apply_sets(
 _SIMPLE_MISSING: Any = object()
 
 
-def apply_simple(data: dict[Any, Any], payloads: list[Any], start: int, op_set: int) -> int:
-    """Apply the record ``payloads[start:]`` to ``data`` while each is a
+def apply_simple(data: Any, payloads: list[Any], start: int, op_set: int) -> int:
+    """Apply the record ``payloads[start:]`` to ``data`` (a dict, or a big
+    dict's cache: a ``TableCacheBase``, through its own set) while each is a
     root-level set of a scalar key to a scalar or a tuple of scalars as
     msgpack wrote it (fixarray 4, fixint ``op_set``, fixarray 0, key, value),
     decoded as the codec decodes them; the index of the first one not applied."""
+    if type(data) is not dict and not isinstance(data, TableCacheBase):
+        raise TypeError("apply_simple(data: dict | TableCacheBase, payloads: list, start, op_set)")
     i, n = start, len(payloads)
     if not 0 <= op_set <= 0x7F:
         return i
