@@ -15,13 +15,11 @@ Errors are the system's (``OSError``); the callers name the file in theirs.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import mmap
 import os
 import sys
-from collections.abc import Iterator
 from typing import Callable, Optional
 
 __all__ = [
@@ -217,12 +215,27 @@ def read_whole(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def directory_lock(directory: str, name: str = "lock") -> Iterator[None]:
-    """The directory lock (``flock`` on ``directory/name``, made if missing), held for the block."""
-    fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _MODE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
+class directory_lock:
+    """The directory lock (``flock`` on ``directory/name``, made if missing),
+    held for the ``with`` block.  (A class, not a generator: every open and
+    close of a dict kept in files takes it, and a generator's context manager
+    cost 6-8 us of a ~250 us reopen.)"""
+
+    __slots__ = ("path", "fd")
+
+    def __init__(self, directory: str, name: str = "lock") -> None:
+        self.path = os.path.join(directory, name)
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def __exit__(self, *exc: object) -> None:
+        fd, self.fd = self.fd, -1
         os.close(fd)  # (releases the flock)

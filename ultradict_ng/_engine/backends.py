@@ -25,17 +25,31 @@ __all__ = ["open_engine", "unlink_by_name", "resolve_backend", "BACKEND_ENV"]
 BACKEND_ENV = "ULTRADICT_NG_BACKEND"
 
 
+#: ``_disk.opening``, imported on the first dict kept in files (a process that
+#: never opens one never loads it); kept here, as an import statement in the
+#: function cost ~9 us of every reopen.
+_opening: Any = None
+
+
+def _import_opening() -> Any:
+    global _opening
+    from .._disk import opening
+
+    _opening = opening
+    return opening
+
+
 def open_engine(
     name: Optional[str], create: Optional[bool], options: Options, initial: Initial = None
 ) -> Engine:
     """Create or attach to the dict ``name`` (``create`` as in ``SharedDict``);
     ``initial`` ([key, value] lists, or a dict) is stored only by the process that creates it."""
     if options.path is not None:
-        from .._disk.opening import control_of, open_durable
-
-        if name is not None and (not os.path.isdir(options.path) or name != control_of(options.path)):
+        opening = _opening or _import_opening()
+        if name is not None and (not os.path.isdir(options.path) or name != opening.control_of(options.path)):
             raise ValueError("give a dict kept in files its path=, not a name")
-        return open_durable(options.path, create, options, initial)
+        engine: Engine = opening.open_durable(options.path, create, options, initial)
+        return engine
     if options.sync is not None or options.sync_interval is not None:
         raise ValueError("sync= and sync_interval= are for a dict kept in files (path=)")
     backend = resolve_backend(options.backend)

@@ -71,7 +71,7 @@ def split_arguments(
         create = positional.pop(0)
     if type(data) is dict and not kwargs:
         return name, create, options, data
-    initial = (pairs(data) if data is not None else []) + pairs(kwargs)
+    initial = (pairs(data) if data is not None else []) + (pairs(kwargs) if kwargs else [])
     return name, create, options, initial
 
 
