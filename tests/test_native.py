@@ -1440,14 +1440,16 @@ def test_apply_sets_applies_the_leading_simple_sets(impl):
     assert impl.apply_sets(data, [(L.OP_SET, [], "t", 1), [L.OP_SET, (), "t", 1]], 0, L.OP_SET, keys) == 0
 
 
-def _applied_simply(payloads):
-    """apply_simple of every implementation on ``payloads``: one answer
-    (index and dict, key order and value types included), or the test fails."""
+def _applied_simply(payloads, *ops):
+    """apply_simple of every implementation on ``payloads`` (``ops``: op_set
+    and optionally op_del; default OP_SET only): one answer (index and dict,
+    key order and value types included), or the test fails."""
     got = []
     for mod in (fallback, native):
         if mod is not None:
             data = {"old": 0}
-            got.append((mod.apply_simple(data, list(payloads), 0, L.OP_SET), repr(list(data.items()))))
+            done = mod.apply_simple(data, list(payloads), 0, *(ops or (L.OP_SET,)))
+            got.append((done, repr(list(data.items()))))
     assert len(set(got)) == 1, got
     return got[0][0]
 
@@ -1493,25 +1495,71 @@ def test_apply_simple_applies_the_leading_root_sets_of_rows():
                 mod.apply_simple([], [row], 0, L.OP_SET)
 
 
+def test_apply_simple_takes_root_deletes_of_held_keys_when_given_their_op():
+    """Given ``op_del``, a root-level delete of a scalar key the dict holds is
+    applied straight too; one of a key it does not hold, or not exactly of
+    that form, stops there (the general path reports it), as does every
+    delete without ``op_del``."""
+    row = MSGPACK.dumps([L.OP_SET, [], "a", (1, "x", 0.5)])
+    drop = MSGPACK.dumps([L.OP_DEL, [], "a"])
+    stops = [
+        MSGPACK.dumps([L.OP_DEL, [], "missing"]),  # not held
+        MSGPACK.dumps([L.OP_DEL, ["n"], "a"]),  # a nested path
+        MSGPACK.dumps([L.OP_DEL, [], (1,)]),  # a tuple key
+        drop + b"\xc0",  # trailing bytes
+        drop[:-1],  # cut short
+        MSGPACK.dumps([L.OP_DEL, [], "a", 1]),  # four items
+        MSGPACK.dumps([L.OP_CLEAR, []]),
+    ]
+    for mod in (fallback, native):
+        if mod is None:
+            continue
+        data = {"old": 0}
+        assert mod.apply_simple(data, [row, drop, row], 0, L.OP_SET, L.OP_DEL) == 3
+        assert data == {"old": 0, "a": (1, "x", 0.5)} and list(data) == ["old", "a"]
+        assert mod.apply_simple(data, [row, drop, row], 0, L.OP_SET) == 1  # (no op_del: no delete)
+        assert mod.apply_simple(data, [drop, drop], 0, L.OP_SET, L.OP_SET) == 0  # (op_del == op_set: none)
+        for stop in stops:
+            data = {"old": 0, "a": 1, (1,): 2}
+            assert mod.apply_simple(data, [row, stop, drop], 0, L.OP_SET, L.OP_DEL) == 1, stop
+            assert data == {"old": 0, "a": (1, "x", 0.5), (1,): 2}, stop
+
+
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.one_of(scalars, not_simple), st.one_of(scalars, not_simple)), max_size=12))
-def test_apply_simple_is_the_decode_and_apply_all(pairs):
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(scalars, not_simple), st.one_of(scalars, not_simple), st.none() | st.integers(0, 11)
+        ),
+        max_size=12,
+    )
+)
+def test_apply_simple_is_the_decode_and_apply_all(writes):
     """What apply_simple applies, and then the general path applies from where
-    it stopped, is what the general path alone makes -- on every implementation."""
-    payloads = []
-    for key, value in pairs:
+    it stopped, is what the general path alone makes -- on every
+    implementation.  (A write with an index deletes the key of an earlier
+    set instead.)"""
+    payloads, earlier = [], []
+    for key, value, drop in writes:
+        rec = (
+            record.delete([], earlier[drop % len(earlier)])
+            if drop is not None and earlier
+            else record.set_([], key, value)
+        )
         try:
-            payloads.append(MSGPACK.encode_record(record.set_([], key, value))[0])
+            payloads.append(MSGPACK.encode_record(rec)[0])
         except Exception:
             continue  # (what the codec cannot encode never reaches a stream)
+        if rec[0] == L.OP_SET:
+            earlier.append(key)
     try:
         whole = _decoded_then_applied(payloads)
     except Exception:
-        return  # (unhashable keys: a record the reader reports; apply_simple stops before them)
-    done = _applied_simply(payloads)
+        return  # (unhashable keys, a key deleted twice: the reader reports them; apply_simple stops before)
+    done = _applied_simply(payloads, L.OP_SET, L.OP_DEL)
     data = {"old": 0}
     native_or_twin = native if native is not None else fallback
-    native_or_twin.apply_simple(data, payloads, 0, L.OP_SET)
+    native_or_twin.apply_simple(data, payloads, 0, L.OP_SET, L.OP_DEL)
     record.apply_all(data, MSGPACK.loads_many(payloads[done:], True))
     assert repr(list(data.items())) == whole
 

@@ -796,25 +796,37 @@ def test_sets_right_after_a_count_place_their_keys_at_once():
 @settings(max_examples=soak_scaled(150), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     st.dictionaries(POOL_KEYS, LEAVES, max_size=12),
-    st.lists(st.tuples(POOL_KEYS, VALUES), max_size=24),
+    st.lists(st.tuples(POOL_KEYS, st.one_of(VALUES, st.just(ABSENT))), max_size=24),
     st.booleans(),
 )
-def test_a_replay_into_a_big_dicts_cache_is_the_decode_and_apply_all(base, sets, counted):
+def test_a_replay_into_a_big_dicts_cache_is_the_decode_and_apply_all(base, writes, counted):
     """The records a reader replays straight from their payloads into a
-    TableCache (``apply_simple``: root sets of scalars and rows, through the
-    cache's own set) and then, from the first other one, decoded and applied
-    one by one, leave the cache as decoding and applying them all would:
-    the same keys of the same types in the same order, the same values."""
+    TableCache (``apply_simple``: root sets of scalars and rows and root
+    deletes, through the cache's own set and delete) and then, from the
+    first other one, decoded and applied one by one, leave the cache as
+    decoding and applying them all would: the same keys of the same types
+    in the same order, the same values.  (ABSENT: a delete, of a key the
+    dict holds then, as a writer writes one.)"""
     codec = codec_for("msgpack")
-    payloads = [codec.encode_record(R.set_([], k, v))[0] for k, v in sets]
+    model, records = dict(base), []
+    for k, v in writes:
+        if v is not ABSENT:
+            model[k] = v
+            records.append(R.set_([], k, v))
+        elif k in model:
+            del model[k]
+            records.append(R.delete([], k))
+    payloads = [codec.encode_record(rec)[0] for rec in records]
     fast, slow = table_cache(base), table_cache(base)
     if counted:  # (right after a count the compiled set places keys at once; else later)
         len(fast), len(slow)
-    done = apply_simple(fast, payloads, 0, L.OP_SET)
+    done = apply_simple(fast, payloads, 0, L.OP_SET, L.OP_DEL)
     R.apply_all(fast, codec.loads_many(payloads[done:], True))
     R.apply_all(slow, codec.loads_many(payloads, True))
     simple = (int, str, float, bool, bytes, type(None))
-    if all(type(k) in simple and (type(v) in simple or type(v) is tuple) for k, v in sets):
+    if all(
+        type(r[2]) in simple and (len(r) == 3 or type(r[3]) in simple or type(r[3]) is tuple) for r in records
+    ):
         assert done == len(payloads)  # (every record of scalars and rows taken straight)
     assert same_keys(list(fast), list(slow)) and len(fast) == len(slow)
     assert [(k, v) for k, v in fast.items()] == [(k, v) for k, v in slow.items()]
@@ -824,9 +836,10 @@ def test_a_replay_into_a_big_dicts_cache_is_the_decode_and_apply_all(base, sets,
 
 def test_a_reader_replays_a_big_dicts_simple_records_without_decoding_them(name, monkeypatch):
     """A process attaching to a big dict replays the stream into the table it
-    reads in place: the root sets of scalars and rows from their payloads
-    (no record list decoded: a million of them took 1.9 s, 0.7 s so); the
-    records from the first other one on are decoded and applied as before."""
+    reads in place: the root sets of scalars and rows, and the root deletes,
+    from their payloads (no record list decoded: a million of them took
+    1.9 s, 0.7 s so); the records from the first other one on are decoded
+    and applied as before."""
     monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "100")
     model: dict[Any, Any] = {f"k{i}": (i, f"v{i}", i / 2) for i in range(1000)}
     w = SharedDict(model, name=name, buffer_size=1 << 16)
@@ -837,7 +850,8 @@ def test_a_reader_replays_a_big_dicts_simple_records_without_decoding_them(name,
             w[f"k{i}"] = model[f"k{i}"] = (i, "x", 0.5)
         for i in range(10):
             w[i] = model[i] = f"int {i}"
-        del w["k4"], model["k4"]
+        del w["k4"], model["k4"]  # (a delete: straight from its payload too)
+        del w[3], model[3]
         w["nested"] = model["nested"] = {"a": [1, 2]}
         w["k7"] = model["k7"] = None
         decoded: list[int] = []
@@ -851,9 +865,9 @@ def test_a_reader_replays_a_big_dicts_simple_records_without_decoding_them(name,
         r = SharedDict(name=name)
         try:
             assert type(r._store.data) is TableCache and w.stats()["generation"] == generation
-            assert decoded == [3]  # (the delete, then the nested set, then the last set)
+            assert decoded == [2]  # (the nested set, then the last set)
             assert same_keys(list(r), list(model)) and list(r.items()) == list(model.items())
-            assert len(r) == len(model) == 1000 - 1 + 66 + 10 + 1
+            assert len(r) == len(model) == 1000 - 1 + 66 + 10 - 1 + 1
         finally:
             r.close()
     finally:

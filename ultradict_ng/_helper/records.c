@@ -251,29 +251,37 @@ udng_native_apply_sets(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromSsize_t(i);
 }
 
-/* apply_simple(data, payloads, start, op_set) -> index.  Applies the record
- * payloads[start:] to `data` -- a dict, or a big dict's cache (a
- * TableCacheBase, whose own set keeps its bookkeeping: tablecache.c) --
- * while each is a root-level set of a
- * scalar key to a scalar or a tuple of scalars, as msgpack wrote it --
- * exactly fixarray 4, positive fixint op_set, fixarray 0, the key, the value
- * -- and returns the index of the first payload it did not apply (the
- * caller decodes the rest; nothing is applied twice).  The key and value
- * decode as the codec decodes them (unpack.c's udng_simple_value: msgpack's
- * own result, or a decline).  Why: the reader's replay of a long stream into
- * a dict cache decoded every record to a list through msgpack's Unpacker and
- * its ext hook (~1-2 us a record) before apply_sets stored it; here one pass
- * decodes the key and value only (a recovery's million records: seconds).
- * A big dict's cache took every record through that decode and a Python
- * apply: a process attaching to a million-key dict whose stream held a
- * million writes replayed them for 1.5-2.8 s. */
+/* apply_simple(data, payloads, start, op_set[, op_del]) -> index.  Applies
+ * the record payloads[start:] to `data` -- a dict, or a big dict's cache (a
+ * TableCacheBase, whose own set and delete keep its bookkeeping:
+ * tablecache.c) -- while each is a root-level set of a scalar key to a
+ * scalar or a tuple of scalars, as msgpack wrote it -- exactly fixarray 4,
+ * positive fixint op_set, fixarray 0, the key, the value -- or, given
+ * op_del, a root-level delete of a scalar key (fixarray 3, op_del,
+ * fixarray 0, the key) that the cache holds; it returns the index of the
+ * first payload it did not apply (the caller decodes the rest; nothing is
+ * applied twice).  The key and value decode as the codec decodes them
+ * (unpack.c's udng_simple_value: msgpack's own result, or a decline).  A
+ * delete of a key the cache does not hold stops here too: the caller's
+ * general path then finds the record does not fit.
+ *
+ * Why: the reader's replay of a long stream into a dict cache decoded every
+ * record to a list through msgpack's Unpacker and its ext hook (~1-2 us a
+ * record) before apply_sets stored it; here one pass decodes the key and
+ * value only (a recovery's million records: seconds).  A big dict's cache
+ * took every record through that decode and a Python apply: a process
+ * attaching to a million-key dict whose stream held a million writes
+ * replayed them for 1.5-2.8 s.  Deletes are taken too because a stream of
+ * sets and deletes (a cache that evicts) went to the general path at its
+ * first delete. */
 
 PyObject *
 udng_native_apply_simple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !(PyDict_CheckExact(args[0]) || udng_as_tablecache(args[0]) != NULL) ||
+    if ((nargs != 4 && nargs != 5) || !(PyDict_CheckExact(args[0]) || udng_as_tablecache(args[0]) != NULL) ||
         !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "apply_simple(data: dict | TableCacheBase, payloads: list, start, op_set)");
+        PyErr_SetString(PyExc_TypeError,
+                        "apply_simple(data: dict | TableCacheBase, payloads: list, start, op_set[, op_del])");
         return NULL;
     }
     PyObject *data = args[0], *payloads = args[1];
@@ -284,14 +292,39 @@ udng_native_apply_simple(PyObject *module, PyObject *const *args, Py_ssize_t nar
     long op_set = PyLong_AsLong(args[3]);
     if (op_set == -1 && PyErr_Occurred())
         return NULL;
+    long op_del = nargs == 5 ? PyLong_AsLong(args[4]) : -1;
+    if (op_del == -1 && PyErr_Occurred())
+        return NULL;
     if (op_set < 0 || op_set > 0x7f)  /* (not a positive fixint: nothing is of this form) */
         return PyLong_FromSsize_t(i);
+    if (op_del > 0x7f || op_del == op_set)
+        op_del = -1;
     for (; i >= 0 && i < PyList_GET_SIZE(payloads); i++) {
         PyObject *b = PyList_GET_ITEM(payloads, i);
         if (!PyBytes_CheckExact(b))
             break;
         const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(b);
         Py_ssize_t n = PyBytes_GET_SIZE(b);
+        if (op_del >= 0 && n >= 4 && p[0] == 0x93 && p[1] == (unsigned char)op_del && p[2] == 0x90) {
+            if (udng_mp_skip(p + 3, n - 3) != n - 3)
+                break;
+            PyObject *key = udng_simple_value(p + 3, n - 3);
+            if (key == NULL)
+                break;
+            if (PyTuple_CheckExact(key)) {
+                Py_DECREF(key);
+                break;
+            }
+            int r = plain ? PyDict_DelItem(data, key) : PyObject_DelItem(data, key);
+            Py_DECREF(key);
+            if (r < 0) {
+                if (!PyErr_ExceptionMatches(PyExc_KeyError))
+                    return NULL;
+                PyErr_Clear();  /* (not held: the general path reports the record) */
+                break;
+            }
+            continue;
+        }
         if (n < 5 || p[0] != 0x94 || p[1] != (unsigned char)op_set || p[2] != 0x90)
             break;
         Py_ssize_t kl = udng_mp_skip(p + 3, n - 3);

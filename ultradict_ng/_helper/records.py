@@ -91,21 +91,40 @@ def apply_sets(
 _SIMPLE_MISSING: Any = object()
 
 
-def apply_simple(data: Any, payloads: list[Any], start: int, op_set: int) -> int:
+def apply_simple(data: Any, payloads: list[Any], start: int, op_set: int, op_del: int = -1) -> int:
     """Apply the record ``payloads[start:]`` to ``data`` (a dict, or a big
-    dict's cache: a ``TableCacheBase``, through its own set) while each is a
-    root-level set of a scalar key to a scalar or a tuple of scalars as
-    msgpack wrote it (fixarray 4, fixint ``op_set``, fixarray 0, key, value),
-    decoded as the codec decodes them; the index of the first one not applied."""
+    dict's cache: a ``TableCacheBase``, through its own set and delete) while
+    each is a root-level set of a scalar key to a scalar or a tuple of
+    scalars as msgpack wrote it (fixarray 4, fixint ``op_set``, fixarray 0,
+    key, value), or a root-level delete of a scalar key the cache holds
+    (fixarray 3, fixint ``op_del``, fixarray 0, key), decoded as the codec
+    decodes them; the index of the first one not applied."""
     if type(data) is not dict and not isinstance(data, TableCacheBase):
-        raise TypeError("apply_simple(data: dict | TableCacheBase, payloads: list, start, op_set)")
+        raise TypeError("apply_simple(data: dict | TableCacheBase, payloads: list, start, op_set[, op_del])")
     i, n = start, len(payloads)
     if not 0 <= op_set <= 0x7F:
         return i
+    if op_del > 0x7F or op_del == op_set:
+        op_del = -1
     head = bytes((0x94, op_set, 0x90))
+    drop = bytes((0x93, op_del, 0x90)) if op_del >= 0 else None
     while 0 <= i < n:
         p = payloads[i]
-        if type(p) is not bytes or len(p) < 5 or p[:3] != head:
+        if type(p) is not bytes:
+            break
+        if drop is not None and len(p) >= 4 and p[:3] == drop:
+            if msgpack_length(p[3:]) != len(p) - 3:
+                break
+            key = unpack_simple(p[3:], _SIMPLE_MISSING)
+            if key is _SIMPLE_MISSING or type(key) is tuple:
+                break
+            try:
+                del data[key]
+            except KeyError:
+                break  # (not held: the general path reports the record)
+            i += 1
+            continue
+        if len(p) < 5 or p[:3] != head:
             break
         kl = msgpack_length(p[3:])
         if kl <= 0 or kl >= len(p) - 3:

@@ -34,6 +34,7 @@ __all__ = ["Reader", "INVALID"]
 INVALID = -1
 _MSGPACK_ID = MsgpackCodec.id
 _OP_SET = L.OP_SET
+_OP_DEL = L.OP_DEL
 _dump_header = struct.Struct(L.DUMP_FORMAT)
 _TABLE_MAGIC = TL.TABLE_MAGIC
 
@@ -302,12 +303,13 @@ class Reader(StoreBase):
         msgpack object, which lets the codec decode them all in one call.
         Into a ``dict`` cache or a big dict's ``TableCache`` (not a feed's),
         the leading records that set a scalar root key to a scalar or a tuple
-        of them -- a replayed stream's usual records -- are applied here,
-        straight from their payloads (``apply_simple``: no record list made;
-        half the time of the decode and ``apply_all`` into a ``dict``, a
-        fifth into a ``TableCache``, whose records ``apply_all`` takes one by
-        one), and only the rest are returned; a failure after that marks the
-        cache for a reload, as a record that does not apply does."""
+        of them, or delete a scalar root key -- a replayed stream's usual
+        records -- are applied here, straight from their payloads
+        (``apply_simple``: no record list made; half the time of the decode
+        and ``apply_all`` into a ``dict``, a fifth into a ``TableCache``,
+        whose records ``apply_all`` takes one by one), and only the rest are
+        returned; a failure after that marks the cache for a reload, as a
+        record that does not apply does."""
         framed = self.codec.id == _MSGPACK_ID
         try:
             payloads = parse_records(chunk, gen & L.GEN_MASK, self.pos, framed)
@@ -317,7 +319,7 @@ class Reader(StoreBase):
         data: Any = self.data  # (a dict, or a big dict's TableCache)
         if framed and (type(data) is dict or type(data) is TableCache) and not self._feeding:
             try:
-                done = apply_simple(data, payloads, 0, _OP_SET)
+                done = apply_simple(data, payloads, 0, _OP_SET, _OP_DEL)
             except BaseException:
                 self.gen = self.seen = INVALID
                 raise
