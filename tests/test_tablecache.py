@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ultradict_ng import SharedDict
+from ultradict_ng import SharedDict, speedups
 from ultradict_ng._codec import records as R
 from ultradict_ng._codec.codec import codec_for
 from ultradict_ng._shm import dumps, tablecache
@@ -791,6 +791,53 @@ def test_sets_right_after_a_count_place_their_keys_at_once():
     model = {f"k{i}": (-i if i < 8 else 1 if i == 39 else i) for i in range(40)}
     model.update({f"n{i}": i for i in range(10)})
     assert cache.full() == model and same_keys(list(cache), list(model))
+
+
+def test_the_compiled_delete_takes_str_and_int_keys(monkeypatch):
+    """A delete of a str or int key is the compiled rule's (``_delitem``'s,
+    without its frames): the keys waiting to be placed first, then a fresh
+    key leaves with its value, a counted one (read, overwritten or not)
+    becomes dead; a key the cache does not hold is a KeyError.  Other keys
+    take ``_delitem``; the twin takes it for every key."""
+    base: dict[Any, Any] = {f"k{i}": i for i in range(20)}
+    base.update({5: "five", 2.5: "float"})
+    cache = table_cache(base)
+    called: list[Any] = []
+    real = TableCache._delitem
+
+    def spy(self: Any, key: Any) -> None:
+        called.append(key)
+        real(self, key)
+
+    monkeypatch.setattr(TableCache, "_delitem", spy)
+    del cache["k1"]  # (counted, never read)
+    assert cache["k2"] == 2
+    del cache["k2"]  # (counted and read: in hot)
+    cache["k3"] = -3
+    del cache["k3"]  # (changed)
+    del cache[5]
+    assert len(cache) == 22 - 4
+    for i in range(17):  # (the 17th set after a count waits to be placed)
+        cache[f"n{i}"] = i
+    cache["k4"] = -4  # (a table key, waiting: placing makes it changed, the delete dead)
+    native = speedups.IMPLEMENTATION == "native"
+    assert cache.pending == (["n16", "k4"] if native else [])
+    del cache["k4"]
+    assert cache.pending == [] and "n16" in cache.fresh
+    del cache["n16"]  # (fresh)
+    for gone in ("k1", "absent", 7):
+        with pytest.raises(KeyError):
+            del cache[gone]
+    del cache[2.5]
+    if native:
+        assert called == [2.5]
+    else:
+        assert called == ["k1", "k2", "k3", 5, "k4", "n16", "k1", "absent", 7, 2.5]
+    assert cache.dead == {"k1", "k2", "k3", 5, "k4", 2.5} and not cache.changed
+    model = {k: v for k, v in base.items() if k not in cache.dead}
+    model.update({f"n{i}": i for i in range(16)})
+    assert "k4" not in cache.hot and "k2" not in cache.hot and "n16" not in cache.hot
+    assert len(cache) == len(model) and same_keys(list(cache), list(model)) and cache.full() == model
 
 
 @settings(max_examples=soak_scaled(150), deadline=None, suppress_health_check=list(HealthCheck))

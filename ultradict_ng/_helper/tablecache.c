@@ -6,9 +6,9 @@
  * (__setitem__, _counted, the mutex, Table.locate) around one probe: at a
  * million keys it made a random overwrite ~30% slower than on a small dict,
  * whose cache is a plain dict.  Here the same rule runs in one C call for
- * str and int keys (the keys msgpack tables hold most), and everything else
- * goes to the subclass's `_setitem` / `_delitem`, which hold the rule in
- * full.  The fields are the cache's state (tablecache.py's docstring) that
+ * str and int keys (the keys msgpack tables hold most), for a set and for a
+ * delete (tcb_fast_del), and everything else goes to the subclass's
+ * `_setitem` / `_delitem`, which hold the rule in full.  The fields are the cache's state (tablecache.py's docstring) that
  * the compiled read path reads where they lie (udng_tablecache_state): `hot`,
  * `dead`, `fresh`, `changed`, `_probe`, `_limit` and `pending`.
  *
@@ -327,14 +327,65 @@ static PyMethodDef tcb_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The compiled delete (TableCache._delitem's rule for a str or int key): 1
+ * done, 0 not decided here (the caller takes `_delitem`), -1 error (a
+ * KeyError for a key the cache does not hold).  The pending keys are placed
+ * first (one of them may be the table's: it becomes dead, not unfresh).  A
+ * fresh key leaves `fresh` and `hot`; a counted one becomes `dead`, leaving
+ * `hot` and `changed`.  Why compiled: a stream of sets and deletes (a cache
+ * that evicts) replays each delete here, and a process deleting keys of a
+ * big dict applies each of its own; in Python each was a few frames around
+ * the same probe. */
+static int
+tcb_fast_del(TableCacheBaseObject *self, PyObject *key)
+{
+    if (!PyUnicode_CheckExact(key) && !PyLong_CheckExact(key))
+        return 0;  /* (a key whose equality may run code, or that the probe does not take) */
+    if (self->pending != NULL && PyList_CheckExact(self->pending) && PyList_GET_SIZE(self->pending) > 0) {
+        PyObject *done = tcb_resolve(self, NULL);  /* (TableCache._settle: callers hold the mutex) */
+        if (done == NULL)
+            return -1;
+        Py_DECREF(done);
+    }
+    PyObject *hot = self->hot, *dead = self->dead, *fresh = self->fresh, *changed = self->changed;
+    PyObject *pending = self->pending, *probe = self->probe;  /* (read again: placing may run Python code) */
+    if (hot == NULL || dead == NULL || fresh == NULL || changed == NULL || pending == NULL ||
+        !PyDict_CheckExact(hot) || !PyDict_CheckExact(fresh) || !PyAnySet_CheckExact(dead) ||
+        !PyAnySet_CheckExact(changed) || !PyList_CheckExact(pending) || PyList_GET_SIZE(pending) > 0)
+        return 0;
+    int r = PyDict_Contains(fresh, key);
+    if (r != 0) {  /* fresh: it goes with its value */
+        if (r < 0 || PyDict_DelItem(fresh, key) < 0 || PyDict_DelItem(hot, key) < 0)
+            return -1;
+        return 1;
+    }
+    int held = PyDict_Contains(hot, key);  /* (a key in hot and not fresh is counted) */
+    if (held < 0)
+        return -1;
+    if (!held) {
+        if (probe == NULL || !PyTuple_CheckExact(probe) || PyTuple_GET_SIZE(probe) != 4)
+            return 0;  /* (no table to probe: Python's) */
+        int counted = place_now(self, probe, key);  /* (a dead key is not counted) */
+        if (counted < 0)
+            return -1;
+        if (counted == 2)
+            return 0;
+        if (counted == 0) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+    }
+    if (PySet_Add(dead, key) < 0 || (held && PyDict_DelItem(hot, key) < 0) || PySet_Discard(changed, key) < 0)
+        return -1;
+    return 1;
+}
+
 static int
 tcb_ass_subscript(TableCacheBaseObject *self, PyObject *key, PyObject *value)
 {
-    if (value != NULL) {
-        int r = tcb_fast_set(self, key, value);
-        if (r != 0)
-            return r < 0 ? -1 : 0;
-    }
+    int r = value != NULL ? tcb_fast_set(self, key, value) : tcb_fast_del(self, key);
+    if (r != 0)
+        return r < 0 ? -1 : 0;
     PyObject *res = value != NULL
         ? PyObject_CallMethodObjArgs((PyObject *)self, str_setitem, key, value, NULL)
         : PyObject_CallMethodObjArgs((PyObject *)self, str_delitem, key, NULL);

@@ -11,7 +11,7 @@ __all__ = ["TableCacheBase"]
 
 class TableCacheBase:
     """The state of a big dict's cache (``_shm/tablecache.TableCache``); its
-    compiled twin sets str and int keys itself, leaving a new key unplaced
+    compiled twin sets and deletes str and int keys itself, leaving a new key unplaced
     (``pending``, marked True in ``fresh``) until :meth:`resolve` -- unless
     a count came within its last 16 such sets (``_since``).  Here every
     set and delete is the subclass's ``_setitem`` / ``_delitem``, which places

@@ -360,9 +360,9 @@ class TableCache(TableCacheBase):
 
     # -- what records do (records.apply: the root's set, delete, clear, update) ------------
     # ``cache[key] = value`` and ``del cache[key]`` are TableCacheBase's: a str
-    # or int key is set in compiled code (speedups: the same rule, without
-    # these frames: a writer's every root write at a million keys), the rest
-    # comes here.
+    # or int key is set or deleted in compiled code (speedups: the same rule,
+    # without these frames: a writer's every root write at a million keys, a
+    # replayed stream's every set and delete), the rest comes here.
 
     def _setitem(self, key: Any, value: Any) -> None:
         hot = self.hot
