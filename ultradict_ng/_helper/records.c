@@ -275,6 +275,17 @@ udng_native_apply_sets(PyObject *module, PyObject *const *args, Py_ssize_t nargs
  * sets and deletes (a cache that evicts) went to the general path at its
  * first delete. */
 
+/* The key p[0..n) encodes, as apply_simple takes it: a scalar (a tuple is
+ * no key here: apply_sets' rule); else NULL, no error set. */
+static PyObject *
+simple_key(const unsigned char *p, Py_ssize_t n)
+{
+    PyObject *key = udng_simple_value(p, n);
+    if (key != NULL && PyTuple_CheckExact(key))
+        Py_CLEAR(key);
+    return key;
+}
+
 PyObject *
 udng_native_apply_simple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -308,13 +319,9 @@ udng_native_apply_simple(PyObject *module, PyObject *const *args, Py_ssize_t nar
         if (op_del >= 0 && n >= 4 && p[0] == 0x93 && p[1] == (unsigned char)op_del && p[2] == 0x90) {
             if (udng_mp_skip(p + 3, n - 3) != n - 3)
                 break;
-            PyObject *key = udng_simple_value(p + 3, n - 3);
+            PyObject *key = simple_key(p + 3, n - 3);
             if (key == NULL)
                 break;
-            if (PyTuple_CheckExact(key)) {
-                Py_DECREF(key);
-                break;
-            }
             int r = plain ? PyDict_DelItem(data, key) : PyObject_DelItem(data, key);
             Py_DECREF(key);
             if (r < 0) {
@@ -330,13 +337,9 @@ udng_native_apply_simple(PyObject *module, PyObject *const *args, Py_ssize_t nar
         Py_ssize_t kl = udng_mp_skip(p + 3, n - 3);
         if (kl <= 0 || kl >= n - 3)
             break;
-        PyObject *key = udng_simple_value(p + 3, kl);
+        PyObject *key = simple_key(p + 3, kl);
         if (key == NULL)
             break;
-        if (PyTuple_CheckExact(key)) {  /* (a key is a scalar: apply_sets' rule) */
-            Py_DECREF(key);
-            break;
-        }
         PyObject *value = udng_simple_value(p + 3 + kl, n - 3 - kl);
         if (value == NULL) {
             Py_DECREF(key);

@@ -91,6 +91,13 @@ def apply_sets(
 _SIMPLE_MISSING: Any = object()
 
 
+def _simple_key(data: bytes) -> Any:
+    """The key ``data`` encodes as ``apply_simple`` takes it: a scalar (a tuple
+    is no key here: ``apply_sets``' rule); else ``_SIMPLE_MISSING``."""
+    key = unpack_simple(data, _SIMPLE_MISSING)
+    return _SIMPLE_MISSING if type(key) is tuple else key
+
+
 def apply_simple(data: Any, payloads: list[Any], start: int, op_set: int, op_del: int = -1) -> int:
     """Apply the record ``payloads[start:]`` to ``data`` (a dict, or a big
     dict's cache: a ``TableCacheBase``, through its own set and delete) while
@@ -115,8 +122,8 @@ def apply_simple(data: Any, payloads: list[Any], start: int, op_set: int, op_del
         if drop is not None and len(p) >= 4 and p[:3] == drop:
             if msgpack_length(p[3:]) != len(p) - 3:
                 break
-            key = unpack_simple(p[3:], _SIMPLE_MISSING)
-            if key is _SIMPLE_MISSING or type(key) is tuple:
+            key = _simple_key(p[3:])
+            if key is _SIMPLE_MISSING:
                 break
             try:
                 del data[key]
@@ -129,8 +136,8 @@ def apply_simple(data: Any, payloads: list[Any], start: int, op_set: int, op_del
         kl = msgpack_length(p[3:])
         if kl <= 0 or kl >= len(p) - 3:
             break
-        key = unpack_simple(p[3 : 3 + kl], _SIMPLE_MISSING)
-        if key is _SIMPLE_MISSING or type(key) is tuple:
+        key = _simple_key(p[3 : 3 + kl])
+        if key is _SIMPLE_MISSING:
             break
         value = unpack_simple(p[3 + kl :], _SIMPLE_MISSING)
         if value is _SIMPLE_MISSING:

@@ -8,8 +8,9 @@
  * whose cache is a plain dict.  Here the same rule runs in one C call for
  * str and int keys (the keys msgpack tables hold most), for a set and for a
  * delete (tcb_fast_del), and everything else goes to the subclass's
- * `_setitem` / `_delitem`, which hold the rule in full.  The fields are the cache's state (tablecache.py's docstring) that
- * the compiled read path reads where they lie (udng_tablecache_state): `hot`,
+ * `_setitem` / `_delitem`, which hold the rule in full.  The fields are the
+ * cache's state (tablecache.py's docstring) that the compiled read path
+ * reads where they lie (udng_tablecache_state): `hot`,
  * `dead`, `fresh`, `changed`, `_probe`, `_limit` and `pending`.
  *
  * The rule (TableCache._setitem): a key in `hot` is counted or fresh: its
@@ -85,24 +86,17 @@ tcb_dealloc(TableCacheBaseObject *self)
 /* Whether the table `probe` counts `key`, probed now (a set placing its key
  * at once): 1 it does, 0 it does not (or the key is dead), 2 not decided
  * here (the key waits, and resolve's Python rule decides), -1 error. */
+static int place_now(TableCacheBaseObject *self, PyObject *probe, PyObject *key);
+
+/* Whether the fields the compiled set and delete use are of their types
+ * (Python code may have assigned anything): else the subclass's rule runs. */
 static int
-place_now(TableCacheBaseObject *self, PyObject *probe, PyObject *key)
+fields_ok(TableCacheBaseObject *self)
 {
-    int gone = PySet_GET_SIZE(self->dead) ? PySet_Contains(self->dead, key) : 0;
-    if (gone != 0)
-        return gone < 0 ? -1 : 0;
-    Py_buffer pb;
-    table_view t;
-    if (udng_table_view_args(&PyTuple_GET_ITEM(probe, 0), &pb, &t) < 0) {
-        PyErr_Clear();
-        return 2;
-    }
-    udng_locate lc;
-    int r = udng_table_locate_begin(&t, key, &lc);
-    if (r == 1)
-        r = udng_table_locate_end(&lc);
-    PyBuffer_Release(&pb);
-    return r;
+    return self->hot != NULL && PyDict_CheckExact(self->hot) && self->fresh != NULL &&
+           PyDict_CheckExact(self->fresh) && self->dead != NULL && PyAnySet_CheckExact(self->dead) &&
+           self->changed != NULL && PyAnySet_CheckExact(self->changed) && self->pending != NULL &&
+           PyList_CheckExact(self->pending);
 }
 
 /* The compiled set: 1 done, 0 not decided here (the caller takes
@@ -116,9 +110,7 @@ tcb_fast_set(TableCacheBaseObject *self, PyObject *key, PyObject *value)
 {
     PyObject *hot = self->hot, *dead = self->dead, *fresh = self->fresh, *changed = self->changed;
     PyObject *pending = self->pending, *probe = self->probe;
-    if (hot == NULL || dead == NULL || fresh == NULL || changed == NULL || pending == NULL ||
-        !PyDict_CheckExact(hot) || !PyDict_CheckExact(fresh) || !PyAnySet_CheckExact(dead) ||
-        !PyAnySet_CheckExact(changed) || !PyList_CheckExact(pending))
+    if (!fields_ok(self))
         return 0;
     if (!PyUnicode_CheckExact(key) && !PyLong_CheckExact(key))
         return 0;  /* (a key whose equality may run code, or that the probe does not take) */
@@ -217,13 +209,31 @@ placing_begin(TableCacheBaseObject *self, const table_view *t, PyObject *key, pl
     int gone = PySet_GET_SIZE(self->dead) ? PySet_Contains(self->dead, key) : 0;
     if (gone < 0)
         return -1;
+    int probed = PyUnicode_CheckExact(key) || PyLong_CheckExact(key);
     if (gone)
         p->state = 0;
-    else if (t != NULL && (PyUnicode_CheckExact(key) || PyLong_CheckExact(key)))
+    else if (t != NULL && probed)
         p->state = udng_table_locate_begin(t, key, &p->lc);
-    if (PyUnicode_CheckExact(key) || PyLong_CheckExact(key))
+    if (probed)
         prefetch_places(self->changed, self->fresh, key);
     return 0;
+}
+
+static int
+place_now(TableCacheBaseObject *self, PyObject *probe, PyObject *key)
+{
+    Py_buffer pb;
+    table_view t;
+    if (udng_table_view_args(&PyTuple_GET_ITEM(probe, 0), &pb, &t) < 0) {
+        PyErr_Clear();
+        return 2;
+    }
+    placing p;  /* (one key of a batch, its probe run through at once) */
+    int r = placing_begin(self, &t, key, &p);
+    if (r == 0)
+        r = p.state == 1 ? udng_table_locate_end(&p.lc) : p.state;
+    PyBuffer_Release(&pb);
+    return r;
 }
 
 /* Its answer placed: counted, out of `fresh` and into `changed`; absent,
@@ -347,12 +357,10 @@ tcb_fast_del(TableCacheBaseObject *self, PyObject *key)
             return -1;
         Py_DECREF(done);
     }
-    PyObject *hot = self->hot, *dead = self->dead, *fresh = self->fresh, *changed = self->changed;
-    PyObject *pending = self->pending, *probe = self->probe;  /* (read again: placing may run Python code) */
-    if (hot == NULL || dead == NULL || fresh == NULL || changed == NULL || pending == NULL ||
-        !PyDict_CheckExact(hot) || !PyDict_CheckExact(fresh) || !PyAnySet_CheckExact(dead) ||
-        !PyAnySet_CheckExact(changed) || !PyList_CheckExact(pending) || PyList_GET_SIZE(pending) > 0)
+    PyObject *probe = self->probe;  /* (read after placing, which may run Python code) */
+    if (!fields_ok(self) || PyList_GET_SIZE(self->pending) > 0)
         return 0;
+    PyObject *hot = self->hot, *dead = self->dead, *fresh = self->fresh, *changed = self->changed;
     int r = PyDict_Contains(fresh, key);
     if (r != 0) {  /* fresh: it goes with its value */
         if (r < 0 || PyDict_DelItem(fresh, key) < 0 || PyDict_DelItem(hot, key) < 0)
