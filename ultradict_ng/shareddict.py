@@ -307,10 +307,10 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def copy(self) -> dict[Any, Any]:
         """A plain, deep ``dict`` of the current contents (nested views become dicts)."""
 
-        def read(node: dict[Any, Any]) -> dict[Any, Any]:
+        def read(node: Any) -> dict[Any, Any]:
             with self._store.mutex:
-                if type(node) is not dict:  # a big dict's cache (_shm/tablecache.py): a mapping
-                    node = dict(node.items())
+                if type(node) is not dict:  # a big dict's cache (_shm/tablecache.py): its full()
+                    node = node.full()
                 out: dict[Any, Any] = copy_value(node, self._store.materialize)
             return out
 

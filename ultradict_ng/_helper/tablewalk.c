@@ -30,10 +30,11 @@
  *       value) or a list ((key, value) appended) -- leaving out the keys in
  *       the set ``skip`` and taking the values of the keys in the dict
  *       ``subst`` from it (a big dict's deleted and changed keys), each entry
- *       checked, while both key and value are a scalar or a
- *       tuple of scalars (unpack.c: a lookup table's keys and rows), and
- *       returns the offset where it stopped: end, or the first entry that is
- *       not so, for the serializer (table_chunk from there).  A walk of a
+ *       checked, while the key and -- unless skipped or replaced, then it
+ *       is not decoded -- the value are a scalar or a tuple of scalars
+ *       (unpack.c: a lookup table's keys and rows), and returns the offset
+ *       where it stopped: end, or the first entry that is not so, for the
+ *       serializer (table_chunk from there).  A walk of a
  *       million rows makes no bytes object and calls no serializer.  A
  *       damaged entry: ValueError, as table_chunk.
  *   They raise ValueError on input that does not fit (a malformed map, a
@@ -350,26 +351,30 @@ udng_native_table_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyObject *key = udng_simple_value(body, kl);
         if (key == NULL)
             break;
-        PyObject *value = udng_simple_value(body + kl, vl);
-        if (value == NULL) {
-            Py_DECREF(key);
-            break;
-        }
-        /* (scalars and tuples of them: their hash and == run no Python code) */
+        /* (scalars and tuples of them: their hash and == run no Python code)
+         * The key is looked up before its value is decoded: a value left out
+         * or replaced is never decoded (after a long stream replayed, most
+         * of a big dict's values are replaced). */
+        PyObject *value = NULL;
         int r = skip == Py_None ? 0 : PySet_Contains(skip, key);
         if (r == 0 && subst != Py_None) {
-            PyObject *now = PyDict_GetItemWithError(subst, key);  /* borrowed */
-            if (now != NULL) {
-                Py_INCREF(now);
-                Py_SETREF(value, now);
-            } else if (PyErr_Occurred()) {
+            value = PyDict_GetItemWithError(subst, key);  /* borrowed */
+            if (value != NULL)
+                Py_INCREF(value);
+            else if (PyErr_Occurred())
                 r = -1;
+        }
+        if (r == 0 && value == NULL) {
+            value = udng_simple_value(body + kl, vl);
+            if (value == NULL) {
+                Py_DECREF(key);
+                break;
             }
         }
         if (r == 0)
             r = row_out(out, key, value);
         Py_DECREF(key);
-        Py_DECREF(value);
+        Py_XDECREF(value);
         if (r < 0) {
             failed = 1;
             break;

@@ -76,8 +76,9 @@ def table_rows(
     subst: Optional[dict[Any, Any]] = None,
 ) -> int:
     """Decode the entries from ``off`` into ``out`` (a dict, or a list of
-    pairs) while key and value are :func:`unpack_simple`'s, leaving out the
-    keys in ``skip`` and taking ``subst``'s values; the offset where it stopped."""
+    pairs) while the key and (unless left out or replaced: not decoded) the
+    value are :func:`unpack_simple`'s, leaving out the keys in ``skip`` and
+    taking ``subst``'s values; the offset where it stopped."""
     if (
         type(out) not in (dict, list)
         or not (skip is None or type(skip) in (set, frozenset))
@@ -93,12 +94,14 @@ def table_rows(
         while off < end:
             _, kl, vl = entry_checked(mv, start, end, off)
             key = unpack_simple(bytes(mv[off + _TE : off + _TE + kl]), _declined)
-            value = unpack_simple(bytes(mv[off + _TE + kl : off + _TE + kl + vl]), _declined)
-            if key is _declined or value is _declined:
+            if key is _declined:
                 break
-            if not skip or key not in skip:
-                if subst:
-                    value = subst.get(key, value)
+            if not skip or key not in skip:  # (a value left out or replaced is not decoded)
+                value = subst.get(key, _declined) if subst else _declined
+                if value is _declined:
+                    value = unpack_simple(bytes(mv[off + _TE + kl : off + _TE + kl + vl]), _declined)
+                    if value is _declined:
+                        break
                 if isinstance(out, dict):
                     out[key] = value
                 else:

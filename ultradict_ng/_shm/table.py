@@ -344,6 +344,22 @@ class Table:
         self._added_up(len(out) + len(skip))  # (every key of skip is an entry's)
         return out, known
 
+    def decode_dict(
+        self, loads: Callable[[Any], Any], rows: bool, skip: set[Any], subst: Optional[dict[Any, Any]]
+    ) -> dict[Any, Any]:
+        """:meth:`decode_pairs`'s walk into a ``dict``: what a copy hands out,
+        without a list of a million pairs made first and dropped (a third
+        of a copy's time)."""
+        out: dict[Any, Any] = {}
+        rest = self._walk(loads, rows, out, skip, subst)
+        if rest is not None:
+            get = (subst or {}).get
+            for k, v in rest.items():
+                if k not in skip:
+                    out[k] = get(k, v)
+        self._added_up(len(out) + len(skip))
+        return out
+
     def _walk(
         self,
         loads: Callable[[Any], Any],
