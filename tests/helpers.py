@@ -113,3 +113,17 @@ def make_half_created(name: str, creator: int, stream: bool = False) -> None:
     ctrl.close()
     if stream:
         Segment.create(L.stream_name(name), 4096).close()
+
+
+def count_decodes(monkeypatch: Any, d: SharedDict) -> list[int]:
+    """The payload count of every ``loads_many`` call of ``d``'s codec class
+    from now on (a reader's records decoded, not taken from their bytes)."""
+    decoded: list[int] = []
+    real = type(d._store.codec).loads_many
+
+    def spy(self: Any, payloads: list[Any], framed: bool) -> Any:
+        decoded.append(len(payloads))
+        return real(self, payloads, framed)
+
+    monkeypatch.setattr(type(d._store.codec), "loads_many", spy)
+    return decoded

@@ -21,6 +21,7 @@ import sys
 import textwrap
 import threading
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -35,6 +36,8 @@ from ultradict_ng._helper.entries import CONSTANTS, ENTRY_POINTS
 from ultradict_ng._shm import layout as L
 from ultradict_ng._shm import table_layout as TL
 from ultradict_ng.errors import Closed
+
+from .helpers import count_decodes
 
 native = speedups._compiled
 needs_native = pytest.mark.skipif(native is None, reason="ultradict_ng._helper._native is not compiled")
@@ -1562,6 +1565,35 @@ def test_apply_simple_is_the_decode_and_apply_all(writes):
     native_or_twin.apply_simple(data, payloads, 0, L.OP_SET, L.OP_DEL)
     record.apply_all(data, MSGPACK.loads_many(payloads[done:], True))
     assert repr(list(data.items())) == whole
+
+
+def test_a_reader_decodes_only_the_records_apply_simple_does_not_take(monkeypatch):
+    """A reader catching up applies every record apply_simple takes from its
+    payload, also after one it cannot take (a dict value): only those are
+    decoded, one at a time while sets of scalars follow them, and in runs of
+    1, 2, 4 ... while none do (a stream of dict values: few decode calls)."""
+    name = f"udng_t_simply_{os.getpid()}"
+    w = SharedDict(name=name, buffer_size=1 << 20)
+    try:
+        w["cfg"] = {"a": 1}
+        model: dict[Any, Any] = {"cfg": {"a": 1}}
+        for i in range(50):
+            w[f"k{i}"] = model[f"k{i}"] = i
+        w["cfg2"] = model["cfg2"] = {"b": [2]}
+        del w["k3"], model["k3"]
+        for i in range(10):
+            w[f"d{i}"] = model[f"d{i}"] = {"v": i}
+        w["last"] = model["last"] = 1.5
+        decoded = count_decodes(monkeypatch, w)
+        r = SharedDict(name=name)
+        try:
+            assert r.copy() == model and list(r) == list(model)
+            assert decoded == [1, 1, 1, 2, 4, 4]  # (cfg; cfg2; d0 after the delete; d1-2, d3-6; d7-9 + last)
+        finally:
+            r.close()
+    finally:
+        w.unlink()
+        w.close()
 
 
 # -- the codec's type scans ----------------------------------------------------------

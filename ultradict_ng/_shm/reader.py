@@ -35,6 +35,9 @@ INVALID = -1
 _MSGPACK_ID = MsgpackCodec.id
 _OP_SET = L.OP_SET
 _OP_DEL = L.OP_DEL
+#: The most records :meth:`Reader._apply_simply` decodes in one call between
+#: two tries of ``apply_simple`` (the run doubles from 1 while it takes none).
+_DECODED_RUN = 4096
 _dump_header = struct.Struct(L.DUMP_FORMAT)
 _TABLE_MAGIC = TL.TABLE_MAGIC
 
@@ -165,6 +168,9 @@ class Reader(StoreBase):
             except CorruptSegment as exc:
                 problem = str(exc)
                 _pause(attempt)
+                continue
+            except Inconsistent as exc:  # (a record _parse applied itself; the cache is marked)
+                problem = str(exc)
                 continue
             if self._feeding:
                 self._feed_records(records)
@@ -301,34 +307,54 @@ class Reader(StoreBase):
 
         For msgpack the parser also checks that each payload is exactly one
         msgpack object, which lets the codec decode them all in one call.
-        Into a ``dict`` cache or a big dict's ``TableCache`` (not a feed's),
-        the leading records that set a scalar root key to a scalar or a tuple
-        of them, or delete a scalar root key -- a replayed stream's usual
-        records -- are applied here, straight from their payloads
-        (``apply_simple``: no record list made; half the time of the decode
-        and ``apply_all`` into a ``dict``, a fifth into a ``TableCache``,
-        whose records ``apply_all`` takes one by one), and only the rest are
-        returned; a failure after that marks the cache for a reload, as a
-        record that does not apply does."""
+        Into a ``dict`` cache or a big dict's ``TableCache`` (not a feed's)
+        the records are applied here (:meth:`_apply_simply`) and none is
+        returned."""
         framed = self.codec.id == _MSGPACK_ID
         try:
             payloads = parse_records(chunk, gen & L.GEN_MASK, self.pos, framed)
         except ValueError as exc:  # (the parser's reason)
             raise CorruptSegment(str(exc)) from None
-        done = 0
         data: Any = self.data  # (a dict, or a big dict's TableCache)
         if framed and (type(data) is dict or type(data) is TableCache) and not self._feeding:
-            try:
-                done = apply_simple(data, payloads, 0, _OP_SET, _OP_DEL)
-            except BaseException:
-                self.gen = self.seen = INVALID
-                raise
-            if done == len(payloads):
-                return []
-            del payloads[:done]
+            self._apply_simply(data, payloads)
+            return []
+        return self._decoded(payloads, framed)
+
+    def _decoded(self, payloads: list[Any], framed: bool) -> list[Any]:
         try:
             return self.codec.loads_many(payloads, framed)
         except CorruptSegment as exc:
-            if done:
-                self.gen = self.seen = INVALID
             raise CorruptSegment(f"records from stream offset {self.pos} cannot be decoded: {exc}") from None
+
+    def _apply_simply(self, data: Any, payloads: list[Any]) -> None:
+        """Apply msgpack ``payloads`` in order: the records that set a scalar
+        root key to a scalar or a tuple of them, or delete a scalar root key
+        -- a replayed stream's usual records -- straight from their bytes
+        (``apply_simple``: no record made; half the time of the decode and
+        ``apply_all`` into a ``dict``, a fifth into a ``TableCache``, whose
+        records ``apply_all`` takes one by one), every other record decoded
+        and applied between them.  Where ``apply_simple`` takes none, the
+        next 1, 2, 4 ... (at most ``_DECODED_RUN``) records are decoded in
+        one call: a stream of records it never takes (nested dicts, dict
+        values) costs about what decoding it whole did.  A failure once a
+        record was applied marks the cache for a reload (CorruptSegment, or
+        Inconsistent: a record that does not apply)."""
+        n, at, run, done = len(payloads), 0, 1, 0
+        try:
+            while True:
+                done = apply_simple(data, payloads, at, _OP_SET, _OP_DEL)
+                if done == n:
+                    return
+                run = min(2 * run, _DECODED_RUN) if done == at and at else 1  # (doubles: none taken)
+                apply_all(data, self._decoded(payloads[done : done + run], True))
+                at = done + run
+                if at >= n:
+                    return
+        except CorruptSegment:
+            if at or done:
+                self.gen = self.seen = INVALID
+            raise
+        except BaseException:
+            self.gen = self.seen = INVALID
+            raise
