@@ -175,17 +175,26 @@ class TableCacheMachine(RuleBasedStateMachine):
             R.apply(self.cache, R.set_((key,), inner, value))
             self.model[key][inner] = value
 
-    @rule(pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=8), lazy=st.booleans())
-    def sets(self, pairs: list[Any], lazy: bool) -> None:
-        """Several set records in a row, each key read back before any count:
-        keys the compiled set left unplaced pile up in ``pending`` (``lazy``:
-        as after a long run of sets; else each is placed at once, as after a
-        count)."""
+    @rule(
+        pairs=st.lists(st.tuples(POOL_KEYS, VALUES), max_size=8),
+        lazy=st.booleans(),
+        drops=st.lists(st.integers(0, 7), max_size=3),
+    )
+    def sets(self, pairs: list[Any], lazy: bool, drops: list[int]) -> None:
+        """Several set records in a row, then deletes of some of their keys,
+        each key read back before any count: keys the compiled set left
+        unplaced pile up in ``pending`` (``lazy``: as after a long run of
+        sets; else each is placed at once, as after a count), and a delete
+        places its own key only, the table's becoming dead."""
         if lazy and type(self.cache) is TableCache:
             self.cache._since = 1 << 20
         for key, value in pairs:
             R.apply(self.cache, R.set_((), key, value))
             self.model[key] = value
+        for i in drops:
+            if i < len(pairs) and pairs[i][0] in self.model:
+                R.apply(self.cache, R.delete((), pairs[i][0]))
+                del self.model[pairs[i][0]]
         for key, _ in pairs:
             check_reads(self.cache, self.model, key)
 
@@ -196,8 +205,11 @@ class TableCacheMachine(RuleBasedStateMachine):
     @invariant()
     def same_dict(self) -> None:
         within_bound(self.cache)
-        if type(self.cache) is TableCache:  # (pending: exactly the keys marked True, in order)
-            assert [k for k, mark in self.cache.fresh.items() if mark] == self.cache.pending
+        if type(self.cache) is TableCache:  # (pending: the keys marked True, in the order of
+            # their last listing; a key deleted since may stay listed, unmarked)
+            listed = [k for k in self.cache.pending if self.cache.fresh.get(k) is True]
+            last = list(dict.fromkeys(reversed(listed)))[::-1]
+            assert [k for k, mark in self.cache.fresh.items() if mark] == last
         assert len(self.cache) == len(self.model)
         if type(self.cache) is TableCache:
             assert self.cache.pending == [] and True not in self.cache.fresh.values()
@@ -680,7 +692,8 @@ def test_the_compiled_set_takes_str_and_int_keys_and_places_new_ones_later(monke
     whose hash an entry of other bytes shares (``1.0`` in the table) --
     stored in ``hot``, marked True in ``fresh`` and listed in ``pending``:
     not placed yet.  Anything that reads the count or the order places them
-    first, and a delete too; every other key goes to ``_setitem``."""
+    first; a delete places its own key only; every other key goes to
+    ``_setitem``."""
     cache = table_cache({"a": 1, 7: 2, 1.0: 3, (1, 2): 4, **{f"k{i}": i for i in range(20)}})
     cache._since = 16  # (as after a run of sets with no count: keys wait)
     slow: list[Any] = []
@@ -698,18 +711,27 @@ def test_the_compiled_set_takes_str_and_int_keys_and_places_new_ones_later(monke
     assert slow == [] and cache.pending == ["a", 7, "new", 8, 1]
     assert list(cache.fresh.items()) == [("a", True), (7, True), ("new", True), (8, True), (1, True)]
     assert cache["a"] == 10 and cache[1] == 6 and cache.changed == {"k5"}  # (reads need no placing)
-    del cache["k3"]  # (a delete places them first)
-    assert cache.pending == [] and cache.changed == {"k5", "a", 7, 1}
-    assert list(cache.fresh.items()) == [("new", None), (8, None)] and cache.dead == {"k3"}
-    cache._since = 16  # (the delete counted: without this the next sets would place at once)
-    cache["k3"] = 50  # (dead: fresh when placed, after "new" and 8)
+    since = cache._since
+    del cache["k3"]  # (a delete places no other key, and is no count)
+    assert cache.pending == ["a", 7, "new", 8, 1] and cache.dead == {"k3"} and cache._since == since
+    assert cache.changed == {"k5"}
+    cache["gone"] = 0
+    del cache["gone"]  # (waiting, not the table's: it leaves, listed still, unmarked)
+    del cache[7]  # (waiting, the table's: placed alone, dead)
+    cache[7] = 20  # (dead: fresh, listed again)
+    assert cache.pending == ["a", 7, "new", 8, 1, "gone", 7] and "gone" not in cache.fresh
+    assert cache.dead == {"k3", 7} and cache.changed == {"k5"} and cache.fresh[7] is True
+    cache.resolve()
+    assert cache.pending == [] and cache.changed == {"k5", "a", 1}
+    assert list(cache.fresh.items()) == [("new", None), (8, None), (7, None)]
+    cache._since = 16  # (the count: without this the next sets would place at once)
+    cache["k3"] = 50  # (dead: fresh when placed, after "new", 8 and 7)
     cache["k4"] = 51
     assert cache.pending == ["k3", "k4"]
     cache[(1, 2)] = 5
     assert slow == [(1, 2)]
     model = {
         "a": 10,
-        7: 20,
         1.0: 6,
         (1, 2): 5,
         **{f"k{i}": i for i in range(20) if i != 3},
@@ -717,10 +739,11 @@ def test_the_compiled_set_takes_str_and_int_keys_and_places_new_ones_later(monke
         "k4": 51,
         "new": 31,
         8: 40,
+        7: 20,
         "k3": 50,
     }
     assert len(cache) == len(model) and cache.pending == []
-    assert list(cache.fresh) == ["new", 8, "k3"] and cache.changed == {"k5", "a", 7, 1, "k4", (1, 2)}
+    assert list(cache.fresh) == ["new", 8, 7, "k3"] and cache.changed == {"k5", "a", 1, "k4", (1, 2)}
     assert cache.full() == model and same_keys(list(cache), list(model))
 
 
@@ -796,9 +819,10 @@ def test_sets_right_after_a_count_place_their_keys_at_once():
 
 def test_the_compiled_delete_takes_str_and_int_keys(monkeypatch):
     """A delete of a str or int key is the compiled rule's (``_delitem``'s,
-    without its frames): the keys waiting to be placed first, then a fresh
-    key leaves with its value, a counted one (read, overwritten or not)
-    becomes dead; a key the cache does not hold is a KeyError.  Other keys
+    without its frames): a key waiting to be placed is placed alone (the
+    others wait on), a fresh key leaves with its value, a counted one (read,
+    overwritten or not) becomes dead; a key the cache does not hold is a
+    KeyError.  Other keys
     take ``_delitem``; the twin takes it for every key."""
     base: dict[Any, Any] = {f"k{i}": i for i in range(20)}
     base.update({5: "five", 2.5: "float"})
@@ -823,8 +847,10 @@ def test_the_compiled_delete_takes_str_and_int_keys(monkeypatch):
     cache["k4"] = -4  # (a table key, waiting: placing makes it changed, the delete dead)
     native = speedups.IMPLEMENTATION == "native"
     assert cache.pending == (["n16", "k4"] if native else [])
-    del cache["k4"]
-    assert cache.pending == [] and "n16" in cache.fresh
+    del cache["k4"]  # (placed alone: the other key waits on, and k4 stays listed, unmarked)
+    assert cache.pending == (["n16", "k4"] if native else [])
+    assert "k4" in cache.dead and "k4" not in cache.fresh
+    assert cache.fresh["n16"] is (True if native else None)
     del cache["n16"]  # (fresh)
     for gone in ("k1", "absent", 7):
         with pytest.raises(KeyError):

@@ -27,7 +27,8 @@
  * `pending`, and `resolve` places the pending keys later, together: the
  * probes of a batch have their misses under way at once (a few times
  * cheaper a key than one by one), before anything reads what placing
- * decides (len, iteration, a delete, a dump: TableCache._settle).  A
+ * decides (len, iteration, a dump: TableCache._settle; a delete places its
+ * own key only).  A
  * process that counts between its writes (a bounded cache's set asks `len`)
  * would place its keys one at a time, each with a batch's overhead: so a set
  * that comes within EAGER_WITHIN sets of the last `resolve` places its key at
@@ -339,49 +340,58 @@ static PyMethodDef tcb_methods[] = {
 
 /* The compiled delete (TableCache._delitem's rule for a str or int key): 1
  * done, 0 not decided here (the caller takes `_delitem`), -1 error (a
- * KeyError for a key the cache does not hold).  The pending keys are placed
- * first (one of them may be the table's: it becomes dead, not unfresh).  A
- * fresh key leaves `fresh` and `hot`; a counted one becomes `dead`, leaving
- * `hot` and `changed`.  Why compiled: a stream of sets and deletes (a cache
- * that evicts) replays each delete here, and a process deleting keys of a
- * big dict applies each of its own; in Python each was a few frames around
- * the same probe. */
+ * KeyError for a key the cache does not hold).  A key set and not placed yet
+ * is placed now, alone: the table's, it becomes dead; either way it leaves
+ * `fresh` and `hot`, and stays listed in `pending`, unmarked (resolve skips
+ * it).  The other pending keys wait on: placing them all here reset the
+ * count of sets since the last placing, and every set after a delete then
+ * probed its key at once -- in a stream of sets and deletes, most of them.
+ * A fresh key leaves `fresh` and `hot`; a counted one becomes `dead`,
+ * leaving `hot` and `changed`.  Why compiled: a stream of sets and deletes
+ * (a cache that evicts) replays each delete here, and a process deleting
+ * keys of a big dict applies each of its own; in Python each was a few
+ * frames around the same probe. */
 static int
 tcb_fast_del(TableCacheBaseObject *self, PyObject *key)
 {
     if (!PyUnicode_CheckExact(key) && !PyLong_CheckExact(key))
         return 0;  /* (a key whose equality may run code, or that the probe does not take) */
-    if (self->pending != NULL && PyList_CheckExact(self->pending) && PyList_GET_SIZE(self->pending) > 0) {
-        PyObject *done = tcb_resolve(self, NULL);  /* (TableCache._settle: callers hold the mutex) */
-        if (done == NULL)
-            return -1;
-        Py_DECREF(done);
-    }
-    PyObject *probe = self->probe;  /* (read after placing, which may run Python code) */
-    if (!fields_ok(self) || PyList_GET_SIZE(self->pending) > 0)
+    if (!fields_ok(self))
         return 0;
     PyObject *hot = self->hot, *dead = self->dead, *fresh = self->fresh, *changed = self->changed;
-    int r = PyDict_Contains(fresh, key);
-    if (r != 0) {  /* fresh: it goes with its value */
-        if (r < 0 || PyDict_DelItem(fresh, key) < 0 || PyDict_DelItem(hot, key) < 0)
+    PyObject *probe = self->probe;
+    int table = probe != NULL && PyTuple_CheckExact(probe) && PyTuple_GET_SIZE(probe) == 4;
+    PyObject *mark = PyDict_GetItemWithError(fresh, key);  /* (borrowed) */
+    if (mark == NULL && PyErr_Occurred())
+        return -1;
+    if (mark != NULL && mark != Py_None && mark != Py_True)
+        return 0;  /* (not a mark of ours: Python's) */
+    if (mark == Py_None) {  /* fresh: it goes with its value */
+        if (PyDict_DelItem(fresh, key) < 0 || PyDict_DelItem(hot, key) < 0)
             return -1;
         return 1;
     }
-    int held = PyDict_Contains(hot, key);  /* (a key in hot and not fresh is counted) */
+    int held = mark == NULL ? PyDict_Contains(hot, key) : 1;  /* (in hot and not fresh: counted) */
     if (held < 0)
         return -1;
-    if (!held) {
-        if (probe == NULL || !PyTuple_CheckExact(probe) || PyTuple_GET_SIZE(probe) != 4)
+    int counted = 1;
+    if (mark == Py_True || !held) {  /* waiting to be placed (placed now, alone), or never read */
+        if (!table)
             return 0;  /* (no table to probe: Python's) */
-        int counted = place_now(self, probe, key);  /* (a dead key is not counted) */
+        counted = place_now(self, probe, key);  /* (a dead key is not counted) */
         if (counted < 0)
             return -1;
         if (counted == 2)
             return 0;
-        if (counted == 0) {
+        if (counted == 0 && mark == NULL) {
             PyErr_SetObject(PyExc_KeyError, key);
             return -1;
         }
+    }
+    if (mark == Py_True) {  /* the table's becomes dead; it stays listed in pending, unmarked */
+        if ((counted && PySet_Add(dead, key) < 0) || PyDict_DelItem(fresh, key) < 0 || PyDict_DelItem(hot, key) < 0)
+            return -1;
+        return 1;
     }
     if (PySet_Add(dead, key) < 0 || (held && PyDict_DelItem(hot, key) < 0) || PySet_Discard(changed, key) < 0)
         return -1;

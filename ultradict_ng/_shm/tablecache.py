@@ -28,7 +28,9 @@ State (layout: "Reader", step 2, a table at or above ``PARTIAL_FROM`` entries):
 
 * ``pending`` -- the keys marked True in ``fresh``, in the order they were
   set: the compiled set (``TableCacheBase``) of a str or int key not in
-  ``hot`` stores its value and leaves the probe of the table for later.
+  ``hot`` stores its value and leaves the probe of the table for later.  A
+  key deleted since may stay listed, unmarked (``resolve`` skips it), and
+  listed again once set again.
 
 A key is present iff it is in ``fresh`` or a counted entry (an entry of the
 table whose key is not ``dead``) holds it.  Order is ``dict``'s: the counted
@@ -41,16 +43,18 @@ keys, two cache misses in a row (its slot in the index, then its entry, each
 on a page of its own), about a sixth of a random overwrite by the process
 that loaded the dict -- and the write needs neither: its value goes to
 ``hot`` either way, where reads find it.  Only what depends on the count and
-the order does: ``len``, iteration, a delete, a dump.  Those place the
-pending keys first (:meth:`_settle`), in one compiled call that keeps the
-probes of several keys under way at once: a few times cheaper a key than
-probing each at its write (tablecache.c).  A pending key that the table
-holds leaves ``fresh`` for ``changed``; the others stay in ``fresh``, where
-their set put them in the order.  A process that counts between its
-writes (a bounded cache asks ``len`` at each set) would place its keys one
-at a time, each with a batch's overhead: so a set that comes within 16 sets
-of the last count (``_since``) probes and places its key at once, and only a
-run of sets with no count between waits.
+the order does: ``len``, iteration, a dump.  Those place the pending keys
+first (:meth:`_settle`), in one compiled call that keeps the probes of
+several keys under way at once: a few times cheaper a key than probing each
+at its write (tablecache.c).  A pending key that the table holds leaves
+``fresh`` for ``changed``; the others stay in ``fresh``, where their set
+put them in the order.  A process that counts between its writes (a
+bounded cache asks ``len`` at each set) would place its keys one at a time,
+each with a batch's overhead: so a set that comes within 16 sets of the
+last count (``_since``) probes and places its key at once, and only a run
+of sets with no count between waits.  A delete places its own key only
+(placing them all would count as a count: in a stream of sets and deletes,
+most sets would probe their key at once).
 
 What reads cost: a hit in ``hot`` is a dict lookup; a miss probes the table
 and decodes one entry, which stays in ``hot`` -- unless the process bounds
@@ -375,8 +379,13 @@ class TableCache(TableCacheBase):
         hot[key] = value
 
     def _delitem(self, key: Any) -> None:
-        self._settle()  # (a pending key may be the table's: then it becomes dead)
-        if key in self.fresh:
+        mark = self.fresh.get(key, _MISSING)
+        if mark is True:  # (set, not placed yet: placed now, alone; it stays listed in pending, unmarked)
+            if self._counted(key):
+                self.dead.add(key)
+            del self.fresh[key]
+            del self.hot[key]
+        elif mark is not _MISSING:
             del self.fresh[key]
             del self.hot[key]
         elif key in self.hot or self._counted(key):
