@@ -171,10 +171,9 @@ Writer (holds the lock for the whole mutation)
 2. Check the mutation against the cache (missing key, missing nested path, STATUS.unlinked)
    and encode the record: errors are raised here, before any shared byte changes.
 3. If ``end + record`` fits in the stream (``<= min(LIMIT, stream size)``):
-   copy the record to ``stream[end:]``,
-   then publish with one atomic (sequentially consistent) store
-   ``STATE = gen << 32 | end + len(record)``.  The payload is written before
-   the store that makes it reachable.
+   copy the record to ``stream[end:]``, then publish with one atomic
+   (sequentially consistent) store ``STATE = gen << 32 | end + len(record)``.
+   The payload is written before the store that makes it reachable.
 4. Otherwise (stream full, a value larger than it, a bulk load: _bulk_load) write a dump:
 
    a. ``REG_HIGH = gen + 1`` (so crash cleanup can find what step b creates);
@@ -232,8 +231,9 @@ Otherwise, with the process-local cache mutex held:
    overwrites the stream, so an unchanged generation proves the copy is intact
    on x86-TSO; the per-record generation tag and crc also catch it where loads
    can be reordered.)
-4. Parse every record (length within the copied bytes, generation tag == gen,
-   crc), decode them all, and only then apply them all; ``seen = st``.
+4. Parse and check every record (length within the copied bytes, tag == gen,
+   crc), then apply them in order, scalars' straight from their bytes; a
+   failure after one was applied reloads the dump next round.  ``seen = st``.
 5. After ``READER_RETRIES`` failed rounds (a writer dumping faster than we can
    read) take the lock and do 1-4 once more: nothing can change under the lock,
    so a failure then is real corruption -> ``CorruptSegment``.
