@@ -431,6 +431,23 @@ def test_remove_if_unused_refuses_with_an_unregistered_mapper(name, kept):
         stop(p)
 
 
+def test_mapped_by_is_mappers_for_one_name(name):
+    """Step b's witnesses of one segment (``mapped_by``) are what the map of
+    every segment (``mappers``) says of it: its derived segments and a name it
+    begins with are others, and a mapping of an unlinked segment is nobody's."""
+    d = SharedDict(name=name)
+    try:
+        every = users.mappers()
+        assert every is not None
+        for segment in (name, L.stream_name(name), name[:-1], name + "x"):
+            assert users.mapped_by(segment) == every.get(segment, set()), segment
+        assert users.mapped_by(name) == {os.getpid()} and users.mapped_by(name[:-1]) == set()
+        d.unlink()
+        assert users.mapped_by(name) == set() and name not in (users.mappers() or {})
+    finally:
+        d.close()
+
+
 def test_remove_if_unused_removes_when_every_user_is_dead(name, kept):
     out = spawn.Queue()
     procs = [start(spawn, W.attach_and_hang, name, out) for _ in range(2)]

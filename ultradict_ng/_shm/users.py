@@ -40,6 +40,7 @@ __all__ = [
     "detach",
     "free_dead",
     "mappers",
+    "mapped_by",
     "Verdict",
     "remove_if_unused",
 ]
@@ -164,6 +165,40 @@ def free_dead(atomic: Words) -> int:
     return freed
 
 
+_SHM = b" /dev/shm/"
+
+
+def _shm_maps() -> Optional[list[tuple[int, bytes]]]:
+    """``(pid, the text of /proc/<pid>/maps)`` of every process that maps a
+    shared-memory segment, or None where /proc cannot be listed.  Read as
+    bytes in a few calls, skipped whole when no line names /dev/shm: the
+    kernel's making of the text is most of the cost (~10 us a process)."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    if not pids:
+        return None
+    out = []
+    for pid in pids:
+        try:
+            fd = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        parts = []
+        try:
+            while part := os.read(fd, 1 << 17):
+                parts.append(part)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        text = b"".join(parts)
+        if _SHM in text:
+            out.append((pid, text))
+    return out
+
+
 def mappers() -> Optional[dict[str, set[int]]]:
     """Which processes map which shared-memory segment: ``{segment name: {pid}}``
     from ``/proc/<pid>/maps``, or None where that cannot be listed (no /proc).
@@ -171,26 +206,26 @@ def mappers() -> Optional[dict[str, set[int]]]:
     Processes whose maps cannot be read (another user's, without root) are
     left out: they could not open a segment of mode 0600 either.
     """
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    if not pids:
+    maps = _shm_maps()
+    if maps is None:
         return None
     out: dict[str, set[int]] = {}
-    marker = " /dev/shm/"
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps", errors="replace") as f:
-                lines = [line for line in f if marker in line]
-        except OSError:
-            continue
-        for line in lines:
-            path = line[line.index(marker) + len(marker) :].rstrip("\n")
-            if path.endswith(" (deleted)"):
-                continue  # unlinked: not the segment now under that name
-            out.setdefault(path, set()).add(pid)
+    for pid, text in maps:
+        for line in text.split(b"\n"):
+            at = line.find(_SHM)
+            if at < 0 or line.endswith(b" (deleted)"):
+                continue  # (unlinked: not the segment now under that name)
+            out.setdefault(os.fsdecode(line[at + len(_SHM) :]), set()).add(pid)
     return out
+
+
+def mapped_by(name: str) -> Optional[set[int]]:
+    """:func:`mappers` of the segment ``name`` alone: no line split or decoded."""
+    maps = _shm_maps()
+    if maps is None:
+        return None
+    line = _SHM + os.fsencode(name) + b"\n"
+    return {pid for pid, text in maps if line in text}
 
 
 class Verdict(NamedTuple):
@@ -213,12 +248,12 @@ def _users_now(name: str, atomic: Words, me: int) -> tuple[list[int], str]:
     users = sorted({u.pid for u in read_users(atomic) if u.alive and u.pid != me})
     if users:
         return users, "registered users are alive"
-    fresh = mappers()
+    fresh = mapped_by(name)
     if fresh is None:
         if atomic.load(L.W_USER_OVERFLOW):
             return [0], "unregistered users, and no /proc to see them"
         return [], ""
-    return sorted(fresh.get(name, set()) - {me}), _MAPPED
+    return sorted(fresh - {me}), _MAPPED
 
 
 def remove_if_unused(
