@@ -310,20 +310,33 @@ class Table:
         if seen != self.count:
             raise CorruptSegment(f"{self.where}: table holds {seen} entries, its header says {self.count}")
 
-    def decode_all(self, loads: Callable[[Any], Any], rows: bool = True) -> dict[Any, Any]:
-        """Every entry, each checked, in order.  With ``rows`` (the msgpack
-        serializer's table: every dump's) the compiled ``table_rows``
-        decodes the entries whose key and value are scalars or tuples of
-        them -- a lookup table, whole -- and the serializer the rest, as one
-        map in one call (from the first entry that is not such a row on)."""
+    def decode_all(
+        self,
+        loads: Callable[[Any], Any],
+        rows: bool = True,
+        skip: Optional[set[Any]] = None,
+        subst: Optional[dict[Any, Any]] = None,
+    ) -> dict[Any, Any]:
+        """Every entry, each checked, in order, the keys in ``skip`` (entries
+        of this table) left out and ``subst``'s values taken.  With ``rows``
+        (the msgpack serializer's table: every dump's) the compiled
+        ``table_rows`` decodes the entries whose key and value are scalars or
+        tuples of them -- a lookup table, whole -- and the serializer the
+        rest, as one map in one call (from the first entry that is not such
+        a row on).  Into a ``dict`` directly: a big dict's copy makes no list
+        of a million pairs first (a third of its time)."""
         data: dict[Any, Any] = {}
-        rest = self._walk(loads, rows, data, None, None)
+        skip = skip or None
+        rest = self._walk(loads, rows, data, skip, subst)
         if rest is not None:
-            if data:
-                data.update(rest)
-            else:
+            if not (data or skip or subst):
                 data = rest
-        self._added_up(len(data))
+            else:
+                get = (subst or {}).get
+                for k, v in rest.items():
+                    if not skip or k not in skip:
+                        data[k] = get(k, v)
+        self._added_up(len(data) + len(skip or ()))  # (every key of skip is an entry's)
         return data
 
     def decode_pairs(
@@ -343,22 +356,6 @@ class Table:
             out.extend([(k, get(k, v)) for k, v in rest.items() if k not in skip])
         self._added_up(len(out) + len(skip))  # (every key of skip is an entry's)
         return out, known
-
-    def decode_dict(
-        self, loads: Callable[[Any], Any], rows: bool, skip: set[Any], subst: Optional[dict[Any, Any]]
-    ) -> dict[Any, Any]:
-        """:meth:`decode_pairs`'s walk into a ``dict``: what a copy hands out,
-        without a list of a million pairs made first and dropped (a third
-        of a copy's time)."""
-        out: dict[Any, Any] = {}
-        rest = self._walk(loads, rows, out, skip, subst)
-        if rest is not None:
-            get = (subst or {}).get
-            for k, v in rest.items():
-                if k not in skip:
-                    out[k] = get(k, v)
-        self._added_up(len(out) + len(skip))
-        return out
 
     def _walk(
         self,

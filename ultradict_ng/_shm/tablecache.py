@@ -341,7 +341,7 @@ class TableCache(TableCacheBase):
         out: dict[Any, Any] = {}
         if table is not None:
             rows = self._simple is unpack_simple
-            out = table.decode_dict(self._loads, rows, self.dead, hot if hot else None)
+            out = table.decode_all(self._loads, rows, self.dead, hot if hot else None)
         for k in self.fresh:
             out[k] = hot[k]
         return out
