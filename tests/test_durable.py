@@ -303,3 +303,60 @@ def test_writers_in_four_processes_with_sync_always_lose_nothing(durable_dir):
         assert d[k] in acked and int(d[k]) % 5 == int(k[1])
     d.unlink()
     d.close()
+
+
+MOUNTS = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+31 22 0:26 / /dev/shm rw,nosuid,nodev shared:3 - tmpfs tmpfs rw
+90 31 0:52 / {nfs_mount} rw,relatime shared:70 - nfs4 server:/export rw,vers=4.2
+91 31 0:60 / {gluster} rw,relatime shared:75 - fuse.glusterfs server:/gv0 rw,user_id=0,group_id=0
+92 31 0:61 / {ssh} rw,nosuid,nodev,relatime shared:80 - fuse.sshfs me@host:/home rw,user_id=0,group_id=0
+93 31 0:62 / {local} rw,relatime shared:81 - fuse.portal portal rw,user_id=0,group_id=0
+94 90 0:63 / {inner} rw,relatime shared:82 - tmpfs tmpfs rw
+"""
+
+
+def test_a_network_filesystem_is_refused_before_anything_is_made(monkeypatch, tmp_path):
+    # The mount table is the test's: directories on /dev/shm (an anonymous
+    # device, as every network filesystem's) mounted as NFS (a path with a
+    # space, which the table escapes), GlusterFS and sshfs -- the last two
+    # FUSE mounts, known by their subtype.
+    from ultradict_ng._disk import opening
+
+    top = os.path.join(SHM, f"udng-netfs-{os.getpid()}-{time.monotonic_ns()}")
+    names = {k: os.path.join(top, k.replace("_", " ")) for k in ("nfs_mount", "gluster", "ssh", "local")}
+    names["inner"] = os.path.join(names["nfs_mount"], "inner")
+    table = tmp_path / "mountinfo"
+    table.write_text(MOUNTS.format(**{k: v.replace(" ", "\\040") for k, v in names.items()}))
+    monkeypatch.setattr(opening, "_MOUNTINFO", str(table))
+    monkeypatch.setattr(opening, "_LOCAL_DEVICES", set())
+    for where in names.values():
+        os.makedirs(where)
+    try:
+        for kind, fstype in (("nfs_mount", "nfs4"), ("gluster", "fuse.glusterfs"), ("ssh", "fuse.sshfs")):
+            for path in (names[kind], os.path.join(names[kind], "new", "dict")):
+                with pytest.raises(NotADict, match=f"network filesystem \\({fstype}\\)"):
+                    SharedDict(path=path)
+            assert os.listdir(names[kind]) == ([] if kind != "nfs_mount" else ["inner"])  # (nothing made)
+        for kind in ("local", "inner"):  # (a local FUSE mount; a tmpfs mounted inside the NFS one)
+            d = SharedDict(path=os.path.join(names[kind], "dict"))
+            d["a"] = 1
+            d.unlink()
+            d.close()
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_block_devices_filesystem_is_local_without_the_mount_table(monkeypatch, tmp_path):
+    from ultradict_ng._disk import opening
+
+    if os.major(os.stat(tmp_path).st_dev) == 0:
+        pytest.skip("the temporary directory is not on a block device here")
+    table = tmp_path / "mountinfo"
+    table.write_text("22 1 0:40 / / rw,relatime shared:1 - nfs4 server:/ rw\n")  # (would refuse)
+    monkeypatch.setattr(opening, "_MOUNTINFO", str(table))
+    monkeypatch.setattr(opening, "_LOCAL_DEVICES", set())
+    d = SharedDict(path=str(tmp_path / "dict"))
+    d.unlink()
+    d.close()
+    assert opening.mounted_kind(table.read_text(), str(tmp_path)) == "nfs4"

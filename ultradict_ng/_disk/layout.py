@@ -181,7 +181,9 @@ The directory lock and the control segment are per machine: two machines
 sharing ``DIR`` over a network filesystem would each build their own control
 segment and overwrite each other's files.  Opening refuses a directory whose
 filesystem is NFS, CIFS/SMB or another network filesystem
-(``NETWORK_FILESYSTEMS``, found in Linux's mount table).  Users must share
+(``NETWORK_FILESYSTEMS``; a FUSE mount by its subtype), found in Linux's
+mount table -- read only when the directory's device is not a block
+device's (major 0: network filesystems, tmpfs, FUSE).  Users must share
 the machine's shared memory (one container or IPC namespace), as for a dict
 in shared memory.  A read-only ``DIR`` is refused at open.  Linux is tested.
 On macOS every sync above is ``F_FULLFSYNC`` (its ``fsync`` and ``msync``
@@ -227,7 +229,10 @@ CLEAN_FORMAT = struct.Struct("<8sQQQI")  # magic, generation, stream end, token,
 
 #: Filesystem types (``/proc/self/mountinfo``) a dict's directory may not be on:
 #: machines sharing them cannot share the control segment nor the ``flock``.
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "afs", "ceph", "9p", "glusterfs", "lustre")
+NETWORK_FILESYSTEMS = (
+    *("nfs", "nfs4", "cifs", "smb3", "smbfs", "afs", "ceph", "9p", "glusterfs", "lustre"),
+    *("sshfs", "s3fs", "davfs", "gcsfuse", "rclone"),  # (FUSE subtypes)
+)
 
 
 def control_name(device: int, inode: int) -> str:
