@@ -55,7 +55,7 @@ def test_the_dict_outlives_its_processes_and_a_reboot(durable_dir):
         d["b"] = 2
         d["nested"]["y"] = "deep"
     d.close()
-    assert sorted(os.listdir(durable_dir)) == ["blob.1", "clean", "dict.meta", "lock", "stream"]
+    assert sorted(os.listdir(durable_dir)) == ["blob.1", "clean", "dict.meta", "stream"]
     reboot(durable_dir)  # (already gone: the last close removed it)
     out = run("open", durable_dir)
     assert out.returncode == 0, out.stderr
@@ -360,3 +360,94 @@ def test_a_block_devices_filesystem_is_local_without_the_mount_table(monkeypatch
     d.unlink()
     d.close()
     assert opening.mounted_kind(table.read_text(), str(tmp_path)) == "nfs4"
+
+
+LOOKALIKES = ["dump.sql", "dump.old", "dump.01", "dump.A", "streamer.log", "cache.json", "lock", "lock.txt"]
+LOOKALIKES += ["clean.sh", "blob.png", "blob.bak", "dict.meta.bak", "notes.tmp", "streamer.tmp"]
+
+
+def test_files_that_only_begin_like_a_dicts_are_the_users(tmp_path):
+    """A dict's files are its names matched whole, and a finished dump's or
+    blob's first bytes: a directory holding look-alikes is refused at
+    creation; in a dict's directory they survive a recovery, a checkpoint's
+    sweep and an unlink -- and one named as a newer checkpoint than the
+    dict's stops a recovery, naming it, rather than be skipped or removed."""
+    other = tmp_path / "lookalikes"
+    other.mkdir()
+    for f in LOOKALIKES:
+        (other / f).write_text(f)
+    with pytest.raises(NotADict, match="not a dict's"):
+        SharedDict(path=str(other))
+    assert sorted(os.listdir(other)) == sorted(LOOKALIKES)
+    path = str(tmp_path / "dict")
+    d = SharedDict(path=path)
+    d["a"] = b"x" * 100_000  # (a blob)
+    d.close()
+    for f in LOOKALIKES:
+        open(os.path.join(path, f), "w").write(f)
+    reboot(path)
+    with pytest.raises(CorruptSegment, match="dump.sql is named as the dict's newest checkpoint"):
+        SharedDict(path=path)
+    assert all(open(os.path.join(path, f)).read() == f for f in LOOKALIKES)
+    kept = [f for f in LOOKALIKES if f not in ("dump.sql", "dump.old", "dump.A")]
+    for f in ("dump.sql", "dump.old"):
+        os.remove(os.path.join(path, f))
+    d = SharedDict(path=path)  # a recovery: leftovers removed, the newest dump found
+    assert d["a"] == b"x" * 100_000
+    d["a"] = 2
+    d._store.force_dump()  # a checkpoint (its blob swept, the look-alikes not)
+    assert not os.path.exists(os.path.join(path, "blob.1"))
+    d.unlink()
+    d.close()
+    assert sorted(os.listdir(path)) == sorted(kept + ["dump.A"])
+    for f in os.listdir(path):
+        assert open(os.path.join(path, f)).read() == f
+
+
+def test_an_opener_that_waited_on_an_unlink_makes_a_new_dict(durable_dir, monkeypatch):
+    """The directory lock is the directory's ``flock``: an opener waiting while
+    ``unlink()`` removes the dict finds the directory gone once it holds the
+    lock, starts over and makes a new dict -- never one over files another
+    opener is making, never in a removed directory."""
+    import threading
+
+    from ultradict_ng._disk import lifetime, opening
+
+    d = SharedDict(path=durable_dir, sync="always")
+    d["old"] = 1
+    holding, real = threading.Event(), lifetime.unlink_tree
+
+    def slow_unlink_tree(*args):
+        holding.set()
+        time.sleep(0.3)  # (the opener below is waiting for the lock meanwhile)
+        return real(*args)
+
+    monkeypatch.setattr(lifetime, "unlink_tree", slow_unlink_tree)
+    real_create = opening._create
+
+    def slow_create(*args):
+        time.sleep(0.2)  # (an unlink's removal of the directory must not come meanwhile)
+        return real_create(*args)
+
+    monkeypatch.setattr(opening, "_create", slow_create)
+    got: dict[str, object] = {}
+
+    def opener() -> None:
+        holding.wait(10)
+        e = SharedDict(path=durable_dir, sync="always")
+        e["new"] = 2  # (acknowledged: on the disk)
+        got["keys"] = sorted(e)
+        e.close()
+
+    t = threading.Thread(target=opener)
+    t.start()
+    d.unlink()
+    d.close()
+    t.join(30)
+    assert got["keys"] == ["new"]
+    reboot(durable_dir)
+    e = SharedDict(path=durable_dir, create=False)
+    assert dict(e) == {"new": 2}
+    e.unlink()
+    e.close()
+    assert not os.path.exists(durable_dir)

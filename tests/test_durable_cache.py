@@ -67,7 +67,7 @@ def test_a_cache_outlives_its_processes_and_a_reboot(durable_dir):
     kept = {k: c[k] for k in c}
     assert len(kept) == 50 and c.stats()["evictions"] == 31
     c.close()
-    assert sorted(os.listdir(durable_dir)) == ["cache", "clean", "dict.meta", "lock", "stream"]
+    assert sorted(os.listdir(durable_dir)) == ["cache", "clean", "dict.meta", "stream"]
     reboot(durable_dir)
     time.sleep(0.35)
     c = SharedCache(path=durable_dir)  # (settings come from the files)

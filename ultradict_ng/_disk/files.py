@@ -22,6 +22,8 @@ import os
 import sys
 from typing import Callable, Optional
 
+from . import layout as D
+
 __all__ = [
     "observer",
     "create",
@@ -38,6 +40,7 @@ __all__ = [
     "read_whole",
     "directory_lock",
     "PAGE",
+    "dicts_file",
 ]
 
 #: ``observer(event, path, done, span)`` -- event one of "create", "sync",
@@ -80,6 +83,27 @@ if sys.platform == "darwin":
 
 else:
     _flush = getattr(os, "fdatasync", None) or os.fsync
+
+
+def dicts_file(directory: str, file: str) -> bool:
+    """Whether ``file`` of ``directory`` is the dict's: named as one of its
+    files, and a finished dump or blob beginning with its magic
+    (``layout.is_own``, ``layout.magics_of``)."""
+    if not D.is_own(file):
+        return False
+    magics = D.magics_of(file)
+    if not magics:
+        return True
+    try:
+        fd = os.open(os.path.join(directory, file), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, 8, 0) in magics
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def sync_file(fd: int, path: str) -> None:
@@ -216,25 +240,41 @@ def read_whole(path: str, limit: int) -> bytes:
 
 
 class directory_lock:
-    """The directory lock (``flock`` on ``directory/name``, made if missing),
-    held for the ``with`` block.  (A class, not a generator: every open and
-    close of a dict kept in files takes it, and a generator's context manager
-    cost 6-8 us of a ~250 us reopen.)"""
+    """The directory lock: ``flock`` on the directory itself, held for the
+    ``with`` block.  (A class, not a generator: every open and close of a
+    dict kept in files takes it, and a generator's context manager cost 6-8
+    us of a ~250 us reopen.)
+
+    Why the directory and not a lock file in it: a lock file can be removed
+    while held -- by ``unlink()``, by a cleaner of old files (systemd-tmpfiles
+    in /tmp) -- and the next process then makes and locks a new one while
+    the first still works: two openers at once, each recovering or creating
+    over the other's files.  A directory is not removed while it holds the
+    dict.  A process that waited while ``unlink()`` removed the directory
+    (and perhaps another made it again) holds a lock nobody else takes, so
+    it checks, once it holds it, that the path still names the directory it
+    locked, and starts over if not (``FileNotFoundError`` once it is gone)."""
 
     __slots__ = ("path", "fd")
 
-    def __init__(self, directory: str, name: str = "lock") -> None:
-        self.path = os.path.join(directory, name)
+    def __init__(self, directory: str) -> None:
+        self.path = directory
         self.fd = -1
 
     def __enter__(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
+        while True:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                held = os.fstat(fd)
+                named = os.stat(self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+            if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
+                self.fd = fd
+                return
+            os.close(fd)  # (removed and made again while we waited: lock the one named now)
 
     def __exit__(self, *exc: object) -> None:
         fd, self.fd = self.fd, -1

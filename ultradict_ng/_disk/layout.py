@@ -18,13 +18,18 @@ Directory
 ``DIR`` holds only these files (mode 0600)::
 
     dict.meta      what the dict is (JSON, below); its presence makes DIR a dict
-    lock           an empty file: the directory lock (``flock``), see "Opening"
     stream         the update stream (layout: "Stream size"), mapped shared
     dump.<gen>     the full dump of generation <gen> (base 36), never changed
     blob.<id>      one large value (layout: "Blobs"), never changed
     clean          written by a clean close only (see "Closing")
     cache          a SharedCache's side segment (cache_layout), mapped shared
-    *.tmp          a file being written; never read, removed at the next open
+    *.tmp          one of these being written; never read, removed at the next open
+
+Names are matched whole (``is_own``), and a finished dump or blob must
+begin with its magic (``magics_of``; ``files.dicts_file`` checks both):
+``streamer.log``, ``dump.sql`` or ``blob.png`` is not a dict's file -- a
+directory holding one is refused at creation, and no step reads, counts or
+removes it.
 
 The control segment stays in shared memory (``/dev/shm``): it is rebuilt from
 the files whenever it is missing, as SQLite rebuilds its ``-shm`` index.  Its
@@ -115,8 +120,13 @@ the page cache, which the kernel writes back.
 Opening and recovery
 ====================
 ``SharedDict(path=DIR)``: ``DIR`` is created if missing (``create`` as for a
-name), its ``lock`` file locked exclusively (``flock``; held only while
-opening or closing, never while the dict is used), then:
+name) and locked exclusively: ``flock`` on the directory itself, held only
+while opening or closing, never while the dict is used.  (Not on a lock
+file: one removed while held -- by ``unlink()``, by a cleaner of old files
+-- lets the next opener make and lock another, and two openers run at
+once.)  Once it holds the lock, an opener checks that the path still names
+the directory it locked (``unlink()`` may have removed it, and someone made
+it again) and starts over if not.  Then:
 
 1. no ``dict.meta``: remove any file of the list above (the leftovers of a
    creation that died before its meta), create the dict (control segment,
@@ -203,17 +213,15 @@ import struct
 from typing import Optional
 
 from .._shm import layout as L
+from .._shm import table_layout as TL
 
 META_FILE = "dict.meta"
-LOCK_FILE = "lock"
 STREAM_FILE = "stream"
 DUMP_PREFIX = "dump."
 BLOB_PREFIX = "blob."
 CLEAN_FILE = "clean"
 CACHE_FILE = "cache"
 TMP_SUFFIX = ".tmp"
-#: Every file a dict's directory may hold (with ``TMP_SUFFIX`` too).
-OWN_PREFIXES = (META_FILE, LOCK_FILE, STREAM_FILE, DUMP_PREFIX, BLOB_PREFIX, CLEAN_FILE, CACHE_FILE)
 
 CONTROL_PREFIX = "udng+"
 META_FORMAT = "ultradict_ng dict"
@@ -253,6 +261,44 @@ def file_name(suffix: str) -> Optional[str]:
     return None
 
 
+def own_id(file: str, prefix: str) -> Optional[int]:
+    """The id of ``file`` if it is named ``prefix<id>`` (``DUMP_PREFIX`` or
+    ``BLOB_PREFIX``) with the id in base 36 as the dict writes it (lower
+    case, no leading zero, at least 1), else None: ``dump.sql`` or
+    ``blob.png`` is not a dict's file."""
+    if not file.startswith(prefix):
+        return None
+    digits = file[len(prefix) :]
+    if not digits or digits[0] == "0" or digits.strip("0123456789abcdefghijklmnopqrstuvwxyz"):
+        return None
+    return int(digits, 36)
+
+
+def is_own(file: str) -> bool:
+    """Whether ``file`` is one of the files a dict's directory holds (the list
+    under "Directory", or one of them being written: ``.tmp``).  Names are
+    matched whole: a file that only begins like one (``dump.sql``,
+    ``streamer.log``) is the user's, refused at creation, never removed."""
+    if file.endswith(TMP_SUFFIX):
+        file = file[: -len(TMP_SUFFIX)]
+    if file in (META_FILE, STREAM_FILE, CLEAN_FILE, CACHE_FILE):
+        return True
+    return own_id(file, DUMP_PREFIX) is not None or own_id(file, BLOB_PREFIX) is not None
+
+
+def magics_of(file: str) -> tuple[bytes, ...]:
+    """What the first 8 bytes of ``file`` must be for it to be the dict's:
+    a dump's or a blob's magic for a finished dump or blob (their names alone
+    cannot tell ``dump.sql`` from generation ``int("sql", 36)``); nothing
+    to check for the other names (and for ``.tmp`` ones, whose headers come
+    last)."""
+    if own_id(file, DUMP_PREFIX) is not None:
+        return (TL.TABLE_MAGIC, L.DUMP_MAGIC)
+    if own_id(file, BLOB_PREFIX) is not None:
+        return (L.BLOB_MAGIC,)
+    return ()
+
+
 def suffix_of(file: str) -> Optional[str]:
     """The derived segment's suffix of a file of the directory (a ``.tmp`` one's too), else None."""
     if file.endswith(TMP_SUFFIX):
@@ -262,7 +308,7 @@ def suffix_of(file: str) -> Optional[str]:
     if file == CACHE_FILE:
         return L.CACHE_SUFFIX
     for prefix, suffix in ((DUMP_PREFIX, L.DUMP_SUFFIX), (BLOB_PREFIX, L.BLOB_SUFFIX)):
-        if file.startswith(prefix) and len(file) > len(prefix):
+        if own_id(file, prefix) is not None:
             return suffix + file[len(prefix) :]
     return None
 

@@ -63,26 +63,41 @@ def _finalize(
 def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None:
     if not os.path.isdir(directory):
         return
-    with files.directory_lock(directory, D.LOCK_FILE):
-        removed = users.remove_if_unused(name, mapping, token, remove=lambda: _remove_control(name, token))
-        if not removed.removed:
-            return
-        state = mapping.atomic.load(L.W_STATE)
-        stream = mapping.stream
-        try:
-            if stream is not None and stream.buf is not None:
-                files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)
-            files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
-            files.write_whole(
-                os.path.join(directory, D.CLEAN_FILE),
-                clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),
-            )
-        except OSError as exc:  # (a full disk, an I/O error): no clean file, so the next open recovers
-            log.warning(
-                "ultradict_ng: closing %s: no clean close recorded (%s); the next open recovers",
-                directory,
-                exc,
-            )
+    lock = files.directory_lock(directory)
+    try:
+        lock.__enter__()
+    except OSError as exc:  # (removed meanwhile by an unlink)
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("ultradict_ng: closing %s: no lock (%s); the next open recovers", directory, exc)
+        return
+    try:
+        if os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)
+            _close_locked(directory, name, mapping, token)
+    finally:
+        lock.__exit__()
+
+
+def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> None:
+    """The last close, under the lock: the control segment removed, the stream synced, ``clean`` written."""
+    removed = users.remove_if_unused(name, mapping, token, remove=lambda: _remove_control(name, token))
+    if not removed.removed:
+        return
+    state = mapping.atomic.load(L.W_STATE)
+    stream = mapping.stream
+    try:
+        if stream is not None and stream.buf is not None:
+            files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)
+        files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
+        files.write_whole(
+            os.path.join(directory, D.CLEAN_FILE),
+            clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),
+        )
+    except OSError as exc:  # (a full disk, an I/O error): no clean file, so the next open recovers
+        log.warning(
+            "ultradict_ng: closing %s: no clean close recorded (%s); the next open recovers",
+            directory,
+            exc,
+        )
 
 
 def _remove_control(name: str, token: int) -> int:
@@ -95,14 +110,13 @@ def unlink(store: Store) -> int:
     """Remove the dict: its control segment, every file of it, then the directory if empty."""
     directory = segments.directory_of(store.name)
     assert directory is not None
-    with files.directory_lock(directory, D.LOCK_FILE):
+    with files.directory_lock(directory):
         removed = unlink_tree(store.name, store._map, store.token)
         for f in os.listdir(directory):
-            if f != D.LOCK_FILE and f.startswith(D.OWN_PREFIXES):
+            if files.dicts_file(directory, f):
                 removed += files.remove(os.path.join(directory, f))
-        files.remove(os.path.join(directory, D.LOCK_FILE))
-    try:
-        os.rmdir(directory)
-    except OSError:
-        pass
+        try:  # (under the lock: an opener that waited finds the directory gone, not emptied)
+            os.rmdir(directory)
+        except OSError:
+            pass
     return removed

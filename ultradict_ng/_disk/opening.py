@@ -196,12 +196,23 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         raise ValueError("a dict kept in files is never removed automatically: auto_unlink= is not for path=")
     check_sync(options.sync, options.sync_interval)
     validate_options(options)
-    directory, st = _check_directory(path, create)
-    if not os.path.exists(os.path.join(directory, D.META_FILE)):
-        _refuse_foreign(directory)  # (before the lock file is made: a refusal changes nothing)
-    base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
-    segments.register_directory(base, directory)
-    with files.directory_lock(directory, D.LOCK_FILE):
+    for _ in range(_RACES):
+        directory, st = _check_directory(path, create)
+        if not os.path.exists(os.path.join(directory, D.META_FILE)):
+            _refuse_foreign(directory)  # (before anything is made: a refusal changes nothing)
+        lock = files.directory_lock(directory)
+        try:
+            lock.__enter__()
+            break
+        except FileNotFoundError:  # (an unlink removed it while we waited: as if we came after)
+            if create is False:
+                raise NotFound(f"no dict in {directory!r}: it was removed as this opened it") from None
+    else:
+        raise NotFound(f"{directory!r} was removed {_RACES} times while this opened it")
+    with _held(lock):
+        st = os.stat(directory)  # (again: it may have been removed and made again while we waited)
+        base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
+        segments.register_directory(base, directory)
         meta = _read_meta(directory)
         if meta is None:
             if create is False:
@@ -220,6 +231,25 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             store = _attach_or_recover(directory, base, meta, options)
         _arm(store, directory, meta)
         return store
+
+
+#: Times an opener starts over when the directory is removed while it waits for its lock.
+_RACES = 8
+
+
+class _held:
+    """``with _held(lock)``: release a lock already taken."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: files.directory_lock) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.__exit__()
 
 
 def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> None:
@@ -248,8 +278,7 @@ def _create(directory: str, base: str, options: Options) -> Store:
     """Step 1: a new dict in an empty (or leftover-only) directory."""
     _refuse_foreign(directory)
     for f in os.listdir(directory):
-        if f != D.LOCK_FILE:
-            files.remove(os.path.join(directory, f))
+        files.remove(os.path.join(directory, f))
     if segments.exists(base):  # a control segment of a dict whose directory had this inode before
         segments.unlink(base)
     store = Store._create(base, options, None)
@@ -284,7 +313,7 @@ def _create(directory: str, base: str, options: Options) -> Store:
 
 
 def _refuse_foreign(directory: str) -> None:
-    foreign = sorted(f for f in os.listdir(directory) if not f.startswith(D.OWN_PREFIXES))
+    foreign = sorted(f for f in os.listdir(directory) if not files.dicts_file(directory, f))
     if foreign:
         raise NotADict(
             f"{directory!r} holds files that are not a dict's ({', '.join(foreign[:3])}"

@@ -81,15 +81,25 @@ def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
 
 
 def _ids(names: list[str], prefix: str) -> list[int]:
-    """The ids (base 36) of the files ``names`` of the directory named ``prefix<id>``, sorted."""
-    out = []
-    for f in names:
-        if f.startswith(prefix) and not f.endswith(D.TMP_SUFFIX):
-            try:
-                out.append(int(f[len(prefix) :], 36))
-            except ValueError:
-                continue
-    return sorted(out)
+    """The ids of the files ``names`` named ``prefix<id>`` (``layout.own_id``), sorted."""
+    return sorted(i for i in (D.own_id(f, prefix) for f in names) if i is not None)
+
+
+def _checkpoint(directory: str, names: list[str]) -> int:
+    """Step b: the generation of the newest ``dump.<g>`` (0: none).  A file of
+    that name without a dump's first bytes is refused, naming it: it is the
+    dict's checkpoint damaged, or a file put there that only looks like one
+    -- taking the next one would silently lose what it holds."""
+    dumps = _ids(names, D.DUMP_PREFIX)
+    if not dumps:
+        return 0
+    name = D.DUMP_PREFIX + L.base36(dumps[-1])
+    if not files.dicts_file(directory, name):
+        raise CorruptSegment(
+            f"{os.path.join(directory, name)} is named as the dict's newest checkpoint but does not begin "
+            "as one: a damaged checkpoint, or a file not the dict's (move it away); nothing was changed"
+        )
+    return dumps[-1]
 
 
 def _rewritten(directory: str, generation: int, end: int) -> bool:
@@ -133,7 +143,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     """Steps 4a-4f; the caller holds the directory lock and has removed any control segment."""
     names = os.listdir(directory)  # (one listing: the lock keeps every other opener out)
     for f in names:  # a
-        if f.endswith(D.TMP_SUFFIX):
+        if f.endswith(D.TMP_SUFFIX) and D.is_own(f):
             files.remove(os.path.join(directory, f))
     if header.serializer_id == CUSTOM_ID:
         if options.serializer is None:
@@ -143,8 +153,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         codec = codec_by_id(header.serializer_id)
     given = codec_for(options.serializer) if options.serializer is not None else None
     check_options(directory, header, codec, given, options)
-    dumps = _ids(names, D.DUMP_PREFIX)  # b
-    generation = dumps[-1] if dumps else 0
+    generation = _checkpoint(directory, names)  # b
     stream = _stream(directory, base, header)
     assert stream.buf is not None
     scanned = scan(stream.buf, generation)  # c
@@ -160,7 +169,9 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         )
     if faults.armed is not None:
         faults.hit("recovery-scanned")
-    blobs = _ids(names, D.BLOB_PREFIX)
+    blobs = [
+        i for i in _ids(names, D.BLOB_PREFIX) if files.dicts_file(directory, D.BLOB_PREFIX + L.base36(i))
+    ]
     clean = read_clean(directory) == (generation, scanned.end, header.token)  # (for e)
     whole = not clean and _rewritten(directory, generation, scanned.end)
     ctrl = segments.Segment.create(base, L.CONTROL_SIZE)  # d

@@ -398,7 +398,9 @@ def unlink(name: str, missing_ok: bool = True) -> bool:
     ``FileNotFoundError`` if it did not)."""
     path = file_of(name)
     if path is not None:
-        found = files.remove(path)
+        found = False
+        if not D.magics_of(os.path.basename(path)) or files.dicts_file(*os.path.split(path)):
+            found = files.remove(path)  # (else a file of that name that is not the dict's: left as it is)
         if path != _aside(name, path):
             found = files.remove(path + D.TMP_SUFFIX) or found
         if not found and not missing_ok:
@@ -446,7 +448,11 @@ def listed(prefix: str) -> list[str]:
             entries = os.listdir(directory)
         except OSError:
             return []
-        names = {prefix[:at] + s for s in map(D.suffix_of, entries) if s is not None}
+        names = {
+            prefix[:at] + s
+            for s, f in ((D.suffix_of(f), f) for f in entries)
+            if s is not None and (f.endswith(D.TMP_SUFFIX) or files.dicts_file(directory, f))
+        }
         return sorted(n for n in names if n.startswith(prefix))
     try:
         entries = os.listdir(SHM_DIR)

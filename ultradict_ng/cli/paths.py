@@ -70,7 +70,7 @@ def _files(path: str) -> dict[str, int]:
     """Each file of the dict and the disk space it takes (allocated blocks, not its length)."""
     out = {}
     for f in sorted(os.listdir(path)):
-        if f.startswith(D.OWN_PREFIXES):
+        if D.is_own(f):
             out[f] = os.stat(os.path.join(path, f)).st_blocks * 512
     return out
 
@@ -83,7 +83,7 @@ def summary(path: str) -> dict[str, Any]:
     st = os.stat(path)
     control = D.control_name(st.st_dev, st.st_ino)
     is_open = segments.exists(control)
-    dumps = sorted(f for f in files if f.startswith(D.DUMP_PREFIX) and not f.endswith(D.TMP_SUFFIX))
+    dumps = sorted(f for f in files if D.own_id(f, D.DUMP_PREFIX) is not None)
     return {
         "path": path,
         "sync": meta.get("sync"),
@@ -91,7 +91,7 @@ def summary(path: str) -> dict[str, Any]:
         "layout": meta.get("layout"),
         "disk_bytes": sum(files.values()),
         "dumps": len(dumps),
-        "blobs": sum(1 for f in files if f.startswith(D.BLOB_PREFIX)),
+        "blobs": sum(1 for f in files if D.own_id(f, D.BLOB_PREFIX) is not None),
         "open": is_open,
         "control_segment": control,
         "closed_cleanly": os.path.exists(os.path.join(path, D.CLEAN_FILE)),
@@ -115,11 +115,11 @@ def file_checks(path: str) -> list[Check]:
     out.append(("disk", room, f"{free / (1 << 20):,.0f} MiB free where the files are"))
     gens = []
     for f in os.listdir(path):
-        if f.startswith(D.DUMP_PREFIX) and not f.endswith(D.TMP_SUFFIX):
-            try:
-                gens.append(int(f[len(D.DUMP_PREFIX) :], 36))
-            except ValueError:
-                out.append(("files", "warn", f"{f}: not a dump's name"))
+        gen = D.own_id(f, D.DUMP_PREFIX)
+        if gen is not None:
+            gens.append(gen)
+        elif not D.is_own(f):
+            out.append(("files", "warn", f"{f}: not one of the dict's files (left as it is)"))
     generation = max(gens) if gens else 0
     out.append(("checkpoint", "ok", f"generation {generation}" + ("" if gens else " (empty: no dump yet)")))
     stream = os.path.join(path, D.STREAM_FILE)
