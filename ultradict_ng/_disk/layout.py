@@ -140,14 +140,18 @@ it again) and starts over if not.  Then:
 
    a. remove the segment if any; remove every ``*.tmp``;
    b. the newest ``dump.<g>`` is the checkpoint (every ``dump.<g>`` is whole:
-      see above); none: generation 0, empty;
+      see above; one without a dump's first bytes is refused, naming it);
+      none: generation 0, empty;
    c. scan the stream from offset 0: each record must lie within the file,
       carry tag ``g & GEN_MASK`` and a right crc; its unit word must be
       ``UNIT_WHOLE`` or, in a transaction, its offset from the transaction's
       first record (shifted).  A unit counts only when its last record is
       whole (``UNIT_LAST``); ``end`` = the end of the last whole unit.
       Anything past it (a torn write, a transaction that never ended, pages
-      the disk never got) is ignored and logged;
+      the disk never got) is ignored and logged -- also when the scan stops
+      as at an end (zeros, a record of another generation) but a whole
+      record of ``g`` lies within 64 KiB past it (``records_after``: damage
+      that only looks like the end);
    d. create the control segment from ``dict.meta`` (a new creator, the same
       token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
       past the highest ``blob.<id>``, SYNCED = STATE, then MAGIC; load it

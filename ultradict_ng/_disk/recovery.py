@@ -33,7 +33,7 @@ from . import files
 from . import layout as D
 from .syncing import raise_synced
 
-__all__ = ["recover", "scan", "Scanned", "read_clean", "clean_bytes", "NORMAL_ENDS"]
+__all__ = ["recover", "scan", "Scanned", "read_clean", "clean_bytes", "records_after", "NORMAL_ENDS"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -59,6 +59,38 @@ def scan(buf: Any, generation: int) -> Scanned:
     Python): a full stream holds a million records or more, which a Python
     loop takes seconds to check."""
     return Scanned(*scan_stream(buf, generation & L.GEN_MASK))
+
+
+#: How far past a scan's stop :func:`records_after` looks for records of the generation.
+_LOOK_AFTER = 64 << 10
+
+
+def records_after(buf: Any, end: int, generation: int) -> int:
+    """The offset of a whole record of ``generation`` within ``_LOOK_AFTER``
+    bytes past ``end`` (-1: none), where a scan stopped at what looks like
+    the stream's end -- zeros, or a record of another generation.
+
+    Why: a stream ends so after a clean write or a checkpoint, and also
+    where damage in its middle looks the same (a page zeroed, a flipped bit
+    in a record's generation word): the scan then keeps the prefix, as it
+    must, but the records after it are lost and the loss must be logged, not
+    taken for the end.  A whole record of the generation right after the
+    stop is what tells them apart (one of another generation, or bytes that
+    only carry the tag, fail its crc)."""
+    tag = (generation & L.GEN_MASK).to_bytes(4, "little")
+    size = len(buf)
+    chunk = bytes(buf[end : min(size, end + _LOOK_AFTER)])
+    at = chunk.find(tag, 4)
+    while at >= 0:
+        off = end + at - 4
+        length = int.from_bytes(chunk[at - 4 : at], "little")
+        if off + L.RECORD_HEADER + length <= size:
+            header = bytes(buf[off : off + L.RECORD_HEADER])
+            body = buf[off + L.RECORD_HEADER : off + L.RECORD_HEADER + length]
+            if zlib.crc32(body, zlib.crc32(header[:8])) == int.from_bytes(header[8:12], "little"):
+                return off
+        at = chunk.find(tag, at + 1)
+    return -1
 
 
 def clean_bytes(generation: int, end: int, token: int) -> bytes:
@@ -157,6 +189,9 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     stream = _stream(directory, base, header)
     assert stream.buf is not None
     scanned = scan(stream.buf, generation)  # c
+    after = records_after(stream.buf, scanned.end, generation) if scanned.stopped in NORMAL_ENDS else -1
+    if after >= 0:
+        scanned = scanned._replace(stopped=f"{scanned.stopped or 'the end'}, then records from byte {after}")
     if scanned.stopped not in NORMAL_ENDS:
         log.warning(
             "ultradict_ng: recovering %s: %d whole writes of generation %d replayed; the stream's tail "

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._disk import layout as D
-from .._disk.recovery import NORMAL_ENDS, read_clean, scan
+from .._disk.recovery import NORMAL_ENDS, read_clean, records_after, scan
 from .._platform import segments
 from .._shm import layout as L
 from .._shm.peek import Peek
@@ -126,6 +126,11 @@ def file_checks(path: str) -> list[Check]:
     try:
         with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             found = scan(mm, generation)
+            after = records_after(mm, found.end, generation) if found.stopped in NORMAL_ENDS else -1
+            if after >= 0:  # (damage that looks like the end: recovery logs it too)
+                found = found._replace(
+                    stopped=f"{found.stopped or 'the end'}, then records from byte {after}"
+                )
     except (OSError, ValueError) as exc:
         out.append(("stream", "fail", f"{stream}: {exc}"))
         return out
