@@ -500,3 +500,58 @@ def test_damage_that_looks_like_the_streams_end_is_logged(durable_dir, caplog, d
     assert len(d) == 600 + kept and "ultradict_ng" not in caplog.text, caplog.text
     d.unlink()
     d.close()
+
+
+def _killed_after(path: str, code: str) -> int:
+    """A process opens the dict, runs ``code`` (``d`` is the dict) and is
+    killed: its shared memory stays.  Its stream's end then."""
+    script = f"from ultradict_ng import SharedDict\nd = SharedDict(path={path!r})\n{code}\n"
+    script += "print(d.stats()['stream_end'], flush=True)\nimport time\ntime.sleep(60)\n"
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None
+        end = int(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait()
+    assert os.path.exists(os.path.join(SHM, control_of(path)))
+    return end
+
+
+def test_shared_memory_left_by_dead_processes_is_used_only_if_the_files_agree(durable_dir, tmp_path, caplog):
+    """After a process is killed its control segment stays, and the next
+    opener attaches to it (the page cache holds what it published) -- unless
+    the files no longer say what it says: a backup put back in the
+    directory, records the kernel could not write.  Then it is rebuilt from
+    the files, with a warning."""
+    d = SharedDict(path=durable_dir)
+    d["v"] = "backup"
+    d.close()
+    backup = str(tmp_path / "backup")
+    shutil.copytree(durable_dir, backup)
+    _killed_after(durable_dir, 'd["v"] = "later"')
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d = SharedDict(path=durable_dir)  # (the segment agrees with the files: attached, no warning)
+    assert d["v"] == "later" and "ultradict_ng" not in caplog.text
+    d.close()
+    _killed_after(durable_dir, 'd["v"] = "newest"\nd._store.force_dump()')  # (a newer checkpoint)
+    for f in os.listdir(durable_dir):
+        os.remove(os.path.join(durable_dir, f))
+    for f in os.listdir(backup):
+        shutil.copy(os.path.join(backup, f), os.path.join(durable_dir, f))
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d = SharedDict(path=durable_dir)
+    assert dict(d) == {"v": "backup"} and "checkpoint dump.1 is not in the directory" in caplog.text
+    d["w"] = 1
+    d.close()
+    caplog.clear()
+    end = _killed_after(durable_dir, 'd["x"] = "lost"')
+    stream = os.path.join(durable_dir, D.STREAM_FILE)
+    with open(stream, "r+b") as f:  # (what writeback that failed leaves: the last record not on the disk)
+        f.seek(end - 4)
+        f.write(bytes(4))
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d = SharedDict(path=durable_dir)
+    assert dict(d) == {"v": "backup", "w": 1} and "the stream file's whole ones at" in caplog.text
+    d.unlink()
+    d.close()

@@ -134,7 +134,12 @@ it again) and starts over if not.  Then:
    ``dict.meta``.  A directory holding other files is refused (``NotADict``).
 2. ``dict.meta`` of another format or version: refused (``IncompatibleLayout``).
 3. a control segment of the dict's token whose MAGIC is set: attach to it (the
-   page cache holds what the dict holds).
+   page cache holds what the dict holds) -- if a registered user is alive,
+   or if the files still say what it says (``recovery.stale_control``:
+   the checkpoint of its generation is there, the stream's records are
+   whole up to its end).  Else (every user dead, and a backup put back in
+   ``DIR``, or pages the kernel could not write back) it is removed and
+   rebuilt as below, with a warning.
 4. otherwise (none, half-created, or another token: a segment left by a
    directory that had this inode before) -- recovery:
 

@@ -336,7 +336,18 @@ def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options:
             and read_word(ctrl.buf, L.W_TOKEN) == token
             and not read_word(ctrl.buf, L.W_STATUS) & L.STATUS_UNLINKED
         )
-        ctrl.close()
+        try:
+            stale = recovery.stale_control(directory, base, ctrl.buf) if usable else ""
+        finally:
+            ctrl.close()
+        if stale:
+            log.warning(
+                "ultradict_ng: %s: the shared memory its processes left (all gone) does not match its files "
+                "(%s): rebuilt from the files",
+                directory,
+                stale,
+            )
+            usable = False
         if usable:
             given = codec_for(options.serializer) if options.serializer is not None else None
             return Store._attach(base, given, _plain(options))

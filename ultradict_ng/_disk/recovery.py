@@ -19,9 +19,10 @@ from typing import Any, NamedTuple, Optional
 from .._codec.codec import CUSTOM_ID, codec_by_id, codec_for
 from .._engine import Options
 from .._platform import faults, segments
+from .._platform.owner import owner_alive
 from .._shm import layout as L
 from .._shm import users
-from .._shm.control import Header
+from .._shm.control import Header, read_word
 from .._shm.dumps import MERGE_FRACTION
 from .._shm.mapping import Mapping
 from .._shm.options import check_options
@@ -33,7 +34,16 @@ from . import files
 from . import layout as D
 from .syncing import raise_synced
 
-__all__ = ["recover", "scan", "Scanned", "read_clean", "clean_bytes", "records_after", "NORMAL_ENDS"]
+__all__ = [
+    "recover",
+    "scan",
+    "Scanned",
+    "read_clean",
+    "clean_bytes",
+    "records_after",
+    "stale_control",
+    "NORMAL_ENDS",
+]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -147,6 +157,44 @@ def _rewritten(directory: str, generation: int, end: int) -> bool:
     except FileNotFoundError:
         return False  # (the load reports it)
     return end >= size * MERGE_FRACTION
+
+
+def stale_control(directory: str, base: str, buf: Any) -> str:
+    """Why the control segment ``buf`` of the dict kept in ``directory`` must
+    be rebuilt rather than attached to (step 3), or "" if it may be used.
+
+    A segment some registered process still uses is the dict.  One whose
+    users all died is attached to as well -- after a process is killed the
+    page cache holds everything it published -- but only if the files still
+    say what the segment says: its checkpoint is there and its stream's
+    records are whole up to its end.  They do not after the files were put
+    back from a backup while the segment stayed, or after the kernel lost
+    pages it could not write (an I/O error that left the filesystem
+    read-only): attaching would then fail on records that are not there, or
+    read a dict the files do not hold."""
+    for i in range(L.USER_SLOTS):
+        word = read_word(buf, L.W_USER_SLOTS + i)
+        if word and owner_alive(word):
+            return ""
+    if read_word(buf, L.W_USER_OVERFLOW):
+        return ""  # (users not in the register: taken as alive)
+    state = read_word(buf, L.W_STATE)
+    generation, end = state >> L.GEN_SHIFT, state & L.END_MASK
+    dump = D.DUMP_PREFIX + L.base36(generation)
+    if generation and not files.dicts_file(directory, dump):
+        return f"its checkpoint {dump} is not in the directory"
+    try:
+        stream = segments.Segment.attach(L.stream_name(base))
+    except FileNotFoundError:
+        return "the stream file is missing"
+    try:
+        if stream.buf is None or stream.size < end:
+            return f"the stream file is shorter than its records' end ({end})"
+        with memoryview(stream.buf)[:end] as records:
+            whole = scan(records, generation).end
+    finally:
+        stream.close()
+    return "" if whole == end else f"its records end at byte {end}, the stream file's whole ones at {whole}"
 
 
 def _stream(directory: str, base: str, header: Header) -> segments.Segment:
