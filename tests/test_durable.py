@@ -555,3 +555,46 @@ def test_shared_memory_left_by_dead_processes_is_used_only_if_the_files_agree(du
     assert dict(d) == {"v": "backup", "w": 1} and "the stream file's whole ones at" in caplog.text
     d.unlink()
     d.close()
+
+
+META_EDITS = [
+    ("sync", None),
+    ("token", None),
+    ("token", "12"),
+    ("sync_interval", "1s"),
+    ("sync_interval", -1),
+    ("sync", "sometimes"),
+    ("grows", "no"),
+    ("recurse", 1),
+    ("dump_limit", -5),
+    ("stream_size", -1),
+    ("stream_size", 2**40),
+    ("stream_limit", 2**31),
+    ("blob_threshold", 1.5),
+    ("serializer", [1]),
+]
+
+
+@pytest.mark.parametrize("field, value", META_EDITS)
+def test_a_dict_meta_edited_by_hand_is_refused_naming_the_field(durable_dir, field, value):
+    d = SharedDict(path=durable_dir)
+    d["a"] = 1
+    d.close()
+    meta_path = os.path.join(durable_dir, D.META_FILE)
+    meta = json.load(open(meta_path))
+    if value is None:
+        del meta[field]
+    else:
+        meta[field] = value
+    json.dump(meta, open(meta_path, "w"))
+    before = {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)}
+    for attempt in range(2):
+        if attempt:
+            reboot(durable_dir)
+            os.remove(os.path.join(durable_dir, D.CLEAN_FILE))  # (a recovery's path too)
+            before.pop(D.CLEAN_FILE)
+        with pytest.raises(CorruptSegment, match=f"dict.meta: {field} is"):
+            SharedDict(path=durable_dir)
+        assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+        assert {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)} == before
+    shutil.rmtree(durable_dir)

@@ -167,7 +167,37 @@ def _read_meta(directory: str) -> Optional[dict[str, Any]]:
             f"{path}: the dict's files are of version {meta.get('version')} (layout {meta.get('layout')}); "
             f"this ultradict_ng reads version {D.DISK_VERSION} (layout {L.LAYOUT_VERSION})"
         )
+    for field, fits, what in _META_FIELDS:
+        value = meta.get(field)
+        if not fits(value):
+            raise CorruptSegment(f"{path}: {field} is {value!r}, not {what}; nothing was changed")
+    if meta["stream_limit"] > meta["stream_size"]:
+        raise CorruptSegment(f"{path}: stream_limit is past stream_size; nothing was changed")
     return meta
+
+
+def _count(low: int, high: int) -> Any:
+    return lambda v: type(v) is int and low <= v <= high
+
+
+#: Each field of ``dict.meta``, what it must be, and that in words (checked
+#: before anything is made from it: a file edited by hand is refused whole).
+_META_FIELDS = (
+    ("token", _count(1, 2**64 - 1), "the dict's creation token"),
+    ("serializer", _count(0, 2**32 - 1), "a serializer's id"),
+    ("recurse", lambda v: type(v) is bool, "true or false"),
+    ("grows", lambda v: type(v) is bool, "true or false"),
+    ("stream_size", _count(L.MIN_STREAM_SIZE, L.MAX_STREAM_SIZE), "a stream size in bytes"),
+    ("stream_limit", _count(L.MIN_STREAM_SIZE, L.MAX_STREAM_SIZE), "a stream limit in bytes"),
+    ("dump_limit", _count(0, 2**63 - 1), "a size in bytes, or 0"),
+    ("blob_threshold", _count(0, 2**63 - 1), "a size in bytes"),
+    ("sync", lambda v: v in D.SYNC_MODES, f"one of {', '.join(D.SYNC_MODES)}"),
+    (
+        "sync_interval",
+        lambda v: type(v) in (int, float) and 0 < v <= 3600,
+        "a number of seconds in (0, 3600]",
+    ),
+)
 
 
 def _header(meta: dict[str, Any]) -> Header:
