@@ -598,3 +598,47 @@ def test_a_dict_meta_edited_by_hand_is_refused_naming_the_field(durable_dir, fie
         assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
         assert {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)} == before
     shutil.rmtree(durable_dir)
+
+
+def test_after_a_failed_sync_no_write_is_acknowledged_until_a_reopen(durable_dir, monkeypatch, caplog):
+    """Linux reports a failed writeback once, to the next fsync, and forgets
+    the pages: a later fsync succeeds without writing them.  So after one
+    sync of a dict fails, every later sync of it fails (any handle's), the
+    last close records no clean close, and the dict is good again once
+    reopened from its files (a recovery, then a checkpoint)."""
+    import errno as E
+    import pickle
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import SyncFailed
+
+    d = SharedDict(path=durable_dir, sync="always")
+    other = SharedDict(path=durable_dir)
+    d["before"] = 1
+    real, fails = files.sync_data, [1]
+
+    def flaky(*args):
+        if fails[0]:
+            fails[0] -= 1
+            raise OSError(E.EIO, "Input/output error")
+        return real(*args)
+
+    monkeypatch.setattr(files, "sync_data", flaky)
+    with pytest.raises(SyncFailed) as first:
+        d["a"] = "maybe lost"
+    assert first.value.errno == E.EIO and isinstance(first.value, OSError)
+    assert str(pickle.loads(pickle.dumps(first.value))) == str(first.value)
+    for handle, key in ((d, "b"), (other, "c")):  # (the disk would take them now: not acknowledged either)
+        with pytest.raises(SyncFailed, match="an earlier sync"):
+            handle[key] = 2
+    other.close()
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d.close()
+    assert "a sync failed; the next open recovers it" in caplog.text
+    assert not os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir)  # (a recovery: the page cache still held the records)
+    assert dict(d) == {"before": 1, "a": "maybe lost", "b": 2, "c": 2}
+    d["after"] = 3  # (acknowledged again)
+    d.unlink()
+    d.close()

@@ -28,6 +28,7 @@ __all__ = [
     "Closed",
     "UnsupportedType",
     "OutOfSpace",
+    "SyncFailed",
     "PathGone",
     "BackendUnavailable",
     "LeaseLost",
@@ -99,6 +100,23 @@ class Closed(SharedDictError, ValueError):
 
 class UnsupportedType(SharedDictError, TypeError):
     """A key or value the configured serializer cannot round-trip exactly."""
+
+
+class SyncFailed(SharedDictError, OSError):
+    """A sync of a dict kept in files failed (the disk's I/O error): what was
+    published since the last sync that succeeded may not be on the disk, and
+    no later sync can tell -- Linux reports a failed writeback once, then
+    forgets the pages -- so every later sync of the dict fails too, until it
+    is reopened from its files."""
+
+    def __init__(self, message: str, code: int = errno.EIO) -> None:
+        super().__init__(code, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.strerror, self.errno), self.__dict__ or None)
 
 
 class OutOfSpace(SharedDictError, OSError):

@@ -113,6 +113,15 @@ Sync policies
 * ``"never"``: the operating system writes back when it chooses; a dump
   (above), a clean close and a normal exit sync.
 
+A sync that fails (the disk's I/O error) sets STATUS bit ``STATUS_SYNC_FAILED``
+before its error is raised (``SyncFailed``), and from then on every sync of
+the dict, by any handle, raises ``SyncFailed`` instead of syncing: Linux
+reports a failed writeback once and marks the pages clean, so a later
+``fdatasync`` would succeed without writing them, and SYNCED would count
+records the disk never got.  A last close that finds the bit records no
+clean close (no ``clean``): the next open recovers from the files, and its
+checkpoint writes the dict anew.
+
 A dump raises SYNCED to ``gen << 32`` (its generation, empty stream).  In
 every policy a process killed loses nothing it published: its records are in
 the page cache, which the kernel writes back.

@@ -84,6 +84,9 @@ def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> No
         return
     state = mapping.atomic.load(L.W_STATE)
     stream = mapping.stream
+    if mapping.atomic.load(L.W_STATUS) & L.STATUS_SYNC_FAILED:
+        log.warning("ultradict_ng: closing %s: a sync failed; the next open recovers it", directory)
+        return
     try:
         if stream is not None and stream.buf is not None:
             files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)

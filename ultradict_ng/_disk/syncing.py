@@ -9,6 +9,7 @@ close calls :meth:`Durability.sync_all`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -20,6 +21,7 @@ from .._platform import faults
 from .._platform.forks import on_fork_in_child
 from .._shm import layout as L
 from .._shm.lock import owner_alive, owner_word
+from ..errors import SyncFailed
 from . import files
 from . import layout as D
 
@@ -110,6 +112,11 @@ class Durability:
         atomic, words = self.atomic, self.words
         if words[L.W_SYNCED] >= target:
             return
+        if words[L.W_STATUS] & L.STATUS_SYNC_FAILED:
+            raise SyncFailed(
+                f"an earlier sync of {self.path} failed: writes since may not be on the disk, and no "
+                "sync can tell any more; reopen the dict once the disk is sound"
+            )
         mine = owner_word()
         check = time.monotonic() + _LEADER_CHECK
         delay = D.SYNC_POLL
@@ -153,7 +160,17 @@ class Durability:
         with self.guard:
             if not self.open:
                 return
-            files.sync_data(self.fd, self.path, start, end)
+            try:
+                files.sync_data(self.fd, self.path, start, end)
+            except OSError as exc:
+                status = atomic.load(L.W_STATUS)  # (every later sync fails: "Sync policies")
+                while not status & L.STATUS_SYNC_FAILED:
+                    _, status = atomic.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
+                raise SyncFailed(
+                    f"syncing {self.path} failed ({exc.strerror or exc}): writes since the last sync may "
+                    "not be on the disk; reopen the dict once the disk is sound",
+                    exc.errno or errno.EIO,
+                ) from exc
         raise_synced(atomic, state)
 
 

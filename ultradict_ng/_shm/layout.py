@@ -67,7 +67,7 @@ word  offset  field
 24    192     REG_LOW: oldest dump generation that may still exist
 25    200     REG_HIGH: newest dump generation that may exist (written *before*
               the dump segment is created)
-26    208     STATUS: bit 0 = unlinked (set before any segment is unlinked)
+26    208     STATUS: bit 0 = unlinked (set before any segment is unlinked); bit 1 = a sync failed (files)
 27    216     BLOB_NEXT: the id the next blob gets (ids start at 1); raised under
               the lock *before* the blob's segment is created
 28    224     BLOB_LOW: every blob id below it is gone (cleanup scans
@@ -495,7 +495,7 @@ W_USER_SLOTS = 256
 USER_SLOTS = 256  # processes attached at once with a name in the register
 
 FLAG_RECURSE, FLAG_GROWS = 1, 2
-STATUS_UNLINKED = 1
+STATUS_UNLINKED, STATUS_SYNC_FAILED = 1, 2  # (the second: a dict kept in files, _disk/layout.py)
 
 GEN_SHIFT = 32
 END_MASK = GEN_MASK = (1 << 32) - 1
