@@ -642,3 +642,30 @@ def test_after_a_failed_sync_no_write_is_acknowledged_until_a_reopen(durable_dir
     d["after"] = 3  # (acknowledged again)
     d.unlink()
     d.close()
+
+
+def test_a_damaged_entry_of_a_checkpoint_stops_a_recovery(durable_dir):
+    """A recovery merges the checkpoint's entries into its own as bytes: it
+    checks every one first, so a damaged entry is refused, naming the file,
+    instead of being carried into the new checkpoint (and the old removed)."""
+    d = SharedDict(path=durable_dir)
+    d.update({f"k{i}": f"value-{i}" for i in range(6000)})
+    d._store.force_dump()
+    d["s"] = 1  # (a record after it: the next open is not clean)
+    gen = d.stats()["generation"]
+    d.close()
+    reboot(durable_dir)
+    os.remove(os.path.join(durable_dir, D.CLEAN_FILE))
+    dump = os.path.join(durable_dir, D.DUMP_PREFIX + L.base36(gen))
+    raw = bytearray(open(dump, "rb").read())
+    raw[-10] ^= 0x40  # (the last entry's value)
+    open(dump, "wb").write(raw)
+    before = {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)}
+    for _ in range(2):
+        with pytest.raises(
+            CorruptSegment, match=f"{D.DUMP_PREFIX}{L.base36(gen)}: .*checksum.*nothing was changed"
+        ):
+            SharedDict(path=durable_dir)
+        assert {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)} == before
+        assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+    shutil.rmtree(durable_dir)

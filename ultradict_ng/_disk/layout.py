@@ -170,7 +170,9 @@ it again) and starts over if not.  Then:
       token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
       past the highest ``blob.<id>``, SYNCED = STATE, then MAGIC; load it
       (the reader's steps: a dump failing its checks is ``CorruptSegment``
-      naming the file);
+      naming the file; unless ``clean`` matches, every entry of a table
+      read in place is checked too, ``Table.check``: step e's merge copies
+      entries as bytes, and must not carry a damaged one on);
    e. unless ``clean`` holds exactly this ``(g, end, token)``: write a dump
       now (a checkpoint, generation g + 1).  Why: bytes past ``end`` of
       generation g may be records a power loss cut off from ``end``; left in

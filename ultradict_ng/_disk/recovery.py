@@ -276,6 +276,9 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
             if whole:
                 store.load_whole(generation)
             store.sync()
+            table = getattr(store.data, "table", None)
+            if not clean and not whole and table is not None:
+                table.check()  # (its entries go into the checkpoint as bytes: step e)
         except CorruptSegment as exc:
             name = D.DUMP_PREFIX + L.base36(generation) if generation else D.STREAM_FILE
             raise CorruptSegment(f"{os.path.join(directory, name)}: {exc}; nothing was changed") from exc
