@@ -93,3 +93,44 @@ def test_a_path_that_holds_no_dict_is_an_error(tmp_path):
         out = cli(*args)
         assert out.returncode == 1 and "no dict" in out.stderr, (args, out.stderr)
     assert not os.path.exists(missing)
+
+
+def _left_by_a_killed_process(path: str) -> str:
+    """A process opens the dict kept in ``path``, writes and is killed: the name of the segment it leaves."""
+    from ultradict_ng._disk.opening import control_of
+
+    code = f"from ultradict_ng import SharedDict\nd = SharedDict(path={path!r})\nd['a'] = 1\n"
+    code += "print('ok', flush=True)\nimport time\ntime.sleep(60)\n"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"ok"
+    finally:
+        p.kill()
+        p.wait()
+    name = control_of(path)
+    assert os.path.exists(os.path.join("/dev/shm", name))
+    return name
+
+
+@pytest.mark.parametrize("directory", ["kept", "removed"])
+def test_ls_and_clean_know_a_dict_in_files_shared_memory(tmp_path, directory):
+    """The control segment a killed process left in /dev/shm for a dict kept
+    in files is listed as such, and ``clean`` removes it once unused -- also
+    when its directory was removed since (else it would stay until a reboot).
+    Nothing is lost: the next open rebuilds it from the files."""
+    import shutil
+
+    path = str(tmp_path / "dict")
+    name = _left_by_a_killed_process(path)
+    if directory == "removed":
+        shutil.rmtree(path)
+    (entry,) = [d for d in cli_json("ls")["dicts"] if d["name"] == name]  # type: ignore[index]
+    assert entry["status"] == "files" and not any(u["alive"] for u in entry["users"])
+    (done,) = [d for d in cli_json("clean", name) if d["name"] == name]  # type: ignore[union-attr]
+    assert done["action"] == "removed"
+    assert not os.path.exists(os.path.join("/dev/shm", name))
+    if directory == "kept":
+        d = SharedDict(path=path)
+        assert dict(d) == {"a": 1}
+        d.unlink()
+        d.close()

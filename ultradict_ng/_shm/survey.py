@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .._disk import layout as D
 from .._engine import User
 from .._platform.owner import owner_alive, pid_of
 from .._platform.segments import Segment, entry_stat, listed
@@ -35,6 +36,8 @@ from .users import read_users
 
 __all__ = ["Holder", "DictReport", "Orphan", "Survey", "survey", "report"]
 
+#: The control segment of a dict kept in files (``_disk/layout.py``: ``udng+<device>-<inode>``).
+_FILES_CONTROL = re.compile(re.escape(D.CONTROL_PREFIX) + r"[0-9a-f]+-[0-9a-f]+")
 _DERIVED = re.compile(r"^(?P<base>[A-Za-z0-9_.\-]+)@(?P<kind>[sdbc])(?P<num>[0-9a-z]*)$")
 
 
@@ -146,8 +149,10 @@ def survey(load_keys: bool = True) -> Survey:
         m = _DERIVED.match(entry)
         if m:
             derived.setdefault(m.group("base"), []).append(entry)
-        elif "@" not in entry and L.NAME_PATTERN.fullmatch(entry):
-            plain.append(entry)
+        elif "@" not in entry and (L.NAME_PATTERN.fullmatch(entry) or _FILES_CONTROL.fullmatch(entry)):
+            plain.append(
+                entry
+            )  # (a dict's control segment; of a dict kept in files: its name, no derived ones here)
         else:
             st = entry_stat(entry)
             foreign.append((entry, real_bytes(st) if st else 0))
@@ -219,6 +224,14 @@ def report(name: str, derived: Optional[list[str]] = None, load_keys: bool = Tru
         if words[L.W_STATUS] & L.STATUS_UNLINKED:
             rep.status = "unlinked"
             rep.problem = "being removed, or its removal was interrupted"
+            return rep
+        if _FILES_CONTROL.fullmatch(name):  # (its data are files somewhere: not read from here)
+            rep.status = "files"
+            rep.problem = (
+                "the shared memory of a dict kept in files (its directory: device "
+                + " inode ".join(name[len(D.CONTROL_PREFIX) :].split("-"))
+                + " in hex); removing it when unused loses nothing: the next open rebuilds it"
+            )
             return rep
         if load_keys:
             _load(rep)
