@@ -50,7 +50,7 @@ def test_a_full_disk_fails_the_write_and_publishes_nothing(tmp_path):
         path = os.path.join(mnt, "dict")
         d = SharedDict(path=path, sync="always", buffer_size=16 << 10, blob_threshold=8 << 10)
         written = {}
-        with pytest.raises(OutOfSpace):
+        with pytest.raises(OutOfSpace, match=f"no room on the disk for {path}/"):
             for i in range(1000):
                 value = bytes([i % 256]) * (20 << 10) if i % 3 == 0 else "v" * 500
                 d[f"k{i}"] = value

@@ -119,7 +119,7 @@ def unlink(store: Store) -> int:
             if files.dicts_file(directory, f):
                 removed += files.remove(os.path.join(directory, f))
         try:  # (under the lock: an opener that waited finds the directory gone, not emptied)
-            os.rmdir(directory)
+            os.rmdir(os.path.realpath(directory))  # (the directory, not a symlink to it)
         except OSError:
             pass
     return removed

@@ -286,6 +286,9 @@ def create_written(
             files.sync_dir(os.path.dirname(path))
     except BaseException as exc:
         _abandon(name, fd)
+        path = file_of(name)
+        if path is not None:
+            no_room = no_room.replace("in shared memory", f"on the disk for {path}")
         _raise_if_full(exc, no_room)
         raise
     os.close(fd)
@@ -366,7 +369,9 @@ def reserve(name: str, length: int) -> None:
         if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, 0, length)
     except OSError as exc:
-        _raise_if_full(exc, f"no room in shared memory to grow segment {name!r} to {length} bytes")
+        path = file_of(name)
+        where = f"on the disk to grow {path}" if path else f"in shared memory to grow segment {name!r}"
+        _raise_if_full(exc, f"no room {where} to {length} bytes")
         raise
     finally:
         os.close(fd)

@@ -46,8 +46,9 @@ examples:
   ultradict-ng compact ./counters    a checkpoint now: the stream starts empty
 
 Reading never runs code stored in a dict: pickled objects are shown by class,
-never unpickled (dump and load refuse pickle dicts).  Nothing but load, rm and
-clean changes anything.
+never unpickled (dump and load refuse pickle dicts).  Nothing but load, rm,
+clean and compact changes anything -- and, on the PATH of a dict kept in files
+that was not closed cleanly, the recovery any open makes (a new checkpoint).
 """
 
 
