@@ -163,6 +163,8 @@ PARITY = {
     "apply_simple": ["test_native::test_apply_simple_is_the_decode_and_apply_all"],
     "crc32": ["test_native::test_crc32_is_zlibs"],
     "scan_stream": ["test_native::test_scan_stream_twins_agree_on_damaged_streams"],
+    "stream_merge_plan": ["test_streammerge::test_the_merge_is_the_dict_the_records_make_on_every_impl"],
+    "stream_merge_write": ["test_streammerge::test_the_merge_is_the_dict_the_records_make_on_every_impl"],
     "types_within": ["test_native::test_types_within_is_the_reference_scan"],
     "contains_type": ["test_native::test_contains_type_is_the_reference_walk"],
     "copy_plain": ["test_copytree::test_the_twins_agree"],

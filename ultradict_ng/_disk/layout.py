@@ -177,12 +177,18 @@ it again) and starts over if not.  Then:
       now (a checkpoint, generation g + 1).  Why: bytes past ``end`` of
       generation g may be records a power loss cut off from ``end``; left in
       generation g, a later write ending where one of them begins would make
-      it valid again.  A new generation makes them all stale.  (Zeroing
-      those bytes and syncing them would do too, and was measured at a
-      million keys and a full stream: recovery and a ``copy()`` took
-      ~1.4 s instead of ~1.7 s, but every later opener then replays the
-      whole stream -- an open and a ``copy()`` ~1.4 s, against ~0.5 s
-      from a checkpoint);
+      it valid again.  A new generation makes them all stale.  When the
+      checkpoint is a table read in place (``PARTIAL_FROM`` entries or
+      more, msgpack) and every record is a root-level set or delete of a
+      str key, it is merged from bytes (``StreamMerge``): STATE is made
+      ``g << 32`` (nothing to replay), the table loaded in place, and the
+      new one written from its entries and the records' value bytes, each
+      old entry checked -- no value decoded or encoded; else the records
+      are replayed and the cache dumped.  A million keys and 1.14M records:
+      recovery 0.33 s, against 1.3 s replayed.  (Zeroing the bytes past
+      ``end`` and syncing them would do instead of a checkpoint, and was
+      measured: every later opener then replays the whole stream -- an
+      open and a ``copy()`` ~1.4 s, against ~0.5 s from a checkpoint);
    f. if ``clean`` matched: CLEAN_PENDING = 1, and the first writer (under
       the lock, before its record) removes ``clean``, syncs the directory and
       stores CLEAN_PENDING = 0 -- a reopen that only reads syncs nothing;

@@ -16,6 +16,7 @@
  *   records.c      CRC-32, record headers, parse_records, msgpack_length,
  *                  apply_sets, apply_simple, crc32
  *   streamscan.c   scan_stream
+ *   streammerge.c  stream_merge_plan, stream_merge_write
  *   words.c        Words: atomics, write_record, write_simple, futex
  *   packing.c      msgpack encoding: scalars, rows, plain trees, pack_map,
  *                  pack_pairs
@@ -58,6 +59,10 @@ static PyMethodDef native_methods[] = {
      "parse_records(chunk, tag, base[, one_msgpack]) -> [payload, ...]; ValueError says what is wrong."},
     {"scan_stream", (PyCFunction)(void (*)(void))udng_native_scan_stream, METH_FASTCALL,
      "scan_stream(buffer, tag) -> (end of the last whole unit, whole units, why the scan stopped)."},
+    {"stream_merge_plan", (PyCFunction)(void (*)(void))udng_native_stream_merge_plan, METH_FASTCALL,
+     "stream_merge_plan(stream, end, buf, slots, start, tend, op_set, op_del) -> None | (count, bytes, plan)."},
+    {"stream_merge_write", (PyCFunction)(void (*)(void))udng_native_stream_merge_write, METH_FASTCALL,
+     "stream_merge_write(plan, stream, buf, slots, start, tend, out, at) -> the offset after the entries."},
     {"msgpack_length", (PyCFunction)udng_native_msgpack_length, METH_O,
      "msgpack_length(data) -> length of the one msgpack object data starts with, or -1."},
     {"pack_map", (PyCFunction)(void (*)(void))udng_native_pack_map, METH_FASTCALL,

@@ -34,6 +34,9 @@ ENTRY_POINTS: dict[str, str] = {
     "crc32": "records",
     # recovery's scan of a stream file
     "scan_stream": "streamscan",
+    # recovery's checkpoint merged from the records' bytes
+    "stream_merge_plan": "streammerge",
+    "stream_merge_write": "streammerge",
     # the codec's scans of containers
     "types_within": "typescan",
     "contains_type": "typescan",

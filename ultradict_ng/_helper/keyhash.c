@@ -62,6 +62,12 @@ static inline uint64_t mix64(uint64_t h)
     return h ^ (h >> 31);
 }
 
+/* A str key's hash from its UTF-8 bytes (key_hash of that str). */
+uint64_t udng_str_hash(const unsigned char *p, size_t n)
+{
+    return words_hash(p, n, T_STR);
+}
+
 /* 1 and *out set for a type handled here; 0 for any other type; -1 on error. */
 int udng_key_hash_common(PyObject *key, uint64_t *out)
 {

@@ -149,6 +149,11 @@ PyObject *udng_native_crc32(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 PyObject *udng_native_scan_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* ---- streammerge.c ----------------------------------------------------------------- */
+
+PyObject *udng_native_stream_merge_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *udng_native_stream_merge_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
 /* ---- words.c: the control words, record writes, futex ------------------------------ */
 
 /* 1 where Words.wait/wake are the kernel's futex (Linux), else 0. */
@@ -243,6 +248,8 @@ extern PyTypeObject udng_CacheGetType;
 
 int udng_key_hash_common(PyObject *key, uint64_t *out);
 PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
+/* The hash of the str whose UTF-8 is p[0..n) (key_hash's). */
+uint64_t udng_str_hash(const unsigned char *p, size_t n);
 
 /* ---- unpack.c ------------------------------------------------------------------- */
 

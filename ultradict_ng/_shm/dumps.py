@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .._codec.codec import MsgpackCodec
 from .._codec.records import SCALAR_TYPES
 from ..errors import CorruptSegment
 from ..speedups import table_changes
 from . import layout as L
-from .table import Merge, Table, hash_key, map_size, root_hashes, write_map
+from .table import Merge, StreamMerge, Table, hash_key, map_size, root_hashes, write_map
 from .tablecache import TableCache
 
 __all__ = ["Planned", "plan", "successor", "MERGE_FRACTION"]
@@ -57,7 +57,7 @@ class Planned:
         self,
         size: int,
         count: Optional[int],
-        merge: Optional[Merge],
+        merge: Optional[Union[Merge, StreamMerge]],
         payload: Optional[bytes],
         hashes: Optional[list[int]],
     ) -> None:

@@ -45,6 +45,8 @@ from .._codec.keyhash import key_hash
 from ..errors import CorruptSegment, UnsupportedType
 from ..speedups import (
     key_hash_common,
+    stream_merge_plan,
+    stream_merge_write,
     table_candidates,
     table_chunk,
     table_entry,
@@ -54,11 +56,13 @@ from ..speedups import (
     table_merge,
     table_rows,
 )
+from . import layout as L
 from . import table_layout as TL
 
 __all__ = [
     "Table",
     "Merge",
+    "StreamMerge",
     "table_size",
     "write_table",
     "write_map",
@@ -474,6 +478,45 @@ class Merge:
         off = self._merged(buf, TL.TABLE_HEADER + 8 * slots)
         if self._appended:
             off = table_fill(buf, off, pack_pairs(self._appended), [h for h, _, _ in self._appended])
+        _finish(buf, self.count, slots, off, generation, token)
+        return off
+
+
+class StreamMerge:
+    """A new table planned from an old one and a stream's records, as bytes
+    (``stream_merge_plan``: root-level sets and deletes of str keys; recovery's
+    checkpoint, ``_disk/layout.py`` step e).  Like :class:`Merge`, nothing
+    is decoded or encoded: the old entries are kept, given a record's value
+    bytes or dropped, and the keys the table did not hold appended in the
+    order the records made them present.  None of :meth:`planned` when a
+    record does not qualify: the caller decodes and replays instead."""
+
+    __slots__ = ("old", "stream", "count", "size", "_plan")
+
+    def __init__(self, old: Table, stream: Any, count: int, entries_bytes: int, plan: object) -> None:
+        self.old, self.stream, self._plan = old, stream, plan
+        self.count = count
+        self.size = table_size(count, entries_bytes)
+
+    @classmethod
+    def planned(cls, old: Table, stream: Any, end: int) -> Optional[StreamMerge]:
+        """The merge of the records ``stream[0:end]`` (whole, of the table's
+        generation: recovery's scan) into ``old``; a damaged entry of ``old``
+        is ``CorruptSegment``."""
+        try:
+            got = stream_merge_plan(stream, end, old.buf, old.slots, old.start, old.end, L.OP_SET, L.OP_DEL)
+        except ValueError as exc:
+            if not str(exc).startswith("table entr"):
+                raise
+            raise CorruptSegment(f"{old.where}: {exc}") from None
+        return None if got is None else cls(old, stream, got[0], got[1], got[2])
+
+    def write(self, buf: memoryview, generation: int, token: int) -> int:
+        """Write the new table into ``buf`` (at least ``size`` bytes), header last; its size."""
+        old, slots = self.old, slots_for(self.count)
+        off = stream_merge_write(
+            self._plan, self.stream, old.buf, old.slots, old.start, old.end, buf, TL.TABLE_HEADER + 8 * slots
+        )
         _finish(buf, self.count, slots, off, generation, token)
         return off
 

@@ -408,27 +408,27 @@ class Writer(Reader):
         if not wake(atomic, L.W_CHANGE_SEQ, _WAKE_ALL):
             self.waits.woke_nobody(atomic)
 
-    def force_dump(self) -> None:
+    def force_dump(self, planned: Optional[Planned] = None) -> None:
         """Write a full dump now (restarting the stream), under the lock; in a
-        transaction, its end publishes one."""
+        transaction, its end publishes one (``planned``: a recovery's, ``StreamMerge``)."""
         self.begin_write()
         try:
-            if self.tx is not None:
+            if self.tx is not None and planned is None:
                 self.tx.dump = True
                 self._tx_fast(None)
                 return
-            self._write_dump()
+            self._write_dump(None, planned)
         finally:
             self.end_write()
 
-    def _write_dump(self, packed: Optional[bytes] = None) -> None:
+    def _write_dump(self, packed: Optional[bytes] = None, planned: Optional[Planned] = None) -> None:
         """Writer step 4: snapshot the cache (packed: by the caller) into generation gen+1 and publish it.
 
         The dump (``dumps.plan``) merges the changes into the last table when
         the cache is one read in place, else packs the cache whole: a table
         when the root keys have table hashes.  A table of ``PARTIAL_FROM``
         entries or more then becomes this writer's cache, read in place."""
-        planned = plan(self.data, self.codec, packed)
+        planned = plan(self.data, self.codec, packed) if planned is None else planned
         size = planned.size
         if self.dump_limit and size > self.dump_limit:
             raise OutOfSpace(
