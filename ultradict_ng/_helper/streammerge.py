@@ -13,6 +13,7 @@ from typing import Any, Optional
 from .._codec.keyhash import key_hash
 from .._shm import table_layout as TL
 from .records import msgpack_length
+from .tableprobe import table_bounds
 from .tablewalk import entry_checked
 
 __all__ = ["stream_merge_plan", "stream_merge_write"]
@@ -39,17 +40,6 @@ class _Plan:
     def __init__(self, keys: list[_Key], decide: list[int], appended: list[int], nold: int) -> None:
         self.keys, self.decide, self.appended, self.nold = keys, decide, appended, nold
         self.bytes = self.stream_len = self.table_end = 0
-
-
-def _bounds(buf: Any, slots: int, start: int, tend: int) -> None:
-    """The checks of the table's (slots, start, end) the compiled one makes first."""
-    if (
-        slots < 8
-        or slots & (slots - 1)
-        or start != TL.TABLE_HEADER + 8 * slots
-        or not start <= tend <= len(buf)
-    ):
-        raise ValueError("table bounds do not fit the buffer")
 
 
 def _size(kl: int, vl: int) -> int:
@@ -87,7 +77,7 @@ def stream_merge_plan(
     stream: Any, end: int, buf: Any, slots: int, start: int, tend: int, op_set: int, op_del: int
 ) -> Optional[tuple[int, int, object]]:
     """See streammerge.c (the same rules, one record and one entry at a time)."""
-    _bounds(buf, slots, start, tend)
+    table_bounds(buf, slots, start, tend)
     s = bytes(memoryview(stream)[: min(end, len(stream))]) if 0 <= end else b""
     if end < 0 or end > len(stream) or end > 0xFFFFFFFF or not 0 <= op_set <= 0x7F or op_del > 0x7F:
         raise ValueError("stream_merge_plan: end or ops out of range")
@@ -188,7 +178,7 @@ def stream_merge_write(
     """See streammerge.c."""
     if not isinstance(plan, _Plan):
         raise TypeError("stream_merge_write: not a plan of stream_merge_plan")
-    _bounds(buf, slots, start, tend)
+    table_bounds(buf, slots, start, tend)
     if len(stream) < plan.stream_len or tend != plan.table_end or at > len(out) or plan.bytes > len(out) - at:
         raise ValueError("stream_merge_write: not the plan's buffers, or out too small")
     s = memoryview(stream)

@@ -24,7 +24,8 @@ __all__ = ["table_get", "table_candidates", "table_entry", "table_changes"]
 _TE = TL.TABLE_ENTRY_HEADER
 
 
-def _table_check(buf: Any, slots: int, start: int, end: int) -> None:
+def table_bounds(buf: Any, slots: int, start: int, end: int) -> None:
+    """The checks of (buf, slots, start, end) every compiled table call makes first (udng_table_view_args)."""
     if (
         slots < 8
         or slots & (slots - 1)
@@ -72,7 +73,7 @@ def table_get(
     h = key_hash_common(key)
     if h is None:  # lone surrogates: never a key
         return 0 if offset else None
-    _table_check(buf, slots, start, end)
+    table_bounds(buf, slots, start, end)
     encoded = msgpack.packb(key, use_bin_type=True)
     same_hash = False
     with memoryview(buf) as mv:
@@ -91,7 +92,7 @@ def table_candidates(
     """``(key bytes, value bytes)`` of every entry whose full hash is ``h``
     on its chain (with ``offsets``: ``(offset, key bytes, value bytes)``);
     ValueError for damage."""
-    _table_check(buf, slots, start, end)
+    table_bounds(buf, slots, start, end)
     out: list[Any] = []
     with memoryview(buf) as mv:
         for off, kl, vl in _table_chain(mv, slots, start, end, h):
@@ -103,7 +104,7 @@ def table_candidates(
 def table_entry(buf: Any, slots: int, start: int, end: int, off: int) -> tuple[int, int, int]:
     """``(hash, key length, value length)`` of the entry at ``off``, checked as
     the probe checks every entry; ValueError ("table entry ...") for damage."""
-    _table_check(buf, slots, start, end)
+    table_bounds(buf, slots, start, end)
     return entry_checked(buf, start, end, off)
 
 
@@ -117,7 +118,7 @@ def table_changes(
     the keys left over, in two lists, for the caller's general path."""
     if type(dead) not in (set, frozenset) or type(changed) not in (set, frozenset) or type(hot) is not dict:
         raise TypeError("table_changes(buf, slots, start, end, dead: set, changed: set, hot: dict)")
-    _table_check(buf, slots, start, end)
+    table_bounds(buf, slots, start, end)
     changes: list[tuple[int, Optional[bytes]]] = []
     rests: tuple[list[Any], list[Any]] = ([], [])
     for keys, rest, new in ((dead, rests[0], False), (changed, rests[1], True)):
