@@ -129,7 +129,7 @@ def _ids(names: list[str], prefix: str) -> list[int]:
     return sorted(i for i in (D.own_id(f, prefix) for f in names) if i is not None)
 
 
-def _checkpoint(directory: str, names: list[str]) -> int:
+def _checkpoint(directory: str, names: list[str], closed: Optional[int] = None) -> int:
     """Step b: the generation of the newest ``dump.<g>`` (0: none).  A file of
     that name without a dump's first bytes is refused, naming it: it is the
     dict's checkpoint damaged, or a file put there that only looks like one
@@ -138,7 +138,7 @@ def _checkpoint(directory: str, names: list[str]) -> int:
     if not dumps:
         return 0
     name = D.DUMP_PREFIX + L.base36(dumps[-1])
-    if not files.dicts_file(directory, name):
+    if dumps[-1] != closed and not files.dicts_file(directory, name):  # (``clean`` names the dict's own)
         raise CorruptSegment(
             f"{os.path.join(directory, name)} is named as the dict's newest checkpoint but does not begin "
             "as one: a damaged checkpoint, or a file not the dict's (move it away); nothing was changed"
@@ -251,11 +251,14 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         codec = codec_by_id(header.serializer_id)
     given = codec_for(options.serializer) if options.serializer is not None else None
     check_options(directory, header, codec, given, options)
-    generation = _checkpoint(directory, names)  # b
+    closed = read_clean(directory)  # (for b and e)
+    generation = _checkpoint(directory, names, closed[0] if closed else None)  # b
     stream = _stream(directory, base, header)
     assert stream.buf is not None
     scanned = scan(stream.buf, generation)  # c
-    after = records_after(stream.buf, scanned.end, generation) if scanned.stopped in NORMAL_ENDS else -1
+    clean = closed == (generation, scanned.end, header.token)  # (for e)
+    normal = scanned.stopped in NORMAL_ENDS
+    after = records_after(stream.buf, scanned.end, generation) if normal and not clean else -1
     if after >= 0:
         scanned = scanned._replace(stopped=f"{scanned.stopped or 'the end'}, then records from byte {after}")
     if scanned.stopped not in NORMAL_ENDS:
@@ -273,7 +276,6 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     blobs = [
         i for i in _ids(names, D.BLOB_PREFIX) if files.dicts_file(directory, D.BLOB_PREFIX + L.base36(i))
     ]
-    clean = read_clean(directory) == (generation, scanned.end, header.token)  # (for e)
     whole = not clean and _rewritten(directory, generation, scanned.end)
     from_bytes = not clean and generation > 0 and scanned.end > 0 and codec.id == MsgpackCodec.id
     ctrl = segments.Segment.create(base, L.CONTROL_SIZE)  # d
