@@ -69,7 +69,9 @@ is written.  Step d is skipped: a blob the published state dropped may still
 be referenced by what the disk holds (the record dropping it may not be
 synced yet), so only a dump's sweep -- after the dump is on the disk --
 removes blobs.  Blobs overwritten between two dumps take disk space until
-the next dump.
+the next dump, so a writer whose dropped blobs since its last dump outweigh
+that dump (and ``STREAM_GRANULE``) writes one then (``Durability.dropped``):
+the disk holds at most about twice the dict plus the stream.
 
 Cache side file (a ``SharedCache(path=DIR)``; cache_layout is its protocol):
 created as ``cache.tmp`` under the dict's lock, its settings written, then

@@ -9,6 +9,7 @@ ready, so no process ever sees a half-created or half-recovered dict.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -408,4 +409,10 @@ def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:
         os.path.join(directory, D.STREAM_FILE),
     )
     store.durable.remove = functools.partial(lifetime.unlink, store)
+    generation = mapping.words[L.W_STATE] >> L.GEN_SHIFT
+    if generation:  # (the dump a handle's dropped blobs are weighed against: Durability.dropped)
+        with contextlib.suppress(OSError):
+            store.durable.dump_bytes = os.stat(
+                os.path.join(directory, D.DUMP_PREFIX + L.base36(generation))
+            ).st_size
     lifetime.arm(store, directory)

@@ -48,6 +48,8 @@ class Durability:
         "open",
         "queued",
         "remove",
+        "dead",
+        "dump_bytes",
         "__weakref__",
     )
 
@@ -66,6 +68,8 @@ class Durability:
         self.open = True
         #: Handed to this process's flusher thread (``interval``).
         self.queued = False
+        #: Bytes of the blobs this handle's writes dropped since its last dump; that dump's size.
+        self.dead = self.dump_bytes = 0
         _live.add(self)
 
     def after_write(self, state: int) -> None:
@@ -75,6 +79,21 @@ class Durability:
         elif self.mode == "interval" and not self.queued:
             _flusher().add(self)
             self.queued = True
+
+    def dropped(self, refs: Any) -> bool:
+        """Blobs a write dropped, which in files stay until a dump's sweep
+        (``_disk/layout.py``, "Blob"): whether it is time for a dump -- once
+        the blobs this handle dropped since outweigh the last dump (and
+        ``STREAM_GRANULE``), so that the disk holds at most about twice the
+        dict plus the stream (one key overwritten with 1 MiB values 300 times
+        kept 300 files before)."""
+        self.dead += sum(ref.length for ref in refs)
+        return self.dead > max(self.dump_bytes, L.STREAM_GRANULE)
+
+    def checkpointed(self, state: int, size: int) -> None:
+        """A dump of ``size`` bytes published ``state`` and is on the disk."""
+        raise_synced(self.atomic, state)
+        self.dead, self.dump_bytes = 0, size
 
     def close(self) -> None:
         """No sync after this one (the handle is closing): waits for one in flight."""

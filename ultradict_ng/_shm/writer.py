@@ -19,7 +19,7 @@ from .._codec import records as R
 from .._codec.codec import MsgpackCodec, PickleCodec
 from .._codec.placeholders import BlobRef
 from .._codec.records import SCALAR_TYPES as _SCALARS
-from .._disk.syncing import Durability, raise_synced
+from .._disk.syncing import Durability
 from .._engine import check_open
 from .._platform import faults, segments
 from .._platform.segments import Segment
@@ -239,8 +239,10 @@ class Writer(Reader):
         if tx is not None:  # (published, or unlinked, by the transaction's end)
             tx.created.extend(created)
             tx.dropped.extend(dropped)
-        elif dropped and self.durable is None:  # (in files: the next dump's sweep; _disk/layout.py)
+        elif dropped and self.durable is None:
             unlink_blobs(self.name, dropped)  # d: no published state references them any more
+        elif dropped and self.durable is not None and self.durable.dropped(dropped):  # (a dump sweeps them)
+            self.force_dump()
 
     def _commit(self, rec: list[Any]) -> None:
         """Writer steps 2-5 for one record."""
@@ -469,7 +471,7 @@ class Writer(Reader):
             faults.hit("dump-published")
         self.gen, self.pos, self.seen = gen, 0, state
         if self.durable is not None:
-            raise_synced(atomic, state)  # (the dump is on the disk)
+            self.durable.checkpointed(state, size)  # (the dump is on the disk)
         if cache is not None:
             self.data = cache  # (equal to the cache it replaces, which the dump holds)
         low = atomic.load(L.W_REG_LOW)  # 4d
