@@ -255,11 +255,13 @@ class directory_lock:
     it checks, once it holds it, that the path still names the directory it
     locked, and starts over if not (``FileNotFoundError`` once it is gone)."""
 
-    __slots__ = ("path", "fd")
+    __slots__ = ("path", "fd", "stat")
 
     def __init__(self, directory: str) -> None:
         self.path = directory
         self.fd = -1
+        #: The directory's ``stat`` once locked (the locked one's).
+        self.stat: Optional[os.stat_result] = None
 
     def __enter__(self) -> None:
         while True:
@@ -272,7 +274,7 @@ class directory_lock:
                 os.close(fd)
                 raise
             if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
-                self.fd = fd
+                self.fd, self.stat = fd, held
                 return
             os.close(fd)  # (removed and made again while we waited: lock the one named now)
 

@@ -9,7 +9,6 @@ ready, so no process ever sees a half-created or half-recovered dict.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
@@ -241,7 +240,8 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
     else:
         raise NotFound(f"{directory!r} was removed {_RACES} times while this opened it")
     with _held(lock):
-        st = os.stat(directory)  # (again: it may have been removed and made again while we waited)
+        assert lock.stat is not None
+        st = lock.stat  # (the directory locked: it may have been removed and made again while we waited)
         base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
         segments.register_directory(base, directory)
         meta = _read_meta(directory)
@@ -409,10 +409,4 @@ def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:
         os.path.join(directory, D.STREAM_FILE),
     )
     store.durable.remove = functools.partial(lifetime.unlink, store)
-    generation = mapping.words[L.W_STATE] >> L.GEN_SHIFT
-    if generation:  # (the dump a handle's dropped blobs are weighed against: Durability.dropped)
-        with contextlib.suppress(OSError):
-            store.durable.dump_bytes = os.stat(
-                os.path.join(directory, D.DUMP_PREFIX + L.base36(generation))
-            ).st_size
     lifetime.arm(store, directory)

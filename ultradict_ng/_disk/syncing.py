@@ -69,7 +69,7 @@ class Durability:
         #: Handed to this process's flusher thread (``interval``).
         self.queued = False
         #: Bytes of the blobs this handle's writes dropped since its last dump; that dump's size.
-        self.dead = self.dump_bytes = 0
+        self.dead, self.dump_bytes = 0, -1
         _live.add(self)
 
     def after_write(self, state: int) -> None:
@@ -88,6 +88,13 @@ class Durability:
         dict plus the stream (one key overwritten with 1 MiB values 300 times
         kept 300 files before)."""
         self.dead += sum(ref.length for ref in refs)
+        if self.dump_bytes < 0:  # (this handle's first: the dump it opened with)
+            generation = self.atomic.load(L.W_STATE) >> L.GEN_SHIFT
+            dump = os.path.join(os.path.dirname(self.path), D.DUMP_PREFIX + L.base36(generation))
+            try:
+                self.dump_bytes = os.stat(dump).st_size if generation else 0
+            except OSError:
+                self.dump_bytes = 0
         return self.dead > max(self.dump_bytes, L.STREAM_GRANULE)
 
     def checkpointed(self, state: int, size: int) -> None:
