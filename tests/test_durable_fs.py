@@ -130,3 +130,40 @@ def test_a_cache_on_a_full_disk_is_refused_and_leaves_nothing(tmp_path):
         c["k"] = 1
         c.unlink()
         c.close()
+
+
+@pytest.mark.parametrize("table", ["decoded", "read in place"])
+def test_a_recovery_on_a_full_disk_clears_the_stale_tail_instead(tmp_path, caplog, monkeypatch, table):
+    """A recovery writes a checkpoint (step e); where the disk has no room
+    for one it clears the stream's bytes past its end instead (pages the file
+    has: no room needed), so a dict that was not closed cleanly still opens
+    on a full disk, whole -- also when it had planned the checkpoint from the
+    records' bytes, which it then replays; once there is room, writes and
+    checkpoints go on."""
+    if table == "read in place":
+        monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "64")
+    with mounted(str(tmp_path / "small"), "-t", "tmpfs", "-o", "size=1m", "tmpfs") as mnt:
+        path = os.path.join(mnt, "dict")
+        d = SharedDict(path=path, buffer_size=64 << 10)
+        d.update({f"k{i}": "v" * 200 for i in range(400)})  # (past the stream: a checkpoint of ~100 KiB)
+        for i in range(100):
+            d[f"n{i}"] = i  # (records after it)
+        model = dict(d)
+        d.close()
+        os.remove(os.path.join(path, "clean"))  # (as a crash leaves it)
+        ballast = os.path.join(mnt, "ballast")
+        with open(ballast, "wb", buffering=0) as f:
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(bytes(16 << 10))
+        with caplog.at_level("WARNING", logger="ultradict_ng"):
+            e = SharedDict(path=path)
+        assert dict(e) == model and "stale tail was cleared instead" in caplog.text
+        e.close()
+        os.unlink(ballast)
+        e = SharedDict(path=path)  # (clean: the last close recorded it)
+        assert dict(e) == model
+        e["after"] = 1
+        e._store.force_dump()
+        e.unlink()
+        e.close()

@@ -187,10 +187,13 @@ it again) and starts over if not.  Then:
       new one written from its entries and the records' value bytes, each
       old entry checked -- no value decoded or encoded; else the records
       are replayed and the cache dumped.  A million keys and 1.14M records:
-      recovery 0.33 s, against 1.3 s replayed.  (Zeroing the bytes past
-      ``end`` and syncing them would do instead of a checkpoint, and was
-      measured: every later opener then replays the whole stream -- an
-      open and a ``copy()`` ~1.4 s, against ~0.5 s from a checkpoint);
+      recovery 0.33 s, against 1.3 s replayed.  Where the disk has no room
+      for the checkpoint (``OutOfSpace``), the bytes past ``end`` up to the
+      last nonzero one are zeroed instead and synced -- pages the file has,
+      no room needed -- with a warning, and the dict stays in generation g
+      (records planned as bytes are then replayed).  That is never the rule:
+      every later opener then replays the whole stream (measured: an open
+      and a ``copy()`` ~1.4 s, against ~0.5 s from a checkpoint);
    f. if ``clean`` matched: CLEAN_PENDING = 1, and the first writer (under
       the lock, before its record) removes ``clean``, syncs the directory and
       stores CLEAN_PENDING = 0 -- a reopen that only reads syncs nothing;

@@ -30,7 +30,7 @@ from .._shm.store import Store
 from .._shm.table import StreamMerge
 from .._shm.tablecache import TableCache, partial_from
 from ..cache import layout as C
-from ..errors import CorruptSegment, ParameterMismatch
+from ..errors import CorruptSegment, OutOfSpace, ParameterMismatch
 from ..speedups import scan_stream
 from . import files
 from . import layout as D
@@ -215,6 +215,31 @@ def _merged(store: Store, stream: Any, end: int) -> Optional[Planned]:
     return Planned(merge.size, merge.count, merge, None, None)
 
 
+#: Bytes of the stream :func:`_clear_tail` compares or clears at a time.
+_CHUNK = 1 << 20
+
+
+def _clear_tail(stream: segments.Segment, path: str, end: int) -> None:
+    """Step e without a checkpoint, where the disk has no room for one: zeros
+    over the stream's bytes past ``end`` up to the last one that is not zero
+    (written over pages the file already has: no new room needed), then
+    synced.  The next opener replays the stream (it has no newer checkpoint)."""
+    buf = stream.buf
+    assert buf is not None
+    tail = len(buf)
+    while tail > end:  # (from the end: the unused part is zeros)
+        low = max(end, tail - _CHUNK)
+        kept = bytes(buf[low:tail]).rstrip(b"\0")
+        if kept:
+            tail = low + len(kept)
+            break
+        tail = low
+    for at in range(end, tail, _CHUNK):
+        n = min(_CHUNK, tail - at)
+        buf[at : at + n] = bytes(n)
+    files.sync_range(buf, path, end, tail)
+
+
 def _stream(directory: str, base: str, header: Header) -> segments.Segment:
     """The stream file mapped; one shorter than the dict's stream size is extended with zeros."""
     path = os.path.join(directory, D.STREAM_FILE)
@@ -316,7 +341,19 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         if clean:  # e
             mapping.atomic.store(L.W_CLEAN_PENDING, 1)  # f: the first write removes it
         else:
-            store.force_dump(merged)
+            try:
+                store.force_dump(merged)
+            except OutOfSpace as exc:  # (no room for a checkpoint: the other way of step e)
+                if merged is not None:  # (the records were not replayed: they are now)
+                    mapping.atomic.store(L.W_STATE, generation << L.GEN_SHIFT | scanned.end)
+                    mapping.atomic.store(L.W_SYNCED, generation << L.GEN_SHIFT | scanned.end)
+                    store.sync()
+                _clear_tail(stream, os.path.join(directory, D.STREAM_FILE), scanned.end)
+                log.warning(
+                    "ultradict_ng: recovering %s: %s; its stream's stale tail was cleared instead",
+                    directory,
+                    exc,
+                )
             raise_synced(mapping.atomic, mapping.atomic.load(L.W_STATE))
             if faults.armed is not None:
                 faults.hit("recovery-checkpointed")

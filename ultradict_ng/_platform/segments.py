@@ -220,7 +220,8 @@ class Segment:
             _abandon(name, fd)
             path = file_of(name)
             where = f"on the disk for {path}" if path else f"in shared memory for segment {name!r}"
-            _raise_if_full(exc, f"no room {where} ({size} bytes)")
+            wanted = size if reserve is None else min(reserve, size)  # (reserved: not a sparse rest)
+            _raise_if_full(exc, f"no room {where} ({wanted} bytes)")
             raise
         os.close(fd)  # the mapping keeps its own reference
         return cls(name, size, buf)
