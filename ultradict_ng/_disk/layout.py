@@ -185,9 +185,9 @@ it again) and starts over if not.  Then:
       str key, it is merged from bytes (``StreamMerge``): STATE is made
       ``g << 32`` (nothing to replay), the table loaded in place, and the
       new one written from its entries and the records' value bytes, each
-      old entry checked -- no value decoded or encoded; else the records
+      entry it keeps checked -- no value decoded or encoded; else the records
       are replayed and the cache dumped.  A million keys and 1.14M records:
-      recovery 0.33 s, against 1.3 s replayed.  Where the disk has no room
+      recovery 0.25-0.30 s, against 1.3 s replayed.  Where the disk has no room
       for the checkpoint (``OutOfSpace``), the bytes past ``end`` up to the
       last nonzero one are zeroed instead and synced -- pages the file has,
       no room needed -- with a warning, and the dict stays in generation g

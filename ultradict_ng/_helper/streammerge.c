@@ -21,8 +21,10 @@
  * table nor an earlier record holds, makes the plan None: the caller takes
  * the general path (decode, replay, encode), which also reports what is
  * wrong.  The records are the caller's scanned prefix (step c: whole, of the
- * generation, their crcs right); the table's entries are each checked here
- * (a damaged one: ValueError "table entry ...", as the walks say it).
+ * generation, their crcs right); the table's entries are checked here --
+ * bounds and reserved word each, the crc of each one kept (copied as bytes;
+ * one dropped or given a new value matched a record's key and hash) -- a
+ * damaged one: ValueError "table entry ...", as the walks say it.
  *
  * A key's history decides its place, as a dict's would: a key the table
  * holds keeps its place while no delete came (its value the last set's);
@@ -303,7 +305,7 @@ udng_native_stream_merge_plan(PyObject *module, PyObject *const *args, Py_ssize_
     const char *bad = NULL;
     while (off < t.end && bad == NULL) {
         uint32_t kl, vl;
-        if ((bad = udng_table_check_entry(&t, off, &kl, &vl)) != NULL || k == nold) {
+        if ((bad = udng_table_entry_bounds(&t, off, &kl, &vl)) != NULL || k == nold) {
             bad = bad != NULL ? bad : "table entries outnumber the table's count";
             break;
         }
@@ -324,6 +326,8 @@ udng_native_stream_merge_plan(PyObject *module, PyObject *const *args, Py_ssize_
                 break;
             }
         }
+        if (d == 0 && (bad = udng_table_entry_crc(&t, off, kl, vl)) != NULL)
+            break;  /* (kept: copied as bytes, so checked; one dropped or given a new value matched its key) */
         plan->decide[k++] = d;
         if (d == 0)
             bytes += entry_size(kl, vl);

@@ -131,7 +131,7 @@ def stream_merge_plan(
     decide: list[int] = []
     off, nbytes, count = start, 0, 0
     while off < tend:
-        eh, kl, vl = entry_checked(buf, start, tend, off)
+        eh, kl, vl = entry_checked(buf, start, tend, off, crc=False)
         if len(decide) == nold:
             raise ValueError("table entries outnumber the table's count")
         d = 0
@@ -139,6 +139,8 @@ def stream_merge_plan(
         if j is not None and keys[j].h == eh:
             keys[j].in_table = True
             d = _DROP if keys[j].had_del else j + 1
+        if d == 0:  # (kept: copied as bytes, so checked; one dropped or given a new value matched its key)
+            entry_checked(buf, start, tend, off)
         decide.append(d)
         if d == 0:
             nbytes += _size(kl, vl)

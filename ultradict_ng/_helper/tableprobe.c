@@ -65,9 +65,10 @@ udng_table_view_args(PyObject *const *args, Py_buffer *pb, table_view *t)
     return 0;
 }
 
-/* Check the entry at off; NULL when sound (lengths set), else the reason. */
+/* The entry at off within the entries, its reserved word zero: NULL (lengths
+ * set), else the reason.  Its crc is udng_table_entry_crc's. */
 const char *
-udng_table_check_entry(const table_view *t, uint64_t off, uint32_t *kl, uint32_t *vl)
+udng_table_entry_bounds(const table_view *t, uint64_t off, uint32_t *kl, uint32_t *vl)
 {
     if ((off & 7) || off < t->start || off + UDNG_TABLE_ENTRY_HEADER > t->end)
         return "table entry offset outside the entries";
@@ -78,10 +79,24 @@ udng_table_check_entry(const table_view *t, uint64_t off, uint32_t *kl, uint32_t
         return "table entry has a nonzero reserved word";
     if (off + UDNG_TABLE_ENTRY_HEADER + (uint64_t)*kl + *vl > t->end)
         return "table entry runs past the entries";
-    uint32_t crc = udng_crc32(udng_crc32(0, e, 16), e + UDNG_TABLE_ENTRY_HEADER, (size_t)*kl + *vl);
-    if (crc != udng_rd32le(e + 16))
-        return "table entry fails its checksum";
     return NULL;
+}
+
+/* The crc of the entry at off (within bounds: udng_table_entry_bounds): NULL when right, else the reason. */
+const char *
+udng_table_entry_crc(const table_view *t, uint64_t off, uint32_t kl, uint32_t vl)
+{
+    const unsigned char *e = t->b + off;
+    uint32_t crc = udng_crc32(udng_crc32(0, e, 16), e + UDNG_TABLE_ENTRY_HEADER, (size_t)kl + vl);
+    return crc != udng_rd32le(e + 16) ? "table entry fails its checksum" : NULL;
+}
+
+/* Check the entry at off; NULL when sound (lengths set), else the reason. */
+const char *
+udng_table_check_entry(const table_view *t, uint64_t off, uint32_t *kl, uint32_t *vl)
+{
+    const char *bad = udng_table_entry_bounds(t, off, kl, vl);
+    return bad != NULL ? bad : udng_table_entry_crc(t, off, *kl, *vl);
 }
 
 /* The msgpack header of a str (is_str) or bytes payload of n bytes. */

@@ -28,18 +28,19 @@ _TE = TL.TABLE_ENTRY_HEADER
 _declined: Any = object()
 
 
-def entry_checked(buf: Any, start: int, end: int, off: int) -> tuple[int, int, int]:
+def entry_checked(buf: Any, start: int, end: int, off: int, crc: bool = True) -> tuple[int, int, int]:
     """``(hash, key length, value length)`` of the entry at ``off`` once it is
-    checked (aligned, inside the entries, zero word, crc); ValueError saying
-    what is wrong (its message starts "table entry", as the compiled walks')."""
+    checked (aligned, inside the entries, zero word, and with ``crc`` its
+    crc); ValueError saying what is wrong (its message starts "table
+    entry", as the compiled walks')."""
     if off & 7 or off < start or off + _TE > end:
         raise ValueError("table entry offset outside the entries")
-    eh, kl, vl, crc, zero = _table_entry.unpack_from(buf, off)
+    eh, kl, vl, stored, zero = _table_entry.unpack_from(buf, off)
     if zero:
         raise ValueError("table entry has a nonzero reserved word")
     if off + _TE + kl + vl > end:
         raise ValueError("table entry runs past the entries")
-    if zlib.crc32(buf[off + _TE : off + _TE + kl + vl], zlib.crc32(buf[off : off + 16])) != crc:
+    if crc and zlib.crc32(buf[off + _TE : off + _TE + kl + vl], zlib.crc32(buf[off : off + 16])) != stored:
         raise ValueError("table entry fails its checksum")
     return eh, kl, vl
 

@@ -279,6 +279,9 @@ typedef struct {
 int udng_table_view_args(PyObject *const *args, Py_buffer *pb, table_view *t);
 /* Checks the entry at off: NULL when sound (lengths set), else the reason. */
 const char *udng_table_check_entry(const table_view *t, uint64_t off, uint32_t *kl, uint32_t *vl);
+/* Its two halves: bounds and reserved word; the crc (of an entry within bounds). */
+const char *udng_table_entry_bounds(const table_view *t, uint64_t off, uint32_t *kl, uint32_t *vl);
+const char *udng_table_entry_crc(const table_view *t, uint64_t off, uint32_t kl, uint32_t vl);
 int udng_table_row_simple(PyObject *probe, PyObject *key, PyObject **out);
 /* A probe of a TableCache's table for the placing of unplaced keys, in
  * three steps: udng_table_locate_begin hashes the key and starts the read of
