@@ -264,6 +264,11 @@ class directory_lock:
         self.stat: Optional[os.stat_result] = None
 
     def __enter__(self) -> None:
+        if self.fd < 0:  # (taken already by acquire(): the block only releases it)
+            self.acquire()
+
+    def acquire(self) -> None:
+        """Take the lock (``FileNotFoundError`` once the directory is gone)."""
         while True:
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:

@@ -65,16 +65,14 @@ def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None
         return
     lock = files.directory_lock(directory)
     try:
-        lock.__enter__()
+        lock.acquire()
     except OSError as exc:  # (removed meanwhile by an unlink)
         if not isinstance(exc, FileNotFoundError):
             log.warning("ultradict_ng: closing %s: no lock (%s); the next open recovers", directory, exc)
         return
-    try:
+    with lock:
         if os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)
             _close_locked(directory, name, mapping, token)
-    finally:
-        lock.__exit__()
 
 
 def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> None:

@@ -232,14 +232,14 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             _refuse_foreign(directory)  # (before anything is made: a refusal changes nothing)
         lock = files.directory_lock(directory)
         try:
-            lock.__enter__()
+            lock.acquire()
             break
         except FileNotFoundError:  # (an unlink removed it while we waited: as if we came after)
             if create is False:
                 raise NotFound(f"no dict in {directory!r}: it was removed as this opened it") from None
     else:
         raise NotFound(f"{directory!r} was removed {_RACES} times while this opened it")
-    with _held(lock):
+    with lock:
         assert lock.stat is not None
         st = lock.stat  # (the directory locked: it may have been removed and made again while we waited)
         base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
@@ -266,21 +266,6 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
 
 #: Times an opener starts over when the directory is removed while it waits for its lock.
 _RACES = 8
-
-
-class _held:
-    """``with _held(lock)``: release a lock already taken."""
-
-    __slots__ = ("lock",)
-
-    def __init__(self, lock: files.directory_lock) -> None:
-        self.lock = lock
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.__exit__()
 
 
 def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> None:

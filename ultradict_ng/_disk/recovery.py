@@ -43,6 +43,7 @@ __all__ = [
     "read_clean",
     "clean_bytes",
     "records_after",
+    "looked_past",
     "stale_control",
     "NORMAL_ENDS",
 ]
@@ -75,6 +76,16 @@ def scan(buf: Any, generation: int) -> Scanned:
 
 #: How far past a scan's stop :func:`records_after` looks for records of the generation.
 _LOOK_AFTER = 64 << 10
+
+
+def looked_past(buf: Any, scanned: Scanned, generation: int) -> Scanned:
+    """``scanned``, with why it stopped told anew when it stopped as at the
+    stream's end but :func:`records_after` finds a record past it (recovery
+    and ``doctor`` report it then)."""
+    after = records_after(buf, scanned.end, generation) if scanned.stopped in NORMAL_ENDS else -1
+    if after < 0:
+        return scanned
+    return scanned._replace(stopped=f"{scanned.stopped or 'the end'}, then records from byte {after}")
 
 
 def records_after(buf: Any, end: int, generation: int) -> int:
@@ -282,10 +293,8 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     assert stream.buf is not None
     scanned = scan(stream.buf, generation)  # c
     clean = closed == (generation, scanned.end, header.token)  # (for e)
-    normal = scanned.stopped in NORMAL_ENDS
-    after = records_after(stream.buf, scanned.end, generation) if normal and not clean else -1
-    if after >= 0:
-        scanned = scanned._replace(stopped=f"{scanned.stopped or 'the end'}, then records from byte {after}")
+    if not clean:
+        scanned = looked_past(stream.buf, scanned, generation)
     if scanned.stopped not in NORMAL_ENDS:
         log.warning(
             "ultradict_ng: recovering %s: %d whole writes of generation %d replayed; the stream's tail "
@@ -319,6 +328,12 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         store.registered = True
         mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)
         merged: Optional[Planned] = None
+
+        def replayed() -> None:  # (STATE at the records' end: the store replays them)
+            mapping.atomic.store(L.W_STATE, generation << L.GEN_SHIFT | scanned.end)
+            mapping.atomic.store(L.W_SYNCED, generation << L.GEN_SHIFT | scanned.end)
+            store.sync()
+
         try:
             if whole and not from_bytes:
                 store.load_whole(generation)
@@ -327,9 +342,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
             if from_bytes and merged is None:  # (records the bytes merge does not take: replayed)
                 if whole:
                     store.load_whole(generation)
-                mapping.atomic.store(L.W_STATE, generation << L.GEN_SHIFT | scanned.end)
-                mapping.atomic.store(L.W_SYNCED, generation << L.GEN_SHIFT | scanned.end)
-                store.sync()
+                replayed()
             table = getattr(store.data, "table", None)
             if not clean and not whole and merged is None and table is not None:
                 table.check()  # (its entries go into the checkpoint as bytes: step e)
@@ -345,9 +358,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
                 store.force_dump(merged)
             except OutOfSpace as exc:  # (no room for a checkpoint: the other way of step e)
                 if merged is not None:  # (the records were not replayed: they are now)
-                    mapping.atomic.store(L.W_STATE, generation << L.GEN_SHIFT | scanned.end)
-                    mapping.atomic.store(L.W_SYNCED, generation << L.GEN_SHIFT | scanned.end)
-                    store.sync()
+                    replayed()
                 _clear_tail(stream, os.path.join(directory, D.STREAM_FILE), scanned.end)
                 log.warning(
                     "ultradict_ng: recovering %s: %s; its stream's stale tail was cleared instead",

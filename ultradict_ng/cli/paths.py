@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._disk import layout as D
-from .._disk.recovery import NORMAL_ENDS, read_clean, records_after, scan
+from .._disk.recovery import NORMAL_ENDS, looked_past, read_clean, scan
 from .._platform import segments
 from .._shm import layout as L
 from .._shm.peek import Peek
@@ -125,12 +125,7 @@ def file_checks(path: str) -> list[Check]:
     stream = os.path.join(path, D.STREAM_FILE)
     try:
         with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            found = scan(mm, generation)
-            after = records_after(mm, found.end, generation) if found.stopped in NORMAL_ENDS else -1
-            if after >= 0:  # (damage that looks like the end: recovery logs it too)
-                found = found._replace(
-                    stopped=f"{found.stopped or 'the end'}, then records from byte {after}"
-                )
+            found = looked_past(mm, scan(mm, generation), generation)  # (damage: recovery logs it too)
     except (OSError, ValueError) as exc:
         out.append(("stream", "fail", f"{stream}: {exc}"))
         return out
