@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pathlib
 import shutil
 import stat
 import subprocess
@@ -137,6 +138,20 @@ def test_a_copy_is_a_dict_of_its_own_and_a_moved_directory_opens(durable_dir, tm
     b.unlink()
     a.close()
     b.close()
+
+
+def test_a_path_given_as_bytes_or_a_path_object_names_the_same_dict(durable_dir):
+    """``path=`` takes what ``os.open`` takes: str, bytes, a path object."""
+    d = SharedDict(path=os.fsencode(durable_dir))
+    d["k"] = 1
+    e = SharedDict(path=pathlib.Path(durable_dir), create=False)
+    assert e["k"] == 1 and e.name == d.name
+    assert {f for f in os.listdir(durable_dir)} >= {"dict.meta", "stream"}
+    e.close()
+    d.unlink()
+    d.close()
+    with pytest.raises(TypeError):
+        SharedDict(path=5)
 
 
 def test_the_sync_policies(durable_dir, tmp_path):
@@ -563,6 +578,9 @@ META_EDITS = [
     ("token", "12"),
     ("sync_interval", "1s"),
     ("sync_interval", -1),
+    ("sync_interval", 0.0),
+    ("sync_interval", 3600.5),
+    ("token", 0),
     ("sync", "sometimes"),
     ("grows", "no"),
     ("recurse", 1),

@@ -13,6 +13,7 @@ import errno
 import functools
 import json
 import logging
+import operator
 import os
 import stat
 from typing import Any, Optional, cast
@@ -59,7 +60,7 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
     allowed; its problems as errors.  (One ``stat`` answers "a directory?",
     the filesystem's device and the control segment's name: a reopen's
     work is mostly such calls.)"""
-    directory = os.path.abspath(os.fspath(directory))
+    directory = os.path.abspath(os.fsdecode(directory))  # (bytes too, as os.open takes them)
     try:
         st = os.stat(directory)
     except FileNotFoundError:
@@ -149,7 +150,7 @@ _META_LIMIT = 1 << 16
 
 
 def _read_meta(directory: str) -> Optional[dict[str, Any]]:
-    path = os.path.join(directory, D.META_FILE)
+    path = f"{directory}/{D.META_FILE}"
     try:
         raw = files.read_whole(path, _META_LIMIT)
     except FileNotFoundError:
@@ -167,37 +168,47 @@ def _read_meta(directory: str) -> Optional[dict[str, Any]]:
             f"{path}: the dict's files are of version {meta.get('version')} (layout {meta.get('layout')}); "
             f"this ultradict_ng reads version {D.DISK_VERSION} (layout {L.LAYOUT_VERSION})"
         )
-    for field, fits, what in _META_FIELDS:
-        value = meta.get(field)
-        if not fits(value):
-            raise CorruptSegment(f"{path}: {field} is {value!r}, not {what}; nothing was changed")
+    # A well-formed file checked in one pass at C speed (every process's first open reads it):
+    values: tuple[Any, ...] = tuple(map(meta.get, _NAMES))
+    if (
+        tuple(map(type, values)) != _TYPES
+        or not all(map(operator.le, _LOWS, values))
+        or not all(map(operator.le, values, _HIGHS))
+    ):
+        for field, kinds, low, high, what in _META_FIELDS:  # (which, and an int sync_interval passes)
+            value: Any = meta.get(field)
+            if type(value) not in kinds or not low <= value <= high:
+                raise CorruptSegment(f"{path}: {field} is {value!r}, not {what}; nothing was changed")
+    if meta.get("sync") not in D.SYNC_MODES:
+        raise CorruptSegment(
+            f"{path}: sync is {meta.get('sync')!r}, not one of {', '.join(D.SYNC_MODES)}; nothing was changed"
+        )
     if meta["stream_limit"] > meta["stream_size"]:
         raise CorruptSegment(f"{path}: stream_limit is past stream_size; nothing was changed")
     return meta
 
 
-def _count(low: int, high: int) -> Any:
-    return lambda v: type(v) is int and low <= v <= high
+_INT, _BOOL = (int,), (bool,)
 
-
-#: Each field of ``dict.meta``, what it must be, and that in words (checked
-#: before anything is made from it: a file edited by hand is refused whole).
-_META_FIELDS = (
-    ("token", _count(1, 2**64 - 1), "the dict's creation token"),
-    ("serializer", _count(0, 2**32 - 1), "a serializer's id"),
-    ("recurse", lambda v: type(v) is bool, "true or false"),
-    ("grows", lambda v: type(v) is bool, "true or false"),
-    ("stream_size", _count(L.MIN_STREAM_SIZE, L.MAX_STREAM_SIZE), "a stream size in bytes"),
-    ("stream_limit", _count(L.MIN_STREAM_SIZE, L.MAX_STREAM_SIZE), "a stream limit in bytes"),
-    ("dump_limit", _count(0, 2**63 - 1), "a size in bytes, or 0"),
-    ("blob_threshold", _count(0, 2**63 - 1), "a size in bytes"),
-    ("sync", lambda v: v in D.SYNC_MODES, f"one of {', '.join(D.SYNC_MODES)}"),
-    (
-        "sync_interval",
-        lambda v: type(v) in (int, float) and 0 < v <= 3600,
-        "a number of seconds in (0, 3600]",
-    ),
+#: Each field of ``dict.meta`` but ``sync``: the types it may have, its
+#: range, and that in words (checked before anything is made from it: a file
+#: edited by hand is refused whole).  A number of seconds must be above 0:
+#: ``5e-324`` is the least float that is.
+_META_FIELDS: tuple[tuple[str, tuple[type, ...], Any, Any, str], ...] = (
+    ("token", _INT, 1, 2**64 - 1, "the dict's creation token"),
+    ("serializer", _INT, 0, 2**32 - 1, "a serializer's id"),
+    ("recurse", _BOOL, False, True, "true or false"),
+    ("grows", _BOOL, False, True, "true or false"),
+    ("stream_size", _INT, L.MIN_STREAM_SIZE, L.MAX_STREAM_SIZE, "a stream size in bytes"),
+    ("stream_limit", _INT, L.MIN_STREAM_SIZE, L.MAX_STREAM_SIZE, "a stream limit in bytes"),
+    ("dump_limit", _INT, 0, 2**63 - 1, "a size in bytes, or 0"),
+    ("blob_threshold", _INT, 0, 2**63 - 1, "a size in bytes"),
+    ("sync_interval", (int, float), 5e-324, 3600, "a number of seconds in (0, 3600]"),
 )
+_NAMES = tuple(f[0] for f in _META_FIELDS)
+_TYPES = tuple(f[1][-1] for f in _META_FIELDS)  # (float for the seconds: how the dict writes them)
+_LOWS = tuple(f[2] for f in _META_FIELDS)
+_HIGHS = tuple(f[3] for f in _META_FIELDS)
 
 
 def _header(meta: dict[str, Any]) -> Header:
@@ -228,9 +239,7 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
     validate_options(options)
     for _ in range(_RACES):
         directory, st = _check_directory(path, create)
-        if not os.path.exists(os.path.join(directory, D.META_FILE)):
-            _refuse_foreign(directory)  # (before anything is made: a refusal changes nothing)
-        lock = files.directory_lock(directory)
+        lock = files.directory_lock(directory)  # (it makes nothing: foreign files are refused under it)
         try:
             lock.acquire()
             break
@@ -247,6 +256,7 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         meta = _read_meta(directory)
         if meta is None:
             if create is False:
+                _refuse_foreign(directory)  # (a directory of other files is not one a dict left)
                 raise NotFound(f"no dict is kept in {directory!r}")
             store = _create(directory, base, options)
             meta = _read_meta(directory)
@@ -391,7 +401,7 @@ def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:
         float(meta["sync_interval"]),
         mapping.atomic,
         mapping.words,
-        os.path.join(directory, D.STREAM_FILE),
+        f"{directory}/{D.STREAM_FILE}",
     )
     store.durable.remove = functools.partial(lifetime.unlink, store)
     lifetime.arm(store, directory)

@@ -124,7 +124,7 @@ def clean_bytes(generation: int, end: int, token: int) -> bytes:
 def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
     """``(generation, end, token)`` of the ``clean`` file, if whole."""
     try:
-        raw = files.read_whole(os.path.join(directory, D.CLEAN_FILE), D.CLEAN_FORMAT.size + 1)
+        raw = files.read_whole(f"{directory}/{D.CLEAN_FILE}", D.CLEAN_FORMAT.size + 1)
     except FileNotFoundError:
         return None
     if len(raw) != D.CLEAN_FORMAT.size:
@@ -137,7 +137,8 @@ def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
 
 def _ids(names: list[str], prefix: str) -> list[int]:
     """The ids of the files ``names`` named ``prefix<id>`` (``layout.own_id``), sorted."""
-    return sorted(i for i in (D.own_id(f, prefix) for f in names) if i is not None)
+    ids = [D.own_id(f, prefix) for f in names if f.startswith(prefix)]  # (the rest at C speed)
+    return sorted(i for i in ids if i is not None)
 
 
 def _checkpoint(directory: str, names: list[str], closed: Optional[int] = None) -> int:
@@ -253,7 +254,7 @@ def _clear_tail(stream: segments.Segment, path: str, end: int) -> None:
 
 def _stream(directory: str, base: str, header: Header) -> segments.Segment:
     """The stream file mapped; one shorter than the dict's stream size is extended with zeros."""
-    path = os.path.join(directory, D.STREAM_FILE)
+    path = f"{directory}/{D.STREAM_FILE}"
     try:
         stream = segments.Segment.attach(L.stream_name(base))
     except FileNotFoundError:

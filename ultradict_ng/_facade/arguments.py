@@ -39,6 +39,8 @@ _OPTION_KEYWORDS = (
     "sync_interval",
 )
 
+_OPTIONS = frozenset(_OPTION_KEYWORDS)
+
 
 def split_arguments(
     args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -54,7 +56,7 @@ def split_arguments(
     kwargs = dict(kwargs)
     name: Optional[str] = kwargs.pop("name", None)
     create: Optional[bool] = kwargs.pop("create", None)
-    options = Options(**{field: kwargs.pop(field, None) for field in _OPTION_KEYWORDS})
+    options = Options(**{field: kwargs.pop(field) for field in [k for k in kwargs if k in _OPTIONS]})
     data: Any = None
     positional = list(args)
     if positional and not isinstance(positional[0], (str, type(None))):

@@ -18,9 +18,12 @@ __all__ = ["owner_word", "pid_of", "owner_alive"]
 
 def _stat_fields(pid: int) -> Optional[tuple[str, int]]:
     """(state letter, start time in clock ticks) from /proc, or None if unavailable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
+    try:  # (os.open and one read: a buffered open costs ~20 us of a process's first open of a dict)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            raw = os.read(fd, 4096)  # (the whole line: 52 numbers and a name of 16 bytes at most)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return ("X", 0)  # no such process (any more)
     except OSError:

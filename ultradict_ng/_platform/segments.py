@@ -121,7 +121,7 @@ def file_of(name: str) -> Optional[str]:
     if directory is None:
         return None
     file = D.file_name(name[at:])
-    return None if file is None else os.path.join(directory, file)
+    return None if file is None else f"{directory}/{file}"  # (an absolute path: ``_disk`` registers one)
 
 
 def _aside(name: str, path: str) -> str:

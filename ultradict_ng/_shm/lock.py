@@ -42,11 +42,12 @@ class ShmLock(WordLock):
     segment (``words``), shared per process by every handle of the dict
     (keyed by name and creation token)."""
 
-    __slots__ = ("_waits",)
+    __slots__ = ("waits",)
 
     def __init__(self, words: Words, name: str, token: int) -> None:
         super().__init__(name, (name, token), words, _W_LOCK)
-        self._waits: ProcessWaits = waits_for((name, token))
+        #: The dict's ProcessWaits (the store's too).
+        self.waits: ProcessWaits = waits_for((name, token))
 
     # -- the front end's hooks -------------------------------------------------------
 
@@ -71,7 +72,7 @@ class ShmLock(WordLock):
             return self._recover_if_dead(seen, mine)
         start = time.monotonic()
         next_check = start + L.LOCK_FIRST_CHECK
-        waits = self._waits
+        waits = self.waits
         registered = waits.enter(words, _W_LOCK_WAITERS)
         spins = 0
         designated = False
@@ -126,7 +127,7 @@ class ShmLock(WordLock):
         return ok
 
     def _woke_nobody(self) -> None:
-        self._waits.woke_nobody(self._words)
+        self.waits.woke_nobody(self._words)
 
     def _seize(self) -> None:
         words = self._words
@@ -144,7 +145,7 @@ class ShmLock(WordLock):
         designated role."""
         words = self._words
         deadline = time.monotonic() + timeout
-        waits = self._waits
+        waits = self.waits
         if not waits.enter(words, _W_LOCK_WAITERS):
             backoff = Backoff()
             while words.load(_W_LOCK) != 0:

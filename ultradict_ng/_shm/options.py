@@ -20,6 +20,15 @@ __all__ = ["validate_options", "check_options", "blob_threshold"]
 
 def validate_options(options: Options) -> None:
     """The checks of ``Store.open`` on options (a dict kept in files' too): errors before anything is made."""
+    if (  # (none of them given, as most opens go: nothing to check)
+        options.buffer_size is None
+        and options.dump_limit is None
+        and options.blob_threshold is None
+        and options.max_decoded is None
+        and options.auto_unlink is None
+        and not options.create_defaults
+    ):
+        return
     for size in (options.buffer_size, options.for_create("buffer_size")):
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool):

@@ -49,7 +49,6 @@ from .options import blob_threshold as _blob_threshold
 from .options import check_options as _check_options
 from .options import validate_options
 from .reader import INVALID
-from .waiting import waits_for
 from .writer import Writer
 
 __all__ = ["Store", "validate_options"]
@@ -127,7 +126,7 @@ class Store(Writer):
         self.created = created
         self.registered = False  # counted in the user register (layout: "Users")
         self.lock = ShmLock(mapping.atomic, name, header.token)
-        self.waits = waits_for((name, header.token))
+        self.waits = self.lock.waits
         self.tx = None
         self.durable = None
         self.mutex = threading.RLock()
