@@ -216,8 +216,9 @@ def _merged(store: Store, stream: Any, end: int) -> Optional[Planned]:
     into the table the store holds in place, none of them replayed (``StreamMerge``);
     None where it cannot: a table decoded whole (below ``PARTIAL_FROM`` entries,
     before or after), or a record that is not a root-level set or delete of
-    a str key.  Why: replaying a full stream into a million decoded rows and
-    encoding them again took most of a recovery (1.3 s of 1.8)."""
+    a str or int key (``stream_merge_plan`` says which).  Why: replaying a
+    full stream into a million decoded rows and encoding them again took
+    most of a recovery (1.3 s of 1.8)."""
     data: Any = store.data  # (a dict, or a big dict's TableCache)
     if type(data) is not TableCache or data.table is None or data.table.count < partial_from():
         return None

@@ -68,6 +68,20 @@ uint64_t udng_str_hash(const unsigned char *p, size_t n)
     return words_hash(p, n, T_STR);
 }
 
+/* An int key's hash from its sign and magnitude (key_hash of that int):
+ * Python's numeric hash of it -- the magnitude modulo 2**61 - 1, negated
+ * for a negative number, -1 made -2 -- through the number tag. */
+uint64_t udng_int_hash(int negative, uint64_t magnitude)
+{
+    uint64_t h = magnitude % 0x1FFFFFFFFFFFFFFFULL;
+    if (negative) {
+        h = (uint64_t)(-(int64_t)h);
+        if (h == UINT64_MAX)
+            h = (uint64_t)-2;
+    }
+    return mix64(h ^ T_NUMBER);
+}
+
 /* 1 and *out set for a type handled here; 0 for any other type; -1 on error. */
 int udng_key_hash_common(PyObject *key, uint64_t *out)
 {

@@ -13,13 +13,15 @@
  * the table did not hold: no value is decoded, nothing is encoded.  A
  * million keys and 1.14M records: ~0.2 s.
  *
- * Only root-level sets and deletes of str keys qualify (the form msgpack
- * writes: fixarray 4, op_set, fixarray 0, key, value / fixarray 3, op_del,
- * fixarray 0, key), each key in msgpack's shortest form of valid UTF-8
- * (the table compares str keys as those bytes) and each value exactly one
- * msgpack object.  Any other record, or a delete of a key that neither the
- * table nor an earlier record holds, makes the plan None: the caller takes
- * the general path (decode, replay, encode), which also reports what is
+ * Only root-level sets and deletes of str and int keys qualify (the form
+ * msgpack writes: fixarray 4, op_set, fixarray 0, key, value / fixarray 3,
+ * op_del, fixarray 0, key), each key in msgpack's shortest form -- of valid
+ * UTF-8 for a str -- so that two keys are equal exactly when their bytes
+ * are, and each value exactly one msgpack object.  Any other record, a
+ * delete of a key that neither the table nor an earlier record holds, or
+ * int keys beside a table holding a bool or a float key (True == 1 == 1.0
+ * in a dict, not in bytes) makes the plan None: the caller takes the
+ * general path (decode, replay, encode), which also reports what is
  * wrong.  The records are the caller's scanned prefix (step c: whole, of the
  * generation, their crcs right); the table's entries are checked here --
  * bounds and reserved word each, the crc of each one kept (copied as bytes;
@@ -47,6 +49,7 @@ typedef struct {
     uint32_t *decide;  /* per old entry: 0 kept, KEY_DROP dropped, else key index + 1 (new value) */
     uint32_t *appended;/* key indexes, in order */
     uint64_t nkeys, count, nold, nappended, bytes, stream_len, table_end;
+    int ints;          /* an int key among the records' */
 } merge_plan;
 
 #define KEY_DROP UINT32_MAX
@@ -130,10 +133,47 @@ str_key(const unsigned char *p, size_t n, size_t *kl, const unsigned char **data
     return 1;
 }
 
-/* One record's key and what it does: 1 (set: *vpos, *vlen), 0 (delete), -1 not simple. */
+/* The int key at p[0..n): its encoding's length (*kl) and its hash (*h), if
+ * it is an int in msgpack's shortest form (what its packer writes: the
+ * positive fixint or an unsigned type for n >= 0, the negative fixint or a
+ * signed type below 0, each the smallest that holds it). */
+static int
+int_key(const unsigned char *p, size_t n, size_t *kl, uint64_t *h)
+{
+    unsigned char b = p[0];
+    uint64_t u;
+    int64_t v;
+    if (b < 0x80 || b >= 0xe0) {
+        *kl = 1;
+        *h = b < 0x80 ? udng_int_hash(0, b) : udng_int_hash(1, (uint64_t)(0x100 - b));
+        return 1;
+    }
+    size_t need = b == 0xcc || b == 0xd0 ? 2 : b == 0xcd || b == 0xd1 ? 3 : b == 0xce || b == 0xd2 ? 5 : 9;
+    if ((b < 0xcc || b > 0xd3) || n < need)
+        return 0;
+    *kl = need;
+    switch (b) {
+    case 0xcc: u = p[1]; if (u < 0x80) return 0; break;
+    case 0xcd: u = udng_rd16be(p + 1); if (u <= 0xff) return 0; break;
+    case 0xce: u = udng_rd32be(p + 1); if (u <= 0xffff) return 0; break;
+    case 0xcf: u = udng_rd64be(p + 1); if (u <= 0xffffffffULL) return 0; break;
+    default:
+        v = b == 0xd0 ? (int8_t)p[1] : b == 0xd1 ? (int16_t)udng_rd16be(p + 1)
+          : b == 0xd2 ? (int32_t)udng_rd32be(p + 1) : (int64_t)udng_rd64be(p + 1);
+        if (v >= (b == 0xd0 ? -32 : b == 0xd1 ? -128 : b == 0xd2 ? -32768 : -2147483648LL))
+            return 0;
+        *h = udng_int_hash(1, (uint64_t)0 - (uint64_t)v);
+        return 1;
+    }
+    *h = udng_int_hash(0, u);
+    return 1;
+}
+
+/* One record's key (at *kpos, *kl bytes, hashed *h; *is_int for an int)
+ * and what it does: 1 (set: *vpos, *vlen), 0 (delete), -1 not simple. */
 static int
 simple_record(const unsigned char *s, uint64_t base, uint32_t n, long op_set, long op_del, uint64_t *kpos,
-              size_t *kl, const unsigned char **data, size_t *dl, uint64_t *vpos, uint32_t *vlen)
+              size_t *kl, uint64_t *h, int *is_int, uint64_t *vpos, uint32_t *vlen)
 {
     const unsigned char *p = s + base;
     int set;
@@ -143,7 +183,14 @@ simple_record(const unsigned char *s, uint64_t base, uint32_t n, long op_set, lo
         set = 0;
     else
         return -1;
-    if (!str_key(p + 3, n - 3, kl, data, dl))
+    const unsigned char *data;
+    size_t dl;
+    *is_int = 0;
+    if (str_key(p + 3, n - 3, kl, &data, &dl))
+        *h = udng_str_hash(data, dl);
+    else if (int_key(p + 3, n - 3, kl, h))
+        *is_int = 1;
+    else
         return -1;
     *kpos = base + 3;
     if (!set)
@@ -177,14 +224,14 @@ map_records(merge_plan *plan, const unsigned char *s, uint64_t end, long op_set,
             if (end - q < 16 || udng_rd32le(s + q) > end - q - 16)
                 return -1;
             uint32_t n = udng_rd32le(s + q);
-            size_t dl;
-            const unsigned char *data;
+            int is_int;
             rv[nb] = 0;
             rvl[nb] = 0;
-            rset[nb] = simple_record(s, q + 16, n, op_set, op_del, &rk[nb], &rkl[nb], &data, &dl, &rv[nb], &rvl[nb]);
+            rset[nb] = simple_record(s, q + 16, n, op_set, op_del, &rk[nb], &rkl[nb], &rh[nb], &is_int, &rv[nb],
+                                     &rvl[nb]);
             if (rset[nb] < 0)
                 return 0;
-            rh[nb] = udng_str_hash(data, dl);
+            plan->ints |= is_int;
             __builtin_prefetch(&ix[rh[nb] & mask]);
             nb++;
             q += 16 + (uint64_t)n;
@@ -312,6 +359,11 @@ udng_native_stream_merge_plan(PyObject *module, PyObject *const *args, Py_ssize_
         const unsigned char *en = t.b + off;
         uint64_t h = udng_rd64le(en), tag = h & ~(uint64_t)0xffffffff, i = h & mask;
         uint32_t d = 0;
+        unsigned char k0 = kl ? en[UDNG_TABLE_ENTRY_HEADER] : 0;
+        if (plan->ints && (k0 == 0xc2 || k0 == 0xc3 || k0 == 0xca || k0 == 0xcb)) {
+            result = Py_NewRef(Py_None);  /* (a bool or float key may equal an int one: replayed) */
+            goto done;
+        }
         for (;; i = (i + 1) & mask) {
             uint64_t x = ix[i];
             if (x == 0)

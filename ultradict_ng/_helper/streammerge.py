@@ -47,7 +47,7 @@ def _size(kl: int, vl: int) -> int:
 
 
 def _str_key(p: bytes, at: int, n: int) -> Optional[tuple[int, int]]:
-    """``(whole length, hash)`` of the str key at ``p[at:n]`` in msgpack's
+    """``(length, hash)`` of the str key at ``p[at:n]`` in msgpack's
     shortest form of valid UTF-8, else None."""
     if at >= n:
         return None
@@ -73,6 +73,33 @@ def _str_key(p: bytes, at: int, n: int) -> Optional[tuple[int, int]]:
     return hl + length, key_hash(text)
 
 
+#: msgpack's int types: first byte -> (length, signed, the least magnitude it is the shortest form for).
+_INTS = {
+    0xCC: (2, False, 0x80),
+    0xCD: (3, False, 0x100),
+    0xCE: (5, False, 0x10000),
+    0xCF: (9, False, 0x100000000),
+    0xD0: (2, True, 33),
+    0xD1: (3, True, 129),
+    0xD2: (5, True, 32769),
+    0xD3: (9, True, 2147483649),
+}
+
+
+def _int_key(p: bytes, at: int, n: int) -> Optional[tuple[int, int]]:
+    """``(length, hash)`` of the int key at ``p[at:n]`` in msgpack's shortest form, else None."""
+    b = p[at]
+    if b < 0x80 or b >= 0xE0:
+        return 1, key_hash(b if b < 0x80 else b - 0x100)
+    if b not in _INTS or n - at < _INTS[b][0]:
+        return None
+    length, signed, least = _INTS[b]
+    value = int.from_bytes(p[at + 1 : at + length], "big", signed=signed)
+    if abs(value) < least or (signed and value >= 0):
+        return None
+    return length, key_hash(value)
+
+
 def stream_merge_plan(
     stream: Any, end: int, buf: Any, slots: int, start: int, tend: int, op_set: int, op_del: int
 ) -> Optional[tuple[int, int, object]]:
@@ -86,7 +113,7 @@ def stream_merge_plan(
         raise ValueError("table entry count does not fit the entries")
     keys: list[_Key] = []
     index: dict[bytes, int] = {}
-    order, pos, absent = 0, 0, False
+    order, pos, absent, ints = 0, 0, False, False
     while pos < end:
         if end - pos < 16 or int.from_bytes(s[pos : pos + 4], "little") > end - pos - 16:
             raise ValueError("stream_merge_plan: the records do not fit the end")
@@ -101,7 +128,10 @@ def stream_merge_plan(
             return None
         got = _str_key(p, 3, n)
         if got is None:
-            return None
+            got = _int_key(p, 3, n)
+            if got is None:
+                return None
+            ints = True
         kl, h = got
         if is_set:
             at = 3 + kl
@@ -135,6 +165,8 @@ def stream_merge_plan(
         if len(decide) == nold:
             raise ValueError("table entries outnumber the table's count")
         d = 0
+        if ints and kl and buf[off + _TE] in (0xC2, 0xC3, 0xCA, 0xCB):
+            return None  # (a bool or float key may equal an int one: replayed)
         j = index.get(bytes(buf[off + _TE : off + _TE + kl]))
         if j is not None and keys[j].h == eh:
             keys[j].in_table = True

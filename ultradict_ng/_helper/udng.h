@@ -250,6 +250,8 @@ int udng_key_hash_common(PyObject *key, uint64_t *out);
 PyObject *udng_native_key_hash_common(PyObject *module, PyObject *key);
 /* The hash of the str whose UTF-8 is p[0..n) (key_hash's). */
 uint64_t udng_str_hash(const unsigned char *p, size_t n);
+/* The hash of the int of that sign and magnitude (key_hash's). */
+uint64_t udng_int_hash(int negative, uint64_t magnitude);
 
 /* ---- unpack.c ------------------------------------------------------------------- */
 

@@ -484,7 +484,7 @@ class Merge:
 
 class StreamMerge:
     """A new table planned from an old one and a stream's records, as bytes
-    (``stream_merge_plan``: root-level sets and deletes of str keys; recovery's
+    (``stream_merge_plan``: root-level sets and deletes of str and int keys; recovery's
     checkpoint, ``_disk/layout.py`` step e).  Like :class:`Merge`, nothing
     is decoded or encoded: the old entries are kept, given a record's value
     bytes or dropped, and the keys the table did not hold appended in the
