@@ -10,6 +10,11 @@ exactly which writes were acknowledged.
 ``python -m tests.durable_workers abort PATH``: a transaction aborted, one
 write after it, then the process kills itself (no close).
 
+``python -m tests.durable_workers set PATH KEY VALUE``: ``d[KEY] = VALUE``, then a close.
+
+``python -m tests.durable_workers die PATH COUNT``: writes ``d["k<i>"] = i``
+for i below COUNT, then the process kills itself (no close).
+
 ``python -m tests.durable_workers open PATH``: opens the dict (recovering it
 if needed) and prints its contents as JSON.
 
@@ -129,6 +134,16 @@ def main() -> None:
         except RuntimeError:
             pass
         d["k"] = 3  # (overwrites the first aborted record exactly: the second starts where it ends)
+        print("done", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif command == "set":
+        d = SharedDict(path=sys.argv[2], create=False)
+        d[sys.argv[3]] = sys.argv[4]
+        d.close()
+    elif command == "die":
+        d = SharedDict(path=sys.argv[2], create=False)
+        for i in range(int(sys.argv[3])):
+            d[f"k{i}"] = i
         print("done", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     elif command == "open":

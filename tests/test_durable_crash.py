@@ -167,3 +167,65 @@ def test_a_random_kill_then_a_reboot(durable_dir):
         done = acked(out)
         assert done, "the writer wrote nothing in time"
         check(durable_dir, len(done), transaction)
+
+
+def test_a_write_killed_before_it_was_published_stays_out_after_a_clean_close(durable_dir):
+    """A writer killed between writing its record and publishing it: the
+    processes that go on never see the write, and the last of them closes
+    cleanly -- unmaking the record, whole past the end it writes down, so
+    that the next open (after a reboot) does not replay it."""
+    keeper = SharedDict(path=durable_dir, sync="always")
+    keeper["state"] = "old"
+    p = worker(["set", durable_dir, "state", "ghost"], "record-written:kill:1")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert keeper["state"] == "old"
+    keeper.close()
+    assert b"ghost" in open(os.path.join(durable_dir, D.STREAM_FILE), "rb").read(4096)
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir, create=False)
+    assert dict(d) == {"state": "old"} and d.stats()["generation"] == 0  # (clean: no recovery)
+    d["state"] = "new"  # (and it goes on: the next write takes the dropped one's place)
+    d.close()
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir, create=False)
+    assert dict(d) == {"state": "new"}
+    d.unlink()
+    d.close()
+
+
+@pytest.mark.parametrize("how", ["closed", "closed after its checkpoint", "killed", "an older dump put back"])
+def test_a_missing_checkpoint_is_refused_and_changes_nothing(durable_dir, how):
+    """The dict's newest checkpoint removed (a cleaner of old files): the open
+    names it and changes nothing -- rather than opening the dict as the dump
+    before it, or as empty, and taking the missing one's generation again."""
+    import shutil
+
+    from ultradict_ng.errors import CorruptSegment
+
+    d = SharedDict({"k": 0, "big": b"x" * 5000}, path=durable_dir, blob_threshold=1024)
+    d._store.force_dump()  # dump.1
+    older = os.path.join(os.path.dirname(durable_dir), "dump.1.saved")
+    shutil.copy(os.path.join(durable_dir, "dump.1"), older)
+    if how == "an older dump put back":
+        d._store.force_dump()  # dump.2 (dump.1 removed)
+    newest = max(f for f in os.listdir(durable_dir) if f.startswith("dump."))
+    if how.startswith("closed"):
+        for i in range(10 if how == "closed" else 0):
+            d[f"k{i}"] = i  # records of the newest generation (none: only ``clean`` names it)
+        d.close()
+    else:
+        d.close()
+        p = worker(["die", durable_dir, "10"])  # (the records, then no close: as a crash leaves them)
+        assert p.returncode == -signal.SIGKILL and "done" in p.stdout, p.stderr
+    os.remove(os.path.join(durable_dir, newest))
+    if how == "an older dump put back":
+        shutil.copy(older, os.path.join(durable_dir, "dump.1"))
+    os.remove(older)
+    reboot(durable_dir)
+    before = {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)}
+    for _ in range(2):
+        with pytest.raises(CorruptSegment, match=f"{newest} is missing"):
+            SharedDict(path=durable_dir, create=False)
+        assert {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)} == before
+        assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+    shutil.rmtree(durable_dir)

@@ -167,7 +167,15 @@ it again) and starts over if not.  Then:
       the disk never got) is ignored and logged -- also when the scan stops
       as at an end (zeros, a record of another generation) but a whole
       record of ``g`` lies within 64 KiB past it (``records_after``: damage
-      that only looks like the end);
+      that only looks like the end).  If ``clean`` names a later generation
+      than g (with the dict's token), or the scan found no record of g and
+      the stream begins with a whole record of a later generation, that
+      checkpoint is missing -- its records follow it, written only after it
+      was synced and renamed (step 4d) -- and the open is refused,
+      ``CorruptSegment`` naming it, nothing changed: opening the dump before
+      it (or nothing) would drop what it held, and the next checkpoint would
+      take its generation again, under which the stream's old records would
+      come back (``missing_checkpoint``);
    d. create the control segment from ``dict.meta`` (a new creator, the same
       token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
       past the highest ``blob.<id>``, SYNCED = STATE, then MAGIC; load it
@@ -183,11 +191,12 @@ it again) and starts over if not.  Then:
       checkpoint is a table read in place (``PARTIAL_FROM`` entries or
       more, msgpack) and every record is a root-level set or delete of a
       str or int key (int keys only beside a table without bool or float
-      keys, which a dict takes as equal to them), it is merged from bytes (``StreamMerge``): STATE is made
-      ``g << 32`` (nothing to replay), the table loaded in place, and the
-      new one written from its entries and the records' value bytes, each
-      entry it keeps checked -- no value decoded or encoded; else the records
-      are replayed and the cache dumped.  A million keys and 1.14M records:
+      keys, which a dict takes as equal to them), it is merged from bytes
+      (``StreamMerge``): STATE is made ``g << 32`` (nothing to replay), the
+      table loaded in place, and the new one written from its entries and
+      the records' value bytes, each entry it keeps checked -- no value
+      decoded or encoded; else the records are replayed and the cache
+      dumped.  A million keys and 1.14M records:
       recovery 0.25-0.30 s, against 1.3 s replayed.  Where the disk has no room
       for the checkpoint (``OutOfSpace``), the bytes past ``end`` up to the
       last nonzero one are zeroed instead and synced -- pages the file has,
@@ -211,8 +220,12 @@ Closing and removal
 ===================
 A handle's close syncs the stream (every policy).  The last process to close
 (layout: "Users", the removal of an unused dict, with the directory locked)
-removes the control segment only, syncs ``stream`` (and ``cache`` if there),
-then writes ``clean`` (``CLEAN_FORMAT``:
+removes the control segment only; zeroes the header of a whole record of
+STATE's generation at STATE's end, if one lies there (a write never
+published, its writer killed between writing and publishing it: every
+process went on and closed without it, and a recovery must not replay it
+later); syncs ``stream`` (and ``cache`` if there), then writes ``clean``
+(``CLEAN_FORMAT``:
 magic, generation, stream end, token, crc) with ``write_whole``.  A dict
 kept in files is never removed automatically: ``unlink()`` removes the
 control segment, every file above, then ``DIR`` if it is empty.

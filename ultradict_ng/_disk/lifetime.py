@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Optional
+from typing import Any, Optional
 
 from .._platform import segments
 from .._shm import layout as L
@@ -21,10 +21,10 @@ from .._shm.mapping import Mapping
 from .._shm.store import Store
 from . import files
 from . import layout as D
-from .recovery import clean_bytes
+from .recovery import clean_bytes, whole_record
 from .syncing import Durability
 
-__all__ = ["arm", "unlink", "directory_of"]
+__all__ = ["arm", "unlink", "remove_unopenable", "directory_of"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -87,7 +87,8 @@ def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> No
         return
     try:
         if stream is not None and stream.buf is not None:
-            files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, state & L.END_MASK)
+            end = _unpublished_cleared(stream.buf, state)
+            files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, end)
         files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
         files.write_whole(
             os.path.join(directory, D.CLEAN_FILE),
@@ -101,6 +102,23 @@ def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> No
         )
 
 
+def _unpublished_cleared(buf: Any, state: int) -> int:
+    """The end of the stream's bytes the last close syncs: STATE's end, or
+    past the header of a whole record of STATE's generation lying there,
+    which it zeroes first.  Such a record is a write never published (its
+    writer killed between writing and publishing it), which every process
+    went on and closed without: left whole, the next open would find it past
+    the end ``clean`` names and replay it in a recovery, making the write
+    appear after the dict was closed without it.  (A ``clean`` file cannot
+    say "only up to here" instead: one put back from a backup names an end
+    that later writes, published, lie past.)"""
+    end = state & L.END_MASK
+    if whole_record(buf, end) != (state >> L.GEN_SHIFT) & L.GEN_MASK:
+        return end
+    buf[end : end + L.RECORD_HEADER] = bytes(L.RECORD_HEADER)
+    return end + L.RECORD_HEADER
+
+
 def _remove_control(name: str, token: int) -> int:
     if control_owner(name, token) != "ours":
         return 0
@@ -112,12 +130,26 @@ def unlink(store: Store) -> int:
     directory = segments.directory_of(store.name)
     assert directory is not None
     with files.directory_lock(directory):
-        removed = unlink_tree(store.name, store._map, store.token)
-        for f in os.listdir(directory):
-            if files.dicts_file(directory, f):
-                removed += files.remove(os.path.join(directory, f))
-        try:  # (under the lock: an opener that waited finds the directory gone, not emptied)
-            os.rmdir(os.path.realpath(directory))  # (the directory, not a symlink to it)
-        except OSError:
-            pass
+        return unlink_tree(store.name, store._map, store.token) + _remove_files(directory)
+
+
+def remove_unopenable(directory: str) -> int:
+    """``rm PATH`` of a dict that cannot be opened -- a damaged one, one of
+    another version -- and that no process uses (the caller removed its
+    control segment or found none): its files, matched by name and first
+    bytes as :func:`unlink` matches them, then the directory if empty."""
+    with files.directory_lock(directory):
+        return _remove_files(directory)
+
+
+def _remove_files(directory: str) -> int:
+    """The dict's files removed, then the directory if empty (the caller holds the lock)."""
+    removed = 0
+    for f in os.listdir(directory):
+        if files.dicts_file(directory, f):
+            removed += files.remove(os.path.join(directory, f))
+    try:  # (under the lock: an opener that waited finds the directory gone, not emptied)
+        os.rmdir(os.path.realpath(directory))  # (the directory, not a symlink to it)
+    except OSError:
+        pass
     return removed

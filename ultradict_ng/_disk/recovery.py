@@ -41,6 +41,8 @@ __all__ = [
     "scan",
     "Scanned",
     "read_clean",
+    "missing_checkpoint",
+    "whole_record",
     "clean_bytes",
     "records_after",
     "looked_past",
@@ -101,19 +103,53 @@ def records_after(buf: Any, end: int, generation: int) -> int:
     stop is what tells them apart (one of another generation, or bytes that
     only carry the tag, fail its crc)."""
     tag = (generation & L.GEN_MASK).to_bytes(4, "little")
-    size = len(buf)
-    chunk = bytes(buf[end : min(size, end + _LOOK_AFTER)])
+    chunk = bytes(buf[end : min(len(buf), end + _LOOK_AFTER)])
     at = chunk.find(tag, 4)
     while at >= 0:
         off = end + at - 4
-        length = int.from_bytes(chunk[at - 4 : at], "little")
-        if off + L.RECORD_HEADER + length <= size:
-            header = bytes(buf[off : off + L.RECORD_HEADER])
-            body = buf[off + L.RECORD_HEADER : off + L.RECORD_HEADER + length]
-            if zlib.crc32(body, zlib.crc32(header[:8])) == int.from_bytes(header[8:12], "little"):
-                return off
+        if whole_record(buf, off) == generation & L.GEN_MASK:
+            return off
         at = chunk.find(tag, at + 1)
     return -1
+
+
+def whole_record(buf: Any, off: int) -> int:
+    """The generation tag of the record at ``off`` if it is whole (its length
+    fits, its crc holds), else -1."""
+    header = bytes(buf[off : off + L.RECORD_HEADER])
+    if len(header) < L.RECORD_HEADER:
+        return -1
+    length = int.from_bytes(header[:4], "little")
+    if not 0 < length <= len(buf) - off - L.RECORD_HEADER:
+        return -1
+    body = buf[off + L.RECORD_HEADER : off + L.RECORD_HEADER + length]
+    if zlib.crc32(body, zlib.crc32(header[:8])) != int.from_bytes(header[8:12], "little"):
+        return -1
+    return int.from_bytes(header[4:8], "little")
+
+
+def missing_checkpoint(
+    buf: Any, scanned: Scanned, generation: int, closed: Optional[tuple[int, int, int]], token: int
+) -> int:
+    """The generation of a checkpoint the files say was written but the
+    directory lacks (0: none), where ``generation`` is its newest dump's (0:
+    none), ``buf`` the stream and ``scanned`` its scan for ``generation``:
+    the ``clean`` file names a later one, or the stream begins with a whole
+    record of a later generation (looked for only where the scan found no
+    record of ``generation`` there).
+
+    Why refused: a writer's records of generation g follow its checkpoint
+    ``dump.<g>``, synced and renamed before any of them is written (step
+    4d), so either sign means the file was removed (a cleaner of old files
+    takes a checkpoint that is never modified for stale).  Recovering from
+    the dump before it -- or from nothing -- would silently drop what the
+    missing one held, and the next checkpoint would take its generation
+    again, under which the stream's old records would come back."""
+    if closed is not None and closed[2] == token and closed[0] > generation:
+        return closed[0]
+    tag = whole_record(buf, 0) if not scanned.end else -1  # (a new generation's records begin at 0)
+    ahead = (tag - generation) & L.GEN_MASK if tag >= 0 else 0
+    return generation + ahead if 0 < ahead < 1 << 31 else 0
 
 
 def clean_bytes(generation: int, end: int, token: int) -> bytes:
@@ -294,6 +330,12 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     stream = _stream(directory, base, header)
     assert stream.buf is not None
     scanned = scan(stream.buf, generation)  # c
+    missing = missing_checkpoint(stream.buf, scanned, generation, closed, header.token)
+    if missing:
+        raise CorruptSegment(
+            f"{directory}/{D.DUMP_PREFIX}{L.base36(missing)} is missing: the dict's newest checkpoint, which "
+            "its files name (put it back, or remove the dict); nothing was changed"
+        )
     clean = closed == (generation, scanned.end, header.token)  # (for e)
     if not clean:
         scanned = looked_past(stream.buf, scanned, generation)
