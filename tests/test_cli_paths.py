@@ -134,3 +134,68 @@ def test_ls_and_clean_know_a_dict_in_files_shared_memory(tmp_path, directory):
         assert dict(d) == {"a": 1}
         d.unlink()
         d.close()
+
+
+def _flip(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 1]))
+
+
+def test_doctor_checks_the_checkpoint_and_rm_removes_a_dict_no_one_can_open(tmp_path):
+    """A checkpoint with a flipped bit, or one removed: ``doctor`` fails it
+    (every open refuses that dict) and changes nothing; ``rm`` removes such a
+    dict, and one of another version, by its files -- a directory whose
+    ``dict.meta`` is not a dict's it refuses."""
+    made = {}
+    for how in ("damaged", "missing", "other version", "not a dict's"):
+        path = str(tmp_path / how.replace(" ", "-").replace("'", ""))
+        d = SharedDict(path=path)
+        d.update({f"k{i}": "v" * 50 for i in range(500)})
+        d._store.force_dump()
+        if how == "missing":
+            d["after"] = 1  # (a record of the checkpoint's generation)
+        d.close()
+        dump = os.path.join(path, "dump.1")
+        if how == "damaged":
+            _flip(dump, 20000)
+        elif how == "missing":
+            os.remove(dump)
+        meta = json.load(open(os.path.join(path, D.META_FILE)))
+        if how == "other version":
+            meta["version"] += 1
+        elif how == "not a dict's":
+            meta["format"] = "something else"
+        json.dump(meta, open(os.path.join(path, D.META_FILE), "w"))
+        made[how] = path
+    for how in ("damaged", "missing"):
+        path = made[how]
+        before = {f: open(os.path.join(path, f), "rb").read() for f in os.listdir(path)}
+        out = cli("doctor", path)
+        assert out.returncode == 1 and "FAIL" in out.stdout, out.stdout
+        assert ("fails its checksum" if how == "damaged" else "dump.1 is missing") in out.stdout
+        assert {f: open(os.path.join(path, f), "rb").read() for f in os.listdir(path)} == before
+        assert cli("show", path).returncode == 1
+    for how in ("damaged", "missing", "other version"):
+        out = cli("rm", made[how])
+        assert out.returncode == 0, out.stderr
+        assert not os.path.exists(made[how])
+    refused = cli("rm", made["not a dict's"])
+    assert refused.returncode == 1 and os.path.exists(os.path.join(made["not a dict's"], "dump.1"))
+
+
+def test_ls_leaves_out_a_file_renamed_or_removed_as_it_lists(durable_dir, monkeypatch):
+    from ultradict_ng.cli import paths
+
+    d = SharedDict(path=durable_dir)
+    d["k"] = 1
+    d.close()
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: listdir(p) + ["blob.zz.tmp"])  # (gone before its stat)
+    assert "blob.zz.tmp" not in paths._files(durable_dir) and paths.summary(durable_dir)["disk_bytes"] > 0
+    monkeypatch.undo()
+    d = SharedDict(path=durable_dir, create=False)
+    d.unlink()
+    d.close()

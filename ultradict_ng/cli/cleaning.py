@@ -4,7 +4,9 @@
 is told to, live users or not (they keep reading the last state; their writes
 raise ``Unlinked``), and says who was still using it.  It also removes a dict
 made by another layout version (``unlink_other_layout``), which nothing of
-this version can otherwise read or remove -- the leftovers of an upgrade.
+this version can otherwise read or remove -- the leftovers of an upgrade --
+and a dict kept in files that cannot be opened (damaged, or of another
+version): its files by name, once no live process uses it.
 
 ``clean`` removes what nobody uses any more, and nothing else: a healthy dict
 only through the register's "close if unused" protocol (layout: "Users"),
@@ -24,6 +26,9 @@ import sys
 from argparse import Namespace
 from typing import Any, Optional
 
+from .._disk.layout import control_name
+from .._disk.lifetime import remove_unopenable
+from .._platform import segments
 from .._platform.names import validate_name
 from .._platform.segments import listable
 from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
@@ -31,7 +36,7 @@ from .._shm.control import Header, attach_control
 from .._shm.mapping import Mapping
 from .._shm.survey import DictReport, report, survey
 from .._shm.users import free_dead, mappers, remove_if_unused
-from ..errors import IncompatibleLayout, SharedDictError
+from ..errors import CorruptSegment, IncompatibleLayout, SharedDictError
 from ..futures.leftovers import ParcelReport, remove_leftovers
 from . import paths, render
 
@@ -45,7 +50,12 @@ def cmd_rm(args: Namespace) -> int:
         entry: dict[str, Any] = {"name": name}
         try:
             if paths.is_path(name):  # a dict kept in files: opened (recovered if need be), then removed
-                d = paths.open_dict(name)
+                try:
+                    d = paths.open_dict(name)
+                except (CorruptSegment, IncompatibleLayout) as exc:  # (damaged, or another version's)
+                    entry.update(removed=_remove_unopenable(name, exc), bytes=None, live_users=[])
+                    results.append(entry)
+                    continue
                 try:
                     entry.update(removed=d.unlink(), bytes=None, live_users=[])
                 finally:
@@ -85,6 +95,27 @@ def cmd_rm(args: Namespace) -> int:
                 "reading its last state, and their writes raise Unlinked"
             )
     return status
+
+
+def _remove_unopenable(path: str, why: Exception) -> int:
+    """``rm PATH`` of a dict that no process could open (``why``): its files
+    removed by name, once its control segment -- if dead processes left
+    one -- is removed as ``clean`` removes it; refused (``why`` raised) where
+    the directory's ``dict.meta`` is not a dict's, or a live process uses it."""
+    directory = os.path.abspath(path)
+    paths.describes_a_dict(directory)  # (else not a dict's directory: nothing removed)
+    st = os.stat(directory)
+    control = control_name(st.st_dev, st.st_ino)
+    rep = report(control, load_keys=False) if segments.exists(control) else None
+    if rep is not None:
+        verdict = _clean_dict(rep, mappers(), False)
+        if verdict["action"] != "removed":
+            users = verdict.get("users")
+            by = f" by pid {', '.join(map(str, users))}" if users else ""
+            raise SharedDictError(
+                f"{why}; and its shared memory {control} is {verdict.get('reason', 'kept')}{by}: not removed"
+            )
+    return remove_unopenable(directory)
 
 
 def _in_use(rep: DictReport, maps: Optional[dict[str, set[int]]]) -> list[int]:

@@ -15,18 +15,22 @@ import json
 import mmap
 import os
 import shutil
+import struct
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
 from .._disk import layout as D
-from .._disk.recovery import NORMAL_ENDS, looked_past, read_clean, scan
+from .._disk.recovery import NORMAL_ENDS, looked_past, missing_checkpoint, read_clean, scan
 from .._platform import segments
 from .._shm import layout as L
+from .._shm import table_layout as TL
 from .._shm.peek import Peek
+from .._shm.table import Table
 from ..errors import CorruptSegment, NotFound
 from ..shareddict import SharedDict
 
-__all__ = ["is_path", "open_dict", "peeking", "summary", "file_checks", "cmd_compact"]
+__all__ = ["is_path", "open_dict", "peeking", "summary", "file_checks", "cmd_compact", "describes_a_dict"]
 
 Check = tuple[str, str, str]
 
@@ -66,12 +70,21 @@ def _meta(path: str) -> dict[str, Any]:
     return meta
 
 
+def describes_a_dict(path: str) -> None:
+    """``NotFound`` or ``CorruptSegment`` unless ``path`` holds a dict's ``dict.meta`` (any version)."""
+    _meta(path)
+
+
 def _files(path: str) -> dict[str, int]:
-    """Each file of the dict and the disk space it takes (allocated blocks, not its length)."""
+    """Each file of the dict and the disk space it takes (allocated blocks,
+    not its length).  A file renamed or removed between the listing and its
+    ``stat`` -- a writer's blob or checkpoint finished meanwhile -- is left
+    out: the dict is in use, and its files change under the reader."""
     out = {}
     for f in sorted(os.listdir(path)):
         if D.is_own(f):
-            out[f] = os.stat(os.path.join(path, f)).st_blocks * 512
+            with contextlib.suppress(FileNotFoundError):
+                out[f] = os.stat(os.path.join(path, f)).st_blocks * 512
     return out
 
 
@@ -121,21 +134,35 @@ def file_checks(path: str) -> list[Check]:
         elif not D.is_own(f):
             out.append(("files", "warn", f"{f}: not one of the dict's files (left as it is)"))
     generation = max(gens) if gens else 0
-    out.append(("checkpoint", "ok", f"generation {generation}" + ("" if gens else " (empty: no dump yet)")))
+    token: int = meta["token"] if type(meta.get("token")) is int else 0
+    problem = _dump_problem(path, generation, token) if gens else ""
+    out.append(
+        (
+            "checkpoint",
+            "fail" if problem else "ok",
+            problem or f"generation {generation}" + ("" if gens else " (empty: no dump yet)"),
+        )
+    )
     stream = os.path.join(path, D.STREAM_FILE)
+    clean = read_clean(path)
     try:
         with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             found = looked_past(mm, scan(mm, generation), generation)  # (damage: recovery logs it too)
+            missing = missing_checkpoint(mm, found, generation, clean, token)
     except (OSError, ValueError) as exc:
         out.append(("stream", "fail", f"{stream}: {exc}"))
         return out
-    clean = read_clean(path)
+    if missing:
+        name = D.DUMP_PREFIX + L.base36(missing)
+        out.append(
+            ("checkpoint", "fail", f"{name} is missing: the dict's newest checkpoint, which its files name")
+        )
     whole = found.stopped in NORMAL_ENDS
     tail = "" if whole else f"; its tail from byte {found.end} is not whole ({found.stopped})"
     out.append(
         ("stream", "ok" if whole else "warn", f"{found.units:,} whole writes after the checkpoint{tail}")
     )
-    if clean is not None and clean[:2] == (generation, found.end):
+    if clean is not None and clean == (generation, found.end, token):
         out.append(("state", "ok", "closed cleanly: opens without recovery"))
     else:
         st = os.stat(path)
@@ -160,6 +187,36 @@ def file_checks(path: str) -> list[Check]:
             )
         )
     return out
+
+
+def _dump_problem(path: str, generation: int, token: int) -> str:
+    """What is wrong with the checkpoint ``dump.<generation>`` of ``path`` ("": nothing):
+    its header, and every entry's bounds and crc (a table) or its payload's crc."""
+    name = os.path.join(path, D.DUMP_PREFIX + L.base36(generation))
+    try:
+        with open(name, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if mm[:8] == TL.TABLE_MAGIC:
+                with memoryview(mm) as whole:
+                    table = Table(whole, token, name)
+                    try:
+                        if table.generation != generation:
+                            return f"{name}: of generation {table.generation}, not {generation}"
+                        table.check()
+                    finally:
+                        table.close()
+                return ""
+            magic, gen, length, crc, _ = struct.unpack_from(L.DUMP_FORMAT, mm, 0)
+            if magic != L.DUMP_MAGIC or gen != generation or length > len(mm) - L.DUMP_HEADER:
+                return f"{name}: an invalid header"
+            return (
+                ""
+                if zlib.crc32(mm[L.DUMP_HEADER : L.DUMP_HEADER + length]) == crc
+                else f"{name}: fails its checksum"
+            )
+    except CorruptSegment as exc:
+        return str(exc)
+    except (OSError, ValueError, struct.error) as exc:
+        return f"{name}: {exc}"
 
 
 def cmd_compact(path: str) -> dict[str, Any]:
