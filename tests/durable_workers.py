@@ -12,6 +12,12 @@ write after it, then the process kills itself (no close).
 
 ``python -m tests.durable_workers set PATH KEY VALUE``: ``d[KEY] = VALUE``, then a close.
 
+``python -m tests.durable_workers create PATH``: ``SharedDict({"config": "v1",
+"counter": 0}, path=PATH)``, then a close.
+
+``python -m tests.durable_workers compact PATH``: a checkpoint now (what
+``ultradict-ng compact`` does), then a close.
+
 ``python -m tests.durable_workers die PATH COUNT``: writes ``d["k<i>"] = i``
 for i below COUNT, then the process kills itself (no close).
 
@@ -139,6 +145,12 @@ def main() -> None:
     elif command == "set":
         d = SharedDict(path=sys.argv[2], create=False)
         d[sys.argv[3]] = sys.argv[4]
+        d.close()
+    elif command == "create":
+        SharedDict({"config": "v1", "counter": 0}, path=sys.argv[2]).close()
+    elif command == "compact":
+        d = SharedDict(path=sys.argv[2], create=False)
+        d._store.force_dump()
         d.close()
     elif command == "die":
         d = SharedDict(path=sys.argv[2], create=False)

@@ -14,6 +14,7 @@ import pytest
 from ultradict_ng import SharedDict
 from ultradict_ng._disk import layout as D
 from ultradict_ng._disk.opening import control_of
+from ultradict_ng.errors import NotFound
 
 pytestmark = pytest.mark.shm_only
 
@@ -229,3 +230,95 @@ def test_a_missing_checkpoint_is_refused_and_changes_nothing(durable_dir, how):
         assert {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)} == before
         assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
     shutil.rmtree(durable_dir)
+
+
+@pytest.mark.parametrize("point", ["recovery-scanned", "recovery-loaded", "recovery-checkpointed"])
+def test_a_recovery_killed_is_redone_by_the_next_opener_without_a_reboot(durable_dir, point, monkeypatch):
+    """The next opener finds the control segment the killed recovery made
+    (no reboot removes it): it rebuilds it rather than attach to it, and every
+    acknowledged write is there -- also on the path that merges the records
+    as bytes, whose STATE (``g << 32``) holds none of them until its
+    checkpoint is written."""
+    monkeypatch.setenv("ULTRADICT_NG_PARTIAL_FROM", "64")  # (a table read in place: the bytes merge)
+    d = SharedDict({f"p{i}": i for i in range(300)}, path=durable_dir, sync="always")
+    d._store.force_dump()
+    d.close()
+    p = worker(["die", durable_dir, "10"])  # (acknowledged writes in the stream, no close)
+    assert p.returncode == -signal.SIGKILL and "done" in p.stdout, p.stderr
+    reboot(durable_dir)
+    r = worker(["open", durable_dir], f"{point}:kill:1")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    made = os.path.exists(os.path.join(SHM, control_of(durable_dir)))  # (left by the killed recovery)
+    assert made == (point != "recovery-scanned")  # (killed before it made one)
+    e = SharedDict(path=durable_dir, create=False)
+    assert dict(e) == {**{f"p{i}": i for i in range(300)}, **{f"k{i}": i for i in range(10)}}
+    e["after"] = 1
+    e.close()
+    e = SharedDict(path=durable_dir, create=False)
+    assert e["k9"] == 9 and e["after"] == 1
+    e.unlink()
+    e.close()
+
+
+@pytest.mark.parametrize("then", ["a clean close", "a reboot", "a crash"])
+def test_a_checkpoint_never_published_does_not_hide_the_writes_after_it(durable_dir, then, caplog):
+    """A process killed after its checkpoint ``dump.<g+1>`` is renamed into
+    place, before STATE publishes it: the others write on in generation g,
+    and the next open after a clean close, a reboot or a crash keeps their
+    acknowledged writes -- the first of them, taking the dead holder's lock
+    over, removes the dump (a recovery would take the newest for the dict)."""
+    d = SharedDict({"before": 1}, path=durable_dir, sync="always")
+    p = worker(["compact", durable_dir], "dump-written:kill:1")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert "dump.1" in os.listdir(durable_dir) and d.stats()["generation"] == 0
+    for i in range(5):
+        d[f"acked-{i}"] = i
+    assert "recovered from dead process" in caplog.text and "dump.1" not in os.listdir(durable_dir)
+    if then == "a clean close":
+        d.close()
+    else:
+        d._store._finalizer.detach()  # (as if killed: no close)
+        if then == "a reboot":
+            reboot(durable_dir)
+    e = SharedDict(path=durable_dir, create=False)
+    assert dict(e) == {"before": 1, **{f"acked-{i}": i for i in range(5)}}
+    e["after"] = 1
+    e.close()
+    if then != "a clean close":
+        d._store._map.release()
+    reboot(durable_dir)
+    e = SharedDict(path=durable_dir, create=False)
+    assert e["acked-4"] == 4 and e["after"] == 1
+    e.unlink()
+    e.close()
+
+
+def test_a_creator_killed_before_its_initial_data_is_in_leaves_no_dict(durable_dir):
+    """``SharedDict(initial, path=...)``: the dict exists (``dict.meta``) only
+    once its initial data is in.  A creator killed writing it leaves files
+    the next creator replaces, initial data and all -- not a dict without it."""
+    p = worker(["create", durable_dir], "lock-held:kill:1")  # (the initial data's write takes the lock)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert D.META_FILE not in os.listdir(durable_dir)
+    with pytest.raises(NotFound):
+        SharedDict(path=durable_dir, create=False)
+    assert worker(["create", durable_dir]).returncode == 0
+    d = SharedDict(path=durable_dir, create=False)
+    assert dict(d) == {"config": "v1", "counter": 0}
+    d.unlink()
+    d.close()
+
+
+def test_initial_data_refused_leaves_nothing_and_does_not_hang(durable_dir):
+    """A value the serializer refuses among the initial data: the error, and
+    no dict (the creator, which holds the directory lock, undoes it)."""
+    from ultradict_ng.errors import UnsupportedType
+
+    with pytest.raises(UnsupportedType):
+        SharedDict({"ok": 1, "bad": lambda: 1}, path=durable_dir)
+    assert os.listdir(durable_dir) == []
+    assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+    d = SharedDict({"ok": 1}, path=durable_dir)
+    assert dict(d) == {"ok": 1}
+    d.unlink()
+    d.close()

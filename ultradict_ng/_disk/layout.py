@@ -61,7 +61,14 @@ created and written (payload, header), its data synced, renamed to
 ``dump.<g>``, the directory synced -- all *before* STATE publishes it; then
 older dumps are removed (layout: step 4d).  So a file named ``dump.<g>`` is
 complete on the disk before any record of generation g overwrites the
-stream, and a checkpoint never depends on the stream it replaces.
+stream, and a checkpoint never depends on the stream it replaces.  A writer
+killed between the rename and STATE's store leaves ``dump.<g+1>`` whole and
+unpublished (REG_HIGH > STATE's generation); the process that takes its lock
+over removes it and syncs the directory before its own writes
+(``segments.discard_unpublished``), since a recovery would take the newest
+dump for the dict and skip the records of g written after it.  One nobody
+takes over from holds every write (none came after it): taking it loses
+nothing.
 
 Blob (layout: "Blobs", step b, in every policy): written to ``blob.<id>.tmp``,
 synced, renamed, the directory synced, before the record that references it
@@ -178,8 +185,11 @@ it again) and starts over if not.  Then:
       come back (``missing_checkpoint``);
    d. create the control segment from ``dict.meta`` (a new creator, the same
       token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
-      past the highest ``blob.<id>``, SYNCED = STATE, then MAGIC; load it
-      (the reader's steps: a dump failing its checks is ``CorruptSegment``
+      past the highest ``blob.<id>``, SYNCED = STATE -- MAGIC only once step
+      e is done, so that a segment a killed recovery left is rebuilt, not
+      attached to (with STATE ``g << 32`` where the records were to be
+      merged as bytes, an attacher would lose them); load it (the reader's
+      steps: a dump failing its checks is ``CorruptSegment``
       naming the file; unless ``clean`` matches, every entry of a table
       read in place is checked too, ``Table.check``: step e's merge copies
       entries as bytes, and must not carry a damaged one on);

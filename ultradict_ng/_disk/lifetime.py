@@ -24,7 +24,7 @@ from . import layout as D
 from .recovery import clean_bytes, whole_record
 from .syncing import Durability
 
-__all__ = ["arm", "unlink", "remove_unopenable", "directory_of"]
+__all__ = ["arm", "unlink", "discard_created", "remove_unopenable", "directory_of"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -131,6 +131,23 @@ def unlink(store: Store) -> int:
     assert directory is not None
     with files.directory_lock(directory):
         return unlink_tree(store.name, store._map, store.token) + _remove_files(directory)
+
+
+def discard_created(store: Store, directory: str) -> None:
+    """A creation that failed -- its initial data refused, the disk full --
+    undone by the creator, which holds the directory lock: the control
+    segment and every file it made removed, the handle closed without a last
+    close (which would take the lock again: flock does not know it is ours)."""
+    unlink_tree(store.name, store._map, store.token)
+    for f in os.listdir(directory):
+        if files.dicts_file(directory, f):
+            files.remove(os.path.join(directory, f))
+    if store._finalizer is not None:
+        store._finalizer.detach()
+        store._finalizer = None  # (closed as a handle not fully opened)
+    if store.durable is not None:
+        store.durable.close()
+    store.close()
 
 
 def remove_unopenable(directory: str) -> int:

@@ -258,12 +258,17 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             if create is False:
                 _refuse_foreign(directory)  # (a directory of other files is not one a dict left)
                 raise NotFound(f"no dict is kept in {directory!r}")
-            store = _create(directory, base, options)
-            meta = _read_meta(directory)
-            assert meta is not None
+            store, meta = _create(directory, base, options)
             _arm(store, directory, meta)
-            if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
-                _fill(store, initial)
+            try:
+                if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
+                    _fill(store, initial)
+                # dict.meta last: the dict exists once its initial data is in.  A creator killed
+                # before leaves files the next creator removes (step 1), as a refused one does here.
+                files.write_whole(f"{directory}/{D.META_FILE}", json.dumps(meta, indent=1).encode())
+            except BaseException:
+                lifetime.discard_created(store, directory)
+                raise
             return store
         else:
             if create is True:
@@ -289,19 +294,16 @@ def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> Non
 
 def _fill(store: Store, initial: Initial) -> None:
     """The initial data of a new dict kept in files, written as its first writes."""
-    try:
-        if type(initial) is dict:
-            if not store.load(initial):
-                store.write(R.update((), pairs(initial)))
-        else:
-            store.write(R.update((), cast(list[list[Any]], initial)))
-    except BaseException:
-        store.close()
-        raise
+    if type(initial) is dict:
+        if not store.load(initial):
+            store.write(R.update((), pairs(initial)))
+    else:
+        store.write(R.update((), cast(list[list[Any]], initial)))
 
 
-def _create(directory: str, base: str, options: Options) -> Store:
-    """Step 1: a new dict in an empty (or leftover-only) directory."""
+def _create(directory: str, base: str, options: Options) -> tuple[Store, dict[str, Any]]:
+    """Step 1: a new dict in an empty (or leftover-only) directory, and what
+    its ``dict.meta`` will say (written by the caller once the initial data is in)."""
     _refuse_foreign(directory)
     for f in os.listdir(directory):
         files.remove(os.path.join(directory, f))
@@ -329,13 +331,12 @@ def _create(directory: str, base: str, options: Options) -> Store:
             "sync": options.sync or D.DEFAULT_SYNC,
             "sync_interval": float(options.sync_interval or D.DEFAULT_SYNC_INTERVAL),
         }
-        files.write_whole(os.path.join(directory, D.META_FILE), json.dumps(meta, indent=1).encode())
         store._map.atomic.store(L.W_SYNCED, store._map.atomic.load(L.W_STATE))
     except BaseException:
         store._arm_finalizer(True)
         store.close()
         raise
-    return store
+    return store, meta
 
 
 def _refuse_foreign(directory: str) -> None:

@@ -370,7 +370,6 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         store = Store(mapping, base, codec, header, created=False, max_decoded=options.max_decoded)
         users.register((base, header.token), mapping.atomic)
         store.registered = True
-        mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)
         merged: Optional[Planned] = None
 
         def replayed() -> None:  # (STATE at the records' end: the store replays them)
@@ -417,6 +416,12 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
             files.write_in_place(  # (a SharedCache's side: rebuilt from the entries)
                 os.path.join(directory, D.CACHE_FILE), 8 * C.W_BATCH, (1).to_bytes(8, sys.byteorder)
             )
+        # MAGIC last: a segment without it is rebuilt by the next opener (step
+        # 3).  Set before the checkpoint, a recovery killed in step e left a
+        # segment that looked whole, whose STATE (g << 32 where the records
+        # were to be merged as bytes) the next opener attached to without
+        # the records: acknowledged writes lost.
+        mapping.atomic.store(L.W_MAGIC, L.CONTROL_MAGIC)
         store._arm_finalizer(False)
         return store
     except BaseException:

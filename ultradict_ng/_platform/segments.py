@@ -69,6 +69,7 @@ __all__ = [
     "LISTABLE",
     "SHM_DIR",
     "register_directory",
+    "discard_unpublished",
     "forget_directory",
     "directory_of",
     "file_of",
@@ -420,6 +421,20 @@ def unlink(name: str, missing_ok: bool = True) -> bool:
             raise
         return False
     return True
+
+
+def discard_unpublished(name: str) -> None:
+    """Remove the dump ``name`` a writer that died left unpublished (layout:
+    "Writer", step 4b finds it too); in files, with the directory synced.
+
+    Why at once, and synced, for a dict kept in files: a dump renamed into
+    place is a checkpoint to a recovery, which takes the newest.  The
+    processes that go on write their records in the published generation,
+    behind it: left there, after a reboot it would stand for the dict and
+    hide every one of them."""
+    path = file_of(name)
+    if unlink(name) and path is not None:
+        files.sync_dir(os.path.dirname(path))
 
 
 def exists(name: str) -> bool:

@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Optional
 
+from .._platform import segments
 from .._platform.lock import SharedLock, WordLock
 from .._platform.owner import owner_alive, owner_word, pid_of
 from ..speedups import Words
@@ -138,6 +139,7 @@ class ShmLock(WordLock):
                 break
         if seen and seen != mine:
             log.warning("lock of shared dict %r taken over from pid %d", self._name, pid_of(seen))
+            self._after_a_dead_holder()
 
     def _wait_free(self, timeout: float) -> bool:
         """Sleep on the lock channel until the word is 0 (True) or ``timeout``
@@ -195,7 +197,17 @@ class ShmLock(WordLock):
         ok, _ = self._words.cas(_W_LOCK, seen, mine)
         if ok:
             log.warning("lock of shared dict %r recovered from dead process %d", self._name, pid_of(seen))
+            self._after_a_dead_holder()
         return ok
+
+    def _after_a_dead_holder(self) -> None:
+        """What a holder that died may have left half done, undone before the
+        lock is used: a dump it made but never published (REG_HIGH past
+        STATE's generation: writer steps 4a-4c)."""
+        words = self._words
+        high, gen = words.load(L.W_REG_HIGH), words.load(L.W_STATE) >> L.GEN_SHIFT
+        if high > gen:
+            segments.discard_unpublished(L.dump_name(self._name, high))
 
 
 def _holder_of(word: int) -> tuple[Optional[str], Optional[int]]:
