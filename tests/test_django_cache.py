@@ -407,3 +407,24 @@ def test_a_cache_of_another_serializer_is_refused(location: str) -> None:
             backend(location)
     finally:
         other.close()
+
+
+def test_a_cache_kept_in_files_keeps_its_sync_policy_with_a_warning(tmp_path: Any, caplog: Any) -> None:
+    """A deploy that changed SYNC (or SYNC_INTERVAL) while the cache lives on
+    in its directory: the store serves with its own policy and a warning
+    says so, as for a changed MAX_ENTRIES -- rather than every cache call
+    raising ParameterMismatch."""
+    path = str(tmp_path / "cache")
+    first = backend("", OPTIONS={"PATH": path, "SYNC": "interval"})
+    first.set("k", 1)
+    _forget_handles(path)
+    with caplog.at_level(logging.WARNING, logger="ultradict_ng"):
+        later = backend("", OPTIONS={"PATH": path, "SYNC": "always", "SYNC_INTERVAL": 2})
+    assert later.get("k") == 1
+    later.set("k", 2)
+    assert later._cache._d.stats()["sync"] == "interval"
+    assert "sync='interval'" in caplog.text and "sync_interval=1.0" in caplog.text and f"rm {path}" in caplog.text
+    _forget_handles(path)
+    c = Cache(path=path, create=False)
+    c.unlink()
+    c.close()

@@ -58,9 +58,10 @@ one worker is every recycle.  What ``False`` costs is bounded: ``MAX_ENTRIES`` a
 uses it, until it is removed or the machine reboots.
 
 The store's size (its entries and ``MAXBYTES``) is fixed when the first process creates
-it.  An alias whose ``MAX_ENTRIES`` exceeds it, or whose ``MAXBYTES`` differs (a deploy
-that raised them while the old cache lives on) uses the store as it is and logs a
-warning on the ``ultradict_ng`` logger saying which differ: a cache that keeps serving
+it, and a store kept in files keeps its ``SYNC`` and ``SYNC_INTERVAL``.  An alias whose
+``MAX_ENTRIES`` exceeds it, or whose ``MAXBYTES``, ``SYNC`` or ``SYNC_INTERVAL`` differs
+(a deploy that changed them while the old cache lives on) uses the store as it is and
+logs a warning on the ``ultradict_ng`` logger saying which differ: a cache that keeps serving
 is worth more than a site that fails at its first cache call.  To apply new limits,
 remove the cache (``ultradict-ng rm LOCATION``) while no worker runs, or name a new
 ``LOCATION``.
@@ -146,8 +147,8 @@ def _attach_or_create(location: str, limits: dict[str, Any], where: dict[str, An
             )
         except ParameterMismatch as mismatch:
             try:
-                # It exists with other settings: attach with the stored ones.
-                cache = _SharedCache(name, create=False, **where)
+                # It exists with other settings: attach with the stored ones (its sync policy too).
+                cache = _SharedCache(name, create=False, **{k: where[k] for k in where if "sync" not in k})
             except NotFound:
                 continue  # removed between the two opens: create it with ours
             if cache.serializer != "pickle":  # not a limit: values would not round-trip
@@ -156,6 +157,19 @@ def _attach_or_create(location: str, limits: dict[str, Any], where: dict[str, An
                     f"LOCATION {location!r} names a shared cache that stores values with "
                     f"{cache.serializer}; Django's values need pickle: name another LOCATION"
                 ) from mismatch
+            stored = cache._d.stats() if "path" in where else {}
+            policy = {k: stored[k] for k in ("sync", "sync_interval") if k in where and where[k] != stored[k]}
+            if policy:
+                logger.warning(
+                    "Django cache %r: kept in files with %s, not as configured (SYNC=%s, SYNC_INTERVAL=%s); "
+                    "it keeps its own. To apply the configured ones, remove it while no process uses it "
+                    "(ultradict-ng rm %s) or give a new PATH.",
+                    location,
+                    ", ".join(f"{k}={v!r}" for k, v in policy.items()),
+                    where.get("sync"),
+                    where.get("sync_interval"),
+                    location,
+                )
             if (cache.maxsize or 0) < max_entries or cache.maxbytes != limits["maxbytes"]:
                 logger.warning(
                     "Django cache %r: %s (configured: MAX_ENTRIES=%s, MAXBYTES=%s). Using it with "
