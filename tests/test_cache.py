@@ -557,3 +557,15 @@ def test_limit_handle_bounds_this_handles_writes_only(name):
     finally:
         unbounded.unlink()
         unbounded.close()
+
+
+def test_expire_counts_what_it_removes_as_expirations(cache):
+    """``stats()["expirations"]`` counts entries removed because they expired,
+    by ``expire()`` as by a read that finds one."""
+    for i in range(3):
+        cache.set(f"short{i}", i, ttl=0.05)
+    cache.set("long", 1, ttl=None)
+    time.sleep(0.1)
+    before = cache.stats()["expirations"]
+    assert cache.expire() == 3
+    assert cache.stats()["expirations"] == before + 3
