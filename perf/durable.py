@@ -7,12 +7,12 @@ after a "reboot" (shared memory gone), recovery after a crash, disk space, a per
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import importlib.util
 import multiprocessing
 import os
-import queue
 import shutil
 import signal
 import sqlite3
@@ -21,6 +21,8 @@ import time
 import timeit
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
+
+import msgpack
 
 from ultradict_ng import SharedDict
 from ultradict_ng._disk.opening import control_of
@@ -57,8 +59,7 @@ CASE_RECOVER = "open + read every key (s)"
 CASE_DISK = "disk space of the keys (MiB)"
 CASE_CACHE = "persistent cache, 1,000 keys: {} of a {} (ops/s)"
 CRASH = "recovery after a crash"
-#: LMDB opened as processes that share and write it open it (the targets' "lmdb": read-only, no lock).
-LMDB_LOCKED = "lmdb, read-write"
+LMDB_RW = "lmdb, read-write"  # (the targets' "lmdb": read-only, no lock)
 #: The cache case's values: a short string, and a small dict (a copy per get).
 CACHE_VALUES = {"str": "x" * 20, "dict": {"id": 1, "name": "Ada", "tags": ["a", "b"], "score": 0.5}}
 Results = dict[Any, list[float]]
@@ -207,63 +208,37 @@ def _group(path: str, box: float, procs: int) -> float:
     return sum(n for n, _ in got) / max(t for _, t in got)
 
 
-def _open(path: str, then: Callable[[Any], Any]) -> float:
-    """Seconds to open the dict kept in ``path`` after a reboot and ``then(d)``."""
+def _open(path: str, probe: Optional[str] = None) -> float:
+    """Seconds to open the dict kept in ``path`` after a reboot and read ``probe`` (else copy it)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join("/dev/shm", control_of(path)))  # (the reboot)
     t0 = time.perf_counter()
     d = SharedDict(path=path, create=False)
-    then(d)
+    _ = d[probe] if probe is not None else len(d.copy())
     took = time.perf_counter() - t0
     d.close()
     return took
 
 
 def _open_lmdb(path: str, probe: str, locked: bool = False) -> float:
-    """Seconds to open the LMDB environment in ``path`` and read ``probe`` (decoded):
-    read-only without its lock (LMDB's fastest open), or ``locked``: read-write
-    with its lock, as processes that share and write it open it."""
+    """The same for LMDB: read-only without its lock, or ``locked`` (read-write), as writers open it."""
     import lmdb
-    import msgpack
 
     t0 = time.perf_counter()
-    env = lmdb.open(path, map_size=1 << 33, readonly=not locked, lock=locked)
-    with env.begin() as txn:
+    with lmdb.open(path, map_size=1 << 33, readonly=not locked, lock=locked) as env, env.begin() as txn:
         msgpack.unpackb(txn.get(probe.encode()))
-    took = time.perf_counter() - t0
-    env.close()
-    return took
+        return time.perf_counter() - t0  # (before the close, as _open's)
 
 
-def _first_open(who: str, path: str, probe: str, q: Any) -> None:
-    import lmdb  # noqa: F401  (imports are not part of the measurement, for either)
-    import msgpack  # noqa: F401
-
-    q.put(_open(path, lambda d: d[probe]) if who == NG else _open_lmdb(path, probe, who == LMDB_LOCKED))
-
-
-def _fresh(who: str, path: str, probe: str) -> float:
-    """:func:`_open` or :func:`_open_lmdb` in a new (spawned) process: after a reboot
-    every process opens for the first time, with nothing of an earlier open warm."""
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_first_open, args=(who, path, probe, q))
-    p.start()
-    try:
-        for _ in range(120):  # (a child that died answers nothing: not waited for)
-            with contextlib.suppress(queue.Empty):
-                return float(q.get(timeout=1.0))
-            if p.exitcode is not None:
-                break
-        raise RuntimeError(f"the reopen's process gave no answer (exit code {p.exitcode})")
-    finally:
-        p.join(30)
+def _fresh(fn: Callable[..., float], *args: Any) -> float:
+    """``fn(*args)`` in a new process: after a reboot every process opens for the first time."""
+    with concurrent.futures.ProcessPoolExecutor(1, multiprocessing.get_context("spawn")) as ex:
+        return float(ex.submit(fn, *args).result(timeout=120))
 
 
 def child_rest(base: str, name: str, box: float, reps: int, keys: int) -> Results:
     """Group commit, a transaction, hot reads; reopen, recovery and disk space of ``keys`` keys."""
     import lmdb
-    import msgpack
 
     out: Results = collections.defaultdict(list)
     path = f"{base}/group"
@@ -294,16 +269,16 @@ def child_rest(base: str, name: str, box: float, reps: int, keys: int) -> Result
     SharedDict(rows, path=path, sync="never").close()
     env = lmdb.open(lpath, map_size=1 << 33, sync=False)
     with env.begin(write=True) as txn:
-        for k, v in rows.items():
-            txn.put(k.encode(), msgpack.packb(v))
+        txn.cursor().putmulti((k.encode(), msgpack.packb(v)) for k, v in rows.items())
     env.sync(True)
     env.close()
     probe = f"user:{keys // 2:08d}"
     for rep in range(reps):
-        for who, where in ((NG, path), ("lmdb", lpath), (LMDB_LOCKED, lpath))[:: 1 - 2 * (rep % 2)]:
-            out[CASE_REOPEN + sized, who].append(_fresh(who, where, probe))
+        for who in (NG, "lmdb", LMDB_RW)[:: 1 - 2 * (rep % 2)]:
+            args = (path, probe) if who == NG else (lpath, probe, who == LMDB_RW)
+            out[CASE_REOPEN + sized, who].append(_fresh(_open if who == NG else _open_lmdb, *args))
     for _ in range(reps):
-        out[CASE_REPEAT + sized, NG].append(_open(path, lambda d: d[probe]))
+        out[CASE_REPEAT + sized, NG].append(_open(path, probe))
         out[CASE_REPEAT + sized, "lmdb"].append(_open_lmdb(lpath, probe))
     for who, where in ((NG, path), ("lmdb", lpath)):
         size = sum(os.stat(os.path.join(where, f)).st_blocks * 512 for f in os.listdir(where))
@@ -313,7 +288,7 @@ def child_rest(base: str, name: str, box: float, reps: int, keys: int) -> Result
         p.start()
         p.join(600)
         for who in (CRASH, "clean reopen"):
-            out[CASE_RECOVER + sized, who].append(_open(path, lambda d: len(d.copy())))
+            out[CASE_RECOVER + sized, who].append(_open(path))
     _drop(SharedDict(path=path, create=False))
     return out
 
@@ -332,9 +307,8 @@ def _fill_then_die(path: str, keys: int) -> None:
 
 
 def w_durable(run: Run, contenders: list[str]) -> None:
-    box = 0.25 if run.quick else 1.0
+    box, keys = (0.25, 100_000) if run.quick else (1.0, 1_000_000)
     reps = run.repeat if run.quick else max(run.repeat, 5)
-    keys = 100_000 if run.quick else 1_000_000
     where = os.environ.get("ULTRADICT_NG_PERF_DIR") or None
     has = {m: importlib.util.find_spec(m) is not None for m in ("diskcache", "lmdb", "msgpack")}
     parts = [(child_writes, [k for k in WRITERS if has.get(k.split("_")[0], True)])]
