@@ -272,3 +272,12 @@ def test_killing_the_writer_mid_eviction_then_rebooting_keeps_the_bounds(durable
     c = SharedCache(path=durable_dir)
     c.unlink()
     c.close()
+
+
+def test_a_stored_setting_mismatch_names_the_directory(durable_dir):
+    """Kept in files, the cache is its directory: the error names it, not its shared memory."""
+    c = SharedCache(path=durable_dir, maxsize=10)
+    with pytest.raises(ParameterMismatch, match=f"cache '{durable_dir}' was created with maxsize=10, not 20"):
+        SharedCache(path=durable_dir, maxsize=20)
+    c.unlink()
+    c.close()

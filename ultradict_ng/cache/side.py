@@ -190,8 +190,9 @@ def open_side(
         for key, value in explicit.items():
             if stored[key] != value:
                 side.close()
+                where = segments.directory_of(dict_name)  # (a cache kept in files: its directory)
                 raise ParameterMismatch(
-                    f"cache {dict_name!r} was created with {key}={stored[key]!r}, not {value!r}"
+                    f"cache {where or dict_name!r} was created with {key}={stored[key]!r}, not {value!r}"
                 )
         return side
     raise CorruptSegment(f"could not open the side segment of cache {dict_name!r}")
