@@ -199,3 +199,20 @@ def test_ls_leaves_out_a_file_renamed_or_removed_as_it_lists(durable_dir, monkey
     d = SharedDict(path=durable_dir, create=False)
     d.unlink()
     d.close()
+
+
+def test_a_dict_whose_users_all_died_is_not_shown_open(tmp_path):
+    """Its control segment is there, but no live process uses it: ``ls PATH``
+    does not call it open and ``doctor PATH`` says who left it; with a live
+    user, both name the process."""
+    path = str(tmp_path / "dict")
+    _left_by_a_killed_process(path)
+    (listed,) = cli_json("ls", path)  # type: ignore[misc]
+    assert not listed["open"] and listed["users"] == [] and listed["control_segment"]
+    checks = {c["check"].split(": ")[-1]: c for c in cli_json("doctor", path)}  # type: ignore[union-attr]
+    assert "left by processes that died" in checks["state"]["message"]
+    d = SharedDict(path=path, create=False)
+    (listed,) = cli_json("ls", path)  # type: ignore[misc]
+    assert listed["open"] and listed["users"] == [os.getpid()]
+    d.unlink()
+    d.close()

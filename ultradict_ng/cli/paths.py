@@ -18,7 +18,7 @@ import shutil
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 from .._disk import layout as D
 from .._disk.recovery import NORMAL_ENDS, looked_past, missing_checkpoint, read_clean, scan
@@ -26,6 +26,7 @@ from .._platform import segments
 from .._shm import layout as L
 from .._shm import table_layout as TL
 from .._shm.peek import Peek
+from .._shm.survey import report
 from .._shm.table import Table
 from ..errors import CorruptSegment, NotFound
 from ..shareddict import SharedDict
@@ -75,6 +76,15 @@ def describes_a_dict(path: str) -> None:
     _meta(path)
 
 
+def _users(path: str) -> Optional[list[int]]:
+    """The live processes using the dict kept in ``path``, from its control
+    segment; None if there is none (closed, or gone with a reboot)."""
+    st = os.stat(path)
+    control = D.control_name(st.st_dev, st.st_ino)
+    rep = report(control, load_keys=False) if segments.exists(control) else None
+    return None if rep is None else rep.live_users
+
+
 def _files(path: str) -> dict[str, int]:
     """Each file of the dict and the disk space it takes (allocated blocks,
     not its length).  A file renamed or removed between the listing and its
@@ -95,7 +105,7 @@ def summary(path: str) -> dict[str, Any]:
     files = _files(path)
     st = os.stat(path)
     control = D.control_name(st.st_dev, st.st_ino)
-    is_open = segments.exists(control)
+    users = _users(path)
     dumps = sorted(f for f in files if D.own_id(f, D.DUMP_PREFIX) is not None)
     return {
         "path": path,
@@ -105,8 +115,9 @@ def summary(path: str) -> dict[str, Any]:
         "disk_bytes": sum(files.values()),
         "dumps": len(dumps),
         "blobs": sum(1 for f in files if D.own_id(f, D.BLOB_PREFIX) is not None),
-        "open": is_open,
-        "control_segment": control,
+        "open": bool(users),  # (by a live process: a segment only dead ones used is not open)
+        "users": users or [],
+        "control_segment": control if users is not None else None,
         "closed_cleanly": os.path.exists(os.path.join(path, D.CLEAN_FILE)),
     }
 
@@ -165,17 +176,14 @@ def file_checks(path: str) -> list[Check]:
     if clean is not None and clean == (generation, found.end, token):
         out.append(("state", "ok", "closed cleanly: opens without recovery"))
     else:
-        st = os.stat(path)
-        is_open = segments.exists(D.control_name(st.st_dev, st.st_ino))
-        out.append(
-            (
-                "state",
-                "ok",
-                "open (its control segment exists)"
-                if is_open
-                else "not closed cleanly: the next open recovers it",
-            )
-        )
+        users = _users(path)
+        if users is None:
+            state = "not closed cleanly: the next open recovers it"
+        elif users:
+            state = f"open (used by pid {', '.join(map(str, users))})"
+        else:
+            state = "its shared memory left by processes that died: the next open checks it against the files"
+        out.append(("state", "ok", state))
     leftovers = [f for f in os.listdir(path) if f.endswith(D.TMP_SUFFIX)]
     if leftovers:
         named = ", ".join(leftovers[:3])
