@@ -322,3 +322,25 @@ def test_initial_data_refused_leaves_nothing_and_does_not_hang(durable_dir):
     assert dict(d) == {"ok": 1}
     d.unlink()
     d.close()
+
+
+def test_a_failed_removal_of_the_unpublished_dump_does_not_keep_the_lock(durable_dir, monkeypatch, caplog):
+    """Removing the dead writer's unpublished checkpoint happens with its lock
+    just taken over: an error there (the disk's) is logged, and the lock is
+    used and released as ever."""
+    from ultradict_ng._shm import lock as shm_lock
+
+    def broken(name: str) -> None:
+        raise OSError(5, "Input/output error")
+
+    d = SharedDict({"before": 1}, path=durable_dir)
+    p = worker(["compact", durable_dir], "dump-written:kill:1")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    monkeypatch.setattr(shm_lock.segments, "discard_unpublished", broken)
+    d["after"] = 1  # (takes the dead writer's lock over)
+    assert "its unpublished dump 1 stays" in caplog.text
+    with d.lock(timeout=1):
+        assert d["after"] == 1
+    monkeypatch.undo()
+    d.unlink()
+    d.close()

@@ -207,7 +207,10 @@ class ShmLock(WordLock):
         words = self._words
         high, gen = words.load(L.W_REG_HIGH), words.load(L.W_STATE) >> L.GEN_SHIFT
         if high > gen:
-            segments.discard_unpublished(L.dump_name(self._name, high))
+            try:
+                segments.discard_unpublished(L.dump_name(self._name, high))
+            except OSError as exc:  # (the lock is ours now: an error here must not keep it)
+                log.warning("shared dict %r: its unpublished dump %d stays (%s)", self._name, high, exc)
 
 
 def _holder_of(word: int) -> tuple[Optional[str], Optional[int]]:
