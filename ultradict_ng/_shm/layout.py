@@ -252,17 +252,17 @@ Lock
 ====
 The LOCK word is ``pid | (start_time & START_MASK) << PID_BITS``: the owner's
 pid and its start time (clock ticks since boot, from /proc; 0 where there is no
-/proc).  Acquire = CAS 0 -> own word; release = CAS own word -> 0.
-While waiting, a process checks every ``LOCK_CHECK_INTERVAL`` whether the owner
-is alive: dead if the pid does not exist, is a zombie, or now belongs to a
-process with another start time (pid reuse).  A dead owner's word is replaced
-by a CAS from exactly the observed word, so of several waiters only one takes
-it over.  Threads of one process first serialise on a process-local mutex
-shared by every handle of the same dict (keyed by name and creation token),
-which also makes the lock reentrant across handles.  After fork the child
-resets that local state: it never inherits "holding" the lock.
-Limit: all users must share a pid namespace (one container), or liveness checks
-cannot see each other's processes.
+/proc).  Acquire = CAS 0 -> own word; release = CAS own word -> 0.  While
+waiting, a process checks every ``LOCK_CHECK_INTERVAL`` whether the owner is
+alive: dead if the pid does not exist, is a zombie, or now belongs to a process
+with another start time (pid reuse).  A dead owner's word is replaced by a CAS
+from exactly the observed word, so of several waiters only one takes it over --
+and first unlinks the dump it may have left unpublished (REG_HIGH past STATE's
+generation: Writer, steps 4a-4c).  Threads of one process first serialise on a
+process-local mutex shared by every handle of the same dict (keyed by name and
+creation token), which also makes the lock reentrant across handles.  After
+fork the child resets that local state: it never inherits "holding" the lock.
+Limit: users must share a pid namespace (one container) to see each other live.
 
 Waiting and waking
 ==================
