@@ -24,7 +24,7 @@ from ..speedups import types_within
 from . import layout as C
 from .side import Side
 
-__all__ = ["Entries", "plain_data", "slot_of"]
+__all__ = ["Entries", "add_word", "plain_data", "slot_of"]
 
 _U64 = (1 << 64) - 1
 _W_FREE, _W_NEXT, _W_EVICTIONS, _W_EXPIRATIONS = C.W_FREE, C.W_NEXT, C.W_EVICTIONS, C.W_EXPIRATIONS
@@ -66,7 +66,7 @@ def slot_of(e: Any, nslots: int) -> int:
     return -1
 
 
-def _add(w: Any, index: int, delta: int) -> None:
+def add_word(w: Any, index: int, delta: int) -> None:
     """``w[index] += delta``, kept within a u64: a damaged word must not fail a
     write (a counter wraps, bytes sticks at the end it went past)."""
     try:
@@ -131,12 +131,12 @@ class Entries:
             if side.nslots:
                 grown = size - side.sizes[slot]
                 if grown > 0:
-                    _add(w, C.W_BYTES, grown)
+                    add_word(w, C.W_BYTES, grown)
                     side.sizes[slot] = size
                     self._fit_bytes(now, key)
             self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
             if side.nslots and grown < 0:
-                _add(w, C.W_BYTES, grown)
+                add_word(w, C.W_BYTES, grown)
                 side.sizes[slot] = size
         else:
             if w[C.W_FLAGS]:
@@ -148,7 +148,7 @@ class Entries:
             if side.nslots:
                 side.sizes[slot] = size
                 if size:
-                    _add(w, C.W_BYTES, size)
+                    add_word(w, C.W_BYTES, size)
             try:
                 self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
             except BaseException:
@@ -307,11 +307,11 @@ class Entries:
                             break
         if self._maxbytes is not None:
             w = self._side.words
-            _add(w, C.W_BYTES, size)
+            add_word(w, C.W_BYTES, size)
             try:
                 self._fit_bytes(now, key, size)
             finally:
-                _add(w, C.W_BYTES, -size)
+                add_word(w, C.W_BYTES, -size)
         elif (
             self._side.nslots
             and self._side.words[C.W_FREE] == 0
@@ -332,7 +332,7 @@ class Entries:
                 if recounted:
                     break
                 self._rebuild()
-                _add(w, C.W_BYTES, pending)
+                add_word(w, C.W_BYTES, pending)
                 recounted = True
 
     def _evict_one(self, now: float, exclude: Any) -> bool:
@@ -409,7 +409,7 @@ class Entries:
             if expired or expired is None:
                 self._delete(k, e)
                 if expired:
-                    _add(self._side.words, C.W_EXPIRATIONS, 1)
+                    add_word(self._side.words, C.W_EXPIRATIONS, 1)
 
     def _cull_now(self, now: float, n: int) -> None:
         """Django's cull: ``len // cull_frequency`` entries in LRU order (expired
@@ -434,4 +434,4 @@ class Entries:
         for t, _, k, e in ranked:
             self._delete(k, e)
             if t > -2.0:
-                _add(w, C.W_EXPIRATIONS if t < 0 else C.W_EVICTIONS, 1)
+                add_word(w, C.W_EXPIRATIONS if t < 0 else C.W_EVICTIONS, 1)

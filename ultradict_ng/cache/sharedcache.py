@@ -21,7 +21,7 @@ from .._shm.store import Store
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
 from . import layout as C
-from .entries import Entries, _add, plain_data, slot_of
+from .entries import Entries, add_word, plain_data, slot_of
 from .side import open_side
 
 __all__ = ["SharedCache", "DEFAULT_TTL"]
@@ -394,9 +394,7 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
             gone = [(k, e) for k, e in self._d.items() if slot_of(e, n) < 0 or (e[0] and e[0] <= now)]
             for key, e in gone:
                 self._delete(key, e)
-            expired = sum(1 for _, e in gone if slot_of(e, n) >= 0)  # (counted as a get finding one is)
-            if expired:
-                _add(self._side.words, C.W_EXPIRATIONS, expired)
+            add_word(self._side.words, C.W_EXPIRATIONS, sum(slot_of(e, n) >= 0 for _, e in gone))
             self._rebuild()
             return len(gone)
 
