@@ -648,3 +648,26 @@ def test_user_register_state_machine() -> None:
     UserRegister.TestCase().runTest()
     for step in ("start_child", "start_child_inheriting", "close", "kill", "close_handle", "freed"):
         assert STEPS[step] > 0, f"the state machine never did {step!r}: {dict(STEPS)}"
+
+
+def test_a_handle_released_without_a_detach_does_not_keep_a_forked_child_out(dicts, name):
+    """A registration whose words were released without a detach (a close
+    interrupted between the two) is skipped in a forked child, which still
+    registers in every other dict it maps."""
+    stale = dicts(name=name + "s")
+    key = (stale._store.name, stale._store.token)
+    stale._store._finalizer.detach()
+    stale._store._map.release()  # (words released, the registration left)
+    d = dicts(name=name)
+    d["x"] = 1
+    out, release = fork.Queue(), fork.Event()
+    p = start(fork, W.forked_user, out, release)
+    try:
+        pid = out.get(timeout=30)
+        assert alive_pids(d) == {ME, pid}
+        release.set()
+        p.join(30)
+    finally:
+        stop(p)
+        users._attached.pop(key, None)  # (this process's own stale entry)
+        SharedDict.unlink_by_name(name + "s")

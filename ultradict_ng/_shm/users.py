@@ -319,8 +319,11 @@ def _after_fork_in_child() -> None:
     """A forked child maps every dict its parent had open: it registers itself."""
     global _guard
     _guard = threading.Lock()
-    for att in _attached.values():
-        att.slot = _claim(att.handles[-1])
+    for key, att in list(_attached.items()):
+        try:
+            att.slot = _claim(att.handles[-1])
+        except ValueError:  # (its words released without a detach: not the child's to register in)
+            del _attached[key]  # (and the dicts after it are registered still)
 
 
 on_fork_in_child("registrations", _after_fork_in_child)
