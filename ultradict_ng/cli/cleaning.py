@@ -88,7 +88,8 @@ def cmd_rm(args: Namespace) -> int:
             print(f"{e['name']}: {e['error']}", file=sys.stderr)
             continue
         freed = f" ({render.size(e['bytes'])})" if e["bytes"] is not None else ""
-        print(f"removed {e['name']!r}: {e['removed']} segment(s){freed}")
+        what = "file(s) and segment(s)" if paths.is_path(e["name"]) else "segment(s)"
+        print(f"removed {e['name']!r}: {e['removed']} {what}{freed}")
         if e["live_users"]:
             print(
                 f"  it was still used by pid {', '.join(map(str, e['live_users']))}: they keep "
