@@ -214,9 +214,8 @@ def test_sigkilled_user_stays_dead_until_freed(dicts, name):
     d["after"] = 1
 
 
-def test_forked_child_that_inherited_a_handle_is_a_user_while_alive(dicts, name):
-    d = dicts(name=name)
-    d["x"] = 1
+def _a_forked_child_is_a_live_user(d: SharedDict) -> None:
+    """A child forked while ``d`` is open is one of its live users until it exits."""
     out, release = fork.Queue(), fork.Event()
     p = start(fork, W.forked_user, out, release)
     try:
@@ -229,6 +228,12 @@ def test_forked_child_that_inherited_a_handle_is_a_user_while_alive(dicts, name)
     finally:
         release.set()
         stop(p)
+
+
+def test_forked_child_that_inherited_a_handle_is_a_user_while_alive(dicts, name):
+    d = dicts(name=name)
+    d["x"] = 1
+    _a_forked_child_is_a_live_user(d)
     # A forked multiprocessing child ends with os._exit (no finalizers): its slot
     # may stay, but it is not alive.
     assert alive_pids(d) == {ME}
@@ -660,14 +665,8 @@ def test_a_handle_released_without_a_detach_does_not_keep_a_forked_child_out(dic
     stale._store._map.release()  # (words released, the registration left)
     d = dicts(name=name)
     d["x"] = 1
-    out, release = fork.Queue(), fork.Event()
-    p = start(fork, W.forked_user, out, release)
     try:
-        pid = out.get(timeout=30)
-        assert alive_pids(d) == {ME, pid}
-        release.set()
-        p.join(30)
+        _a_forked_child_is_a_live_user(d)
     finally:
-        stop(p)
         users._attached.pop(key, None)  # (this process's own stale entry)
         SharedDict.unlink_by_name(name + "s")
