@@ -7,8 +7,9 @@ writes ``d["k<i % 5>"] = i`` for i in START..START+COUNT-1 (and a 300-byte
 one block.  The parent kills it (SIGKILL, or an armed fault point) and knows
 exactly which writes were acknowledged.
 
-``python -m tests.durable_workers abort PATH``: a transaction aborted, one
-write after it, then the process kills itself (no close).
+``python -m tests.durable_workers abort PATH``: a transaction aborted (the
+stream's first bytes printed before its rollback), one write after it, then
+the process kills itself (no close).
 
 ``python -m tests.durable_workers set PATH KEY VALUE``: ``d[KEY] = VALUE``, then a close.
 
@@ -136,6 +137,8 @@ def main() -> None:
             with d.transaction():
                 d["k"] = 1
                 d["other"] = 2
+                with open(os.path.join(sys.argv[2], "stream"), "rb") as f:  # (its records, before rollback)
+                    print("raw", f.read(4096).hex(), flush=True)
                 raise RuntimeError("abort")
         except RuntimeError:
             pass

@@ -5,6 +5,7 @@ acknowledged write (``_disk/layout.py``, "Opening and recovery")."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,17 +102,34 @@ def test_a_writer_killed_at_a_fault_point_then_a_reboot(durable_dir, point, sync
     check(durable_dir, len(done), transaction)
 
 
-def test_an_aborted_transaction_never_comes_back(durable_dir):
-    """Its records are in the stream past the published end; a later reboot must not replay them."""
+def test_an_aborted_transaction_leaves_zeros_and_never_comes_back(durable_dir, caplog):
+    """Its rollback zeroes its records past the published end: the recovery
+    after a crash finds the stream's normal end, and warns of nothing.  Put
+    back (a process killed in its rollback, or a power loss that kept them),
+    they are still never replayed: a later write's record is followed by the
+    rest of them, whose unit word does not follow it."""
     p = worker(["abort", durable_dir])
     assert p.returncode == -signal.SIGKILL and "done" in p.stdout, p.stderr
-    raw = open(os.path.join(durable_dir, D.STREAM_FILE), "rb").read(4096)
-    assert raw.count(b"other") == 1  # the aborted record is there, past the end
-    reboot(durable_dir)
-    e = SharedDict(path=durable_dir)
-    assert dict(e) == {"k": 3}
-    e.unlink()
-    e.close()
+    stream = os.path.join(durable_dir, D.STREAM_FILE)
+    before = bytes.fromhex(p.stdout.split("raw ")[1].split()[0])
+    assert before.count(b"other") == 1  # (the aborted records were written, past the end)
+    with open(stream, "rb") as f:
+        after = f.read(len(before))
+    assert b"other" not in after
+    copy = durable_dir + "-leftovers"  # (a dict of its own)
+    shutil.copytree(durable_dir, copy)
+    end = len(after.rstrip(b"\0"))  # (the records of k = 0 and k = 3)
+    with open(os.path.join(copy, D.STREAM_FILE), "r+b") as f:  # the leftovers put back past k = 3
+        f.seek(end)
+        f.write(before[end:])
+    for where in (durable_dir, copy):
+        caplog.clear()
+        reboot(where)
+        e = SharedDict(path=where)
+        assert dict(e) == {"k": 3}
+        e.unlink()
+        e.close()
+        assert ("a record not of the unit before it" in caplog.text) == (where == copy), caplog.text
 
 
 @pytest.mark.parametrize("point", ["recovery-scanned", "recovery-loaded", "recovery-checkpointed"])

@@ -204,15 +204,14 @@ the local cache is reloaded from the shared state on the next access.
 
 Transactions (``with d.transaction():``)
 ========================================
-The block holds the lock throughout.  Each write in it does steps 1, 2 and 5 and
-writes its record past STATE's end *without* storing STATE (no reader looks there;
-a root scalar set of the block's thread: one compiled call, same bytes); blobs as
-in a-b, d deferred.  Records that no longer fit are only applied to the cache.
-Normal end: one STATE store ``gen << 32 | own end`` publishes all records at once
-(a reader copies and applies them all, steps 3-4), or, if some did not fit, step
-4's dump of the cache; then d.  Exception, a nested block's exception, or a cache
-failure: no store, the block's blobs unlinked, the cache reloaded.  A writer dying
-inside published nothing; later writes overwrite its records, the next dump sweeps its blobs.
+The block holds the lock throughout.  Each write in it does steps 1, 2 and 5 and writes its record
+past STATE's end *without* storing STATE (no reader looks there; a root scalar set of the block's
+thread: one compiled call, same bytes); blobs as in a-b, d deferred.  Records that no longer fit are
+only applied to the cache.  Normal end: one STATE store ``gen << 32 | own end`` publishes all records
+at once (a reader copies and applies them all, steps 3-4), or, if some did not fit, step 4's dump of
+the cache; then d.  Exception, a nested block's exception, or a cache failure: no store, the block's
+blobs unlinked, its records zeroed in files (a recovery scans past the end), the cache reloaded.  A
+writer dying inside published nothing; later writes overwrite its records, the next dump sweeps its blobs.
 
 Reader (no lock, no atomics call on the hit path)
 =================================================

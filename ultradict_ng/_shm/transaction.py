@@ -15,7 +15,7 @@ from typing import Any
 from .._codec.placeholders import BlobRef
 from . import layout as L
 
-__all__ = ["Transaction", "mark_last"]
+__all__ = ["Transaction", "mark_last", "unwrite"]
 
 _length = struct.Struct("<I")
 
@@ -58,3 +58,13 @@ def mark_last(stream: Any, last: int, end: int) -> None:
         raise AssertionError(f"the transaction's last record is not at {last}, ending at {end}")
     unit = _length.unpack_from(stream, last + 12)[0]
     _length.pack_into(stream, last + 12, unit | L.UNIT_LAST)
+
+
+def unwrite(stream: Any, start: int, end: int) -> None:
+    """Zero ``stream[start:end]``, the records of a transaction that published
+    nothing.  No reader looks past the published end, but a recovery of a dict
+    kept in files scans the whole stream file: left there, a later write's
+    record would be followed by the rest of them, which the scan stops at and
+    warns of as a torn tail after every crash -- for a rollback, the normal
+    end of a ``transaction()`` block that raised."""
+    stream[start:end] = bytes(end - start)

@@ -38,7 +38,7 @@ from .blobs import (
 from .dumps import Planned, plan, successor
 from .reader import INVALID, Reader
 from .table import Table
-from .transaction import Transaction, mark_last
+from .transaction import Transaction, mark_last, unwrite
 from .waiting import ProcessWaits, wake
 
 __all__ = ["Writer"]
@@ -48,10 +48,8 @@ log = logging.getLogger("ultradict_ng")
 # Hot-path constants as module globals (one dict lookup instead of two).
 _W_STATE, _W_STATUS, _UNLINKED = L.W_STATE, L.W_STATUS, L.STATUS_UNLINKED
 _GEN_SHIFT, _GEN_MASK, _RECORD_HEADER, _OP_SET = L.GEN_SHIFT, L.GEN_MASK, L.RECORD_HEADER, L.OP_SET
-_W_STREAM_LIMIT = L.W_STREAM_LIMIT
+_W_STREAM_LIMIT, _W_BLOB_NEXT, _W_CHANGE_WAITERS = L.W_STREAM_LIMIT, L.W_BLOB_NEXT, L.W_CHANGE_WAITERS
 _UNIT_WHOLE, _UNIT_SHIFT, _MAX_BACK = L.UNIT_WHOLE, L.UNIT_BACK_SHIFT, L.MAX_UNIT_BACK
-_W_BLOB_NEXT = L.W_BLOB_NEXT
-_W_CHANGE_WAITERS = L.W_CHANGE_WAITERS
 _WAKE_ALL = 0x7FFFFFFF
 _MSGPACK_ID = MsgpackCodec.id
 
@@ -398,10 +396,12 @@ class Writer(Reader):
             unlink_blobs(self.name, tx.dropped)  # d, for the whole transaction
 
     def _discard(self, tx: Transaction) -> None:
-        """Nothing of ``tx`` was published: drop its blobs and reload the cache
-        (it holds the discarded writes) on the next access."""
+        """Nothing of ``tx`` was published: drop its blobs, zero its records in
+        files (``unwrite``) and reload the cache (it holds them) on the next access."""
         if tx.created:
             unlink_blobs(self.name, tx.created)
+        if self.durable is not None and tx.start < self.pos and self._map.stream_mv is not None:
+            unwrite(self._map.stream_mv, tx.start, self.pos)
         self.gen = self.seen = INVALID
 
     def _wake_changes(self) -> None:
