@@ -3,6 +3,7 @@ sync policies, removal, and bad input (``_disk/layout.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ from ultradict_ng.errors import (
     IncompatibleLayout,
     NotADict,
     NotFound,
+    OutOfSpace,
     ParameterMismatch,
 )
 
@@ -689,15 +691,44 @@ def test_a_damaged_entry_of_a_checkpoint_stops_a_recovery(durable_dir):
     shutil.rmtree(durable_dir)
 
 
-def test_blobs_overwritten_do_not_pile_up_on_the_disk(durable_dir):
+def test_a_sweeping_checkpoint_that_does_not_fit_leaves_the_write_in(durable_dir, monkeypatch, caplog):
+    """The checkpoint a handle writes once its dropped blobs outweigh the last
+    one is its own, not the write's: with no room for it, the write (already
+    published) returns, and the replaced values wait for a later checkpoint."""
+    from ultradict_ng._shm.store import Store
+
+    def full(self, planned=None):
+        raise OutOfSpace("no room (a test)")
+
+    d = SharedDict(path=durable_dir, sync="never")
+    monkeypatch.setattr(Store, "force_dump", full)
+    for i in range(8):
+        with d.transaction() if i % 2 else contextlib.nullcontext():
+            d["photo"] = bytes([i]) * (300 << 10)
+    monkeypatch.undo()
+    assert "replaced values stay until a checkpoint fits (no room (a test))" in caplog.text
+    assert durable_dir in caplog.text
+    assert len([f for f in os.listdir(durable_dir) if f.startswith(D.BLOB_PREFIX)]) > 4
+    d.close()
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir)
+    assert bytes(d["photo"]) == bytes([7]) * (300 << 10)
+    d.unlink()
+    d.close()
+
+
+@pytest.mark.parametrize("inside", ["a write", "a transaction"])
+def test_blobs_overwritten_do_not_pile_up_on_the_disk(durable_dir, inside):
     """Blobs a write drops stay until a checkpoint's sweep (a power loss may
     still need them until then), so a handle whose dropped blobs outweigh the
     last checkpoint (at least 1 MiB) writes one: one key overwritten with
-    300 KiB values 40 times keeps a few blob files, not 40."""
+    300 KiB values 40 times keeps a few blob files, not 40 -- also when
+    each write is a transaction's (its end counts what it dropped)."""
     d = SharedDict(path=durable_dir, sync="never")
     other = SharedDict(path=durable_dir)
     for i in range(40):
-        d["photo"] = bytes([i]) * (300 << 10)
+        with d.transaction() if inside == "a transaction" else contextlib.nullcontext():
+            d["photo"] = bytes([i]) * (300 << 10)
         assert bytes(other["photo"]) == bytes([i]) * (300 << 10)
         blobs = [f for f in os.listdir(durable_dir) if f.startswith(D.BLOB_PREFIX)]
         assert len(blobs) <= 6, blobs

@@ -4,7 +4,7 @@ This docstring is the specification; the constants below are the only place the
 numbers live.  Who follows which part (modules of ``_shm/`` unless a path is given):
 ``control.py`` (control segment, creation and attach), ``_codec/records.py``
 (the record's kinds and how one is applied), ``reader.py`` (Reader),
-``writer.py`` (Writer, Stream size, Dump), ``lock.py`` (Lock), ``waiting.py``
+``writer.py`` (Writer, Dump), ``streamsize.py`` (Stream size), ``lock.py`` (Lock), ``waiting.py``
 (Waiting and waking), ``changes.py`` (the change feed under "Reader"),
 ``users.py`` (Users), ``cleanup.py`` (Unlink and cleanup register),
 ``blobs.py`` (Blobs; the references themselves are plain data in

@@ -67,4 +67,5 @@ def unwrite(stream: Any, start: int, end: int) -> None:
     record would be followed by the rest of them, which the scan stops at and
     warns of as a torn tail after every crash -- for a rollback, the normal
     end of a ``transaction()`` block that raised."""
-    stream[start:end] = bytes(end - start)
+    if stream is not None and start < end:
+        stream[start:end] = bytes(end - start)

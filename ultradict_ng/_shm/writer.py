@@ -37,6 +37,7 @@ from .blobs import (
 )
 from .dumps import Planned, plan, successor
 from .reader import INVALID, Reader
+from .streamsize import grow_stream, reserve_more
 from .table import Table
 from .transaction import Transaction, mark_last, unwrite
 from .waiting import ProcessWaits, wake
@@ -239,8 +240,21 @@ class Writer(Reader):
             tx.dropped.extend(dropped)
         elif dropped and self.durable is None:
             unlink_blobs(self.name, dropped)  # d: no published state references them any more
-        elif dropped and self.durable is not None and self.durable.dropped(dropped):  # (a dump sweeps them)
-            self.force_dump()
+        elif dropped:  # (in files: a dump sweeps them)
+            self._drop_in_files(dropped)
+
+    def _drop_in_files(self, dropped: list[BlobRef]) -> None:
+        """Blobs a published write dropped, in files: they stay until a dump
+        sweeps them, written once they outweigh the last (``Durability.dropped``).
+        That dump is the handle's, not the write's: one that does not fit on
+        the disk leaves them for a later one, and the write stands."""
+        assert self.durable is not None
+        if self.durable.dropped(dropped):
+            try:
+                self.force_dump()
+            except OutOfSpace as exc:
+                where = self.durable.path.rpartition("/")[0]
+                log.warning("ultradict_ng: %s: replaced values stay until a checkpoint fits (%s)", where, exc)
 
     def _commit(self, rec: list[Any]) -> None:
         """Writer steps 2-5 for one record."""
@@ -249,7 +263,7 @@ class Writer(Reader):
         payload, decoded = self.codec.encode_record(rec)
         end = self.pos
         needed = end + _RECORD_HEADER + len(payload)
-        if (needed <= self.limit() or self._reserve_more(needed)) and not self._bulk_load(rec):
+        if (needed <= self.limit() or reserve_more(self, needed)) and not self._bulk_load(rec):
             mapping = self._map
             stream = mapping.stream_words
             assert stream is not None
@@ -296,7 +310,7 @@ class Writer(Reader):
         end = self.pos
         if not tx.dump:
             back, needed = end - tx.start, end + _RECORD_HEADER + len(payload)
-            if (needed <= self.limit() or self._reserve_more(needed)) and back < _MAX_BACK:
+            if (needed <= self.limit() or reserve_more(self, needed)) and back < _MAX_BACK:
                 stream = self._map.stream_words
                 assert stream is not None
                 self.pos = stream.write_record(end, self.gen & _GEN_MASK, payload, back << _UNIT_SHIFT)
@@ -367,6 +381,8 @@ class Writer(Reader):
                 except BaseException:
                     self._discard(tx)
                     raise
+                if tx.dropped and self.durable is not None and not tx.dump:
+                    self._drop_in_files(tx.dropped)
         finally:
             self.lock.release()
         if self.durable is not None and self.tx is None:
@@ -400,8 +416,8 @@ class Writer(Reader):
         files (``unwrite``) and reload the cache (it holds them) on the next access."""
         if tx.created:
             unlink_blobs(self.name, tx.created)
-        if self.durable is not None and tx.start < self.pos and self._map.stream_mv is not None:
-            unwrite(self._map.stream_mv, tx.start, self.pos)
+        if self.durable is not None and self._map.words[_W_STATE] == self.gen << _GEN_SHIFT | tx.start:
+            unwrite(self._map.stream_mv, tx.start, self.pos)  # (none of them published: checked)
         self.gen = self.seen = INVALID
 
     def _wake_changes(self) -> None:
@@ -463,7 +479,7 @@ class Writer(Reader):
         if faults.armed is not None:
             faults.hit("dump-written")
         if self.grows:
-            self._grow_stream(size)
+            grow_stream(self, size)
         state = gen << L.GEN_SHIFT
         if atomic.publish(L.W_STATE, state, _W_CHANGE_WAITERS):  # 4c: publishes the dump, restarts the stream
             self._wake_changes()
@@ -511,40 +527,3 @@ class Writer(Reader):
         except PathGone:
             return []
         return dropped_blobs(node, rec)
-
-    def _reserve_more(self, needed: int) -> bool:
-        """A dict kept in files reserves its growing stream as it fills, a granule
-        at a time, up to ``STREAM_GROWTH`` times its dump (layout: "Stream size"):
-        whether LIMIT now covers ``needed``.  False (the caller dumps) in shared
-        memory, past the target, or when the disk is full."""
-        if self.durable is None or not self.grows:
-            return False
-        granule = L.STREAM_GRANULE
-        st = segments.entry_stat(L.dump_name(self.name, self.gen)) if self.gen else None
-        target = -(-L.STREAM_GROWTH * (st.st_size if st is not None else 0) // granule) * granule
-        wanted = min(max(target, L.DEFAULT_STREAM_SIZE), self.stream_size, -(-needed // granule) * granule)
-        if needed > wanted or wanted <= self.limit():
-            return False
-        try:
-            segments.reserve(L.stream_name(self.name), wanted)
-        except (OutOfSpace, FileNotFoundError):
-            return False
-        self._map.atomic.store(_W_STREAM_LIMIT, wanted)
-        return True
-
-    def _grow_stream(self, dump_size: int) -> None:
-        """Raise LIMIT for a dump of ``dump_size`` bytes (layout: "Stream size");
-        a dict kept in files reserves as it fills instead (``_reserve_more``)."""
-        if self.durable is not None:
-            return
-        granule = L.STREAM_GRANULE
-        wanted = -(-L.STREAM_GROWTH * dump_size // granule) * granule
-        wanted = min(wanted, self.stream_size)
-        if wanted <= self.limit():
-            return
-        try:
-            segments.reserve(L.stream_name(self.name), wanted)
-        except (OutOfSpace, FileNotFoundError) as exc:
-            log.info("shared dict %r: stream stays at %d bytes (%s)", self.name, self.limit(), exc)
-            return
-        self._map.atomic.store(_W_STREAM_LIMIT, wanted)
