@@ -740,3 +740,33 @@ def test_blobs_overwritten_do_not_pile_up_on_the_disk(durable_dir, inside):
     assert bytes(d["photo"]) == bytes([39]) * (300 << 10)
     d.unlink()
     d.close()
+
+
+def test_a_handle_sent_after_its_dict_was_removed_or_moved_finds_it_gone(durable_dir, tmp_path):
+    """A handle travels as its directory and its control segment's name: the
+    receiver finds ``NotFound`` (a ``FileNotFoundError``) once the dict was
+    removed, or moved away and another made at its path, as a handle of a dict
+    in shared memory unlinked meanwhile does; a name not a handle's is refused."""
+    import pickle
+
+    d = SharedDict(path=durable_dir)
+    d["k"] = 1
+    sent = pickle.dumps(d)
+    assert pickle.loads(sent)["k"] == 1
+    d.unlink()
+    d.close()
+    with pytest.raises(NotFound, match="removed, or moved away"):
+        pickle.loads(sent)
+    d = SharedDict(path=durable_dir)
+    sent = pickle.dumps(d)
+    d.close()
+    os.rename(durable_dir, str(tmp_path / "moved"))
+    SharedDict(path=durable_dir).close()  # (another dict at the path)
+    with pytest.raises(NotFound, match="removed, or moved away"):
+        pickle.loads(sent)
+    with pytest.raises(ValueError, match="its path=, not a name"):
+        SharedDict(name="mine", path=durable_dir)
+    for where in (durable_dir, str(tmp_path / "moved")):
+        e = SharedDict(path=where)
+        e.unlink()
+        e.close()

@@ -55,6 +55,22 @@ def control_of(directory: str) -> str:
     return D.control_name(st.st_dev, st.st_ino)
 
 
+def check_name(name: Any, directory: Any) -> None:
+    """``name=`` beside ``path=``: only a handle sent to another process gives
+    both, its control segment's name with its directory.  Any other name is
+    the caller's mistake.  The directory gone, or another one at its path
+    (the dict removed, or moved away), is the dict that handle was of not
+    there: ``NotFound``, as for a dict in shared memory unlinked meanwhile."""
+    if not isinstance(name, str) or not name.startswith(D.CONTROL_PREFIX):
+        raise ValueError("give a dict kept in files its path=, not a name")
+    try:
+        now: Optional[str] = control_of(os.fsdecode(directory))
+    except (OSError, TypeError, ValueError):
+        now = None
+    if now != name:
+        raise NotFound(f"the dict kept in {directory!r} this handle was of is gone (removed, or moved away)")
+
+
 def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.stat_result]:
     """The directory's absolute path and its ``stat``, made if missing and
     allowed; its problems as errors.  (One ``stat`` answers "a directory?",

@@ -46,8 +46,8 @@ def open_engine(
     ``initial`` ([key, value] lists, or a dict) is stored only by the process that creates it."""
     if options.path is not None:
         opening = _opening or _import_opening()
-        if name is not None and (not os.path.isdir(options.path) or name != opening.control_of(options.path)):
-            raise ValueError("give a dict kept in files its path=, not a name")
+        if name is not None:  # (a handle sent to another process names both: ``_reattach``)
+            opening.check_name(name, options.path)
         engine: Engine = opening.open_durable(options.path, create, options, initial)
         return engine
     if options.sync is not None or options.sync_interval is not None:
