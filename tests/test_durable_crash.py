@@ -4,6 +4,7 @@ acknowledged write (``_disk/layout.py``, "Opening and recovery")."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ import pytest
 from ultradict_ng import SharedDict
 from ultradict_ng._disk import layout as D
 from ultradict_ng._disk.opening import control_of
-from ultradict_ng.errors import NotFound
+from ultradict_ng.errors import CorruptSegment, NotFound
 
 pytestmark = pytest.mark.shm_only
 
@@ -318,7 +319,8 @@ def test_a_creator_killed_before_its_initial_data_is_in_leaves_no_dict(durable_d
     the next creator replaces, initial data and all -- not a dict without it."""
     p = worker(["create", durable_dir], "lock-held:kill:1")  # (the initial data's write takes the lock)
     assert p.returncode == -signal.SIGKILL, p.stderr
-    assert D.META_FILE not in os.listdir(durable_dir)
+    with open(os.path.join(durable_dir, D.META_FILE)) as f:
+        assert json.load(f)["creating"] is True  # (what tells its leftovers from a dict that lost its meta)
     with pytest.raises(NotFound):
         SharedDict(path=durable_dir, create=False)
     assert worker(["create", durable_dir]).returncode == 0
@@ -326,6 +328,33 @@ def test_a_creator_killed_before_its_initial_data_is_in_leaves_no_dict(durable_d
     assert dict(d) == {"config": "v1", "counter": 0}
     d.unlink()
     d.close()
+
+
+@pytest.mark.parametrize("holding", ["a checkpoint", "records only", "a clean close"])
+def test_a_dict_whose_meta_is_lost_is_refused_not_removed(durable_dir, holding, capsys):
+    """Without ``dict.meta``, files that hold data are a dict whose description
+    was lost, not a creation's leftovers: every open refuses them
+    (``CorruptSegment`` naming it), removes nothing, and ``rm PATH`` removes them."""
+    from ultradict_ng.cli import main
+
+    d = SharedDict(path=durable_dir, sync="always")
+    d["k"] = 1
+    if holding == "a checkpoint":
+        d._store.force_dump()
+    d.close()
+    if holding != "a clean close":  # (a writer killed: no clean close)
+        assert worker(["die", durable_dir, "3"]).returncode == -signal.SIGKILL
+        reboot(durable_dir)
+    os.unlink(os.path.join(durable_dir, D.META_FILE))
+    before = sorted(os.listdir(durable_dir))
+    for create in (None, False, True):
+        with pytest.raises(CorruptSegment, match="dict.meta is missing, but the directory holds"):
+            SharedDict(path=durable_dir, create=create)
+        assert sorted(os.listdir(durable_dir)) == before
+    reboot(durable_dir)
+    assert main(["rm", durable_dir]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert not os.path.exists(durable_dir)
 
 
 def test_initial_data_refused_leaves_nothing_and_does_not_hang(durable_dir):

@@ -146,10 +146,14 @@ once.)  Once it holds the lock, an opener checks that the path still names
 the directory it locked (``unlink()`` may have removed it, and someone made
 it again) and starts over if not.  Then:
 
-1. no ``dict.meta``: remove any file of the list above (the leftovers of a
-   creation that died before its meta), create the dict (control segment,
-   ``stream`` file, initial data), sync the stream and any dump, write
-   ``dict.meta``.  A directory holding other files is refused (``NotADict``).
+1. no ``dict.meta``, or one that says ``"creating"``: remove any file of the
+   list above (the leftovers of a creation that died), create the dict
+   (control segment, ``stream`` file; with initial data, a ``dict.meta`` that
+   says ``"creating"``, then the data), sync the stream and any dump, write
+   ``dict.meta``.  A directory holding other files is refused (``NotADict``);
+   no ``dict.meta`` beside a dump, a blob, ``clean``, ``cache`` or records in
+   the stream is a dict that lost its description, refused (``CorruptSegment``)
+   -- removing them as leftovers would delete it.
 2. ``dict.meta`` of another format or version: refused (``IncompatibleLayout``).
 3. a control segment of the dict's token whose MAGIC is set: attach to it (the
    page cache holds what the dict holds) -- if a registered user is alive,

@@ -270,7 +270,9 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
         segments.register_directory(base, directory)
         meta = _read_meta(directory)
-        if meta is None:
+        if meta is None or meta.get("creating"):
+            if meta is None:
+                _refuse_orphaned(directory)
             if create is False:
                 _refuse_foreign(directory)  # (a directory of other files is not one a dict left)
                 raise NotFound(f"no dict is kept in {directory!r}")
@@ -278,10 +280,11 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             _arm(store, directory, meta)
             try:
                 if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
+                    files.write_whole(f"{directory}/{D.META_FILE}", _described({**meta, "creating": True}))
                     _fill(store, initial)
                 # dict.meta last: the dict exists once its initial data is in.  A creator killed
                 # before leaves files the next creator removes (step 1), as a refused one does here.
-                files.write_whole(f"{directory}/{D.META_FILE}", json.dumps(meta, indent=1).encode())
+                files.write_whole(f"{directory}/{D.META_FILE}", _described(meta))
             except BaseException:
                 lifetime.discard_created(store, directory)
                 raise
@@ -297,6 +300,36 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
 
 #: Times an opener starts over when the directory is removed while it waits for its lock.
 _RACES = 8
+
+
+def _described(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, indent=1).encode()
+
+
+def _refuse_orphaned(directory: str) -> None:
+    """No ``dict.meta``, yet a dict's data -- a checkpoint, a value's file, a
+    clean close's record, the cache's side, or records in the stream: its
+    description is what was lost (deleted, or missed by a restore), and step
+    1 would remove the dict as the leftovers of a creation that died.  Those
+    are a stream of zeros (a creator writes initial data only under a
+    ``dict.meta`` that says ``"creating"``, and that one is removed)."""
+    data = sorted(
+        f
+        for f in os.listdir(directory)
+        if f != D.STREAM_FILE and not f.endswith(D.TMP_SUFFIX) and files.dicts_file(directory, f)
+    )
+    try:
+        with open(os.path.join(directory, D.STREAM_FILE), "rb") as f:
+            if f.read(L.RECORD_HEADER).strip(b"\0"):
+                data.append(f"{D.STREAM_FILE} (its records)")
+    except FileNotFoundError:
+        pass
+    if data:
+        raise CorruptSegment(
+            f"{directory}/{D.META_FILE} is missing, but the directory holds a dict's files "
+            f"({', '.join(data[:4])}{', ...' if len(data) > 4 else ''}): put it back from a backup, or "
+            "remove the dict (ultradict-ng rm PATH); nothing was changed"
+        )
 
 
 def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> None:

@@ -26,7 +26,7 @@ import sys
 from argparse import Namespace
 from typing import Any, Optional
 
-from .._disk.layout import control_name
+from .._disk.layout import META_FILE, control_name
 from .._disk.lifetime import remove_unopenable
 from .._platform import segments
 from .._platform.names import validate_name
@@ -104,7 +104,8 @@ def _remove_unopenable(path: str, why: Exception) -> int:
     one -- is removed as ``clean`` removes it; refused (``why`` raised) where
     the directory's ``dict.meta`` is not a dict's, or a live process uses it."""
     directory = os.path.abspath(path)
-    paths.describes_a_dict(directory)  # (else not a dict's directory: nothing removed)
+    if os.path.exists(os.path.join(directory, META_FILE)) or not isinstance(why, CorruptSegment):
+        paths.describes_a_dict(directory)  # (else not a dict's directory: nothing removed)
     st = os.stat(directory)
     control = control_name(st.st_dev, st.st_ino)
     rep = report(control, load_keys=False) if segments.exists(control) else None
