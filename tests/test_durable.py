@@ -519,6 +519,32 @@ def test_damage_that_looks_like_the_streams_end_is_logged(durable_dir, caplog, d
     d.close()
 
 
+def test_records_a_clean_close_recorded_then_lost_to_damage_are_reported(durable_dir, caplog):
+    """``clean`` records the stream's end after a sync: whole records ending
+    before it in its generation were lost to damage (here a zeroed page with
+    nothing after it, which the scan alone takes for the end).  The open keeps
+    the rest and says so; ``doctor`` fails it."""
+    d = SharedDict(path=durable_dir)
+    d["kept"] = 0
+    d._store.force_dump()
+    for i in range(20):
+        d[f"k{i}"] = i
+    d.close()
+    reboot(durable_dir)
+    with open(os.path.join(durable_dir, D.STREAM_FILE), "r+b") as f:
+        f.write(bytes(4096))
+    from ultradict_ng.cli.paths import file_checks
+
+    failed = [c[2] for c in file_checks(durable_dir) if c[:2] == ("stream", "fail")]
+    assert failed and "lost to damage" in failed[0], file_checks(durable_dir)
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d = SharedDict(path=durable_dir)
+    assert dict(d) == {"kept": 0}
+    assert "the writes between are lost to damage" in caplog.text, caplog.text
+    d.unlink()
+    d.close()
+
+
 def _killed_after(path: str, code: str) -> int:
     """A process opens the dict, runs ``code`` (``d`` is the dict) and is
     killed: its shared memory stays.  Its stream's end then."""

@@ -178,7 +178,8 @@ it again) and starts over if not.  Then:
       the disk never got) is ignored and logged -- also when the scan stops
       as at an end (zeros, a record of another generation) but a whole
       record of ``g`` lies within 64 KiB past it (``records_after``: damage
-      that only looks like the end).  If ``clean`` names a later generation
+      that only looks like the end), or ``clean`` (of ``g``, the dict's token)
+      names an end past it (``short_of_clean``: its close synced them first).  If ``clean`` names a later generation
       than g (with the dict's token), or the scan found no record of g and
       the stream begins with a whole record of a later generation, that
       checkpoint is missing -- its records follow it, written only after it

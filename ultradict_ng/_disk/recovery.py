@@ -48,6 +48,7 @@ __all__ = [
     "looked_past",
     "stale_control",
     "NORMAL_ENDS",
+    "short_of_clean",
 ]
 
 log = logging.getLogger("ultradict_ng")
@@ -169,6 +170,17 @@ def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
     if magic != D.CLEAN_MAGIC or zlib.crc32(raw[:-4]) != crc:
         return None
     return generation, end, token
+
+
+def short_of_clean(closed: Optional[tuple[int, int, int]], generation: int, token: int, end: int) -> int:
+    """The stream's end the ``clean`` file recorded, where the whole records
+    found end before it in the same generation (0: they do not).  A clean
+    close syncs the stream before it writes ``clean``, and a power loss
+    cannot take synced bytes: those records were lost to damage (a zeroed
+    page, a flipped byte), which the scan alone takes for the stream's end."""
+    if closed is not None and closed[0] == generation and closed[2] == token and end < closed[1]:
+        return closed[1]
+    return 0
 
 
 def _ids(names: list[str], prefix: str) -> list[int]:
@@ -339,6 +351,16 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     clean = closed == (generation, scanned.end, header.token)  # (for e)
     if not clean:
         scanned = looked_past(stream.buf, scanned, generation)
+    recorded = short_of_clean(closed, generation, header.token, scanned.end)
+    if recorded:
+        log.warning(
+            "ultradict_ng: recovering %s: its clean close recorded whole writes to byte %d of its stream, "
+            "which holds them only to byte %d (%s): the writes between are lost to damage",
+            directory,
+            recorded,
+            scanned.end,
+            scanned.stopped or "its end",
+        )
     if scanned.stopped not in NORMAL_ENDS:
         log.warning(
             "ultradict_ng: recovering %s: %d whole writes of generation %d replayed; the stream's tail "

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from .._disk import layout as D
-from .._disk.recovery import NORMAL_ENDS, looked_past, missing_checkpoint, read_clean, scan
+from .._disk.recovery import NORMAL_ENDS, looked_past, missing_checkpoint, read_clean, scan, short_of_clean
 from .._platform import segments
 from .._shm import layout as L
 from .._shm import table_layout as TL
@@ -173,6 +173,16 @@ def file_checks(path: str) -> list[Check]:
     out.append(
         ("stream", "ok" if whole else "warn", f"{found.units:,} whole writes after the checkpoint{tail}")
     )
+    recorded = short_of_clean(clean, generation, token, found.end)
+    if recorded:
+        out.append(
+            (
+                "stream",
+                "fail",
+                f"its clean close recorded whole writes to byte {recorded}, but they end at {found.end}: "
+                "the writes between are lost to damage (the next open keeps the rest, with a warning)",
+            )
+        )
     if clean is not None and clean == (generation, found.end, token):
         out.append(("state", "ok", "closed cleanly: opens without recovery"))
     else:
