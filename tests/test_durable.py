@@ -177,6 +177,51 @@ def test_the_sync_policies(durable_dir, tmp_path):
     e.close()
 
 
+def _synced_within(d: SharedDict, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while d.stats()["synced_end"] != d.stats()["stream_end"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_each_interval_dict_is_synced_on_its_own_schedule(tmp_path):
+    """One process's thread syncs every ``interval`` dict of it: a dict of a
+    short interval written after one of a long interval is synced within
+    its own interval, not the other's."""
+    slow = SharedDict(path=str(tmp_path / "slow"), sync="interval", sync_interval=60.0)
+    fast = SharedDict(path=str(tmp_path / "fast"), sync="interval", sync_interval=0.1)
+    slow["a"] = 1
+    time.sleep(0.05)  # (the thread now waits for the slow one)
+    fast["b"] = 2
+    assert _synced_within(fast, 10), "the short interval waited for the long one"
+    assert not _synced_within(slow, 0)
+    for d in (slow, fast):
+        d.unlink()
+        d.close()
+
+
+def _write_and_return(path: str) -> None:
+    d = SharedDict(path=path, create=False)
+    d["from the worker"] = 1  # (then the worker returns: multiprocessing ends it with os._exit)
+
+
+def test_an_interval_write_of_a_multiprocessing_worker_is_synced_as_it_ends(durable_dir):
+    """A worker started by ``multiprocessing`` (fork) ends with ``os._exit``:
+    no ``atexit``, and its sync thread dies with it.  Its write is on the
+    disk once it has ended all the same (multiprocessing's own finalizers)."""
+    d = SharedDict(path=durable_dir, sync="interval", sync_interval=3600.0)
+    p = multiprocessing.get_context("fork").Process(target=_write_and_return, args=(durable_dir,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert d["from the worker"] == 1
+    assert _synced_within(d, 0), "the worker's write was left unsynced"
+    d.unlink()
+    d.close()
+
+
 def test_bad_input_is_refused_and_changes_nothing(durable_dir, tmp_path):
     with pytest.raises(NotFound):
         SharedDict(path=durable_dir, create=False)

@@ -115,10 +115,12 @@ Sync policies
   ``LOCK_CHECK_INTERVAL``).  One sync covers every record published before
   it began, whoever wrote them.
 * ``"interval"`` (``sync_interval`` seconds, default ``DEFAULT_SYNC_INTERVAL``):
-  each process that wrote runs a daemon thread that syncs as above once
-  SYNCED < STATE and at most every interval; a clean close and a normal exit
-  sync.  A write is on the disk at most one interval after it returned (plus
-  the sync's own time), also when its process went idle or exited normally.
+  each process that wrote runs a daemon thread that syncs each dict as above,
+  on the dict's own schedule, once SYNCED < STATE and at most every interval;
+  a clean close, a normal exit and a ``multiprocessing`` worker's end (its
+  finalizers: it leaves by ``os._exit``) sync.  A write is on the disk at
+  most one interval after it returned (plus the sync's own time), also when
+  its process went idle or exited normally.
 * ``"never"``: the operating system writes back when it chooses; a dump
   (above), a clean close and a normal exit sync.
 
@@ -179,7 +181,8 @@ it again) and starts over if not.  Then:
       as at an end (zeros, a record of another generation) but a whole
       record of ``g`` lies within 64 KiB past it (``records_after``: damage
       that only looks like the end), or ``clean`` (of ``g``, the dict's token)
-      names an end past it (``short_of_clean``: its close synced them first).  If ``clean`` names a later generation
+      names an end past it (``short_of_clean``: its close synced them first).
+      If ``clean`` names a later generation
       than g (with the dict's token), or the scan found no record of g and
       the stream begins with a whole record of a later generation, that
       checkpoint is missing -- its records follow it, written only after it

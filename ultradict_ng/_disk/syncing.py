@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -47,6 +48,7 @@ class Durability:
         "guard",
         "open",
         "queued",
+        "due",
         "remove",
         "dead",
         "dump_bytes",
@@ -68,6 +70,8 @@ class Durability:
         self.open = True
         #: Handed to this process's flusher thread (``interval``).
         self.queued = False
+        #: When this process's flusher syncs it next (``interval``).
+        self.due = 0.0
         #: Bytes of the blobs this handle's writes dropped since its last dump; that dump's size.
         self.dead, self.dump_bytes = 0, -1
         _live.add(self)
@@ -228,7 +232,13 @@ def raise_synced(atomic: Any, state: int) -> None:
 
 class _Flusher:
     """This process's thread for ``interval`` dicts: syncs each one that has
-    unsynced records at most once per its interval."""
+    unsynced records once per its interval -- each on its own schedule, so a
+    dict of a long interval never delays one of a short interval.
+
+    A ``multiprocessing`` worker ends with ``os._exit`` (no ``atexit``, no
+    ``weakref.finalize``), after running its own finalizers: the flusher
+    registers one there, syncing what is due at once -- a write there is on
+    the disk "also when its process exited normally"."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -236,27 +246,42 @@ class _Flusher:
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ultradict_ng sync", daemon=True)
         self.thread.start()
+        mp_util = sys.modules.get("multiprocessing.util")  # (a worker has it; else no worker ends so)
+        if mp_util is not None:
+            mp_util.Finalize(self, self.sync_now, exitpriority=0)
 
     def add(self, durability: Durability) -> None:
         if durability not in self.dicts:
+            durability.due = time.monotonic() + durability.interval
             self.dicts.add(durability)
             self.wake.set()
 
     def _run(self) -> None:
         while True:
+            self.wake.clear()  # (before the list: a dict added after it sets it again)
             dicts = [d for d in list(self.dicts) if d.open]
             if not dicts:
                 self.wake.wait(1.0)
-                self.wake.clear()
                 continue
-            time.sleep(min(d.interval for d in dicts))
+            now = time.monotonic()
             for d in dicts:
-                try:
-                    if d.open and d.words[L.W_SYNCED] < d.atomic.load(L.W_STATE):
-                        d.sync_all()
-                except Exception as exc:  # a closed handle, a full or failing disk: logged, retried
-                    if d.open:
-                        log.warning("ultradict_ng: syncing %s failed: %s", d.path, exc)
+                if d.due <= now:
+                    d.due = now + d.interval
+                    self._sync(d)
+            self.wake.wait(max(0.0, min(d.due for d in dicts) - time.monotonic()))
+
+    def sync_now(self) -> None:
+        for d in list(self.dicts):
+            self._sync(d)
+
+    @staticmethod
+    def _sync(d: Durability) -> None:
+        try:
+            if d.open and d.words[L.W_SYNCED] < d.atomic.load(L.W_STATE):
+                d.sync_all()
+        except Exception as exc:  # a closed handle, a full or failing disk: logged, retried
+            if d.open:
+                log.warning("ultradict_ng: syncing %s failed: %s", d.path, exc)
 
 
 _the_flusher: Optional[_Flusher] = None
