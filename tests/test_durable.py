@@ -645,6 +645,34 @@ def test_shared_memory_left_by_dead_processes_is_used_only_if_the_files_agree(du
     d.close()
 
 
+def test_files_put_back_over_a_dead_processes_segment_win_when_clean_differs(durable_dir, tmp_path, caplog):
+    """A copy that went on from the same state has records that line up
+    with the segment's: its ``clean`` file, recording another state, is what
+    tells the segment is not of these files."""
+    d = SharedDict(path=durable_dir, sync="always")
+    d["n"] = 0
+    d.close()
+    copy = str(tmp_path / "copy")
+    shutil.copytree(durable_dir, copy)
+    _killed_after(durable_dir, 'd["n"] = 1')  # (its segment stays: STATE past n = 0)
+    e = SharedDict(path=copy)
+    for n in (7, 8, 9):
+        e["n"] = n
+    e.close()
+    for f in os.listdir(durable_dir):
+        os.remove(os.path.join(durable_dir, f))
+    for f in os.listdir(copy):
+        shutil.copy(os.path.join(copy, f), os.path.join(durable_dir, f))
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d = SharedDict(path=durable_dir)
+    assert dict(d) == {"n": 9} and "its clean file records another state" in caplog.text, caplog.text
+    d.unlink()
+    d.close()
+    e = SharedDict(path=copy)
+    e.unlink()
+    e.close()
+
+
 META_EDITS = [
     ("sync", None),
     ("token", None),

@@ -161,7 +161,7 @@ it again) and starts over if not.  Then:
    page cache holds what the dict holds) -- if a registered user is alive,
    or if the files still say what it says (``recovery.stale_control``:
    the checkpoint of its generation is there, the stream's records are
-   whole up to its end).  Else (every user dead, and a backup put back in
+   whole up to its end, ``clean`` if there records its state).  Else (every user dead, and a backup put back in
    ``DIR``, or pages the kernel could not write back) it is removed and
    rebuilt as below, with a warning.
 4. otherwise (none, half-created, or another token: a segment left by a

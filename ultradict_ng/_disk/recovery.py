@@ -233,7 +233,10 @@ def stale_control(directory: str, base: str, buf: Any) -> str:
     back from a backup while the segment stayed, or after the kernel lost
     pages it could not write (an I/O error that left the filesystem
     read-only): attaching would then fail on records that are not there, or
-    read a dict the files do not hold."""
+    read a dict the files do not hold.  A ``clean`` file that records
+    another state than the segment's is such files too (the first write
+    after a clean reopen removes it before it publishes): records of a copy
+    that went on from the same state can line up with the segment's."""
     for i in range(L.USER_SLOTS):
         word = read_word(buf, L.W_USER_SLOTS + i)
         if word and owner_alive(word):
@@ -245,6 +248,9 @@ def stale_control(directory: str, base: str, buf: Any) -> str:
     dump = D.DUMP_PREFIX + L.base36(generation)
     if generation and not files.dicts_file(directory, dump):
         return f"its checkpoint {dump} is not in the directory"
+    closed = read_clean(directory)  # (while it stays, the segment's state is the one it records)
+    if closed is not None and closed != (generation, end, read_word(buf, L.W_TOKEN)):
+        return f"its {D.CLEAN_FILE} file records another state (generation {closed[0]}, byte {closed[1]})"
     try:
         stream = segments.Segment.attach(L.stream_name(base))
     except FileNotFoundError:
