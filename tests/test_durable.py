@@ -432,8 +432,9 @@ def test_files_that_only_begin_like_a_dicts_are_the_users(tmp_path):
     """A dict's files are its names matched whole, and a finished dump's or
     blob's first bytes: a directory holding look-alikes is refused at
     creation; in a dict's directory they survive a recovery, a checkpoint's
-    sweep and an unlink -- and one named as a newer checkpoint than the
-    dict's stops a recovery, naming it, rather than be skipped or removed."""
+    sweep and an unlink.  After a clean close (which names the checkpoint)
+    one named as a newer checkpoint is passed over; after a crash it stops
+    the recovery, naming it, rather than be skipped or removed."""
     other = tmp_path / "lookalikes"
     other.mkdir()
     for f in LOOKALIKES:
@@ -448,6 +449,16 @@ def test_files_that_only_begin_like_a_dicts_are_the_users(tmp_path):
     for f in LOOKALIKES:
         open(os.path.join(path, f), "w").write(f)
     reboot(path)
+    from ultradict_ng.cli.paths import file_checks
+
+    checks = file_checks(path)
+    assert ("checkpoint", "ok", "generation 0 (empty: no dump yet)") in checks, checks
+    assert ("files", "warn", "dump.sql: not one of the dict's files (left as it is)") in checks, checks
+    d = SharedDict(path=path)  # (a clean close's reopen)
+    assert d["a"] == b"x" * 100_000
+    d.close()
+    reboot(path)
+    os.remove(os.path.join(path, D.CLEAN_FILE))  # (as a crash leaves it)
     with pytest.raises(CorruptSegment, match="dump.sql is named as the dict's newest checkpoint"):
         SharedDict(path=path)
     assert all(open(os.path.join(path, f)).read() == f for f in LOOKALIKES)
@@ -459,9 +470,14 @@ def test_files_that_only_begin_like_a_dicts_are_the_users(tmp_path):
     d["a"] = 2
     d._store.force_dump()  # a checkpoint (its blob swept, the look-alikes not)
     assert not os.path.exists(os.path.join(path, "blob.1"))
+    d.close()
+    reboot(path)
+    open(os.path.join(path, "dump.sql"), "w").write("dump.sql")
+    d = SharedDict(path=path)  # (the clean close names dump.1)
+    assert d["a"] == 2
     d.unlink()
     d.close()
-    assert sorted(os.listdir(path)) == sorted(kept + ["dump.A"])
+    assert sorted(os.listdir(path)) == sorted(kept + ["dump.A", "dump.sql"])
     for f in os.listdir(path):
         assert open(os.path.join(path, f)).read() == f
 

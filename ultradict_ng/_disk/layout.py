@@ -161,16 +161,17 @@ it again) and starts over if not.  Then:
    page cache holds what the dict holds) -- if a registered user is alive,
    or if the files still say what it says (``recovery.stale_control``:
    the checkpoint of its generation is there, the stream's records are
-   whole up to its end, ``clean`` if there records its state).  Else (every user dead, and a backup put back in
-   ``DIR``, or pages the kernel could not write back) it is removed and
-   rebuilt as below, with a warning.
+   whole up to its end, ``clean`` if there records its state).  Else (every
+   user dead, and a backup put back in ``DIR``, or pages the kernel could
+   not write back) it is removed and rebuilt as below, with a warning.
 4. otherwise (none, half-created, or another token: a segment left by a
    directory that had this inode before) -- recovery:
 
    a. remove the segment if any; remove every ``*.tmp``;
    b. the newest ``dump.<g>`` is the checkpoint (every ``dump.<g>`` is whole:
-      see above; one without a dump's first bytes is refused, naming it);
-      none: generation 0, empty;
+      see above; one without a dump's first bytes is refused, naming it) --
+      or the one ``clean`` names, if there (none follows a clean close: a
+      newer name is not the dict's); none: generation 0, empty;
    c. scan the stream from offset 0: each record must lie within the file,
       carry tag ``g & GEN_MASK`` and a right crc; its unit word must be
       ``UNIT_WHOLE`` or, in a transaction, its offset from the transaction's

@@ -49,6 +49,7 @@ __all__ = [
     "stale_control",
     "NORMAL_ENDS",
     "short_of_clean",
+    "newest_checkpoint",
 ]
 
 log = logging.getLogger("ultradict_ng")
@@ -189,14 +190,19 @@ def _ids(names: list[str], prefix: str) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def _checkpoint(directory: str, names: list[str], closed: Optional[int] = None) -> int:
+def newest_checkpoint(directory: str, names: list[str], closed: Optional[int] = None) -> int:
     """Step b: the generation of the newest ``dump.<g>`` (0: none).  A file of
     that name without a dump's first bytes is refused, naming it: it is the
     dict's checkpoint damaged, or a file put there that only looks like one
-    -- taking the next one would silently lose what it holds."""
+    -- taking the next one would silently lose what it holds.  Where a clean
+    close names the checkpoint (``closed``; 0: none yet) and it is there, it
+    is the one: no checkpoint follows a clean close before the first write
+    removes ``clean``, so a newer name (``dump.sql``) is not the dict's."""
     dumps = _ids(names, D.DUMP_PREFIX)
     if not dumps:
         return 0
+    if closed == 0 or closed in dumps:
+        return closed
     name = D.DUMP_PREFIX + L.base36(dumps[-1])
     if dumps[-1] != closed and not files.dicts_file(directory, name):  # (``clean`` names the dict's own)
         raise CorruptSegment(
@@ -344,7 +350,9 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     given = codec_for(options.serializer) if options.serializer is not None else None
     check_options(directory, header, codec, given, options)
     closed = read_clean(directory)  # (for b and e)
-    generation = _checkpoint(directory, names, closed[0] if closed else None)  # b
+    generation = newest_checkpoint(
+        directory, names, closed[0] if closed and closed[2] == header.token else None
+    )  # b
     stream = _stream(directory, base, header)
     assert stream.buf is not None
     scanned = scan(stream.buf, generation)  # c

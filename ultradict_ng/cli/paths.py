@@ -21,7 +21,16 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from .._disk import layout as D
-from .._disk.recovery import NORMAL_ENDS, looked_past, missing_checkpoint, read_clean, scan, short_of_clean
+from .._disk.files import dicts_file
+from .._disk.recovery import (
+    NORMAL_ENDS,
+    looked_past,
+    missing_checkpoint,
+    newest_checkpoint,
+    read_clean,
+    scan,
+    short_of_clean,
+)
 from .._platform import segments
 from .._shm import layout as L
 from .._shm import table_layout as TL
@@ -137,25 +146,27 @@ def file_checks(path: str) -> list[Check]:
     free = shutil.disk_usage(path).free
     room = "ok" if free > (64 << 20) else "warn"
     out.append(("disk", room, f"{free / (1 << 20):,.0f} MiB free where the files are"))
-    gens = []
-    for f in os.listdir(path):
-        gen = D.own_id(f, D.DUMP_PREFIX)
-        if gen is not None:
-            gens.append(gen)
-        elif not D.is_own(f):
-            out.append(("files", "warn", f"{f}: not one of the dict's files (left as it is)"))
-    generation = max(gens) if gens else 0
+    names = os.listdir(path)
     token: int = meta["token"] if type(meta.get("token")) is int else 0
-    problem = _dump_problem(path, generation, token) if gens else ""
+    clean = read_clean(path)
+    try:
+        generation = newest_checkpoint(path, names, clean[0] if clean and clean[2] == token else None)
+        problem = _dump_problem(path, generation, token) if generation else ""
+    except CorruptSegment as exc:
+        generation, problem = 0, str(exc)
+    for f in names:
+        if not D.is_own(f) or (
+            D.own_id(f, D.DUMP_PREFIX) not in (None, generation) and not dicts_file(path, f)
+        ):
+            out.append(("files", "warn", f"{f}: not one of the dict's files (left as it is)"))
     out.append(
         (
             "checkpoint",
             "fail" if problem else "ok",
-            problem or f"generation {generation}" + ("" if gens else " (empty: no dump yet)"),
+            problem or f"generation {generation}" + ("" if generation else " (empty: no dump yet)"),
         )
     )
     stream = os.path.join(path, D.STREAM_FILE)
-    clean = read_clean(path)
     try:
         with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             found = looked_past(mm, scan(mm, generation), generation)  # (damage: recovery logs it too)
