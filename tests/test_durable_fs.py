@@ -167,3 +167,43 @@ def test_a_recovery_on_a_full_disk_clears_the_stale_tail_instead(tmp_path, caplo
         e._store.force_dump()
         e.unlink()
         e.close()
+
+
+def test_a_recovery_on_a_full_tmpfs_reads_no_hole_through_a_mapping(tmp_path):
+    """A growing stream is a sparse file, and on tmpfs a hole touched through
+    a mapping takes a page -- on a full one, the process dies of SIGBUS.  A
+    recovery there (no room for its checkpoint) reads past the records with
+    ``pread`` and clears only pages that hold data: it opens, whole, and so
+    does ``doctor``."""
+    with mounted(str(tmp_path / "small"), "-t", "tmpfs", "-o", "size=4m", "tmpfs") as mnt:
+        path = os.path.join(mnt, "dict")
+        d = SharedDict(path=path, sync="always")
+        for i in range(100):
+            d[f"k{i}"] = "v" * 100
+        model = dict(d)
+        d.close()
+        os.remove(os.path.join(path, "clean"))  # (as a crash leaves it)
+        ballast = os.path.join(mnt, "ballast")
+        with open(ballast, "wb", buffering=0) as f:
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(bytes(4 << 10))
+        code = "\n".join(
+            [
+                "from ultradict_ng import SharedDict",
+                "from ultradict_ng.cli.paths import file_checks",
+                f"print(file_checks({path!r}))",
+                f"d = SharedDict(path={path!r})",
+                "print(repr(dict(d)))",
+                "d.close()",
+            ]
+        )
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+        assert p.stdout.splitlines()[-1] == repr(model)
+        assert "stale tail was cleared instead" in p.stderr
+        os.unlink(ballast)
+        e = SharedDict(path=path)
+        assert dict(e) == model
+        e.unlink()
+        e.close()

@@ -41,6 +41,7 @@ __all__ = [
     "directory_lock",
     "PAGE",
     "dicts_file",
+    "FileBytes",
 ]
 
 #: ``observer(event, path, done, span)`` -- event one of "create", "sync",
@@ -286,3 +287,26 @@ class directory_lock:
     def __exit__(self, *exc: object) -> None:
         fd, self.fd = self.fd, -1
         os.close(fd)  # (releases the flock)
+
+
+class FileBytes:
+    """A file's bytes read with ``pread``, sliced as a mapping of it is.
+
+    Why not the mapping: past what a dict wrote (a scan looking beyond a
+    stream's end, a recovery clearing its tail), a file may have holes, and
+    on tmpfs (``/tmp`` on many systems) touching a hole through a mapping
+    allocates a page -- which, on a full filesystem, kills the process with
+    SIGBUS.  ``pread`` reads holes as zeros without allocating."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, span: slice) -> bytes:
+        start, stop, _ = span.indices(self.size)
+        return os.pread(self.fd, max(0, stop - start), start)

@@ -92,6 +92,18 @@ def looked_past(buf: Any, scanned: Scanned, generation: int) -> Scanned:
     return scanned._replace(stopped=f"{scanned.stopped or 'the end'}, then records from byte {after}")
 
 
+def _looked_past_file(buf: Any, scanned: Scanned, generation: int, path: str) -> Scanned:
+    """:func:`looked_past` of the stream file ``path`` (mapped as ``buf``),
+    read past the scan's stop with ``pread`` (``files.FileBytes``)."""
+    if scanned.stopped not in NORMAL_ENDS:
+        return scanned
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return looked_past(files.FileBytes(fd), scanned, generation)
+    finally:
+        os.close(fd)
+
+
 def records_after(buf: Any, end: int, generation: int) -> int:
     """The offset of a whole record of ``generation`` within ``_LOOK_AFTER``
     bytes past ``end`` (-1: none), where a scan stopped at what looks like
@@ -294,22 +306,26 @@ _CHUNK = 1 << 20
 
 def _clear_tail(stream: segments.Segment, path: str, end: int) -> None:
     """Step e without a checkpoint, where the disk has no room for one: zeros
-    over the stream's bytes past ``end`` up to the last one that is not zero
-    (written over pages the file already has: no new room needed), then
-    synced.  The next opener replays the stream (it has no newer checkpoint)."""
+    over the stream's bytes past ``end`` that are not zero, then synced.  The
+    next opener replays the stream (it has no newer checkpoint).  Read with
+    ``pread`` and written page by page only where a page holds data: the
+    file already has those pages, so no new room is needed -- a hole
+    touched through the mapping would take one (``files.FileBytes``)."""
     buf = stream.buf
     assert buf is not None
-    tail = len(buf)
-    while tail > end:  # (from the end: the unused part is zeros)
-        low = max(end, tail - _CHUNK)
-        kept = bytes(buf[low:tail]).rstrip(b"\0")
-        if kept:
-            tail = low + len(kept)
-            break
-        tail = low
-    for at in range(end, tail, _CHUNK):
-        n = min(_CHUNK, tail - at)
-        buf[at : at + n] = bytes(n)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        disk, tail = files.FileBytes(fd), end
+        for at in range(end - end % files.PAGE, min(len(buf), len(disk)), _CHUNK):
+            chunk = disk[at : at + _CHUNK]
+            for page in range(0, len(chunk), files.PAGE):
+                low = max(at + page, end)
+                high = at + page + files.PAGE
+                if chunk[low - at : high - at].strip(b"\0"):
+                    buf[low : min(high, len(buf))] = bytes(min(high, len(buf)) - low)
+                    tail = min(high, len(buf))
+    finally:
+        os.close(fd)
     files.sync_range(buf, path, end, tail)
 
 
@@ -364,7 +380,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         )
     clean = closed == (generation, scanned.end, header.token)  # (for e)
     if not clean:
-        scanned = looked_past(stream.buf, scanned, generation)
+        scanned = _looked_past_file(stream.buf, scanned, generation, f"{directory}/{D.STREAM_FILE}")
     recorded = short_of_clean(closed, generation, header.token, scanned.end)
     if recorded:
         log.warning(

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from .._disk import layout as D
-from .._disk.files import dicts_file
+from .._disk.files import FileBytes, dicts_file
 from .._disk.recovery import (
     NORMAL_ENDS,
     looked_past,
@@ -169,7 +169,7 @@ def file_checks(path: str) -> list[Check]:
     stream = os.path.join(path, D.STREAM_FILE)
     try:
         with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            found = looked_past(mm, scan(mm, generation), generation)  # (damage: recovery logs it too)
+            found = looked_past(FileBytes(sf.fileno()), scan(mm, generation), generation)  # (as recovery)
             missing = missing_checkpoint(mm, found, generation, clean, token)
     except (OSError, ValueError) as exc:
         out.append(("stream", "fail", f"{stream}: {exc}"))
