@@ -409,6 +409,22 @@ class Table:
             raise CorruptSegment(f"{self.where}: {exc}") from None
         self._added_up(entries)
 
+    def check_index(self) -> None:
+        """The index rebuilt from the entries (as every writer builds it: the
+        same slots, byte for byte) and compared with the table's.  Why apart
+        from :meth:`check`: it costs a pass and a copy of the table, which an
+        open never pays -- the index is not checksummed (table_layout.py) --
+        while on a disk, damage there makes present keys read as absent;
+        ``doctor`` finds it."""
+        scratch = bytearray(self.end)
+        scratch[self.start : self.end] = self.buf[self.start : self.end]
+        try:
+            table_index(scratch, self.slots, self.start, self.end, self.count)
+        except ValueError as exc:
+            raise CorruptSegment(f"{self.where}: {exc}") from None
+        if scratch[TL.TABLE_HEADER : self.start] != self.buf[TL.TABLE_HEADER : self.start]:
+            raise CorruptSegment(f"{self.where}: its hash index does not match its entries (damaged)")
+
     def _added_up(self, entries: int) -> None:
         if entries != self.count:
             raise self._not_added_up()

@@ -45,10 +45,12 @@ reserved word, a header failing its crc or its bounds
 ``count`` entries: ``CorruptSegment``.  Opening checks the header only;
 entries are checked where they are read.  The index is not checksummed:
 verifying it would make opening cost O(table), which is what the table is
-for avoiding.  A damaged slot -- only a process that can write the segment
-(mode 0600: one of the dict's own users) can make one -- leads a probe to
-an entry that its hash and key checks reject, or to an empty slot: the key
-reads as absent.  Walks (iteration, a whole decode) never use the index.
+for avoiding.  A damaged slot -- in shared memory only a process that can
+write the segment (mode 0600: one of the dict's own users) can make one; a
+checkpoint on a disk can also be damaged there, which ``doctor`` finds
+(``Table.check_index``) -- leads a probe to an entry that its hash and key
+checks reject, or to an empty slot: the key reads as absent.  Walks
+(iteration, a whole decode) never use the index.
 
 Merge: a new table is the old one's entries in order, minus those deleted
 (an entry deleted and set again moves to the end, as in a ``dict``), with

@@ -220,7 +220,7 @@ def file_checks(path: str) -> list[Check]:
 
 def _dump_problem(path: str, generation: int, token: int) -> str:
     """What is wrong with the checkpoint ``dump.<generation>`` of ``path`` ("": nothing):
-    its header, and every entry's bounds and crc (a table) or its payload's crc."""
+    its header, and every entry's bounds and crc and its index (a table) or its payload's crc."""
     name = os.path.join(path, D.DUMP_PREFIX + L.base36(generation))
     try:
         with open(name, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -231,6 +231,7 @@ def _dump_problem(path: str, generation: int, token: int) -> str:
                         if table.generation != generation:
                             return f"{name}: of generation {table.generation}, not {generation}"
                         table.check()
+                        table.check_index()
                     finally:
                         table.close()
                 return ""
