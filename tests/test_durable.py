@@ -885,3 +885,31 @@ def test_a_handle_sent_after_its_dict_was_removed_or_moved_finds_it_gone(durable
         e = SharedDict(path=where)
         e.unlink()
         e.close()
+
+
+def test_messages_name_the_directory_not_the_segment(durable_dir):
+    """A dict kept in files is known by the directory given as ``path=``:
+    errors and ``repr`` name it, never its control segment, and a mismatch
+    says to pass only ``path=`` -- whether or not another handle is open."""
+    from ultradict_ng.errors import Closed, Unlinked
+
+    d = SharedDict(path=durable_dir, recurse=True)
+    for _ in range(2):  # (attached to a handle's segment, then recovered from the files)
+        with pytest.raises(ParameterMismatch) as got:
+            SharedDict(path=durable_dir, recurse=False)
+        said = f"the dict kept in {durable_dir!r} was created with recurse=True; pass only path="
+        assert said in str(got.value)
+        d.close()
+    e = SharedDict(path=durable_dir)
+    assert repr(e) == f"SharedDict({{}}, path={durable_dir!r})"
+    e.close()
+    assert repr(e) == f"<SharedDict path={durable_dir!r} (closed)>"
+    with pytest.raises(Closed, match=repr(durable_dir)):
+        e["x"]
+    e, f = SharedDict(path=durable_dir), SharedDict(path=durable_dir)
+    f.unlink()
+    with pytest.raises(Unlinked, match=repr(durable_dir)):
+        e["x"] = 1
+    assert "udng+" not in repr(e.lock)
+    e.close()
+    f.close()

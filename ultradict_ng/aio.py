@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any, Callable, Optional
 
 from ._platform.lock import SharedLock
+from ._platform.segments import shown
 from .changes import Change
 from .errors import LockTimeout
 from .shareddict import SharedDict
@@ -232,7 +233,7 @@ class AsyncSharedLock:
     def _timeout(self, timeout: Optional[float]) -> LockTimeout:
         pid = self._lock.owner_pid
         return LockTimeout(
-            f"could not acquire the lock of shared dict {self._name!r} "
+            f"could not acquire the lock of shared dict {shown(self._name)!r} "
             f"within {timeout}s" + (f" (held by pid {pid})" if pid else ""),
             name=self._name,
             pid=pid or 0,

@@ -330,10 +330,11 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        named = f"name={self.name!r}" if self.directory is None else f"path={self.directory!r}"
         if self.closed:
-            return f"<{type(self).__name__} name={self.name!r} (closed)>"
-        path = f", path={list(self._path)!r}" if self._path else ""
-        return f"{type(self).__name__}({self.copy()!r}, name={self.name!r}{path})"
+            return f"<{type(self).__name__} {named} (closed)>"
+        nested = f", nested at {list(self._path)!r}" if self._path else ""
+        return f"{type(self).__name__}({self.copy()!r}, {named}{nested})"
 
     def __or__(self, other: Any) -> dict[Any, Any]:
         if not isinstance(other, Mapping):

@@ -364,7 +364,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     else:
         codec = codec_by_id(header.serializer_id)
     given = codec_for(options.serializer) if options.serializer is not None else None
-    check_options(directory, header, codec, given, options)
+    check_options(base, header, codec, given, options)
     closed = read_clean(directory)  # (for b and e)
     generation = newest_checkpoint(
         directory, names, closed[0] if closed and closed[2] == header.token else None

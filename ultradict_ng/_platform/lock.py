@@ -50,6 +50,7 @@ from ..errors import LockTimeout
 from ..speedups import ProcessState, Words
 from .forks import on_fork_in_child
 from .owner import owner_word
+from .segments import shown
 
 __all__ = ["SharedLock", "WordLock"]
 
@@ -302,12 +303,12 @@ class SharedLock:
 
     def __repr__(self) -> str:
         pid = self.owner_pid
-        return f"<SharedLock of {self._name!r} {f'held by pid {pid}' if pid else 'free'}>"
+        return f"<SharedLock of {shown(self._name)!r} {f'held by pid {pid}' if pid else 'free'}>"
 
     # -- internals -----------------------------------------------------------------------
 
     def _not_held(self) -> RuntimeError:
-        return RuntimeError(f"release of the lock of {self._name!r}, which this thread does not hold")
+        return RuntimeError(f"release of the lock of {shown(self._name)!r}, which this thread does not hold")
 
     def _timeout_error(
         self, timeout: Optional[float], holder: Optional[str], pid: Optional[int]
@@ -315,7 +316,7 @@ class SharedLock:
         """The LockTimeout for ``timeout``: ``holder`` as ``_holder`` answers."""
         text = holder or "held by another thread of this process"
         return LockTimeout(
-            self._MESSAGE.format(name=self._name, timeout=timeout, holder=text),
+            self._MESSAGE.format(name=shown(self._name), timeout=timeout, holder=text),
             name=self._name,
             pid=pid if pid else os.getpid(),
         )

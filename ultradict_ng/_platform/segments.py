@@ -113,6 +113,12 @@ def directory_of(name: str) -> Optional[str]:
     return _DIRECTORIES.get(name if at < 0 else name[:at])
 
 
+def shown(name: str) -> str:
+    """How messages name the dict ``name``: its directory if it is kept in
+    files (what the user gave ``path=``), else the name."""
+    return directory_of(name) or name
+
+
 def file_of(name: str) -> Optional[str]:
     """The file that holds the derived segment ``name``, if its dict is kept in files."""
     at = name.find("@")

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 from .._codec.codec import copy_value
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone
+from .._platform.segments import shown
 from ..changes import SUPERSEDED, Change, changes_of_dump, changes_of_records, skeleton
 from ..errors import Closed
 from ..speedups import Words
@@ -109,7 +110,7 @@ class Feed(Reader):
 
     def _check_open(self) -> None:
         if self._owner.closed:
-            raise Closed(f"the handle of shared dict {self.name!r} this feed reads through was closed")
+            raise Closed(f"the handle of shared dict {shown(self.name)!r} this feed reads through was closed")
 
     def poll(self) -> list[Change]:
         """The changes published since the last call (or since the feed's

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from .._codec.codec import Codec
 from .._engine import Options
+from .._platform.segments import directory_of
 from ..errors import ParameterMismatch
 from . import layout as L
 from .control import Header
@@ -78,7 +79,11 @@ def check_options(name: str, header: Header, stored: Codec, codec: Optional[Code
     if options.blob_threshold is not None and options.blob_threshold != header.blob_threshold:
         mismatches.append(f"blob_threshold={header.blob_threshold}")
     if mismatches:
+        where = directory_of(name)
         raise ParameterMismatch(
-            f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the "
-            "name to attach with its stored configuration"
+            f"shared dict {name!r} exists with {', '.join(mismatches)}; pass only the name to attach "
+            "with its stored configuration"
+            if where is None
+            else f"the dict kept in {where!r} was created with {', '.join(mismatches)}; pass only path= "
+            "to open it with its stored configuration"
         )

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from .._codec.codec import CUSTOM_ID, MSGPACK, PICKLE, Codec
 from .._codec.placeholders import BlobRef
 from .._codec.safe_pickle import SAFE_PICKLE
-from .._platform.segments import Segment
+from .._platform.segments import Segment, shown
 from ..errors import CorruptSegment, NotFound
 from . import layout as L
 from .control import Header, attach_control
@@ -115,13 +115,13 @@ class Peek(Reader):
         ``PEEK_ROUNDS`` lock-free rounds, or cannot be decoded here."""
         if self.codec is None:
             raise CorruptSegment(
-                f"shared dict {self.name!r} uses a custom serializer; only a process that "
+                f"shared dict {shown(self.name)!r} uses a custom serializer; only a process that "
                 "passes it can decode the contents"
             )
         with self.mutex:
             problem = self._refresh(PEEK_ROUNDS)
         if problem is not None:
-            raise CorruptSegment(f"shared dict {self.name!r}: {problem}")
+            raise CorruptSegment(f"shared dict {shown(self.name)!r}: {problem}")
         return self.data
 
     @staticmethod

@@ -18,7 +18,7 @@ from typing import Any, Optional, Union, cast
 from .._codec.codec import Codec, MsgpackCodec
 from .._codec.records import Inconsistent, apply_all
 from .._platform.lock import SharedLock
-from .._platform.segments import Segment
+from .._platform.segments import Segment, shown
 from ..errors import CorruptSegment, PathGone, Unlinked
 from ..speedups import StoreBase, apply_simple, parse_records
 from . import layout as L
@@ -82,7 +82,7 @@ class Reader(StoreBase):
                 node = None  # type: ignore[assignment]
             if type(node) is not dict:
                 raise PathGone(
-                    f"nested dict at path {list(path)!r} of shared dict {self.name!r} no longer exists"
+                    f"nested dict at path {list(path)!r} of shared dict {shown(self.name)!r} no longer exists"
                 )
         return node
 
@@ -126,8 +126,8 @@ class Reader(StoreBase):
         if problem is None:
             return
         if self._map.words[L.W_STATUS] & L.STATUS_UNLINKED:
-            raise Unlinked(f"shared dict {self.name!r} was unlinked")
-        raise CorruptSegment(f"shared dict {self.name!r}: {problem}")
+            raise Unlinked(f"shared dict {shown(self.name)!r} was unlinked")
+        raise CorruptSegment(f"shared dict {shown(self.name)!r}: {problem}")
 
     def _refresh(self, rounds: int) -> Optional[str]:
         """Up to ``rounds`` rounds of the reader algorithm: None when caught up, else

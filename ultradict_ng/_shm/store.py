@@ -34,7 +34,7 @@ from .._facade.arguments import pairs
 from .._platform import segments
 from .._platform.forks import on_fork_in_child
 from .._platform.names import generate_name, validate_name
-from .._platform.segments import Segment
+from .._platform.segments import Segment, shown
 from ..errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
 from ..speedups import pack_map
 from . import blobs, tablecache, users
@@ -375,8 +375,8 @@ class Store(Writer):
         if self.words[L.W_STATE] != self.seen:
             raise BlobGone(str(exc)) from None
         if self.words[L.W_STATUS] & L.STATUS_UNLINKED:
-            raise Unlinked(f"shared dict {self.name!r} was unlinked; its large value {exc} is gone")
-        raise CorruptSegment(f"shared dict {self.name!r}: blob {exc} is referenced but does not exist")
+            raise Unlinked(f"shared dict {shown(self.name)!r} was unlinked; its large value {exc} is gone")
+        raise CorruptSegment(f"shared dict {shown(self.name)!r}: blob {exc} is referenced but does not exist")
 
     @property
     def buffer_size(self) -> int:
@@ -401,7 +401,7 @@ class Store(Writer):
             if not wait_until_changed(self._map.atomic, words, self.waits, lambda: seen, deadline):
                 return False
             if words[L.W_STATE] == seen:  # woken by unlink(), nothing new
-                raise Unlinked(f"shared dict {self.name!r} was unlinked")
+                raise Unlinked(f"shared dict {shown(self.name)!r} was unlinked")
         self.sync()
         return True
 
@@ -476,7 +476,7 @@ class Store(Writer):
         with self.mutex:
             if self.closed:
                 return
-            self.words = ClosedWords(self.name)
+            self.words = ClosedWords(shown(self.name))
             self._bind_state(None, 0)
             self._tx_fast(None)
             self.data = {}
@@ -490,7 +490,7 @@ class Store(Writer):
         """Remove every segment of the dict (and its files, if kept in files);
         this handle stays usable for reads only."""
         if self.closed:
-            raise Closed(f"this handle of shared dict {self.name!r} is closed")
+            raise Closed(f"this handle of shared dict {shown(self.name)!r} is closed")
         if self.durable is not None:
             return self.durable.remove()
         return unlink_tree(self.name, self._map, self.token)

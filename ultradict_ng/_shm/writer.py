@@ -22,7 +22,7 @@ from .._codec.records import SCALAR_TYPES as _SCALARS
 from .._disk.syncing import Durability
 from .._engine import check_open
 from .._platform import faults, segments
-from .._platform.segments import Segment
+from .._platform.segments import Segment, shown
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from ..speedups import copy_plain
 from . import layout as L
@@ -93,7 +93,7 @@ class Writer(Reader):
             if words[_W_STATE] != self.seen:
                 self._refresh_locked()
             if words[_W_STATUS] & _UNLINKED:
-                raise Unlinked(f"shared dict {self.name!r} was unlinked; it can no longer be written")
+                raise Unlinked(f"shared dict {shown(self.name)!r} was unlinked; it can no longer be written")
             if self.durable is not None and words[L.W_CLEAN_PENDING]:
                 self.durable.forget_clean()  # (before the first write after a clean reopen: _disk/layout.py)
         except BaseException:
@@ -355,7 +355,7 @@ class Writer(Reader):
         or none (see ``Engine.end_transaction``), then give the lock back."""
         tx = self.tx
         if tx is None:
-            raise RuntimeError(f"no transaction of shared dict {self.name!r} is open")
+            raise RuntimeError(f"no transaction of shared dict {shown(self.name)!r} is open")
         try:
             with self.mutex:
                 if tx.depth:
@@ -368,7 +368,7 @@ class Writer(Reader):
                     self._discard(tx)
                     if publish:
                         raise TransactionAborted(
-                            f"a transaction of shared dict {self.name!r} published nothing: "
+                            f"a transaction of shared dict {shown(self.name)!r} published nothing: "
                             + (
                                 "a nested transaction() block of it ended with an exception"
                                 if tx.doomed
@@ -392,7 +392,9 @@ class Writer(Reader):
         """The one publish of a transaction: its records (one STATE store), or a
         dump of the cache when they did not fit; then the blobs it dropped."""
         if self._map.words[_W_STATUS] & _UNLINKED:
-            raise Unlinked(f"shared dict {self.name!r} was unlinked; the transaction published nothing")
+            raise Unlinked(
+                f"shared dict {shown(self.name)!r} was unlinked; the transaction published nothing"
+            )
         if faults.armed is not None:
             faults.hit("transaction-written")
         if tx.dump:
@@ -450,7 +452,7 @@ class Writer(Reader):
         size = planned.size
         if self.dump_limit and size > self.dump_limit:
             raise OutOfSpace(
-                f"shared dict {self.name!r}: a full dump would take {size} "
+                f"shared dict {shown(self.name)!r}: a full dump would take {size} "
                 f"bytes, over the dict's dump size limit of {self.dump_limit}"
             )
         gen = self.gen + 1 if self.gen < L.GEN_MASK else 1
