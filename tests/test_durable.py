@@ -913,3 +913,19 @@ def test_messages_name_the_directory_not_the_segment(durable_dir):
     assert "udng+" not in repr(e.lock)
     e.close()
     f.close()
+
+
+def test_a_damaged_value_file_is_named(durable_dir):
+    """A large value's file whose header is damaged is refused by its path."""
+    d = SharedDict(path=durable_dir)
+    d["big"] = b"x" * 100_000
+    d.close()
+    blob = os.path.join(durable_dir, "blob.1")
+    with open(blob, "r+b") as f:
+        f.seek(9)
+        f.write(b"\xff")
+    d = SharedDict(path=durable_dir)
+    with pytest.raises(CorruptSegment, match=f"blob {blob!r} does not hold what its reference says"):
+        d["big"]
+    d.unlink()
+    d.close()

@@ -219,13 +219,14 @@ def map_blob(name: str, token: int, ref: BlobRef, access: int = mmap.ACCESS_READ
         size = opened.size()
         if size < L.BLOB_HEADER + ref.length:
             raise CorruptSegment(
-                f"blob {seg!r} holds {size} bytes, its reference says {L.BLOB_HEADER + ref.length}"
+                f"blob {segments.file_of(seg) or seg!r} holds {size} bytes, "
+                f"its reference says {L.BLOB_HEADER + ref.length}"
             )
         mm = opened.map(size, access)
     magic, btoken, bid, length, kind, _ = _header.unpack_from(mm, 0)
     if (magic, btoken, bid, length, kind) != (L.BLOB_MAGIC, token, ref.id, ref.length, ref.kind):
         mm.close()
-        raise CorruptSegment(f"blob {seg!r} does not hold what its reference says")
+        raise CorruptSegment(f"blob {segments.file_of(seg) or seg!r} does not hold what its reference says")
     return mm
 
 
@@ -249,12 +250,12 @@ def read_payload(name: str, ref: BlobRef) -> Any:
                 while done < ref.length:
                     n = opened.readinto(dst[done:], L.BLOB_HEADER + done)
                     if n <= 0:
-                        raise CorruptSegment(f"blob {seg!r} ended before its length")
+                        raise CorruptSegment(f"blob {segments.file_of(seg) or seg!r} ended before its length")
                     done += n
             return out
         data = opened.pread(ref.length, L.BLOB_HEADER)
         if len(data) < ref.length:  # pread of a regular file returns it all, or less at its end
-            raise CorruptSegment(f"blob {seg!r} ended before its length")
+            raise CorruptSegment(f"blob {segments.file_of(seg) or seg!r} ended before its length")
         return data
 
 
