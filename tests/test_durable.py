@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import re
 import shutil
 import stat
 import subprocess
@@ -733,6 +734,34 @@ def test_a_dict_meta_edited_by_hand_is_refused_naming_the_field(durable_dir, fie
         assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
         assert {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)} == before
     shutil.rmtree(durable_dir)
+
+
+@pytest.mark.parametrize("version, layout", [("1", None), (True, None), (None, 9.0), (2, None)])
+def test_a_dict_meta_of_another_version_is_refused_as_such(durable_dir, version, layout):
+    """Only the very ints this version writes pass: ``"1"``, ``true`` and
+    ``9.0`` are another version's (the message shows them as they are)."""
+    d = SharedDict(path=durable_dir)
+    d.close()
+    meta_path = os.path.join(durable_dir, D.META_FILE)
+    meta = json.load(open(meta_path))
+    meta["version"] = meta["version"] if version is None else version
+    meta["layout"] = meta["layout"] if layout is None else layout
+    json.dump(meta, open(meta_path, "w"))
+    with pytest.raises(
+        IncompatibleLayout, match=re.escape(f"version {meta['version']!r} (layout {meta['layout']!r})")
+    ):
+        SharedDict(path=durable_dir)
+    shutil.rmtree(durable_dir)
+
+
+def test_an_empty_path_or_a_dangling_link_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="path= is empty"):
+        SharedDict(path="")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(NotADict, match="symbolic link to nothing"):
+        SharedDict(path=str(link))
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_after_a_failed_sync_no_write_is_acknowledged_until_a_reopen(durable_dir, monkeypatch, caplog):

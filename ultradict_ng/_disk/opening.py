@@ -76,10 +76,16 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
     allowed; its problems as errors.  (One ``stat`` answers "a directory?",
     the filesystem's device and the control segment's name: a reopen's
     work is mostly such calls.)"""
-    directory = os.path.abspath(os.fsdecode(directory))  # (bytes too, as os.open takes them)
+    given = os.fsdecode(directory)  # (bytes too, as os.open takes them)
+    if not given:
+        raise ValueError("path= is empty: give the dict's directory")
+    directory = os.path.abspath(given)
     try:
         st = os.stat(directory)
     except FileNotFoundError:
+        if os.path.islink(directory):
+            target = os.readlink(directory)
+            raise NotADict(f"{directory!r} is a symbolic link to nothing ({target!r})") from None
         if create is False:
             raise NotFound(f"no dict is kept in {directory!r}: it does not exist") from None
         there = os.path.dirname(directory)  # (refused before anything is made)
@@ -179,9 +185,10 @@ def _read_meta(directory: str) -> Optional[dict[str, Any]]:
         raise CorruptSegment(f"{path}: not a dict's description ({exc})") from None
     if meta.get("format") != D.META_FORMAT:
         raise NotADict(f"{path} does not describe an ultradict_ng dict")
-    if meta.get("version") != D.DISK_VERSION or meta.get("layout") != L.LAYOUT_VERSION:
+    version, layout = meta.get("version"), meta.get("layout")
+    if (type(version), version, type(layout), layout) != (int, D.DISK_VERSION, int, L.LAYOUT_VERSION):
         raise IncompatibleLayout(
-            f"{path}: the dict's files are of version {meta.get('version')} (layout {meta.get('layout')}); "
+            f"{path}: the dict's files are of version {version!r} (layout {layout!r}); "
             f"this ultradict_ng reads version {D.DISK_VERSION} (layout {L.LAYOUT_VERSION})"
         )
     # A well-formed file checked in one pass at C speed (every process's first open reads it):
