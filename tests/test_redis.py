@@ -113,15 +113,18 @@ def test_cached_reads_make_no_round_trip_and_follow_writes(open_dict, name, r):
     deadline = time.monotonic() + 2
     while reader["k"] != 0:
         assert time.monotonic() < deadline
-    before = round_trips(r)
-    start, n = time.monotonic(), 0
-    # Well inside the 0.5 s bound, however slowly a loaded machine runs the loop.
-    while n < 10000 and time.monotonic() - start < 0.2:
-        reader["k"]
-        n += 1
-    after = round_trips(r)
-    assert n > 100
-    assert after["evalsha"] == before["evalsha"] and after["hmget"] == before["hmget"]  # no read went out
+    for _ in range(3):  # (a loaded machine can stall a loop past the 0.5 s bound: reads then go out)
+        before = round_trips(r)
+        start, n = time.monotonic(), 0
+        while n < 10000 and time.monotonic() - start < 0.2:
+            reader["k"]
+            n += 1
+        after = round_trips(r)
+        assert n > 100
+        if after["evalsha"] == before["evalsha"] and after["hmget"] == before["hmget"]:
+            break  # no read went out
+    else:
+        raise AssertionError(f"cached reads went out in three rounds: {before} -> {after}")
     for i in range(1, 50):
         writer["k"] = i
         sent = time.monotonic()
