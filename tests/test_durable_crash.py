@@ -321,6 +321,10 @@ def test_a_creator_killed_before_its_initial_data_is_in_leaves_no_dict(durable_d
     assert p.returncode == -signal.SIGKILL, p.stderr
     with open(os.path.join(durable_dir, D.META_FILE)) as f:
         assert json.load(f)["creating"] is True  # (what tells its leftovers from a dict that lost its meta)
+    from ultradict_ng.cli.paths import summary
+
+    with pytest.raises(NotFound, match="its creation did not finish"):
+        summary(durable_dir)  # (ls)
     with pytest.raises(NotFound):
         SharedDict(path=durable_dir, create=False)
     assert worker(["create", durable_dir]).returncode == 0

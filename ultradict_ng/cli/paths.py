@@ -77,6 +77,8 @@ def _meta(path: str) -> dict[str, Any]:
         raise CorruptSegment(f"{meta_path}: not a dict's description ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != D.META_FORMAT:
         raise CorruptSegment(f"{meta_path} does not describe an ultradict_ng dict")
+    if meta.get("creating"):
+        raise NotFound(f"no dict is kept in {path!r}: its creation did not finish (the next one replaces it)")
     return meta
 
 
