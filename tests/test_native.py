@@ -1379,7 +1379,7 @@ def test_scan_stream_finds_the_whole_units_and_why_it_stopped():
     open_tx, oends = _stream_of_units([[one], [one, one]])
     last = oends[1] - len(one) - L.RECORD_HEADER  # the transaction's last record, made not last
     struct.pack_into("<I", open_tx, last + 12, (last - oends[0]) << L.UNIT_BACK_SHIFT)
-    assert _scans(open_tx, 3) == (oends[0], 1, "zeros")
+    assert _scans(open_tx, 3) == (oends[0], 1, "a transaction's records without its last")  # (then zeros)
     assert _scans(bytes(open_tx[: oends[1]]), 3) == (oends[0], 1, "a transaction's records without its last")
 
 

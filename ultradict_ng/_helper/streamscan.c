@@ -2,6 +2,8 @@
  * (_disk/layout.py, step 4c).  The twin is streamscan.py. */
 #include "udng.h"
 
+#include <string.h>
+
 /* scan_stream(buffer, tag) -> (end, units, stopped): recovery's scan of a
  * stream file (_disk/layout.py, "Opening and recovery", step 4c) -- the
  * records from offset 0 carrying `tag`, each within the buffer, with a
@@ -64,7 +66,11 @@ udng_native_scan_stream(PyObject *module, PyObject *const *args, Py_ssize_t narg
         stopped = "the file's end";
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
-    if (stopped == NULL && start != pos)
+    /* Records of a unit never finished, then an end (zeros, another
+     * generation, the file's end): a writer killed inside a transaction, said
+     * so -- not taken for an end followed by records (recovery.records_after). */
+    if (start != pos && (stopped == NULL || !strcmp(stopped, "zeros")
+                         || !strcmp(stopped, "a record of another generation")))
         stopped = "a transaction's records without its last";
     return Py_BuildValue("nns", end, units, stopped == NULL ? "" : stopped);
 }

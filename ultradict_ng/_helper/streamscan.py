@@ -56,8 +56,8 @@ def scan_stream(buffer: Any, tag: int) -> tuple[int, int, str]:
         else:
             if pos < size:
                 stopped = "the file's end"
-        if start != pos and not stopped:
-            stopped = "a transaction's records without its last"
+        if start != pos and stopped in ("", "zeros", "a record of another generation"):
+            stopped = "a transaction's records without its last"  # (a writer killed inside one: said so)
         return end, units, stopped
     finally:
         mv.release()
