@@ -868,3 +868,22 @@ def test_ls_and_clean_parcels_of_a_killed_pool(tmp_path):
             proc.wait()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(live)
+
+
+def test_clean_prints_entries_removed_meanwhile_or_failed(capsys):
+    """``clean`` reports a dict another process removed while it looked, and
+    one it could not remove, beside the others (its table read ``segments``
+    of every entry, and died after the removals were made)."""
+    from ultradict_ng.cli.cleaning import _print_clean
+
+    _print_clean(
+        [
+            {"name": "a", "kind": "dict", "action": "gone", "reason": "removed meanwhile by another process"},
+            {"name": "b", "kind": "dict", "action": "error", "reason": "denied"},
+            {"name": "pool of pid 7", "kind": "parcels", "segments": 2, "bytes": 4096, "action": "removed"},
+            {"name": "c", "kind": "orphans", "bytes": 0, "action": "removed"},
+        ],
+        False,
+    )
+    out = capsys.readouterr().out
+    assert "removed meanwhile" in out and "denied" in out and "(2 parcels)" in out and "c@* (orphans)" in out

@@ -242,3 +242,37 @@ def test_doctor_finds_a_damaged_index_and_compact_rebuilds_it(durable_dir):
     assert all(d[f"key{i}"] == i for i in range(5000))
     d.unlink()
     d.close()
+
+
+def test_doctor_fails_a_dict_of_another_version(durable_dir):
+    d = SharedDict(path=durable_dir)
+    d.close()
+    meta_path = os.path.join(durable_dir, D.META_FILE)
+    meta = json.load(open(meta_path))
+    meta["version"] = 99
+    json.dump(meta, open(meta_path, "w"))
+    out = cli("doctor", durable_dir)
+    assert out.returncode == 1 and "its files are of version 99" in out.stdout, out.stdout
+    assert "closed cleanly" not in out.stdout
+    assert cli("rm", durable_dir).returncode == 0
+
+
+def test_rm_of_a_path_names_the_processes_still_using_it(durable_dir):
+    d = SharedDict(path=durable_dir)
+    d["k"] = 1
+    out = cli("rm", durable_dir)
+    assert out.returncode == 0 and f"still used by pid {os.getpid()}" in out.stdout, out.stdout
+    d.close()
+
+
+def test_a_failed_load_into_a_directory_the_user_made_leaves_it(tmp_path):
+    """A load that fails changes nothing: an empty directory given as the
+    dict's stays, with its mode (only a dict made for the load is removed)."""
+    target = tmp_path / "target"
+    target.mkdir()
+    os.chmod(target, 0o750)
+    dump = tmp_path / "d.jsonl"
+    dump.write_text('["a", 1]\n["b", \n')
+    out = cli("load", str(target), str(dump))
+    assert out.returncode == 1 and "nothing was changed" in out.stderr, out.stderr
+    assert target.is_dir() and os.listdir(target) == [] and (os.stat(target).st_mode & 0o777) == 0o750

@@ -57,7 +57,8 @@ def cmd_rm(args: Namespace) -> int:
                     results.append(entry)
                     continue
                 try:
-                    entry.update(removed=d.unlink(), bytes=None, live_users=[])
+                    others = [u.pid for u in d.users() if u.alive and u.pid != os.getpid()]
+                    entry.update(removed=d.unlink(), bytes=None, live_users=others)
                 finally:
                     d.close()
                 results.append(entry)
@@ -260,9 +261,11 @@ def _print_clean(results: list[dict[str, Any]], dry: bool) -> None:
     rows = []
     freed = 0
     for e in results:
-        what = {"dict": e["name"], "parcels": f"{e['name']} ({e['segments']} parcels)"}.get(
-            e["kind"], f"{e['name']}@* (orphans)"
-        )
+        kind = e.get("kind")  # (an entry removed meanwhile, or one that failed, has less to say)
+        if kind == "parcels":
+            what = f"{e['name']} ({e.get('segments', '?')} parcels)"
+        else:
+            what = e["name"] if kind in ("dict", None) else f"{e['name']}@* (orphans)"
         reason = e.get("reason") or ""
         if e.get("users"):
             reason += ": pid " + ", ".join(map(str, e["users"]))

@@ -142,9 +142,17 @@ def file_checks(path: str) -> list[Check]:
     except (NotFound, CorruptSegment) as exc:
         return [("dict.meta", "fail", str(exc))]
     version, layout = meta.get("version"), meta.get("layout")
-    out.append(("dict.meta", "ok", f"version {version}, layout {layout}, sync {meta.get('sync')}"))
-    if layout != L.LAYOUT_VERSION:
-        out.append(("layout", "fail", f"written by layout {layout}; this version reads {L.LAYOUT_VERSION}"))
+    out.append(("dict.meta", "ok", f"version {version!r}, layout {layout!r}, sync {meta.get('sync')}"))
+    if (type(version), version, type(layout), layout) != (int, D.DISK_VERSION, int, L.LAYOUT_VERSION):
+        out.append(
+            (
+                "version",
+                "fail",
+                f"its files are of version {version!r} (layout {layout!r}); this ultradict_ng reads version "
+                f"{D.DISK_VERSION} (layout {L.LAYOUT_VERSION}): no open takes them",
+            )
+        )
+        return out
     free = shutil.disk_usage(path).free
     room = "ok" if free > (64 << 20) else "warn"
     out.append(("disk", room, f"{free / (1 << 20):,.0f} MiB free where the files are"))

@@ -258,6 +258,7 @@ def cmd_load(args: Namespace) -> int:
         else:
             st = os.fstat(stream.fileno())
             entries = read_jsonl(stream, bars[0], st.st_size if stat.S_ISREG(st.st_mode) else None)
+        before = os.stat(args.name) if paths.is_path(args.name) and os.path.isdir(args.name) else None
         d, created = _open_for_load(args.name, args.recurse, header.get("recurse", False))
         try:
             bars[0].tick(0)
@@ -268,6 +269,11 @@ def cmd_load(args: Namespace) -> int:
         except BaseException:
             if created and len(d) == 0 and [u.pid for u in d.users()] == [os.getpid()]:
                 d.unlink()  # made for this load, which failed: leave no empty dict behind
+                if before is not None and not os.path.exists(args.name):  # (a directory the user made stays)
+                    os.mkdir(args.name, stat.S_IMODE(before.st_mode))
+                    os.chmod(args.name, stat.S_IMODE(before.st_mode))  # (as it was, whatever the umask)
+                    if os.geteuid() == 0:
+                        os.chown(args.name, before.st_uid, before.st_gid)
             raise
         finally:
             keys = len(d)
