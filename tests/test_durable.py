@@ -958,3 +958,27 @@ def test_a_damaged_value_file_is_named(durable_dir):
         d["big"]
     d.unlink()
     d.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only opens another's dict")
+def test_root_opening_another_users_dict_leaves_every_file_theirs(durable_dir):
+    """Root reading or writing a dict whose directory another user owns (an
+    admin's ``ultradict-ng show PATH``) leaves every file it makes -- the
+    control segment, ``clean``, a checkpoint, a value's file -- owned by
+    that user: mode 0600 files of root's would lock them out of their dict."""
+    nobody = 65534
+    d = SharedDict(path=durable_dir)
+    d["k"] = 1
+    d.close()
+    for f in [durable_dir, *(os.path.join(durable_dir, f) for f in os.listdir(durable_dir))]:
+        os.chown(f, nobody, nobody)
+    d = SharedDict(path=durable_dir)  # (root: rebuilds the control segment)
+    assert os.stat(os.path.join(SHM, control_of(durable_dir))).st_uid == nobody
+    d["big"] = b"x" * 100_000  # (a value's file)
+    d._store.force_dump()  # (a checkpoint)
+    d.close()  # (clean)
+    owners = {f: os.stat(os.path.join(durable_dir, f)).st_uid for f in os.listdir(durable_dir)}
+    assert set(owners.values()) == {nobody}, owners
+    d = SharedDict(path=durable_dir)
+    d.unlink()
+    d.close()

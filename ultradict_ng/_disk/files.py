@@ -27,6 +27,7 @@ from . import layout as D
 __all__ = [
     "observer",
     "create",
+    "adopt",
     "open_rw",
     "sync_file",
     "sync_range",
@@ -60,11 +61,30 @@ def _note(event: str, path: str, done: bool, span: Optional[tuple[int, int]] = N
 
 
 def create(path: str) -> int:
-    """A descriptor of the new file ``path`` (``FileExistsError`` if it exists)."""
+    """A descriptor of the new file ``path`` (``FileExistsError`` if it exists),
+    owned as its directory is (:func:`adopt`)."""
     _note("create", path, False)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, _MODE)
+    try:
+        adopt(fd, os.path.dirname(path))
+    except BaseException:
+        os.close(fd)
+        os.remove(path)
+        raise
     _note("create", path, True)
     return fd
+
+
+def adopt(fd: int, directory: str) -> None:
+    """A file root makes for a dict whose directory another user owns becomes
+    that user's.  Why: a file of mode 0600 owned by root -- the ``clean`` a
+    root ``ultradict-ng show PATH`` leaves, a checkpoint, a value -- would
+    lock the dict's owner out of their own dict.  Other users cannot make
+    files in a directory they do not own (mode 0700), nor give them away."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        st = os.stat(directory)
+        if st.st_uid != 0:
+            os.fchown(fd, st.st_uid, st.st_gid)
 
 
 def open_rw(path: str, writable: bool = True) -> int:

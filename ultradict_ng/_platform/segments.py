@@ -183,7 +183,16 @@ def _create_fd(name: str) -> int:
     if path is not None:
         return files.create(_aside(name, path))
     _require_posix()
-    return int(_posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE))
+    fd = int(_posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE))
+    directory = directory_of(name)
+    if directory is not None:  # (a dict kept in files: its control words owned as its directory)
+        try:
+            files.adopt(fd, directory)
+        except BaseException:
+            os.close(fd)
+            _posixshmem.shm_unlink(_path(name))
+            raise
+    return fd
 
 
 def _abandon(name: str, fd: int) -> None:
