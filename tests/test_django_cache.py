@@ -230,6 +230,24 @@ def test_incr_from_several_processes_is_exact(location: str) -> None:
     assert 200 < cache._cache.ttl(cache.make_key("counter")) <= 300
 
 
+def test_incr_of_a_float_or_a_bool_adds_as_djangos_own_caches(location: str) -> None:
+    """LocMemCache and FileBasedCache return ``value + delta`` for any stored
+    value (2.5 for 1.5, 2 for True) and keep its expiry; a string raises
+    ``TypeError`` there too; a missing key ``ValueError``."""
+    cache = backend(location)
+    cache.set("f", 1.5, 300)
+    cache.set("b", True)
+    cache.set("s", "x")
+    assert cache.incr("f") == 2.5 and cache.get("f") == 2.5
+    assert 200 < cache._cache.ttl(cache.make_key("f")) <= 300
+    assert cache.decr("b") == 0 and cache.get("b") == 0
+    with pytest.raises(TypeError):
+        cache.incr("s")
+    assert cache.get("s") == "x"
+    with pytest.raises(ValueError, match="not found"):
+        cache.incr("missing")
+
+
 def test_incr_from_several_threads_is_exact(location: str) -> None:
     """Django makes one backend object per thread: they share this process's handle."""
     backend(location).set("counter", 0)

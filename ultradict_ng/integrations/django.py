@@ -336,11 +336,21 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         return key in self._cache
 
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        """As Django's own caches: ``value + delta``, kept with its expiry --
+        an int in one compiled step, another value (a float, a bool) read and
+        written under the cache's lock; a string raises ``TypeError``."""
         key = self.make_and_validate_key(key, version=version)
-        try:
-            return self._cache.incr(key, delta)
-        except KeyError:
-            raise ValueError(f"Key '{key}' not found") from None
+        core = self._cache
+        with core.lock:
+            try:
+                return core.incr(key, delta)
+            except KeyError:
+                raise ValueError(f"Key '{key}' not found") from None
+            except TypeError:  # (not an int)
+                pass
+            new = core[key] + delta
+            core.set(key, new, ttl=core.ttl(key))
+            return new
 
     def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return self.incr(key, -delta, version=version)
