@@ -165,10 +165,12 @@ def test_the_sync_policies(durable_dir, tmp_path):
     d.close()
     with pytest.raises(ParameterMismatch):
         SharedDict(path=durable_dir, sync="never")
-    d = SharedDict(path=durable_dir, sync="always")
+    d = SharedDict(path=durable_dir, sync="always", sync_interval=5)  # (an interval it does not use)
     d.unlink()
     d.close()
     e = SharedDict(path=str(tmp_path / "interval"), sync="interval", sync_interval=0.05)
+    with pytest.raises(ParameterMismatch, match="created with sync_interval=0.05, not 5"):
+        SharedDict(path=str(tmp_path / "interval"), sync_interval=5)
     e["a"] = 1
     deadline = time.monotonic() + 5
     while e.stats()["synced_end"] != e.stats()["stream_end"]:

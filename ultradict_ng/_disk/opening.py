@@ -340,8 +340,12 @@ def _refuse_orphaned(directory: str) -> None:
 
 
 def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> None:
+    """``ParameterMismatch`` for a sync policy given that is not the stored one
+    (an interval only where it is used: a dict of another policy has none)."""
     for option, key in (("sync", "sync"), ("sync_interval", "sync_interval")):
         given = getattr(options, option)
+        if option == "sync_interval" and meta.get("sync") != "interval":
+            continue
         if given is not None and given != meta.get(key):
             raise ParameterMismatch(
                 f"the dict kept in {directory!r} was created with {option}={meta.get(key)!r}, not {given!r}"
