@@ -451,6 +451,8 @@ def test_threshold(caches: Any, name: str) -> None:
         SharedCache(name, threshold=30)
     with pytest.raises(ParameterMismatch):
         SharedCache(name)  # the default, 500, is a bound too
+    with pytest.raises(ParameterMismatch, match="threshold=20, not 0"):
+        SharedCache(name, threshold=0)  # (no bound: not the stored one either)
     assert caches(name, threshold=None).cache.maxsize == 20
     unbounded = caches(unique_name(), threshold=0)
     unbounded.set_many({f"k{i}": i for i in range(600)})

@@ -93,7 +93,7 @@ from cachelib.serializers import BaseSerializer
 
 from ..cache import SharedCache as _Core
 from ..cache.entries import plain_data
-from ..errors import AlreadyExists, NotFound, TooLarge
+from ..errors import AlreadyExists, NotFound, ParameterMismatch, TooLarge
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -385,7 +385,14 @@ def _open(name: str | None, threshold: int | None, create: bool | None, where: d
             threshold = DEFAULT_THRESHOLD
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
             raise ValueError(f"threshold must be an int >= 0 or None, not {threshold!r}")
-        return _Core(name, maxsize=threshold or None, create=create, **where)
+        core = _Core(name, maxsize=threshold or None, create=create, **where)
+        if threshold == 0 and core.maxsize is not None:  # (None is "not given" to the core: checked here)
+            core.close()
+            raise ParameterMismatch(
+                f"the cache was created with threshold={core.maxsize}, not 0 (no bound); "
+                "pass threshold=None to use the stored one"
+            )
+        return core
     while True:
         # Attach first: passing a bound would be checked against the stored one.  If
         # it is absent, create it; if another process created it meanwhile, attach again.
