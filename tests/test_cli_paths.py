@@ -276,3 +276,28 @@ def test_a_failed_load_into_a_directory_the_user_made_leaves_it(tmp_path):
     out = cli("load", str(target), str(dump))
     assert out.returncode == 1 and "nothing was changed" in out.stderr, out.stderr
     assert target.is_dir() and os.listdir(target) == [] and (os.stat(target).st_mode & 0o777) == 0o750
+
+
+def test_path_odds_and_ends_in_the_commands(tmp_path):
+    """A plain file given as PATH is named as not a directory; doctor of a dict
+    in use says nothing of the file a writer is writing aside (``.tmp``), and
+    a load into a dict that cannot be opened says "nothing was changed" once."""
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    out = cli("ls", str(plain))
+    assert out.returncode == 1 and "is not a directory" in out.stderr, out.stderr
+    assert "Errno" not in out.stderr
+    path = str(tmp_path / "d")
+    d = SharedDict(path=path)
+    d["k"] = 1
+    d._store.force_dump()
+    d["j"] = 2  # (a record of the checkpoint's generation)
+    open(os.path.join(path, "blob.x3.tmp"), "wb").close()  # (as a writer's value being written)
+    assert "unfinished file" not in cli("doctor", path).stdout
+    d.close()
+    assert "unfinished file" in cli("doctor", path).stdout
+    os.remove(os.path.join(path, "dump.1"))  # ("... is missing ...; nothing was changed")
+    dump = tmp_path / "d.jsonl"
+    dump.write_text('["a", 1]\n')
+    out = cli("load", path, str(dump))
+    assert out.returncode == 1 and out.stderr.count("nothing was changed") == 1, out.stderr

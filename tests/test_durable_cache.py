@@ -281,3 +281,19 @@ def test_a_stored_setting_mismatch_names_the_directory(durable_dir):
         SharedCache(path=durable_dir, maxsize=20)
     c.unlink()
     c.close()
+
+
+def test_a_dict_kept_in_files_opened_as_a_cache_is_refused_naming_its_directory(durable_dir):
+    from ultradict_ng import SharedDict
+    from ultradict_ng.errors import ParameterMismatch
+
+    d = SharedDict(path=durable_dir)
+    d["k"] = 1
+    d.close()
+    with pytest.raises(
+        ParameterMismatch, match=f"shared dict {durable_dir!r} holds keys but is not a SharedCache"
+    ):
+        SharedCache(path=durable_dir)
+    d = SharedDict(path=durable_dir)
+    d.unlink()
+    d.close()

@@ -173,12 +173,12 @@ def open_side(
                 if side is None:
                     if absent and dict_len() > 0:
                         raise ParameterMismatch(
-                            f"shared dict {dict_name!r} holds keys but is not a SharedCache"
+                            f"shared dict {segments.shown(dict_name)!r} holds keys but is not a SharedCache"
                         )
                     if dict_len() > 0:  # its entries name slots of a segment that is gone
                         raise CorruptSegment(
                             f"segment {name!r} is unfinished or an earlier dict's, but the cache "
-                            f"{dict_name!r} holds entries"
+                            f"{segments.shown(dict_name)!r} holds entries"
                         )
                     if not absent:
                         segments.unlink(name)  # stale (an earlier dict's) or never finished

@@ -37,7 +37,7 @@ from .._shm import table_layout as TL
 from .._shm.peek import Peek
 from .._shm.survey import report
 from .._shm.table import Table
-from ..errors import CorruptSegment, NotFound
+from ..errors import CorruptSegment, NotADict, NotFound
 from ..shareddict import SharedDict
 
 __all__ = ["is_path", "open_dict", "peeking", "summary", "file_checks", "cmd_compact", "describes_a_dict"]
@@ -73,6 +73,8 @@ def _meta(path: str) -> dict[str, Any]:
             meta = json.loads(f.read())
     except FileNotFoundError:
         raise NotFound(f"no dict is kept in {path!r}") from None
+    except NotADirectoryError:
+        raise NotADict(f"{path!r} is not a directory: a dict kept in files is one") from None
     except ValueError as exc:
         raise CorruptSegment(f"{meta_path}: not a dict's description ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != D.META_FORMAT:
@@ -204,6 +206,7 @@ def file_checks(path: str) -> list[Check]:
                 "the writes between are lost to damage (the next open keeps the rest, with a warning)",
             )
         )
+    users = None
     if clean is not None and clean == (generation, found.end, token):
         out.append(("state", "ok", "closed cleanly: opens without recovery"))
     else:
@@ -216,7 +219,7 @@ def file_checks(path: str) -> list[Check]:
             state = "its shared memory left by processes that died: the next open checks it against the files"
         out.append(("state", "ok", state))
     leftovers = [f for f in os.listdir(path) if f.endswith(D.TMP_SUFFIX)]
-    if leftovers:
+    if leftovers and not users:  # (in use: a writer's value or checkpoint being written)
         named = ", ".join(leftovers[:3])
         out.append(
             (

@@ -167,7 +167,7 @@ def _guarded(
         for bar in progress:
             bar.close()  # (before the message: same terminal line)
         problem = str(exc) if isinstance(exc, ValueError) else "interrupted"
-        if command == "load":
+        if command == "load" and not problem.endswith("nothing was changed"):
             problem += "; nothing was changed"
         elif isinstance(exc, KeyboardInterrupt):
             problem += f"; {args.file} not written"
