@@ -625,6 +625,14 @@ def _killed_after(path: str, code: str) -> int:
     return end
 
 
+def _put_back(backup: str, directory: str) -> None:
+    """The files of ``backup`` copied over those of ``directory`` (the directory itself stays)."""
+    for f in os.listdir(directory):
+        os.remove(os.path.join(directory, f))
+    for f in os.listdir(backup):
+        shutil.copy(os.path.join(backup, f), os.path.join(directory, f))
+
+
 def test_shared_memory_left_by_dead_processes_is_used_only_if_the_files_agree(durable_dir, tmp_path, caplog):
     """After a process is killed its control segment stays, and the next
     opener attaches to it (the page cache holds what it published) -- unless
@@ -642,10 +650,7 @@ def test_shared_memory_left_by_dead_processes_is_used_only_if_the_files_agree(du
     assert d["v"] == "later" and "ultradict_ng" not in caplog.text
     d.close()
     _killed_after(durable_dir, 'd["v"] = "newest"\nd._store.force_dump()')  # (a newer checkpoint)
-    for f in os.listdir(durable_dir):
-        os.remove(os.path.join(durable_dir, f))
-    for f in os.listdir(backup):
-        shutil.copy(os.path.join(backup, f), os.path.join(durable_dir, f))
+    _put_back(backup, durable_dir)
     with caplog.at_level("WARNING", logger="ultradict_ng"):
         d = SharedDict(path=durable_dir)
     assert dict(d) == {"v": "backup"} and "checkpoint dump.1 is not in the directory" in caplog.text
@@ -678,10 +683,7 @@ def test_files_put_back_over_a_dead_processes_segment_win_when_clean_differs(dur
     for n in (7, 8, 9):
         e["n"] = n
     e.close()
-    for f in os.listdir(durable_dir):
-        os.remove(os.path.join(durable_dir, f))
-    for f in os.listdir(copy):
-        shutil.copy(os.path.join(copy, f), os.path.join(durable_dir, f))
+    _put_back(copy, durable_dir)
     with caplog.at_level("WARNING", logger="ultradict_ng"):
         d = SharedDict(path=durable_dir)
     assert dict(d) == {"n": 9} and "its clean file records another state" in caplog.text, caplog.text

@@ -132,6 +132,16 @@ def test_a_cache_on_a_full_disk_is_refused_and_leaves_nothing(tmp_path):
         c.close()
 
 
+def _fill_up(mnt: str, chunk: int) -> str:
+    """A file that takes the mount's free space, written ``chunk`` bytes at a time: its path."""
+    ballast = os.path.join(mnt, "ballast")
+    with open(ballast, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(bytes(chunk))
+    return ballast
+
+
 @pytest.mark.parametrize("table", ["decoded", "read in place"])
 def test_a_recovery_on_a_full_disk_clears_the_stale_tail_instead(tmp_path, caplog, monkeypatch, table):
     """A recovery writes a checkpoint (step e); where the disk has no room
@@ -151,11 +161,7 @@ def test_a_recovery_on_a_full_disk_clears_the_stale_tail_instead(tmp_path, caplo
         model = dict(d)
         d.close()
         os.remove(os.path.join(path, "clean"))  # (as a crash leaves it)
-        ballast = os.path.join(mnt, "ballast")
-        with open(ballast, "wb", buffering=0) as f:
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(bytes(16 << 10))
+        ballast = _fill_up(mnt, 16 << 10)
         with caplog.at_level("WARNING", logger="ultradict_ng"):
             e = SharedDict(path=path)
         assert dict(e) == model and "stale tail was cleared instead" in caplog.text
@@ -183,11 +189,7 @@ def test_a_recovery_on_a_full_tmpfs_reads_no_hole_through_a_mapping(tmp_path):
         model = dict(d)
         d.close()
         os.remove(os.path.join(path, "clean"))  # (as a crash leaves it)
-        ballast = os.path.join(mnt, "ballast")
-        with open(ballast, "wb", buffering=0) as f:
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(bytes(4 << 10))
+        ballast = _fill_up(mnt, 4 << 10)
         code = "\n".join(
             [
                 "from ultradict_ng import SharedDict",

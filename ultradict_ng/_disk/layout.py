@@ -307,6 +307,12 @@ NETWORK_FILESYSTEMS = (
 )
 
 
+def readable_version(version: object, layout: object) -> bool:
+    """Whether ``dict.meta``'s version and layout are this one's: the very ints
+    (JSON's ``"1"``, ``true`` and ``9.0`` compare equal in Python but are not)."""
+    return (type(version), version, type(layout), layout) == (int, DISK_VERSION, int, L.LAYOUT_VERSION)
+
+
 def control_name(device: int, inode: int) -> str:
     """The control segment's name of the directory ``(st_dev, st_ino)``."""
     return f"{CONTROL_PREFIX}{device:x}-{inode:x}"

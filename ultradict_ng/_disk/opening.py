@@ -186,7 +186,7 @@ def _read_meta(directory: str) -> Optional[dict[str, Any]]:
     if meta.get("format") != D.META_FORMAT:
         raise NotADict(f"{path} does not describe an ultradict_ng dict")
     version, layout = meta.get("version"), meta.get("layout")
-    if (type(version), version, type(layout), layout) != (int, D.DISK_VERSION, int, L.LAYOUT_VERSION):
+    if not D.readable_version(version, layout):
         raise IncompatibleLayout(
             f"{path}: the dict's files are of version {version!r} (layout {layout!r}); "
             f"this ultradict_ng reads version {D.DISK_VERSION} (layout {L.LAYOUT_VERSION})"

@@ -145,7 +145,7 @@ def file_checks(path: str) -> list[Check]:
         return [("dict.meta", "fail", str(exc))]
     version, layout = meta.get("version"), meta.get("layout")
     out.append(("dict.meta", "ok", f"version {version!r}, layout {layout!r}, sync {meta.get('sync')}"))
-    if (type(version), version, type(layout), layout) != (int, D.DISK_VERSION, int, L.LAYOUT_VERSION):
+    if not D.readable_version(version, layout):
         out.append(
             (
                 "version",
