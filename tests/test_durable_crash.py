@@ -16,6 +16,7 @@ import pytest
 from ultradict_ng import SharedDict
 from ultradict_ng._disk import layout as D
 from ultradict_ng._disk.opening import control_of
+from ultradict_ng._shm import writer as writer_module
 from ultradict_ng.errors import CorruptSegment, NotFound
 
 pytestmark = pytest.mark.shm_only
@@ -136,6 +137,38 @@ def test_an_aborted_transaction_leaves_zeros_and_never_comes_back(durable_dir, c
         e.unlink()
         e.close()
         assert ("a record not of the unit before it" in caplog.text) == (where == copy), caplog.text
+
+
+class _RaiseAfterPublish:
+    """In place of ``faults`` in the writer: the step after a transaction's
+    publish raises, as a failure there would (its wake-up, its blobs' removal)."""
+
+    armed = True
+
+    @staticmethod
+    def hit(point: str) -> None:
+        if point == "transaction-published":
+            raise RuntimeError(point)
+
+
+def test_a_transaction_failing_after_its_publish_keeps_its_records(durable_dir, monkeypatch):
+    """A rollback zeroes only records nobody can have seen: a transaction that
+    fails after its publish leaves them, so they are still read, and survive
+    a reboot (zeroed, the recovery would stop at them: both writes lost)."""
+    d = SharedDict({"k": 0}, path=durable_dir)
+    monkeypatch.setattr(writer_module, "faults", _RaiseAfterPublish)
+    with pytest.raises(RuntimeError, match="transaction-published"), d.transaction():
+        d["a"] = 1
+        d["b"] = "two"
+    monkeypatch.undo()
+    assert dict(d) == {"k": 0, "a": 1, "b": "two"}
+    d["c"] = 3  # (a later record after them)
+    d.close()
+    reboot(durable_dir)
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"k": 0, "a": 1, "b": "two", "c": 3}
+    e.unlink()
+    e.close()
 
 
 @pytest.mark.parametrize("point", ["recovery-scanned", "recovery-loaded", "recovery-checkpointed"])

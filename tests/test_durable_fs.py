@@ -180,12 +180,19 @@ def test_a_recovery_on_a_full_tmpfs_reads_no_hole_through_a_mapping(tmp_path):
     a mapping takes a page -- on a full one, the process dies of SIGBUS.  A
     recovery there (no room for its checkpoint) reads past the records with
     ``pread`` and clears only pages that hold data: it opens, whole, and so
-    does ``doctor``."""
+    does ``doctor``.  The records end within the look past them of the
+    stream's reserved part, so that both read holes beyond it."""
     with mounted(str(tmp_path / "small"), "-t", "tmpfs", "-o", "size=4m", "tmpfs") as mnt:
         path = os.path.join(mnt, "dict")
-        d = SharedDict(path=path, sync="always")
-        for i in range(100):
-            d[f"k{i}"] = "v" * 100
+        d = SharedDict(path=path, sync="never")
+        stats = d.stats()
+        i = 0
+        while stats["stream_end"] < stats["stream_limit"] - (16 << 10):
+            for _ in range(50):
+                d[f"k{i % 100}"] = f"{i:05d}" + "v" * 100
+                i += 1
+            stats = d.stats()
+        assert stats["generation"] == 0 and stats["stream_end"] < stats["stream_limit"]
         model = dict(d)
         d.close()
         os.remove(os.path.join(path, "clean"))  # (as a crash leaves it)
