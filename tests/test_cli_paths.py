@@ -40,6 +40,10 @@ def test_every_command_takes_a_path(durable_dir, tmp_path):
     assert listed["sync"] == "always" and not listed["open"] and listed["closed_cleanly"]
     shown = cli_json("show", durable_dir, "text", "k7")
     assert shown == {"text": "hello", "k7": 7}
+    between = cli("show", durable_dir, "--json", "text", "k7")  # (an option among the values)
+    assert between.returncode == 0 and json.loads(between.stdout) == shown, between.stderr
+    before = cli("--json", "show", durable_dir)  # (no command's option)
+    assert before.returncode == 2 and "unrecognized arguments: --json" in before.stderr
     stats = cli_json("stats", durable_dir)
     assert stats["keys"] == 101 and stats["path"] == durable_dir and stats["sync"] == "always"
     doctor = cli("doctor", durable_dir)

@@ -53,6 +53,11 @@ that was not closed cleanly, the recovery any open makes (a new checkpoint).
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _build()[0]
+
+
+def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each command's own."""
     parser = argparse.ArgumentParser(
         prog="ultradict-ng",
         description="Inspect, watch, back up, fill and clean the ultradict_ng shared dicts on this machine.",
@@ -182,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="create NAME as a recurse dict (nested dicts as live views), or not; "
         "on an existing dict it must agree",
     )
-    return parser
+    return parser, sub.choices
 
 
 def _transfer_options(p: argparse.ArgumentParser) -> None:
@@ -215,8 +220,29 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line's arguments, options anywhere among a command's values.
+
+    Why not ``parse_args`` alone: argparse ends a positional of several
+    values at the first option, so ``show PATH --json KEY`` left KEY
+    unrecognized.  A command's own parser takes them intermixed
+    (``parse_intermixed_args``, which the main parser cannot: it has
+    subcommands)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, commands = _build()
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    at = argv.index(args.command)  # (the main parser has no option that takes a value)
+    if set(extra) & set(argv[:at]):  # (an option before the command is no command's)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return commands[args.command].parse_intermixed_args(
+        argv[at + 1 :], argparse.Namespace(command=args.command)
+    )
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     from . import cleaning, doctor, inspecting, transfer  # (imported late: --help stays fast)
 
     handlers = {
