@@ -126,13 +126,17 @@ def test_ls_and_clean_know_a_dict_in_files_shared_memory(tmp_path, directory):
 
     path = str(tmp_path / "dict")
     name = _left_by_a_killed_process(path)
-    if directory == "removed":
-        shutil.rmtree(path)
-    (entry,) = [d for d in cli_json("ls")["dicts"] if d["name"] == name]  # type: ignore[index]
-    assert entry["status"] == "files" and not any(u["alive"] for u in entry["users"])
-    (done,) = [d for d in cli_json("clean", name) if d["name"] == name]  # type: ignore[union-attr]
-    assert done["action"] == "removed"
-    assert not os.path.exists(os.path.join("/dev/shm", name))
+    held = os.open(path, os.O_RDONLY)  # (its inode not reused meanwhile: a new directory's dict of our name)
+    try:
+        if directory == "removed":
+            shutil.rmtree(path)
+        (entry,) = [d for d in cli_json("ls")["dicts"] if d["name"] == name]  # type: ignore[index]
+        assert entry["status"] == "files" and not any(u["alive"] for u in entry["users"])
+        (done,) = [d for d in cli_json("clean", name) if d["name"] == name]  # type: ignore[union-attr]
+        assert done["action"] == "removed", done
+        assert not os.path.exists(os.path.join("/dev/shm", name))
+    finally:
+        os.close(held)
     if directory == "kept":
         d = SharedDict(path=path)
         assert dict(d) == {"a": 1}
@@ -305,3 +309,38 @@ def test_path_odds_and_ends_in_the_commands(tmp_path):
     dump.write_text('["a", 1]\n')
     out = cli("load", path, str(dump))
     assert out.returncode == 1 and out.stderr.count("nothing was changed") == 1, out.stderr
+
+
+def test_files_named_as_a_dicts_without_its_bytes_are_another_programs(tmp_path):
+    """Without a ``dict.meta``, ``stream``, ``clean`` and ``cache`` are a
+    dict's only if their first bytes say so: another program's are refused
+    at the open (``NotADict``, naming them, not "a dict that lost its
+    description"), and ``rm`` removes nothing and fails -- as it does on a
+    directory of other files only.  A cache whose ``dict.meta`` was lost is
+    still recognised, and removed whole."""
+    from ultradict_ng.cache import SharedCache
+    from ultradict_ng.errors import NotADict
+
+    app = tmp_path / "app"
+    app.mkdir()
+    theirs = {"stream": b"an event stream of my app\n" * 4, "clean": b"yes\n", "cache": b"\1" * 64}
+    for f, data in theirs.items():
+        (app / f).write_bytes(data)
+    with pytest.raises(NotADict, match="not a dict's \\(cache, clean, stream\\)"):
+        SharedDict(path=str(app))
+    out = cli("rm", str(app))
+    assert out.returncode == 1 and "nothing removed" in out.stderr, out.stdout + out.stderr
+    assert {f: (app / f).read_bytes() for f in os.listdir(app)} == theirs
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    out = cli("rm", str(notes))
+    assert out.returncode == 1 and os.listdir(notes) == ["notes.txt"], out.stdout
+
+    lost = str(tmp_path / "cache")
+    c = SharedCache(path=lost, maxsize=10)
+    c.set("k", "v")
+    c.close()
+    os.remove(os.path.join(lost, D.META_FILE))
+    out = cli("rm", lost)
+    assert out.returncode == 0 and not os.path.exists(lost), out.stdout + out.stderr

@@ -29,7 +29,11 @@ Names are matched whole (``is_own``), and a finished dump or blob must
 begin with its magic (``magics_of``; ``files.dicts_file`` checks both):
 ``streamer.log``, ``dump.sql`` or ``blob.png`` is not a dict's file -- a
 directory holding one is refused at creation, and no step reads, counts or
-removes it.
+removes it.  Where ``dict.meta`` is missing, nothing vouches for the names
+alone: ``clean`` must begin with ``CLEAN_MAGIC``, ``cache`` with its side
+segment's magic (or zeros), ``stream`` with zeros or a whole record
+(``recovery.dicts_own``) -- another program's ``stream`` is not taken for
+the records of a dict that lost its description, nor removed as them.
 
 The control segment stays in shared memory (``/dev/shm``): it is rebuilt from
 the files whenever it is missing, as SQLite rebuilds its ``-shm`` index.  Its

@@ -21,7 +21,7 @@ from .._shm.mapping import Mapping
 from .._shm.store import Store
 from . import files
 from . import layout as D
-from .recovery import clean_bytes, whole_record
+from .recovery import clean_bytes, dicts_own, whole_record
 from .syncing import Durability
 
 __all__ = ["arm", "unlink", "discard_created", "remove_unopenable", "directory_of"]
@@ -130,7 +130,7 @@ def unlink(store: Store) -> int:
     directory = segments.directory_of(store.name)
     assert directory is not None
     with files.directory_lock(directory):
-        return unlink_tree(store.name, store._map, store.token) + _remove_files(directory)
+        return unlink_tree(store.name, store._map, store.token) + _remove_files(directory, True)
 
 
 def discard_created(store: Store, directory: str) -> None:
@@ -154,16 +154,18 @@ def remove_unopenable(directory: str) -> int:
     """``rm PATH`` of a dict that cannot be opened -- a damaged one, one of
     another version -- and that no process uses (the caller removed its
     control segment or found none): its files, matched by name and first
-    bytes as :func:`unlink` matches them, then the directory if empty."""
+    bytes as :func:`unlink` matches them (without a ``dict.meta``, by their
+    bytes also where a name alone would do: ``recovery.dicts_own``), then
+    the directory if empty."""
     with files.directory_lock(directory):
-        return _remove_files(directory)
+        return _remove_files(directory, os.path.exists(os.path.join(directory, D.META_FILE)))
 
 
-def _remove_files(directory: str) -> int:
+def _remove_files(directory: str, described: bool) -> int:
     """The dict's files removed, then the directory if empty (the caller holds the lock)."""
     removed = 0
     for f in os.listdir(directory):
-        if files.dicts_file(directory, f):
+        if dicts_own(directory, f, described):
             removed += files.remove(os.path.join(directory, f))
     try:  # (under the lock: an opener that waited finds the directory gone, not emptied)
         os.rmdir(os.path.realpath(directory))  # (the directory, not a symlink to it)

@@ -281,9 +281,9 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             if meta is None:
                 _refuse_orphaned(directory)
             if create is False:
-                _refuse_foreign(directory)  # (a directory of other files is not one a dict left)
+                _refuse_foreign(directory, meta is not None)  # (a directory of other files is no dict's)
                 raise NotFound(f"no dict is kept in {directory!r}")
-            store, meta = _create(directory, base, options)
+            store, meta = _create(directory, base, options, meta is not None)
             _arm(store, directory, meta)
             try:
                 if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
@@ -323,14 +323,12 @@ def _refuse_orphaned(directory: str) -> None:
     data = sorted(
         f
         for f in os.listdir(directory)
-        if f != D.STREAM_FILE and not f.endswith(D.TMP_SUFFIX) and files.dicts_file(directory, f)
+        if f != D.STREAM_FILE and not f.endswith(D.TMP_SUFFIX) and recovery.dicts_own(directory, f, False)
     )
-    try:
+    if recovery.dicts_own(directory, D.STREAM_FILE, False):  # (zeros, or a whole record: the dict's)
         with open(os.path.join(directory, D.STREAM_FILE), "rb") as f:
             if f.read(L.RECORD_HEADER).strip(b"\0"):
                 data.append(f"{D.STREAM_FILE} (its records)")
-    except FileNotFoundError:
-        pass
     if data:
         raise CorruptSegment(
             f"{directory}/{D.META_FILE} is missing, but the directory holds a dict's files "
@@ -361,10 +359,10 @@ def _fill(store: Store, initial: Initial) -> None:
         store.write(R.update((), cast(list[list[Any]], initial)))
 
 
-def _create(directory: str, base: str, options: Options) -> tuple[Store, dict[str, Any]]:
+def _create(directory: str, base: str, options: Options, described: bool) -> tuple[Store, dict[str, Any]]:
     """Step 1: a new dict in an empty (or leftover-only) directory, and what
     its ``dict.meta`` will say (written by the caller once the initial data is in)."""
-    _refuse_foreign(directory)
+    _refuse_foreign(directory, described)
     for f in os.listdir(directory):
         files.remove(os.path.join(directory, f))
     if segments.exists(base):  # a control segment of a dict whose directory had this inode before
@@ -399,8 +397,10 @@ def _create(directory: str, base: str, options: Options) -> tuple[Store, dict[st
     return store, meta
 
 
-def _refuse_foreign(directory: str) -> None:
-    foreign = sorted(f for f in os.listdir(directory) if not files.dicts_file(directory, f))
+def _refuse_foreign(directory: str, described: bool) -> None:
+    """``described``: a ``dict.meta`` that says "creating" vouches for the
+    files a name alone marks (``recovery.dicts_own``)."""
+    foreign = sorted(f for f in os.listdir(directory) if not recovery.dicts_own(directory, f, described))
     if foreign:
         raise NotADict(
             f"{directory!r} holds files that are not a dict's ({', '.join(foreign[:3])}"

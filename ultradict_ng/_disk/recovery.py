@@ -185,6 +185,36 @@ def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
     return generation, end, token
 
 
+def dicts_own(directory: str, file: str, described: bool) -> bool:
+    """``files.dicts_file``; and where no ``dict.meta`` vouches for the
+    directory (``described`` False: it is missing), the files a name alone
+    marks checked by their first bytes as well: ``clean`` its magic, ``cache``
+    its magic (or zeros: a creation that died), ``stream`` zeros or a whole
+    record.  Without it, the open's refusal of a directory that lost its
+    ``dict.meta`` named another program's ``stream`` as the dict's records,
+    and ``rm PATH`` removed it (and ``clean``, and then the directory)."""
+    if not files.dicts_file(directory, file):
+        return False
+    if described or file not in (D.CLEAN_FILE, D.CACHE_FILE, D.STREAM_FILE):
+        return True
+    try:
+        fd = os.open(os.path.join(directory, file), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        head = os.pread(fd, L.RECORD_HEADER, 0)
+        if file == D.CLEAN_FILE:
+            return head.startswith(D.CLEAN_MAGIC)
+        if file == D.CACHE_FILE:
+            return head[:8] in (C.SIDE_MAGIC.to_bytes(8, sys.byteorder), bytes(8))
+        zeros = head == bytes(L.RECORD_HEADER) and os.fstat(fd).st_size >= L.MIN_STREAM_SIZE
+        return zeros or whole_record(files.FileBytes(fd), 0) >= 0
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def short_of_clean(closed: Optional[tuple[int, int, int]], generation: int, token: int, end: int) -> int:
     """The stream's end the ``clean`` file recorded, where the whole records
     found end before it in the same generation (0: they do not).  A clean

@@ -36,7 +36,7 @@ from .._shm.control import Header, attach_control
 from .._shm.mapping import Mapping
 from .._shm.survey import DictReport, report, survey
 from .._shm.users import free_dead, mappers, remove_if_unused
-from ..errors import CorruptSegment, IncompatibleLayout, SharedDictError
+from ..errors import CorruptSegment, IncompatibleLayout, NotADict, SharedDictError
 from ..futures.leftovers import ParcelReport, remove_leftovers
 from . import paths, render
 
@@ -105,6 +105,8 @@ def _remove_unopenable(path: str, why: Exception) -> int:
     one -- is removed as ``clean`` removes it; refused (``why`` raised) where
     the directory's ``dict.meta`` is not a dict's, or a live process uses it."""
     directory = os.path.abspath(path)
+    if isinstance(why, NotADict):  # (another program's files, or not a directory: no dict to remove)
+        raise NotADict(f"nothing removed: {why}") from None
     if os.path.exists(os.path.join(directory, META_FILE)) or not isinstance(why, CorruptSegment):
         paths.describes_a_dict(directory)  # (else not a dict's directory: nothing removed)
     st = os.stat(directory)
