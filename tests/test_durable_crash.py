@@ -351,6 +351,37 @@ def test_a_checkpoint_never_published_does_not_hide_the_writes_after_it(durable_
     e.close()
 
 
+def test_a_checkpoint_never_published_that_a_clean_close_kept_is_removed_at_the_reopen(durable_dir):
+    """As above, but the processes left only read, then close: none takes the
+    lock over, and the last close writes ``clean`` beside ``dump.<g+1>``.  The
+    reopen removes it (logged): else, once the first write removes ``clean``,
+    the recovery after the next crash took it for the dict's checkpoint and
+    dropped every write since as records of an older generation."""
+    SharedDict({"before": 1}, path=durable_dir, sync="always").close()
+    reader = SharedDict(path=durable_dir, create=False)
+    p = worker(["compact", durable_dir], "dump-written:kill:1")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert dict(reader) == {"before": 1}
+    reader.close()
+    assert sorted(os.listdir(durable_dir)) == ["clean", "dict.meta", "dump.1", "stream"]
+    from ultradict_ng.cli.paths import file_checks
+
+    assert (
+        "files",
+        "warn",
+        "dump.1: a checkpoint never published (its writer was killed); the next open removes it",
+    ) in (file_checks(durable_dir))
+    p = worker(["die", durable_dir, "5"])  # (a clean reopen; five writes acknowledged, then killed)
+    assert p.returncode == -signal.SIGKILL and "done" in p.stdout, p.stderr
+    assert "removing dump.1, a checkpoint never published" in p.stderr
+    assert "dump.1" not in os.listdir(durable_dir)
+    reboot(durable_dir)
+    e = SharedDict(path=durable_dir, create=False)
+    assert dict(e) == {"before": 1, **{f"k{i}": i for i in range(5)}}
+    e.unlink()
+    e.close()
+
+
 def test_a_creator_killed_before_its_initial_data_is_in_leaves_no_dict(durable_dir):
     """``SharedDict(initial, path=...)``: the dict exists (``dict.meta``) only
     once its initial data is in.  A creator killed writing it leaves files

@@ -175,7 +175,10 @@ it again) and starts over if not.  Then:
    b. the newest ``dump.<g>`` is the checkpoint (every ``dump.<g>`` is whole:
       see above; one without a dump's first bytes is refused, naming it) --
       or the one ``clean`` names, if there (none follows a clean close: a
-      newer name is not the dict's); none: generation 0, empty;
+      newer one is another program's file, or a checkpoint never published
+      -- its writer killed between its rename and STATE, and no process took
+      the lock over, which removes it, before the last close -- removed in
+      step d); none: generation 0, empty;
    c. scan the stream from offset 0: each record must lie within the file,
       carry tag ``g & GEN_MASK`` and a right crc; its unit word must be
       ``UNIT_WHOLE`` or, in a transaction, its offset from the transaction's
@@ -196,7 +199,10 @@ it again) and starts over if not.  Then:
       it (or nothing) would drop what it held, and the next checkpoint would
       take its generation again, under which the stream's old records would
       come back (``missing_checkpoint``);
-   d. create the control segment from ``dict.meta`` (a new creator, the same
+   d. remove the dict's checkpoints newer than g (never published: left
+      there, one would be the newest checkpoint once ``clean`` is gone, and
+      drop every write since as records of an older generation) and sync
+      the directory; create the control segment from ``dict.meta`` (a new creator, the same
       token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
       past the highest ``blob.<id>``, SYNCED = STATE -- MAGIC only once step
       e is done, so that a segment a killed recovery left is rebuilt, not

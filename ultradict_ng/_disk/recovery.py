@@ -254,6 +254,31 @@ def newest_checkpoint(directory: str, names: list[str], closed: Optional[int] = 
     return dumps[-1]
 
 
+def _remove_unpublished(directory: str, names: list[str], generation: int) -> None:
+    """Step d: remove the dict's checkpoints newer than ``generation`` (the
+    one ``clean`` names), then sync the directory.  Such a one was never
+    published: its writer was killed between its rename and STATE, and no
+    process took its lock over (the one that does removes it) before the
+    last close wrote ``clean``.  Left there, it is the newest checkpoint of
+    the recovery after the first crash once ``clean`` is gone, which then
+    drops every write made since as records of an older generation."""
+    stale = [
+        f
+        for f in (D.DUMP_PREFIX + L.base36(g) for g in _ids(names, D.DUMP_PREFIX) if g > generation)
+        if files.dicts_file(directory, f)
+    ]
+    for f in stale:
+        log.warning(
+            "ultradict_ng: recovering %s: removing %s, a checkpoint never published (its writer was "
+            "killed before publishing it)",
+            directory,
+            f,
+        )
+        files.remove(os.path.join(directory, f))
+    if stale:
+        files.sync_dir(directory)
+
+
 def _rewritten(directory: str, generation: int, end: int) -> bool:
     """Whether the stream's ``end`` bytes of records may rewrite at least
     ``MERGE_FRACTION`` of the checkpoint's entries (a record takes about the
@@ -438,7 +463,8 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     ]
     whole = not clean and _rewritten(directory, generation, scanned.end)
     from_bytes = not clean and generation > 0 and scanned.end > 0 and codec.id == MsgpackCodec.id
-    ctrl = segments.Segment.create(base, L.CONTROL_SIZE)  # d
+    _remove_unpublished(directory, names, generation)  # d
+    ctrl = segments.Segment.create(base, L.CONTROL_SIZE)
     mapping = Mapping(ctrl, stream)
     store: Optional[Store] = None
     try:

@@ -171,6 +171,18 @@ def file_checks(path: str) -> list[Check]:
             D.own_id(f, D.DUMP_PREFIX) not in (None, generation) and not dicts_file(path, f)
         ):
             out.append(("files", "warn", f"{f}: not one of the dict's files (left as it is)"))
+        elif (
+            (D.own_id(f, D.DUMP_PREFIX) or 0) > generation
+            and clean is not None
+            and clean[::2] == (generation, token)
+        ):
+            out.append(
+                (
+                    "files",
+                    "warn",
+                    f"{f}: a checkpoint never published (its writer was killed); the next open removes it",
+                )
+            )
     out.append(
         (
             "checkpoint",
