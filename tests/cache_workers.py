@@ -33,7 +33,7 @@ def _until(start: float) -> None:
 
 
 def writer(name: str, wid: str, count: str, ttl: str) -> None:
-    c = SharedCache(name, create=False)
+    c = SharedCache(**({"path": name} if name.startswith("/") else {"name": name}), create=False)
     for i in range(int(count)):
         if ttl == "-":
             c[f"w{wid}-{i}"] = [int(wid), i]

@@ -80,6 +80,7 @@ def check(path: str, done: int, atomic: bool) -> None:
 POINTS = [
     "record-written",
     "record-published",
+    "dump-registered",
     "dump-created",
     "dump-written",
     "dump-published",
@@ -88,8 +89,8 @@ POINTS = [
 ]
 
 
-@pytest.mark.parametrize("sync", ["always", "never"])
-@pytest.mark.parametrize("point", POINTS + ["transaction-written", "transaction-published"])
+@pytest.mark.parametrize("sync", ["always", "interval", "never"])
+@pytest.mark.parametrize("point", ["lock-held", *POINTS, "transaction-written", "transaction-published"])
 def test_a_writer_killed_at_a_fault_point_then_a_reboot(durable_dir, point, sync, caplog):
     d = SharedDict({"k0": -1}, path=durable_dir, sync=sync, buffer_size=STREAM, blob_threshold=256)
     d.close()
