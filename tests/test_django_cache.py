@@ -392,8 +392,9 @@ def test_stored_limits_win_with_a_warning(location: str, caplog: Any) -> None:
     with caplog.at_level(logging.WARNING, logger="ultradict_ng"):
         other = backend(location, OPTIONS={"MAX_ENTRIES": 20})
     assert other._cache.maxsize == 10
-    assert f"Django cache {location!r}" in caplog.text
+    assert f"Django cache {location!r}: stored with maxsize=10" in caplog.text
     assert "MAX_ENTRIES=20" in caplog.text and f"ultradict-ng rm {location}" in caplog.text
+    assert "name a new LOCATION" in caplog.text
 
 
 def test_aliases_sharing_a_location_each_apply_their_own_limits(location: str, caplog: Any) -> None:
@@ -433,7 +434,7 @@ def test_a_cache_kept_in_files_keeps_its_sync_policy_with_a_warning(tmp_path: An
     says so, as for a changed MAX_ENTRIES -- rather than every cache call
     raising ParameterMismatch."""
     path = str(tmp_path / "cache")
-    first = backend("", OPTIONS={"PATH": path, "SYNC": "interval"})
+    first = backend("", OPTIONS={"PATH": path, "SYNC": "interval", "MAX_ENTRIES": 10})
     first.set("k", 1)
     _forget_handles(path)
     with caplog.at_level(logging.WARNING, logger="ultradict_ng"):
@@ -441,8 +442,10 @@ def test_a_cache_kept_in_files_keeps_its_sync_policy_with_a_warning(tmp_path: An
     assert later.get("k") == 1
     later.set("k", 2)
     assert later._cache._d.stats()["sync"] == "interval"
-    assert "sync='interval'" in caplog.text and "sync_interval=1.0" in caplog.text
-    assert f"rm {path}" in caplog.text
+    (policy, limits) = [r.getMessage() for r in caplog.records]
+    assert "sync='interval'" in policy and "sync_interval=1.0" in policy and f"rm {path}" in policy
+    assert "sync" not in limits and "stored with maxsize=10" in limits and "MAX_ENTRIES=300" in limits
+    assert "give a new PATH" in limits and "LOCATION" not in limits
     _forget_handles(path)
     c = Cache(path=path, create=False)
     c.unlink()

@@ -172,16 +172,17 @@ def _attach_or_create(location: str, limits: dict[str, Any], where: dict[str, An
                 )
             if (cache.maxsize or 0) < max_entries or cache.maxbytes != limits["maxbytes"]:
                 logger.warning(
-                    "Django cache %r: %s (configured: MAX_ENTRIES=%s, MAXBYTES=%s). Using it with "
-                    "at most its stored maxsize=%s entries and maxbytes=%s; to apply the configured "
-                    "ones, remove it while no process uses it (ultradict-ng rm %s) or name a new LOCATION.",
+                    "Django cache %r: stored with maxsize=%s and maxbytes=%s, not as configured "
+                    "(MAX_ENTRIES=%s, MAXBYTES=%s). Using it with at most its stored entries and bytes; "
+                    "to apply the configured ones, remove it while no process uses it (ultradict-ng rm %s) "
+                    "or %s.",
                     location,
-                    mismatch,
-                    max_entries,
-                    limits["maxbytes"],
                     cache.maxsize,
                     cache.maxbytes,
+                    max_entries,
+                    limits["maxbytes"],
                     location,
+                    "give a new PATH" if "path" in where else "name a new LOCATION",
                 )
         if cache.maxsize is None:  # (a store made by something else than this backend, unbounded)
             return cache
