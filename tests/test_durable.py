@@ -412,6 +412,26 @@ def test_a_network_filesystem_is_refused_before_anything_is_made(monkeypatch, tm
         shutil.rmtree(top)
 
 
+def test_a_dict_made_on_tmpfs_warns_that_a_reboot_takes_it(caplog):
+    """/dev/shm (tmpfs, as /run and /tmp on many systems) keeps files in
+    memory: a dict made there is said not to outlive a reboot -- once, at
+    its creation, not at every open."""
+    path = os.path.join(SHM, f"udng-tmpfs-{os.getpid()}-{time.monotonic_ns()}", "dict")
+    try:
+        with caplog.at_level("WARNING", logger="ultradict_ng"):
+            d = SharedDict(path=path)
+            d["k"] = 1
+            d.close()
+            assert "is on tmpfs, in memory: the dict outlives its processes, not a reboot" in caplog.text
+            caplog.clear()
+            d = SharedDict(path=path)
+            assert d["k"] == 1 and caplog.text == ""
+        d.unlink()
+        d.close()
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 def test_a_block_devices_filesystem_is_local_without_the_mount_table(monkeypatch, tmp_path):
     from ultradict_ng._disk import opening
 

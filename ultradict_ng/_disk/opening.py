@@ -135,16 +135,32 @@ def _network_filesystem(directory: str, device: int) -> Optional[str]:
     except OSError:
         return None
     kind = mounted_kind(table, os.path.realpath(directory))
-    if kind is None:
+    base, _, sub = kind.partition(".")  # (a FUSE mount counts by its subtype: fuse.sshfs)
+    if (sub if base in ("fuse", "fuseblk") else base) not in D.NETWORK_FILESYSTEMS:
         _LOCAL_DEVICES.add(device)
+        return None
     return kind
 
 
-def mounted_kind(table: str, real: str) -> Optional[str]:
-    """The type of the network filesystem that mounts the absolute path
-    ``real``, from the mount table ``table`` (``/proc/self/mountinfo``'s
-    text), else None.  The innermost mount holding ``real`` decides; a FUSE
-    mount counts by its subtype (``fuse.glusterfs``, ``fuse.sshfs``)."""
+def _memory_filesystem(directory: str, device: int) -> Optional[str]:
+    """``tmpfs`` or ``ramfs`` where ``directory`` (on ``device``) is on one
+    (Linux), else None: files there live in memory, and are gone at a reboot
+    as the shared memory is -- ``/dev/shm``, ``/run``, and ``/tmp`` on many
+    systems.  (Read at a creation only: a reopen costs no mount table.)"""
+    if os.major(device) != 0:
+        return None
+    try:
+        with open(_MOUNTINFO, encoding="utf-8") as f:
+            kind = mounted_kind(f.read(), os.path.realpath(directory))
+    except OSError:
+        return None
+    return kind if kind in ("tmpfs", "ramfs") else None
+
+
+def mounted_kind(table: str, real: str) -> str:
+    """The type of the filesystem that mounts the absolute path ``real``,
+    from the mount table ``table`` (``/proc/self/mountinfo``'s text; "" if
+    none does).  The innermost mount holding ``real`` decides."""
     best, kind = "", ""
     for line in table.splitlines():
         fields = line.split(" - ")
@@ -154,8 +170,7 @@ def mounted_kind(table: str, real: str) -> Optional[str]:
         fstype = fields[1].split()[0]
         if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
             best, kind = mount, fstype
-    base, _, sub = kind.partition(".")
-    return kind if (sub if base in ("fuse", "fuseblk") else base) in D.NETWORK_FILESYSTEMS else None
+    return kind
 
 
 def _unescaped(field: str) -> str:
@@ -295,6 +310,14 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             except BaseException:
                 lifetime.discard_created(store, directory)
                 raise
+            memory = _memory_filesystem(directory, st.st_dev)
+            if memory is not None:
+                log.warning(
+                    "ultradict_ng: %s is on %s, in memory: the dict outlives its processes, not a reboot "
+                    "or a power loss (keep it on a disk for that)",
+                    directory,
+                    memory,
+                )
             return store
         else:
             if create is True:
