@@ -344,3 +344,34 @@ def test_files_named_as_a_dicts_without_its_bytes_are_another_programs(tmp_path)
     os.remove(os.path.join(lost, D.META_FILE))
     out = cli("rm", lost)
     assert out.returncode == 0 and not os.path.exists(lost), out.stdout + out.stderr
+
+
+def test_ls_of_several_paths_lists_each_and_fails_on_the_one_that_is_no_dict(tmp_path):
+    made = [str(tmp_path / "a"), str(tmp_path / "c")]
+    for path in made:
+        SharedDict(path=path).close()
+    missing = str(tmp_path / "b")
+    out = cli("ls", made[0], missing, made[1])
+    assert out.returncode == 1 and f"no dict is kept in {missing!r}" in out.stderr, out.stderr
+    assert [line.split()[0] for line in out.stdout.splitlines()] == made
+    out = cli("ls", made[0], missing, made[1], "--json")
+    listed = json.loads(out.stdout)
+    assert out.returncode == 1 and [e["path"] for e in listed] == [made[0], missing, made[1]]
+    assert "error" in listed[1] and "error" not in listed[0] and listed[2]["closed_cleanly"]
+    for path in made:
+        assert cli("rm", path).returncode == 0
+
+
+def test_a_name_that_is_a_directory_here_is_answered_with_its_path(tmp_path):
+    SharedDict(path=str(tmp_path / "counters")).close()
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run(
+        [sys.executable, "-m", "ultradict_ng", "show", "counters"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert out.returncode == 1 and "give ./counters for the dict kept in it" in out.stderr, out.stderr
+    assert cli("rm", str(tmp_path / "counters")).returncode == 0

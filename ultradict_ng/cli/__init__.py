@@ -12,10 +12,11 @@ up to a file and fill one from a file.  Tables for people by default,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional
 
-from ..errors import SharedDictError
+from ..errors import NotFound, SharedDictError
 
 __all__ = ["main", "build_parser"]
 
@@ -262,5 +263,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     except BrokenPipeError:  # `| head`
         return 0
     except (SharedDictError, OSError) as exc:
-        print(f"ultradict-ng {args.command}: {exc}", file=sys.stderr)
+        print(f"ultradict-ng {args.command}: {exc}{_path_hint(args, exc)}", file=sys.stderr)
         return 1
+
+
+def _path_hint(args: argparse.Namespace, exc: BaseException) -> str:
+    """Where a NAME was not found but a directory of that name is here: a
+    path needs a ``/`` (``./jobs``), else it is the name of a dict in memory."""
+    name = getattr(args, "name", None)
+    if isinstance(exc, NotFound) and isinstance(name, str) and "/" not in name and os.path.isdir(name):
+        return f" (a directory {name!r} is here: give ./{name} for the dict kept in it)"
+    return ""

@@ -22,7 +22,7 @@ from .._shm.feed import Feed
 from .._shm.peek import Peek
 from .._shm.survey import DictReport, Holder, report, survey
 from ..changes import Change
-from ..errors import CorruptSegment
+from ..errors import CorruptSegment, SharedDictError
 from ..futures.leftovers import ParcelReport, parcels
 from . import paths, render
 
@@ -52,17 +52,26 @@ def _fill(rep: DictReport) -> str:
 
 def cmd_ls(args: Namespace) -> int:
     if args.paths:  # dicts kept in files: read from their files, nothing opened
-        found_paths = [paths.summary(p) for p in args.paths]
+        found_paths: list[dict[str, Any]] = []
+        for p in args.paths:  # (each listed, or its error: one path that is no dict hides no other)
+            try:
+                found_paths.append(paths.summary(p))
+            except (SharedDictError, OSError) as exc:
+                found_paths.append({"path": p, "error": str(exc)})
+        status = 1 if any("error" in s for s in found_paths) else 0
         if args.json:
             print(render.dumps(found_paths))
-            return 0
+            return status
         for s in found_paths:
+            if "error" in s:
+                print(f"ultradict-ng ls: {s['error']}", file=sys.stderr)
+                continue
             state = "open" if s["open"] else "closed cleanly" if s["closed_cleanly"] else "needs recovery"
             print(
                 f"{s['path']}  sync={s['sync']}  {render.size(s['disk_bytes'])} on disk, "
                 f"{s['dumps']} dump(s), {s['blobs']} blob(s); {state}"
             )
-        return 0
+        return status
     if render.cannot_list("ls", "use `stats NAME` with a name you know"):
         return 1
     found = survey(load_keys=True)
