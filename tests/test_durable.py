@@ -165,7 +165,9 @@ def test_the_sync_policies(durable_dir, tmp_path):
     d.close()
     with pytest.raises(ParameterMismatch):
         SharedDict(path=durable_dir, sync="never")
-    d = SharedDict(path=durable_dir, sync="always", sync_interval=5)  # (an interval it does not use)
+    with pytest.raises(ValueError, match="sync_interval= is for sync='interval', not sync='always'"):
+        SharedDict(path=durable_dir, sync="always", sync_interval=5)  # (an interval it would not use)
+    d = SharedDict(path=durable_dir, sync_interval=5)  # (the stored policy: no interval to compare)
     d.unlink()
     d.close()
     e = SharedDict(path=str(tmp_path / "interval"), sync="interval", sync_interval=0.05)

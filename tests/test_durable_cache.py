@@ -250,6 +250,10 @@ def test_django_cache_kept_in_files_survives_a_reboot(durable_dir):
         ({"LOCATION": "x", "OPTIONS": {"SYNC": "always"}}, "set OPTIONS\\['PATH'\\] too"),
         ({"OPTIONS": {"PATH": "DIR", "SYNC": "sometimes"}}, "SYNC must be one of"),
         ({"OPTIONS": {"PATH": "DIR", "SYNC_INTERVAL": 0}}, "SYNC_INTERVAL must be"),
+        (
+            {"OPTIONS": {"PATH": "DIR", "SYNC": "never", "SYNC_INTERVAL": 2}},
+            "SYNC_INTERVAL is for SYNC 'interval'",
+        ),
         ({"OPTIONS": {"PATH": ""}}, "PATH must be"),
     ],
 )

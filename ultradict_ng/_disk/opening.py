@@ -48,6 +48,8 @@ def check_sync(sync: Any, interval: Any) -> None:
         isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval <= 3600
     ):
         raise ValueError(f"sync_interval must be a number of seconds in (0, 3600], not {interval!r}")
+    if interval is not None and sync is not None and sync != "interval":  # (it would be stored, unused)
+        raise ValueError(f"sync_interval= is for sync='interval', not sync={sync!r}")
 
 
 def control_of(directory: str) -> str:

@@ -251,6 +251,8 @@ def _bad_options(options: dict[str, Any], max_entries: int, cull_frequency: int)
     number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
     if interval is not None and not (number and interval > 0):
         return f"SYNC_INTERVAL must be a positive number of seconds, not {interval!r}"
+    if interval is not None and sync is not None and sync != "interval":
+        return f"SYNC_INTERVAL is for SYNC 'interval', not {sync!r}"
     return None
 
 
