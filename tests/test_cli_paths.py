@@ -56,6 +56,14 @@ def test_every_command_takes_a_path(durable_dir, tmp_path):
     out = cli("load", other, backup, "-q")
     assert out.returncode == 0, out.stderr
     assert cli_json("show", other) == cli_json("show", durable_dir)
+    synced = str(tmp_path / "synced")
+    assert cli("load", synced, backup, "-q", "--sync", "always").returncode == 0
+    assert cli_json("ls", synced)[0]["sync"] == "always"  # type: ignore[index]
+    out = cli("load", synced, backup, "-q", "--sync", "never")  # (an existing dict's must agree)
+    assert out.returncode == 1 and "created with sync='always', not 'never'" in out.stderr, out.stderr
+    out = cli("load", "a-name", backup, "--sync", "always")
+    assert out.returncode == 1 and "--sync is for a dict kept in files" in out.stderr, out.stderr
+    assert cli("rm", synced).returncode == 0
 
     generation = stats["generation"]
     compacted = cli_json("compact", durable_dir)

@@ -188,6 +188,12 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         help="create NAME as a recurse dict (nested dicts as live views), or not; "
         "on an existing dict it must agree",
     )
+    p.add_argument(
+        "--sync",
+        choices=["always", "interval", "never"],
+        default=None,
+        help="create a PATH with this sync policy (default: interval); on an existing dict it must agree",
+    )
     return parser, sub.choices
 
 

@@ -81,8 +81,13 @@ def _check_serializer(name: str) -> bool:
         return bool(peek.header.recurse)
 
 
-def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) -> tuple[SharedDict, bool]:
-    """``(dict, created)``: attach to ``name``, or create it to outlive this command."""
+def _open_for_load(
+    name: str, recurse: Optional[bool], default_recurse: bool, sync: Optional[str] = None
+) -> tuple[SharedDict, bool]:
+    """``(dict, created)``: attach to ``name``, or create it to outlive this
+    command (a PATH with the ``sync`` policy given, which an existing one must have)."""
+    if sync is not None and not paths.is_path(name):
+        raise ParameterMismatch(f"--sync is for a dict kept in files (a PATH), not the name {name!r}")
     for _ in range(5):  # exists / removed / made again by others meanwhile: try again
         try:
             stored = _check_serializer(name)
@@ -90,7 +95,9 @@ def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) ->
             try:
                 made = recurse if recurse is not None else default_recurse
                 if paths.is_path(name):
-                    return paths.open_dict(name, create=True, recurse=made, serializer="msgpack"), True
+                    return paths.open_dict(
+                        name, create=True, recurse=made, serializer="msgpack", sync=sync
+                    ), True
                 return SharedDict(
                     name, create=True, recurse=made, serializer="msgpack", auto_unlink=False, backend="shm"
                 ), True
@@ -102,15 +109,15 @@ def _open_for_load(name: str, recurse: Optional[bool], default_recurse: bool) ->
                 f"recurse dict: --{'' if recurse else 'no-'}recurse disagrees (omit it)"
             )
         try:
-            return _attach(name), False
+            return _attach(name, sync), False
         except NotFound:
             continue
     raise NotFound(f"shared dict {name!r} kept appearing and disappearing")
 
 
-def _attach(name: str) -> SharedDict:
+def _attach(name: str, sync: Optional[str] = None) -> SharedDict:
     if paths.is_path(name):
-        return paths.open_dict(name, serializer="msgpack")
+        return paths.open_dict(name, serializer="msgpack", sync=sync)
     return SharedDict(name, create=False, serializer="msgpack", backend="shm")
 
 
@@ -259,7 +266,7 @@ def cmd_load(args: Namespace) -> int:
             st = os.fstat(stream.fileno())
             entries = read_jsonl(stream, bars[0], st.st_size if stat.S_ISREG(st.st_mode) else None)
         before = os.stat(args.name) if paths.is_path(args.name) and os.path.isdir(args.name) else None
-        d, created = _open_for_load(args.name, args.recurse, header.get("recurse", False))
+        d, created = _open_for_load(args.name, args.recurse, header.get("recurse", False), args.sync)
         try:
             bars[0].tick(0)
             with d.transaction():  # all or nothing
