@@ -25,6 +25,7 @@ from ultradict_ng.errors import (
     AlreadyExists,
     CorruptSegment,
     IncompatibleLayout,
+    InvalidName,
     NotADict,
     NotFound,
     OutOfSpace,
@@ -239,6 +240,11 @@ def test_bad_input_is_refused_and_changes_nothing(durable_dir, tmp_path):
         SharedDict(path=durable_dir, auto_unlink=True)
     with pytest.raises(ValueError, match="path="):
         SharedDict(name="x", sync="always")
+    kept = SharedDict(path=str(tmp_path / "kept"))
+    with pytest.raises(InvalidName, match="the shared memory of a dict kept in files: open that dict by its"):
+        SharedDict(name=kept.name)  # (the name ls shows for it)
+    kept.unlink()
+    kept.close()
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
@@ -853,9 +859,10 @@ def test_a_damaged_entry_of_a_checkpoint_stops_a_recovery(durable_dir):
     before = {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)}
     for _ in range(2):
         with pytest.raises(
-            CorruptSegment, match=f"{D.DUMP_PREFIX}{L.base36(gen)}: .*checksum.*nothing was changed"
-        ):
+            CorruptSegment, match=f"{D.DUMP_PREFIX}{L.base36(gen)}'?: .*checksum.*nothing was changed"
+        ) as refused:
             SharedDict(path=durable_dir)
+        assert "udng+" not in str(refused.value)  # (the file named, not the segment's name)
         assert {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)} == before
         assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
     shutil.rmtree(durable_dir)

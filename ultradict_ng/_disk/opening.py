@@ -100,7 +100,7 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
         raise NotADict(f"{directory!r} is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise PermissionError(
-            errno.EACCES, f"a dict kept in files needs a writable directory; {directory!r} is not", directory
+            errno.EACCES, "a dict kept in files needs a writable directory; this one is not", directory
         )
     _refuse_network(directory, directory, st.st_dev)
     return directory, st

@@ -498,8 +498,11 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
             if not clean and not whole and merged is None and table is not None:
                 table.check()  # (its entries go into the checkpoint as bytes: step e)
         except CorruptSegment as exc:
-            name = D.DUMP_PREFIX + L.base36(generation) if generation else D.STREAM_FILE
-            raise CorruptSegment(f"{os.path.join(directory, name)}: {exc}; nothing was changed") from exc
+            name = os.path.join(
+                directory, D.DUMP_PREFIX + L.base36(generation) if generation else D.STREAM_FILE
+            )
+            named = str(exc) if name in str(exc) else f"{name}: {exc}"
+            raise CorruptSegment(f"{named}; nothing was changed") from exc
         if faults.armed is not None:
             faults.hit("recovery-loaded")
         if clean:  # e

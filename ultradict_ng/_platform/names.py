@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from .._disk import layout as D
 from .._shm import layout as L
 from ..errors import InvalidName
 
@@ -26,6 +27,10 @@ def validate_name(name: Any) -> str:
         raise InvalidName(
             f"shared dict name {name!r} is {len(name)} characters long; at most "
             f"{L.MAX_NAME_LENGTH} fit in a segment name on this platform"
+        )
+    if name.startswith(D.CONTROL_PREFIX):
+        raise InvalidName(
+            f"{name!r} is the shared memory of a dict kept in files: open that dict by its directory (path=)"
         )
     if not L.NAME_PATTERN.fullmatch(name):
         raise InvalidName(

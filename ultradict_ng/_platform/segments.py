@@ -73,6 +73,7 @@ __all__ = [
     "forget_directory",
     "directory_of",
     "file_of",
+    "shown_file",
     "finish",
 ]
 
@@ -117,6 +118,12 @@ def shown(name: str) -> str:
     """How messages name the dict ``name``: its directory if it is kept in
     files (what the user gave ``path=``), else the name."""
     return directory_of(name) or name
+
+
+def shown_file(name: str) -> str:
+    """How messages name the derived segment ``name`` (a dump, a blob): the
+    file that holds it if its dict is kept in files, else the name."""
+    return file_of(name) or name
 
 
 def file_of(name: str) -> Optional[str]:

@@ -18,7 +18,7 @@ from typing import Any, Optional, Union, cast
 from .._codec.codec import Codec, MsgpackCodec
 from .._codec.records import Inconsistent, apply_all
 from .._platform.lock import SharedLock
-from .._platform.segments import Segment, shown
+from .._platform.segments import Segment, shown, shown_file
 from ..errors import CorruptSegment, PathGone, Unlinked
 from ..speedups import StoreBase, apply_simple, parse_records
 from . import layout as L
@@ -214,7 +214,7 @@ class Reader(StoreBase):
         try:
             seg = Segment.attach(dname)
         except FileNotFoundError:
-            raise CorruptSegment(f"dump {dname!r} does not exist") from None
+            raise CorruptSegment(f"dump {shown_file(dname)!r} does not exist") from None
         kept = False
         problem = ""
         try:
@@ -235,12 +235,12 @@ class Reader(StoreBase):
         """The dump in ``seg`` checked and decoded (or read in place), for
         :meth:`_load_dump`; CorruptSegment says what is wrong."""
         if seg.buf is None or seg.size < L.DUMP_HEADER:
-            raise CorruptSegment(f"dump {dname!r} is too small ({seg.size} bytes)")
+            raise CorruptSegment(f"dump {shown_file(dname)!r} is too small ({seg.size} bytes)")
         if seg.buf[:8] == _TABLE_MAGIC:
             return self._load_table(seg, dname, gen, in_place)
         magic, dgen, length, crc, _ = _dump_header.unpack_from(seg.buf, 0)
         if magic != L.DUMP_MAGIC or dgen != gen or length > seg.size - L.DUMP_HEADER:
-            raise CorruptSegment(f"dump {dname!r} has an invalid header")
+            raise CorruptSegment(f"dump {shown_file(dname)!r} has an invalid header")
         problem = ""
         with memoryview(seg.buf) as whole, whole[L.DUMP_HEADER : L.DUMP_HEADER + length] as body:
             if zlib.crc32(body) != crc:
@@ -251,9 +251,9 @@ class Reader(StoreBase):
                 except CorruptSegment as exc:  # (dropped before the views are released)
                     problem = f"cannot be decoded: {exc}"
         if problem:
-            raise CorruptSegment(f"dump {dname!r} {problem}")
+            raise CorruptSegment(f"dump {shown_file(dname)!r} {problem}")
         if type(data) is not dict:
-            raise CorruptSegment(f"dump {dname!r} does not hold a dict")
+            raise CorruptSegment(f"dump {shown_file(dname)!r} does not hold a dict")
         return data
 
     def _load_table(
@@ -275,11 +275,12 @@ class Reader(StoreBase):
         problem = ""
         try:
             try:
-                table = Table(whole, self.token, f"dump {dname!r}")
+                table = Table(whole, self.token, f"dump {shown_file(dname)!r}")
                 try:
                     if table.generation != gen:
+                        where = shown_file(dname)
                         raise CorruptSegment(
-                            f"dump {dname!r} has an invalid header (generation {table.generation})"
+                            f"dump {where!r} has an invalid header (generation {table.generation})"
                         )
                     if table.count >= _partial_from() and self._partial and in_place:
                         partial = True

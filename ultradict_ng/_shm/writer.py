@@ -22,7 +22,7 @@ from .._codec.records import SCALAR_TYPES as _SCALARS
 from .._disk.syncing import Durability
 from .._engine import check_open
 from .._platform import faults, segments
-from .._platform.segments import Segment, shown
+from .._platform.segments import Segment, shown, shown_file
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from ..speedups import copy_plain
 from . import layout as L
@@ -514,7 +514,7 @@ class Writer(Reader):
         whole = memoryview(seg.buf)  # type: ignore[arg-type]
         table = None
         try:
-            table = Table(whole, self.token, f"dump {dname!r}")
+            table = Table(whole, self.token, f"dump {shown_file(dname)!r}")
             return successor(self.data, table, (seg, whole), self.mutex, self.codec.loads, self.max_decoded)
         except BaseException:
             if table is not None:
