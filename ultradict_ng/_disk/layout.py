@@ -257,7 +257,16 @@ later); syncs ``stream`` (and ``cache`` if there), then writes ``clean``
 (``CLEAN_FORMAT``:
 magic, generation, stream end, token, crc) with ``write_whole``.  A dict
 kept in files is never removed automatically: ``unlink()`` removes the
-control segment, every file above, then ``DIR`` if it is empty.
+control segment, every file above, then ``DIR`` if it is empty -- with the
+directory locked and only under the dict's lock (``REMOVE_LOCK_TIMEOUT``,
+then ``LockTimeout`` and nothing removed; a dead holder's is taken over),
+unlike a dict in shared memory, whose removal goes on without it after
+``UNLINK_LOCK_TIMEOUT``.  Why: a writer makes its values' and checkpoints'
+files by the directory's path, checking for the removal once, as it takes
+the lock.  One that went on after a removal without the lock (a slow
+``fsync``, a long transaction) wrote its files into the removed directory's
+path -- into the next dict made there, over its values -- and had its
+write acknowledged.  A handle closing a removed dict syncs nothing.
 
 Limits
 ======
@@ -304,6 +313,10 @@ DISK_VERSION = 1
 SYNC_MODES = ("always", "interval", "never")
 DEFAULT_SYNC = "interval"
 DEFAULT_SYNC_INTERVAL = 1.0
+#: How long a removal (``unlink()``, ``rm PATH``) waits for the dict's lock
+#: before it gives up, removing nothing (``LockTimeout``); a dead holder's is
+#: taken over at once.
+REMOVE_LOCK_TIMEOUT = 30.0
 SYNC_POLL = 0.00005  # without futex, a group commit's follower first re-checks SYNCED after this
 
 CLEAN_MAGIC = b"UDNGcln\x01"

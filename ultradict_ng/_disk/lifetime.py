@@ -19,6 +19,7 @@ from .._shm.cleanup import unlink_tree
 from .._shm.control import control_owner
 from .._shm.mapping import Mapping
 from .._shm.store import Store
+from ..errors import LockTimeout
 from . import files
 from . import layout as D
 from .recovery import clean_bytes, dicts_own, whole_record
@@ -50,7 +51,8 @@ def _finalize(
     """A close (or collection, or the process's normal exit): sync; the last one out removes the control."""
     try:
         try:
-            durable.sync_all()
+            if not mapping.words[L.W_STATUS] & L.STATUS_UNLINKED:  # (removed: nothing left to sync)
+                durable.sync_all()
         except Exception as exc:  # (closing still detaches; the error is the disk's)
             log.warning("ultradict_ng: syncing %s at close failed: %s", directory, exc)
         durable.close()
@@ -130,7 +132,11 @@ def unlink(store: Store) -> int:
     directory = segments.directory_of(store.name)
     assert directory is not None
     with files.directory_lock(directory):
-        return unlink_tree(store.name, store._map, store.token) + _remove_files(directory, True)
+        try:
+            removed = unlink_tree(store.name, store._map, store.token, D.REMOVE_LOCK_TIMEOUT)
+        except LockTimeout as exc:
+            raise LockTimeout(f"{exc}: nothing removed", name=exc.name, pid=exc.pid) from None
+        return removed + _remove_files(directory, True)
 
 
 def discard_created(store: Store, directory: str) -> None:

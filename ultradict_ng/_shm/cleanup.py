@@ -11,6 +11,7 @@ segment with another creation token is a dict re-created under the same name.
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 from .._platform import segments
 from .._platform.names import validate_name
@@ -54,14 +55,22 @@ def unlink_blobs(name: str, words: memoryview) -> int:
     return sum(segments.unlink(n) for n in sorted(names))
 
 
-def unlink_tree(name: str, mapping: Mapping, token: int) -> int:
-    """Layout "Unlink": flag, then dumps, stream, control.  Returns segments removed."""
+def unlink_tree(name: str, mapping: Mapping, token: int, locked_within: Optional[float] = None) -> int:
+    """Layout "Unlink": flag, then dumps, stream, control.  Returns segments removed.
+
+    ``locked_within``: remove only under the dict's lock, waited for that
+    long (``LockTimeout``: nothing removed) -- a dict kept in files, whose
+    writers make files by its directory's path: one that went on after a
+    removal without the lock wrote them into the next dict made there."""
     lock = ShmLock(mapping.atomic, name, token)
     held = False
-    try:
-        held = lock.acquire(timeout=L.UNLINK_LOCK_TIMEOUT)
-    except LockTimeout as exc:
-        log.warning("unlinking shared dict %r without its lock: %s", name, exc)
+    if locked_within is not None:
+        held = lock.acquire(timeout=locked_within)
+    else:
+        try:
+            held = lock.acquire(timeout=L.UNLINK_LOCK_TIMEOUT)
+        except LockTimeout as exc:
+            log.warning("unlinking shared dict %r without its lock: %s", name, exc)
     try:
         atomic = mapping.atomic
         while True:

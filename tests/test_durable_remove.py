@@ -1,0 +1,128 @@
+"""Removing a dict kept in files while its processes write (``_disk/layout.py``,
+"Closing and removal"): only under the dict's lock, so that no write goes on
+into the removed directory's path -- nor into the next dict made there."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ultradict_ng import SharedDict
+from ultradict_ng._disk import layout as D
+from ultradict_ng.errors import LockTimeout
+
+pytestmark = pytest.mark.shm_only
+
+BIG = 200_000  # (a value in a file of its own: blob.<id>)
+
+
+def _slow_transaction(path: str, inside: Any, seconds: float, out: Any) -> None:
+    """A transaction that writes a large value, waits ``seconds`` (a slow disk,
+    a long computation) holding the dict's lock, then writes another."""
+    d = SharedDict(path=path, create=False)
+    try:
+        with d.transaction():
+            d["t0"] = b"o" * BIG
+            inside.set()
+            time.sleep(seconds)
+            d["t1"] = b"p" * BIG
+        out.put("committed")
+        d["after"] = 1
+        out.put("wrote after")
+    except Exception as exc:
+        out.put(type(exc).__name__)
+    d.close()
+
+
+def _start(path: str, seconds: float) -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    inside, out = ctx.Event(), ctx.Queue()
+    p = ctx.Process(target=_slow_transaction, args=(path, inside, seconds, out))
+    p.start()
+    assert inside.wait(60), "the writer never began its transaction"
+    return p, out
+
+
+def test_a_removal_waits_for_the_writer_that_holds_the_lock(durable_dir):
+    """The writer holds the lock past the 2 s a dict in shared memory waits:
+    the removal waits on, the transaction commits, and its next write is
+    ``Unlinked``.  A dict made at the path next is untouched by the old
+    writer (going on without the lock, the removal let the transaction write
+    its second value's file over the new dict's, then remove both of the
+    new dict's files of those ids when it ended)."""
+    d = SharedDict({"a": 1}, path=durable_dir, sync="always")
+    p, out = _start(durable_dir, 3.0)
+    t0 = time.monotonic()
+    assert d.unlink() > 0
+    assert time.monotonic() - t0 > 2.5  # (it waited for the transaction)
+    d.close()
+    assert not os.path.exists(durable_dir)
+    new = SharedDict(path=durable_dir)
+    for i in range(4):
+        new[f"v{i}"] = bytes([i]) * BIG
+    p.join(60)
+    assert [out.get(timeout=10) for _ in range(2)] == ["committed", "Unlinked"]
+    assert {k: new[k] == bytes([int(k[1])]) * BIG for k in new} == {f"v{i}": True for i in range(4)}
+    assert sorted(os.listdir(durable_dir)) == ["blob.1", "blob.2", "blob.3", "blob.4", "dict.meta", "stream"]
+    new.unlink()
+    new.close()
+
+
+def test_a_removal_gives_up_on_a_lock_held_too_long_and_removes_nothing(durable_dir, monkeypatch):
+    d = SharedDict({"a": 1}, path=durable_dir, sync="always")
+    monkeypatch.setattr(D, "REMOVE_LOCK_TIMEOUT", 0.5)
+    p, out = _start(durable_dir, 3.0)
+    with pytest.raises(LockTimeout, match=f"held by pid {p.pid}\\): nothing removed") as refused:
+        d.unlink()
+    assert refused.value.pid == p.pid
+    p.join(60)
+    assert [out.get(timeout=10) for _ in range(2)] == ["committed", "wrote after"]
+    assert dict(d) == {"a": 1, "t0": b"o" * BIG, "t1": b"p" * BIG, "after": 1}
+    d.unlink()
+    d.close()
+
+
+def _leader_stopped_in_its_sync(path: str, stopped: Any) -> None:
+    from ultradict_ng._disk import files
+
+    sync_data = files.sync_data
+
+    def stop(*args: Any) -> Any:
+        stopped.set()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return sync_data(*args)
+
+    d = SharedDict(path=path, create=False)
+    files.sync_data = stop
+    d["x"] = 1  # (sync="always": this process leads the sync, and stops in it)
+    d.close()
+
+
+def test_a_removal_does_not_wait_for_a_sync_leader_that_is_stopped(durable_dir):
+    """A handle closing a dict it removed syncs nothing: the leader of the
+    dict's sync stopped inside it (SIGSTOP, a debugger, a disk that hangs)
+    kept the removal waiting for ever in its close."""
+    d = SharedDict({"a": 1}, path=durable_dir, sync="always")
+    d.close()
+    ctx = multiprocessing.get_context("spawn")
+    stopped = ctx.Event()
+    p = ctx.Process(target=_leader_stopped_in_its_sync, args=(durable_dir, stopped))
+    p.start()
+    try:
+        assert stopped.wait(60)
+        time.sleep(0.2)
+        e = SharedDict(path=durable_dir, create=False)
+        removal = threading.Thread(target=lambda: (e.unlink(), e.close()), daemon=True)
+        removal.start()
+        removal.join(10)
+        assert not removal.is_alive(), "the removal waits for the stopped leader"
+        assert not os.path.exists(durable_dir)
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.join(60)
