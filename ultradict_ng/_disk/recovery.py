@@ -446,7 +446,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
             scanned.end,
             scanned.stopped or "its end",
         )
-    if scanned.stopped not in NORMAL_ENDS:
+    if scanned.stopped not in NORMAL_ENDS and not clean:  # (clean: what follows its end is stale bytes)
         log.warning(
             "ultradict_ng: recovering %s: %d whole writes of generation %d replayed; the stream's tail "
             "from byte %d is ignored (%s)",
