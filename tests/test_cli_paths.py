@@ -383,3 +383,39 @@ def test_a_name_that_is_a_directory_here_is_answered_with_its_path(tmp_path):
     )
     assert out.returncode == 1 and "give ./counters for the dict kept in it" in out.stderr, out.stderr
     assert cli("rm", str(tmp_path / "counters")).returncode == 0
+
+
+def _killed_in_its_recovery(path: str) -> str:
+    """The shared memory an opener killed in its recovery leaves (no MAGIC,
+    its creator dead: "abandoned"); its name."""
+    from ultradict_ng._disk.opening import control_of
+
+    env = {**os.environ, "ULTRADICT_NG_FAULT": "recovery-loaded:kill:1"}
+    code = f"from ultradict_ng import SharedDict\nSharedDict(path={path!r})\n"
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, timeout=60)
+    assert p.returncode == -9, p.stderr
+    return control_of(path)
+
+
+def test_clean_removes_what_a_killed_recovery_left_and_not_a_dict_made_since(durable_dir):
+    """``clean NAME`` removes the shared memory an opener killed in its
+    recovery left (its name has a '+', which names refused); and a dict made
+    under that name after the survey that found it abandoned is kept."""
+    from ultradict_ng._shm.survey import report
+    from ultradict_ng.cli.cleaning import _clean_dict
+
+    d = SharedDict({"k": 1}, path=durable_dir)
+    d.close()
+    name = _killed_in_its_recovery(durable_dir)
+    (done,) = cli_json("clean", name)  # type: ignore[misc]
+    assert (done["status"], done["action"]) == ("abandoned", "removed"), done
+    assert not os.path.exists(os.path.join("/dev/shm", name))
+
+    _killed_in_its_recovery(durable_dir)
+    surveyed = report(name, load_keys=False)
+    assert surveyed is not None and surveyed.status == "abandoned"
+    d = SharedDict(path=durable_dir)  # (recovered since: a live dict under the name)
+    assert _clean_dict(surveyed, None, False)["action"] == "kept"
+    d["k"] = 2  # (not removed: no Unlinked)
+    d.unlink()
+    d.close()

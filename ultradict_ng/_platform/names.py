@@ -7,6 +7,7 @@ may contain, so no user name collides with a derived one.
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any
 
@@ -17,8 +18,12 @@ from ..errors import InvalidName
 __all__ = ["validate_name", "generate_name"]
 
 
-def validate_name(name: Any) -> str:
-    """``name`` if it can name a dict on this platform, else :class:`InvalidName`."""
+def validate_name(name: Any, control: bool = False) -> str:
+    """``name`` if it can name a dict on this platform, else :class:`InvalidName`.
+    ``control``: a dict kept in files' control segment's name passes too (what
+    ``clean`` removes when its processes left it)."""
+    if control and isinstance(name, str) and _CONTROL.fullmatch(name):
+        return name
     if not isinstance(name, str):
         raise InvalidName(f"a shared dict name must be a str, not {type(name).__name__}")
     if not name:
@@ -38,6 +43,10 @@ def validate_name(name: Any) -> str:
             "(no '/': it names a file in the shared-memory filesystem)"
         )
     return name
+
+
+#: The name of a dict kept in files' control segment (``layout.control_name``).
+_CONTROL = re.compile(re.escape(D.CONTROL_PREFIX) + "[0-9a-f]+-[0-9a-f]+")
 
 
 def generate_name() -> str:

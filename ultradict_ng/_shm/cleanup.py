@@ -111,9 +111,10 @@ def unlink_by_name(name: str) -> int:
     Works when every process that used the dict is dead (crash cleanup): the
     control segment's register names every dump generation that may exist.
     A segment under that name that is not ours raises :class:`CorruptSegment`
-    and nothing is removed.
+    and nothing is removed.  A dict kept in files' control segment is
+    removed by its name too (its files are not touched).
     """
-    validate_name(name)
+    validate_name(name, control=True)
     try:
         ctrl = Segment.attach(name)
     except FileNotFoundError:
@@ -170,7 +171,7 @@ def unlink_other_layout(name: str) -> int:
     cannot be listed, only the stream and the control).  For people upgrading,
     through ``ultradict-ng rm``; its users' writes fail afterwards.
     """
-    validate_name(name)
+    validate_name(name, control=True)
     ctrl = Segment.attach(name)  # FileNotFoundError
     try:
         if ctrl.buf is None or ctrl.size < 16 or read_word(ctrl.buf, L.W_MAGIC) != L.CONTROL_MAGIC:

@@ -148,9 +148,15 @@ def _clean_dict(rep: DictReport, maps: Optional[dict[str, set[int]]], dry: bool)
         entry["reason"] = rep.problem
         if dry:
             entry["action"] = "would remove"
-        else:
-            entry["removed"] = unlink_by_name(rep.name)
-            entry["action"] = "removed"
+            return entry
+        # Surveyed a while ago (every process's maps, the dicts before this
+        # one): the name may hold a new dict since, which this must not remove.
+        now = report(rep.name, load_keys=False)
+        if now is None or (now.status, now.creator) != (rep.status, rep.creator):
+            entry.update(action="kept", reason="it changed since it was surveyed")
+            return entry
+        entry["removed"] = unlink_by_name(rep.name)
+        entry["action"] = "removed"
         return entry
     users = _in_use(rep, maps)
     dead = len(rep.users) - len(rep.live_users)
