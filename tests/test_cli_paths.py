@@ -142,7 +142,8 @@ def test_ls_and_clean_know_a_dict_in_files_shared_memory(tmp_path, directory):
             shutil.rmtree(path)
         (entry,) = [d for d in cli_json("ls")["dicts"] if d["name"] == name]  # type: ignore[index]
         assert entry["status"] == "files" and not any(u["alive"] for u in entry["users"])
-        (done,) = [d for d in cli_json("clean", name) if d["name"] == name]  # type: ignore[union-attr]
+        which = path if directory == "kept" else name  # (a PATH stands for its shared memory)
+        (done,) = [d for d in cli_json("clean", which) if d["name"] == name]  # type: ignore[union-attr]
         assert done["action"] == "removed", done
         assert not os.path.exists(os.path.join("/dev/shm", name))
     finally:

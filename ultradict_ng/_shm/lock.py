@@ -196,7 +196,11 @@ class ShmLock(WordLock):
             return False
         ok, _ = self._words.cas(_W_LOCK, seen, mine)
         if ok:
-            log.warning("lock of shared dict %r recovered from dead process %d", self._name, pid_of(seen))
+            log.warning(
+                "lock of shared dict %r recovered from dead process %d",
+                segments.shown(self._name),
+                pid_of(seen),
+            )
             self._after_a_dead_holder()
         return ok
 

@@ -186,14 +186,25 @@ def _clean_dict(rep: DictReport, maps: Optional[dict[str, set[int]]], dry: bool)
     return entry
 
 
+def _control_of(path: str) -> str:
+    """The name of the shared memory of the dict kept in ``path`` ("" if no such directory)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return control_name(st.st_dev, st.st_ino)
+
+
 def cmd_clean(args: Namespace) -> int:
     if render.cannot_list("clean", "remove dicts you know with `rm NAME`"):
         return 1
     found = survey(load_keys=False)
     if args.patterns:
+        # A PATH stands for its dict's shared memory (the files are not clean's).
+        patterns = [_control_of(p) if paths.is_path(p) else p for p in args.patterns]
 
         def chosen(name: str) -> bool:
-            return any(fnmatch.fnmatchcase(name, p) for p in args.patterns)
+            return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
         found.dicts = [d for d in found.dicts if chosen(d.name)]
         found.orphans = [o for o in found.orphans if chosen(o.base)]
