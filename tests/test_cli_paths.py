@@ -348,6 +348,15 @@ def test_files_named_as_a_dicts_without_its_bytes_are_another_programs(tmp_path)
     out = cli("rm", str(notes))
     assert out.returncode == 1 and os.listdir(notes) == ["notes.txt"], out.stdout
 
+    for leftover in (b"", bytes(32)):  # (a creation killed before it sized its stream: its leftovers)
+        left = tmp_path / f"left{len(leftover)}"
+        left.mkdir()
+        (left / "stream").write_bytes(leftover)
+        d = SharedDict(path=str(left))
+        d["k"] = 1
+        d.unlink()
+        d.close()
+
     lost = str(tmp_path / "cache")
     c = SharedCache(path=lost, maxsize=10)
     c.set("k", "v")

@@ -15,7 +15,7 @@ import pytest
 
 from ultradict_ng import SharedDict
 from ultradict_ng._disk import layout as D
-from ultradict_ng.errors import LockTimeout
+from ultradict_ng.errors import InvalidName, LockTimeout, Unlinked
 
 pytestmark = pytest.mark.shm_only
 
@@ -126,3 +126,60 @@ def test_a_removal_does_not_wait_for_a_sync_leader_that_is_stopped(durable_dir):
     finally:
         os.kill(p.pid, signal.SIGCONT)
         p.join(60)
+
+
+def _opens_under_its_lock(path: str, holding: Any, done: Any) -> None:
+    d = SharedDict(path=path, create=False)
+    with d.lock:
+        holding.set()
+        time.sleep(0.5)
+        SharedDict(path=path, create=False).close()  # (takes the directory's lock, under the dict's)
+    d.close()
+    done.set()
+
+
+def test_a_removal_and_a_lock_holder_that_opens_the_path_do_not_wait_for_each_other(durable_dir, monkeypatch):
+    """The removal takes the dict's lock, then the directory's, as an open
+    or a last close under ``with d.lock:`` does: the other way round each
+    waited for the other until the removal gave up."""
+    monkeypatch.setattr(D, "REMOVE_LOCK_TIMEOUT", 5.0)
+    d = SharedDict({"a": 1}, path=durable_dir)
+    ctx = multiprocessing.get_context("spawn")
+    holding, done = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_opens_under_its_lock, args=(durable_dir, holding, done))
+    p.start()
+    assert holding.wait(60)
+    t0 = time.monotonic()
+    assert d.unlink() > 0
+    assert time.monotonic() - t0 < 4 and done.wait(10)
+    p.join(60)
+    d.close()
+    assert not os.path.exists(durable_dir)
+
+
+def test_a_removal_inside_the_removers_own_transaction_spares_the_next_dict(durable_dir):
+    """The lock is the remover's own: its transaction's next large value is
+    ``Unlinked`` (no file made at the path), and its rollback removes no file
+    there -- both went to the dict made at the path since."""
+    d = SharedDict({"a": 1}, path=durable_dir)
+    with pytest.raises(Unlinked), d.transaction():
+        d["t0"] = b"o" * BIG
+        assert d.unlink() > 0
+        new = SharedDict(path=durable_dir)
+        for i in range(3):
+            new[f"v{i}"] = bytes([i]) * BIG
+        d["t1"] = b"p" * BIG
+    d.close()
+    assert {k: new[k] == bytes([int(k[1])]) * BIG for k in new} == {f"v{i}": True for i in range(3)}
+    new.unlink()
+    new.close()
+
+
+def test_a_second_removal_finds_nothing_and_a_control_name_is_no_name(durable_dir):
+    a, b = SharedDict({"a": 1}, path=durable_dir), SharedDict(path=durable_dir)
+    with pytest.raises(InvalidName, match="a dict kept in files"):
+        SharedDict.unlink_by_name(a.name)  # (in this process its derived names are its files)
+    assert dict(b) == {"a": 1}
+    assert a.unlink() > 0 and b.unlink() == 0
+    a.close()
+    b.close()

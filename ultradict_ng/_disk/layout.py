@@ -31,9 +31,10 @@ begin with its magic (``magics_of``; ``files.dicts_file`` checks both):
 directory holding one is refused at creation, and no step reads, counts or
 removes it.  Where ``dict.meta`` is missing, nothing vouches for the names
 alone: ``clean`` must begin with ``CLEAN_MAGIC``, ``cache`` with its side
-segment's magic (or zeros), ``stream`` with zeros or a whole record
-(``recovery.dicts_own``) -- another program's ``stream`` is not taken for
-the records of a dict that lost its description, nor removed as them.
+segment's magic, ``stream`` with a whole record -- or those two be empty
+or zeros, as a creation killed early leaves them (``recovery.dicts_own``)
+-- another program's ``stream`` is not taken for the records of a dict
+that lost its description, nor removed as them.
 
 The control segment stays in shared memory (``/dev/shm``): it is rebuilt from
 the files whenever it is missing, as SQLite rebuilds its ``-shm`` index.  Its

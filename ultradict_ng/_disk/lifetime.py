@@ -17,6 +17,7 @@ from .._shm import layout as L
 from .._shm import users
 from .._shm.cleanup import unlink_tree
 from .._shm.control import control_owner
+from .._shm.lock import ShmLock
 from .._shm.mapping import Mapping
 from .._shm.store import Store
 from ..errors import LockTimeout
@@ -128,15 +129,38 @@ def _remove_control(name: str, token: int) -> int:
 
 
 def unlink(store: Store) -> int:
-    """Remove the dict: its control segment, every file of it, then the directory if empty."""
+    """Remove the dict: its control segment, every file of it, then the directory if empty.
+
+    The dict's lock first, then the directory's, as every other taker of
+    both (an open or a last close under ``with d.lock:``): the other way
+    round, a holder of the dict's lock opening its directory waited for the
+    removal, which waited for it.  0 where another removal came first (its
+    directory gone, or another made at its path meanwhile)."""
     directory = segments.directory_of(store.name)
     assert directory is not None
-    with files.directory_lock(directory):
+    lock = ShmLock(store._map.atomic, store.name, store.token)
+    try:
+        lock.acquire(timeout=D.REMOVE_LOCK_TIMEOUT)
+    except LockTimeout as exc:
+        raise LockTimeout(f"{exc}: nothing removed", name=exc.name, pid=exc.pid) from None
+    try:
+        if store._map.words[L.W_STATUS] & L.STATUS_UNLINKED:
+            return 0
+        held = files.directory_lock(directory)
         try:
-            removed = unlink_tree(store.name, store._map, store.token, D.REMOVE_LOCK_TIMEOUT)
-        except LockTimeout as exc:
-            raise LockTimeout(f"{exc}: nothing removed", name=exc.name, pid=exc.pid) from None
-        return removed + _remove_files(directory, True)
+            held.acquire()
+        except FileNotFoundError:
+            return 0
+        with held:
+            assert held.stat is not None
+            if D.control_name(held.stat.st_dev, held.stat.st_ino) != store.name:
+                return 0  # (another directory at its path: not this dict's)
+            removed = unlink_tree(
+                store.name, store._map, store.token, D.REMOVE_LOCK_TIMEOUT
+            )  # (held: at once)
+            return removed + _remove_files(directory, True)
+    finally:
+        lock.release()
 
 
 def discard_created(store: Store, directory: str) -> None:

@@ -188,9 +188,10 @@ def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
 def dicts_own(directory: str, file: str, described: bool) -> bool:
     """``files.dicts_file``; and where no ``dict.meta`` vouches for the
     directory (``described`` False: it is missing), the files a name alone
-    marks checked by their first bytes as well: ``clean`` its magic, ``cache``
-    its magic (or zeros: a creation that died), ``stream`` zeros or a whole
-    record.  Without it, the open's refusal of a directory that lost its
+    marks checked by their first bytes as well: ``clean`` its magic,
+    ``cache`` its magic, ``stream`` a whole record -- or those two empty or
+    zeros (a creation killed before it sized or wrote them: nothing held).
+    Without it, the open's refusal of a directory that lost its
     ``dict.meta`` named another program's ``stream`` as the dict's records,
     and ``rm PATH`` removed it (and ``clean``, and then the directory)."""
     if not files.dicts_file(directory, file):
@@ -205,10 +206,11 @@ def dicts_own(directory: str, file: str, described: bool) -> bool:
         head = os.pread(fd, L.RECORD_HEADER, 0)
         if file == D.CLEAN_FILE:
             return head.startswith(D.CLEAN_MAGIC)
+        if not head.strip(b"\0"):  # (empty or zeros: nothing held)
+            return True
         if file == D.CACHE_FILE:
-            return head[:8] in (C.SIDE_MAGIC.to_bytes(8, sys.byteorder), bytes(8))
-        zeros = head == bytes(L.RECORD_HEADER) and os.fstat(fd).st_size >= L.MIN_STREAM_SIZE
-        return zeros or whole_record(files.FileBytes(fd), 0) >= 0
+            return head.startswith(C.SIDE_MAGIC.to_bytes(8, sys.byteorder))
+        return whole_record(files.FileBytes(fd), 0) >= 0
     except OSError:
         return False
     finally:

@@ -46,7 +46,7 @@ from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy
 from .._codec.ext import too_deep
 from .._codec.placeholders import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, PickledBlobs
 from .._platform import faults, segments
-from ..errors import CorruptSegment
+from ..errors import CorruptSegment, Unlinked
 from ..speedups import contains_type, types_within
 from . import layout as L
 from .tablecache import TableCache
@@ -391,6 +391,8 @@ def extract_blobs(
     writer calls this under the lock; on an error the blobs made are gone."""
 
     def store_blob(value: Any, kind: int) -> BlobRef:
+        if mapping.words[L.W_STATUS] & L.STATUS_UNLINKED:  # (by this process, inside its own transaction)
+            raise Unlinked(f"shared dict {segments.shown(name)!r} was unlinked; it can no longer be written")
         blob_id = mapping.words[L.W_BLOB_NEXT]
         mapping.atomic.store(L.W_BLOB_NEXT, blob_id + 1)  # a: before the segment exists
         if faults.armed is not None:

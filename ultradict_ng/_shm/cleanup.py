@@ -105,16 +105,18 @@ def unlink_tree(name: str, mapping: Mapping, token: int, locked_within: Optional
             lock.release()
 
 
-def unlink_by_name(name: str) -> int:
+def unlink_by_name(name: str, control: bool = False) -> int:
     """Remove every segment of the dict ``name``; returns how many were removed (0 if none).
 
     Works when every process that used the dict is dead (crash cleanup): the
     control segment's register names every dump generation that may exist.
     A segment under that name that is not ours raises :class:`CorruptSegment`
-    and nothing is removed.  A dict kept in files' control segment is
-    removed by its name too (its files are not touched).
+    and nothing is removed.  ``control``: a dict kept in files' control
+    segment, which ``clean`` removes when it was left abandoned or unlinked
+    (its files are not touched; the public API refuses such a name: in a
+    process that has the dict open, its derived names are its files).
     """
-    validate_name(name, control=True)
+    validate_name(name, control=control)
     try:
         ctrl = Segment.attach(name)
     except FileNotFoundError:

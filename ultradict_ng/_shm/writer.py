@@ -416,7 +416,7 @@ class Writer(Reader):
     def _discard(self, tx: Transaction) -> None:
         """Nothing of ``tx`` was published: drop its blobs, zero its records in
         files (``unwrite``) and reload the cache (it holds them) on the next access."""
-        if tx.created:
+        if tx.created and not self._map.words[_W_STATUS] & _UNLINKED:  # (removed: its files went with it)
             unlink_blobs(self.name, tx.created)
         if self.durable is not None and self._map.words[_W_STATE] == self.gen << _GEN_SHIFT | tx.start:
             unwrite(self._map.stream_mv, tx.start, self.pos)  # (none of them published: checked)

@@ -155,7 +155,7 @@ def _clean_dict(rep: DictReport, maps: Optional[dict[str, set[int]]], dry: bool)
         if now is None or (now.status, now.creator) != (rep.status, rep.creator):
             entry.update(action="kept", reason="it changed since it was surveyed")
             return entry
-        entry["removed"] = unlink_by_name(rep.name)
+        entry["removed"] = unlink_by_name(rep.name, control=True)
         entry["action"] = "removed"
         return entry
     users = _in_use(rep, maps)
