@@ -42,6 +42,7 @@ __all__ = [
     "directory_lock",
     "PAGE",
     "dicts_file",
+    "read_head",
     "FileBytes",
 ]
 
@@ -113,16 +114,20 @@ def dicts_file(directory: str, file: str) -> bool:
     if not D.is_own(file):
         return False
     magics = D.magics_of(file)
-    if not magics:
-        return True
+    return not magics or read_head(os.path.join(directory, file), 8) in magics
+
+
+def read_head(path: str, size: int) -> Optional[bytes]:
+    """The first ``size`` bytes of ``path`` (fewer if it is shorter), or None
+    where it cannot be read: what tells a dict's file from another's."""
     try:
-        fd = os.open(os.path.join(directory, file), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     try:
-        return os.pread(fd, 8, 0) in magics
+        return os.pread(fd, size, 0)
     except OSError:
-        return False
+        return None
     finally:
         os.close(fd)
 

@@ -198,23 +198,21 @@ def dicts_own(directory: str, file: str, described: bool) -> bool:
         return False
     if described or file not in (D.CLEAN_FILE, D.CACHE_FILE, D.STREAM_FILE):
         return True
+    path = os.path.join(directory, file)
+    head = files.read_head(path, L.RECORD_HEADER)
+    if head is None:
+        return False
+    if file == D.CLEAN_FILE:
+        return head.startswith(D.CLEAN_MAGIC)
+    if not head.strip(b"\0"):  # (empty or zeros: nothing held)
+        return True
+    if file == D.CACHE_FILE:
+        return head.startswith(C.SIDE_MAGIC.to_bytes(8, sys.byteorder))
     try:
-        fd = os.open(os.path.join(directory, file), os.O_RDONLY | os.O_CLOEXEC)
+        with open(path, "rb") as f:  # (read as far as the record says, not whole: pread)
+            return whole_record(files.FileBytes(f.fileno()), 0) >= 0
     except OSError:
         return False
-    try:
-        head = os.pread(fd, L.RECORD_HEADER, 0)
-        if file == D.CLEAN_FILE:
-            return head.startswith(D.CLEAN_MAGIC)
-        if not head.strip(b"\0"):  # (empty or zeros: nothing held)
-            return True
-        if file == D.CACHE_FILE:
-            return head.startswith(C.SIDE_MAGIC.to_bytes(8, sys.byteorder))
-        return whole_record(files.FileBytes(fd), 0) >= 0
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def short_of_clean(closed: Optional[tuple[int, int, int]], generation: int, token: int, end: int) -> int:
