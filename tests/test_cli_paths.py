@@ -48,6 +48,8 @@ def test_every_command_takes_a_path(durable_dir, tmp_path):
     assert before.returncode == 2 and "unrecognized arguments: --json" in before.stderr
     stats = cli_json("stats", durable_dir)
     assert stats["keys"] == 101 and stats["path"] == durable_dir and stats["sync"] == "always"
+    assert stats["engine"] == "files" and "name" not in stats  # (the directory is its name)
+    assert not stats["open"] and stats["users"] == [] and stats["closed_cleanly"]  # (not its own open)
     doctor = cli("doctor", durable_dir)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "closed cleanly" in doctor.stdout
@@ -153,6 +155,26 @@ def test_ls_and_clean_know_a_dict_in_files_shared_memory(tmp_path, directory):
         assert dict(d) == {"a": 1}
         d.unlink()
         d.close()
+
+
+def test_ls_tells_a_dict_kept_in_files_in_dev_shm_from_other_programs_files():
+    """A dict kept in a directory of /dev/shm (tmpfs) is listed as a dict, not
+    counted among other programs' files -- a directory without one still is."""
+    from .conftest import unique_name
+
+    path, other = f"/dev/shm/{unique_name()}", f"/dev/shm/{unique_name()}"
+    SharedDict({"a": 1}, path=path).close()  # (logs that tmpfs does not outlive a reboot)
+    os.mkdir(other)
+    try:
+        listed = cli_json("ls", "--all")
+        assert path in listed["kept_in_files"]  # type: ignore[index]
+        names = listed["foreign"]["names"]  # type: ignore[index]
+        assert os.path.basename(other) in names and os.path.basename(path) not in names
+        out = cli("ls")
+        assert f"{path}: a dict kept in files" in out.stdout, out.stdout
+    finally:
+        os.rmdir(other)
+        assert cli("rm", path).returncode == 0
 
 
 def _flip(path: str, at: int) -> None:

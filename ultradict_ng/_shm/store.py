@@ -432,7 +432,7 @@ class Store(Writer):
             keys = len(self.data) if self.seen == state else None
         return {
             "name": self.name,
-            "engine": "shared memory",
+            "engine": "shared memory" if self.durable is None else "files",
             "layout_version": L.LAYOUT_VERSION,
             "serializer": self.codec.name,
             "recurse": self.recurse,

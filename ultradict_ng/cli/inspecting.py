@@ -76,6 +76,8 @@ def cmd_ls(args: Namespace) -> int:
         return 1
     found = survey(load_keys=True)
     pool = parcels()
+    kept = [n for n, _ in found.foreign if paths.holds_dict(f"/dev/shm/{n}")]  # (directories: tmpfs dicts)
+    foreign = [(n, b) for n, b in found.foreign if n not in kept]
     if args.json:
         print(
             render.dumps(
@@ -83,16 +85,17 @@ def cmd_ls(args: Namespace) -> int:
                     "dicts": [d.as_json() for d in found.dicts],
                     "orphans": [o.__dict__ for o in found.orphans],
                     "parcels": [p.to_json() for p in pool],
+                    "kept_in_files": [f"/dev/shm/{n}" for n in kept],
                     "foreign": {
-                        "count": len(found.foreign),
-                        "bytes": sum(b for _, b in found.foreign),
-                        **({"names": [n for n, _ in found.foreign]} if args.all else {}),
+                        "count": len(foreign),
+                        "bytes": sum(b for _, b in foreign),
+                        **({"names": [n for n, _ in foreign]} if args.all else {}),
                     },
                 }
             )
         )
         return 0
-    if not found.dicts and not found.orphans and not pool:
+    if not found.dicts and not found.orphans and not pool and not kept:
         print("no ultradict_ng dicts in /dev/shm")
     if found.dicts:
         rows = []
@@ -127,12 +130,12 @@ def cmd_ls(args: Namespace) -> int:
             f"segment(s), {render.size(o.bytes)}; `clean` removes them"
         )
     _print_parcels(pool)
-    if found.foreign:
-        total = sum(b for _, b in found.foreign)
-        names = (": " + ", ".join(n for n, _ in found.foreign)) if args.all else " (--all lists them)"
-        print(
-            f"{len(found.foreign)} other file(s) in /dev/shm, {render.size(total)}, not ultradict_ng's{names}"
-        )
+    for n in kept:
+        print(f"/dev/shm/{n}: a dict kept in files (on tmpfs); `ls /dev/shm/{n}` shows it")
+    if foreign:
+        total = sum(b for _, b in foreign)
+        names = (": " + ", ".join(n for n, _ in foreign)) if args.all else " (--all lists them)"
+        print(f"{len(foreign)} other file(s) in /dev/shm, {render.size(total)}, not ultradict_ng's{names}")
     return 0
 
 
@@ -282,11 +285,17 @@ def cmd_stats(args: Namespace) -> int:
 
 
 def _path_stats(args: Namespace) -> int:
+    """The dict's stats and its files'.  The files are looked at before the
+    open: ``open``, ``users`` and ``closed_cleanly`` describe the dict as
+    others left it, not as this command's own open makes it; the control
+    segment's name is ``control_segment``, the directory is ``path``."""
+    before = paths.summary(args.name)
     d = paths.open_dict(args.name)
     try:
-        out = {**d.stats(), **paths.summary(args.name)}
+        out = {k: v for k, v in d.stats().items() if k not in ("name", "users")}
     finally:
         d.close()
+    out.update(before)
     if args.json:
         print(render.dumps(out))
         return 0

@@ -37,7 +37,7 @@ from .._shm import table_layout as TL
 from .._shm.peek import Peek
 from .._shm.survey import report
 from .._shm.table import Table
-from ..errors import CorruptSegment, NotADict, NotFound
+from ..errors import CorruptSegment, NotADict, NotFound, SharedDictError
 from ..shareddict import SharedDict
 
 __all__ = ["is_path", "open_dict", "peeking", "summary", "file_checks", "cmd_compact", "describes_a_dict"]
@@ -87,6 +87,16 @@ def _meta(path: str) -> dict[str, Any]:
 def describes_a_dict(path: str) -> None:
     """``NotFound`` or ``CorruptSegment`` unless ``path`` holds a dict's ``dict.meta`` (any version)."""
     _meta(path)
+
+
+def holds_dict(path: str) -> bool:
+    """Whether ``path`` is a directory with a dict's ``dict.meta`` (for ``ls``:
+    a dict kept in files inside ``/dev/shm`` is not another program's file)."""
+    try:
+        describes_a_dict(path)
+    except (OSError, SharedDictError):
+        return False
+    return True
 
 
 def _users(path: str) -> Optional[list[int]]:
