@@ -60,10 +60,11 @@ def expected(n: int) -> dict[str, object]:
     return model
 
 
-def check(path: str, done: int, atomic: bool) -> None:
+def check(path: str, done: int, atomic: bool, rebooted: bool = True) -> None:
     """Reopened after a reboot: the first ``done`` writes, or ``done + 1`` (the one in flight;
     outside a transaction, its "big" write may have landed and its key's not yet)."""
-    reboot(path)
+    if rebooted:
+        reboot(path)
     d = SharedDict(path=path, create=False)
     got = {k: bytes(v) if k == "big" else v for k, v in d.items()}
     half = {**expected(done), "big": bytes([done % 256]) * 300} if done % 4 == 3 and not atomic else None
@@ -108,6 +109,26 @@ def test_a_writer_killed_at_a_fault_point_then_a_reboot(durable_dir, point, sync
         point == "transaction-written"
     ):  # (its records are there, its last unmarked: said so, not taken for damage)
         assert "ignored (a transaction's records without its last)" in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("then", ["a reboot", "no reboot"])
+@pytest.mark.parametrize("sync", ["always", "interval", "never"])
+@pytest.mark.parametrize("point", ["closing-claimed", "closing-checked"])
+def test_a_last_close_killed_loses_nothing(durable_dir, point, sync, then):
+    """The last holder killed as it closes -- CLOSING held by a dead process,
+    or its users found gone and the dict not yet closed: its control segment
+    stays.  The next opener (the segment in place, or after a reboot) gets
+    every write, and does not wait for the dead closer."""
+    import time
+
+    SharedDict({"k0": -1}, path=durable_dir, sync=sync, buffer_size=STREAM, blob_threshold=256).close()
+    p = worker(["write", durable_dir, "0", "12"], f"{point}:kill:1")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert acked(p.stdout) == list(range(12))  # (every write returned: it died closing)
+    assert os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+    t0 = time.monotonic()
+    check(durable_dir, 12, True, rebooted=then == "a reboot")
+    assert time.monotonic() - t0 < 10
 
 
 def test_an_aborted_transaction_leaves_zeros_and_never_comes_back(durable_dir, caplog):
@@ -172,9 +193,10 @@ def test_a_transaction_failing_after_its_publish_keeps_its_records(durable_dir, 
     e.close()
 
 
+@pytest.mark.parametrize("sync", ["always", "interval", "never"])
 @pytest.mark.parametrize("point", ["recovery-scanned", "recovery-loaded", "recovery-checkpointed"])
-def test_a_recovery_killed_is_redone(durable_dir, point):
-    d = SharedDict({"k0": -1}, path=durable_dir, buffer_size=STREAM, blob_threshold=256)
+def test_a_recovery_killed_is_redone(durable_dir, point, sync):
+    d = SharedDict({"k0": -1}, path=durable_dir, sync=sync, buffer_size=STREAM, blob_threshold=256)
     d.close()
     p = worker(["write", durable_dir, "0", "30"], "record-written:kill:23")
     assert p.returncode == -signal.SIGKILL
@@ -204,6 +226,33 @@ def test_a_group_commit_leader_killed_is_replaced(durable_dir):
     reboot(durable_dir)
     e = SharedDict(path=durable_dir, create=False)
     assert dict(e) == {**expected(3), "after": 1}  # (the dead writer's third write was published)
+    e.unlink()
+    e.close()
+
+
+def test_an_interval_sync_leader_killed_is_replaced(durable_dir):
+    """Under "interval" the flusher leads the syncs: killed leading one (here
+    the writer's close's), its SYNC_LEADER word is a dead process's.  The
+    survivor's flusher replaces it, and the dead writer's writes are synced
+    within the interval and a liveness check."""
+    import time
+
+    d = SharedDict({"k0": -1}, path=durable_dir, sync="interval", sync_interval=0.2, buffer_size=1 << 16)
+    p = worker(["write", durable_dir, "0", "12"], "sync-leading:kill:1")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert len(acked(p.stdout)) == 12
+    d["after"] = 1  # (returns at once: "interval" waits for no sync)
+    deadline = time.monotonic() + 5
+    while True:
+        s = d.stats()
+        if (s["synced_generation"], s["synced_end"]) == (s["generation"], s["stream_end"]):
+            break
+        assert time.monotonic() < deadline, f"not synced: {s}"
+        time.sleep(0.05)
+    d.close()
+    reboot(durable_dir)
+    e = SharedDict(path=durable_dir, create=False)
+    assert dict(e) == {**expected(12), "after": 1}
     e.unlink()
     e.close()
 
