@@ -271,6 +271,47 @@ def pytest_collection_finish(session: Any) -> None:
         )
 
 
+#: Control segments of dicts kept in files in /dev/shm as the run began.
+_CONTROLS_BEFORE: set[str] = set()
+
+
+def _unused_controls() -> set[str]:
+    """Control segments of dicts kept in files (``udng+``) no live process uses."""
+    from ultradict_ng._disk.layout import CONTROL_PREFIX
+    from ultradict_ng._shm.survey import report
+
+    out = set()
+    for entry in os.listdir(SHM) if os.path.isdir(SHM) else ():
+        if entry.startswith(CONTROL_PREFIX) and "@" not in entry:
+            rep = report(entry, load_keys=False)
+            if rep is not None and not rep.live_users:
+                out.add(entry)
+    return out
+
+
+def pytest_sessionstart(session: Any) -> None:
+    if not hasattr(session.config, "workerinput"):  # (the run's own process: once per run)
+        _CONTROLS_BEFORE.update(_unused_controls())
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """The run fails if it left a dict kept in files' control segment behind.
+
+    Per test, ``durable_dir`` finds those of the directories still there; a
+    directory a test removed, or one under a plain ``tmp_path``, takes the
+    name of its segment with it (named by device and inode), so the whole run
+    is checked once more at its end: no live user, and not there before."""
+    if hasattr(session.config, "workerinput"):
+        return
+    left = sorted(_unused_controls() - _CONTROLS_BEFORE)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"control segments of dicts kept in files left behind: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[Any]:
     """One redis-server (no persistence) for the session; tests use unique names."""
