@@ -16,6 +16,7 @@ import pytest
 from ultradict_ng import SharedDict
 from ultradict_ng._disk import layout as D
 from ultradict_ng._disk.opening import control_of
+from ultradict_ng._shm import layout as L
 from ultradict_ng._shm import writer as writer_module
 from ultradict_ng.errors import CorruptSegment, NotFound
 
@@ -255,6 +256,28 @@ def test_an_interval_sync_leader_killed_is_replaced(durable_dir):
     assert dict(e) == {**expected(12), "after": 1}
     e.unlink()
     e.close()
+
+
+@pytest.mark.parametrize("point", ["dump-written", "dump-published"])
+def test_the_checkpoint_a_killed_writer_had_not_yet_removed_goes_at_the_recovery(durable_dir, point):
+    """A writer killed after its new checkpoint was in place, before it
+    removed the one before (step 4d): after a reboot the recovery removes
+    that one -- nothing else would, and each such crash would keep one more
+    dump on the disk for good."""
+    SharedDict({"k0": -1}, path=durable_dir, buffer_size=STREAM, blob_threshold=256).close()
+    p = worker(["write", durable_dir, "0", "40"], f"{point}:kill:2")
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    done = len(acked(p.stdout))
+    assert len([f for f in os.listdir(durable_dir) if f.startswith(D.DUMP_PREFIX)]) == 2
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir, create=False)
+    got = {k: bytes(v) if k == "big" else v for k, v in d.items()}
+    assert got in (expected(done), expected(done + 1))
+    d._store.force_dump()
+    dumps = [f for f in os.listdir(durable_dir) if f.startswith(D.DUMP_PREFIX)]
+    assert dumps == [D.DUMP_PREFIX + L.base36(d.stats()["generation"])], dumps
+    d.unlink()
+    d.close()
 
 
 def test_a_random_kill_then_a_reboot(durable_dir):

@@ -202,8 +202,10 @@ it again) and starts over if not.  Then:
       come back (``missing_checkpoint``);
    d. remove the dict's checkpoints newer than g (never published: left
       there, one would be the newest checkpoint once ``clean`` is gone, and
-      drop every write since as records of an older generation) and sync
-      the directory; create the control segment from ``dict.meta`` (a new creator, the same
+      drop every write since as records of an older generation) and older
+      than g (a writer killed between publishing g and step 4d's removal:
+      no reader looks below REG_LOW = g, nothing else would remove them) and
+      sync the directory; create the control segment from ``dict.meta`` (a new creator, the same
       token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
       past the highest ``blob.<id>``, SYNCED = STATE -- MAGIC only once step
       e is done, so that a segment a killed recovery left is rebuilt, not

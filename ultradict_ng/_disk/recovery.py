@@ -255,27 +255,31 @@ def newest_checkpoint(directory: str, names: list[str], closed: Optional[int] = 
 
 
 def _remove_unpublished(directory: str, names: list[str], generation: int) -> None:
-    """Step d: remove the dict's checkpoints newer than ``generation`` (the
-    one ``clean`` names), then sync the directory.  Such a one was never
-    published: its writer was killed between its rename and STATE, and no
-    process took its lock over (the one that does removes it) before the
-    last close wrote ``clean``.  Left there, it is the newest checkpoint of
-    the recovery after the first crash once ``clean`` is gone, which then
-    drops every write made since as records of an older generation."""
-    stale = [
-        f
-        for f in (D.DUMP_PREFIX + L.base36(g) for g in _ids(names, D.DUMP_PREFIX) if g > generation)
-        if files.dicts_file(directory, f)
-    ]
-    for f in stale:
+    """Step d: remove the dict's checkpoints other than ``generation``'s,
+    then sync the directory.  A newer one (than the one ``clean`` names) was
+    never published: its writer was killed between its rename and STATE,
+    and no process took its lock over (which removes it) before the last
+    close wrote ``clean``; left there, it would be the newest checkpoint once
+    ``clean`` is gone, and drop every write made since as records of an
+    older generation.  An older one is what a writer killed after publishing
+    its successor had not yet removed (step 4d): no reader of the rebuilt
+    segment looks below REG_LOW = ``generation``, nothing else removes it."""
+    newer: list[str] = []
+    older: list[str] = []
+    for g in _ids(names, D.DUMP_PREFIX):
+        f = D.DUMP_PREFIX + L.base36(g)
+        if g != generation and files.dicts_file(directory, f):
+            (newer if g > generation else older).append(f)
+    for f in newer:
         log.warning(
             "ultradict_ng: recovering %s: removing %s, a checkpoint never published (its writer was "
             "killed before publishing it)",
             directory,
             f,
         )
+    for f in newer + older:
         files.remove(os.path.join(directory, f))
-    if stale:
+    if newer or older:
         files.sync_dir(directory)
 
 
