@@ -229,6 +229,69 @@ def test_an_interval_write_of_a_multiprocessing_worker_is_synced_as_it_ends(dura
     d.close()
 
 
+@pytest.mark.parametrize("ends", ["os._exit", "SIGTERM"])
+def test_an_interval_write_of_a_forked_child_is_synced_by_its_parent(durable_dir, ends):
+    """A child forked by hand ends with ``os._exit`` (or is terminated, as a
+    pool's workers are) before its own sync thread's first sync; the parent,
+    which has the dict open but wrote nothing (no sync thread of its own
+    yet), syncs the child's write within the interval."""
+    import signal
+
+    d = SharedDict(path=durable_dir, sync="interval", sync_interval=0.2)
+    pid = os.fork()
+    if pid == 0:  # (the child: no pytest code runs here)
+        try:
+            d["from the child"] = 1
+        finally:
+            if ends == "SIGTERM":
+                os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) or os.WTERMSIG(status) == signal.SIGTERM
+    assert d["from the child"] == 1
+    assert _synced_within(d, 5), "the child's write was left unsynced"
+    d.unlink()
+    d.close()
+
+
+def test_a_child_forked_while_a_thread_starts_the_sync_thread_does_not_hang(durable_dir):
+    """A thread of the parent holds the guard of the sync thread's start at
+    the fork (its first ``interval`` write): the child's own first write
+    starts the child's sync thread all the same."""
+    import signal
+    import threading
+
+    from ultradict_ng._disk import syncing
+
+    d = SharedDict(path=durable_dir, sync="interval")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with syncing._flusher_guard:
+            held.set()
+            release.wait(0.5)  # (the fork's own hook in the parent takes the guard after it)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.alarm(10)
+            d["from the child"] = 1
+        finally:
+            os._exit(0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join()
+    assert os.WIFEXITED(status), "the child hung in its first write"
+    assert d["from the child"] == 1
+    d.unlink()
+    d.close()
+
+
 def test_bad_input_is_refused_and_changes_nothing(durable_dir, tmp_path):
     with pytest.raises(NotFound):
         SharedDict(path=durable_dir, create=False)
@@ -970,6 +1033,109 @@ def test_a_handle_sent_after_its_dict_was_removed_or_moved_finds_it_gone(durable
         e = SharedDict(path=where)
         e.unlink()
         e.close()
+
+
+def test_a_handle_sent_before_a_new_dict_was_made_in_its_directory_finds_it_gone(durable_dir):
+    """The directory kept (a file not the dict's kept it from removal: the
+    same inode, the same control segment's name) and a new dict made in it:
+    a handle of the removed one does not open the new one."""
+    import pickle
+
+    d = SharedDict({"old": 1}, path=durable_dir)
+    sent = pickle.dumps(d)
+    with open(os.path.join(durable_dir, "notes.txt"), "w") as f:
+        f.write("not the dict's")
+    d.unlink()
+    d.close()
+    os.remove(os.path.join(durable_dir, "notes.txt"))  # (the directory stays: empty, the same inode)
+    e = SharedDict({"new": 2}, path=durable_dir)
+    assert control_of(durable_dir) == d.name
+    with pytest.raises(NotFound, match="removed, or moved away"):
+        pickle.loads(sent)
+    assert dict(e) == {"new": 2} and pickle.loads(pickle.dumps(e))["new"] == 2
+    e.unlink()
+    e.close()
+
+
+def test_a_handle_dropped_without_close_is_closed_by_its_collection(durable_dir):
+    """A handle let go (a request handler that never calls ``close()``) is
+    closed when it is collected, as one of a dict in shared memory is: its
+    descriptors and mappings freed, its slot among the users too, its writes
+    synced -- nothing held until the process exits."""
+    import gc
+    import weakref
+
+    SharedDict(path=durable_dir).close()
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    first = SharedDict(path=durable_dir, create=False)  # (kept: the drops are not last closes)
+    before = fds()
+    for i in range(20):
+        h = SharedDict(path=durable_dir, create=False)
+        h["hits"] = i
+        store = weakref.ref(h._store)
+        del h
+        gc.collect()
+        assert store() is None
+    assert fds() == before
+    s = first.stats()
+    assert s["users"] == 1 and (s["synced_generation"], s["synced_end"]) == (s["generation"], s["stream_end"])
+    first.unlink()
+    first.close()
+
+
+def test_the_directory_lock_is_released_while_a_copy_of_its_descriptor_lives(durable_dir):
+    """A ``flock`` lives as long as any descriptor of its open file does (a
+    forked child's copy): the release unlocks, it does not only close."""
+    import threading
+
+    from ultradict_ng._disk import files
+
+    SharedDict(path=durable_dir).close()
+    lock = files.directory_lock(durable_dir)
+    lock.acquire()
+    copy = os.dup(lock.fd)  # (what a child forked now would hold)
+    try:
+        lock.__exit__(None, None, None)
+        opened = threading.Event()
+        t = threading.Thread(target=lambda: (SharedDict(path=durable_dir).close(), opened.set()), daemon=True)
+        t.start()
+        assert opened.wait(10), "an open waited for the released directory lock"
+    finally:
+        os.close(copy)
+    t.join()
+    SharedDict(path=durable_dir).unlink()
+
+
+def test_a_child_forked_while_the_directory_lock_is_held_does_not_keep_it(durable_dir):
+    """The holder forks (another thread's fork), then dies holding the lock:
+    its child closed its copy of the descriptor at the fork, so the next
+    opener does not wait for that child to end."""
+    SharedDict(path=durable_dir).close()
+    code = (
+        "import os, signal, sys, time\n"
+        "from ultradict_ng._disk import files\n"
+        "lock = files.directory_lock(sys.argv[1]); lock.acquire()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.closerange(1, 3); time.sleep(60); os._exit(0)\n"
+        "print(pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, durable_dir], capture_output=True, text=True, timeout=60)
+    child = int(p.stdout)
+    try:
+        t0 = time.monotonic()
+        d = SharedDict(path=durable_dir, create=False)
+        assert time.monotonic() - t0 < 10
+        d.unlink()
+        d.close()
+    finally:
+        os.kill(child, 9)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)
 
 
 def test_messages_name_the_directory_not_the_segment(durable_dir):

@@ -543,7 +543,7 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
 
 def _reattach(cls: type, name: str, path: tuple[Any, ...], where: dict[str, Any]) -> SharedDict:
-    root: SharedDict = cls(name=name, create=False, **where)
+    root: SharedDict = cls(**{"name": name, "create": False, **where})  # (``where`` may name it better)
     return root._view(path) if path else root
 
 

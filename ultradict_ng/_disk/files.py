@@ -15,6 +15,7 @@ Errors are the system's (``OSError``); the callers name the file in theirs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -22,6 +23,7 @@ import os
 import sys
 from typing import Callable, Optional
 
+from .._platform.forks import on_fork_in_child
 from . import layout as D
 
 __all__ = [
@@ -279,7 +281,15 @@ class directory_lock:
     dict.  A process that waited while ``unlink()`` removed the directory
     (and perhaps another made it again) holds a lock nobody else takes, so
     it checks, once it holds it, that the path still names the directory it
-    locked, and starts over if not (``FileNotFoundError`` once it is gone)."""
+    locked, and starts over if not (``FileNotFoundError`` once it is gone).
+
+    A ``flock`` belongs to the open file description, which a fork shares
+    with the child: closing the parent's descriptor would not release it
+    while a child forked meanwhile (by another thread) keeps its copy --
+    every later open of the dict would wait for that child to end.  So the
+    release unlocks before it closes, and a forked child closes the copies
+    it inherited of the descriptors held (closing them there releases
+    nothing of the parent's)."""
 
     __slots__ = ("path", "fd", "stat")
 
@@ -306,12 +316,32 @@ class directory_lock:
                 raise
             if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
                 self.fd, self.stat = fd, held
+                _held.add(fd)
                 return
             os.close(fd)  # (removed and made again while we waited: lock the one named now)
 
     def __exit__(self, *exc: object) -> None:
         fd, self.fd = self.fd, -1
-        os.close(fd)  # (releases the flock)
+        _held.discard(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)  # (a forked child's copy of fd would keep it locked)
+        finally:
+            os.close(fd)
+
+
+#: Descriptors of the directory locks this process holds now.
+_held: set[int] = set()
+
+
+def _after_fork_in_child() -> None:
+    """The parent's threads hold these: the child closes its copies (unlocking nothing)."""
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+on_fork_in_child("threads", _after_fork_in_child)
 
 
 class FileBytes:

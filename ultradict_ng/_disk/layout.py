@@ -120,12 +120,14 @@ Sync policies
   ``LOCK_CHECK_INTERVAL``).  One sync covers every record published before
   it began, whoever wrote them.
 * ``"interval"`` (``sync_interval`` seconds, default ``DEFAULT_SYNC_INTERVAL``):
-  each process that wrote runs a daemon thread that syncs each dict as above,
-  on the dict's own schedule, once SYNCED < STATE and at most every interval;
-  a clean close, a normal exit and a ``multiprocessing`` worker's end (its
-  finalizers: it leaves by ``os._exit``) sync.  A write is on the disk at
-  most one interval after it returned (plus the sync's own time), also when
-  its process went idle or exited normally.
+  each process that wrote, or forked while it had the dict open, runs a
+  daemon thread that syncs each dict as above, on the dict's own schedule,
+  once SYNCED < STATE and at most every interval; a clean close, a normal
+  exit and a ``multiprocessing`` worker's end (its finalizers: it leaves by
+  ``os._exit``) sync.  A write is on the disk at most one interval after it
+  returned (plus the sync's own time), also when its process went idle or
+  exited normally -- or, forked, left by ``os._exit`` or was terminated
+  while its parent has the dict open.
 * ``"never"``: the operating system writes back when it chooses; a dump
   (above), a clean close and a normal exit sync.
 

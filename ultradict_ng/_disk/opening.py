@@ -10,7 +10,6 @@ ready, so no process ever sees a half-created or half-recovered dict.
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import logging
 import operator
@@ -57,20 +56,31 @@ def control_of(directory: str) -> str:
     return D.control_name(st.st_dev, st.st_ino)
 
 
-def check_name(name: Any, directory: Any) -> None:
+def check_name(name: Any, directory: Any) -> Optional[int]:
     """``name=`` beside ``path=``: only a handle sent to another process gives
-    both, its control segment's name with its directory.  Any other name is
-    the caller's mistake.  The directory gone, or another one at its path
-    (the dict removed, or moved away), is the dict that handle was of not
-    there: ``NotFound``, as for a dict in shared memory unlinked meanwhile."""
+    both, its control segment's name with its directory, and the dict's
+    token after a ``#``; returns that token.  Any other name is the caller's
+    mistake.  The directory gone, or another one at its path (the dict
+    removed, or moved away), is the dict that handle was of not there:
+    ``NotFound``, as for a dict in shared memory unlinked meanwhile.  The
+    directory's inode number reused for a new one -- filesystems do -- the
+    name agrees: the token, checked once it is open, tells (:func:`gone`)."""
     if not isinstance(name, str) or not name.startswith(D.CONTROL_PREFIX):
         raise ValueError("give a dict kept in files its path=, not a name")
+    base, _, token = name.partition("#")
     try:
         now: Optional[str] = control_of(os.fsdecode(directory))
+        expected = int(token, 16) if token else None
     except (OSError, TypeError, ValueError):
-        now = None
-    if now != name:
-        raise NotFound(f"the dict kept in {directory!r} this handle was of is gone (removed, or moved away)")
+        now = expected = None
+    if now != base:
+        raise NotFound(gone(directory))
+    return expected
+
+
+def gone(directory: Any) -> str:
+    """The message of a handle whose dict is no longer at ``directory``."""
+    return f"the dict kept in {directory!r} this handle was of is gone (removed, or moved away)"
 
 
 def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.stat_result]:
@@ -489,5 +499,5 @@ def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:
         mapping.words,
         f"{directory}/{D.STREAM_FILE}",
     )
-    store.durable.remove = functools.partial(lifetime.unlink, store)
+    store.durable.remove = lifetime.unlink
     lifetime.arm(store, directory)

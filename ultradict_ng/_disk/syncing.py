@@ -56,8 +56,10 @@ class Durability:
     )
 
     def __init__(self, mode: str, interval: float, atomic: Any, words: Any, path: str) -> None:
-        #: ``unlink()`` of the handle: the dict and its files (set by ``opening.py``).
-        self.remove: Callable[[], int] = _unset
+        #: ``unlink()`` of the handle, given the handle's store: the dict and its
+        #: files (set by ``opening.py``; not bound to the store, which this is
+        #: part of -- a cycle through the store's finalizer never collected).
+        self.remove: Callable[[Any], int] = _unset
         self.mode = mode
         self.interval = interval
         self.atomic = atomic
@@ -209,15 +211,31 @@ _live: weakref.WeakSet[Durability] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     """A thread of the parent may have held a guard at the fork: the child's are free."""
+    global _flusher_guard
+    _flusher_guard = threading.Lock()  # (held by a parent's thread starting the flusher)
     for durability in list(_live):
         durability.guard = threading.Lock()
         durability.queued = False  # (the parent's flusher thread is not the child's)
 
 
+def _after_fork_in_parent() -> None:
+    """The child may write to the parent's ``interval`` dicts and end with
+    ``os._exit`` (as forked children do) or be terminated (a pool's workers)
+    before its own flusher's first sync: the parent's flusher takes them on
+    now, so that the child's writes reach the disk within the interval
+    while the parent has the dict open, whether or not it writes itself."""
+    for durability in list(_live):
+        if durability.open and durability.mode == "interval" and not durability.queued:
+            _flusher().add(durability)
+            durability.queued = True
+
+
 on_fork_in_child("threads", _after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_parent=_after_fork_in_parent)
 
 
-def _unset() -> int:
+def _unset(store: Any) -> int:
     raise RuntimeError("this handle was not fully opened")
 
 

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from .._facade.arguments import pairs
 from .._shm import cleanup
 from .._shm.store import Store
+from ..errors import NotFound
 from . import Engine, Initial, Options
 
 __all__ = ["open_engine", "unlink_by_name", "resolve_backend", "BACKEND_ENV"]
@@ -46,10 +47,14 @@ def open_engine(
     ``initial`` ([key, value] lists, or a dict) is stored only by the process that creates it."""
     if options.path is not None:
         opening = _opening or _import_opening()
+        token = None
         if name is not None:  # (a handle sent to another process names both: ``_reattach``)
-            opening.check_name(name, options.path)
-        engine: Engine = opening.open_durable(options.path, create, options, initial)
-        return engine
+            token = opening.check_name(name, options.path)
+        store: Store = opening.open_durable(options.path, create, options, initial)
+        if token is not None and store.token != token:  # (another dict made there since)
+            store.close()
+            raise NotFound(opening.gone(options.path))
+        return store
     if options.sync is not None or options.sync_interval is not None:
         raise ValueError("sync= and sync_interval= are for a dict kept in files (path=)")
     backend = resolve_backend(options.backend)

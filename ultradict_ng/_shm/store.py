@@ -463,7 +463,9 @@ class Store(Writer):
         """Another process finds the dict by name in shared memory, or by its
         directory if kept in files (Engine interface)."""
         directory = segments.directory_of(self.name) if self.durable is not None else None
-        return {"backend": "shm"} if directory is None else {"path": directory}
+        if directory is None:
+            return {"backend": "shm"}
+        return {"path": directory, "name": f"{self.name}#{self.token:x}"}  # (the token: this dict only)
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -492,7 +494,7 @@ class Store(Writer):
         if self.closed:
             raise Closed(f"this handle of shared dict {shown(self.name)!r} is closed")
         if self.durable is not None:
-            return self.durable.remove()
+            return self.durable.remove(self)
         return unlink_tree(self.name, self._map, self.token)
 
 
