@@ -284,7 +284,8 @@ def _unused_controls() -> set[str]:
     for entry in os.listdir(SHM) if os.path.isdir(SHM) else ():
         if entry.startswith(CONTROL_PREFIX) and "@" not in entry:
             rep = report(entry, load_keys=False)
-            if rep is not None and not rep.live_users:
+            making = rep is not None and rep.status == "creating"  # (its creator alive, at work now)
+            if rep is not None and not rep.live_users and not making:
                 out.add(entry)
     return out
 
