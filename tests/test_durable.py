@@ -954,14 +954,18 @@ def test_a_damaged_entry_of_a_checkpoint_stops_a_recovery(durable_dir):
     shutil.rmtree(durable_dir)
 
 
-def test_a_sweeping_checkpoint_that_does_not_fit_leaves_the_write_in(durable_dir, monkeypatch, caplog):
+@pytest.mark.parametrize(
+    "failure", [OutOfSpace("no room (a test)"), PermissionError(13, "no right (a test)")]
+)
+def test_a_sweeping_checkpoint_that_fails_leaves_the_write_in(durable_dir, monkeypatch, caplog, failure):
     """The checkpoint a handle writes once its dropped blobs outweigh the last
-    one is its own, not the write's: with no room for it, the write (already
-    published) returns, and the replaced values wait for a later checkpoint."""
+    one is its own, not the write's: with no room for it (or no right to make
+    files in the directory), the write (already published) returns, and the
+    replaced values wait for a later checkpoint."""
     from ultradict_ng._shm.store import Store
 
     def full(self, planned=None):
-        raise OutOfSpace("no room (a test)")
+        raise failure
 
     d = SharedDict(path=durable_dir, sync="never")
     monkeypatch.setattr(Store, "force_dump", full)
@@ -969,7 +973,7 @@ def test_a_sweeping_checkpoint_that_does_not_fit_leaves_the_write_in(durable_dir
         with d.transaction() if i % 2 else contextlib.nullcontext():
             d["photo"] = bytes([i]) * (300 << 10)
     monkeypatch.undo()
-    assert "replaced values stay until a checkpoint fits (no room (a test))" in caplog.text
+    assert f"replaced values stay until a checkpoint can be written ({failure})" in caplog.text
     assert durable_dir in caplog.text
     assert len([f for f in os.listdir(durable_dir) if f.startswith(D.BLOB_PREFIX)]) > 4
     d.close()

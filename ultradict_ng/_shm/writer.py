@@ -246,15 +246,20 @@ class Writer(Reader):
     def _drop_in_files(self, dropped: list[BlobRef]) -> None:
         """Blobs a published write dropped, in files: they stay until a dump
         sweeps them, written once they outweigh the last (``Durability.dropped``).
-        That dump is the handle's, not the write's: one that does not fit on
-        the disk leaves them for a later one, and the write stands."""
+        That dump is the handle's, not the write's: one that fails (no room
+        on the disk, no right to make files in the directory) leaves them for
+        a later one, and the write -- published already -- stands."""
         assert self.durable is not None
         if self.durable.dropped(dropped):
             try:
                 self.force_dump()
-            except OutOfSpace as exc:
+            except OSError as exc:
                 where = self.durable.path.rpartition("/")[0]
-                log.warning("ultradict_ng: %s: replaced values stay until a checkpoint fits (%s)", where, exc)
+                log.warning(
+                    "ultradict_ng: %s: replaced values stay until a checkpoint can be written (%s)",
+                    where,
+                    exc,
+                )
 
     def _commit(self, rec: list[Any]) -> None:
         """Writer steps 2-5 for one record."""
