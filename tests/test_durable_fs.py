@@ -216,3 +216,46 @@ def test_a_recovery_on_a_full_tmpfs_reads_no_hole_through_a_mapping(tmp_path):
         assert dict(e) == model
         e.unlink()
         e.close()
+
+
+@pytest.mark.parametrize("made", ["cp --sparse=always", "cut short"])
+def test_a_stream_with_holes_on_a_full_disk_fails_writes_not_the_process(tmp_path, made):
+    """A backup copied with ``cp`` has a sparse stream, and a stream cut short
+    is extended sparse by the recovery: holes where LIMIT said the room was
+    reserved.  A write through the mapping into a hole a full disk has no
+    page for kills the process (SIGBUS); the recovery reserves LIMIT again
+    -- or, with no room, only what the records take -- so that a write past
+    it fails with ``OutOfSpace`` instead, publishing nothing."""
+    with mounted(str(tmp_path / "small"), "-t", "tmpfs", "-o", "size=4m", "tmpfs") as mnt:
+        path, copy = os.path.join(mnt, "dict"), os.path.join(mnt, "copy")
+        d = SharedDict({f"k{i}": i for i in range(20)}, path=path, sync="never")
+        d.close()
+        if made == "cp --sparse=always":
+            subprocess.run(["cp", "-r", "--sparse=always", path, copy], check=True)
+            shutil.rmtree(path)
+        else:
+            os.rename(path, copy)
+            os.truncate(os.path.join(copy, "stream"), 64 << 10)
+        ballast = _fill_up(mnt, 4 << 10)
+        code = "\n".join(
+            [
+                "from ultradict_ng import SharedDict",
+                "from ultradict_ng.errors import OutOfSpace",
+                f"d = SharedDict(path={copy!r})",
+                "try:",
+                "    for i in range(100000):",
+                "        d[f'n{i}'] = 'v' * 100",
+                "except OutOfSpace as exc:",
+                "    print('OutOfSpace', i, exc)",
+                "d.close()",
+            ]
+        )
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+        assert p.stdout.startswith("OutOfSpace"), p.stdout
+        written = int(p.stdout.split()[1])
+        os.unlink(ballast)
+        e = SharedDict(path=copy)
+        assert dict(e) == {**{f"k{i}": i for i in range(20)}, **{f"n{i}": "v" * 100 for i in range(written)}}
+        e.unlink()
+        e.close()

@@ -27,6 +27,7 @@ from .._shm.dumps import MERGE_FRACTION, Planned
 from .._shm.mapping import Mapping
 from .._shm.options import check_options
 from .._shm.store import Store
+from .._shm.streamsize import reserve_again
 from .._shm.table import StreamMerge
 from .._shm.tablecache import TableCache, partial_from
 from ..cache import layout as C
@@ -264,12 +265,9 @@ def _remove_unpublished(directory: str, names: list[str], generation: int) -> No
     older generation.  An older one is what a writer killed after publishing
     its successor had not yet removed (step 4d): no reader of the rebuilt
     segment looks below REG_LOW = ``generation``, nothing else removes it."""
-    newer: list[str] = []
-    older: list[str] = []
-    for g in _ids(names, D.DUMP_PREFIX):
-        f = D.DUMP_PREFIX + L.base36(g)
-        if g != generation and files.dicts_file(directory, f):
-            (newer if g > generation else older).append(f)
+    own = [(g, D.DUMP_PREFIX + L.base36(g)) for g in _ids(names, D.DUMP_PREFIX) if g != generation]
+    own = [(g, f) for g, f in own if files.dicts_file(directory, f)]
+    newer, older = [f for g, f in own if g > generation], [f for g, f in own if g < generation]
     for f in newer:
         log.warning(
             "ultradict_ng: recovering %s: removing %s, a checkpoint never published (its writer was "
@@ -474,6 +472,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     try:
         words = mapping.words
         header.write(words)
+        words[L.W_STREAM_LIMIT] = reserve_again(L.stream_name(base), header.stream_limit, scanned.end)
         state = generation << L.GEN_SHIFT | (0 if from_bytes else scanned.end)  # (e: records merged as bytes)
         words[L.W_STATE] = words[L.W_SYNCED] = state
         words[L.W_REG_LOW] = words[L.W_REG_HIGH] = generation

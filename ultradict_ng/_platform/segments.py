@@ -85,7 +85,7 @@ SHM_DIR = "/dev/shm"
 #: sweeps; :func:`listable` asks again, for tools).
 LISTABLE = os.path.isdir(SHM_DIR)
 #: errno values that mean "no room in shared memory".
-_FULL = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG)
+_FULL = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT)  # (EDQUOT: a user's disk quota)
 #: pwrite's answers where shared memory cannot be written through its descriptor
 #: (macOS allows only ftruncate and mmap on it).
 _NO_WRITE = {getattr(errno, n) for n in ("ENXIO", "EINVAL", "ENODEV", "EOPNOTSUPP") if hasattr(errno, n)}

@@ -17,7 +17,7 @@ from ..errors import OutOfSpace
 from . import layout as L
 from .mapping import Mapping
 
-__all__ = ["grow_stream", "reserve_more"]
+__all__ = ["grow_stream", "reserve_again", "reserve_more"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -72,3 +72,22 @@ def grow_stream(w: Growing, dump_size: int) -> None:
         log.info("shared dict %r: stream stays at %d bytes (%s)", w.name, w.limit(), exc)
         return
     w._map.atomic.store(L.W_STREAM_LIMIT, wanted)
+
+
+def reserve_again(name: str, limit: int, end: int) -> int:
+    """The LIMIT of a stream file mapped anew by a recovery, its first
+    ``limit`` bytes allocated again.  A copy made by ``cp`` (sparse), or a
+    stream cut short and extended, has holes there; a write through the
+    mapping into a hole that a full disk has no block for is SIGBUS, not an
+    error.  With no room for them: only the granules the records ``end``
+    takes (the disk mostly has those), else none -- writes past that reserve
+    as they fill (``reserve_more``) and fail with ``OutOfSpace``."""
+    granule = L.STREAM_GRANULE
+    for wanted in (limit, min(limit, -(-end // granule) * granule)):
+        if wanted > 0:
+            try:
+                segments.reserve(name, wanted)
+                return wanted
+            except OutOfSpace:
+                pass
+    return 0
