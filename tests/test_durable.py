@@ -1142,6 +1142,43 @@ def test_a_child_forked_while_the_directory_lock_is_held_does_not_keep_it(durabl
             os.waitpid(child, 0)
 
 
+@pytest.mark.parametrize("at_the_old_path", ["nothing", "another dict"])
+def test_a_dict_moved_while_open_writes_no_file_at_its_old_path(tmp_path, caplog, at_the_old_path):
+    """Moved while open (the guide allows it only while closed; a deploy that
+    re-points a symlink does it), a dict's path names another directory or
+    none.  A write that needs a new file there (a large value, a checkpoint)
+    fails before it is published, the other dict's files untouched; writes
+    to the stream (mapped: it moved with the directory) go on; the last
+    close records no clean close there, and the dict reopens where it is now
+    with every acknowledged write."""
+    old, new = str(tmp_path / "d"), str(tmp_path / "moved")
+    a = SharedDict(path=old, sync="always")
+    a["x"] = 1
+    os.rename(old, new)
+    other = SharedDict({"mine": 1}, path=old) if at_the_old_path == "another dict" else None
+    before = sorted(os.listdir(old)) if other is not None else None
+    with pytest.raises(NotFound, match="no longer the dict's directory"):
+        a["big"] = b"A" * (200 << 10)
+    with pytest.raises(NotFound, match="no longer the dict's directory"):
+        a._store.force_dump()
+    a["y"] = 2  # (a record: the stream file is mapped)
+    assert "big" not in a and a["y"] == 2
+    if other is not None:
+        assert sorted(os.listdir(old)) == before and dict(other) == {"mine": 1}
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        a.close()
+    assert "no longer at that path (moved while open)" in caplog.text
+    assert not os.path.exists(os.path.join(new, D.CLEAN_FILE))
+    if other is not None:
+        assert sorted(os.listdir(old)) == before
+        other.unlink()
+        other.close()
+    d = SharedDict(path=new, create=False)
+    assert dict(d) == {"x": 1, "y": 2}
+    d.unlink()
+    d.close()
+
+
 def test_messages_name_the_directory_not_the_segment(durable_dir):
     """A dict kept in files is known by the directory given as ``path=``:
     errors and ``repr`` name it, never its control segment, and a mismatch

@@ -24,6 +24,7 @@ import sys
 from typing import Callable, Optional
 
 from .._platform.forks import on_fork_in_child
+from ..errors import NotFound
 from . import layout as D
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "sync_path",
     "read_whole",
     "directory_lock",
+    "still_the_dicts",
     "PAGE",
     "dicts_file",
     "read_head",
@@ -265,6 +267,28 @@ def read_whole(path: str, limit: int) -> bytes:
         return os.read(fd, limit)
     finally:
         os.close(fd)
+
+
+def still_the_dicts(directory: str, control: str) -> None:
+    """``NotFound`` unless ``directory`` is still the directory of the dict
+    whose control segment is ``control`` (named by its device and inode).
+
+    A dict writes its files by its directory's path: moved while it is open
+    (which the guide does not allow, but a deploy that re-points a symlink
+    does), the path names another directory -- perhaps another dict's, whose
+    value files and checkpoint a rename there would replace -- or none.  A
+    file is made or renamed there only after this check: the write fails
+    before it is published, naming the path, instead of landing elsewhere."""
+    try:
+        st = os.stat(directory)
+        there = D.control_name(st.st_dev, st.st_ino)
+    except OSError:
+        there = None
+    if there != control:
+        raise NotFound(
+            f"{directory} is no longer the dict's directory (moved or removed while the dict was open): "
+            "nothing was written; reopen the dict where it is now"
+        )
 
 
 class directory_lock:

@@ -7,6 +7,7 @@ trusts the files without a checkpoint.  ``unlink()`` removes it all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import weakref
@@ -64,18 +65,43 @@ def _finalize(
 
 
 def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None:
-    if not os.path.isdir(directory):
-        return
     lock = files.directory_lock(directory)
     try:
         lock.acquire()
-    except OSError as exc:  # (removed meanwhile by an unlink)
-        if not isinstance(exc, FileNotFoundError):
-            log.warning("ultradict_ng: closing %s: no lock (%s); the next open recovers", directory, exc)
+    except FileNotFoundError:  # (removed by an unlink, or moved away)
+        _close_moved(directory, name, mapping, token)
+        return
+    except OSError as exc:
+        log.warning("ultradict_ng: closing %s: no lock (%s); the next open recovers", directory, exc)
         return
     with lock:
-        if os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)
+        assert lock.stat is not None
+        if D.control_name(lock.stat.st_dev, lock.stat.st_ino) != name:  # (another directory at the path)
+            _close_moved(directory, name, mapping, token)
+        elif os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)
             _close_locked(directory, name, mapping, token)
+
+
+def _close_moved(directory: str, name: str, mapping: Mapping, token: int) -> None:
+    """The last close of a dict whose path no longer names its directory:
+    removed (the remover removed the control segment too), or moved while
+    open.  Moved, its control segment is removed as a dict in shared memory
+    removes one (users' CLOSING protocol: an opener at the new path waits,
+    then recovers), its stream synced; no ``clean`` is written -- at the
+    path it would land in another directory -- so the next open recovers."""
+    if mapping.words[L.W_STATUS] & L.STATUS_UNLINKED:
+        return
+    if users.remove_if_unused(name, mapping, token, remove=lambda: _remove_control(name, token)).removed:
+        stream = mapping.stream
+        if stream is not None and stream.buf is not None:
+            with contextlib.suppress(OSError):
+                end = mapping.atomic.load(L.W_STATE) & L.END_MASK
+                files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, end)
+        log.warning(
+            "ultradict_ng: closing %s: the dict's directory is no longer at that path (moved while open); "
+            "no clean close recorded: the next open, where it is now, recovers it",
+            directory,
+        )
 
 
 def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> None:

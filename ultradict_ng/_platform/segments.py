@@ -160,6 +160,7 @@ def finish(segment: Segment) -> None:
         return
     aside = _aside(segment.name, path)
     files.sync_range(segment.buf, aside, 0, segment.size)
+    files.still_the_dicts(os.path.dirname(path), segment.name[: segment.name.find("@")])
     files.rename(aside, path)
     files.sync_dir(os.path.dirname(path))
 
@@ -188,6 +189,7 @@ def _create_fd(name: str) -> int:
     """A descriptor of the new segment ``name`` (``FileExistsError`` if it exists)."""
     path = file_of(name)
     if path is not None:
+        files.still_the_dicts(os.path.dirname(path), name[: name.find("@")])
         return files.create(_aside(name, path))
     _require_posix()
     fd = int(_posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE))
@@ -306,6 +308,7 @@ def create_written(
         path = file_of(name)
         if path is not None:  # (a blob of a dict kept in files: whole on the disk before it is named)
             files.sync_file(fd, _aside(name, path))
+            files.still_the_dicts(os.path.dirname(path), name[: name.find("@")])
             files.rename(_aside(name, path), path)
             files.sync_dir(os.path.dirname(path))
     except BaseException as exc:
