@@ -709,3 +709,25 @@ def _reading_stdin(pid: int) -> bool:
     except OSError:
         clock.sleep(1)
         return True
+
+
+def test_a_dump_that_does_not_fit_names_its_file_and_leaves_none(tmp_path, capsys, monkeypatch):
+    """A full disk (ENOSPC from the sync here) fails the dump naming FILE,
+    and neither FILE nor its temporary file is left."""
+    import errno
+
+    name, path = unique_name(), str(tmp_path / "backup.jsonl")
+    d = SharedDict({"a": 1}, name=name)
+    try:
+
+        def full(fd: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "fsync", full)
+        status, _, err = run(capsys, "dump", name, path)
+        monkeypatch.undo()
+        assert status == 1 and path in err and "No space left on device" in err, err
+        assert os.listdir(tmp_path) == []
+    finally:
+        d.unlink()
+        d.close()

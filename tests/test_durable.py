@@ -872,6 +872,19 @@ def test_a_dict_meta_of_another_version_is_refused_as_such(durable_dir, version,
     shutil.rmtree(durable_dir)
 
 
+@pytest.mark.parametrize("field", ["version", "layout"])
+def test_a_dict_meta_without_its_version_is_damage_not_another_version(durable_dir, field):
+    d = SharedDict(path=durable_dir)
+    d.close()
+    meta_path = os.path.join(durable_dir, D.META_FILE)
+    meta = json.load(open(meta_path))
+    del meta[field]
+    json.dump(meta, open(meta_path, "w"))
+    with pytest.raises(CorruptSegment, match=f"has no {field}: a damaged description"):
+        SharedDict(path=durable_dir)
+    shutil.rmtree(durable_dir)
+
+
 def test_an_empty_path_or_a_dangling_link_is_refused(tmp_path):
     with pytest.raises(ValueError, match="path= is empty"):
         SharedDict(path="")
@@ -1219,8 +1232,26 @@ def test_a_damaged_value_file_is_named(durable_dir):
     d = SharedDict(path=durable_dir)
     with pytest.raises(CorruptSegment, match=f"blob {blob!r} does not hold what its reference says"):
         d["big"]
+    os.remove(blob)
+    with pytest.raises(CorruptSegment, match=f"value {re.escape(blob)} is referenced but does not exist"):
+        d["big"]
     d.unlink()
     d.close()
+
+
+def test_a_directory_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, monkeypatch):
+    """A new dict's directory made on a full disk: ``OutOfSpace``, as for its files."""
+    import errno
+
+    from ultradict_ng.errors import OutOfSpace
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "makedirs", full)
+    path = str(tmp_path / "new")
+    with pytest.raises(OutOfSpace, match=f"no room on the disk to make {re.escape(path)}"):
+        SharedDict(path=path)
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only opens another's dict")

@@ -343,3 +343,40 @@ def test_a_dict_kept_in_files_opened_as_a_cache_is_refused_naming_its_directory(
     d = SharedDict(path=durable_dir)
     d.unlink()
     d.close()
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "cut to nothing", "a NaN ttl"])
+def test_a_damaged_side_file_is_named_and_doctor_fails_it(durable_dir, damage):
+    """The side file holds the cache's settings and slots: damaged, every
+    open refuses the cache while it holds entries -- naming the file, not a
+    segment -- and ``doctor`` fails it instead of reporting the dict whole."""
+    import struct
+
+    from ultradict_ng.cli.paths import file_checks
+    from ultradict_ng.errors import CorruptSegment
+
+    c = SharedCache(path=durable_dir, maxsize=50)
+    c["a"] = 1
+    c.close()
+    side = os.path.join(durable_dir, D.CACHE_FILE)
+    assert [c for c in file_checks(durable_dir) if c[0] == "cache"] == [
+        ("cache", "ok", "its settings and slots are whole")
+    ]
+    size = os.path.getsize(side)
+    with open(side, "r+b") as f:
+        if damage == "zeroed":
+            f.write(bytes(size))
+        elif damage == "cut to nothing":
+            f.truncate(0)
+        else:
+            f.seek(C.W_TTL * 8)
+            f.write(struct.pack("d", float("nan")))
+    (check,) = [c for c in file_checks(durable_dir) if c[0] == "cache"]
+    assert check[1] == "fail" and side in check[2], check
+    with pytest.raises(CorruptSegment, match=f"the cache's file {side}"):
+        SharedCache(path=durable_dir)
+    from ultradict_ng import SharedDict
+
+    e = SharedDict(path=durable_dir)  # (the cache cannot open: removed through a plain handle)
+    e.unlink()
+    e.close()

@@ -27,7 +27,15 @@ from .._shm.control import Header, read_word
 from .._shm.lock import owner_word
 from .._shm.mapping import Mapping
 from .._shm.store import Store, validate_options
-from ..errors import AlreadyExists, CorruptSegment, IncompatibleLayout, NotADict, NotFound, ParameterMismatch
+from ..errors import (
+    AlreadyExists,
+    CorruptSegment,
+    IncompatibleLayout,
+    NotADict,
+    NotFound,
+    OutOfSpace,
+    ParameterMismatch,
+)
 from . import files, lifetime, recovery
 from . import layout as D
 from .syncing import Durability
@@ -104,7 +112,12 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
         while not os.path.isdir(there) and os.path.dirname(there) != there:
             there = os.path.dirname(there)
         _refuse_network(directory, there, os.stat(there).st_dev)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OutOfSpace(f"no room on the disk to make {directory}: {exc.strerror}") from exc
+            raise
         st = os.stat(directory)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADict(f"{directory!r} is not a directory")
@@ -214,6 +227,9 @@ def _read_meta(directory: str) -> Optional[dict[str, Any]]:
         raise NotADict(f"{path} does not describe an ultradict_ng dict")
     version, layout = meta.get("version"), meta.get("layout")
     if not D.readable_version(version, layout):
+        if version is None or layout is None:  # (not another version's: damage, or not a dict's)
+            missing = "version" if version is None else "layout"
+            raise CorruptSegment(f"{path} has no {missing}: a damaged description; nothing was changed")
         raise IncompatibleLayout(
             f"{path}: the dict's files are of version {version!r} (layout {layout!r}); "
             f"this ultradict_ng reads version {D.DISK_VERSION} (layout {L.LAYOUT_VERSION})"

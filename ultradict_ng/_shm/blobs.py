@@ -200,7 +200,7 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
             L.blob_name(name, blob_id),
             L.BLOB_HEADER + length,
             [(L.BLOB_HEADER, data), (0, header)],
-            f"no room in shared memory for a {length}-byte value of shared dict {name!r}",
+            f"no room in shared memory for a {length}-byte value of shared dict {segments.shown(name)!r}",
         )
     return BlobRef(blob_id, kind, length, meta)
 

@@ -374,9 +374,12 @@ class Store(Writer):
         again), or the dict was unlinked, or the segment is damaged."""
         if self.words[L.W_STATE] != self.seen:
             raise BlobGone(str(exc)) from None
+        value = segments.shown_file(str(exc))  # (its file, if kept in files)
         if self.words[L.W_STATUS] & L.STATUS_UNLINKED:
-            raise Unlinked(f"shared dict {shown(self.name)!r} was unlinked; its large value {exc} is gone")
-        raise CorruptSegment(f"shared dict {shown(self.name)!r}: blob {exc} is referenced but does not exist")
+            raise Unlinked(f"shared dict {shown(self.name)!r} was unlinked; its large value {value} is gone")
+        raise CorruptSegment(
+            f"shared dict {shown(self.name)!r}: large value {value} is referenced but does not exist"
+        )
 
     @property
     def buffer_size(self) -> int:

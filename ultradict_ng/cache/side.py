@@ -18,7 +18,7 @@ from .._platform.segments import Segment
 from ..errors import CorruptSegment, ParameterMismatch
 from . import layout as C
 
-__all__ = ["Side", "open_side", "Settings"]
+__all__ = ["Side", "open_side", "Settings", "header_problem"]
 
 Settings = dict[str, Any]
 
@@ -95,12 +95,19 @@ def _write_new(name: str, token: int, settings: Settings) -> Side:
 def _check_header(seg: Segment) -> str:
     """What is wrong with the settings words of a side segment, or ''."""
     assert seg.buf is not None
-    words, floats = memoryview(seg.buf).cast("Q"), memoryview(seg.buf).cast("d")
+    return header_problem(bytes(seg.buf[: C.HEADER_WORDS * 8]), seg.size)
+
+
+def header_problem(header: bytes, size: int) -> str:
+    """What is wrong with the settings words ``header`` (the first
+    ``HEADER_WORDS`` words) of a side segment of ``size`` bytes, or '' --
+    also for ``doctor``, which reads a cache's file without opening it."""
+    words, floats = memoryview(header).cast("Q"), memoryview(header).cast("d")
     try:
         nslots, ttl = words[C.W_NSLOTS], floats[C.W_TTL]
         if words[C.W_VERSION] != C.SIDE_VERSION:
             return f"version {words[C.W_VERSION]}"
-        if nslots != C.nslots_for(words[C.W_MAXSIZE], words[C.W_MAXBYTES]) or seg.size < C.side_size(nslots):
+        if nslots != C.nslots_for(words[C.W_MAXSIZE], words[C.W_MAXBYTES]) or size < C.side_size(nslots):
             return f"{nslots} slots for maxsize {words[C.W_MAXSIZE]}, maxbytes {words[C.W_MAXBYTES]}"
         if words[C.W_SERIALIZER] not in C.SERIALIZERS.values():
             return f"serializer {words[C.W_SERIALIZER]}"
@@ -112,6 +119,12 @@ def _check_header(seg: Segment) -> str:
         floats.release()
 
 
+def _named(name: str) -> str:
+    """How messages name the side segment ``name``: its file if the cache is kept in files."""
+    path = segments.file_of(name)
+    return f"the cache's file {path}" if path is not None else f"segment {name!r}"
+
+
 def _attach(name: str, token: int) -> Optional[Side]:
     """The side segment if it is whole and belongs to the dict of ``token``;
     None if it is stale or its creator never finished; FileNotFoundError if absent."""
@@ -120,7 +133,7 @@ def _attach(name: str, token: int) -> Optional[Side]:
         seg = Segment.attach(name)
         if seg.buf is not None and (seg.size < C.HEADER_WORDS * 8 or seg.size % 8):
             seg.close()  # (its creator sizes it in one step: never seen part-sized)
-            raise CorruptSegment(f"segment {name!r} is not a cache side segment ({seg.size} bytes)")
+            raise CorruptSegment(f"{_named(name)} is not a cache side segment ({seg.size} bytes)")
         if seg.buf is not None:
             words = memoryview(seg.buf).cast("Q")
             magic, owner = words[C.W_MAGIC], words[C.W_TOKEN]
@@ -133,13 +146,13 @@ def _attach(name: str, token: int) -> Optional[Side]:
                 if problem:
                     seg.close()
                     raise CorruptSegment(
-                        f"segment {name!r} is not a cache side segment of this "
-                        f"version, or is damaged: {problem}"
+                        f"{_named(name)} is not a cache side segment of this version, or is damaged: "
+                        f"{problem}"
                     )
                 return Side(seg)
             if magic != 0:
                 seg.close()
-                raise CorruptSegment(f"segment {name!r} is not a cache side segment")
+                raise CorruptSegment(f"{_named(name)} is not a cache side segment")
         seg.close()
         if time.monotonic() > deadline:
             return None  # its creator died before MAGIC
@@ -176,9 +189,14 @@ def open_side(
                             f"shared dict {segments.shown(dict_name)!r} holds keys but is not a SharedCache"
                         )
                     if dict_len() > 0:  # its entries name slots of a segment that is gone
+                        why = (
+                            "damaged (zeroed), or an earlier cache's"
+                            if segments.file_of(name)
+                            else ("unfinished or an earlier dict's")
+                        )
                         raise CorruptSegment(
-                            f"segment {name!r} is unfinished or an earlier dict's, but the cache "
-                            f"{segments.shown(dict_name)!r} holds entries"
+                            f"{_named(name)} is {why}, but the cache {segments.shown(dict_name)!r} holds "
+                            "entries: its settings and slots are lost"
                         )
                     if not absent:
                         segments.unlink(name)  # stale (an earlier dict's) or never finished

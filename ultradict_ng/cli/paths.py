@@ -37,6 +37,8 @@ from .._shm import table_layout as TL
 from .._shm.peek import Peek
 from .._shm.survey import report
 from .._shm.table import Table
+from ..cache import layout as C
+from ..cache.side import header_problem
 from ..errors import CorruptSegment, NotADict, NotFound, SharedDictError
 from ..shareddict import SharedDict
 
@@ -269,6 +271,9 @@ def _checks_once(path: str) -> list[Check]:
         else:
             state = "its shared memory left by processes that died: the next open checks it against the files"
         out.append(("state", "ok", state))
+    cache = _cache_problem(path, token)
+    if cache is not None:
+        out.append(("cache", "fail" if cache else "ok", cache or "its settings and slots are whole"))
     leftovers = [f for f in os.listdir(path) if f.endswith(D.TMP_SUFFIX)]
     if leftovers and not users:  # (in use: a writer's value or checkpoint being written)
         named = ", ".join(leftovers[:3])
@@ -280,6 +285,31 @@ def _checks_once(path: str) -> list[Check]:
             )
         )
     return out
+
+
+def _cache_problem(path: str, token: int) -> Optional[str]:
+    """What is wrong with the side file ``cache`` of a SharedCache kept in
+    ``path`` ("": nothing; None: no such file, not a cache): its header --
+    what every open of the cache checks, and refuses while it holds entries."""
+    name = os.path.join(path, D.CACHE_FILE)
+    try:
+        with open(name, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            header = f.read(C.HEADER_WORDS * 8)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{name}: {exc.strerror or exc}"
+    if len(header) < C.HEADER_WORDS * 8 or size % 8:
+        return f"{name} is cut short ({size} bytes): the cache's settings and slots are lost"
+    magic, owner = struct.unpack_from("QQQ", header)[::2]  # (native, as the words are)
+    if magic != C.SIDE_MAGIC:
+        what = "zeroed" if not any(header) else "not a cache's side"
+        return f"{name} is {what}: the cache's settings and slots are lost (every open refuses it)"
+    if owner != token:
+        return f"{name} is an earlier cache's, not this one's (every open refuses it while it holds entries)"
+    problem = header_problem(header, size)
+    return f"{name} is damaged: {problem}" if problem else ""
 
 
 def _dump_problem(path: str, generation: int, token: int) -> str:

@@ -140,10 +140,15 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     except OSError as exc:  # named after FILE, not the temporary file
         raise type(exc)(exc.errno, exc.strerror, path) from None
     try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # (a full disk: named after FILE too)
+            if exc.filename is None and exc.errno is not None and type(exc).__module__ == "builtins":
+                raise type(exc)(exc.errno, exc.strerror, path) from None
+            raise
         try:
             mode = stat.S_IMODE(os.stat(target).st_mode)
         except FileNotFoundError:
