@@ -177,6 +177,52 @@ def test_ls_tells_a_dict_kept_in_files_in_dev_shm_from_other_programs_files():
         assert cli("rm", path).returncode == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="runs doctor as another user")
+def test_doctor_fails_a_file_its_user_cannot_write(tmp_path):
+    """Every open maps the stream and the checkpoint read-write: one its
+    user may only read (mode 0400) makes every open fail, so ``doctor`` run
+    by that user fails it instead of reporting the dict whole."""
+    import shutil
+    import tempfile
+
+    from ultradict_ng.cli.paths import file_checks
+
+    nobody = 65534
+
+    def checks_as_nobody(path: str) -> list[Any]:
+        """``doctor``'s checks in a forked child that became ``nobody``."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # (no pytest code runs here)
+            try:
+                os.setgroups([])
+                os.setgid(nobody)
+                os.setuid(nobody)
+                os.write(w, json.dumps(file_checks(path)).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            got = f.read()
+        os.waitpid(pid, 0)
+        return [tuple(c) for c in json.loads(got)]
+
+    base = tempfile.mkdtemp(prefix="udng-doctor-")  # (reachable by another user: tmp_path is not)
+    try:
+        os.chmod(base, 0o755)
+        path = os.path.join(base, "dict")
+        SharedDict({"a": 1}, path=path).close()
+        for f in [path, *(os.path.join(path, f) for f in os.listdir(path))]:
+            os.chown(f, nobody, nobody)
+        assert all(c[1] != "fail" for c in checks_as_nobody(path))
+        os.chmod(os.path.join(path, "stream"), 0o400)
+        failed = [c for c in checks_as_nobody(path) if c[1] == "fail"]
+        said = "not readable and writable by this user: stream (every open fails)"
+        assert failed == [("files", "fail", said)]
+    finally:
+        shutil.rmtree(base)
+
+
 def _flip(path: str, at: int) -> None:
     with open(path, "r+b") as f:
         f.seek(at)

@@ -271,6 +271,14 @@ def _checks_once(path: str) -> list[Check]:
         else:
             state = "its shared memory left by processes that died: the next open checks it against the files"
         out.append(("state", "ok", state))
+    locked = [
+        f
+        for f in (D.STREAM_FILE, D.DUMP_PREFIX + L.base36(generation), D.CACHE_FILE)
+        if os.path.exists(os.path.join(path, f)) and not os.access(os.path.join(path, f), os.R_OK | os.W_OK)
+    ]
+    if locked:  # (every open maps them read-write)
+        named = ", ".join(locked)
+        out.append(("files", "fail", f"not readable and writable by this user: {named} (every open fails)"))
     cache = _cache_problem(path, token)
     if cache is not None:
         out.append(("cache", "fail" if cache else "ok", cache or "its settings and slots are whole"))
