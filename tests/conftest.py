@@ -291,8 +291,14 @@ def _unused_controls() -> set[str]:
 
 
 def pytest_sessionstart(session: Any) -> None:
+    """Every control segment there as the run begins is not the run's, in use
+    or not: one a process of another program uses now may be left unused
+    when it ends during the run."""
     if not hasattr(session.config, "workerinput"):  # (the run's own process: once per run)
-        _CONTROLS_BEFORE.update(_unused_controls())
+        from ultradict_ng._disk.layout import CONTROL_PREFIX
+
+        if os.path.isdir(SHM):
+            _CONTROLS_BEFORE.update(e for e in os.listdir(SHM) if e.startswith(CONTROL_PREFIX))
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

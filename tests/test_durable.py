@@ -1182,6 +1182,7 @@ def test_a_dict_moved_while_open_writes_no_file_at_its_old_path(tmp_path, caplog
         a.close()
     assert "no longer at that path (moved while open)" in caplog.text
     assert not os.path.exists(os.path.join(new, D.CLEAN_FILE))
+    assert os.path.exists(os.path.join(SHM, control_of(new)))  # (kept, as a crash leaves it: taken over)
     if other is not None:
         assert sorted(os.listdir(old)) == before
         other.unlink()

@@ -204,10 +204,8 @@ it again) and starts over if not.  Then:
       come back (``missing_checkpoint``);
    d. remove the dict's checkpoints newer than g (never published: left
       there, one would be the newest checkpoint once ``clean`` is gone, and
-      drop every write since as records of an older generation) and older
-      than g (a writer killed between publishing g and step 4d's removal:
-      no reader looks below REG_LOW = g, nothing else would remove them) and
-      sync the directory; create the control segment from ``dict.meta`` (a new creator, the same
+      drop every write since as records of an older generation) and sync
+      the directory; create the control segment from ``dict.meta`` (a new creator, the same
       token) with STATE = ``g << 32 | end``, REG_LOW = REG_HIGH = g, BLOB_NEXT
       past the highest ``blob.<id>``, SYNCED = STATE -- MAGIC only once step
       e is done, so that a segment a killed recovery left is rebuilt, not
@@ -216,7 +214,11 @@ it again) and starts over if not.  Then:
       steps: a dump failing its checks is ``CorruptSegment``
       naming the file; unless ``clean`` matches, every entry of a table
       read in place is checked too, ``Table.check``: step e's merge copies
-      entries as bytes, and must not carry a damaged one on);
+      entries as bytes, and must not carry a damaged one on); then (d')
+      remove the dict's checkpoints older than g -- a writer killed between
+      publishing g and step 4d's removal left them, no reader looks below
+      REG_LOW = g and nothing else would remove them -- only now, g loaded
+      whole: a g failing its checks leaves every file as it was;
    e. unless ``clean`` holds exactly this ``(g, end, token)``: write a dump
       now (a checkpoint, generation g + 1).  Why: bytes past ``end`` of
       generation g may be records a power loss cut off from ``end``; left in

@@ -69,7 +69,7 @@ def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None
     try:
         lock.acquire()
     except FileNotFoundError:  # (removed by an unlink, or moved away)
-        _close_moved(directory, name, mapping, token)
+        _close_moved(directory, mapping)
         return
     except OSError as exc:
         log.warning("ultradict_ng: closing %s: no lock (%s); the next open recovers", directory, exc)
@@ -77,31 +77,34 @@ def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None
     with lock:
         assert lock.stat is not None
         if D.control_name(lock.stat.st_dev, lock.stat.st_ino) != name:  # (another directory at the path)
-            _close_moved(directory, name, mapping, token)
+            _close_moved(directory, mapping)
         elif os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)
             _close_locked(directory, name, mapping, token)
 
 
-def _close_moved(directory: str, name: str, mapping: Mapping, token: int) -> None:
+def _close_moved(directory: str, mapping: Mapping) -> None:
     """The last close of a dict whose path no longer names its directory:
     removed (the remover removed the control segment too), or moved while
-    open.  Moved, its control segment is removed as a dict in shared memory
-    removes one (users' CLOSING protocol: an opener at the new path waits,
-    then recovers), its stream synced; no ``clean`` is written -- at the
-    path it would land in another directory -- so the next open recovers."""
+    open.  Moved, its stream is synced and nothing else done: no ``clean``
+    (at the path it would land in another directory), and the control
+    segment stays, as a crash leaves it -- removing it without the
+    directory's lock, which an opener at the new path may hold as it
+    attaches or recovers, would race that opener (it waiting on a CLOSING
+    never cleared, or two segments over one stream), and so would clearing
+    an unpublished record past STATE.  The next open where the dict is now
+    takes the segment over, or recovers after a reboot; ``clean`` removes it."""
     if mapping.words[L.W_STATUS] & L.STATUS_UNLINKED:
         return
-    if users.remove_if_unused(name, mapping, token, remove=lambda: _remove_control(name, token)).removed:
-        stream = mapping.stream
-        if stream is not None and stream.buf is not None:
-            with contextlib.suppress(OSError):
-                end = mapping.atomic.load(L.W_STATE) & L.END_MASK
-                files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, end)
-        log.warning(
-            "ultradict_ng: closing %s: the dict's directory is no longer at that path (moved while open); "
-            "no clean close recorded: the next open, where it is now, recovers it",
-            directory,
-        )
+    stream = mapping.stream
+    if stream is not None and stream.buf is not None:
+        with contextlib.suppress(OSError):
+            end = mapping.atomic.load(L.W_STATE) & L.END_MASK
+            files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, end)
+    log.warning(
+        "ultradict_ng: closing %s: the dict's directory is no longer at that path (moved while open); "
+        "no clean close recorded: the next open, where it is now, takes it over",
+        directory,
+    )
 
 
 def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> None:

@@ -255,29 +255,22 @@ def newest_checkpoint(directory: str, names: list[str], closed: Optional[int] = 
     return dumps[-1]
 
 
-def _remove_unpublished(directory: str, names: list[str], generation: int) -> None:
-    """Step d: remove the dict's checkpoints other than ``generation``'s,
-    then sync the directory.  A newer one (than the one ``clean`` names) was
-    never published: its writer was killed between its rename and STATE,
-    and no process took its lock over (which removes it) before the last
-    close wrote ``clean``; left there, it would be the newest checkpoint once
-    ``clean`` is gone, and drop every write made since as records of an
-    older generation.  An older one is what a writer killed after publishing
-    its successor had not yet removed (step 4d): no reader of the rebuilt
-    segment looks below REG_LOW = ``generation``, nothing else removes it."""
-    own = [(g, D.DUMP_PREFIX + L.base36(g)) for g in _ids(names, D.DUMP_PREFIX) if g != generation]
-    own = [(g, f) for g, f in own if files.dicts_file(directory, f)]
-    newer, older = [f for g, f in own if g > generation], [f for g, f in own if g < generation]
-    for f in newer:
+def _remove_checkpoints(directory: str, names: list[str], generation: int, newer: bool) -> None:
+    """Remove the dict's checkpoints ``newer`` than ``generation`` (step d),
+    or older ones (step d', once it loaded), then sync the directory (why
+    each: ``_disk/layout.py``, "Opening and recovery")."""
+    ids = [g for g in _ids(names, D.DUMP_PREFIX) if g != generation and (g > generation) == newer]
+    stale = [f for f in (D.DUMP_PREFIX + L.base36(g) for g in ids) if files.dicts_file(directory, f)]
+    for f in stale if newer else ():
         log.warning(
             "ultradict_ng: recovering %s: removing %s, a checkpoint never published (its writer was "
             "killed before publishing it)",
             directory,
             f,
         )
-    for f in newer + older:
+    for f in stale:
         files.remove(os.path.join(directory, f))
-    if newer or older:
+    if stale:
         files.sync_dir(directory)
 
 
@@ -465,7 +458,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     ]
     whole = not clean and _rewritten(directory, generation, scanned.end)
     from_bytes = not clean and generation > 0 and scanned.end > 0 and codec.id == MsgpackCodec.id
-    _remove_unpublished(directory, names, generation)  # d
+    _remove_checkpoints(directory, names, generation, newer=True)  # d
     ctrl = segments.Segment.create(base, L.CONTROL_SIZE)
     mapping = Mapping(ctrl, stream)
     store: Optional[Store] = None
@@ -506,6 +499,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
             )
             named = str(exc) if name in str(exc) else f"{name}: {exc}"
             raise CorruptSegment(f"{named}; nothing was changed") from exc
+        _remove_checkpoints(directory, names, generation, newer=False)  # d' (g loaded: whole)
         if faults.armed is not None:
             faults.hit("recovery-loaded")
         if clean:  # e

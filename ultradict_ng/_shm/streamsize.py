@@ -81,7 +81,8 @@ def reserve_again(name: str, limit: int, end: int) -> int:
     mapping into a hole that a full disk has no block for is SIGBUS, not an
     error.  With no room for them: only the granules the records ``end``
     takes (the disk mostly has those), else none -- writes past that reserve
-    as they fill (``reserve_more``) and fail with ``OutOfSpace``."""
+    as they fill (``reserve_more``) and fail with ``OutOfSpace``.  A
+    filesystem that refuses the call itself keeps ``limit``, as before."""
     granule = L.STREAM_GRANULE
     for wanted in (limit, min(limit, -(-end // granule) * granule)):
         if wanted > 0:
@@ -90,4 +91,7 @@ def reserve_again(name: str, limit: int, end: int) -> int:
                 return wanted
             except OutOfSpace:
                 pass
+            except OSError as exc:  # (not a full disk: nothing to learn here)
+                log.info("ultradict_ng: %s: the stream's room not reserved again (%s)", name, exc)
+                return limit
     return 0
