@@ -139,6 +139,43 @@ def test_maxbytes_bound(name):
         SharedCache.unlink_by_name(name)
 
 
+def test_a_cache_bounded_by_bytes_alone_evicts_when_its_slots_run_out(name, monkeypatch):
+    """A cache bounded only by ``maxbytes`` has ``BYTES_ONLY_SLOTS`` (2**20)
+    slots: small entries use them up while far under the bytes.  The next
+    new key evicts the least recently used entry, as a cache full by its
+    bounds does -- here with 64 slots, in place of a million entries."""
+    monkeypatch.setattr(C, "BYTES_ONLY_SLOTS", 64)
+    c = SharedCache(name, maxbytes=1 << 30)
+    try:
+        for i in range(200):
+            c[i] = i
+        assert len(c) <= 64 and c[199] == 199 and 0 not in c
+        assert c.stats()["bytes"] == sum(c._size(k, c._d[k][2]) for k in c._d)
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_an_entry_grown_when_the_count_is_recounted_keeps_its_new_size(name):
+    """A count too high (a writer killed while deleting leaves it so) makes a
+    grown entry find nothing to evict: the count is recounted from the
+    entries, which still hold its old value -- its new size goes back in,
+    and ``maxbytes`` holds at the next write."""
+    from tests.durable_workers import audit_side
+
+    c = SharedCache(name, maxbytes=1000)
+    try:
+        c["a"] = "x" * 10
+        c._side.words[C.W_BYTES] += 500  # (as a killed deleter leaves it: too high)
+        c["a"] = "x" * 900
+        assert audit_side(c) == "", audit_side(c)
+        c["c"] = "x" * 800
+        assert audit_side(c) == "" and c.stats()["bytes"] <= 1000 and "a" not in c
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
 def test_an_entry_larger_than_maxbytes_is_refused_and_changes_nothing(name):
     c = SharedCache(name, maxbytes=2_000)
     try:

@@ -404,6 +404,8 @@ def test_inc_dec_semantics(caches: Any, name: str) -> None:
     with pytest.raises(TypeError):
         cache.inc("text")
     assert cache.get("text") == "spam"
+    cache.set("none", None)  # (cachelib: ``(value or 0) + delta``)
+    assert cache.inc("none") == 1 and cache.get("none") == 1
     assert cache.inc("big", 2**70) == 2**70 and cache.inc("big") == 2**70 + 1
 
 

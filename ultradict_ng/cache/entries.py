@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
-from .._platform import faults
+from .._platform import faults, segments
 from .._platform.owner import owner_alive
 from ..errors import TooLarge
 from ..shareddict import SharedDict
@@ -133,7 +133,7 @@ class Entries:
                 if grown > 0:
                     add_word(w, C.W_BYTES, grown)
                     side.sizes[slot] = size
-                    self._fit_bytes(now, key)
+                    self._fit_bytes(now, key, grown, (slot, size))
             self._d[key] = (expires, slot, stored) if claim is None else (expires, slot) + claim
             if side.nslots and grown < 0:
                 add_word(w, C.W_BYTES, grown)
@@ -202,7 +202,7 @@ class Entries:
             return int(nxt)
         self._rebuild()  # slots leaked by crashes: recount from the entries
         if not w[_W_FREE] and w[_W_NEXT] >= nslots:
-            raise RuntimeError(f"cache {self.name!r}: no free slot after a rebuild")
+            raise RuntimeError(f"cache {segments.shown(self.name)!r}: no free slot after a rebuild")
         return self._take_slot()
 
     @contextmanager
@@ -312,7 +312,7 @@ class Entries:
                 self._fit_bytes(now, key, size)
             finally:
                 add_word(w, C.W_BYTES, -size)
-        elif (
+        if (  # (slots run out: a cache bounded by bytes alone has 2**20 of them)
             self._side.nslots
             and self._side.words[C.W_FREE] == 0
             and self._side.words[C.W_NEXT] >= self._side.nslots
@@ -320,10 +320,14 @@ class Entries:
         ):
             self._evict_one(now, key)
 
-    def _fit_bytes(self, now: float, key: Any, pending: int = 0) -> None:
-        """Evict until ``bytes`` (counting ``pending`` bytes not in a size cell
-        yet) is within maxbytes.  Over it with nothing left to evict, the count
-        is too high (crashes leave it so; or damage): recounted once."""
+    def _fit_bytes(
+        self, now: float, key: Any, pending: int = 0, cell: Optional[tuple[int, int]] = None
+    ) -> None:
+        """Evict until ``bytes`` (counting ``pending`` bytes the entries do not
+        hold yet) is within maxbytes.  Over it with nothing left to evict, the
+        count is too high (crashes leave it so; or damage): recounted once --
+        from the entries, which still hold ``key``'s old value where it grows:
+        its new size (``cell``: slot, size) is put back after the recount."""
         maxbytes = self._maxbytes
         w = self._side.words
         recounted = False
@@ -333,6 +337,8 @@ class Entries:
                     break
                 self._rebuild()
                 add_word(w, C.W_BYTES, pending)
+                if cell is not None:
+                    self._side.sizes[cell[0]] = cell[1]
                 recounted = True
 
     def _evict_one(self, now: float, exclude: Any) -> bool:

@@ -353,8 +353,9 @@ class SharedCache(BaseCache):
         """Atomic and exact from any number of processes (one step under the
         cache's lock).  An int is added to in place and keeps its expiry; a
         missing key starts at 0 with the default timeout; another stored value
-        is added to as cachelib's caches do (``value + delta``: a float works, a
-        string raises ``TypeError``) and keeps its expiry."""
+        is added to as cachelib's caches do (``(value or 0) + delta``: a float
+        works, ``None`` counts as 0, a string raises ``TypeError``) and keeps
+        its expiry."""
         core = self._cache
         with core.lock:
             try:
@@ -364,7 +365,7 @@ class SharedCache(BaseCache):
                 return delta
             except TypeError:  # a serialized value: a float, a bool, a string ...
                 pass
-            new = self._load(core[key]) + delta
+            new = (self._load(core[key]) or 0) + delta
             stored = self._dump(new)
             if stored is _MISSING:
                 return None
