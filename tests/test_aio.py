@@ -339,3 +339,27 @@ def test_dead_holder_recovered_by_an_async_waiter(name, each_backend):
         ad.unlink()
 
     asyncio.run(main())
+
+
+def _read_in_a_spawned_process(ad: AsyncSharedDict) -> Any:
+    async def main() -> Any:
+        ad["from the child"] = 2
+        return type(ad).__name__, ad["k"]
+
+    return asyncio.run(main())
+
+
+def test_an_async_handle_travels_to_another_process(name):
+    """Pickled (a pool's argument), an AsyncSharedDict travels as its dict's
+    handle does and arrives wrapped again (it raised "cannot pickle")."""
+    import concurrent.futures
+
+    ad = AsyncSharedDict(name=name, create=True)
+    try:
+        ad["k"] = 1
+        with concurrent.futures.ProcessPoolExecutor(1, mp.get_context("spawn")) as pool:
+            assert pool.submit(_read_in_a_spawned_process, ad).result(timeout=120) == ("AsyncSharedDict", 1)
+        assert ad["from the child"] == 2
+    finally:
+        ad.unlink()
+        ad.close()

@@ -278,6 +278,10 @@ class AsyncSharedDict:
         self._waits = _Waits()
         self.lock = AsyncSharedLock(self._store.lock, d.name, self._waits)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Travels as its dict's handle does; the receiver wraps it again.
+        return (_rewrap, (self.dict,))
+
     # -- reads: synchronous, as on SharedDict ------------------------------------------------
 
     def __getitem__(self, key: Any) -> Any:
@@ -397,3 +401,8 @@ class AsyncSharedDict:
 
     def __repr__(self) -> str:
         return f"<AsyncSharedDict {self.dict!r}>"
+
+
+def _rewrap(d: SharedDict) -> AsyncSharedDict:
+    """Unpickling an AsyncSharedDict: the handle its dict's pickle opened, wrapped."""
+    return AsyncSharedDict.wrap(d)
