@@ -1165,11 +1165,15 @@ def test_a_dict_moved_while_open_writes_no_file_at_its_old_path(tmp_path, caplog
     close records no clean close there, and the dict reopens where it is now
     with every acknowledged write."""
     old, new = str(tmp_path / "d"), str(tmp_path / "moved")
-    a = SharedDict(path=old, sync="always")
-    a["x"] = 1
+    SharedDict({"x": 1}, path=old, sync="always").close()
+    a = SharedDict(path=old)  # (a clean reopen: its first write removes its ``clean``)
     os.rename(old, new)
-    other = SharedDict({"mine": 1}, path=old) if at_the_old_path == "another dict" else None
+    other = None
+    if at_the_old_path == "another dict":
+        SharedDict({"mine": 1}, path=old).close()
+        other = SharedDict(path=old)  # (closed cleanly: its ``clean`` is there)
     before = sorted(os.listdir(old)) if other is not None else None
+    assert before is None or D.CLEAN_FILE in before
     with pytest.raises(NotFound, match="no longer the dict's directory"):
         a["big"] = b"A" * (200 << 10)
     with pytest.raises(NotFound, match="no longer the dict's directory"):

@@ -44,6 +44,7 @@ __all__ = [
     "read_whole",
     "directory_lock",
     "still_the_dicts",
+    "where_now",
     "PAGE",
     "dicts_file",
     "read_head",
@@ -289,6 +290,20 @@ def still_the_dicts(directory: str, control: str) -> None:
             f"{directory} is no longer the dict's directory (moved or removed while the dict was open): "
             "nothing was written; reopen the dict where it is now"
         )
+
+
+def where_now(path: str, fd: int) -> Optional[str]:
+    """The directory of the file open as ``fd``: ``path``'s, if ``path`` still
+    names that file; else (its directory moved while open) where Linux's
+    ``/proc`` says it is now -- None where that cannot be told."""
+    with contextlib.suppress(OSError):  # (nothing at the path: moved, as below)
+        if os.path.samestat(os.stat(path), os.fstat(fd)):
+            return os.path.dirname(path)
+    try:
+        now = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return os.path.dirname(now) if now.startswith("/") and not now.endswith(" (deleted)") else None
 
 
 class directory_lock:

@@ -117,9 +117,11 @@ class Durability:
 
     def forget_clean(self) -> None:
         """Remove ``clean`` before the first write after a clean reopen (the writer,
-        under the lock: ``_disk/layout.py``, "Opening and recovery", step f)."""
-        directory = os.path.dirname(self.path)
-        if files.remove(os.path.join(directory, D.CLEAN_FILE)):
+        under the lock: ``_disk/layout.py``, "Opening and recovery", step f) --
+        in the directory the stream is in now: moved while open, the path
+        may name another dict's, whose ``clean`` is not this one's."""
+        directory = files.where_now(self.path, self.fd)
+        if directory is not None and files.remove(os.path.join(directory, D.CLEAN_FILE)):
             files.sync_dir(directory)
         self.atomic.store(L.W_CLEAN_PENDING, 0)
 

@@ -327,7 +327,9 @@ class Entries:
         hold yet) is within maxbytes.  Over it with nothing left to evict, the
         count is too high (crashes leave it so; or damage): recounted once --
         from the entries, which still hold ``key``'s old value where it grows:
-        its new size (``cell``: slot, size) is put back after the recount."""
+        its new size (``cell``: slot, size) is put back after the recount, and
+        its growth counted from the old size found, not the cell's (which a
+        writer killed growing it left too high)."""
         maxbytes = self._maxbytes
         w = self._side.words
         recounted = False
@@ -336,9 +338,10 @@ class Entries:
                 if recounted:
                     break
                 self._rebuild()
-                add_word(w, C.W_BYTES, pending)
-                if cell is not None:
+                if cell is not None:  # (its growth again, from the size the recount found)
+                    pending = cell[1] - self._side.sizes[cell[0]]
                     self._side.sizes[cell[0]] = cell[1]
+                add_word(w, C.W_BYTES, pending)
                 recounted = True
 
     def _evict_one(self, now: float, exclude: Any) -> bool:
