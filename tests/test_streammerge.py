@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 import zlib
+from decimal import Decimal
 from typing import Any, Optional
 
 import pytest
@@ -95,8 +96,23 @@ def merged(impl: Any, buf: bytearray, stream: bytes, end: int) -> Optional[tuple
     return count, bytes(out)
 
 
-#: Keys a dict takes as equal to ints (True == 1 == 1.0), in a table beside int records.
-equal_to_ints = st.sampled_from([True, False, 1.0, -0.0, 2.5, float(2**63)])
+#: Keys a dict takes as equal to ints (True == 1 == 1.0 == Decimal(1) ==
+#: complex(1)), in a table beside int records.
+equal_to_ints = st.sampled_from(
+    [
+        True,
+        False,
+        1.0,
+        -0.0,
+        2.5,
+        float(2**63),
+        Decimal(1),
+        Decimal(5),
+        Decimal("2.5"),
+        complex(0, 0),
+        complex(3, 0),
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -105,8 +121,9 @@ def test_the_merge_is_the_dict_the_records_make_on_every_impl(start, steps):
     """Sets and deletes, overwrites, deletes and sets again (to the end, as
     in a dict), keys the table did not hold, str and int keys: each
     implementation writes the same bytes, a table of the dict replaying the
-    records gives, in its order.  Int records beside a table holding a bool
-    or a float key are declined (the replay takes them)."""
+    records gives, in its order.  Int records beside a table holding a bool,
+    a float or an ext-typed key (``Decimal``, ``complex``) are declined (the
+    replay takes them)."""
     model, records = history(start, steps)
     stream = stream_of(records)
     end = len(stream) - 64
@@ -115,7 +132,7 @@ def test_the_merge_is_the_dict_the_records_make_on_every_impl(start, steps):
     assert len({v for v in got.values()}) == 1, got
     result = got["twin"]
     ints = any(type(MSGPACK.loads(r)[2]) is int for r in records)
-    if ints and any(type(k) in (bool, float) for k in start):
+    if ints and any(type(k) in (bool, float, Decimal, complex) for k in start):
         assert result is None
         return
     assert result is not None
@@ -173,11 +190,15 @@ def test_what_the_merge_declines_and_damage_it_reports():
     assert list(Table(memoryview(bytearray(result[1])), 7).decoded(MSGPACK.loads)) == [("a", 3), ("b", 2)]
 
 
-@pytest.mark.parametrize("records", ["sets and deletes", "int keys", "a nested record"])
+@pytest.mark.parametrize(
+    "records", ["sets and deletes", "int keys", "a nested record", "int keys, a Decimal key"]
+)
 def test_a_recovery_merges_the_records_as_bytes_or_replays_them(tmp_path, monkeypatch, records):
     """A big dict's recovery after a crash: its checkpoint merged from the
     records' bytes (nothing replayed) when they are root-level sets and
-    deletes of str or int keys, replayed otherwise -- the same dict either way."""
+    deletes of str or int keys, replayed otherwise -- the same dict either way
+    (int records beside a table key equal to an int in a dict but not in
+    bytes, a ``Decimal``: replayed, one key, the record's value)."""
     from ultradict_ng._disk import recovery
     from ultradict_ng._shm import table as T
 
@@ -195,6 +216,9 @@ def test_a_recovery_merges_the_records_as_bytes_or_replays_them(tmp_path, monkey
     d = SharedDict(path=path, recurse=records == "a nested record")
     key: Any = (lambda i: i * 7919 - 2**40) if records == "int keys" else (lambda i: f"k{i}")
     d.update({key(i): (i, "v") for i in range(500)})
+    if records == "int keys, a Decimal key":
+        key = lambda i: i * 7919  # noqa: E731
+        d[Decimal(3 * 7919)] = "equal to the int key the records set"
     d._store.force_dump()
     model = dict(d)
     for i in range(0, 700, 3):
@@ -212,7 +236,7 @@ def test_a_recovery_merges_the_records_as_bytes_or_replays_them(tmp_path, monkey
     d.unlink()
     d.close()
     e = SharedDict(path=copy, create=False)
-    assert used == [records != "a nested record"]
+    assert used == [records in ("sets and deletes", "int keys")]
     assert list(e.keys()) == list(model) and {k: e[k] for k in model} == model
     assert e.stats()["generation"] == 2  # (a checkpoint, either way)
     e.unlink()

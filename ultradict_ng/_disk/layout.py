@@ -226,8 +226,9 @@ it again) and starts over if not.  Then:
       it valid again.  A new generation makes them all stale.  When the
       checkpoint is a table read in place (``PARTIAL_FROM`` entries or
       more, msgpack) and every record is a root-level set or delete of a
-      str or int key (int keys only beside a table without bool or float
-      keys, which a dict takes as equal to them), it is merged from bytes
+      str or int key (int keys only beside a table without bool, float or
+      ext-typed keys -- ``Decimal``, ``complex`` -- which a dict may take as
+      equal to them), it is merged from bytes
       (``StreamMerge``): STATE is made ``g << 32`` (nothing to replay), the
       table loaded in place, and the new one written from its entries and
       the records' value bytes, each entry it keeps checked -- no value

@@ -19,8 +19,9 @@
  * UTF-8 for a str -- so that two keys are equal exactly when their bytes
  * are, and each value exactly one msgpack object.  Any other record, a
  * delete of a key that neither the table nor an earlier record holds, or
- * int keys beside a table holding a bool or a float key (True == 1 == 1.0
- * in a dict, not in bytes) makes the plan None: the caller takes the
+ * int keys beside a table holding a bool, a float or an ext-typed key
+ * (True == 1 == 1.0 == Decimal(1) == complex(1) in a dict, not in bytes)
+ * makes the plan None: the caller takes the
  * general path (decode, replay, encode), which also reports what is
  * wrong.  The records are the caller's scanned prefix (step c: whole, of the
  * generation, their crcs right); the table's entries are checked here --
@@ -360,8 +361,11 @@ udng_native_stream_merge_plan(PyObject *module, PyObject *const *args, Py_ssize_
         uint64_t h = udng_rd64le(en), tag = h & ~(uint64_t)0xffffffff, i = h & mask;
         uint32_t d = 0;
         unsigned char k0 = kl ? en[UDNG_TABLE_ENTRY_HEADER] : 0;
-        if (plan->ints && (k0 == 0xc2 || k0 == 0xc3 || k0 == 0xca || k0 == 0xcb)) {
-            result = Py_NewRef(Py_None);  /* (a bool or float key may equal an int one: replayed) */
+        if (plan->ints && (k0 == 0xc2 || k0 == 0xc3 || k0 == 0xca || k0 == 0xcb
+                           || (k0 >= 0xc7 && k0 <= 0xc9) || (k0 >= 0xd4 && k0 <= 0xd8))) {
+            /* (a bool, float or ext key -- Decimal(1) and complex(1) equal 1 too --
+               may equal an int one: replayed) */
+            result = Py_NewRef(Py_None);
             goto done;
         }
         for (;; i = (i + 1) & mask) {

@@ -20,6 +20,9 @@ __all__ = ["stream_merge_plan", "stream_merge_write"]
 
 _TE = TL.TABLE_ENTRY_HEADER
 _entry = struct.Struct(TL.TABLE_ENTRY_FORMAT)
+#: First bytes of table keys a dict may take as equal to an int: bool, float,
+#: and every ext type (``Decimal(1) == complex(1) == 1``).
+_EQUAL_TO_INTS = frozenset((0xC2, 0xC3, 0xCA, 0xCB, *range(0xC7, 0xCA), *range(0xD4, 0xD9)))
 _DROP = -1
 
 
@@ -165,8 +168,8 @@ def stream_merge_plan(
         if len(decide) == nold:
             raise ValueError("table entries outnumber the table's count")
         d = 0
-        if ints and kl and buf[off + _TE] in (0xC2, 0xC3, 0xCA, 0xCB):
-            return None  # (a bool or float key may equal an int one: replayed)
+        if ints and kl and buf[off + _TE] in _EQUAL_TO_INTS:
+            return None  # (a bool, float or ext key may equal an int one: replayed)
         j = index.get(bytes(buf[off + _TE : off + _TE + kl]))
         if j is not None and keys[j].h == eh:
             keys[j].in_table = True
