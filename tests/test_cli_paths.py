@@ -223,6 +223,51 @@ def test_doctor_fails_a_file_its_user_cannot_write(tmp_path):
         shutil.rmtree(base)
 
 
+def test_doctor_checks_the_description_as_an_open_does_and_sees_a_live_user(durable_dir):
+    """``doctor`` fails a ``dict.meta`` every open refuses (a stream limit past
+    the stream, a sync policy of no name), and a dict a live process has open
+    (a reader: its ``clean`` stays until the first write) is "open", not
+    "closed cleanly"."""
+    from ultradict_ng.cli.paths import file_checks
+
+    SharedDict({"a": 1}, path=durable_dir).close()
+    d = SharedDict(path=durable_dir)  # (reads only: ``clean`` stays)
+    states = [c for c in file_checks(durable_dir) if c[0] == "state"]
+    assert states == [("state", "ok", f"open (used by pid {os.getpid()})")]
+    d.close()
+    meta_path = os.path.join(durable_dir, D.META_FILE)
+    good = open(meta_path).read()
+    for field, value in (("stream_limit", 2**40), ("sync", "bogus")):
+        meta = json.loads(good)
+        meta[field] = value
+        with open(meta_path, "w") as f:
+            json.dump(meta, f)
+        checks = file_checks(durable_dir)
+        assert checks[0][:2] == ("dict.meta", "fail") and "every open refuses it" in checks[0][2], checks
+    with open(meta_path, "w") as f:
+        f.write(good)
+    SharedDict(path=durable_dir).unlink()
+
+
+def test_compact_of_a_damaged_big_checkpoint_fails_in_one_line(durable_dir):
+    """Rewriting a table checkpoint with a damaged entry: one line naming the
+    checkpoint and exit 1, as ``show`` and ``dump`` give -- no traceback,
+    and no new checkpoint."""
+    SharedDict({f"key{i}": i for i in range(20_000)}, path=durable_dir).close()
+    dump = os.path.join(durable_dir, "dump.1")
+    with open(dump, "r+b") as f:
+        at = os.path.getsize(dump) // 2
+        f.seek(at)
+        was = f.read(8)
+        f.seek(at)
+        f.write(bytes(x ^ 0x5A for x in was))
+    before = sorted(os.listdir(durable_dir))
+    out = cli("compact", durable_dir)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and dump in out.stderr, out.stderr
+    assert sorted(os.listdir(durable_dir)) == before
+    assert cli("rm", durable_dir).returncode == 0
+
+
 def _flip(path: str, at: int) -> None:
     with open(path, "r+b") as f:
         f.seek(at)

@@ -386,6 +386,10 @@ def test_a_failed_load_leaves_no_new_dict(name, tmp_path, capsys):
     status, _, err = run(capsys, "load", name, str(path))
     assert status == 1 and "line 2" in err
     assert not os.path.exists(f"/dev/shm/{name}")
+    nested = tmp_path / "p" / "q" / "d"  # (a PATH whose parents the load would make)
+    status, _, err = run(capsys, "load", str(nested), str(path))
+    assert status == 1 and "line 2" in err
+    assert not os.path.exists(tmp_path / "p")
 
 
 @pytest.mark.parametrize(
@@ -731,3 +735,29 @@ def test_a_dump_that_does_not_fit_names_its_file_and_leaves_none(tmp_path, capsy
     finally:
         d.unlink()
         d.close()
+
+
+def test_load_into_a_shared_cache_is_refused_and_changes_nothing(tmp_path, capsys):
+    """A SharedCache's entries are its records (expiry, slot, value): values
+    loaded raw would be absent to its reads, past its bounds, and would
+    replace its entries -- refused, in shared memory and in files alike."""
+    from ultradict_ng.cache import SharedCache
+
+    backup = str(tmp_path / "in.jsonl")
+    with open(backup, "w") as f:
+        f.write('["newkey", 5]\n["k1", "hello"]\n')
+    name = unique_name()
+    caches = [
+        (name, SharedCache(name, maxsize=10)),
+        (str(tmp_path / "cache"), SharedCache(path=str(tmp_path / "cache"))),
+    ]
+    try:
+        for where, c in caches:
+            c.update({f"k{i}": i for i in range(3)})
+            status, _, err = run(capsys, "load", where, backup)
+            assert status == 1 and "is a SharedCache" in err and "nothing was changed" in err, err
+            assert dict(c.items()) == {f"k{i}": i for i in range(3)} and len(c) == 3
+    finally:
+        for _, c in caches:
+            c.unlink()
+            c.close()

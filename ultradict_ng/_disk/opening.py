@@ -211,7 +211,8 @@ def _unescaped(field: str) -> str:
 _META_LIMIT = 1 << 16
 
 
-def _read_meta(directory: str) -> Optional[dict[str, Any]]:
+def read_meta(directory: str) -> Optional[dict[str, Any]]:
+    """``dict.meta`` of ``directory`` checked as every open checks it (None: no such file)."""
     path = f"{directory}/{D.META_FILE}"
     try:
         raw = files.read_whole(path, _META_LIMIT)
@@ -319,7 +320,7 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         st = lock.stat  # (the directory locked: it may have been removed and made again while we waited)
         base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
         segments.register_directory(base, directory)
-        meta = _read_meta(directory)
+        meta = read_meta(directory)
         if meta is None or meta.get("creating"):
             if meta is None:
                 _refuse_orphaned(directory)

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from .._disk import layout as D
 from .._disk.files import FileBytes, dicts_file
+from .._disk.opening import read_meta
 from .._disk.recovery import (
     NORMAL_ENDS,
     looked_past,
@@ -185,6 +186,11 @@ def _checks_once(path: str) -> list[Check]:
     except (NotFound, CorruptSegment) as exc:
         return [("dict.meta", "fail", str(exc))]
     version, layout = meta.get("version"), meta.get("layout")
+    if D.readable_version(version, layout):
+        try:
+            read_meta(path)  # (its fields, as every open checks them)
+        except CorruptSegment as exc:
+            return [("dict.meta", "fail", f"{exc} (every open refuses it)")]
     out.append(("dict.meta", "ok", f"version {version!r}, layout {layout!r}, sync {meta.get('sync')}"))
     if not D.readable_version(version, layout):
         out.append(
@@ -259,17 +265,15 @@ def _checks_once(path: str) -> list[Check]:
                 "the writes between are lost to damage (the next open keeps the rest, with a warning)",
             )
         )
-    users = None
-    if clean is not None and clean == (generation, found.end, token):
+    users = _users(path)
+    if users:
+        out.append(("state", "ok", f"open (used by pid {', '.join(map(str, users))})"))
+    elif clean is not None and clean == (generation, found.end, token):
         out.append(("state", "ok", "closed cleanly: opens without recovery"))
+    elif users is None:
+        out.append(("state", "ok", "not closed cleanly: the next open recovers it"))
     else:
-        users = _users(path)
-        if users is None:
-            state = "not closed cleanly: the next open recovers it"
-        elif users:
-            state = f"open (used by pid {', '.join(map(str, users))})"
-        else:
-            state = "its shared memory left by processes that died: the next open checks it against the files"
+        state = "its shared memory left by processes that died: the next open checks it against the files"
         out.append(("state", "ok", state))
     locked = [
         f
@@ -360,6 +364,11 @@ def cmd_compact(path: str) -> dict[str, Any]:
     try:
         d._store.force_dump()
         generation = d.stats()["generation"]
+    except ValueError as exc:  # (a damaged checkpoint's entries, found as it is rewritten)
+        if isinstance(exc, CorruptSegment):
+            raise
+        dump = os.path.join(os.path.abspath(path), D.DUMP_PREFIX + L.base36(d.stats()["generation"]))
+        raise CorruptSegment(f"{dump}: {exc}; no checkpoint was written (`doctor` tells more)") from exc
     finally:
         d.close()
     after = sum(_files(os.path.abspath(path)).values())

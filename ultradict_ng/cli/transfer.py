@@ -26,6 +26,7 @@ Why the rules below:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -39,8 +40,11 @@ from typing import IO, Any, Callable, Optional
 
 from .._codec.codec import MSGPACK
 from .._codec.ext import type_name
+from .._disk import layout as D
+from .._platform import segments
 from .._platform.names import validate_name
 from .._shm.peek import Peek
+from ..cache import layout as C
 from ..errors import AlreadyExists, BadDumpFile, NotFound, ParameterMismatch, UnsupportedType
 from ..shareddict import SharedDict
 from . import paths, render
@@ -103,6 +107,11 @@ def _open_for_load(
                 ), True
             except AlreadyExists:
                 continue
+        if _is_cache(name):
+            raise ValueError(
+                f"{name!r} is a SharedCache: its entries are the cache's records (expiry, slot, value), "
+                "which keep its bounds; nothing was changed (load into a dict, or set through the cache)"
+            )
         if recurse is not None and recurse != stored:
             raise ParameterMismatch(
                 f"shared dict {name!r} exists and is {'' if stored else 'not '}a "
@@ -113,6 +122,23 @@ def _open_for_load(
         except NotFound:
             continue
     raise NotFound(f"shared dict {name!r} kept appearing and disappearing")
+
+
+def _missing_parents(path: str) -> list[str]:
+    """The directories above ``path`` that do not exist yet, deepest first."""
+    out = []
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.exists(parent) and parent != os.path.dirname(parent):
+        out.append(parent)
+        parent = os.path.dirname(parent)
+    return out
+
+
+def _is_cache(name: str) -> bool:
+    """Whether the dict ``name`` (or PATH) is a SharedCache's: it has the side segment (file)."""
+    if paths.is_path(name):
+        return os.path.exists(os.path.join(name, D.CACHE_FILE))
+    return segments.exists(C.cache_name(name))
 
 
 def _attach(name: str, sync: Optional[str] = None) -> SharedDict:
@@ -271,6 +297,7 @@ def cmd_load(args: Namespace) -> int:
             st = os.fstat(stream.fileno())
             entries = read_jsonl(stream, bars[0], st.st_size if stat.S_ISREG(st.st_mode) else None)
         before = os.stat(args.name) if paths.is_path(args.name) and os.path.isdir(args.name) else None
+        made = _missing_parents(args.name) if paths.is_path(args.name) else []  # (the open makes them)
         d, created = _open_for_load(args.name, args.recurse, header.get("recurse", False), args.sync)
         try:
             bars[0].tick(0)
@@ -286,6 +313,9 @@ def cmd_load(args: Namespace) -> int:
                     os.chmod(args.name, stat.S_IMODE(before.st_mode))  # (as it was, whatever the umask)
                     if os.geteuid() == 0:
                         os.chown(args.name, before.st_uid, before.st_gid)
+                for parent in made:  # (deepest first: made for this load, still empty)
+                    with contextlib.suppress(OSError):
+                        os.rmdir(parent)
             raise
         finally:
             keys = len(d)
