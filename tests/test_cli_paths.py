@@ -268,6 +268,21 @@ def test_compact_of_a_damaged_big_checkpoint_fails_in_one_line(durable_dir):
     assert cli("rm", durable_dir).returncode == 0
 
 
+def test_doctor_fails_an_empty_stream_saying_so(durable_dir):
+    """A stream cut to nothing: FAIL saying so (``mmap`` refuses an empty file)."""
+    from ultradict_ng.cli.paths import file_checks
+
+    d = SharedDict({"a": 1}, path=durable_dir)
+    d["b"] = 2
+    d.close()
+    stream = os.path.join(durable_dir, "stream")
+    os.truncate(stream, 0)
+    assert [c for c in file_checks(durable_dir) if c[1] != "ok"] == [
+        ("stream", "fail", f"{stream} is empty (cut to nothing): the writes it held are lost")
+    ]
+    assert cli("rm", durable_dir).returncode == 0
+
+
 def _flip(path: str, at: int) -> None:
     with open(path, "r+b") as f:
         f.seek(at)

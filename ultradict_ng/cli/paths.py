@@ -238,6 +238,10 @@ def _checks_once(path: str) -> list[Check]:
         )
     )
     stream = os.path.join(path, D.STREAM_FILE)
+    with contextlib.suppress(OSError):
+        if os.path.getsize(stream) == 0:  # (mmap refuses an empty file: said as what it means)
+            out.append(("stream", "fail", f"{stream} is empty (cut to nothing): the writes it held are lost"))
+            return out
     try:
         with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             found = looked_past(FileBytes(sf.fileno()), scan(mm, generation), generation)  # (as recovery)
