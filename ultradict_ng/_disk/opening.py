@@ -33,7 +33,6 @@ from ..errors import (
     IncompatibleLayout,
     NotADict,
     NotFound,
-    OutOfSpace,
     ParameterMismatch,
 )
 from . import files, lifetime, recovery
@@ -115,8 +114,7 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise OutOfSpace(f"no room on the disk to make {directory}: {exc.strerror}") from exc
+            segments.raise_if_full(exc, f"no room on the disk to make {directory}")
             raise
         st = os.stat(directory)
     if not stat.S_ISDIR(st.st_mode):

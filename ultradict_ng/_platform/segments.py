@@ -56,6 +56,7 @@ __all__ = [
     "Opened",
     "create_written",
     "reserve",
+    "raise_if_full",
     "unlink",
     "discard_aside",
     "exists",
@@ -138,6 +139,12 @@ def file_of(name: str) -> Optional[str]:
     return None if file is None else f"{directory}/{file}"  # (an absolute path: ``_disk`` registers one)
 
 
+def _still_its_directory(name: str, path: str) -> None:
+    """Before a file of the derived segment ``name`` is made or renamed at
+    ``path``: ``NotFound`` if its directory is no longer the dict's (moved)."""
+    files.still_the_dicts(os.path.dirname(path), name[: name.find("@")])
+
+
 def _aside(name: str, path: str) -> str:
     """Where a new derived segment is written: its ``.tmp`` file for dumps and blobs."""
     return path + D.TMP_SUFFIX if D.written_aside(name[name.find("@") :]) else path
@@ -160,7 +167,7 @@ def finish(segment: Segment) -> None:
         return
     aside = _aside(segment.name, path)
     files.sync_range(segment.buf, aside, 0, segment.size)
-    files.still_the_dicts(os.path.dirname(path), segment.name[: segment.name.find("@")])
+    _still_its_directory(segment.name, path)
     files.rename(aside, path)
     files.sync_dir(os.path.dirname(path))
 
@@ -178,7 +185,7 @@ def _require_posix() -> None:
         raise OSError(errno.ENOSYS, "ultradict_ng needs POSIX shared memory (Linux, macOS)")
 
 
-def _raise_if_full(exc: BaseException, no_room: str) -> None:
+def raise_if_full(exc: BaseException, no_room: str) -> None:
     """:class:`OutOfSpace` (``no_room``, then the system's words) if ``exc`` says
     shared memory is full; else nothing (the caller re-raises ``exc``)."""
     if isinstance(exc, OSError) and exc.errno in _FULL:
@@ -189,7 +196,7 @@ def _create_fd(name: str) -> int:
     """A descriptor of the new segment ``name`` (``FileExistsError`` if it exists)."""
     path = file_of(name)
     if path is not None:
-        files.still_the_dicts(os.path.dirname(path), name[: name.find("@")])
+        _still_its_directory(name, path)
         return files.create(_aside(name, path))
     _require_posix()
     fd = int(_posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE))
@@ -246,7 +253,7 @@ class Segment:
             path = file_of(name)
             where = f"on the disk for {path}" if path else f"in shared memory for segment {name!r}"
             wanted = size if reserve is None else min(reserve, size)  # (reserved: not a sparse rest)
-            _raise_if_full(exc, f"no room {where} ({wanted} bytes)")
+            raise_if_full(exc, f"no room {where} ({wanted} bytes)")
             raise
         os.close(fd)  # the mapping keeps its own reference
         return cls(name, size, buf)
@@ -308,7 +315,7 @@ def create_written(
         path = file_of(name)
         if path is not None:  # (a blob of a dict kept in files: whole on the disk before it is named)
             files.sync_file(fd, _aside(name, path))
-            files.still_the_dicts(os.path.dirname(path), name[: name.find("@")])
+            _still_its_directory(name, path)
             files.rename(_aside(name, path), path)
             files.sync_dir(os.path.dirname(path))
     except BaseException as exc:
@@ -316,7 +323,7 @@ def create_written(
         path = file_of(name)
         if path is not None:
             no_room = no_room.replace("in shared memory", f"on the disk for {path}")
-        _raise_if_full(exc, no_room)
+        raise_if_full(exc, no_room)
         raise
     os.close(fd)
 
@@ -398,7 +405,7 @@ def reserve(name: str, length: int) -> None:
     except OSError as exc:
         path = file_of(name)
         where = f"on the disk to grow {path}" if path else f"in shared memory to grow segment {name!r}"
-        _raise_if_full(exc, f"no room {where} to {length} bytes")
+        raise_if_full(exc, f"no room {where} to {length} bytes")
         raise
     finally:
         os.close(fd)
