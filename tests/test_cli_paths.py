@@ -225,9 +225,9 @@ def test_doctor_fails_a_file_its_user_cannot_write(tmp_path):
 
 def test_doctor_checks_the_description_as_an_open_does_and_sees_a_live_user(durable_dir):
     """``doctor`` fails a ``dict.meta`` every open refuses (a stream limit past
-    the stream, a sync policy of no name), and a dict a live process has open
-    (a reader: its ``clean`` stays until the first write) is "open", not
-    "closed cleanly"."""
+    the stream, a sync policy of no name, no version: damage, not another
+    version's files), and a dict a live process has open (a reader: its
+    ``clean`` stays until the first write) is "open", not "closed cleanly"."""
     from ultradict_ng.cli.paths import file_checks
 
     SharedDict({"a": 1}, path=durable_dir).close()
@@ -237,9 +237,11 @@ def test_doctor_checks_the_description_as_an_open_does_and_sees_a_live_user(dura
     d.close()
     meta_path = os.path.join(durable_dir, D.META_FILE)
     good = open(meta_path).read()
-    for field, value in (("stream_limit", 2**40), ("sync", "bogus")):
+    for field, value in (("stream_limit", 2**40), ("sync", "bogus"), ("version", None)):
         meta = json.loads(good)
         meta[field] = value
+        if value is None:
+            del meta[field]
         with open(meta_path, "w") as f:
             json.dump(meta, f)
         checks = file_checks(durable_dir)
@@ -280,6 +282,34 @@ def test_doctor_fails_an_empty_stream_saying_so(durable_dir):
     assert [c for c in file_checks(durable_dir) if c[1] != "ok"] == [
         ("stream", "fail", f"{stream} is empty (cut to nothing): the writes it held are lost")
     ]
+    assert cli("rm", durable_dir).returncode == 0
+
+
+def test_doctor_checks_the_value_files(durable_dir):
+    """A value kept as ``blob.<id>`` cut short or of another dict: FAIL naming
+    the file, as reading the value would fail; whole ones pass."""
+    from ultradict_ng.cli.paths import file_checks
+
+    d = SharedDict(path=durable_dir, blob_threshold=1024)
+    d["big"] = b"x" * 100_000
+    d["other"] = b"y" * 5_000
+    assert len([f for f in os.listdir(durable_dir) if f.startswith("blob.")]) == 2
+    d.close()
+    assert [c for c in file_checks(durable_dir) if c[1] != "ok"] == []
+    blob = os.path.join(durable_dir, "blob.1")
+    os.truncate(blob, 50_000)
+    _flip(os.path.join(durable_dir, "blob.2"), 9)  # (its token)
+    failed = [c for c in file_checks(durable_dir) if c[1] != "ok"]
+    assert failed == [
+        (
+            "blobs",
+            "fail",
+            "blob.1 is cut short (50000 bytes of 100064); blob.2 is an earlier dict's, not this one's: "
+            "reading those values fails",
+        )
+    ], failed
+    with pytest.raises(Exception, match="blob"):
+        SharedDict(path=durable_dir)["big"]
     assert cli("rm", durable_dir).returncode == 0
 
 

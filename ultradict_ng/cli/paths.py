@@ -40,7 +40,7 @@ from .._shm.survey import report
 from .._shm.table import Table
 from ..cache import layout as C
 from ..cache.side import header_problem
-from ..errors import CorruptSegment, NotADict, NotFound, SharedDictError
+from ..errors import CorruptSegment, IncompatibleLayout, NotADict, NotFound, SharedDictError
 from ..shareddict import SharedDict
 
 __all__ = ["is_path", "open_dict", "peeking", "summary", "file_checks", "cmd_compact", "describes_a_dict"]
@@ -186,11 +186,12 @@ def _checks_once(path: str) -> list[Check]:
     except (NotFound, CorruptSegment) as exc:
         return [("dict.meta", "fail", str(exc))]
     version, layout = meta.get("version"), meta.get("layout")
-    if D.readable_version(version, layout):
-        try:
-            read_meta(path)  # (its fields, as every open checks them)
-        except CorruptSegment as exc:
-            return [("dict.meta", "fail", f"{exc} (every open refuses it)")]
+    try:
+        read_meta(path)  # (its fields, as every open checks them)
+    except IncompatibleLayout:
+        pass  # (another version's files: the "version" check says so)
+    except CorruptSegment as exc:
+        return [("dict.meta", "fail", f"{exc} (every open refuses it)")]
     out.append(("dict.meta", "ok", f"version {version!r}, layout {layout!r}, sync {meta.get('sync')}"))
     if not D.readable_version(version, layout):
         out.append(
@@ -287,6 +288,10 @@ def _checks_once(path: str) -> list[Check]:
     if locked:  # (every open maps them read-write)
         named = ", ".join(locked)
         out.append(("files", "fail", f"not readable and writable by this user: {named} (every open fails)"))
+    blobs = _blob_problems(path, names, token)
+    if blobs:
+        more = f" (and {len(blobs) - 3} more)" if len(blobs) > 3 else ""
+        out.append(("blobs", "fail", "; ".join(blobs[:3]) + more + ": reading those values fails"))
     cache = _cache_problem(path, token)
     if cache is not None:
         out.append(("cache", "fail" if cache else "ok", cache or "its settings and slots are whole"))
@@ -300,6 +305,37 @@ def _checks_once(path: str) -> list[Check]:
                 f"{len(leftovers)} unfinished file(s) ({named}): the next recovery removes them",
             )
         )
+    return out
+
+
+def _blob_problems(path: str, names: list[str], token: int) -> list[str]:
+    """What is wrong with the headers of the value files ``blob.<id>``: what
+    every read of one checks (magic, the dict's token, its id, its length
+    within the file).  The payload has no checksum: a read maps it as it is."""
+    out = []
+    header = struct.Struct(L.BLOB_FORMAT)
+    ids = sorted(i for i in (D.own_id(f, D.BLOB_PREFIX) for f in names) if i is not None)
+    for blob_id in ids:
+        f = D.BLOB_PREFIX + L.base36(blob_id)
+        try:
+            with open(os.path.join(path, f), "rb") as bf:
+                size = os.fstat(bf.fileno()).st_size
+                raw = bf.read(header.size)
+        except FileNotFoundError:
+            continue  # (dropped by a writer meanwhile)
+        except OSError as exc:
+            out.append(f"{f}: {exc.strerror or exc}")
+            continue
+        if len(raw) < header.size:
+            out.append(f"{f} is cut short ({size} bytes)")
+            continue
+        magic, owner, bid, length = header.unpack(raw)[:4]
+        if magic != L.BLOB_MAGIC or bid != blob_id:
+            out.append(f"{f} is not a value file of this dict (damaged)")
+        elif owner != token:
+            out.append(f"{f} is an earlier dict's, not this one's")
+        elif size < L.BLOB_HEADER + length:
+            out.append(f"{f} is cut short ({size} bytes of {L.BLOB_HEADER + length})")
     return out
 
 
