@@ -259,3 +259,26 @@ def test_a_stream_with_holes_on_a_full_disk_fails_writes_not_the_process(tmp_pat
         assert dict(e) == {**{f"k{i}": i for i in range(20)}, **{f"n{i}": "v" * 100 for i in range(written)}}
         e.unlink()
         e.close()
+
+
+def test_without_posix_modules_import_works_and_every_open_refuses(tmp_path):
+    """As on Windows (no ``fcntl``, no ``_posixshmem``): the package imports,
+    and an open -- by name or by path -- raises ``OSError``, making nothing."""
+    where = tmp_path / "d"
+    script = f"""
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("fcntl", "_posixshmem"):
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Absent())
+from ultradict_ng import SharedDict
+for kw in ({{"name": "udng-nowin"}}, {{"path": {str(where)!r}}}):
+    try:
+        SharedDict(**kw)
+    except OSError as exc:
+        print(type(exc).__name__, exc.errno)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.stdout.split("\n")[:2] == ["OSError 38", "OSError 38"], out.stdout + out.stderr
+    assert not where.exists()

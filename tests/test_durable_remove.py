@@ -7,6 +7,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 
 from ultradict_ng import SharedDict
 from ultradict_ng._disk import layout as D
-from ultradict_ng.errors import InvalidName, LockTimeout, Unlinked
+from ultradict_ng.errors import InvalidName, LockTimeout, NotFound, Unlinked
 
 pytestmark = pytest.mark.shm_only
 
@@ -183,3 +185,43 @@ def test_a_second_removal_finds_nothing_and_a_control_name_is_no_name(durable_di
     assert a.unlink() > 0 and b.unlink() == 0
     a.close()
     b.close()
+
+
+def _remove_then_die(path: str, after: int) -> None:
+    from ultradict_ng._disk import files
+
+    real, count = files.remove, [0]
+
+    def remove(file: str) -> bool:
+        if os.path.basename(file) != D.META_FILE + D.TMP_SUFFIX:  # (not the mark's own)
+            count[0] += 1
+            if count[0] > after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real(file)
+
+    files.remove = remove
+    SharedDict(path=path).unlink()
+
+
+@pytest.mark.parametrize("after", [0, 1, 3])
+def test_a_removal_killed_midway_leaves_no_dict(durable_dir, after):
+    """A removal killed after some of the files went (a checkpoint, value
+    files): the next open finds no dict and makes a new one -- never the dict
+    with values or its checkpoint gone (reads raising, or refused at open)."""
+    d = SharedDict(path=durable_dir, blob_threshold=1024)
+    d.update({f"k{i}": bytes([i]) * 2000 for i in range(4)})
+    d.close()
+    subprocess.run(
+        [sys.executable, "-m", "ultradict_ng", "compact", durable_dir], check=True, capture_output=True
+    )
+    assert sorted(os.listdir(durable_dir))[:2] == ["blob.1", "blob.2"] and "dump.1" in os.listdir(durable_dir)
+    p = multiprocessing.get_context("fork").Process(target=_remove_then_die, args=(durable_dir, after))
+    p.start()
+    p.join(30)
+    assert p.exitcode == -signal.SIGKILL
+    with pytest.raises(NotFound):
+        SharedDict(path=durable_dir, create=False)
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {}
+    e.unlink()
+    e.close()

@@ -222,6 +222,58 @@ def test_a_write_a_power_loss_cut_off_never_comes_back(tmp_path):
     f.close()
 
 
+def test_a_checkpoint_that_failed_once_named_stays_gone_after_a_power_loss(tmp_path, monkeypatch):
+    """A checkpoint that fails after it was renamed into place (an interrupt
+    while the writer maps it to read in place) is removed, and its removal
+    synced before the dict goes on: else, after a power loss, the recovery
+    takes it as the newest checkpoint and drops every write the dict
+    acknowledged since, in the generation before it."""
+    from ultradict_ng._shm.writer import Writer
+
+    path = str(tmp_path / "dict")
+    os.makedirs(path)
+    disk = Disk(path, 1)
+    files.observer = disk.observe
+    real = Writer._read_in_place
+    failed: list[int] = []
+
+    def interrupted(self: Any, *args: Any) -> Any:
+        if not failed:
+            failed.append(1)
+            raise KeyboardInterrupt("while the checkpoint is mapped")
+        return real(self, *args)
+
+    try:
+        d = SharedDict(path=path, sync="always", buffer_size=512)
+        d["a"] = 0
+        monkeypatch.setattr(Writer, "_read_in_place", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            for i in range(100):  # (the stream fills: a checkpoint)
+                d["filler"] = "x" * 100 + str(i)
+        monkeypatch.setattr(Writer, "_read_in_place", real)
+        assert d.stats()["generation"] == 0
+        d["acked"] = "kept"
+        disk.capture("acknowledged")
+    finally:
+        files.observer = None
+    d.unlink()
+    d.close()
+    (image,) = [im for im in disk.images if im.label == "acknowledged (synced)"]
+    where = str(tmp_path / "image")
+    image.write(where)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from ultradict_ng import SharedDict; d = SharedDict(path={where!r}); "
+            "print(d.get('acked')); d.unlink(); d.close()",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout.strip() == "kept", out.stdout + out.stderr
+
+
 # -- a SharedCache kept in files ---------------------------------------------------------------
 
 cache_op = st.one_of(

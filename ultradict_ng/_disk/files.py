@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
 import sys
 from typing import Callable, Optional
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: every open refuses first (_platform/segments.py)
+    fcntl = None  # type: ignore[assignment]
+
 from .._platform.forks import on_fork_in_child
 from ..errors import NotFound
 from . import layout as D
 
+#: Whether this system has ``flock`` (not Windows): every open refuses without it.
+LOCKS = fcntl is not None
+
 __all__ = [
+    "LOCKS",
     "observer",
     "create",
     "adopt",

@@ -73,7 +73,9 @@ over removes it and syncs the directory before its own writes
 (``segments.discard_unpublished``), since a recovery would take the newest
 dump for the dict and skip the records of g written after it.  One nobody
 takes over from holds every write (none came after it): taking it loses
-nothing.
+nothing.  A writer whose checkpoint fails after the rename (an interrupt
+while it maps the dump to read it in place) removes it the same way before
+the error leaves the write.
 
 Blob (layout: "Blobs", step b, in every policy): written to ``blob.<id>.tmp``,
 synced, renamed, the directory synced, before the record that references it
@@ -264,8 +266,13 @@ process went on and closed without it, and a recovery must not replay it
 later); syncs ``stream`` (and ``cache`` if there), then writes ``clean``
 (``CLEAN_FORMAT``:
 magic, generation, stream end, token, crc) with ``write_whole``.  A dict
-kept in files is never removed automatically: ``unlink()`` removes the
-control segment, every file above, then ``DIR`` if it is empty -- with the
+kept in files is never removed automatically: ``unlink()`` first rewrites
+``dict.meta`` to say ``"creating"`` (``write_whole``: a removal killed
+midway leaves what step 1 removes as a creation's leftovers, never a dict
+missing some files; with no room for it, ``dict.meta`` is removed first and
+the directory synced: a dict that lost its description, refused), then
+removes the control segment, every file above with ``dict.meta`` last, then
+``DIR`` if it is empty -- with the
 directory locked and only under the dict's lock (``REMOVE_LOCK_TIMEOUT``,
 then ``LockTimeout`` and nothing removed; a dead holder's is taken over),
 unlike a dict in shared memory, whose removal goes on without it after

@@ -8,6 +8,7 @@ trusts the files without a checkpoint.  ``unlink()`` removes it all.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import weakref
@@ -184,6 +185,7 @@ def unlink(store: Store) -> int:
             assert held.stat is not None
             if D.control_name(held.stat.st_dev, held.stat.st_ino) != store.name:
                 return 0  # (another directory at its path: not this dict's)
+            _mark_removed(directory)
             removed = unlink_tree(
                 store.name, store._map, store.token, D.REMOVE_LOCK_TIMEOUT
             )  # (held: at once)
@@ -220,10 +222,28 @@ def remove_unopenable(directory: str) -> int:
         return _remove_files(directory, os.path.exists(os.path.join(directory, D.META_FILE)))
 
 
+def _mark_removed(directory: str) -> None:
+    """Before a removal: ``dict.meta`` says ``"creating"``, durably, so that a
+    removal killed midway leaves what a creation killed midway does -- no
+    dict (the next open makes a new one, or finds none) -- and never a dict
+    that opens with some of its value files or its checkpoint gone.  With
+    no room for that (a full disk, the usual reason to remove), ``dict.meta``
+    goes first instead: the rest is refused as a dict that lost its
+    description, which ``rm PATH`` removes."""
+    path = f"{directory}/{D.META_FILE}"
+    try:
+        meta = json.loads(files.read_whole(path, 1 << 16))
+        files.write_whole(path, json.dumps({**meta, "creating": True}, indent=1).encode())
+    except (OSError, ValueError, TypeError):
+        if files.remove(path):
+            files.sync_dir(directory)
+
+
 def _remove_files(directory: str, described: bool) -> int:
-    """The dict's files removed, then the directory if empty (the caller holds the lock)."""
+    """The dict's files removed, ``dict.meta`` last, then the directory if
+    empty (the caller holds the lock)."""
     removed = 0
-    for f in os.listdir(directory):
+    for f in sorted(os.listdir(directory), key=lambda f: f == D.META_FILE):
         if dicts_own(directory, f, described):
             removed += files.remove(os.path.join(directory, f))
     try:  # (under the lock: an opener that waited finds the directory gone, not emptied)

@@ -302,6 +302,8 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         raise ValueError("a dict kept in files is never removed automatically: auto_unlink= is not for path=")
     check_sync(options.sync, options.sync_interval)
     validate_options(options)
+    if not segments.SUPPORTED or not files.LOCKS:  # pragma: no cover - Windows: nothing made
+        raise OSError(errno.ENOSYS, "ultradict_ng needs POSIX shared memory and file locks (Linux, macOS)")
     for _ in range(_RACES):
         directory, st = _check_directory(path, create)
         lock = files.directory_lock(directory)  # (it makes nothing: foreign files are refused under it)

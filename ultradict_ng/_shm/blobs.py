@@ -193,6 +193,8 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
         # One copy only if it is not C-contiguous already; as bytes, because a
         # buffer of some dtypes (datetime64, ...) cannot be exported.
         value = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    if isinstance(value, memoryview) and not value.c_contiguous:
+        value = value.tobytes()  # (a cast needs a C-contiguous view: one copy, as below the threshold)
     with memoryview(value) as raw, raw.cast("B") as data:
         length = data.nbytes
         header = _header.pack(L.BLOB_MAGIC, token, blob_id, length, kind, 0)

@@ -481,7 +481,9 @@ class Writer(Reader):
             cache = self._read_in_place(seg, dname, planned)
         except BaseException:
             seg.close()
-            segments.unlink(dname)
+            # (in files, with the directory synced: once named, a checkpoint a
+            # recovery would take over the records this generation goes on to acknowledge)
+            segments.discard_unpublished(dname)
             raise
         if faults.armed is not None:
             faults.hit("dump-written")

@@ -110,7 +110,7 @@ def _open_for_load(
         if _is_cache(name):
             raise ValueError(
                 f"{name!r} is a SharedCache: its entries are the cache's records (expiry, slot, value), "
-                "which keep its bounds; nothing was changed (load into a dict, or set through the cache)"
+                "which keep its bounds (load into a dict, or set through the cache); nothing was changed"
             )
         if recurse is not None and recurse != stored:
             raise ParameterMismatch(
