@@ -282,3 +282,86 @@ for kw in ({{"name": "udng-nowin"}}, {{"path": {str(where)!r}}}):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.stdout.split("\n")[:2] == ["OSError 38", "OSError 38"], out.stdout + out.stderr
     assert not where.exists()
+
+
+def _open_elsewhere(path: str) -> str:
+    """Open the dict in a new process: what happened, in a word."""
+    code = (
+        "from ultradict_ng import SharedDict, InUseElsewhere, NotADict\n"
+        f"try:\n    d = SharedDict(path={path!r}, create=False)\n"
+        "except (InUseElsewhere, NotADict) as exc:\n    print(type(exc).__name__, exc)\n"
+        "else:\n    print('opened', sorted(d.items()))\n    d.close()\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+
+
+def test_an_open_dict_whose_shared_memory_is_gone_is_not_rebuilt_beside_it(durable_dir):
+    """A handle open while the dict's control segment is removed (a cleaner
+    of ``/dev/shm``; or another IPC namespace, which has its own): a new
+    opener would rebuild the dict from the files beside it, and each would
+    overwrite the other's writes.  It is refused while the handle is open,
+    and opens once it is closed."""
+    from ultradict_ng._disk.opening import control_of
+
+    d = SharedDict({"a": 1}, path=durable_dir)
+    os.unlink(os.path.join("/dev/shm", control_of(durable_dir)))
+    said = _open_elsewhere(durable_dir)
+    assert said.startswith("InUseElsewhere") and "another container or IPC namespace" in said, said
+    d["b"] = 2
+    d.close()
+    assert _open_elsewhere(durable_dir) == "opened [('a', 1), ('b', 2)]\n"
+    SharedDict(path=durable_dir).unlink()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_processes_of_two_shared_memories_do_not_both_open_one_dict(durable_dir):
+    """Two containers on one volume, each with its own ``/dev/shm`` (here a
+    mount namespace with a tmpfs of its own): the second opener is refused
+    while the first has the dict open, and nothing the first wrote is lost."""
+    SharedDict({"n": 0}, path=durable_dir).close()
+    script = (
+        "import sys, time\nfrom ultradict_ng import SharedDict\n"
+        f"d = SharedDict(path={durable_dir!r})\nd['first'] = 1\nprint('open', flush=True)\n"
+        "sys.stdin.readline()\nd['last'] = 2\nd.close()\n"
+    )
+    first = subprocess.Popen(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f'mount -t tmpfs tmpfs /dev/shm && exec "{sys.executable}" -c "$0"',
+            script,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "open\n"
+        said = _open_elsewhere(durable_dir)
+        assert said.startswith("InUseElsewhere"), said
+    finally:
+        first.communicate("\n", timeout=60)
+    assert first.returncode == 0
+    assert _open_elsewhere(durable_dir) == "opened [('first', 1), ('last', 2), ('n', 0)]\n"
+    SharedDict(path=durable_dir).unlink()
+
+
+def test_a_copy_made_by_hard_links_is_refused_until_it_has_its_own_files(durable_dir):
+    """``cp -al`` (or ``rsync --link-dest``) shares the stream, written in
+    place, between the dict and its copy: a write to one would show in the
+    other.  Refused, naming the file and the fix; after the fix the copy is a
+    dict of its own."""
+    SharedDict({"a": 1}, path=durable_dir).close()
+    copy = durable_dir + "-links"
+    subprocess.run(["cp", "-al", durable_dir, copy], check=True)
+    said = _open_elsewhere(copy)
+    assert said.startswith("NotADict") and "stream has 2 hard links" in said, said
+    subprocess.run("cp stream stream.own && mv stream.own stream", shell=True, cwd=copy, check=True)
+    c = SharedDict(path=copy)
+    c["b"] = 2
+    c.unlink()
+    c.close()
+    assert _open_elsewhere(durable_dir) == "opened [('a', 1)]\n"
+    SharedDict(path=durable_dir).unlink()

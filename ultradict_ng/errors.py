@@ -29,6 +29,7 @@ __all__ = [
     "UnsupportedType",
     "OutOfSpace",
     "SyncFailed",
+    "InUseElsewhere",
     "PathGone",
     "BackendUnavailable",
     "LeaseLost",
@@ -130,6 +131,23 @@ class OutOfSpace(SharedDictError, OSError):
 
     def __reduce__(self) -> Any:
         # OSError pickles its args, (ENOSPC, message); the constructor takes the message only.
+        return (type(self), (self.strerror,), self.__dict__ or None)
+
+
+class InUseElsewhere(SharedDictError, OSError):
+    """A dict kept in files is open in processes that do not share this one's
+    shared memory -- another container or IPC namespace (each has its own
+    ``/dev/shm``) -- or whose shared memory was removed while they ran.  This
+    process would rebuild the dict from its files beside theirs, and each
+    side would overwrite the other's writes: refused instead (``EBUSY``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EBUSY, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> Any:
         return (type(self), (self.strerror,), self.__dict__ or None)
 
 

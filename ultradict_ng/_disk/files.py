@@ -40,6 +40,8 @@ __all__ = [
     "create",
     "adopt",
     "open_rw",
+    "mark_open",
+    "marked_open",
     "sync_file",
     "sync_range",
     "sync_data",
@@ -104,6 +106,30 @@ def adopt(fd: int, directory: str) -> None:
 def open_rw(path: str, writable: bool = True) -> int:
     """A descriptor of the existing file ``path`` (``FileNotFoundError`` if it is not there)."""
     return os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+
+
+def mark_open(fd: int) -> None:
+    """A handle's mark on its dict while it is open: ``flock(LOCK_SH)`` on its
+    descriptor of the stream (``_disk/layout.py``, "Limits").  Dropped when the
+    descriptor closes -- by the handle's close, by the kernel when its process
+    dies -- so it never outlives a process, as a file or word written would."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def marked_open(path: str) -> bool:
+    """Whether some descriptor of the file ``path`` holds :func:`mark_open` now
+    (the caller holds the directory lock, under which every mark is taken)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (the trial's lock with it)
+    return False
 
 
 if sys.platform == "darwin":

@@ -293,7 +293,17 @@ filesystem is NFS, CIFS/SMB or another network filesystem
 mount table -- read only when the directory's device is not a block
 device's (major 0: network filesystems, tmpfs, FUSE).  Users must share
 the machine's shared memory (one container or IPC namespace), as for a dict
-in shared memory.  A read-only ``DIR`` is refused at open.  Linux is tested.
+in shared memory.  Each open handle holds ``flock(LOCK_SH)`` on its own
+descriptor of ``stream`` (taken under the directory lock, dropped when the
+descriptor closes, by the kernel too when its process dies); before step 4
+rebuilds a dict, the opener tries ``LOCK_EX | LOCK_NB`` on a new descriptor
+and refuses (``InUseElsewhere``) if that fails: a handle has the dict open
+whose control segment this opener cannot see -- in another IPC namespace
+(a container with its own ``/dev/shm``), or removed while it ran.  Rebuilt
+beside it, each side would overwrite the other's records.  A ``stream`` or
+``cache`` (files written in place) with more than one hard link is refused
+too (``NotADict``): a copy made by linking (``cp -al``) shares them with
+another dict.  A read-only ``DIR`` is refused at open.  Linux is tested.
 On macOS every sync above is ``F_FULLFSYNC`` (its ``fsync`` and ``msync``
 leave the data in the drive's cache), as SQLite's ``fullfsync`` and LMDB do
 there; that path is not tested here.  Windows is not supported.

@@ -67,6 +67,7 @@ class Durability:
         #: The stream's file, and a descriptor of it for ``fdatasync`` (closed by :meth:`close`).
         self.path = path
         self.fd = files.open_rw(path)
+        files.mark_open(self.fd)  # (what a recovery checks: no process here shares its shared memory)
         #: Held while syncing: a close waits for a sync of the flusher thread in flight.
         self.guard = threading.Lock()
         self.open = True
