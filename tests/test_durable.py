@@ -939,6 +939,48 @@ def test_after_a_failed_sync_no_write_is_acknowledged_until_a_reopen(durable_dir
     d.close()
 
 
+@pytest.mark.parametrize("sync", ["interval", "never"])
+def test_a_sync_failed_in_the_background_fails_the_next_write(durable_dir, monkeypatch, sync):
+    """Under ``interval`` the sync runs in the flusher thread, under ``never``
+    at a close: a write cannot raise for it, so the next write of the dict,
+    in any handle, raises ``SyncFailed`` (as Redis refuses writes once a
+    background ``fsync`` failed) -- acknowledged by no one as durable."""
+    import errno as E
+    import time
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import SyncFailed
+
+    options = {"sync_interval": 0.05} if sync == "interval" else {}
+    d = SharedDict(path=durable_dir, sync=sync, **options)
+    other = SharedDict(path=durable_dir)
+    d["before"] = 1
+
+    def failing(*args):
+        raise OSError(E.EIO, "Input/output error")
+
+    monkeypatch.setattr(files, "sync_data", failing)
+    d["a"] = 1  # (returns: its sync comes later)
+    if sync == "never":
+        other.close()  # (its close syncs, and fails: logged)
+    deadline = time.monotonic() + 10
+    while not d._store._map.words[L.W_STATUS] & L.STATUS_SYNC_FAILED and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(SyncFailed, match="an earlier sync"):
+        d["b"] = 2
+    if sync == "interval":
+        with pytest.raises(SyncFailed, match="an earlier sync"):
+            other["c"] = 3
+        other.close()
+    monkeypatch.undo()
+    d.close()
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir)  # (recovered: good again)
+    d["after"] = 4
+    d.unlink()
+    d.close()
+
+
 def test_a_damaged_entry_of_a_checkpoint_stops_a_recovery(durable_dir):
     """A recovery merges the checkpoint's entries into its own as bytes: it
     checks every one first, so a damaged entry is refused, naming the file,
@@ -1018,6 +1060,28 @@ def test_blobs_overwritten_do_not_pile_up_on_the_disk(durable_dir, inside):
     reboot(durable_dir)
     d = SharedDict(path=durable_dir)
     assert bytes(d["photo"]) == bytes([39]) * (300 << 10)
+    d.unlink()
+    d.close()
+
+
+def test_a_checkpoint_of_another_handle_resets_what_one_counts_as_dropped(durable_dir):
+    """A handle compares what it dropped with the last checkpoint's size: the
+    one written last, by whichever handle -- not the big one it saw first.
+    The dict shrunk by another handle's ``clear`` and checkpoint, one key
+    overwritten with 300 KiB values keeps a few blob files, not one each."""
+    d = SharedDict(path=durable_dir, sync="never")
+    other = SharedDict(path=durable_dir)
+    d.update({f"k{i}": "x" * 1000 for i in range(8000)})  # (~8 MB inline)
+    d["photo"] = bytes(300 << 10)
+    d._store.force_dump()
+    d["photo"] = bytes([1]) * (300 << 10)  # (counted against the 8 MB checkpoint)
+    other.clear()
+    other._store.force_dump()
+    for i in range(20):
+        d["photo"] = bytes([i]) * (300 << 10)
+        blobs = [f for f in os.listdir(durable_dir) if f.startswith(D.BLOB_PREFIX)]
+        assert len(blobs) <= 6, blobs
+    other.close()
     d.unlink()
     d.close()
 

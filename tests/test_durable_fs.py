@@ -365,3 +365,21 @@ def test_a_copy_made_by_hard_links_is_refused_until_it_has_its_own_files(durable
     c.close()
     assert _open_elsewhere(durable_dir) == "opened [('a', 1)]\n"
     SharedDict(path=durable_dir).unlink()
+
+
+def test_a_new_dicts_directory_entry_is_synced_in_each_parent_made(tmp_path, monkeypatch):
+    """A power loss may lose a directory's entry in its parent until the
+    parent is synced: the dict's own directory and every parent the open
+    made are synced in their parents before the creation returns."""
+    from ultradict_ng._disk import files
+
+    synced: list[str] = []
+    real = files.sync_dir
+    monkeypatch.setattr(files, "sync_dir", lambda path: (synced.append(path), real(path))[1])
+    path = tmp_path / "a" / "b" / "dict"
+    d = SharedDict(path=str(path), sync="always")
+    for level in (tmp_path, tmp_path / "a", tmp_path / "a" / "b"):
+        assert str(level) in synced, (level, synced)
+    d["k"] = 1
+    d.unlink()
+    d.close()

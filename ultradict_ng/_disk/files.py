@@ -46,6 +46,8 @@ __all__ = [
     "sync_range",
     "sync_data",
     "sync_dir",
+    "make_directories",
+    "sync_parent",
     "rename",
     "remove",
     "write_whole",
@@ -223,6 +225,29 @@ def sync_dir(path: str) -> None:
     finally:
         os.close(fd)
     _note("syncdir", path, True)
+
+
+def make_directories(directory: str) -> None:
+    """``directory`` and the parents it lacks made, each new one's entry
+    synced in its parent: a new dict's directory must outlive a power loss
+    with the writes acknowledged in it (the dict's own entry: :func:`sync_parent`)."""
+    made, there = [], directory
+    while not os.path.isdir(there) and os.path.dirname(there) != there:
+        made.append(there)
+        there = os.path.dirname(there)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    for level in reversed(made[1:]):  # (top down; the dict's own when it is created)
+        sync_parent(level)
+
+
+def sync_parent(path: str) -> None:
+    """:func:`sync_dir` of the directory holding ``path``: its entry there
+    durable.  A parent this user cannot read (``/home`` at 0711) cannot be
+    opened to sync: its entry is as durable as the filesystem makes it."""
+    try:
+        sync_dir(os.path.dirname(path))
+    except PermissionError:
+        pass
 
 
 def rename(src: str, dst: str) -> None:

@@ -138,7 +138,10 @@ before its error is raised (``SyncFailed``), and from then on every sync of
 the dict, by any handle, raises ``SyncFailed`` instead of syncing: Linux
 reports a failed writeback once and marks the pages clean, so a later
 ``fdatasync`` would succeed without writing them, and SYNCED would count
-records the disk never got.  A last close that finds the bit records no
+records the disk never got.  Under ``interval`` and ``never`` no write waits
+for a sync (it fails in the flusher thread, or in a close, and is logged
+there), so every write that finds the bit raises ``SyncFailed`` once it is
+published.  A last close that finds the bit records no
 clean close (no ``clean``): the next open recovers from the files, and its
 checkpoint writes the dict anew.
 
@@ -160,11 +163,13 @@ it again) and starts over if not.  Then:
 1. no ``dict.meta``, or one that says ``"creating"``: remove any file of the
    list above (the leftovers of a creation that died), create the dict
    (control segment, ``stream`` file; with initial data, a ``dict.meta`` that
-   says ``"creating"``, then the data), sync the stream and any dump, write
-   ``dict.meta``.  A directory holding other files is refused (``NotADict``);
-   no ``dict.meta`` beside a dump, a blob, ``clean``, ``cache`` or records in
-   the stream is a dict that lost its description, refused (``CorruptSegment``)
-   -- removing them as leftovers would delete it.
+   says ``"creating"``, then the data), sync the stream and any dump, sync
+   ``DIR`` and its parent (and each parent the open made, in its own: a new
+   directory's entry is durable only then), write ``dict.meta``.  A
+   directory holding other files is refused (``NotADict``); no
+   ``dict.meta`` beside a dump, a blob, ``clean``, ``cache`` or records in
+   the stream is a dict that lost its description, refused
+   (``CorruptSegment``) -- removing them as leftovers would delete it.
 2. ``dict.meta`` of another format or version: refused (``IncompatibleLayout``).
 3. a control segment of the dict's token whose MAGIC is set: attach to it (the
    page cache holds what the dict holds) -- if a registered user is alive,

@@ -114,7 +114,7 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
             there = os.path.dirname(there)
         _refuse_network(directory, there, os.stat(there).st_dev)
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            files.make_directories(directory)
         except OSError as exc:
             segments.raise_if_full(exc, f"no room on the disk to make {directory}")
             raise
@@ -427,6 +427,7 @@ def _create(directory: str, base: str, options: Options, described: bool) -> tup
         assert stream is not None and stream.buf is not None
         files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, stream.size)
         files.sync_dir(directory)
+        files.sync_parent(directory)  # (its entry: made by this open or by the user just before)
         header = store._map.words
         meta = {
             "format": D.META_FORMAT,

@@ -52,6 +52,7 @@ class Durability:
         "remove",
         "dead",
         "dump_bytes",
+        "dump_gen",
         "__weakref__",
     )
 
@@ -75,15 +76,18 @@ class Durability:
         self.queued = False
         #: When this process's flusher syncs it next (``interval``).
         self.due = 0.0
-        #: Bytes of the blobs this handle's writes dropped since its last dump; that dump's size.
-        self.dead, self.dump_bytes = 0, -1
+        #: Bytes of blobs this handle's writes dropped since the last dump; its size and generation.
+        self.dead, self.dump_bytes, self.dump_gen = 0, 0, -1
         _live.add(self)
 
     def after_write(self, state: int) -> None:
         """After a write that published ``state`` returned from under the lock."""
         if self.mode == "always":
             self.sync_to(state)
-        elif self.mode == "interval" and not self.queued:
+            return
+        if self.words[L.W_STATUS] & L.STATUS_SYNC_FAILED:  # (a sync in the background, or a close's)
+            raise self._failed_before()
+        if self.mode == "interval" and not self.queued:
             _flusher().add(self)
             self.queued = True
 
@@ -94,20 +98,21 @@ class Durability:
         ``STREAM_GRANULE``), so that the disk holds at most about twice the
         dict plus the stream (one key overwritten with 1 MiB values 300 times
         kept 300 files before)."""
-        self.dead += sum(ref.length for ref in refs)
-        if self.dump_bytes < 0:  # (this handle's first: the dump it opened with)
-            generation = self.atomic.load(L.W_STATE) >> L.GEN_SHIFT
+        generation = self.atomic.load(L.W_STATE) >> L.GEN_SHIFT
+        if generation != self.dump_gen:  # (this handle's first, or a checkpoint of another process since)
             dump = os.path.join(os.path.dirname(self.path), D.DUMP_PREFIX + L.base36(generation))
             try:
                 self.dump_bytes = os.stat(dump).st_size if generation else 0
             except OSError:
                 self.dump_bytes = 0
+            self.dead, self.dump_gen = 0, generation  # (its sweep took what this handle dropped before)
+        self.dead += sum(ref.length for ref in refs)
         return self.dead > max(self.dump_bytes, L.STREAM_GRANULE)
 
     def checkpointed(self, state: int, size: int) -> None:
         """A dump of ``size`` bytes published ``state`` and is on the disk."""
         raise_synced(self.atomic, state)
-        self.dead, self.dump_bytes = 0, size
+        self.dead, self.dump_bytes, self.dump_gen = 0, size, state >> L.GEN_SHIFT
 
     def close(self) -> None:
         """No sync after this one (the handle is closing): waits for one in flight."""
@@ -148,10 +153,7 @@ class Durability:
         if words[L.W_SYNCED] >= target:
             return
         if words[L.W_STATUS] & L.STATUS_SYNC_FAILED:
-            raise SyncFailed(
-                f"an earlier sync of {self.path} failed: writes since may not be on the disk, and no "
-                "sync can tell any more; reopen the dict once the disk is sound"
-            )
+            raise self._failed_before()
         mine = owner_word()
         check = time.monotonic() + _LEADER_CHECK
         delay = D.SYNC_POLL
@@ -180,6 +182,12 @@ class Durability:
             except NotImplementedError:  # (no futex here: poll)
                 time.sleep(delay)
                 delay = min(2 * delay, _POLL_MAX)
+
+    def _failed_before(self) -> SyncFailed:
+        return SyncFailed(
+            f"an earlier sync of {self.path} failed: writes since may not be on the disk, and no "
+            "sync can tell any more; reopen the dict once the disk is sound"
+        )
 
     def _lead(self) -> None:
         """Sync the stream up to the STATE loaded now; raise SYNCED to it."""
