@@ -1345,3 +1345,51 @@ def test_root_opening_another_users_dict_leaves_every_file_theirs(durable_dir):
     d = SharedDict(path=durable_dir)
     d.unlink()
     d.close()
+
+
+def test_an_awaited_write_under_always_syncs_without_blocking_the_loop(durable_dir, monkeypatch):
+    """``await d.set(...)`` under ``sync="always"`` returns once the write is
+    on the disk, but the ``fdatasync`` (here made to take 0.3 s) runs in a
+    helper thread: a ticker coroutine keeps its 10 ms beat meanwhile."""
+    import asyncio
+    import time
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.aio import AsyncSharedDict
+
+    d = AsyncSharedDict(path=durable_dir, sync="always")
+    real = files.sync_data
+    synced: list[float] = []
+
+    def slow(*args):
+        time.sleep(0.3)
+        real(*args)
+        synced.append(time.monotonic())
+
+    monkeypatch.setattr(files, "sync_data", slow)
+
+    async def main() -> tuple[float, float]:
+        beats: list[float] = []
+        done = False
+
+        async def ticker() -> None:
+            while not done:
+                beats.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        task = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.03)
+        await d.set("k", 1)
+        returned = time.monotonic()
+        await d.update({"j": 2})
+        await asyncio.sleep(0.03)  # (beats after the writes: a loop stood still shows as a gap)
+        done = True
+        await task
+        return max(b - a for a, b in zip(beats, beats[1:])), returned
+
+    gap, returned = asyncio.run(main())
+    assert len(synced) == 2 and synced[0] <= returned  # (returned once synced)
+    assert gap < 0.2, f"the loop stood still {gap:.2f} s"
+    assert dict(d.dict) == {"k": 1, "j": 2}
+    d.unlink()
+    d.close()

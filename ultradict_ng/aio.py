@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Hashable
 from types import TracebackType
 from typing import Any, Callable, Optional
 
+from ._disk.syncing import deferred_syncs
 from ._platform.lock import SharedLock
 from ._platform.segments import shown
 from .changes import Change
@@ -319,28 +320,35 @@ class AsyncSharedDict:
 
     # -- writes that never block the loop ------------------------------------------------------
 
+    async def _write(self, write: Callable[[], Any]) -> Any:
+        """``write()`` under the lock taken without blocking the loop; in a
+        dict kept in files under ``sync="always"``, the wait for its sync
+        (an ``fdatasync``, or another process leading the group commit) in a
+        helper thread too, after the lock is released."""
+        async with self.lock:
+            with deferred_syncs() as pending:
+                result = write()
+        for durability, state in pending:
+            await asyncio.get_running_loop().run_in_executor(None, durability.sync_to, state)
+        return result
+
     async def set(self, key: Any, value: Any) -> None:
         """``d[key] = value``, taking the lock without blocking the loop."""
-        async with self.lock:
-            self.dict[key] = value
+        await self._write(lambda: self.dict.__setitem__(key, value))
 
     async def delete(self, key: Any) -> None:
         """``del d[key]`` (KeyError if missing), taking the lock without blocking the loop."""
-        async with self.lock:
-            del self.dict[key]
+        await self._write(lambda: self.dict.__delitem__(key))
 
     async def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """``d.update(...)``, all or nothing, taking the lock without blocking the loop."""
-        async with self.lock:
-            self.dict.update(other, **kwargs)
+        await self._write(lambda: self.dict.update(other, **kwargs))
 
     async def clear(self) -> None:
-        async with self.lock:
-            self.dict.clear()
+        await self._write(self.dict.clear)
 
     async def pop(self, key: Any, *default: Any) -> Any:
-        async with self.lock:
-            return self.dict.pop(key, *default)
+        return await self._write(lambda: self.dict.pop(key, *default))
 
     # -- changes ------------------------------------------------------------------------------------
 

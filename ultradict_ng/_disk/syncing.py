@@ -9,6 +9,7 @@ close calls :meth:`Durability.sync_all`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from .._platform import faults
@@ -26,7 +28,7 @@ from ..errors import SyncFailed
 from . import files
 from . import layout as D
 
-__all__ = ["Durability"]
+__all__ = ["Durability", "deferred_syncs"]
 
 log = logging.getLogger("ultradict_ng")
 
@@ -83,6 +85,10 @@ class Durability:
     def after_write(self, state: int) -> None:
         """After a write that published ``state`` returned from under the lock."""
         if self.mode == "always":
+            pending: Optional[list[tuple[Durability, int]]] = getattr(_deferral, "pending", None)
+            if pending is not None:  # (an awaited write: its caller syncs in another thread)
+                pending.append((self, state))
+                return
             self.sync_to(state)
             return
         if self.words[L.W_STATUS] & L.STATUS_SYNC_FAILED:  # (a sync in the background, or a close's)
@@ -218,6 +224,21 @@ class Durability:
 
 
 _live: weakref.WeakSet[Durability] = weakref.WeakSet()
+_deferral = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_syncs() -> Iterator[list[tuple[Durability, int]]]:
+    """The ``always`` syncs of the writes made in the block, in this thread,
+    collected instead of waited for: an awaited write (``aio.py``) runs them
+    in a helper thread, so that neither the ``fdatasync`` nor the wait for
+    another process leading the group commit blocks the event loop."""
+    pending: list[tuple[Durability, int]] = []
+    _deferral.pending = pending
+    try:
+        yield pending
+    finally:
+        _deferral.pending = None
 
 
 def _after_fork_in_child() -> None:
