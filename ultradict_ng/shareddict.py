@@ -93,8 +93,8 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     * :meth:`unlink` (or :func:`unlink_by_name`) removes the dict's segments for
       everybody.  Handles that are still open keep reading the last state;
       their writes raise :class:`Unlinked`.
-    * ``auto_unlink`` (default: True for the handle that created the dict,
-      False for attachers): unlink when this handle is closed, garbage-collected,
+    * ``auto_unlink`` (True for the creator of a dict in shared memory, else
+      False; refused with ``path=``): unlink when this handle is closed, garbage-collected,
       or its process exits normally.  Only in the creating process -- never in
       a forked child.  Pass ``auto_unlink=False`` to let the dict outlive its
       creator, and remove it later with :func:`unlink_by_name`.  Pass
@@ -515,17 +515,17 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
     def close(self) -> None:
         """Detach this process's handle (the root's, for a nested view).
 
-        Other processes are unaffected.  If this handle created the dict with
-        ``auto_unlink`` (the default for creators), the dict is unlinked too.
+        Other processes are unaffected.  If it created the dict with ``auto_unlink``
+        (creators' default in shared memory), the dict is unlinked too; ``path=``: files stay.
         Further use of this handle raises :class:`Closed`.
         """
         self._store.close()
 
     def unlink(self) -> int:
-        """Remove every segment of the dict tree, for every process; returns how many.
+        """Remove the dict for every process (its segments; its files and directory too
+        for ``path=``); returns how many.
 
-        Open handles elsewhere keep reading the last state; writes raise :class:`Unlinked`.
-        """
+        Open handles elsewhere keep reading the last state; writes raise :class:`Unlinked`."""
         return self._store.unlink()
 
     @staticmethod

@@ -73,9 +73,11 @@ over removes it and syncs the directory before its own writes
 (``segments.discard_unpublished``), since a recovery would take the newest
 dump for the dict and skip the records of g written after it.  One nobody
 takes over from holds every write (none came after it): taking it loses
-nothing.  A writer whose checkpoint fails after the rename (an interrupt
-while it maps the dump to read it in place) removes it the same way before
-the error leaves the write.
+nothing, and publishes the write in flight when its writer died, as a
+whole record left unpublished at STATE's end does when the dict is rebuilt
+from its files without a last close (a reboot, ``clean``).  A writer whose
+checkpoint fails after the rename (an interrupt while it maps the dump to
+read it in place) removes it the same way before the error leaves the write.
 
 Blob (layout: "Blobs", step b, in every policy): written to ``blob.<id>.tmp``,
 synced, renamed, the directory synced, before the record that references it
