@@ -26,7 +26,7 @@ from tests.test_durable import reboot
 from ultradict_ng._disk import layout as D
 from ultradict_ng.cache import SharedCache
 from ultradict_ng.cache import layout as C
-from ultradict_ng.errors import ParameterMismatch
+from ultradict_ng.errors import NotFound, ParameterMismatch
 
 pytestmark = pytest.mark.shm_only
 
@@ -88,9 +88,15 @@ def test_a_cache_outlives_its_processes_and_a_reboot(durable_dir):
     c2.close()
     with pytest.raises(ParameterMismatch, match="maxsize=50"):
         SharedCache(path=durable_dir, maxsize=10)
+    sent = pickle.dumps(c)
     c.unlink()
     c.close()
     assert not os.path.exists(durable_dir)
+    new = SharedCache(path=durable_dir, maxsize=50)  # (another cache at the path: often the same inode)
+    with pytest.raises(NotFound, match="is gone"):
+        pickle.loads(sent)  # (the cache it was of is not there)
+    new.unlink()
+    new.close()
 
 
 @pytest.mark.parametrize("bounds", [{"maxsize": 40}, {"maxbytes": 2000}, {}])

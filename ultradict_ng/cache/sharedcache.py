@@ -500,8 +500,8 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         directory = self._d.directory
-        if directory is not None:
-            return (_attach_path, (directory,))
+        if directory is not None:  # (with its dict's name and token: this cache only, as a SharedDict's)
+            return (_attach_path, (directory, self._d._store.reopen_arguments().get("name")))
         return (_attach, (self.name,))
 
     def __repr__(self) -> str:
@@ -545,6 +545,7 @@ def _attach(name: str) -> SharedCache:
     return SharedCache(name, create=False)
 
 
-def _attach_path(directory: str) -> SharedCache:
-    """Unpickling a SharedCache kept in files opens its directory."""
-    return SharedCache(path=directory, create=False)
+def _attach_path(directory: str, name: Optional[str] = None) -> SharedCache:
+    """Unpickling a SharedCache kept in files opens its directory -- the cache
+    that was there when it was sent (``NotFound`` if another is there now)."""
+    return SharedCache(name, path=directory, create=False)
