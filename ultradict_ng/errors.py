@@ -120,35 +120,36 @@ class SyncFailed(SharedDictError, OSError):
         return (type(self), (self.strerror, self.errno), self.__dict__ or None)
 
 
-class OutOfSpace(SharedDictError, OSError):
-    """Shared memory is full (``/dev/shm`` or the platform's equivalent)."""
+class _OneErrno(OSError):
+    """An ``OSError`` of one errno (``CODE``), made from its message alone."""
+
+    CODE = errno.EIO
 
     def __init__(self, message: str) -> None:
-        super().__init__(errno.ENOSPC, message)
+        super().__init__(self.CODE, message)
 
     def __str__(self) -> str:
         return str(self.strerror)
 
     def __reduce__(self) -> Any:
-        # OSError pickles its args, (ENOSPC, message); the constructor takes the message only.
+        # OSError pickles its args, (CODE, message); the constructor takes the message only.
         return (type(self), (self.strerror,), self.__dict__ or None)
 
 
-class InUseElsewhere(SharedDictError, OSError):
+class OutOfSpace(SharedDictError, _OneErrno):
+    """Shared memory is full (``/dev/shm`` or the platform's equivalent)."""
+
+    CODE = errno.ENOSPC
+
+
+class InUseElsewhere(SharedDictError, _OneErrno):
     """A dict kept in files is open in processes that do not share this one's
     shared memory -- another container or IPC namespace (each has its own
     ``/dev/shm``) -- or whose shared memory was removed while they ran.  This
     process would rebuild the dict from its files beside theirs, and each
     side would overwrite the other's writes: refused instead (``EBUSY``)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.EBUSY, message)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.strerror,), self.__dict__ or None)
+    CODE = errno.EBUSY
 
 
 class PathGone(SharedDictError, KeyError):
