@@ -179,6 +179,29 @@ def test_resync_reports_type_exact_differences(name, old, new):
         d.close()
 
 
+def test_a_resync_gives_nested_changes_where_their_key_is(name):
+    """Depth first, in the dict's key order: the key written last (a marker a
+    writer sets after the rest, as ``done``) is the batch's last item, so a
+    reader that stops there has applied every nested change before it."""
+    d = SharedDict(name=name, recurse=True, buffer_size=4096)
+    try:
+        got = resync_after(
+            d,
+            {"w0": {"a": 1, "n": {"x": 1}}, "w1": {"b": 1}, "gone": 1},
+            {"w0": {"a": 2, "n": {"x": 2}}, "w1": {"b": 2, "c": 3}, "done": True},
+        )
+        assert [(ch.op, ch.path, ch.key) for ch in got] == [
+            ("delete", (), "gone"),
+            ("set", ("w0",), "a"),
+            ("set", ("w0", "n"), "x"),
+            ("set", ("w1",), "b"),
+            ("set", ("w1",), "c"),
+            ("set", (), "done"),
+        ]
+    finally:
+        d.close()
+
+
 @pytest.mark.parametrize("unchanged", ["inline-array", "nan", "blob-array"])
 def test_resync_never_reports_an_unchanged_value(name, unchanged):
     np = pytest.importorskip("numpy")

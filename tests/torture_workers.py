@@ -285,7 +285,8 @@ def feed_follower(name: str, ready: Any, results: Any) -> None:
         final = d.copy()
         if replica != final:
             diff = sorted(k for k in set(final) | set(replica) if final.get(k) != replica.get(k))
-            errors.append(f"the replica differs from the dict at {diff}")
+            shown = {k: (str(replica.get(k))[:400], str(final.get(k))[:400]) for k in diff[:2]}
+            errors.append(f"the replica differs from the dict at {diff} ({resyncs} resyncs): {shown}")
     except Exception as exc:  # every failure is reported
         errors.append(f"{type(exc).__name__}: {exc}")
     results.put(("feed", items, resyncs, errors))

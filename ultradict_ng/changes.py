@@ -136,22 +136,36 @@ def changes_of_dump(
     old: dict[Any, Any],
     new: dict[Any, Any],
 ) -> None:
-    """Append the difference from tree ``old`` to tree ``new``, as resync changes."""
-    stack: list[tuple[tuple[Any, ...], dict[Any, Any], dict[Any, Any]]] = [((), old, new)]
-    while stack:
-        path, old_node, new_node = stack.pop()
+    """Append the difference from tree ``old`` to tree ``new``, as resync changes:
+    a dict's deletions, then its keys in ``new``'s order, a nested dict's
+    changes where its key is (depth first).  So the key written last comes
+    last -- a reader that stops at a marker key its writer sets after the
+    rest (``done``) has applied the rest; level by level, it came before
+    every nested change of the batch."""
+
+    def deletions(path: tuple[Any, ...], old_node: dict[Any, Any], new_node: dict[Any, Any]) -> None:
         for k in old_node:
             if k not in new_node:
                 out.append(Change("delete", path, k, None, True))
-        for k, v in new_node.items():
+
+    deletions((), old, new)
+    stack: list[tuple[tuple[Any, ...], dict[Any, Any], Iterator[tuple[Any, Any]]]] = [
+        ((), old, iter(new.items()))
+    ]
+    while stack:
+        path, old_node, items = stack[-1]
+        for k, v in items:
             if k in old_node:
                 ov = old_node[k]
-                if type(ov) is dict and type(v) is dict:
-                    stack.append((path + (k,), ov, v))
-                    continue
+                if type(ov) is dict and type(v) is dict:  # (its changes here, then this dict's next keys)
+                    deletions(path + (k,), ov, v)
+                    stack.append((path + (k,), ov, iter(v.items())))
+                    break
                 if _same(ov, v, dumps):
                     continue
             out.append(Change("set", path, k, export(v), True))
+        else:
+            stack.pop()
 
 
 def iterate(feed: ChangeSource, timeout: Optional[float]) -> Iterator[Change]:
