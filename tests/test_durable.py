@@ -1393,3 +1393,70 @@ def test_an_awaited_write_under_always_syncs_without_blocking_the_loop(durable_d
     assert dict(d.dict) == {"k": 1, "j": 2}
     d.unlink()
     d.close()
+
+
+def test_an_awaited_write_whose_handle_closes_before_its_sync_returns(durable_dir):
+    """The sync of an awaited write waits in the loop's executor; the handle
+    closed before it runs (a shutdown closing the dict while another task's
+    write is in flight): the write returns -- the close synced what it
+    published -- rather than fail on the released mapping."""
+    import asyncio
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ultradict_ng.aio import AsyncSharedDict
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        busy = loop.run_in_executor(None, time.sleep, 0.3)  # (its one thread busy: the sync waits)
+        d = AsyncSharedDict(path=durable_dir, sync="always")
+        task = asyncio.ensure_future(d.set("k", 1))
+        await asyncio.sleep(0.05)
+        d.close()
+        await asyncio.wait_for(task, 10)
+        await busy
+
+    asyncio.run(main())
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"k": 1}
+    e.unlink()
+    e.close()
+
+
+def test_a_failed_checkpoint_that_cannot_be_removed_durably_fails_later_writes(durable_dir, monkeypatch):
+    """A checkpoint that failed after its rename is removed, the directory
+    synced; if that sync fails the file may stay on the disk, and a recovery
+    would take it over every later record: no later write is acknowledged
+    (``SyncFailed``), as after a failed sync of the stream."""
+    import errno as E
+
+    from ultradict_ng._disk import files
+    from ultradict_ng._shm.writer import Writer
+    from ultradict_ng.errors import SyncFailed
+
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=512)
+    d["a"] = 0
+    real_sync_dir = files.sync_dir
+
+    def interrupted(self: object, *args: object) -> None:
+        def failing(path: str) -> None:
+            raise OSError(E.EIO, "Input/output error")
+
+        monkeypatch.setattr(files, "sync_dir", failing)  # (the removal's sync, next)
+        raise KeyboardInterrupt("while the checkpoint is mapped")
+
+    monkeypatch.setattr(Writer, "_read_in_place", interrupted)
+    with pytest.raises(OSError):
+        for i in range(100):  # (the stream fills: a checkpoint)
+            d["filler"] = "x" * 100 + str(i)
+    monkeypatch.setattr(files, "sync_dir", real_sync_dir)
+    monkeypatch.undo()
+    with pytest.raises(SyncFailed):
+        d["acked"] = "not on the disk"
+    d.close()
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir)  # (recovered: good again)
+    d["after"] = 1
+    d.unlink()
+    d.close()

@@ -534,8 +534,12 @@ def test_initial_data_refused_leaves_nothing_and_does_not_hang(durable_dir):
 def test_a_failed_removal_of_the_unpublished_dump_does_not_keep_the_lock(durable_dir, monkeypatch, caplog):
     """Removing the dead writer's unpublished checkpoint happens with its lock
     just taken over: an error there (the disk's) is logged, and the lock is
-    used and released as ever."""
+    used and released as ever -- but the checkpoint may stay on the disk, where
+    a recovery would take it over every later record, so the write that took
+    the lock over and every later one raise ``SyncFailed`` (acknowledged by
+    no one as durable), as after a failed sync of the stream."""
     from ultradict_ng._shm import lock as shm_lock
+    from ultradict_ng.errors import SyncFailed
 
     def broken(name: str) -> None:
         raise OSError(5, "Input/output error")
@@ -544,10 +548,13 @@ def test_a_failed_removal_of_the_unpublished_dump_does_not_keep_the_lock(durable
     p = worker(["compact", durable_dir], "dump-written:kill:1")
     assert p.returncode == -signal.SIGKILL, p.stderr
     monkeypatch.setattr(shm_lock.segments, "discard_unpublished", broken)
-    d["after"] = 1  # (takes the dead writer's lock over)
+    with pytest.raises(SyncFailed):
+        d["after"] = 1  # (takes the dead writer's lock over; published, not acknowledged)
     assert "its unpublished dump 1 stays" in caplog.text
     with d.lock(timeout=1):
         assert d["after"] == 1
+    with pytest.raises(SyncFailed):
+        d["later"] = 2
     monkeypatch.undo()
     d.unlink()
     d.close()

@@ -14,12 +14,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from ultradict_ng import SharedDict
 from ultradict_ng._disk.opening import control_of
-from ultradict_ng.errors import OutOfSpace
+from ultradict_ng.errors import InUseElsewhere, OutOfSpace, Unlinked
 
 pytestmark = [
     pytest.mark.shm_only,
@@ -383,3 +384,194 @@ def test_a_new_dicts_directory_entry_is_synced_in_each_parent_made(tmp_path, mon
     d["k"] = 1
     d.unlink()
     d.close()
+
+
+def test_the_open_check_leaves_no_lock_to_a_child_forked_meanwhile(tmp_path, monkeypatch):
+    """The check for open handles takes ``LOCK_EX`` on a descriptor of its
+    own: a child forked by another thread while it holds it shares the lock
+    and would keep it after the close.  It unlocks before closing, so the
+    next handle's shared lock is not kept waiting for that child."""
+    import fcntl
+
+    from ultradict_ng._disk import files
+
+    stream = tmp_path / "stream"
+    stream.write_bytes(b"\0" * 4096)
+    real, children = fcntl.flock, []
+
+    def flock(fd: int, op: int) -> None:
+        real(fd, op)
+        if op == fcntl.LOCK_EX | fcntl.LOCK_NB and not children:
+            pid = os.fork()  # (another thread's fork, at the worst moment)
+            if pid == 0:
+                time.sleep(3)
+                os._exit(0)
+            children.append(pid)
+
+    monkeypatch.setattr(files.fcntl, "flock", flock)
+    try:
+        assert not files.marked_open(str(stream))
+        monkeypatch.setattr(files.fcntl, "flock", real)
+        fd = os.open(stream, os.O_RDONLY)
+        try:
+            real(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (what a new handle takes: free)
+        finally:
+            os.close(fd)
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def _hold_mark(path: str, ready: Any, stop: Any) -> None:
+    """A handle of another container: its mark on the stream, nothing of this shared memory."""
+    import fcntl
+
+    fd = os.open(os.path.join(path, "stream"), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    ready.set()
+    stop.wait(60)
+
+
+def _write_then_die(path: str, keys: list[str]) -> None:
+    d = SharedDict(path=path)
+    for k in keys:
+        d[k] = 1
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_shared_memory_its_users_left_is_not_used_while_another_has_the_dict_open(durable_dir):
+    """A process here killed leaves the dict's shared memory, its users all
+    dead; a handle outside this shared memory (another container) then has
+    the dict open: an opener here is refused -- attached to the segment
+    left, it would write beside that handle, each over the other's records."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    SharedDict({"a": 1}, path=durable_dir).close()
+    p = ctx.Process(target=_write_then_die, args=(durable_dir, []))  # (opens, writes nothing)
+    p.start()
+    p.join(30)
+    assert os.path.exists(os.path.join("/dev/shm", control_of(durable_dir)))
+    ready, stop = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_mark, args=(durable_dir, ready, stop))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(InUseElsewhere):
+            SharedDict(path=durable_dir)
+    finally:
+        stop.set()
+        holder.join(30)
+    d = SharedDict(path=durable_dir)
+    assert dict(d) == {"a": 1}
+    d.unlink()
+    d.close()
+
+
+def test_shared_memory_older_than_the_files_checkpoint_is_rebuilt(durable_dir):
+    """Containers taking turns, each with its own ``/dev/shm``: A's processes
+    are killed (its shared memory stays, generation 0); B rebuilds the dict
+    from the files (a checkpoint), reads and is killed; A's next open must
+    not attach to its old shared memory -- its writes would land in a
+    generation no recovery reads -- but rebuild from the newer checkpoint."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    SharedDict(path=durable_dir).close()
+    shm = os.path.join("/dev/shm", control_of(durable_dir))
+    for who, keys in (("a", ["a1", "a2"]), ("b", [])):  # (B only reads: A's records stay whole)
+        p = ctx.Process(target=_write_then_die, args=(durable_dir, keys))
+        p.start()
+        p.join(30)
+        if who == "a":
+            os.rename(shm, shm + "-a")  # (A's /dev/shm, out of B's sight)
+    os.unlink(shm)  # (B's container gone, its /dev/shm with it)
+    os.rename(shm + "-a", shm)  # (A restarts with its own /dev/shm, writes and is killed)
+    p = ctx.Process(target=_write_then_die, args=(durable_dir, ["a3"]))
+    p.start()
+    p.join(30)
+    os.unlink(shm)  # (and C, a new container, opens)
+    e = SharedDict(path=durable_dir)
+    assert sorted(e) == ["a1", "a2", "a3"]
+    e.unlink()
+    e.close()
+
+
+def test_a_removal_killed_midway_stops_the_handles_still_open(durable_dir):
+    """A removal killed once ``dict.meta`` says "creating": the handles still
+    open on the dict write nothing more (``Unlinked``), also once a new dict
+    is made at its path -- their files would land in it."""
+    import multiprocessing
+
+    from ultradict_ng._disk import lifetime
+
+    d = SharedDict({"a": 1}, path=durable_dir, blob_threshold=1024)
+    real = lifetime._mark_removed
+
+    def killed(directory: str) -> None:
+        real(directory)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def remove() -> None:
+        lifetime._mark_removed = killed
+        SharedDict(path=durable_dir).unlink()
+
+    p = multiprocessing.get_context("fork").Process(target=remove)
+    p.start()
+    p.join(30)
+    assert p.exitcode == -signal.SIGKILL
+    with pytest.raises(Unlinked):
+        d["b"] = 2
+    new = SharedDict(path=durable_dir)
+    with pytest.raises(Unlinked):
+        d["big"] = b"x" * 5000
+    assert dict(new) == {} and not [f for f in os.listdir(durable_dir) if f.startswith("blob.")]
+    d.close()
+    new.unlink()
+    new.close()
+
+
+def test_a_creation_over_leftovers_stops_the_handles_of_the_dict_before(durable_dir):
+    """A ``dict.meta`` that says "creating" beside a dict's files (what a
+    creation killed midway leaves) while a handle of the dict that was there
+    is open: the creation retires that dict's shared memory, and the handle
+    writes nothing more -- its files would land in the new dict."""
+    d = SharedDict({"a": 1}, path=durable_dir)
+    meta = os.path.join(durable_dir, "dict.meta")
+    with open(meta) as f:
+        described = json.load(f)
+    with open(meta, "w") as f:
+        json.dump({**described, "creating": True}, f)
+    new = SharedDict(path=durable_dir)
+    assert dict(new) == {}
+    with pytest.raises(Unlinked):
+        d["b"] = 2
+    d.close()
+    new.unlink()
+    new.close()
+
+
+def test_shared_memory_left_under_the_name_by_another_user_is_named(durable_dir, monkeypatch):
+    """Shared memory left under the dict's name (a directory of the same inode
+    before, another user's) that this user cannot open: a ``PermissionError``
+    naming the directory, the segment and what to do -- at a creation and at
+    an open -- not the system's bare words about ``/udng+...``."""
+    from ultradict_ng._platform import segments
+
+    SharedDict({"a": 1}, path=durable_dir).close()
+    real = segments.Segment.attach.__func__  # type: ignore[attr-defined]
+
+    def attach(cls: Any, name: str) -> Any:
+        if "@" not in name:  # (the control segment: another user's, mode 0600)
+            raise PermissionError(13, "Permission denied", "/" + name)
+        return real(cls, name)
+
+    monkeypatch.setattr(segments.Segment, "attach", classmethod(attach))
+    for path in (durable_dir, durable_dir + "-new"):  # (an open, a creation)
+        with pytest.raises(PermissionError, match="belongs to .*ultradict-ng clean") as raised:
+            SharedDict(path=path)
+        assert path in str(raised.value) and "/dev/shm/udng+" in str(raised.value)
+    monkeypatch.undo()
+    SharedDict(path=durable_dir).unlink()
+    shutil.rmtree(durable_dir + "-new", ignore_errors=True)

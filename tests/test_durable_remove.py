@@ -207,7 +207,8 @@ def _remove_then_die(path: str, after: int) -> None:
 def test_a_removal_killed_midway_leaves_no_dict(durable_dir, after):
     """A removal killed after some of the files went (a checkpoint, value
     files): the next open finds no dict and makes a new one -- never the dict
-    with values or its checkpoint gone (reads raising, or refused at open)."""
+    with values or its checkpoint gone (reads raising, or refused at open) --
+    and ``rm PATH`` removes what is left."""
     d = SharedDict(path=durable_dir, blob_threshold=1024)
     d.update({f"k{i}": bytes([i]) * 2000 for i in range(4)})
     d.close()
@@ -221,6 +222,10 @@ def test_a_removal_killed_midway_leaves_no_dict(durable_dir, after):
     assert p.exitcode == -signal.SIGKILL
     with pytest.raises(NotFound):
         SharedDict(path=durable_dir, create=False)
+    if after == 3:  # (rm PATH finishes the removal)
+        done = subprocess.run([sys.executable, "-m", "ultradict_ng", "rm", durable_dir], capture_output=True)
+        assert done.returncode == 0 and not os.path.exists(durable_dir), done.stderr
+        return
     e = SharedDict(path=durable_dir)
     assert dict(e) == {}
     e.unlink()

@@ -329,7 +329,7 @@ class AsyncSharedDict:
             with deferred_syncs() as pending:
                 result = write()
         for durability, state in pending:
-            await asyncio.get_running_loop().run_in_executor(None, durability.sync_to, state)
+            await asyncio.get_running_loop().run_in_executor(None, durability.sync_deferred, state)
         return result
 
     async def set(self, key: Any, value: Any) -> None:

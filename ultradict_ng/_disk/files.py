@@ -127,10 +127,11 @@ def marked_open(path: str) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)  # (before the close: a child forked meanwhile would keep it)
     except BlockingIOError:
         return True
     finally:
-        os.close(fd)  # (the trial's lock with it)
+        os.close(fd)
     return False
 
 

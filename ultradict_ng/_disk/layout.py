@@ -135,7 +135,9 @@ Sync policies
 * ``"never"``: the operating system writes back when it chooses; a dump
   (above), a clean close and a normal exit sync.
 
-A sync that fails (the disk's I/O error) sets STATUS bit ``STATUS_SYNC_FAILED``
+A sync that fails (the disk's I/O error) -- or the removal of an unpublished
+checkpoint, which a recovery would take, that cannot be made durable --
+sets STATUS bit ``STATUS_SYNC_FAILED``
 before its error is raised (``SyncFailed``), and from then on every sync of
 the dict, by any handle, raises ``SyncFailed`` instead of syncing: Linux
 reports a failed writeback once and marks the pages clean, so a later

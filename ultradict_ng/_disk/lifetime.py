@@ -17,12 +17,12 @@ from typing import Any, Optional
 from .._platform import segments
 from .._shm import layout as L
 from .._shm import users
-from .._shm.cleanup import unlink_tree
+from .._shm.cleanup import mark_unlinked, unlink_tree
 from .._shm.control import control_owner
 from .._shm.lock import ShmLock
 from .._shm.mapping import Mapping
 from .._shm.store import Store
-from ..errors import LockTimeout
+from ..errors import AlreadyExists, LockTimeout
 from . import files
 from . import layout as D
 from .recovery import clean_bytes, dicts_own, whole_record
@@ -185,6 +185,8 @@ def unlink(store: Store) -> int:
             assert held.stat is not None
             if D.control_name(held.stat.st_dev, held.stat.st_ino) != store.name:
                 return 0  # (another directory at its path: not this dict's)
+            # First: its handles write nothing more, here or in a dict made next at the path.
+            mark_unlinked(store._map.atomic)
             _mark_removed(directory)
             removed = unlink_tree(
                 store.name, store._map, store.token, D.REMOVE_LOCK_TIMEOUT
@@ -220,6 +222,26 @@ def remove_unopenable(directory: str) -> int:
     the directory if empty."""
     with files.directory_lock(directory):
         return _remove_files(directory, os.path.exists(os.path.join(directory, D.META_FILE)))
+
+
+def remove_unfinished(directory: str) -> int:
+    """``rm PATH`` of what a creation or a removal killed midway left (a
+    ``dict.meta`` that says ``"creating"``): its files, as the next creation
+    there would remove them -- checked again under the lock, which waits out a
+    creator at work (``AlreadyExists`` once it finished: a dict, not removed)."""
+    with files.directory_lock(directory):
+        if not unfinished(directory):
+            raise AlreadyExists(f"a dict was made in {directory!r} meanwhile: nothing removed")
+        return _remove_files(directory, True)
+
+
+def unfinished(directory: str) -> bool:
+    """Whether ``directory``'s ``dict.meta`` says ``"creating"``: a creation or a removal killed midway."""
+    try:
+        meta = json.loads(files.read_whole(f"{directory}/{D.META_FILE}", 1 << 16))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("creating") is True
 
 
 def _mark_removed(directory: str) -> None:

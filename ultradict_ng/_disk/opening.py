@@ -9,7 +9,6 @@ ready, so no process ever sees a half-created or half-recovered dict.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
@@ -32,12 +31,11 @@ from ..errors import (
     AlreadyExists,
     CorruptSegment,
     IncompatibleLayout,
-    InUseElsewhere,
     NotADict,
     NotFound,
     ParameterMismatch,
 )
-from . import files, lifetime, recovery
+from . import files, lifetime, recovery, sharing
 from . import layout as D
 from .syncing import Durability
 
@@ -419,8 +417,7 @@ def _create(directory: str, base: str, options: Options, described: bool) -> tup
     _refuse_foreign(directory, described)
     for f in os.listdir(directory):
         files.remove(os.path.join(directory, f))
-    if segments.exists(base):  # a control segment of a dict whose directory had this inode before
-        segments.unlink(base)
+    sharing.retire(directory, base)
     store = Store._create(base, options, None)
     try:
         stream = store._map.stream
@@ -470,6 +467,8 @@ def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options:
         ctrl = segments.Segment.attach(base)
     except FileNotFoundError:
         ctrl = None
+    except PermissionError:
+        raise PermissionError(errno.EACCES, sharing.not_ours(directory, base)) from None
     if ctrl is not None:
         usable = (
             ctrl.buf is not None
@@ -479,7 +478,10 @@ def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options:
             and not read_word(ctrl.buf, L.W_STATUS) & L.STATUS_UNLINKED
         )
         try:
-            stale = recovery.stale_control(directory, base, ctrl.buf) if usable else ""
+            alone = usable and not sharing.users_alive(ctrl.buf)
+            if alone:  # (its users all gone here: is the dict open outside this shared memory?)
+                sharing.refuse_shared(directory)
+            stale = recovery.stale_control(directory, base, ctrl.buf) if alone else ""
         finally:
             ctrl.close()
         if stale:
@@ -494,30 +496,8 @@ def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options:
             given = codec_for(options.serializer) if options.serializer is not None else None
             return Store._attach(base, given, _plain(options))
         segments.unlink(base)  # half-created, another dict's, or unlinked: rebuilt below
-    _refuse_shared(directory)
+    sharing.refuse_shared(directory)
     return recovery.recover(directory, base, meta, _header(meta), options)
-
-
-def _refuse_shared(directory: str) -> None:
-    """Before step 4 rebuilds the dict from its files: refused if a handle
-    outside this shared memory has it open (its mark on the stream), or if
-    a file written in place is another directory's too (a hard link)."""
-    if files.marked_open(f"{directory}/{D.STREAM_FILE}"):
-        raise InUseElsewhere(
-            f"the dict kept in {directory!r} is open in processes that do not share this one's shared "
-            "memory (another container or IPC namespace; or its shared memory was removed while they ran): "
-            "rebuilt here beside theirs, each side would overwrite the other's writes; nothing was changed"
-        )
-    for name in (D.STREAM_FILE, D.CACHE_FILE):
-        with contextlib.suppress(FileNotFoundError):
-            links = os.stat(f"{directory}/{name}").st_nlink
-            if links > 1:
-                raise NotADict(
-                    f"{directory}/{name} has {links} hard links: the directory was copied by linking its "
-                    f"files (cp -al, rsync --link-dest), and another dict writes this file in place too; in "
-                    f"the copy, give it its own (cp {name} {name}.own && mv {name}.own {name}); nothing was "
-                    "changed"
-                )
 
 
 def _plain(options: Options) -> Options:

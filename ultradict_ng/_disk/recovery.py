@@ -19,7 +19,6 @@ from typing import Any, NamedTuple, Optional
 from .._codec.codec import CUSTOM_ID, MsgpackCodec, codec_by_id, codec_for
 from .._engine import Options
 from .._platform import faults, segments
-from .._platform.owner import owner_alive
 from .._shm import layout as L
 from .._shm import users
 from .._shm.control import Header, read_word
@@ -290,32 +289,31 @@ def _rewritten(directory: str, generation: int, end: int) -> bool:
 
 
 def stale_control(directory: str, base: str, buf: Any) -> str:
-    """Why the control segment ``buf`` of the dict kept in ``directory`` must
-    be rebuilt rather than attached to (step 3), or "" if it may be used.
+    """Why the control segment ``buf`` of the dict kept in ``directory``, whose
+    registered users all died, must be rebuilt rather than attached to (step
+    3), or "" if it may be used.
 
-    A segment some registered process still uses is the dict.  One whose
-    users all died is attached to as well -- after a process is killed the
-    page cache holds everything it published -- but only if the files still
-    say what the segment says: its checkpoint is there and its stream's
-    records are whole up to its end.  They do not after the files were put
-    back from a backup while the segment stayed, or after the kernel lost
-    pages it could not write (an I/O error that left the filesystem
-    read-only): attaching would then fail on records that are not there, or
-    read a dict the files do not hold.  A ``clean`` file that records
-    another state than the segment's is such files too (the first write
-    after a clean reopen removes it before it publishes): records of a copy
-    that went on from the same state can line up with the segment's."""
-    for i in range(L.USER_SLOTS):
-        word = read_word(buf, L.W_USER_SLOTS + i)
-        if word and owner_alive(word):
-            return ""
-    if read_word(buf, L.W_USER_OVERFLOW):
-        return ""  # (users not in the register: taken as alive)
+    After a process is killed the page cache holds everything it published,
+    so such a segment is attached to -- but only if the files still say what
+    the segment says: its checkpoint is there, none newer than any it was
+    making, and its stream's records are whole up to its end.  They do not
+    after the files were put back from a backup while the segment stayed,
+    after another container (its own ``/dev/shm``) rebuilt the dict from the
+    files and went on, or after the kernel lost pages it could not write (an
+    I/O error that left the filesystem read-only): attaching would then fail
+    on records that are not there, or read a dict the files do not hold.  A
+    ``clean`` file that records another state than the segment's is such
+    files too (the first write after a clean reopen removes it before it
+    publishes): records of a copy that went on from the same state can line
+    up with the segment's."""
     state = read_word(buf, L.W_STATE)
     generation, end = state >> L.GEN_SHIFT, state & L.END_MASK
     dump = D.DUMP_PREFIX + L.base36(generation)
     if generation and not files.dicts_file(directory, dump):
         return f"its checkpoint {dump} is not in the directory"
+    newer = max(_ids(os.listdir(directory), D.DUMP_PREFIX), default=0)
+    if newer > max(generation, read_word(buf, L.W_REG_HIGH)):
+        return f"the directory holds a newer checkpoint, {D.DUMP_PREFIX}{L.base36(newer)}"
     closed = read_clean(directory)  # (while it stays, the segment's state is the one it records)
     if closed is not None and closed != (generation, end, read_word(buf, L.W_TOKEN)):
         return f"its {D.CLEAN_FILE} file records another state (generation {closed[0]}, byte {closed[1]})"

@@ -55,6 +55,8 @@ class Durability:
         "dead",
         "dump_bytes",
         "dump_gen",
+        "deferred",
+        "idle",
         "__weakref__",
     )
 
@@ -73,6 +75,9 @@ class Durability:
         files.mark_open(self.fd)  # (what a recovery checks: no process here shares its shared memory)
         #: Held while syncing: a close waits for a sync of the flusher thread in flight.
         self.guard = threading.Lock()
+        #: Deferred syncs in flight (:meth:`sync_deferred`), which a close waits for.
+        self.deferred = 0
+        self.idle = threading.Condition(self.guard)
         self.open = True
         #: Handed to this process's flusher thread (``interval``).
         self.queued = False
@@ -123,6 +128,8 @@ class Durability:
     def close(self) -> None:
         """No sync after this one (the handle is closing): waits for one in flight."""
         with self.guard:
+            while self.deferred:  # (they read the mapping the close releases next)
+                self.idle.wait()
             if self.open:
                 self.open = False
                 os.close(self.fd)
@@ -152,6 +159,21 @@ class Durability:
         if self.open:
             self.sync_to(self.atomic.load(L.W_STATE))
 
+    def sync_deferred(self, target: int) -> None:
+        """:meth:`sync_to` for a write whose caller waits in another thread (an
+        awaited write, ``deferred_syncs``): nothing once the handle closed --
+        its close synced everything published -- and a close waits for it."""
+        with self.guard:
+            if not self.open:
+                return
+            self.deferred += 1
+        try:
+            self.sync_to(target)
+        finally:
+            with self.guard:
+                self.deferred -= 1
+                self.idle.notify_all()
+
     def sync_to(self, target: int) -> None:
         """Return once SYNCED >= ``target``, leading the group commit when no one
         else does (``_disk/layout.py``, "Sync policies")."""
@@ -163,7 +185,7 @@ class Durability:
         mine = owner_word()
         check = time.monotonic() + _LEADER_CHECK
         delay = D.SYNC_POLL
-        while words[L.W_SYNCED] < target:
+        while self.open and words[L.W_SYNCED] < target:  # (closed: its close synced what was published)
             leader = atomic.load(L.W_SYNC_LEADER)
             if leader == 0:
                 ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
@@ -189,6 +211,15 @@ class Durability:
                 time.sleep(delay)
                 delay = min(2 * delay, _POLL_MAX)
 
+    def mark_failed(self) -> None:
+        """STATUS_SYNC_FAILED: every later write and sync of the dict, in any
+        process, raises ``SyncFailed`` ("Sync policies") -- a sync failed, or
+        a file the disk must not keep could not be removed durably."""
+        atomic = self.atomic
+        status = atomic.load(L.W_STATUS)
+        while not status & L.STATUS_SYNC_FAILED:
+            _, status = atomic.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
+
     def _failed_before(self) -> SyncFailed:
         return SyncFailed(
             f"an earlier sync of {self.path} failed: writes since may not be on the disk, and no "
@@ -212,9 +243,7 @@ class Durability:
             try:
                 files.sync_data(self.fd, self.path, start, end)
             except OSError as exc:
-                status = atomic.load(L.W_STATUS)  # (every later sync fails: "Sync policies")
-                while not status & L.STATUS_SYNC_FAILED:
-                    _, status = atomic.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
+                self.mark_failed()
                 raise SyncFailed(
                     f"syncing {self.path} failed ({exc.strerror or exc}): writes since the last sync may "
                     "not be on the disk; reopen the dict once the disk is sound",
@@ -247,6 +276,7 @@ def _after_fork_in_child() -> None:
     _flusher_guard = threading.Lock()  # (held by a parent's thread starting the flusher)
     for durability in list(_live):
         durability.guard = threading.Lock()
+        durability.deferred, durability.idle = 0, threading.Condition(durability.guard)
         durability.queued = False  # (the parent's flusher thread is not the child's)
 
 

@@ -11,7 +11,7 @@ segment with another creation token is a dict re-created under the same name.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 from .._platform import segments
 from .._platform.names import validate_name
@@ -26,6 +26,7 @@ from .mapping import Mapping
 from .waiting import wake
 
 __all__ = [
+    "mark_unlinked",
     "unlink_dumps",
     "unlink_blobs",
     "unlink_tree",
@@ -55,6 +56,18 @@ def unlink_blobs(name: str, words: memoryview) -> int:
     return sum(segments.unlink(n) for n in sorted(names))
 
 
+def mark_unlinked(atomic: Any) -> None:
+    """STATUS.unlinked set: every handle's next write raises ``Unlinked``, and
+    change waiters, woken, see it and stop (layout "Unlink", its first step)."""
+    while True:
+        status = atomic.load(L.W_STATUS)
+        ok, _ = atomic.cas(L.W_STATUS, status, status | L.STATUS_UNLINKED)
+        if ok:
+            break
+    if atomic.load(L.W_CHANGE_WAITERS):
+        wake(atomic, L.W_CHANGE_SEQ, 0x7FFFFFFF)
+
+
 def unlink_tree(name: str, mapping: Mapping, token: int, locked_within: Optional[float] = None) -> int:
     """Layout "Unlink": flag, then dumps, stream, control.  Returns segments removed.
 
@@ -72,14 +85,7 @@ def unlink_tree(name: str, mapping: Mapping, token: int, locked_within: Optional
         except LockTimeout as exc:
             log.warning("unlinking shared dict %r without its lock: %s", name, exc)
     try:
-        atomic = mapping.atomic
-        while True:
-            status = atomic.load(L.W_STATUS)
-            ok, _ = atomic.cas(L.W_STATUS, status, status | L.STATUS_UNLINKED)
-            if ok:
-                break
-        if atomic.load(L.W_CHANGE_WAITERS):  # change waiters see STATUS.unlinked and stop
-            wake(atomic, L.W_CHANGE_SEQ, 0x7FFFFFFF)
+        mark_unlinked(mapping.atomic)
         if mapping.words[L.W_MAGIC] != L.CONTROL_MAGIC:
             # We only delete what is provably ours (the control could have been
             # unlinked and its name reused by a foreign segment meanwhile).

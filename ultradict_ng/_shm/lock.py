@@ -215,6 +215,10 @@ class ShmLock(WordLock):
                 segments.discard_unpublished(L.dump_name(self._name, high))
             except OSError as exc:  # (the lock is ours now: an error here must not keep it)
                 log.warning("shared dict %r: its unpublished dump %d stays (%s)", self._name, high, exc)
+                if segments.file_of(L.dump_name(self._name, high)) is not None:  # (a recovery would take
+                    status = words.load(L.W_STATUS)  # it: no write is acknowledged as durable any more)
+                    while not status & L.STATUS_SYNC_FAILED:
+                        _, status = words.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
 
 
 def _holder_of(word: int) -> tuple[Optional[str], Optional[int]]:

@@ -481,9 +481,12 @@ class Writer(Reader):
             cache = self._read_in_place(seg, dname, planned)
         except BaseException:
             seg.close()
-            # (in files, with the directory synced: once named, a checkpoint a
-            # recovery would take over the records this generation goes on to acknowledge)
-            segments.discard_unpublished(dname)
+            try:  # (in files, the directory synced: once named, a recovery would take it over
+                segments.discard_unpublished(dname)  # the records this generation goes on to acknowledge)
+            except OSError:
+                if self.durable is not None:
+                    self.durable.mark_failed()  # (it may stay on the disk: nothing acknowledged after)
+                raise
             raise
         if faults.armed is not None:
             faults.hit("dump-written")

@@ -546,6 +546,5 @@ def _attach(name: str) -> SharedCache:
 
 
 def _attach_path(directory: str, name: Optional[str] = None) -> SharedCache:
-    """Unpickling a SharedCache kept in files opens its directory -- the cache
-    that was there when it was sent (``NotFound`` if another is there now)."""
+    """Unpickling one kept in files: the cache then in its directory (else ``NotFound``)."""
     return SharedCache(name, path=directory, create=False)

@@ -27,7 +27,7 @@ from argparse import Namespace
 from typing import Any, Optional
 
 from .._disk.layout import META_FILE, control_name
-from .._disk.lifetime import remove_unopenable
+from .._disk.lifetime import remove_unfinished, remove_unopenable, unfinished
 from .._platform import segments
 from .._platform.names import validate_name
 from .._platform.segments import listable
@@ -36,7 +36,7 @@ from .._shm.control import Header, attach_control
 from .._shm.mapping import Mapping
 from .._shm.survey import DictReport, report, survey
 from .._shm.users import free_dead, mappers, remove_if_unused
-from ..errors import CorruptSegment, IncompatibleLayout, NotADict, SharedDictError
+from ..errors import CorruptSegment, IncompatibleLayout, NotADict, NotFound, SharedDictError
 from ..futures.leftovers import ParcelReport, remove_leftovers
 from . import paths, render
 
@@ -53,6 +53,12 @@ def cmd_rm(args: Namespace) -> int:
                 try:
                     d = paths.open_dict(name)
                 except (CorruptSegment, IncompatibleLayout) as exc:  # (damaged, or another version's)
+                    entry.update(removed=_remove_unopenable(name, exc), bytes=None, live_users=[])
+                    results.append(entry)
+                    continue
+                except NotFound as exc:  # (what a creation or a removal killed midway left: finished)
+                    if not unfinished(os.path.abspath(name)):
+                        raise
                     entry.update(removed=_remove_unopenable(name, exc), bytes=None, live_users=[])
                     results.append(entry)
                     continue
@@ -107,7 +113,9 @@ def _remove_unopenable(path: str, why: Exception) -> int:
     directory = os.path.abspath(path)
     if isinstance(why, NotADict):  # (another program's files, or not a directory: no dict to remove)
         raise NotADict(f"nothing removed: {why}") from None
-    if os.path.exists(os.path.join(directory, META_FILE)) or not isinstance(why, CorruptSegment):
+    if not isinstance(why, NotFound) and (
+        os.path.exists(os.path.join(directory, META_FILE)) or not isinstance(why, CorruptSegment)
+    ):
         paths.describes_a_dict(directory)  # (else not a dict's directory: nothing removed)
     st = os.stat(directory)
     control = control_name(st.st_dev, st.st_ino)
@@ -120,7 +128,7 @@ def _remove_unopenable(path: str, why: Exception) -> int:
             raise SharedDictError(
                 f"{why}; and its shared memory {control} is {verdict.get('reason', 'kept')}{by}: not removed"
             )
-    return remove_unopenable(directory)
+    return remove_unfinished(directory) if isinstance(why, NotFound) else remove_unopenable(directory)
 
 
 def _in_use(rep: DictReport, maps: Optional[dict[str, set[int]]]) -> list[int]:
