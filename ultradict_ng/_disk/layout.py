@@ -177,11 +177,13 @@ it again) and starts over if not.  Then:
 2. ``dict.meta`` of another format or version: refused (``IncompatibleLayout``).
 3. a control segment of the dict's token whose MAGIC is set: attach to it (the
    page cache holds what the dict holds) -- if a registered user is alive,
-   or if the files still say what it says (``recovery.stale_control``:
-   the checkpoint of its generation is there, the stream's records are
-   whole up to its end, ``clean`` if there records its state).  Else (every
-   user dead, and a backup put back in ``DIR``, or pages the kernel could
-   not write back) it is removed and rebuilt as below, with a warning.
+   or if no handle outside it has the dict open ("Limits") and the files
+   still say what it says (``recovery.stale_control``: the checkpoint of its
+   generation is there and none newer than the one it was making, the
+   stream's records are whole up to its end, ``clean`` if there records its
+   state).  Else (every user dead, and a backup put back in ``DIR``, another
+   container's rebuild gone on from the files, or pages the kernel could not
+   write back) it is removed and rebuilt as below, with a warning.
 4. otherwise (none, half-created, or another token: a segment left by a
    directory that had this inode before) -- recovery:
 
@@ -305,8 +307,10 @@ the machine's shared memory (one container or IPC namespace), as for a dict
 in shared memory.  Each open handle holds ``flock(LOCK_SH)`` on its own
 descriptor of ``stream`` (taken under the directory lock, dropped when the
 descriptor closes, by the kernel too when its process dies); before step 4
-rebuilds a dict, the opener tries ``LOCK_EX | LOCK_NB`` on a new descriptor
-and refuses (``InUseElsewhere``) if that fails: a handle has the dict open
+rebuilds a dict, and before step 3 attaches to a segment whose registered
+users are all dead, the opener tries ``LOCK_EX | LOCK_NB`` on a new
+descriptor (unlocked before it is closed) and refuses (``InUseElsewhere``)
+if that fails: a handle has the dict open
 whose control segment this opener cannot see -- in another IPC namespace
 (a container with its own ``/dev/shm``), or removed while it ran.  Rebuilt
 beside it, each side would overwrite the other's records.  A ``stream`` or
