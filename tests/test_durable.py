@@ -1460,3 +1460,93 @@ def test_a_failed_checkpoint_that_cannot_be_removed_durably_fails_later_writes(d
     d["after"] = 1
     d.unlink()
     d.close()
+
+
+def test_a_write_waiting_on_a_failed_group_commit_is_not_acknowledged(durable_dir, monkeypatch):
+    """Two threads under ``"always"``: A leads the group commit and its sync
+    fails; B, published meanwhile and waiting, would lead a sync of its own,
+    which Linux lets succeed (it reports a failed write-back once): B raises
+    ``SyncFailed`` too -- its record lies past pages the disk never got."""
+    import errno as E
+    import threading
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import SyncFailed
+
+    d = SharedDict(path=durable_dir, sync="always")
+    d["x"] = 0
+    real, gate, calls = files.sync_data, threading.Event(), [0]
+
+    def slow_then_failing(*args: object) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            gate.wait(10)
+            raise OSError(E.EIO, "Input/output error")
+        real(*args)
+
+    monkeypatch.setattr(files, "sync_data", slow_then_failing)
+    got: dict[str, str] = {}
+
+    def write(key: str) -> None:
+        try:
+            d[key] = 1
+            got[key] = "acknowledged"
+        except SyncFailed:
+            got[key] = "SyncFailed"
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in "ab"]
+    threads[0].start()
+    time.sleep(0.2)
+    threads[1].start()
+    time.sleep(0.2)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert got == {"a": "SyncFailed", "b": "SyncFailed"}
+    monkeypatch.undo()
+    d.close()
+    reboot(durable_dir)
+    SharedDict(path=durable_dir).unlink()
+
+
+def test_an_awaited_write_whose_close_failed_to_sync_raises(durable_dir, monkeypatch):
+    """The handle closes before an awaited write's sync runs, and the close's
+    own sync fails (logged there): the write raises ``SyncFailed`` -- no sync
+    covered it -- instead of returning as if on the disk."""
+    import asyncio
+    import errno as E
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.aio import AsyncSharedDict
+    from ultradict_ng.errors import SyncFailed
+
+    real, failing = files.sync_data, [False]
+
+    def flaky(*args: object) -> None:
+        if failing[0]:
+            raise OSError(E.EIO, "Input/output error")
+        real(*args)
+
+    monkeypatch.setattr(files, "sync_data", flaky)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        busy = threading.Event()
+        waiting = loop.run_in_executor(None, busy.wait)  # (its one thread busy: the sync waits)
+        d = AsyncSharedDict(path=durable_dir, sync="always")
+        task = asyncio.ensure_future(d.set("k", 1))
+        await asyncio.sleep(0.1)
+        failing[0] = True
+        d.close()
+        busy.set()
+        with pytest.raises(SyncFailed):
+            await task
+        await waiting
+
+    asyncio.run(main())
+    monkeypatch.undo()
+    reboot(durable_dir)
+    SharedDict(path=durable_dir).unlink()

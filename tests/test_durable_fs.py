@@ -575,3 +575,41 @@ def test_shared_memory_left_under_the_name_by_another_user_is_named(durable_dir,
     monkeypatch.undo()
     SharedDict(path=durable_dir).unlink()
     shutil.rmtree(durable_dir + "-new", ignore_errors=True)
+
+
+def test_a_close_and_an_open_in_two_threads_keep_the_shared_memory(durable_dir):
+    """A thread closes the process's last handle while another opens the
+    dict: the opener attaches to the shared memory the closer's handle left
+    (its slot already free), and the closer's last close, under the
+    directory lock next, must see the new handle of its own process -- not
+    remove the shared memory under it (a later open refused, its writes
+    lost)."""
+    import threading
+
+    from ultradict_ng._disk import files
+
+    d1 = SharedDict({"a": 1}, path=durable_dir, sync="always")
+    name = d1._store.name
+    busy = files.directory_lock(durable_dir)  # (another opener at work: the threads queue)
+    busy.acquire()
+    opened: dict[str, SharedDict] = {}
+    t2 = threading.Thread(target=lambda: opened.setdefault("d2", SharedDict(path=durable_dir)))
+    t2.start()
+    time.sleep(0.3)
+    t1 = threading.Thread(target=d1.close)
+    t1.start()
+    time.sleep(0.3)
+    busy.__exit__()
+    t1.join(10)
+    t2.join(10)
+    d2 = opened["d2"]
+    assert os.path.exists(os.path.join("/dev/shm", name))
+    d2["b"] = 2
+    d3 = SharedDict(path=durable_dir)
+    assert dict(d3) == {"a": 1, "b": 2}
+    d3.close()
+    d2.close()
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"a": 1, "b": 2}
+    e.unlink()
+    e.close()

@@ -57,6 +57,7 @@ class Durability:
         "dump_gen",
         "deferred",
         "idle",
+        "closed_at",
         "__weakref__",
     )
 
@@ -78,6 +79,8 @@ class Durability:
         #: Deferred syncs in flight (:meth:`sync_deferred`), which a close waits for.
         self.deferred = 0
         self.idle = threading.Condition(self.guard)
+        #: SYNCED when the handle closed (-1: a sync had failed), for a write still waiting then.
+        self.closed_at = -1
         self.open = True
         #: Handed to this process's flusher thread (``interval``).
         self.queued = False
@@ -131,6 +134,11 @@ class Durability:
             while self.deferred:  # (they read the mapping the close releases next)
                 self.idle.wait()
             if self.open:
+                try:  # (what its close synced: a write that waited for it is on the disk up to here)
+                    failed = self.words[L.W_STATUS] & L.STATUS_SYNC_FAILED
+                    self.closed_at = -1 if failed else self.words[L.W_SYNCED]
+                except ValueError:  # (the mapping released already)
+                    self.closed_at = -1
                 self.open = False
                 os.close(self.fd)
 
@@ -165,6 +173,7 @@ class Durability:
         its close synced everything published -- and a close waits for it."""
         with self.guard:
             if not self.open:
+                self._synced_at_close(target)
                 return
             self.deferred += 1
         try:
@@ -185,7 +194,12 @@ class Durability:
         mine = owner_word()
         check = time.monotonic() + _LEADER_CHECK
         delay = D.SYNC_POLL
-        while self.open and words[L.W_SYNCED] < target:  # (closed: its close synced what was published)
+        while words[L.W_SYNCED] < target:
+            if not self.open:  # (closed by another thread: its close synced what was published)
+                self._synced_at_close(target)
+                return
+            if words[L.W_STATUS] & L.STATUS_SYNC_FAILED:  # (the leader's sync failed: not ours either)
+                raise self._failed_before()
             leader = atomic.load(L.W_SYNC_LEADER)
             if leader == 0:
                 ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
@@ -220,6 +234,11 @@ class Durability:
         while not status & L.STATUS_SYNC_FAILED:
             _, status = atomic.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
 
+    def _synced_at_close(self, target: int) -> None:
+        """``SyncFailed`` unless the close synced the stream up to ``target``."""
+        if self.closed_at < target:
+            raise self._failed_before()
+
     def _failed_before(self) -> SyncFailed:
         return SyncFailed(
             f"an earlier sync of {self.path} failed: writes since may not be on the disk, and no "
@@ -240,6 +259,8 @@ class Durability:
         with self.guard:
             if not self.open:
                 return
+            if atomic.load(L.W_STATUS) & L.STATUS_SYNC_FAILED:  # (an earlier leader's failed: no sync tells)
+                raise self._failed_before()
             try:
                 files.sync_data(self.fd, self.path, start, end)
             except OSError as exc:

@@ -307,6 +307,9 @@ def remove_if_unused(
         # remove the dict), or one attaching (its slot store follows).
         time.sleep(0.002)
         users, reason = _users_now(name, atomic, me)
+    with _guard:  # (another thread of this process opened it since this one's last handle left)
+        if not users and (name, token) in _attached:
+            users, reason = [me], "opened again in this process"
     if users:
         atomic.cas(L.W_CLOSING, mine, 0)
         return Verdict(0, users, reason)
