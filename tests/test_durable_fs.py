@@ -613,3 +613,68 @@ def test_a_close_and_an_open_in_two_threads_keep_the_shared_memory(durable_dir):
     assert dict(e) == {"a": 1, "b": 2}
     e.unlink()
     e.close()
+
+
+def test_a_handle_keeps_its_mark_until_its_last_close_is_done(durable_dir, monkeypatch):
+    """The last close writes ``clean`` and removes the shared memory under the
+    directory lock: until then the handle's mark stays, so that an opener
+    with another ``/dev/shm`` is refused instead of rebuilding the dict from
+    files the close then writes over (a checkpoint of its named "missing")."""
+    from ultradict_ng._disk import files, lifetime
+
+    d = SharedDict({"a": 1}, path=durable_dir)
+    stream = os.path.join(durable_dir, "stream")
+    real, seen = lifetime._close_registered, []
+
+    def spy(*args: Any) -> None:
+        seen.append(files.marked_open(stream))
+        real(*args)
+        seen.append(files.marked_open(stream))
+
+    monkeypatch.setattr(lifetime, "_close_registered", spy)
+    d.close()
+    assert seen == [True, True] and not files.marked_open(stream)
+    monkeypatch.undo()
+    SharedDict(path=durable_dir).unlink()
+
+
+def _killed_inside_a_sync(path: str, big: str, w: int) -> None:
+    d = SharedDict(path=path)
+    d["x"] = 1
+
+    def syncing() -> None:  # (a thread inside a system call when the process is killed)
+        fd = os.open(big, os.O_WRONLY | os.O_CREAT)
+        while True:
+            for _ in range(32):
+                os.write(fd, b"\1" * (1 << 20))
+            os.write(w, b"s")
+            os.fsync(fd)
+            os.lseek(fd, 0, 0)
+
+    import threading
+
+    threading.Thread(target=syncing, daemon=True).start()
+    time.sleep(60)
+
+
+def test_a_process_killed_while_a_thread_syncs_does_not_refuse_the_next_open(durable_dir, tmp_path):
+    """A process killed with a thread inside ``fsync`` shows as dead (its main
+    thread a zombie) while that thread still holds its descriptors -- its
+    mark on the stream with them -- for a few milliseconds: the next opener
+    waits for the mark to go instead of refusing (``InUseElsewhere``)."""
+    import multiprocessing
+
+    SharedDict(path=durable_dir, sync="interval").close()
+    ctx = multiprocessing.get_context("fork")
+    for _attempt in range(8):
+        r, w = os.pipe()
+        p = ctx.Process(target=_killed_inside_a_sync, args=(durable_dir, str(tmp_path / "big"), w))
+        p.start()
+        os.close(w)
+        assert os.read(r, 1) == b"s"  # (its thread syncs: kill it while it does, again)
+        os.kill(p.pid, signal.SIGKILL)
+        d = SharedDict(path=durable_dir)  # (refused before: InUseElsewhere)
+        d.close()
+        p.join(30)
+        os.close(r)
+    SharedDict(path=durable_dir).unlink()

@@ -268,7 +268,11 @@ it again) and starts over if not.  Then:
 
 Closing and removal
 ===================
-A handle's close syncs the stream (every policy).  The last process to close
+A handle's close syncs the stream (every policy), then leaves the register
+under the directory lock and, if it was the last, closes the dict there; it
+drops its mark on the stream ("Limits") only after that, so that an opener
+never finds a handle gone from the register with its mark left, nor the mark
+gone with its last close still to write.  The last process to close
 (layout: "Users", the removal of an unused dict, with the directory locked)
 removes the control segment only; zeroes the header of a whole record of
 STATE's generation at STATE's end, if one lies there (a write never
@@ -310,7 +314,9 @@ descriptor closes, by the kernel too when its process dies); before step 4
 rebuilds a dict, and before step 3 attaches to a segment whose registered
 users are all dead, the opener tries ``LOCK_EX | LOCK_NB`` on a new
 descriptor (unlocked before it is closed) and refuses (``InUseElsewhere``)
-if that fails: a handle has the dict open
+if that still fails after ``sharing.MARK_PATIENCE`` (a process killed shows
+as dead while a thread of it, inside a system call, still holds its
+descriptors): a handle has the dict open
 whose control segment this opener cannot see -- in another IPC namespace
 (a container with its own ``/dev/shm``), or removed while it ran.  Rebuilt
 beside it, each side would overwrite the other's records.  A ``stream`` or

@@ -58,25 +58,35 @@ def _finalize(
                 durable.sync_all()
         except Exception as exc:  # (closing still detaches; the error is the disk's)
             log.warning("ultradict_ng: syncing %s at close failed: %s", directory, exc)
-        durable.close()
-        if registered and users.detach((name, token), mapping.atomic):
-            _close_last(directory, name, mapping, token)
+        durable.close(keep_mark=True)
+        if registered:
+            _close_registered(directory, name, mapping, token)
     finally:
+        durable.close()  # (its mark on the stream last: "Limits")
         mapping.release()
 
 
-def _close_last(directory: str, name: str, mapping: Mapping, token: int) -> None:
+def _close_registered(directory: str, name: str, mapping: Mapping, token: int) -> None:
+    """Leave the register; the last one out closes the dict -- under the
+    directory lock, and with the handle's mark still held: an opener (which
+    checks under that lock) never sees a handle gone from the register while
+    its mark stays, nor the mark gone while its last close is still to come."""
+    key = (name, token)
     lock = files.directory_lock(directory)
     try:
         lock.acquire()
     except FileNotFoundError:  # (removed by an unlink, or moved away)
-        _close_moved(directory, mapping)
+        if users.detach(key, mapping.atomic):
+            _close_moved(directory, mapping)
         return
     except OSError as exc:
-        log.warning("ultradict_ng: closing %s: no lock (%s); the next open recovers", directory, exc)
+        if users.detach(key, mapping.atomic):
+            log.warning("ultradict_ng: closing %s: no lock (%s); the next open recovers", directory, exc)
         return
     with lock:
         assert lock.stat is not None
+        if not users.detach(key, mapping.atomic):
+            return
         if D.control_name(lock.stat.st_dev, lock.stat.st_ino) != name:  # (another directory at the path)
             _close_moved(directory, mapping)
         elif os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from typing import Any
 
 from .._platform import segments
@@ -27,14 +28,23 @@ from ..errors import InUseElsewhere, NotADict
 from . import files
 from . import layout as D
 
-__all__ = ["refuse_shared", "retire", "not_ours", "users_alive"]
+__all__ = ["refuse_shared", "retire", "not_ours", "users_alive", "MARK_PATIENCE"]
+
+#: Seconds an opener waits for a mark to go before it refuses: a process
+#: killed shows as dead (its main thread a zombie) while another of its
+#: threads, inside a system call (an ``fdatasync``), still holds its files.
+MARK_PATIENCE = 1.0
 
 
 def refuse_shared(directory: str) -> None:
     """Before step 4 rebuilds the dict from its files: refused if a handle
     outside this shared memory has it open (its mark on the stream), or if
     a file written in place is another directory's too (a hard link)."""
-    if files.marked_open(f"{directory}/{D.STREAM_FILE}"):
+    stream = f"{directory}/{D.STREAM_FILE}"
+    deadline = time.monotonic() + MARK_PATIENCE
+    while files.marked_open(stream) and time.monotonic() < deadline:
+        time.sleep(0.01)  # (a process killed keeps its descriptors until its last thread has exited)
+    if files.marked_open(stream):
         raise InUseElsewhere(
             f"the dict kept in {directory!r} is open in processes that do not share this one's shared "
             "memory (another container or IPC namespace; or its shared memory was removed while they ran): "

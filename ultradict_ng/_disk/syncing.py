@@ -128,8 +128,10 @@ class Durability:
         raise_synced(self.atomic, state)
         self.dead, self.dump_bytes, self.dump_gen = 0, size, state >> L.GEN_SHIFT
 
-    def close(self) -> None:
-        """No sync after this one (the handle is closing): waits for one in flight."""
+    def close(self, keep_mark: bool = False) -> None:
+        """No sync after this one (the handle is closing): waits for one in
+        flight.  The descriptor -- the handle's mark on the stream -- is
+        closed too, unless ``keep_mark`` (a later close closes it)."""
         with self.guard:
             while self.deferred:  # (they read the mapping the close releases next)
                 self.idle.wait()
@@ -140,7 +142,9 @@ class Durability:
                 except ValueError:  # (the mapping released already)
                     self.closed_at = -1
                 self.open = False
+            if not keep_mark and self.fd >= 0:
                 os.close(self.fd)
+                self.fd = -1
 
     def forget_clean(self) -> None:
         """Remove ``clean`` before the first write after a clean reopen (the writer,

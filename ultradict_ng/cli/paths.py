@@ -400,7 +400,11 @@ def cmd_compact(path: str) -> dict[str, Any]:
     """A checkpoint now: the dict dumped whole, the stream restarted (what a program's
     writes do when the stream fills); the disk space before and after."""
     d = open_dict(path)
-    before = sum(_files(os.path.abspath(path)).values())
+    try:
+        before = sum(_files(os.path.abspath(path)).values())
+    except FileNotFoundError:  # (removed by another process since the open)
+        d.close()
+        raise NotFound(f"no dict in {path!r}: it was removed as this opened it") from None
     try:
         d._store.force_dump()
         generation = d.stats()["generation"]
