@@ -46,6 +46,17 @@ def reboot(path: str) -> None:
         pass
 
 
+def recovers_after_a_failed_sync(path: str, d: SharedDict) -> None:
+    """Close ``d`` after a failed sync (no clean close), reboot, reopen: the
+    recovery rebuilds the dict from its files, and it takes writes again."""
+    d.close()
+    reboot(path)
+    e = SharedDict(path=path)
+    e["after"] = 1
+    e.unlink()
+    e.close()
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tests.durable_workers", *args], capture_output=True, text=True, timeout=120
@@ -973,12 +984,7 @@ def test_a_sync_failed_in_the_background_fails_the_next_write(durable_dir, monke
             other["c"] = 3
         other.close()
     monkeypatch.undo()
-    d.close()
-    reboot(durable_dir)
-    d = SharedDict(path=durable_dir)  # (recovered: good again)
-    d["after"] = 4
-    d.unlink()
-    d.close()
+    recovers_after_a_failed_sync(durable_dir, d)
 
 
 def test_a_damaged_entry_of_a_checkpoint_stops_a_recovery(durable_dir):
@@ -1454,12 +1460,7 @@ def test_a_failed_checkpoint_that_cannot_be_removed_durably_fails_later_writes(d
     monkeypatch.undo()
     with pytest.raises(SyncFailed):
         d["acked"] = "not on the disk"
-    d.close()
-    reboot(durable_dir)
-    d = SharedDict(path=durable_dir)  # (recovered: good again)
-    d["after"] = 1
-    d.unlink()
-    d.close()
+    recovers_after_a_failed_sync(durable_dir, d)
 
 
 def test_a_write_waiting_on_a_failed_group_commit_is_not_acknowledged(durable_dir, monkeypatch):
