@@ -678,3 +678,36 @@ def test_a_process_killed_while_a_thread_syncs_does_not_refuse_the_next_open(dur
         p.join(30)
         os.close(r)
     SharedDict(path=durable_dir).unlink()
+
+
+def test_a_handle_collected_inside_an_open_of_its_dict_closes_after_it(tmp_path):
+    """A garbage collection inside this thread's open of a dict -- which holds
+    the directory lock -- closes a collected handle of the same dict: its
+    close, which takes that lock too, runs once the open lets it go, instead
+    of waiting for ever on a lock ``flock`` does not know is its own."""
+    path = str(tmp_path / "d")
+    script = f"""
+import gc
+from ultradict_ng import SharedDict
+from ultradict_ng._disk import opening
+kept = SharedDict({{"k": 1}}, path={path!r})
+class Cycle:
+    def __init__(self):
+        self.me, self.d = self, SharedDict(path={path!r})
+gc.disable()
+Cycle()
+arm = opening._arm
+def collecting(*args):
+    gc.collect()  # (an automatic collection at an allocation there)
+    return arm(*args)
+opening._arm = collecting
+third = SharedDict(path={path!r})
+opening._arm = arm
+third["j"] = 2
+third.close()
+kept.close()
+print(sorted(SharedDict(path={path!r}).items()))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout == "[('j', 2), ('k', 1)]\n", out.stdout + out.stderr
+    SharedDict(path=path).unlink()

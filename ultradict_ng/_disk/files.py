@@ -20,6 +20,7 @@ import errno
 import mmap
 import os
 import sys
+import threading
 from typing import Callable, Optional
 
 try:
@@ -47,6 +48,7 @@ __all__ = [
     "sync_data",
     "sync_dir",
     "make_directories",
+    "after_unlock",
     "sync_parent",
     "rename",
     "remove",
@@ -416,20 +418,60 @@ class directory_lock:
             if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
                 self.fd, self.stat = fd, held
                 _held.add(fd)
+                _mine().append(((held.st_dev, held.st_ino), []))
                 return
             os.close(fd)  # (removed and made again while we waited: lock the one named now)
 
     def __exit__(self, *exc: object) -> None:
         fd, self.fd = self.fd, -1
         _held.discard(fd)
+        mine, held = _mine(), self.stat
+        queued = next(
+            (i for i, (ident, _) in enumerate(mine) if held and ident == (held.st_dev, held.st_ino)), None
+        )
+        later = mine.pop(queued)[1] if queued is not None else []
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)  # (a forked child's copy of fd would keep it locked)
         finally:
             os.close(fd)
+        for work in later:  # (after the unlock: each takes the lock itself)
+            work()
+
+
+def after_unlock(directory: str, work: Callable[[], None]) -> bool:
+    """If this thread holds ``directory``'s lock, run ``work`` once it lets it
+    go (True); else False, and the caller runs it.  Why: a handle collected
+    (a garbage collection, a signal handler) while this thread opens the
+    same dict closes inside the open's critical section, and a close that
+    took the lock would wait for ever -- ``flock`` does not know it is ours."""
+    mine = _mine()
+    if not mine:
+        return False
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    for ident, later in mine:
+        if ident == (st.st_dev, st.st_ino):
+            later.append(work)
+            return True
+    return False
+
+
+_Held = list[tuple[tuple[int, int], list[Callable[[], None]]]]
+
+
+def _mine() -> _Held:
+    """The directory locks this thread holds (device, inode), each with the work queued for after it."""
+    held: Optional[_Held] = getattr(_local, "held", None)
+    if held is None:
+        held = _local.held = []
+    return held
 
 
 #: Descriptors of the directory locks this process holds now.
 _held: set[int] = set()
+_local = threading.local()
 
 
 def _after_fork_in_child() -> None:
@@ -438,6 +480,7 @@ def _after_fork_in_child() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _held.clear()
+    _local.held = []
 
 
 on_fork_in_child("threads", _after_fork_in_child)

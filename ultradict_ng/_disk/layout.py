@@ -272,7 +272,10 @@ A handle's close syncs the stream (every policy), then leaves the register
 under the directory lock and, if it was the last, closes the dict there; it
 drops its mark on the stream ("Limits") only after that, so that an opener
 never finds a handle gone from the register with its mark left, nor the mark
-gone with its last close still to write.  The last process to close
+gone with its last close still to write.  (A handle collected while its
+own thread holds the directory lock -- a garbage collection inside an open
+of the same dict -- leaves after that thread lets it go: ``files.after_unlock``.)
+The last process to close
 (layout: "Users", the removal of an unused dict, with the directory locked)
 removes the control segment only; zeroes the header of a whole record of
 STATE's generation at STATE's end, if one lies there (a write never

@@ -59,6 +59,21 @@ def _finalize(
         except Exception as exc:  # (closing still detaches; the error is the disk's)
             log.warning("ultradict_ng: syncing %s at close failed: %s", directory, exc)
         durable.close(keep_mark=True)
+    except BaseException:
+        _leave(directory, name, mapping, token, registered, durable)
+        raise
+
+    def leave() -> None:
+        _leave(directory, name, mapping, token, registered, durable)
+
+    if not files.after_unlock(directory, leave):  # (else: once this thread's open of it is done)
+        leave()
+
+
+def _leave(
+    directory: str, name: str, mapping: Mapping, token: int, registered: bool, durable: Durability
+) -> None:
+    try:
         if registered:
             _close_registered(directory, name, mapping, token)
     finally:
