@@ -42,9 +42,11 @@ def refuse_shared(directory: str) -> None:
     a file written in place is another directory's too (a hard link)."""
     stream = f"{directory}/{D.STREAM_FILE}"
     deadline = time.monotonic() + MARK_PATIENCE
-    while files.marked_open(stream) and time.monotonic() < deadline:
+    marked = files.marked_open(stream)
+    while marked and time.monotonic() < deadline:
         time.sleep(0.01)  # (a process killed keeps its descriptors until its last thread has exited)
-    if files.marked_open(stream):
+        marked = files.marked_open(stream)
+    if marked:
         raise InUseElsewhere(
             f"the dict kept in {directory!r} is open in processes that do not share this one's shared "
             "memory (another container or IPC namespace; or its shared memory was removed while they ran): "
