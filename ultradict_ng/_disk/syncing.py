@@ -193,8 +193,6 @@ class Durability:
         atomic, words = self.atomic, self.words
         if words[L.W_SYNCED] >= target:
             return
-        if words[L.W_STATUS] & L.STATUS_SYNC_FAILED:
-            raise self._failed_before()
         mine = owner_word()
         check = time.monotonic() + _LEADER_CHECK
         delay = D.SYNC_POLL
