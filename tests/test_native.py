@@ -924,6 +924,44 @@ def test_words_keep_the_mapping_exported_until_released(impl):
     m.close()
 
 
+def test_public_words_make_a_view_once_when_threads_race(monkeypatch):
+    """Two threads first touching one word make one view: a second one, dropped
+    while entered, is an exception ``atomics`` reports from ``__del__``."""
+    import atomics
+
+    made, exited, meet = [], [], threading.Barrier(2)
+    real = atomics.atomicview
+
+    class Tracked:
+        def __init__(self, **kwargs):
+            self.ctx = real(**kwargs)
+            made.append(self)
+
+        def __enter__(self):
+            return self.ctx.__enter__()
+
+        def __exit__(self, *exc):
+            exited.append(self)
+            return self.ctx.__exit__(*exc)
+
+    def slow_view(**kwargs):
+        try:  # both threads inside the first use, unless one waits for the other
+            meet.wait(0.5)
+        except threading.BrokenBarrierError:
+            pass
+        return Tracked(**kwargs)
+
+    monkeypatch.setattr(words.atomics, "atomicview", slow_view)
+    w = fallback.PublicWords(bytearray(64))
+    threads = [threading.Thread(target=w.load, args=(3,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    w.release()
+    assert len(made) == 1 and exited == made
+
+
 # -- lock state ----------------------------------------------------------------
 
 

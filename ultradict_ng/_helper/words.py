@@ -18,6 +18,7 @@ import os
 import platform
 import struct
 import sys
+import threading
 import zlib
 from typing import Any, Optional, Union
 
@@ -381,15 +382,23 @@ class PublicWords(Words):
         super().__init__(buffer)
         self._ctx: dict[int, Any] = {}
         self._views: dict[int, Any] = {}
+        # A word's view is entered once and kept until release(): two threads
+        # making the same one would drop the loser still entered, which
+        # ``atomics`` reports (an exception ignored in ``__del__``).
+        self._making = threading.Lock()
 
     def _view(self, index: int) -> Any:
         view = self._views.get(index)
         if view is None:
-            mv = self._mv
-            assert mv is not None
-            ctx = atomics.atomicview(buffer=mv[8 * index : 8 * index + 8], atype=atomics.UINT)
-            view = self._views[index] = ctx.__enter__()
-            self._ctx[index] = ctx
+            with self._making:
+                view = self._views.get(index)
+                if view is None:
+                    mv = self._mv
+                    if mv is None:  # released since the caller's check
+                        raise Closed("this handle's shared memory was closed")
+                    ctx = atomics.atomicview(buffer=mv[8 * index : 8 * index + 8], atype=atomics.UINT)
+                    view = ctx.__enter__()
+                    self._ctx[index], self._views[index] = ctx, view
         return view
 
     def load(self, index: int) -> int:
@@ -403,10 +412,11 @@ class PublicWords(Words):
         return bool(res.success), int(res.expected)
 
     def release(self) -> None:
-        for ctx in self._ctx.values():
-            ctx.__exit__(None, None, None)
-        self._ctx, self._views = {}, {}
-        super().release()
+        with self._making:
+            for ctx in self._ctx.values():
+                ctx.__exit__(None, None, None)
+            self._ctx, self._views = {}, {}
+            super().release()
 
 
 def _u64(value: int) -> int:
