@@ -567,6 +567,29 @@ def test_a_value_the_codec_refuses_leaks_no_slot(name):
         SharedCache.unlink_by_name(name)
 
 
+@pytest.mark.parametrize("cull", [None, 0, 2])
+@pytest.mark.parametrize("bad", ["value", "key"])
+def test_a_refused_set_into_a_full_cache_evicts_nothing(name, cull, bad):
+    """Bad input changes nothing: a full cache without maxbytes (nothing sized
+    the entry) refused a key or value only after making room for it."""
+    from tests.torture_workers import check_side
+
+    c = SharedCache(name, maxsize=4, cull_frequency=cull)
+    try:
+        c.update({f"k{i}": (i, "x") for i in range(4)})
+        with pytest.raises(UnsupportedType):
+            if bad == "value":
+                c.set("new", (1, object()))
+            else:
+                c.set(object(), 1)
+        assert sorted(c) == [f"k{i}" for i in range(4)]
+        with c.lock:
+            assert check_side(c) == (0, 0)
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
 def test_limit_handle_bounds_this_handles_writes_only(name):
     """Per-handle limits (a framework's aliases sharing one store): checked, and
     each handle evicts by its own."""

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
+from .._codec.codec import codec_for
 from .._platform import faults, segments
 from .._platform.owner import owner_alive
 from ..errors import TooLarge
@@ -39,6 +40,8 @@ _W_BATCH = C.W_BATCH
 _PLAIN_LEAVES: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes})
 _PLAIN_TOP: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 _PLAIN_TREES: frozenset[type] = frozenset({dict, list, set, frozenset})  # (tuples inside only)
+_ENCODED_TREES: frozenset[type] = _PLAIN_TREES | {tuple}
+_CHECKED = codec_for("msgpack")  # (the codec of the cache's dict, as its size check's)
 
 
 def plain_data(value: Any) -> bool:
@@ -46,6 +49,16 @@ def plain_data(value: Any) -> bool:
     types) and it is no bytes: what a pickling cache stores as itself."""
     tp = type(value)
     return tp in _PLAIN_TOP or (tp in _PLAIN_TREES and types_within(value, _PLAIN_LEAVES, 16))
+
+
+def refuse_early(key: Any, stored: Any) -> None:
+    """Encode a key or value no size check has encoded (a cache without
+    ``maxbytes``), unless it is plain data, which always encodes: one the codec
+    refuses must raise before making room evicts anything, not after."""
+    for part in (key, stored):
+        tp = type(part)
+        if tp not in _PLAIN_LEAVES and not (tp in _ENCODED_TREES and types_within(part, _PLAIN_LEAVES, 16)):
+            _CHECKED.dumps(part)
 
 
 def slot_of(e: Any, nslots: int) -> int:
@@ -139,6 +152,8 @@ class Entries:
                 add_word(w, C.W_BYTES, grown)
                 side.sizes[slot] = size
         else:
+            if self._size_codec is None:
+                refuse_early(key, stored)
             if w[C.W_FLAGS]:
                 self._reap(now, key)
             self._make_room(now, key, size)
