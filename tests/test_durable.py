@@ -1329,6 +1329,29 @@ def test_a_directory_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, mon
         SharedDict(path=path)
 
 
+@pytest.mark.parametrize("initial", [None, {"k": 1}])
+def test_a_description_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, monkeypatch, initial):
+    """No room left for a new dict's ``dict.meta``: ``OutOfSpace``, as for its
+    other files, and nothing of the dict left behind."""
+    import errno
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import OutOfSpace
+
+    whole = files.write_whole
+
+    def full(path: str, data: bytes) -> None:
+        if path.endswith("/dict.meta"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        whole(path, data)
+
+    monkeypatch.setattr(files, "write_whole", full)
+    path = str(tmp_path / "new")
+    with pytest.raises(OutOfSpace, match=f"no room on the disk for {re.escape(path)}/dict.meta"):
+        SharedDict(initial, path=path)
+    assert os.listdir(path) == [] and not os.path.exists(os.path.join(SHM, control_of(path)))
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only opens another's dict")
 def test_root_opening_another_users_dict_leaves_every_file_theirs(durable_dir):
     """Root reading or writing a dict whose directory another user owns (an

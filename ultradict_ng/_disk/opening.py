@@ -331,11 +331,11 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             _arm(store, directory, meta)
             try:
                 if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
-                    files.write_whole(f"{directory}/{D.META_FILE}", _described({**meta, "creating": True}))
+                    _write_meta(directory, {**meta, "creating": True})
                     _fill(store, initial)
                 # dict.meta last: the dict exists once its initial data is in.  A creator killed
                 # before leaves files the next creator removes (step 1), as a refused one does here.
-                files.write_whole(f"{directory}/{D.META_FILE}", _described(meta))
+                _write_meta(directory, meta)
             except BaseException:
                 lifetime.discard_created(store, directory)
                 raise
@@ -361,8 +361,14 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
 _RACES = 8
 
 
-def _described(meta: dict[str, Any]) -> bytes:
-    return json.dumps(meta, indent=1).encode()
+def _write_meta(directory: str, meta: dict[str, Any]) -> None:
+    """``dict.meta`` written whole; a full disk is :class:`OutOfSpace`, as for the other files."""
+    path = f"{directory}/{D.META_FILE}"
+    try:
+        files.write_whole(path, json.dumps(meta, indent=1).encode())
+    except OSError as exc:
+        segments.raise_if_full(exc, f"no room on the disk for {path}")
+        raise
 
 
 def _refuse_orphaned(directory: str) -> None:
