@@ -950,6 +950,76 @@ def test_after_a_failed_sync_no_write_is_acknowledged_until_a_reopen(durable_dir
     d.close()
 
 
+@pytest.mark.parametrize("code", ["EIO", "ENOSPC"])
+@pytest.mark.parametrize("step", ["sync_range", "sync_dir"])
+def test_a_checkpoint_whose_sync_fails_is_discarded_by_its_write(durable_dir, monkeypatch, code, step):
+    """The new checkpoint's own sync fails (its file's, or the directory's
+    after its rename): the write that made it raises the documented error
+    (not a bare ``OSError``), nothing of it is published, the failure bit
+    stays clear (nothing published is in doubt), and writes go on."""
+    import errno as E
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import OutOfSpace, SyncFailed
+
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=512)
+    d["a"] = 0
+    gen = d.stats()["generation"]
+    real, once = getattr(files, step), [step == "sync_dir"]
+
+    def failing(*args: object) -> None:
+        if any("dump." in str(a) for a in args) or once[0]:  # (the directory's once: not its removal's)
+            once[0] = False
+            raise OSError(getattr(E, code), os.strerror(getattr(E, code)))
+        real(*args)
+
+    monkeypatch.setattr(files, step, failing)
+    acked = None
+    with pytest.raises(OutOfSpace if code == "ENOSPC" else SyncFailed) as raised:
+        for i in range(100):  # (the stream fills: a checkpoint)
+            d["filler"] = f"{'x' * 100}{i}"
+            acked = d["filler"]
+    assert "an earlier sync" not in str(raised.value)
+    monkeypatch.undo()
+    assert d["filler"] == acked and d.stats()["generation"] == gen
+    assert not d._store._map.words[L.W_STATUS] & L.STATUS_SYNC_FAILED
+    for i in range(100):
+        d["filler"] = f"after {i}"
+    d.close()
+    reboot(durable_dir)
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"a": 0, "filler": "after 99"}
+    e.unlink()
+    e.close()
+
+
+def test_a_checkpoint_is_refused_once_a_sync_failed(durable_dir, monkeypatch):
+    """With the failure bit set, a write that needs a checkpoint raises
+    ``SyncFailed`` before writing one: a checkpoint is a sync too."""
+    import errno as E
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import SyncFailed
+
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=512)
+    d["a"] = 0
+    gen, dumps = d.stats()["generation"], sorted(f for f in os.listdir(durable_dir) if f.startswith("dump."))
+
+    def failing(*args: object) -> None:
+        raise OSError(E.EIO, "Input/output error")
+
+    monkeypatch.setattr(files, "sync_data", failing)
+    with pytest.raises(SyncFailed):
+        d["b"] = 1
+    monkeypatch.undo()
+    for i in range(100):  # (enough to fill the stream: each raises, none checkpoints)
+        with pytest.raises(SyncFailed, match="an earlier sync"):
+            d["filler"] = f"{'x' * 100}{i}"
+    assert d.stats()["generation"] == gen
+    assert sorted(f for f in os.listdir(durable_dir) if f.startswith("dump.")) == dumps
+    recovers_after_a_failed_sync(durable_dir, d)
+
+
 @pytest.mark.parametrize("sync", ["interval", "never"])
 def test_a_sync_failed_in_the_background_fails_the_next_write(durable_dir, monkeypatch, sync):
     """Under ``interval`` the sync runs in the flusher thread, under ``never``

@@ -147,7 +147,12 @@ for a sync (it fails in the flusher thread, or in a close, and is logged
 there), so every write that finds the bit raises ``SyncFailed`` once it is
 published.  A last close that finds the bit records no
 clean close (no ``clean``): the next open recovers from the files, and its
-checkpoint writes the dict anew.
+checkpoint writes the dict anew.  A new checkpoint is a sync too: with the
+bit set it is refused before it is written.  One whose own sync (the file,
+or the directory after its rename) fails is discarded unpublished, as any
+failed checkpoint, and the bit stays clear: the write that made it raises
+``SyncFailed`` (``OutOfSpace`` if the disk said it is full), and what was
+published before is as durable as the stream's last sync made it.
 
 A dump raises SYNCED to ``gen << 32`` (its generation, empty stream).  In
 every policy a process killed loses nothing it published: its records are in

@@ -236,6 +236,11 @@ class Durability:
         while not status & L.STATUS_SYNC_FAILED:
             _, status = atomic.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
 
+    def refuse_if_failed(self) -> None:
+        """``SyncFailed`` once a sync of the dict failed: a checkpoint is a sync too."""
+        if self.words[L.W_STATUS] & L.STATUS_SYNC_FAILED:
+            raise self._failed_before()
+
     def _synced_at_close(self, target: int) -> None:
         """``SyncFailed`` unless the close synced the stream up to ``target``."""
         if self.closed_at < target:

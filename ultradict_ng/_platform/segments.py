@@ -40,11 +40,11 @@ import mmap
 import os
 import stat
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from .._disk import files
 from .._disk import layout as D
-from ..errors import OutOfSpace
+from ..errors import OutOfSpace, SyncFailed
 
 try:
     import _posixshmem  # type: ignore[import-not-found, unused-ignore]
@@ -166,10 +166,27 @@ def finish(segment: Segment) -> None:
     if path is None or segment.buf is None:
         return
     aside = _aside(segment.name, path)
-    files.sync_range(segment.buf, aside, 0, segment.size)
+    try:
+        files.sync_range(segment.buf, aside, 0, segment.size)
+    except OSError as exc:
+        _not_synced(exc, path)
     _still_its_directory(segment.name, path)
     files.rename(aside, path)
-    files.sync_dir(os.path.dirname(path))
+    try:
+        files.sync_dir(os.path.dirname(path))
+    except OSError as exc:
+        _not_synced(exc, path)
+
+
+def _not_synced(exc: OSError, path: str) -> NoReturn:
+    """A new file's sync failed: the caller discards it, unpublished, so the
+    error is this write's (``OutOfSpace`` for a full disk, else ``SyncFailed``)
+    and the dict's earlier writes are not in doubt (no failure bit)."""
+    raise_if_full(exc, f"no room on the disk for {path}")
+    raise SyncFailed(
+        f"syncing {path} failed ({exc.strerror or exc}): it is discarded, nothing of it published",
+        exc.errno or errno.EIO,
+    ) from exc
 
 
 def discard_aside(name: str) -> None:

@@ -453,6 +453,8 @@ class Writer(Reader):
         the cache is one read in place, else packs the cache whole: a table
         when the root keys have table hashes.  A table of ``PARTIAL_FROM``
         entries or more then becomes this writer's cache, read in place."""
+        if self.durable is not None:
+            self.durable.refuse_if_failed()
         planned = plan(self.data, self.codec, packed) if planned is None else planned
         size = planned.size
         if self.dump_limit and size > self.dump_limit:
