@@ -1399,6 +1399,35 @@ def test_a_directory_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, mon
         SharedDict(path=path)
 
 
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_a_non_file_under_the_control_segments_name_is_refused_clearly(durable_dir, kind):
+    """Anyone may make a directory or a symbolic link in /dev/shm: under the
+    dict's control segment's name it is ``CorruptSegment`` naming it, not a
+    bare ``OSError``, at a reopen and at a creation, and nothing is changed."""
+    d = SharedDict({"k": 1}, path=durable_dir)
+    d.close()
+    reboot(durable_dir)
+    fresh = durable_dir + "-new"
+    os.mkdir(fresh)
+    try:
+        for path in (durable_dir, fresh):
+            ctl = os.path.join(SHM, control_of(path))
+            before = sorted(os.listdir(path))
+            os.mkdir(ctl) if kind == "directory" else os.symlink(os.path.join(path, "nothing"), ctl)
+            try:
+                with pytest.raises(CorruptSegment, match=f"{re.escape(ctl)} is not a segment.*remove it"):
+                    SharedDict(path=path)
+                assert sorted(os.listdir(path)) == before
+            finally:
+                os.rmdir(ctl) if kind == "directory" else os.unlink(ctl)
+        e = SharedDict(path=durable_dir)
+        assert dict(e) == {"k": 1}
+        e.unlink()
+        e.close()
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
 @pytest.mark.parametrize("initial", [None, {"k": 1}])
 def test_a_description_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, monkeypatch, initial):
     """No room left for a new dict's ``dict.meta``: ``OutOfSpace``, as for its

@@ -44,7 +44,7 @@ from typing import Any, Callable, NoReturn, Optional
 
 from .._disk import files
 from .._disk import layout as D
-from ..errors import OutOfSpace, SyncFailed
+from ..errors import CorruptSegment, OutOfSpace, SyncFailed
 
 try:
     import _posixshmem  # type: ignore[import-not-found, unused-ignore]
@@ -282,7 +282,13 @@ class Segment:
         A segment whose size is still 0 (its creator is between ``shm_open``
         and ``ftruncate``) is returned unmapped, with ``buf`` None.
         """
-        fd = _open_fd(name, os.O_RDWR)
+        try:
+            fd = _open_fd(name, os.O_RDWR)
+        except (FileNotFoundError, PermissionError):
+            raise
+        except OSError as exc:  # (a directory, a symbolic link: anyone may make one in /dev/shm)
+            where = file_of(name) or f"{SHM_DIR}{_path(name)}"
+            raise CorruptSegment(f"{where} is not a segment ({exc.strerror or exc}): remove it") from exc
         try:
             size = os.fstat(fd).st_size
             buf = mmap.mmap(fd, size) if size else None
