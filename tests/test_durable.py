@@ -1399,6 +1399,66 @@ def test_a_directory_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, mon
         SharedDict(path=path)
 
 
+@pytest.mark.parametrize("where", ["mark_open", "arm"])
+@pytest.mark.parametrize("existing", [True, False])
+def test_an_open_interrupted_before_its_handle_is_armed_leaves_nothing(
+    durable_dir, monkeypatch, where, existing
+):
+    """A KeyboardInterrupt (or EMFILE) while a handle gets its sync policy
+    and its closing: the handle is closed -- its registration, mapping,
+    descriptor and mark -- so that the last real close is the last one."""
+    from ultradict_ng._disk import files, lifetime
+
+    d = SharedDict({"a": 1}, path=durable_dir) if existing else None
+    fds = sorted(os.listdir("/proc/self/fd"))
+    module, name = (files, "mark_open") if where == "mark_open" else (lifetime, "arm")
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt(f"Ctrl-C in {name}")
+
+    monkeypatch.setattr(module, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        SharedDict(path=durable_dir)
+    monkeypatch.undo()
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+    if d is None:
+        assert not os.path.exists(os.path.join(durable_dir, "dict.meta"))
+        d = SharedDict({"a": 1}, path=durable_dir)
+    d.close()  # (the last: the control segment goes, "clean" is written)
+    assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+    assert os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"a": 1}
+    e.unlink()
+    e.close()
+
+
+def test_a_last_close_interrupted_after_claiming_closing_wedges_nothing(durable_dir, monkeypatch):
+    """A KeyboardInterrupt while the last close checks for users (CLOSING
+    claimed): the claim is given back, so that neither this process nor
+    another waits for a remover that is alive but will never finish."""
+    from ultradict_ng._shm import users
+
+    d = SharedDict(path=durable_dir, sync="always")
+    d["a"] = 1
+    real = users._users_now
+
+    def interrupted(*args: object) -> object:
+        monkeypatch.setattr(users, "_users_now", real)
+        raise KeyboardInterrupt("Ctrl-C in a close")
+
+    monkeypatch.setattr(users, "_users_now", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        d.close()
+    e = SharedDict(path=durable_dir, create=False)  # (LockTimeout after 5 s while CLOSING stays claimed)
+    e["b"] = 2
+    code = f"import ultradict_ng as u; d = u.SharedDict(path={durable_dir!r}); print(dict(d)); d.close()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "{'a': 1, 'b': 2}", out.stderr
+    e.unlink()
+    e.close()
+
+
 @pytest.mark.parametrize("kind", ["directory", "symlink"])
 def test_a_non_file_under_the_control_segments_name_is_refused_clearly(durable_dir, kind):
     """Anyone may make a directory or a symbolic link in /dev/shm: under the

@@ -230,6 +230,13 @@ def discard_created(store: Store, directory: str) -> None:
     for f in os.listdir(directory):
         if files.dicts_file(directory, f):
             files.remove(os.path.join(directory, f))
+    close_unarmed(store)
+
+
+def close_unarmed(store: Store) -> None:
+    """Close a handle whose opening failed before it was armed (this module's
+    closing): it leaves the register and drops its mark at once -- its opener
+    holds the directory lock, which a last close would take again."""
     if store._finalizer is not None:
         store._finalizer.detach()
         store._finalizer = None  # (closed as a handle not fully opened)

@@ -328,8 +328,8 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
                 _refuse_foreign(directory, meta is not None)  # (a directory of other files is no dict's)
                 raise NotFound(f"no dict is kept in {directory!r}")
             store, meta = _create(directory, base, options, meta is not None)
-            _arm(store, directory, meta)
             try:
+                _arm(store, directory, meta)
                 if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
                     _write_meta(directory, {**meta, "creating": True})
                     _fill(store, initial)
@@ -353,7 +353,11 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
                 raise AlreadyExists(f"a dict is already kept in {directory!r}")
             _check_stored(directory, meta, options)
             store = _attach_or_recover(directory, base, meta, options)
-        _arm(store, directory, meta)
+            try:
+                _arm(store, directory, meta)
+            except BaseException:  # (an interrupt, EMFILE): closed as a handle not fully opened
+                lifetime.close_unarmed(store)
+                raise
         return store
 
 

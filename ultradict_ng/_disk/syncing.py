@@ -73,7 +73,11 @@ class Durability:
         #: The stream's file, and a descriptor of it for ``fdatasync`` (closed by :meth:`close`).
         self.path = path
         self.fd = files.open_rw(path)
-        files.mark_open(self.fd)  # (what a recovery checks: no process here shares its shared memory)
+        try:
+            files.mark_open(self.fd)  # (what a recovery checks: no process here shares its shared memory)
+        except BaseException:
+            os.close(self.fd)
+            raise
         #: Held while syncing: a close waits for a sync of the flusher thread in flight.
         self.guard = threading.Lock()
         #: Deferred syncs in flight (:meth:`sync_deferred`), which a close waits for.

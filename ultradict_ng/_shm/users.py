@@ -17,6 +17,7 @@ without registering at all (an older version, a raw ``mmap``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -296,26 +297,31 @@ def remove_if_unused(
         ok, closing = atomic.cas(L.W_CLOSING, closing, mine)
         if ok:
             break
-    if faults.armed is not None:
-        faults.hit("closing-claimed")
-    users, reason = _users_now(name, atomic, me)  # step b
-    settle = time.monotonic() + SETTLE
-    while users and reason == _MAPPED and time.monotonic() < settle:
-        # Mapped, but by no registered user: most often a process that has
-        # just left the register and unmaps right after (two last users
-        # closing at once would otherwise each see the other, and neither
-        # remove the dict), or one attaching (its slot store follows).
-        time.sleep(0.002)
-        users, reason = _users_now(name, atomic, me)
-    with _guard:  # (another thread of this process opened it since this one's last handle left)
-        if not users and (name, token) in _attached:
-            users, reason = [me], "opened again in this process"
-    if users:
-        atomic.cas(L.W_CLOSING, mine, 0)
-        return Verdict(0, users, reason)
-    if faults.armed is not None:
-        faults.hit("closing-checked")
-    return Verdict(unlink_tree(name, mapping, token) if remove is None else remove(), [], "unused")
+    try:  # (an exception -- a KeyboardInterrupt -- gives CLOSING back: a live holder is waited for)
+        if faults.armed is not None:
+            faults.hit("closing-claimed")
+        users, reason = _users_now(name, atomic, me)  # step b
+        settle = time.monotonic() + SETTLE
+        while users and reason == _MAPPED and time.monotonic() < settle:
+            # Mapped, but by no registered user: most often a process that has
+            # just left the register and unmaps right after (two last users
+            # closing at once would otherwise each see the other, and neither
+            # remove the dict), or one attaching (its slot store follows).
+            time.sleep(0.002)
+            users, reason = _users_now(name, atomic, me)
+        with _guard:  # (another thread of this process opened it since this one's last handle left)
+            if not users and (name, token) in _attached:
+                users, reason = [me], "opened again in this process"
+        if users:
+            atomic.cas(L.W_CLOSING, mine, 0)
+            return Verdict(0, users, reason)
+        if faults.armed is not None:
+            faults.hit("closing-checked")
+        return Verdict(unlink_tree(name, mapping, token) if remove is None else remove(), [], "unused")
+    except BaseException:
+        with contextlib.suppress(ValueError):  # (the mapping released already)
+            atomic.cas(L.W_CLOSING, mine, 0)
+        raise
 
 
 def _after_fork_in_child() -> None:
