@@ -1433,6 +1433,47 @@ def test_an_open_interrupted_before_its_handle_is_armed_leaves_nothing(
     e.close()
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+@pytest.mark.parametrize("file", ["dict.meta", "clean", "dump", "stream", "blob"])
+def test_a_directory_or_fifo_in_place_of_a_file_is_refused_not_hung(durable_dir, file, kind):
+    """What is no regular file where a dict's file must be: an error of the
+    CorruptSegment family naming it -- not a bare ``OSError``, and never an
+    open that blocks (a FIFO opened for reading waits for a writer, under
+    the directory lock) -- and nothing changed."""
+    d = SharedDict(path=durable_dir, blob_threshold=1000)
+    d["v"] = b"x" * 2000  # (a value file)
+    d._store.force_dump()
+    d["after"] = 1
+    d.close()
+    reboot(durable_dir)
+    names = {"dump": "dump.", "blob": "blob."}
+    target = next(f for f in sorted(os.listdir(durable_dir)) if f.startswith(names.get(file, file)))
+    where = os.path.join(durable_dir, target)
+    os.rename(where, where + ".saved")
+    os.mkdir(where) if kind == "directory" else os.mkfifo(where)
+    before = sorted(os.listdir(durable_dir))
+    try:
+        code = (
+            "from ultradict_ng import SharedDict; from ultradict_ng.errors import SharedDictError\n"
+            "try:\n"
+            f"    d = SharedDict(path={durable_dir!r}, create=False)\n"
+            "    print(sorted(d), bytes(d['v'])[:1], d['after']); d.close()\n"
+            "except SharedDictError as exc:\n"
+            "    print(type(exc).__name__, exc)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert re.match(f"(CorruptSegment|NotADict) .*{re.escape(target)}", out.stdout), out.stdout
+        assert sorted(os.listdir(durable_dir)) == before
+    finally:
+        os.rmdir(where) if kind == "directory" else os.unlink(where)
+        os.rename(where + ".saved", where)
+        reboot(durable_dir)
+    e = SharedDict(path=durable_dir)
+    e.unlink()
+    e.close()
+
+
 def test_a_last_close_interrupted_after_claiming_closing_wedges_nothing(durable_dir, monkeypatch):
     """A KeyboardInterrupt while the last close checks for users (CLOSING
     claimed): the claim is given back, so that neither this process nor

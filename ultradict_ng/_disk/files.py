@@ -19,6 +19,7 @@ import contextlib
 import errno
 import mmap
 import os
+import stat
 import sys
 import threading
 from typing import Callable, Optional
@@ -29,7 +30,7 @@ except ImportError:  # pragma: no cover - Windows: every open refuses first (_pl
     fcntl = None  # type: ignore[assignment]
 
 from .._platform.forks import on_fork_in_child
-from ..errors import NotFound
+from ..errors import CorruptSegment, NotFound
 from . import layout as D
 
 #: Whether this system has ``flock`` (not Windows): every open refuses without it.
@@ -108,8 +109,31 @@ def adopt(fd: int, directory: str) -> None:
 
 
 def open_rw(path: str, writable: bool = True) -> int:
-    """A descriptor of the existing file ``path`` (``FileNotFoundError`` if it is not there)."""
-    return os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+    """A descriptor of the existing file ``path`` (``FileNotFoundError`` if it
+    is not there; ``CorruptSegment`` if it is no regular file)."""
+    return _open_regular(path, os.O_RDWR if writable else os.O_RDONLY)
+
+
+def _open_regular(path: str, flags: int) -> int:
+    """``os.open`` of a dict's file, refusing what is no regular file with
+    ``CorruptSegment`` naming it: a directory, or a FIFO, whose open for
+    reading would block -- under the directory lock, every opener with it --
+    until some writer opened it (hence ``O_NONBLOCK``, which a regular file
+    ignores)."""
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK)
+    except IsADirectoryError:
+        raise CorruptSegment(f"{path} is a directory, not a dict's file; nothing was changed") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+        raise CorruptSegment(f"{path} is {kind}, not a dict's file; nothing was changed")
+    return fd
 
 
 def mark_open(fd: int) -> None:
@@ -124,7 +148,7 @@ def marked_open(path: str) -> bool:
     """Whether some descriptor of the file ``path`` holds :func:`mark_open` now
     (the caller holds the directory lock, under which every mark is taken)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
@@ -165,8 +189,8 @@ def read_head(path: str, size: int) -> Optional[bytes]:
     """The first ``size`` bytes of ``path`` (fewer if it is shorter), or None
     where it cannot be read: what tells a dict's file from another's."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = _open_regular(path, os.O_RDONLY)
+    except (OSError, CorruptSegment):
         return None
     try:
         return os.pread(fd, size, 0)
@@ -296,7 +320,7 @@ def write_in_place(path: str, offset: int, data: bytes) -> bool:
     """Write ``data`` at ``offset`` of the existing file ``path``, not synced
     (a word another process maps); False if there is no such file."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = _open_regular(path, os.O_RDWR)
     except FileNotFoundError:
         return False
     try:
@@ -310,7 +334,7 @@ def sync_path(path: str) -> bool:
     """``fsync`` the existing file ``path`` (also what other processes wrote
     through their mappings of it); False if there is no such file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
@@ -322,10 +346,10 @@ def sync_path(path: str) -> bool:
 
 def read_whole(path: str, limit: int) -> bytes:
     """The first ``limit`` bytes of the small file ``path`` (``FileNotFoundError``
-    if absent): one ``open``, one ``read``, one ``close``.  (A buffered
+    if absent): one ``open``, ``fstat``, ``read`` and ``close`` each.  (A buffered
     ``open`` adds an ``fstat`` and an ``ioctl``, and its ``read`` allocates
     ``limit`` bytes first: 40 us of a reopen's ~500 for a 1 MiB limit.)"""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = _open_regular(path, os.O_RDONLY)
     try:
         return os.read(fd, limit)
     finally:

@@ -388,9 +388,8 @@ def _refuse_orphaned(directory: str) -> None:
         if f != D.STREAM_FILE and not f.endswith(D.TMP_SUFFIX) and recovery.dicts_own(directory, f, False)
     )
     if recovery.dicts_own(directory, D.STREAM_FILE, False):  # (zeros, or a whole record: the dict's)
-        with open(os.path.join(directory, D.STREAM_FILE), "rb") as f:
-            if f.read(L.RECORD_HEADER).strip(b"\0"):
-                data.append(f"{D.STREAM_FILE} (its records)")
+        if (files.read_head(os.path.join(directory, D.STREAM_FILE), L.RECORD_HEADER) or b"").strip(b"\0"):
+            data.append(f"{D.STREAM_FILE} (its records)")
     if data:
         raise CorruptSegment(
             f"{directory}/{D.META_FILE} is missing, but the directory holds a dict's files "

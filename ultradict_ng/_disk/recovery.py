@@ -97,7 +97,7 @@ def _looked_past_file(buf: Any, scanned: Scanned, generation: int, path: str) ->
     read past the scan's stop with ``pread`` (``files.FileBytes``)."""
     if scanned.stopped not in NORMAL_ENDS:
         return scanned
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = files.open_rw(path, writable=False)
     try:
         return looked_past(files.FileBytes(fd), scanned, generation)
     finally:
@@ -361,7 +361,7 @@ def _clear_tail(stream: segments.Segment, path: str, end: int) -> None:
     touched through the mapping would take one (``files.FileBytes``)."""
     buf = stream.buf
     assert buf is not None
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = files.open_rw(path, writable=False)
     try:
         disk, tail = files.FileBytes(fd), end
         for at in range(end - end % files.PAGE, min(len(buf), len(disk)), _CHUNK):

@@ -27,7 +27,7 @@ from .._engine import User
 from .._platform.owner import owner_alive, pid_of
 from .._platform.segments import Segment, entry_stat, listed
 from ..cache import layout as C
-from ..errors import SharedDictError
+from ..errors import CorruptSegment, SharedDictError
 from ..futures import layout as PL
 from . import layout as L
 from .control import looks_half_created
@@ -189,7 +189,7 @@ def _read_head(name: str) -> Optional[bytes]:
     works where the filesystem cannot be listed), or None if it does not exist."""
     try:
         seg = Segment.attach(name)
-    except OSError:
+    except (OSError, CorruptSegment):  # (CorruptSegment: no segment -- a directory, a link)
         return None
     try:
         return bytes(seg.buf[: L.CONTROL_SIZE]) if seg.buf is not None else b""
@@ -278,7 +278,7 @@ def _cache_serializer(name: str) -> str:
     """The value serializer a cache's side segment records (cache/layout.py word 7)."""
     try:
         seg = Segment.attach(name)
-    except OSError:
+    except (OSError, CorruptSegment):  # (CorruptSegment: no segment -- a directory, a link)
         return "?"
     try:
         head = bytes(seg.buf[: 8 * (C.W_SERIALIZER + 1)]) if seg.buf is not None else b""
