@@ -32,6 +32,48 @@ def cli_json(*args: str) -> object:
     return json.loads(out.stdout)
 
 
+@pytest.mark.parametrize("damage", ["zeroed", "flipped", "another dict's", "an older checkpoint's"])
+def test_ls_calls_a_dict_closed_cleanly_only_when_its_clean_record_says_so(durable_dir, tmp_path, damage):
+    """``ls``/``stats`` read ``closed_cleanly`` from the ``clean`` record as an
+    open trusts it -- whole, this dict's, at its newest checkpoint -- not from
+    a file of that name (the open then recovers, as ``doctor`` says)."""
+    from ultradict_ng._disk import layout as D
+
+    d = SharedDict({"a": 1}, path=durable_dir)
+    older = None
+    if damage == "an older checkpoint's":
+        d._store.force_dump()
+        d.close()
+        with open(os.path.join(durable_dir, D.CLEAN_FILE), "rb") as f:
+            older = f.read()
+        d = SharedDict(path=durable_dir)
+        d["b"] = 2
+        d._store.force_dump()
+    d.close()
+    assert cli_json("ls", durable_dir)[0]["closed_cleanly"]
+    clean = os.path.join(durable_dir, D.CLEAN_FILE)
+    with open(clean, "rb") as f:
+        raw = bytearray(f.read())
+    if damage == "zeroed":
+        raw = bytearray(len(raw))
+    elif damage == "flipped":
+        raw[9] ^= 1
+    elif damage == "another dict's":
+        other = SharedDict({"a": 1}, path=str(tmp_path / "other"))
+        other.close()
+        with open(str(tmp_path / "other" / D.CLEAN_FILE), "rb") as f:
+            raw = bytearray(f.read())
+        SharedDict(path=str(tmp_path / "other")).unlink()
+    else:
+        raw = bytearray(older)
+    with open(clean, "wb") as f:
+        f.write(raw)
+    (listed,) = cli_json("ls", durable_dir)
+    assert not listed["closed_cleanly"]
+    assert "not closed cleanly" in cli("doctor", durable_dir).stdout
+    assert not cli_json("stats", durable_dir)["closed_cleanly"]  # (it opens the dict: a recovery)
+
+
 def test_every_command_takes_a_path(durable_dir, tmp_path):
     d = SharedDict(path=durable_dir, sync="always", buffer_size=4096)
     d.update({f"k{i}": i for i in range(100)})

@@ -144,8 +144,20 @@ def summary(path: str) -> dict[str, Any]:
         "open": bool(users),  # (by a live process: a segment only dead ones used is not open)
         "users": users or [],
         "control_segment": control if users is not None else None,
-        "closed_cleanly": os.path.exists(os.path.join(path, D.CLEAN_FILE)),
+        "closed_cleanly": _closed_cleanly(path, meta, dumps),
     }
+
+
+def _closed_cleanly(path: str, meta: dict[str, Any], dumps: list[str]) -> bool:
+    """Whether ``clean`` is a whole record of this dict at its newest checkpoint
+    -- what an open trusts (the stream's end it checks too needs a scan:
+    ``doctor PATH`` makes it) -- not merely a file of that name."""
+    try:
+        clean = read_clean(path)
+    except CorruptSegment:  # (no regular file)
+        return False
+    newest = max((D.own_id(f, D.DUMP_PREFIX) or 0 for f in dumps), default=0)
+    return clean is not None and clean[2] == meta.get("token") and clean[0] == newest
 
 
 #: Times ``doctor`` checks again when a writer made a checkpoint meanwhile.
