@@ -1243,6 +1243,47 @@ def test_a_handle_dropped_without_close_is_closed_by_its_collection(durable_dir)
     first.close()
 
 
+def test_an_interrupt_while_taking_the_directory_lock_leaves_it_free(durable_dir, monkeypatch):
+    """A KeyboardInterrupt after the ``flock`` but before the lock is handed
+    to its holder: nobody would ever release it, and every open of the dict,
+    in any process, would wait for this process to end."""
+    import fcntl
+
+    from ultradict_ng._disk import files
+
+    class Interrupting(set):  # type: ignore[type-arg]
+        def add(self, fd: int) -> None:
+            raise KeyboardInterrupt("Ctrl-C in acquire")
+
+    os.makedirs(durable_dir, exist_ok=True)
+    fds = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(files, "_held", Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        files.directory_lock(durable_dir).acquire()
+    monkeypatch.undo()
+    assert sorted(os.listdir("/proc/self/fd")) == fds and files._mine() == []
+    probe = os.open(durable_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while it is kept)
+    finally:
+        os.close(probe)
+
+
+def test_an_interrupt_after_creating_a_file_leaves_no_descriptor(tmp_path, monkeypatch):
+    from ultradict_ng._disk import files
+
+    path, fds = str(tmp_path / "made"), sorted(os.listdir("/proc/self/fd"))
+
+    def note(event: str, where: str, done: bool, *rest: object) -> None:
+        if done:
+            raise KeyboardInterrupt("Ctrl-C in create")
+
+    monkeypatch.setattr(files, "_note", note)
+    with pytest.raises(KeyboardInterrupt):
+        files.create(path)
+    assert sorted(os.listdir("/proc/self/fd")) == fds and not os.path.exists(path)
+
+
 def test_the_directory_lock_is_released_while_a_copy_of_its_descriptor_lives(durable_dir):
     """A ``flock`` lives as long as any descriptor of its open file does (a
     forked child's copy): the release unlocks, it does not only close."""

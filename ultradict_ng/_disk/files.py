@@ -86,13 +86,13 @@ def create(path: str) -> int:
     owned as its directory is (:func:`adopt`)."""
     _note("create", path, False)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, _MODE)
-    try:
+    try:  # (first thing after the open: an interrupt in any call after it leaks nothing)
         adopt(fd, os.path.dirname(path))
+        _note("create", path, True)
     except BaseException:
         os.close(fd)
         os.remove(path)
         raise
-    _note("create", path, True)
     return fd
 
 
@@ -432,18 +432,23 @@ class directory_lock:
         """Take the lock (``FileNotFoundError`` once the directory is gone)."""
         while True:
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
+            mine = _mine()
+            entry: Optional[tuple[tuple[int, int], list[Callable[[], None]]]] = None
+            try:  # (an interrupt before the lock is handed over must not keep it: every opener would wait)
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 held = os.fstat(fd)
                 named = os.stat(self.path)
+                if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
+                    entry = ((held.st_dev, held.st_ino), [])
+                    mine.append(entry)
+                    _held.add(fd)
+                    self.fd, self.stat = fd, held
+                    return
             except BaseException:
+                mine[:] = [e for e in mine if e is not entry]
+                _held.discard(fd)
                 os.close(fd)
                 raise
-            if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
-                self.fd, self.stat = fd, held
-                _held.add(fd)
-                _mine().append(((held.st_dev, held.st_ino), []))
-                return
             os.close(fd)  # (removed and made again while we waited: lock the one named now)
 
     def __exit__(self, *exc: object) -> None:
