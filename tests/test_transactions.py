@@ -356,6 +356,41 @@ def test_blobs_made_in_a_discarded_block_are_removed_and_dropped_ones_outlive_it
     d.unlink()
 
 
+@pytest.mark.parametrize("kept", ["memory", "files"])
+@pytest.mark.parametrize("point", ["transaction-written", "transaction-published"])
+def test_an_exception_in_the_publish_keeps_the_blobs_of_what_it_published(
+    name, dicts, monkeypatch, tmp_path, kept, point
+):
+    """A KeyboardInterrupt inside the publish: before the STATE store nothing
+    is published and the block's blobs go; after it the block is published,
+    and its blobs -- which the published state references -- stay."""
+    from ultradict_ng._platform import faults
+
+    where = {"path": str(tmp_path / "d")} if kept == "files" else {"name": name}
+    d = dicts(**where, blob_threshold=1024)
+    d["a"] = 0
+
+    def interrupted(at: str) -> None:
+        if at == point:
+            raise KeyboardInterrupt(f"Ctrl-C at {at}")
+
+    monkeypatch.setattr(faults, "armed", point)
+    monkeypatch.setattr(faults, "hit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with d.transaction():
+            d["a"] = 1
+            d["big"] = b"b" * 4096
+    monkeypatch.undo()
+    other = dicts(**where)
+    if point == "transaction-written":
+        assert dict(other) == {"a": 0} and dict(d) == {"a": 0}
+    else:
+        assert other["a"] == 1 and bytes(other["big"]) == b"b" * 4096
+        assert d["a"] == 1 and bytes(d["big"]) == b"b" * 4096
+    if kept == "files":
+        d.unlink()
+
+
 @pytest.mark.shm_only
 def test_two_thousand_writes_in_a_transaction_are_not_slower_than_under_the_lock(name, dicts):
     """Both are buffered in the cache and cost about the same on shared memory

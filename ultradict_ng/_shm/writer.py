@@ -381,10 +381,14 @@ class Writer(Reader):
                             )
                         )
                     return
+                before = self._map.words[_W_STATE]
                 try:
                     self._publish_transaction(tx)
                 except BaseException:
-                    self._discard(tx)
+                    if self._map.words[_W_STATE] == before:
+                        self._discard(tx)
+                    else:  # (published, then interrupted: its blobs are referenced; the cache reloads)
+                        self.gen = self.seen = INVALID
                     raise
                 if tx.dropped and self.durable is not None and not tx.dump:
                     self._drop_in_files(tx.dropped)
