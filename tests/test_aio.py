@@ -254,6 +254,41 @@ def test_async_lock_serialises_coroutines_and_processes(name):
     asyncio.run(main())
 
 
+def test_awaited_writes_inside_the_async_lock_take_it_again(name):
+    """The lock is reentrant, as the synchronous one: ``await d.set(...)``
+    inside ``async with d.lock`` takes it again (through the loop's turn it
+    waited for itself, for ever), and another coroutine still waits for the
+    whole block."""
+
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        seen: list[Any] = []
+
+        async def other() -> None:
+            await ad.set("other", 1)
+            seen.append(dict(ad))
+
+        async def block() -> None:
+            async with ad.lock:
+                rival = asyncio.ensure_future(other())
+                await ad.set("a", 1)
+                await asyncio.sleep(0.05)  # (the rival runs here: it must wait)
+                await ad.update(b=2)
+                assert await ad.pop("a") == 1
+                async with ad.lock:
+                    await ad.set("c", 3)
+                assert not seen and ad.lock._lock.held()
+            await rival
+
+        try:
+            await asyncio.wait_for(block(), 10)
+            assert seen == [{"b": 2, "c": 3, "other": 1}] and not ad.lock.locked()
+        finally:
+            ad.unlink()
+
+    asyncio.run(main())
+
+
 def test_async_lock_waits_for_another_process_without_blocking_and_times_out(name):
     async def main() -> None:
         ad = AsyncSharedDict(name=name, create=True)

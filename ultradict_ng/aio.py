@@ -181,6 +181,10 @@ class AsyncSharedLock:
         self._name = name
         self._waits = waits
         self._turns: dict[int, asyncio.Lock] = {}
+        #: Per loop: the task that holds the lock and how many times it took it --
+        #: reentrant, as the synchronous lock (an awaited write inside ``async with
+        #: d.lock`` takes it again; through the turn it would wait for itself).
+        self._holders: dict[int, tuple[Optional[asyncio.Task[Any]], int]] = {}
 
     def _turn(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -195,6 +199,12 @@ class AsyncSharedLock:
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         deadline = None if timeout is None else time.monotonic() + timeout
+        loop, task = id(asyncio.get_running_loop()), asyncio.current_task()
+        holder = self._holders.get(loop)
+        if holder is not None and holder[0] is task and self._lock.held():
+            self._lock.try_acquire()  # (one more hold of this thread's: it cannot fail)
+            self._holders[loop] = (task, holder[1] + 1)
+            return True
         turn = self._turn()
         try:
             if deadline is None or not turn.locked():
@@ -207,6 +217,7 @@ class AsyncSharedLock:
             lock = self._lock
             while True:
                 if lock.try_acquire():
+                    self._holders[loop] = (task, 1)
                     return True
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
@@ -220,10 +231,18 @@ class AsyncSharedLock:
     def release(self) -> None:
         """Release the lock (from the coroutine that holds it)."""
         held = self._lock.held()
+        loop = id(asyncio.get_running_loop())
+        holder = self._holders.get(loop)
+        if held and holder is not None and holder[1] > 1:  # (an inner hold: the turn stays)
+            self._lock.release()
+            self._holders[loop] = (holder[0], holder[1] - 1)
+            return
         try:
             self._lock.release()  # (RuntimeError if not held; LeaseLost after giving it back)
         finally:
-            turn = self._turns.get(id(asyncio.get_running_loop()))
+            if held:
+                self._holders.pop(loop, None)
+            turn = self._turns.get(loop)
             if held and turn is not None and turn.locked():
                 turn.release()  # the next coroutine's turn, whatever the release raised
 
