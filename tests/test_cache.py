@@ -568,10 +568,12 @@ def test_a_value_the_codec_refuses_leaks_no_slot(name):
 
 
 @pytest.mark.parametrize("cull", [None, 0, 2])
-@pytest.mark.parametrize("bad", ["value", "key"])
+@pytest.mark.parametrize("bad", ["value", "key", "surrogate value", "surrogate key"])
 def test_a_refused_set_into_a_full_cache_evicts_nothing(name, cull, bad):
     """Bad input changes nothing: a full cache without maxbytes (nothing sized
-    the entry) refused a key or value only after making room for it."""
+    the entry) refused a key or value only after making room for it -- an
+    unsupported type, or a str with a lone surrogate (``os.fsdecode`` makes
+    them), inside plain data where no type check sees it."""
     from tests.torture_workers import check_side
 
     c = SharedCache(name, maxsize=4, cull_frequency=cull)
@@ -580,8 +582,12 @@ def test_a_refused_set_into_a_full_cache_evicts_nothing(name, cull, bad):
         with pytest.raises(UnsupportedType):
             if bad == "value":
                 c.set("new", (1, object()))
-            else:
+            elif bad == "key":
                 c.set(object(), 1)
+            elif bad == "surrogate value":
+                c.set("new", {"name": ["ok", "\udc80"]})
+            else:
+                c.set("\udc80", 1)
         assert sorted(c) == [f"k{i}" for i in range(4)]
         with c.lock:
             assert check_side(c) == (0, 0)

@@ -40,7 +40,6 @@ _W_BATCH = C.W_BATCH
 _PLAIN_LEAVES: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes})
 _PLAIN_TOP: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 _PLAIN_TREES: frozenset[type] = frozenset({dict, list, set, frozenset})  # (tuples inside only)
-_ENCODED_TREES: frozenset[type] = _PLAIN_TREES | {tuple}
 _CHECKED = codec_for("msgpack")  # (the codec of the cache's dict, as its size check's)
 
 
@@ -52,12 +51,13 @@ def plain_data(value: Any) -> bool:
 
 
 def refuse_early(key: Any, stored: Any) -> None:
-    """Encode a key or value no size check has encoded (a cache without
-    ``maxbytes``), unless it is plain data, which always encodes: one the codec
-    refuses must raise before making room evicts anything, not after."""
+    """Encode a key and value no size check has encoded (a cache without
+    ``maxbytes``) before making room for them evicts anything: one the codec
+    refuses -- an unsupported type, a str holding a lone surrogate, which no
+    type check sees -- must raise first.  Only when the cache is full: else
+    nothing is evicted, and the write's own encoding refuses it."""
     for part in (key, stored):
-        tp = type(part)
-        if tp not in _PLAIN_LEAVES and not (tp in _ENCODED_TREES and types_within(part, _PLAIN_LEAVES, 16)):
+        if type(part) is not bytes:
             _CHECKED.dumps(part)
 
 
@@ -152,7 +152,7 @@ class Entries:
                 add_word(w, C.W_BYTES, grown)
                 side.sizes[slot] = size
         else:
-            if self._size_codec is None:
+            if self._size_codec is None and self._maxsize is not None and len(self._d) >= self._maxsize:
                 refuse_early(key, stored)
             if w[C.W_FLAGS]:
                 self._reap(now, key)
