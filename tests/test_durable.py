@@ -1570,6 +1570,27 @@ def test_a_non_file_under_the_control_segments_name_is_refused_clearly(durable_d
         shutil.rmtree(fresh, ignore_errors=True)
 
 
+def test_running_out_of_descriptors_is_not_called_a_damaged_segment(durable_dir, monkeypatch):
+    """EMFILE while attaching is the system's error, not ``CorruptSegment``
+    saying to remove a sound dict's shared memory or checkpoint."""
+    import errno
+
+    from ultradict_ng._platform import segments
+
+    d = SharedDict({"k": 1}, path=durable_dir)
+
+    def exhausted(*args: object) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(segments, "_open_fd", exhausted)
+    with pytest.raises(OSError) as raised:
+        SharedDict(path=durable_dir)
+    assert raised.value.errno == errno.EMFILE and not isinstance(raised.value, CorruptSegment)
+    monkeypatch.undo()
+    d.unlink()
+    d.close()
+
+
 @pytest.mark.parametrize("initial", [None, {"k": 1}])
 def test_a_description_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, monkeypatch, initial):
     """No room left for a new dict's ``dict.meta``: ``OutOfSpace``, as for its

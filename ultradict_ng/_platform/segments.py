@@ -86,6 +86,8 @@ SHM_DIR = "/dev/shm"
 #: sweeps; :func:`listable` asks again, for tools).
 LISTABLE = os.path.isdir(SHM_DIR)
 #: errno values that mean "no room in shared memory".
+#: What opening a name that is no segment (a directory, a symbolic link, a device) gives.
+_NOT_A_SEGMENT = (errno.EINVAL, errno.EISDIR, errno.ELOOP, errno.ENXIO, errno.ENODEV)
 _FULL = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT)  # (EDQUOT: a user's disk quota)
 #: pwrite's answers where shared memory cannot be written through its descriptor
 #: (macOS allows only ftruncate and mmap on it).
@@ -284,9 +286,9 @@ class Segment:
         """
         try:
             fd = _open_fd(name, os.O_RDWR)
-        except (FileNotFoundError, PermissionError):
-            raise
         except OSError as exc:  # (a directory, a symbolic link: anyone may make one in /dev/shm)
+            if exc.errno not in _NOT_A_SEGMENT:
+                raise  # (missing, not ours, out of descriptors: the system's error)
             where = file_of(name) or f"{SHM_DIR}{_path(name)}"
             raise CorruptSegment(f"{where} is not a segment ({exc.strerror or exc}): remove it") from exc
         try:
