@@ -1474,13 +1474,14 @@ def test_an_open_interrupted_before_its_handle_is_armed_leaves_nothing(
     e.close()
 
 
-@pytest.mark.parametrize("kind", ["directory", "fifo"])
-@pytest.mark.parametrize("file", ["dict.meta", "clean", "dump", "stream", "blob"])
-def test_a_directory_or_fifo_in_place_of_a_file_is_refused_not_hung(durable_dir, file, kind):
+@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink"])
+@pytest.mark.parametrize("file", ["dict.meta", "clean", "dump", "stream", "blob", "cache"])
+def test_no_regular_file_in_place_of_a_dicts_file_is_refused_not_hung(durable_dir, tmp_path, file, kind):
     """What is no regular file where a dict's file must be: an error of the
-    CorruptSegment family naming it -- not a bare ``OSError``, and never an
-    open that blocks (a FIFO opened for reading waits for a writer, under
-    the directory lock) -- and nothing changed."""
+    CorruptSegment family naming it -- not a bare ``OSError``, never an open
+    that blocks (a FIFO opened for reading waits for a writer, under the
+    directory lock), never a write through a link into the file it names --
+    and nothing changed, the link's target included."""
     d = SharedDict(path=durable_dir, blob_threshold=1000)
     d["v"] = b"x" * 2000  # (a value file)
     d._store.force_dump()
@@ -1488,10 +1489,18 @@ def test_a_directory_or_fifo_in_place_of_a_file_is_refused_not_hung(durable_dir,
     d.close()
     reboot(durable_dir)
     names = {"dump": "dump.", "blob": "blob."}
-    target = next(f for f in sorted(os.listdir(durable_dir)) if f.startswith(names.get(file, file)))
+    target = next((f for f in sorted(os.listdir(durable_dir)) if f.startswith(names.get(file, file))), file)
     where = os.path.join(durable_dir, target)
-    os.rename(where, where + ".saved")
-    os.mkdir(where) if kind == "directory" else os.mkfifo(where)
+    if os.path.exists(where):  # (a plain dict has no "cache": one is made where it would be)
+        os.rename(where, where + ".saved")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"another program's" * 64)
+    if kind == "directory":
+        os.mkdir(where)
+    elif kind == "fifo":
+        os.mkfifo(where)
+    else:
+        os.symlink(elsewhere, where)
     before = sorted(os.listdir(durable_dir))
     try:
         code = (
@@ -1504,13 +1513,32 @@ def test_a_directory_or_fifo_in_place_of_a_file_is_refused_not_hung(durable_dir,
         )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        assert re.match(f"(CorruptSegment|NotADict) .*{re.escape(target)}", out.stdout), out.stdout
+        assert re.match(f"CorruptSegment .*{re.escape(target)} is ", out.stdout), out.stdout
         assert sorted(os.listdir(durable_dir)) == before
+        assert elsewhere.read_bytes() == b"another program's" * 64
     finally:
         os.rmdir(where) if kind == "directory" else os.unlink(where)
-        os.rename(where + ".saved", where)
+        if os.path.exists(where + ".saved"):
+            os.rename(where + ".saved", where)
         reboot(durable_dir)
     e = SharedDict(path=durable_dir)
+    e.unlink()
+    e.close()
+
+
+def test_a_close_that_finds_no_regular_file_records_no_clean_close(durable_dir, caplog):
+    """A FIFO made as ``cache`` while the dict is open: its last close logs
+    and returns (the next open recovers), as for a failed sync -- no raw
+    error out of ``close()`` after the shared memory is gone already."""
+    d = SharedDict({"a": 1}, path=durable_dir)
+    os.mkfifo(os.path.join(durable_dir, D.CACHE_FILE))
+    with caplog.at_level("WARNING", logger="ultradict_ng"):
+        d.close()
+    assert "no clean close recorded" in caplog.text and "is a FIFO" in caplog.text
+    assert not os.path.exists(os.path.join(durable_dir, D.CLEAN_FILE))
+    os.unlink(os.path.join(durable_dir, D.CACHE_FILE))
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"a": 1}
     e.unlink()
     e.close()
 

@@ -121,9 +121,13 @@ def _open_regular(path: str, flags: int) -> int:
     until some writer opened it (hence ``O_NONBLOCK``, which a regular file
     ignores)."""
     try:
-        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK | _NOFOLLOW)
     except IsADirectoryError:
-        raise CorruptSegment(f"{path} is a directory, not a dict's file; nothing was changed") from None
+        raise not_regular(path, stat.S_IFDIR) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and _NOFOLLOW:
+            raise not_regular(path, stat.S_IFLNK) from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
     except BaseException:
@@ -131,9 +135,28 @@ def _open_regular(path: str, flags: int) -> int:
         raise
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
-        raise CorruptSegment(f"{path} is {kind}, not a dict's file; nothing was changed")
+        raise not_regular(path, mode)
     return fd
+
+
+#: A dict's files are never symbolic links: one followed would have the
+#: dict write into whatever file it names (its last component only: the
+#: directory itself may be reached through links).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def not_regular(path: str, mode: int) -> CorruptSegment:
+    """The error for what is no regular file where a dict's file must be."""
+    kind = (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a special file"
+    )
+    return CorruptSegment(f"{path} is {kind}, not a dict's file; nothing was changed")
 
 
 def mark_open(fd: int) -> None:

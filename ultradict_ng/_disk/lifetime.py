@@ -22,7 +22,7 @@ from .._shm.control import control_owner
 from .._shm.lock import ShmLock
 from .._shm.mapping import Mapping
 from .._shm.store import Store
-from ..errors import AlreadyExists, LockTimeout
+from ..errors import AlreadyExists, CorruptSegment, LockTimeout
 from . import files
 from . import layout as D
 from .recovery import clean_bytes, dicts_own, whole_record
@@ -152,7 +152,7 @@ def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> No
             os.path.join(directory, D.CLEAN_FILE),
             clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),
         )
-    except OSError as exc:  # (a full disk, an I/O error): no clean file, so the next open recovers
+    except (OSError, CorruptSegment) as exc:  # (a full disk, an I/O error, no regular file): recovered next
         log.warning(
             "ultradict_ng: closing %s: no clean close recorded (%s); the next open recovers",
             directory,

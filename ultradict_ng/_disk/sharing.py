@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import time
 from typing import Any
 
@@ -54,7 +55,10 @@ def refuse_shared(directory: str) -> None:
         )
     for name in (D.STREAM_FILE, D.CACHE_FILE):
         with contextlib.suppress(FileNotFoundError):
-            links = os.stat(f"{directory}/{name}").st_nlink
+            st = os.lstat(f"{directory}/{name}")
+            if not stat.S_ISREG(st.st_mode):  # (a directory has 2 links: no copy by linking)
+                raise files.not_regular(f"{directory}/{name}", st.st_mode)
+            links = st.st_nlink
             if links > 1:
                 raise NotADict(
                     f"{directory}/{name} has {links} hard links: the directory was copied by linking its "
