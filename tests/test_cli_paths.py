@@ -74,6 +74,51 @@ def test_ls_calls_a_dict_closed_cleanly_only_when_its_clean_record_says_so(durab
     assert not cli_json("stats", durable_dir)["closed_cleanly"]  # (it opens the dict: a recovery)
 
 
+def test_a_stray_newer_checkpoint_name_does_not_unmake_a_clean_close(durable_dir):
+    """The open takes the checkpoint ``clean`` names, whatever newer name lies
+    beside it (an unpublished ``dump.N`` a killed writer left): ``ls`` agrees."""
+    from ultradict_ng._disk import layout as D
+
+    d = SharedDict({"a": 1}, path=durable_dir)
+    d._store.force_dump()
+    d.close()
+    gen = cli_json("ls", durable_dir)[0]
+    assert gen["closed_cleanly"]
+    with open(os.path.join(durable_dir, D.DUMP_PREFIX + "z"), "wb") as f:
+        f.write(b"\0" * 64)  # (unpublished: zeros)
+    assert cli_json("ls", durable_dir)[0]["closed_cleanly"]
+    assert "closed cleanly: opens without recovery" in cli("doctor", durable_dir).stdout
+
+
+@pytest.mark.parametrize("file", ["dict.meta", "dump", "blob", "cache", "clean"])
+def test_the_reading_commands_refuse_a_fifo_in_place_of_a_file_without_hanging(durable_dir, file):
+    """``ls``, ``stats`` and ``doctor`` read a dict's files as an open does: a
+    FIFO there (its open for reading waits for a writer) is named, not waited
+    for, and no command prints a traceback."""
+    from ultradict_ng._disk import layout as D
+
+    d = SharedDict(path=durable_dir, blob_threshold=1000)
+    d["v"] = b"x" * 2000
+    d._store.force_dump()
+    d.close()
+    prefix = {"dump": D.DUMP_PREFIX, "blob": D.BLOB_PREFIX}.get(file, file)
+    target = next((f for f in sorted(os.listdir(durable_dir)) if f.startswith(prefix)), file)
+    where = os.path.join(durable_dir, target)
+    if os.path.exists(where):
+        os.rename(where, where + ".saved")
+    os.mkfifo(where)
+    try:
+        for command in ("ls", "doctor", "stats"):
+            out = cli(command, durable_dir)  # (a TimeoutExpired while one waits)
+            assert "Traceback" not in out.stderr, out.stderr
+            assert f"{target} is a FIFO" in out.stdout + out.stderr or command != "doctor", (command, out)
+    finally:
+        os.unlink(where)
+        if os.path.exists(where + ".saved"):
+            os.rename(where + ".saved", where)
+    SharedDict(path=durable_dir).unlink()
+
+
 def test_every_command_takes_a_path(durable_dir, tmp_path):
     d = SharedDict(path=durable_dir, sync="always", buffer_size=4096)
     d.update({f"k{i}": i for i in range(100)})

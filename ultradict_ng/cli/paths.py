@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from .._disk import layout as D
-from .._disk.files import FileBytes, dicts_file
+from .._disk.files import FileBytes, dicts_file, open_rw
 from .._disk.opening import read_meta
 from .._disk.recovery import (
     NORMAL_ENDS,
@@ -72,7 +72,7 @@ def peeking(path: str) -> Iterator[Peek]:
 def _meta(path: str) -> dict[str, Any]:
     meta_path = os.path.join(path, D.META_FILE)
     try:
-        with open(meta_path, "rb") as f:
+        with _open_read(meta_path) as f:
             meta = json.loads(f.read())
     except FileNotFoundError:
         raise NotFound(f"no dict is kept in {path!r}") from None
@@ -85,6 +85,13 @@ def _meta(path: str) -> dict[str, Any]:
     if meta.get("creating"):
         raise NotFound(f"no dict is kept in {path!r}: its creation did not finish (the next one replaces it)")
     return meta
+
+
+def _open_read(name: str) -> Any:
+    """The dict's file ``name`` opened to read, as an open of the dict opens it:
+    non-blocking (a FIFO there must not hang a command that only reads), and
+    ``CorruptSegment`` naming it if it is no regular file."""
+    return open(open_rw(name, writable=False), "rb")
 
 
 def describes_a_dict(path: str) -> None:
@@ -149,15 +156,17 @@ def summary(path: str) -> dict[str, Any]:
 
 
 def _closed_cleanly(path: str, meta: dict[str, Any], dumps: list[str]) -> bool:
-    """Whether ``clean`` is a whole record of this dict at its newest checkpoint
-    -- what an open trusts (the stream's end it checks too needs a scan:
-    ``doctor PATH`` makes it) -- not merely a file of that name."""
+    """Whether ``clean`` is a whole record of this dict at the checkpoint an
+    open takes (``newest_checkpoint``: the one a clean close names, whatever
+    newer name lies beside it) -- what an open trusts (the stream's end it
+    checks too needs a scan: ``doctor PATH`` makes it) -- not merely a file."""
     try:
         clean = read_clean(path)
-    except CorruptSegment:  # (no regular file)
+        if clean is None or clean[2] != meta.get("token"):
+            return False
+        return newest_checkpoint(path, dumps, clean[0]) == clean[0]
+    except CorruptSegment:  # (no regular file; a checkpoint's name on another file)
         return False
-    newest = max((D.own_id(f, D.DUMP_PREFIX) or 0 for f in dumps), default=0)
-    return clean is not None and clean[2] == meta.get("token") and clean[0] == newest
 
 
 #: Times ``doctor`` checks again when a writer made a checkpoint meanwhile.
@@ -220,7 +229,10 @@ def _checks_once(path: str) -> list[Check]:
     out.append(("disk", room, f"{free / (1 << 20):,.0f} MiB free where the files are"))
     names = os.listdir(path)
     token: int = meta["token"] if type(meta.get("token")) is int else 0
-    clean = read_clean(path)
+    try:
+        clean = read_clean(path)
+    except CorruptSegment as exc:
+        return out + [("clean", "fail", f"{exc} (every open refuses it)")]
     try:
         generation = newest_checkpoint(path, names, clean[0] if clean and clean[2] == token else None)
         problem = _dump_problem(path, generation, token) if generation else ""
@@ -256,11 +268,11 @@ def _checks_once(path: str) -> list[Check]:
             out.append(("stream", "fail", f"{stream} is empty (cut to nothing): the writes it held are lost"))
             return out
     try:
-        with open(stream, "rb") as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        with _open_read(stream) as sf, mmap.mmap(sf.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             found = looked_past(FileBytes(sf.fileno()), scan(mm, generation), generation)  # (as recovery)
             missing = missing_checkpoint(mm, found, generation, clean, token)
-    except (OSError, ValueError) as exc:
-        out.append(("stream", "fail", f"{stream}: {exc}"))
+    except (OSError, ValueError) as exc:  # (CorruptSegment names the file)
+        out.append(("stream", "fail", str(exc) if isinstance(exc, CorruptSegment) else f"{stream}: {exc}"))
         return out
     if missing:
         name = D.DUMP_PREFIX + L.base36(missing)
@@ -330,11 +342,14 @@ def _blob_problems(path: str, names: list[str], token: int) -> list[str]:
     for blob_id in ids:
         f = D.BLOB_PREFIX + L.base36(blob_id)
         try:
-            with open(os.path.join(path, f), "rb") as bf:
+            with _open_read(os.path.join(path, f)) as bf:
                 size = os.fstat(bf.fileno()).st_size
                 raw = bf.read(header.size)
         except FileNotFoundError:
             continue  # (dropped by a writer meanwhile)
+        except CorruptSegment as exc:
+            out.append(str(exc))
+            continue
         except OSError as exc:
             out.append(f"{f}: {exc.strerror or exc}")
             continue
@@ -357,11 +372,13 @@ def _cache_problem(path: str, token: int) -> Optional[str]:
     what every open of the cache checks, and refuses while it holds entries."""
     name = os.path.join(path, D.CACHE_FILE)
     try:
-        with open(name, "rb") as f:
+        with _open_read(name) as f:
             size = os.fstat(f.fileno()).st_size
             header = f.read(C.HEADER_WORDS * 8)
     except FileNotFoundError:
         return None
+    except CorruptSegment as exc:
+        return str(exc)
     except OSError as exc:
         return f"{name}: {exc.strerror or exc}"
     if len(header) < C.HEADER_WORDS * 8 or size % 8:
@@ -381,7 +398,7 @@ def _dump_problem(path: str, generation: int, token: int) -> str:
     its header, and every entry's bounds and crc and its index (a table) or its payload's crc."""
     name = os.path.join(path, D.DUMP_PREFIX + L.base36(generation))
     try:
-        with open(name, "rb") as f:  # (read whole, not mapped: a failed check's views hold no mapping)
+        with _open_read(name) as f:  # (read whole, not mapped: a failed check's views hold no mapping)
             mm = f.read()
             if mm[:8] == TL.TABLE_MAGIC:
                 with memoryview(mm) as whole:
