@@ -596,6 +596,48 @@ def test_a_refused_set_into_a_full_cache_evicts_nothing(name, cull, bad):
         SharedCache.unlink_by_name(name)
 
 
+@pytest.mark.parametrize("cell", [4, 2**40])
+def test_a_damaged_free_slot_cell_is_recounted_not_handed_out(name, cell):
+    """A free-stack cell naming a slot never handed out (or past the arrays):
+    the writer recounts the side from the entries instead of writing a size
+    past the array (IndexError) or giving one slot to two entries."""
+    from tests.torture_workers import check_side
+
+    c = SharedCache(name, maxsize=4)
+    try:
+        c.update({f"k{i}": i for i in range(3)})
+        del c["k1"]
+        with c.lock:
+            c._side.free[c._side.words[C.W_FREE] - 1] = cell
+        c["new"] = 1
+        c["newer"] = 2
+        assert sorted(c) == ["k0", "k2", "new", "newer"]
+        with c.lock:
+            assert check_side(c) == (0, 0)
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+@pytest.mark.parametrize("when", [float("nan"), float("inf")])
+def test_damaged_recency_times_still_leave_a_victim(name, when):
+    """Eviction takes the least recent of a sample; a NaN or infinite time
+    compares false with everything, and no victim was found: the cache grew
+    past maxsize."""
+    c = SharedCache(name, maxsize=4)
+    try:
+        c.update({f"k{i}": i for i in range(4)})
+        with c.lock:
+            for slot in range(c._side.nslots):
+                c._side.recency[slot] = when
+        for i in range(10):
+            c[f"n{i}"] = i
+            assert len(c) <= 4
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
 def test_limit_handle_bounds_this_handles_writes_only(name):
     """Per-handle limits (a framework's aliases sharing one store): checked, and
     each handle evicts by its own."""

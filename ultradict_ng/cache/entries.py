@@ -40,7 +40,8 @@ _W_BATCH = C.W_BATCH
 _PLAIN_LEAVES: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes})
 _PLAIN_TOP: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 _PLAIN_TREES: frozenset[type] = frozenset({dict, list, set, frozenset})  # (tuples inside only)
-_CHECKED = codec_for("msgpack")  # (the codec of the cache's dict, as its size check's)
+_CHECKED = codec_for("msgpack")
+_INF = float("inf")  # (the codec of the cache's dict, as its size check's)
 
 
 def plain_data(value: Any) -> bool:
@@ -211,7 +212,11 @@ class Entries:
             free, nxt = w[_W_FREE], w[_W_NEXT]
         if free:
             w[_W_FREE] = free - 1
-            return int(side.free[free - 1])
+            slot = int(side.free[free - 1])
+            if slot >= min(nxt, nslots):  # (a damaged cell: never handed out; recounted instead)
+                self._rebuild()
+                return self._take_slot()
+            return slot
         if nxt < nslots:
             w[_W_NEXT] = nxt + 1
             return int(nxt)
@@ -299,6 +304,8 @@ class Entries:
             w[C.W_FLAGS] = C.FLAG_EXPIRING
         for slot in used:  # recounted: exact whatever crashes or damage left in the cells
             side.sizes[slot] = sizes.get(slot, 0)
+            if not 0.0 <= side.recency[slot] < _INF:  # (NaN, infinite, negative: damage)
+                side.recency[slot] = 0.0  # (the least recent)
         top = max(used) + 1 if used else 0
         w[C.W_FREE] = 0
         w[C.W_NEXT] = top
@@ -408,7 +415,7 @@ class Entries:
                 except (TypeError, IndexError, KeyError):
                     self._delete(k, e)  # not an entry (another program's): removed, no victim
                     continue
-                if t < best_t:
+                if best is None or t < best_t:  # (a NaN or infinite time -- damage -- is a victim too)
                     best, best_t = (k, e), t
             if best is not None:
                 return best
