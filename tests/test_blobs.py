@@ -154,6 +154,30 @@ def test_nested_values_and_pickle_serializer(name):
         d.close()
 
 
+def test_whether_a_deep_value_fits_does_not_depend_on_the_callers_stack(name):
+    """The walk for large values took two interpreter frames a level: a value
+    the codec takes (up to 500 levels) fit or not by how deep the caller's
+    own stack was -- 498 levels from a shallow one, refused from under 400
+    frames."""
+    d = SharedDict(name=name, create=True, recurse=False)
+    try:
+        value: object = 1
+        for _ in range(490):
+            value = [value]
+
+        def set_from(depth: int) -> None:
+            if depth:
+                set_from(depth - 1)
+            else:
+                d["deep"] = value
+
+        set_from(400)
+        assert d["deep"] == value
+    finally:
+        d.unlink()
+        d.close()
+
+
 def test_object_arrays_are_refused_and_nothing_changes(name):
     d, other = pair(name)
     try:

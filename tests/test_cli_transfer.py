@@ -234,6 +234,58 @@ def test_msgpack_round_trip_explicit(dicts, name, made, tmp_path, capsys, recurs
         back.close()
 
 
+@pytest.mark.parametrize("fmt", ["msgpack", "jsonl"])
+def test_a_value_as_deep_as_the_dict_takes_loads_back(dicts, name, made, tmp_path, capsys, fmt):
+    """The deepest value ``d[k] = v`` takes is in the dump and loads back: an
+    update's record nests values two levels deeper than a set's, and load
+    refused what the dict itself held."""
+    from ultradict_ng.errors import UnsupportedType
+
+    d = dicts(name=name, recurse=False)
+    depth = 520
+    while True:  # (the deepest list a set takes)
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        try:
+            d["deep"] = value
+            break
+        except UnsupportedType:
+            depth -= 1
+    d["after"] = 2
+    path = tmp_path / f"deep.{fmt}"
+    assert run(capsys, "dump", name, str(path))[0] == 0
+    other = unique_name()
+    made.append(other)
+    status, _, err = run(capsys, "load", other, str(path))
+    assert status == 0, err
+    back = SharedDict(name=other, create=False)
+    try:
+        assert back["deep"] == value and back["after"] == 2
+    finally:
+        back.close()
+
+
+def test_a_json_line_nested_deeper_than_any_dict_is_a_one_line_error(dicts, name, tmp_path, capsys):
+    path = tmp_path / "deep.jsonl"
+    path.write_text('["k", ' + "[" * 5000 + "]" * 5000 + "]\n")
+    status, _, err = run(capsys, "load", name, str(path))
+    assert status == 1 and "line 1: nested too deep" in err and "Traceback" not in err
+
+
+def test_show_json_of_the_deepest_value_a_dict_takes(dicts, name, capsys):
+    """Rendering takes two or three frames a level: ``show --json`` of a
+    value the dict holds raised RecursionError (a traceback)."""
+    d = dicts(name=name, recurse=False)
+    value: Any = 1
+    for _ in range(490):
+        value = [value]
+    d["deep"] = value
+    status, out, err = run(capsys, "show", name, "deep", "--json")
+    assert status == 0, err
+    assert json.loads(out) == {"deep": value}
+
+
 # -- JSON lines ------------------------------------------------------------------------------
 
 

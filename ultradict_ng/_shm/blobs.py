@@ -361,7 +361,9 @@ def extract(
         return value.tobytes()
     if other is not None and tp not in _PLAIN and tp not in _HANDLED:
         return other(value)
-    if (tp is list or tp is tuple or tp is dict) and types_within(value, _PLAIN, _LEVELS):
+    if (tp is list or tp is tuple or tp is dict) and (
+        types_within(value, _PLAIN, _LEVELS) or _plain_throughout(value)
+    ):
         return value  # the common case, scanned in C: nothing in it can be a blob
     if tp is list or tp is tuple:
         items = [extract(v, threshold, store_blob, other) for v in value]
@@ -372,6 +374,29 @@ def extract(
         new = {k: extract(v, threshold, store_blob, other) for k, v in value.items()}
         return value if all(new[k] is v for k, v in value.items()) else new
     return value
+
+
+def _plain_throughout(value: Any) -> bool:
+    """Whether ``value`` holds plain scalars only, in lists, tuples and dicts
+    at any depth: with an explicit stack, so that a value as deep as the
+    codec takes (500 levels) is no deeper for the interpreter's recursion
+    limit -- the walk below takes two frames a level, and whether a value fit
+    depended on how deep its caller's stack already was."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        for members in (item.keys(), item.values()) if type(item) is dict else (item,):
+            found = set(map(type, members))
+            if found <= _PLAIN:
+                continue
+            if not found <= _PLAIN_OR_TREES:
+                return False
+            stack.extend(m for m in members if type(m) in _TREES)
+    return True
+
+
+_TREES = frozenset({list, tuple, dict})
+_PLAIN_OR_TREES = _PLAIN | _TREES
 
 
 # -- the writer's steps (layout: "Blobs" a-d) -------------------------------------------------

@@ -115,7 +115,8 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         "rm",
         "remove dicts now (as unlink_by_name)",
         "Remove every segment of each NAME, whether processes still use it or not: they "
-        "keep reading its last state and their writes raise Unlinked.  Exit status 1 if "
+        "keep reading its last state (but large values they had not read: gone) and their "
+        "writes raise Unlinked.  Exit status 1 if "
         "a NAME does not exist or is not an ultradict_ng dict.",
     )
     p.add_argument("names", metavar="NAME", nargs="+")
@@ -264,6 +265,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         "load": transfer.cmd_load,
         "compact": _compact,
     }
+    # Rendering (``render.to_json``, ``json.dumps(indent=2)``'s encoder) takes
+    # two or three frames a container level: a value at the codec's 500 levels
+    # needs more than the default 1,000.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, _FRAMES))
     try:
         return handlers[args.command](args)
     except BrokenPipeError:  # `| head`
@@ -271,6 +277,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (SharedDictError, OSError) as exc:
         print(f"ultradict-ng {args.command}: {exc}{_path_hint(args, exc)}", file=sys.stderr)
         return 1
+    except RecursionError:  # (deeper than any dict holds: a file's, not ours)
+        print(f"ultradict-ng {args.command}: a value nested too deep to show", file=sys.stderr)
+        return 1
+    finally:
+        sys.setrecursionlimit(limit)  # (main called from a program: its own limit back)
+
+
+#: The recursion limit the commands run with (see ``main``).
+_FRAMES = 5000
 
 
 def _path_hint(args: argparse.Namespace, exc: BaseException) -> str:

@@ -1,8 +1,9 @@
 """``rm`` and ``clean``: removing dicts, and only the unused ones.
 
 ``rm`` is :func:`~ultradict_ng.unlink_by_name` for people: it removes what it
-is told to, live users or not (they keep reading the last state; their writes
-raise ``Unlinked``), and says who was still using it.  It also removes a dict
+is told to, live users or not (they keep reading the last state, but for
+large values they had not read; their writes raise ``Unlinked``), and says
+who was still using it.  It also removes a dict
 made by another layout version (``unlink_other_layout``), which nothing of
 this version can otherwise read or remove -- the leftovers of an upgrade --
 and a dict kept in files that cannot be opened (damaged, or of another
@@ -100,7 +101,8 @@ def cmd_rm(args: Namespace) -> int:
         if e["live_users"]:
             print(
                 f"  it was still used by pid {', '.join(map(str, e['live_users']))}: they keep "
-                "reading its last state, and their writes raise Unlinked"
+                "reading its last state (not large values they had not read yet), and their writes "
+                "raise Unlinked"
             )
     return status
 

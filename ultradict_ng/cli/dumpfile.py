@@ -140,6 +140,8 @@ def read_jsonl(
                 raise ValueError(f"the key is a JSON {'array' if type(entry[0]) is list else 'object'}")
         except json.JSONDecodeError as exc:  # (its own "line 1" would be misleading)
             raise BadDumpFile(f"line {lineno}, column {exc.colno}: {exc.msg}") from None
+        except RecursionError:  # (json's decoder recurses a level at a time)
+            raise BadDumpFile(f"line {lineno}: nested too deep for a dict (500 levels at most)") from None
         except BadDumpFile:
             raise
         except ValueError as exc:

@@ -363,5 +363,14 @@ def _fill(d: SharedDict, entries: Iterator[tuple[str, Any, Any, int]]) -> int:
 def _write(d: SharedDict, chunk: list[tuple[Any, Any]], first: str, last: str) -> None:
     try:
         d.update(chunk)
+        return
     except UnsupportedType as exc:  # (main reports it)
-        raise UnsupportedType(f"{first} to {last.split(' ')[-1]}: {exc}; nothing was changed") from None
+        refused = exc
+    # One by one (inside the transaction still): an update's record nests its
+    # values two levels deeper than a set's, so a value as deep as the dict
+    # takes -- one its own dump wrote -- fits a set and not an update.
+    try:
+        for key, value in chunk:
+            d[key] = value
+    except UnsupportedType:
+        raise UnsupportedType(f"{first} to {last.split(' ')[-1]}: {refused}; nothing was changed") from None
