@@ -18,7 +18,6 @@ import os
 import platform
 import struct
 import sys
-import threading
 import zlib
 from typing import Any, Optional, Union
 
@@ -382,23 +381,24 @@ class PublicWords(Words):
         super().__init__(buffer)
         self._ctx: dict[int, Any] = {}
         self._views: dict[int, Any] = {}
-        # A word's view is entered once and kept until release(): two threads
-        # making the same one would drop the loser still entered, which
-        # ``atomics`` reports (an exception ignored in ``__del__``).
-        self._making = threading.Lock()
 
     def _view(self, index: int) -> Any:
         view = self._views.get(index)
         if view is None:
-            with self._making:
-                view = self._views.get(index)
-                if view is None:
-                    mv = self._mv
-                    if mv is None:  # released since the caller's check
-                        raise Closed("this handle's shared memory was closed")
-                    ctx = atomics.atomicview(buffer=mv[8 * index : 8 * index + 8], atype=atomics.UINT)
-                    view = ctx.__enter__()
-                    self._ctx[index], self._views[index] = ctx, view
+            mv = self._mv
+            if mv is None:  # released since the caller's check
+                raise Closed("this handle's shared memory was closed")
+            ctx = atomics.atomicview(buffer=mv[8 * index : 8 * index + 8], atype=atomics.UINT)
+            made = ctx.__enter__()
+            # A word's view is entered once and kept until release(): of two
+            # threads making one, the loser exits its own (dropped entered,
+            # ``atomics`` reports it from ``__del__``).  setdefault, not a lock:
+            # a lock some thread held at a fork would stay held in the child.
+            view = self._views.setdefault(index, made)
+            if view is made:
+                self._ctx[index] = ctx
+            else:
+                ctx.__exit__(None, None, None)
         return view
 
     def load(self, index: int) -> int:
@@ -412,11 +412,10 @@ class PublicWords(Words):
         return bool(res.success), int(res.expected)
 
     def release(self) -> None:
-        with self._making:
-            for ctx in self._ctx.values():
-                ctx.__exit__(None, None, None)
-            self._ctx, self._views = {}, {}
-            super().release()
+        for ctx in list(self._ctx.values()):
+            ctx.__exit__(None, None, None)
+        self._ctx, self._views = {}, {}
+        super().release()
 
 
 def _u64(value: int) -> int:
