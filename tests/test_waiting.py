@@ -36,6 +36,7 @@ from tests.wait_workers import in_thread, registered, slots, stop, words
 from ultradict_ng import Closed, SharedDict, Unlinked
 from ultradict_ng._shm import layout as L
 from ultradict_ng._shm import waiting
+from ultradict_ng._shm.lock import owner_word
 from ultradict_ng.speedups import FUTEX
 
 spawn = multiprocessing.get_context("spawn")
@@ -296,6 +297,7 @@ WAITER = """
 import sys, time
 from ultradict_ng import SharedDict
 from ultradict_ng._shm import waiting
+from ultradict_ng._shm.lock import owner_word
 from ultradict_ng._shm import layout as L
 L.WAIT_SLICE = 60.0
 d = SharedDict(name=sys.argv[1], create=False)
@@ -471,6 +473,37 @@ def test_closed_handle_raises_closed(pair):
     ):
         with pytest.raises(Closed):
             in_thread(call, 5)
+
+
+def test_a_handle_closed_under_its_waiter_leaves_no_wait_slot_behind(pair, mode):
+    """Two handles of one dict in one process share its wait registration:
+    the waiter of the one closed under it leaves last, and the slot and bit
+    it could not clear through its closed mapping are the next waiter's to
+    clear -- not a slot kept claimed until the process ends."""
+    if waiting.MODE != "futex":
+        pytest.skip("polling: no wait slots")
+    d, r = pair
+    mine = owner_word()
+    box: list[Any] = []
+
+    def wait(handle: Any, timeout: float) -> None:
+        try:
+            box.append(handle.wait_for_change(timeout=timeout))
+        except Closed as exc:
+            box.append(exc)
+
+    long = threading.Thread(target=wait, args=(r, 10))
+    short = threading.Thread(target=wait, args=(d, 0.3))
+    long.start()
+    short.start()
+    short.join(5)  # (it leaves first: the closed handle's waiter is the last one out)
+    r.close()
+    long.join(L.WAIT_SLICE + 2)
+    assert not long.is_alive() and isinstance(box[-1], Closed), box
+    wait(d, 0.2)  # (a later waiter, through the open handle)
+    words = d._store._map.words
+    owned = [i for i in range(L.WAIT_SLOTS) if words[L.W_WAIT_SLOTS + i] == mine]
+    assert owned == [] and words[L.W_CHANGE_WAITERS] == 0
 
 
 def test_handle_closed_under_a_waiting_thread(pair, mode):

@@ -133,12 +133,14 @@ class ProcessWaits:
                     self.slot = -1
                     words.cas(L.W_WAIT_SLOTS + slot, owner_word(), 0)
             except Closed:
-                # The handle was closed under a waiting thread: the mapping is
-                # gone, so the bits stay set until this process ends (then any
-                # waker's sweep clears them).
-                self.slot = -1
-                for key in self.counts:
-                    self.counts[key] = 0
+                # The handle was closed under a waiting thread: its mapping is
+                # gone, so the bit stays set, and the slot stays this process's
+                # -- the next waiter, through another handle, sets the same bit
+                # and clears it, and the slot, when it leaves (zeroing the
+                # counts here made another handle's waiters count below zero,
+                # and forgetting the slot left it claimed until the process
+                # ended).
+                pass
 
     @staticmethod
     def _claim(words: Words) -> int:
