@@ -170,6 +170,13 @@ def test_a_path_given_as_bytes_or_a_path_object_names_the_same_dict(durable_dir)
         SharedDict(path=5)
 
 
+def test_a_path_through_a_file_is_not_a_dict(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for create in (None, False, True):
+        with pytest.raises(NotADict, match="a file is on its path"):
+            SharedDict(path=str(tmp_path / "file" / "sub"), create=create)
+
+
 def test_the_sync_policies(durable_dir, tmp_path):
     d = SharedDict(path=durable_dir, sync="always")
     d["a"] = 1
@@ -180,7 +187,9 @@ def test_the_sync_policies(durable_dir, tmp_path):
         SharedDict(path=durable_dir, sync="never")
     with pytest.raises(ValueError, match="sync_interval= is for sync='interval', not sync='always'"):
         SharedDict(path=durable_dir, sync="always", sync_interval=5)  # (an interval it would not use)
-    d = SharedDict(path=durable_dir, sync_interval=5)  # (the stored policy: no interval to compare)
+    with pytest.raises(ParameterMismatch, match="created with sync='always', which takes no sync_interval="):
+        SharedDict(path=durable_dir, sync_interval=5)  # (alone too: an interval says "interval")
+    d = SharedDict(path=durable_dir)
     d.unlink()
     d.close()
     e = SharedDict(path=str(tmp_path / "interval"), sync="interval", sync_interval=0.05)

@@ -101,6 +101,8 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
     directory = os.path.abspath(given)
     try:
         st = os.stat(directory)
+    except NotADirectoryError:  # (a file on the way to it)
+        raise NotADict(f"{directory!r} cannot be a directory: a file is on its path") from None
     except FileNotFoundError:
         if os.path.islink(directory):
             target = os.readlink(directory)
@@ -399,11 +401,16 @@ def _refuse_orphaned(directory: str) -> None:
 
 
 def _check_stored(directory: str, meta: dict[str, Any], options: Options) -> None:
-    """``ParameterMismatch`` for a sync policy given that is not the stored one
-    (an interval only where it is used: a dict of another policy has none)."""
+    """``ParameterMismatch`` for a sync policy given that is not the stored one,
+    or an interval given for a dict whose policy takes none."""
     for option, key in (("sync", "sync"), ("sync_interval", "sync_interval")):
         given = getattr(options, option)
         if option == "sync_interval" and meta.get("sync") != "interval":
+            if given is not None:  # (as at a creation: an interval goes with "interval" only)
+                raise ParameterMismatch(
+                    f"the dict kept in {directory!r} was created with sync={meta.get('sync')!r}, "
+                    f"which takes no sync_interval= (given {given!r})"
+                )
             continue
         if given is not None and given != meta.get(key):
             raise ParameterMismatch(
