@@ -178,6 +178,37 @@ def test_whether_a_deep_value_fits_does_not_depend_on_the_callers_stack(name):
         d.close()
 
 
+def test_a_value_that_contains_itself_is_refused_not_walked_for_ever(name):
+    """Refused (UnsupportedType), in a child bounded in time: a walk that
+    follows a cycle, or every path of a shared list, never ends."""
+    code = textwrap.dedent(
+        f"""
+        from ultradict_ng import SharedDict, UnsupportedType
+        d = SharedDict(name={name!r}, create=True)
+        loop = [1]
+        loop.append(loop)
+        wide = [1]
+        wide += [wide, wide]  # (a walk of every path: 2**500 of them)
+        for value in (loop, wide, {{"a": loop}}):
+            try:
+                d["x"] = value
+                raise SystemExit("stored")
+            except UnsupportedType:
+                pass
+        shared = [1, 2]
+        d["x"] = [shared, shared, {{"k": shared}}]  # (shared, not a cycle: stored)
+        assert d["x"] == [[1, 2], [1, 2], {{"k": [1, 2]}}]
+        d.unlink()
+        print("ok")
+        """
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        unlink_by_name(name)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
 def test_object_arrays_are_refused_and_nothing_changes(name):
     d, other = pair(name)
     try:

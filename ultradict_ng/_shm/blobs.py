@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy, tensor_as_array, torch
-from .._codec.ext import too_deep
+from .._codec.ext import MAX_NESTING, too_deep
 from .._codec.placeholders import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, PickledBlobs
 from .._platform import faults, segments
 from ..errors import CorruptSegment, Unlinked
@@ -381,17 +381,26 @@ def _plain_throughout(value: Any) -> bool:
     at any depth: with an explicit stack, so that a value as deep as the
     codec takes (500 levels) is no deeper for the interpreter's recursion
     limit -- the walk below takes two frames a level, and whether a value fit
-    depended on how deep its caller's stack already was."""
-    stack = [value]
+    depended on how deep its caller's stack already was.  A container met
+    twice (a cycle, or one shared) or past the codec's depth: False, and the
+    walk below decides (a cycle or too deep: refused)."""
+    stack, seen = [(value, 0)], {id(value)}
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return False
         for members in (item.keys(), item.values()) if type(item) is dict else (item,):
             found = set(map(type, members))
             if found <= _PLAIN:
                 continue
             if not found <= _PLAIN_OR_TREES:
                 return False
-            stack.extend(m for m in members if type(m) in _TREES)
+            for m in members:
+                if type(m) in _TREES:
+                    if id(m) in seen:
+                        return False
+                    seen.add(id(m))
+                    stack.append((m, depth + 1))
     return True
 
 
