@@ -1278,6 +1278,32 @@ def test_an_interrupt_while_taking_the_directory_lock_leaves_it_free(durable_dir
         os.close(probe)
 
 
+def test_an_interrupt_while_releasing_the_directory_lock_still_releases_it(durable_dir, monkeypatch):
+    import fcntl
+
+    from ultradict_ng._disk import files
+
+    class Interrupting(set):  # type: ignore[type-arg]
+        def discard(self, fd: int) -> None:
+            super().discard(fd)
+            raise KeyboardInterrupt("Ctrl-C in the release")
+
+    os.makedirs(durable_dir, exist_ok=True)
+    fds = sorted(os.listdir("/proc/self/fd"))
+    lock = files.directory_lock(durable_dir)
+    lock.acquire()
+    monkeypatch.setattr(files, "_held", Interrupting(files._held))
+    with pytest.raises(KeyboardInterrupt):
+        lock.__exit__(None, None, None)
+    monkeypatch.undo()
+    assert sorted(os.listdir("/proc/self/fd")) == fds and files._mine() == []
+    probe = os.open(durable_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while it is kept)
+    finally:
+        os.close(probe)
+
+
 def test_an_interrupt_after_creating_a_file_leaves_no_descriptor(tmp_path, monkeypatch):
     from ultradict_ng._disk import files
 

@@ -454,9 +454,9 @@ class directory_lock:
     def acquire(self) -> None:
         """Take the lock (``FileNotFoundError`` once the directory is gone)."""
         while True:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             mine = _mine()
             entry: Optional[tuple[tuple[int, int], list[Callable[[], None]]]] = None
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:  # (an interrupt before the lock is handed over must not keep it: every opener would wait)
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 held = os.fstat(fd)
@@ -476,16 +476,21 @@ class directory_lock:
 
     def __exit__(self, *exc: object) -> None:
         fd, self.fd = self.fd, -1
-        _held.discard(fd)
-        mine, held = _mine(), self.stat
-        queued = next(
-            (i for i, (ident, _) in enumerate(mine) if held and ident == (held.st_dev, held.st_ino)), None
-        )
-        later = mine.pop(queued)[1] if queued is not None else []
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)  # (a forked child's copy of fd would keep it locked)
+        later: list[Callable[[], None]] = []
+        try:  # (an interrupt in the bookkeeping must not keep the lock: every opener would wait)
+            mine, held = _mine(), self.stat
+            queued = next(
+                (i for i, (ident, _) in enumerate(mine) if held and ident == (held.st_dev, held.st_ino)), None
+            )
+            later = mine.pop(queued)[1] if queued is not None else []
         finally:
-            os.close(fd)
+            try:
+                _held.discard(fd)
+            finally:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_UN)  # (a forked child's copy of fd would keep it locked)
+                finally:
+                    os.close(fd)
         for work in later:  # (after the unlock: each takes the lock itself)
             work()
 
