@@ -289,6 +289,47 @@ def test_awaited_writes_inside_the_async_lock_take_it_again(name):
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("face", ["wrapped again", "another handle"])
+def test_the_async_lock_shuts_out_every_face_of_the_dict_in_the_loop(name, face):
+    """Writes awaited through another face of the dict -- ``wrap`` of the same
+    handle, or another handle in this process -- wait for a block of
+    ``async with d.lock``: the thread holds the shared lock, so only the
+    loop's turn, shared by the faces, keeps them out."""
+
+    async def main() -> None:
+        ad = AsyncSharedDict(name=name, create=True)
+        other = (
+            AsyncSharedDict.wrap(ad.dict)
+            if face == "wrapped again"
+            else AsyncSharedDict(name=name, create=False)
+        )
+        ad["n"] = 0
+
+        async def block() -> None:
+            for _ in range(20):
+                async with ad.lock:
+                    n = ad["n"]
+                    await asyncio.sleep(0)  # (the other face's writers run here: they must wait)
+                    await ad.set("n", n + 1)
+
+        async def bump() -> None:
+            for _ in range(20):
+                async with other.lock:
+                    n = other["n"]
+                    await asyncio.sleep(0)
+                    await other.set("n", n + 1)
+
+        try:
+            await asyncio.wait_for(asyncio.gather(block(), bump(), bump()), 30)
+            assert ad["n"] == 60
+        finally:
+            if face == "another handle":
+                other.close()
+            ad.unlink()
+
+    asyncio.run(main())
+
+
 def test_async_lock_waits_for_another_process_without_blocking_and_times_out(name):
     async def main() -> None:
         ad = AsyncSharedDict(name=name, create=True)

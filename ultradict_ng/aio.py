@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Hashable
 from types import TracebackType
 from typing import Any, Callable, Optional
@@ -166,6 +167,29 @@ class _Waits:
                 del self._running[wait.key]
 
 
+class _Turn:
+    """One event loop's turn at one dict's lock in this process: the
+    ``asyncio.Lock`` its coroutines queue on, and the task that holds the
+    lock with how many holds -- reentrant in that task, as the synchronous
+    lock is in its thread (an awaited write inside ``async with d.lock``
+    takes it again; through the turn it would wait for itself)."""
+
+    __slots__ = ("queue", "task", "holds")
+
+    def __init__(self) -> None:
+        self.queue = asyncio.Lock()
+        self.task: Optional[asyncio.Task[Any]] = None
+        self.holds = 0
+
+
+#: The turns of each dict's lock in this process, by loop: every face and
+#: handle of one dict shares them, as they share the lock's per-process state
+#: (its holder thread): with a turn of its own, a second face (``wrap`` again,
+#: another handle) found the lock its thread held free to take, and wrote
+#: inside another coroutine's ``async with d.lock`` block.
+_TURNS: weakref.WeakKeyDictionary[Any, dict[int, _Turn]] = weakref.WeakKeyDictionary()
+
+
 class AsyncSharedLock:
     """The dict's cross-process lock for coroutines: ``async with d.lock:``,
     ``await d.lock.acquire(timeout=...)``, ``d.lock.release()``.
@@ -180,17 +204,14 @@ class AsyncSharedLock:
         self._lock = lock
         self._name = name
         self._waits = waits
-        self._turns: dict[int, asyncio.Lock] = {}
-        #: Per loop: the task that holds the lock and how many times it took it --
-        #: reentrant, as the synchronous lock (an awaited write inside ``async with
-        #: d.lock`` takes it again; through the turn it would wait for itself).
-        self._holders: dict[int, tuple[Optional[asyncio.Task[Any]], int]] = {}
+        state = getattr(lock, "_state", None)  # (what the handles of one dict share)
+        self._turns: dict[int, _Turn] = {} if state is None else _TURNS.setdefault(state, {})
 
-    def _turn(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        turn = self._turns.get(id(loop))
+    def _turn(self) -> _Turn:
+        loop = id(asyncio.get_running_loop())
+        turn = self._turns.get(loop)
         if turn is None:
-            turn = self._turns[id(loop)] = asyncio.Lock()
+            turn = self._turns[loop] = _Turn()
         return turn
 
     async def acquire(self, timeout: Optional[float] = None) -> bool:
@@ -199,25 +220,24 @@ class AsyncSharedLock:
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
         deadline = None if timeout is None else time.monotonic() + timeout
-        loop, task = id(asyncio.get_running_loop()), asyncio.current_task()
-        holder = self._holders.get(loop)
-        if holder is not None and holder[0] is task and self._lock.held():
+        turn, task = self._turn(), asyncio.current_task()
+        if turn.holds and turn.task is task and self._lock.held():
             self._lock.try_acquire()  # (one more hold of this thread's: it cannot fail)
-            self._holders[loop] = (task, holder[1] + 1)
+            turn.holds += 1
             return True
-        turn = self._turn()
+        queue = turn.queue
         try:
-            if deadline is None or not turn.locked():
-                await turn.acquire()  # (free: returns without suspending)
+            if deadline is None or not queue.locked():
+                await queue.acquire()  # (free: returns without suspending)
             else:
-                await asyncio.wait_for(turn.acquire(), max(deadline - time.monotonic(), 0.0))
+                await asyncio.wait_for(queue.acquire(), max(deadline - time.monotonic(), 0.0))
         except asyncio.TimeoutError:
             raise self._timeout(timeout) from None
         try:
             lock = self._lock
             while True:
                 if lock.try_acquire():
-                    self._holders[loop] = (task, 1)
+                    turn.task, turn.holds = task, 1
                     return True
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
@@ -225,26 +245,24 @@ class AsyncSharedLock:
                 limit = _LOCK_SLICE if deadline is None else min(_LOCK_SLICE, deadline - now)
                 await self._waits.wait("lock", lock.wait_until_free, _LOCK_SLICE, limit)
         except BaseException:
-            turn.release()
+            queue.release()
             raise
 
     def release(self) -> None:
         """Release the lock (from the coroutine that holds it)."""
         held = self._lock.held()
-        loop = id(asyncio.get_running_loop())
-        holder = self._holders.get(loop)
-        if held and holder is not None and holder[1] > 1:  # (an inner hold: the turn stays)
+        turn = self._turns.get(id(asyncio.get_running_loop()))
+        if held and turn is not None and turn.holds > 1:  # (an inner hold: the turn stays)
             self._lock.release()
-            self._holders[loop] = (holder[0], holder[1] - 1)
+            turn.holds -= 1
             return
         try:
             self._lock.release()  # (RuntimeError if not held; LeaseLost after giving it back)
         finally:
-            if held:
-                self._holders.pop(loop, None)
-            turn = self._turns.get(loop)
-            if held and turn is not None and turn.locked():
-                turn.release()  # the next coroutine's turn, whatever the release raised
+            if held and turn is not None:
+                turn.task, turn.holds = None, 0
+                if turn.queue.locked():
+                    turn.queue.release()  # the next coroutine's turn, whatever the release raised
 
     def locked(self) -> bool:
         """True if some process holds the lock now (a snapshot)."""
