@@ -887,3 +887,48 @@ def test_clean_prints_entries_removed_meanwhile_or_failed(capsys):
     )
     out = capsys.readouterr().out
     assert "removed meanwhile" in out and "denied" in out and "(2 parcels)" in out and "c@* (orphans)" in out
+
+
+def test_mains_running_at_once_share_the_raised_recursion_limit(monkeypatch):
+    """The commands run with a raised recursion limit, which is the
+    interpreter's: two ``main`` calls overlapping in threads each run with
+    it, and the program's own is back after the last (the first to end put
+    it back under the other, and the last left it raised)."""
+    import threading
+
+    from ultradict_ng import cli
+    from ultradict_ng.cli import inspecting
+
+    own = sys.getrecursionlimit()
+    first_in, second_in, first_done = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, list[int]] = {"first": [], "second": []}
+
+    def ls(args: Any) -> int:
+        who = threading.current_thread().name
+        if who == "first":
+            first_in.set()
+            assert second_in.wait(10)
+            seen[who].append(sys.getrecursionlimit())
+        else:
+            second_in.set()
+            seen[who].append(sys.getrecursionlimit())
+            assert first_done.wait(10)
+            seen[who].append(sys.getrecursionlimit())
+        return 0
+
+    monkeypatch.setattr(inspecting, "cmd_ls", ls)
+
+    def run(who: str) -> None:
+        cli.main(["ls"])
+        if who == "first":
+            first_done.set()
+
+    first = threading.Thread(target=run, args=("first",), name="first")
+    second = threading.Thread(target=run, args=("second",), name="second")
+    first.start()
+    assert first_in.wait(10)  # (the first is in its command before the second starts)
+    second.start()
+    for t in (first, second):
+        t.join(20)
+    assert seen["first"] == [cli._FRAMES] and seen["second"] == [cli._FRAMES, cli._FRAMES]
+    assert sys.getrecursionlimit() == own

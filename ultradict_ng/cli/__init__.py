@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from typing import Optional
 
 from ..errors import NotFound, SharedDictError
@@ -268,8 +269,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Rendering (``render.to_json``, ``json.dumps(indent=2)``'s encoder) takes
     # two or three frames a container level: a value at the codec's 500 levels
     # needs more than the default 1,000.
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, _FRAMES))
+    _deeper(True)
     try:
         return handlers[args.command](args)
     except BrokenPipeError:  # `| head`
@@ -281,11 +281,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ultradict-ng {args.command}: a value nested too deep to show", file=sys.stderr)
         return 1
     finally:
-        sys.setrecursionlimit(limit)  # (main called from a program: its own limit back)
+        _deeper(False)
 
 
 #: The recursion limit the commands run with (see ``main``).
 _FRAMES = 5000
+_running = [0, 0]  # (mains running now, the limit before the first)
+_running_guard = threading.Lock()
+
+
+def _deeper(entering: bool) -> None:
+    """Raise the interpreter's recursion limit for the first of the mains
+    running at once (a program may call ``main`` from several threads: the
+    limit is the interpreter's), and put the program's own back after the
+    last."""
+    with _running_guard:
+        if entering:
+            if not _running[0]:
+                _running[1] = sys.getrecursionlimit()
+                sys.setrecursionlimit(max(_running[1], _FRAMES))
+            _running[0] += 1
+        else:
+            _running[0] -= 1
+            if not _running[0]:
+                sys.setrecursionlimit(_running[1])
 
 
 def _path_hint(args: argparse.Namespace, exc: BaseException) -> str:
