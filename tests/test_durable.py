@@ -14,6 +14,7 @@ import stat
 import struct
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -1809,6 +1810,103 @@ def test_a_failed_checkpoint_that_cannot_be_removed_durably_fails_later_writes(d
     with pytest.raises(SyncFailed):
         d["acked"] = "not on the disk"
     recovers_after_a_failed_sync(durable_dir, d)
+
+
+@pytest.mark.parametrize("write", ["a write", "a transaction"])
+def test_always_syncs_a_write_whose_thread_another_transaction_follows(durable_dir, monkeypatch, write):
+    """Two threads on one handle under "always": B's write (or block) ends,
+    and A opens a transaction the moment the lock is free. B decided whether
+    to sync after the release, saw A's open block, and returned unsynced --
+    an acknowledged write a power loss could take."""
+    import threading
+
+    d = SharedDict(path=durable_dir, sync="always")
+    d["x"] = 0
+    words = d._store._map.words
+    a_in, a_may_end = threading.Event(), threading.Event()
+    cls = type(d._store.lock)
+    real = cls.release
+    ender = "end_write" if write == "a write" else "end_transaction"
+
+    def release(self: object) -> None:
+        real(self)
+        caller = sys._getframe(1).f_code.co_name
+        if caller == ender and threading.current_thread().name == "B" and not a_in.is_set():
+            threading.Thread(target=in_a_block, name="A").start()
+            assert a_in.wait(10)  # (A's block open before B goes on)
+
+    def in_a_block() -> None:
+        with d.transaction():
+            a_in.set()
+            a_may_end.wait(10)
+
+    monkeypatch.setattr(cls, "release", release)
+    seen: dict[str, int] = {}
+
+    def b() -> None:
+        if write == "a write":
+            d["x"] = 1
+        else:
+            with d.transaction():
+                d["x"] = 1
+        seen["state"], seen["synced"] = words[L.W_STATE], words[L.W_SYNCED]
+
+    t = threading.Thread(target=b, name="B")
+    try:
+        t.start()
+        t.join(10)
+        a_may_end.set()
+        assert a_in.is_set() and seen["synced"] >= seen["state"], {k: hex(v) for k, v in seen.items()}
+    finally:
+        a_may_end.set()
+        monkeypatch.undo()
+        time.sleep(0.1)  # (A's block ends)
+        d.unlink()
+        d.close()
+
+
+def test_a_handle_closed_while_the_flusher_leads_its_sync_leaves_no_leader(durable_dir):
+    """Under "interval" the flusher thread leads a sync of a handle another
+    thread closes: the close released the mapping between the leader's sync
+    and its release of SYNC_LEADER, which then failed (swallowed), and every
+    later sync of the dict in this process waited for ever for a leader that
+    was this process. In a child bounded in time."""
+    code = textwrap.dedent(
+        f"""
+        import threading, time
+        from ultradict_ng import SharedDict
+        from ultradict_ng._disk.syncing import Durability
+
+        root = SharedDict(path={durable_dir!r}, sync="interval", sync_interval=0.05)
+        h = SharedDict(path={durable_dir!r}, create=False)
+        real, paused = Durability._lead, threading.Event()
+
+        def lead(self):
+            real(self)
+            if threading.current_thread().name == "ultradict_ng sync" and not paused.is_set():
+                paused.set()
+                time.sleep(0.5)  # (synced, SYNC_LEADER not released yet)
+
+        Durability._lead = lead
+        h["x"] = 1
+        assert paused.wait(5)
+        h.close()
+        Durability._lead = real
+        root["y"] = 2
+        root.close()  # (its sync waited for ever)
+        r = SharedDict(path={durable_dir!r}, create=False)
+        assert dict(r) == {{"x": 1, "y": 2}}
+        r.unlink()
+        r.close()
+        print("ok")
+        """
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        reboot(durable_dir)
+        raise
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_a_write_waiting_on_a_failed_group_commit_is_not_acknowledged(durable_dir, monkeypatch):

@@ -80,8 +80,8 @@ class Durability:
             raise
         #: Held while syncing: a close waits for a sync of the flusher thread in flight.
         self.guard = threading.Lock()
-        #: Deferred syncs in flight (:meth:`sync_deferred`), which a close waits for.
-        self.deferred = 0
+        #: Syncs in flight by thread (:meth:`sync_deferred`, a leader's), which a close waits for.
+        self.deferred: dict[int, int] = {}
         self.idle = threading.Condition(self.guard)
         #: SYNCED when the handle closed (-1: a sync had failed), for a write still waiting then.
         self.closed_at = -1
@@ -136,9 +136,10 @@ class Durability:
         """No sync after this one (the handle is closing): waits for one in
         flight.  The descriptor -- the handle's mark on the stream -- is
         closed too, unless ``keep_mark`` (a later close closes it)."""
+        me = threading.get_ident()
         with self.guard:
-            while self.deferred:  # (they read the mapping the close releases next)
-                self.idle.wait()
+            while any(t != me for t in self.deferred):  # (others': they read the mapping released next)
+                self.idle.wait()  # (not its own: a collection inside its sync cannot wait for it)
             if self.open:
                 try:  # (what its close synced: a write that waited for it is on the disk up to here)
                     failed = self.words[L.W_STATUS] & L.STATUS_SYNC_FAILED
@@ -179,17 +180,33 @@ class Durability:
         """:meth:`sync_to` for a write whose caller waits in another thread (an
         awaited write, ``deferred_syncs``): nothing once the handle closed --
         its close synced everything published -- and a close waits for it."""
-        with self.guard:
-            if not self.open:
-                self._synced_at_close(target)
-                return
-            self.deferred += 1
+        if not self._flying():
+            self._synced_at_close(target)
+            return
         try:
             self.sync_to(target)
         finally:
-            with self.guard:
-                self.deferred -= 1
-                self.idle.notify_all()
+            self._landed()
+
+    def _flying(self) -> bool:
+        """Count a sync of this thread in flight, which a close waits for (it
+        reads the mapping the close releases); False once closed."""
+        with self.guard:
+            if not self.open:
+                return False
+            me = threading.get_ident()
+            self.deferred[me] = self.deferred.get(me, 0) + 1
+            return True
+
+    def _landed(self) -> None:
+        with self.guard:
+            me = threading.get_ident()
+            left = self.deferred[me] - 1
+            if left:
+                self.deferred[me] = left
+            else:
+                del self.deferred[me]
+            self.idle.notify_all()
 
     def sync_to(self, target: int) -> None:
         """Return once SYNCED >= ``target``, leading the group commit when no one
@@ -208,14 +225,19 @@ class Durability:
                 raise self._failed_before()
             leader = atomic.load(L.W_SYNC_LEADER)
             if leader == 0:
-                ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
-                if ok:
-                    try:
-                        self._lead()
-                    finally:
-                        atomic.cas(L.W_SYNC_LEADER, mine, 0)
-                        atomic.add(L.W_SYNC_SEQ, 1)  # (after SYNCED and the leader word: no lost wake)
-                        atomic.wake(L.W_SYNC_SEQ, _WAKE_ALL)
+                if not self._flying():  # (a close waits for a leader in flight: the mapping outlives it)
+                    continue
+                try:
+                    ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
+                    if ok:
+                        try:
+                            self._lead()
+                        finally:
+                            atomic.cas(L.W_SYNC_LEADER, mine, 0)
+                            atomic.add(L.W_SYNC_SEQ, 1)  # (after SYNCED and the leader word: no lost wake)
+                            atomic.wake(L.W_SYNC_SEQ, _WAKE_ALL)
+                finally:
+                    self._landed()
                 continue
             if leader != mine and time.monotonic() >= check:
                 check = time.monotonic() + _LEADER_CHECK
@@ -308,7 +330,7 @@ def _after_fork_in_child() -> None:
     _flusher_guard = threading.Lock()  # (held by a parent's thread starting the flusher)
     for durability in list(_live):
         durability.guard = threading.Lock()
-        durability.deferred, durability.idle = 0, threading.Condition(durability.guard)
+        durability.deferred, durability.idle = {}, threading.Condition(durability.guard)
         durability.queued = False  # (the parent's flusher thread is not the child's)
 
 

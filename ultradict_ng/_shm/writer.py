@@ -110,10 +110,13 @@ class Writer(Reader):
             self.durable.forget_clean()
 
     def end_write(self) -> None:
+        # Decided under the lock: once it is released, another thread of this
+        # handle may open a transaction (tx) or reload the cache (seen).
+        durable, state = self.durable if self.tx is None else None, self.seen
         self.mutex.release()
         self.lock.release()
-        if self.durable is not None and self.tx is None:
-            self.durable.after_write(self.seen)  # (outside the lock: group commit)
+        if durable is not None:
+            durable.after_write(state)  # (outside the lock: group commit)
 
     def limit(self) -> int:
         """Bytes of the stream writers may use now (LIMIT, never past the stream);
@@ -392,10 +395,11 @@ class Writer(Reader):
                     raise
                 if tx.dropped and self.durable is not None and not tx.dump:
                     self._drop_in_files(tx.dropped)
+                state = self.seen  # (under the lock: another thread's block may begin once it is free)
         finally:
             self.lock.release()
-        if self.durable is not None and self.tx is None:
-            self.durable.after_write(self.seen)  # (outside the lock: group commit)
+        if self.durable is not None:
+            self.durable.after_write(state)  # (outside the lock: group commit)
 
     def _publish_transaction(self, tx: Transaction) -> None:
         """The one publish of a transaction: its records (one STATE store), or a
