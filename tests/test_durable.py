@@ -1865,6 +1865,29 @@ def test_always_syncs_a_write_whose_thread_another_transaction_follows(durable_d
         d.close()
 
 
+def test_a_sync_leader_naming_this_process_with_no_thread_leading_is_stale(durable_dir):
+    """SYNC_LEADER left naming this process (a release lost) is taken over as
+    a dead process's is: no thread of it leads, and a sync waited for ever
+    (a word naming itself was never checked)."""
+    import threading
+
+    from ultradict_ng._shm.lock import owner_word
+
+    d = SharedDict(path=durable_dir, sync="always")
+    atomic = d._store._map.atomic
+    atomic.store(L.W_SYNC_LEADER, owner_word())
+    t = threading.Thread(target=d.__setitem__, args=("x", 1), daemon=True)
+    t.start()
+    t.join(5)
+    stuck = t.is_alive()
+    if stuck:
+        atomic.store(L.W_SYNC_LEADER, 0)  # (let it end)
+        t.join(5)
+    assert not stuck and d._store._map.words[L.W_SYNCED] >= d._store._map.words[L.W_STATE]
+    d.unlink()
+    d.close()
+
+
 def test_a_handle_closed_while_the_flusher_leads_its_sync_leaves_no_leader(durable_dir):
     """Under "interval" the flusher thread leads a sync of a handle another
     thread closes: the close released the mapping between the leader's sync

@@ -9,6 +9,7 @@ close calls :meth:`Durability.sync_all`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -228,6 +229,7 @@ class Durability:
                 if not self._flying():  # (a close waits for a leader in flight: the mapping outlives it)
                     continue
                 try:
+                    _lead_count(self.path, 1)  # (before the claim: a word naming us is never seen unled)
                     ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
                     if ok:
                         try:
@@ -237,12 +239,13 @@ class Durability:
                             atomic.add(L.W_SYNC_SEQ, 1)  # (after SYNCED and the leader word: no lost wake)
                             atomic.wake(L.W_SYNC_SEQ, _WAKE_ALL)
                 finally:
+                    _lead_count(self.path, -1)
                     self._landed()
                 continue
-            if leader != mine and time.monotonic() >= check:
+            if time.monotonic() >= check:
                 check = time.monotonic() + _LEADER_CHECK
-                if not owner_alive(leader):
-                    atomic.cas(L.W_SYNC_LEADER, leader, 0)
+                if not owner_alive(leader) if leader != mine else self.path not in _leading:
+                    atomic.cas(L.W_SYNC_LEADER, leader, 0)  # (dead; or ours, with no thread leading)
                     continue
             seq = atomic.load(L.W_SYNC_SEQ)
             if words[L.W_SYNCED] >= target or atomic.load(L.W_SYNC_LEADER) == 0:
@@ -307,6 +310,20 @@ class Durability:
 
 
 _live: weakref.WeakSet[Durability] = weakref.WeakSet()
+#: Threads of this process leading (or claiming to lead) a dict's sync now,
+#: by stream path: a SYNC_LEADER naming this process while none is -- its
+#: release lost -- is stale, as a dead process's is.
+_leading: collections.Counter[str] = collections.Counter()
+_leading_guard = threading.Lock()
+
+
+def _lead_count(path: str, delta: int) -> None:
+    with _leading_guard:
+        _leading[path] += delta
+        if not _leading[path]:
+            del _leading[path]
+
+
 _deferral = threading.local()
 
 
@@ -326,8 +343,10 @@ def deferred_syncs() -> Iterator[list[tuple[Durability, int]]]:
 
 def _after_fork_in_child() -> None:
     """A thread of the parent may have held a guard at the fork: the child's are free."""
-    global _flusher_guard
+    global _flusher_guard, _leading_guard
     _flusher_guard = threading.Lock()  # (held by a parent's thread starting the flusher)
+    _leading_guard = threading.Lock()
+    _leading.clear()  # (the parent's leaders; the child's owner word is its own)
     for durability in list(_live):
         durability.guard = threading.Lock()
         durability.deferred, durability.idle = {}, threading.Condition(durability.guard)
