@@ -22,7 +22,7 @@ from tests.conftest import soak_scaled, unique_name
 from tests.test_fuzz import _alarm, attempt
 from tests.torture_workers import check_side
 from ultradict_ng import CorruptSegment, SharedDict, SharedDictError, unlink_by_name
-from ultradict_ng._platform import segments
+from ultradict_ng._platform import listing, segments
 from ultradict_ng._platform.segments import Segment
 from ultradict_ng.cache import SharedCache
 from ultradict_ng.cache import layout as C
@@ -181,7 +181,7 @@ def test_cache_side_segment_damage_is_an_error_or_a_bounded_cache(
         signal.signal(signal.SIGALRM, old_handler)
         C.INIT_TIMEOUT = init_timeout
         attempt(lambda: unlink_by_name(name))
-        leftovers = segments.listed(name)
+        leftovers = listing.listed(name)
         for entry in leftovers:
             segments.unlink(entry)
     assert not leftovers, f"unlink_by_name left {leftovers}"

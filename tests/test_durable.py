@@ -1259,7 +1259,7 @@ def test_an_interrupt_while_taking_the_directory_lock_leaves_it_free(durable_dir
     in any process, would wait for this process to end."""
     import fcntl
 
-    from ultradict_ng._disk import files
+    from ultradict_ng._disk import dirlock
 
     class Interrupting(set):  # type: ignore[type-arg]
         def add(self, fd: int) -> None:
@@ -1267,11 +1267,11 @@ def test_an_interrupt_while_taking_the_directory_lock_leaves_it_free(durable_dir
 
     os.makedirs(durable_dir, exist_ok=True)
     fds = sorted(os.listdir("/proc/self/fd"))
-    monkeypatch.setattr(files, "_held", Interrupting())
+    monkeypatch.setattr(dirlock, "_held", Interrupting())
     with pytest.raises(KeyboardInterrupt):
-        files.directory_lock(durable_dir).acquire()
+        dirlock.directory_lock(durable_dir).acquire()
     monkeypatch.undo()
-    assert sorted(os.listdir("/proc/self/fd")) == fds and files._mine() == []
+    assert sorted(os.listdir("/proc/self/fd")) == fds and dirlock._mine() == []
     probe = os.open(durable_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while it is kept)
@@ -1282,7 +1282,7 @@ def test_an_interrupt_while_taking_the_directory_lock_leaves_it_free(durable_dir
 def test_an_interrupt_while_releasing_the_directory_lock_still_releases_it(durable_dir, monkeypatch):
     import fcntl
 
-    from ultradict_ng._disk import files
+    from ultradict_ng._disk import dirlock
 
     class Interrupting(set):  # type: ignore[type-arg]
         def discard(self, fd: int) -> None:
@@ -1291,13 +1291,13 @@ def test_an_interrupt_while_releasing_the_directory_lock_still_releases_it(durab
 
     os.makedirs(durable_dir, exist_ok=True)
     fds = sorted(os.listdir("/proc/self/fd"))
-    lock = files.directory_lock(durable_dir)
+    lock = dirlock.directory_lock(durable_dir)
     lock.acquire()
-    monkeypatch.setattr(files, "_held", Interrupting(files._held))
+    monkeypatch.setattr(dirlock, "_held", Interrupting(dirlock._held))
     with pytest.raises(KeyboardInterrupt):
         lock.__exit__(None, None, None)
     monkeypatch.undo()
-    assert sorted(os.listdir("/proc/self/fd")) == fds and files._mine() == []
+    assert sorted(os.listdir("/proc/self/fd")) == fds and dirlock._mine() == []
     probe = os.open(durable_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while it is kept)
@@ -1325,10 +1325,10 @@ def test_the_directory_lock_is_released_while_a_copy_of_its_descriptor_lives(dur
     forked child's copy): the release unlocks, it does not only close."""
     import threading
 
-    from ultradict_ng._disk import files
+    from ultradict_ng._disk import dirlock
 
     SharedDict(path=durable_dir).close()
-    lock = files.directory_lock(durable_dir)
+    lock = dirlock.directory_lock(durable_dir)
     lock.acquire()
     copy = os.dup(lock.fd)  # (what a child forked now would hold)
     try:
@@ -1350,8 +1350,8 @@ def test_a_child_forked_while_the_directory_lock_is_held_does_not_keep_it(durabl
     SharedDict(path=durable_dir).close()
     code = (
         "import os, signal, sys, time\n"
-        "from ultradict_ng._disk import files\n"
-        "lock = files.directory_lock(sys.argv[1]); lock.acquire()\n"
+        "from ultradict_ng._disk import dirlock\n"
+        "lock = dirlock.directory_lock(sys.argv[1]); lock.acquire()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    os.closerange(1, 3); time.sleep(60); os._exit(0)\n"

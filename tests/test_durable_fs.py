@@ -586,11 +586,11 @@ def test_a_close_and_an_open_in_two_threads_keep_the_shared_memory(durable_dir):
     lost)."""
     import threading
 
-    from ultradict_ng._disk import files
+    from ultradict_ng._disk import dirlock
 
     d1 = SharedDict({"a": 1}, path=durable_dir, sync="always")
     name = d1._store.name
-    busy = files.directory_lock(durable_dir)  # (another opener at work: the threads queue)
+    busy = dirlock.directory_lock(durable_dir)  # (another opener at work: the threads queue)
     busy.acquire()
     opened: dict[str, SharedDict] = {}
     t2 = threading.Thread(target=lambda: opened.setdefault("d2", SharedDict(path=durable_dir)))

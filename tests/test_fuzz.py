@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import soak_scaled, unique_name
 from ultradict_ng import SharedDict, SharedDictError, unlink_by_name
-from ultradict_ng._platform import segments
+from ultradict_ng._platform import listing, segments
 from ultradict_ng._platform.owner import owner_alive, owner_word
 from ultradict_ng._platform.segments import Segment
 from ultradict_ng._shm import layout as L
@@ -202,9 +202,9 @@ def test_corruption_never_crashes_hangs_or_lies(target: str, edits: list[Any]) -
             L.READER_RETRIES = retries
         if isinstance(outcome, SharedDictError):
             # Refusing to delete what no longer looks like ours is right; the test cleans up.
-            for entry in segments.listed(name):
+            for entry in listing.listed(name):
                 segments.unlink(entry)
-        leftovers = segments.listed(name)
+        leftovers = listing.listed(name)
         for entry in leftovers:
             segments.unlink(entry)
     assert not leftovers, f"unlink_by_name left {leftovers}"
@@ -277,7 +277,7 @@ def test_garbage_in_the_wait_register_never_hangs_or_crashes(edits: list[Any], f
             h.close()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_handler)
-    assert not segments.listed(name)
+    assert not listing.listed(name)
 
 
 #: The words of the user register (layout: "Users"): CLOSING, USER_OVERFLOW, the slots.
@@ -362,7 +362,7 @@ def test_garbage_in_the_user_register_never_hangs_or_crashes(edits: list[Any], f
             signal.alarm(0)
             signal.signal(signal.SIGALRM, old_handler)
             L.INIT_TIMEOUT = init_timeout
-        leftovers = segments.listed(name)
+        leftovers = listing.listed(name)
         for entry in leftovers:
             segments.unlink(entry)
     assert not leftovers, f"unlink_by_name left {leftovers}"

@@ -279,7 +279,7 @@ drops its mark on the stream ("Limits") only after that, so that an opener
 never finds a handle gone from the register with its mark left, nor the mark
 gone with its last close still to write.  (A handle collected while its
 own thread holds the directory lock -- a garbage collection inside an open
-of the same dict -- leaves after that thread lets it go: ``files.after_unlock``.)
+of the same dict -- leaves after that thread lets it go: ``dirlock.after_unlock``.)
 The last process to close
 (layout: "Users", the removal of an unused dict, with the directory locked)
 removes the control segment only; zeroes the header of a whole record of

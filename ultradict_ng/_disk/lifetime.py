@@ -23,7 +23,7 @@ from .._shm.lock import ShmLock
 from .._shm.mapping import Mapping
 from .._shm.store import Store
 from ..errors import AlreadyExists, CorruptSegment, LockTimeout
-from . import files
+from . import dirlock, files
 from . import layout as D
 from .recovery import clean_bytes, dicts_own, whole_record
 from .syncing import Durability
@@ -66,7 +66,7 @@ def _finalize(
     def leave() -> None:
         _leave(directory, name, mapping, token, registered, durable)
 
-    if not files.after_unlock(directory, leave):  # (else: once this thread's open of it is done)
+    if not dirlock.after_unlock(directory, leave):  # (else: once this thread's open of it is done)
         leave()
 
 
@@ -87,7 +87,7 @@ def _close_registered(directory: str, name: str, mapping: Mapping, token: int) -
     checks under that lock) never sees a handle gone from the register while
     its mark stays, nor the mark gone while its last close is still to come."""
     key = (name, token)
-    lock = files.directory_lock(directory)
+    lock = dirlock.directory_lock(directory)
     try:
         lock.acquire()
     except FileNotFoundError:  # (removed by an unlink, or moved away)
@@ -201,7 +201,7 @@ def unlink(store: Store) -> int:
     try:
         if store._map.words[L.W_STATUS] & L.STATUS_UNLINKED:
             return 0
-        held = files.directory_lock(directory)
+        held = dirlock.directory_lock(directory)
         try:
             held.acquire()
         except FileNotFoundError:
@@ -252,7 +252,7 @@ def remove_unopenable(directory: str) -> int:
     bytes as :func:`unlink` matches them (without a ``dict.meta``, by their
     bytes also where a name alone would do: ``recovery.dicts_own``), then
     the directory if empty."""
-    with files.directory_lock(directory):
+    with dirlock.directory_lock(directory):
         return _remove_files(directory, os.path.exists(os.path.join(directory, D.META_FILE)))
 
 
@@ -261,7 +261,7 @@ def remove_unfinished(directory: str) -> int:
     ``dict.meta`` that says ``"creating"``): its files, as the next creation
     there would remove them -- checked again under the lock, which waits out a
     creator at work (``AlreadyExists`` once it finished: a dict, not removed)."""
-    with files.directory_lock(directory):
+    with dirlock.directory_lock(directory):
         if not unfinished(directory):
             raise AlreadyExists(f"a dict was made in {directory!r} meanwhile: nothing removed")
         return _remove_files(directory, True)

@@ -35,7 +35,7 @@ from ..errors import (
     NotFound,
     ParameterMismatch,
 )
-from . import files, lifetime, recovery, sharing
+from . import dirlock, files, lifetime, recovery, sharing
 from . import layout as D
 from .syncing import Durability
 
@@ -308,7 +308,7 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         raise OSError(errno.ENOSYS, "ultradict_ng needs POSIX shared memory and file locks (Linux, macOS)")
     for _ in range(_RACES):
         directory, st = _check_directory(path, create)
-        lock = files.directory_lock(directory)  # (it makes nothing: foreign files are refused under it)
+        lock = dirlock.directory_lock(directory)  # (it makes nothing: foreign files are refused under it)
         try:
             lock.acquire()
             break

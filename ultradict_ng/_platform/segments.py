@@ -38,7 +38,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import stat
 from collections.abc import Sequence
 from typing import Any, Callable, NoReturn, Optional
 
@@ -60,10 +59,6 @@ __all__ = [
     "unlink",
     "discard_aside",
     "exists",
-    "listed",
-    "listable",
-    "entry_stat",
-    "read_entry",
     "create_empty",
     "holds",
     "SUPPORTED",
@@ -86,9 +81,9 @@ SHM_DIR = "/dev/shm"
 #: sweeps; :func:`listable` asks again, for tools).
 LISTABLE = os.path.isdir(SHM_DIR)
 #: errno values that mean "no room in shared memory".
+_FULL = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT)  # (EDQUOT: a user's disk quota)
 #: What opening a name that is no segment (a directory, a symbolic link, a device) gives.
 _NOT_A_SEGMENT = (errno.EINVAL, errno.EISDIR, errno.ELOOP, errno.ENXIO, errno.ENODEV)
-_FULL = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT)  # (EDQUOT: a user's disk quota)
 #: pwrite's answers where shared memory cannot be written through its descriptor
 #: (macOS allows only ftruncate and mmap on it).
 _NO_WRITE = {getattr(errno, n) for n in ("ENXIO", "EINVAL", "ENODEV", "EOPNOTSUPP") if hasattr(errno, n)}
@@ -505,70 +500,3 @@ def exists(name: str) -> bool:
         return False
     os.close(fd)
     return True
-
-
-# -- the shared-memory filesystem seen as a directory (Linux) ------------------------------
-
-
-def listable() -> bool:
-    """Whether this platform's shared-memory filesystem can be listed (asked now)."""
-    return os.path.isdir(SHM_DIR)
-
-
-def listed(prefix: str) -> list[str]:
-    """Names starting with ``prefix`` in the shared-memory filesystem, where it can be
-    listed (Linux); an empty list elsewhere (macOS has no such directory).  For a
-    dict kept in files, its derived names whose files are in its directory."""
-    at = prefix.find("@")
-    directory = _DIRECTORIES.get(prefix[:at]) if at >= 0 else None
-    if directory is not None:
-        try:
-            entries = os.listdir(directory)
-        except OSError:
-            return []
-        names = {
-            prefix[:at] + s
-            for s, f in ((D.suffix_of(f), f) for f in entries)
-            if s is not None and (f.endswith(D.TMP_SUFFIX) or files.dicts_file(directory, f))
-        }
-        return sorted(n for n in names if n.startswith(prefix))
-    try:
-        entries = os.listdir(SHM_DIR)
-    except OSError:
-        return []
-    return [e for e in entries if e.startswith(prefix)]
-
-
-def entry_stat(name: str) -> Optional[os.stat_result]:
-    """The listed entry's ``stat`` (sizes, blocks, times); None if it cannot be
-    had (gone, or nothing to list here)."""
-    try:
-        return os.stat(file_of(name) or os.path.join(SHM_DIR, name))
-    except OSError:
-        return None
-
-
-def read_entry(name: str, length: int) -> tuple[Optional[os.stat_result], bytes]:
-    """The ``stat`` and first ``length`` bytes of the listed entry ``name``, for
-    tools that judge files they did not make: ``FileNotFoundError`` if it is
-    gone; ``(None, b"")`` if it is not a regular file or cannot be read.
-
-    Opened non-blocking and without following links: a FIFO or a symlink
-    under a name like ours must neither hang the caller nor be read through.
-    """
-    path = file_of(name) or os.path.join(SHM_DIR, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        raise
-    except OSError:
-        return None, b""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, b""
-        return st, os.pread(fd, length, 0)
-    except OSError:
-        return None, b""
-    finally:
-        os.close(fd)

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy, tensor_as_array, torch
 from .._codec.ext import MAX_NESTING, too_deep
 from .._codec.placeholders import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, PickledBlobs
-from .._platform import faults, segments
+from .._platform import faults, listing, segments
 from ..errors import CorruptSegment, Unlinked
 from ..speedups import contains_type, types_within
 from . import layout as L
@@ -282,7 +282,7 @@ def blob_ids(name: str, low: int, nxt: int) -> list[int]:
     if segments.LISTABLE:
         prefix = name + L.BLOB_SUFFIX
         ids = []
-        for entry in segments.listed(prefix):
+        for entry in listing.listed(prefix):
             try:
                 blob_id = int(entry[len(prefix) :], 36)
             except ValueError:

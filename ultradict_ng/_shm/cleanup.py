@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .._platform import segments
+from .._platform import listing, segments
 from .._platform.names import validate_name
 from .._platform.segments import Segment
 from ..cache.layout import cache_name
@@ -44,7 +44,7 @@ def unlink_dumps(name: str, words: memoryview) -> int:
     names = {L.dump_name(name, g) for g in range(max(low, high - L.MAX_RECLAIM), high + 1)}
     names.add(L.dump_name(name, words[L.W_STATE] >> L.GEN_SHIFT))
     names.discard(L.dump_name(name, 0))
-    names.update(segments.listed(name + L.DUMP_SUFFIX))
+    names.update(listing.listed(name + L.DUMP_SUFFIX))
     return sum(segments.unlink(n) for n in sorted(names))
 
 
@@ -52,7 +52,7 @@ def unlink_blobs(name: str, words: memoryview) -> int:
     """Unlink every blob the register (BLOB_LOW .. BLOB_NEXT) names, and every
     other ``NAME@b*`` where /dev/shm can be listed."""
     names = {L.blob_name(name, i) for i in blob_ids(name, words[L.W_BLOB_LOW], words[L.W_BLOB_NEXT])}
-    names.update(segments.listed(name + L.BLOB_SUFFIX))
+    names.update(listing.listed(name + L.BLOB_SUFFIX))
     return sum(segments.unlink(n) for n in sorted(names))
 
 
@@ -188,7 +188,7 @@ def unlink_other_layout(name: str) -> int:
             raise ValueError(f"shared dict {name!r} has this version's layout: use unlink_by_name")
     finally:
         ctrl.close()
-    names = sorted(segments.listed(name + "@")) or [L.stream_name(name)]
+    names = sorted(listing.listed(name + "@")) or [L.stream_name(name)]
     return sum(segments.unlink(n) for n in names) + int(segments.unlink(name))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from .._platform import segments
+from .._platform import listing, segments
 from ..errors import OutOfSpace
 from . import layout as L
 from .mapping import Mapping
@@ -43,7 +43,7 @@ def reserve_more(w: Growing, needed: int) -> bool:
     if w.durable is None or not w.grows:
         return False
     granule = L.STREAM_GRANULE
-    st = segments.entry_stat(L.dump_name(w.name, w.gen)) if w.gen else None
+    st = listing.entry_stat(L.dump_name(w.name, w.gen)) if w.gen else None
     target = -(-L.STREAM_GROWTH * (st.st_size if st is not None else 0) // granule) * granule
     wanted = min(max(target, L.DEFAULT_STREAM_SIZE), w.stream_size, -(-needed // granule) * granule)
     if needed > wanted or wanted <= w.limit():

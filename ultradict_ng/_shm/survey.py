@@ -24,8 +24,9 @@ from typing import Any, Optional
 
 from .._disk import layout as D
 from .._engine import User
+from .._platform.listing import entry_stat, listed
 from .._platform.owner import owner_alive, pid_of
-from .._platform.segments import Segment, entry_stat, listed
+from .._platform.segments import Segment
 from ..cache import layout as C
 from ..errors import CorruptSegment, SharedDictError
 from ..futures import layout as PL

@@ -110,8 +110,7 @@ class Writer(Reader):
             self.durable.forget_clean()
 
     def end_write(self) -> None:
-        # Decided under the lock: once it is released, another thread of this
-        # handle may open a transaction (tx) or reload the cache (seen).
+        # (Read under the lock: once free, another thread may open a block or reload the cache.)
         durable, state = self.durable if self.tx is None else None, self.seen
         self.mutex.release()
         self.lock.release()

@@ -30,8 +30,8 @@ from typing import Any, Optional
 from .._disk.layout import META_FILE, control_name
 from .._disk.lifetime import remove_unfinished, remove_unopenable, unfinished
 from .._platform import segments
+from .._platform.listing import listable
 from .._platform.names import validate_name
-from .._platform.segments import listable
 from .._shm.cleanup import remove_orphans, unlink_by_name, unlink_other_layout
 from .._shm.control import Header, attach_control
 from .._shm.mapping import Mapping

@@ -14,7 +14,8 @@ import sys
 from argparse import Namespace
 
 from .. import speedups
-from .._platform.segments import SHM_DIR, listable
+from .._platform.listing import listable
+from .._platform.segments import SHM_DIR
 from .._shm import layout as L
 from .._shm import waiting
 from . import paths, render

@@ -16,8 +16,8 @@ from argparse import Namespace
 from datetime import datetime
 from typing import Any, Optional
 
+from .._platform.listing import listable
 from .._platform.names import validate_name
-from .._platform.segments import listable
 from .._shm.feed import Feed
 from .._shm.peek import Peek
 from .._shm.survey import DictReport, Holder, report, survey

@@ -170,7 +170,7 @@ def dumps(obj: Any) -> str:
 def cannot_list(command: str, hint: str) -> bool:
     """True (after saying so on stderr) where the shared-memory filesystem cannot be
     listed, which ``command`` needs (macOS)."""
-    from .._platform.segments import listable
+    from .._platform.listing import listable
 
     if listable():
         return False

@@ -78,8 +78,9 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Optional
 
 from .._platform.forks import on_fork_in_child
+from .._platform.listing import listed
 from .._platform.owner import owner_alive, owner_word
-from .._platform.segments import SUPPORTED, listed, unlink
+from .._platform.segments import SUPPORTED, unlink
 from .._shm import layout as L
 from . import layout as PL
 from .callqueue import install as install_call_queue

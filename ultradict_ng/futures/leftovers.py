@@ -16,8 +16,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
+from .._platform.listing import listed, read_entry
 from .._platform.owner import owner_alive, pid_of
-from .._platform.segments import listed, read_entry, unlink
+from .._platform.segments import unlink
 from . import layout as PL
 
 __all__ = ["ParcelReport", "parcels", "remove_leftovers"]
