@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests.conftest import soak_scaled
 from ultradict_ng import SharedDict
 from ultradict_ng._disk import layout as D
 from ultradict_ng._disk.opening import control_of
@@ -294,11 +295,12 @@ def test_the_checkpoint_a_killed_writer_had_not_yet_removed_goes_at_the_recovery
 
 
 def test_a_random_kill_then_a_reboot(durable_dir):
-    """SIGKILL at whatever instruction the writer is at (a transaction writer and a plain one)."""
+    """SIGKILL at whatever instruction the writer is at (a transaction writer
+    and a plain one); once each in CI, more rounds in soak mode."""
     import random
     import time
 
-    for transaction in (False, True):
+    for transaction in [False, True] * soak_scaled(1):
         d = SharedDict({"k0": -1}, path=durable_dir, buffer_size=STREAM, blob_threshold=256, sync="never")
         d.close()
         args = [sys.executable, "-m", "tests.durable_workers", "write", durable_dir, "0", "100000"]
