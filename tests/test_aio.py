@@ -330,6 +330,37 @@ def test_the_async_lock_shuts_out_every_face_of_the_dict_in_the_loop(name, face)
     asyncio.run(main())
 
 
+def test_the_async_lock_keeps_no_event_loop_alive_once_it_is_idle(name):
+    """The lock's turns are per loop, shared by the dict's faces in the
+    process: an idle one is dropped, not kept -- with its loop -- for as long
+    as a handle of the dict lives (a handle used from repeated
+    ``asyncio.run``)."""
+    import gc
+    import weakref
+
+    d = SharedDict(name=name, create=True)
+    loops: list[Any] = []
+
+    async def main() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        ad = AsyncSharedDict.wrap(d)
+
+        async def worker() -> None:
+            async with ad.lock:
+                await asyncio.sleep(0)
+
+        await asyncio.gather(worker(), worker())
+
+    try:
+        for _ in range(5):
+            asyncio.run(main())
+        gc.collect()
+        assert [r for r in loops if r() is not None] == []
+    finally:
+        d.unlink()
+        d.close()
+
+
 def test_async_lock_waits_for_another_process_without_blocking_and_times_out(name):
     async def main() -> None:
         ad = AsyncSharedDict(name=name, create=True)

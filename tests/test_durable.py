@@ -1888,6 +1888,50 @@ def test_a_sync_leader_naming_this_process_with_no_thread_leading_is_stale(durab
     d.close()
 
 
+def test_a_handle_collected_inside_another_handles_sync_lead_syncs_itself(durable_dir):
+    """Under "always" a handle in a reference cycle is collected -- its close
+    run -- inside the sync another handle of the dict leads in this thread:
+    the close's sync waited for the leader, which was itself, suspended.
+    In a child bounded in time; the collection forced at the sync."""
+    code = textwrap.dedent(
+        f"""
+        import gc, threading
+        from ultradict_ng import SharedDict
+        from ultradict_ng._disk import files
+
+        h1 = SharedDict(path={durable_dir!r}, sync="always")
+        h2 = SharedDict(path={durable_dir!r}, create=False)
+        h2["y"] = 2
+        cycle = [h2]
+        cycle.append(cycle)  # (freed by the cyclic collector only)
+        del h2, cycle
+        real, armed = files.sync_data, [True]
+
+        def sync_data(*args):
+            if armed[0]:
+                armed[0] = False
+                gc.collect()  # (as a collection at any allocation there)
+            return real(*args)
+
+        files.sync_data = sync_data
+        gc.disable()
+        h1["x"] = 1
+        files.sync_data = real
+        gc.enable()
+        assert dict(h1) == {{"y": 2, "x": 1}}
+        h1.unlink()
+        h1.close()
+        print("ok")
+        """
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        reboot(durable_dir)
+        raise
+    assert out.stdout.strip() == "ok", out.stderr
+
+
 def test_a_handle_closed_while_the_flusher_leads_its_sync_leaves_no_leader(durable_dir):
     """Under "interval" the flusher thread leads a sync of a handle another
     thread closes: the close released the mapping between the leader's sync

@@ -174,12 +174,14 @@ class _Turn:
     lock is in its thread (an awaited write inside ``async with d.lock``
     takes it again; through the turn it would wait for itself)."""
 
-    __slots__ = ("queue", "task", "holds")
+    __slots__ = ("queue", "task", "holds", "waiting")
 
     def __init__(self) -> None:
         self.queue = asyncio.Lock()
         self.task: Optional[asyncio.Task[Any]] = None
         self.holds = 0
+        #: Coroutines queued on it: an idle turn is dropped (it would keep its loop alive).
+        self.waiting = 0
 
 
 #: The turns of each dict's lock in this process, by loop: every face and
@@ -226,6 +228,7 @@ class AsyncSharedLock:
             turn.holds += 1
             return True
         queue = turn.queue
+        turn.waiting += 1
         try:
             if deadline is None or not queue.locked():
                 await queue.acquire()  # (free: returns without suspending)
@@ -233,6 +236,8 @@ class AsyncSharedLock:
                 await asyncio.wait_for(queue.acquire(), max(deadline - time.monotonic(), 0.0))
         except asyncio.TimeoutError:
             raise self._timeout(timeout) from None
+        finally:
+            turn.waiting -= 1
         try:
             lock = self._lock
             while True:
@@ -263,6 +268,8 @@ class AsyncSharedLock:
                 turn.task, turn.holds = None, 0
                 if turn.queue.locked():
                     turn.queue.release()  # the next coroutine's turn, whatever the release raised
+                if not turn.queue.locked() and not turn.waiting:  # (idle: its loop may end, and go)
+                    self._turns.pop(id(asyncio.get_running_loop()), None)
 
     def locked(self) -> bool:
         """True if some process holds the lock now (a snapshot)."""

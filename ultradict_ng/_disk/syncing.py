@@ -57,6 +57,7 @@ class Durability:
         "dump_bytes",
         "dump_gen",
         "deferred",
+        "fd_later",
         "idle",
         "closed_at",
         "__weakref__",
@@ -80,9 +81,11 @@ class Durability:
             os.close(self.fd)
             raise
         #: Held while syncing: a close waits for a sync of the flusher thread in flight.
-        self.guard = threading.Lock()
+        self.guard = threading.RLock()  # (a close run inside this thread's own sync: a finalizer)
         #: Syncs in flight by thread (:meth:`sync_deferred`, a leader's), which a close waits for.
         self.deferred: dict[int, int] = {}
+        #: A close made inside this handle's own sync (a collection) left the descriptor to it.
+        self.fd_later = False
         self.idle = threading.Condition(self.guard)
         #: SYNCED when the handle closed (-1: a sync had failed), for a write still waiting then.
         self.closed_at = -1
@@ -149,8 +152,11 @@ class Durability:
                     self.closed_at = -1
                 self.open = False
             if not keep_mark and self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
+                if me in self.deferred:  # (a close inside this thread's own sync: the fd is still in use)
+                    self.fd_later = True
+                else:
+                    os.close(self.fd)
+                    self.fd = -1
 
     def forget_clean(self) -> None:
         """Remove ``clean`` before the first write after a clean reopen (the writer,
@@ -207,6 +213,9 @@ class Durability:
                 self.deferred[me] = left
             else:
                 del self.deferred[me]
+                if self.fd_later and self.fd >= 0:  # (closed inside this sync: its descriptor now)
+                    os.close(self.fd)
+                    self.fd, self.fd_later = -1, False
             self.idle.notify_all()
 
     def sync_to(self, target: int) -> None:
@@ -232,15 +241,22 @@ class Durability:
                     _lead_count(self.path, 1)  # (before the claim: a word naming us is never seen unled)
                     ok, _ = atomic.cas(L.W_SYNC_LEADER, 0, mine)
                     if ok:
+                        _here.paths = getattr(_here, "paths", ()) + (self.path,)
                         try:
                             self._lead()
                         finally:
+                            _here.paths = _here.paths[:-1]
                             atomic.cas(L.W_SYNC_LEADER, mine, 0)
                             atomic.add(L.W_SYNC_SEQ, 1)  # (after SYNCED and the leader word: no lost wake)
                             atomic.wake(L.W_SYNC_SEQ, _WAKE_ALL)
                 finally:
                     _lead_count(self.path, -1)
                     self._landed()
+                continue
+            if leader == mine and self.path in getattr(_here, "paths", ()):
+                # (this thread leads already, suspended below us -- a finalizer
+                # run by a collection inside its sync: it cannot wait for itself)
+                self._lead()
                 continue
             if time.monotonic() >= check:
                 check = time.monotonic() + _LEADER_CHECK
@@ -325,6 +341,8 @@ def _lead_count(path: str, delta: int) -> None:
 
 
 _deferral = threading.local()
+#: The stream paths this thread leads a sync of now (innermost last).
+_here = threading.local()
 
 
 @contextlib.contextmanager
@@ -348,7 +366,7 @@ def _after_fork_in_child() -> None:
     _leading_guard = threading.Lock()
     _leading.clear()  # (the parent's leaders; the child's owner word is its own)
     for durability in list(_live):
-        durability.guard = threading.Lock()
+        durability.guard = threading.RLock()
         durability.deferred, durability.idle = {}, threading.Condition(durability.guard)
         durability.queued = False  # (the parent's flusher thread is not the child's)
 
