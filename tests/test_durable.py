@@ -58,6 +58,18 @@ def recovers_after_a_failed_sync(path: str, d: SharedDict) -> None:
     e.close()
 
 
+def ok_in_a_child(code: str, path: str) -> None:
+    """``code`` prints "ok" in a new interpreter, within 60 s: a hang there
+    fails the test instead of stopping the suite (the dict's shared memory,
+    which the killed child leaves, removed)."""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        reboot(path)
+        raise
+    assert out.stdout.strip() == "ok", out.stderr
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tests.durable_workers", *args], capture_output=True, text=True, timeout=120
@@ -1924,12 +1936,7 @@ def test_a_handle_collected_inside_another_handles_sync_lead_syncs_itself(durabl
         print("ok")
         """
     )
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        reboot(durable_dir)
-        raise
-    assert out.stdout.strip() == "ok", out.stderr
+    ok_in_a_child(code, durable_dir)
 
 
 def test_a_handle_closed_while_the_flusher_leads_its_sync_leaves_no_leader(durable_dir):
@@ -1968,12 +1975,7 @@ def test_a_handle_closed_while_the_flusher_leads_its_sync_leaves_no_leader(durab
         print("ok")
         """
     )
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        reboot(durable_dir)
-        raise
-    assert out.stdout.strip() == "ok", out.stderr
+    ok_in_a_child(code, durable_dir)
 
 
 def test_a_write_waiting_on_a_failed_group_commit_is_not_acknowledged(durable_dir, monkeypatch):
