@@ -135,6 +135,7 @@ def test_every_command_takes_a_path(durable_dir, tmp_path):
     assert before.returncode == 2 and "unrecognized arguments: --json" in before.stderr
     stats = cli_json("stats", durable_dir)
     assert stats["keys"] == 101 and stats["path"] == durable_dir and stats["sync"] == "always"
+    assert stats["sync_interval"] is None  # (a policy without one)
     assert stats["engine"] == "files" and "name" not in stats  # (the directory is its name)
     assert not stats["open"] and stats["users"] == [] and stats["closed_cleanly"]  # (not its own open)
     doctor = cli("doctor", durable_dir)

@@ -195,6 +195,7 @@ def test_the_sync_policies(durable_dir, tmp_path):
     d["a"] = 1
     s = d.stats()
     assert (s["synced_generation"], s["synced_end"]) == (s["generation"], s["stream_end"])
+    assert s["sync"] == "always" and s["sync_interval"] is None  # (no interval: none shown)
     d.close()
     with pytest.raises(ParameterMismatch):
         SharedDict(path=durable_dir, sync="never")
@@ -206,6 +207,7 @@ def test_the_sync_policies(durable_dir, tmp_path):
     d.unlink()
     d.close()
     e = SharedDict(path=str(tmp_path / "interval"), sync="interval", sync_interval=0.05)
+    assert e.stats()["sync_interval"] == 0.05
     with pytest.raises(ParameterMismatch, match="created with sync_interval=0.05, not 5"):
         SharedDict(path=str(tmp_path / "interval"), sync_interval=5)
     e["a"] = 1

@@ -173,7 +173,7 @@ class Durability:
         return {
             "path": os.path.dirname(self.path),
             "sync": self.mode,
-            "sync_interval": self.interval,
+            "sync_interval": self.interval if self.mode == "interval" else None,  # (the others use none)
             "synced_generation": synced >> L.GEN_SHIFT,
             "synced_end": synced & L.END_MASK,
         }

@@ -143,7 +143,7 @@ def summary(path: str) -> dict[str, Any]:
     return {
         "path": path,
         "sync": meta.get("sync"),
-        "sync_interval": meta.get("sync_interval"),
+        "sync_interval": meta.get("sync_interval") if meta.get("sync") == "interval" else None,
         "layout": meta.get("layout"),
         "disk_bytes": sum(files.values()),
         "dumps": len(dumps),
