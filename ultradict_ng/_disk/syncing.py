@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 from .._platform import faults
 from .._platform.forks import on_fork_in_child
 from .._shm import layout as L
-from .._shm.lock import owner_alive, owner_word
+from .._shm.lock import owner_alive, owner_word, set_status
 from ..errors import SyncFailed
 from . import files
 from . import layout as D
@@ -276,10 +276,7 @@ class Durability:
         """STATUS_SYNC_FAILED: every later write and sync of the dict, in any
         process, raises ``SyncFailed`` ("Sync policies") -- a sync failed, or
         a file the disk must not keep could not be removed durably."""
-        atomic = self.atomic
-        status = atomic.load(L.W_STATUS)
-        while not status & L.STATUS_SYNC_FAILED:
-            _, status = atomic.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
+        set_status(self.atomic, L.STATUS_SYNC_FAILED)
 
     def refuse_if_failed(self) -> None:
         """``SyncFailed`` once a sync of the dict failed: a checkpoint is a sync too."""

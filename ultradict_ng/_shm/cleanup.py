@@ -21,7 +21,7 @@ from ..errors import CorruptSegment, LockTimeout
 from . import layout as L
 from .blobs import blob_ids
 from .control import check_layout, control_owner, looks_half_created, read_word
-from .lock import ShmLock, owner_alive
+from .lock import ShmLock, owner_alive, set_status
 from .mapping import Mapping
 from .waiting import wake
 
@@ -59,11 +59,7 @@ def unlink_blobs(name: str, words: memoryview) -> int:
 def mark_unlinked(atomic: Any) -> None:
     """STATUS.unlinked set: every handle's next write raises ``Unlinked``, and
     change waiters, woken, see it and stop (layout "Unlink", its first step)."""
-    while True:
-        status = atomic.load(L.W_STATUS)
-        ok, _ = atomic.cas(L.W_STATUS, status, status | L.STATUS_UNLINKED)
-        if ok:
-            break
+    set_status(atomic, L.STATUS_UNLINKED)
     if atomic.load(L.W_CHANGE_WAITERS):
         wake(atomic, L.W_CHANGE_SEQ, 0x7FFFFFFF)
 

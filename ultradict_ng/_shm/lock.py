@@ -26,7 +26,7 @@ from . import layout as L
 from .waiting import Backoff, ProcessWaits, waits_for
 
 # SharedLock: the front end, named here too for the modules that type with it.
-__all__ = ["ShmLock", "SharedLock", "owner_word", "pid_of", "owner_alive"]
+__all__ = ["ShmLock", "SharedLock", "owner_word", "pid_of", "owner_alive", "set_status"]
 
 log = logging.getLogger("ultradict_ng")
 _WAKE_PENDING = 1  # LOCK_WAKING: a release woke a sleeper that has not claimed the role yet
@@ -215,10 +215,16 @@ class ShmLock(WordLock):
                 segments.discard_unpublished(L.dump_name(self._name, high))
             except OSError as exc:  # (the lock is ours now: an error here must not keep it)
                 log.warning("shared dict %r: its unpublished dump %d stays (%s)", self._name, high, exc)
-                if segments.file_of(L.dump_name(self._name, high)) is not None:  # (a recovery would take
-                    status = words.load(L.W_STATUS)  # it: no write is acknowledged as durable any more)
-                    while not status & L.STATUS_SYNC_FAILED:
-                        _, status = words.cas(L.W_STATUS, status, status | L.STATUS_SYNC_FAILED)
+                if segments.file_of(L.dump_name(self._name, high)) is not None:  # (a recovery would
+                    set_status(words, L.STATUS_SYNC_FAILED)  # take it: no write is durable any more)
+
+
+def set_status(words: Words, bit: int) -> None:
+    """``bit`` set in STATUS, whatever other bits another process sets at the
+    same time (a CAS from the word seen; a bit already set is left alone)."""
+    status = words.load(L.W_STATUS)
+    while not status & bit:
+        _, status = words.cas(L.W_STATUS, status, status | bit)
 
 
 def _holder_of(word: int) -> tuple[Optional[str], Optional[int]]:
