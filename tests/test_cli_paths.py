@@ -679,6 +679,73 @@ def test_clean_removes_what_a_killed_recovery_left_and_not_a_dict_made_since(dur
     d.close()
 
 
+def _left_by_a_killed_writer(path: str) -> str:
+    """The shared memory a writer SIGKILLed after writing ``b`` leaves (every
+    user dead, its segment whole); its name."""
+    from ultradict_ng._disk.opening import control_of
+
+    code = (
+        f"import os, signal\nfrom ultradict_ng import SharedDict\nd = SharedDict(path={path!r})\n"
+        "d['b'] = 2\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, timeout=60)
+    assert p.returncode == -9, p.stderr
+    name = control_of(path)
+    assert os.path.exists(os.path.join("/dev/shm", name))
+    return name
+
+
+def test_an_open_attaching_as_clean_removes_the_shared_memory_opens_the_dict(durable_dir, monkeypatch):
+    """``clean`` removes the shared memory of a dict whose users all died
+    without the directory lock (it knows no directory): an opener that chose
+    to attach to it looks again, and rebuilds the dict from its files."""
+    from ultradict_ng._disk import opening
+
+    SharedDict({"a": 1}, path=durable_dir, sync="always").close()
+    name = _left_by_a_killed_writer(durable_dir)
+    cleaned: list[object] = []
+    plain = opening._plain
+
+    def clean_first(options: Any) -> Any:  # (between step 3's checks and the attach)
+        if not cleaned:
+            cleaned.append(cli_json("clean", name))
+        return plain(options)
+
+    monkeypatch.setattr(opening, "_plain", clean_first)
+    d = SharedDict(path=durable_dir)
+    assert cleaned == [[{**cleaned[0][0], "action": "removed"}]]  # type: ignore[index]
+    assert dict(d) == {"a": 1, "b": 2}
+    d.unlink()
+    d.close()
+
+
+def test_a_removal_spares_the_control_segment_an_opener_rebuilt_under_its_name(durable_dir):
+    """A dict kept in files keeps its token when its control segment is
+    rebuilt: a ``clean`` that flagged the old one removed, then finds the
+    opener's new one under the name, leaves it (and the open dict) alone."""
+    from ultradict_ng._shm.cleanup import mark_unlinked, unlink_tree
+    from ultradict_ng._shm.control import Header, attach_control
+    from ultradict_ng._shm.mapping import Mapping
+
+    SharedDict({"a": 1}, path=durable_dir, sync="always").close()
+    name = _left_by_a_killed_writer(durable_dir)
+    old = Mapping(attach_control(name), None)
+    try:
+        token = Header.read(name, old.words).token
+        mark_unlinked(old.atomic)  # (clean's first step)
+        d = SharedDict(path=durable_dir)  # (the flag seen: removed and rebuilt under the same name)
+        assert unlink_tree(name, old, token) == 0  # (clean's next steps)
+    finally:
+        old.release()
+    assert os.path.exists(os.path.join("/dev/shm", name))
+    d["c"] = 3
+    e = SharedDict(path=durable_dir)
+    assert dict(e) == {"a": 1, "b": 2, "c": 3}
+    e.close()
+    d.unlink()
+    d.close()
+
+
 def _checkpointing(path: str, stop: Any) -> None:
     d = SharedDict(path=path, create=False)
     i = 0

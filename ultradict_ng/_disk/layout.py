@@ -188,7 +188,10 @@ it again) and starts over if not.  Then:
    stream's records are whole up to its end, ``clean`` if there records its
    state).  Else (every user dead, and a backup put back in ``DIR``, another
    container's rebuild gone on from the files, or pages the kernel could not
-   write back) it is removed and rebuilt as below, with a warning.
+   write back) it is removed and rebuilt as below, with a warning.  ``clean``
+   removes the segment of a dict whose users all died without this lock
+   (it knows no directory): an attach that finds it removed, or marked
+   removed, looks again (step 3, then step 4: it is gone or unlinked now).
 4. otherwise (none, half-created, or another token: a segment left by a
    directory that had this inode before) -- recovery:
 

@@ -354,7 +354,9 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             if create is True:
                 raise AlreadyExists(f"a dict is already kept in {directory!r}")
             _check_stored(directory, meta, options)
-            store = _attach_or_recover(directory, base, meta, options)
+            store = None
+            while store is None:  # (twice at most: a segment removed is gone, or marked so, the next time)
+                store = _attach_or_recover(directory, base, meta, options)
             try:
                 _arm(store, directory, meta)
             except BaseException:  # (an interrupt, EMFILE): closed as a handle not fully opened
@@ -476,8 +478,9 @@ def _refuse_foreign(directory: str, described: bool) -> None:
         )
 
 
-def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options: Options) -> Store:
-    """Steps 3 and 4."""
+def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options: Options) -> Optional[Store]:
+    """Steps 3 and 4; None if the segment step 3 chose was removed before the
+    attach took it (by a ``clean``: layout, step 3), for step 3 again."""
     token = int(meta["token"])
     try:
         ctrl = segments.Segment.attach(base)
@@ -510,7 +513,10 @@ def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options:
             usable = False
         if usable:
             given = codec_for(options.serializer) if options.serializer is not None else None
-            return Store._attach(base, given, _plain(options))
+            try:
+                return Store._attach(base, given, _plain(options))
+            except FileNotFoundError:  # (removed since, or marked removed while this waited for it)
+                return None
         segments.unlink(base)  # half-created, another dict's, or unlinked: rebuilt below
     sharing.refuse_shared(directory)
     return recovery.recover(directory, base, meta, _header(meta), options)

@@ -86,12 +86,14 @@ def unlink_tree(name: str, mapping: Mapping, token: int, locked_within: Optional
             # We only delete what is provably ours (the control could have been
             # unlinked and its name reused by a foreign segment meanwhile).
             return 0
-        owner = control_owner(name, token)
+        owner = control_owner(name, token, unlinked=True)
         if owner == "other":
             # The name was unlinked (by us or anyone) and a new dict now lives
             # under it: its stream and dumps have our names but are not ours.
             # (A second unlink of an old handle -- e.g. the auto-unlink of a
-            # creator after unlink() -- must not touch the re-created dict.)
+            # creator after unlink() -- must not touch the re-created dict,
+            # nor a ``clean`` the control segment an opener of a dict kept in
+            # files rebuilt under the same name and token meanwhile.)
             return 0
         # "ours", or "gone": no control under the name, so any stream or dump
         # left under it is ours (a creator makes its control first).

@@ -147,16 +147,24 @@ def attach_control(name: str) -> Segment:
         time.sleep(0.001)
 
 
-def control_owner(name: str, token: int) -> str:
-    """Whose control segment ``name`` is: "ours" (creation token ``token``),
-    "gone" (no segment under the name) or "other"."""
+def control_owner(name: str, token: int, unlinked: bool = False) -> str:
+    """Whose control segment ``name`` is: "ours" (creation token ``token``,
+    and STATUS.unlinked set if ``unlinked``), "gone" (no segment under the
+    name) or "other".
+
+    ``unlinked``: the caller has set the flag in the segment it maps, and asks
+    whether the name still holds that one.  The token alone cannot tell: a
+    dict kept in files keeps its token when its control segment is rebuilt
+    (an opener holding the directory lock replaces one marked unlinked by a
+    ``clean``, which holds no such lock), and the new one has the flag clear.
+    """
     try:
         ctrl = Segment.attach(name)
     except FileNotFoundError:
         return "gone"
     try:
-        if ctrl.buf is None or ctrl.size < L.CONTROL_SIZE:
+        if ctrl.buf is None or ctrl.size < L.CONTROL_SIZE or read_word(ctrl.buf, L.W_TOKEN) != token:
             return "other"
-        return "ours" if read_word(ctrl.buf, L.W_TOKEN) == token else "other"
+        return "other" if unlinked and not read_word(ctrl.buf, L.W_STATUS) & L.STATUS_UNLINKED else "ours"
     finally:
         ctrl.close()

@@ -347,13 +347,14 @@ usual.  So a feed never skips a change silently and never yields one twice.
 Unlink and cleanup register
 ===========================
 ``unlink``/``unlink_by_name`` take the lock (recovering a dead owner; after
-``UNLINK_LOCK_TIMEOUT`` they go on without it), set STATUS.unlinked, then unlink
-``N@d<g>`` for g in ``REG_LOW .. REG_HIGH`` and for the published gen (plus,
-where /dev/shm can be listed, every ``N@d*`` there, in case the register itself
-was damaged), then every blob (``BLOB_LOW .. BLOB_NEXT``, and every ``N@b*``
-where /dev/shm can be listed), then ``N@s``, then ``N``.  Writers check STATUS
-under the lock and raise ``Unlinked``; a writer that published a dump just as
-the flag appeared unlinks its own dump.
+``UNLINK_LOCK_TIMEOUT`` they go on without it), set STATUS.unlinked, and unless
+``N`` is now another segment (not of its token, or flag clear: a dict made
+since, or a dict in files' rebuilt one) unlink ``N@d<g>`` for g in ``REG_LOW ..
+REG_HIGH`` and the published gen (plus, where /dev/shm can be listed, every
+``N@d*`` there, in case the register was damaged), every blob (``BLOB_LOW ..
+BLOB_NEXT``, and every listed ``N@b*``), ``N@s``, then ``N``.  Writers check
+STATUS under the lock and raise ``Unlinked``; a writer that published a dump
+just as the flag appeared unlinks its own dump.
 
 Orphans: a derived segment (``N@s``, ``N@d*``, ``N@b*``) with no ``N`` beside
 it can only be left by a crash (a creator makes ``N`` first, an unlink removes
