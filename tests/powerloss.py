@@ -7,9 +7,12 @@ one directory, what has certainly reached the disk: each file's synced bytes
 of its last sync.  Before each call it records disk states a power loss at
 that instant could leave, by the rules of SQLite's crash-test VFS and of the
 ALICE study: the synced bytes, plus each unsynced 512-byte sector of a file
-either written or not; a file created, renamed or removed counts only once
-its directory was synced.  Writes into a mapping are not calls: the unsynced
-sectors are found by comparing a file's bytes now with its synced bytes.
+either written or not; a file created, renamed or removed counts once its
+directory was synced, and before that in the states where a prefix of the
+directory's operations since its last sync reached the disk (a journal
+commits them in order, ahead of any directory sync).  Writes into a mapping
+are not calls: the unsynced sectors are found by comparing a file's bytes
+now with its synced bytes.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class Disk:
         self.last_seen: dict[int, bytes] = {}  # file id -> its bytes when it left the directory
         self.images: list[Image] = []
         self.acked = 0
+        # The directory's operations since its last sync, in order: (a name made
+        # (the new one's id), a name gone) -- a create, a rename, a remove.
+        self.pending: list[tuple[Optional[str], int, Optional[str]]] = []
         for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
             # (a disk state the test wrote before recording: on the disk, all of it)
             self.uid += 1
@@ -66,6 +72,10 @@ class Disk:
         if os.path.dirname(path) != self.dir and path != self.dir:
             return
         name = os.path.basename(path)
+        if event == "replace":  # (a rename's target, while the file it replaces is still there)
+            if name in self.current:
+                self.last_seen[self.current[name]] = self._read(name)
+            return
         if not done:
             self.capture(f"before {event} {name}")
             if event in ("remove", "rename") and name in self.current:
@@ -76,13 +86,14 @@ class Disk:
         if event == "create":
             self.uid += 1
             self.current[name] = self.uid
+            self.pending.append((name, self.uid, None))
         elif event == "rename":
             src = self._renaming
-            if name in self.current:
-                self.last_seen[self.current[name]] = self._read(name)
             self.current[name] = self.current.pop(src)
+            self.pending.append((name, self.current[name], src))
         elif event == "remove":
             self.current.pop(name, None)
+            self.pending.append((None, 0, name))
         elif event == "sync" and name in self.current:
             self.synced[self.current[name]] = self._read(name)
         elif event == "range" and name in self.current and span is not None:
@@ -93,19 +104,32 @@ class Disk:
             self.synced[uid] = bytes(old)
         elif event == "syncdir" and path == self.dir:
             self.durable_names = {n: u for n, u in self.current.items()}
+            self.pending = []
 
     def capture(self, label: str) -> None:
-        """Two states at this instant: only what is synced, and each unsynced sector at random."""
-        for mode in ("synced", "random"):
-            files: dict[str, bytes] = {}
-            for name, uid in self.durable_names.items():
-                base = self.synced.get(uid, b"")
-                if uid in self.current.values():
-                    now = self._read(next(n for n, u in self.current.items() if u == uid))
-                else:
-                    now = self.last_seen.get(uid, base)
-                files[name] = base if mode == "synced" else self._mix(base, now)
-            self.images.append(Image(f"{label} ({mode})", files, self.acked))
+        """The states at this instant: only what is synced; each unsynced sector
+        at random; and, for each prefix of the directory's operations since its
+        last sync, those names with each unsynced sector at random."""
+        self._state(f"{label} (synced)", self.durable_names, False)
+        self._state(f"{label} (random)", self.durable_names, True)
+        names = dict(self.durable_names)
+        for k, (made, uid, gone) in enumerate(self.pending, 1):
+            if gone is not None:
+                names.pop(gone, None)
+            if made is not None:
+                names[made] = uid
+            self._state(f"{label} (random, {k} of {len(self.pending)} directory operations)", names, True)
+
+    def _state(self, label: str, names: dict[str, int], mixed: bool) -> None:
+        files: dict[str, bytes] = {}
+        for name, uid in names.items():
+            base = self.synced.get(uid, b"")
+            if uid in self.current.values():
+                now = self._read(next(n for n, u in self.current.items() if u == uid))
+            else:
+                now = self.last_seen.get(uid, base)
+            files[name] = self._mix(base, now) if mixed else base
+        self.images.append(Image(label, files, self.acked))
 
     def _mix(self, base: bytes, now: bytes) -> bytes:
         size = len(now) if self.rng.random() < 0.5 else max(len(base), len(now))

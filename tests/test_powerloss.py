@@ -274,6 +274,35 @@ def test_a_checkpoint_that_failed_once_named_stays_gone_after_a_power_loss(tmp_p
     assert out.stdout.strip() == "kept", out.stdout + out.stderr
 
 
+def test_a_power_loss_during_a_removal_leaves_the_whole_dict_or_none(tmp_path):
+    """``unlink()`` removes a dict's files without syncing the directory at
+    each step: every disk state it can leave -- each prefix of its removals
+    reaching the disk -- opens as the whole dict or as no dict."""
+    path = str(tmp_path / "dict")
+    d = SharedDict(path=path, sync="never", buffer_size=2048, blob_threshold=256)
+    for i in range(40):
+        d[f"k{i % 7}"] = "v" * 50 + str(i)  # (the stream fills: a checkpoint)
+    d["blob"] = b"x" * 1000
+    d["after"] = 1
+    model = plain(dict(d))
+    d.close()
+    assert {"dump.1", "blob.1", "clean"} <= set(os.listdir(path))
+    disk = Disk(path, 7)
+    files.observer = disk.observe
+    try:
+        e = SharedDict(path=path, create=False)
+        e.unlink()
+        e.close()
+    finally:
+        files.observer = None
+    assert not os.path.exists(path)
+    assert any("directory operations" in image.label for image in disk.images)
+    dirs, lines = open_images(tmp_path, "image", disk.images, "contents")
+    for where, image in zip(dirs, disk.images):
+        got = lines[where]
+        assert got == repr(model) or got.startswith("ERROR NotFound"), (image.label, sorted(image.files), got)
+
+
 # -- a SharedCache kept in files ---------------------------------------------------------------
 
 cache_op = st.one_of(

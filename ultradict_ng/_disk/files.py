@@ -63,9 +63,10 @@ __all__ = [
 ]
 
 #: ``observer(event, path, done, span)`` -- event one of "create", "sync",
-#: "range" (span: the bytes ``(start, end)`` synced), "rename", "remove",
-#: "syncdir"; called with done=False before the call and done=True after it
-#: (tests only; None in use).
+#: "range" (span: the bytes ``(start, end)`` synced), "rename" (the source
+#: before, the target after), "replace" (the target, before a rename: the
+#: file it may replace is still there), "remove", "syncdir"; called with
+#: done=False before the call and done=True after it (tests only; None in use).
 observer: Optional[Callable[[str, str, bool, Optional[tuple[int, int]]], None]] = None
 
 PAGE = mmap.PAGESIZE
@@ -299,6 +300,7 @@ def sync_parent(path: str) -> None:
 def rename(src: str, dst: str) -> None:
     """Atomically replace ``dst`` by ``src`` (durable once the directory is synced)."""
     _note("rename", src, False)
+    _note("replace", dst, False)
     os.rename(src, dst)
     _note("rename", dst, True)
 
