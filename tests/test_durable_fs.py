@@ -368,19 +368,24 @@ def test_a_copy_made_by_hard_links_is_refused_until_it_has_its_own_files(durable
     SharedDict(path=durable_dir).unlink()
 
 
-def test_a_new_dicts_directory_entry_is_synced_in_each_parent_made(tmp_path, monkeypatch):
+@pytest.mark.parametrize("made_by", ["the open", "another"])
+def test_a_new_dicts_directory_entry_is_synced_in_every_parent(tmp_path, monkeypatch, made_by):
     """A power loss may lose a directory's entry in its parent until the
-    parent is synced: the dict's own directory and every parent the open
-    made are synced in their parents before the creation returns."""
+    parent is synced: the dict's own directory and every directory above it
+    are synced before the creation returns -- whoever made them (an opener
+    racing this one, the user just before: this open cannot tell)."""
     from ultradict_ng._disk import files
 
+    path = tmp_path / "a" / "b" / "dict"
+    if made_by == "another":
+        os.makedirs(path)  # (no sync: the entries of a, b and dict in the page cache only)
     synced: list[str] = []
     real = files.sync_dir
     monkeypatch.setattr(files, "sync_dir", lambda path: (synced.append(path), real(path))[1])
-    path = tmp_path / "a" / "b" / "dict"
     d = SharedDict(path=str(path), sync="always")
-    for level in (tmp_path, tmp_path / "a", tmp_path / "a" / "b"):
+    for level in (tmp_path, tmp_path / "a", tmp_path / "a" / "b", path):
         assert str(level) in synced, (level, synced)
+    assert "/" in synced
     d["k"] = 1
     d.unlink()
     d.close()

@@ -47,7 +47,7 @@ __all__ = [
     "sync_data",
     "sync_dir",
     "make_directories",
-    "sync_parent",
+    "sync_ancestors",
     "rename",
     "remove",
     "write_whole",
@@ -275,26 +275,30 @@ def sync_dir(path: str) -> None:
 
 
 def make_directories(directory: str) -> None:
-    """``directory`` and the parents it lacks made, each new one's entry
-    synced in its parent: a new dict's directory must outlive a power loss
-    with the writes acknowledged in it (the dict's own entry: :func:`sync_parent`)."""
-    made, there = [], directory
-    while not os.path.isdir(there) and os.path.dirname(there) != there:
-        made.append(there)
-        there = os.path.dirname(there)
+    """``directory`` and the parents it lacks made; their entries are synced
+    when a dict is created in it (:func:`sync_ancestors`)."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    for level in reversed(made[1:]):  # (top down; the dict's own when it is created)
-        sync_parent(level)
 
 
-def sync_parent(path: str) -> None:
-    """:func:`sync_dir` of the directory holding ``path``: its entry there
-    durable.  A parent this user cannot read (``/home`` at 0711) cannot be
-    opened to sync: its entry is as durable as the filesystem makes it."""
-    try:
-        sync_dir(os.path.dirname(path))
-    except PermissionError:
-        pass
+def sync_ancestors(path: str) -> None:
+    """:func:`sync_dir` of every directory above ``path``, up to the root: the
+    entry of each in its parent durable.  Every one, not only those this
+    process made: a directory made by another opener racing this one, or by
+    the user just before, may have its entry only in the page cache, and a
+    new dict must outlive a power loss with the writes acknowledged in it.
+    (A directory whose entry is on the disk syncs at no cost.)  One this user
+    cannot read (``/home`` at 0711) cannot be opened to sync: its entry is as
+    durable as the filesystem makes it."""
+    here = os.path.dirname(path)
+    while True:
+        try:
+            sync_dir(here)
+        except PermissionError:
+            pass
+        up = os.path.dirname(here)
+        if up == here:
+            return
+        here = up
 
 
 def rename(src: str, dst: str) -> None:

@@ -173,8 +173,9 @@ it again) and starts over if not.  Then:
    list above (the leftovers of a creation that died), create the dict
    (control segment, ``stream`` file; with initial data, a ``dict.meta`` that
    says ``"creating"``, then the data), sync the stream and any dump, sync
-   ``DIR`` and its parent (and each parent the open made, in its own: a new
-   directory's entry is durable only then), write ``dict.meta``.  A
+   ``DIR`` and every directory above it (a new directory's entry is durable
+   only then, whoever made it: this open, another, the user), write
+   ``dict.meta``.  A
    directory holding other files is refused (``NotADict``); no
    ``dict.meta`` beside a dump, a blob, ``clean``, ``cache`` or records in
    the stream is a dict that lost its description, refused

@@ -442,7 +442,7 @@ def _create(directory: str, base: str, options: Options, described: bool) -> tup
         assert stream is not None and stream.buf is not None
         files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, stream.size)
         files.sync_dir(directory)
-        files.sync_parent(directory)  # (its entry: made by this open or by the user just before)
+        files.sync_ancestors(directory)  # (their entries: made by this open, another, or the user)
         header = store._map.words
         meta = {
             "format": D.META_FORMAT,
