@@ -1164,6 +1164,30 @@ def test_blobs_overwritten_do_not_pile_up_on_the_disk(durable_dir, inside):
     d.close()
 
 
+def test_a_blob_or_checkpoint_numbered_tmp_in_base_36_is_a_finished_file(durable_dir):
+    """Id 38401 is base 36 ``tmp``: ``blob.tmp`` and ``dump.tmp`` are a
+    finished blob and checkpoint, not files being written (``blob.tmp.tmp``
+    is): kept by a recovery, swept once dropped, removed with the dict."""
+    assert D.aside_of("dump.tmp") is None and D.aside_of("dump.tmp.tmp") == "dump.tmp"
+    assert D.suffix_of("dump.tmp") == L.DUMP_SUFFIX + "tmp" and D.is_own("blob.tmp")
+    d = SharedDict(path=durable_dir, sync="always")
+    with d.lock:  # (as 38,400 large values before it would have left it)
+        d._store._map.atomic.store(L.W_BLOB_NEXT, int("tmp", 36))
+    d["v"] = bytes([7]) * 100_000
+    assert "blob.tmp" in os.listdir(durable_dir)
+    d.close()
+    reboot(durable_dir)
+    d = SharedDict(path=durable_dir)
+    assert bytes(d["v"]) == bytes([7]) * 100_000 and "blob.tmp" in os.listdir(durable_dir)
+    del d["v"]
+    d._store.force_dump()
+    assert "blob.tmp" not in os.listdir(durable_dir)  # (the sweep saw it)
+    d["w"] = bytes([8]) * 100_000
+    d.unlink()
+    d.close()
+    assert not os.path.exists(durable_dir)
+
+
 def test_a_checkpoint_of_another_handle_resets_what_one_counts_as_dropped(durable_dir):
     """A handle compares what it dropped with the last checkpoint's size: the
     one written last, by whichever handle -- not the big one it saw first.

@@ -423,16 +423,29 @@ def own_id(file: str, prefix: str) -> Optional[int]:
     return int(digits, 36)
 
 
+def _named_own(file: str) -> bool:
+    """Whether ``file``, taken whole, is the name of one of the dict's files."""
+    if file in (META_FILE, STREAM_FILE, CLEAN_FILE, CACHE_FILE):
+        return True
+    return own_id(file, DUMP_PREFIX) is not None or own_id(file, BLOB_PREFIX) is not None
+
+
+def aside_of(file: str) -> Optional[str]:
+    """The file a ``.tmp`` file is being written as, else None.  A name that
+    is the dict's taken whole is never one: id or generation 38401 is base 36
+    ``tmp``, so ``blob.tmp`` and ``dump.tmp`` are a finished blob and dump."""
+    if not file.endswith(TMP_SUFFIX) or _named_own(file):
+        return None
+    whole = file[: -len(TMP_SUFFIX)]
+    return whole if _named_own(whole) else None
+
+
 def is_own(file: str) -> bool:
     """Whether ``file`` is one of the files a dict's directory holds (the list
     under "Directory", or one of them being written: ``.tmp``).  Names are
     matched whole: a file that only begins like one (``dump.sql``,
     ``streamer.log``) is the user's, refused at creation, never removed."""
-    if file.endswith(TMP_SUFFIX):
-        file = file[: -len(TMP_SUFFIX)]
-    if file in (META_FILE, STREAM_FILE, CLEAN_FILE, CACHE_FILE):
-        return True
-    return own_id(file, DUMP_PREFIX) is not None or own_id(file, BLOB_PREFIX) is not None
+    return _named_own(file) or aside_of(file) is not None
 
 
 def magics_of(file: str) -> tuple[bytes, ...]:
@@ -450,8 +463,7 @@ def magics_of(file: str) -> tuple[bytes, ...]:
 
 def suffix_of(file: str) -> Optional[str]:
     """The derived segment's suffix of a file of the directory (a ``.tmp`` one's too), else None."""
-    if file.endswith(TMP_SUFFIX):
-        file = file[: -len(TMP_SUFFIX)]
+    file = aside_of(file) or file
     if file == STREAM_FILE:
         return L.STREAM_SUFFIX
     if file == CACHE_FILE:

@@ -389,7 +389,7 @@ def _refuse_orphaned(directory: str) -> None:
     data = sorted(
         f
         for f in os.listdir(directory)
-        if f != D.STREAM_FILE and not f.endswith(D.TMP_SUFFIX) and recovery.dicts_own(directory, f, False)
+        if f != D.STREAM_FILE and D.aside_of(f) is None and recovery.dicts_own(directory, f, False)
     )
     if recovery.dicts_own(directory, D.STREAM_FILE, False):  # (zeros, or a whole record: the dict's)
         if (files.read_head(os.path.join(directory, D.STREAM_FILE), L.RECORD_HEADER) or b"").strip(b"\0"):

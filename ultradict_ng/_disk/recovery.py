@@ -403,7 +403,7 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
     """Steps 4a-4f; the caller holds the directory lock and has removed any control segment."""
     names = os.listdir(directory)  # (one listing: the lock keeps every other opener out)
     for f in names:  # a
-        if f.endswith(D.TMP_SUFFIX) and D.is_own(f):
+        if D.aside_of(f) is not None:
             files.remove(os.path.join(directory, f))
     if header.serializer_id == CUSTOM_ID:
         if options.serializer is None:

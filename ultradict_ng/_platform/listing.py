@@ -40,7 +40,7 @@ def listed(prefix: str) -> list[str]:
         names = {
             prefix[:at] + s
             for s, f in ((D.suffix_of(f), f) for f in entries)
-            if s is not None and (f.endswith(D.TMP_SUFFIX) or files.dicts_file(directory, f))
+            if s is not None and (D.aside_of(f) is not None or files.dicts_file(directory, f))
         }
         return sorted(n for n in names if n.startswith(prefix))
     try:

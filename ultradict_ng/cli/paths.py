@@ -319,7 +319,7 @@ def _checks_once(path: str) -> list[Check]:
     cache = _cache_problem(path, token)
     if cache is not None:
         out.append(("cache", "fail" if cache else "ok", cache or "its settings and slots are whole"))
-    leftovers = [f for f in os.listdir(path) if f.endswith(D.TMP_SUFFIX)]
+    leftovers = [f for f in os.listdir(path) if D.aside_of(f) is not None]
     if leftovers and not users:  # (in use: a writer's value or checkpoint being written)
         named = ", ".join(leftovers[:3])
         out.append(
