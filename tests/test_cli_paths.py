@@ -178,7 +178,9 @@ def test_doctor_reads_what_recovery_would_keep_and_changes_nothing(durable_dir):
     os.remove(os.path.join(durable_dir, D.CLEAN_FILE))  # (as a crash leaves it)
     with open(os.path.join(durable_dir, D.STREAM_FILE), "r+b") as f:
         f.seek(end - 2)
-        f.write(b"\xff\xff")
+        flipped = bytes(b ^ 0xFF for b in f.read(2))  # (the last record's tail: damaged whatever it held)
+        f.seek(end - 2)
+        f.write(flipped)
     before = {f: open(os.path.join(durable_dir, f), "rb").read() for f in os.listdir(durable_dir)}
     checks = {c["check"].split(": ")[-1]: c for c in cli_json("doctor", durable_dir)}
     assert checks["stream"]["level"] == "warn" and "4 whole writes" in checks["stream"]["message"]

@@ -1488,7 +1488,9 @@ def test_a_damaged_value_file_is_named(durable_dir):
     blob = os.path.join(durable_dir, "blob.1")
     with open(blob, "r+b") as f:
         f.seek(9)
-        f.write(b"\xff")
+        flipped = f.read(1)[0] ^ 0xFF  # (the token's second byte: random, 0xff one time in 256)
+        f.seek(9)
+        f.write(bytes([flipped]))
     d = SharedDict(path=durable_dir)
     with pytest.raises(CorruptSegment, match=f"blob {blob!r} does not hold what its reference says"):
         d["big"]
@@ -1714,6 +1716,48 @@ def test_a_description_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, m
     with pytest.raises(OutOfSpace, match=f"no room on the disk for {re.escape(path)}/dict.meta"):
         SharedDict(initial, path=path)
     assert os.listdir(path) == [] and not os.path.exists(os.path.join(SHM, control_of(path)))
+
+
+@pytest.mark.parametrize("call", ["create", "rename"])
+def test_a_file_the_disk_has_no_room_to_name_is_out_of_space(durable_dir, monkeypatch, caplog, call):
+    """Creating a value's or a checkpoint's file, or renaming it into place,
+    fails with ENOSPC (no inode left, a quota, a directory block): the write
+    gets ``OutOfSpace`` and changes nothing; a recovery that cannot name its
+    checkpoint clears the stream's stale tail instead, and the dict opens."""
+    import errno
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import OutOfSpace
+
+    real = getattr(files, call)
+
+    def full(path: str, *rest: str) -> object:
+        if os.path.basename(rest[0] if rest else path).startswith((D.DUMP_PREFIX, D.BLOB_PREFIX)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, *rest)
+
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=512, blob_threshold=256)
+    d["a"] = 1
+    monkeypatch.setattr(files, call, full)
+    with pytest.raises(OutOfSpace, match="no room on the disk for"):
+        d["b"] = b"x" * 1000  # (a value's file)
+    with pytest.raises(OutOfSpace, match="no room on the disk for"):
+        for i in range(50):
+            d["f"] = "y" * 100 + str(i)  # (the stream fills: a checkpoint)
+    monkeypatch.undo()
+    assert "b" not in d and not [f for f in os.listdir(durable_dir) if f.endswith(D.TMP_SUFFIX)]
+    kept = dict(d)
+    d.close()
+    with open(os.path.join(durable_dir, D.CLEAN_FILE), "r+b") as f:
+        f.write(b"X")  # (damaged: a recovery, which writes a checkpoint)
+    reboot(durable_dir)
+    monkeypatch.setattr(files, call, full)
+    d = SharedDict(path=durable_dir)
+    monkeypatch.undo()
+    assert dict(d) == kept and d.stats()["generation"] == 0
+    assert "stale tail was cleared instead" in caplog.text
+    d.unlink()
+    d.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only opens another's dict")

@@ -168,7 +168,11 @@ def finish(segment: Segment) -> None:
     except OSError as exc:
         _not_synced(exc, path)
     _still_its_directory(segment.name, path)
-    files.rename(aside, path)
+    try:
+        files.rename(aside, path)
+    except OSError as exc:  # (a new entry may need a block the disk has not)
+        raise_if_full(exc, f"no room on the disk for {path}")
+        raise
     try:
         files.sync_dir(os.path.dirname(path))
     except OSError as exc:
@@ -211,7 +215,11 @@ def _create_fd(name: str) -> int:
     path = file_of(name)
     if path is not None:
         _still_its_directory(name, path)
-        return files.create(_aside(name, path))
+        try:
+            return files.create(_aside(name, path))
+        except OSError as exc:  # (no inode, no block for the entry, a quota: the disk is full)
+            raise_if_full(exc, f"no room on the disk for {path}")
+            raise
     _require_posix()
     fd = int(_posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE))
     directory = directory_of(name)
