@@ -145,6 +145,29 @@ def test_arrays_and_large_values_come_through(dicts, name):
     d.close()
 
 
+@pytest.mark.parametrize("dropped_by", ["del", "pop", "overwrite", "clear"])
+def test_a_large_value_dropped_before_the_feed_reads_it_is_superseded_on_the_writers_feed(
+    dicts, name, dropped_by
+):
+    """The feed of the handle that wrote (up to date with the dict) replays a
+    large value a later write dropped: ``SUPERSEDED``, judged by the feed's
+    own position, not its handle's (which saw the drop: a damaged dict)."""
+    d = dicts(name=name, blob_threshold=256)
+    feed = d.changes(timeout=0)
+    d["k"] = b"x" * 1000
+    if dropped_by == "del":
+        del d["k"]
+    elif dropped_by == "pop":
+        d.pop("k")
+    elif dropped_by == "overwrite":
+        d["k"] = 1
+    else:
+        d.clear()
+    got = list(feed)
+    assert got[0] == Change("set", (), "k", SUPERSEDED) and len(got) == 2, got
+    d.close()
+
+
 # -- resync --------------------------------------------------------------------------------
 
 

@@ -137,8 +137,8 @@ class Feed(Reader):
     def _export(self, value: Any) -> Any:
         try:
             if type(value) is BlobRef or type(value) is InlineArray:
-                return self._materialize(value)
-            return copy_value(value, self._materialize)
+                return self._materialize(value, self.seen)
+            return copy_value(value, lambda stored: self._materialize(stored, self.seen))
         except BlobGone:
             return SUPERSEDED
 

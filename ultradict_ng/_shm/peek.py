@@ -125,7 +125,7 @@ class Peek(Reader):
         return self.data
 
     @staticmethod
-    def materialize(value: Any) -> Any:
+    def materialize(value: Any, seen: Optional[int] = None) -> Any:
         return value
 
     def blob_bytes(self) -> int:

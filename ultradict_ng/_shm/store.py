@@ -349,12 +349,15 @@ class Store(Writer):
             raise
         return True
 
-    def materialize(self, stored: Any) -> Any:
-        """The user's value of a cache placeholder (see the Engine interface)."""
+    def materialize(self, stored: Any, seen: Optional[int] = None) -> Any:
+        """The user's value of a cache placeholder (see the Engine interface).
+        ``seen``: the state of the reader asking, if not this handle's -- a
+        change feed replays states behind it, in which a value a later write
+        dropped is gone (``BlobGone``), not lost."""
         try:
             return blobs.materialize(stored, self.name, self.token)
         except BlobMissing as exc:
-            self._blob_missing(exc)
+            self._blob_missing(exc, self.seen if seen is None else seen)
             raise  # not reached
 
     def view(self, stored: Any) -> memoryview:
@@ -366,13 +369,14 @@ class Store(Writer):
         try:
             return blobs.blob_view(stored, self.name, self.token)
         except BlobMissing as exc:
-            self._blob_missing(exc)
+            self._blob_missing(exc, self.seen)
             raise  # not reached
 
-    def _blob_missing(self, exc: BlobMissing) -> None:
-        """Layout "Blobs", reader: gone because a newer state dropped it (read
-        again), or the dict was unlinked, or the segment is damaged."""
-        if self.words[L.W_STATE] != self.seen:
+    def _blob_missing(self, exc: BlobMissing, seen: int) -> None:
+        """Layout "Blobs", reader: gone because a newer state than ``seen``
+        dropped it (read again), or the dict was unlinked, or the segment is
+        damaged."""
+        if self.words[L.W_STATE] != seen:
             raise BlobGone(str(exc)) from None
         value = segments.shown_file(str(exc))  # (its file, if kept in files)
         if self.words[L.W_STATUS] & L.STATUS_UNLINKED:
