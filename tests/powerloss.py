@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from typing import Optional
 
 SECTOR = 512
@@ -55,6 +56,11 @@ class Disk:
         # The directory's operations since its last sync, in order: (a name made
         # (the new one's id), a name gone) -- a create, a rename, a remove.
         self.pending: list[tuple[Optional[str], int, Optional[str]]] = []
+        # A file's bytes as a sync of it began (thread, name): what it certainly
+        # writes -- bytes written while it runs (another thread's) may miss it.
+        self.flushing: dict[tuple[int, str], bytes] = {}
+        self.renaming: dict[int, str] = {}  # thread -> the source of its rename under way
+        self.mutex = threading.RLock()  # (threads' calls observed one at a time)
         for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
             # (a disk state the test wrote before recording: on the disk, all of it)
             self.uid += 1
@@ -71,7 +77,10 @@ class Disk:
     def observe(self, event: str, path: str, done: bool, span: Optional[tuple[int, int]]) -> None:
         if os.path.dirname(path) != self.dir and path != self.dir:
             return
-        name = os.path.basename(path)
+        with self.mutex:
+            self._observe(event, os.path.basename(path), path, done, span)
+
+    def _observe(self, event: str, name: str, path: str, done: bool, span: Optional[tuple[int, int]]) -> None:
         if event == "replace":  # (a rename's target, while the file it replaces is still there)
             if name in self.current:
                 self.last_seen[self.current[name]] = self._read(name)
@@ -81,24 +90,26 @@ class Disk:
             if event in ("remove", "rename") and name in self.current:
                 self.last_seen[self.current[name]] = self._read(name)
             if event == "rename":
-                self._renaming = name
+                self.renaming[threading.get_ident()] = name
+            if event in ("sync", "range"):
+                self.flushing[threading.get_ident(), name] = self._read(name)
             return
         if event == "create":
             self.uid += 1
             self.current[name] = self.uid
             self.pending.append((name, self.uid, None))
         elif event == "rename":
-            src = self._renaming
+            src = self.renaming.pop(threading.get_ident())
             self.current[name] = self.current.pop(src)
             self.pending.append((name, self.current[name], src))
         elif event == "remove":
             self.current.pop(name, None)
             self.pending.append((None, 0, name))
         elif event == "sync" and name in self.current:
-            self.synced[self.current[name]] = self._read(name)
+            self.synced[self.current[name]] = self.flushing.pop((threading.get_ident(), name))
         elif event == "range" and name in self.current and span is not None:
             uid = self.current[name]
-            now = self._read(name)
+            now = self.flushing.pop((threading.get_ident(), name))
             old = bytearray(self.synced.get(uid, b"").ljust(len(now), b"\0"))
             old[span[0] : span[1]] = now[span[0] : span[1]]
             self.synced[uid] = bytes(old)

@@ -188,6 +188,61 @@ def test_a_power_loss_after_a_recovery_leaves_a_prefix_of_both(tmp_path_factory,
         check_images(base, f"second{n}-", again, models2, "never", f"{then} after a recovery of {first}")
 
 
+@pytest.mark.parametrize("seed", range(soak_scaled(2)))
+def test_a_power_loss_keeps_every_write_an_interval_sync_covered(tmp_path, monkeypatch, seed):
+    """``sync="interval"`` with a short interval, its thread syncing in the
+    middle of the workload (checkpoints too): each disk state is a prefix,
+    and holds every write acknowledged before the last sync that had
+    finished -- what the policy promises after one interval."""
+    import time
+
+    from ultradict_ng._disk.syncing import Durability
+
+    class Covered(Disk):
+        covered = 0  # (writes acknowledged before the last finished sync began)
+        floors: list[int] = []
+
+        def capture(self, label: str) -> None:
+            had = len(self.images)
+            super().capture(label)
+            self.floors += [self.covered] * (len(self.images) - had)
+
+    path = str(tmp_path / "dict")
+    disk = Covered(path, seed)
+    disk.floors = []
+    lead = Durability._lead
+
+    def leading(self: Any) -> None:
+        acked = disk.acked
+        lead(self)
+        disk.covered = max(disk.covered, acked)
+
+    monkeypatch.setattr(Durability, "_lead", leading)
+    files.observer = disk.observe
+    try:
+        d = SharedDict(path=path, sync="interval", sync_interval=0.01, buffer_size=512)
+        for i in range(150):
+            d["n"] = i
+            disk.acked = i + 1
+            time.sleep(0.001)
+        time.sleep(0.1)
+        disk.capture("at the end")
+    finally:
+        files.observer = None
+    monkeypatch.undo()
+    d.unlink()
+    d.close()
+    assert 0 < disk.floors[len(disk.floors) // 2] and disk.floors[-1] == 150, disk.floors
+    dirs, lines = open_images(tmp_path, "image", disk.images, "contents")
+    for where, image, floor in zip(dirs, disk.images, disk.floors):
+        if "dict.meta" not in image.files:
+            assert floor == 0, image.label
+            continue
+        got = lines[where]
+        n = -1 if got == repr(plain({})) else eval(got)[1][0][1]  # (("dict", [("'n'", n)]))
+        assert floor <= n + 1 <= image.acked + 1, (image.label, got, floor, image.acked)
+
+
 def test_a_write_a_power_loss_cut_off_never_comes_back(tmp_path):
     """A lost sector in the middle of unsynced records: recovery keeps what comes
     before it, and the writes after the recovery, landing where the lost records
