@@ -225,7 +225,9 @@ def test_a_power_loss_keeps_every_write_an_interval_sync_covered(tmp_path, monke
             d["n"] = i
             disk.acked = i + 1
             time.sleep(0.001)
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while disk.covered < 150 and time.monotonic() < deadline:  # (the thread's next sync)
+            time.sleep(0.01)
         disk.capture("at the end")
     finally:
         files.observer = None
