@@ -227,8 +227,8 @@ def test_a_power_loss_keeps_every_write_an_interval_sync_covered(tmp_path, monke
             time.sleep(0.001)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # (idle: the thread's next sync takes the rest)
-            st = d.stats()
-            if (st["synced_generation"], st["synced_end"]) == (st["generation"], st["stream_end"]):
+            now = d.stats()
+            if (now["synced_generation"], now["synced_end"]) == (now["generation"], now["stream_end"]):
                 disk.covered = 150  # (every write synced, as the words say: the disk must hold them)
                 break
             time.sleep(0.01)
