@@ -1760,6 +1760,35 @@ def test_a_file_the_disk_has_no_room_to_name_is_out_of_space(durable_dir, monkey
     d.close()
 
 
+@pytest.mark.parametrize("call", ["sync_file", "sync_dir"])
+def test_a_value_file_whose_sync_fails_is_sync_failed_and_gone(durable_dir, monkeypatch, call):
+    """An I/O error syncing a large value's file, or the directory once it
+    is named: the write raises ``SyncFailed`` and leaves no file of it (the
+    named one too), the dict as it was."""
+    import errno
+
+    from ultradict_ng._disk import files
+    from ultradict_ng.errors import SyncFailed
+
+    d = SharedDict({"a": 1}, path=durable_dir, sync="always")
+    before = sorted(os.listdir(durable_dir))
+    real = getattr(files, call)
+
+    def failing(*args: object) -> object:
+        if call == "sync_dir" or os.path.basename(str(args[-1])).startswith(D.BLOB_PREFIX):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(*args)
+
+    monkeypatch.setattr(files, call, failing)
+    with pytest.raises(SyncFailed, match="nothing of it published"):
+        d["big"] = b"x" * 100_000
+    monkeypatch.undo()
+    assert sorted(os.listdir(durable_dir)) == before and dict(d) == {"a": 1}
+    d["big"] = b"y" * 100_000  # (the disk sound again: the dict goes on)
+    d.unlink()
+    d.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only opens another's dict")
 def test_root_opening_another_users_dict_leaves_every_file_theirs(durable_dir):
     """Root reading or writing a dict whose directory another user owns (an

@@ -342,10 +342,17 @@ def create_written(
         _write_pieces(fd, size, pieces, reserve)
         path = file_of(name)
         if path is not None:  # (a blob of a dict kept in files: whole on the disk before it is named)
-            files.sync_file(fd, _aside(name, path))
+            try:
+                files.sync_file(fd, _aside(name, path))
+            except OSError as exc:
+                _not_synced(exc, path)
             _still_its_directory(name, path)
             files.rename(_aside(name, path), path)
-            files.sync_dir(os.path.dirname(path))
+            try:
+                files.sync_dir(os.path.dirname(path))
+            except OSError as exc:
+                files.remove(path)  # (named already: what follows removes the aside name only)
+                _not_synced(exc, path)
     except BaseException as exc:
         _abandon(name, fd)
         path = file_of(name)
