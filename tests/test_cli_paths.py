@@ -701,19 +701,19 @@ def test_an_open_attaching_as_clean_removes_the_shared_memory_opens_the_dict(dur
     """``clean`` removes the shared memory of a dict whose users all died
     without the directory lock (it knows no directory): an opener that chose
     to attach to it looks again, and rebuilds the dict from its files."""
-    from ultradict_ng._disk import opening
+    from ultradict_ng._disk import attaching
 
     SharedDict({"a": 1}, path=durable_dir, sync="always").close()
     name = _left_by_a_killed_writer(durable_dir)
     cleaned: list[object] = []
-    plain = opening._plain
+    plain = attaching._plain
 
     def clean_first(options: Any) -> Any:  # (between step 3's checks and the attach)
         if not cleaned:
             cleaned.append(cli_json("clean", name))
         return plain(options)
 
-    monkeypatch.setattr(opening, "_plain", clean_first)
+    monkeypatch.setattr(attaching, "_plain", clean_first)
     d = SharedDict(path=durable_dir)
     assert cleaned == [[{**cleaned[0][0], "action": "removed"}]]  # type: ignore[index]
     assert dict(d) == {"a": 1, "b": 2}
@@ -744,6 +744,72 @@ def test_a_removal_spares_the_control_segment_an_opener_rebuilt_under_its_name(d
     e = SharedDict(path=durable_dir)
     assert dict(e) == {"a": 1, "b": 2, "c": 3}
     e.close()
+    d.unlink()
+    d.close()
+
+
+def test_a_file_gone_while_the_dict_is_open_is_named_and_the_open_ends(durable_dir):
+    """The stream removed while a handle has the dict open: another open
+    finds the shared memory there, unflagged, naming a missing file --
+    ``CorruptSegment`` naming it, not a wait for a removal that is not one."""
+    from ultradict_ng.errors import CorruptSegment
+
+    d = SharedDict({"a": 1}, path=durable_dir)
+    stream = os.path.join(durable_dir, D.STREAM_FILE)
+    os.rename(stream, stream + ".moved")
+    code = (
+        "from ultradict_ng import SharedDict\nfrom ultradict_ng.errors import CorruptSegment\n"
+        f"try:\n    SharedDict(path={durable_dir!r})\nexcept CorruptSegment as exc:\n    print(exc)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert f"{stream}: missing" in p.stdout, (p.stdout, p.stderr)
+    os.rename(stream + ".moved", stream)
+    d.unlink()
+    d.close()
+    assert issubclass(CorruptSegment, Exception)
+
+
+@pytest.mark.slow
+def test_a_rebuild_waits_for_a_clean_holding_the_old_segment(durable_dir, monkeypatch):
+    """An opener that finds the shared memory flagged by a ``clean`` still at
+    work rebuilds it only once the clean is done with the name: else the
+    clean's removal by name took the rebuilt segment, and the open dict was
+    left nameless (the next opener refused, ``InUseElsewhere``)."""
+    import select
+
+    from ultradict_ng._platform import segments
+    from ultradict_ng._shm import cleanup
+
+    SharedDict({"a": 1}, path=durable_dir, sync="always").close()
+    name = _left_by_a_killed_writer(durable_dir)
+    code = (
+        f"import sys\nfrom ultradict_ng import SharedDict\nd = SharedDict(path={durable_dir!r})\n"
+        "print('ready', flush=True)\nsys.stdin.readline()\nd['c'] = 3\nd.close()\n"
+    )
+    opener: list[subprocess.Popen[str]] = []
+    owner = cleanup.control_owner
+
+    def then_an_opener(*args: Any, **kwargs: Any) -> str:
+        said = owner(*args, **kwargs)  # (the clean has flagged it, holding its lock)
+        p = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        opener.append(p)
+        select.select([p.stdout], [], [], 3)  # (a rebuild now would be removed by the clean's next step)
+        return said
+
+    monkeypatch.setattr(cleanup, "control_owner", then_an_opener)
+    segments.forget_directory(name)  # (as in clean's process, which never opened it: names, not files)
+    cleanup.unlink_by_name(name, control=True)  # (what `ultradict-ng clean` does with it)
+    monkeypatch.undo()
+    (p,) = opener
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert os.path.exists(os.path.join("/dev/shm", name))  # (the rebuilt segment)
+    finally:
+        p.communicate("\n", timeout=60)
+    d = SharedDict(path=durable_dir)
+    assert dict(d) == {"a": 1, "b": 2, "c": 3}
     d.unlink()
     d.close()
 

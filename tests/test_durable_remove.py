@@ -35,6 +35,7 @@ def _slow_transaction(path: str, inside: Any, seconds: float, out: Any) -> None:
             time.sleep(seconds)
             d["t1"] = b"p" * BIG
         out.put("committed")
+        time.sleep(0.5)  # (a removal waiting for the lock takes it first: this write then comes after it)
         d["after"] = 1
         out.put("wrote after")
     except Exception as exc:

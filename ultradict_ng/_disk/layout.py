@@ -8,7 +8,7 @@ into every process, plus the rules below for what must reach the disk, and
 when.  Who follows which part: ``files.py`` (every file system call),
 ``_platform/segments.py`` (the dict's derived names as files of ``DIR``; a dump or
 blob written aside and renamed), ``opening.py`` (Directory; Opening, steps
-1-3), ``recovery.py`` (step 4), ``syncing.py`` (Sync policies; ``clean``
+1-2), ``attaching.py`` (steps 3-4), ``recovery.py`` (step 4), ``syncing.py`` (Sync policies; ``clean``
 removed at the first write), ``lifetime.py`` (Closing and removal),
 ``_shm/writer.py`` (calls the sync after a write, the first-write removal,
 and reserves the stream on demand: layout "Stream size").
@@ -190,9 +190,13 @@ it again) and starts over if not.  Then:
    state).  Else (every user dead, and a backup put back in ``DIR``, another
    container's rebuild gone on from the files, or pages the kernel could not
    write back) it is removed and rebuilt as below, with a warning.  ``clean``
-   removes the segment of a dict whose users all died without this lock
-   (it knows no directory): an attach that finds it removed, or marked
-   removed, looks again (step 3, then step 4: it is gone or unlinked now).
+   removes the segment of a dict whose users all died without the directory
+   lock (it knows no directory), holding the dict's: an attach that finds it
+   removed, or flagged, looks again (step 3, then step 4: it is gone or
+   flagged now); a file missing while it stands unflagged is
+   ``CorruptSegment``.  A rebuild holds the lock of the segment of the
+   dict's token it replaces (``clean`` removes under it; one that holds it
+   is waited for until the name is gone): no ``clean`` removes the new one.
 4. otherwise (none, half-created, or another token: a segment left by a
    directory that had this inode before) -- recovery:
 

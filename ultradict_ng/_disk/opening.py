@@ -18,13 +18,10 @@ import stat
 from typing import Any, Optional, cast
 
 from .._codec import records as R
-from .._codec.codec import codec_for
 from .._engine import Initial, Options
 from .._facade.arguments import pairs
 from .._platform import segments
 from .._shm import layout as L
-from .._shm.control import Header, read_word
-from .._shm.lock import owner_word
 from .._shm.mapping import Mapping
 from .._shm.store import Store, validate_options
 from ..errors import (
@@ -35,7 +32,7 @@ from ..errors import (
     NotFound,
     ParameterMismatch,
 )
-from . import dirlock, files, lifetime, recovery, sharing
+from . import attaching, dirlock, files, lifetime, recovery, sharing
 from . import layout as D
 from .syncing import Durability
 
@@ -278,23 +275,6 @@ _LOWS = tuple(f[2] for f in _META_FIELDS)
 _HIGHS = tuple(f[3] for f in _META_FIELDS)
 
 
-def _header(meta: dict[str, Any]) -> Header:
-    try:
-        return Header(
-            recurse=bool(meta["recurse"]),
-            grows=bool(meta["grows"]),
-            serializer_id=int(meta["serializer"]),
-            stream_size=int(meta["stream_size"]),
-            stream_limit=int(meta["stream_limit"]),
-            token=int(meta["token"]),
-            creator=owner_word(),
-            dump_limit=int(meta["dump_limit"]),
-            blob_threshold=int(meta["blob_threshold"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptSegment(f"{D.META_FILE} lacks or garbles a field ({exc!r})") from None
-
-
 def open_durable(path: Any, create: Optional[bool], options: Options, initial: Initial) -> Store:
     """``SharedDict(path=...)``: create, attach to or recover the dict kept in ``path``."""
     for option in _REFUSED:
@@ -354,9 +334,7 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             if create is True:
                 raise AlreadyExists(f"a dict is already kept in {directory!r}")
             _check_stored(directory, meta, options)
-            store = None
-            while store is None:  # (twice at most: a segment removed is gone, or marked so, the next time)
-                store = _attach_or_recover(directory, base, meta, options)
+            store = attaching.attach_or_recover(directory, base, meta, options)
             try:
                 _arm(store, directory, meta)
             except BaseException:  # (an interrupt, EMFILE): closed as a handle not fully opened
@@ -476,62 +454,6 @@ def _refuse_foreign(directory: str, described: bool) -> None:
             f"{directory!r} holds files that are not a dict's ({', '.join(foreign[:3])}"
             f"{', ...' if len(foreign) > 3 else ''}): give an empty or new directory"
         )
-
-
-def _attach_or_recover(directory: str, base: str, meta: dict[str, Any], options: Options) -> Optional[Store]:
-    """Steps 3 and 4; None if the segment step 3 chose was removed before the
-    attach took it (by a ``clean``: layout, step 3), for step 3 again."""
-    token = int(meta["token"])
-    try:
-        ctrl = segments.Segment.attach(base)
-    except FileNotFoundError:
-        ctrl = None
-    except PermissionError:
-        raise PermissionError(errno.EACCES, sharing.not_ours(directory, base)) from None
-    if ctrl is not None:
-        usable = (
-            ctrl.buf is not None
-            and ctrl.size >= L.CONTROL_SIZE
-            and read_word(ctrl.buf, L.W_MAGIC) == L.CONTROL_MAGIC
-            and read_word(ctrl.buf, L.W_TOKEN) == token
-            and not read_word(ctrl.buf, L.W_STATUS) & L.STATUS_UNLINKED
-        )
-        try:
-            alone = usable and not sharing.users_alive(ctrl.buf)
-            if alone:  # (its users all gone here: is the dict open outside this shared memory?)
-                sharing.refuse_shared(directory)
-            stale = recovery.stale_control(directory, base, ctrl.buf) if alone else ""
-        finally:
-            ctrl.close()
-        if stale:
-            log.warning(
-                "ultradict_ng: %s: the shared memory its processes left (all gone) does not match its files "
-                "(%s): rebuilt from the files",
-                directory,
-                stale,
-            )
-            usable = False
-        if usable:
-            given = codec_for(options.serializer) if options.serializer is not None else None
-            try:
-                return Store._attach(base, given, _plain(options))
-            except FileNotFoundError:  # (removed since, or marked removed while this waited for it)
-                return None
-        segments.unlink(base)  # half-created, another dict's, or unlinked: rebuilt below
-    sharing.refuse_shared(directory)
-    return recovery.recover(directory, base, meta, _header(meta), options)
-
-
-def _plain(options: Options) -> Options:
-    """The options a shared-memory attach checks (the rest are the files')."""
-    return Options(
-        recurse=options.recurse,
-        buffer_size=options.buffer_size,
-        serializer=options.serializer,
-        dump_limit=options.dump_limit,
-        blob_threshold=options.blob_threshold,
-        max_decoded=options.max_decoded,
-    )
 
 
 def _arm(store: Store, directory: str, meta: dict[str, Any]) -> None:

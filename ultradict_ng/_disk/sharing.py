@@ -23,9 +23,9 @@ from .._platform import segments
 from .._platform.owner import owner_alive
 from .._shm import layout as L
 from .._shm.cleanup import mark_unlinked
-from .._shm.control import read_word
+from .._shm.control import control_owner, read_word
 from .._shm.mapping import Mapping
-from ..errors import InUseElsewhere, NotADict
+from ..errors import CorruptSegment, InUseElsewhere, NotADict
 from . import files
 from . import layout as D
 
@@ -92,6 +92,18 @@ def retire(directory: str, base: str) -> None:
     else:
         ctrl.close()
     segments.unlink(base)
+
+
+def refuse_missing(directory: str, base: str, token: int, exc: FileNotFoundError) -> None:
+    """An attach that found a file or segment missing: nothing if the control
+    segment was removed or flagged meanwhile (a ``clean``: step 3 again);
+    else ``CorruptSegment`` -- there and not being removed, it names a file
+    of the dict that is gone."""
+    if control_owner(base, token) == "ours" and control_owner(base, token, unlinked=True) == "other":
+        raise CorruptSegment(
+            f"{exc.filename or exc}: missing, though the shared memory of {directory!r} names it "
+            "(put it back, or remove the dict); nothing was changed"
+        ) from None
 
 
 def users_alive(buf: Any) -> bool:
