@@ -14,6 +14,7 @@ import math
 import os
 import pty
 import select
+import stat
 import subprocess
 import sys
 import time as clock
@@ -442,6 +443,13 @@ def test_a_failed_load_leaves_no_new_dict(name, tmp_path, capsys):
     status, _, err = run(capsys, "load", str(nested), str(path))
     assert status == 1 and "line 2" in err
     assert not os.path.exists(tmp_path / "p")
+    mine = tmp_path / "mine"  # (a directory the user made, named through a symbolic link)
+    mine.mkdir(mode=0o750)
+    (tmp_path / "link").symlink_to(mine)
+    status, _, err = run(capsys, "load", str(tmp_path / "link"), str(path))
+    assert status == 1 and "line 2" in err, err
+    assert mine.is_dir() and os.listdir(mine) == [] and (tmp_path / "link").resolve() == mine
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o750
 
 
 @pytest.mark.parametrize(

@@ -554,6 +554,33 @@ def test_a_block_devices_filesystem_is_local_without_the_mount_table(monkeypatch
     assert opening.mounted_kind(table.read_text(), str(tmp_path)) == "nfs4"
 
 
+def test_a_mount_table_naming_a_mount_point_in_any_bytes_is_read(monkeypatch, tmp_path):
+    """A mount point's name may be any bytes (not UTF-8): the table is read
+    as paths are, and a directory on an anonymous device opens."""
+    from ultradict_ng._disk import opening
+
+    table = tmp_path / "mountinfo"
+    table.write_bytes(b"22 1 0:40 / /mnt/\xff\xfe rw - tmpfs tmpfs rw\n23 1 0:41 / / rw - ext4 /dev/sda rw\n")
+    monkeypatch.setattr(opening, "_MOUNTINFO", str(table))
+    monkeypatch.setattr(opening, "_LOCAL_DEVICES", set())
+    anonymous = os.makedev(0, 41)
+    assert opening._network_filesystem(str(tmp_path), anonymous) is None
+    assert opening._memory_filesystem(os.fsdecode(b"/mnt/\xff\xfe/d"), anonymous) == "tmpfs"
+
+
+@pytest.mark.parametrize("parent", ["a link to nothing", "links in a loop"])
+def test_a_path_through_a_broken_symbolic_link_is_no_dict(tmp_path, parent):
+    link = tmp_path / "link"
+    if parent == "a link to nothing":
+        link.symlink_to(tmp_path / "nowhere")
+    else:
+        link.symlink_to(tmp_path / "other")
+        (tmp_path / "other").symlink_to(link)
+    with pytest.raises(NotADict, match="cannot be"):
+        SharedDict(path=str(link / "d"))
+    assert sorted(os.listdir(tmp_path)) == (["link"] if parent == "a link to nothing" else ["link", "other"])
+
+
 LOOKALIKES = ["dump.sql", "dump.old", "dump.01", "dump.A", "streamer.log", "cache.json", "lock", "lock.txt"]
 LOOKALIKES += ["clean.sh", "blob.png", "blob.bak", "dict.meta.bak", "notes.tmp", "streamer.tmp"]
 

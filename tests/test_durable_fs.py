@@ -391,6 +391,25 @@ def test_a_new_dicts_directory_entry_is_synced_in_every_parent(tmp_path, monkeyp
     d.close()
 
 
+def test_a_new_dict_through_a_symbolic_link_syncs_where_it_leads(tmp_path, monkeypatch):
+    """``app/link/new/dict`` with ``link`` to ``disk/data`` (just made): the
+    entries above the dict where it really is are synced too -- ``data`` in
+    ``disk`` -- not only those above the path as given."""
+    from ultradict_ng._disk import files
+
+    os.makedirs(tmp_path / "disk" / "data")
+    os.makedirs(tmp_path / "app")
+    (tmp_path / "app" / "link").symlink_to(tmp_path / "disk" / "data")
+    synced: list[str] = []
+    real = files.sync_dir
+    monkeypatch.setattr(files, "sync_dir", lambda path: (synced.append(path), real(path))[1])
+    d = SharedDict(path=str(tmp_path / "app" / "link" / "new" / "dict"))
+    for level in (tmp_path / "disk", tmp_path / "disk" / "data", tmp_path / "disk" / "data" / "new"):
+        assert str(level) in synced, (level, synced)
+    d.unlink()
+    d.close()
+
+
 def test_the_open_check_leaves_no_lock_to_a_child_forked_meanwhile(tmp_path, monkeypatch):
     """The check for open handles takes ``LOCK_EX`` on a descriptor of its
     own: a child forked by another thread while it holds it shares the lock

@@ -285,20 +285,21 @@ def sync_ancestors(path: str) -> None:
     entry of each in its parent durable.  Every one, not only those this
     process made: a directory made by another opener racing this one, or by
     the user just before, may have its entry only in the page cache, and a
-    new dict must outlive a power loss with the writes acknowledged in it.
-    (A directory whose entry is on the disk syncs at no cost.)  One this user
+    new dict must outlive a power loss with the writes acknowledged in it
+    -- above the path as given and above the one its symbolic links lead
+    to.  (A directory whose entry is on the disk syncs at no cost.)  One this user
     cannot read (``/home`` at 0711) cannot be opened to sync: its entry is as
     durable as the filesystem makes it."""
-    here = os.path.dirname(path)
-    while True:
-        try:
-            sync_dir(here)
-        except PermissionError:
-            pass
-        up = os.path.dirname(here)
-        if up == here:
-            return
-        here = up
+    synced: set[str] = set()
+    for start in (path, os.path.realpath(path)):  # (and where a symbolic link on the way leads)
+        here = os.path.dirname(start)
+        while here not in synced:
+            synced.add(here)
+            try:
+                sync_dir(here)
+            except PermissionError:
+                pass
+            here = os.path.dirname(here)
 
 
 def rename(src: str, dst: str) -> None:

@@ -100,7 +100,11 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
         st = os.stat(directory)
     except NotADirectoryError:  # (a file on the way to it)
         raise NotADict(f"{directory!r} cannot be a directory: a file is on its path") from None
-    except FileNotFoundError:
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotADict(f"{directory!r} cannot be a directory: symbolic links on its path loop") from None
+        if not isinstance(exc, FileNotFoundError):
+            raise
         if os.path.islink(directory):
             target = os.readlink(directory)
             raise NotADict(f"{directory!r} is a symbolic link to nothing ({target!r})") from None
@@ -114,6 +118,8 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
             files.make_directories(directory)
         except OSError as exc:
             segments.raise_if_full(exc, f"no room on the disk to make {directory}")
+            if exc.errno in (errno.ENOENT, errno.EEXIST, errno.ELOOP, errno.ENOTDIR):  # (a link to nothing)
+                raise NotADict(f"{directory!r} cannot be made: {exc.filename!r}: {exc.strerror}") from None
             raise
         st = os.stat(directory)
     if not stat.S_ISDIR(st.st_mode):
@@ -152,8 +158,8 @@ def _network_filesystem(directory: str, device: int) -> Optional[str]:
     if device in _LOCAL_DEVICES or os.major(device) != 0:
         return None
     try:
-        with open(_MOUNTINFO, encoding="utf-8") as f:
-            table = f.read()
+        with open(_MOUNTINFO, "rb") as f:
+            table = os.fsdecode(f.read())  # (a mount point's name may be any bytes, as a path's)
     except OSError:
         return None
     kind = mounted_kind(table, os.path.realpath(directory))
@@ -172,8 +178,8 @@ def _memory_filesystem(directory: str, device: int) -> Optional[str]:
     if os.major(device) != 0:
         return None
     try:
-        with open(_MOUNTINFO, encoding="utf-8") as f:
-            kind = mounted_kind(f.read(), os.path.realpath(directory))
+        with open(_MOUNTINFO, "rb") as f:
+            kind = mounted_kind(os.fsdecode(f.read()), os.path.realpath(directory))
     except OSError:
         return None
     return kind if kind in ("tmpfs", "ramfs") else None

@@ -297,6 +297,7 @@ def cmd_load(args: Namespace) -> int:
             st = os.fstat(stream.fileno())
             entries = read_jsonl(stream, bars[0], st.st_size if stat.S_ISREG(st.st_mode) else None)
         before = os.stat(args.name) if paths.is_path(args.name) and os.path.isdir(args.name) else None
+        real = os.path.realpath(args.name)  # (what a removal removes: a symbolic link's directory)
         made = _missing_parents(args.name) if paths.is_path(args.name) else []  # (the open makes them)
         d, created = _open_for_load(args.name, args.recurse, header.get("recurse", False), args.sync)
         try:
@@ -308,11 +309,11 @@ def cmd_load(args: Namespace) -> int:
         except BaseException:
             if created and len(d) == 0 and [u.pid for u in d.users()] == [os.getpid()]:
                 d.unlink()  # made for this load, which failed: leave no empty dict behind
-                if before is not None and not os.path.exists(args.name):  # (a directory the user made stays)
-                    os.mkdir(args.name, stat.S_IMODE(before.st_mode))
-                    os.chmod(args.name, stat.S_IMODE(before.st_mode))  # (as it was, whatever the umask)
+                if before is not None and not os.path.exists(real):  # (a directory the user made stays)
+                    os.mkdir(real, stat.S_IMODE(before.st_mode))
+                    os.chmod(real, stat.S_IMODE(before.st_mode))  # (as it was, whatever the umask)
                     if os.geteuid() == 0:
-                        os.chown(args.name, before.st_uid, before.st_gid)
+                        os.chown(real, before.st_uid, before.st_gid)
                 for parent in made:  # (deepest first: made for this load, still empty)
                     with contextlib.suppress(OSError):
                         os.rmdir(parent)
