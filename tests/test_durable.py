@@ -568,6 +568,27 @@ def test_a_mount_table_naming_a_mount_point_in_any_bytes_is_read(monkeypatch, tm
     assert opening._memory_filesystem(os.fsdecode(b"/mnt/\xff\xfe/d"), anonymous) == "tmpfs"
 
 
+def test_a_dot_dot_after_a_symbolic_link_goes_up_from_where_it_leads(tmp_path, capsys):
+    """``here/link/../d`` with ``link`` to ``real/sub`` is ``real/d`` to the
+    system: the dict there, the one every other path to it opens, and what
+    the command line reads."""
+    from ultradict_ng.cli import main
+
+    os.makedirs(tmp_path / "real" / "sub")
+    os.makedirs(tmp_path / "here")
+    (tmp_path / "here" / "link").symlink_to(tmp_path / "real" / "sub")
+    d = SharedDict(path=str(tmp_path / "here" / "link" / ".." / "d"))
+    d["k"] = 1
+    assert d.directory == str(tmp_path / "real" / "d") and not os.path.exists(tmp_path / "here" / "d")
+    e = SharedDict(path=str(tmp_path / "real" / "d"))
+    assert dict(e) == {"k": 1}
+    e.close()
+    assert main(["show", "--json", str(tmp_path / "here" / "link" / ".." / "d")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"k": 1}
+    d.unlink()
+    d.close()
+
+
 @pytest.mark.parametrize("parent", ["a link to nothing", "links in a loop"])
 def test_a_path_through_a_broken_symbolic_link_is_no_dict(tmp_path, parent):
     link = tmp_path / "link"

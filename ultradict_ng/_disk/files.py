@@ -46,6 +46,7 @@ __all__ = [
     "sync_range",
     "sync_data",
     "sync_dir",
+    "absolute",
     "make_directories",
     "sync_ancestors",
     "rename",
@@ -272,6 +273,20 @@ def sync_dir(path: str) -> None:
     finally:
         os.close(fd)
     _note("syncdir", path, True)
+
+
+def absolute(path: str) -> str:
+    """``path`` made absolute as the system resolves it: a ``..`` after a
+    symbolic link goes up from where the link leads (``os.path.abspath``
+    drops the link's name instead, and two processes would open two
+    directories for one path).  The part up to the last ``..`` is resolved,
+    the rest kept as given (links in it too, checked where they are used)."""
+    given = os.path.join(os.getcwd(), path)  # (an absolute path stays itself)
+    names = given.split(os.sep)
+    if ".." not in names:
+        return os.path.abspath(given)
+    last = len(names) - names[::-1].index("..")
+    return os.path.abspath(os.path.join(os.path.realpath(os.sep.join(names[:last])), *names[last:]))
 
 
 def make_directories(directory: str) -> None:

@@ -95,7 +95,7 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
     given = os.fsdecode(directory)  # (bytes too, as os.open takes them)
     if not given:
         raise ValueError("path= is empty: give the dict's directory")
-    directory = os.path.abspath(given)
+    directory = files.absolute(given)
     try:
         st = os.stat(directory)
     except NotADirectoryError:  # (a file on the way to it)

@@ -27,6 +27,7 @@ import sys
 from argparse import Namespace
 from typing import Any, Optional
 
+from .._disk.files import absolute
 from .._disk.layout import META_FILE, control_name
 from .._disk.lifetime import remove_unfinished, remove_unopenable, unfinished
 from .._platform import segments
@@ -58,7 +59,7 @@ def cmd_rm(args: Namespace) -> int:
                     results.append(entry)
                     continue
                 except NotFound as exc:  # (what a creation or a removal killed midway left: finished)
-                    if not unfinished(os.path.abspath(name)):
+                    if not unfinished(absolute(name)):
                         raise
                     entry.update(removed=_remove_unopenable(name, exc), bytes=None, live_users=[])
                     results.append(entry)
@@ -112,7 +113,7 @@ def _remove_unopenable(path: str, why: Exception) -> int:
     removed by name, once its control segment -- if dead processes left
     one -- is removed as ``clean`` removes it; refused (``why`` raised) where
     the directory's ``dict.meta`` is not a dict's, or a live process uses it."""
-    directory = os.path.abspath(path)
+    directory = absolute(path)
     if isinstance(why, NotADict):  # (another program's files, or not a directory: no dict to remove)
         raise NotADict(f"nothing removed: {why}") from None
     if not isinstance(why, NotFound) and (

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from .._disk import layout as D
-from .._disk.files import FileBytes, dicts_file, open_rw
+from .._disk.files import FileBytes, absolute, dicts_file, open_rw
 from .._disk.opening import read_meta
 from .._disk.recovery import (
     NORMAL_ENDS,
@@ -133,7 +133,7 @@ def _files(path: str) -> dict[str, int]:
 
 def summary(path: str) -> dict[str, Any]:
     """What ``ls PATH`` shows, from the files and (if present) the control segment; changes nothing."""
-    path = os.path.abspath(path)
+    path = absolute(path)
     meta = _meta(path)
     files = _files(path)
     st = os.stat(path)
@@ -180,7 +180,7 @@ def file_checks(path: str) -> list[Check]:
     directory, then reads the stream, which a writer's checkpoint restarts
     meanwhile -- records of a later generation than the checkpoint listed
     looked like a lost checkpoint (FAIL on a healthy dict)."""
-    path = os.path.abspath(path)
+    path = absolute(path)
     for _ in range(_AGAIN):
         before = _newest_dump(path)
         out = _checks_once(path)
@@ -430,7 +430,7 @@ def cmd_compact(path: str) -> dict[str, Any]:
     writes do when the stream fills); the disk space before and after."""
     d = open_dict(path)
     try:
-        before = sum(_files(os.path.abspath(path)).values())
+        before = sum(_files(absolute(path)).values())
     except FileNotFoundError:  # (removed by another process since the open)
         d.close()
         raise NotFound(f"no dict in {path!r}: it was removed as this opened it") from None
@@ -440,10 +440,10 @@ def cmd_compact(path: str) -> dict[str, Any]:
     except ValueError as exc:  # (a damaged checkpoint's entries, found as it is rewritten)
         if isinstance(exc, CorruptSegment):
             raise
-        dump = os.path.join(os.path.abspath(path), D.DUMP_PREFIX + L.base36(d.stats()["generation"]))
+        dump = os.path.join(absolute(path), D.DUMP_PREFIX + L.base36(d.stats()["generation"]))
         raise CorruptSegment(f"{dump}: {exc}; no checkpoint was written (`doctor` tells more)") from exc
     finally:
         d.close()
-    after = sum(_files(os.path.abspath(path)).values())
-    where = os.path.abspath(path)
+    after = sum(_files(absolute(path)).values())
+    where = absolute(path)
     return {"path": where, "generation": generation, "bytes_before": before, "bytes_after": after}

@@ -41,6 +41,7 @@ from typing import IO, Any, Callable, Optional
 from .._codec.codec import MSGPACK
 from .._codec.ext import type_name
 from .._disk import layout as D
+from .._disk.files import absolute
 from .._platform import segments
 from .._platform.names import validate_name
 from .._shm.peek import Peek
@@ -127,7 +128,7 @@ def _open_for_load(
 def _missing_parents(path: str) -> list[str]:
     """The directories above ``path`` that do not exist yet, deepest first."""
     out = []
-    parent = os.path.dirname(os.path.abspath(path))
+    parent = os.path.dirname(absolute(path))
     while parent and not os.path.exists(parent) and parent != os.path.dirname(parent):
         out.append(parent)
         parent = os.path.dirname(parent)

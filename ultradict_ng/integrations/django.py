@@ -98,6 +98,7 @@ from django.core.cache.backends.base import (  # type: ignore[import-untyped, un
 )
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped, unused-ignore]
 
+from .._disk.files import absolute
 from .._disk.layout import SYNC_MODES
 from ..cache import SharedCache as _SharedCache
 from ..errors import InvalidName, NotFound, ParameterMismatch, TooLarge
@@ -209,7 +210,7 @@ def _capacity(backend: str, location: str, path: Any, max_entries: int) -> int:
         if params.get("BACKEND") != backend:
             continue
         if path is not None:
-            same = options.get("PATH") is not None and os.path.abspath(os.fspath(options["PATH"])) == path
+            same = options.get("PATH") is not None and absolute(os.fsdecode(options["PATH"])) == path
         else:
             same = params.get("LOCATION") == location
         if same:
@@ -282,7 +283,7 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
         if path is None:
             where = {"auto_unlink": options.get("AUTO_UNLINK", False)}
         else:
-            where = {"path": os.path.abspath(os.fspath(path))}
+            where = {"path": absolute(os.fsdecode(path))}
             for key, option in (("sync", "SYNC"), ("sync_interval", "SYNC_INTERVAL")):
                 if options.get(option) is not None:
                     where[key] = options[option]
