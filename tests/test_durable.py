@@ -589,17 +589,30 @@ def test_a_dot_dot_after_a_symbolic_link_goes_up_from_where_it_leads(tmp_path, c
     d.close()
 
 
+@pytest.mark.parametrize("up", ["", ".."])
 @pytest.mark.parametrize("parent", ["a link to nothing", "links in a loop"])
-def test_a_path_through_a_broken_symbolic_link_is_no_dict(tmp_path, parent):
+def test_a_path_through_a_broken_symbolic_link_is_no_dict(tmp_path, parent, up):
+    """``link/d``, and ``link/../d`` (which the system walks through the link
+    too): refused as the system refuses it, nothing made elsewhere."""
     link = tmp_path / "link"
     if parent == "a link to nothing":
-        link.symlink_to(tmp_path / "nowhere")
+        link.symlink_to(tmp_path / "nowhere" / "sub")
     else:
         link.symlink_to(tmp_path / "other")
         (tmp_path / "other").symlink_to(link)
     with pytest.raises(NotADict, match="cannot be"):
-        SharedDict(path=str(link / "d"))
+        SharedDict(path=os.path.join(str(link), up, "d"))
     assert sorted(os.listdir(tmp_path)) == (["link"] if parent == "a link to nothing" else ["link", "other"])
+
+
+def test_an_absolute_path_opens_from_a_removed_working_directory(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    d = SharedDict(path=str(tmp_path / "d"))
+    d.unlink()
+    d.close()
 
 
 LOOKALIKES = ["dump.sql", "dump.old", "dump.01", "dump.A", "streamer.log", "cache.json", "lock", "lock.txt"]

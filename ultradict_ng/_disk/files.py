@@ -281,12 +281,21 @@ def absolute(path: str) -> str:
     drops the link's name instead, and two processes would open two
     directories for one path).  The part up to the last ``..`` is resolved,
     the rest kept as given (links in it too, checked where they are used)."""
-    given = os.path.join(os.getcwd(), path)  # (an absolute path stays itself)
+    given = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
     names = given.split(os.sep)
     if ".." not in names:
         return os.path.abspath(given)
     last = len(names) - names[::-1].index("..")
-    return os.path.abspath(os.path.join(os.path.realpath(os.sep.join(names[:last])), *names[last:]))
+    head = os.sep.join(names[:last])
+    try:
+        os.stat(head)  # (the system's own walk: through every link, then up)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or any(
+            os.path.islink(os.sep.join(names[:i])) and not os.path.exists(os.sep.join(names[:i]))
+            for i in range(2, last)
+        ):
+            return given  # (a loop, a link to nothing: the system refuses it, and so do the callers)
+    return os.path.abspath(os.path.join(os.path.realpath(head), *names[last:]))
 
 
 def make_directories(directory: str) -> None:
