@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 
@@ -603,6 +604,25 @@ def test_a_path_through_a_broken_symbolic_link_is_no_dict(tmp_path, parent, up):
     with pytest.raises(NotADict, match="cannot be"):
         SharedDict(path=os.path.join(str(link), up, "d"))
     assert sorted(os.listdir(tmp_path)) == (["link"] if parent == "a link to nothing" else ["link", "other"])
+
+
+@pytest.mark.parametrize("refused", ["a value", "a key", "the serializer"])
+def test_a_refused_creation_leaves_no_directory_it_made(tmp_path, refused):
+    """Bad input changes nothing: the directories a refused creation made
+    (the dict's and its missing parents) are gone again; one that was there
+    before stays."""
+    from ultradict_ng.errors import UnsupportedType
+
+    args: dict[str, Any] = {
+        "a value": {"initial": {"a": object()}},
+        "a key": {"initial": {object(): 1}},
+        "the serializer": {"serializer": "yaml"},
+    }[refused]
+    initial = args.pop("initial", None)
+    for path in (tmp_path / "new" / "sub" / "d", tmp_path):
+        with pytest.raises(UnsupportedType if refused != "the serializer" else ValueError):
+            SharedDict(initial, path=str(path), **args)
+    assert os.listdir(tmp_path) == []
 
 
 def test_an_absolute_path_opens_from_a_removed_working_directory(tmp_path, monkeypatch):
@@ -1776,7 +1796,7 @@ def test_a_description_that_does_not_fit_on_the_disk_is_out_of_space(tmp_path, m
     path = str(tmp_path / "new")
     with pytest.raises(OutOfSpace, match=f"no room on the disk for {re.escape(path)}/dict.meta"):
         SharedDict(initial, path=path)
-    assert os.listdir(path) == [] and not os.path.exists(os.path.join(SHM, control_of(path)))
+    assert not os.path.exists(path)  # (made by this open, refused: removed again)
 
 
 @pytest.mark.parametrize("call", ["create", "rename"])

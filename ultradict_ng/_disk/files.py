@@ -48,6 +48,7 @@ __all__ = [
     "sync_dir",
     "absolute",
     "make_directories",
+    "remove_directories",
     "sync_ancestors",
     "rename",
     "remove",
@@ -302,6 +303,16 @@ def make_directories(directory: str) -> None:
     """``directory`` and the parents it lacks made; their entries are synced
     when a dict is created in it (:func:`sync_ancestors`)."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
+
+
+def remove_directories(made: list[str]) -> None:
+    """The directories an open made (deepest first) removed again, those
+    still empty: a creation refused leaves the disk as it found it."""
+    for directory in made:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return  # (not empty, or gone: the ones above hold it)
 
 
 def sync_ancestors(path: str) -> None:

@@ -87,11 +87,12 @@ def gone(directory: Any) -> str:
     return f"the dict kept in {directory!r} this handle was of is gone (removed, or moved away)"
 
 
-def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.stat_result]:
+def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.stat_result, list[str]]:
     """The directory's absolute path and its ``stat``, made if missing and
-    allowed; its problems as errors.  (One ``stat`` answers "a directory?",
-    the filesystem's device and the control segment's name: a reopen's
-    work is mostly such calls.)"""
+    allowed (with the directories made, deepest first); its problems as
+    errors.  (One ``stat`` answers "a directory?", the filesystem's device
+    and the control segment's name: a reopen's work is mostly such calls.)"""
+    made: list[str] = []
     given = os.fsdecode(directory)  # (bytes too, as os.open takes them)
     if not given:
         raise ValueError("path= is empty: give the dict's directory")
@@ -110,8 +111,10 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
             raise NotADict(f"{directory!r} is a symbolic link to nothing ({target!r})") from None
         if create is False:
             raise NotFound(f"no dict is kept in {directory!r}: it does not exist") from None
+        made.append(directory)
         there = os.path.dirname(directory)  # (refused before anything is made)
         while not os.path.isdir(there) and os.path.dirname(there) != there:
+            made.append(there)
             there = os.path.dirname(there)
         _refuse_network(directory, there, os.stat(there).st_dev)
         try:
@@ -129,7 +132,7 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
             errno.EACCES, "a dict kept in files needs a writable directory; this one is not", directory
         )
     _refuse_network(directory, directory, st.st_dev)
-    return directory, st
+    return directory, st, made
 
 
 def _refuse_network(directory: str, there: str, device: int) -> None:
@@ -293,7 +296,7 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
     if not segments.SUPPORTED or not files.LOCKS:  # pragma: no cover - Windows: nothing made
         raise OSError(errno.ENOSYS, "ultradict_ng needs POSIX shared memory and file locks (Linux, macOS)")
     for _ in range(_RACES):
-        directory, st = _check_directory(path, create)
+        directory, st, made = _check_directory(path, create)
         lock = dirlock.directory_lock(directory)  # (it makes nothing: foreign files are refused under it)
         try:
             lock.acquire()
@@ -315,7 +318,11 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
             if create is False:
                 _refuse_foreign(directory, meta is not None)  # (a directory of other files is no dict's)
                 raise NotFound(f"no dict is kept in {directory!r}")
-            store, meta = _create(directory, base, options, meta is not None)
+            try:
+                store, meta = _create(directory, base, options, meta is not None)
+            except BaseException:
+                files.remove_directories(made)  # (this open's, refused: as if never made)
+                raise
             try:
                 _arm(store, directory, meta)
                 if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
@@ -326,6 +333,7 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
                 _write_meta(directory, meta)
             except BaseException:
                 lifetime.discard_created(store, directory)
+                files.remove_directories(made)
                 raise
             memory = _memory_filesystem(directory, st.st_dev)
             if memory is not None:
