@@ -91,10 +91,10 @@ class SharedDict(Handle, MutableMapping[Any, Any]):
 
     * :meth:`close` detaches this handle in this process only.
     * :meth:`unlink` (or :func:`unlink_by_name`) removes the dict's segments for
-      everybody.  Handles that are still open keep reading the last state;
-      their writes raise :class:`Unlinked`.
+      everybody.  Open handles keep reading the last state but for large values
+      not read yet (docs/guide/lifetime.md); their writes raise :class:`Unlinked`.
     * ``auto_unlink`` (True for the creator of a dict in shared memory, else
-      False; refused with ``path=``): unlink when this handle is closed, garbage-collected,
+      False; a true one is refused with ``path=``): unlink when this handle is closed, garbage-collected,
       or its process exits normally.  Only in the creating process -- never in
       a forked child.  Pass ``auto_unlink=False`` to let the dict outlive its
       creator, and remove it later with :func:`unlink_by_name`.  Pass
