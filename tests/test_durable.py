@@ -4,6 +4,7 @@ sync policies, removal, and bad input (``_disk/layout.py``)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import multiprocessing
 import os
@@ -623,6 +624,26 @@ def test_a_refused_creation_leaves_no_directory_it_made(tmp_path, refused):
         with pytest.raises(UnsupportedType if refused != "the serializer" else ValueError):
             SharedDict(initial, path=str(path), **args)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_parent_removed_as_the_open_makes_the_path_is_made_again(tmp_path, monkeypatch):
+    """Another creation of the same new path, refused, removes the directories
+    it made while this one makes them (ENOENT): made again, not refused."""
+    from ultradict_ng._disk import files
+
+    make, removed = files.make_directories, []
+
+    def raced(directory: str) -> None:
+        if not removed:
+            removed.append(directory)
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), directory)
+        make(directory)
+
+    monkeypatch.setattr(files, "make_directories", raced)
+    d = SharedDict(path=str(tmp_path / "new" / "d"))
+    assert removed
+    d.unlink()
+    d.close()
 
 
 def test_an_absolute_path_opens_from_a_removed_working_directory(tmp_path, monkeypatch):

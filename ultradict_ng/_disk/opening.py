@@ -117,13 +117,7 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
             made.append(there)
             there = os.path.dirname(there)
         _refuse_network(directory, there, os.stat(there).st_dev)
-        try:
-            files.make_directories(directory)
-        except OSError as exc:
-            segments.raise_if_full(exc, f"no room on the disk to make {directory}")
-            if exc.errno in (errno.ENOENT, errno.EEXIST, errno.ELOOP, errno.ENOTDIR):  # (a link to nothing)
-                raise NotADict(f"{directory!r} cannot be made: {exc.filename!r}: {exc.strerror}") from None
-            raise
+        _make(directory)
         st = os.stat(directory)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADict(f"{directory!r} is not a directory")
@@ -133,6 +127,22 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
         )
     _refuse_network(directory, directory, st.st_dev)
     return directory, st, made
+
+
+def _make(directory: str) -> None:
+    """``directory`` and its missing parents made; a link to nothing or a loop
+    of links on the way is ``NotADict``.  A parent gone as this made it (a
+    refused creation removing what it made) is made again."""
+    for attempt in range(_RACES):
+        try:
+            return files.make_directories(directory)
+        except OSError as exc:
+            segments.raise_if_full(exc, f"no room on the disk to make {directory}")
+            if exc.errno == errno.ENOENT and attempt < _RACES - 1:
+                continue
+            if exc.errno in (errno.ENOENT, errno.EEXIST, errno.ELOOP, errno.ENOTDIR):
+                raise NotADict(f"{directory!r} cannot be made: {exc.filename!r}: {exc.strerror}") from None
+            raise
 
 
 def _refuse_network(directory: str, there: str, device: int) -> None:
