@@ -626,6 +626,37 @@ def test_a_refused_creation_leaves_no_directory_it_made(tmp_path, refused):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_refused_creation_leaves_a_parent_another_opener_holds(tmp_path, monkeypatch):
+    """The parents a refused creation made are removed only under their own
+    directory lock: one another opener holds (creating a dict in it, made
+    meanwhile) stays."""
+    import fcntl
+
+    from ultradict_ng._disk import files
+
+    parent, make, held = tmp_path / "x", files.make_directories, []
+
+    def and_another_opener(directory: str) -> None:
+        make(directory)
+        held.append(os.open(parent, os.O_RDONLY | os.O_DIRECTORY))
+        fcntl.flock(held[-1], fcntl.LOCK_EX)  # (its directory lock, as an opener of x takes it)
+
+    monkeypatch.setattr(files, "make_directories", and_another_opener)
+    try:
+        with pytest.raises(ValueError, match="serializer"):
+            SharedDict(path=str(parent / "e"), serializer="yaml")
+        assert parent.is_dir() and os.listdir(parent) == []
+    finally:
+        os.close(held[0])
+
+
+def test_a_dot_dot_after_a_file_is_no_dict(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(NotADict):
+        SharedDict(path=str(tmp_path / "file" / ".." / "d"))
+    assert os.listdir(tmp_path) == ["file"]
+
+
 def test_a_parent_removed_as_the_open_makes_the_path_is_made_again(tmp_path, monkeypatch):
     """Another creation of the same new path, refused, removes the directories
     it made while this one makes them (ENOENT): made again, not refused."""

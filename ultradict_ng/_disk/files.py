@@ -291,7 +291,7 @@ def absolute(path: str) -> str:
     try:
         os.stat(head)  # (the system's own walk: through every link, then up)
     except OSError as exc:
-        if exc.errno == errno.ELOOP or any(
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) or any(
             os.path.islink(os.sep.join(names[:i])) and not os.path.exists(os.sep.join(names[:i]))
             for i in range(2, last)
         ):
@@ -307,12 +307,23 @@ def make_directories(directory: str) -> None:
 
 def remove_directories(made: list[str]) -> None:
     """The directories an open made (deepest first) removed again, those
-    still empty: a creation refused leaves the disk as it found it."""
-    for directory in made:
+    still empty: a creation refused leaves the disk as it found it.  The
+    first is the dict's, which the caller holds locked; each parent only
+    under its own directory lock, taken without waiting (an opener holding
+    it creates a dict there: it stays).  An opener that waited for a lock of
+    one removed finds it gone and starts over (``dirlock``)."""
+    for i, directory in enumerate(made):
+        fd = -1
         try:
+            if i:
+                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rmdir(directory)
         except OSError:
-            return  # (not empty, or gone: the ones above hold it)
+            return  # (not empty, gone, or in use: the ones above hold it)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
 
 def sync_ancestors(path: str) -> None:
