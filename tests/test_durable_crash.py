@@ -523,10 +523,14 @@ def test_initial_data_refused_leaves_nothing_and_does_not_hang(durable_dir):
     no dict (the creator, which holds the directory lock, undoes it)."""
     from ultradict_ng.errors import UnsupportedType
 
+    os.makedirs(durable_dir)  # (there before: it stays, empty)
     with pytest.raises(UnsupportedType):
         SharedDict({"ok": 1, "bad": lambda: 1}, path=durable_dir)
     assert os.listdir(durable_dir) == []
     assert not os.path.exists(os.path.join(SHM, control_of(durable_dir)))
+    with pytest.raises(UnsupportedType):
+        SharedDict({"ok": 1, "bad": lambda: 1}, path=os.path.join(durable_dir, "new"))
+    assert os.listdir(durable_dir) == []  # (made by the open: removed again)
     d = SharedDict({"ok": 1}, path=durable_dir)
     assert dict(d) == {"ok": 1}
     d.unlink()
