@@ -1424,12 +1424,25 @@ def test_a_handle_dropped_without_close_is_closed_by_its_collection(durable_dir)
     first.close()
 
 
+def _released(directory: str, fds: list[str]) -> None:
+    """The directory lock given back: no descriptor kept, none marked held,
+    and another descriptor takes it at once (BlockingIOError while kept)."""
+    import fcntl
+
+    from ultradict_ng._disk import dirlock
+
+    assert sorted(os.listdir("/proc/self/fd")) == fds and dirlock._mine() == []
+    probe = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(probe)
+
+
 def test_an_interrupt_while_taking_the_directory_lock_leaves_it_free(durable_dir, monkeypatch):
     """A KeyboardInterrupt after the ``flock`` but before the lock is handed
     to its holder: nobody would ever release it, and every open of the dict,
     in any process, would wait for this process to end."""
-    import fcntl
-
     from ultradict_ng._disk import dirlock
 
     class Interrupting(set):  # type: ignore[type-arg]
@@ -1442,17 +1455,10 @@ def test_an_interrupt_while_taking_the_directory_lock_leaves_it_free(durable_dir
     with pytest.raises(KeyboardInterrupt):
         dirlock.directory_lock(durable_dir).acquire()
     monkeypatch.undo()
-    assert sorted(os.listdir("/proc/self/fd")) == fds and dirlock._mine() == []
-    probe = os.open(durable_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while it is kept)
-    finally:
-        os.close(probe)
+    _released(durable_dir, fds)
 
 
 def test_an_interrupt_while_releasing_the_directory_lock_still_releases_it(durable_dir, monkeypatch):
-    import fcntl
-
     from ultradict_ng._disk import dirlock
 
     class Interrupting(set):  # type: ignore[type-arg]
@@ -1468,12 +1474,7 @@ def test_an_interrupt_while_releasing_the_directory_lock_still_releases_it(durab
     with pytest.raises(KeyboardInterrupt):
         lock.__exit__(None, None, None)
     monkeypatch.undo()
-    assert sorted(os.listdir("/proc/self/fd")) == fds and dirlock._mine() == []
-    probe = os.open(durable_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while it is kept)
-    finally:
-        os.close(probe)
+    _released(durable_dir, fds)
 
 
 def test_an_interrupt_after_creating_a_file_leaves_no_descriptor(tmp_path, monkeypatch):
