@@ -25,7 +25,7 @@ from .._engine import Options
 from .._platform import segments
 from .._platform.owner import owner_alive, owner_word, pid_of
 from .._shm import layout as L
-from .._shm.control import Header, read_word
+from .._shm.control import Header
 from .._shm.mapping import Mapping
 from .._shm.store import Store
 from ..errors import CorruptSegment, LockTimeout
@@ -47,13 +47,7 @@ def attach_or_recover(directory: str, base: str, meta: dict[str, Any], options: 
         raise PermissionError(errno.EACCES, sharing.not_ours(directory, base)) from None
     replacing: Optional[Mapping] = None
     if ctrl is not None:
-        ours = (
-            ctrl.buf is not None
-            and ctrl.size >= L.CONTROL_SIZE
-            and read_word(ctrl.buf, L.W_MAGIC) == L.CONTROL_MAGIC
-            and read_word(ctrl.buf, L.W_TOKEN) == token
-        )
-        usable = ours and not read_word(ctrl.buf, L.W_STATUS) & L.STATUS_UNLINKED
+        ours, usable = sharing.standing(ctrl, token)
         try:
             alone = usable and not sharing.users_alive(ctrl.buf)
             if alone:  # (its users all gone here: is the dict open outside this shared memory?)

@@ -23,7 +23,7 @@ from .._platform import segments
 from .._platform.owner import owner_alive
 from .._shm import layout as L
 from .._shm.cleanup import mark_unlinked
-from .._shm.control import control_owner, read_word
+from .._shm.control import read_word
 from .._shm.mapping import Mapping
 from ..errors import CorruptSegment, InUseElsewhere, NotADict
 from . import files
@@ -94,12 +94,32 @@ def retire(directory: str, base: str) -> None:
     segments.unlink(base)
 
 
+def standing(ctrl: segments.Segment, token: int) -> tuple[bool, bool]:
+    """Whether ``ctrl`` is the dict's control segment (published, of its
+    token), and whether it stands unflagged (not being removed)."""
+    ours = (
+        ctrl.buf is not None
+        and ctrl.size >= L.CONTROL_SIZE
+        and read_word(ctrl.buf, L.W_MAGIC) == L.CONTROL_MAGIC
+        and read_word(ctrl.buf, L.W_TOKEN) == token
+    )
+    return ours, ours and not read_word(ctrl.buf, L.W_STATUS) & L.STATUS_UNLINKED
+
+
 def refuse_missing(directory: str, base: str, token: int, exc: FileNotFoundError) -> None:
     """An attach that found a file or segment missing: nothing if the control
     segment was removed or flagged meanwhile (a ``clean``: step 3 again);
     else ``CorruptSegment`` -- there and not being removed, it names a file
     of the dict that is gone."""
-    if control_owner(base, token) == "ours" and control_owner(base, token, unlinked=True) == "other":
+    try:
+        ctrl = segments.Segment.attach(base)
+    except FileNotFoundError:
+        return
+    try:
+        unflagged = standing(ctrl, token)[1]
+    finally:
+        ctrl.close()
+    if unflagged:
         raise CorruptSegment(
             f"{exc.filename or exc}: missing, though the shared memory of {directory!r} names it "
             "(put it back, or remove the dict); nothing was changed"
