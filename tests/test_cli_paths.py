@@ -799,7 +799,7 @@ def test_a_rebuild_waits_for_a_clean_holding_the_old_segment(durable_dir, monkey
         return said
 
     monkeypatch.setattr(cleanup, "control_owner", then_an_opener)
-    segments.forget_directory(name)  # (as in clean's process, which never opened it: names, not files)
+    assert segments.file_of(name + "@s") is None  # (closed here: names, not files, as in clean's process)
     cleanup.unlink_by_name(name, control=True)  # (what `ultradict-ng clean` does with it)
     monkeypatch.undo()
     (p,) = opener

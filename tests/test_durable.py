@@ -1395,6 +1395,30 @@ def test_a_handle_sent_before_a_new_dict_was_made_in_its_directory_finds_it_gone
     e.close()
 
 
+def test_a_process_s_last_close_gives_the_dict_s_names_back_to_shared_memory(durable_dir):
+    """Open, a dict's derived names (its stream, dumps, blobs) stand for its
+    files in this process.  After this process's last close they must not:
+    a removal by name there (``clean``'s, of shared memory its users left)
+    removed the stream file of the closed dict."""
+    from ultradict_ng._platform import segments
+    from ultradict_ng._shm import cleanup
+
+    d = SharedDict({"a": 1}, path=durable_dir, sync="always")
+    name = control_of(durable_dir)
+    e = SharedDict(path=durable_dir)
+    d.close()
+    assert segments.file_of(name + L.STREAM_SUFFIX) == os.path.realpath(durable_dir) + "/stream"  # (e open)
+    e.close()
+    assert segments.file_of(name + L.STREAM_SUFFIX) is None
+    assert segments.shown(name) == os.path.realpath(durable_dir)  # (messages still name it so)
+    cleanup.unlink_by_name(name, control=True)
+    assert os.path.exists(os.path.join(durable_dir, D.STREAM_FILE))
+    d = SharedDict(path=durable_dir, create=False)
+    assert dict(d) == {"a": 1}
+    d.unlink()
+    d.close()
+
+
 def test_a_handle_dropped_without_close_is_closed_by_its_collection(durable_dir):
     """A handle let go (a request handler that never calls ``close()``) is
     closed when it is collected, as one of a dict in shared memory is: its

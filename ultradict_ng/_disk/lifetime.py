@@ -104,8 +104,15 @@ def _close_registered(directory: str, name: str, mapping: Mapping, token: int) -
             return
         if D.control_name(lock.stat.st_dev, lock.stat.st_ino) != name:  # (another directory at the path)
             _close_moved(directory, mapping)
-        elif os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)
-            _close_locked(directory, name, mapping, token)
+            return
+        try:
+            if os.path.exists(os.path.join(directory, D.META_FILE)):  # (else unlinked meanwhile)
+                _close_locked(directory, name, mapping, token)
+        finally:
+            # This process's last handle: its names are no longer its files (a
+            # removal by name here, as ``clean``'s, would take them).  Under the
+            # lock, which an opener registering them again holds.
+            segments.forget_files(name)
 
 
 def _close_moved(directory: str, mapping: Mapping) -> None:

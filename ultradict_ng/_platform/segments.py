@@ -66,7 +66,7 @@ __all__ = [
     "SHM_DIR",
     "register_directory",
     "discard_unpublished",
-    "forget_directory",
+    "forget_files",
     "directory_of",
     "file_of",
     "shown_file",
@@ -95,15 +95,21 @@ def _path(name: str) -> str:
 
 #: Dicts kept in files: control name -> directory, for this process (``_disk``).
 _DIRECTORIES: dict[str, str] = {}
+#: Those of them whose derived names are files here: a handle of the dict is open.
+_FILES: set[str] = set()
 
 
 def register_directory(base: str, directory: str) -> None:
     """Map the derived names of the dict ``base`` to files of ``directory``."""
     _DIRECTORIES[base] = directory
+    _FILES.add(base)
 
 
-def forget_directory(base: str) -> None:
-    _DIRECTORIES.pop(base, None)
+def forget_files(base: str) -> None:
+    """The derived names of ``base`` are shared memory's again (this
+    process's last handle of its dict closed): a removal by name then never
+    takes its files.  Messages still name the dict by its directory."""
+    _FILES.discard(base)
 
 
 def directory_of(name: str) -> Optional[str]:
@@ -127,11 +133,9 @@ def shown_file(name: str) -> str:
 def file_of(name: str) -> Optional[str]:
     """The file that holds the derived segment ``name``, if its dict is kept in files."""
     at = name.find("@")
-    if at < 0 or not _DIRECTORIES:
+    if at < 0 or not _FILES or name[:at] not in _FILES:
         return None
-    directory = _DIRECTORIES.get(name[:at])
-    if directory is None:
-        return None
+    directory = _DIRECTORIES[name[:at]]
     file = D.file_name(name[at:])
     return None if file is None else f"{directory}/{file}"  # (an absolute path: ``_disk`` registers one)
 
