@@ -650,6 +650,29 @@ def test_a_refused_creation_leaves_a_parent_another_opener_holds(tmp_path, monke
         os.close(held[0])
 
 
+@pytest.mark.parametrize("fails", ["a name too long", "an interrupt"])
+def test_a_path_whose_making_fails_leaves_no_directory_made(tmp_path, monkeypatch, fails):
+    """A missing path whose making fails part way (a name too long below the
+    parents made, an interrupt): those made are removed, and a name too
+    long, in the path or in the whole, is ``NotADict``."""
+    from ultradict_ng._disk import files
+
+    if fails == "an interrupt":
+
+        def interrupted(directory: str) -> None:
+            os.makedirs(os.path.dirname(directory))
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(files, "make_directories", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            SharedDict(path=str(tmp_path / "new" / "sub" / "d"))
+    else:
+        for path in (tmp_path / "new" / "sub" / ("d" * 300), tmp_path.joinpath(*["d" * 200] * 25)):
+            with pytest.raises(NotADict, match="too long"):
+                SharedDict(path=str(path))
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_dot_dot_after_a_file_is_no_dict(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(NotADict):

@@ -73,7 +73,8 @@ class IncompatibleLayout(CorruptSegment):
 
 class NotADict(CorruptSegment):
     """A directory given as a dict's ``path=`` is not one and cannot become one
-    (other files in it, a network filesystem, not a directory)."""
+    (other files in it, a network filesystem, not a directory, a path that
+    cannot name one: a name too long, a link to nothing, links in a loop)."""
 
 
 class LockTimeout(SharedDictError, TimeoutError):

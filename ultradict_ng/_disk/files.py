@@ -305,17 +305,18 @@ def make_directories(directory: str) -> None:
     os.makedirs(directory, mode=0o700, exist_ok=True)
 
 
-def remove_directories(made: list[str]) -> None:
+def remove_directories(made: list[str], held: bool = True) -> None:
     """The directories an open made (deepest first) removed again, those
     still empty: a creation refused leaves the disk as it found it.  The
-    first is the dict's, which the caller holds locked; each parent only
-    under its own directory lock, taken without waiting (an opener holding
-    it creates a dict there: it stays).  An opener that waited for a lock of
-    one removed finds it gone and starts over (``dirlock``)."""
+    first is the dict's, which the caller holds locked (unless not
+    ``held``: its making failed); each other only under its own directory
+    lock, taken without waiting (an opener holding it creates a dict there:
+    it stays).  An opener that waited for a lock of one removed finds it
+    gone and starts over (``dirlock``)."""
     for i, directory in enumerate(made):
         fd = -1
         try:
-            if i:
+            if i or not held:
                 fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rmdir(directory)

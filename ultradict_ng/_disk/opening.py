@@ -104,6 +104,8 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotADict(f"{directory!r} cannot be a directory: symbolic links on its path loop") from None
+        if exc.errno == errno.ENAMETOOLONG:
+            raise NotADict(f"{directory!r} cannot be a directory: {exc.strerror}") from None
         if not isinstance(exc, FileNotFoundError):
             raise
         if os.path.islink(directory):
@@ -117,7 +119,11 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
             made.append(there)
             there = os.path.dirname(there)
         _refuse_network(directory, there, os.stat(there).st_dev)
-        _make(directory)
+        try:
+            _make(directory)
+        except BaseException:  # (a name too long below, a full disk, an interrupt): none left made
+            files.remove_directories([d for d in made if os.path.lexists(d)], held=False)
+            raise
         st = os.stat(directory)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADict(f"{directory!r} is not a directory")
@@ -140,7 +146,7 @@ def _make(directory: str) -> None:
             segments.raise_if_full(exc, f"no room on the disk to make {directory}")
             if exc.errno == errno.ENOENT and attempt < _RACES - 1:
                 continue
-            if exc.errno in (errno.ENOENT, errno.EEXIST, errno.ELOOP, errno.ENOTDIR):
+            if exc.errno in (errno.ENOENT, errno.EEXIST, errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG):
                 raise NotADict(f"{directory!r} cannot be made: {exc.filename!r}: {exc.strerror}") from None
             raise
 
