@@ -735,3 +735,36 @@ print(sorted(SharedDict(path={path!r}).items()))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout == "[('j', 2), ('k', 1)]\n", out.stdout + out.stderr
     SharedDict(path=path).unlink()
+
+
+@pytest.mark.skipif(shutil.which("chattr") is None, reason="needs chattr")
+@pytest.mark.parametrize("flag", ["+i", "+a"])
+def test_a_directory_that_refuses_new_files_fails_the_write_and_publishes_nothing(durable_dir, flag):
+    """A large value's file and a checkpoint's cannot be made or named (an
+    immutable or append-only directory here; a filesystem gone read-only
+    does the same): the write fails with the system's error, naming the file
+    it was for -- not hidden by the removal of its ``.tmp`` name, which the
+    directory refuses too -- and publishes nothing; once the directory takes
+    files again, writes go on."""
+    d = SharedDict(path=durable_dir, sync="always", buffer_size=16 << 10, blob_threshold=1 << 10)
+    d["before"] = 1
+    try:
+        if subprocess.run(["chattr", flag, durable_dir], capture_output=True).returncode != 0:
+            pytest.skip(f"this filesystem takes no {flag} flag")
+        try:
+            with pytest.raises(PermissionError, match=f"{durable_dir}/blob.1 could not be made; nothing of"):
+                d["big"] = b"x" * 4096
+            with pytest.raises(PermissionError, match=f"{durable_dir}/dump.1 could not be made; nothing of"):
+                for i in range(2000):  # (a checkpoint once the stream is full)
+                    d[f"k{i}"] = "v" * 100
+            written = dict(d)
+        finally:
+            subprocess.run(["chattr", "-" + flag[1], durable_dir], check=True)
+        assert "big" not in written and written["before"] == 1
+        d["big"] = b"x" * 4096
+        d.close()
+        d = SharedDict(path=durable_dir, create=False)
+        assert {k: v for k, v in d.items() if k != "big"} == written and bytes(d["big"]) == b"x" * 4096
+    finally:
+        d.unlink()
+        d.close()

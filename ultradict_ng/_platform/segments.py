@@ -35,6 +35,7 @@ and made whole on the disk by :func:`finish` (or :func:`create_written`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -43,7 +44,7 @@ from typing import Any, Callable, NoReturn, Optional
 
 from .._disk import files
 from .._disk import layout as D
-from ..errors import CorruptSegment, OutOfSpace, SyncFailed
+from ..errors import CorruptSegment, OutOfSpace, SharedDictError, SyncFailed
 
 try:
     import _posixshmem  # type: ignore[import-not-found, unused-ignore]
@@ -176,6 +177,7 @@ def finish(segment: Segment) -> None:
         files.rename(aside, path)
     except OSError as exc:  # (a new entry may need a block the disk has not)
         raise_if_full(exc, f"no room on the disk for {path}")
+        raise_if_refused(exc, path)
         raise
     try:
         files.sync_dir(os.path.dirname(path))
@@ -214,6 +216,24 @@ def raise_if_full(exc: BaseException, no_room: str) -> None:
         raise OutOfSpace(f"{no_room}: {exc.strerror}") from exc
 
 
+def raise_if_refused(exc: BaseException, path: Optional[str]) -> None:
+    """The system's error, of its own class, naming ``path`` -- not the
+    ``.tmp`` name -- and saying that nothing was published, if the disk
+    refused to make or name a dict's file for a reason other than room (a
+    filesystem gone read-only, an immutable or append-only directory);
+    else nothing.  A name already there, a missing directory (the dict
+    removed: its callers say so) and our own errors pass unchanged."""
+    if (
+        path is not None
+        and isinstance(exc, OSError)
+        and not isinstance(exc, (SharedDictError, FileExistsError, FileNotFoundError))
+        and exc.errno is not None
+    ):
+        raise OSError(
+            exc.errno, f"{exc.strerror or exc}: {path} could not be made; nothing of this write is published"
+        ) from exc
+
+
 def _create_fd(name: str) -> int:
     """A descriptor of the new segment ``name`` (``FileExistsError`` if it exists)."""
     path = file_of(name)
@@ -223,6 +243,7 @@ def _create_fd(name: str) -> int:
             return files.create(_aside(name, path))
         except OSError as exc:  # (no inode, no block for the entry, a quota: the disk is full)
             raise_if_full(exc, f"no room on the disk for {path}")
+            raise_if_refused(exc, path)
             raise
     _require_posix()
     fd = int(_posixshmem.shm_open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=_MODE))
@@ -242,7 +263,8 @@ def _abandon(name: str, fd: int) -> None:
     os.close(fd)
     path = file_of(name)
     if path is not None:
-        files.remove(_aside(name, path))
+        with contextlib.suppress(OSError):  # (a directory refusing it too must not hide the error; the
+            files.remove(_aside(name, path))  # next recovery removes a .tmp file)
     else:
         _posixshmem.shm_unlink(_path(name))
 
@@ -280,6 +302,7 @@ class Segment:
             where = f"on the disk for {path}" if path else f"in shared memory for segment {name!r}"
             wanted = size if reserve is None else min(reserve, size)  # (reserved: not a sparse rest)
             raise_if_full(exc, f"no room {where} ({wanted} bytes)")
+            raise_if_refused(exc, path)
             raise
         os.close(fd)  # the mapping keeps its own reference
         return cls(name, size, buf)
@@ -363,6 +386,7 @@ def create_written(
         if path is not None:
             no_room = no_room.replace("in shared memory", f"on the disk for {path}")
         raise_if_full(exc, no_room)
+        raise_if_refused(exc, path)
         raise
     os.close(fd)
 
@@ -502,9 +526,17 @@ def discard_unpublished(name: str) -> None:
     place is a checkpoint to a recovery, which takes the newest.  The
     processes that go on write their records in the published generation,
     behind it: left there, after a reboot it would stand for the dict and
-    hide every one of them."""
+    hide every one of them.  Only the named file counts: one whose ``.tmp``
+    name alone stays (the directory refusing its removal) is no checkpoint,
+    and the next recovery removes it."""
     path = file_of(name)
-    if unlink(name) and path is not None:
+    try:
+        removed = unlink(name)
+    except OSError:
+        if path is None or os.path.lexists(path):
+            raise
+        removed = True  # (the named one gone, perhaps by this call: its removal synced)
+    if removed and path is not None:
         files.sync_dir(os.path.dirname(path))
 
 
