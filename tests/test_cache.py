@@ -254,6 +254,25 @@ def test_cull_frequency_is_djangos(name, frequency, final):
         for i in range(1, 50):
             c.set(f"cull{i}", "value", 1000)
         assert sum(1 for i in range(1, 50) if f"cull{i}" in c) == final
+        assert c.stats()["evictions"] == 49 - final  # (every entry culled, also by an emptying cull)
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
+def test_an_emptying_cull_counts_what_it_removes(name):
+    """``cull_frequency=0`` empties a full cache: its live entries count as
+    evictions and the expired ones as expirations, as a cull of ``n > 0``
+    counts each it removes."""
+    c = SharedCache(name, maxsize=5, cull_frequency=0)
+    try:
+        c.set("soon", 0, ttl=0.05)
+        for i in range(4):
+            c[i] = i
+        time.sleep(0.1)
+        c["new"] = 1
+        s = c.stats()
+        assert list(c) == ["new"] and (s["evictions"], s["expirations"]) == (4, 1)
     finally:
         c.close()
         SharedCache.unlink_by_name(name)

@@ -446,9 +446,21 @@ class Entries:
         """Django's cull: ``len // cull_frequency`` entries in LRU order (expired
         first), or everything for 0."""
         if self._cull == 0:
-            self._d.clear()
             w = self._side.words
+            nslots = self._side.nslots
+            expired = live = 0
+            for e in self._d.values() if w[C.W_FLAGS] else ():  # (else no entry has an expiry)
+                if slot_of(e, nslots) >= 0 and len(e) == 3:  # (claims and foreign keys: neither)
+                    if e[0] and e[0] <= now:
+                        expired += 1
+                    else:
+                        live += 1
+            if not w[C.W_FLAGS]:
+                live = n
+            self._d.clear()
             w[C.W_FREE] = w[C.W_NEXT] = w[C.W_BYTES] = 0  # FREE first: never a stacked slot past NEXT
+            add_word(w, C.W_EVICTIONS, live)  # (counted as the culls of n > 0 count theirs)
+            add_word(w, C.W_EXPIRATIONS, expired)
             self._pool = None
             return
         rec = self._recency
