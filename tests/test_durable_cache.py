@@ -335,6 +335,48 @@ def test_a_stored_setting_mismatch_names_the_directory(durable_dir):
     c.close()
 
 
+@pytest.mark.parametrize(
+    "settings", [{"maxbytes": 2**64}, {"maxsize": 5, "cull_frequency": 2**64}, {"maxsize": 2**64}]
+)
+def test_a_limit_beyond_the_side_files_words_is_refused_before_anything_is_made(durable_dir, settings):
+    with pytest.raises(ValueError, match="below 2\\*\\*56"):
+        SharedCache(path=durable_dir, **settings)
+    assert not os.path.exists(durable_dir)
+
+
+def test_a_cache_whose_side_file_cannot_be_made_leaves_no_dict(durable_dir, monkeypatch):
+    """The dict is made first, then the side file (its slots): when that
+    fails (no room for the slots of a large maxsize, an interrupt) the dict
+    this call made is removed again -- and one another opener made the cache
+    in meanwhile stays."""
+    from ultradict_ng.cache import side
+    from ultradict_ng.errors import OutOfSpace
+
+    write_new = side._write_new
+
+    def no_room(*args: Any) -> Any:
+        raise OutOfSpace("no room on the disk for the cache's slots")
+
+    monkeypatch.setattr(side, "_write_new", no_room)
+    with pytest.raises(OutOfSpace):
+        SharedCache(path=durable_dir, maxsize=10)
+    assert not os.path.exists(durable_dir)
+
+    def another_made_it(name: str, token: int, settings: Any) -> Any:
+        made = write_new(name, token, settings)
+        made.close()
+        raise OutOfSpace("no room")
+
+    monkeypatch.setattr(side, "_write_new", another_made_it)
+    with pytest.raises(OutOfSpace):
+        SharedCache(path=durable_dir, maxsize=10)
+    monkeypatch.undo()
+    c = SharedCache(path=durable_dir)
+    assert c.maxsize == 10
+    c.unlink()
+    c.close()
+
+
 def test_a_dict_kept_in_files_opened_as_a_cache_is_refused_naming_its_directory(durable_dir):
     from ultradict_ng import SharedDict
     from ultradict_ng.errors import ParameterMismatch

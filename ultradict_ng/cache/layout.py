@@ -127,6 +127,10 @@ SAMPLES = 8
 EXPIRE_SAMPLES = 3
 #: Slots of a cache bounded only by bytes.
 BYTES_ONLY_SLOTS = 1 << 20
+#: Bound on maxsize, maxbytes and cull_frequency: far above any machine's
+#: memory, and below what the settings words (u64) and the side file's
+#: size (27 bytes a slot, in an off_t) can hold.
+MAX_SETTING = 1 << 56
 INIT_TIMEOUT = 2.0  # attachers wait this long for a side segment's MAGIC
 
 

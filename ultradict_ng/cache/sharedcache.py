@@ -17,6 +17,7 @@ from time import time as _now
 from typing import Any, Optional, cast
 
 from .._codec.codec import codec_for
+from .._platform import segments
 from .._shm.store import Store
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
@@ -48,8 +49,8 @@ def _check_settings(
     out: dict[str, Any] = {}
     for key, value in (("maxsize", maxsize), ("maxbytes", maxbytes)):
         if value is not None:
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{key} must be a positive int or None, not {value!r}")
+            if type(value) is not int or not 1 <= value < C.MAX_SETTING:
+                raise ValueError(f"{key} must be a positive int (below 2**56) or None, not {value!r}")
             out[key] = value
     if ttl is not None:
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
@@ -60,10 +61,22 @@ def _check_settings(
             raise ValueError(f"serializer must be 'msgpack' or 'pickle', not {serializer!r}")
         out["serializer"] = serializer
     if cull_frequency is not None:
-        if type(cull_frequency) is not int or cull_frequency < 0:
-            raise ValueError(f"cull_frequency must be an int >= 0 or None, not {cull_frequency!r}")
+        if type(cull_frequency) is not int or not 0 <= cull_frequency < C.MAX_SETTING:
+            raise ValueError(
+                f"cull_frequency must be an int >= 0 (below 2**56) or None, not {cull_frequency!r}"
+            )
         out["cull_frequency"] = cull_frequency
     return out
+
+
+def _discard_created(d: SharedDict) -> None:
+    """The dict a refused cache creation made (its side file could not be:
+    no room for its slots, an interrupt) removed: as if never made.  Under
+    its lock, with no side file and no key: else another opener has made the
+    cache in it meanwhile, and it stays."""
+    with d.lock:
+        if len(d) == 0 and not segments.exists(C.cache_name(d.name)):
+            d.unlink()
 
 
 def _alive(e: Any, now: float, nslots: int) -> bool:
@@ -136,7 +149,11 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         try:
             self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
         except BaseException:
-            d.close()
+            try:
+                if cast(Store, d._store).created:
+                    _discard_created(d)
+            finally:
+                d.close()
             raise
         s = side.settings()
         self._maxsize: Optional[int] = s["maxsize"]

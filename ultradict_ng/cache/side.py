@@ -70,20 +70,17 @@ def _write_new(name: str, token: int, settings: Settings) -> Side:
     seg = Segment.create(name, C.side_size(nslots))
     try:
         assert seg.buf is not None
-        words = memoryview(seg.buf).cast("Q")
-        floats = memoryview(seg.buf).cast("d")
-        words[C.W_VERSION] = C.SIDE_VERSION
-        words[C.W_TOKEN] = token
-        words[C.W_NSLOTS] = nslots
-        words[C.W_MAXSIZE] = maxsize
-        words[C.W_MAXBYTES] = maxbytes
-        floats[C.W_TTL] = float(settings["ttl"] or 0.0)
-        words[C.W_SERIALIZER] = C.SERIALIZERS[settings["serializer"]]
-        cull = settings["cull_frequency"]
-        words[C.W_CULL] = 0 if cull is None else cull + 1
-        words[C.W_MAGIC] = C.SIDE_MAGIC
-        words.release()
-        floats.release()
+        with memoryview(seg.buf) as mv, mv.cast("Q") as words, mv.cast("d") as floats:
+            words[C.W_VERSION] = C.SIDE_VERSION
+            words[C.W_TOKEN] = token
+            words[C.W_NSLOTS] = nslots
+            words[C.W_MAXSIZE] = maxsize
+            words[C.W_MAXBYTES] = maxbytes
+            floats[C.W_TTL] = float(settings["ttl"] or 0.0)
+            words[C.W_SERIALIZER] = C.SERIALIZERS[settings["serializer"]]
+            cull = settings["cull_frequency"]
+            words[C.W_CULL] = 0 if cull is None else cull + 1
+            words[C.W_MAGIC] = C.SIDE_MAGIC
         segments.finish(seg)
     except BaseException:
         seg.close()
