@@ -409,6 +409,29 @@ def test_inc_dec_semantics(caches: Any, name: str) -> None:
     assert cache.inc("big", 2**70) == 2**70 and cache.inc("big") == 2**70 + 1
 
 
+def test_inc_of_a_value_expiring_meanwhile_starts_at_zero(caches: Any, name: str, monkeypatch: Any) -> None:
+    """Expiry is time, not the lock: a float's entry that expires after the
+    int step declined it is a missing key (it starts at 0), not a raw
+    ``KeyError`` from a second lookup."""
+    import time
+
+    from ultradict_ng.cache import sharedcache
+
+    cache = caches(name, default_timeout=100)
+    cache.set("f", 1.5, timeout=50)
+    declined = sharedcache.SharedCache.incr
+
+    def then_it_expires(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return declined(self, *args, **kwargs)
+        except TypeError:
+            monkeypatch.setattr(sharedcache, "_now", lambda: time.time() + 60)
+            raise
+
+    monkeypatch.setattr(sharedcache.SharedCache, "incr", then_it_expires)
+    assert cache.inc("f", 2) == 2
+
+
 def test_values_keys_and_serializers(caches: Any, name: str) -> None:
     cache = caches(name)
     core = cache.cache

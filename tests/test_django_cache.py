@@ -248,6 +248,30 @@ def test_incr_of_a_float_or_a_bool_adds_as_djangos_own_caches(location: str) -> 
         cache.incr("missing")
 
 
+def test_incr_of_a_value_that_expires_meanwhile_is_not_found(location: str, monkeypatch: Any) -> None:
+    """Expiry is time, not the lock: a float's entry that expires after the
+    int step declined it is a missing key (``ValueError``), not a raw
+    ``KeyError`` from a second lookup."""
+    import time
+
+    from ultradict_ng.cache import sharedcache
+
+    cache = backend(location)
+    cache.set("f", 1.5, 300)
+    declined = sharedcache.SharedCache.incr
+
+    def then_it_expires(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return declined(self, *args, **kwargs)
+        except TypeError:
+            monkeypatch.setattr(sharedcache, "_now", lambda: time.time() + 400)
+            raise
+
+    monkeypatch.setattr(sharedcache.SharedCache, "incr", then_it_expires)
+    with pytest.raises(ValueError, match="not found"):
+        cache.incr("f")
+
+
 def test_incr_from_several_threads_is_exact(location: str) -> None:
     """Django makes one backend object per thread: they share this process's handle."""
     backend(location).set("counter", 0)

@@ -227,10 +227,17 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
 
     def ttl(self, key: Any) -> Optional[float]:
         """Seconds ``key`` has left, None if it never expires; KeyError if absent."""
-        e = self._live(key, _now())
+        return self._value_and_ttl(key, False)[1]
+
+    def _value_and_ttl(self, key: Any, value: bool = True) -> tuple[Any, Optional[float]]:
+        """``key``'s value (if ``value``) and the seconds it has left, read
+        once at one instant: an entry expiring between two lookups is there
+        or not, never a value without its time (or a time below zero)."""
+        now = _now()
+        e = self._live(key, now)
         if e is None:
             raise KeyError(key)
-        return None if not e[0] else e[0] - _now()
+        return (self._value(e) if value else None), (None if not e[0] else e[0] - now)
 
     def __iter__(self) -> Iterator[Any]:
         """The live keys, from a snapshot taken now."""

@@ -365,11 +365,16 @@ class SharedCache(BaseCache):
                 return delta
             except TypeError:  # a serialized value: a float, a bool, a string ...
                 pass
-            new = (self._load(core[key]) or 0) + delta
+            try:  # (its value and expiry read at once: it may expire now, lock or not)
+                value, left = core._value_and_ttl(key)
+            except KeyError:
+                core.set(key, delta, ttl=self._ttl(None))
+                return delta
+            new = (self._load(value) or 0) + delta
             stored = self._dump(new)
             if stored is _MISSING:
                 return None
-            core.set(key, stored, ttl=core.ttl(key))
+            core.set(key, stored, ttl=left)
             return new
 
 

@@ -352,8 +352,12 @@ class SharedCache(BaseCache):  # type: ignore[misc, unused-ignore]
                 raise ValueError(f"Key '{key}' not found") from None
             except TypeError:  # (not an int)
                 pass
-            new = core[key] + delta
-            core.set(key, new, ttl=core.ttl(key))
+            try:  # (its value and expiry read at once: it may expire now, lock or not)
+                value, left = core._value_and_ttl(key)
+            except KeyError:
+                raise ValueError(f"Key '{key}' not found") from None
+            new = value + delta
+            core.set(key, new, ttl=left)
             return new
 
     def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
