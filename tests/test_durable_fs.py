@@ -6,6 +6,7 @@ reached the device, as after a power loss)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -766,5 +767,28 @@ def test_a_directory_that_refuses_new_files_fails_the_write_and_publishes_nothin
         d = SharedDict(path=durable_dir, create=False)
         assert {k: v for k, v in d.items() if k != "big"} == written and bytes(d["big"]) == b"x" * 4096
     finally:
+        d.unlink()
+        d.close()
+
+
+def test_a_dict_on_a_read_only_mount_is_refused_at_open(tmp_path):
+    """Every open maps the dict's files read-write and may write (a
+    recovery, a clean close): on a filesystem mounted read-only it is
+    refused at once, saying so, and nothing is made there."""
+    with mounted(str(tmp_path / "ro"), "-t", "tmpfs", "-o", "size=4m", "tmpfs") as mnt:
+        path = os.path.join(mnt, "dict")
+        d = SharedDict({"a": 1}, path=path)
+        d.close()
+        subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
+        try:
+            for where in (path, os.path.join(mnt, "new")):
+                with pytest.raises(OSError) as got:
+                    SharedDict(path=where)
+                assert got.value.errno == errno.EROFS and "read-only" in str(got.value).lower()
+            assert sorted(os.listdir(mnt)) == ["dict"]
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", mnt], check=True)
+        d = SharedDict(path=path, create=False)
+        assert dict(d) == {"a": 1}
         d.unlink()
         d.close()

@@ -128,6 +128,9 @@ def _check_directory(directory: str, create: Optional[bool]) -> tuple[str, os.st
     if not stat.S_ISDIR(st.st_mode):
         raise NotADict(f"{directory!r} is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:  # (the mount's, not the directory's: said so)
+            said = "a dict kept in files needs a writable directory; this one is read-only"
+            raise OSError(errno.EROFS, said, directory)
         raise PermissionError(
             errno.EACCES, "a dict kept in files needs a writable directory; this one is not", directory
         )
