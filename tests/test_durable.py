@@ -1436,6 +1436,9 @@ def test_a_process_s_last_close_gives_the_dict_s_names_back_to_shared_memory(dur
     assert segments.shown(name) == os.path.realpath(durable_dir)  # (messages still name it so)
     cleanup.unlink_by_name(name, control=True)
     assert os.path.exists(os.path.join(durable_dir, D.STREAM_FILE))
+    with pytest.raises(ParameterMismatch):  # (a refused open gives them back too)
+        SharedDict(path=durable_dir, sync="never")
+    assert segments.file_of(name + L.STREAM_SUFFIX) is None
     d = SharedDict(path=durable_dir, create=False)
     assert dict(d) == {"a": 1}
     d.unlink()

@@ -792,3 +792,30 @@ def test_a_dict_on_a_read_only_mount_is_refused_at_open(tmp_path):
         assert dict(d) == {"a": 1}
         d.unlink()
         d.close()
+
+
+def test_a_closed_handle_of_a_removed_dict_leaves_the_files_of_the_new_one(tmp_path):
+    """A dict removed and made again in its directory (a mount point stays,
+    with its inode: the same names) while a handle of the first stays open
+    here: that handle's close must not take the new dict's names from its
+    files -- its large values and checkpoints then went to shared memory,
+    lost to a reboot."""
+    with mounted(str(tmp_path / "m"), "-t", "tmpfs", "-o", "size=8m", "tmpfs") as mnt:
+        d = SharedDict(path=mnt, sync="always", blob_threshold=1 << 10)
+        d.unlink()
+        e = SharedDict(path=mnt, sync="always", blob_threshold=1 << 10)
+        try:
+            assert e.name == d.name
+            d.close()
+            e["big"] = b"x" * 4096
+            assert os.path.exists(os.path.join(mnt, "blob.1"))
+            e.close()
+            assert not [n for n in os.listdir("/dev/shm") if n.startswith(d.name)]
+            e = SharedDict(path=mnt, create=False)
+            assert bytes(e["big"]) == b"x" * 4096
+        finally:
+            e.unlink()
+            e.close()
+            for n in os.listdir("/dev/shm"):  # (what the names taken from the files made there)
+                if n.startswith(d.name):
+                    os.unlink(os.path.join("/dev/shm", n))

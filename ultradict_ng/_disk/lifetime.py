@@ -111,8 +111,10 @@ def _close_registered(directory: str, name: str, mapping: Mapping, token: int) -
         finally:
             # This process's last handle: its names are no longer its files (a
             # removal by name here, as ``clean``'s, would take them).  Under the
-            # lock, which an opener registering them again holds.
-            segments.forget_files(name)
+            # lock, which an opener registering them again holds; of any token
+            # (a dict made since in the directory has the same names).
+            if not users.attached(name):
+                segments.forget_files(name)
 
 
 def _close_moved(directory: str, mapping: Mapping) -> None:

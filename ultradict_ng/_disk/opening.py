@@ -22,6 +22,7 @@ from .._engine import Initial, Options
 from .._facade.arguments import pairs
 from .._platform import segments
 from .._shm import layout as L
+from .._shm import users
 from .._shm.mapping import Mapping
 from .._shm.store import Store, validate_options
 from ..errors import (
@@ -330,50 +331,68 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         st = lock.stat  # (the directory locked: it may have been removed and made again while we waited)
         base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
         segments.register_directory(base, directory)
-        meta = read_meta(directory)
-        if meta is None or meta.get("creating"):
-            if meta is None:
-                _refuse_orphaned(directory)
-            if create is False:
-                _refuse_foreign(directory, meta is not None)  # (a directory of other files is no dict's)
-                raise NotFound(f"no dict is kept in {directory!r}")
-            try:
-                store, meta = _create(directory, base, options, meta is not None)
-            except BaseException:
-                files.remove_directories(made)  # (this open's, refused: as if never made)
-                raise
-            try:
-                _arm(store, directory, meta)
-                if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
-                    _write_meta(directory, {**meta, "creating": True})
-                    _fill(store, initial)
-                # dict.meta last: the dict exists once its initial data is in.  A creator killed
-                # before leaves files the next creator removes (step 1), as a refused one does here.
-                _write_meta(directory, meta)
-            except BaseException:
-                lifetime.discard_created(store, directory)
-                files.remove_directories(made)
-                raise
-            memory = _memory_filesystem(directory, st.st_dev)
-            if memory is not None:
-                log.warning(
-                    "ultradict_ng: %s is on %s, in memory: the dict outlives its processes, not a reboot "
-                    "or a power loss (keep it on a disk for that)",
-                    directory,
-                    memory,
-                )
-            return store
-        else:
-            if create is True:
-                raise AlreadyExists(f"a dict is already kept in {directory!r}")
-            _check_stored(directory, meta, options)
-            store = attaching.attach_or_recover(directory, base, meta, options)
-            try:
-                _arm(store, directory, meta)
-            except BaseException:  # (an interrupt, EMFILE): closed as a handle not fully opened
-                lifetime.close_unarmed(store)
-                raise
+        try:
+            return _open_locked(directory, base, st, made, create, options, initial)
+        except BaseException:  # (refused: unless a handle of it is open here, its names are no files)
+            if not users.attached(base):
+                segments.forget_files(base)
+            raise
+
+
+def _open_locked(
+    directory: str,
+    base: str,
+    st: os.stat_result,
+    made: list[str],
+    create: Optional[bool],
+    options: Options,
+    initial: Initial,
+) -> Store:
+    """``open_durable`` under the directory lock, the dict's names its files."""
+    meta = read_meta(directory)
+    if meta is None or meta.get("creating"):
+        if meta is None:
+            _refuse_orphaned(directory)
+        if create is False:
+            _refuse_foreign(directory, meta is not None)  # (a directory of other files is no dict's)
+            raise NotFound(f"no dict is kept in {directory!r}")
+        try:
+            store, meta = _create(directory, base, options, meta is not None)
+        except BaseException:
+            files.remove_directories(made)  # (this open's, refused: as if never made)
+            raise
+        try:
+            _arm(store, directory, meta)
+            if initial:  # (as writes of the dict in files: its rules for dumps and the stream)
+                _write_meta(directory, {**meta, "creating": True})
+                _fill(store, initial)
+            # dict.meta last: the dict exists once its initial data is in.  A creator killed
+            # before leaves files the next creator removes (step 1), as a refused one does here.
+            _write_meta(directory, meta)
+        except BaseException:
+            lifetime.discard_created(store, directory)
+            files.remove_directories(made)
+            raise
+        memory = _memory_filesystem(directory, st.st_dev)
+        if memory is not None:
+            log.warning(
+                "ultradict_ng: %s is on %s, in memory: the dict outlives its processes, not a reboot "
+                "or a power loss (keep it on a disk for that)",
+                directory,
+                memory,
+            )
         return store
+    else:
+        if create is True:
+            raise AlreadyExists(f"a dict is already kept in {directory!r}")
+        _check_stored(directory, meta, options)
+        store = attaching.attach_or_recover(directory, base, meta, options)
+        try:
+            _arm(store, directory, meta)
+        except BaseException:  # (an interrupt, EMFILE): closed as a handle not fully opened
+            lifetime.close_unarmed(store)
+            raise
+    return store
 
 
 #: Times an opener starts over when the directory is removed while it waits for its lock.

@@ -155,6 +155,13 @@ def detach(key: Key, atomic: Words) -> bool:
         return True
 
 
+def attached(name: str) -> bool:
+    """Whether this process has a handle of a dict named ``name`` open, of
+    any token (a dict made again under the name: its directory's inode)."""
+    with _guard:
+        return any(key[0] == name for key in _attached)
+
+
 def free_dead(atomic: Words) -> int:
     """Free the slots of dead users (a dead owner never comes back: a reused
     pid has another start time); how many were freed."""
