@@ -19,6 +19,7 @@ from typing import Any, Optional, cast
 from .._codec.codec import codec_for
 from .._platform import segments
 from .._shm.store import Store
+from ..errors import NotFound
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
 from . import layout as C
@@ -72,11 +73,17 @@ def _check_settings(
 def _discard_created(d: SharedDict) -> None:
     """The dict a refused cache creation made (its side file could not be:
     no room for its slots, an interrupt) removed: as if never made.  Under
-    its lock, with no side file and no key: else another opener has made the
-    cache in it meanwhile, and it stays."""
+    its lock, with no side file, no key and no other process using it: else
+    another opener has the dict, or made the cache in it meanwhile, and it
+    stays.  One attaching between the check and the removal finds the dict
+    gone and starts over (``SharedCache``)."""
     with d.lock:
-        if len(d) == 0 and not segments.exists(C.cache_name(d.name)):
+        if len(d) == 0 and d.stats()["users"] <= 1 and not segments.exists(C.cache_name(d.name)):
             d.unlink()
+
+
+#: Times a cache's opener starts over when the dict is removed as it opens it.
+_RACES = 8
 
 
 def _alive(e: Any, now: float, nslots: int) -> bool:
@@ -143,18 +150,24 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         for key, value in (("path", path), ("sync", sync), ("sync_interval", sync_interval)):
             if value is not None:
                 where[key] = value
-        self._d = d = SharedDict(
-            name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm", **where
-        )
-        try:
-            self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
-        except BaseException:
+        for attempt in range(_RACES):
+            self._d = d = SharedDict(
+                name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm", **where
+            )
             try:
-                if cast(Store, d._store).created:
-                    _discard_created(d)
-            finally:
+                self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
+                break
+            except NotFound:  # (removed as this opened it: a creation refused elsewhere)
                 d.close()
-            raise
+                if create is False or attempt == _RACES - 1:
+                    raise
+            except BaseException:
+                try:
+                    if cast(Store, d._store).created:
+                        _discard_created(d)
+                finally:
+                    d.close()
+                raise
         s = side.settings()
         self._maxsize: Optional[int] = s["maxsize"]
         self._maxbytes: Optional[int] = s["maxbytes"]
