@@ -127,3 +127,22 @@ def count_decodes(monkeypatch: Any, d: SharedDict) -> list[int]:
 
     monkeypatch.setattr(type(d._store.codec), "loads_many", spy)
     return decoded
+
+
+def expire_when_incr_declines(monkeypatch: Any, later: float) -> None:
+    """From the moment ``SharedCache.incr`` declines a value that is no int
+    (a float: the backends then add to it in Python), the cache's clock
+    reads ``later`` seconds on: its entry expires between the two steps,
+    as it may under the lock (expiry is time)."""
+    from ultradict_ng.cache import sharedcache
+
+    declined = sharedcache.SharedCache.incr
+
+    def then_it_expires(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return declined(self, *args, **kwargs)
+        except TypeError:
+            monkeypatch.setattr(sharedcache, "_now", lambda: time.time() + later)
+            raise
+
+    monkeypatch.setattr(sharedcache.SharedCache, "incr", then_it_expires)

@@ -52,6 +52,7 @@ import cachelib
 import ultradict_ng
 from tests.cachelib_suite import workers
 from tests.conftest import SESSION, unique_name
+from tests.helpers import expire_when_incr_declines
 from tests.sdists import fetch_sdist
 from ultradict_ng.errors import ParameterMismatch
 from ultradict_ng.integrations.cachelib import SharedCache
@@ -413,22 +414,9 @@ def test_inc_of_a_value_expiring_meanwhile_starts_at_zero(caches: Any, name: str
     """Expiry is time, not the lock: a float's entry that expires after the
     int step declined it is a missing key (it starts at 0), not a raw
     ``KeyError`` from a second lookup."""
-    import time
-
-    from ultradict_ng.cache import sharedcache
-
     cache = caches(name, default_timeout=100)
     cache.set("f", 1.5, timeout=50)
-    declined = sharedcache.SharedCache.incr
-
-    def then_it_expires(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return declined(self, *args, **kwargs)
-        except TypeError:
-            monkeypatch.setattr(sharedcache, "_now", lambda: time.time() + 60)
-            raise
-
-    monkeypatch.setattr(sharedcache.SharedCache, "incr", then_it_expires)
+    expire_when_incr_declines(monkeypatch, 60)
     assert cache.inc("f", 2) == 2
 
 

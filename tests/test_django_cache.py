@@ -46,6 +46,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from tests.conftest import unique_name
 from tests.django_suite import workers
+from tests.helpers import expire_when_incr_declines
 from tests.sdists import fetch_sdist, run_suite
 from ultradict_ng.cache import SharedCache as Cache
 from ultradict_ng.integrations import django as backend_module
@@ -252,22 +253,9 @@ def test_incr_of_a_value_that_expires_meanwhile_is_not_found(location: str, monk
     """Expiry is time, not the lock: a float's entry that expires after the
     int step declined it is a missing key (``ValueError``), not a raw
     ``KeyError`` from a second lookup."""
-    import time
-
-    from ultradict_ng.cache import sharedcache
-
     cache = backend(location)
     cache.set("f", 1.5, 300)
-    declined = sharedcache.SharedCache.incr
-
-    def then_it_expires(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return declined(self, *args, **kwargs)
-        except TypeError:
-            monkeypatch.setattr(sharedcache, "_now", lambda: time.time() + 400)
-            raise
-
-    monkeypatch.setattr(sharedcache.SharedCache, "incr", then_it_expires)
+    expire_when_incr_declines(monkeypatch, 400)
     with pytest.raises(ValueError, match="not found"):
         cache.incr("f")
 
