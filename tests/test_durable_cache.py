@@ -377,11 +377,12 @@ def test_a_cache_whose_side_file_cannot_be_made_leaves_no_dict(durable_dir, monk
     c.close()
 
 
-def test_a_refused_cache_creation_leaves_the_dict_another_process_opened(durable_dir, monkeypatch):
-    """Another process that opened the new dict (to make the cache in it
-    next) keeps it: the refused creator removes the dict only while no
-    other process uses it; and an opener that finds the dict removed as it
-    opened it starts over instead of failing."""
+@pytest.mark.parametrize("where", ["another process", "another handle here"])
+def test_a_refused_cache_creation_leaves_the_dict_another_opened(durable_dir, monkeypatch, where):
+    """Another process, or another handle of this one, that opened the new
+    dict (to make the cache in it next) keeps it: the refused creator
+    removes the dict only while nothing else uses it, asked under the
+    locks an opener registers under."""
     from ultradict_ng import SharedDict
     from ultradict_ng.cache import sharedcache, side
     from ultradict_ng.errors import OutOfSpace
@@ -390,46 +391,40 @@ def test_a_refused_cache_creation_leaves_the_dict_another_process_opened(durable
         f"import sys\nfrom ultradict_ng import SharedDict\nd = SharedDict(path={durable_dir!r})\n"
         "print('open', flush=True)\nsys.stdin.readline()\nd.close()\n"
     )
-    write_new = side._write_new
 
     def no_room(*args: Any) -> Any:
         raise OutOfSpace("no room for the cache's slots")
 
     monkeypatch.setattr(side, "_write_new", no_room)
-    p = None
+    others: list[Any] = []
     real_open_side = sharedcache.open_side
 
     def with_another_opener(*args: Any, **kwargs: Any) -> Any:
-        nonlocal p
-        p = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert p.stdout is not None and p.stdout.readline().strip() == "open"
+        if where == "another process":
+            p = subprocess.Popen(
+                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            others.append(p)
+            assert p.stdout is not None and p.stdout.readline().strip() == "open"
+        else:
+            others.append(SharedDict(path=durable_dir))
         return real_open_side(*args, **kwargs)
 
     monkeypatch.setattr(sharedcache, "open_side", with_another_opener)
     try:
         with pytest.raises(OutOfSpace):
             SharedCache(path=durable_dir, maxsize=10)
-        assert os.path.exists(os.path.join(durable_dir, D.META_FILE))  # (the other process's dict)
+        assert os.path.exists(os.path.join(durable_dir, D.META_FILE))  # (the other's dict)
     finally:
-        if p is not None:
-            p.communicate("\n", timeout=60)
-    monkeypatch.setattr(side, "_write_new", write_new)
-    removed: list[bool] = []
-
-    def removed_first(d_name: str, *args: Any, **kwargs: Any) -> Any:
-        if not removed:  # (as a refused creator elsewhere removes the dict this just opened)
-            removed.append(True)
-            other = SharedDict(path=durable_dir)
-            other.unlink()
-            other.close()
-        return real_open_side(d_name, *args, **kwargs)
-
-    monkeypatch.setattr(sharedcache, "open_side", removed_first)
+        for other in others:
+            if isinstance(other, subprocess.Popen):
+                other.communicate("\n", timeout=60)
+            else:
+                other.close()
+    monkeypatch.undo()
     c = SharedCache(path=durable_dir, maxsize=10)
     c["k"] = 1
-    assert removed and c.maxsize == 10 and c["k"] == 1
+    assert c.maxsize == 10 and c["k"] == 1
     c.unlink()
     c.close()
 

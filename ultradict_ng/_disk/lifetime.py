@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .._platform import segments
 from .._shm import layout as L
@@ -192,14 +192,16 @@ def _remove_control(name: str, token: int) -> int:
     return 1 if segments.unlink(name) else 0
 
 
-def unlink(store: Store) -> int:
+def unlink(store: Store, only_if: Optional[Callable[[], bool]] = None) -> int:
     """Remove the dict: its control segment, every file of it, then the directory if empty.
 
     The dict's lock first, then the directory's, as every other taker of
     both (an open or a last close under ``with d.lock:``): the other way
     round, a holder of the dict's lock opening its directory waited for the
     removal, which waited for it.  0 where another removal came first (its
-    directory gone, or another made at its path meanwhile)."""
+    directory gone, or another made at its path meanwhile), or where
+    ``only_if()``, asked under both locks (no opener registers meanwhile),
+    is false."""
     directory = segments.directory_of(store.name)
     assert directory is not None
     lock = ShmLock(store._map.atomic, store.name, store.token)
@@ -219,6 +221,8 @@ def unlink(store: Store) -> int:
             assert held.stat is not None
             if D.control_name(held.stat.st_dev, held.stat.st_ino) != store.name:
                 return 0  # (another directory at its path: not this dict's)
+            if only_if is not None and not only_if():
+                return 0
             # First: its handles write nothing more, here or in a dict made next at the path.
             mark_unlinked(store._map.atomic)
             _mark_removed(directory)

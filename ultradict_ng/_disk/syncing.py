@@ -67,7 +67,7 @@ class Durability:
         #: ``unlink()`` of the handle, given the handle's store: the dict and its
         #: files (set by ``opening.py``; not bound to the store, which this is
         #: part of -- a cycle through the store's finalizer never collected).
-        self.remove: Callable[[Any], int] = _unset
+        self.remove: Callable[..., int] = _unset
         self.mode = mode
         self.interval = interval
         self.atomic = atomic

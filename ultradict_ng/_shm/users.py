@@ -162,6 +162,13 @@ def attached(name: str) -> bool:
         return any(key[0] == name for key in _attached)
 
 
+def handles(key: Key) -> int:
+    """How many handles of ``key`` this process has open."""
+    with _guard:
+        att = _attached.get(key)
+        return 0 if att is None else len(att.handles)
+
+
 def free_dead(atomic: Words) -> int:
     """Free the slots of dead users (a dead owner never comes back: a reused
     pid has another start time); how many were freed."""

@@ -18,8 +18,8 @@ from typing import Any, Optional, cast
 
 from .._codec.codec import codec_for
 from .._platform import segments
+from .._shm import users
 from .._shm.store import Store
-from ..errors import NotFound
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
 from . import layout as C
@@ -71,19 +71,26 @@ def _check_settings(
 
 
 def _discard_created(d: SharedDict) -> None:
-    """The dict a refused cache creation made (its side file could not be:
-    no room for its slots, an interrupt) removed: as if never made.  Under
-    its lock, with no side file, no key and no other process using it: else
-    another opener has the dict, or made the cache in it meanwhile, and it
-    stays.  One attaching between the check and the removal finds the dict
-    gone and starts over (``SharedCache``)."""
-    with d.lock:
-        if len(d) == 0 and d.stats()["users"] <= 1 and not segments.exists(C.cache_name(d.name)):
-            d.unlink()
+    """The dict kept in files that a refused cache creation made (its side
+    file could not be: no room for its slots, an interrupt) removed: as if
+    never made.  Only while it holds no key and no side file and nothing
+    else uses it -- another process or handle that opened it, to make the
+    cache in it next, keeps it -- asked under its lock and its directory's,
+    which every opener registers under.  (In shared memory the creator's
+    close removes the dict it made, as for every dict.)"""
+    store = cast(Store, d._store)
+    if store.durable is None:
+        return
 
+    def unused() -> bool:
+        return (
+            len(d) == 0
+            and d.stats()["users"] <= 1
+            and users.handles((store.name, store.token)) <= 1
+            and not segments.exists(C.cache_name(d.name))
+        )
 
-#: Times a cache's opener starts over when the dict is removed as it opens it.
-_RACES = 8
+    store.durable.remove(store, only_if=unused)
 
 
 def _alive(e: Any, now: float, nslots: int) -> bool:
@@ -150,24 +157,18 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         for key, value in (("path", path), ("sync", sync), ("sync_interval", sync_interval)):
             if value is not None:
                 where[key] = value
-        for attempt in range(_RACES):
-            self._d = d = SharedDict(
-                name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm", **where
-            )
+        self._d = d = SharedDict(
+            name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm", **where
+        )
+        try:
+            self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
+        except BaseException:
             try:
-                self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
-                break
-            except NotFound:  # (removed as this opened it: a creation refused elsewhere)
+                if cast(Store, d._store).created:
+                    _discard_created(d)
+            finally:
                 d.close()
-                if create is False or attempt == _RACES - 1:
-                    raise
-            except BaseException:
-                try:
-                    if cast(Store, d._store).created:
-                        _discard_created(d)
-                finally:
-                    d.close()
-                raise
+            raise
         s = side.settings()
         self._maxsize: Optional[int] = s["maxsize"]
         self._maxbytes: Optional[int] = s["maxbytes"]
