@@ -1320,6 +1320,30 @@ def test_blobs_overwritten_do_not_pile_up_on_the_disk(durable_dir, inside):
     d.close()
 
 
+def test_blobs_replaced_by_many_handles_and_processes_count_together(durable_dir):
+    """What each write drops counts toward the next checkpoint whoever made
+    it: handles opened for one write each (each close the last: the count
+    goes through ``clean``), or processes writing one value each -- 24
+    values of 300 KiB keep a few blob files, not 24."""
+    code = (
+        f"from ultradict_ng import SharedDict\nd = SharedDict(path={durable_dir!r})\n"
+        "d['photo'] = bytes([{i}]) * (300 << 10)\nd.close()\nprint('ok')\n"
+    )
+    for i in range(24):
+        if i % 4 == 3:
+            ok_in_a_child(code.replace("{i}", str(i)), durable_dir)
+        else:
+            d = SharedDict(path=durable_dir, sync="never")
+            d["photo"] = bytes([i]) * (300 << 10)
+            d.close()
+        blobs = [f for f in os.listdir(durable_dir) if f.startswith(D.BLOB_PREFIX)]
+        assert len(blobs) <= 6, blobs
+    d = SharedDict(path=durable_dir)
+    assert bytes(d["photo"]) == bytes([23]) * (300 << 10) and d.stats()["generation"] >= 3
+    d.unlink()
+    d.close()
+
+
 def test_a_blob_or_checkpoint_numbered_tmp_in_base_36_is_a_finished_file(durable_dir):
     """Id 38401 is base 36 ``tmp``: ``blob.tmp`` and ``dump.tmp`` are a
     finished blob and checkpoint, not files being written (``blob.tmp.tmp``

@@ -85,9 +85,15 @@ is written.  Step d is skipped: a blob the published state dropped may still
 be referenced by what the disk holds (the record dropping it may not be
 synced yet), so only a dump's sweep -- after the dump is on the disk --
 removes blobs.  Blobs overwritten between two dumps take disk space until
-the next dump, so a writer whose dropped blobs since its last dump outweigh
-that dump (and ``STREAM_GRANULE``) writes one then (``Durability.dropped``):
-the disk holds at most about twice the dict plus the stream.
+the next dump, so they are counted: DEAD (control word) holds the bytes of
+the blobs dropped since generation g's dump, ``(g & 0xFFFF) << 48 | bytes``
+-- a writer adds its dropped ones by CAS after its publish, a count of an
+older generation read as 0 (the dump since swept them) -- and the writer
+whose addition makes it outweigh that dump (and ``STREAM_GRANULE``) writes
+one then (``Durability.dropped``).  The last close records the count in
+``clean`` and a clean reopen (step f) restores it, so values replaced by
+many processes, or by one that opens the dict for each write, count
+together: the disk holds at most about twice the dict plus the stream.
 
 Cache side file (a ``SharedCache(path=DIR)``; cache_layout is its protocol):
 created as ``cache.tmp`` under the dict's lock, its settings written, then
@@ -267,7 +273,8 @@ it again) and starts over if not.  Then:
       (records planned as bytes are then replayed).  That is never the rule:
       every later opener then replays the whole stream (measured: an open
       and a ``copy()`` ~1.4 s, against ~0.5 s from a checkpoint);
-   f. if ``clean`` matched: CLEAN_PENDING = 1, and the first writer (under
+   f. if ``clean`` matched: DEAD = the count it records (tagged g),
+      CLEAN_PENDING = 1, and the first writer (under
       the lock, before its record) removes ``clean``, syncs the directory and
       stores CLEAN_PENDING = 0 -- a reopen that only reads syncs nothing;
       else remove ``clean`` (and sync the directory), and if a ``cache`` file
@@ -296,7 +303,8 @@ published, its writer killed between writing and publishing it: every
 process went on and closed without it, and a recovery must not replay it
 later); syncs ``stream`` (and ``cache`` if there), then writes ``clean``
 (``CLEAN_FORMAT``:
-magic, generation, stream end, token, crc) with ``write_whole``.  A dict
+magic, generation, stream end, token, DEAD's bytes of that generation, crc)
+with ``write_whole``.  A dict
 kept in files is never removed automatically: ``unlink()`` first rewrites
 ``dict.meta`` to say ``"creating"`` (``write_whole``: a removal killed
 midway leaves what step 1 removes as a creation's leftovers, never a dict
@@ -379,8 +387,24 @@ DEFAULT_SYNC_INTERVAL = 1.0
 REMOVE_LOCK_TIMEOUT = 30.0
 SYNC_POLL = 0.00005  # without futex, a group commit's follower first re-checks SYNCED after this
 
-CLEAN_MAGIC = b"UDNGcln\x01"
-CLEAN_FORMAT = struct.Struct("<8sQQQI")  # magic, generation, stream end, token, crc32 of the rest
+#: DEAD: the generation's low bits above, the bytes of dropped blobs below.
+DEAD_SHIFT = 48
+DEAD_BYTES = (1 << DEAD_SHIFT) - 1
+
+
+def dead_word(generation: int, dead: int) -> int:
+    """DEAD's word for ``dead`` bytes dropped since generation's dump."""
+    return (generation & 0xFFFF) << DEAD_SHIFT | min(dead, DEAD_BYTES)
+
+
+def dead_of(word: int, generation: int) -> int:
+    """The bytes DEAD's ``word`` counts for ``generation`` (0: another's, swept since)."""
+    return word & DEAD_BYTES if word >> DEAD_SHIFT == generation & 0xFFFF else 0
+
+
+CLEAN_MAGIC = b"UDNGcln\x02"
+#: magic, generation, stream end, token, DEAD's bytes, crc32 of the rest
+CLEAN_FORMAT = struct.Struct("<8sQQQQI")
 
 #: Filesystem types (``/proc/self/mountinfo``) a dict's directory may not be on:
 #: machines sharing them cannot share the control segment nor the ``flock``.

@@ -157,9 +157,10 @@ def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> No
             end = _unpublished_cleared(stream.buf, state)
             files.sync_range(stream.buf, os.path.join(directory, D.STREAM_FILE), 0, end)
         files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
+        generation = state >> L.GEN_SHIFT
+        dead = D.dead_of(mapping.atomic.load(L.W_DEAD), generation)  # (kept for the next opener)
         files.write_whole(
-            os.path.join(directory, D.CLEAN_FILE),
-            clean_bytes(state >> L.GEN_SHIFT, state & L.END_MASK, token),
+            os.path.join(directory, D.CLEAN_FILE), clean_bytes(generation, state & L.END_MASK, token, dead)
         )
     except (OSError, CorruptSegment) as exc:  # (a full disk, an I/O error, no regular file): recovered next
         log.warning(

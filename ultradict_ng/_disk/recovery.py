@@ -41,6 +41,7 @@ __all__ = [
     "scan",
     "Scanned",
     "read_clean",
+    "read_clean_record",
     "missing_checkpoint",
     "whole_record",
     "clean_bytes",
@@ -166,23 +167,29 @@ def missing_checkpoint(
     return generation + ahead if 0 < ahead < 1 << 31 else 0
 
 
-def clean_bytes(generation: int, end: int, token: int) -> bytes:
-    body = D.CLEAN_FORMAT.pack(D.CLEAN_MAGIC, generation, end, token, 0)[:-4]
+def clean_bytes(generation: int, end: int, token: int, dead: int) -> bytes:
+    body = D.CLEAN_FORMAT.pack(D.CLEAN_MAGIC, generation, end, token, dead, 0)[:-4]
     return body + zlib.crc32(body).to_bytes(4, "little")
 
 
 def read_clean(directory: str) -> Optional[tuple[int, int, int]]:
     """``(generation, end, token)`` of the ``clean`` file, if whole."""
+    record = read_clean_record(directory)
+    return None if record is None else record[:3]
+
+
+def read_clean_record(directory: str) -> Optional[tuple[int, int, int, int]]:
+    """``(generation, end, token, dead bytes)`` of the ``clean`` file, if whole."""
     try:
         raw = files.read_whole(f"{directory}/{D.CLEAN_FILE}", D.CLEAN_FORMAT.size + 1)
     except FileNotFoundError:
         return None
     if len(raw) != D.CLEAN_FORMAT.size:
         return None
-    magic, generation, end, token, crc = D.CLEAN_FORMAT.unpack(raw)
+    magic, generation, end, token, dead, crc = D.CLEAN_FORMAT.unpack(raw)
     if magic != D.CLEAN_MAGIC or zlib.crc32(raw[:-4]) != crc:
         return None
-    return generation, end, token
+    return generation, end, token, dead
 
 
 def dicts_own(directory: str, file: str, described: bool) -> bool:
@@ -413,7 +420,8 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         codec = codec_by_id(header.serializer_id)
     given = codec_for(options.serializer) if options.serializer is not None else None
     check_options(base, header, codec, given, options)
-    closed = read_clean(directory)  # (for b and e)
+    record = read_clean_record(directory)  # (for b, e and f)
+    closed = None if record is None else record[:3]
     generation = newest_checkpoint(
         directory, names, closed[0] if closed and closed[2] == header.token else None
     )  # b
@@ -501,6 +509,8 @@ def recover(directory: str, base: str, meta: dict[str, Any], header: Header, opt
         if faults.armed is not None:
             faults.hit("recovery-loaded")
         if clean:  # e
+            assert record is not None
+            mapping.atomic.store(L.W_DEAD, D.dead_word(generation, record[3]))
             mapping.atomic.store(L.W_CLEAN_PENDING, 1)  # f: the first write removes it
         else:
             try:

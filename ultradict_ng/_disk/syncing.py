@@ -94,8 +94,8 @@ class Durability:
         self.queued = False
         #: When this process's flusher syncs it next (``interval``).
         self.due = 0.0
-        #: Bytes of blobs this handle's writes dropped since the last dump; its size and generation.
-        self.dead, self.dump_bytes, self.dump_gen = 0, 0, -1
+        #: The size of the last dump this handle knows of, and its generation.
+        self.dump_bytes, self.dump_gen = 0, -1
         _live.add(self)
 
     def after_write(self, state: int) -> None:
@@ -116,10 +116,11 @@ class Durability:
     def dropped(self, refs: Any) -> bool:
         """Blobs a write dropped, which in files stay until a dump's sweep
         (``_disk/layout.py``, "Blob"): whether it is time for a dump -- once
-        the blobs this handle dropped since outweigh the last dump (and
-        ``STREAM_GRANULE``), so that the disk holds at most about twice the
-        dict plus the stream (one key overwritten with 1 MiB values 300 times
-        kept 300 files before)."""
+        the blobs every process dropped since (DEAD) outweigh the last dump
+        (and ``STREAM_GRANULE``), so that the disk holds at most about twice
+        the dict plus the stream (one key overwritten with 1 MiB values 300
+        times kept 300 files before; a process opening the dict for each of
+        its writes, while each handle counted its own, 2,000)."""
         generation = self.atomic.load(L.W_STATE) >> L.GEN_SHIFT
         if generation != self.dump_gen:  # (this handle's first, or a checkpoint of another process since)
             dump = os.path.join(os.path.dirname(self.path), D.DUMP_PREFIX + L.base36(generation))
@@ -127,14 +128,20 @@ class Durability:
                 self.dump_bytes = os.stat(dump).st_size if generation else 0
             except OSError:
                 self.dump_bytes = 0
-            self.dead, self.dump_gen = 0, generation  # (its sweep took what this handle dropped before)
-        self.dead += sum(ref.length for ref in refs)
-        return self.dead > max(self.dump_bytes, L.STREAM_GRANULE)
+            self.dump_gen = generation
+        added = int(sum(ref.length for ref in refs))
+        word: int = self.atomic.load(L.W_DEAD)
+        while True:
+            dead = D.dead_of(word, generation) + added
+            ok, word = self.atomic.cas(L.W_DEAD, word, D.dead_word(generation, dead))
+            if ok:
+                return dead > max(self.dump_bytes, L.STREAM_GRANULE)
 
     def checkpointed(self, state: int, size: int) -> None:
-        """A dump of ``size`` bytes published ``state`` and is on the disk."""
+        """A dump of ``size`` bytes published ``state`` and is on the disk
+        (DEAD's count of the generations before it reads 0 now)."""
         raise_synced(self.atomic, state)
-        self.dead, self.dump_bytes, self.dump_gen = 0, size, state >> L.GEN_SHIFT
+        self.dump_bytes, self.dump_gen = size, state >> L.GEN_SHIFT
 
     def close(self, keep_mark: bool = False) -> None:
         """No sync after this one (the handle is closing): waits for one in

@@ -76,8 +76,8 @@ word  offset  field
               no live user* (``clean``, ``auto_unlink="last"``), else 0 (see "Users")
 30    240     USER_OVERFLOW: attachments made while every user slot was taken
               (incremented at attach, decremented at detach; see "Users")
-32-   256-    SYNCED, SYNC_LEADER, CLEAN_PENDING, SYNC_SEQ: a dict kept in files only
-35    280     (``_disk/layout.py``)
+32-   256-    SYNCED, SYNC_LEADER, CLEAN_PENDING, SYNC_SEQ, DEAD: a dict kept in files
+36    288     only (``_disk/layout.py``)
 64-   512-    wait slots (``WAIT_SLOTS`` words): slot i holds the owner word (as
 127   1016    LOCK) of the process that uses bit i of the WAITERS words; 0 = free
 256-  2048-   user slots (``USER_SLOTS`` words): the owner word of each process
@@ -488,7 +488,7 @@ W_BLOB_NEXT = 27
 W_BLOB_LOW = 28
 W_CLOSING = 29
 W_USER_OVERFLOW = 30
-W_SYNCED, W_SYNC_LEADER, W_CLEAN_PENDING, W_SYNC_SEQ = 32, 33, 34, 35
+W_SYNCED, W_SYNC_LEADER, W_CLEAN_PENDING, W_SYNC_SEQ, W_DEAD = 32, 33, 34, 35, 36
 W_WAIT_SLOTS = 64
 WAIT_SLOTS = 64  # one bit each in a WAITERS word
 W_USER_SLOTS = 256
