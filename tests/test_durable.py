@@ -246,6 +246,32 @@ def test_each_interval_dict_is_synced_on_its_own_schedule(tmp_path):
         d.close()
 
 
+def test_the_sync_thread_ends_once_no_interval_dict_is_open(durable_dir, monkeypatch):
+    """A process keeps its sync thread only while it has an ``interval``
+    dict open (plus ``_FLUSHER_IDLE``): after the last one closes it ends,
+    and the next write starts another, synced within its interval again."""
+    import threading
+
+    from ultradict_ng._disk import syncing
+
+    def syncers() -> int:
+        return sum(t.name == "ultradict_ng sync" and t.is_alive() for t in threading.enumerate())
+
+    monkeypatch.setattr(syncing, "_FLUSHER_IDLE", 0.05)
+    for _ in range(2):
+        d = SharedDict(path=durable_dir, sync="interval", sync_interval=0.1)
+        d["k"] = 1
+        assert syncers() == 1 and _synced_within(d, 10)
+        d.close()
+        deadline = time.monotonic() + 10
+        while syncers() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert syncers() == 0
+    d = SharedDict(path=durable_dir)
+    d.unlink()
+    d.close()
+
+
 def _write_and_return(path: str) -> None:
     d = SharedDict(path=path, create=False)
     d["from the worker"] = 1  # (then the worker returns: multiprocessing ends it with os._exit)

@@ -110,8 +110,7 @@ class Durability:
         if self.words[L.W_STATUS] & L.STATUS_SYNC_FAILED:  # (a sync in the background, or a close's)
             raise self._failed_before()
         if self.mode == "interval" and not self.queued:
-            _flusher().add(self)
-            self.queued = True
+            _queue(self)
 
     def dropped(self, refs: Any) -> bool:
         """Blobs a write dropped, which in files stay until a dump's sweep
@@ -383,8 +382,7 @@ def _after_fork_in_parent() -> None:
     while the parent has the dict open, whether or not it writes itself."""
     for durability in list(_live):
         if durability.open and durability.mode == "interval" and not durability.queued:
-            _flusher().add(durability)
-            durability.queued = True
+            _queue(durability)
 
 
 on_fork_in_child("threads", _after_fork_in_child)
@@ -408,12 +406,14 @@ def raise_synced(atomic: Any, state: int) -> None:
 class _Flusher:
     """This process's thread for ``interval`` dicts: syncs each one that has
     unsynced records once per its interval -- each on its own schedule, so a
-    dict of a long interval never delays one of a short interval.
+    dict of a long interval never delays one of a short interval.  With no
+    such dict open for ``_FLUSHER_IDLE`` seconds it ends; the next write
+    starts another.
 
     A ``multiprocessing`` worker ends with ``os._exit`` (no ``atexit``, no
-    ``weakref.finalize``), after running its own finalizers: the flusher
-    registers one there, syncing what is due at once -- a write there is on
-    the disk "also when its process exited normally"."""
+    ``weakref.finalize``), after running its own finalizers: the process
+    registers one there (once), syncing what is due at once -- a write there
+    is on the disk "also when its process exited normally"."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -421,9 +421,11 @@ class _Flusher:
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ultradict_ng sync", daemon=True)
         self.thread.start()
+        global _finalizing
         mp_util = sys.modules.get("multiprocessing.util")  # (a worker has it; else no worker ends so)
-        if mp_util is not None:
-            mp_util.Finalize(self, self.sync_now, exitpriority=0)
+        if mp_util is not None and _finalizing != self.pid:  # (once a process: flushers come and go)
+            mp_util.Finalize(None, _sync_now, exitpriority=0)
+            _finalizing = self.pid
 
     def add(self, durability: Durability) -> None:
         if durability not in self.dicts:
@@ -432,11 +434,18 @@ class _Flusher:
             self.wake.set()
 
     def _run(self) -> None:
+        global _the_flusher
         while True:
             self.wake.clear()  # (before the list: a dict added after it sets it again)
             dicts = [d for d in list(self.dicts) if d.open]
             if not dicts:
-                self.wake.wait(1.0)
+                if self.wake.wait(_FLUSHER_IDLE):
+                    continue
+                with _flusher_guard:  # (which every add holds: one after this starts a new thread)
+                    if not any(d.open for d in list(self.dicts)):
+                        if _the_flusher is self:
+                            _the_flusher = None
+                        return  # (no interval dict open here for a while: no thread left behind)
                 continue
             now = time.monotonic()
             for d in dicts:
@@ -461,14 +470,26 @@ class _Flusher:
 
 _the_flusher: Optional[_Flusher] = None
 _flusher_guard = threading.Lock()
+#: Seconds the flusher thread stays with no ``interval`` dict open in the process, then ends.
+_FLUSHER_IDLE = 1.0
+#: The process that registered :func:`_sync_now` with ``multiprocessing``'s finalizers.
+_finalizing = 0
 
 
-def _flusher() -> _Flusher:
-    global _the_flusher
+def _sync_now() -> None:
+    """A ``multiprocessing`` worker's end: what its flusher holds synced at once."""
     flusher = _the_flusher
-    if flusher is None or flusher.pid != os.getpid():  # (none yet, or forked: threads do not survive fork)
-        with _flusher_guard:
-            flusher = _the_flusher
-            if flusher is None or flusher.pid != os.getpid():
-                flusher = _the_flusher = _Flusher()
-    return flusher
+    if flusher is not None and flusher.pid == os.getpid():
+        flusher.sync_now()
+
+
+def _queue(durability: Durability) -> None:
+    """Hand ``durability`` to this process's flusher, started if none runs
+    (none yet, one that ended idle, or forked: threads do not survive fork)."""
+    global _the_flusher
+    with _flusher_guard:
+        flusher = _the_flusher
+        if flusher is None or flusher.pid != os.getpid():
+            flusher = _the_flusher = _Flusher()
+        flusher.add(durability)
+        durability.queued = True
