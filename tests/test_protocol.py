@@ -13,6 +13,7 @@ import stat
 import struct
 import subprocess
 import sys
+import textwrap
 import time
 import zlib
 
@@ -399,6 +400,30 @@ def test_full_shared_memory_at_creation(name, monkeypatch):
     with pytest.raises(OutOfSpace):
         SharedDict(name=name)
     assert ours(name) == []
+
+
+def test_no_address_space_to_map_is_no_full_shared_memory(name):
+    """A process at its address-space limit (``RLIMIT_AS``) cannot map a new
+    segment: ``mmap``'s ENOMEM is that, not full shared memory, so it stays
+    the system's error -- not ``OutOfSpace`` -- and leaves no segment."""
+    code = textwrap.dedent(
+        f"""
+        import os, resource
+        from ultradict_ng import OutOfSpace, SharedDict
+        status = open("/proc/self/status").read().split("VmSize:")[1]
+        vm = int(status.split()[0]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), resource.RLIM_INFINITY))
+        try:
+            SharedDict(name={name!r}, buffer_size=512 << 20)
+        except OutOfSpace as exc:
+            print("OutOfSpace", exc)
+        except OSError as exc:
+            print("errno", exc.errno)
+        print(sorted(n for n in os.listdir("/dev/shm") if n.startswith({name!r})))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split("\n")[:2] == ["errno 12", "[]"], out.stdout + out.stderr
 
 
 def _parcels(pool):

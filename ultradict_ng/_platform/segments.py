@@ -188,7 +188,11 @@ def finish(segment: Segment) -> None:
 def _not_synced(exc: OSError, path: str) -> NoReturn:
     """A new file's sync failed: the caller discards it, unpublished, so the
     error is this write's (``OutOfSpace`` for a full disk, else ``SyncFailed``)
-    and the dict's earlier writes are not in doubt (no failure bit)."""
+    and the dict's earlier writes are not in doubt (no failure bit).  One
+    that could not start -- no descriptor left to open the directory -- is
+    the process's limit, not the disk's: its own error."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        raise exc
     raise_if_full(exc, f"no room on the disk for {path}")
     raise SyncFailed(
         f"syncing {path} failed ({exc.strerror or exc}): it is discarded, nothing of it published",
@@ -295,7 +299,6 @@ class Segment:
             os.ftruncate(fd, size)
             if hasattr(os, "posix_fallocate"):
                 os.posix_fallocate(fd, 0, size if reserve is None else min(reserve, size))
-            buf = mmap.mmap(fd, size)
         except BaseException as exc:
             _abandon(name, fd)
             path = file_of(name)
@@ -303,6 +306,11 @@ class Segment:
             wanted = size if reserve is None else min(reserve, size)  # (reserved: not a sparse rest)
             raise_if_full(exc, f"no room {where} ({wanted} bytes)")
             raise_if_refused(exc, path)
+            raise
+        try:
+            buf = mmap.mmap(fd, size)
+        except BaseException:  # (ENOMEM here is the process's address space, not a full /dev/shm)
+            _abandon(name, fd)
             raise
         os.close(fd)  # the mapping keeps its own reference
         return cls(name, size, buf)
