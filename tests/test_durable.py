@@ -843,13 +843,14 @@ def test_an_opener_that_waited_on_an_unlink_makes_a_new_dict(durable_dir, monkey
     assert not os.path.exists(durable_dir)
 
 
-@pytest.mark.parametrize("damage", ["generation word", "zeroed page"])
+@pytest.mark.parametrize("damage", ["generation word", "zeroed page", "the last one's generation word"])
 def test_damage_that_looks_like_the_streams_end_is_logged(durable_dir, caplog, damage):
     """A flipped bit in a record's generation word, or a page of zeros, in
     the middle of the stream makes the scan stop as at the stream's end: the
     prefix is kept, and the records after it are reported, never dropped
-    silently.  An ordinary end after a checkpoint (older records past it)
-    logs nothing."""
+    silently -- also the last record's, with none after it (its crc, of the
+    tag it was written with, tells).  An ordinary end after a checkpoint
+    (older records past it) logs nothing."""
     d = SharedDict(path=durable_dir, buffer_size=1 << 16)
     for i in range(600):
         d[f"o{i}"] = "x" * 40  # (~40 KiB of records, then a checkpoint: they lie past the new records)
@@ -863,8 +864,8 @@ def test_damage_that_looks_like_the_streams_end_is_logged(durable_dir, caplog, d
     assert gen >= 1
     stream = os.path.join(durable_dir, D.STREAM_FILE)
     with open(stream, "r+b") as f:
-        if damage == "generation word":
-            at = ends[100]  # (record 101's header)
+        if damage != "zeroed page":
+            at = ends[-2] if damage.startswith("the last") else ends[100]  # (the last record's header, 101's)
             f.seek(at + 5)
             f.write(b"\x40")
         else:
@@ -874,13 +875,15 @@ def test_damage_that_looks_like_the_streams_end_is_logged(durable_dir, caplog, d
     os.remove(os.path.join(durable_dir, D.CLEAN_FILE))  # (as a crash leaves it)
     from ultradict_ng.cli.paths import file_checks
 
+    last = damage == "the last one's generation word"
+    said = "generation word is damaged" if last else "then records from byte"
     stream_check = [c for c in file_checks(durable_dir) if c[0] == "stream"]
-    assert stream_check[0][1] == "warn" and "then records from byte" in stream_check[0][2]  # (doctor too)
+    assert stream_check[0][1] == "warn" and said in stream_check[0][2]  # (doctor too)
     with caplog.at_level("WARNING", logger="ultradict_ng"):
         d = SharedDict(path=durable_dir)
     kept = sum(1 for i in range(300) if f"k{i}" in d)
     assert 100 <= kept < 300 and all(f"k{i}" in d for i in range(kept))  # (a prefix)
-    assert "then records from byte" in caplog.text, caplog.text
+    assert said in caplog.text, caplog.text
     d.close()
     caplog.clear()
     reboot(durable_dir)

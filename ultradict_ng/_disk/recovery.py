@@ -85,12 +85,16 @@ _LOOK_AFTER = 64 << 10
 
 def looked_past(buf: Any, scanned: Scanned, generation: int) -> Scanned:
     """``scanned``, with why it stopped told anew when it stopped as at the
-    stream's end but :func:`records_after` finds a record past it (recovery
-    and ``doctor`` report it then)."""
+    stream's end but :func:`records_after` finds a record past it, or the
+    record it stopped at is one of the generation whose tag alone is damaged
+    (recovery and ``doctor`` report it then)."""
+    stopped = scanned.stopped
+    if stopped == NORMAL_ENDS[2] and whole_record(buf, scanned.end, generation) >= 0:  # (even the last one)
+        stopped = "a record of this generation whose generation word is damaged"
     after = records_after(buf, scanned.end, generation) if scanned.stopped in NORMAL_ENDS else -1
-    if after < 0:
-        return scanned
-    return scanned._replace(stopped=f"{scanned.stopped or 'the end'}, then records from byte {after}")
+    if after >= 0:
+        stopped = f"{stopped or 'the end'}, then records from byte {after}"
+    return scanned if stopped == scanned.stopped else scanned._replace(stopped=stopped)
 
 
 def _looked_past_file(buf: Any, scanned: Scanned, generation: int, path: str) -> Scanned:
@@ -128,15 +132,19 @@ def records_after(buf: Any, end: int, generation: int) -> int:
     return -1
 
 
-def whole_record(buf: Any, off: int) -> int:
+def whole_record(buf: Any, off: int, generation: Optional[int] = None) -> int:
     """The generation tag of the record at ``off`` if it is whole (its length
-    fits, its crc holds), else -1."""
+    fits, its crc holds), else -1; or, given ``generation``, whether it is
+    whole as a record of that generation whatever its tag says (one whose
+    tag alone was damaged: its crc covers the tag it was written with)."""
     header = bytes(buf[off : off + L.RECORD_HEADER])
     if len(header) < L.RECORD_HEADER:
         return -1
     length = int.from_bytes(header[:4], "little")
     if not 0 < length <= len(buf) - off - L.RECORD_HEADER:
         return -1
+    if generation is not None:
+        header = header[:4] + (generation & L.GEN_MASK).to_bytes(4, "little") + header[8:]
     body = buf[off + L.RECORD_HEADER : off + L.RECORD_HEADER + length]
     if zlib.crc32(body, zlib.crc32(header[:8])) != int.from_bytes(header[8:12], "little"):
         return -1
