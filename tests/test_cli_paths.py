@@ -848,3 +848,68 @@ def test_doctor_fails_nothing_of_a_healthy_dict_whose_writer_makes_checkpoints(d
     d = SharedDict(path=durable_dir)
     d.unlink()
     d.close()
+
+
+def test_reading_commands_leave_a_closed_dicts_files_untouched(durable_dir):
+    """``show`` and ``stats`` open a dict closed cleanly, read and close it:
+    no file of it changes, its times included (a backup that goes by them
+    copied the whole log again) -- the stream not reserved anew when it has
+    every block, ``clean`` not rewritten when it already says the same."""
+    d = SharedDict({"a": 1, "b": [1, 2]}, path=durable_dir)
+    d.close()
+
+    def files() -> dict[str, tuple[int, int, int]]:
+        out = {}
+        for f in sorted(os.listdir(durable_dir)):
+            st = os.stat(os.path.join(durable_dir, f))
+            out[f] = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        return out
+
+    before = files()
+    time.sleep(0.01)  # (a change now would show in the times)
+    for command in (("show", durable_dir), ("stats", durable_dir)):
+        out = cli(*command)
+        assert out.returncode == 0, out.stderr
+    assert files() == before
+
+
+def test_doctor_fails_a_serializer_id_no_open_takes(durable_dir):
+    """A ``dict.meta`` whose serializer id names none (1 msgpack, 2 pickle,
+    3 custom): every open refuses it, naming the file, and so does doctor."""
+    from ultradict_ng.errors import CorruptSegment
+
+    SharedDict({"a": 1}, path=durable_dir).close()
+    meta_path = os.path.join(durable_dir, D.META_FILE)
+    with open(meta_path) as f:
+        meta = json.load(f)
+    for bad in (0, 99):
+        meta["serializer"] = bad
+        with open(meta_path, "w") as f:
+            json.dump(meta, f)
+        with pytest.raises(CorruptSegment, match=f"{meta_path}.*serializer"):
+            SharedDict(path=durable_dir)
+        out = cli("doctor", durable_dir)
+        assert out.returncode == 1 and "serializer" in out.stdout + out.stderr
+    meta["serializer"] = 1
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    d = SharedDict(path=durable_dir)
+    d.unlink()
+    d.close()
+
+
+def test_dump_of_a_dict_at_a_path_of_other_bytes_than_utf8(tmp_path):
+    """A path in bytes that are not UTF-8 (a Latin-1 name): ``dump`` writes
+    its file as for any other path (the header names it escaped)."""
+    where = os.fsdecode(os.path.join(os.fsencode(str(tmp_path)), b"caf\xe9"))
+    SharedDict({"a": 1}, path=where).close()
+    out = subprocess.run(
+        [sys.executable, "-m", "ultradict_ng", "dump", where, str(tmp_path / "backup")],
+        capture_output=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    d = SharedDict(path=where)
+    d.unlink()
+    d.close()

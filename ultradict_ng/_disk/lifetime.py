@@ -25,7 +25,7 @@ from .._shm.store import Store
 from ..errors import AlreadyExists, CorruptSegment, LockTimeout
 from . import dirlock, files
 from . import layout as D
-from .recovery import clean_bytes, dicts_own, whole_record
+from .recovery import clean_bytes, dicts_own, read_clean_record, whole_record
 from .syncing import Durability
 
 __all__ = ["arm", "unlink", "discard_created", "remove_unopenable", "directory_of"]
@@ -159,9 +159,9 @@ def _close_locked(directory: str, name: str, mapping: Mapping, token: int) -> No
         files.sync_path(os.path.join(directory, D.CACHE_FILE))  # (a SharedCache's side, if any)
         generation = state >> L.GEN_SHIFT
         dead = D.dead_of(mapping.atomic.load(L.W_DEAD), generation)  # (kept for the next opener)
-        files.write_whole(
-            os.path.join(directory, D.CLEAN_FILE), clean_bytes(generation, state & L.END_MASK, token, dead)
-        )
+        record = (generation, state & L.END_MASK, token, dead)
+        if read_clean_record(directory) != record:  # (else already there: a reopen that only read)
+            files.write_whole(os.path.join(directory, D.CLEAN_FILE), clean_bytes(*record))
     except (OSError, CorruptSegment) as exc:  # (a full disk, an I/O error, no regular file): recovered next
         log.warning(
             "ultradict_ng: closing %s: no clean close recorded (%s); the next open recovers",

@@ -289,7 +289,7 @@ _INT, _BOOL = (int,), (bool,)
 #: ``5e-324`` is the least float that is.
 _META_FIELDS: tuple[tuple[str, tuple[type, ...], Any, Any, str], ...] = (
     ("token", _INT, 1, 2**64 - 1, "the dict's creation token"),
-    ("serializer", _INT, 0, 2**32 - 1, "a serializer's id"),
+    ("serializer", _INT, 1, 3, "a serializer's id: 1 (msgpack), 2 (pickle) or 3 (custom)"),
     ("recurse", _BOOL, False, True, "true or false"),
     ("grows", _BOOL, False, True, "true or false"),
     ("stream_size", _INT, L.MIN_STREAM_SIZE, L.MAX_STREAM_SIZE, "a stream size in bytes"),

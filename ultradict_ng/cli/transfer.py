@@ -259,7 +259,7 @@ def cmd_dump(args: Namespace) -> int:
                             "version": VERSION,
                             "entries": len(snapshot),
                             "recurse": recurse,
-                            "name": args.name,
+                            "name": os.fsencode(args.name).decode("utf-8", "backslashreplace"),
                             "time": time.time(),
                         }
                     )
