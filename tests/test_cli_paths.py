@@ -271,7 +271,8 @@ def test_ls_tells_a_dict_kept_in_files_in_dev_shm_from_other_programs_files():
 def test_doctor_fails_a_file_its_user_cannot_write(tmp_path):
     """Every open maps the stream and the checkpoint read-write: one its
     user may only read (mode 0400) makes every open fail, so ``doctor`` run
-    by that user fails it instead of reporting the dict whole."""
+    by that user fails it instead of reporting the dict whole; a directory
+    it cannot read is a fail of that path, the others still checked."""
     import shutil
     import tempfile
 
@@ -309,6 +310,10 @@ def test_doctor_fails_a_file_its_user_cannot_write(tmp_path):
         failed = [c for c in checks_as_nobody(path) if c[1] == "fail"]
         said = "not readable and writable by this user: stream (every open fails)"
         assert failed == [("files", "fail", said)]
+        os.chown(path, 0, 0)
+        os.chmod(path, 0o700)  # (a directory this user cannot read: a fail of its own, not an error)
+        (failed,) = checks_as_nobody(path)
+        assert failed[1] == "fail" and "Permission denied" in failed[2]
     finally:
         shutil.rmtree(base)
 

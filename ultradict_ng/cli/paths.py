@@ -183,7 +183,10 @@ def file_checks(path: str) -> list[Check]:
     path = absolute(path)
     for _ in range(_AGAIN):
         before = _newest_dump(path)
-        out = _checks_once(path)
+        try:
+            out = _checks_once(path)
+        except OSError as exc:  # (unreadable by this user, gone meanwhile: this path fails, not the rest)
+            return [("files", "fail", f"{exc.filename or path}: {exc.strerror or exc}")]
         if _newest_dump(path) == before:
             return out
     # Each time: what failed may be the race's, not the files' -- said as a warning.
