@@ -278,6 +278,42 @@ def test_an_emptying_cull_counts_what_it_removes(name):
         SharedCache.unlink_by_name(name)
 
 
+def test_a_refused_cache_creation_leaves_nothing_and_an_opener_meanwhile_starts_over(name, monkeypatch):
+    """A creation whose side segment is refused (no room for its slots)
+    removes the dict it made, also one kept past its creator's close
+    (``auto_unlink=False``); an opener that attached to that dict meanwhile
+    finds it removed when it would make the side, and starts over."""
+    from ultradict_ng.cache import sharedcache, side
+    from ultradict_ng.errors import OutOfSpace
+
+    write_new = side._write_new
+
+    def no_room(*args):
+        raise OutOfSpace("no room for the cache's slots")
+
+    monkeypatch.setattr(side, "_write_new", no_room)
+    with pytest.raises(OutOfSpace):
+        SharedCache(name, create=True, auto_unlink=False, maxsize=10)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(name)]
+    monkeypatch.setattr(side, "_write_new", write_new)
+    real_open_side, removed = sharedcache.open_side, []
+
+    def removed_first(*args, **kwargs):
+        if not removed:  # (as a refused creator elsewhere removes the dict this just attached to)
+            removed.append(True)
+            SharedDict.unlink_by_name(name)
+        return real_open_side(*args, **kwargs)
+
+    monkeypatch.setattr(sharedcache, "open_side", removed_first)
+    c = SharedCache(name, auto_unlink=False, maxsize=10)
+    try:
+        c["k"] = 1
+        assert removed and c["k"] == 1 and c.maxsize == 10
+    finally:
+        c.close()
+        SharedCache.unlink_by_name(name)
+
+
 def _zipf_trace(keys: int, requests: int, a: float, seed: int):
     rnd = random.Random(seed)
     weights = [1.0 / (i**a) for i in range(1, keys + 1)]

@@ -14,12 +14,13 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from time import time as _now
-from typing import Any, Optional, cast
+from typing import Any, Callable, Optional, cast
 
 from .._codec.codec import codec_for
 from .._platform import segments
 from .._shm import users
 from .._shm.store import Store
+from ..errors import NotFound
 from ..shareddict import SharedDict
 from ..speedups import CacheGet
 from . import layout as C
@@ -71,16 +72,15 @@ def _check_settings(
 
 
 def _discard_created(d: SharedDict) -> None:
-    """The dict kept in files that a refused cache creation made (its side
-    file could not be: no room for its slots, an interrupt) removed: as if
-    never made.  Only while it holds no key and no side file and nothing
-    else uses it -- another process or handle that opened it, to make the
-    cache in it next, keeps it -- asked under its lock and its directory's,
-    which every opener registers under.  (In shared memory the creator's
-    close removes the dict it made, as for every dict.)"""
+    """The dict a refused cache creation made (its side file could not be:
+    no room for its slots, an interrupt) removed: as if never made.  Only
+    while it holds no key and no side and nothing else uses it -- another
+    process or handle that opened it, to make the cache in it next, keeps
+    it.  In files that is asked under the dict's lock and its directory's,
+    which every opener registers under; in shared memory under the dict's
+    lock, and an opener that attached meanwhile finds the dict removed when
+    it would make the side, and starts over (``open_side``'s ``removed``)."""
     store = cast(Store, d._store)
-    if store.durable is None:
-        return
 
     def unused() -> bool:
         return (
@@ -90,7 +90,21 @@ def _discard_created(d: SharedDict) -> None:
             and not segments.exists(C.cache_name(d.name))
         )
 
-    store.durable.remove(store, only_if=unused)
+    if store.durable is not None:
+        store.durable.remove(store, only_if=unused)
+        return
+    with d.lock:
+        if unused():
+            d.unlink()
+
+
+#: Times a cache's opener starts over when the dict is removed as it opens it.
+_RACES = 8
+
+
+def _removed(d: SharedDict) -> Callable[[], bool]:
+    """Whether ``d`` was removed, asked under its lock before a side is made for it."""
+    return lambda: bool(d.stats()["unlinked"])
 
 
 def _alive(e: Any, now: float, nslots: int) -> bool:
@@ -157,18 +171,25 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
         for key, value in (("path", path), ("sync", sync), ("sync_interval", sync_interval)):
             if value is not None:
                 where[key] = value
-        self._d = d = SharedDict(
-            name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm", **where
-        )
-        try:
-            self._side = side = open_side(d.name, d.stats()["token"], d.lock, wanted, explicit, d.__len__)
-        except BaseException:
+        for attempt in range(_RACES):
+            self._d = d = SharedDict(
+                name, create, auto_unlink=auto_unlink, buffer_size=buffer_size, backend="shm", **where
+            )
             try:
-                if cast(Store, d._store).created:
-                    _discard_created(d)
-            finally:
+                token = d.stats()["token"]
+                self._side = side = open_side(d.name, token, d.lock, wanted, explicit, d.__len__, _removed(d))
+                break
+            except NotFound:  # (removed as this opened it: a creation refused elsewhere, or an unlink)
                 d.close()
-            raise
+                if create is False or attempt == _RACES - 1:
+                    raise
+            except BaseException:
+                try:
+                    if cast(Store, d._store).created:
+                        _discard_created(d)
+                finally:
+                    d.close()
+                raise
         s = side.settings()
         self._maxsize: Optional[int] = s["maxsize"]
         self._maxbytes: Optional[int] = s["maxbytes"]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from .._platform import segments
 from .._platform.segments import Segment
-from ..errors import CorruptSegment, ParameterMismatch
+from ..errors import CorruptSegment, NotFound, ParameterMismatch
 from . import layout as C
 
 __all__ = ["Side", "open_side", "Settings", "header_problem"]
@@ -157,7 +157,13 @@ def _attach(name: str, token: int) -> Optional[Side]:
 
 
 def open_side(
-    dict_name: str, token: int, lock: Any, wanted: Settings, explicit: Settings, dict_len: Callable[[], int]
+    dict_name: str,
+    token: int,
+    lock: Any,
+    wanted: Settings,
+    explicit: Settings,
+    dict_len: Callable[[], int],
+    removed: Callable[[], bool] = lambda: False,
 ) -> Side:
     """Attach the side segment of the dict ``dict_name`` (creation ``token``),
     creating it with ``wanted`` if there is none (or only a stale one, replaced
@@ -181,6 +187,9 @@ def open_side(
                 except FileNotFoundError:
                     absent = True
                 if side is None:
+                    if removed():  # (the dict removed as this opened it: no side made for it)
+                        said = f"shared dict {segments.shown(dict_name)!r} was removed as this opened it"
+                        raise NotFound(said)
                     if absent and dict_len() > 0:
                         raise ParameterMismatch(
                             f"shared dict {segments.shown(dict_name)!r} holds keys but is not a SharedCache"
