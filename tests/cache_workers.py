@@ -110,6 +110,12 @@ def delete_many(name: str) -> None:
     c.close()
 
 
+def clear(name: str) -> None:
+    c = SharedCache(name, create=False)
+    c.clear()
+    c.close()
+
+
 def rebuild_killed(name: str) -> None:
     import signal
 

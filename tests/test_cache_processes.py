@@ -259,6 +259,50 @@ def test_writer_killed_between_publish_and_size_leaves_no_under_count(owned):
     c.close()
 
 
+@pytest.mark.parametrize("cull", [None, 0])
+def test_a_writer_killed_emptying_the_cache_leaves_bytes_to_be_recounted(owned, cull):
+    """A ``clear()`` -- or an emptying cull (``cull_frequency=0``) -- killed
+    after the dict's clear is published, before the side's slots and bytes
+    are reset: ``bytes`` counted every entry gone, and the survivors evicted
+    live entries of a cache far below maxbytes.  Marked a batch meanwhile,
+    the next writer rebuilds the side from the entries instead."""
+    bounds = {"maxsize": 10, "cull_frequency": 0} if cull == 0 else {}
+    c = SharedCache(owned, maxbytes=1000, auto_unlink=False, **bounds)
+    for i in range(10):
+        c.set(f"k{i}", "v" * 50)  # (~90 bytes each: 900 of 1000)
+    if cull is None:
+        p = start("clear", owned, env={"ULTRADICT_NG_FAULT": "record-published:kill:1"})
+    else:  # (the writer's 11th key empties the cache first)
+        p = start("writer", owned, "7", "1", "-", env={"ULTRADICT_NG_FAULT": "record-published:kill:1"})
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL and len(c) == 0
+    for i in range(4):
+        c.set(f"n{i}", "x")
+    assert sorted(c) == [f"n{i}" for i in range(4)]  # (none evicted: far below maxbytes)
+    with c.lock:
+        assert check_side(c) == (0, 0)
+    c.close()
+
+
+def test_a_writer_killed_evicting_for_bytes_overcounts_one_entry_at_most(owned):
+    """A writer killed between an eviction's delete and the slot's release,
+    while it made room for a new entry: ``bytes`` is too high by the evicted
+    entry only (cache_layout, "Crashes") -- the new entry's size, never
+    written, was counted in it while the writer evicted."""
+    c = SharedCache(owned, maxbytes=1000, auto_unlink=False)
+    for i in range(10):
+        c.set(f"k{i}", "v" * 50)
+    c.set("fill", "v" * (1000 - 10 * c._side.sizes[c._d["k0"][1]] - 40))  # (no room for the writer's)
+    sizes = {k: c._side.sizes[c._d[k][1]] for k in c}
+    p = start("writer", owned, "7", "1", "-", env={"ULTRADICT_NG_FAULT": "cache-entry-removed:kill:1"})
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    (victim,) = set(sizes) - set(c)
+    with c.lock:
+        assert check_side(c) == (1, sizes[victim])  # (its slot leaked, its bytes still counted)
+    c.close()
+
+
 def test_writer_killed_inside_a_rebuild_double_books_nothing(owned):
     """A writer killed while ``expire()`` rewrites the free stack (after its first
     cell): the others must never hand one slot to two keys (regression: the stack

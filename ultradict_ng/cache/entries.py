@@ -245,6 +245,24 @@ class Entries:
                 self._in_batch = False
                 w[_W_BATCH] = 0
 
+    def _emptied(self) -> None:
+        """Every entry removed (``clear``, an emptying cull): the dict cleared,
+        then the side's slots and bytes -- marked a batch in between (unless
+        in one already), so that a writer killed after the clear's publish
+        leaves the side rebuilt by the next writer, not ``bytes`` counting
+        every entry gone."""
+        w = self._side.words
+        own = not self._in_batch
+        if own:
+            w[_W_BATCH] = 1
+        self._d.clear()
+        w[_W_FREE] = 0  # (before NEXT: a death between the two leaks, never double-books)
+        w[_W_NEXT] = 0
+        w[C.W_BYTES] = 0
+        if own:
+            w[_W_BATCH] = 0
+        self._pool = None
+
     def _after_dead_batch(self) -> bool:
         """If a writer died inside a batch (its flag is set, and it is not this
         handle's own), rebuild: slots of entries still there may be free.
@@ -327,13 +345,8 @@ class Entries:
                     for _ in range(n - maxsize + 1):
                         if not self._evict_one(now, key):
                             break
-        if self._maxbytes is not None:
-            w = self._side.words
-            add_word(w, C.W_BYTES, size)
-            try:
-                self._fit_bytes(now, key, size)
-            finally:
-                add_word(w, C.W_BYTES, -size)
+        if self._maxbytes is not None:  # (its size not in bytes yet: a writer killed here leaves none)
+            self._fit_bytes(now, key, extra=size)
         if (  # (slots run out: a cache bounded by bytes alone has 2**20 of them)
             self._side.nslots
             and self._side.words[C.W_FREE] == 0
@@ -343,10 +356,16 @@ class Entries:
             self._evict_one(now, key)
 
     def _fit_bytes(
-        self, now: float, key: Any, pending: int = 0, cell: Optional[tuple[int, int]] = None
+        self,
+        now: float,
+        key: Any,
+        pending: int = 0,
+        cell: Optional[tuple[int, int]] = None,
+        extra: int = 0,
     ) -> None:
-        """Evict until ``bytes`` (counting ``pending`` bytes the entries do not
-        hold yet) is within maxbytes.  Over it with nothing left to evict, the
+        """Evict until ``bytes`` (counting ``pending`` bytes it holds that the
+        entries do not yet, and ``extra`` bytes of a new entry it does not
+        hold) is within maxbytes.  Over it with nothing left to evict, the
         count is too high (crashes leave it so; or damage): recounted once --
         from the entries, which still hold ``key``'s old value where it grows:
         its new size (``cell``: slot, size) is put back after the recount, and
@@ -355,7 +374,7 @@ class Entries:
         maxbytes = self._maxbytes
         w = self._side.words
         recounted = False
-        while maxbytes is not None and w[C.W_BYTES] > maxbytes:
+        while maxbytes is not None and w[C.W_BYTES] + extra > maxbytes:
             if not self._evict_one(now, key):
                 if recounted:
                     break
@@ -445,7 +464,7 @@ class Entries:
     def _cull_now(self, now: float, n: int) -> None:
         """Django's cull: ``len // cull_frequency`` entries in LRU order (expired
         first), or everything for 0."""
-        if self._cull == 0:
+        if self._cull == 0:  # (as clear(): marked a batch meanwhile)
             w = self._side.words
             nslots = self._side.nslots
             expired = live = 0
@@ -457,11 +476,9 @@ class Entries:
                         live += 1
             if not w[C.W_FLAGS]:
                 live = n
-            self._d.clear()
-            w[C.W_FREE] = w[C.W_NEXT] = w[C.W_BYTES] = 0  # FREE first: never a stacked slot past NEXT
+            self._emptied()
             add_word(w, C.W_EVICTIONS, live)  # (counted as the culls of n > 0 count theirs)
             add_word(w, C.W_EXPIRATIONS, expired)
-            self._pool = None
             return
         rec = self._recency
         assert rec is not None and self._cull

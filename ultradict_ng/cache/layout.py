@@ -96,7 +96,10 @@ they go.  So ``batch`` is set before the first change and cleared after the
 publish; a batch that ends without publishing (an exception) is rebuilt at
 once, and a writer that finds ``batch`` set (its writer died in the batch:
 its entries are all still there, some of their slots on the free stack) rebuilds
-before it changes anything.  A creator killed before MAGIC
+before it changes anything.  A ``clear`` (and a cull that empties the cache)
+is marked a batch too, from before the dict's clear to after the side's
+slots and bytes are reset: a writer killed between leaves a side the next
+writer rebuilds, not ``bytes`` counting every entry gone.  A creator killed before MAGIC
 leaves a segment that attachers replace after ``INIT_TIMEOUT``.  The side
 segment is removed with the dict (``unlink_by_name``, the dict's cleanup).
 

@@ -436,12 +436,8 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
     def clear(self) -> None:
         """Remove every entry."""
         with self._lock:
-            self._d.clear()
-            w = self._side.words
-            w[C.W_FREE] = 0  # (before NEXT: a death between the two leaks, never double-books)
-            w[C.W_NEXT] = 0
-            w[C.W_BYTES] = 0
-            self._pool = None
+            self._after_dead_batch()  # (as every write: a pending clean removed first, too)
+            self._emptied()
 
     def expire(self) -> int:
         """Remove every expired entry now; how many.  (Reads never see them
