@@ -314,6 +314,37 @@ def test_a_refused_cache_creation_leaves_nothing_and_an_opener_meanwhile_starts_
         SharedCache.unlink_by_name(name)
 
 
+@pytest.mark.parametrize("auto_unlink", [None, True, "last"])
+def test_a_refused_creator_s_close_keeps_the_cache_another_made(name, monkeypatch, auto_unlink):
+    """A creator refused after another opener made the cache in its new
+    dict (its settings differ: ``ParameterMismatch``) closes its handle
+    without the creator's ``auto_unlink``: the other's cache and entries
+    stay."""
+    from ultradict_ng.cache import sharedcache
+
+    real_open_side, others, asked = sharedcache.open_side, [], []
+
+    def another_makes_it_first(*args, **kwargs):
+        if not asked:  # (the creator's call: the other opener's own goes through)
+            asked.append(True)
+            others.append(SharedCache(name, maxsize=20, auto_unlink=False))
+            others[0]["k"] = 1
+        return real_open_side(*args, **kwargs)
+
+    monkeypatch.setattr(sharedcache, "open_side", another_makes_it_first)
+    try:
+        with pytest.raises(ParameterMismatch):
+            SharedCache(name, create=True, auto_unlink=auto_unlink, maxsize=10)
+        monkeypatch.undo()
+        c = SharedCache(name, create=False)
+        assert c["k"] == 1 and c.maxsize == 20
+        c.close()
+    finally:
+        for other in others:
+            other.close()
+        SharedCache.unlink_by_name(name)
+
+
 def _zipf_trace(keys: int, requests: int, a: float, seed: int):
     rnd = random.Random(seed)
     weights = [1.0 / (i**a) for i in range(1, keys + 1)]

@@ -297,6 +297,14 @@ class Store(Writer):
             self, _finalize, self._map, self.name, self.token, unlink_pid, self.registered, last
         )
 
+    def keep_at_close(self) -> None:
+        """This handle's close only detaches, whatever its ``auto_unlink``: a
+        handle that failed to become what its caller opened (a cache refused
+        its side) removes nothing of a dict that is, or may now be, another
+        opener's.  (A dict kept in files has its own closing, which removes nothing.)"""
+        if self.durable is None and self._finalizer is not None and self._finalizer.detach() is not None:
+            self._arm_finalizer(False)
+
     # -- reading -------------------------------------------------------------------
 
     def load(self, mapping: dict[Any, Any]) -> bool:

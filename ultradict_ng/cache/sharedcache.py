@@ -180,14 +180,17 @@ class SharedCache(Entries, MutableMapping[Any, Any]):
                 self._side = side = open_side(d.name, token, d.lock, wanted, explicit, d.__len__, _removed(d))
                 break
             except NotFound:  # (removed as this opened it: a creation refused elsewhere, or an unlink)
+                cast(Store, d._store).keep_at_close()  # (the name may hold another's dict by now)
                 d.close()
                 if create is False or attempt == _RACES - 1:
                     raise
             except BaseException:
+                store = cast(Store, d._store)
                 try:
-                    if cast(Store, d._store).created:
+                    if store.created:
                         _discard_created(d)
                 finally:
+                    store.keep_at_close()  # (removed above, or another opener's: never by this close)
                     d.close()
                 raise
         s = side.settings()
