@@ -283,7 +283,7 @@ def test_a_refused_cache_creation_leaves_nothing_and_an_opener_meanwhile_starts_
     removes the dict it made, also one kept past its creator's close
     (``auto_unlink=False``); an opener that attached to that dict meanwhile
     finds it removed when it would make the side, and starts over."""
-    from ultradict_ng.cache import sharedcache, side
+    from ultradict_ng.cache import opening, side
     from ultradict_ng.errors import OutOfSpace
 
     write_new = side._write_new
@@ -296,7 +296,7 @@ def test_a_refused_cache_creation_leaves_nothing_and_an_opener_meanwhile_starts_
         SharedCache(name, create=True, auto_unlink=False, maxsize=10)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(name)]
     monkeypatch.setattr(side, "_write_new", write_new)
-    real_open_side, removed = sharedcache.open_side, []
+    real_open_side, removed = opening.open_side, []
 
     def removed_first(*args, **kwargs):
         if not removed:  # (as a refused creator elsewhere removes the dict this just attached to)
@@ -304,7 +304,7 @@ def test_a_refused_cache_creation_leaves_nothing_and_an_opener_meanwhile_starts_
             SharedDict.unlink_by_name(name)
         return real_open_side(*args, **kwargs)
 
-    monkeypatch.setattr(sharedcache, "open_side", removed_first)
+    monkeypatch.setattr(opening, "open_side", removed_first)
     c = SharedCache(name, auto_unlink=False, maxsize=10)
     try:
         c["k"] = 1
@@ -320,9 +320,9 @@ def test_a_refused_creator_s_close_keeps_the_cache_another_made(name, monkeypatc
     dict (its settings differ: ``ParameterMismatch``) closes its handle
     without the creator's ``auto_unlink``: the other's cache and entries
     stay."""
-    from ultradict_ng.cache import sharedcache
+    from ultradict_ng.cache import opening
 
-    real_open_side, others, asked = sharedcache.open_side, [], []
+    real_open_side, others, asked = opening.open_side, [], []
 
     def another_makes_it_first(*args, **kwargs):
         if not asked:  # (the creator's call: the other opener's own goes through)
@@ -331,7 +331,7 @@ def test_a_refused_creator_s_close_keeps_the_cache_another_made(name, monkeypatc
             others[0]["k"] = 1
         return real_open_side(*args, **kwargs)
 
-    monkeypatch.setattr(sharedcache, "open_side", another_makes_it_first)
+    monkeypatch.setattr(opening, "open_side", another_makes_it_first)
     try:
         with pytest.raises(ParameterMismatch):
             SharedCache(name, create=True, auto_unlink=auto_unlink, maxsize=10)

@@ -782,7 +782,7 @@ def test_a_rebuild_waits_for_a_clean_holding_the_old_segment(durable_dir, monkey
     left nameless (the next opener refused, ``InUseElsewhere``)."""
     import select
 
-    from ultradict_ng._platform import segments
+    from ultradict_ng._platform import directories
     from ultradict_ng._shm import cleanup
 
     SharedDict({"a": 1}, path=durable_dir, sync="always").close()
@@ -804,7 +804,7 @@ def test_a_rebuild_waits_for_a_clean_holding_the_old_segment(durable_dir, monkey
         return said
 
     monkeypatch.setattr(cleanup, "control_owner", then_an_opener)
-    assert segments.file_of(name + "@s") is None  # (closed here: names, not files, as in clean's process)
+    assert directories.file_of(name + "@s") is None  # (closed here: names, not files, as in clean's process)
     cleanup.unlink_by_name(name, control=True)  # (what `ultradict-ng clean` does with it)
     monkeypatch.undo()
     (p,) = opener

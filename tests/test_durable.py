@@ -1476,22 +1476,24 @@ def test_a_process_s_last_close_gives_the_dict_s_names_back_to_shared_memory(dur
     files in this process.  After this process's last close they must not:
     a removal by name there (``clean``'s, of shared memory its users left)
     removed the stream file of the closed dict."""
-    from ultradict_ng._platform import segments
+    from ultradict_ng._platform import directories
     from ultradict_ng._shm import cleanup
 
     d = SharedDict({"a": 1}, path=durable_dir, sync="always")
     name = control_of(durable_dir)
     e = SharedDict(path=durable_dir)
     d.close()
-    assert segments.file_of(name + L.STREAM_SUFFIX) == os.path.realpath(durable_dir) + "/stream"  # (e open)
+    assert (
+        directories.file_of(name + L.STREAM_SUFFIX) == os.path.realpath(durable_dir) + "/stream"
+    )  # (e open)
     e.close()
-    assert segments.file_of(name + L.STREAM_SUFFIX) is None
-    assert segments.shown(name) == os.path.realpath(durable_dir)  # (messages still name it so)
+    assert directories.file_of(name + L.STREAM_SUFFIX) is None
+    assert directories.shown(name) == os.path.realpath(durable_dir)  # (messages still name it so)
     cleanup.unlink_by_name(name, control=True)
     assert os.path.exists(os.path.join(durable_dir, D.STREAM_FILE))
     with pytest.raises(ParameterMismatch):  # (a refused open gives them back too)
         SharedDict(path=durable_dir, sync="never")
-    assert segments.file_of(name + L.STREAM_SUFFIX) is None
+    assert directories.file_of(name + L.STREAM_SUFFIX) is None
     d = SharedDict(path=durable_dir, create=False)
     assert dict(d) == {"a": 1}
     d.unlink()

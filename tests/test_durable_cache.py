@@ -384,7 +384,7 @@ def test_a_refused_cache_creation_leaves_the_dict_another_opened(durable_dir, mo
     removes the dict only while nothing else uses it, asked under the
     locks an opener registers under."""
     from ultradict_ng import SharedDict
-    from ultradict_ng.cache import sharedcache, side
+    from ultradict_ng.cache import opening, side
     from ultradict_ng.errors import OutOfSpace
 
     code = (
@@ -397,7 +397,7 @@ def test_a_refused_cache_creation_leaves_the_dict_another_opened(durable_dir, mo
 
     monkeypatch.setattr(side, "_write_new", no_room)
     others: list[Any] = []
-    real_open_side = sharedcache.open_side
+    real_open_side = opening.open_side
 
     def with_another_opener(*args: Any, **kwargs: Any) -> Any:
         if where == "another process":
@@ -410,7 +410,7 @@ def test_a_refused_cache_creation_leaves_the_dict_another_opened(durable_dir, mo
             others.append(SharedDict(path=durable_dir))
         return real_open_side(*args, **kwargs)
 
-    monkeypatch.setattr(sharedcache, "open_side", with_another_opener)
+    monkeypatch.setattr(opening, "open_side", with_another_opener)
     try:
         with pytest.raises(OutOfSpace):
             SharedCache(path=durable_dir, maxsize=10)

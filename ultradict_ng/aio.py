@@ -44,8 +44,8 @@ from types import TracebackType
 from typing import Any, Callable, Optional
 
 from ._disk.syncing import deferred_syncs
+from ._platform.directories import shown
 from ._platform.lock import SharedLock
-from ._platform.segments import shown
 from .changes import Change
 from .errors import LockTimeout
 from .shareddict import SharedDict

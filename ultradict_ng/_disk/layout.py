@@ -6,10 +6,12 @@ the numbers and names live.  It extends the shared-memory protocol
 shared-memory dict whose stream, dumps and blobs are files of ``DIR`` mapped
 into every process, plus the rules below for what must reach the disk, and
 when.  Who follows which part: ``files.py`` (every file system call),
-``_platform/segments.py`` (the dict's derived names as files of ``DIR``; a dump or
-blob written aside and renamed), ``opening.py`` (Directory; Opening, steps
-1-2), ``attaching.py`` (steps 3-4), ``recovery.py`` (step 4), ``syncing.py`` (Sync policies; ``clean``
-removed at the first write), ``lifetime.py`` (Closing and removal),
+``_platform/directories.py`` (which derived names are files of ``DIR``),
+``_platform/segments.py`` (those files made, a dump or blob written aside
+and renamed), ``opening.py`` (Directory; Opening, steps 1-2),
+``attaching.py`` (steps 3-4), ``recovery.py`` (step 4; its scan, 4c, in
+``scanning.py``), ``syncing.py`` (Sync policies; ``clean`` removed at the
+first write), ``lifetime.py`` (Closing and removal),
 ``_shm/writer.py`` (calls the sync after a write, the first-write removal,
 and reserves the stream on demand: layout "Stream size").
 

@@ -14,7 +14,7 @@ import os
 import weakref
 from typing import Any, Callable, Optional
 
-from .._platform import segments
+from .._platform import directories, segments
 from .._shm import layout as L
 from .._shm import users
 from .._shm.cleanup import mark_unlinked, unlink_tree
@@ -25,7 +25,8 @@ from .._shm.store import Store
 from ..errors import AlreadyExists, CorruptSegment, LockTimeout
 from . import dirlock, files
 from . import layout as D
-from .recovery import clean_bytes, dicts_own, read_clean_record, whole_record
+from .recovery import clean_bytes, dicts_own, read_clean_record
+from .scanning import whole_record
 from .syncing import Durability
 
 __all__ = ["arm", "unlink", "discard_created", "remove_unopenable", "directory_of"]
@@ -34,7 +35,7 @@ log = logging.getLogger("ultradict_ng")
 
 
 def directory_of(store: Store) -> Optional[str]:
-    return segments.directory_of(store.name) if store.durable is not None else None
+    return directories.directory_of(store.name) if store.durable is not None else None
 
 
 def arm(store: Store, directory: str) -> None:
@@ -114,7 +115,7 @@ def _close_registered(directory: str, name: str, mapping: Mapping, token: int) -
             # lock, which an opener registering them again holds; of any token
             # (a dict made since in the directory has the same names).
             if not users.attached(name):
-                segments.forget_files(name)
+                directories.forget_files(name)
 
 
 def _close_moved(directory: str, mapping: Mapping) -> None:
@@ -203,7 +204,7 @@ def unlink(store: Store, only_if: Optional[Callable[[], bool]] = None) -> int:
     directory gone, or another made at its path meanwhile), or where
     ``only_if()``, asked under both locks (no opener registers meanwhile),
     is false."""
-    directory = segments.directory_of(store.name)
+    directory = directories.directory_of(store.name)
     assert directory is not None
     lock = ShmLock(store._map.atomic, store.name, store.token)
     try:

@@ -20,7 +20,7 @@ from typing import Any, Optional, cast
 from .._codec import records as R
 from .._engine import Initial, Options
 from .._facade.arguments import pairs
-from .._platform import segments
+from .._platform import directories, segments
 from .._shm import layout as L
 from .._shm import users
 from .._shm.mapping import Mapping
@@ -330,12 +330,12 @@ def open_durable(path: Any, create: Optional[bool], options: Options, initial: I
         assert lock.stat is not None
         st = lock.stat  # (the directory locked: it may have been removed and made again while we waited)
         base = D.control_name(st.st_dev, st.st_ino)  # (control_of's)
-        segments.register_directory(base, directory)
+        directories.register_directory(base, directory)
         try:
             return _open_locked(directory, base, st, made, create, options, initial)
         except BaseException:  # (refused: unless a handle of it is open here, its names are no files)
             if not users.attached(base):
-                segments.forget_files(base)
+                directories.forget_files(base)
             raise
 
 

@@ -68,7 +68,7 @@ udng_native_scan_stream(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyBuffer_Release(&b);
     /* Records of a unit never finished, then an end (zeros, another
      * generation, the file's end): a writer killed inside a transaction, said
-     * so -- not taken for an end followed by records (recovery.records_after). */
+     * so -- not taken for an end followed by records (scanning.records_after). */
     if (start != pos && (stopped == NULL || !strcmp(stopped, "zeros")
                          || !strcmp(stopped, "a record of another generation")))
         stopped = "a transaction's records without its last";

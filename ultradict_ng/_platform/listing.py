@@ -1,7 +1,7 @@
 """The shared-memory filesystem seen as a directory (Linux): our names
 listed, and what lies under a name read, for the engine's sweeps and the
 tools that judge what they did not make.  For a dict kept in files, its
-derived names are the files of its directory (``segments.file_of``).
+derived names are the files of its directory (``directories.file_of``).
 
 Apart from :mod:`.segments`, which makes and removes segments, because
 nothing here changes anything: it only looks.  macOS has no such directory:
@@ -16,7 +16,8 @@ from typing import Optional
 
 from .._disk import files
 from .._disk import layout as D
-from .segments import SHM_DIR, directory_of, file_of
+from .directories import directory_of, file_of
+from .segments import SHM_DIR
 
 __all__ = ["listable", "listed", "entry_stat", "read_entry"]
 

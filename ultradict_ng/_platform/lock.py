@@ -48,9 +48,9 @@ from typing import Optional
 
 from ..errors import LockTimeout
 from ..speedups import ProcessState, Words
+from .directories import shown
 from .forks import on_fork_in_child
 from .owner import owner_word
-from .segments import shown
 
 __all__ = ["SharedLock", "WordLock"]
 

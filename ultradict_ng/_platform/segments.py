@@ -26,8 +26,8 @@ Lifetime: :meth:`Segment.close` unmaps this process's view (other processes are
 unaffected); :func:`unlink` removes the name (mappings stay valid until they
 are closed).  Windows has no POSIX shared memory and is not supported.
 
-A dict kept in files (``_disk/layout.py``) registers its directory here
-(:func:`register_directory`): its derived names (stream, dumps, blobs) are
+A dict kept in files (``_disk/layout.py``) registers its directory in
+:mod:`.directories`: its derived names (stream, dumps, blobs) are
 then files of that directory, through ``_disk/files.py``, and everything
 below works on them unchanged; a dump or blob is written to a ``.tmp`` file
 and made whole on the disk by :func:`finish` (or :func:`create_written`).
@@ -45,6 +45,7 @@ from typing import Any, Callable, NoReturn, Optional
 from .._disk import files
 from .._disk import layout as D
 from ..errors import CorruptSegment, OutOfSpace, SharedDictError, SyncFailed
+from .directories import directory_of, file_of
 
 try:
     import _posixshmem  # type: ignore[import-not-found, unused-ignore]
@@ -65,12 +66,7 @@ __all__ = [
     "SUPPORTED",
     "LISTABLE",
     "SHM_DIR",
-    "register_directory",
     "discard_unpublished",
-    "forget_files",
-    "directory_of",
-    "file_of",
-    "shown_file",
     "finish",
 ]
 
@@ -92,53 +88,6 @@ _NO_WRITE = {getattr(errno, n) for n in ("ENXIO", "EINVAL", "ENODEV", "EOPNOTSUP
 
 def _path(name: str) -> str:
     return "/" + name
-
-
-#: Dicts kept in files: control name -> directory, for this process (``_disk``).
-_DIRECTORIES: dict[str, str] = {}
-#: Those of them whose derived names are files here: a handle of the dict is open.
-_FILES: set[str] = set()
-
-
-def register_directory(base: str, directory: str) -> None:
-    """Map the derived names of the dict ``base`` to files of ``directory``."""
-    _DIRECTORIES[base] = directory
-    _FILES.add(base)
-
-
-def forget_files(base: str) -> None:
-    """The derived names of ``base`` are shared memory's again (this
-    process's last handle of its dict closed): a removal by name then never
-    takes its files.  Messages still name the dict by its directory."""
-    _FILES.discard(base)
-
-
-def directory_of(name: str) -> Optional[str]:
-    """The directory of the dict that ``name`` (a control or derived name) belongs to, if kept in files."""
-    at = name.find("@")
-    return _DIRECTORIES.get(name if at < 0 else name[:at])
-
-
-def shown(name: str) -> str:
-    """How messages name the dict ``name``: its directory if it is kept in
-    files (what the user gave ``path=``), else the name."""
-    return directory_of(name) or name
-
-
-def shown_file(name: str) -> str:
-    """How messages name the derived segment ``name`` (a dump, a blob): the
-    file that holds it if its dict is kept in files, else the name."""
-    return file_of(name) or name
-
-
-def file_of(name: str) -> Optional[str]:
-    """The file that holds the derived segment ``name``, if its dict is kept in files."""
-    at = name.find("@")
-    if at < 0 or not _FILES or name[:at] not in _FILES:
-        return None
-    directory = _DIRECTORIES[name[:at]]
-    file = D.file_name(name[at:])
-    return None if file is None else f"{directory}/{file}"  # (an absolute path: ``_disk`` registers one)
 
 
 def _still_its_directory(name: str, path: str) -> None:

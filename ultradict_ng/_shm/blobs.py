@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .._codec.arrays import array_meta, dtype_from, is_ndarray, is_tensor, numpy, tensor_as_array, torch
 from .._codec.ext import MAX_NESTING, too_deep
 from .._codec.placeholders import KIND_BYTEARRAY, KIND_BYTES, KIND_NDARRAY, KIND_TENSOR, BlobRef, PickledBlobs
-from .._platform import faults, listing, segments
+from .._platform import directories, faults, listing, segments
 from ..errors import CorruptSegment, Unlinked
 from ..speedups import contains_type, types_within
 from . import layout as L
@@ -202,7 +202,7 @@ def write_blob(name: str, token: int, blob_id: int, kind: int, value: Any) -> Bl
             L.blob_name(name, blob_id),
             L.BLOB_HEADER + length,
             [(L.BLOB_HEADER, data), (0, header)],
-            f"no room in shared memory for a {length}-byte value of shared dict {segments.shown(name)!r}",
+            f"no room in shared memory for a {length}-byte value of shared dict {directories.shown(name)!r}",
         )
     return BlobRef(blob_id, kind, length, meta)
 
@@ -221,14 +221,16 @@ def map_blob(name: str, token: int, ref: BlobRef, access: int = mmap.ACCESS_READ
         size = opened.size()
         if size < L.BLOB_HEADER + ref.length:
             raise CorruptSegment(
-                f"blob {segments.file_of(seg) or seg!r} holds {size} bytes, "
+                f"blob {directories.file_of(seg) or seg!r} holds {size} bytes, "
                 f"its reference says {L.BLOB_HEADER + ref.length}"
             )
         mm = opened.map(size, access)
     magic, btoken, bid, length, kind, _ = _header.unpack_from(mm, 0)
     if (magic, btoken, bid, length, kind) != (L.BLOB_MAGIC, token, ref.id, ref.length, ref.kind):
         mm.close()
-        raise CorruptSegment(f"blob {segments.file_of(seg) or seg!r} does not hold what its reference says")
+        raise CorruptSegment(
+            f"blob {directories.file_of(seg) or seg!r} does not hold what its reference says"
+        )
     return mm
 
 
@@ -252,12 +254,14 @@ def read_payload(name: str, ref: BlobRef) -> Any:
                 while done < ref.length:
                     n = opened.readinto(dst[done:], L.BLOB_HEADER + done)
                     if n <= 0:
-                        raise CorruptSegment(f"blob {segments.file_of(seg) or seg!r} ended before its length")
+                        raise CorruptSegment(
+                            f"blob {directories.file_of(seg) or seg!r} ended before its length"
+                        )
                     done += n
             return out
         data = opened.pread(ref.length, L.BLOB_HEADER)
         if len(data) < ref.length:  # pread of a regular file returns it all, or less at its end
-            raise CorruptSegment(f"blob {segments.file_of(seg) or seg!r} ended before its length")
+            raise CorruptSegment(f"blob {directories.file_of(seg) or seg!r} ended before its length")
         return data
 
 
@@ -428,7 +432,9 @@ def extract_blobs(
 
     def store_blob(value: Any, kind: int) -> BlobRef:
         if mapping.words[L.W_STATUS] & L.STATUS_UNLINKED:  # (by this process, inside its own transaction)
-            raise Unlinked(f"shared dict {segments.shown(name)!r} was unlinked; it can no longer be written")
+            raise Unlinked(
+                f"shared dict {directories.shown(name)!r} was unlinked; it can no longer be written"
+            )
         blob_id = mapping.words[L.W_BLOB_NEXT]
         mapping.atomic.store(L.W_BLOB_NEXT, blob_id + 1)  # a: before the segment exists
         if faults.armed is not None:

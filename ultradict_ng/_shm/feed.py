@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 from .._codec.codec import copy_value
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone
-from .._platform.segments import shown
+from .._platform.directories import shown
 from ..changes import SUPERSEDED, Change, changes_of_dump, changes_of_records, skeleton
 from ..errors import Closed
 from ..speedups import Words

@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Optional
 
-from .._platform import segments
+from .._platform import directories, segments
 from .._platform.lock import SharedLock, WordLock
 from .._platform.owner import owner_alive, owner_word, pid_of
 from ..speedups import Words
@@ -198,7 +198,7 @@ class ShmLock(WordLock):
         if ok:
             log.warning(
                 "lock of shared dict %r recovered from dead process %d",
-                segments.shown(self._name),
+                directories.shown(self._name),
                 pid_of(seen),
             )
             self._after_a_dead_holder()
@@ -215,7 +215,7 @@ class ShmLock(WordLock):
                 segments.discard_unpublished(L.dump_name(self._name, high))
             except OSError as exc:  # (the lock is ours now: an error here must not keep it)
                 log.warning("shared dict %r: its unpublished dump %d stays (%s)", self._name, high, exc)
-                if segments.file_of(L.dump_name(self._name, high)) is not None:  # (a recovery would
+                if directories.file_of(L.dump_name(self._name, high)) is not None:  # (a recovery would
                     set_status(words, L.STATUS_SYNC_FAILED)  # take it: no write is durable any more)
 
 

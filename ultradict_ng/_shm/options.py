@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from .._codec.codec import Codec
 from .._engine import Options
-from .._platform.segments import directory_of
+from .._platform.directories import directory_of
 from ..errors import ParameterMismatch
 from . import layout as L
 from .control import Header

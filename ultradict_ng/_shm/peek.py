@@ -20,7 +20,8 @@ from typing import Any, Optional
 from .._codec.codec import CUSTOM_ID, MSGPACK, PICKLE, Codec
 from .._codec.placeholders import BlobRef
 from .._codec.safe_pickle import SAFE_PICKLE
-from .._platform.segments import Segment, shown
+from .._platform.directories import shown
+from .._platform.segments import Segment
 from ..errors import CorruptSegment, NotFound
 from . import layout as L
 from .control import Header, attach_control

@@ -17,8 +17,9 @@ from typing import Any, Optional, Union, cast
 
 from .._codec.codec import Codec, MsgpackCodec
 from .._codec.records import Inconsistent, apply_all
+from .._platform.directories import shown, shown_file
 from .._platform.lock import SharedLock
-from .._platform.segments import Segment, shown, shown_file
+from .._platform.segments import Segment
 from ..errors import CorruptSegment, PathGone, Unlinked
 from ..speedups import StoreBase, apply_simple, parse_records
 from . import layout as L

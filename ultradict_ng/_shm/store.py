@@ -31,10 +31,11 @@ from .._codec.copies import IMMUTABLE_TYPES
 from .._codec.placeholders import BlobRef, InlineArray
 from .._engine import BlobGone, ClosedWords, Engine, Initial, Options, User, check_open
 from .._facade.arguments import pairs
-from .._platform import segments
+from .._platform import directories, segments
+from .._platform.directories import shown
 from .._platform.forks import on_fork_in_child
 from .._platform.names import generate_name, validate_name
-from .._platform.segments import Segment, shown
+from .._platform.segments import Segment
 from ..errors import AlreadyExists, Closed, CorruptSegment, NotFound, ParameterMismatch, Unlinked
 from ..speedups import pack_map
 from . import blobs, tablecache, users
@@ -386,7 +387,7 @@ class Store(Writer):
         damaged."""
         if self.words[L.W_STATE] != seen:
             raise BlobGone(str(exc)) from None
-        value = segments.shown_file(str(exc))  # (its file, if kept in files)
+        value = directories.shown_file(str(exc))  # (its file, if kept in files)
         if self.words[L.W_STATUS] & L.STATUS_UNLINKED:
             raise Unlinked(f"shared dict {shown(self.name)!r} was unlinked; its large value {value} is gone")
         raise CorruptSegment(
@@ -477,7 +478,7 @@ class Store(Writer):
     def reopen_arguments(self) -> dict[str, Any]:
         """Another process finds the dict by name in shared memory, or by its
         directory if kept in files (Engine interface)."""
-        directory = segments.directory_of(self.name) if self.durable is not None else None
+        directory = directories.directory_of(self.name) if self.durable is not None else None
         if directory is None:
             return {"backend": "shm"}
         return {"path": directory, "name": f"{self.name}#{self.token:x}"}  # (the token: this dict only)

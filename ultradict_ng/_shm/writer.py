@@ -22,7 +22,7 @@ from .._codec.records import SCALAR_TYPES as _SCALARS
 from .._disk.syncing import Durability
 from .._engine import check_open
 from .._platform import faults, segments
-from .._platform.segments import Segment, shown, shown_file
+from .._platform.directories import shown, shown_file
 from ..errors import OutOfSpace, PathGone, TransactionAborted, Unlinked
 from ..speedups import copy_plain
 from . import layout as L
@@ -476,10 +476,10 @@ class Writer(Reader):
             faults.hit("dump-registered")
         dname = L.dump_name(self.name, gen)
         try:
-            seg = Segment.create(dname, size)  # 4b
+            seg = segments.Segment.create(dname, size)  # 4b
         except FileExistsError:
             segments.unlink(dname)  # unpublished leftover of a writer that died
-            seg = Segment.create(dname, size)
+            seg = segments.Segment.create(dname, size)
         try:
             assert seg.buf is not None
             if faults.armed is not None:
@@ -520,7 +520,7 @@ class Writer(Reader):
         elif self._map.words[_W_BLOB_NEXT] > self._map.words[L.W_BLOB_LOW]:
             sweep_blobs(self.name, self.data, self._map)
 
-    def _read_in_place(self, seg: Segment, dname: str, planned: Planned) -> Any:
+    def _read_in_place(self, seg: segments.Segment, dname: str, planned: Planned) -> Any:
         """The cache a table dump just written makes, read in place (``seg``
         then stays mapped by it); else (``seg`` closed) a ``dict`` -- the
         cache decoded whole, as a reader decodes a dump smaller than

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 from .._codec.codec import codec_for
-from .._platform import faults, segments
+from .._platform import directories, faults
 from .._platform.owner import owner_alive
 from ..errors import TooLarge
 from ..shareddict import SharedDict
@@ -222,7 +222,7 @@ class Entries:
             return int(nxt)
         self._rebuild()  # slots leaked by crashes: recount from the entries
         if not w[_W_FREE] and w[_W_NEXT] >= nslots:
-            raise RuntimeError(f"cache {segments.shown(self.name)!r}: no free slot after a rebuild")
+            raise RuntimeError(f"cache {directories.shown(self.name)!r}: no free slot after a rebuild")
         return self._take_slot()
 
     @contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from .._platform import segments
+from .._platform import directories, segments
 from .._platform.segments import Segment
 from ..errors import CorruptSegment, NotFound, ParameterMismatch
 from . import layout as C
@@ -118,7 +118,7 @@ def header_problem(header: bytes, size: int) -> str:
 
 def _named(name: str) -> str:
     """How messages name the side segment ``name``: its file if the cache is kept in files."""
-    path = segments.file_of(name)
+    path = directories.file_of(name)
     return f"the cache's file {path}" if path is not None else f"segment {name!r}"
 
 
@@ -188,20 +188,19 @@ def open_side(
                     absent = True
                 if side is None:
                     if removed():  # (the dict removed as this opened it: no side made for it)
-                        said = f"shared dict {segments.shown(dict_name)!r} was removed as this opened it"
+                        said = f"shared dict {directories.shown(dict_name)!r} was removed as this opened it"
                         raise NotFound(said)
                     if absent and dict_len() > 0:
-                        raise ParameterMismatch(
-                            f"shared dict {segments.shown(dict_name)!r} holds keys but is not a SharedCache"
-                        )
+                        shown = directories.shown(dict_name)
+                        raise ParameterMismatch(f"shared dict {shown!r} holds keys but is not a SharedCache")
                     if dict_len() > 0:  # its entries name slots of a segment that is gone
                         why = (
                             "damaged (zeroed), or an earlier cache's"
-                            if segments.file_of(name)
+                            if directories.file_of(name)
                             else ("unfinished or an earlier dict's")
                         )
                         raise CorruptSegment(
-                            f"{_named(name)} is {why}, but the cache {segments.shown(dict_name)!r} holds "
+                            f"{_named(name)} is {why}, but the cache {directories.shown(dict_name)!r} holds "
                             "entries: its settings and slots are lost"
                         )
                     if not absent:
@@ -214,7 +213,7 @@ def open_side(
         for key, value in explicit.items():
             if stored[key] != value:
                 side.close()
-                where = segments.directory_of(dict_name)  # (a cache kept in files: its directory)
+                where = directories.directory_of(dict_name)  # (a cache kept in files: its directory)
                 raise ParameterMismatch(
                     f"cache {where or dict_name!r} was created with {key}={stored[key]!r}, not {value!r}"
                 )

@@ -23,15 +23,8 @@ from typing import Any, Optional
 from .._disk import layout as D
 from .._disk.files import FileBytes, absolute, dicts_file, open_rw
 from .._disk.opening import read_meta
-from .._disk.recovery import (
-    NORMAL_ENDS,
-    looked_past,
-    missing_checkpoint,
-    newest_checkpoint,
-    read_clean,
-    scan,
-    short_of_clean,
-)
+from .._disk.recovery import missing_checkpoint, newest_checkpoint, read_clean, short_of_clean
+from .._disk.scanning import NORMAL_ENDS, looked_past, scan
 from .._platform import segments
 from .._shm import layout as L
 from .._shm import table_layout as TL
