@@ -27,6 +27,8 @@ __all__ = ["check_settings", "open_parts"]
 def check_settings(
     maxsize: Any, maxbytes: Any, ttl: Any, serializer: Any, cull_frequency: Any
 ) -> dict[str, Any]:
+    """The settings given (not None), each refused before anything is made:
+    one the side's words cannot hold failed only once the dict existed."""
     out: dict[str, Any] = {}
     for key, value in (("maxsize", maxsize), ("maxbytes", maxbytes)):
         if value is not None:
