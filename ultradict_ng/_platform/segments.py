@@ -420,7 +420,7 @@ def reserve(name: str, length: int) -> None:
     """
     fd = _open_fd(name, os.O_RDWR)
     try:
-        if hasattr(os, "posix_fallocate") and not _allocated(fd, length):
+        if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, 0, length)
     except OSError as exc:
         path = file_of(name)
@@ -429,16 +429,6 @@ def reserve(name: str, length: int) -> None:
         raise
     finally:
         os.close(fd)
-
-
-def _allocated(fd: int, length: int) -> bool:
-    """Whether the first ``length`` bytes of ``fd`` are there, with no hole:
-    then ``posix_fallocate`` has nothing to do but change the file's time
-    (a reopen of a dict kept in files only to read it changed its stream)."""
-    try:
-        return os.fstat(fd).st_size >= length and os.lseek(fd, 0, os.SEEK_HOLE) >= length
-    except (OSError, AttributeError):  # (no SEEK_HOLE here: reserved as before)
-        return False
 
 
 def create_empty(name: str) -> int:
