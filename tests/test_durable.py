@@ -246,30 +246,43 @@ def test_each_interval_dict_is_synced_on_its_own_schedule(tmp_path):
         d.close()
 
 
-def test_the_sync_thread_ends_once_no_interval_dict_is_open(durable_dir, monkeypatch):
+def test_the_sync_thread_ends_once_no_interval_dict_is_open(durable_dir):
     """A process keeps its sync thread only while it has an ``interval``
     dict open (plus ``_FLUSHER_IDLE``): after the last one closes it ends,
-    and the next write starts another, synced within its interval again."""
-    import threading
+    and the next write starts another, synced within its interval again.
+    (In a process of its own: one that ran other tests may hold such a dict.)"""
+    code = textwrap.dedent(
+        f"""
+        import threading, time
+        from ultradict_ng import SharedDict
+        from ultradict_ng._disk import syncing
 
-    from ultradict_ng._disk import syncing
+        def syncers():
+            return sum(t.name == "ultradict_ng sync" and t.is_alive() for t in threading.enumerate())
 
-    def syncers() -> int:
-        return sum(t.name == "ultradict_ng sync" and t.is_alive() for t in threading.enumerate())
+        def synced(d):
+            deadline = time.monotonic() + 10
+            while d.stats()["synced_end"] != d.stats()["stream_end"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return d.stats()["synced_end"] == d.stats()["stream_end"]
 
-    monkeypatch.setattr(syncing, "_FLUSHER_IDLE", 0.05)
-    for _ in range(2):
-        d = SharedDict(path=durable_dir, sync="interval", sync_interval=0.1)
-        d["k"] = 1
-        assert syncers() == 1 and _synced_within(d, 10)
+        syncing._FLUSHER_IDLE = 0.05
+        for _ in range(2):
+            d = SharedDict(path={durable_dir!r}, sync="interval", sync_interval=0.1)
+            d["k"] = 1
+            assert syncers() == 1 and synced(d)
+            d.close()
+            deadline = time.monotonic() + 10
+            while syncers() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert syncers() == 0, "the sync thread stayed"
+        d = SharedDict(path={durable_dir!r})
+        d.unlink()
         d.close()
-        deadline = time.monotonic() + 10
-        while syncers() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert syncers() == 0
-    d = SharedDict(path=durable_dir)
-    d.unlink()
-    d.close()
+        print("ok")
+        """
+    )
+    ok_in_a_child(code, durable_dir)
 
 
 def _write_and_return(path: str) -> None:
